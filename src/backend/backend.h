@@ -1,0 +1,108 @@
+// The compute interface every device implements. Model code calls only this; it
+// never sees CUDA or BLAS. Ops are asynchronous on the backend's stream: they
+// return once queued, and results are visible to the host after synchronize()
+// (the CPU backend runs them at once, which is a legal schedule of that contract).
+//
+// Memory: `alloc` takes long-lived buffers (weights, KV cache) from the device;
+// `scratch` takes per-step activations from an arena that `reset_scratch` rewinds
+// at the start of every step, so the step loop never calls the device allocator.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+// Per-step attention layout over a paged KV cache, in vLLM's terms. All index
+// tensors live on the backend's device; host copies are kept for CPU kernels and
+// for launch-size decisions.
+struct AttentionMetadata {
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int max_query_len = 0;
+  int max_seq_len = 0;
+  int block_size = 16;
+  int max_blocks_per_seq = 0;
+  Tensor query_start_loc;  // i32 [S+1]: sequence s owns query tokens [qsl[s], qsl[s+1])
+  Tensor seq_lens;         // i32 [S]: context length after this step (cached + new)
+  Tensor block_tables;     // i32 [S, max_blocks_per_seq]: physical block ids
+  Tensor slot_mapping;     // i32 [T]: block * block_size + offset where token t's K/V go; -1 skips
+  std::vector<int32_t> host_query_start_loc, host_seq_lens, host_block_tables, host_slot_mapping;
+};
+
+// Rotary embedding table: for each position, cos then sin of each frequency
+// ([max_positions, rotary_dim] f32), already multiplied by any YaRN attention factor.
+struct RopeTable {
+  Tensor cos_sin;
+  int rotary_dim = 0;
+  bool neox_style = true;  // rotate halves (HF Llama/Qwen) rather than interleaved pairs
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // dtype activations are computed in (f32 on CPU, bf16 on CUDA).
+  virtual DType compute_dtype() const = 0;
+
+  // ---- memory ----
+  virtual Tensor alloc(Shape shape, DType dtype) = 0;
+  virtual Tensor scratch(Shape shape, DType dtype) = 0;
+  virtual void reset_scratch() = 0;
+  // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
+  virtual size_t free_memory() const = 0;
+  virtual size_t total_memory() const = 0;
+
+  // ---- transfers (dst and src have equal nbytes) ----
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // device to device
+  virtual void fill_random(const Tensor& dst, uint64_t seed, float low, float high) = 0;
+  virtual void fill(const Tensor& dst, float value) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- ops; shapes in comments, T = tokens ----
+  // out[T,H] = table[ids[t], :]
+  virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // Rows of the last dimension: out = x / rms(x) * w
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+  // residual += x; x = rms_norm(residual) * w  (both in place)
+  virtual void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) = 0;
+  // out[T,N] = x[T,K] @ w[N,K]^T (+ bias[N])
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) = 0;
+  // out[T,I] = silu(gate_up[:, :I]) * gate_up[:, I:]
+  virtual void silu_mul(const Tensor& gate_up, const Tensor& out) = 0;
+  // out = a + b (same shape)
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // Rotates the first rotary_dim of each head of q[T,Hq,D] and k[T,Hk,D] in place.
+  virtual void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) = 0;
+  // Writes k,v [T,Hk,D] into caches [num_blocks, block_size, Hk, D] at slot_mapping.
+  // Caches may be in a narrower dtype (fp8) with a per-tensor scale.
+  virtual void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                        const AttentionMetadata& meta, float k_scale, float v_scale) = 0;
+  // Causal attention of q[T,Hq,D] over the paged cache (which already holds this
+  // step's keys); out[T,Hq,D]. GQA: head h reads kv head h / (Hq/Hk).
+  virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                               const Tensor& out) = 0;
+  // out[i,:] = x[indices[i], :]
+  virtual void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) = 0;
+  // Converts between float dtypes (same shape).
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+};
+
+struct BackendOptions {
+  DeviceType type = DeviceType::kCPU;
+  int device_index = 0;
+  int num_threads = 0;  // CPU: 0 = all cores
+};
+
+// Creates the backend for `opts.type`; fails with a clear message when the build lacks it.
+std::unique_ptr<Backend> make_backend(const BackendOptions& opts);
+bool cuda_backend_available();
+
+}  // namespace tessera

@@ -1,0 +1,59 @@
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "cli/verbs.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "core/version.h"
+
+namespace {
+
+struct Verb {
+  const char* name;
+  int (*run)(int, char**);
+  const char* help;
+};
+
+// One line per verb.
+constexpr Verb kVerbs[] = {
+    {"generate", tessera::cli::run_generate, "offline generation from token ids, text or a JSONL batch"},
+};
+
+void usage(FILE* f) {
+  std::fprintf(f, "tessera %s: serve large language models on GPUs, CPUs and clusters\n\n", TESSERA_VERSION_STRING);
+  std::fprintf(f, "usage: tessera <command> [flags]   (tessera <command> --help for its flags)\n\ncommands:\n");
+  for (const Verb& v : kVerbs) std::fprintf(f, "  %-14s %s\n", v.name, v.help);
+  std::fprintf(f, "  %-14s %s\n", "version", "print the version");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::init_logging();
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string_view verb = argv[1];
+  if (verb == "version" || verb == "--version") {
+    std::printf("tessera %s (%s)\n", TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT);
+    return 0;
+  }
+  for (const Verb& v : kVerbs) {
+    if (verb == v.name) {
+      try {
+        return v.run(argc - 1, argv + 1);
+      } catch (const tessera::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: internal: %s\n", e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

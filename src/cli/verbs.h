@@ -1,0 +1,7 @@
+// Each verb of the `tessera` binary is one function in its own cmd_<verb>.cpp.
+#pragma once
+
+namespace tessera::cli {
+// argv[0] is the verb itself ("generate"), the rest are its flags.
+int run_generate(int argc, char** argv);
+}  // namespace tessera::cli
