@@ -1,0 +1,15 @@
+# tessera_add_tests(LIBS lib...): one GoogleTest executable per *_test.cpp in the
+# calling folder, linked with LIBS; every TEST is registered with ctest.
+# Test binaries find the repo through the TESSERA_SOURCE_DIR definition.
+function(tessera_add_tests)
+  cmake_parse_arguments(ARG "" "" "LIBS;LABELS" ${ARGN})
+  file(GLOB tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cpp)
+  foreach(src IN LISTS tests)
+    get_filename_component(name ${src} NAME_WE)
+    add_executable(${name} ${src})
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+    target_compile_definitions(${name} PRIVATE TESSERA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                                               TESSERA_BINARY_DIR="${CMAKE_BINARY_DIR}")
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+  endforeach()
+endfunction()
