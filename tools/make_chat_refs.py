@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Reference chat-template renders from HF transformers, the authority the C++ renderer must match byte for byte.
+
+Renders every conversation of tests/fixtures/chat/conversations.json with the chat template of every model in
+.npm-pkgs/ (laid out by scripts/fetch_test_data.sh) through `tokenizer.apply_chat_template(..., tokenize=False)`,
+passing `tools`, `add_generation_prompt` (default true, as in the OpenAI API of vLLM) and `chat_template_kwargs`
+the way vLLM does, and writes tests/fixtures/chat/<model>_ref.json. A conversation the template rejects is recorded
+as {"error": "<ExceptionType>: <message>"}; the C++ renderer must reject it too.
+
+Run from the repo root on a machine with transformers and jinja2 (no network needed):
+    python3 tools/make_chat_refs.py
+"""
+import argparse
+import json
+import os
+import sys
+
+MODELS = ["qwen3", "llama3_1", "deepseek_v3"]
+
+
+def load_tokenizer(model_dir):
+    """AutoTokenizer when it loads; otherwise a bare tokenizer object carrying the same template and special tokens."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir), "AutoTokenizer"
+    except Exception as error:  # noqa: BLE001 - fall back, but say so in the fixture
+        print(f"warning: AutoTokenizer failed for {model_dir}: {error!r}; using PreTrainedTokenizerFast", file=sys.stderr)
+        from transformers import PreTrainedTokenizerFast
+
+        with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        special = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = config.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if value is not None:
+                special[key] = value
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(model_dir, "tokenizer.json"), **special)
+        tokenizer.chat_template = config["chat_template"]
+        return tokenizer, "PreTrainedTokenizerFast"
+
+
+def render(tokenizer, conversation):
+    kwargs = dict(conversation.get("chat_template_kwargs") or {})
+    result = tokenizer.apply_chat_template(
+        conversation["messages"],
+        tools=conversation.get("tools"),
+        add_generation_prompt=conversation.get("add_generation_prompt", True),
+        tokenize=False,
+        **kwargs,
+    )
+    if not isinstance(result, str):
+        raise TypeError(f"apply_chat_template returned {type(result).__name__}, expected str")
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pkgs", default=".npm-pkgs", help="folder laid out by scripts/fetch_test_data.sh")
+    parser.add_argument("--conversations", default="tests/fixtures/chat/conversations.json")
+    parser.add_argument("--out", default="tests/fixtures/chat")
+    parser.add_argument("--models", nargs="*", default=MODELS)
+    args = parser.parse_args()
+
+    import jinja2
+    import transformers
+
+    with open(args.conversations, encoding="utf-8") as f:
+        conversations = json.load(f)["conversations"]
+    for model in args.models:
+        model_dir = os.path.join(args.pkgs, f"tokenizer-{model}", "package", "models")
+        tokenizer, loader = load_tokenizer(model_dir)
+        renders = []
+        for conversation in conversations:
+            entry = {"id": conversation["id"]}
+            try:
+                entry["prompt"] = render(tokenizer, conversation)
+            except Exception as error:  # noqa: BLE001 - template errors are part of the reference
+                entry["error"] = f"{type(error).__name__}: {error}"
+            renders.append(entry)
+        doc = {
+            "model": model,
+            "source": f"transformers {transformers.__version__} apply_chat_template (jinja2 {jinja2.__version__}, "
+                      f"tokenizer via {loader})",
+            "renders": renders,
+        }
+        path = os.path.join(args.out, f"{model}_ref.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        errors = sum("error" in r for r in renders)
+        print(f"{path}: {len(renders)} renders, {errors} template errors")
+
+
+if __name__ == "__main__":
+    main()
