@@ -30,7 +30,9 @@ for entry in "${PACKAGES[@]}"; do
 done
 
 # Node reference tools (one package.json shared by everyone who adds tools there).
-if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules ]; then
+# Reinstalls when package.json changed after the last install (someone added a tool).
+if [ -f tests/node/package.json ] && { [ ! -f tests/node/node_modules/.package-lock.json ] ||
+    [ tests/node/package.json -nt tests/node/node_modules/.package-lock.json ]; }; then
   echo "[fetch_test_data] npm install in tests/node"
   (cd tests/node && npm install --silent --no-audit --no-fund)
 fi
