@@ -122,8 +122,10 @@ def main():
         os.makedirs(d, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True, **save_kw)
         model.generation_config.save_pretrained(d)
-        # Reference: fp32 compute on the bf16 weights, as tessera's CPU backend does.
-        model = model.to(torch.float32).eval()
+        # Reference: fp32 compute on the bf16 weights, as tessera's CPU backend does. Reload
+        # from disk rather than upcasting in memory: model.to(bfloat16) also rounds the rotary
+        # inv_freq buffer, which a real from_pretrained keeps in float32.
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         g = torch.Generator().manual_seed(99 + i)
         prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
         ref = {"model": name, "transformers": transformers.__version__, "torch": torch.__version__,

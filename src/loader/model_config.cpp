@@ -1,0 +1,147 @@
+#include "loader/model_config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) fail(ErrorKind::kNotFound, "{}: file not found", p.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kCorrupt, "{}: does not parse as JSON ({})", p.string(), e.what());
+  }
+}
+
+template <typename T>
+T get_or(const nlohmann::json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const std::exception&) {
+    fail(ErrorKind::kCorrupt, "config field '{}' has the wrong type ({})", key, it->dump());
+  }
+}
+
+std::vector<int> int_or_list(const nlohmann::json& j, const char* key) {
+  std::vector<int> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (it->is_number_integer()) out.push_back(it->get<int>());
+  else if (it->is_array())
+    for (const auto& v : *it)
+      if (v.is_number_integer()) out.push_back(v.get<int>());
+  return out;
+}
+
+RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
+  RopeScaling s;
+  std::string type = get_or<std::string>(r, "rope_type", get_or<std::string>(r, "type", "default"));
+  if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn")
+    fail(ErrorKind::kUnsupported, "{}: rope type '{}' is not supported (supported: default, linear, dynamic, llama3, yarn)",
+         source, type);
+  s.type = type;
+  s.factor = get_or<double>(r, "factor", 1.0);
+  s.low_freq_factor = get_or<double>(r, "low_freq_factor", 1.0);
+  s.high_freq_factor = get_or<double>(r, "high_freq_factor", 4.0);
+  s.original_max_position_embeddings = get_or<int>(r, "original_max_position_embeddings", 0);
+  s.beta_fast = get_or<double>(r, "beta_fast", 32.0);
+  s.beta_slow = get_or<double>(r, "beta_slow", 1.0);
+  s.mscale = get_or<double>(r, "mscale", 0.0);
+  s.mscale_all_dim = get_or<double>(r, "mscale_all_dim", 0.0);
+  if (r.contains("attention_factor") && !r["attention_factor"].is_null())
+    s.attention_factor = r["attention_factor"].get<double>();
+  s.truncate = get_or<bool>(r, "truncate", true);
+  return s;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source) {
+  ModelConfig c;
+  c.raw = j;
+  // Multimodal wrappers (Qwen3.5) keep the language model under text_config.
+  const nlohmann::json& t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    c.architecture = j["architectures"][0].get<std::string>();
+  c.model_type = get_or<std::string>(t, "model_type", get_or<std::string>(j, "model_type", ""));
+  if (c.architecture.empty())
+    fail(ErrorKind::kCorrupt, "{}: no 'architectures' entry; cannot tell which model this is", source);
+  c.hidden_size = get_or<int>(t, "hidden_size", 0);
+  c.intermediate_size = get_or<int>(t, "intermediate_size", 0);
+  c.num_layers = get_or<int>(t, "num_hidden_layers", 0);
+  c.num_heads = get_or<int>(t, "num_attention_heads", 0);
+  c.num_kv_heads = get_or<int>(t, "num_key_value_heads", c.num_heads);
+  c.vocab_size = get_or<int>(t, "vocab_size", 0);
+  if (c.hidden_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.vocab_size <= 0 || c.num_kv_heads <= 0)
+    fail(ErrorKind::kCorrupt,
+         "{}: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads and vocab_size must be positive",
+         source);
+  c.head_dim = get_or<int>(t, "head_dim", c.hidden_size / c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0)
+    fail(ErrorKind::kCorrupt, "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})", source,
+         c.num_heads, c.num_kv_heads);
+  c.max_position_embeddings = get_or<int>(t, "max_position_embeddings", 4096);
+  c.rms_norm_eps = get_or<double>(t, "rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = get_or<bool>(t, "tie_word_embeddings", get_or<bool>(j, "tie_word_embeddings", false));
+  c.attention_bias = get_or<bool>(t, "attention_bias", false);
+  c.partial_rotary_factor = get_or<double>(t, "partial_rotary_factor", 1.0);
+  // transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; older files
+  // write rope_theta and rope_scaling separately.
+  if (t.contains("rope_parameters") && t["rope_parameters"].is_object()) {
+    const auto& rp = t["rope_parameters"];
+    c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(t, "rope_theta", 10000.0));
+    c.rope = parse_rope(rp, source);
+    c.partial_rotary_factor = get_or<double>(rp, "partial_rotary_factor", c.partial_rotary_factor);
+  } else {
+    c.rope_theta = get_or<double>(t, "rope_theta", 10000.0);
+    if (t.contains("rope_scaling") && t["rope_scaling"].is_object()) c.rope = parse_rope(t["rope_scaling"], source);
+  }
+  std::string dt = get_or<std::string>(t, "torch_dtype", get_or<std::string>(t, "dtype", "bfloat16"));
+  if (auto d = dtype_from_name(dt)) c.dtype = *d;
+  std::string act = get_or<std::string>(t, "hidden_act", "silu");
+  if (act != "silu")
+    fail(ErrorKind::kUnsupported, "{}: hidden_act '{}' is not supported (supported: silu)", source, act);
+  if (get_or<bool>(t, "mlp_bias", false))
+    fail(ErrorKind::kUnsupported, "{}: mlp_bias=true is not supported", source);
+  if (get_or<bool>(t, "use_sliding_window", false))
+    fail(ErrorKind::kUnsupported, "{}: use_sliding_window=true is not supported yet", source);
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source,
+         j["quantization_config"].value("quant_method", std::string("unknown method")));
+  if (auto b = get_or<int>(t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
+  c.eos_token_ids = int_or_list(t, "eos_token_id");
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  fs::path dir(model_dir);
+  if (!fs::is_directory(dir)) fail(ErrorKind::kNotFound, "{}: model directory not found", model_dir);
+  ModelConfig c = parse_model_config(read_json(dir / "config.json"), (dir / "config.json").string());
+  c.model_dir = model_dir;
+  fs::path gen = dir / "generation_config.json";
+  if (fs::exists(gen)) {
+    nlohmann::json g = read_json(gen);
+    if (g.contains("temperature") && g["temperature"].is_number()) c.generation.temperature = g["temperature"].get<double>();
+    if (g.contains("top_p") && g["top_p"].is_number()) c.generation.top_p = g["top_p"].get<double>();
+    if (g.contains("top_k") && g["top_k"].is_number_integer()) c.generation.top_k = g["top_k"].get<int>();
+    if (g.contains("repetition_penalty") && g["repetition_penalty"].is_number())
+      c.generation.repetition_penalty = g["repetition_penalty"].get<double>();
+    c.generation.eos_token_ids = int_or_list(g, "eos_token_id");
+    for (int e : c.generation.eos_token_ids)
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), e) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(e);
+  }
+  return c;
+}
+
+}  // namespace tessera

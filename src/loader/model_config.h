@@ -1,0 +1,61 @@
+// config.json and generation_config.json of a Hugging Face model directory, parsed
+// into plain structs. Fields that would change the maths and that we do not
+// implement fail loudly here rather than produce gibberish later.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+
+namespace tessera {
+
+struct RopeScaling {
+  std::string type = "default";  // default | linear | dynamic | llama3 | yarn
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int original_max_position_embeddings = 0;              // llama3, yarn, dynamic
+  double beta_fast = 32.0, beta_slow = 1.0;               // yarn
+  double mscale = 0.0, mscale_all_dim = 0.0;               // yarn (DeepSeek style)
+  std::optional<double> attention_factor;                  // yarn
+  bool truncate = true;                                    // yarn
+};
+
+struct GenerationDefaults {
+  std::optional<double> temperature, top_p, repetition_penalty;
+  std::optional<int> top_k;
+  std::vector<int> eos_token_ids;
+};
+
+struct ModelConfig {
+  std::string model_dir;
+  std::string architecture;  // "Qwen3ForCausalLM"
+  std::string model_type;    // "qwen3"
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  RopeScaling rope;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  DType dtype = DType::kBF16;  // checkpoint dtype
+  std::optional<int> bos_token_id;
+  std::vector<int> eos_token_ids;  // config's, then generation_config's
+  GenerationDefaults generation;
+  nlohmann::json raw;  // the whole config.json, for architectures with extra fields
+};
+
+// Reads DIR/config.json (and generation_config.json when present). Throws Error.
+ModelConfig load_model_config(const std::string& model_dir);
+ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source);
+
+}  // namespace tessera

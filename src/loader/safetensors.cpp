@@ -1,0 +1,114 @@
+#include "loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+constexpr uint64_t kMaxHeader = 100ull << 20;  // as HF safetensors: 100 MB
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) fail(ErrorKind::kNotFound, "{}: file not found", path);
+    fail(ErrorKind::kNotFound, "{}: cannot open ({})", path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(ErrorKind::kNotFound, "{}: cannot stat ({})", path, std::strerror(errno));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    fail(ErrorKind::kCorrupt, "{}: truncated file ({} bytes; a safetensors file starts with an 8-byte header length)",
+         path, size_);
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail(ErrorKind::kNotFound, "{}: cannot map ({})", path, std::strerror(errno));
+  }
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, map_, 8);
+  if (header_len > kMaxHeader || header_len > size_ - 8) {
+    fail(ErrorKind::kCorrupt, "{}: header claims {} bytes but the file has only {} after the length field{}", path,
+         header_len, size_ - 8, header_len > kMaxHeader ? " (over the 100 MB limit)" : "; the file is truncated");
+  }
+  header_end_ = 8 + header_len;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(static_cast<const char*>(map_) + 8, static_cast<const char*>(map_) + header_end_);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kCorrupt, "{}: the JSON header does not parse ({})", path, e.what());
+  }
+  if (!header.is_object()) fail(ErrorKind::kCorrupt, "{}: the JSON header is not an object", path);
+  size_t data_size = size_ - header_end_;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': header entry lacks dtype, shape or data_offsets", path, name);
+    TensorInfo t;
+    t.name = name;
+    std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "?";
+    auto parsed = dtype_from_safetensors(dt);
+    if (!parsed)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}': unsupported dtype {} (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, "
+           "I32, I64, U8)", path, name, dt);
+    t.dtype = *parsed;
+    const auto& shape = v["shape"];
+    const auto& offs = v["data_offsets"];
+    if (!shape.is_array() || shape.size() > Shape::kMaxDims)
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': shape is not an array of at most {} dimensions", path, name,
+           Shape::kMaxDims);
+    uint64_t numel = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned()) fail(ErrorKind::kCorrupt, "{}: tensor '{}': shape has a bad dimension", path, name);
+      uint64_t dv = d.get<uint64_t>();
+      if (dv > (1ull << 40) || (dv && numel > (1ull << 62) / dv))
+        fail(ErrorKind::kCorrupt, "{}: tensor '{}': shape is absurdly large", path, name);
+      numel *= dv;
+      t.shape.push_back(static_cast<int64_t>(dv));
+    }
+    if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
+    uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+    uint64_t want = numel * dtype_size(t.dtype);
+    if (begin > end || end > data_size)
+      fail(ErrorKind::kCorrupt,
+           "{}: tensor '{}': data_offsets [{}, {}) lie outside the {} data bytes of the file (truncated or lying header)",
+           path, name, begin, end, data_size);
+    if (end - begin != want)
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': {} {} needs {} bytes but data_offsets span {}", path, name, dt,
+           t.shape.str(), want, end - begin);
+    t.offset = header_end_ + begin;
+    t.bytes = want;
+    tensors_.emplace(name, std::move(t));
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, size_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Tensor SafetensorsFile::view(const TensorInfo& t, std::shared_ptr<SafetensorsFile> self) const {
+  return host_wrap(const_cast<void*>(data(t)), t.shape, t.dtype, std::move(self));
+}
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+// The decoder shared by the dense Llama-like families: pre-norm attention with
+// rotary embeddings and GQA, then a SwiGLU MLP. Families differ by a few options
+// (qkv bias, q/k norm), set in their own files (llama.cpp, qwen2.cpp, qwen3.cpp).
+#pragma once
+#include <vector>
+
+#include "model/model.h"
+
+namespace tessera {
+
+struct DenseDecoderOptions {
+  bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before rope
+};
+
+class DenseDecoderModel : public Model {
+ public:
+  DenseDecoderModel(ModelConfig config, DenseDecoderOptions options, const ModelOptions& model_options,
+                    Backend& backend);
+  const ModelConfig& config() const override { return config_; }
+  std::vector<LayerCacheSpec> cache_specs() const override;
+  WeightStore& weights() override { return weights_; }
+  Tensor forward(const ModelInput& input, KvCache& cache) override;
+
+ private:
+  struct Attention {
+    const Tensor *q_proj, *k_proj, *v_proj, *o_proj;
+    const Tensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+    const Tensor *q_norm = nullptr, *k_norm = nullptr;
+  };
+  struct Layer {
+    const Tensor* input_norm;
+    Attention attn;
+    const Tensor* post_attention_norm;
+    const Tensor *gate_up, *down;
+  };
+  void attention(int layer, const Tensor& h, const Tensor& out, const Tensor& positions, const AttentionMetadata& meta,
+                 KvCache& cache);
+  void mlp(int layer, const Tensor& h, const Tensor& out);
+
+  ModelConfig config_;
+  DenseDecoderOptions options_;
+  Backend& backend_;
+  WeightStore weights_;
+  int local_heads_, local_kv_heads_;
+  const Tensor* embed_;
+  std::vector<Layer> layers_;
+  const Tensor* final_norm_;
+  const Tensor* lm_head_;
+  RopeTable rope_;
+  int max_positions_;
+};
+
+}  // namespace tessera

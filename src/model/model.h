@@ -1,0 +1,61 @@
+// The model interface the engine drives. A model knows its layers and weights; it
+// knows nothing of requests, HTTP or scheduling.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "backend/backend.h"
+#include "loader/model_config.h"
+#include "model/weights.h"
+
+namespace tessera {
+
+// What each layer keeps per sequence between steps.
+enum class CacheKind {
+  kPagedKv,    // attention: K and V in blocks of block_size tokens
+  kStateSlot,  // linear attention (Qwen3.5 / Qwen3-Next): a fixed-size state per sequence
+};
+
+struct LayerCacheSpec {
+  CacheKind kind = CacheKind::kPagedKv;
+  int num_kv_heads = 0;  // on this rank
+  int head_dim = 0;
+  size_t state_bytes = 0;  // kStateSlot: bytes per sequence
+};
+
+// Device memory for every layer's cache, owned by the engine's cache manager.
+struct KvCache {
+  int block_size = 16;
+  int num_blocks = 0;
+  DType dtype = DType::kF32;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  std::vector<Tensor> k, v;          // per layer [num_blocks, block_size, kv_heads, head_dim]; empty for state layers
+  std::vector<Tensor> state_slots;   // per layer [num_slots, state_bytes] for kStateSlot layers
+};
+
+// One step's work: the tokens of every scheduled sequence, flattened.
+struct ModelInput {
+  std::vector<int32_t> token_ids;       // T
+  std::vector<int32_t> positions;       // T
+  AttentionLayout attention;            // per-sequence layout over the paged cache
+  std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
+};
+
+struct ModelOptions {
+  int max_positions = 0;  // rotary table length; 0 = config.max_position_embeddings
+  ParallelContext parallel;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::vector<LayerCacheSpec> cache_specs() const = 0;
+  virtual WeightStore& weights() = 0;
+  // Runs one step; returns f32 logits [logits_indices.size(), vocab] in scratch memory.
+  virtual Tensor forward(const ModelInput& input, KvCache& cache) = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,35 @@
+#include "model/registry.h"
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+using Factory = std::unique_ptr<Model> (*)(const ModelConfig&, const ModelOptions&, Backend&);
+struct Entry {
+  const char* architecture;
+  Factory make;
+};
+// One line per architecture.
+constexpr Entry kArchitectures[] = {
+    {"LlamaForCausalLM", make_llama},
+    {"Qwen2ForCausalLM", make_qwen2},
+    {"Qwen3ForCausalLM", make_qwen3},
+};
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> v;
+  for (const auto& e : kArchitectures) v.emplace_back(e.architecture);
+  return v;
+}
+
+std::unique_ptr<Model> create_model(const ModelConfig& config, const ModelOptions& options, Backend& backend) {
+  for (const auto& e : kArchitectures)
+    if (config.architecture == e.architecture) return e.make(config, options, backend);
+  std::string list;
+  for (const auto& a : supported_architectures()) list += (list.empty() ? "" : ", ") + a;
+  fail(ErrorKind::kUnsupported, "architecture '{}' is not supported (supported: {})", config.architecture, list);
+}
+
+}  // namespace tessera

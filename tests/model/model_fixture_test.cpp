@@ -1,0 +1,117 @@
+// Every fixture model against transformers: last-position logits and greedy tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "fixture_util.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
+
+namespace tessera {
+namespace {
+
+using testing::fixture_names;
+using testing::fixtures_dir;
+using testing::load_reference;
+
+struct Loaded {
+  CpuBackend backend;
+  std::unique_ptr<Model> model;
+  KvCache cache;
+};
+
+std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = 16) {
+  auto l = std::make_unique<Loaded>();
+  ModelConfig cfg = load_model_config(fixtures_dir() + "/" + name);
+  l->model = create_model(cfg, ModelOptions{}, l->backend);
+  Checkpoint ckpt(cfg.model_dir);
+  l->model->weights().load(ckpt, l->backend);
+  l->cache.block_size = 16;
+  l->cache.num_blocks = num_blocks;
+  for (const auto& spec : l->model->cache_specs()) {
+    l->cache.k.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+    l->cache.v.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+  }
+  return l;
+}
+
+// One sequence occupying blocks 0..n-1 in order: run tokens [start, start+len).
+ModelInput single_sequence_step(const std::vector<int32_t>& all_tokens, int start, int len, int num_blocks) {
+  ModelInput in;
+  for (int i = start; i < start + len; ++i) {
+    in.token_ids.push_back(all_tokens[i]);
+    in.positions.push_back(i);
+    in.attention.slot_mapping.push_back(i);  // block i/16, offset i%16 with the identity block table
+  }
+  in.attention.query_start_loc = {0, len};
+  in.attention.seq_lens = {start + len};
+  in.attention.max_blocks_per_seq = num_blocks;
+  for (int b = 0; b < num_blocks; ++b) in.attention.block_tables.push_back(b);
+  in.logits_indices = {len - 1};
+  return in;
+}
+
+std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t);
+  be.synchronize();
+  return v;
+}
+
+int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+class FixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FixtureTest, LastLogitsAndGreedyMatchTransformers) {
+  const std::string name = GetParam();
+  auto ref = load_reference(name);
+  for (const auto& c : ref["cases"]) {
+    auto l = load(name);
+    std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
+    const int prompt_len = static_cast<int>(tokens.size());
+    Tensor logits = l->model->forward(single_sequence_step(tokens, 0, prompt_len, 16), l->cache);
+    std::vector<float> got = to_host(l->backend, logits);
+    auto want = c["last_logits"].get<std::vector<float>>();
+    ASSERT_EQ(got.size(), want.size());
+    float max_err = 0;
+    for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+    EXPECT_LT(max_err, 2e-3) << name << " prompt length " << prompt_len;
+    if (getenv("TESSERA_TEST_VERBOSE")) printf("%s len %d max_err %g\n", name.c_str(), prompt_len, max_err);
+
+    // Greedy decode through the KV cache, one token per step.
+    auto greedy = c["greedy"].get<std::vector<int32_t>>();
+    size_t decisive = testing::decisive_prefix(c["margins"], 1e-3);
+    std::vector<int32_t> out;
+    int next = argmax(got);
+    for (size_t step = 0; step < greedy.size(); ++step) {
+      out.push_back(next);
+      tokens.push_back(next);
+      l->backend.reset_scratch();
+      Tensor lg = l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, 16), l->cache);
+      next = argmax(to_host(l->backend, lg));
+    }
+    for (size_t i = 0; i < decisive; ++i)
+      ASSERT_EQ(out[i], greedy[i]) << name << " prompt length " << prompt_len << " step " << i;
+    EXPECT_GE(decisive, 8u) << "fixture margins too small to be a useful test";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(ModelRegistry, UnknownArchitectureListsSupportedOnes) {
+  CpuBackend be;
+  ModelConfig cfg = load_model_config(fixtures_dir() + "/llama_gqa2");
+  cfg.architecture = "GPT2LMHeadModel";
+  try {
+    create_model(cfg, ModelOptions{}, be);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Qwen3ForCausalLM"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera
