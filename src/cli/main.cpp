@@ -18,6 +18,7 @@ struct Verb {
 // One line per verb.
 constexpr Verb kVerbs[] = {
     {"generate", tessera::cli::run_generate, "offline generation from token ids, text or a JSONL batch"},
+    {"bench", tessera::cli::run_bench, "load generator and report for any OpenAI-compatible server"},
 };
 
 void usage(FILE* f) {

@@ -1,0 +1,52 @@
+// Everything `tessera bench` can be told, with the seed protocol as the defaults.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace tessera::bench {
+
+struct BenchOptions {
+  // Server.
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/chat/completions";
+  std::string api_key;
+  std::string model;  // empty: the first id of GET /v1/models
+  bool stream = true;
+  double timeout_s = 600;
+
+  // Workload: "prompt" (one fixed prompt), "random" or "jsonl".
+  std::string dataset = "prompt";
+  std::string dataset_path;
+  std::string prompt = "Explain parallel computing in one sentence.";
+  int max_tokens = 64;
+  double temperature = 0;
+  int random_input_len = 1024;
+  int random_output_len = 128;
+  double random_range_ratio = 0;
+  bool ignore_eos = false;
+  uint64_t seed = 0;
+
+  // Load shape. Each concurrency value is one level; 0 means unlimited.
+  std::vector<int> concurrency;  // empty: 1,5,10,20 for a fixed prompt, unlimited for datasets
+  size_t requests_per_level = 0;  // 0: 40 for a fixed prompt, 1000 for datasets (vLLM's default)
+  double request_rate = std::numeric_limits<double>::infinity();
+  double burstiness = 1.0;
+  std::vector<std::string> goodput;  // "ttft:500", "tpot:50", "e2el:2000"
+
+  // Output.
+  std::string json_path;
+  std::string markdown_path;
+  std::string html_path;
+  bool progress = true;
+
+  // Loopback self-test: start an in-process server that answers instantly and aim at it.
+  bool self_test = false;
+};
+
+// Runs every level and writes the reports; returns the process exit code (0 when at least one
+// request succeeded). Throws tessera::Error for bad options and unreachable servers.
+int run_benchmark(BenchOptions options);
+
+}  // namespace tessera::bench

@@ -1,0 +1,197 @@
+#include <sys/resource.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "bench/bench_options.h"
+#include "bench/load_runner.h"
+#include "bench/metrics.h"
+#include "bench/progress_bar.h"
+#include "bench/report.h"
+#include "bench/scripted_server.h"
+#include "bench/server_probe.h"
+#include "core/error.h"
+#include "core/version.h"
+
+namespace tessera::bench {
+namespace {
+
+bool fixed_prompt_mode(const BenchOptions& options) { return options.dataset == "prompt"; }
+
+std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count) {
+  if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count);
+  if (options.dataset == "random") {
+    RandomWorkloadOptions random{options.random_input_len, options.random_output_len, options.random_range_ratio,
+                                 count, options.seed};
+    return random_workload(random);
+  }
+  if (options.dataset == "jsonl") {
+    if (options.dataset_path.empty())
+      fail(ErrorKind::kInvalidArgument, "--dataset jsonl needs --dataset-path FILE (one JSON object per line)");
+    std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0);
+    // Cycle through the file when more requests are wanted than it holds.
+    std::vector<PromptSpec> out;
+    out.reserve(count);
+    for (size_t i = 0; i < count; ++i) out.push_back(prompts[i % prompts.size()]);
+    return out;
+  }
+  fail(ErrorKind::kInvalidArgument, "--dataset must be prompt, random or jsonl, got '{}'", options.dataset);
+}
+
+std::string describe_workload(const BenchOptions& options, size_t requests) {
+  std::string rate = std::isinf(options.request_rate) ? "all at once"
+                                                      : fmt::format("{} req/s, burstiness {}", options.request_rate,
+                                                                    options.burstiness);
+  if (options.dataset == "prompt")
+    return fmt::format("fixed prompt \"{}\", max_tokens {}, {} requests per level, {}", options.prompt,
+                       options.max_tokens, requests, rate);
+  if (options.dataset == "random")
+    return fmt::format("random prompts: input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
+                       options.random_input_len, options.random_output_len, options.random_range_ratio, options.seed,
+                       requests, rate);
+  return fmt::format("prompts from {}, {} requests per level, {}", options.dataset_path, requests, rate);
+}
+
+std::string utc_now_iso() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// Thousands of concurrent streams need thousands of descriptors; the soft limit is often 1024.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+void write_file(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) fail(ErrorKind::kNotFound, "cannot write the {} report to '{}': check that the folder exists", what, path);
+  std::cerr << "wrote " << what << " report " << path << "\n";
+}
+
+// A level in which every request failed the same way usually means a setting is wrong.
+std::optional<std::string> advice_for(const LevelMetrics& level, const BenchOptions& options) {
+  if (level.completed || level.failures_by_kind.size() != 1) return std::nullopt;
+  const std::string& kind = level.failures_by_kind.begin()->first;
+  if (kind == "http_401" || kind == "http_403") return "the server refused every request: check --api-key";
+  if (kind == "http_404") return "the server answered 404 to every request: check --endpoint and --model";
+  if (kind == "http_400")
+    return "the server rejected every request as invalid (" + level.failure_example.begin()->second +
+           "): check --model, --max-tokens and --endpoint";
+  if (kind == "connect_error") return "no request could connect to " + options.base_url + ": check --base-url";
+  if (kind == "timeout") return "every request timed out: raise --timeout or lower the load";
+  return std::nullopt;
+}
+
+std::vector<std::string> collect_notes(const BenchOptions& options, const std::vector<LevelMetrics>& levels) {
+  std::vector<std::string> notes;
+  size_t without_usage = 0;
+  for (const LevelMetrics& level : levels) without_usage += level.requests_without_usage;
+  if (without_usage)
+    notes.push_back(fmt::format(
+        "{} successful requests came without 'usage': their completion tokens are the number of streamed text chunks "
+        "and their prompt tokens an estimate from the prompt's length, so token throughputs are estimates",
+        without_usage));
+  if (options.dataset == "random")
+    notes.push_back("random prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
+                    "are approximate (no tokenizer is used); the server's usage gives the true counts");
+  if (options.dataset == "jsonl")
+    notes.push_back("output lengths taken from ShareGPT answers are estimated at 4 characters per token");
+  if (!options.stream) notes.push_back("streaming was off: TTFT equals end-to-end latency and ITL is not measured");
+  if (options.self_test)
+    notes.push_back("self-test: an in-process loopback server answered instantly; the figures measure the client");
+  return notes;
+}
+
+std::vector<int> levels_of(const BenchOptions& options) {
+  if (!options.concurrency.empty()) return options.concurrency;
+  if (fixed_prompt_mode(options)) return {1, 5, 10, 20};
+  return {0};
+}
+
+}  // namespace
+
+int run_benchmark(BenchOptions options) {
+  raise_open_file_limit();
+  SloTargets slo = parse_slo_targets(options.goodput);
+  ApiEndpoint endpoint = parse_endpoint(options.endpoint);
+  if (options.max_tokens < 1) fail(ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
+  if (!(options.timeout_s > 0)) fail(ErrorKind::kInvalidArgument, "--timeout must be positive (seconds)");
+  size_t requests = options.requests_per_level ? options.requests_per_level : fixed_prompt_mode(options) ? 40 : 1000;
+  std::vector<PromptSpec> prompts = build_workload(options, requests);
+
+  std::unique_ptr<ScriptedServer> self_test_server;
+  if (options.self_test) {
+    self_test_server = std::make_unique<ScriptedServer>([](size_t, const nlohmann::json&) { return ScriptedResponse{}; });
+    options.base_url = self_test_server->base_url();
+  }
+
+  boost::asio::io_context io;
+  HttpClient client(io, parse_base_url(options.base_url), options.api_key);
+  auto timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_s * 1000));
+  if (options.model.empty()) options.model = discover_model(io, client, std::min(timeout, std::chrono::milliseconds(30000)));
+
+  RequestSettings settings;
+  settings.endpoint = endpoint;
+  settings.generation = GenerationParams{options.model, options.temperature, options.stream, options.ignore_eos};
+  settings.timeout = timeout;
+
+  BenchReport report;
+  report.tool_version = TESSERA_VERSION_STRING;
+  report.started_at_utc = utc_now_iso();
+  report.base_url = options.base_url;
+  report.endpoint = endpoint_path(endpoint);
+  report.model = options.model;
+  report.stream = options.stream;
+  report.temperature = options.temperature;
+  report.workload = describe_workload(options, requests);
+  report.slo = slo;
+
+  std::vector<int> levels = levels_of(options);
+  ProgressBar progress(options.progress);
+  for (size_t i = 0; i < levels.size(); ++i) {
+    LevelConfig level;
+    level.max_concurrency = levels[i];
+    level.label = levels[i] > 0 ? fmt::format("concurrency {}", levels[i]) : std::string("unlimited");
+    level.arrivals = ArrivalProcess{options.request_rate, options.burstiness};
+    level.seed = options.seed + i;
+    progress.start_level(level.label, i, levels.size());
+    ProgressHandler on_progress = [&](size_t done, size_t total, size_t in_flight) {
+      progress.update(done, total, in_flight);
+    };
+    LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
+    LevelMetrics metrics = compute_level_metrics(result, slo);
+    progress.finish_level(metrics.completed, metrics.failed, metrics.duration_s);
+    if (auto advice = advice_for(metrics, options)) {
+      report.levels.push_back(std::move(metrics));
+      std::cout << format_terminal_report(report);
+      fail(ErrorKind::kNetwork, "{}", *advice);
+    }
+    report.levels.push_back(std::move(metrics));
+  }
+  report.notes = collect_notes(options, report.levels);
+
+  std::cout << format_terminal_report(report) << std::flush;
+  if (!options.json_path.empty()) write_file(options.json_path, report_to_json(report).dump(2) + "\n", "JSON");
+  if (!options.markdown_path.empty()) write_file(options.markdown_path, report_to_markdown(report), "Markdown");
+  if (!options.html_path.empty()) write_file(options.html_path, report_to_html(report), "HTML");
+
+  size_t succeeded = 0;
+  for (const LevelMetrics& level : report.levels) succeeded += level.completed;
+  return succeeded ? 0 : 1;
+}
+
+}  // namespace tessera::bench

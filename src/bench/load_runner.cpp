@@ -1,0 +1,144 @@
+#include "bench/load_runner.h"
+
+#include <sys/resource.h>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <memory>
+
+#include "bench/request_observer.h"
+
+namespace tessera::bench {
+namespace {
+
+using std::chrono::duration;
+
+double thread_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+constexpr auto kLagProbePeriod = std::chrono::milliseconds(10);
+
+class LevelDriver {
+ public:
+  LevelDriver(boost::asio::io_context& io, HttpClient& client, const std::vector<PromptSpec>& prompts,
+              const LevelConfig& config, const RequestSettings& settings, const ProgressHandler& progress)
+      : io_(io),
+        client_(client),
+        prompts_(prompts),
+        settings_(settings),
+        progress_(progress),
+        release_timer_(io),
+        lag_timer_(io) {
+    result_.config = config;
+    result_.records.reserve(prompts.size());
+    release_times_ = arrival_times(config.arrivals, prompts.size(), config.seed);
+  }
+
+  LevelResult run() {
+    if (prompts_.empty()) return std::move(result_);
+    size_t connections_before = client_.connections_opened();
+    double cpu_before = thread_cpu_seconds();
+    start_ = Clock::now();
+    schedule_lag_probe(start_);
+    release_due();
+    io_.restart();
+    io_.run();
+    result_.overhead.cpu_seconds = thread_cpu_seconds() - cpu_before;
+    result_.overhead.connections_opened = client_.connections_opened() - connections_before;
+    return std::move(result_);
+  }
+
+ private:
+  // Moves every request whose release time has come into the ready count, then waits for the next.
+  void release_due() {
+    double now_s = duration<double>(Clock::now() - start_).count();
+    while (next_release_ < release_times_.size() && release_times_[next_release_] <= now_s) {
+      ++next_release_;
+      ++ready_;
+    }
+    dispatch();
+    if (next_release_ < release_times_.size()) {
+      release_timer_.expires_at(start_ + std::chrono::duration_cast<Clock::duration>(
+                                              duration<double>(release_times_[next_release_])));
+      release_timer_.async_wait([this](boost::system::error_code ec) {
+        if (!ec) release_due();
+      });
+    }
+  }
+
+  void dispatch() {
+    int limit = result_.config.max_concurrency;
+    while (ready_ > 0 && (limit <= 0 || in_flight_ < static_cast<size_t>(limit))) {
+      --ready_;
+      send(prompts_[next_prompt_++]);
+    }
+  }
+
+  void send(const PromptSpec& prompt) {
+    ++in_flight_;
+    result_.max_in_flight = std::max(result_.max_in_flight, in_flight_);
+    HttpExchange exchange;
+    exchange.method = "POST";
+    exchange.path = endpoint_path(settings_.endpoint);
+    exchange.body = build_request_body(settings_.endpoint, prompt, settings_.generation);
+    exchange.timeout = settings_.timeout;
+    auto observer = std::make_shared<CompletionObserver>(
+        settings_.endpoint, settings_.generation.stream, prompt.expected_prompt_tokens, start_, Clock::now(),
+        [this](RequestRecord&& record) { on_done(std::move(record)); });
+    client_.send(exchange, std::move(observer));
+  }
+
+  void on_done(RequestRecord&& record) {
+    --in_flight_;
+    result_.records.push_back(std::move(record));
+    result_.duration_s = duration<double>(Clock::now() - start_).count();
+    if (progress_) progress_(result_.records.size(), prompts_.size(), in_flight_);
+    if (result_.records.size() == prompts_.size()) {
+      release_timer_.cancel();
+      lag_timer_.cancel();
+      return;
+    }
+    dispatch();
+  }
+
+  void schedule_lag_probe(Clock::time_point due) {
+    lag_due_ = due + kLagProbePeriod;
+    lag_timer_.expires_at(lag_due_);
+    lag_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      Clock::time_point now = Clock::now();
+      result_.overhead.loop_lag_ms.push_back(duration<double, std::milli>(now - lag_due_).count());
+      schedule_lag_probe(now);
+    });
+  }
+
+  boost::asio::io_context& io_;
+  HttpClient& client_;
+  const std::vector<PromptSpec>& prompts_;
+  const RequestSettings& settings_;
+  const ProgressHandler& progress_;
+  boost::asio::steady_timer release_timer_;
+  boost::asio::steady_timer lag_timer_;
+  LevelResult result_;
+  std::vector<double> release_times_;
+  Clock::time_point start_;
+  Clock::time_point lag_due_;
+  size_t next_release_ = 0;
+  size_t next_prompt_ = 0;
+  size_t ready_ = 0;
+  size_t in_flight_ = 0;
+};
+
+}  // namespace
+
+LevelResult run_level(boost::asio::io_context& io, HttpClient& client, const std::vector<PromptSpec>& prompts,
+                      const LevelConfig& config, const RequestSettings& settings, const ProgressHandler& progress) {
+  LevelDriver driver(io, client, prompts, config, settings, progress);
+  return driver.run();
+}
+
+}  // namespace tessera::bench

@@ -1,0 +1,53 @@
+// Runs one level of a benchmark: releases requests on their arrival schedule, keeps at most
+// `max_concurrency` in flight, and collects a RequestRecord for each, all on the calling thread.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/arrival.h"
+#include "bench/http_client.h"
+#include "bench/openai_protocol.h"
+#include "bench/request_record.h"
+#include "bench/workload.h"
+
+namespace tessera::bench {
+
+struct LevelConfig {
+  std::string label;        // "concurrency 10", shown in reports
+  int max_concurrency = 0;  // 0: no limit beyond the arrival process
+  ArrivalProcess arrivals;
+  uint64_t seed = 0;
+};
+
+struct RequestSettings {
+  ApiEndpoint endpoint = ApiEndpoint::kChatCompletions;
+  GenerationParams generation;
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+// How much the client itself cost while the level ran, so a reader can tell whether the
+// numbers measure the server or the benchmark.
+struct ClientOverhead {
+  double cpu_seconds = 0;               // CPU time of the thread driving all requests
+  std::vector<double> loop_lag_ms;      // how late a 10 ms probe timer fired: bounds timestamp error
+  size_t connections_opened = 0;
+};
+
+struct LevelResult {
+  LevelConfig config;
+  std::vector<RequestRecord> records;  // in completion order
+  double duration_s = 0;               // first release to last completion
+  size_t max_in_flight = 0;
+  ClientOverhead overhead;
+};
+
+// Called after every completed request with (completed, total, in_flight).
+using ProgressHandler = std::function<void(size_t, size_t, size_t)>;
+
+// Runs `io` until every prompt has completed; `io` must not be running elsewhere.
+LevelResult run_level(boost::asio::io_context& io, HttpClient& client, const std::vector<PromptSpec>& prompts,
+                      const LevelConfig& config, const RequestSettings& settings, const ProgressHandler& progress);
+
+}  // namespace tessera::bench

@@ -1,0 +1,36 @@
+// A finished benchmark and the four ways it is written out: terminal table, JSON, Markdown, HTML.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "bench/metrics.h"
+
+namespace tessera::bench {
+
+struct BenchReport {
+  std::string tool_version;
+  std::string started_at_utc;  // ISO 8601
+  std::string base_url;
+  std::string endpoint;
+  std::string model;
+  bool stream = true;
+  double temperature = 0;
+  std::string workload;            // "fixed prompt: ...", "random: input 1024 / output 128 ...", ...
+  std::vector<std::string> notes;  // estimates and caveats the reader must know about
+  SloTargets slo;
+  std::vector<LevelMetrics> levels;
+};
+
+// Seed-style summary table plus a latency table, for stdout.
+std::string format_terminal_report(const BenchReport& report);
+nlohmann::json report_to_json(const BenchReport& report);
+std::string report_to_markdown(const BenchReport& report);
+// A self-contained page: inline CSS and SVG plots, no scripts, nothing fetched.
+std::string report_to_html(const BenchReport& report);
+
+// "10", or "∞" for an unlimited level; the x axis of every plot.
+std::string concurrency_label(const LevelMetrics& level);
+
+}  // namespace tessera::bench

@@ -1,0 +1,140 @@
+#include "bench/workload.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+
+namespace tessera::bench {
+namespace {
+
+// Short, frequent English words: each is a single token (with its leading space) in the GPT-2,
+// Llama 3 and Qwen vocabularies, which makes word count a good proxy for token count.
+constexpr const char* kOneTokenWords[] = {
+    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",   "it",    "as",    "was",   "with",
+    "be",    "by",    "on",    "not",   "he",    "this",  "are",   "or",    "his",   "from",  "at",    "which",
+    "but",   "have",  "an",    "had",   "they",  "you",   "were",  "their", "one",   "all",   "we",    "can",
+    "her",   "has",   "there", "been",  "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",
+    "time",  "people", "water", "world", "house", "light", "music", "river", "city",  "story", "paper", "money",
+    "night", "system", "number", "power", "market", "school", "point", "group", "state", "place"};
+constexpr size_t kWordCount = sizeof(kOneTokenWords) / sizeof(kOneTokenWords[0]);
+
+int draw_length(std::mt19937_64& rng, int length, double range_ratio) {
+  int low = std::max(1, static_cast<int>(length * (1.0 - range_ratio)));
+  int high = std::max(low, static_cast<int>(length * (1.0 + range_ratio)));
+  return std::uniform_int_distribution<int>(low, high)(rng);
+}
+
+std::string string_field(const nlohmann::json& object, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    auto it = object.find(name);
+    if (it != object.end() && it->is_string()) return it->get<std::string>();
+  }
+  return {};
+}
+
+bool parse_entry(const nlohmann::json& entry, int default_max_tokens, PromptSpec& out) {
+  if (!entry.is_object()) return false;
+  out = PromptSpec{};
+  out.max_tokens = default_max_tokens;
+  out.prompt = string_field(entry, {"prompt", "text", "input"});
+  auto conversations = entry.find("conversations");
+  if (out.prompt.empty() && conversations != entry.end() && conversations->is_array()) {
+    bool have_prompt = false;
+    for (const auto& turn : *conversations) {
+      if (!turn.is_object()) continue;
+      std::string who = string_field(turn, {"from", "role"});
+      std::string value = string_field(turn, {"value", "content"});
+      bool human = who == "human" || who == "user";
+      if (!have_prompt && human) {
+        out.prompt = value;
+        have_prompt = true;
+      } else if (have_prompt && !human) {
+        out.max_tokens = std::max(1, estimate_tokens(value));
+        break;
+      }
+    }
+  }
+  for (const char* name : {"max_tokens", "output_len"}) {
+    auto it = entry.find(name);
+    if (it != entry.end() && it->is_number_integer()) out.max_tokens = std::max(1, it->get<int>());
+  }
+  if (out.prompt.empty()) return false;
+  out.expected_prompt_tokens = estimate_tokens(out.prompt);
+  return true;
+}
+
+}  // namespace
+
+int estimate_tokens(const std::string& text) { return static_cast<int>((text.size() + 3) / 4); }
+
+std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max_tokens, size_t count) {
+  PromptSpec spec{prompt, max_tokens, estimate_tokens(prompt)};
+  return std::vector<PromptSpec>(count, spec);
+}
+
+std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options) {
+  if (options.input_len < 1 || options.output_len < 1)
+    fail(ErrorKind::kInvalidArgument, "--random-input-len and --random-output-len must be at least 1");
+  if (options.range_ratio < 0 || options.range_ratio >= 1)
+    fail(ErrorKind::kInvalidArgument, "--random-range-ratio must be in [0, 1), got {}", options.range_ratio);
+  std::mt19937_64 rng(options.seed);
+  std::uniform_int_distribution<size_t> word(0, kWordCount - 1);
+  std::vector<PromptSpec> prompts;
+  prompts.reserve(options.count);
+  for (size_t i = 0; i < options.count; ++i) {
+    PromptSpec spec;
+    int input_len = draw_length(rng, options.input_len, options.range_ratio);
+    spec.max_tokens = draw_length(rng, options.output_len, options.range_ratio);
+    spec.expected_prompt_tokens = input_len;
+    spec.prompt.reserve(static_cast<size_t>(input_len) * 6);
+    for (int w = 0; w < input_len; ++w) {
+      if (w) spec.prompt.push_back(' ');
+      spec.prompt += kOneTokenWords[word(rng)];
+    }
+    prompts.push_back(std::move(spec));
+  }
+  return prompts;
+}
+
+std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_tokens, size_t limit) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::kNotFound, "cannot open dataset file '{}': check the path given to --dataset-path", path);
+  std::vector<PromptSpec> prompts;
+  auto keep = [&](const nlohmann::json& entry) {
+    PromptSpec spec;
+    if (parse_entry(entry, default_max_tokens, spec)) prompts.push_back(std::move(spec));
+    return limit == 0 || prompts.size() < limit;
+  };
+  char first = 0;
+  in >> std::ws;
+  first = static_cast<char>(in.peek());
+  if (first == '[') {  // a ShareGPT-style JSON array
+    nlohmann::json all = nlohmann::json::parse(in, nullptr, false);
+    if (all.is_discarded()) fail(ErrorKind::kCorrupt, "'{}' starts with '[' but is not valid JSON", path);
+    for (const auto& entry : all)
+      if (!keep(entry)) break;
+  } else {
+    std::string line;
+    size_t line_number = 0;
+    while (std::getline(in, line)) {
+      ++line_number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      nlohmann::json entry = nlohmann::json::parse(line, nullptr, false);
+      if (entry.is_discarded())
+        fail(ErrorKind::kCorrupt, "{}:{}: not a JSON object; each line of a JSONL dataset must be one", path,
+             line_number);
+      if (!keep(entry)) break;
+    }
+  }
+  if (prompts.empty())
+    fail(ErrorKind::kInvalidArgument,
+         "'{}' holds no usable prompt: each entry needs a 'prompt' (or 'text') string or ShareGPT 'conversations'",
+         path);
+  return prompts;
+}
+
+}  // namespace tessera::bench
