@@ -1,0 +1,100 @@
+// Payloads of the control-channel messages (the frame around them is in wire.h).
+// Each struct has an encode function producing the payload bytes and a decode function
+// that refuses anything malformed with Error(kCorrupt), including trailing bytes.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist/fingerprint.h"
+#include "dist/wire.h"
+
+namespace tessera::dist {
+
+struct JoinRequest {
+  int32_t node_rank = 0;
+  int32_t nnodes = 1;
+  NodeFingerprint fingerprint;
+};
+
+struct ClusterNode {
+  int32_t node_rank = 0;
+  int32_t first_rank = 0;  // world ranks [first_rank, first_rank + fingerprint.num_ranks)
+  NodeFingerprint fingerprint;
+};
+
+// What every node learns once all have joined.
+struct ClusterTable {
+  int32_t world_size = 0;
+  std::vector<ClusterNode> nodes;  // by node rank
+  // "node 1 (10.0.0.2)": for error messages.
+  std::string describe_node(int node_rank) const;
+  // "rank 5 (node 1, 10.0.0.2)".
+  std::string describe_rank(int rank) const;
+  int node_of_rank(int rank) const;  // -1 if out of range
+};
+
+struct NodeStatus {
+  int32_t node_rank = 0;
+  int32_t first_rank = 0;
+  bool alive = false;
+  int64_t ms_since_heartbeat = -1;  // -1: never
+  int32_t joins = 0;                // > 1 after a rejoin
+  NodeFingerprint fingerprint;
+};
+
+struct ClusterStatus {
+  int32_t nnodes = 0;
+  int32_t world_size = 0;
+  bool formed = false;  // every node has joined at least once
+  std::vector<NodeStatus> nodes;
+};
+
+struct StepPlanMessage {
+  uint64_t step = 0;
+  std::vector<uint8_t> payload;  // the engine's encoding
+};
+
+struct RankFailure {
+  int32_t node_rank = -1;
+  int32_t first_rank = -1;
+  int32_t num_ranks = 0;
+  std::string reason;
+};
+
+struct StoreEntry {
+  std::string key;
+  std::vector<uint8_t> value;
+};
+
+inline constexpr size_t kMaxStoreKey = 1024;
+inline constexpr size_t kMaxStoreValue = 1 << 20;
+
+std::vector<uint8_t> encode(const JoinRequest& m);
+std::vector<uint8_t> encode(const ClusterTable& m);
+std::vector<uint8_t> encode(const ClusterStatus& m);
+std::vector<uint8_t> encode(const StepPlanMessage& m);
+std::vector<uint8_t> encode(const RankFailure& m);
+std::vector<uint8_t> encode(const StoreEntry& m);
+std::vector<uint8_t> encode_text(const std::string& s);             // reject reasons, store keys
+std::vector<uint8_t> encode_u64(uint64_t v);                        // heartbeats
+std::vector<uint8_t> encode_ranks(const std::vector<int32_t>& ranks);  // liveness query/reply, rank hello
+std::vector<uint8_t> encode_store_value(bool found, std::span<const uint8_t> value);
+
+JoinRequest decode_join(std::span<const uint8_t> p);
+ClusterTable decode_cluster_table(std::span<const uint8_t> p);
+ClusterStatus decode_cluster_status(std::span<const uint8_t> p);
+StepPlanMessage decode_step_plan(std::span<const uint8_t> p);
+RankFailure decode_rank_failure(std::span<const uint8_t> p);
+StoreEntry decode_store_entry(std::span<const uint8_t> p);
+std::string decode_text(std::span<const uint8_t> p, size_t max_len = 64 * 1024);
+uint64_t decode_u64(std::span<const uint8_t> p);
+std::vector<int32_t> decode_ranks(std::span<const uint8_t> p);
+// Returns found; fills value.
+bool decode_store_value(std::span<const uint8_t> p, std::vector<uint8_t>* value);
+
+// Decodes the payload with the decoder its type calls for (the fuzz target's entry point).
+void decode_any(MessageType type, std::span<const uint8_t> payload);
+
+}  // namespace tessera::dist

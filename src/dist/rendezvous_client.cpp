@@ -1,0 +1,137 @@
+#include "dist/rendezvous_client.h"
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "dist/wire.h"
+
+namespace tessera::dist {
+
+RendezvousClient::RendezvousClient(RendezvousClientOptions options) : options_(std::move(options)) {
+  Deadline deadline = deadline_after(options_.join_timeout);
+  socket_ = connect_to_head(options_.head, deadline, options_.handshake_timeout);
+  JoinRequest join{options_.node_rank, options_.nnodes, options_.fingerprint};
+  send_frame(socket_, MessageType::kJoin, encode(join), deadline_after(options_.handshake_timeout));
+  // The head answers once every node has joined; until then wait, bounded by the join deadline.
+  std::optional<Frame> f;
+  try {
+    f = recv_frame(socket_, kMaxFrame, deadline);
+  } catch (const Error& e) {
+    fail(ErrorKind::kNetwork,
+         "node {}: the cluster did not form within {:.0f} s ({}); other nodes may not have joined: check every node's "
+         "--nnodes/--node-rank/--master-addr, or run `tessera cluster status` against the head",
+         options_.node_rank, options_.join_timeout.count() / 1000.0, e.what());
+  }
+  if (!f) fail(ErrorKind::kNetwork, "the head at {}:{} closed the connection during the join", options_.head.host,
+               options_.head.port);
+  if (f->type == MessageType::kReject)
+    fail(ErrorKind::kInvalidArgument, "the head refused this node: {}", decode_text(f->payload));
+  if (f->type != MessageType::kWelcome)
+    fail(ErrorKind::kNetwork, "the head sent a {} frame instead of the cluster table", message_type_name(f->type));
+  cluster_ = decode_cluster_table(f->payload);
+  TLOG_INFO("node {} joined the cluster at {}:{}: {} node(s), {} rank(s)", options_.node_rank, options_.head.host,
+            options_.head.port, cluster_.nodes.size(), cluster_.world_size);
+  thread_ = std::thread([this] { run(); });
+}
+
+RendezvousClient::~RendezvousClient() {
+  stopping_ = true;
+  socket_.shutdown();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RendezvousClient::simulate_crash() {
+  stopping_ = true;
+  socket_.shutdown();
+  if (thread_.joinable()) thread_.join();
+  socket_.close();
+}
+
+void RendezvousClient::record_failure(RankFailure f) {
+  std::function<void(const RankFailure&)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_) return;  // the first failure is the one worth reporting
+    failure_ = f;
+    callback = on_failure_;
+  }
+  changed_.notify_all();
+  TLOG_ERROR("cluster failure: {}", f.reason);
+  if (callback) callback(f);
+}
+
+void RendezvousClient::run() {
+  uint64_t seq = 0;
+  Clock::time_point next_heartbeat = Clock::now();
+  Clock::time_point last_echo = Clock::now();
+  std::string head = fmt::format("the head at {}:{}", options_.head.host, options_.head.port);
+  try {
+    while (!stopping_) {
+      Clock::time_point now = Clock::now();
+      if (now >= next_heartbeat) {
+        send_frame(socket_, MessageType::kHeartbeat, encode_u64(++seq), deadline_after(options_.handshake_timeout));
+        next_heartbeat = now + options_.heartbeat_interval;
+      }
+      if (now - last_echo > options_.heartbeat_timeout) {
+        record_failure({0, 0, 0, fmt::format("{} stopped answering heartbeats", head)});
+        return;
+      }
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat - now);
+      if (!wait_readable(socket_, std::clamp(wait, std::chrono::milliseconds(1), std::chrono::milliseconds(200))))
+        continue;
+      std::optional<Frame> f = recv_frame(socket_, kMaxFrame, deadline_after(options_.handshake_timeout));
+      if (!f) {
+        if (!stopping_) record_failure({0, 0, 0, fmt::format("{} closed the control connection", head)});
+        return;
+      }
+      switch (f->type) {
+        case MessageType::kHeartbeat:
+          decode_u64(f->payload);
+          last_echo = Clock::now();
+          break;
+        case MessageType::kStepPlan: {
+          StepPlanMessage plan = decode_step_plan(f->payload);
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            plans_.push_back(std::move(plan));
+          }
+          changed_.notify_all();
+          break;
+        }
+        case MessageType::kRankFailed:
+          record_failure(decode_rank_failure(f->payload));
+          break;
+        case MessageType::kWelcome:
+          cluster_ = decode_cluster_table(f->payload);  // not expected twice; harmless
+          break;
+        default:
+          fail(ErrorKind::kCorrupt, "unexpected {} frame from the head", message_type_name(f->type));
+      }
+    }
+  } catch (const Error& e) {
+    if (!stopping_) record_failure({0, 0, 0, fmt::format("lost {}: {}", head, e.what())});
+  }
+}
+
+std::optional<StepPlanMessage> RendezvousClient::wait_step_plan(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_for(lock, timeout, [&] { return !plans_.empty() || failure_.has_value(); });
+  if (!plans_.empty()) {
+    StepPlanMessage p = std::move(plans_.front());
+    plans_.pop_front();
+    return p;
+  }
+  if (failure_) fail(ErrorKind::kNetwork, "{}", failure_->reason);
+  return std::nullopt;
+}
+
+std::optional<RankFailure> RendezvousClient::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void RendezvousClient::set_on_failure(std::function<void(const RankFailure&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_failure_ = std::move(callback);
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,68 @@
+// A worker node's side of the control channel. The constructor connects to the head
+// (retrying until it is up), authenticates, sends the join with this node's fingerprint
+// and waits for the cluster table, all within join_timeout. Afterwards one background
+// thread (owned and joined by this object) sends heartbeats, watches the head's echoes,
+// queues step plans and records failure notices.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "dist/connect.h"
+#include "dist/messages.h"
+
+namespace tessera::dist {
+
+struct RendezvousClientOptions {
+  HeadAddress head;
+  int node_rank = 1;
+  int nnodes = 2;
+  NodeFingerprint fingerprint;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};  // head silent this long = gone
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
+};
+
+class RendezvousClient {
+ public:
+  explicit RendezvousClient(RendezvousClientOptions options);  // throws Error with the head's reason if refused
+  ~RendezvousClient();
+  RendezvousClient(const RendezvousClient&) = delete;
+  RendezvousClient& operator=(const RendezvousClient&) = delete;
+
+  const ClusterTable& cluster() const { return cluster_; }
+  // The next step plan; nullopt on timeout. Throws Error(kNetwork) once the head is gone or a
+  // failure was announced (naming the node and ranks).
+  std::optional<StepPlanMessage> wait_step_plan(std::chrono::milliseconds timeout);
+  std::optional<RankFailure> failure() const;
+  // Called from the background thread.
+  void set_on_failure(std::function<void(const RankFailure&)> callback);
+
+  // Test hook: drop the connection abruptly, as a crash would (no goodbye, thread stopped).
+  void simulate_crash();
+
+ private:
+  void run();
+  void record_failure(RankFailure f);
+
+  RendezvousClientOptions options_;
+  Socket socket_;
+  ClusterTable cluster_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<StepPlanMessage> plans_;
+  std::optional<RankFailure> failure_;
+  std::function<void(const RankFailure&)> on_failure_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace tessera::dist

@@ -1,0 +1,491 @@
+#include "dist/rendezvous_server.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "dist/auth.h"
+#include "dist/nic.h"
+#include "dist/wire.h"
+
+namespace tessera::dist {
+
+struct RendezvousServer::Connection {
+  Socket socket;
+  std::mutex write_mu;  // the connection thread and broadcasters both write
+  std::string peer;
+  int node_rank = -1;   // set once a join is admitted; -1 again when a rejoin replaced it
+  int world_rank = -1;  // set by a rank hello (bootstrap store connections)
+};
+
+namespace {
+
+std::string rank_range(int first, int count) {
+  return count == 1 ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, first + count - 1);
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+RendezvousServer::RendezvousServer(RendezvousServerOptions options) : options_(std::move(options)) {
+  const std::string& ip = options_.bind_ip;
+  bool wildcard = ip == "0.0.0.0" || ip == "::";
+  if (wildcard && !options_.allow_wildcard)
+    fail(ErrorKind::kInvalidArgument,
+         "refusing to listen on {} (every interface); pass the chosen NIC's address or allow it explicitly", ip);
+  if (options_.token.empty() && !is_loopback_address(ip))
+    fail(ErrorKind::kInvalidArgument,
+         "a cluster token is required when the control channel listens on {}; pass --cluster-token or set "
+         "TESSERA_CLUSTER_TOKEN (the same on every node)",
+         ip);
+  if (options_.nnodes < 1) fail(ErrorKind::kInvalidArgument, "--nnodes must be at least 1");
+  listener_ = listen_tcp(ip, options_.port);
+  port_ = local_port(listener_);
+  started_ = Clock::now();
+  nodes_.resize(static_cast<size_t>(options_.nnodes));
+  NodeSlot& head = nodes_[0];
+  head.joined = head.alive = head.welcomed = true;
+  head.joins = 1;
+  head.fingerprint = options_.head_fingerprint;
+  head.last_heartbeat = started_;
+  maybe_form_locked();
+  TLOG_INFO("control channel listening on {}:{} for {} node(s)", ip, port_, options_.nnodes);
+  accept_thread_ = std::thread([this] { accept_loop(); });
+  monitor_thread_ = std::thread([this] { monitor_loop(); });
+}
+
+RendezvousServer::~RendezvousServer() {
+  std::map<Connection*, std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (const auto& c : connections_) c->socket.shutdown();
+  }
+  changed_.notify_all();
+  listener_.shutdown();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (monitor_thread_.joinable()) monitor_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(connection_threads_);
+  }
+  for (auto& [_, t] : threads)
+    if (t.joinable()) t.join();
+}
+
+void RendezvousServer::reap_finished_threads_locked() {
+  for (Connection* c : finished_) {
+    auto it = connection_threads_.find(c);
+    if (it == connection_threads_.end()) continue;
+    if (it->second.joinable()) it->second.join();  // the thread's last act was to list itself here
+    connection_threads_.erase(it);
+  }
+  finished_.clear();
+}
+
+void RendezvousServer::accept_loop() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      reap_finished_threads_locked();
+    }
+    Socket s = accept_tcp(listener_, deadline_after(std::chrono::milliseconds(200)));
+    if (!s.valid()) continue;
+    auto c = std::make_shared<Connection>();
+    c->peer = peer_address(s);
+    c->socket = std::move(s);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (connections_.size() >= options_.max_connections) {
+      TLOG_WARN("dropping control-channel peer {}: {} connections already open", c->peer, connections_.size());
+      continue;
+    }
+    connections_.push_back(c);
+    connection_threads_[c.get()] = std::thread([this, c] { serve_connection(c); });
+  }
+}
+
+void RendezvousServer::monitor_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    changed_.wait_for(lock, std::chrono::milliseconds(100));
+    if (stopping_) break;
+    std::vector<RankFailure> fired;
+    Clock::time_point now = Clock::now();
+    for (size_t r = 1; r < nodes_.size(); ++r) {
+      NodeSlot& n = nodes_[r];
+      if (!n.joined || !n.alive || !n.welcomed || now - n.last_heartbeat <= options_.heartbeat_timeout) continue;
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count();
+      if (n.connection) n.connection->socket.shutdown();
+      mark_node_failed_locked(static_cast<int>(r), fmt::format("no heartbeat for {:.1f} s", silent / 1000.0), &fired);
+    }
+    if (!fired.empty()) {
+      lock.unlock();
+      fire_failures(fired);
+      lock.lock();
+    }
+  }
+}
+
+void RendezvousServer::serve_connection(std::shared_ptr<Connection> c) {
+  std::string closed_because = "closed the connection";
+  try {
+    authenticate_client(c->socket, options_.token, deadline_after(options_.handshake_timeout));
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) break;
+      }
+      if (!wait_readable(c->socket, std::chrono::milliseconds(200))) continue;
+      std::optional<Frame> f = recv_frame(c->socket, kMaxFrame, deadline_after(options_.handshake_timeout));
+      if (!f) break;
+      if (!handle_frame(c, *f)) {
+        closed_because = "dropped";
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    bool quiet;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quiet = stopping_;
+    }
+    if (!quiet) TLOG_WARN("dropping control-channel peer {}: {}", c->peer, e.what());
+    closed_because = e.what();
+  }
+  on_connection_closed(c, closed_because);
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.erase(std::remove(connections_.begin(), connections_.end(), c), connections_.end());
+  finished_.push_back(c.get());
+}
+
+void RendezvousServer::send_to(const std::shared_ptr<Connection>& c, MessageType type,
+                               std::span<const uint8_t> payload) {
+  std::lock_guard<std::mutex> lock(c->write_mu);
+  send_frame(c->socket, type, payload, deadline_after(options_.handshake_timeout));
+}
+
+bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const Frame& f) {
+  switch (f.type) {
+    case MessageType::kJoin:
+      return handle_join(c, f);
+    case MessageType::kHeartbeat: {
+      uint64_t seq = decode_u64(f.payload);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (c->node_rank < 0 || nodes_[c->node_rank].connection != c) {
+          TLOG_WARN("dropping control-channel peer {}: heartbeat from a connection that has not joined", c->peer);
+          return false;
+        }
+        nodes_[c->node_rank].last_heartbeat = Clock::now();
+      }
+      send_to(c, MessageType::kHeartbeat, encode_u64(seq));
+      return true;
+    }
+    case MessageType::kStatusQuery: {
+      decode_any(f.type, f.payload);
+      ClusterStatus s = status();
+      send_to(c, MessageType::kStatusReply, encode(s));
+      return true;
+    }
+    case MessageType::kStoreSet: {
+      StoreEntry e = decode_store_entry(f.payload);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = store_.find(e.key);
+        size_t old = it == store_.end() ? 0 : it->first.size() + it->second.size();
+        size_t added = e.key.size() + e.value.size();
+        if (store_bytes_ - old + added > options_.max_store_bytes) {
+          TLOG_WARN("dropping control-channel peer {}: bootstrap store full ({} bytes)", c->peer, store_bytes_);
+          return false;
+        }
+        store_bytes_ = store_bytes_ - old + added;
+        store_[e.key] = std::move(e.value);
+      }
+      send_to(c, MessageType::kStoreOk, {});
+      return true;
+    }
+    case MessageType::kStoreGet: {
+      std::string key = decode_text(f.payload, kMaxStoreKey);
+      std::vector<uint8_t> value;
+      bool found;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = store_.find(key);
+        found = it != store_.end();
+        if (found) value = it->second;
+      }
+      send_to(c, MessageType::kStoreValue, encode_store_value(found, value));
+      return true;
+    }
+    case MessageType::kRankHello: {
+      std::vector<int32_t> ranks = decode_ranks(f.payload);
+      if (ranks.size() != 1) {
+        TLOG_WARN("dropping control-channel peer {}: rank hello with {} ranks", c->peer, ranks.size());
+        return false;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      c->world_rank = ranks[0];
+      ranks_connected_.insert(ranks[0]);
+      ranks_gone_.erase(ranks[0]);
+      return true;
+    }
+    case MessageType::kLivenessQuery: {
+      std::vector<int32_t> asked = decode_ranks(f.payload);
+      std::vector<int32_t> gone;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int32_t r : asked)
+          if (ranks_gone_.count(r) || !ranks_connected_.count(r)) gone.push_back(r);
+      }
+      send_to(c, MessageType::kLivenessReply, encode_ranks(gone));
+      return true;
+    }
+    default:
+      TLOG_WARN("dropping control-channel peer {}: sent a {} frame, which only the head sends", c->peer,
+                message_type_name(f.type));
+      return false;
+  }
+}
+
+bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const Frame& f) {
+  JoinRequest j = decode_join(f.payload);
+  std::string refusal;
+  std::vector<std::shared_ptr<Connection>> to_welcome;
+  std::vector<uint8_t> welcome;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string who = j.fingerprint.ip.empty() ? fmt::format("node {}", j.node_rank)
+                                               : fmt::format("node {} ({})", j.node_rank, j.fingerprint.ip);
+    if (j.nnodes != options_.nnodes) {
+      refusal = fmt::format("{}: started with --nnodes {} but the head has --nnodes {}", who, j.nnodes, options_.nnodes);
+    } else if (j.node_rank == 0) {
+      refusal = fmt::format("{} from {}: node rank 0 is the head; give this node --node-rank 1..{}", who, c->peer,
+                            options_.nnodes - 1);
+    } else if (std::optional<std::string> mismatch =
+                   fingerprint_mismatch(options_.head_fingerprint, j.fingerprint, j.node_rank)) {
+      refusal = *mismatch;
+    } else {
+      NodeSlot& slot = nodes_[static_cast<size_t>(j.node_rank)];
+      if (formed_ && slot.joins > 0 && slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
+        refusal = fmt::format("{} rejoined with {} ranks but had {}; restart the whole cluster to change it", who,
+                              j.fingerprint.num_ranks, slot.fingerprint.num_ranks);
+      } else {
+        if (slot.connection && slot.connection != c) {
+          // A node restarted after a crash: its new process replaces the old entry rather than
+          // being refused as a duplicate ("Every node should have a unique IP address").
+          TLOG_INFO("{} rejoined from {}; replacing its old entry (from {})", who, c->peer, slot.connection->peer);
+          slot.connection->node_rank = -1;
+          slot.connection->socket.shutdown();
+        }
+        slot.joined = slot.alive = true;
+        slot.welcomed = false;
+        slot.joins++;
+        slot.fingerprint = j.fingerprint;
+        slot.last_heartbeat = Clock::now();
+        slot.connection = c;
+        c->node_rank = j.node_rank;
+        TLOG_INFO("{} joined: host {}, {} rank(s), {} GPU(s), NIC {}, tessera {}", who, j.fingerprint.hostname,
+                  j.fingerprint.num_ranks, j.fingerprint.gpus.size(), j.fingerprint.nic, j.fingerprint.version);
+        maybe_form_locked();
+        if (formed_) {
+          welcome = encode(table_locked());
+          for (NodeSlot& n : nodes_)
+            if (n.connection && n.alive && !n.welcomed) {
+              n.welcomed = true;
+              n.last_heartbeat = Clock::now();  // heartbeats start once the node has its table
+              to_welcome.push_back(n.connection);
+            }
+        }
+      }
+    }
+  }
+  if (!refusal.empty()) {
+    TLOG_WARN("refused {}: {}", c->peer, refusal);
+    try {
+      send_to(c, MessageType::kReject, encode_text(refusal));
+    } catch (const Error&) {
+    }
+    return false;
+  }
+  changed_.notify_all();
+  for (const auto& w : to_welcome) {
+    try {
+      send_to(w, MessageType::kWelcome, welcome);
+    } catch (const Error& e) {
+      TLOG_WARN("could not send the cluster table to {}: {}", w->peer, e.what());
+      w->socket.shutdown();
+    }
+  }
+  return true;
+}
+
+void RendezvousServer::maybe_form_locked() {
+  if (formed_) return;
+  for (const NodeSlot& n : nodes_)
+    if (!n.joined) return;
+  int next = 0;
+  for (NodeSlot& n : nodes_) {
+    n.first_rank = next;
+    next += n.fingerprint.num_ranks;
+  }
+  world_size_ = next;
+  formed_ = true;
+  TLOG_INFO("all {} node(s) joined: {} rank(s) in the world", nodes_.size(), world_size_);
+}
+
+ClusterTable RendezvousServer::table_locked() const {
+  ClusterTable t;
+  t.world_size = world_size_;
+  for (size_t r = 0; r < nodes_.size(); ++r)
+    t.nodes.push_back({static_cast<int32_t>(r), nodes_[r].first_rank, nodes_[r].fingerprint});
+  return t;
+}
+
+ClusterTable RendezvousServer::wait_for_nodes() {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_until(lock, started_ + options_.join_timeout, [&] { return formed_ || stopping_; });
+  if (formed_) return table_locked();
+  std::vector<int> missing;
+  std::string joined;
+  for (size_t r = 0; r < nodes_.size(); ++r) {
+    if (!nodes_[r].joined) {
+      missing.push_back(static_cast<int>(r));
+    } else {
+      joined += fmt::format("{}node {}{}", joined.empty() ? "" : ", ", r,
+                            nodes_[r].fingerprint.ip.empty() ? "" : " (" + nodes_[r].fingerprint.ip + ")");
+    }
+  }
+  fail(ErrorKind::kNetwork,
+       "node{} {} never joined within {:.0f} s (joined: {}); check that they run with --master-addr {} "
+       "--master-port {} and the same --cluster-token, and that this port is reachable from them",
+       missing.size() == 1 ? "" : "s", join_ints(missing), options_.join_timeout.count() / 1000.0, joined,
+       options_.bind_ip, port_);
+}
+
+ClusterStatus RendezvousServer::status_locked() const {
+  ClusterStatus s;
+  s.nnodes = static_cast<int32_t>(nodes_.size());
+  s.world_size = world_size_;
+  s.formed = formed_;
+  Clock::time_point now = Clock::now();
+  for (size_t r = 0; r < nodes_.size(); ++r) {
+    const NodeSlot& n = nodes_[r];
+    if (!n.joined && n.joins == 0) continue;
+    NodeStatus ns;
+    ns.node_rank = static_cast<int32_t>(r);
+    ns.first_rank = n.first_rank;
+    ns.alive = n.alive;
+    ns.joins = n.joins;
+    ns.ms_since_heartbeat =
+        r == 0 ? 0 : std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count();
+    ns.fingerprint = n.fingerprint;
+    s.nodes.push_back(std::move(ns));
+  }
+  return s;
+}
+
+ClusterStatus RendezvousServer::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_locked();
+}
+
+void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c, const std::string& why) {
+  std::vector<RankFailure> fired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (c->world_rank >= 0) ranks_gone_.insert(c->world_rank);
+    if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
+      NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
+      if (stopping_) {
+        slot.connection = nullptr;
+      } else if (slot.welcomed) {
+        mark_node_failed_locked(c->node_rank, "its control connection " + why, &fired);
+      } else {
+        // Left before the cluster formed: forget it, so a restarted node can still join in time.
+        TLOG_WARN("node {} ({}) left before every node had joined: {}", c->node_rank, c->peer, why);
+        slot.joined = slot.alive = false;
+        slot.connection = nullptr;
+      }
+    }
+  }
+  changed_.notify_all();
+  fire_failures(fired);
+}
+
+void RendezvousServer::mark_node_failed_locked(int node_rank, const std::string& reason,
+                                               std::vector<RankFailure>* fired) {
+  NodeSlot& n = nodes_[static_cast<size_t>(node_rank)];
+  if (!n.alive) return;
+  n.alive = false;
+  n.connection = nullptr;
+  RankFailure f;
+  f.node_rank = node_rank;
+  f.first_rank = n.first_rank;
+  f.num_ranks = n.fingerprint.num_ranks;
+  std::string who = n.fingerprint.ip.empty() ? fmt::format("node {}", node_rank)
+                                             : fmt::format("node {} ({})", node_rank, n.fingerprint.ip);
+  f.reason = fmt::format("{}, {}: {}", who, rank_range(f.first_rank, f.num_ranks), reason);
+  TLOG_ERROR("{} is gone: {}", who, f.reason);
+  fired->push_back(std::move(f));
+}
+
+void RendezvousServer::fire_failures(const std::vector<RankFailure>& fired) {
+  for (const RankFailure& f : fired) {
+    announce_failure(f);
+    std::function<void(const RankFailure&)> callback;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      callback = on_failure_;
+    }
+    if (callback) callback(f);
+  }
+}
+
+void RendezvousServer::broadcast_step_plan(const StepPlanMessage& plan) {
+  std::vector<uint8_t> payload = encode(plan);
+  std::vector<std::pair<int, std::shared_ptr<Connection>>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t r = 1; r < nodes_.size(); ++r)
+      if (nodes_[r].alive && nodes_[r].welcomed && nodes_[r].connection)
+        targets.emplace_back(static_cast<int>(r), nodes_[r].connection);
+  }
+  for (auto& [rank, c] : targets) {
+    try {
+      send_to(c, MessageType::kStepPlan, payload);
+    } catch (const Error& e) {
+      TLOG_WARN("step plan {} to node {} failed: {}", plan.step, rank, e.what());
+      c->socket.shutdown();  // its connection thread reports the failure
+    }
+  }
+}
+
+void RendezvousServer::announce_failure(const RankFailure& failure) {
+  std::vector<uint8_t> payload = encode(failure);
+  std::vector<std::shared_ptr<Connection>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t r = 1; r < nodes_.size(); ++r)
+      if (nodes_[r].alive && nodes_[r].connection) targets.push_back(nodes_[r].connection);
+  }
+  for (const auto& c : targets) {
+    try {
+      send_to(c, MessageType::kRankFailed, payload);
+    } catch (const Error&) {
+    }
+  }
+}
+
+void RendezvousServer::set_on_node_failure(std::function<void(const RankFailure&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_failure_ = std::move(callback);
+}
+
+}  // namespace tessera::dist
