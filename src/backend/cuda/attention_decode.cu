@@ -1,0 +1,236 @@
+// Paged decode attention, split-K (flash-decoding) and GQA-aware: a block takes one
+// query token, one kv head and up to 8 of its query heads, over one slice of the
+// context; a second kernel merges the slices. Each warp walks 16-key tiles: two
+// lanes per key for Q.K (16-byte loads), then every lane owns D/32 output dims for
+// P.V. Scores are kept in the log2 domain (q pre-scaled by scale * k_scale * log2 e).
+#include <algorithm>
+
+#include "backend/cuda/attention_common.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kTile = 16;      // keys per warp step
+constexpr int kMaxGroup = 8;   // query heads per block
+
+template <int D, typename CT>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws) {
+  constexpr int kHalf = D / 2;       // dims per lane in Q.K
+  constexpr int kQStride = D + 4;    // pad between the two halves' rows: no bank conflict
+  constexpr int kVDims = D / 32;     // dims per lane in P.V
+  __shared__ __align__(16) float q_s[kMaxGroup][kQStride + 4];
+  __shared__ float p_s[kWarps][kMaxGroup][kTile];
+  __shared__ float red_m[kWarps][kMaxGroup], red_l[kWarps][kMaxGroup];
+  __shared__ float red_acc[kWarps][kMaxGroup][D];
+
+  const int split = blockIdx.x, t = blockIdx.z;
+  const int group = a.Hq / a.Hk, gchunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int kh = blockIdx.y / gchunks, gc = blockIdx.y % gchunks;
+  const int h0 = kh * group + gc * kMaxGroup, ng = min(kMaxGroup, group - gc * kMaxGroup);
+  const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
+  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
+  if (only_single && qlen != 1) return;
+  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
+  const int start = split * part, end = min(start + part, kv_len);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  auto ws_row = [&](int g) { return ws + ((static_cast<int64_t>(t) * a.Hq + h0 + g) * num_splits + split) * (D + 2); };
+  if (start >= end) {  // this slice is past the context: an empty partial result
+    if (tid < ng) {
+      float* w = ws_row(tid);
+      w[D] = -INFINITY;
+      w[D + 1] = 0.0f;
+    }
+    return;
+  }
+
+  const float qscale = a.scale * a.k_scale * kLog2e;
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
+  for (int i = tid; i < kMaxGroup * D; i += blockDim.x) {
+    int g = i / D, d = i % D;
+    float v = g < ng ? __bfloat162float(q[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d]) * qscale : 0.0f;
+    q_s[g][d + (d >= kHalf ? 4 : 0)] = v;
+  }
+  __syncthreads();
+
+  const CT* kc = static_cast<const CT*>(a.k_cache);
+  const CT* vc = static_cast<const CT*>(a.v_cache);
+  const int32_t* bt = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
+  const int bs = a.block_size;
+  const int my_key = lane >> 1, half = lane & 1;
+  const float* qh = &q_s[0][half * (kHalf + 4)];
+
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kVDims];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kVDims; ++d) acc[g][d] = 0.0f;
+  }
+
+  for (int tile = start + warp * kTile; tile < end; tile += kWarps * kTile) {
+    const int j = tile + my_key;
+    const bool valid = j < end;
+    float dot[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
+    if (valid) {
+      const int64_t row = (static_cast<int64_t>(bt[j / bs]) * bs + j % bs) * a.Hk + kh;
+      const CT* kp = kc + row * D + half * kHalf;
+#pragma unroll
+      for (int c = 0; c < kHalf / 8; ++c) {
+        float kf[8];
+        load_cache<CT, 8>(kp + c * 8, kf);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g < ng) {
+            const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8);
+            const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8 + 4);
+            dot[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                      qb.z * kf[6] + qb.w * kf[7];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < ng) {
+        float sc = dot[g] + __shfl_xor_sync(0xffffffffu, dot[g], 1);
+        sc = valid ? sc : -INFINITY;
+        const float mnew = fmaxf(m[g], warp_max(sc));  // finite: key `tile` is always valid
+        const float alpha = exp2f(m[g] - mnew);
+        const float p = valid ? exp2f(sc - mnew) : 0.0f;
+        l[g] = l[g] * alpha + warp_sum(half == 0 ? p : 0.0f);
+        m[g] = mnew;
+#pragma unroll
+        for (int d = 0; d < kVDims; ++d) acc[g][d] *= alpha;
+        if (half == 0) p_s[warp][g][my_key] = p;
+      }
+    }
+    __syncwarp();
+    const int nk = min(kTile, end - tile);
+#pragma unroll
+    for (int kk = 0; kk < kTile; ++kk) {
+      if (kk < nk) {
+        const int jj = tile + kk;
+        const int64_t row = (static_cast<int64_t>(bt[jj / bs]) * bs + jj % bs) * a.Hk + kh;
+        float vf[kVDims];
+        load_cache<CT, kVDims>(vc + row * D + lane * kVDims, vf);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g < ng) {
+            const float p = p_s[warp][g][kk];
+#pragma unroll
+            for (int d = 0; d < kVDims; ++d) acc[g][d] += p * vf[d];
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+
+  // Merge the warps' partial softmax states.
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g < ng) {
+      if (lane == 0) {
+        red_m[warp][g] = m[g];
+        red_l[warp][g] = l[g];
+      }
+#pragma unroll
+      for (int d = 0; d < kVDims; ++d) red_acc[warp][g][lane * kVDims + d] = acc[g][d];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < ng * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w][g]);
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (red_m[w][g] == -INFINITY) continue;  // a warp that saw no key
+      const float f = exp2f(red_m[w][g] - mx);
+      o += red_acc[w][g][d] * f;
+      sum += red_l[w][g] * f;
+    }
+    if (num_splits == 1) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out);
+      out[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d] = __float2bfloat16_rn(o / sum * a.v_scale);
+    } else {
+      float* w = ws_row(g);
+      w[d] = o * a.v_scale;
+      if (d == 0) {
+        w[D] = mx;
+        w[D + 1] = sum;
+      }
+    }
+  }
+}
+
+template <int D>
+__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool only_single,
+                                     const float* __restrict__ ws) {
+  const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+  const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
+  if (only_single && a.query_start_loc[s + 1] - a.query_start_loc[s] != 1) return;
+  const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
+  float mx = -INFINITY;
+  for (int sp = 0; sp < num_splits; ++sp) mx = fmaxf(mx, base[sp * (D + 2) + D]);
+  float o = 0.0f, sum = 0.0f;
+  for (int sp = 0; sp < num_splits; ++sp) {
+    const float* w = base + sp * (D + 2);
+    if (w[D + 1] == 0.0f) continue;
+    const float f = exp2f(w[D] - mx);
+    o += w[d] * f;
+    sum += w[D + 1] * f;
+  }
+  static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
+}
+
+template <int D, typename CT>
+void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws, cudaStream_t s) {
+  const int group = a.Hq / a.Hk, gchunks = (group + kMaxGroup - 1) / kMaxGroup;
+  dim3 grid(num_splits, a.Hk * gchunks, a.num_tokens);
+  decode_attention_kernel<D, CT><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+  TCUDA_LAUNCH_CHECK();
+  if (num_splits > 1) {
+    decode_reduce_kernel<D><<<dim3(a.Hq, a.num_tokens), D, 0, s>>>(a, num_splits, only_single, ws);
+    TCUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+bool decode_attention_supported(int D, DType cache_dtype) {
+  return (D == 64 || D == 128) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
+}
+
+int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms) {
+  const int blocks = num_tokens * Hk * ((group + kMaxGroup - 1) / kMaxGroup);
+  const int want = (2 * num_sms + blocks - 1) / std::max(blocks, 1);
+  const int most = std::max(1, (max_seq_len + 255) / 256);  // at least 256 keys per slice
+  return std::clamp(want, 1, std::min(most, 64));
+}
+
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single,
+                             float* ws, cudaStream_t s) {
+  if (a.num_tokens == 0) return;
+  int part = (max_seq_len + num_splits - 1) / num_splits;
+  part = (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+  const bool fp8 = a.cache_dtype == DType::kF8E4M3;
+  if (a.D == 128) {
+    fp8 ? decode_t<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, s)
+        : decode_t<128, __nv_bfloat16>(a, num_splits, part, only_single, ws, s);
+  } else {
+    fp8 ? decode_t<64, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, s)
+        : decode_t<64, __nv_bfloat16>(a, num_splits, part, only_single, ws, s);
+  }
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,553 @@
+// CudaBackend: the Backend interface on one CUDA device. Host code only; the
+// kernels live in the .cu files behind the launchers of cuda_ops.h.
+//
+// Memory: `alloc` is one cudaMalloc per persistent buffer (weights, KV cache);
+// `scratch` bumps through an arena that grows only while it is too small (the
+// first, profiling steps) and is merged into one block at reset_scratch, so a
+// steady step loop never calls the allocator. Work is queued on one stream;
+// host->device copies go through a pinned staging ring (the caller's buffer is
+// free again on return, and copies overlap the memcpy into the ring); kernels that
+// meet bad input raise a device flag that synchronize() turns into an Error.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace tessera {
+
+namespace cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  if (err == cudaErrorMemoryAllocation)
+    fail(ErrorKind::kOutOfMemory,
+         "CUDA out of memory ({} at {}:{}); lower --gpu-memory-utilization, --max-model-len or --max-num-seqs, or use "
+         "more GPUs (--tensor-parallel-size)",
+         what, base, line);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    fail(ErrorKind::kUnsupported, "no usable CUDA device ({}: {}); check nvidia-smi and the driver, or run with --device cpu",
+         what, cudaGetErrorString(err));
+  fail(ErrorKind::kInternal, "CUDA error {} ({}) in {} at {}:{}; rerun with CUDA_LAUNCH_BLOCKING=1 to locate it",
+       cudaGetErrorName(err), cudaGetErrorString(err), what, base, line);
+}
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* what, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  if (st == CUBLAS_STATUS_ALLOC_FAILED)
+    fail(ErrorKind::kOutOfMemory, "cuBLAS out of memory ({} at {}:{}); lower --gpu-memory-utilization", what, base,
+         line);
+  fail(ErrorKind::kInternal, "cuBLAS error {} in {} at {}:{}", static_cast<int>(st), what, base, line);
+}
+
+}  // namespace cuda
+
+namespace {
+
+using namespace cuda;
+
+constexpr size_t kAlign = 256;
+constexpr size_t kUploadRingBytes = size_t{64} << 20;
+constexpr size_t kUploadPiece = size_t{16} << 20;
+constexpr size_t kDownloadBytes = size_t{16} << 20;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+const char* device_error_text(int code) {
+  switch (code) {
+    case kErrTokenId: return "a token id outside the vocabulary reached the embedding";
+    case kErrGatherIndex: return "gather_rows got an index outside the source rows";
+    case kErrRopePosition: return "a position beyond the rotary table (raise max_position_embeddings or lower --max-model-len)";
+    case kErrKvSlot: return "a KV slot outside the cache";
+    default: return "unknown device error";
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index) : index_(device_index) {
+    int count = 0;
+    TCUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device_index < 0 || device_index >= count)
+      fail(ErrorKind::kInvalidArgument, "CUDA device {} does not exist: this machine shows {} device(s)", device_index,
+           count);
+    TCUDA_CHECK(cudaSetDevice(index_));
+    TCUDA_CHECK(cudaGetDeviceProperties(&props_, index_));
+    if (props_.major < 9)
+      fail(ErrorKind::kUnsupported,
+           "CUDA device {} ({}) has compute capability {}.{}; this build targets sm_90 (Hopper) and newer", index_,
+           props_.name, props_.major, props_.minor);
+    TCUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TCUDA_CHECK(cudaMalloc(&dev_err_, sizeof(int)));
+    TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
+    TCUDA_CHECK(cudaMallocHost(&upload_ring_, kUploadRingBytes));
+    TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
+    TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
+    gemm_ = std::make_unique<Gemm>(index_);
+    size_t mb = 256;
+    if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
+    initial_scratch_ = mb << 20;
+    TCUDA_CHECK(cudaStreamSynchronize(stream_));
+    TLOG_INFO("CUDA device {}: {}, {} SMs, {:.1f} GiB, compute capability {}.{}", index_, props_.name,
+              props_.multiProcessorCount, props_.totalGlobalMem / 1073741824.0, props_.major, props_.minor);
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(index_);
+    cudaStreamSynchronize(stream_);
+    for (auto& p : inflight_) cudaEventDestroy(p.event);
+    for (auto e : free_events_) cudaEventDestroy(e);
+    chunks_.clear();
+    gemm_.reset();
+    cudaFree(dev_err_);
+    cudaFreeHost(upload_ring_);
+    cudaFreeHost(download_);
+    cudaFreeHost(host_err_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return {DeviceType::kCUDA, index_}; }
+  std::string name() const override { return std::string("cuda:") + std::to_string(index_) + " (" + props_.name + ")"; }
+  DType compute_dtype() const override { return DType::kBF16; }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---------------------------------------------------------------- memory
+  Tensor alloc(Shape shape, DType dtype) override {
+    bind();
+    size_t bytes = std::max<size_t>(align_up(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), kAlign);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      fail(ErrorKind::kOutOfMemory,
+           "CUDA out of memory allocating {} {} ({:.2f} GiB; {:.2f} GiB free of {:.2f} GiB on device {}); lower "
+           "--gpu-memory-utilization or --max-model-len, or use more GPUs",
+           dtype_name(dtype), shape.str(), bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0,
+           index_);
+    }
+    int dev = index_;
+    auto storage = std::make_shared<Storage>(p, bytes, device(), [dev](void* q) {
+      cudaSetDevice(dev);
+      cudaFree(q);
+    });
+    return Tensor(storage, 0, shape, dtype);
+  }
+
+  Tensor scratch(Shape shape, DType dtype) override {
+    size_t bytes = align_up(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+    if (chunks_.empty() || used_ + bytes > chunks_.back().nbytes()) {
+      size_t want = std::max({bytes, high_water_, initial_scratch_});
+      if (!chunks_.empty())
+        TLOG_DEBUG("CUDA scratch arena grows by {:.1f} MiB (in use {:.1f} MiB)", want / 1048576.0,
+                   in_use_ / 1048576.0);
+      chunks_.push_back(alloc({static_cast<int64_t>(want)}, DType::kU8));
+      used_ = 0;
+    }
+    Tensor& c = chunks_.back();
+    Tensor t(c.storage(), used_, shape, dtype);
+    used_ += bytes;
+    in_use_ += bytes;
+    high_water_ = std::max(high_water_, in_use_);
+    return t;
+  }
+
+  void reset_scratch() override {
+    if (chunks_.size() > 1) {
+      // Tensors handed out earlier keep their chunk alive through the shared storage.
+      chunks_.clear();
+      chunks_.push_back(alloc({static_cast<int64_t>(high_water_)}, DType::kU8));
+    }
+    used_ = 0;
+    in_use_ = 0;
+    marks_.clear();
+  }
+
+  // A mark is (chunk count, bytes used in the last chunk, bytes in use overall).
+  size_t scratch_mark() override {
+    marks_.push_back({chunks_.size(), used_, in_use_});
+    return marks_.size() - 1;
+  }
+
+  void scratch_rewind(size_t mark) override {
+    TESSERA_CHECK(mark < marks_.size(), "scratch_rewind to an unknown mark");
+    Mark m = marks_[mark];
+    marks_.resize(mark);
+    if (m.chunks == 0) {
+      used_ = 0;
+    } else {
+      chunks_.resize(m.chunks);  // newer chunks live on while tensors reference them
+      used_ = m.used;
+    }
+    in_use_ = m.in_use;
+  }
+
+  size_t free_memory() const override {
+    bind();
+    size_t f = 0, t = 0;
+    TCUDA_CHECK(cudaMemGetInfo(&f, &t));
+    return f;
+  }
+  size_t total_memory() const override {
+    bind();
+    size_t f = 0, t = 0;
+    TCUDA_CHECK(cudaMemGetInfo(&f, &t));
+    return t;
+  }
+
+  // ---------------------------------------------------------------- transfers
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    need_cuda(dst, "copy_from_host");
+    bind();
+    size_t n = dst.nbytes();
+    const char* s = static_cast<const char*>(src);
+    char* d = static_cast<char*>(dst.raw());
+    for (size_t off = 0; off < n; off += kUploadPiece) {
+      size_t len = std::min(kUploadPiece, n - off);
+      char* stage = stage_region(len);
+      std::memcpy(stage, s + off, len);
+      TCUDA_CHECK(cudaMemcpyAsync(d + off, stage, len, cudaMemcpyHostToDevice, stream_));
+      record_inflight(stage - upload_ring_, len);
+    }
+  }
+
+  void copy_to_host(void* dst, const Tensor& src) override {
+    need_cuda(src, "copy_to_host");
+    bind();
+    size_t n = src.nbytes();
+    const char* s = static_cast<const char*>(src.raw());
+    for (size_t off = 0; off < n; off += kDownloadBytes) {
+      size_t len = std::min(kDownloadBytes, n - off);
+      TCUDA_CHECK(cudaMemcpyAsync(download_, s + off, len, cudaMemcpyDeviceToHost, stream_));
+      TCUDA_CHECK(cudaStreamSynchronize(stream_));
+      std::memcpy(static_cast<char*>(dst) + off, download_, len);
+    }
+    check_device_errors();
+  }
+
+  void copy(const Tensor& dst, const Tensor& src) override {
+    require(dst.nbytes() == src.nbytes(), "copy", dst.str() + " <- " + src.str());
+    need_cuda(dst, "copy");
+    need_cuda(src, "copy");
+    bind();
+    if (dst.nbytes() == 0 || dst.raw() == src.raw()) return;
+    TCUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void fill_random(const Tensor& dst, uint64_t seed, float low, float high) override {
+    need_float(dst, "fill_random");
+    bind();
+    launch_fill_random(dst.raw(), dst.dtype(), dst.numel(), seed, low, high, stream_);
+  }
+
+  void fill(const Tensor& dst, float value) override {
+    need_cuda(dst, "fill");
+    bind();
+    if (dst.dtype() == DType::kI32 || dst.dtype() == DType::kU8 || dst.dtype() == DType::kI64) {
+      require(value == 0.0f, "fill", "integer tensors can only be filled with 0");
+      TCUDA_CHECK(cudaMemsetAsync(dst.raw(), 0, dst.nbytes(), stream_));
+      return;
+    }
+    launch_fill(dst.raw(), dst.dtype(), dst.numel(), value, stream_);
+  }
+
+  void synchronize() override {
+    bind();
+    TCUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_device_errors();
+  }
+
+  // ---------------------------------------------------------------- ops
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    require(ids.dtype() == DType::kI32, "embedding", "ids must be i32, got " + ids.str());
+    require(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
+            "embedding", table.str() + "[" + ids.str() + "] -> " + out.str());
+    need_cuda(ids, "embedding");
+    need_cuda(table, "embedding");
+    bind();
+    launch_gather_rows(table.raw(), ids.data<int32_t>(), out.raw(), ids.numel(), table.nbytes() / table.dim(0),
+                       table.dim(0), kErrTokenId, dev_err_, stream_);
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+    int64_t D = w.numel();
+    require(D > 0 && x.numel() % D == 0 && x.numel() == out.numel() && x.dtype() == out.dtype() && act(x) &&
+                act(w),
+            "rms_norm", x.str() + " * " + w.str() + " -> " + out.str());
+    bind();
+    launch_rms_norm(x.raw(), x.dtype(), w.raw(), w.dtype(), out.raw(), x.numel() / D, D, eps, stream_);
+  }
+
+  void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
+    int64_t D = w.numel();
+    require(D > 0 && x.numel() % D == 0 && x.numel() == residual.numel() && x.dtype() == residual.dtype() &&
+                act(x) && act(w),
+            "add_rms_norm", x.str() + " + " + residual.str() + " * " + w.str());
+    bind();
+    launch_add_rms_norm(x.raw(), residual.raw(), x.dtype(), w.raw(), w.dtype(), x.numel() / D, D, eps, stream_);
+  }
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
+    require(w.ndim() == 2, "linear", "weight must be 2-D, got " + w.str());
+    int64_t N = w.dim(0), K = w.dim(1);
+    int64_t M = K ? x.numel() / K : 0;
+    require(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16, "linear",
+            "expects bf16 x and w, got " + x.str() + " @ " + w.str() + " (cast the weights to bf16 when loading)");
+    require(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear", "out must be bf16 or f32");
+    require(x.numel() == M * K && out.numel() == M * N, "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
+    need_cuda(x, "linear");
+    need_cuda(w, "linear");
+    need_cuda(out, "linear");
+    bind();
+    gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
+    if (bias) {
+      require(bias->numel() == N && act(*bias), "linear", "bias must have N elements, got " + bias->str());
+      launch_add_bias(out.raw(), out.dtype(), bias->raw(), bias->dtype(), M, N, stream_);
+    }
+  }
+
+  void silu_mul(const Tensor& gate_up, const Tensor& out) override {
+    int64_t I = out.dim(-1), T = I ? out.numel() / I : 0;
+    require(gate_up.numel() == 2 * T * I && gate_up.dtype() == out.dtype() && act(out), "silu_mul",
+            gate_up.str() + " -> " + out.str());
+    bind();
+    launch_silu_mul(gate_up.raw(), out.raw(), out.dtype(), T, I, stream_);
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    require(a.numel() == out.numel() && b.numel() == out.numel() && a.dtype() == out.dtype() &&
+                b.dtype() == out.dtype() && act(out),
+            "add", a.str() + " + " + b.str() + " -> " + out.str());
+    bind();
+    launch_add(a.raw(), b.raw(), out.raw(), out.dtype(), out.numel(), stream_);
+  }
+
+  void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) override {
+    require(q.ndim() == 3 && k.ndim() == 3 && q.dim(0) == k.dim(0) && q.dim(2) == k.dim(2) &&
+                q.dtype() == k.dtype() && act(q),
+            "rope", q.str() + ", " + k.str());
+    require(positions.dtype() == DType::kI32 && positions.numel() == q.dim(0), "rope", "positions must be i32 [T]");
+    require(table.cos_sin.dtype() == DType::kF32 && table.cos_sin.dim(1) == table.rotary_dim &&
+                table.rotary_dim <= q.dim(2) && table.rotary_dim % 2 == 0,
+            "rope", "cos_sin table must be f32 [max_positions, rotary_dim]");
+    need_cuda(table.cos_sin, "rope (cos/sin table)");
+    need_cuda(positions, "rope");
+    bind();
+    launch_rope(q.raw(), k.raw(), q.dtype(), positions.data<int32_t>(), table.cos_sin.data<float>(), q.dim(0),
+                static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1)), static_cast<int>(q.dim(2)), table.rotary_dim,
+                table.neox_style, table.cos_sin.dim(0), dev_err_, stream_);
+  }
+
+  void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                const AttentionMetadata& meta, float k_scale, float v_scale) override {
+    require(k.ndim() == 3 && k.numel() == v.numel() && k_cache.ndim() == 4 && k_cache.dim(2) * k_cache.dim(3) ==
+                k.dim(1) * k.dim(2) && k_cache.numel() == v_cache.numel() && k_cache.dtype() == v_cache.dtype(),
+            "write_kv", k.str() + " -> " + k_cache.str());
+    require(is_float_dtype(k_cache.dtype()) && act(k), "write_kv", "unsupported cache dtype " + k_cache.str());
+    need_cuda(meta.slot_mapping, "write_kv (slot_mapping)");
+    bind();
+    launch_write_kv(k.raw(), v.raw(), k.dtype(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
+                    meta.slot_mapping.data<int32_t>(), k.dim(0), k.dim(1) * k.dim(2), k_cache.dim(0) * k_cache.dim(1),
+                    k_scale, v_scale, dev_err_, stream_);
+  }
+
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                       float scale, float k_scale, float v_scale, const Tensor& out) override {
+    require(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
+                out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
+            "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
+    const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
+    const int Hk = static_cast<int>(k_cache.dim(2));
+    if (T == 0 || meta.num_seqs == 0) return;
+    if (!decode_attention_supported(D, k_cache.dtype()) || !prefill_attention_supported(D, k_cache.dtype()))
+      fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim 64 or 128 with a bf16 or fp8_e4m3 cache, "
+           "not head_dim {} with {}", D, dtype_name(k_cache.dtype()));
+    require(meta.num_tokens == T, "paged_attention", "metadata has " + std::to_string(meta.num_tokens) +
+                                                          " tokens, q has " + std::to_string(T));
+    bind();
+    PagedAttentionArgs a{};
+    a.q = q.raw();
+    a.k_cache = k_cache.raw();
+    a.v_cache = v_cache.raw();
+    a.out = out.raw();
+    a.query_start_loc = meta.query_start_loc.data<int32_t>();
+    a.seq_lens = meta.seq_lens.data<int32_t>();
+    a.block_tables = meta.block_tables.data<int32_t>();
+    a.num_seqs = meta.num_seqs;
+    a.num_tokens = T;
+    a.Hq = Hq;
+    a.Hk = Hk;
+    a.D = D;
+    a.block_size = static_cast<int>(k_cache.dim(1));
+    a.max_blocks_per_seq = static_cast<int>(meta.block_tables.numel() / std::max(1, meta.num_seqs));
+    a.scale = scale;
+    a.k_scale = k_scale;
+    a.v_scale = v_scale;
+    a.cache_dtype = k_cache.dtype();
+
+    bool any_multi = meta.max_query_len > 1, any_single = !any_multi;
+    if (any_multi)
+      for (int s = 0; s < meta.num_seqs && !any_single; ++s)
+        any_single = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] == 1;
+    if (any_multi) launch_prefill_attention(a, meta.max_query_len, any_single, stream_);
+    if (any_single) {
+      int splits = decode_attention_num_splits(T, Hk, Hq / Hk, meta.max_seq_len, props_.multiProcessorCount);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = scratch({static_cast<int64_t>(T) * Hq * splits * (D + 2)}, DType::kF32).data<float>();
+      launch_decode_attention(a, splits, meta.max_seq_len, any_multi, ws, stream_);
+    }
+  }
+
+  void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
+    require(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
+                out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
+            "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
+    need_cuda(x, "gather_rows");
+    bind();
+    launch_gather_rows(x.raw(), indices.data<int32_t>(), out.raw(), indices.numel(), x.nbytes() / x.dim(0), x.dim(0),
+                       kErrGatherIndex, dev_err_, stream_);
+  }
+
+  void cast(const Tensor& src, const Tensor& dst) override {
+    require(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
+            src.str() + " -> " + dst.str());
+    need_cuda(src, "cast");
+    need_cuda(dst, "cast");
+    bind();
+    if (src.dtype() == dst.dtype()) {
+      copy(dst, src);
+      return;
+    }
+    launch_cast(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream_);
+  }
+
+ private:
+  struct Mark {
+    size_t chunks, used, in_use;
+  };
+  struct Inflight {
+    size_t begin, end;
+    cudaEvent_t event;
+  };
+
+  static void require(bool cond, const char* op, const std::string& what) {
+    if (!cond) fail(ErrorKind::kInternal, "cuda {}: {}", op, what);
+  }
+  static bool act(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF32; }
+  void need_cuda(const Tensor& t, const char* op) const {
+    if (t.numel() > 0 && t.device().type != DeviceType::kCUDA)
+      fail(ErrorKind::kInternal, "cuda {}: tensor {} lives on {}, not on the GPU", op, t.str(), t.device().str());
+  }
+  void need_float(const Tensor& t, const char* op) const {
+    need_cuda(t, op);
+    require(is_float_dtype(t.dtype()), op, "expects a float tensor, got " + t.str());
+  }
+
+  // Makes this backend's device current on the calling thread.
+  void bind() const {
+    thread_local int current = -1;
+    if (current != index_) {
+      TCUDA_CHECK(cudaSetDevice(index_));
+      current = index_;
+    }
+  }
+
+  // A region of the pinned ring that no queued copy still reads.
+  char* stage_region(size_t len) {
+    if (ring_head_ + len > kUploadRingBytes) ring_head_ = 0;
+    size_t b = ring_head_, e = b + len;
+    int last = -1;
+    for (int i = 0; i < static_cast<int>(inflight_.size()); ++i)
+      if (inflight_[i].begin < e && b < inflight_[i].end) last = i;
+    if (last >= 0) {
+      // Copies complete in stream order: waiting for the last overlapping one frees all before it.
+      TCUDA_CHECK(cudaEventSynchronize(inflight_[last].event));
+      for (int i = 0; i <= last; ++i) {
+        free_events_.push_back(inflight_.front().event);
+        inflight_.pop_front();
+      }
+    }
+    ring_head_ = e;
+    return upload_ring_ + b;
+  }
+
+  void record_inflight(size_t begin, size_t len) {
+    cudaEvent_t ev;
+    if (free_events_.empty()) {
+      TCUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    } else {
+      ev = free_events_.back();
+      free_events_.pop_back();
+    }
+    TCUDA_CHECK(cudaEventRecord(ev, stream_));
+    inflight_.push_back({begin, begin + len, ev});
+    // Retire finished copies so the list stays short.
+    while (inflight_.size() > 64 || (!inflight_.empty() && cudaEventQuery(inflight_.front().event) == cudaSuccess)) {
+      if (inflight_.size() > 64) TCUDA_CHECK(cudaEventSynchronize(inflight_.front().event));
+      free_events_.push_back(inflight_.front().event);
+      inflight_.pop_front();
+    }
+  }
+
+  void check_device_errors() {
+    TCUDA_CHECK(cudaMemcpyAsync(host_err_, dev_err_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    TCUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (*host_err_ != kErrNone) {
+      int code = *host_err_;
+      TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
+      fail(ErrorKind::kInvalidArgument, "CUDA backend: {}", device_error_text(code));
+    }
+  }
+
+  int index_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  int* dev_err_ = nullptr;
+  int* host_err_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  // staging
+  char* upload_ring_ = nullptr;
+  char* download_ = nullptr;
+  size_t ring_head_ = 0;
+  std::deque<Inflight> inflight_;
+  std::vector<cudaEvent_t> free_events_;
+  // scratch arena
+  std::vector<Tensor> chunks_;
+  size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
+  std::vector<Mark> marks_;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: report none
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+
+void* cuda_backend_stream(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  return b ? static_cast<void*>(b->stream()) : nullptr;
+}
+
+}  // namespace tessera

@@ -1,0 +1,104 @@
+// Host-side pieces of the CUDA backend shared by its files: error checks that
+// become tessera::Error and the launcher declarations (llama.cpp style: each
+// op is a static kernel, a launcher taking a stream, and an entry in CudaBackend).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tessera::cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* what, const char* file, int line);
+
+#define TCUDA_CHECK(call)                                                                  \
+  do {                                                                                     \
+    cudaError_t err_ = (call);                                                             \
+    if (err_ != cudaSuccess) ::tessera::cuda::throw_cuda_error(err_, #call, __FILE__, __LINE__); \
+  } while (0)
+#define TCUBLAS_CHECK(call)                                                                     \
+  do {                                                                                          \
+    cublasStatus_t st_ = (call);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS) ::tessera::cuda::throw_cublas_error(st_, #call, __FILE__, __LINE__); \
+  } while (0)
+// After every launch: a bad configuration shows here, a fault at the next sync.
+#define TCUDA_LAUNCH_CHECK() TCUDA_CHECK(cudaGetLastError())
+
+// Device-side error flags, raised by kernels that meet bad input (token id out of
+// the vocabulary...) and turned into an Error at the next synchronize().
+enum DeviceError : int {
+  kErrNone = 0,
+  kErrTokenId = 1,
+  kErrGatherIndex = 2,
+  kErrRopePosition = 3,
+  kErrKvSlot = 4,
+};
+
+inline bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF8E4M3 || t == DType::kF8E5M2;
+}
+
+inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// ---- launchers (elementwise.cu) ----
+void launch_fill(void* dst, DType t, int64_t n, float value, cudaStream_t s);
+void launch_fill_random(void* dst, DType t, int64_t n, uint64_t seed, float low, float high, cudaStream_t s);
+void launch_cast(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStream_t s);
+// out[i] = x[idx[i]] row by row (row_bytes each); idx checked against num_rows.
+void launch_gather_rows(const void* x, const int32_t* idx, void* out, int64_t n, int64_t row_bytes, int64_t num_rows,
+                        int err_code, int* err, cudaStream_t s);
+void launch_rms_norm(const void* x, DType xt, const void* w, DType wt, void* out, int64_t rows, int64_t D, float eps,
+                     cudaStream_t s);
+void launch_add_rms_norm(void* x, void* residual, DType t, const void* w, DType wt, int64_t rows, int64_t D, float eps,
+                         cudaStream_t s);
+void launch_silu_mul(const void* gate_up, void* out, DType t, int64_t T, int64_t I, cudaStream_t s);
+void launch_add(const void* a, const void* b, void* out, DType t, int64_t n, cudaStream_t s);
+void launch_add_bias(void* out, DType ot, const void* bias, DType bt, int64_t M, int64_t N, cudaStream_t s);
+void launch_rope(void* q, void* k, DType t, const int32_t* positions, const float* cos_sin, int64_t T, int Hq, int Hk,
+                 int D, int rotary_dim, bool neox, int64_t max_pos, int* err, cudaStream_t s);
+void launch_write_kv(const void* k, const void* v, DType in_t, void* k_cache, void* v_cache, DType cache_t,
+                     const int32_t* slot_mapping, int64_t T, int64_t row, int64_t num_slots, float k_scale,
+                     float v_scale, int* err, cudaStream_t s);
+
+// ---- attention (attention_*.cu) ----
+struct PagedAttentionArgs {
+  const void* q;  // bf16 [T, Hq, D]
+  const void* k_cache;     // [num_blocks, block_size, Hk, D]
+  const void* v_cache;
+  void* out;  // bf16 [T, Hq, D]
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int num_seqs, num_tokens, Hq, Hk, D, block_size, max_blocks_per_seq;
+  float scale, k_scale, v_scale;
+  DType cache_dtype;
+};
+bool decode_attention_supported(int D, DType cache_dtype);
+bool prefill_attention_supported(int D, DType cache_dtype);
+// Token-parallel split-K attention. only_single_query: skip tokens of sequences
+// with more than one query token (the prefill kernel handles them).
+// workspace: float[num_tokens * Hq * num_splits * (D + 2)].
+int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single_query,
+                             float* workspace, cudaStream_t s);
+// FlashAttention-2 style over the paged cache; skip_single_query leaves the
+// sequences with a single query token to the decode kernel.
+void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
+
+// ---- GEMM (gemm.cu) ----
+class Gemm {
+ public:
+  explicit Gemm(int device);
+  ~Gemm();
+  // out[M,N] = x[M,K] @ w[N,K]^T; x, w bf16; out bf16 or f32.
+  void run(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, cudaStream_t s);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace tessera::cuda

@@ -1,0 +1,76 @@
+// Device-side helpers: dtype conversions and warp reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace tessera::cuda {
+
+// ---- scalar conversions ----
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float v) { return __nv_fp8_e4m3(v); }  // satfinite
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float v) { return __nv_fp8_e5m2(v); }
+
+// Runtime-dtype element access for ops that are not hot (cast, fill, write_kv).
+__device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16: return to_float(static_cast<const __half*>(p)[i]);
+    case DType::kF8E4M3: return to_float(static_cast<const __nv_fp8_e4m3*>(p)[i]);
+    case DType::kF8E5M2: return to_float(static_cast<const __nv_fp8_e5m2*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+__device__ __forceinline__ void store_from_float(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(p)[i] = v; break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(v); break;
+    case DType::kF16: static_cast<__half*>(p)[i] = from_float<__half>(v); break;
+    case DType::kF8E4M3: static_cast<__nv_fp8_e4m3*>(p)[i] = from_float<__nv_fp8_e4m3>(v); break;
+    case DType::kF8E5M2: static_cast<__nv_fp8_e5m2*>(p)[i] = from_float<__nv_fp8_e5m2>(v); break;
+    default: break;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+}  // namespace tessera::cuda

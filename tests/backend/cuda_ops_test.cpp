@@ -1,0 +1,387 @@
+// Every CUDA op against the CPU backend on random shapes, odd sizes included.
+// Inputs are rounded to bf16 first, so both backends see the same values; the
+// CUDA outputs are poisoned (NaN) before each op and must come back finite.
+// Thresholds are relative errors ||cuda - cpu|| / ||cpu|| (bf16: ~1e-2).
+// Runs on a machine with a GPU; elsewhere (or in a CPU build) every test skips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace tessera {
+namespace {
+
+#ifdef TESSERA_HAVE_CUDA
+
+class CudaOps : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (cuda_device_count() > 0 && !gpu_) {
+      gpu_ = make_cuda_backend(0);
+      cpu_ = make_backend({DeviceType::kCPU, 0, 0});
+    }
+  }
+  void SetUp() override {
+    if (!gpu_) GTEST_SKIP() << "no CUDA device on this machine";
+    rng_.seed(1234 + ::testing::UnitTest::GetInstance()->random_seed());
+  }
+  void TearDown() override {
+    if (!gpu_) return;
+    gpu_->synchronize();
+    gpu_->reset_scratch();
+    cpu_->reset_scratch();
+  }
+
+  Backend& gpu() { return *gpu_; }
+  Backend& cpu() { return *cpu_; }
+
+  // Random values, rounded through bf16 so both backends hold them exactly.
+  std::vector<float> rand(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng_)));
+    return v;
+  }
+  Tensor on_cpu(const std::vector<float>& v, Shape shape) {
+    Tensor t = cpu().alloc(shape, DType::kF32);
+    std::memcpy(t.raw(), v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor on_cpu_i32(const std::vector<int32_t>& v, Shape shape) {
+    Tensor t = cpu().alloc(shape, DType::kI32);
+    std::memcpy(t.raw(), v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor on_gpu(const std::vector<float>& v, Shape shape, DType dt = DType::kBF16) {
+    Tensor t = gpu().alloc(shape, dt);
+    std::vector<uint8_t> bytes(t.nbytes());
+    convert_host(v.data(), DType::kF32, bytes.data(), dt, v.size());
+    gpu().copy_from_host(t, bytes.data());
+    return t;
+  }
+  Tensor on_gpu_i32(const std::vector<int32_t>& v, Shape shape) {
+    Tensor t = gpu().alloc(shape, DType::kI32);
+    gpu().copy_from_host(t, v.data());
+    return t;
+  }
+  Tensor gpu_out(Shape shape, DType dt = DType::kBF16) {
+    Tensor t = gpu().alloc(shape, dt);
+    gpu().fill(t, NAN);  // poison: every element must be written
+    return t;
+  }
+  std::vector<float> from_gpu(const Tensor& t) {
+    std::vector<uint8_t> bytes(t.nbytes());
+    gpu().copy_to_host(bytes.data(), t);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    convert_host(bytes.data(), t.dtype(), v.data(), DType::kF32, v.size());
+    return v;
+  }
+  static std::vector<float> from_cpu(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    convert_host(t.raw(), t.dtype(), v.data(), DType::kF32, v.size());
+    return v;
+  }
+
+  // ||a - b|| / ||b||; NaN anywhere in a fails.
+  static double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!std::isfinite(a[i])) return INFINITY;
+      double d = static_cast<double>(a[i]) - b[i];
+      num += d * d;
+      den += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  }
+
+  std::mt19937 rng_;
+  static std::unique_ptr<Backend> gpu_, cpu_;
+};
+std::unique_ptr<Backend> CudaOps::gpu_, CudaOps::cpu_;
+
+TEST_F(CudaOps, FillRandomMatchesCpuBitForBit) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 7, 1000, 65537}) {
+      Tensor g = gpu_out({n}, dt);
+      Tensor c = cpu().alloc({n}, dt);
+      gpu().fill_random(g, 42, -0.5f, 2.0f);
+      cpu().fill_random(c, 42, -0.5f, 2.0f);
+      std::vector<uint8_t> gb(g.nbytes());
+      gpu().copy_to_host(gb.data(), g);
+      EXPECT_EQ(std::memcmp(gb.data(), c.raw(), gb.size()), 0) << dtype_name(dt) << " n=" << n;
+    }
+  }
+}
+
+TEST_F(CudaOps, FillAndCast) {
+  Tensor f = gpu_out({33}, DType::kF32);
+  gpu().fill(f, 1.5f);
+  for (float v : from_gpu(f)) EXPECT_EQ(v, 1.5f);
+  for (auto [from, to] : std::vector<std::pair<DType, DType>>{{DType::kF32, DType::kBF16},
+                                                               {DType::kBF16, DType::kF32},
+                                                               {DType::kF32, DType::kF16},
+                                                               {DType::kBF16, DType::kF8E4M3},
+                                                               {DType::kF8E4M3, DType::kBF16}}) {
+    int64_t n = 1031;
+    auto src = rand(n, -3, 3);
+    Tensor g = on_gpu(src, {n}, from);
+    Tensor o = gpu_out({n}, to);
+    gpu().cast(g, o);
+    // Host reference: the same conversions through convert_host.
+    std::vector<uint8_t> a(n * dtype_size(from)), b(n * dtype_size(to));
+    convert_host(src.data(), DType::kF32, a.data(), from, n);
+    convert_host(a.data(), from, b.data(), to, n);
+    std::vector<uint8_t> got(o.nbytes());
+    gpu().copy_to_host(got.data(), o);
+    int64_t diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += got[i] != b[i];
+    EXPECT_EQ(diff, 0) << dtype_name(from) << " -> " << dtype_name(to);
+  }
+}
+
+TEST_F(CudaOps, EmbeddingAndGatherRows) {
+  for (int64_t H : {128, 100, 4096}) {
+    int64_t V = 1000, T = 7;
+    auto table = rand(V * H);
+    std::vector<int32_t> ids = {0, 999, 5, 5, 17, 512, 3};
+    Tensor gt = on_gpu(table, {V, H});
+    Tensor out = gpu_out({T, H});
+    gpu().embedding(on_gpu_i32(ids, {T}), gt, out);
+    Tensor ref = cpu().alloc({T, H}, DType::kF32);
+    cpu().embedding(on_cpu_i32(ids, {T}), on_cpu(table, {V, H}), ref);
+    EXPECT_EQ(rel_err(from_gpu(out), from_cpu(ref)), 0.0) << "H=" << H;
+    Tensor out2 = gpu_out({T, H});
+    gpu().gather_rows(gt, on_gpu_i32(ids, {T}), out2);
+    EXPECT_EQ(rel_err(from_gpu(out2), from_cpu(ref)), 0.0) << "H=" << H;
+  }
+}
+
+TEST_F(CudaOps, BadTokenIdIsAnError) {
+  Tensor table = on_gpu(rand(10 * 64), {10, 64});
+  Tensor out = gpu_out({2, 64});
+  gpu().embedding(on_gpu_i32({1, 10}, {2}), table, out);
+  EXPECT_THROW(gpu().synchronize(), Error);
+  gpu().synchronize();  // the flag is cleared after the report
+}
+
+TEST_F(CudaOps, RmsNormAndAddRmsNorm) {
+  for (int64_t T : {1, 7, 33}) {
+    for (int64_t D : {64, 128, 100, 4096}) {
+      auto x = rand(T * D, -2, 2), w = rand(D, 0.5, 1.5), r = rand(T * D, -2, 2);
+      Tensor out = gpu_out({T, D});
+      gpu().rms_norm(on_gpu(x, {T, D}), on_gpu(w, {D}), 1e-6f, out);
+      Tensor ref = cpu().alloc({T, D}, DType::kF32);
+      cpu().rms_norm(on_cpu(x, {T, D}), on_cpu(w, {D}), 1e-6f, ref);
+      EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2) << "rms_norm T=" << T << " D=" << D;
+
+      Tensor gx = on_gpu(x, {T, D}), gr = on_gpu(r, {T, D});
+      Tensor cx = on_cpu(x, {T, D}), cr = on_cpu(r, {T, D});
+      gpu().add_rms_norm(gx, gr, on_gpu(w, {D}), 1e-6f);
+      cpu().add_rms_norm(cx, cr, on_cpu(w, {D}), 1e-6f);
+      EXPECT_LT(rel_err(from_gpu(gr), from_cpu(cr)), 1e-2) << "add_rms_norm residual T=" << T << " D=" << D;
+      EXPECT_LT(rel_err(from_gpu(gx), from_cpu(cx)), 1e-2) << "add_rms_norm out T=" << T << " D=" << D;
+    }
+  }
+}
+
+TEST_F(CudaOps, Linear) {
+  struct Case { int64_t T, K, N; bool bias; DType out; };
+  for (Case c : std::vector<Case>{{1, 128, 256, false, DType::kBF16},
+                                  {7, 256, 72, true, DType::kBF16},
+                                  {33, 512, 1000, false, DType::kF32},
+                                  {33, 4096, 1024, true, DType::kF32},
+                                  {1, 4096, 4096, false, DType::kBF16},
+                                  {7, 64, 17, false, DType::kF32}}) {
+    auto x = rand(c.T * c.K), w = rand(c.N * c.K, -0.1f, 0.1f), b = rand(c.N);
+    Tensor out = gpu_out({c.T, c.N}, c.out);
+    Tensor gb = on_gpu(b, {c.N}), cb = on_cpu(b, {c.N});
+    gpu().linear(on_gpu(x, {c.T, c.K}), on_gpu(w, {c.N, c.K}), c.bias ? &gb : nullptr, out);
+    Tensor ref = cpu().alloc({c.T, c.N}, DType::kF32);
+    cpu().linear(on_cpu(x, {c.T, c.K}), on_cpu(w, {c.N, c.K}), c.bias ? &cb : nullptr, ref);
+    EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2)
+        << "T=" << c.T << " K=" << c.K << " N=" << c.N << " out " << dtype_name(c.out);
+  }
+}
+
+TEST_F(CudaOps, SiluMulAndAdd) {
+  for (int64_t T : {1, 7, 33}) {
+    for (int64_t I : {64, 100, 12288}) {
+      auto gu = rand(T * 2 * I, -4, 4);
+      Tensor out = gpu_out({T, I});
+      gpu().silu_mul(on_gpu(gu, {T, 2 * I}), out);
+      Tensor ref = cpu().alloc({T, I}, DType::kF32);
+      cpu().silu_mul(on_cpu(gu, {T, 2 * I}), ref);
+      EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2) << "silu_mul T=" << T << " I=" << I;
+
+      auto a = rand(T * I), b = rand(T * I);
+      Tensor sum = gpu_out({T, I});
+      gpu().add(on_gpu(a, {T, I}), on_gpu(b, {T, I}), sum);
+      Tensor sref = cpu().alloc({T, I}, DType::kF32);
+      cpu().add(on_cpu(a, {T, I}), on_cpu(b, {T, I}), sref);
+      EXPECT_LT(rel_err(from_gpu(sum), from_cpu(sref)), 1e-2) << "add T=" << T << " I=" << I;
+    }
+  }
+}
+
+TEST_F(CudaOps, Rope) {
+  for (bool neox : {true, false}) {
+    for (int D : {64, 128}) {
+      for (int rd : {D, D / 2}) {
+        int64_t T = 33, Hq = 8, Hk = 2, max_pos = 4096;
+        std::vector<float> cs(static_cast<size_t>(max_pos * rd));
+        for (int64_t p = 0; p < max_pos; ++p)
+          for (int i = 0; i < rd / 2; ++i) {
+            double f = p * std::pow(10000.0, -2.0 * i / rd);
+            cs[p * rd + i] = static_cast<float>(std::cos(f));
+            cs[p * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
+          }
+        std::vector<int32_t> pos(T);
+        for (auto& p : pos) p = static_cast<int32_t>(rng_() % max_pos);
+        auto q = rand(T * Hq * D), k = rand(T * Hk * D);
+        Tensor gq = on_gpu(q, {T, Hq, D}), gk = on_gpu(k, {T, Hk, D});
+        Tensor cq = on_cpu(q, {T, Hq, D}), ck = on_cpu(k, {T, Hk, D});
+        RopeTable gt{on_gpu(cs, {max_pos, rd}, DType::kF32), rd, neox};
+        RopeTable ct{on_cpu(cs, {max_pos, rd}), rd, neox};
+        gpu().rope(gq, gk, on_gpu_i32(pos, {T}), gt);
+        cpu().rope(cq, ck, on_cpu_i32(pos, {T}), ct);
+        EXPECT_LT(rel_err(from_gpu(gq), from_cpu(cq)), 1e-2) << "neox=" << neox << " D=" << D << " rd=" << rd;
+        EXPECT_LT(rel_err(from_gpu(gk), from_cpu(ck)), 1e-2) << "neox=" << neox << " D=" << D << " rd=" << rd;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
+  size_t mark = gpu().scratch_mark();
+  Tensor a = gpu().scratch({1 << 20}, DType::kF32);
+  Tensor b = gpu().scratch({int64_t{300} << 20}, DType::kU8);  // past the first chunk
+  gpu().fill(a, 1.0f);
+  gpu().fill(b, 0.0f);
+  gpu().scratch_rewind(mark);
+  Tensor c = gpu().scratch({1 << 20}, DType::kF32);
+  EXPECT_EQ(c.raw(), a.raw());
+  gpu().reset_scratch();
+  Tensor d = gpu().scratch({int64_t{300} << 20}, DType::kU8);  // one merged chunk now holds it
+  gpu().fill(d, 0.0f);
+  gpu().synchronize();
+}
+
+// ---------------------------------------------------------------- paged KV write + attention
+struct SeqSpec {
+  int cached, new_tokens;
+};
+
+struct AttnCase {
+  int D, group;
+  DType cache;
+  std::vector<SeqSpec> seqs;
+  const char* what;
+};
+
+class CudaAttention : public CudaOps, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaAttention, WriteKvThenPagedAttentionMatchCpu) {
+  const AttnCase& p = GetParam();
+  const int Hk = 2, Hq = Hk * p.group, D = p.D, bs = 16;
+  const float k_scale = p.cache == DType::kF8E4M3 ? 0.01f : 1.0f, v_scale = p.cache == DType::kF8E4M3 ? 0.005f : 1.0f;
+  const int S = static_cast<int>(p.seqs.size());
+  int max_blocks = 0, total_blocks = 0;
+  for (auto& s : p.seqs) {
+    int nb = (s.cached + s.new_tokens + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> phys(num_blocks);
+  std::iota(phys.begin(), phys.end(), 0);
+  std::shuffle(phys.begin(), phys.end(), rng_);
+
+  // Every position of every sequence, and the query tokens (the new ones).
+  AttentionLayout all, step;
+  all.block_size = step.block_size = bs;
+  all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
+  all.query_start_loc = {0};
+  step.query_start_loc = {0};
+  int next = 0;
+  for (auto& s : p.seqs) {
+    int ctx = s.cached + s.new_tokens, nb = (ctx + bs - 1) / bs;
+    std::vector<int32_t> bt(max_blocks, 0);
+    for (int b = 0; b < nb; ++b) bt[b] = phys[next++];
+    for (int j = 0; j < ctx; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+    all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
+    step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
+    all.query_start_loc.push_back(all.query_start_loc.back() + ctx);
+    step.query_start_loc.push_back(step.query_start_loc.back() + s.new_tokens);
+    all.seq_lens.push_back(ctx);
+    step.seq_lens.push_back(ctx);
+    for (int j = s.cached; j < ctx; ++j) step.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+  }
+  const int Tall = all.query_start_loc.back(), T = step.query_start_loc.back();
+  auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D), q = rand(int64_t{T} * Hq * D);
+
+  Shape cache_shape{num_blocks, bs, Hk, D};
+  Tensor gkc = gpu().alloc(cache_shape, p.cache), gvc = gpu().alloc(cache_shape, p.cache);
+  Tensor ckc = cpu().alloc(cache_shape, p.cache), cvc = cpu().alloc(cache_shape, p.cache);
+  for (Tensor* t : {&gkc, &gvc}) gpu().fill(*t, 7.0f);  // poison: untouched slots must stay 7 on both
+  for (Tensor* t : {&ckc, &cvc}) cpu().fill(*t, 7.0f);
+
+  AttentionMetadata gm_all = upload_attention_metadata(gpu(), all), cm_all = upload_attention_metadata(cpu(), all);
+  gpu().write_kv(on_gpu(k, {Tall, Hk, D}), on_gpu(v, {Tall, Hk, D}), gkc, gvc, gm_all, k_scale, v_scale);
+  cpu().write_kv(on_cpu(k, {Tall, Hk, D}), on_cpu(v, {Tall, Hk, D}), ckc, cvc, cm_all, k_scale, v_scale);
+  EXPECT_EQ(rel_err(from_gpu(gkc), from_cpu(ckc)), 0.0) << "k cache";
+  EXPECT_EQ(rel_err(from_gpu(gvc), from_cpu(cvc)), 0.0) << "v cache";
+
+  AttentionMetadata gm = upload_attention_metadata(gpu(), step), cm = upload_attention_metadata(cpu(), step);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor out = gpu_out({T, Hq, D});
+  gpu().paged_attention(on_gpu(q, {T, Hq, D}), gkc, gvc, gm, scale, k_scale, v_scale, out);
+  Tensor ref = cpu().alloc({T, Hq, D}, DType::kF32);
+  cpu().paged_attention(on_cpu(q, {T, Hq, D}), ckc, cvc, cm, scale, k_scale, v_scale, ref);
+  double err = rel_err(from_gpu(out), from_cpu(ref));
+  EXPECT_LT(err, 1e-2) << p.what << " D=" << D << " group=" << p.group << " cache " << dtype_name(p.cache);
+  std::printf("[attention] %-14s D=%3d group=%d cache=%-8s T=%4d rel_err=%.2e\n", p.what, D, p.group,
+              std::string(dtype_name(p.cache)).c_str(), T, err);
+}
+
+std::vector<AttnCase> attention_cases() {
+  const std::vector<SeqSpec> decode = {{0, 1}, {15, 1}, {16, 1}, {32, 1}, {299, 1}, {1000, 1}, {2500, 1}};
+  const std::vector<SeqSpec> prefill = {{0, 7}, {5, 33}, {40, 100}, {16, 64}, {0, 130}, {200, 1}};
+  const std::vector<SeqSpec> mixed = {{20, 1}, {0, 33}, {100, 1}, {17, 70}, {600, 1}};
+  std::vector<AttnCase> cases;
+  for (int D : {64, 128})
+    for (int g : {1, 2, 4, 8})
+      for (DType c : {DType::kBF16, DType::kF8E4M3}) {
+        cases.push_back({D, g, c, decode, "decode"});
+        cases.push_back({D, g, c, prefill, "prefill+prefix"});
+        cases.push_back({D, g, c, mixed, "mixed"});
+      }
+  cases.push_back({128, 16, DType::kBF16, decode, "decode"});  // more query heads than one block takes
+  cases.push_back({128, 4, DType::kBF16, {{0, 1}}, "decode"});  // one token, one key
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()));
+
+#else
+
+TEST(CudaOps, Skipped) { GTEST_SKIP() << "this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)"; }
+
+#endif
+
+}  // namespace
+}  // namespace tessera
