@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Makes a relocatable bundle of the CUDA build: bin/tessera (plus, with --with-tests,
+# the CUDA op test and the kernel benchmarks) and the non-system, non-CUDA shared
+# libraries they load (spdlog, fmt, OpenBLAS + gfortran, Gloo, PCRE2, prometheus,
+# ...), with rpath $ORIGIN/lib, so it runs as is on a GPU node with a different
+# distribution (e.g. Ubuntu 24.04 with the CUDA 13 runtime and NCCL installed).
+#
+#   scripts/bundle.sh                      # build/cuda (configured and built if missing) -> bundle/
+#   scripts/bundle.sh --build-dir build-cuda --with-tests
+#   scripts/bundle.sh --out /tmp/b
+#
+# On the GPU node:  bundle/tessera --version
+# The CUDA runtime, cuBLAS(Lt) and NCCL are NOT copied: they must match the node's
+# driver. The rpath also looks in /usr/local/cuda/{targets/x86_64-linux/lib,lib64};
+# elsewhere set LD_LIBRARY_PATH to the toolkit's library folder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=build/cuda
+OUT=bundle
+WITH_TESTS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) BUILD="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --with-tests) WITH_TESTS=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "bundle.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+command -v patchelf >/dev/null || { echo "bundle.sh: patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)" >&2; exit 1; }
+
+if [ ! -x "$BUILD/bin/tessera" ]; then
+  if [ "$BUILD" = build/cuda ]; then
+    echo "[bundle] building the CUDA preset into build/cuda"
+    cmake --preset cuda
+    cmake --build --preset cuda -j "${JOBS:-2}"
+  else
+    echo "bundle.sh: $BUILD/bin/tessera does not exist; build it first (cmake --build $BUILD)" >&2
+    exit 1
+  fi
+fi
+
+BINS=("$BUILD/bin/tessera")
+if [ "$WITH_TESTS" = 1 ]; then
+  for b in "$BUILD/tests/backend/cuda_ops_test" "$BUILD"/bin/kernels/*_bench; do
+    [ -x "$b" ] && BINS+=("$b")
+  done
+fi
+
+rm -rf "$OUT"
+mkdir -p "$OUT/lib"
+
+# Libraries the target system provides itself (glibc, the C++ runtime) or that must
+# come from the node's driver/toolkit (CUDA, cuBLAS, NCCL, the driver).
+is_skipped() {
+  case "$(basename "$1")" in
+    linux-vdso*|ld-linux*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libutil.so*|libresolv.so*) return 0 ;;
+    libstdc++.so*|libgcc_s.so*) return 0 ;;
+    libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia-*|libcudnn*|libnvrtc*|libnvJitLink*|libcufile*) return 0 ;;
+  esac
+  return 1
+}
+
+declare -A seen=()
+for bin in "${BINS[@]}"; do
+  while read -r name arrow path rest; do
+    [ "$arrow" = "=>" ] || continue
+    if [ "$path" = "not" ]; then echo "bundle.sh: $bin needs $name, which is not found here" >&2; exit 1; fi
+    is_skipped "$name" && continue
+    [ -n "${seen[$name]:-}" ] && continue
+    seen[$name]=1
+    cp -L "$path" "$OUT/lib/$name"
+    chmod u+w "$OUT/lib/$name"
+    patchelf --set-rpath '$ORIGIN' "$OUT/lib/$name"
+  done < <(ldd "$bin")
+  dst="$OUT/$(basename "$bin")"
+  cp "$bin" "$dst"
+  chmod u+w "$dst"
+  patchelf --set-rpath '$ORIGIN/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64' "$dst"
+done
+
+git rev-parse --short HEAD > "$OUT/COMMIT" 2>/dev/null || true
+echo "[bundle] $OUT: $(ls "$OUT" | grep -v '^lib$' | tr '\n' ' ')+ $(ls "$OUT/lib" | wc -l) libraries, $(du -sh "$OUT" | cut -f1)"
+ls "$OUT/lib" | sed 's/^/[bundle]   lib\//'
