@@ -8,6 +8,7 @@
 #   scripts/bundle.sh                      # build/cuda (configured and built if missing) -> bundle/
 #   scripts/bundle.sh --build-dir build-cuda --with-tests
 #   scripts/bundle.sh --out /tmp/b
+#   scripts/bundle.sh --build-dir build-cuda --tests-only   # op test + kernel benchmarks, no tessera
 #
 # On the GPU node:  bundle/tessera --version
 # The CUDA runtime, cuBLAS(Lt) and NCCL are NOT copied: they must match the node's
@@ -19,19 +20,21 @@ cd "$(dirname "$0")/.."
 BUILD=build/cuda
 OUT=bundle
 WITH_TESTS=0
+WITH_TESSERA=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --with-tests) WITH_TESTS=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --tests-only) WITH_TESTS=1; WITH_TESSERA=0; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bundle.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 command -v patchelf >/dev/null || { echo "bundle.sh: patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)" >&2; exit 1; }
 
-if [ ! -x "$BUILD/bin/tessera" ]; then
+if [ "$WITH_TESSERA" = 1 ] && [ ! -x "$BUILD/bin/tessera" ]; then
   if [ "$BUILD" = build/cuda ]; then
     echo "[bundle] building the CUDA preset into build/cuda"
     cmake --preset cuda
@@ -42,7 +45,8 @@ if [ ! -x "$BUILD/bin/tessera" ]; then
   fi
 fi
 
-BINS=("$BUILD/bin/tessera")
+BINS=()
+[ "$WITH_TESSERA" = 1 ] && BINS+=("$BUILD/bin/tessera")
 if [ "$WITH_TESTS" = 1 ]; then
   for b in "$BUILD/tests/backend/cuda_ops_test" "$BUILD"/bin/kernels/*_bench; do
     [ -x "$b" ] && BINS+=("$b")

@@ -81,7 +81,7 @@ double check(Backend& gpu, Backend& cpu, const Seqs& s, DType cache_dt) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   auto gpu = make_cuda_backend(0);
   auto cpu = make_backend({DeviceType::kCPU, 0, 0});
@@ -166,4 +166,13 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }

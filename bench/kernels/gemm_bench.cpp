@@ -41,7 +41,7 @@ double check(Backend& gpu, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   auto gpu = make_cuda_backend(0);
   std::printf("device: %s\n", gpu->name().c_str());
@@ -95,4 +95,13 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%%copy: weight bytes read per second over the copy figure (read + write), as the decode ceiling counts it.\n");
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -299,7 +299,6 @@ TEST_P(CudaAttention, WriteKvThenPagedAttentionMatchCpu) {
   const AttnCase& p = GetParam();
   const int Hk = 2, Hq = Hk * p.group, D = p.D, bs = 16;
   const float k_scale = p.cache == DType::kF8E4M3 ? 0.01f : 1.0f, v_scale = p.cache == DType::kF8E4M3 ? 0.005f : 1.0f;
-  const int S = static_cast<int>(p.seqs.size());
   int max_blocks = 0, total_blocks = 0;
   for (auto& s : p.seqs) {
     int nb = (s.cached + s.new_tokens + bs - 1) / bs;
@@ -343,8 +342,10 @@ TEST_P(CudaAttention, WriteKvThenPagedAttentionMatchCpu) {
   AttentionMetadata gm_all = upload_attention_metadata(gpu(), all), cm_all = upload_attention_metadata(cpu(), all);
   gpu().write_kv(on_gpu(k, {Tall, Hk, D}), on_gpu(v, {Tall, Hk, D}), gkc, gvc, gm_all, k_scale, v_scale);
   cpu().write_kv(on_cpu(k, {Tall, Hk, D}), on_cpu(v, {Tall, Hk, D}), ckc, cvc, cm_all, k_scale, v_scale);
-  EXPECT_EQ(rel_err(from_gpu(gkc), from_cpu(ckc)), 0.0) << "k cache";
-  EXPECT_EQ(rel_err(from_gpu(gvc), from_cpu(cvc)), 0.0) << "v cache";
+  // bf16: bit-exact; fp8: the same rounding of the same quotients, up to ties.
+  const double cache_tol = p.cache == DType::kBF16 ? 0.0 : 1e-3;
+  EXPECT_LE(rel_err(from_gpu(gkc), from_cpu(ckc)), cache_tol) << "k cache";
+  EXPECT_LE(rel_err(from_gpu(gvc), from_cpu(cvc)), cache_tol) << "v cache";
 
   AttentionMetadata gm = upload_attention_metadata(gpu(), step), cm = upload_attention_metadata(cpu(), step);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
