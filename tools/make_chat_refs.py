@@ -9,6 +9,11 @@ as {"error": "<ExceptionType>: <message>"}; the C++ renderer must reject it too.
 
 Run from the repo root on a machine with transformers and jinja2 (no network needed):
     python3 tools/make_chat_refs.py
+
+Without transformers, `--engine jinja2` renders with plain Jinja2 in the environment transformers builds
+(ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, its tojson, raise_exception,
+strftime_now, {% generation %}) and writes <model>_jinja2.json instead: a stand-in until the transformers
+renders exist, never a replacement for them.
 """
 import argparse
 import json
@@ -42,6 +47,59 @@ def load_tokenizer(model_dir):
         return tokenizer, "PreTrainedTokenizerFast"
 
 
+def special_tokens(model_dir):
+    """bos/eos/unk/pad as transformers' special_tokens_map gives them to templates (absent when null)."""
+    with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    tokens = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is not None:
+            tokens[key] = value
+    return config, tokens
+
+
+class Jinja2Renderer:
+    """transformers' chat-template environment rebuilt on plain Jinja2 (utils/chat_template_utils.py)."""
+
+    def __init__(self, model_dir):
+        import jinja2
+        from jinja2 import nodes
+        from jinja2.ext import Extension, loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        class GenerationTag(Extension):  # transformers' AssistantTracker, minus the token-mask bookkeeping
+            tags = {"generation"}
+
+            def parse(self, parser):
+                next(parser.stream)
+                body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+                return nodes.Scope(body)
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        def strftime_now(format):
+            from datetime import datetime
+            return datetime.now().strftime(format)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
+        config, self.tokens = special_tokens(model_dir)
+        self.template = env.from_string(config["chat_template"])
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=False, **kwargs):
+        return self.template.render(**{**self.tokens, **kwargs}, messages=messages, tools=tools, documents=None,
+                                    add_generation_prompt=add_generation_prompt)
+
+
 def render(tokenizer, conversation):
     kwargs = dict(conversation.get("chat_template_kwargs") or {})
     result = tokenizer.apply_chat_template(
@@ -62,16 +120,24 @@ def main():
     parser.add_argument("--conversations", default="tests/fixtures/chat/conversations.json")
     parser.add_argument("--out", default="tests/fixtures/chat")
     parser.add_argument("--models", nargs="*", default=MODELS)
+    parser.add_argument("--engine", choices=["transformers", "jinja2"], default="transformers")
     args = parser.parse_args()
 
     import jinja2
-    import transformers
 
     with open(args.conversations, encoding="utf-8") as f:
         conversations = json.load(f)["conversations"]
     for model in args.models:
         model_dir = os.path.join(args.pkgs, f"tokenizer-{model}", "package", "models")
-        tokenizer, loader = load_tokenizer(model_dir)
+        if args.engine == "transformers":
+            import transformers
+
+            tokenizer, loader = load_tokenizer(model_dir)
+            source = f"transformers {transformers.__version__} apply_chat_template (jinja2 {jinja2.__version__}, " \
+                     f"tokenizer via {loader})"
+        else:
+            tokenizer = Jinja2Renderer(model_dir)
+            source = f"jinja2 {jinja2.__version__} in transformers' chat-template environment (not transformers itself)"
         renders = []
         for conversation in conversations:
             entry = {"id": conversation["id"]}
@@ -82,11 +148,11 @@ def main():
             renders.append(entry)
         doc = {
             "model": model,
-            "source": f"transformers {transformers.__version__} apply_chat_template (jinja2 {jinja2.__version__}, "
-                      f"tokenizer via {loader})",
+            "source": source,
             "renders": renders,
         }
-        path = os.path.join(args.out, f"{model}_ref.json")
+        suffix = "ref" if args.engine == "transformers" else "jinja2"
+        path = os.path.join(args.out, f"{model}_{suffix}.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, ensure_ascii=False, indent=1)
             f.write("\n")

@@ -30,7 +30,9 @@ for (const model of models) {
       add_generation_prompt: conversation.add_generation_prompt ?? true,
       ...(conversation.chat_template_kwargs ?? {}),
     };
-    if (conversation.tools !== undefined) context.tools = conversation.tools;
+    // transformers always passes tools and documents, None when absent (so `tools is defined` holds).
+    context.tools = conversation.tools ?? null;
+    context.documents = null;
     try {
       return { id: conversation.id, prompt: template.render(context) };
     } catch (error) {

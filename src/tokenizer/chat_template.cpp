@@ -1,0 +1,142 @@
+#include "tokenizer/chat_template.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace tessera::tokenizer {
+namespace {
+
+std::optional<std::string> read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+nlohmann::ordered_json parse_json_file(const std::filesystem::path& path, const std::string& text) {
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kCorrupt, "{} is not valid JSON: {}", path.string(), e.what());
+  }
+}
+
+// tokenizer_config.json's "chat_template": a string, or [{"name": ..., "template": ...}] (use "default").
+std::optional<std::string> template_from_config(const nlohmann::ordered_json& config, const std::string& origin) {
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    std::string names;
+    for (const auto& entry : *it) {
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template")) {
+        return entry["template"].get<std::string>();
+      }
+      if (entry.is_object()) names += (names.empty() ? "" : ", ") + entry.value("name", "?");
+    }
+    fail(ErrorKind::kUnsupported, "{} has named chat templates ({}) but none called \"default\"; pass one with "
+         "--chat-template FILE", origin, names);
+  }
+  fail(ErrorKind::kCorrupt, "{}: \"chat_template\" must be a string or a list of named templates", origin);
+}
+
+jinja::Dict special_tokens_from_config(const nlohmann::ordered_json& config) {
+  jinja::Dict tokens;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    auto it = config.find(key);
+    if (it == config.end()) continue;
+    // A plain string, or an AddedToken object {"content": ...}; null means the tokenizer has none.
+    if (it->is_string()) tokens.set(key, jinja::Value(it->get<std::string>()));
+    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+      tokens.set(key, jinja::Value((*it)["content"].get<std::string>()));
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::string source, jinja::Dict special_tokens)
+    : source_(std::move(source)),
+      template_(std::make_shared<jinja::Template>(source_)),
+      special_tokens_(std::move(special_tokens)) {}
+
+ChatTemplate ChatTemplate::from_source(std::string_view source, std::string_view tokenizer_config_json) {
+  jinja::Dict tokens;
+  if (!tokenizer_config_json.empty()) {
+    tokens = special_tokens_from_config(
+        parse_json_file("tokenizer_config.json", std::string(tokenizer_config_json)));
+  }
+  return ChatTemplate(std::string(source), std::move(tokens));
+}
+
+ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir,
+                                          const std::optional<std::filesystem::path>& template_file) {
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  std::filesystem::path config_path = dir / "tokenizer_config.json";
+  if (std::optional<std::string> text = read_file(config_path)) config = parse_json_file(config_path, *text);
+  jinja::Dict tokens = special_tokens_from_config(config);
+
+  if (template_file) {
+    std::optional<std::string> source = read_file(*template_file);
+    if (!source) fail(ErrorKind::kNotFound, "cannot read the chat template file {}", template_file->string());
+    return ChatTemplate(std::move(*source), std::move(tokens));
+  }
+  if (std::optional<std::string> source = read_file(dir / "chat_template.jinja")) {
+    return ChatTemplate(std::move(*source), std::move(tokens));
+  }
+  std::filesystem::path json_path = dir / "chat_template.json";
+  if (std::optional<std::string> text = read_file(json_path)) {
+    if (auto source = template_from_config(parse_json_file(json_path, *text), json_path.string())) {
+      return ChatTemplate(std::move(*source), std::move(tokens));
+    }
+  }
+  if (auto source = template_from_config(config, config_path.string())) {
+    return ChatTemplate(std::move(*source), std::move(tokens));
+  }
+  fail(ErrorKind::kNotFound, "no chat template in {} (looked for chat_template.jinja, chat_template.json and "
+       "\"chat_template\" in tokenizer_config.json); pass one with --chat-template FILE", dir.string());
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& request, const jinja::RenderLimits& limits) const {
+  if (!request.is_object()) fail(ErrorKind::kInvalidArgument, "the chat request must be a JSON object");
+  auto messages = request.find("messages");
+  if (messages == request.end() || !messages->is_array()) {
+    fail(ErrorKind::kInvalidArgument, "the chat request needs \"messages\", a list of messages");
+  }
+  // The same variables transformers passes, in its precedence: special tokens, then the caller's kwargs,
+  // then the named arguments (tools and documents are None when absent, so `tools is defined` holds).
+  jinja::Dict variables = special_tokens_;
+  auto kwargs = request.find("chat_template_kwargs");
+  if (kwargs != request.end() && !kwargs->is_null()) {
+    if (!kwargs->is_object()) fail(ErrorKind::kInvalidArgument, "\"chat_template_kwargs\" must be a JSON object");
+    for (const auto& [name, value] : kwargs->items()) variables.set(name, jinja::Value::from_json(value));
+  }
+  variables.set("messages", jinja::Value::from_json(*messages));
+  auto tools = request.find("tools");
+  variables.set("tools", tools == request.end() ? jinja::Value(jinja::None{}) : jinja::Value::from_json(*tools));
+  if (variables.find("documents") == nullptr) variables.set("documents", jinja::Value(jinja::None{}));
+  auto generation = request.find("add_generation_prompt");
+  bool add_generation_prompt = true;
+  if (generation != request.end() && !generation->is_null()) {
+    if (!generation->is_boolean()) fail(ErrorKind::kInvalidArgument, "\"add_generation_prompt\" must be true or false");
+    add_generation_prompt = generation->get<bool>();
+  }
+  variables.set("add_generation_prompt", jinja::Value(add_generation_prompt));
+  return template_->render(variables, limits);
+}
+
+Status ChatTemplate::try_render(const nlohmann::ordered_json& request, std::string* prompt,
+                                const jinja::RenderLimits& limits) const noexcept {
+  try {
+    *prompt = render(request, limits);
+    return Status::Ok();
+  } catch (const Error& e) {
+    return Status(e.kind(), e.what());
+  } catch (const std::exception& e) {
+    return Status(ErrorKind::kInternal, std::string("chat template: ") + e.what());
+  }
+}
+
+}  // namespace tessera::tokenizer

@@ -1,0 +1,168 @@
+#include "tokenizer/jinja/value.h"
+
+#include "tokenizer/jinja/error.h"
+
+namespace tessera::tokenizer::jinja {
+
+Value Value::from_json(const nlohmann::ordered_json& json) {
+  switch (json.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return Value(None{});
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(json.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      uint64_t u = json.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<double>(u));
+      return Value(static_cast<int64_t>(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List list;
+      list.reserve(json.size());
+      for (const auto& item : json) list.push_back(from_json(item));
+      return Value(std::move(list));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      auto dict = std::make_shared<Dict>();
+      for (const auto& [key, item] : json.items()) dict->set(key, from_json(item));
+      return Value(std::move(dict));
+    }
+    default:
+      return Value(None{});
+  }
+}
+
+const Value* Dict::find(std::string_view key) const {
+  for (const auto& entry : entries_) {
+    if (entry.first == key) return &entry.second;
+  }
+  return nullptr;
+}
+
+void Dict::set(std::string key, Value value) {
+  for (auto& entry : entries_) {
+    if (entry.first == key) {
+      entry.second = std::move(value);
+      return;
+    }
+  }
+  entries_.emplace_back(std::move(key), std::move(value));
+}
+
+Value Args::get(size_t position, std::string_view name) const {
+  for (const auto& [key, value] : keyword) {
+    if (key == name) return value;
+  }
+  if (position < positional.size()) return positional[position];
+  return Value();
+}
+
+bool Args::has(size_t position, std::string_view name) const {
+  for (const auto& entry : keyword) {
+    if (entry.first == name) return true;
+  }
+  return position < positional.size();
+}
+
+Value make_function(std::string name, std::function<Value(Args&)> call) {
+  return Value(std::make_shared<Function>(Function{std::move(name), std::move(call)}));
+}
+
+Value make_dict(std::vector<Dict::Entry> entries) {
+  auto dict = std::make_shared<Dict>();
+  for (auto& [key, value] : entries) dict->set(std::move(key), std::move(value));
+  return Value(std::move(dict));
+}
+
+bool truthy(const Value& value) {
+  switch (value.type()) {
+    case Value::Type::kUndefined:
+    case Value::Type::kNone:
+      return false;
+    case Value::Type::kBool:
+      return value.as_bool();
+    case Value::Type::kInt:
+      return value.as_int() != 0;
+    case Value::Type::kFloat:
+      return value.as_float() != 0.0;
+    case Value::Type::kString:
+      return !value.as_string().empty();
+    case Value::Type::kList:
+      return !value.as_list().empty();
+    case Value::Type::kDict:
+      return value.as_dict().is_namespace || value.as_dict().size() > 0;
+    case Value::Type::kFunction:
+      return true;
+  }
+  return false;
+}
+
+std::string type_name(const Value& value) {
+  switch (value.type()) {
+    case Value::Type::kUndefined:
+      return "Undefined";
+    case Value::Type::kNone:
+      return "NoneType";
+    case Value::Type::kBool:
+      return "bool";
+    case Value::Type::kInt:
+      return "int";
+    case Value::Type::kFloat:
+      return "float";
+    case Value::Type::kString:
+      return "str";
+    case Value::Type::kList:
+      return "list";
+    case Value::Type::kDict:
+      return value.as_dict().is_namespace ? "Namespace" : "dict";
+    case Value::Type::kFunction:
+      return "function";
+  }
+  return "object";
+}
+
+bool values_equal(const Value& left, const Value& right) {
+  if (left.is_number() && right.is_number()) {
+    if (left.is_float() || right.is_float()) return left.as_float() == right.as_float();
+    return left.as_int() == right.as_int();
+  }
+  if (left.type() != right.type()) return false;
+  switch (left.type()) {
+    case Value::Type::kUndefined:
+    case Value::Type::kNone:
+      return true;
+    case Value::Type::kString:
+      return left.as_string() == right.as_string();
+    case Value::Type::kList: {
+      const List& a = left.as_list();
+      const List& b = right.as_list();
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!values_equal(a[i], b[i])) return false;
+      }
+      return true;
+    }
+    case Value::Type::kDict: {
+      const Dict& a = left.as_dict();
+      const Dict& b = right.as_dict();
+      if (a.is_namespace || b.is_namespace) return &a == &b;
+      if (a.size() != b.size()) return false;
+      for (const auto& [key, value] : a.entries()) {
+        const Value* other = b.find(key);
+        if (!other || !values_equal(value, *other)) return false;
+      }
+      return true;
+    }
+    case Value::Type::kFunction:
+      return &left.as_function() == &right.as_function();
+    default:
+      return false;
+  }
+}
+
+}  // namespace tessera::tokenizer::jinja
