@@ -132,6 +132,8 @@ uint8_t f32_to_fp8e4m3(float f) { return encode_small_float(f, 4, 3, 7, 448.0f, 
 float fp8e5m2_to_f32(uint8_t v) { return f16_to_f32(static_cast<uint16_t>(v) << 8); }
 uint8_t f32_to_fp8e5m2(float f) {
   if (std::isnan(f)) return 0x7f;
+  // e5m2 has infinities: an infinite input stays infinite; finite overflow saturates.
+  if (std::isinf(f)) return f < 0 ? 0xfc : 0x7c;
   return encode_small_float(f, 5, 2, 15, 57344.0f, true);
 }
 

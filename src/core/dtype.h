@@ -34,7 +34,7 @@ uint16_t f32_to_f16(float f);
 float fp8e4m3_to_f32(uint8_t v);
 uint8_t f32_to_fp8e4m3(float f);  // saturating to +-448
 float fp8e5m2_to_f32(uint8_t v);
-uint8_t f32_to_fp8e5m2(float f);
+uint8_t f32_to_fp8e5m2(float f);  // finite values saturate to +-57344; +-inf stays inf
 
 // Converts n elements between any two float-like dtypes (f32, bf16, f16, fp8) on the host.
 void convert_host(const void* src, DType src_type, void* dst, DType dst_type, size_t n);

@@ -18,12 +18,20 @@ enum class ErrorKind {
   kInternal,
 };
 
+// Messages are printed as one "error: ..." line; text quoted from a bad file (a JSON
+// parser's "last read" bytes) must not break that, so control bytes become spaces.
+inline std::string one_line(std::string s) {
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  return s;
+}
+
 // Thrown at startup (config, loader, planner) and caught at the CLI boundary,
 // which prints the one-line message and exits non-zero. Inside the step loop
 // and at request boundaries code returns Status instead.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, std::string message) : std::runtime_error(std::move(message)), kind_(kind) {}
+  Error(ErrorKind kind, std::string message) : std::runtime_error(one_line(std::move(message))), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
 
  private:

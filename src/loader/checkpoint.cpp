@@ -30,11 +30,16 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
     for (auto& [tensor, file] : j["weight_map"].items()) {
       if (!file.is_string()) fail(ErrorKind::kCorrupt, "{}: weight_map['{}'] is not a file name", index.string(), tensor);
       std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f == "..")
-        fail(ErrorKind::kCorrupt, "{}: shard name '{}' must be a plain file name", index.string(), f);
+      // Shards live in the model directory: no paths, so an index cannot reach other files.
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        fail(ErrorKind::kCorrupt, "{}: tensor '{}': shard name '{}' must be a plain file name in the model directory",
+             index.string(), tensor, f);
       shards.insert(f);
+      index_map_.emplace(tensor, f);
     }
+    if (shards.empty()) fail(ErrorKind::kCorrupt, "{}: weight_map lists no tensors", index.string());
     names.assign(shards.begin(), shards.end());
+    index_path_ = index.string();
   } else if (fs::exists(dir / "model.safetensors")) {
     names.push_back("model.safetensors");
   } else {
@@ -48,7 +53,20 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
            "to run with random weights",
            model_dir);
   }
-  for (const auto& n : names) files_.push_back(std::make_shared<SafetensorsFile>((dir / n).string()));
+  for (const auto& n : names) {
+    try {
+      files_.push_back(std::make_shared<SafetensorsFile>((dir / n).string()));
+    } catch (const Error& e) {
+      if (index_path_.empty()) throw;
+      // Name a tensor the index places in this shard, so the user knows what is at stake.
+      std::string example;
+      size_t count = 0;
+      for (const auto& [tensor, file] : index_map_)
+        if (file == n && count++ == 0) example = tensor;
+      throw Error(e.kind(), fmt::format("{} (model.safetensors.index.json maps tensor '{}'{} to this shard)", e.what(),
+                                        example, count > 1 ? fmt::format(" and {} others", count - 1) : ""));
+    }
+  }
 }
 
 bool Checkpoint::contains(const std::string& name) const {
@@ -60,8 +78,12 @@ bool Checkpoint::contains(const std::string& name) const {
 CheckpointTensor Checkpoint::get(const std::string& name) const {
   for (const auto& f : files_)
     if (const TensorInfo* t = f->find(name)) return {t, f};
-  std::string where = files_.size() == 1 ? files_[0]->path() : dir_ + " (" + std::to_string(files_.size()) + " shards)";
-  fail(ErrorKind::kNotFound, "{}: missing tensor '{}'", where, name);
+  if (auto it = index_map_.find(name); it != index_map_.end())
+    fail(ErrorKind::kNotFound, "{}: missing tensor '{}' (model.safetensors.index.json maps it to this shard)",
+         (fs::path(dir_) / it->second).string(), name);
+  if (files_.size() == 1) fail(ErrorKind::kNotFound, "{}: missing tensor '{}'", files_[0]->path(), name);
+  fail(ErrorKind::kNotFound, "{}: missing tensor '{}' (in none of the {} shards{})", dir_, name, files_.size(),
+       index_path_.empty() ? "" : " nor in model.safetensors.index.json");
 }
 
 size_t Checkpoint::total_bytes() const {

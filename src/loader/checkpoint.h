@@ -1,6 +1,7 @@
 // A Hugging Face model directory's weights: model.safetensors, or shards listed in
 // model.safetensors.index.json. Tensors are found by name across shards.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ class Checkpoint {
 
  private:
   std::string dir_;
+  std::string index_path_;                       // empty without model.safetensors.index.json
+  std::map<std::string, std::string> index_map_;  // tensor -> shard file name, from the index
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
 };
 

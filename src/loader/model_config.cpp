@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -21,15 +23,26 @@ nlohmann::json read_json(const fs::path& p) {
   }
 }
 
+// The type checks are explicit: nlohmann's get<T>() converts between number kinds and
+// would turn "hidden_size": 64.9 into 64 or a bool into 1.
 template <typename T>
-T get_or(const nlohmann::json& j, const char* key, T fallback) {
+T get_or(const std::string& source, const nlohmann::json& j, const char* key, T fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const std::exception&) {
-    fail(ErrorKind::kCorrupt, "config field '{}' has the wrong type ({})", key, it->dump());
+  bool ok;
+  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
+  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
+  else ok = it->is_string();
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // Out-of-range integers would wrap.
+    if (ok)
+      ok = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                                    : it->get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                          it->get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
   }
+  if (!ok) fail(ErrorKind::kCorrupt, "{}: field '{}' has the wrong type or range ({})", source, key, it->dump());
+  return it->get<T>();
 }
 
 std::vector<int> int_or_list(const nlohmann::json& j, const char* key) {
@@ -45,22 +58,22 @@ std::vector<int> int_or_list(const nlohmann::json& j, const char* key) {
 
 RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
   RopeScaling s;
-  std::string type = get_or<std::string>(r, "rope_type", get_or<std::string>(r, "type", "default"));
+  std::string type = get_or<std::string>(source, r, "rope_type", get_or<std::string>(source, r, "type", "default"));
   if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn")
     fail(ErrorKind::kUnsupported, "{}: rope type '{}' is not supported (supported: default, linear, dynamic, llama3, yarn)",
          source, type);
   s.type = type;
-  s.factor = get_or<double>(r, "factor", 1.0);
-  s.low_freq_factor = get_or<double>(r, "low_freq_factor", 1.0);
-  s.high_freq_factor = get_or<double>(r, "high_freq_factor", 4.0);
-  s.original_max_position_embeddings = get_or<int>(r, "original_max_position_embeddings", 0);
-  s.beta_fast = get_or<double>(r, "beta_fast", 32.0);
-  s.beta_slow = get_or<double>(r, "beta_slow", 1.0);
-  s.mscale = get_or<double>(r, "mscale", 0.0);
-  s.mscale_all_dim = get_or<double>(r, "mscale_all_dim", 0.0);
+  s.factor = get_or<double>(source, r, "factor", 1.0);
+  s.low_freq_factor = get_or<double>(source, r, "low_freq_factor", 1.0);
+  s.high_freq_factor = get_or<double>(source, r, "high_freq_factor", 4.0);
+  s.original_max_position_embeddings = get_or<int>(source, r, "original_max_position_embeddings", 0);
+  s.beta_fast = get_or<double>(source, r, "beta_fast", 32.0);
+  s.beta_slow = get_or<double>(source, r, "beta_slow", 1.0);
+  s.mscale = get_or<double>(source, r, "mscale", 0.0);
+  s.mscale_all_dim = get_or<double>(source, r, "mscale_all_dim", 0.0);
   if (r.contains("attention_factor") && !r["attention_factor"].is_null())
-    s.attention_factor = r["attention_factor"].get<double>();
-  s.truncate = get_or<bool>(r, "truncate", true);
+    s.attention_factor = get_or<double>(source, r, "attention_factor", 1.0);
+  s.truncate = get_or<bool>(source, r, "truncate", true);
   return s;
 }
 
@@ -68,57 +81,66 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
 
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source) {
   ModelConfig c;
+  if (!j.is_object()) fail(ErrorKind::kCorrupt, "{}: is not a JSON object", source);
   c.raw = j;
   // Multimodal wrappers (Qwen3.5) keep the language model under text_config.
   const nlohmann::json& t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+    if (!j["architectures"][0].is_string())
+      fail(ErrorKind::kCorrupt, "{}: 'architectures' must list class names ({})", source, j["architectures"].dump());
     c.architecture = j["architectures"][0].get<std::string>();
-  c.model_type = get_or<std::string>(t, "model_type", get_or<std::string>(j, "model_type", ""));
+  }
+  c.model_type = get_or<std::string>(source, t, "model_type", get_or<std::string>(source, j, "model_type", ""));
   if (c.architecture.empty())
     fail(ErrorKind::kCorrupt, "{}: no 'architectures' entry; cannot tell which model this is", source);
-  c.hidden_size = get_or<int>(t, "hidden_size", 0);
-  c.intermediate_size = get_or<int>(t, "intermediate_size", 0);
-  c.num_layers = get_or<int>(t, "num_hidden_layers", 0);
-  c.num_heads = get_or<int>(t, "num_attention_heads", 0);
-  c.num_kv_heads = get_or<int>(t, "num_key_value_heads", c.num_heads);
-  c.vocab_size = get_or<int>(t, "vocab_size", 0);
+  c.hidden_size = get_or<int>(source, t, "hidden_size", 0);
+  c.intermediate_size = get_or<int>(source, t, "intermediate_size", 0);
+  c.num_layers = get_or<int>(source, t, "num_hidden_layers", 0);
+  c.num_heads = get_or<int>(source, t, "num_attention_heads", 0);
+  c.num_kv_heads = get_or<int>(source, t, "num_key_value_heads", c.num_heads);
+  c.vocab_size = get_or<int>(source, t, "vocab_size", 0);
   if (c.hidden_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.vocab_size <= 0 || c.num_kv_heads <= 0)
     fail(ErrorKind::kCorrupt,
          "{}: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads and vocab_size must be positive",
          source);
-  c.head_dim = get_or<int>(t, "head_dim", c.hidden_size / c.num_heads);
+  c.head_dim = get_or<int>(source, t, "head_dim", c.hidden_size / c.num_heads);
+  if (c.head_dim <= 0) fail(ErrorKind::kCorrupt, "{}: head_dim must be positive (got {})", source, c.head_dim);
   if (c.num_heads % c.num_kv_heads != 0)
     fail(ErrorKind::kCorrupt, "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})", source,
          c.num_heads, c.num_kv_heads);
-  c.max_position_embeddings = get_or<int>(t, "max_position_embeddings", 4096);
-  c.rms_norm_eps = get_or<double>(t, "rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = get_or<bool>(t, "tie_word_embeddings", get_or<bool>(j, "tie_word_embeddings", false));
-  c.attention_bias = get_or<bool>(t, "attention_bias", false);
-  c.partial_rotary_factor = get_or<double>(t, "partial_rotary_factor", 1.0);
+  c.max_position_embeddings = get_or<int>(source, t, "max_position_embeddings", 4096);
+  c.rms_norm_eps = get_or<double>(source, t, "rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = get_or<bool>(source, t, "tie_word_embeddings", get_or<bool>(source, j, "tie_word_embeddings", false));
+  c.attention_bias = get_or<bool>(source, t, "attention_bias", false);
+  c.partial_rotary_factor = get_or<double>(source, t, "partial_rotary_factor", 1.0);
   // transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; older files
   // write rope_theta and rope_scaling separately.
   if (t.contains("rope_parameters") && t["rope_parameters"].is_object()) {
     const auto& rp = t["rope_parameters"];
-    c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(t, "rope_theta", 10000.0));
+    c.rope_theta = get_or<double>(source, rp, "rope_theta", get_or<double>(source, t, "rope_theta", 10000.0));
     c.rope = parse_rope(rp, source);
-    c.partial_rotary_factor = get_or<double>(rp, "partial_rotary_factor", c.partial_rotary_factor);
+    c.partial_rotary_factor = get_or<double>(source, rp, "partial_rotary_factor", c.partial_rotary_factor);
   } else {
-    c.rope_theta = get_or<double>(t, "rope_theta", 10000.0);
+    c.rope_theta = get_or<double>(source, t, "rope_theta", 10000.0);
     if (t.contains("rope_scaling") && t["rope_scaling"].is_object()) c.rope = parse_rope(t["rope_scaling"], source);
   }
-  std::string dt = get_or<std::string>(t, "torch_dtype", get_or<std::string>(t, "dtype", "bfloat16"));
+  std::string dt = get_or<std::string>(source, t, "torch_dtype", get_or<std::string>(source, t, "dtype", "bfloat16"));
   if (auto d = dtype_from_name(dt)) c.dtype = *d;
-  std::string act = get_or<std::string>(t, "hidden_act", "silu");
+  std::string act = get_or<std::string>(source, t, "hidden_act", "silu");
   if (act != "silu")
     fail(ErrorKind::kUnsupported, "{}: hidden_act '{}' is not supported (supported: silu)", source, act);
-  if (get_or<bool>(t, "mlp_bias", false))
+  if (get_or<bool>(source, t, "mlp_bias", false))
     fail(ErrorKind::kUnsupported, "{}: mlp_bias=true is not supported", source);
-  if (get_or<bool>(t, "use_sliding_window", false))
+  if (get_or<bool>(source, t, "use_sliding_window", false))
     fail(ErrorKind::kUnsupported, "{}: use_sliding_window=true is not supported yet", source);
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
-    fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source,
-         j["quantization_config"].value("quant_method", std::string("unknown method")));
-  if (auto b = get_or<int>(t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const auto& q = j["quantization_config"];
+    std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                             ? q["quant_method"].get<std::string>()
+                             : std::string("unknown method");
+    fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source, method);
+  }
+  if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
   c.eos_token_ids = int_or_list(t, "eos_token_id");
   return c;
 }

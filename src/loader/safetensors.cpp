@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     fail(ErrorKind::kNotFound, "{}: cannot stat ({})", path, std::strerror(errno));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(ErrorKind::kNotFound, "{}: not a regular file", path);
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ < 8) {
     ::close(fd);
@@ -35,11 +40,24 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
          path, size_);
   }
   map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_errno = errno;
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    fail(ErrorKind::kNotFound, "{}: cannot map ({})", path, std::strerror(errno));
+    fail(ErrorKind::kNotFound, "{}: cannot map ({})", path, std::strerror(map_errno));
   }
+  // A throwing constructor never runs the destructor: unmap here when validation fails.
+  struct UnmapOnThrow {
+    void*& map;
+    size_t size;
+    bool armed = true;
+    ~UnmapOnThrow() {
+      if (armed && map) {
+        ::munmap(map, size);
+        map = nullptr;
+      }
+    }
+  } unmap_on_throw{map_, size_};
   uint64_t header_len = 0;
   std::memcpy(&header_len, map_, 8);
   if (header_len > kMaxHeader || header_len > size_ - 8) {
@@ -81,6 +99,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       numel *= dv;
       t.shape.push_back(static_cast<int64_t>(dv));
     }
+    // Every element takes at least one byte, so a larger count is a lie; this also keeps
+    // numel * dtype_size below from wrapping around 2^64 onto the real span.
+    if (numel > data_size)
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': shape {} is absurdly large for the file's {} data bytes", path, name,
+           t.shape.str(), data_size);
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
       fail(ErrorKind::kCorrupt, "{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
     uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
@@ -96,6 +119,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     t.bytes = want;
     tensors_.emplace(name, std::move(t));
   }
+  // Two tensors sharing bytes is a header that lies (HF's reader refuses it too).
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& [name, t] : tensors_)
+    if (t.bytes > 0) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& a = *by_offset[i - 1];
+    const TensorInfo& b = *by_offset[i];
+    if (b.offset < a.offset + a.bytes)
+      fail(ErrorKind::kCorrupt, "{}: tensor '{}': data_offsets [{}, {}) overlap those of tensor '{}' [{}, {})", path,
+           b.name, b.offset - header_end_, b.offset - header_end_ + b.bytes, a.name, a.offset - header_end_,
+           a.offset - header_end_ + a.bytes);
+  }
+  unmap_on_throw.armed = false;
 }
 
 SafetensorsFile::~SafetensorsFile() {

@@ -29,7 +29,10 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, const ModelOption
     if (config.architecture == e.architecture) return e.make(config, options, backend);
   std::string list;
   for (const auto& a : supported_architectures()) list += (list.empty() ? "" : ", ") + a;
-  fail(ErrorKind::kUnsupported, "architecture '{}' is not supported (supported: {})", config.architecture, list);
+  // Name the file the architecture came from (the CLI prints this one line).
+  std::string source = config.model_dir.empty() ? std::string("config") : config.model_dir + "/config.json";
+  fail(ErrorKind::kUnsupported, "{}: architecture '{}' is not supported (supported: {})", source, config.architecture,
+       list);
 }
 
 }  // namespace tessera

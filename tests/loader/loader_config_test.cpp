@@ -1,0 +1,238 @@
+// config.json / generation_config.json parsing: both rope spellings, defaults, eos
+// merging, and the fields we refuse rather than silently ignore.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "fault_util.h"
+#include "loader/model_config.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+json base_config() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "bos_token_id": 1, "eos_token_id": 2
+  })");
+}
+
+ModelConfig parse(const json& j) { return parse_model_config(j, "/m/config.json"); }
+
+std::string error_of(const json& j, ErrorKind want) {
+  try {
+    parse(j);
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(want)) << e.what();
+    std::string m = e.what();
+    EXPECT_NE(m.find("/m/config.json"), std::string::npos) << "file not named: " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    return m;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "non-tessera exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an error for " << j.dump();
+  return "";
+}
+
+TEST(ModelConfig, BasicFieldsAndDefaults) {
+  json j = base_config();
+  j.erase("num_key_value_heads");
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.num_kv_heads, 4) << "num_key_value_heads defaults to num_attention_heads (MHA)";
+  EXPECT_EQ(c.head_dim, 16) << "head_dim defaults to hidden_size / num_attention_heads";
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rope.type, "default");
+  EXPECT_FALSE(c.tie_word_embeddings);
+  ASSERT_TRUE(c.bos_token_id.has_value());
+  EXPECT_EQ(*c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int>({2}));
+}
+
+TEST(ModelConfig, ExplicitHeadDimWins) {
+  json j = base_config();
+  j["head_dim"] = 24;  // != 64 / 4
+  EXPECT_EQ(parse(j).head_dim, 24);
+  j["head_dim"] = nullptr;  // null means "not given"
+  EXPECT_EQ(parse(j).head_dim, 16);
+}
+
+TEST(ModelConfig, TransformersFiveRopeParameters) {
+  json j = base_config();
+  j["rope_theta"] = 1.0;  // a stale top-level value must lose to rope_parameters
+  j["rope_parameters"] = {{"rope_type", "llama3"},       {"rope_theta", 500000.0},
+                          {"factor", 8.0},               {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},     {"original_max_position_embeddings", 8192},
+                          {"partial_rotary_factor", 0.5}};
+  ModelConfig c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope.type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope.factor, 8.0);
+  EXPECT_DOUBLE_EQ(c.rope.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.partial_rotary_factor, 0.5);
+}
+
+TEST(ModelConfig, RopeParametersWithoutThetaFallsBackToTopLevel) {
+  json j = base_config();
+  j["rope_theta"] = 1000000.0;
+  j["rope_parameters"] = {{"rope_type", "default"}};
+  ModelConfig c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope.type, "default");
+}
+
+TEST(ModelConfig, OldRopeThetaAndRopeScaling) {
+  json j = base_config();
+  j["rope_theta"] = 1000000.0;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // pre-"rope_type" spelling
+  ModelConfig c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope.type, "linear");
+  EXPECT_DOUBLE_EQ(c.rope.factor, 2.0);
+
+  j["rope_scaling"] = {{"rope_type", "yarn"},
+                       {"factor", 4.0},
+                       {"original_max_position_embeddings", 32768},
+                       {"beta_fast", 16.0},
+                       {"attention_factor", 1.25}};
+  c = parse(j);
+  EXPECT_EQ(c.rope.type, "yarn");
+  EXPECT_DOUBLE_EQ(c.rope.beta_fast, 16.0);
+  EXPECT_DOUBLE_EQ(c.rope.beta_slow, 1.0);
+  ASSERT_TRUE(c.rope.attention_factor.has_value());
+  EXPECT_DOUBLE_EQ(*c.rope.attention_factor, 1.25);
+
+  j["rope_scaling"] = nullptr;
+  EXPECT_EQ(parse(j).rope.type, "default");
+}
+
+TEST(ModelConfig, UnsupportedRopeTypeFails) {
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("longrope"), std::string::npos);
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "mrope"}, {"rope_theta", 1e6}};
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("mrope"), std::string::npos);
+}
+
+TEST(ModelConfig, TextConfigOfMultimodalWrapper) {
+  json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "wrapper"}, {"text_config", base_config()}};
+  j["text_config"]["model_type"] = "qwen3";
+  j["text_config"]["hidden_size"] = 128;
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.hidden_size, 128);
+  EXPECT_EQ(c.head_dim, 32);
+}
+
+TEST(ModelConfig, EosListsMergeWithGenerationConfig) {
+  testing::TempDir tmp;
+  json j = base_config();
+  j["eos_token_id"] = {3, 4};
+  testing::write_file(tmp.path() / "config.json", j.dump());
+  // generation_config repeats one id and adds one: merged without duplicates, config's first.
+  testing::write_file(tmp.path() / "generation_config.json",
+                      R"({"eos_token_id": [4, 7], "temperature": 0.6, "top_p": 0.95, "top_k": 20})");
+  ModelConfig c = load_model_config(tmp.path().string());
+  EXPECT_EQ(c.eos_token_ids, std::vector<int>({3, 4, 7}));
+  EXPECT_EQ(c.generation.eos_token_ids, std::vector<int>({4, 7}));
+  ASSERT_TRUE(c.generation.temperature && c.generation.top_p && c.generation.top_k);
+  EXPECT_DOUBLE_EQ(*c.generation.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(*c.generation.top_p, 0.95);
+  EXPECT_EQ(*c.generation.top_k, 20);
+  EXPECT_FALSE(c.generation.repetition_penalty.has_value());
+  EXPECT_EQ(c.model_dir, tmp.path().string());
+
+  // A single int in generation_config, none in config.json.
+  j.erase("eos_token_id");
+  testing::write_file(tmp.path() / "config.json", j.dump());
+  testing::write_file(tmp.path() / "generation_config.json", R"({"eos_token_id": 9})");
+  EXPECT_EQ(load_model_config(tmp.path().string()).eos_token_ids, std::vector<int>({9}));
+
+  // No generation_config.json at all.
+  std::filesystem::remove(tmp.path() / "generation_config.json");
+  ModelConfig none = load_model_config(tmp.path().string());
+  EXPECT_TRUE(none.eos_token_ids.empty());
+  EXPECT_FALSE(none.generation.temperature.has_value());
+}
+
+TEST(ModelConfig, UnsupportedHiddenActFails) {
+  json j = base_config();
+  j["hidden_act"] = "gelu_pytorch_tanh";
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("gelu_pytorch_tanh"), std::string::npos);
+}
+
+TEST(ModelConfig, QuantizationConfigFails) {
+  json j = base_config();
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("fp8"), std::string::npos);
+  j["quantization_config"] = {{"bits", 4}};
+  error_of(j, ErrorKind::kUnsupported);
+  j["quantization_config"] = "gptq";  // not an object: still refused, still a tessera::Error
+  error_of(j, ErrorKind::kUnsupported);
+  j["quantization_config"] = nullptr;  // null is the same as absent
+  EXPECT_NO_THROW(parse(j));
+}
+
+TEST(ModelConfig, OtherRefusedFeatures) {
+  json j = base_config();
+  j["mlp_bias"] = true;
+  error_of(j, ErrorKind::kUnsupported);
+  j = base_config();
+  j["use_sliding_window"] = true;
+  error_of(j, ErrorKind::kUnsupported);
+}
+
+TEST(ModelConfig, InconsistentOrMissingSizesFail) {
+  json j = base_config();
+  j["num_key_value_heads"] = 3;  // 4 % 3 != 0
+  error_of(j, ErrorKind::kCorrupt);
+  j = base_config();
+  j.erase("vocab_size");
+  error_of(j, ErrorKind::kCorrupt);
+  j = base_config();
+  j["num_attention_heads"] = 0;
+  error_of(j, ErrorKind::kCorrupt);
+  j = base_config();
+  j["head_dim"] = -8;
+  error_of(j, ErrorKind::kCorrupt);
+  j = base_config();
+  j.erase("architectures");
+  error_of(j, ErrorKind::kCorrupt);
+}
+
+TEST(ModelConfig, WrongTypesAreTesseraErrorsNamingFileAndField) {
+  for (auto [key, value] : std::vector<std::pair<std::string, json>>{{"hidden_size", "64"},
+                                                                      {"architectures", {42}},
+                                                                      {"architectures", "LlamaForCausalLM"},
+                                                                      {"rms_norm_eps", "small"},
+                                                                      {"tie_word_embeddings", "yes"}}) {
+    SCOPED_TRACE(key + "=" + value.dump());
+    json j = base_config();
+    j[key] = value;
+    EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find(key), std::string::npos);
+  }
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", "big"}};
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("attention_factor"), std::string::npos);
+}
+
+TEST(ModelConfig, ConfigThatIsNotAnObject) {
+  error_of(json::array({1, 2}), ErrorKind::kCorrupt);
+  error_of(json("text"), ErrorKind::kCorrupt);
+}
+
+}  // namespace
+}  // namespace tessera
