@@ -19,6 +19,7 @@ struct Verb {
 constexpr Verb kVerbs[] = {
     {"generate", tessera::cli::run_generate, "offline generation from token ids, text or a JSONL batch"},
     {"bench", tessera::cli::run_bench, "load generator and report for any OpenAI-compatible server"},
+    {"tokenize", tessera::cli::run_tokenize, "token ids of stdin with a model's tokenizer (--decode: ids to text)"},
 };
 
 void usage(FILE* f) {

@@ -5,4 +5,5 @@ namespace tessera::cli {
 // argv[0] is the verb itself ("generate"), the rest are its flags.
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_tokenize(int argc, char** argv);
 }  // namespace tessera::cli

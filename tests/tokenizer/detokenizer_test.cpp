@@ -1,0 +1,172 @@
+// The streaming detokenizer, fed one token at a time, gives exactly the full decode, never a
+// broken UTF-8 sequence, and catches stop strings across token boundaries.
+#include "tokenizer/detokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "tokenizer/utf8.h"
+#include "tokenizer_test_data.h"
+
+namespace tessera::tokenizer {
+namespace {
+
+using testing::load_tokenizer;
+
+std::string stream_all(const Tokenizer& tokenizer, const std::vector<int32_t>& ids, DetokenizerOptions options,
+                       std::vector<std::string>* chunks = nullptr) {
+  StreamingDetokenizer detokenizer(tokenizer, std::move(options));
+  std::string text;
+  for (int32_t id : ids) {
+    DetokenizerOutput out = detokenizer.push(id);
+    if (chunks) chunks->push_back(out.text);
+    text += out.text;
+  }
+  DetokenizerOutput last = detokenizer.finish();
+  if (chunks) chunks->push_back(last.text);
+  text += last.text;
+  EXPECT_EQ(text, detokenizer.output());
+  return text;
+}
+
+class DetokenizerTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DetokenizerTest, CharactersSpreadOverTokensComeOutWhole) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  const std::string text = "龘靐齉爩 👨‍👩‍👧‍👦 🏴󠁧󠁢󠁳󠁣󠁴󠁿 𠀀𪚥 ü";
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  ASSERT_GT(ids.size(), 10u);
+  std::vector<std::string> chunks;
+  EXPECT_EQ(stream_all(tokenizer, ids, {}, &chunks), text);
+  int empty_chunks = 0;
+  for (const std::string& chunk : chunks) {
+    EXPECT_TRUE(is_valid_utf8(chunk)) << nlohmann::json(chunk).dump();
+    EXPECT_EQ(chunk.find(kReplacementCharacter), std::string::npos);
+    empty_chunks += chunk.empty();
+  }
+  EXPECT_GT(empty_chunks, 0) << "some character should have needed more than one token";
+}
+
+// Random id sequences (ordinary tokens, lone byte tokens that split characters, special tokens,
+// unknown ids): the stream equals the full decode, and every chunk is valid UTF-8.
+TEST_P(DetokenizerTest, FuzzedIdSequencesStreamExactlyTheFullDecode) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  std::mt19937 rng(1234);
+  // Tokens whose bytes are not valid UTF-8 on their own: fragments of multi-byte characters.
+  std::vector<int32_t> byte_tokens;
+  for (int32_t id = 0; id < static_cast<int32_t>(tokenizer.vocab_size()) && byte_tokens.size() < 300; ++id) {
+    std::string bytes;
+    tokenizer.append_token_bytes(id, false, bytes);
+    if (!bytes.empty() && !is_valid_utf8(bytes)) byte_tokens.push_back(id);
+  }
+  ASSERT_FALSE(byte_tokens.empty());
+  std::vector<int32_t> specials;
+  for (const AddedToken& token : tokenizer.added_tokens()) specials.push_back(token.id);
+  std::uniform_int_distribution<int32_t> any_id(0, static_cast<int32_t>(tokenizer.vocab_size()) - 1);
+  for (int round = 0; round < 300; ++round) {
+    std::vector<int32_t> ids;
+    int length = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < length; ++i) {
+      unsigned kind = rng() % 10;
+      if (kind < 5) {
+        ids.push_back(any_id(rng));
+      } else if (kind < 8) {
+        ids.push_back(byte_tokens[rng() % byte_tokens.size()]);
+      } else if (kind < 9) {
+        ids.push_back(specials[rng() % specials.size()]);
+      } else {
+        ids.push_back(static_cast<int32_t>(tokenizer.vocab_size()) + static_cast<int32_t>(rng() % 1000));
+      }
+    }
+    for (bool skip : {false, true}) {
+      std::vector<std::string> chunks;
+      DetokenizerOptions options;
+      options.skip_special_tokens = skip;
+      std::string streamed = stream_all(tokenizer, ids, options, &chunks);
+      ASSERT_EQ(streamed, tokenizer.decode(ids, skip)) << "round " << round << " ids " << nlohmann::json(ids).dump();
+      for (const std::string& chunk : chunks) ASSERT_TRUE(is_valid_utf8(chunk)) << "round " << round;
+    }
+  }
+}
+
+TEST_P(DetokenizerTest, StreamsEveryReferenceStringExactly) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  nlohmann::json strings = testing::read_json(testing::fixture("strings.json")).at("strings");
+  for (const auto& entry : strings) {
+    std::vector<int32_t> ids = tokenizer.encode(entry.get<std::string>());
+    for (bool skip : {false, true}) {
+      DetokenizerOptions options;
+      options.skip_special_tokens = skip;
+      EXPECT_EQ(stream_all(tokenizer, ids, options), tokenizer.decode(ids, skip));
+    }
+  }
+}
+
+TEST_P(DetokenizerTest, StopStringAcrossTokenBoundariesIsCaughtAndNeverLeaks) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  const std::string text = "The answer is 42.\n\nObservation: 你好世界 and more text after";
+  for (const std::string stop : {"Observation:", "\n\nObs", "好世", "answer is 42", "after"}) {
+    std::vector<int32_t> ids = tokenizer.encode(text);
+    DetokenizerOptions options;
+    options.stop_strings = {stop, "never-appears-xyz"};
+    StreamingDetokenizer detokenizer(tokenizer, options);
+    std::string emitted;
+    bool stopped = false;
+    for (int32_t id : ids) {
+      DetokenizerOutput out = detokenizer.push(id);
+      emitted += out.text;
+      EXPECT_EQ(emitted.find(stop), std::string::npos) << "stop string leaked: " << stop;
+      if (out.stopped) {
+        EXPECT_EQ(out.stop_string, stop);
+        stopped = true;
+        break;
+      }
+    }
+    EXPECT_TRUE(stopped) << stop;
+    EXPECT_EQ(emitted, text.substr(0, text.find(stop))) << stop;
+    EXPECT_TRUE(detokenizer.push(ids[0]).text.empty()) << "nothing after a stop";
+  }
+}
+
+TEST_P(DetokenizerTest, StopStringIncludedWhenAsked) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  DetokenizerOptions options;
+  options.stop_strings = {"STOP"};
+  options.include_stop_string_in_output = true;
+  std::string streamed = stream_all(tokenizer, tokenizer.encode("abc STOP def"), options);
+  EXPECT_EQ(streamed, "abc STOP");
+}
+
+TEST_P(DetokenizerTest, HeldBackPrefixIsReleasedWhenItIsNotAStop) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  DetokenizerOptions options;
+  options.stop_strings = {"</answer>"};
+  std::vector<int32_t> ids = tokenizer.encode("x </ans y </answe");
+  StreamingDetokenizer detokenizer(tokenizer, options);
+  std::string emitted;
+  for (int32_t id : ids) emitted += detokenizer.push(id).text;
+  EXPECT_EQ(emitted.find("</answe"), std::string::npos) << "a possible stop start must be held: " << emitted;
+  DetokenizerOutput last = detokenizer.finish();
+  EXPECT_FALSE(last.stopped);
+  EXPECT_EQ(emitted + last.text, "x </ans y </answe");
+}
+
+TEST_P(DetokenizerTest, SpecialTokensSkippedOrKept) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  std::string special;
+  for (const AddedToken& token : tokenizer.added_tokens())
+    if (token.special) special = token.content;
+  ASSERT_FALSE(special.empty());
+  std::vector<int32_t> ids = tokenizer.encode("hi" + special + "there");
+  DetokenizerOptions keep;
+  keep.skip_special_tokens = false;
+  EXPECT_EQ(stream_all(tokenizer, ids, keep), "hi" + special + "there");
+  EXPECT_EQ(stream_all(tokenizer, ids, {}), "hithere");
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerTest, ::testing::ValuesIn(testing::kTokenizerNames),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace tessera::tokenizer
