@@ -1,0 +1,547 @@
+// Every CpuBackend op against a plain double-precision reference written here.
+// Inputs are random and fresh each run (the seed is printed on failure); outputs are
+// poisoned with NaN before each op so that an unwritten element cannot pass.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+class CpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    if (HasFailure()) std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+  }
+
+  float uniform(float lo = -1.0f, float hi = 1.0f) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
+  int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }  // inclusive
+
+  Tensor rand_f32(Shape s, float lo = -1.0f, float hi = 1.0f) {
+    Tensor t = be_.alloc(s, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(lo, hi);
+    return t;
+  }
+  Tensor poisoned(Shape s, DType dt = DType::kF32) {
+    Tensor t = be_.alloc(s, dt);
+    if (dt == DType::kF32) std::fill_n(t.data<float>(), t.numel(), NAN);
+    else std::memset(t.raw(), 0xff, t.nbytes());  // NaN in bf16/f16/fp8
+    return t;
+  }
+  Tensor i32(const std::vector<int32_t>& v) {
+    Tensor t = be_.alloc({static_cast<int64_t>(v.size())}, DType::kI32);
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return t;
+  }
+  static std::vector<double> vec(const Tensor& t) {
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    std::vector<float> f(v.size());
+    convert_host(t.raw(), t.dtype(), f.data(), DType::kF32, f.size());
+    std::copy(f.begin(), f.end(), v.begin());
+    return v;
+  }
+  static void expect_close(const Tensor& got, const std::vector<double>& want, double atol, double rtol,
+                           const std::string& what) {
+    std::vector<double> g = vec(got);
+    ASSERT_EQ(g.size(), want.size()) << what;
+    int reported = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      double tol = atol + rtol * std::fabs(want[i]);
+      if (!(std::fabs(g[i] - want[i]) <= tol) && reported++ < 5)
+        ADD_FAILURE() << what << ": element " << i << " got " << g[i] << " want " << want[i];
+    }
+  }
+
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+  CpuBackend be_;
+};
+
+TEST_F(CpuOps, Embedding) {
+  const int V = randint(5, 300), H = randint(1, 70), T = randint(1, 40);
+  Tensor table = rand_f32({V, H});
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (auto& id : ids) id = randint(0, V - 1);
+  ids[0] = V - 1;
+  if (T > 1) ids[1] = 0;
+  Tensor out = poisoned({T, H});
+  be_.embedding(i32(ids), table, out);
+  std::vector<double> want;
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) want.push_back(table.data<float>()[ids[t] * H + h]);
+  expect_close(out, want, 0, 0, "embedding");
+  EXPECT_THROW(be_.embedding(i32({V}), table, poisoned({1, H})), Error);
+  EXPECT_THROW(be_.embedding(i32({-1}), table, poisoned({1, H})), Error);
+}
+
+std::vector<double> rms_norm_ref(const std::vector<double>& x, const std::vector<double>& w, double eps) {
+  const size_t D = w.size();
+  std::vector<double> out(x.size());
+  for (size_t r = 0; r < x.size() / D; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < D; ++i) ss += x[r * D + i] * x[r * D + i];
+    double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+    for (size_t i = 0; i < D; ++i) out[r * D + i] = x[r * D + i] * inv * w[i];
+  }
+  return out;
+}
+
+TEST_F(CpuOps, RmsNorm) {
+  for (int rep = 0; rep < 4; ++rep) {
+    const int T = randint(1, 50), D = randint(1, 200);
+    const float eps = rep % 2 ? 1e-6f : 1e-5f;
+    Tensor x = rand_f32({T, D}, -3, 3), w = rand_f32({D}, 0.5f, 1.5f);
+    if (rep == 3) std::fill_n(x.data<float>(), D, 0.0f);  // an all-zero row: eps keeps it finite
+    Tensor out = poisoned({T, D});
+    be_.rms_norm(x, w, eps, out);
+    auto want = rms_norm_ref(vec(x), vec(w), eps);
+    expect_close(out, want, 1e-6, 1e-5, "rms_norm");
+    // In place, over the rows of a 3-d tensor (as q_norm/k_norm use it).
+    const int H = randint(1, 4);
+    Tensor q = rand_f32({T, H, D});
+    auto want_q = rms_norm_ref(vec(q), vec(w), eps);
+    be_.rms_norm(q, w, eps, q);
+    expect_close(q, want_q, 1e-6, 1e-5, "rms_norm in place");
+  }
+}
+
+TEST_F(CpuOps, AddRmsNorm) {
+  const int T = randint(1, 40), D = randint(2, 150);
+  Tensor x = rand_f32({T, D}), r = rand_f32({T, D}), w = rand_f32({D}, 0.5f, 1.5f);
+  auto xv = vec(x), rv = vec(r);
+  for (size_t i = 0; i < rv.size(); ++i) rv[i] += xv[i];
+  auto want = rms_norm_ref(rv, vec(w), 1e-6);
+  be_.add_rms_norm(x, r, w, 1e-6f);
+  expect_close(r, rv, 1e-6, 1e-6, "add_rms_norm residual");
+  expect_close(x, want, 1e-6, 1e-5, "add_rms_norm output");
+}
+
+TEST_F(CpuOps, Linear) {
+  for (int rep = 0; rep < 6; ++rep) {
+    const int M = rep == 0 ? 1 : randint(1, 40), K = randint(1, 130), N = randint(1, 90);
+    Tensor x = rand_f32({M, K}), w = rand_f32({N, K}), b = rand_f32({N});
+    const bool with_bias = rep % 2 == 1;
+    Tensor out = poisoned({M, N});
+    be_.linear(x, w, with_bias ? &b : nullptr, out);
+    std::vector<double> want(static_cast<size_t>(M) * N);
+    auto xv = vec(x), wv = vec(w), bv = vec(b);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        double s = with_bias ? bv[n] : 0.0;
+        for (int k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
+        want[static_cast<size_t>(m) * N + n] = s;
+      }
+    expect_close(out, want, 1e-5 * std::sqrt(K) + 1e-6, 1e-5, with_bias ? "linear + bias" : "linear");
+  }
+  // Rows of a 3-d input flatten into M (as the attention projections use it).
+  Tensor x3 = rand_f32({3, 2, 8}), w = rand_f32({5, 8}), out = poisoned({6, 5});
+  be_.linear(x3, w, nullptr, out);
+  auto xv = vec(x3), wv = vec(w);
+  std::vector<double> want(30);
+  for (int m = 0; m < 6; ++m)
+    for (int n = 0; n < 5; ++n)
+      for (int k = 0; k < 8; ++k) want[m * 5 + n] += xv[m * 8 + k] * wv[n * 8 + k];
+  expect_close(out, want, 1e-5, 1e-5, "linear 3-d");
+  EXPECT_THROW(be_.linear(rand_f32({2, 7}), w, nullptr, poisoned({2, 5})), Error);
+}
+
+TEST_F(CpuOps, SiluMulAndAdd) {
+  const int T = randint(1, 30), I = randint(1, 100);
+  Tensor gu = rand_f32({T, 2 * I}, -8, 8), out = poisoned({T, I});
+  be_.silu_mul(gu, out);
+  auto g = vec(gu);
+  std::vector<double> want;
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < I; ++i) {
+      double a = g[t * 2 * I + i], u = g[t * 2 * I + I + i];
+      want.push_back(a / (1 + std::exp(-a)) * u);
+    }
+  expect_close(out, want, 1e-6, 1e-5, "silu_mul");
+
+  Tensor a = rand_f32({T, I}), b = rand_f32({T, I}), sum = poisoned({T, I});
+  be_.add(a, b, sum);
+  auto av = vec(a), bv = vec(b);
+  for (size_t i = 0; i < av.size(); ++i) av[i] += bv[i];
+  expect_close(sum, av, 1e-7, 1e-7, "add");
+}
+
+// cos/sin table as the model builds it: [max_pos, rotary_dim], cos of each frequency then sin.
+RopeTable make_table(int max_pos, int rd, double theta, bool neox) {
+  RopeTable t;
+  t.rotary_dim = rd;
+  t.neox_style = neox;
+  t.cos_sin = host_empty({max_pos, rd}, DType::kF32);
+  for (int p = 0; p < max_pos; ++p)
+    for (int i = 0; i < rd / 2; ++i) {
+      double a = p * std::pow(theta, -2.0 * i / rd);
+      t.cos_sin.data<float>()[p * rd + i] = static_cast<float>(std::cos(a));
+      t.cos_sin.data<float>()[p * rd + rd / 2 + i] = static_cast<float>(std::sin(a));
+    }
+  return t;
+}
+
+// HF rotate_half (neox) or GPT-J pairs (interleaved) on the first rd dims of each head.
+std::vector<double> rope_ref(std::vector<double> x, int H, int D, const std::vector<int32_t>& pos, int rd,
+                             double theta, bool neox) {
+  for (size_t t = 0; t < pos.size(); ++t)
+    for (int h = 0; h < H; ++h) {
+      double* v = x.data() + (t * H + h) * D;
+      for (int i = 0; i < rd / 2; ++i) {
+        double a = pos[t] * std::pow(theta, -2.0 * i / rd), c = std::cos(a), s = std::sin(a);
+        int i1 = neox ? i : 2 * i, i2 = neox ? i + rd / 2 : 2 * i + 1;
+        double x1 = v[i1], x2 = v[i2];
+        v[i1] = x1 * c - x2 * s;
+        v[i2] = x2 * c + x1 * s;
+      }
+    }
+  return x;
+}
+
+TEST_F(CpuOps, RopeNeoxAndInterleavedWithPartialRotaryDim) {
+  for (bool neox : {true, false})
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(std::string(neox ? "neox" : "interleaved") + " variant " + std::to_string(variant));
+      const int D = 2 * randint(2, 32);
+      const int rd = variant == 0 ? D : variant == 1 ? D / 2 - (D / 2) % 2 : 2;  // full, half, minimal
+      const int T = randint(1, 20), Hq = randint(1, 6), Hk = randint(1, 3), max_pos = 300;
+      const double theta = variant == 2 ? 500000.0 : 10000.0;
+      RopeTable table = make_table(max_pos, rd, theta, neox);
+      Tensor q = rand_f32({T, Hq, D}), k = rand_f32({T, Hk, D});
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      for (auto& p : pos) p = randint(0, max_pos - 1);  // unsorted, with repeats, like a batch
+      auto want_q = rope_ref(vec(q), Hq, D, pos, rd, theta, neox);
+      auto want_k = rope_ref(vec(k), Hk, D, pos, rd, theta, neox);
+      be_.rope(q, k, i32(pos), table);
+      expect_close(q, want_q, 2e-5, 1e-5, "rope q");  // positions up to 300: table angle error ~1e-5
+      expect_close(k, want_k, 2e-5, 1e-5, "rope k");
+    }
+  RopeTable table = make_table(8, 4, 10000.0, true);
+  Tensor q = rand_f32({1, 1, 4}), k = rand_f32({1, 1, 4});
+  EXPECT_THROW(be_.rope(q, k, i32({8}), table), Error);
+  EXPECT_THROW(be_.rope(q, k, i32({-1}), table), Error);
+}
+
+// ---- paged KV cache ----
+
+struct KvCase {
+  int Hq, Hk, D, block_size;
+  DType cache_dtype;
+  float k_scale, v_scale;
+};
+
+std::string case_name(const KvCase& c) {
+  return "Hq" + std::to_string(c.Hq) + "_Hk" + std::to_string(c.Hk) + "_D" + std::to_string(c.D) + "_bs" +
+         std::to_string(c.block_size) + "_" + std::string(dtype_name(c.cache_dtype));
+}
+
+class CpuPagedAttention : public CpuOps, public ::testing::WithParamInterface<KvCase> {};
+
+// What the cache holds for value x: x / scale in the cache dtype, read back times scale.
+double through_cache(float x, DType dt, float scale) {
+  float q = x / scale, back;
+  uint8_t buf[4];
+  convert_host(&q, DType::kF32, buf, dt, 1);
+  convert_host(buf, dt, &back, DType::kF32, 1);
+  return static_cast<double>(back) * scale;
+}
+
+TEST_P(CpuPagedAttention, WriteKvThenAttendOverShuffledBlocks) {
+  const KvCase c = GetParam();
+  const int bs = c.block_size;
+  // Sequences of different shapes in one batch: prefill, decode, chunked prefill, long decode.
+  const int S = randint(2, 5);
+  std::vector<int> cached(S), qlen(S);
+  for (int s = 0; s < S; ++s) {
+    switch (s % 4) {
+      case 0: cached[s] = 0, qlen[s] = randint(1, 2 * bs + 3); break;
+      case 1: cached[s] = randint(1, 3 * bs), qlen[s] = 1; break;
+      case 2: cached[s] = randint(1, 2 * bs), qlen[s] = randint(2, bs + 5); break;
+      default: cached[s] = randint(3 * bs, 5 * bs), qlen[s] = randint(1, 3); break;
+    }
+  }
+  std::vector<int> seq_len(S), nblocks(S);
+  int max_blocks = 0, total_blocks = 0;
+  for (int s = 0; s < S; ++s) {
+    seq_len[s] = cached[s] + qlen[s];
+    nblocks[s] = (seq_len[s] + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, nblocks[s] + randint(0, 2));  // padded tables
+    total_blocks += nblocks[s];
+  }
+  const int num_blocks = total_blocks + randint(1, 6);  // spare blocks that nobody owns
+  std::vector<int32_t> physical(num_blocks);
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng_);
+  std::vector<int32_t> table(static_cast<size_t>(S) * max_blocks);
+  int next = 0;
+  for (int s = 0; s < S; ++s)
+    for (int b = 0; b < max_blocks; ++b)
+      table[s * max_blocks + b] = b < nblocks[s] ? physical[next++] : physical[randint(0, num_blocks - 1)];
+  auto slot_of = [&](int s, int p) { return table[s * max_blocks + p / bs] * bs + p % bs; };
+
+  // K/V of every position of every sequence, and the queries of the new tokens.
+  std::vector<Tensor> keys(S), values(S);
+  for (int s = 0; s < S; ++s) keys[s] = rand_f32({seq_len[s], c.Hk, c.D}), values[s] = rand_f32({seq_len[s], c.Hk, c.D});
+
+  Tensor k_cache = poisoned({num_blocks, bs, c.Hk, c.D}, c.cache_dtype);
+  Tensor v_cache = poisoned({num_blocks, bs, c.Hk, c.D}, c.cache_dtype);
+  const int64_t row = static_cast<int64_t>(c.Hk) * c.D;
+
+  // Step 1 writes the cached prefix of each sequence, step 2 the new tokens: two
+  // write_kv calls, as two engine steps would make them.
+  auto write_step = [&](bool prefix) {
+    AttentionLayout layout;
+    layout.block_size = bs;
+    layout.max_blocks_per_seq = max_blocks;
+    layout.block_tables = table;
+    layout.query_start_loc.push_back(0);
+    std::vector<std::pair<int, int>> rows;  // (seq, position)
+    for (int s = 0; s < S; ++s) {
+      int from = prefix ? 0 : cached[s], to = prefix ? cached[s] : seq_len[s];
+      for (int p = from; p < to; ++p) rows.emplace_back(s, p), layout.slot_mapping.push_back(slot_of(s, p));
+      layout.query_start_loc.push_back(static_cast<int32_t>(rows.size()));
+      layout.seq_lens.push_back(to);
+    }
+    const int T = static_cast<int>(rows.size());
+    Tensor k = be_.scratch({std::max(T, 1), c.Hk, c.D}, DType::kF32).rows(0, T);
+    Tensor v = be_.scratch({std::max(T, 1), c.Hk, c.D}, DType::kF32).rows(0, T);
+    for (int t = 0; t < T; ++t) {
+      auto [s, p] = rows[t];
+      std::memcpy(k.data<float>() + t * row, keys[s].data<float>() + p * row, row * 4);
+      std::memcpy(v.data<float>() + t * row, values[s].data<float>() + p * row, row * 4);
+    }
+    AttentionMetadata meta = upload_attention_metadata(be_, layout);
+    be_.write_kv(k, v, k_cache, v_cache, meta, c.k_scale, c.v_scale);
+    return meta;
+  };
+  write_step(true);
+  AttentionMetadata meta = write_step(false);
+
+  // The cache now holds every position at its slot, in the cache dtype.
+  for (int s = 0; s < S; ++s)
+    for (int p = 0; p < seq_len[s]; ++p) {
+      size_t off = static_cast<size_t>(slot_of(s, p)) * row;
+      for (int64_t i = 0; i < row; ++i) {
+        float got_k, got_v;
+        const size_t es = dtype_size(c.cache_dtype);
+        convert_host(static_cast<char*>(k_cache.raw()) + (off + i) * es, c.cache_dtype, &got_k, DType::kF32, 1);
+        convert_host(static_cast<char*>(v_cache.raw()) + (off + i) * es, c.cache_dtype, &got_v, DType::kF32, 1);
+        double want_k = through_cache(keys[s].data<float>()[p * row + i], c.cache_dtype, c.k_scale) / c.k_scale;
+        double want_v = through_cache(values[s].data<float>()[p * row + i], c.cache_dtype, c.v_scale) / c.v_scale;
+        ASSERT_NEAR(got_k, want_k, 1e-6 * std::fabs(want_k) + 1e-7) << "k cache seq " << s << " pos " << p;
+        ASSERT_NEAR(got_v, want_v, 1e-6 * std::fabs(want_v) + 1e-7) << "v cache seq " << s << " pos " << p;
+      }
+    }
+
+  const int T = meta.num_tokens;
+  Tensor q = rand_f32({T, c.Hq, c.D});
+  Tensor out = poisoned({T, c.Hq, c.D});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  be_.paged_attention(q, k_cache, v_cache, meta, scale, c.k_scale, c.v_scale, out);
+
+  // Reference: causal softmax attention per sequence, in double. `quantized` reads K/V
+  // as the cache stores them (tight check); otherwise the original values (loose check).
+  auto reference = [&](bool quantized) {
+    std::vector<double> want(static_cast<size_t>(T) * c.Hq * c.D);
+    const int group = c.Hq / c.Hk;
+    int t = 0;
+    for (int s = 0; s < S; ++s)
+      for (int i = 0; i < qlen[s]; ++i, ++t) {
+        const int pos = cached[s] + i;
+        for (int h = 0; h < c.Hq; ++h) {
+          const int kh = h / group;
+          std::vector<double> sc(static_cast<size_t>(pos + 1));
+          double mx = -INFINITY;
+          for (int j = 0; j <= pos; ++j) {
+            double dot = 0;
+            for (int d = 0; d < c.D; ++d) {
+              float kv = keys[s].data<float>()[(j * c.Hk + kh) * c.D + d];
+              double kd = quantized ? through_cache(kv, c.cache_dtype, c.k_scale) : kv;
+              dot += static_cast<double>(q.data<float>()[(t * c.Hq + h) * c.D + d]) * kd;
+            }
+            sc[j] = dot * scale;
+            mx = std::max(mx, sc[j]);
+          }
+          double sum = 0;
+          for (auto& x : sc) sum += (x = std::exp(x - mx));
+          for (int d = 0; d < c.D; ++d) {
+            double acc = 0;
+            for (int j = 0; j <= pos; ++j) {
+              float vv = values[s].data<float>()[(j * c.Hk + kh) * c.D + d];
+              acc += sc[j] / sum * (quantized ? through_cache(vv, c.cache_dtype, c.v_scale) : vv);
+            }
+            want[(static_cast<size_t>(t) * c.Hq + h) * c.D + d] = acc;
+          }
+        }
+      }
+    return want;
+  };
+  expect_close(out, reference(true), 2e-5, 1e-4, "paged_attention vs the cached values");
+  // Worst-case relative rounding of one value: bf16 2^-8, e4m3 2^-4, e5m2 2^-3.
+  const double loose = c.cache_dtype == DType::kF32    ? 2e-5
+                       : c.cache_dtype == DType::kBF16 ? 1e-2
+                       : c.cache_dtype == DType::kF8E4M3 ? 0.08
+                                                          : 0.15;
+  expect_close(out, reference(false), loose, 0, "paged_attention vs the unquantized values");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Caches, CpuPagedAttention,
+    ::testing::Values(KvCase{4, 4, 16, 16, DType::kF32, 1.0f, 1.0f},     // MHA
+                      KvCase{4, 2, 32, 16, DType::kF32, 1.0f, 1.0f},     // GQA 2
+                      KvCase{8, 2, 8, 4, DType::kF32, 1.0f, 1.0f},       // GQA 4, small blocks
+                      KvCase{6, 1, 24, 8, DType::kF32, 1.0f, 1.0f},      // MQA
+                      KvCase{4, 2, 16, 16, DType::kBF16, 1.0f, 1.0f},    // bf16 cache
+                      KvCase{4, 1, 16, 4, DType::kBF16, 0.5f, 2.0f},     // bf16 with scales
+                      KvCase{4, 2, 16, 16, DType::kF8E4M3, 0.02f, 0.03f},  // fp8 with scales
+                      KvCase{8, 2, 32, 8, DType::kF8E4M3, 0.05f, 0.01f},
+                      KvCase{4, 4, 16, 16, DType::kF8E5M2, 0.25f, 0.5f}),
+    [](const auto& info) { return case_name(info.param); });
+
+TEST_F(CpuOps, WriteKvSkipsNegativeSlotsAndRefusesOutOfRange) {
+  const int bs = 4, Hk = 2, D = 8, num_blocks = 3;
+  Tensor k_cache = poisoned({num_blocks, bs, Hk, D}), v_cache = poisoned({num_blocks, bs, Hk, D});
+  Tensor k = rand_f32({2, Hk, D}), v = rand_f32({2, Hk, D});
+  AttentionLayout layout;
+  layout.block_size = bs;
+  layout.max_blocks_per_seq = 1;
+  layout.block_tables = {2};
+  layout.query_start_loc = {0, 2};
+  layout.seq_lens = {2};
+  layout.slot_mapping = {-1, 9};  // padding token, then block 2 offset 1
+  be_.write_kv(k, v, k_cache, v_cache, upload_attention_metadata(be_, layout), 1.0f, 1.0f);
+  auto kc = vec(k_cache), vc = vec(v_cache);
+  for (size_t i = 0; i < kc.size(); ++i) {
+    const size_t slot = i / (Hk * D);
+    if (slot == 9) {
+      EXPECT_EQ(kc[i], k.data<float>()[Hk * D + i % (Hk * D)]);
+      EXPECT_EQ(vc[i], v.data<float>()[Hk * D + i % (Hk * D)]);
+    } else {
+      ASSERT_TRUE(std::isnan(kc[i]) && std::isnan(vc[i])) << "slot " << slot << " was written";
+    }
+  }
+  layout.slot_mapping = {0, num_blocks * bs};  // one past the cache
+  EXPECT_THROW(be_.write_kv(k, v, k_cache, v_cache, upload_attention_metadata(be_, layout), 1.0f, 1.0f), Error);
+}
+
+TEST_F(CpuOps, GatherRows) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI32}) {
+    const int R = randint(1, 30), C = randint(1, 40), n = randint(1, 20);
+    Tensor x = be_.alloc({R, C}, dt);
+    for (int64_t i = 0; i < x.nbytes(); ++i) static_cast<uint8_t*>(x.raw())[i] = static_cast<uint8_t>(randint(0, 255));
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    for (auto& i : idx) i = randint(0, R - 1);  // repeats allowed
+    Tensor out = poisoned({n, C}, dt);
+    be_.gather_rows(x, i32(idx), out);
+    const size_t rb = static_cast<size_t>(C) * dtype_size(dt);
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(std::memcmp(static_cast<char*>(out.raw()) + i * rb, static_cast<char*>(x.raw()) + idx[i] * rb, rb), 0)
+          << dtype_name(dt) << " row " << i;
+    EXPECT_THROW(be_.gather_rows(x, i32({R}), poisoned({1, C}, dt)), Error);
+    EXPECT_THROW(be_.gather_rows(x, i32({-1}), poisoned({1, C}, dt)), Error);
+  }
+}
+
+TEST_F(CpuOps, CastBetweenFloatTypes) {
+  const int n = randint(1, 500);
+  Tensor src = rand_f32({n}, -100, 100);
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kF8E5M2}) {
+    Tensor narrow = poisoned({n}, dt), back = poisoned({n});
+    be_.cast(src, narrow);
+    be_.cast(narrow, back);
+    std::vector<double> want(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) want[i] = through_cache(src.data<float>()[i], dt, 1.0f);
+    expect_close(back, want, 0, 0, std::string("cast via ") + std::string(dtype_name(dt)));
+  }
+  EXPECT_THROW(be_.cast(src, poisoned({n + 1})), Error);
+}
+
+TEST_F(CpuOps, FillAndFillRandom) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor a = poisoned({1000}, dt), b = poisoned({1000}, dt), c = poisoned({1000}, dt);
+    be_.fill_random(a, 7, -0.5f, 0.25f);
+    be_.fill_random(b, 7, -0.5f, 0.25f);
+    be_.fill_random(c, 8, -0.5f, 0.25f);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "same seed, same values";
+    EXPECT_NE(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0) << "another seed, other values";
+    double lo = 1e9, hi = -1e9, mean = 0;
+    for (double v : vec(a)) lo = std::min(lo, v), hi = std::max(hi, v), mean += v / 1000;
+    EXPECT_GE(lo, -0.5);
+    EXPECT_LE(hi, 0.25);
+    EXPECT_NEAR(mean, -0.125, 0.03);
+    be_.fill(a, 1.5f);
+    for (double v : vec(a)) ASSERT_EQ(v, 1.5);
+  }
+  // Large enough to run on the thread pool; an integer destination is refused, not a crash.
+  Tensor big = poisoned({200000});
+  be_.fill_random(big, 1, 0.0f, 1.0f);
+  for (double v : vec(big)) ASSERT_TRUE(v >= 0 && v < 1);
+  Tensor ints = be_.alloc({200000}, DType::kI32);
+  EXPECT_THROW(be_.fill_random(ints, 1, 0.0f, 1.0f), Error);
+}
+
+TEST_F(CpuOps, Copies) {
+  Tensor a = rand_f32({5, 7}), b = poisoned({5, 7}), c = poisoned({35});
+  std::vector<float> host(35);
+  be_.copy_to_host(host.data(), a);
+  be_.copy_from_host(b, host.data());
+  be_.copy(c, b);
+  be_.synchronize();
+  EXPECT_EQ(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0);
+  EXPECT_THROW(be_.copy(poisoned({34}), a), Error);
+}
+
+TEST_F(CpuOps, ScratchArenaAcrossResets) {
+  // Three steps with the same allocation pattern: within a step the tensors are aligned
+  // and disjoint; from the second step on, no new memory (same addresses every step).
+  std::vector<std::pair<Shape, DType>> pattern;
+  for (int i = 0; i < 40; ++i)
+    pattern.push_back({Shape{randint(0, 500), randint(1, 50)}, i % 3 ? DType::kF32 : DType::kBF16});
+  pattern.push_back({Shape{3 << 20}, DType::kU8});  // larger than the first chunk
+  std::vector<std::vector<void*>> addresses;
+  for (int step = 0; step < 3; ++step) {
+    be_.reset_scratch();
+    std::vector<Tensor> ts;
+    std::vector<void*> addr;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+      Tensor t = be_.scratch(pattern[i].first, pattern[i].second);
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+      ASSERT_EQ(t.shape(), pattern[i].first);
+      std::memset(t.raw(), static_cast<int>(i + 1), t.nbytes());
+      ts.push_back(t);
+      addr.push_back(t.raw());
+    }
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const auto* p = static_cast<const uint8_t*>(ts[i].raw());
+      for (size_t b = 0; b < ts[i].nbytes(); b += 97) ASSERT_EQ(p[b], static_cast<uint8_t>(i + 1)) << "overlap at " << i;
+    }
+    addresses.push_back(addr);
+  }
+  EXPECT_EQ(addresses[1], addresses[2]) << "steady state must reuse the arena";
+}
+
+TEST_F(CpuOps, ScratchFromAnEarlierStepStaysValidMemory) {
+  // Contract: scratch is valid until reset_scratch; holding a tensor past it must not
+  // turn into a use-after-free when the arena merges its chunks (ASan checks this).
+  Tensor held = be_.scratch({1 << 18}, DType::kF32);
+  Tensor more = be_.scratch({1 << 19}, DType::kF32);  // forces a second chunk
+  be_.reset_scratch();                                // merges chunks into one
+  std::fill_n(held.data<float>(), held.numel(), 1.0f);
+  std::fill_n(more.data<float>(), more.numel(), 2.0f);
+  EXPECT_EQ(held.data<float>()[held.numel() - 1], 1.0f);
+}
+
+}  // namespace
+}  // namespace tessera
