@@ -10,7 +10,9 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <cstdlib>
 #include <optional>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -48,14 +50,13 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
  private:
   std::string prefixed(const std::string& key) const { return "gloo/" + group_.name + "/" + key; }
-  // Gloo's keys are "rank_<n>" (group ranks); say whose address is missing.
+  // Gloo's full-mesh keys are the group ranks ("0", "1", ...); say whose address is missing.
   std::string describe(const std::string& key) const {
-    if (key.rfind("rank_", 0) == 0) {
-      int r = std::atoi(key.c_str() + 5);
-      if (r >= 0 && r < group_.size())
-        return fmt::format("{} to join group {} (it never published its Gloo address)", namer_(group_.world_ranks[r]),
-                           group_.name);
-    }
+    char* end = nullptr;
+    long r = std::strtol(key.c_str(), &end, 10);
+    if (!key.empty() && end && *end == '\0' && r >= 0 && r < group_.size())
+      return fmt::format("{} to join group {} (it never published its Gloo address)",
+                         namer_(group_.world_ranks[static_cast<size_t>(r)]), group_.name);
     return fmt::format("key {} of group {}", key, group_.name);
   }
 
@@ -64,6 +65,27 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
   RankNamer namer_;
 };
+
+// Asks the head which of `world_ranks` lost their control connection, giving it a moment
+// to notice a process that died a few milliseconds ago. "" when none (or the head is unreachable).
+std::string gone_peers(KeyValueStore* store, const std::vector<int>& world_ranks, const RankNamer& namer) {
+  if (!store || world_ranks.empty()) return "";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      std::vector<int> gone = store->gone_ranks(world_ranks);
+      if (!gone.empty()) {
+        std::string names;
+        for (int w : gone) names += (names.empty() ? "" : ", ") + namer(w);
+        return fmt::format("{} {} gone (process exited or lost its control connection)", names,
+                           gone.size() == 1 ? "is" : "are");
+      }
+    } catch (const std::exception&) {
+      return "";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  return "";
+}
 
 void bf16_sum(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<uint16_t*>(c);
@@ -231,20 +253,10 @@ class GlooCommunicator : public Communicator {
   std::string describe_failure(const char* op, const std::vector<int>& peers, Clock::time_point start,
                                const std::string& what) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-    std::string culprit;
     std::vector<int> world_peers;
     for (int p : peers) world_peers.push_back(group_.world_ranks[static_cast<size_t>(p)]);
-    try {
-      std::vector<int> gone = options_.store ? options_.store->gone_ranks(world_peers) : std::vector<int>{};
-      std::string names;
-      for (int w : gone) names += (names.empty() ? "" : ", ") + (options_.namer ? options_.namer(w) : default_name(w));
-      if (!gone.empty()) {
-        culprit = fmt::format("; {} {} gone (process exited or lost its control connection)", names,
-                              gone.size() == 1 ? "is" : "are");
-      }
-    } catch (const std::exception&) {
-      culprit = "; the head cannot be asked which peer is gone either";
-    }
+    std::string culprit = gone_peers(options_.store.get(), world_peers, options_.namer);
+    if (!culprit.empty()) culprit = "; " + culprit;
     if (culprit.empty()) {
       std::string names;
       for (int p : peers) names += (names.empty() ? "" : ", ") + name_of(p);
@@ -288,8 +300,12 @@ std::unique_ptr<Communicator> GlooCommunicatorFactory::create(const GroupInfo& g
     fail(ErrorKind::kNetwork, "group {} (rank {} of {}) could not connect: {}", group.name, group.rank, group.size(),
          e.what());
   } catch (const std::exception& e) {
-    fail(ErrorKind::kNetwork, "group {} (rank {} of {}) could not connect over Gloo on {}: {}", group.name, group.rank,
-         group.size(), options_.ip, e.what());
+    std::vector<int> peers;
+    for (int r = 0; r < group.size(); ++r)
+      if (r != group.rank) peers.push_back(group.world_ranks[static_cast<size_t>(r)]);
+    std::string gone = gone_peers(options_.store.get(), peers, options_.namer);
+    fail(ErrorKind::kNetwork, "group {} (rank {} of {}) could not connect over Gloo on {}: {}{}", group.name,
+         group.rank, group.size(), options_.ip, e.what(), gone.empty() ? "" : "; " + gone);
   }
   return std::make_unique<GlooCommunicator>(group, std::move(context), options_);
 }

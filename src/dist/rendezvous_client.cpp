@@ -134,4 +134,15 @@ void RendezvousClient::set_on_failure(std::function<void(const RankFailure&)> ca
   on_failure_ = std::move(callback);
 }
 
+ClusterStatus query_cluster_status(const HeadAddress& head, std::chrono::milliseconds timeout) {
+  Deadline deadline = deadline_after(timeout);
+  Socket s = connect_to_head(head, deadline, timeout);
+  send_frame(s, MessageType::kStatusQuery, {}, deadline);
+  std::optional<Frame> f = recv_frame(s, kMaxFrame, deadline);
+  if (!f) fail(ErrorKind::kNetwork, "the head at {}:{} closed the connection before answering", head.host, head.port);
+  if (f->type != MessageType::kStatusReply)
+    fail(ErrorKind::kNetwork, "the head answered with a {} frame", message_type_name(f->type));
+  return decode_cluster_status(f->payload);
+}
+
 }  // namespace tessera::dist

@@ -65,4 +65,7 @@ class RendezvousClient {
   std::thread thread_;
 };
 
+// One status query to a running head (for `tessera cluster status`); throws Error on failure.
+ClusterStatus query_cluster_status(const HeadAddress& head, std::chrono::milliseconds timeout);
+
 }  // namespace tessera::dist

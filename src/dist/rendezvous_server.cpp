@@ -16,6 +16,7 @@ struct RendezvousServer::Connection {
   std::string peer;
   int node_rank = -1;   // set once a join is admitted; -1 again when a rejoin replaced it
   int world_rank = -1;  // set by a rank hello (bootstrap store connections)
+  uint64_t id = 0;
 };
 
 namespace {
@@ -60,7 +61,7 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options) : options_(s
 }
 
 RendezvousServer::~RendezvousServer() {
-  std::map<Connection*, std::thread> threads;
+  std::map<uint64_t, std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -79,8 +80,8 @@ RendezvousServer::~RendezvousServer() {
 }
 
 void RendezvousServer::reap_finished_threads_locked() {
-  for (Connection* c : finished_) {
-    auto it = connection_threads_.find(c);
+  for (uint64_t id : finished_) {
+    auto it = connection_threads_.find(id);
     if (it == connection_threads_.end()) continue;
     if (it->second.joinable()) it->second.join();  // the thread's last act was to list itself here
     connection_threads_.erase(it);
@@ -106,8 +107,9 @@ void RendezvousServer::accept_loop() {
       TLOG_WARN("dropping control-channel peer {}: {} connections already open", c->peer, connections_.size());
       continue;
     }
+    c->id = next_connection_id_++;
     connections_.push_back(c);
-    connection_threads_[c.get()] = std::thread([this, c] { serve_connection(c); });
+    connection_threads_[c->id] = std::thread([this, c] { serve_connection(c); });
   }
 }
 
@@ -134,7 +136,7 @@ void RendezvousServer::monitor_loop() {
 }
 
 void RendezvousServer::serve_connection(std::shared_ptr<Connection> c) {
-  std::string closed_because = "closed the connection";
+  std::string closed_because = "closed by the node";
   try {
     authenticate_client(c->socket, options_.token, deadline_after(options_.handshake_timeout));
     for (;;) {
@@ -162,7 +164,7 @@ void RendezvousServer::serve_connection(std::shared_ptr<Connection> c) {
   on_connection_closed(c, closed_because);
   std::lock_guard<std::mutex> lock(mu_);
   connections_.erase(std::remove(connections_.begin(), connections_.end(), c), connections_.end());
-  finished_.push_back(c.get());
+  finished_.push_back(c->id);
 }
 
 void RendezvousServer::send_to(const std::shared_ptr<Connection>& c, MessageType type,
@@ -406,7 +408,7 @@ void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c
       if (stopping_) {
         slot.connection = nullptr;
       } else if (slot.welcomed) {
-        mark_node_failed_locked(c->node_rank, "its control connection " + why, &fired);
+        mark_node_failed_locked(c->node_rank, "control connection lost (" + why + ")", &fired);
       } else {
         // Left before the cluster formed: forget it, so a restarted node can still join in time.
         TLOG_WARN("node {} ({}) left before every node had joined: {}", c->node_rank, c->peer, why);
@@ -444,7 +446,12 @@ void RendezvousServer::fire_failures(const std::vector<RankFailure>& fired) {
       std::lock_guard<std::mutex> lock(mu_);
       callback = on_failure_;
     }
-    if (callback) callback(f);
+    if (!callback) continue;
+    try {
+      callback(f);
+    } catch (const std::exception& e) {
+      TLOG_ERROR("node-failure callback threw: {}", e.what());
+    }
   }
 }
 

@@ -104,8 +104,9 @@ class RendezvousServer {
   std::set<int> ranks_connected_, ranks_gone_;
   std::function<void(const RankFailure&)> on_failure_;
   std::vector<std::shared_ptr<Connection>> connections_;
-  std::map<Connection*, std::thread> connection_threads_;
-  std::vector<Connection*> finished_;
+  std::map<uint64_t, std::thread> connection_threads_;  // by Connection::id (addresses get reused)
+  std::vector<uint64_t> finished_;
+  uint64_t next_connection_id_ = 0;
 
   std::thread accept_thread_;
   std::thread monitor_thread_;

@@ -1,0 +1,331 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <future>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/auth.h"
+#include "dist/control_store.h"
+#include "dist/rendezvous_client.h"
+#include "dist/rendezvous_server.h"
+#include "test_util.h"
+
+namespace tessera::dist {
+namespace {
+
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+using testing::FakeModelDir;
+
+// Captures log lines for the duration of a test.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return stream_.str();
+  }
+  // Server threads log after answering; give them a moment.
+  std::string wait_for(const std::string& needle, milliseconds limit = milliseconds(2000)) {
+    auto deadline = Clock::now() + limit;
+    while (text().find(needle) == std::string::npos && Clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(10));
+    return text();
+  }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+constexpr const char* kToken = "test-token";
+
+struct Cluster {
+  explicit Cluster(int nnodes, milliseconds join_timeout = milliseconds(10000)) : model(2) {
+    head_fp = compute_fingerprint(model.path());
+    head_fp.ip = "127.0.0.1";
+    RendezvousServerOptions o;
+    o.token = kToken;
+    o.nnodes = nnodes;
+    o.head_fingerprint = head_fp;
+    o.join_timeout = join_timeout;
+    o.heartbeat_timeout = milliseconds(1500);
+    server = std::make_unique<RendezvousServer>(o);
+  }
+  HeadAddress head(const std::string& token = kToken) const { return {"127.0.0.1", server->port(), token, ""}; }
+  RendezvousClientOptions client_options(int node_rank, int nnodes, const NodeFingerprint& fp) const {
+    RendezvousClientOptions o;
+    o.head = head();
+    o.node_rank = node_rank;
+    o.nnodes = nnodes;
+    o.fingerprint = fp;
+    o.join_timeout = milliseconds(10000);
+    o.heartbeat_interval = milliseconds(100);
+    o.heartbeat_timeout = milliseconds(2000);
+    return o;
+  }
+  // Joins on a thread (the constructor blocks until the cluster forms).
+  std::future<std::unique_ptr<RendezvousClient>> join_async(int node_rank, int nnodes, NodeFingerprint fp) {
+    RendezvousClientOptions o = client_options(node_rank, nnodes, fp);
+    return std::async(std::launch::async, [o] { return std::make_unique<RendezvousClient>(o); });
+  }
+
+  FakeModelDir model;
+  NodeFingerprint head_fp;
+  std::unique_ptr<RendezvousServer> server;
+};
+
+NodeFingerprint node_fp(const Cluster& c, int ranks = 2) {
+  NodeFingerprint f = c.head_fp;
+  f.num_ranks = ranks;
+  return f;
+}
+
+TEST(Rendezvous, FourNodesFormACluster) {
+  Cluster c(4);
+  auto n1 = c.join_async(1, 4, node_fp(c, 2));
+  auto n2 = c.join_async(2, 4, node_fp(c, 2));
+  auto n3 = c.join_async(3, 4, node_fp(c, 3));
+  ClusterTable t = c.server->wait_for_nodes();
+  EXPECT_EQ(t.world_size, 1 + 2 + 2 + 3);
+  auto a = n1.get(), b = n2.get(), d = n3.get();
+  EXPECT_EQ(d->cluster().world_size, 8);
+  ASSERT_EQ(d->cluster().nodes.size(), 4u);
+  EXPECT_EQ(d->cluster().nodes[3].first_rank, 5);
+  EXPECT_EQ(d->cluster().describe_rank(6), "rank 6 (node 3, 127.0.0.1)");
+
+  ClusterStatus s = query_cluster_status(c.head(), milliseconds(3000));
+  EXPECT_TRUE(s.formed);
+  ASSERT_EQ(s.nodes.size(), 4u);
+  for (const NodeStatus& n : s.nodes) EXPECT_TRUE(n.alive) << n.node_rank;
+}
+
+TEST(Rendezvous, MismatchedShardRefusedNamingNodeAndFile) {
+  Cluster c(2, milliseconds(3000));
+  FakeModelDir other(2);
+  other.write_shard(FakeModelDir::name(2, 2), 4096);
+  NodeFingerprint fp = compute_fingerprint(other.path());
+  fp.ip = "127.0.0.1";
+  LogCapture log;
+  try {
+    RendezvousClient bad(c.client_options(1, 2, fp));
+    FAIL() << "joined with a different shard";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("node 1 (127.0.0.1): model-00002-of-00002.safetensors differs from the head's"));
+  }
+  EXPECT_THAT(log.wait_for("safetensors differs"), HasSubstr("model-00002-of-00002.safetensors differs"));
+  // A correct node still gets in.
+  auto good = c.join_async(1, 2, node_fp(c));
+  EXPECT_EQ(c.server->wait_for_nodes().world_size, 3);
+  good.get();
+}
+
+TEST(Rendezvous, WrongTokenRefusedAndClusterKeepsWorking) {
+  Cluster c(2);
+  LogCapture log;
+  RendezvousClientOptions o = c.client_options(1, 2, node_fp(c));
+  o.head.token = "wrong";
+  o.join_timeout = milliseconds(2000);
+  EXPECT_THAT([&] { RendezvousClient bad(o); }, ::testing::ThrowsMessage<Error>(HasSubstr("cluster-token")));
+  EXPECT_THAT(log.wait_for("failed authentication"), HasSubstr("failed authentication"));
+  auto good = c.join_async(1, 2, node_fp(c));
+  EXPECT_EQ(c.server->wait_for_nodes().nodes.size(), 2u);
+  good.get();
+}
+
+TEST(Rendezvous, GarbagePeersAreDroppedWithALogLine) {
+  Cluster c(2);
+  LogCapture log;
+  std::mt19937 rng(7);
+  {  // random bytes instead of an auth response
+    Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+    std::vector<uint8_t> junk(300);
+    for (auto& b : junk) b = static_cast<uint8_t>(rng());
+    write_all(s, junk.data(), junk.size(), deadline_after(milliseconds(2000)));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  {  // a well-formed header claiming a huge frame before authenticating
+    Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+    std::vector<uint8_t> header = encode_frame(MessageType::kAuthResponse, {});
+    header[8] = header[9] = header[10] = 0xff;
+    write_all(s, header.data(), header.size(), deadline_after(milliseconds(2000)));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  {  // authenticated, then a truncated frame and a hang-up
+    Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+    authenticate_to_server(s, kToken, deadline_after(milliseconds(2000)));
+    std::vector<uint8_t> frame = encode_frame(MessageType::kJoin, std::vector<uint8_t>(100, 1));
+    write_all(s, frame.data(), 40, deadline_after(milliseconds(2000)));
+  }
+  {  // authenticated, then a frame only the head may send
+    Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+    authenticate_to_server(s, kToken, deadline_after(milliseconds(2000)));
+    send_frame(s, MessageType::kWelcome, std::vector<uint8_t>{1, 2, 3}, deadline_after(milliseconds(2000)));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  std::string text = log.wait_for("only the head sends");
+  EXPECT_THAT(text, HasSubstr("dropping control-channel peer 127.0.0.1:"));
+  EXPECT_THAT(text, HasSubstr("exceeds the 4096-byte limit"));
+  EXPECT_THAT(text, HasSubstr("only the head sends"));
+  auto good = c.join_async(1, 2, node_fp(c));
+  EXPECT_EQ(c.server->wait_for_nodes().nodes.size(), 2u);
+  good.get();
+}
+
+TEST(Rendezvous, MissingNodeTimesOutNamingIt) {
+  Cluster c(3, milliseconds(800));
+  auto start = Clock::now();
+  auto n1 = std::async(std::launch::async, [&] {
+    RendezvousClientOptions o = c.client_options(1, 3, node_fp(c));
+    o.join_timeout = milliseconds(1000);
+    RendezvousClient client(o);
+  });
+  EXPECT_THAT([&] { c.server->wait_for_nodes(); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("node 2 never joined within 1 s (joined: node 0 (127.0.0.1), node 1")));
+  EXPECT_LT(Clock::now() - start, milliseconds(2000));
+  EXPECT_THAT([&] { n1.get(); }, ::testing::ThrowsMessage<Error>(HasSubstr("did not form within 1 s")));
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+}
+
+TEST(Rendezvous, UnreachableHeadIsAClearErrorInTime) {
+  RendezvousClientOptions o;
+  o.head = {"127.0.0.1", testing::free_port(), kToken, ""};
+  o.join_timeout = milliseconds(500);
+  auto start = Clock::now();
+  EXPECT_THAT([&] { RendezvousClient client(o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("could not reach the head at 127.0.0.1:")));
+  EXPECT_LT(Clock::now() - start, milliseconds(1500));
+}
+
+TEST(Rendezvous, RejoinAfterCrashReplacesTheEntry) {
+  Cluster c(3);
+  std::promise<RankFailure> failed;
+  auto once = std::make_shared<std::once_flag>();
+  c.server->set_on_node_failure([&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
+  auto f1 = c.join_async(1, 3, node_fp(c));
+  auto f2 = c.join_async(2, 3, node_fp(c));
+  c.server->wait_for_nodes();
+  auto n1 = f1.get();
+  auto n2 = f2.get();
+
+  n2->simulate_crash();
+  auto future = failed.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(3)), std::future_status::ready);
+  RankFailure f = future.get();
+  EXPECT_EQ(f.node_rank, 2);
+  EXPECT_THAT(f.reason, HasSubstr("node 2 (127.0.0.1), ranks 3-4"));
+  // The survivor hears about it.
+  auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (!n1->failure() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(n1->failure());
+  EXPECT_EQ(n1->failure()->node_rank, 2);
+
+  // The restarted node joins again with the same rank and is welcomed at once.
+  auto again = c.join_async(2, 3, node_fp(c)).get();
+  c.server->set_on_node_failure(nullptr);
+  EXPECT_EQ(again->cluster().world_size, 5);
+  ClusterStatus s = c.server->status();
+  ASSERT_EQ(s.nodes.size(), 3u);
+  EXPECT_TRUE(s.nodes[2].alive);
+  EXPECT_EQ(s.nodes[2].joins, 2);
+}
+
+TEST(Rendezvous, RejoinWhileOldConnectionLingersReplacesIt) {
+  Cluster c(2);
+  c.server->set_on_node_failure([](const RankFailure&) { ADD_FAILURE() << "a replaced entry is not a failure"; });
+  auto old = c.join_async(1, 2, node_fp(c)).get();
+  auto fresh = c.join_async(1, 2, node_fp(c)).get();
+  std::this_thread::sleep_for(milliseconds(300));
+  ClusterStatus s = c.server->status();
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_TRUE(s.nodes[1].alive);
+  EXPECT_EQ(s.nodes[1].joins, 2);
+  c.server->set_on_node_failure(nullptr);
+}
+
+TEST(Rendezvous, SilentNodeMissesHeartbeats) {
+  Cluster c(2);
+  std::promise<RankFailure> failed;
+  auto once = std::make_shared<std::once_flag>();
+  c.server->set_on_node_failure([&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
+  // A node that joins by hand and then never sends a heartbeat (hung process, cut cable).
+  Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+  authenticate_to_server(s, kToken, deadline_after(milliseconds(2000)));
+  send_frame(s, MessageType::kJoin, encode(JoinRequest{1, 2, node_fp(c)}), deadline_after(milliseconds(2000)));
+  ASSERT_EQ(recv_frame(s, kMaxFrame, deadline_after(milliseconds(2000)))->type, MessageType::kWelcome);
+  auto start = Clock::now();
+  auto future = failed.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(4)), std::future_status::ready);
+  EXPECT_THAT(future.get().reason, HasSubstr("no heartbeat for 1."));
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  c.server->set_on_node_failure(nullptr);
+}
+
+TEST(Rendezvous, StepPlansReachEveryNode) {
+  Cluster c(3);
+  auto f1 = c.join_async(1, 3, node_fp(c, 1));
+  auto f2 = c.join_async(2, 3, node_fp(c, 1));
+  c.server->wait_for_nodes();
+  auto n1 = f1.get(), n2 = f2.get();
+  for (uint64_t step = 0; step < 20; ++step) c.server->broadcast_step_plan({step, std::vector<uint8_t>(step * 100, 3)});
+  for (uint64_t step = 0; step < 20; ++step) {
+    for (auto* n : {n1.get(), n2.get()}) {
+      std::optional<StepPlanMessage> p = n->wait_step_plan(milliseconds(2000));
+      ASSERT_TRUE(p);
+      EXPECT_EQ(p->step, step);
+      EXPECT_EQ(p->payload.size(), step * 100);
+    }
+  }
+  EXPECT_FALSE(n1->wait_step_plan(milliseconds(50)));
+}
+
+TEST(Rendezvous, NnodesAndRankZeroChecked) {
+  Cluster c(2, milliseconds(2000));
+  EXPECT_THAT([&] { RendezvousClient bad(c.client_options(1, 3, node_fp(c))); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("--nnodes 3 but the head has --nnodes 2")));
+  EXPECT_THAT([&] { RendezvousClient bad(c.client_options(0, 2, node_fp(c))); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("node rank 0 is the head")));
+}
+
+TEST(Rendezvous, ListeningRules) {
+  RendezvousServerOptions o;
+  o.bind_ip = "0.0.0.0";
+  o.token = "t";
+  EXPECT_THAT([&] { RendezvousServer s(o); }, ::testing::ThrowsMessage<Error>(HasSubstr("refusing to listen on 0.0.0.0")));
+  o.bind_ip = "10.255.255.1";
+  o.token = "";
+  EXPECT_THAT([&] { RendezvousServer s(o); }, ::testing::ThrowsMessage<Error>(HasSubstr("cluster token is required")));
+}
+
+TEST(BootstrapStore, SetGetAndGoneRanks) {
+  Cluster c(1);
+  auto a = std::make_unique<ControlStoreClient>(c.head(), 0, milliseconds(2000));
+  ControlStoreClient b(c.head(), 1, milliseconds(2000));
+  std::vector<uint8_t> v = {1, 2, 3};
+  a->set("k", v);
+  EXPECT_EQ(b.wait_get("k", milliseconds(1000), "k"), v);
+  EXPECT_FALSE(b.try_get("missing"));
+  auto start = Clock::now();
+  EXPECT_THAT([&] { b.wait_get("missing", milliseconds(200), "rank 7's address"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("waiting for rank 7's address")));
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(b.gone_ranks({0, 1, 2}), std::vector<int>{2});  // 2 never connected
+  a.reset();
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(b.gone_ranks({0, 1}), std::vector<int>{0});
+}
+
+}  // namespace
+}  // namespace tessera::dist
