@@ -267,6 +267,8 @@ TEST_F(CudaOps, Rope) {
 }
 
 TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
+  gpu().reset_scratch();
+  Tensor first = gpu().scratch({256}, DType::kF32);  // the arena has a chunk before the mark
   size_t mark = gpu().scratch_mark();
   Tensor a = gpu().scratch({1 << 20}, DType::kF32);
   Tensor b = gpu().scratch({int64_t{300} << 20}, DType::kU8);  // past the first chunk

@@ -15,21 +15,24 @@ constexpr int kWarps = 4;
 constexpr int kTile = 16;      // keys per warp step
 constexpr int kMaxGroup = 8;   // query heads per block
 
-template <int D, typename CT>
+// GC: query heads a block computes (a power of two >= the group, at most 8); heads
+// past the group are zeros and never written. A compile-time count keeps every
+// per-head loop branch-free, so the heads' dependency chains interleave.
+template <int D, typename CT, int GC>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws) {
   constexpr int kHalf = D / 2;       // dims per lane in Q.K
   constexpr int kQStride = D + 4;    // pad between the two halves' rows: no bank conflict
   constexpr int kVDims = D / 32;     // dims per lane in P.V
-  __shared__ __align__(16) float q_s[kMaxGroup][kQStride + 4];
-  __shared__ float p_s[kWarps][kMaxGroup][kTile];
-  __shared__ float red_m[kWarps][kMaxGroup], red_l[kWarps][kMaxGroup];
-  __shared__ float red_acc[kWarps][kMaxGroup][D];
+  __shared__ __align__(16) float q_s[GC][kQStride + 4];
+  __shared__ float p_s[kWarps][GC][kTile];
+  __shared__ float red_m[kWarps][GC], red_l[kWarps][GC];
+  __shared__ float red_acc[kWarps][GC][D];
 
   const int split = blockIdx.x, t = blockIdx.z;
-  const int group = a.Hq / a.Hk, gchunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int group = a.Hq / a.Hk, gchunks = (group + GC - 1) / GC;
   const int kh = blockIdx.y / gchunks, gc = blockIdx.y % gchunks;
-  const int h0 = kh * group + gc * kMaxGroup, ng = min(kMaxGroup, group - gc * kMaxGroup);
+  const int h0 = kh * group + gc * GC, ng = min(GC, group - gc * GC);
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   if (only_single && qlen != 1) return;
@@ -49,7 +52,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   const float qscale = a.scale * a.k_scale * kLog2e;
   const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
-  for (int i = tid; i < kMaxGroup * D; i += blockDim.x) {
+  for (int i = tid; i < GC * D; i += blockDim.x) {
     int g = i / D, d = i % D;
     float v = g < ng ? __bfloat162float(q[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d]) * qscale : 0.0f;
     q_s[g][d + (d >= kHalf ? 4 : 0)] = v;
@@ -63,71 +66,73 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int my_key = lane >> 1, half = lane & 1;
   const float* qh = &q_s[0][half * (kHalf + 4)];
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kVDims];
+  float m[GC], l[GC], acc[GC][kVDims];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < GC; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
     for (int d = 0; d < kVDims; ++d) acc[g][d] = 0.0f;
   }
 
+  // Raw cache vectors: 8 elements of K per load, kVDims of V.
+  using KRaw = typename RawVec<CT, 8>::type;
+  using VRaw = typename RawVec<CT, kVDims>::type;
   for (int tile = start + warp * kTile; tile < end; tile += kWarps * kTile) {
+    // Issue every load of the tile before using any: one memory round trip per tile.
     const int j = tile + my_key;
     const bool valid = j < end;
-    float dot[kMaxGroup];
+    const int jc = valid ? j : end - 1;  // clamped: a readable row whose p is 0
+    const int row = (bt[jc / bs] * bs + jc % bs) * a.Hk + kh;
+    KRaw kraw[kHalf / 8];
+    const KRaw* kp = reinterpret_cast<const KRaw*>(kc + static_cast<int64_t>(row) * D + half * kHalf);
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) dot[g] = 0.0f;
-    if (valid) {
-      const int64_t row = (static_cast<int64_t>(bt[j / bs]) * bs + j % bs) * a.Hk + kh;
-      const CT* kp = kc + row * D + half * kHalf;
-#pragma unroll
-      for (int c = 0; c < kHalf / 8; ++c) {
-        float kf[8];
-        load_cache<CT, 8>(kp + c * 8, kf);
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < ng) {
-            const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8);
-            const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8 + 4);
-            dot[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
-                      qb.z * kf[6] + qb.w * kf[7];
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < ng) {
-        float sc = dot[g] + __shfl_xor_sync(0xffffffffu, dot[g], 1);
-        sc = valid ? sc : -INFINITY;
-        const float mnew = fmaxf(m[g], warp_max(sc));  // finite: key `tile` is always valid
-        const float alpha = exp2f(m[g] - mnew);
-        const float p = valid ? exp2f(sc - mnew) : 0.0f;
-        l[g] = l[g] * alpha + warp_sum(half == 0 ? p : 0.0f);
-        m[g] = mnew;
-#pragma unroll
-        for (int d = 0; d < kVDims; ++d) acc[g][d] *= alpha;
-        if (half == 0) p_s[warp][g][my_key] = p;
-      }
-    }
-    __syncwarp();
-    const int nk = min(kTile, end - tile);
+    for (int c = 0; c < kHalf / 8; ++c) kraw[c] = kp[c];
+    VRaw vraw[kTile];
 #pragma unroll
     for (int kk = 0; kk < kTile; ++kk) {
-      if (kk < nk) {
-        const int jj = tile + kk;
-        const int64_t row = (static_cast<int64_t>(bt[jj / bs]) * bs + jj % bs) * a.Hk + kh;
-        float vf[kVDims];
-        load_cache<CT, kVDims>(vc + row * D + lane * kVDims, vf);
+      const int r = __shfl_sync(0xffffffffu, row, 2 * kk);
+      vraw[kk] = *reinterpret_cast<const VRaw*>(vc + static_cast<int64_t>(r) * D + lane * kVDims);
+    }
+
+    float dot[GC];
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < ng) {
-            const float p = p_s[warp][g][kk];
+    for (int g = 0; g < GC; ++g) dot[g] = 0.0f;
 #pragma unroll
-            for (int d = 0; d < kVDims; ++d) acc[g][d] += p * vf[d];
-          }
-        }
+    for (int c = 0; c < kHalf / 8; ++c) {
+      float kf[8];
+      load_cache<CT, 8>(reinterpret_cast<const CT*>(&kraw[c]), kf);
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8);
+        const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8 + 4);
+        dot[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                  qb.z * kf[6] + qb.w * kf[7];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      float sc = dot[g] + __shfl_xor_sync(0xffffffffu, dot[g], 1);
+      sc = valid ? sc : -INFINITY;
+      const float mnew = fmaxf(m[g], warp_max(sc));  // finite: key `tile` is always valid
+      const float alpha = exp2f(m[g] - mnew);
+      const float p = valid ? exp2f(sc - mnew) : 0.0f;
+      l[g] = l[g] * alpha + warp_sum(half == 0 ? p : 0.0f);
+      m[g] = mnew;
+#pragma unroll
+      for (int d = 0; d < kVDims; ++d) acc[g][d] *= alpha;
+      if (half == 0) p_s[warp][g][my_key] = p;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < kTile; ++kk) {
+      float vf[kVDims];
+      load_cache<CT, kVDims>(reinterpret_cast<const CT*>(&vraw[kk]), vf);
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+        const float p = p_s[warp][g][kk];  // 0 past the slice
+#pragma unroll
+        for (int d = 0; d < kVDims; ++d) acc[g][d] += p * vf[d];
       }
     }
     __syncwarp();
@@ -135,15 +140,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   // Merge the warps' partial softmax states.
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g < ng) {
-      if (lane == 0) {
-        red_m[warp][g] = m[g];
-        red_l[warp][g] = l[g];
-      }
-#pragma unroll
-      for (int d = 0; d < kVDims; ++d) red_acc[warp][g][lane * kVDims + d] = acc[g][d];
+  for (int g = 0; g < GC; ++g) {
+    if (lane == 0) {
+      red_m[warp][g] = m[g];
+      red_l[warp][g] = l[g];
     }
+#pragma unroll
+    for (int d = 0; d < kVDims; ++d) red_acc[warp][g][lane * kVDims + d] = acc[g][d];
   }
   __syncthreads();
   for (int i = tid; i < ng * D; i += blockDim.x) {
@@ -195,9 +198,15 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
 
 template <int D, typename CT>
 void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws, cudaStream_t s) {
-  const int group = a.Hq / a.Hk, gchunks = (group + kMaxGroup - 1) / kMaxGroup;
-  dim3 grid(num_splits, a.Hk * gchunks, a.num_tokens);
-  decode_attention_kernel<D, CT><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+  const int group = a.Hq / a.Hk;
+  const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
+  dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
+  switch (gc) {
+    case 1: decode_attention_kernel<D, CT, 1><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
+    case 2: decode_attention_kernel<D, CT, 2><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
+    case 4: decode_attention_kernel<D, CT, 4><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
+    default: decode_attention_kernel<D, CT, 8><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
+  }
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
     decode_reduce_kernel<D><<<dim3(a.Hq, a.num_tokens), D, 0, s>>>(a, num_splits, only_single, ws);
