@@ -6,6 +6,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -109,7 +110,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
  private:
   void take_connection() {
     parser_.emplace();
-    parser_->body_limit(boost::none);  // streams may be long
+    // Streams may be long. Not boost::none: Beast 1.74 compares Content-Length against an empty
+    // optional and then rejects every sized body.
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     received_bytes_ = false;
     if (!state_->idle.empty()) {
       connection_ = std::move(state_->idle.back());

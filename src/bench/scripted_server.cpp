@@ -119,7 +119,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (response_.tokens < 0) response_.tokens = request.value("max_tokens", 16);
     stream_ = request.value("stream", false);
     if (response_.close_without_response) return close();
-    if (response_.never_respond) return;  // the client's timeout closes the connection
+    if (response_.never_respond) return wait_for_client_close();
     if (response_.status != 200)
       return send_simple(response_.status,
                          json{{"error", {{"message", "scripted failure"}, {"code", response_.status}}}}.dump());
@@ -229,6 +229,13 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // Keeps the connection open and silent until the client gives up and closes it.
+  void wait_for_client_close() {
+    socket_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](error_code ec, size_t) {
+      if (!ec) self->wait_for_client_close();
+    });
+  }
+
   void close() {
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
@@ -245,6 +252,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool chat_ = true;
   bool stream_ = true;
   int sent_tokens_ = 0;
+  char discard_[256];
 };
 
 }  // namespace

@@ -23,7 +23,8 @@ std::string discover_model(boost::asio::io_context& io, HttpClient& client, std:
   client.send(HttpExchange{"GET", "/v1/models", "", timeout}, observer);
   io.restart();
   io.run();
-  const std::string& url = client.base_url().text;
+  const BaseUrl& base = client.base_url();
+  const std::string url = "http://" + base.host + ":" + base.port + base.path_prefix;
   const HttpOutcome& outcome = observer->outcome;
   if (outcome.error == TransportError::kConnect)
     fail(ErrorKind::kNetwork, "cannot connect to {} ({}): is the server running? check --base-url", url,

@@ -23,9 +23,7 @@ double nice_step(double max) {
 
 std::string format_tick(double value) {
   if (value == 0) return "0";
-  if (std::abs(value) >= 1000) return fmt::format("{:.0f}", value);
-  if (std::abs(value) >= 10) return fmt::format("{:.0f}", value);
-  if (std::abs(value) >= 1) return fmt::format("{:.1f}", value);
+  if (std::abs(value) >= 10 || value == std::round(value)) return fmt::format("{:.0f}", value);
   return fmt::format("{:.3g}", value);
 }
 
