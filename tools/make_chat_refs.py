@@ -64,7 +64,8 @@ def special_tokens(model_dir):
 class Jinja2Renderer:
     """transformers' chat-template environment rebuilt on plain Jinja2 (utils/chat_template_utils.py)."""
 
-    def __init__(self, model_dir):
+    @staticmethod
+    def environment():
         import jinja2
         from jinja2 import nodes
         from jinja2.ext import Extension, loopcontrols
@@ -92,8 +93,11 @@ class Jinja2Renderer:
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
+        return env
+
+    def __init__(self, model_dir):
         config, self.tokens = special_tokens(model_dir)
-        self.template = env.from_string(config["chat_template"])
+        self.template = self.environment().from_string(config["chat_template"])
 
     def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=False, **kwargs):
         return self.template.render(**{**self.tokens, **kwargs}, messages=messages, tools=tools, documents=None,

@@ -17,7 +17,7 @@ struct Expr {
   enum class Kind {
     kLiteral,      // literal
     kName,         // name
-    kList,         // operands = items (also tuples)
+    kList,         // operands = items; is_tuple for (a, b) and a, b
     kDict,         // operands = key0, value0, key1, value1, ...
     kGetAttr,      // operands[0] . name
     kGetItem,      // operands[0] [ operands[1] ]
@@ -36,6 +36,7 @@ struct Expr {
   std::vector<ExprPtr> operands;
   std::vector<std::pair<std::string, ExprPtr>> keyword_args;
   bool negated = false;
+  bool is_tuple = false;
 };
 
 struct Stmt;

@@ -320,7 +320,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     if (value.is_undefined()) return Value(List{});
     if (!value.is_dict()) throw ValueError("items filter needs a mapping, got " + type_name(value));
     List items;
-    for (const auto& [key, item] : value.as_dict().entries()) items.emplace_back(List{Value(key), item});
+    for (const auto& [key, item] : value.as_dict().entries()) items.push_back(Value::tuple({Value(key), item}));
     return Value(std::move(items));
   }
   if (name == "dictsort") {
@@ -329,7 +329,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     std::string by = python_str(arg(args, 1, "by", Value("key")));
     bool reverse = truthy(arg(args, 2, "reverse", Value(false)));
     List items;
-    for (const auto& [key, item] : value.as_dict().entries()) items.emplace_back(List{Value(key), item});
+    for (const auto& [key, item] : value.as_dict().entries()) items.push_back(Value::tuple({Value(key), item}));
     size_t index = by == "value" ? 1 : 0;
     std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
       int c = compare_values(sort_key(a.as_list()[index], Value(), case_sensitive),

@@ -222,13 +222,14 @@ std::string python_str(const Value& value) {
     case Value::Type::kString:
       return value.as_string();
     case Value::Type::kList: {
-      std::string out = "[";
+      std::string out = value.is_tuple() ? "(" : "[";
       const List& list = value.as_list();
       for (size_t i = 0; i < list.size(); ++i) {
         if (i) out += ", ";
         out += python_repr(list[i]);
       }
-      return out + "]";
+      if (value.is_tuple() && list.size() == 1) out += ",";
+      return out + (value.is_tuple() ? ")" : "]");
     }
     case Value::Type::kDict: {
       if (value.as_dict().is_namespace) return "<Namespace>";

@@ -223,7 +223,7 @@ Value Interpreter::make_macro(const Stmt& stmt, const ScopePtr& scope) {
                                       ? eval(*param.default_value, body_scope)
                                       : Value::undefined("parameter '" + param.name + "' was not provided"));
     }
-    body_scope->set("varargs", Value(std::move(varargs)));
+    body_scope->set("varargs", Value::tuple(std::move(varargs)));
     body_scope->set("kwargs", Value(std::move(kwargs)));
     if (++call_depth_ > limits_.max_call_depth) {
       --call_depth_;
@@ -290,7 +290,7 @@ Value Interpreter::eval_inner(const Expr& expr, const ScopePtr& scope) {
     case Expr::Kind::kList: {
       List items;
       for (const ExprPtr& item : expr.operands) items.push_back(eval(*item, scope));
-      return Value(std::move(items));
+      return expr.is_tuple ? Value::tuple(std::move(items)) : Value(std::move(items));
     }
     case Expr::Kind::kDict: {
       auto dict = std::make_shared<Dict>();

@@ -248,7 +248,7 @@ std::optional<Value> dict_method(const Value& object, const std::string& name) {
   if (name == "items") {
     return method(name, [dict](Args&) {
       List items;
-      for (const auto& [key, value] : dict->entries()) items.emplace_back(List{Value(key), value});
+      for (const auto& [key, value] : dict->entries()) items.push_back(Value::tuple({Value(key), value}));
       return Value(std::move(items));
     });
   }

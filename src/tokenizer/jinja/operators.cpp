@@ -108,7 +108,7 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
     const List& list = object.as_list();
     List out;
     for (int64_t i : slice_indices(static_cast<int64_t>(list.size()), start, stop, step)) out.push_back(list[i]);
-    return Value(std::move(out));
+    return object.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
   }
   if (object.is_string()) {
     std::u32string text = utf8_decode(object.as_string());

@@ -69,14 +69,23 @@ class Parser {
   // Statements until `{% <one of stop_words> ...`; leaves the cursor after the stop word's name and
   // stores it in *stop. At top level (no stop words) runs to the end of the template.
   Body parse_body(std::initializer_list<std::string_view> stop_words, std::string* stop) {
+    if (stop_words.size()) {
+      std::string expected;
+      for (auto w : stop_words) expected += (expected.empty() ? "'" : " or '") + std::string(w) + "'";
+      open_blocks_.push_back(expected);
+    }
+    Body body = parse_body_until(stop_words, stop);
+    if (stop_words.size()) open_blocks_.pop_back();
+    return body;
+  }
+
+  Body parse_body_until(std::initializer_list<std::string_view> stop_words, std::string* stop) {
     Body body;
     while (true) {
       const Token& token = current();
       if (token.type == Type::kEnd) {
         if (stop_words.size() == 0) return body;
-        std::string expected;
-        for (auto w : stop_words) expected += (expected.empty() ? "'" : " or '") + std::string(w) + "'";
-        fail("unexpected end of template, expected " + expected);
+        fail("unexpected end of template, expected " + open_blocks_.back());
       }
       if (token.type == Type::kText) {
         auto s = make_stmt(Stmt::Kind::kText, token.line);
@@ -136,6 +145,9 @@ class Parser {
     if (keyword == "include" || keyword == "extends" || keyword == "import" || keyword == "from" ||
         keyword == "block") {
       throw TemplateError("the '" + keyword + "' tag is not supported in chat templates", line);
+    }
+    if (!open_blocks_.empty()) {
+      throw TemplateError("unknown tag '" + keyword + "' where " + open_blocks_.back() + " was expected", line);
     }
     throw TemplateError("unknown tag '" + keyword + "'", line);
   }
@@ -280,6 +292,7 @@ class Parser {
     ExprPtr first = parse_expression(with_condexpr);
     if (!at_operator(",")) return first;
     auto tuple = make_expr(Expr::Kind::kList, line);
+    tuple->is_tuple = true;
     tuple->operands.push_back(first);
     while (at_operator(",")) {
       advance();
@@ -460,11 +473,14 @@ class Parser {
           advance();
           if (at_operator(")")) {
             advance();
-            return make_expr(Expr::Kind::kList, line);
+            auto empty = make_expr(Expr::Kind::kList, line);
+            empty->is_tuple = true;
+            return empty;
           }
           ExprPtr inner = parse_expression(true);
           if (at_operator(",")) {
             auto tuple = make_expr(Expr::Kind::kList, line);
+            tuple->is_tuple = true;
             tuple->operands.push_back(inner);
             while (at_operator(",")) {
               advance();
@@ -648,6 +664,7 @@ class Parser {
 
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  std::vector<std::string> open_blocks_;  // for each open block, the end tags that may close it
 };
 
 }  // namespace

@@ -50,6 +50,12 @@ class Value {
   Value(FunctionPtr function) : data_(std::move(function)) {}
 
   static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
+  // A Python tuple: a list that prints as (a, b). dict.items(), dictsort, varargs and `a, b` literals make them.
+  static Value tuple(List items) {
+    Value v(std::move(items));
+    v.tuple_ = true;
+    return v;
+  }
   static Value from_json(const nlohmann::ordered_json& json);
 
   Type type() const { return static_cast<Type>(data_.index()); }
@@ -61,6 +67,7 @@ class Value {
   bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
   bool is_string() const { return type() == Type::kString; }
   bool is_list() const { return type() == Type::kList; }
+  bool is_tuple() const { return tuple_ && is_list(); }
   bool is_dict() const { return type() == Type::kDict; }
   bool is_function() const { return type() == Type::kFunction; }
 
@@ -79,6 +86,7 @@ class Value {
   explicit Value(Undefined u) : data_(std::move(u)) {}
   // Order matches Type.
   std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, FunctionPtr> data_;
+  bool tuple_ = false;
 };
 
 // A dict with string keys in insertion order, as Python dicts parsed from JSON keep them: tojson must
