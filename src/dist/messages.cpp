@@ -286,6 +286,7 @@ void decode_any(MessageType type, std::span<const uint8_t> payload) {
     case MessageType::kStoreGet: decode_text(payload, kMaxStoreKey); return;
     case MessageType::kStoreValue: decode_store_value(payload, &scratch); return;
     case MessageType::kStoreOk: WireReader(payload, "store ok").expect_end(); return;
+    case MessageType::kLeave: WireReader(payload, "leave").expect_end(); return;
     case MessageType::kRankHello:
     case MessageType::kLivenessQuery:
     case MessageType::kLivenessReply: decode_ranks(payload); return;

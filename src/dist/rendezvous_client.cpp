@@ -35,8 +35,14 @@ RendezvousClient::RendezvousClient(RendezvousClientOptions options) : options_(s
 
 RendezvousClient::~RendezvousClient() {
   stopping_ = true;
+  if (thread_.joinable()) thread_.join();  // exits within one poll interval
+  if (socket_.valid() && !failure()) {
+    try {  // an orderly exit is not a failure: say goodbye so the head does not report us
+      send_frame(socket_, MessageType::kLeave, {}, deadline_after(std::chrono::seconds(1)));
+    } catch (const Error&) {
+    }
+  }
   socket_.shutdown();
-  if (thread_.joinable()) thread_.join();
 }
 
 void RendezvousClient::simulate_crash() {

@@ -190,6 +190,18 @@ bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const 
       send_to(c, MessageType::kHeartbeat, encode_u64(seq));
       return true;
     }
+    case MessageType::kLeave: {
+      decode_any(f.type, f.payload);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
+        NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
+        TLOG_INFO("node {} ({}) left the cluster", c->node_rank, slot.fingerprint.ip);
+        slot.alive = false;
+        slot.connection = nullptr;
+        c->node_rank = -1;
+      }
+      return false;
+    }
     case MessageType::kStatusQuery: {
       decode_any(f.type, f.payload);
       ClusterStatus s = status();

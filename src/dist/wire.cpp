@@ -38,6 +38,7 @@ const char* message_type_name(MessageType t) {
     case MessageType::kRankHello: return "rank-hello";
     case MessageType::kLivenessQuery: return "liveness-query";
     case MessageType::kLivenessReply: return "liveness-reply";
+    case MessageType::kLeave: return "leave";
   }
   return "unknown";
 }

@@ -49,8 +49,9 @@ enum class MessageType : uint8_t {
   kRankHello = 16,      // rank -> head: this store connection belongs to world rank R
   kLivenessQuery = 17,  // rank -> head: which of these ranks lost their control connection?
   kLivenessReply = 18,  // head -> rank: the dead ones
+  kLeave = 19,          // node -> head: orderly shutdown, not a failure
 };
-inline constexpr uint8_t kMaxMessageType = 18;
+inline constexpr uint8_t kMaxMessageType = 19;
 const char* message_type_name(MessageType t);
 
 struct FrameHeader {

@@ -1,1 +1,177 @@
-int main(){}
+// One "host" of a small cluster, for the network-namespace test and the all-reduce
+// benchmark: picks the NIC, joins the rendezvous (or runs it, as node 0), builds a Gloo
+// world of one rank per node, checks an all-reduce and optionally times it.
+//
+//   dist_node --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --token T
+//             [--nic SPEC] [--model-dir DIR] [--expect-nic NAME] [--bench 1048576,67108864] [--iters 10]
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "dist/control_store.h"
+#include "dist/gloo_communicator.h"
+#include "dist/nic.h"
+#include "dist/rendezvous_client.h"
+#include "dist/rendezvous_server.h"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::dist;
+using std::chrono::milliseconds;
+
+struct Args {
+  int nnodes = 2, node_rank = 0, port = 29500, iters = 10;
+  std::string master, token, nic, model_dir, expect_nic;
+  std::vector<size_t> bench_sizes;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(ErrorKind::kInvalidArgument, "{} needs a value", k);
+      return argv[++i];
+    };
+    if (k == "--nnodes") a.nnodes = std::stoi(value());
+    else if (k == "--node-rank") a.node_rank = std::stoi(value());
+    else if (k == "--master-addr") a.master = value();
+    else if (k == "--master-port") a.port = std::stoi(value());
+    else if (k == "--token") a.token = value();
+    else if (k == "--nic") a.nic = value();
+    else if (k == "--model-dir") a.model_dir = value();
+    else if (k == "--expect-nic") a.expect_nic = value();
+    else if (k == "--iters") a.iters = std::stoi(value());
+    else if (k == "--bench") {
+      std::string list = value();
+      for (size_t pos = 0; pos < list.size();) {
+        size_t comma = list.find(',', pos);
+        if (comma == std::string::npos) comma = list.size();
+        a.bench_sizes.push_back(std::stoull(list.substr(pos, comma - pos)));
+        pos = comma + 1;
+      }
+    } else fail(ErrorKind::kInvalidArgument, "unknown flag {}", k);
+  }
+  return a;
+}
+
+void bench(Communicator& comm, const std::vector<size_t>& sizes, int iters) {
+  for (size_t bytes : sizes) {
+    Tensor t = host_empty({static_cast<int64_t>(bytes / 4)}, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1.0f;
+    for (int w = 0; w < 2; ++w) comm.all_reduce(t);  // warm-up: connections, page faults
+    comm.barrier();
+    auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) comm.all_reduce(t);
+    double s = std::chrono::duration<double>(Clock::now() - start).count() / iters;
+    double algbw = bytes / s / 1e9;
+    double busbw = algbw * 2.0 * (comm.size() - 1) / comm.size();  // NCCL-tests convention
+    if (comm.rank() == 0)
+      std::printf("BENCH allreduce ranks=%d bytes=%zu time_ms=%.3f algbw_GBps=%.3f busbw_GBps=%.3f\n", comm.size(),
+                  bytes, s * 1e3, algbw, busbw);
+  }
+}
+
+int run(const Args& a) {
+  NicChoice nic = choose_nic({a.master, a.nic, ""});
+  std::printf("NIC %s %s (%s)\n", nic.interface_name.c_str(), nic.ip.c_str(), nic.reason.c_str());
+  std::fflush(stdout);
+  if (!a.expect_nic.empty() && nic.interface_name != a.expect_nic) {
+    std::fprintf(stderr, "expected NIC %s, chose %s\n", a.expect_nic.c_str(), nic.interface_name.c_str());
+    return 3;
+  }
+  apply_nic_env(nic);
+  NodeFingerprint fp = a.model_dir.empty() ? NodeFingerprint{} : compute_fingerprint(a.model_dir);
+  if (a.model_dir.empty()) fp.version = this_version();
+  fp.ip = nic.ip;
+  fp.nic = nic.interface_name;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  fp.hostname = host;
+
+  HeadAddress head{a.master, static_cast<uint16_t>(a.port), a.token, nic.ip};
+  std::unique_ptr<RendezvousServer> server;
+  std::unique_ptr<RendezvousClient> client;
+  ClusterTable table;
+  if (a.node_rank == 0) {
+    RendezvousServerOptions o;
+    o.bind_ip = nic.ip;
+    o.port = static_cast<uint16_t>(a.port);
+    o.token = a.token;
+    o.nnodes = a.nnodes;
+    o.head_fingerprint = fp;
+    o.join_timeout = milliseconds(30000);
+    server = std::make_unique<RendezvousServer>(o);
+    table = server->wait_for_nodes();
+  } else {
+    RendezvousClientOptions o;
+    o.head = head;
+    o.node_rank = a.node_rank;
+    o.nnodes = a.nnodes;
+    o.fingerprint = fp;
+    o.join_timeout = milliseconds(30000);
+    client = std::make_unique<RendezvousClient>(o);
+    table = client->cluster();
+  }
+  std::printf("CLUSTER formed: %zu nodes, world %d\n", table.nodes.size(), table.world_size);
+
+  // One rank per node here: world rank = node rank.
+  auto store = std::make_shared<ControlStoreClient>(head, a.node_rank, milliseconds(10000));
+  GlooOptions g;
+  g.store = store;
+  g.ip = nic.ip;
+  g.timeout = milliseconds(30000);
+  g.namer = [table](int r) { return table.describe_rank(r); };
+  GlooCommunicatorFactory factory(g);
+  ParallelLayout layout{table.world_size, 1};
+  auto world = factory.create(layout.world_group(a.node_rank));
+  Tensor t = host_empty({1024}, DType::kF32);
+  for (int i = 0; i < 1024; ++i) t.data<float>()[i] = static_cast<float>(a.node_rank + 1);
+  world->all_reduce(t);
+  float want = table.world_size * (table.world_size + 1) / 2.0f;
+  for (int i = 0; i < 1024; ++i)
+    if (t.data<float>()[i] != want) {
+      std::fprintf(stderr, "all_reduce gave %f, want %f\n", t.data<float>()[i], want);
+      return 4;
+    }
+  std::printf("ALLREDUCE OK sum=%g\n", want);
+  if (!a.bench_sizes.empty()) bench(*world, a.bench_sizes, a.iters);
+  world->barrier();
+
+  if (server) {
+    ClusterStatus s = query_cluster_status(head, milliseconds(5000));
+    for (const NodeStatus& n : s.nodes)
+      std::printf("STATUS node %d %s %s %s\n", n.node_rank, n.fingerprint.nic.c_str(), n.fingerprint.ip.c_str(),
+                  n.alive ? "alive" : "dead");
+    std::fflush(stdout);
+    // Let the other nodes leave first so that none reports the head as lost.
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      ClusterStatus now = server->status();
+      bool others_gone = true;
+      for (const NodeStatus& n : now.nodes) others_gone &= n.node_rank == 0 || !n.alive;
+      if (others_gone) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::init_logging("warning");
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
