@@ -6,4 +6,5 @@ namespace tessera::cli {
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
+int run_cluster(int argc, char** argv);
 }  // namespace tessera::cli
