@@ -14,7 +14,15 @@ bool is_white_space(uint32_t cp) {  // Unicode White_Space, as Rust's char::is_w
          cp == 0x3000;
 }
 
-bool is_word_char(uint32_t cp) { return cp == '_' || u_isalnum(static_cast<UChar32>(cp)); }
+// The regex crate's Unicode \w, which HF uses for single_word: Alphabetic, marks, decimal
+// digits, connector punctuation and Join_Control.
+bool is_word_char(uint32_t cp) {
+  auto c = static_cast<UChar32>(cp);
+  if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL)) return true;
+  int8_t type = u_charType(c);
+  return type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK ||
+         type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION;
+}
 
 // Start of the code point that ends just before `end`.
 size_t previous_char_start(std::string_view s, size_t end) {

@@ -107,6 +107,8 @@ TEST(AddedTokensTest, SingleWordMatchesOnlyBetweenNonWordCharacters) {
   auto tokenizer = load(tiny_byte_level_tokenizer({}, false, added));
   EXPECT_EQ(tokenizer->encode("a cat."), (std::vector<int32_t>{'a', ' ', 600, '.'}));
   EXPECT_EQ(tokenizer->encode("cats"), (std::vector<int32_t>{'c', 'a', 't', 's'}));
+  EXPECT_EQ(tokenizer->encode("-cat"), (std::vector<int32_t>{'-', 600})) << "punctuation is not a word character";
+  EXPECT_EQ(tokenizer->encode("\u0330cat").back(), 't') << "a combining mark is a word character";
 }
 
 TEST(AddedTokensTest, ConfigAddsTokensThatTokenizerJsonLacks) {
