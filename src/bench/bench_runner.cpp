@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "bench/bench_options.h"
 #include "bench/load_runner.h"
@@ -135,7 +137,10 @@ int run_benchmark(BenchOptions options) {
 
   std::unique_ptr<ScriptedServer> self_test_server;
   if (options.self_test) {
-    self_test_server = std::make_unique<ScriptedServer>([](size_t, const nlohmann::json&) { return ScriptedResponse{}; });
+    // Spare cores serve, so that the server is less likely than the client to be the limit.
+    int server_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 1, 4);
+    self_test_server = std::make_unique<ScriptedServer>(
+        [](size_t, const nlohmann::json&) { return ScriptedResponse{}; }, server_threads);
     options.base_url = self_test_server->base_url();
   }
 
