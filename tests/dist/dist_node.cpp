@@ -4,6 +4,7 @@
 //
 //   dist_node --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --token T
 //             [--nic SPEC] [--model-dir DIR] [--expect-nic NAME] [--bench 1048576,67108864] [--iters 10]
+//             [--hold-ms MS]
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,7 +28,7 @@ using namespace tessera::dist;
 using std::chrono::milliseconds;
 
 struct Args {
-  int nnodes = 2, node_rank = 0, port = 29500, iters = 10;
+  int nnodes = 2, node_rank = 0, port = 29500, iters = 10, hold_ms = 0;
   std::string master, token, nic, model_dir, expect_nic;
   std::vector<size_t> bench_sizes;
 };
@@ -49,6 +50,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--model-dir") a.model_dir = value();
     else if (k == "--expect-nic") a.expect_nic = value();
     else if (k == "--iters") a.iters = std::stoi(value());
+    else if (k == "--hold-ms") a.hold_ms = std::stoi(value());  // stay up so `cluster status` can look
     else if (k == "--bench") {
       std::string list = value();
       for (size_t pos = 0; pos < list.size();) {
@@ -144,6 +146,9 @@ int run(const Args& a) {
   std::printf("ALLREDUCE OK sum=%g\n", want);
   if (!a.bench_sizes.empty()) bench(*world, a.bench_sizes, a.iters);
   world->barrier();
+  std::printf("DONE\n");
+  std::fflush(stdout);
+  std::this_thread::sleep_for(milliseconds(a.hold_ms));
 
   if (server) {
     ClusterStatus s = query_cluster_status(head, milliseconds(5000));

@@ -5,10 +5,11 @@
 # both nodes, and that a wrong --nic fails with a clear message. Prints the all-reduce
 # bandwidth between the namespaces.
 #
-#   tests/dist/netns_test.sh path/to/dist_node
+#   tests/dist/netns_test.sh path/to/dist_node [path/to/dist_cluster_cli]
 # Exit 77 (ctest SKIP) when not root or when namespaces cannot be created here.
 set -uo pipefail
-NODE=${1:?usage: netns_test.sh path/to/dist_node}
+NODE=${1:?usage: netns_test.sh path/to/dist_node [path/to/dist_cluster_cli]}
+CLUSTER_CLI=${2:-}
 SIZES=${DIST_BENCH_SIZES:-1048576,67108864}
 ITERS=${DIST_BENCH_ITERS:-5}
 
@@ -49,10 +50,19 @@ set +e
 
 PORT=29555
 COMMON=(--nnodes 2 --master-addr 10.77.0.1 --master-port $PORT --token netns-token --expect-nic ens1
-        --bench "$SIZES" --iters "$ITERS")
+        --bench "$SIZES" --iters "$ITERS" --hold-ms 1500)
 ip netns exec "$A" "$NODE" "${COMMON[@]}" --node-rank 0 >"$TMP/head.log" 2>&1 &
 HEAD_PID=$!
-ip netns exec "$B" timeout 60 "$NODE" "${COMMON[@]}" --node-rank 1 >"$TMP/node.log" 2>&1
+ip netns exec "$B" timeout 60 "$NODE" "${COMMON[@]}" --node-rank 1 >"$TMP/node.log" 2>&1 &
+NODE_PID=$!
+if [ -n "$CLUSTER_CLI" ]; then
+  # While both hold after their all-reduce, ask the head for the cluster's status from the other host.
+  for _ in $(seq 1 300); do grep -q DONE "$TMP/node.log" 2>/dev/null && break; sleep 0.1; done
+  ip netns exec "$B" "$CLUSTER_CLI" cluster status --master-addr 10.77.0.1 --master-port $PORT \
+    --cluster-token netns-token >"$TMP/status.log" 2>&1
+  STATUS_RC=$?
+fi
+wait $NODE_PID
 NODE_RC=$?
 wait $HEAD_PID
 HEAD_RC=$?
@@ -69,6 +79,16 @@ check "$TMP/head.log" "ALLREDUCE OK"
 check "$TMP/node.log" "ALLREDUCE OK"
 check "$TMP/head.log" "STATUS node 0 ens1 10.77.0.1 alive"
 check "$TMP/head.log" "STATUS node 1 ens1 10.77.0.2 alive"
+
+if [ -n "$CLUSTER_CLI" ]; then
+  echo "--- tessera cluster status (from namespace B)"; cat "$TMP/status.log"
+  [ "$STATUS_RC" -eq 0 ] || { echo "FAIL: cluster status exited $STATUS_RC"; fail=1; }
+  check "$TMP/status.log" "2/2 nodes joined, formed, 2 ranks"
+  if ! grep -E "^0 .*10\.77\.0\.1 +ens1 .*alive" "$TMP/status.log" >/dev/null ||
+     ! grep -E "^1 .*10\.77\.0\.2 +ens1 .*alive" "$TMP/status.log" >/dev/null; then
+    echo "FAIL: status does not list both nodes alive on ens1"; fail=1
+  fi
+fi
 
 # A wrong --nic is a clear error, not a hang.
 ip netns exec "$B" timeout 20 "$NODE" --nnodes 2 --node-rank 1 --master-addr 10.77.0.1 --master-port $PORT \

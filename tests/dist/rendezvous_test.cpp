@@ -1,6 +1,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <future>
@@ -23,20 +23,42 @@ using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using testing::FakeModelDir;
 
-// Captures log lines for the duration of a test.
+// Every log line of the process, kept in memory. Installed once before any thread exists
+// (adding or removing sinks while server threads log would be a data race).
+class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    text_.append(formatted.data(), formatted.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
+CaptureSink& capture_sink() {
+  static auto sink = [] {
+    auto s = std::make_shared<CaptureSink>();
+    spdlog::default_logger()->sinks().push_back(s);
+    return s;
+  }();
+  return *sink;
+}
+const bool kCaptureInstalled = (capture_sink(), true);
+
+// The log lines written since construction.
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return stream_.str();
-  }
+  LogCapture() : start_(capture_sink().text().size()) {}
+  std::string text() { return capture_sink().text().substr(start_); }
   // Server threads log after answering; give them a moment.
   std::string wait_for(const std::string& needle, milliseconds limit = milliseconds(2000)) {
     auto deadline = Clock::now() + limit;
@@ -46,8 +68,7 @@ class LogCapture {
   }
 
  private:
-  std::ostringstream stream_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  size_t start_;
 };
 
 constexpr const char* kToken = "test-token";
