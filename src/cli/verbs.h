@@ -6,5 +6,6 @@ namespace tessera::cli {
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
+int run_chat_template(int argc, char** argv);
 int run_cluster(int argc, char** argv);
 }  // namespace tessera::cli
