@@ -37,8 +37,10 @@ class CpuOps : public ::testing::Test {
   }
   Tensor poisoned(Shape s, DType dt = DType::kF32) {
     Tensor t = be_.alloc(s, dt);
-    if (dt == DType::kF32) std::fill_n(t.data<float>(), t.numel(), NAN);
-    else std::memset(t.raw(), 0xff, t.nbytes());  // NaN in bf16/f16/fp8
+    if (dt == DType::kF32)
+      std::fill_n(t.data<float>(), t.numel(), NAN);
+    else
+      std::memset(t.raw(), 0xff, t.nbytes());  // NaN in bf16/f16/fp8
     return t;
   }
   Tensor i32(const std::vector<int32_t>& v) {
@@ -194,8 +196,8 @@ RopeTable make_table(int max_pos, int rd, double theta, bool neox) {
 }
 
 // HF rotate_half (neox) or GPT-J pairs (interleaved) on the first rd dims of each head.
-std::vector<double> rope_ref(std::vector<double> x, int H, int D, const std::vector<int32_t>& pos, int rd,
-                             double theta, bool neox) {
+std::vector<double> rope_ref(std::vector<double> x, int H, int D, const std::vector<int32_t>& pos, int rd, double theta,
+                             bool neox) {
   for (size_t t = 0; t < pos.size(); ++t)
     for (int h = 0; h < H; ++h) {
       double* v = x.data() + (t * H + h) * D;
@@ -266,10 +268,18 @@ TEST_P(CpuPagedAttention, WriteKvThenAttendOverShuffledBlocks) {
   std::vector<int> cached(S), qlen(S);
   for (int s = 0; s < S; ++s) {
     switch (s % 4) {
-      case 0: cached[s] = 0, qlen[s] = randint(1, 2 * bs + 3); break;
-      case 1: cached[s] = randint(1, 3 * bs), qlen[s] = 1; break;
-      case 2: cached[s] = randint(1, 2 * bs), qlen[s] = randint(2, bs + 5); break;
-      default: cached[s] = randint(3 * bs, 5 * bs), qlen[s] = randint(1, 3); break;
+      case 0:
+        cached[s] = 0, qlen[s] = randint(1, 2 * bs + 3);
+        break;
+      case 1:
+        cached[s] = randint(1, 3 * bs), qlen[s] = 1;
+        break;
+      case 2:
+        cached[s] = randint(1, 2 * bs), qlen[s] = randint(2, bs + 5);
+        break;
+      default:
+        cached[s] = randint(3 * bs, 5 * bs), qlen[s] = randint(1, 3);
+        break;
     }
   }
   std::vector<int> seq_len(S), nblocks(S);
@@ -293,7 +303,8 @@ TEST_P(CpuPagedAttention, WriteKvThenAttendOverShuffledBlocks) {
 
   // K/V of every position of every sequence, and the queries of the new tokens.
   std::vector<Tensor> keys(S), values(S);
-  for (int s = 0; s < S; ++s) keys[s] = rand_f32({seq_len[s], c.Hk, c.D}), values[s] = rand_f32({seq_len[s], c.Hk, c.D});
+  for (int s = 0; s < S; ++s)
+    keys[s] = rand_f32({seq_len[s], c.Hk, c.D}), values[s] = rand_f32({seq_len[s], c.Hk, c.D});
 
   Tensor k_cache = poisoned({num_blocks, bs, c.Hk, c.D}, c.cache_dtype);
   Tensor v_cache = poisoned({num_blocks, bs, c.Hk, c.D}, c.cache_dtype);
@@ -390,25 +401,24 @@ TEST_P(CpuPagedAttention, WriteKvThenAttendOverShuffledBlocks) {
   };
   expect_close(out, reference(true), 2e-5, 1e-4, "paged_attention vs the cached values");
   // Worst-case relative rounding of one value: bf16 2^-8, e4m3 2^-4, e5m2 2^-3.
-  const double loose = c.cache_dtype == DType::kF32    ? 2e-5
-                       : c.cache_dtype == DType::kBF16 ? 1e-2
+  const double loose = c.cache_dtype == DType::kF32      ? 2e-5
+                       : c.cache_dtype == DType::kBF16   ? 1e-2
                        : c.cache_dtype == DType::kF8E4M3 ? 0.08
-                                                          : 0.15;
+                                                         : 0.15;
   expect_close(out, reference(false), loose, 0, "paged_attention vs the unquantized values");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Caches, CpuPagedAttention,
-    ::testing::Values(KvCase{4, 4, 16, 16, DType::kF32, 1.0f, 1.0f},     // MHA
-                      KvCase{4, 2, 32, 16, DType::kF32, 1.0f, 1.0f},     // GQA 2
-                      KvCase{8, 2, 8, 4, DType::kF32, 1.0f, 1.0f},       // GQA 4, small blocks
-                      KvCase{6, 1, 24, 8, DType::kF32, 1.0f, 1.0f},      // MQA
-                      KvCase{4, 2, 16, 16, DType::kBF16, 1.0f, 1.0f},    // bf16 cache
-                      KvCase{4, 1, 16, 4, DType::kBF16, 0.5f, 2.0f},     // bf16 with scales
-                      KvCase{4, 2, 16, 16, DType::kF8E4M3, 0.02f, 0.03f},  // fp8 with scales
-                      KvCase{8, 2, 32, 8, DType::kF8E4M3, 0.05f, 0.01f},
-                      KvCase{4, 4, 16, 16, DType::kF8E5M2, 0.25f, 0.5f}),
-    [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Caches, CpuPagedAttention,
+                         ::testing::Values(KvCase{4, 4, 16, 16, DType::kF32, 1.0f, 1.0f},       // MHA
+                                           KvCase{4, 2, 32, 16, DType::kF32, 1.0f, 1.0f},       // GQA 2
+                                           KvCase{8, 2, 8, 4, DType::kF32, 1.0f, 1.0f},         // GQA 4, small blocks
+                                           KvCase{6, 1, 24, 8, DType::kF32, 1.0f, 1.0f},        // MQA
+                                           KvCase{4, 2, 16, 16, DType::kBF16, 1.0f, 1.0f},      // bf16 cache
+                                           KvCase{4, 1, 16, 4, DType::kBF16, 0.5f, 2.0f},       // bf16 with scales
+                                           KvCase{4, 2, 16, 16, DType::kF8E4M3, 0.02f, 0.03f},  // fp8 with scales
+                                           KvCase{8, 2, 32, 8, DType::kF8E4M3, 0.05f, 0.01f},
+                                           KvCase{4, 4, 16, 16, DType::kF8E5M2, 0.25f, 0.5f}),
+                         [](const auto& info) { return case_name(info.param); });
 
 TEST_F(CpuOps, WriteKvSkipsNegativeSlotsAndRefusesOutOfRange) {
   const int bs = 4, Hk = 2, D = 8, num_blocks = 3;
@@ -525,7 +535,8 @@ TEST_F(CpuOps, ScratchArenaAcrossResets) {
     }
     for (size_t i = 0; i < ts.size(); ++i) {
       const auto* p = static_cast<const uint8_t*>(ts[i].raw());
-      for (size_t b = 0; b < ts[i].nbytes(); b += 97) ASSERT_EQ(p[b], static_cast<uint8_t>(i + 1)) << "overlap at " << i;
+      for (size_t b = 0; b < ts[i].nbytes(); b += 97)
+        ASSERT_EQ(p[b], static_cast<uint8_t>(i + 1)) << "overlap at " << i;
     }
     addresses.push_back(addr);
   }

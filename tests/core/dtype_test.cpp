@@ -70,8 +70,10 @@ TEST(DTypeBF16, EveryPatternRoundTrips) {
   for (uint32_t b = 0; b < 0x10000; ++b) {
     float f = bf16_to_f32(static_cast<uint16_t>(b));
     EXPECT_EQ(bits(f), b << 16);
-    if (std::isnan(f)) EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f))));
-    else ASSERT_EQ(f32_to_bf16(f), b) << std::hex << b;
+    if (std::isnan(f))
+      EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f))));
+    else
+      ASSERT_EQ(f32_to_bf16(f), b) << std::hex << b;
   }
 }
 
@@ -125,9 +127,9 @@ TEST(DTypeF16, RoundsToNearestEvenAndOverflows) {
 
 TEST(DTypeF16, Subnormals) {
   EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);
-  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);         // tie to even: zero
-  EXPECT_EQ(f32_to_f16(0x1.8p-25f), 0x0001);       // above the tie
-  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);     // 1.5 ulp: tie to even
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);            // tie to even: zero
+  EXPECT_EQ(f32_to_f16(0x1.8p-25f), 0x0001);          // above the tie
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);        // 1.5 ulp: tie to even
   EXPECT_EQ(f32_to_f16(1023.5f * 0x1p-24f), 0x0400);  // largest subnormal + half: up to the smallest normal
   EXPECT_EQ(f32_to_f16(0x1p-26f), 0x0000);
   EXPECT_EQ(f32_to_f16(-0x1p-24f), 0x8001);
@@ -197,8 +199,8 @@ TEST(DTypeFp8E4M3, KnownPatterns) {
   EXPECT_EQ(f32_to_fp8e4m3(0.5f), 0x30);
   EXPECT_EQ(f32_to_fp8e4m3(-1.5f), 0xbc);
   EXPECT_EQ(f32_to_fp8e4m3(448.0f), 0x7e);
-  EXPECT_EQ(f32_to_fp8e4m3(0x1p-6f), 0x08);   // smallest normal
-  EXPECT_EQ(f32_to_fp8e4m3(0x1p-9f), 0x01);   // smallest subnormal
+  EXPECT_EQ(f32_to_fp8e4m3(0x1p-6f), 0x08);  // smallest normal
+  EXPECT_EQ(f32_to_fp8e4m3(0x1p-9f), 0x01);  // smallest subnormal
   EXPECT_EQ(f32_to_fp8e4m3(7 * 0x1p-9f), 0x07);
   EXPECT_EQ(f32_to_fp8e4m3(-0.0f), 0x80);
   EXPECT_EQ(fp8e4m3_to_f32(0x7e), 448.0f);
@@ -213,10 +215,10 @@ TEST(DTypeFp8E4M3, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_fp8e4m3(1.0625f), 0x38);  // tie between 1 and 1.125: even
   EXPECT_EQ(f32_to_fp8e4m3(1.1875f), 0x3a);  // tie between 1.125 and 1.25: even (up)
   EXPECT_EQ(f32_to_fp8e4m3(1.07f), 0x39);
-  EXPECT_EQ(f32_to_fp8e4m3(0x1p-10f), 0x00);       // half the smallest subnormal: zero
-  EXPECT_EQ(f32_to_fp8e4m3(3 * 0x1p-10f), 0x02);   // tie between 1 and 2 ulps: even
+  EXPECT_EQ(f32_to_fp8e4m3(0x1p-10f), 0x00);        // half the smallest subnormal: zero
+  EXPECT_EQ(f32_to_fp8e4m3(3 * 0x1p-10f), 0x02);    // tie between 1 and 2 ulps: even
   EXPECT_EQ(f32_to_fp8e4m3(7.5f * 0x1p-9f), 0x08);  // largest subnormal + half: smallest normal
-  EXPECT_EQ(f32_to_fp8e4m3(15.5f), 0x58);  // tie between 15 (0x57) and 16 (0x58): even
+  EXPECT_EQ(f32_to_fp8e4m3(15.5f), 0x58);           // tie between 15 (0x57) and 16 (0x58): even
 }
 
 TEST(DTypeFp8E4M3, SaturatesAndKeepsNaN) {

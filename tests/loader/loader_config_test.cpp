@@ -70,10 +70,10 @@ TEST(ModelConfig, ExplicitHeadDimWins) {
 TEST(ModelConfig, TransformersFiveRopeParameters) {
   json j = base_config();
   j["rope_theta"] = 1.0;  // a stale top-level value must lose to rope_parameters
-  j["rope_parameters"] = {{"rope_type", "llama3"},       {"rope_theta", 500000.0},
-                          {"factor", 8.0},               {"low_freq_factor", 1.0},
-                          {"high_freq_factor", 4.0},     {"original_max_position_embeddings", 8192},
-                          {"partial_rotary_factor", 0.5}};
+  j["rope_parameters"] = {
+      {"rope_type", "llama3"},       {"rope_theta", 500000.0},  {"factor", 8.0},
+      {"low_freq_factor", 1.0},      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192},
+      {"partial_rotary_factor", 0.5}};
   ModelConfig c = parse(j);
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
   EXPECT_EQ(c.rope.type, "llama3");
@@ -215,10 +215,10 @@ TEST(ModelConfig, InconsistentOrMissingSizesFail) {
 
 TEST(ModelConfig, WrongTypesAreTesseraErrorsNamingFileAndField) {
   for (auto [key, value] : std::vector<std::pair<std::string, json>>{{"hidden_size", "64"},
-                                                                      {"architectures", {42}},
-                                                                      {"architectures", "LlamaForCausalLM"},
-                                                                      {"rms_norm_eps", "small"},
-                                                                      {"tie_word_embeddings", "yes"}}) {
+                                                                     {"architectures", {42}},
+                                                                     {"architectures", "LlamaForCausalLM"},
+                                                                     {"rms_norm_eps", "small"},
+                                                                     {"tie_word_embeddings", "yes"}}) {
     SCOPED_TRACE(key + "=" + value.dump());
     json j = base_config();
     j[key] = value;

@@ -66,7 +66,8 @@ void expect_error(const Failure& f, ErrorKind kind, std::vector<std::string> nam
   EXPECT_EQ(f.message.find('\n'), std::string::npos) << "not one line: " << f.message;
   EXPECT_EQ(f.message.find('\r'), std::string::npos) << f.message;
   for (char c : f.message) EXPECT_TRUE(static_cast<unsigned char>(c) >= 0x20) << "control byte in: " << f.message;
-  for (const auto& n : names) EXPECT_NE(f.message.find(n), std::string::npos) << "'" << n << "' not named in: " << f.message;
+  for (const auto& n : names)
+    EXPECT_NE(f.message.find(n), std::string::npos) << "'" << n << "' not named in: " << f.message;
 }
 
 class LoaderFaults : public ::testing::Test {
@@ -76,8 +77,12 @@ class LoaderFaults : public ::testing::Test {
     st_path_ = dir_ / "model.safetensors";
     st_ = StFile::read(st_path_);
   }
-  Failure load_fails() { return failure_of([&] { load_everything(dir_.string()); }); }
-  Failure open_fails() { return failure_of([&] { SafetensorsFile f(st_path_.string()); }); }
+  Failure load_fails() {
+    return failure_of([&] { load_everything(dir_.string()); });
+  }
+  Failure open_fails() {
+    return failure_of([&] { SafetensorsFile f(st_path_.string()); });
+  }
   // Both the raw file and the whole loading path reject the damage the same way.
   void expect_both(ErrorKind kind, const std::vector<std::string>& names) {
     expect_error(open_fails(), kind, names);
@@ -358,7 +363,9 @@ class ShardedFaults : public ::testing::Test {
     index_path_ = dir_ / "model.safetensors.index.json";
     index_ = read_json(index_path_);
   }
-  Failure load_fails() { return failure_of([&] { load_everything(dir_.string()); }); }
+  Failure load_fails() {
+    return failure_of([&] { load_everything(dir_.string()); });
+  }
   // A tensor that the index maps to `shard`.
   std::string tensor_in(const std::string& shard) {
     for (const auto& [t, f] : index_["weight_map"].items())
