@@ -365,6 +365,7 @@ std::vector<AttnCase> attention_cases() {
   const std::vector<SeqSpec> decode = {{0, 1}, {15, 1}, {16, 1}, {32, 1}, {299, 1}, {1000, 1}, {2500, 1}};
   const std::vector<SeqSpec> prefill = {{0, 7}, {5, 33}, {40, 100}, {16, 64}, {0, 130}, {200, 1}};
   const std::vector<SeqSpec> mixed = {{20, 1}, {0, 33}, {100, 1}, {17, 70}, {600, 1}};
+  const std::vector<SeqSpec> short_prefill = {{0, 7}, {5, 33}, {300, 1}, {64, 64}};  // 64-row blocks
   std::vector<AttnCase> cases;
   for (int D : {64, 128})
     for (int g : {1, 2, 4, 8})
@@ -372,6 +373,7 @@ std::vector<AttnCase> attention_cases() {
         cases.push_back({D, g, c, decode, "decode"});
         cases.push_back({D, g, c, prefill, "prefill+prefix"});
         cases.push_back({D, g, c, mixed, "mixed"});
+        cases.push_back({D, g, c, short_prefill, "short-prefill"});
       }
   cases.push_back({128, 16, DType::kBF16, decode, "decode"});  // more query heads than one block takes
   cases.push_back({128, 4, DType::kBF16, {{0, 1}}, "decode"});  // one token, one key

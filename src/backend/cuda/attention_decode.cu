@@ -1,8 +1,9 @@
 // Paged decode attention, split-K (flash-decoding) and GQA-aware: a block takes one
 // query token, one kv head and up to 8 of its query heads, over one slice of the
-// context; a second kernel merges the slices. Each warp walks 16-key tiles: two
-// lanes per key for Q.K (16-byte loads), then every lane owns D/32 output dims for
-// P.V. Scores are kept in the log2 domain (q pre-scaled by scale * k_scale * log2 e).
+// context; a second kernel merges the slices. Each warp walks 16-key tiles, loading
+// all of a tile's K and V before using any: four lanes per key for Q.K (16-byte
+// loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
+// log2 domain (q pre-scaled by scale * k_scale * log2 e).
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
@@ -19,12 +20,14 @@ constexpr int kMaxGroup = 8;   // query heads per block
 // past the group are zeros and never written. A compile-time count keeps every
 // per-head loop branch-free, so the heads' dependency chains interleave.
 template <int D, typename CT, int GC>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 3)
     decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws) {
-  constexpr int kHalf = D / 2;       // dims per lane in Q.K
-  constexpr int kQStride = D + 4;    // pad between the two halves' rows: no bank conflict
-  constexpr int kVDims = D / 32;     // dims per lane in P.V
-  __shared__ __align__(16) float q_s[GC][kQStride + 4];
+  // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
+  // 16-key tile and every q value it reads from shared memory serves kKpl keys.
+  constexpr int kLpk = 4, kSlots = 32 / kLpk, kKpl = kTile / kSlots, kDpl = D / kLpk;
+  constexpr int kQSeg = kDpl + 4;  // padded q segment per lane group: no bank conflicts
+  constexpr int kVDims = D / 32;   // dims per lane in P.V
+  __shared__ __align__(16) float q_s[GC][kLpk * kQSeg];
   __shared__ float p_s[kWarps][GC][kTile];
   __shared__ float red_m[kWarps][GC], red_l[kWarps][GC];
   __shared__ float red_acc[kWarps][GC][D];
@@ -55,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = tid; i < GC * D; i += blockDim.x) {
     int g = i / D, d = i % D;
     float v = g < ng ? __bfloat162float(q[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d]) * qscale : 0.0f;
-    q_s[g][d + (d >= kHalf ? 4 : 0)] = v;
+    q_s[g][(d / kDpl) * kQSeg + d % kDpl] = v;
   }
   __syncthreads();
 
@@ -63,8 +66,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const CT* vc = static_cast<const CT*>(a.v_cache);
   const int32_t* bt = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
   const int bs = a.block_size;
-  const int my_key = lane >> 1, half = lane & 1;
-  const float* qh = &q_s[0][half * (kHalf + 4)];
+  const int slot = lane / kLpk, part_id = lane % kLpk;
+  const float* qh = &q_s[0][part_id * kQSeg];
 
   float m[GC], l[GC], acc[GC][kVDims];
 #pragma unroll
@@ -80,48 +83,72 @@ __global__ void __launch_bounds__(kWarps * 32)
   using VRaw = typename RawVec<CT, kVDims>::type;
   for (int tile = start + warp * kTile; tile < end; tile += kWarps * kTile) {
     // Issue every load of the tile before using any: one memory round trip per tile.
-    const int j = tile + my_key;
-    const bool valid = j < end;
-    const int jc = valid ? j : end - 1;  // clamped: a readable row whose p is 0
-    const int row = (bt[jc / bs] * bs + jc % bs) * a.Hk + kh;
-    KRaw kraw[kHalf / 8];
-    const KRaw* kp = reinterpret_cast<const KRaw*>(kc + static_cast<int64_t>(row) * D + half * kHalf);
+    int rows[kKpl];
+    bool valid[kKpl];
+    KRaw kraw[kKpl][kDpl / 8];
 #pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c) kraw[c] = kp[c];
+    for (int i = 0; i < kKpl; ++i) {
+      const int j = tile + slot + i * kSlots;
+      valid[i] = j < end;
+      const int jc = valid[i] ? j : end - 1;  // clamped: a readable row whose p is 0
+      rows[i] = (bt[jc / bs] * bs + jc % bs) * a.Hk + kh;
+      const KRaw* kp = reinterpret_cast<const KRaw*>(kc + static_cast<int64_t>(rows[i]) * D + part_id * kDpl);
+#pragma unroll
+      for (int c = 0; c < kDpl / 8; ++c) kraw[i][c] = kp[c];
+    }
     VRaw vraw[kTile];
 #pragma unroll
     for (int kk = 0; kk < kTile; ++kk) {
-      const int r = __shfl_sync(0xffffffffu, row, 2 * kk);
+      const int r = __shfl_sync(0xffffffffu, rows[kk / kSlots], (kk % kSlots) * kLpk);
       vraw[kk] = *reinterpret_cast<const VRaw*>(vc + static_cast<int64_t>(r) * D + lane * kVDims);
     }
 
-    float dot[GC];
+    float dot[kKpl][GC];
 #pragma unroll
-    for (int g = 0; g < GC; ++g) dot[g] = 0.0f;
+    for (int i = 0; i < kKpl; ++i)
 #pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c) {
-      float kf[8];
-      load_cache<CT, 8>(reinterpret_cast<const CT*>(&kraw[c]), kf);
+      for (int g = 0; g < GC; ++g) dot[i][g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kDpl / 8; ++c) {
+      float kf[kKpl][8];
+#pragma unroll
+      for (int i = 0; i < kKpl; ++i) load_cache<CT, 8>(reinterpret_cast<const CT*>(&kraw[i][c]), kf[i]);
 #pragma unroll
       for (int g = 0; g < GC; ++g) {
-        const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8);
-        const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kQStride + 4) + c * 8 + 4);
-        dot[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
-                  qb.z * kf[6] + qb.w * kf[7];
+        const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kLpk * kQSeg) + c * 8);
+        const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kLpk * kQSeg) + c * 8 + 4);
+#pragma unroll
+        for (int i = 0; i < kKpl; ++i)
+          dot[i][g] += qa.x * kf[i][0] + qa.y * kf[i][1] + qa.z * kf[i][2] + qa.w * kf[i][3] + qb.x * kf[i][4] +
+                       qb.y * kf[i][5] + qb.z * kf[i][6] + qb.w * kf[i][7];
       }
     }
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
-      float sc = dot[g] + __shfl_xor_sync(0xffffffffu, dot[g], 1);
-      sc = valid ? sc : -INFINITY;
-      const float mnew = fmaxf(m[g], warp_max(sc));  // finite: key `tile` is always valid
+      float sc[kKpl], tmax = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kKpl; ++i) {
+        float d = dot[i][g];
+#pragma unroll
+        for (int o = 1; o < kLpk; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[i] = valid[i] ? d : -INFINITY;
+        tmax = fmaxf(tmax, sc[i]);
+      }
+      const float mnew = fmaxf(m[g], warp_max(tmax));  // finite: key `tile` is always valid
       const float alpha = exp2f(m[g] - mnew);
-      const float p = valid ? exp2f(sc - mnew) : 0.0f;
-      l[g] = l[g] * alpha + warp_sum(half == 0 ? p : 0.0f);
+      float psum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kKpl; ++i) {
+        const float p = valid[i] ? exp2f(sc[i] - mnew) : 0.0f;
+        if (part_id == 0) {
+          p_s[warp][g][slot + i * kSlots] = p;
+          psum += p;
+        }
+      }
+      l[g] = l[g] * alpha + warp_sum(psum);
       m[g] = mnew;
 #pragma unroll
       for (int d = 0; d < kVDims; ++d) acc[g][d] *= alpha;
-      if (half == 0) p_s[warp][g][my_key] = p;
     }
     __syncwarp();
 #pragma unroll
@@ -223,7 +250,7 @@ bool decode_attention_supported(int D, DType cache_dtype) {
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms) {
   const int blocks = num_tokens * Hk * ((group + kMaxGroup - 1) / kMaxGroup);
   const int want = (2 * num_sms + blocks - 1) / std::max(blocks, 1);
-  const int most = std::max(1, (max_seq_len + 255) / 256);  // at least 256 keys per slice
+  const int most = std::max(1, (max_seq_len + 63) / 64);  // at least one 16-key tile per warp
   return std::clamp(want, 1, std::min(most, 64));
 }
 

@@ -13,7 +13,7 @@ namespace tessera::cuda {
 
 namespace {
 
-constexpr int kBN = 64, kThreads = 128;
+constexpr int kThreads = 128;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -41,6 +41,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// 2^x on the special-function unit; flushes denormals (p that small is 0 anyway).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -50,11 +56,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // cp.async (one commit group): bf16 straight into the padded tile, fp8 into a
 // staging tile of D bytes a row that widen_tile() turns into bf16 afterwards.
 // Rows past the context are zero-filled, so that P.V never meets garbage.
-template <int D, typename CT>
+template <int D, typename CT, int kN>
 __device__ __forceinline__ void issue_kv_tile(__nv_bfloat16* tile, uint8_t* stage, const CT* cache, const int32_t* bt,
                                               int n0, int ctx, int bs, int Hk, int kh) {
   constexpr int kLd = D + 8, kElems = 16 / sizeof(CT), kChunks = D / kElems;
-  for (int c = threadIdx.x; c < kBN * kChunks; c += kThreads) {
+  for (int c = threadIdx.x; c < kN * kChunks; c += kThreads) {
     const int key = c / kChunks, col = (c % kChunks) * kElems, j = n0 + key;
     void* dst = sizeof(CT) == 2 ? static_cast<void*>(tile + key * kLd + col) : static_cast<void*>(stage + key * D + col);
     if (j < ctx)
@@ -66,10 +72,10 @@ __device__ __forceinline__ void issue_kv_tile(__nv_bfloat16* tile, uint8_t* stag
 }
 
 // fp8 staging tile -> bf16 tile (exact: every e4m3 value is a bf16 value).
-template <int D>
+template <int D, int kN>
 __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* stage) {
   constexpr int kLd = D + 8, kChunks = D / 16;
-  for (int c = threadIdx.x; c < kBN * kChunks; c += kThreads) {
+  for (int c = threadIdx.x; c < kN * kChunks; c += kThreads) {
     const int key = c / kChunks, col = (c % kChunks) * 16;
     const uint4 raw = *reinterpret_cast<const uint4*>(stage + key * D + col);
     const __nv_fp8_e4m3* e = reinterpret_cast<const __nv_fp8_e4m3*>(&raw);
@@ -86,7 +92,8 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
 // A block owns kRF * 64 query rows: warp w computes rows {rf * 64 + w * 16 + [0, 16)}
 // for rf < kRF, so every K/V fragment read from shared memory feeds kRF mmas and
 // each warp has kRF independent dependency chains. Q stays in shared memory.
-template <int D, typename CT, int kRF>
+// kN: keys per tile (64, or 32 to save 32 registers of scores).
+template <int D, typename CT, int kRF, int kN>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, bool skip_single) {
   constexpr int kLd = D + 8;  // padded rows: ldmatrix reads hit 8 different bank groups
   constexpr int kRows = kRF * 64;
@@ -94,9 +101,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* k_s = q_s + kRows * kLd;
-  __nv_bfloat16* v_s = k_s + kBN * kLd;
-  uint8_t* k_stage = reinterpret_cast<uint8_t*>(v_s + kBN * kLd);  // fp8 caches only
-  uint8_t* v_stage = k_stage + kBN * D;
+  __nv_bfloat16* v_s = k_s + kN * kLd;
+  uint8_t* k_stage = reinterpret_cast<uint8_t*>(v_s + kN * kLd);  // fp8 caches only
+  uint8_t* v_stage = k_stage + kN * D;
 
   const int s = blockIdx.z, h = blockIdx.y, qtile = blockIdx.x;
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
@@ -136,23 +143,23 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
 
   // FlashAttention-2's schedule with one K and one V buffer: V(j) loads while S(j)
   // is computed, K(j+1) while the softmax and P.V(j) run.
-  issue_kv_tile<D, CT>(k_s, k_stage, kc, bt, 0, ctx, a.block_size, a.Hk, kh);
-  for (int n0 = 0; n0 < kv_end; n0 += kBN) {
-    const bool has_next = n0 + kBN < kv_end;
-    issue_kv_tile<D, CT>(v_s, v_stage, vc, bt, n0, ctx, a.block_size, a.Hk, kh);
+  issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, 0, ctx, a.block_size, a.Hk, kh);
+  for (int n0 = 0; n0 < kv_end; n0 += kN) {
+    const bool has_next = n0 + kN < kv_end;
+    issue_kv_tile<D, CT, kN>(v_s, v_stage, vc, bt, n0, ctx, a.block_size, a.Hk, kh);
     cp_async_wait<1>();  // Q and K(j) have landed; V(j) may still be in flight
     __syncthreads();
     if constexpr (kFp8) {
-      widen_tile<D>(k_s, k_stage);
+      widen_tile<D, kN>(k_s, k_stage);
       __syncthreads();
     }
 
     // S = Q K^T: kRF fragments of 16 rows x 64 keys per warp.
-    float sacc[kRF][kBN / 8][4];
+    float sacc[kRF][kN / 8][4];
 #pragma unroll
     for (int rf = 0; rf < kRF; ++rf)
 #pragma unroll
-      for (int nb = 0; nb < kBN / 8; ++nb) sacc[rf][nb][0] = sacc[rf][nb][1] = sacc[rf][nb][2] = sacc[rf][nb][3] = 0.0f;
+      for (int nb = 0; nb < kN / 8; ++nb) sacc[rf][nb][0] = sacc[rf][nb][1] = sacc[rf][nb][2] = sacc[rf][nb][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
       uint32_t qa[kRF][2][4];
@@ -163,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
           ldmatrix_x4(qa[rf][k2], q_s + (rf * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd +
                                       (kk + k2) * 16 + (lane >> 4) * 8);
 #pragma unroll
-      for (int nb = 0; nb < kBN / 8; ++nb) {
+      for (int nb = 0; nb < kN / 8; ++nb) {
         uint32_t b[4];
         ldmatrix_x4(b, k_s + (nb * 8 + (lane & 7)) * kLd + kk * 16 + (lane >> 3) * 8);
 #pragma unroll
@@ -174,50 +181,54 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
       }
     }
     __syncthreads();  // every warp is done with k_s
-    if (has_next) issue_kv_tile<D, CT>(k_s, k_stage, kc, bt, n0 + kBN, ctx, a.block_size, a.Hk, kh);
+    if (has_next) issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, n0 + kN, ctx, a.block_size, a.Hk, kh);
 
 #pragma unroll
     for (int rf = 0; rf < kRF; ++rf) {
-      // Scale into the log2 domain; mask the future and keys past the context.
+      // Mask the future and keys past the context (only tiles that reach them).
       const int frag_min_pos = first_pos + qtile * kRows + rf * 64 + warp * 16;
-      const bool need_mask = n0 + kBN - 1 > frag_min_pos || n0 + kBN > ctx;
+      if (n0 + kN - 1 > frag_min_pos || n0 + kN > ctx) {
 #pragma unroll
-      for (int nb = 0; nb < kBN / 8; ++nb) {
+        for (int nb = 0; nb < kN / 8; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = sacc[rf][nb][e] * sl2;
-          if (need_mask) {
+          for (int e = 0; e < 4; ++e) {
             const int key = n0 + nb * 8 + (lane & 3) * 2 + (e & 1);
             const int pos = first_pos + row_base + rf * 64 + (e >> 1) * 8;
-            if (key > pos || key >= ctx) v = -INFINITY;
+            if (key > pos || key >= ctx) sacc[rf][nb][e] = -INFINITY;
           }
-          sacc[rf][nb][e] = v;
         }
       }
-      // Online softmax, two rows per thread (a quad shares a row).
+      // Online softmax on raw scores, two rows per thread (a quad shares a row):
+      // p = 2^(s * scale' - max * scale') is one FFMA and one EX2.
+      float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nb = 0; nb < kBN / 8; ++nb) mx = fmaxf(mx, fmaxf(sacc[rf][nb][2 * r], sacc[rf][nb][2 * r + 1]));
+        for (int nb = 0; nb < kN / 8; ++nb) mx = fmaxf(mx, fmaxf(sacc[rf][nb][2 * r], sacc[rf][nb][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mnew = fmaxf(m[rf][r], mx);
-        const float msafe = mnew == -INFINITY ? 0.0f : mnew;
-        const float alpha = exp2f(m[rf][r] - msafe);
+        const float mscaled = mnew == -INFINITY ? 0.0f : mnew * sl2;
+        alpha[r] = fast_exp2(m[rf][r] * sl2 - mscaled);  // m = -inf: 0
         float sum = 0.0f;
 #pragma unroll
-        for (int nb = 0; nb < kBN / 8; ++nb) {
-          sacc[rf][nb][2 * r] = exp2f(sacc[rf][nb][2 * r] - msafe);
-          sacc[rf][nb][2 * r + 1] = exp2f(sacc[rf][nb][2 * r + 1] - msafe);
+        for (int nb = 0; nb < kN / 8; ++nb) {
+          sacc[rf][nb][2 * r] = fast_exp2(fmaf(sacc[rf][nb][2 * r], sl2, -mscaled));
+          sacc[rf][nb][2 * r + 1] = fast_exp2(fmaf(sacc[rf][nb][2 * r + 1], sl2, -mscaled));
           sum += sacc[rf][nb][2 * r] + sacc[rf][nb][2 * r + 1];
         }
-        l[rf][r] = l[rf][r] * alpha + sum;
+        l[rf][r] = l[rf][r] * alpha[r] + sum;
         m[rf][r] = mnew;
+      }
+      // Rescale the output only when some row's max moved (rare after the first tiles).
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          o[rf][i][2 * r] *= alpha;
-          o[rf][i][2 * r + 1] *= alpha;
+          o[rf][i][0] *= alpha[0];
+          o[rf][i][1] *= alpha[0];
+          o[rf][i][2] *= alpha[1];
+          o[rf][i][3] *= alpha[1];
         }
       }
     }
@@ -225,13 +236,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
     if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();  // V(j) has landed
     __syncthreads();
     if constexpr (kFp8) {
-      widen_tile<D>(v_s, v_stage);
+      widen_tile<D, kN>(v_s, v_stage);
       __syncthreads();
     }
 
     // O += P V; P's accumulator layout is the A-fragment layout of the next mma.
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
+    for (int kk = 0; kk < kN / 16; ++kk) {
       uint32_t pa[kRF][4];
 #pragma unroll
       for (int rf = 0; rf < kRF; ++rf) {
@@ -274,32 +285,39 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   }
 }
 
-template <int D, typename CT, int kRF>
+template <int D, typename CT, int kRF, int kN>
 constexpr int prefill_smem_bytes() {
-  return (kRF * 64 + 2 * kBN) * (D + 8) * 2 + (sizeof(CT) == 1 ? 2 * kBN * D : 0);
+  return (kRF * 64 + 2 * kN) * (D + 8) * 2 + (sizeof(CT) == 1 ? 2 * kN * D : 0);
 }
 
-template <int D, typename CT, int kRF>
+template <int D, typename CT, int kRF, int kN>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
-  constexpr int smem = prefill_smem_bytes<D, CT, kRF>();
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF>,
+  constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
   dim3 grid((max_query_len + kRF * 64 - 1) / (kRF * 64), a.Hq, a.num_seqs);
-  prefill_attention_kernel<D, CT, kRF><<<grid, kThreads, smem, s>>>(a, skip_single);
+  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_single);
   TCUDA_LAUNCH_CHECK();
 }
 
-// Two row fragments per warp (128 query rows a block) where there are enough rows;
-// TESSERA_PREFILL_RF=1 forces 64 while tuning.
+int env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : 0;
+}
+
+// Two row fragments per warp (128 query rows a block) where there are enough rows.
+// Tuning switches: TESSERA_PREFILL_RF=1|2, TESSERA_PREFILL_BN=32|64.
 template <int D, typename CT>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
-  static const int forced = [] {
-    const char* e = std::getenv("TESSERA_PREFILL_RF");
-    return e ? std::atoi(e) : 0;
-  }();
-  const bool two = forced ? forced == 2 : max_query_len > 64;
-  two ? prefill_t<D, CT, 2>(a, max_query_len, skip_single, s) : prefill_t<D, CT, 1>(a, max_query_len, skip_single, s);
+  static const int forced_rf = env_int("TESSERA_PREFILL_RF"), forced_bn = env_int("TESSERA_PREFILL_BN");
+  const bool two = forced_rf ? forced_rf == 2 : max_query_len > 64;
+  const bool narrow = forced_bn == 32;
+  if (two)
+    narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, s)
+           : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
+  else
+    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
 }
 
 }  // namespace
