@@ -53,6 +53,11 @@ class Backend {
   virtual Tensor alloc(Shape shape, DType dtype) = 0;
   virtual Tensor scratch(Shape shape, DType dtype) = 0;
   virtual void reset_scratch() = 0;
+  // Scratch taken after a mark is released together by rewinding to it, so each
+  // layer reuses the same activation memory within a step. Stream order makes this
+  // safe on asynchronous devices. The default keeps everything until reset_scratch.
+  virtual size_t scratch_mark() { return 0; }
+  virtual void scratch_rewind(size_t mark) { (void)mark; }
   // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
   virtual size_t free_memory() const = 0;
   virtual size_t total_memory() const = 0;

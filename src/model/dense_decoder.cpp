@@ -123,11 +123,13 @@ Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
+    const size_t mark = be.scratch_mark();  // the layer's temporaries are reused by the next layer
     if (i == 0) be.rms_norm(residual, *L.input_norm, eps, h);
     else be.add_rms_norm(h, residual, *L.input_norm, eps);
     attention(static_cast<int>(i), h, o, positions, meta, cache);
     be.add_rms_norm(o, residual, *L.post_attention_norm, eps);
     mlp(static_cast<int>(i), o, h);
+    be.scratch_rewind(mark);
   }
   be.add_rms_norm(h, residual, *final_norm_, eps);
   const Tensor& x = h;

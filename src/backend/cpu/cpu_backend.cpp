@@ -76,6 +76,27 @@ void CpuBackend::reset_scratch() {
   }
   chunk_used_ = 0;
   scratch_in_use_ = 0;
+  marks_.clear();
+}
+
+// A mark is (chunk index, bytes used in it, bytes in use overall).
+size_t CpuBackend::scratch_mark() {
+  marks_.push_back({chunks_.size(), chunk_used_, scratch_in_use_});
+  return marks_.size() - 1;
+}
+
+void CpuBackend::scratch_rewind(size_t mark) {
+  TESSERA_CHECK(mark < marks_.size(), "scratch_rewind to an unknown mark");
+  Mark m = marks_[mark];
+  marks_.resize(mark);
+  if (m.chunks == 0) {
+    chunk_used_ = 0;
+  } else {
+    // Newer chunks stay alive as long as tensors reference them (shared storage).
+    chunks_.resize(m.chunks);
+    chunk_used_ = m.used;
+  }
+  scratch_in_use_ = m.in_use;
 }
 
 size_t CpuBackend::free_memory() const {

@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
   Tensor alloc(Shape shape, DType dtype) override;
   Tensor scratch(Shape shape, DType dtype) override;
   void reset_scratch() override;
+  size_t scratch_mark() override;
+  void scratch_rewind(size_t mark) override;
   size_t free_memory() const override;
   size_t total_memory() const override;
 
@@ -47,6 +49,10 @@ class CpuBackend final : public Backend {
   std::vector<Tensor> chunks_;
   size_t chunk_used_ = 0;
   size_t scratch_high_water_ = 0, scratch_in_use_ = 0;
+  struct Mark {
+    size_t chunks, used, in_use;
+  };
+  std::vector<Mark> marks_;
 };
 
 }  // namespace tessera

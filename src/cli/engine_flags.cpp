@@ -1,0 +1,79 @@
+#include "cli/engine_flags.h"
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace tessera::cli {
+
+void add_engine_flags(CLI::App& app, EngineFlags& f) {
+  app.add_option("--load-format", f.load_format,
+                 "auto|safetensors: read the checkpoint; dummy: random weights from config.json alone (benchmarks)")
+      ->capture_default_str();
+  app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
+      ->capture_default_str();
+  app.add_option("--max-model-len", f.max_model_len,
+                 "longest sequence (prompt + output) in tokens; default: the model's max_position_embeddings");
+  app.add_option("--max-num-seqs", f.max_num_seqs, "most sequences in one step (batch size cap)")
+      ->capture_default_str();
+  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
+                 "token budget of one step; long prompts are prefilled in chunks of this size (default 8192)");
+  app.add_option("--block-size", f.block_size, "tokens per KV cache block")->capture_default_str();
+  app.add_option("--num-gpu-blocks-override", f.num_gpu_blocks_override,
+                 "use exactly this many KV cache blocks instead of planning from memory");
+  app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                 "fraction of device memory tessera may use (weights + activations + KV cache)")
+      ->capture_default_str();
+  app.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                 "auto (model dtype), bfloat16, fp8 (e4m3: twice the tokens), fp8_e5m2, float32")
+      ->capture_default_str();
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
+               "reuse the KV cache of shared prompt prefixes (default on)");
+  app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.enable_chunked_prefill,
+               "split long prompts across steps so decodes keep flowing (default on)");
+  app.add_option("--seed", f.seed, "seed for requests without their own seed and for dummy weights")
+      ->capture_default_str();
+  app.add_option("--tensor-parallel-size,-tp", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
+      ->capture_default_str();
+  app.add_option("--pipeline-parallel-size,-pp", f.pipeline_parallel_size, "stages the layers are split into")
+      ->capture_default_str();
+}
+
+std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
+  BackendOptions o;
+  if (f.device == "cpu") o.type = DeviceType::kCPU;
+  else if (f.device == "cuda") o.type = DeviceType::kCUDA;
+  else if (f.device == "auto") o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
+  else fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
+  return make_backend(o);
+}
+
+EngineConfig engine_config(const EngineFlags& f) {
+  if (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1)
+    fail(ErrorKind::kUnsupported,
+         "--tensor-parallel-size/--pipeline-parallel-size above 1 are not available in this build yet");
+  if (!(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1))
+    fail(ErrorKind::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1], got {}", f.gpu_memory_utilization);
+  EngineConfig c;
+  c.scheduler.max_num_seqs = f.max_num_seqs;
+  c.scheduler.max_num_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : 8192;
+  c.scheduler.max_model_len = f.max_model_len;
+  c.scheduler.enable_chunked_prefill = f.enable_chunked_prefill;
+  c.block_size = f.block_size;
+  c.num_blocks_override = f.num_gpu_blocks_override;
+  c.gpu_memory_utilization = f.gpu_memory_utilization;
+  c.kv_cache_dtype = f.kv_cache_dtype;
+  c.enable_prefix_caching = f.enable_prefix_caching;
+  c.seed = f.seed;
+  return c;
+}
+
+LoadOptions load_options(const EngineFlags& f) {
+  LoadOptions o;
+  o.model_dir = f.model;
+  o.load_format = f.load_format;
+  o.max_model_len = f.max_model_len;
+  o.seed = f.seed;
+  return o;
+}
+
+}  // namespace tessera::cli

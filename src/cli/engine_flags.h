@@ -1,0 +1,36 @@
+// Flags shared by the verbs that run a model (generate, serve), with vllm serve's names.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+
+namespace tessera::cli {
+
+struct EngineFlags {
+  std::string model;
+  std::string load_format = "auto";
+  std::string device = "auto";
+  int max_model_len = 0;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 0;
+  int block_size = 16;
+  int num_gpu_blocks_override = 0;
+  double gpu_memory_utilization = 0.9;
+  std::string kv_cache_dtype = "auto";
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  uint64_t seed = 0;
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+};
+
+void add_engine_flags(CLI::App& app, EngineFlags& f);
+// The backend for --device (auto: CUDA when this build has it and a GPU is visible).
+std::unique_ptr<Backend> make_backend_for(const EngineFlags& f);
+EngineConfig engine_config(const EngineFlags& f);
+LoadOptions load_options(const EngineFlags& f);
+
+}  // namespace tessera::cli

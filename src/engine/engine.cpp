@@ -1,0 +1,277 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace tessera {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+namespace {
+
+DType parse_kv_dtype(const std::string& s, DType compute) {
+  if (s == "auto") return compute;
+  if (s == "fp8" || s == "fp8_e4m3") return DType::kF8E4M3;
+  if (s == "fp8_e5m2") return DType::kF8E5M2;
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  if (s == "f16" || s == "float16" || s == "half") return DType::kF16;
+  if (s == "f32" || s == "float32" || s == "float") return DType::kF32;
+  fail(ErrorKind::kInvalidArgument, "--kv-cache-dtype {} is not supported (auto, bfloat16, float16, fp8, fp8_e4m3, "
+       "fp8_e5m2, float32)", s);
+}
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v), out;
+  int n = 0;
+  for (auto it = s.rbegin(); it != s.rend(); ++it) {
+    if (n && n % 3 == 0 && *it != '-') out.push_back(',');
+    out.push_back(*it);
+    ++n;
+  }
+  return {out.rbegin(), out.rend()};
+}
+
+}  // namespace
+
+LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config)
+    : model_(std::move(model)), backend_(backend), config_(std::move(config)), sampler_(config_.seed) {
+  const ModelConfig& mc = model_->config();
+  if (config_.scheduler.max_model_len <= 0) config_.scheduler.max_model_len = mc.max_position_embeddings;
+  if (config_.scheduler.max_model_len > mc.max_position_embeddings)
+    fail(ErrorKind::kInvalidArgument,
+         "--max-model-len {} is larger than the model's max_position_embeddings ({}); lower --max-model-len",
+         config_.scheduler.max_model_len, mc.max_position_embeddings);
+  if (!config_.scheduler.enable_chunked_prefill &&
+      config_.scheduler.max_num_batched_tokens < config_.scheduler.max_model_len)
+    fail(ErrorKind::kInvalidArgument,
+         "--max-num-batched-tokens ({}) is smaller than --max-model-len ({}) with chunked prefill off; raise it or "
+         "enable chunked prefill",
+         config_.scheduler.max_num_batched_tokens, config_.scheduler.max_model_len);
+  eos_ids_.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+  plan_kv_cache();
+  scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
+}
+
+LLMEngine::~LLMEngine() = default;
+
+void LLMEngine::plan_kv_cache() {
+  const auto specs = model_->cache_specs();
+  const DType dt = parse_kv_dtype(config_.kv_cache_dtype, backend_.compute_dtype());
+  const int bs = config_.block_size;
+  size_t bytes_per_block = 0;
+  for (const auto& s : specs) {
+    if (s.kind != CacheKind::kPagedKv)
+      fail(ErrorKind::kUnsupported, "layer cache kind 'state slot' (linear attention) is not implemented yet");
+    bytes_per_block += 2ull * bs * s.num_kv_heads * s.head_dim * dtype_size(dt);
+  }
+  int num_blocks = config_.num_blocks_override;
+  if (num_blocks <= 0) {
+    size_t budget = config_.kv_cache_memory_bytes;
+    if (budget == 0) {
+      const size_t total = backend_.total_memory(), free = backend_.free_memory();
+      const double want = config_.gpu_memory_utilization * static_cast<double>(total);
+      const double used = static_cast<double>(total - std::min(total, free));
+      budget = want > used ? static_cast<size_t>(want - used) : 0;
+      // A CPU backend shares RAM with everything else: cap at 4 GiB as vLLM's CPU backend does.
+      if (backend_.device().type == DeviceType::kCPU) budget = std::min<size_t>(budget, 4ull << 30);
+      TLOG_INFO("Memory: {:.2f} GiB total, {:.2f} GiB in use (weights and activations included), "
+                "gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
+                total / 1073741824.0, used / 1073741824.0, config_.gpu_memory_utilization, budget / 1073741824.0);
+    }
+    num_blocks = static_cast<int>(std::min<size_t>(budget / std::max<size_t>(1, bytes_per_block), 1u << 30));
+  }
+  const int max_len = config_.scheduler.max_model_len;
+  if (static_cast<int64_t>(num_blocks) * bs < max_len)
+    fail(ErrorKind::kOutOfMemory,
+         "The model's max seq len ({}) is larger than the maximum number of tokens that can be stored in the KV cache "
+         "({}). Try increasing --gpu-memory-utilization or decreasing --max-model-len.",
+         max_len, static_cast<int64_t>(num_blocks) * bs);
+  kv_.block_size = bs;
+  kv_.num_blocks = num_blocks;
+  kv_.dtype = dt;
+  for (const auto& s : specs) {
+    kv_.k.push_back(backend_.alloc({num_blocks, bs, s.num_kv_heads, s.head_dim}, dt));
+    kv_.v.push_back(backend_.alloc({num_blocks, bs, s.num_kv_heads, s.head_dim}, dt));
+  }
+  cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching);
+  const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
+  TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
+            dtype_name(dt));
+  TLOG_INFO("KV cache size: {} tokens", with_commas(tokens));
+  TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_commas(max_len),
+            static_cast<double>(tokens) / max_len);
+}
+
+Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
+  const ModelConfig& mc = model_->config();
+  if (Status s = validate_sampling_params(params, mc.vocab_size); !s.ok()) return s;
+  if (prompt.empty()) return Status(ErrorKind::kInvalidArgument, "the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= mc.vocab_size)
+      return Status(ErrorKind::kInvalidArgument,
+                    fmt::format("prompt token {} is outside the vocabulary (0..{})", t, mc.vocab_size - 1));
+  const int max_len = max_model_len();
+  if (static_cast<int>(prompt.size()) + 1 > max_len)
+    return Status(ErrorKind::kInvalidArgument,
+                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens in "
+                              "the prompt and at least 1 to generate. Please reduce the length of the prompt.",
+                              max_len, prompt.size()));
+  for (int i = 0; i < params.n; ++i) {
+    std::string child = i == 0 ? id : id + "#" + std::to_string(i);
+    if (requests_.count(child)) return Status(ErrorKind::kInvalidArgument, "duplicate request id " + child);
+  }
+  for (int i = 0; i < params.n; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = i == 0 ? id : id + "#" + std::to_string(i);
+    r->prompt = prompt;
+    r->params = params;
+    r->params.n = 1;
+    if (params.seed) r->rng.seed(*params.seed + static_cast<uint64_t>(i));
+    r->arrival_order = next_order_++;
+    scheduler_->add(r.get());
+    requests_.emplace(r->id, std::move(r));
+  }
+  return Status::Ok();
+}
+
+void LLMEngine::abort(const std::string& id) {
+  std::vector<RequestOutput> ignored;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    const std::string& rid = it->first;
+    bool match = rid == id || (rid.size() > id.size() && rid.compare(0, id.size(), id) == 0 && rid[id.size()] == '#');
+    Request* r = it->second.get();
+    ++it;
+    if (match) finish(r, FinishReason::kAbort, ignored);
+  }
+}
+
+void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out) {
+  scheduler_->remove(r);
+  r->status = RequestStatus::kFinished;
+  r->finish = reason;
+  RequestOutput o;
+  o.request_id = r->id;
+  o.finished = true;
+  o.finish_reason = reason;
+  o.stop_token = r->stop_token;
+  o.num_prompt_tokens = static_cast<int>(r->prompt.size());
+  o.num_output_tokens = static_cast<int>(r->output.size());
+  o.num_cached_tokens = r->num_cached_tokens;
+  out.push_back(std::move(o));
+  requests_.erase(r->id);
+}
+
+ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const {
+  ModelInput in;
+  const int bs = config_.block_size;
+  int max_blocks = 0;
+  for (const auto& s : sched.scheduled) max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids.size()));
+  in.attention.block_size = bs;
+  in.attention.max_blocks_per_seq = max_blocks;
+  in.attention.query_start_loc.push_back(0);
+  for (const auto& s : sched.scheduled) {
+    const Request& r = *s.request;
+    const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
+    for (int i = begin; i < end; ++i) {
+      in.token_ids.push_back(r.token_at(i));
+      in.positions.push_back(i);
+      in.attention.slot_mapping.push_back(r.block_ids[i / bs] * bs + i % bs);
+    }
+    in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
+    in.attention.seq_lens.push_back(end);
+    for (int b = 0; b < max_blocks; ++b)
+      in.attention.block_tables.push_back(b < static_cast<int>(r.block_ids.size()) ? r.block_ids[b] : 0);
+    if (end == r.num_tokens()) {  // caught up: the last position's logits give the next token
+      in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
+      sampled.push_back(s.request);
+    }
+  }
+  return in;
+}
+
+std::vector<RequestOutput> LLMEngine::step() {
+  std::vector<RequestOutput> out;
+  SchedulerOutput sched = scheduler_->schedule();
+  stats_.num_preemptions += sched.preempted.size();
+  if (sched.scheduled.empty()) return out;
+  ++stats_.steps;
+  for (const auto& s : sched.scheduled) {
+    Request* r = s.request;
+    if (r->num_computed_tokens == r->num_cached_tokens && r->output.empty() && r->num_preemptions == 0) {
+      stats_.prompt_tokens += r->prompt.size();
+      stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
+    }
+  }
+  std::vector<Request*> sampled;
+  ModelInput in = build_input(sched, sampled);
+  backend_.reset_scratch();
+  const int vocab = model_->config().vocab_size;
+  if (!sampled.empty() || !in.token_ids.empty()) {
+    if (in.logits_indices.empty()) in.logits_indices.push_back(0);  // keep the lm_head path uniform
+    Tensor logits = model_->forward(in, kv_);
+    host_logits_.resize(static_cast<size_t>(logits.numel()));
+    backend_.copy_to_host(host_logits_.data(), logits);
+    backend_.synchronize();
+  }
+  scheduler_->on_step_done(sched);
+
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Request* r = sampled[i];
+    SampleResult res = sampler_.sample(host_logits_.data() + i * static_cast<size_t>(vocab), vocab, *r, eos_ids_);
+    r->output.push_back(res.token);
+    ++stats_.generation_tokens;
+    RequestOutput o;
+    o.request_id = r->id;
+    o.new_token_ids.push_back(res.token);
+    if (res.logprob) o.logprobs.push_back(*res.logprob);
+    o.num_prompt_tokens = static_cast<int>(r->prompt.size());
+    o.num_output_tokens = static_cast<int>(r->output.size());
+    o.num_cached_tokens = r->num_cached_tokens;
+    FinishReason reason = FinishReason::kNone;
+    const SamplingParams& p = r->params;
+    const bool min_reached = static_cast<int>(r->output.size()) > p.min_tokens;
+    if (!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), res.token) != eos_ids_.end()) {
+      reason = FinishReason::kStop;
+      r->stop_token = res.token;
+    } else if (min_reached && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) !=
+                                  p.stop_token_ids.end()) {
+      reason = FinishReason::kStop;
+      r->stop_token = res.token;
+    } else if (static_cast<int>(r->output.size()) >= p.max_tokens || r->num_tokens() >= max_model_len()) {
+      reason = FinishReason::kLength;
+    }
+    if (reason != FinishReason::kNone) {
+      o.finished = true;
+      o.finish_reason = reason;
+      o.stop_token = r->stop_token;
+      scheduler_->remove(r);
+      r->status = RequestStatus::kFinished;
+      requests_.erase(r->id);
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+EngineStats LLMEngine::stats() const {
+  EngineStats s = stats_;
+  s.num_running = scheduler_->num_running();
+  s.num_waiting = scheduler_->num_waiting();
+  s.kv_cache_usage = cache_manager_->pool().usage();
+  s.num_preemptions = scheduler_->num_preemptions();
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,94 @@
+// The engine: owns the model, the KV cache and the scheduler, and advances every
+// request by one step per call. Single-threaded by contract: one thread (the engine
+// loop) calls everything here; front ends talk to it through their own queues.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache_manager.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace tessera {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;  // max_model_len 0 = the model's max_position_embeddings
+  int block_size = 16;
+  int num_blocks_override = 0;      // --num-gpu-blocks-override
+  double gpu_memory_utilization = 0.9;
+  size_t kv_cache_memory_bytes = 0;  // explicit KV budget; 0 = plan from memory
+  std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 (e4m3) | fp8_e5m2 | f32
+  bool enable_prefix_caching = true;
+  uint64_t seed = 0;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> new_token_ids;
+  std::vector<TokenLogprob> logprobs;  // one per new token when asked for
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::optional<int32_t> stop_token;
+  int num_prompt_tokens = 0;
+  int num_output_tokens = 0;
+  int num_cached_tokens = 0;
+};
+
+struct EngineStats {
+  size_t num_running = 0, num_waiting = 0;
+  double kv_cache_usage = 0;
+  uint64_t num_preemptions = 0;
+  uint64_t prompt_tokens = 0, generation_tokens = 0, prefix_cache_hit_tokens = 0;
+  uint64_t steps = 0;
+};
+
+class LLMEngine {
+ public:
+  // Plans and allocates the KV cache (logging its capacity), then is ready for requests.
+  LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config);
+  ~LLMEngine();
+
+  // Validates and queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ...
+  // that share the prompt's cached blocks. Fails (no side effects) on bad input.
+  Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params);
+  // Finishes the request (and its n siblings) with reason abort; frees its blocks. No-op if unknown.
+  void abort(const std::string& id);
+  // One scheduling step and forward pass; outputs for requests that advanced or finished.
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const { return !requests_.empty(); }
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineConfig& config() const { return config_; }
+  int max_model_len() const { return config_.scheduler.max_model_len; }
+  int num_blocks() const { return cache_manager_->pool().num_blocks(); }
+  int kv_capacity_tokens() const { return num_blocks() * config_.block_size; }
+  const KvCacheManager& cache_manager() const { return *cache_manager_; }
+  EngineStats stats() const;
+  const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
+  void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
+
+ private:
+  void plan_kv_cache();
+  ModelInput build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const;
+  void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
+
+  std::unique_ptr<Model> model_;
+  Backend& backend_;
+  EngineConfig config_;
+  KvCache kv_;
+  std::unique_ptr<KvCacheManager> cache_manager_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  std::vector<int32_t> eos_ids_;
+  uint64_t next_order_ = 0;
+  EngineStats stats_;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+#include "engine/model_loader.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "core/progress.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
+
+namespace tessera {
+
+std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
+  ModelConfig config = load_model_config(o.model_dir);
+  TLOG_INFO("Model {}: {} ({} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}), device {}",
+            o.model_dir, config.architecture, config.num_layers, config.hidden_size, config.num_heads,
+            config.num_kv_heads, config.head_dim, config.vocab_size, backend.device().str());
+  ModelOptions mo;
+  mo.max_positions = o.max_model_len > 0 ? o.max_model_len : config.max_position_embeddings;
+  mo.parallel = o.parallel;
+  auto model = create_model(config, mo, backend);
+  WeightStore& w = model->weights();
+  auto start = std::chrono::steady_clock::now();
+  ProgressBar bar(o.load_format == "dummy" ? "Initialising dummy weights" : "Loading safetensors checkpoint",
+                  w.count());
+  auto progress = [&](size_t done, size_t, size_t) { bar.update(done); };
+  if (o.load_format == "dummy") {
+    w.load_dummy(backend, o.seed, progress);
+  } else if (o.load_format == "auto" || o.load_format == "safetensors") {
+    Checkpoint ckpt(o.model_dir);
+    w.load(ckpt, backend, progress);
+  } else {
+    fail(ErrorKind::kInvalidArgument, "--load-format {} is not supported (auto, safetensors, dummy)", o.load_format);
+  }
+  bar.finish();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  TLOG_INFO("Loading weights took {:.2f} seconds; model weights take {:.2f} GiB", secs,
+            w.param_bytes(backend.compute_dtype()) / 1073741824.0);
+  return model;
+}
+
+}  // namespace tessera

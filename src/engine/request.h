@@ -1,0 +1,40 @@
+// Engine-side state of one sequence. Owned by the engine thread only.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.h"
+
+namespace tessera {
+
+enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  SamplingParams params;
+  RequestStatus status = RequestStatus::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  std::optional<int32_t> stop_token;  // the stop/eos token that finished it
+
+  int num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  int num_cached_tokens = 0;    // of the prompt, found in the prefix cache at admission
+  std::vector<int32_t> block_ids;
+  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
+  int num_preemptions = 0;
+  uint64_t arrival_order = 0;
+  std::mt19937_64 rng;  // seeded per request when params.seed is set
+
+  int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
+  int32_t token_at(int i) const {
+    return i < static_cast<int>(prompt.size()) ? prompt[i] : output[i - prompt.size()];
+  }
+};
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// Per-request generation controls, by their OpenAI / vLLM names.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera {
+
+struct SamplingParams {
+  int n = 1;
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int top_k = 0;  // 0 or -1 = off
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;  // HF style, over prompt and output
+  float presence_penalty = 0.0f;    // OpenAI style, over output
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;  // stop strings (applied by the output processor)
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int max_tokens = 16;
+  int min_tokens = 0;
+  int logprobs = -1;  // -1: none; k >= 0: the sampled token's logprob and the top k
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+};
+
+// Limits that keep one request from harming the others.
+struct SamplingLimits {
+  int max_n = 16;
+  int max_logprobs = 20;
+  int max_stop = 16;
+  int max_stop_length = 256;
+  int max_logit_bias = 1024;
+};
+
+// Checks ranges; the message names the field and the allowed range.
+Status validate_sampling_params(const SamplingParams& p, int vocab_size, const SamplingLimits& limits = {});
+
+}  // namespace tessera
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tessera {
+// Reads OpenAI / vLLM field names (max_tokens or max_completion_tokens, temperature,
+// top_p, top_k, min_p, presence/frequency/repetition_penalty, seed, stop (string or
+// list), stop_token_ids, ignore_eos, min_tokens, n, logprobs (bool or int) +
+// top_logprobs, logit_bias {"id": bias}) over `p`. Wrong types fail with the field name.
+Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);
+}  // namespace tessera

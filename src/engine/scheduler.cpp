@@ -1,0 +1,87 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& cache) : config_(config), cache_(cache) {}
+
+void Scheduler::add(Request* r) {
+  r->status = RequestStatus::kWaiting;
+  waiting_.push_back(r);
+}
+
+void Scheduler::remove(Request* r) {
+  auto w = std::find(waiting_.begin(), waiting_.end(), r);
+  if (w != waiting_.end()) waiting_.erase(w);
+  auto it = std::find(running_.begin(), running_.end(), r);
+  if (it != running_.end()) running_.erase(it);
+  cache_.free(*r);
+}
+
+void Scheduler::preempt(Request* r) {
+  cache_.free(*r);
+  r->status = RequestStatus::kPreempted;
+  ++r->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(r);
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int budget = config_.max_num_batched_tokens;
+
+  // 1. Running requests catch up (decode: one token; unfinished chunked prefill: more).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* r = running_[i];
+    int num_new = std::min(r->num_tokens() - r->num_computed_tokens, budget);
+    num_new = std::min(num_new, config_.max_model_len - r->num_computed_tokens);
+    if (num_new <= 0) {
+      ++i;
+      continue;
+    }
+    bool fits = cache_.allocate(*r, num_new);
+    while (!fits) {
+      // Preempt the lowest-priority (last admitted) running request, possibly r itself.
+      Request* victim = running_.back();
+      running_.pop_back();
+      preempt(victim);
+      out.preempted.push_back(victim);
+      if (victim == r) break;
+      fits = cache_.allocate(*r, num_new);
+    }
+    if (!fits) break;  // r itself was preempted
+    out.scheduled.push_back({r, num_new});
+    budget -= num_new;
+    ++i;
+  }
+
+  // 2. Admit waiting requests, FCFS, unless this step had to preempt.
+  while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    std::vector<int32_t> cached;
+    if (r->num_computed_tokens == 0 && r->block_ids.empty()) cached = cache_.find_cached_prefix(*r);
+    const int cached_tokens = static_cast<int>(cached.size()) * cache_.block_size();
+    int num_new = r->num_tokens() - r->num_computed_tokens - cached_tokens;
+    if (!config_.enable_chunked_prefill && num_new > budget) break;
+    num_new = std::min(num_new, budget);
+    if (!cache_.allocate(*r, num_new, cached)) break;
+    if (r->status == RequestStatus::kWaiting) r->num_cached_tokens = cached_tokens;
+    waiting_.pop_front();
+    r->status = RequestStatus::kRunning;
+    running_.push_back(r);
+    out.scheduled.push_back({r, num_new});
+    budget -= num_new;
+  }
+  return out;
+}
+
+void Scheduler::on_step_done(const SchedulerOutput& out) {
+  for (const auto& s : out.scheduled) {
+    s.request->num_computed_tokens += s.num_new_tokens;
+    cache_.commit_computed(*s.request);
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,64 @@
+// vLLM v1-style scheduling: no prefill or decode phase. Every request has tokens
+// computed and tokens known; each step lets running requests catch up first, then
+// admits waiting ones, within a token budget (chunked prefill) and a sequence cap.
+// When blocks run out, the most recently admitted running request is preempted
+// (its blocks freed; it is recomputed later from its prompt and output so far).
+#pragma once
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/kv_cache_manager.h"
+#include "engine/request.h"
+
+namespace tessera {
+
+struct SchedulerConfig {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 4096;
+  bool enable_chunked_prefill = true;
+};
+
+struct ScheduledRequest {
+  Request* request;
+  int num_new_tokens;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledRequest> scheduled;  // running ones first, in running order
+  std::vector<Request*> preempted;
+  int num_tokens() const {
+    int n = 0;
+    for (const auto& s : scheduled) n += s.num_new_tokens;
+    return n;
+  }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, KvCacheManager& cache);
+
+  void add(Request* r);  // to the waiting queue (FCFS)
+  // Removes a request wherever it is and frees its blocks.
+  void remove(Request* r);
+  SchedulerOutput schedule();
+  // After the step ran: every scheduled request computed its new tokens.
+  void on_step_done(const SchedulerOutput& out);
+
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  uint64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  void preempt(Request* r);
+  SchedulerConfig config_;
+  KvCacheManager& cache_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;
+  uint64_t num_preemptions_ = 0;
+};
+
+}  // namespace tessera
