@@ -26,6 +26,10 @@ int run_chat_template(int argc, char** argv) {
   app.add_option("--model", model_dir, "model directory holding tokenizer_config.json or chat_template.jinja")
       ->required();
   app.add_option("--chat-template", template_file, "a Jinja chat template file to use instead of the model's");
+  bool as_vllm = false;
+  app.add_flag("--vllm-messages", as_vllm,
+               "first normalize the messages as vLLM's OpenAI server does (content parts to text, tool-call "
+               "arguments to objects), i.e. render what `tessera serve` renders");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -42,7 +46,7 @@ int run_chat_template(int argc, char** argv) {
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kInvalidArgument, "stdin must hold a JSON chat request: {}", e.what());
   }
-  std::string prompt = chat_template.render(request);
+  std::string prompt = chat_template.render(as_vllm ? chat_template.vllm_request(request) : request);
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   return 0;
 }

@@ -41,6 +41,33 @@ std::optional<std::string> template_from_config(const nlohmann::ordered_json& co
   fail(ErrorKind::kCorrupt, "{}: \"chat_template\" must be a string or a list of named templates", origin);
 }
 
+// Does any for loop iterate over `<something>.content` or `<something>['content']` (through filters)?
+bool loops_over_content(const jinja::Body& body);
+
+bool is_content_access(const jinja::Expr* expr) {
+  while (expr && (expr->kind == jinja::Expr::Kind::kFilter || expr->kind == jinja::Expr::Kind::kTest)) {
+    expr = expr->operands[0].get();
+  }
+  if (!expr) return false;
+  if (expr->kind == jinja::Expr::Kind::kGetAttr) return expr->name == "content";
+  if (expr->kind == jinja::Expr::Kind::kGetItem) {
+    const jinja::Expr* key = expr->operands[1].get();
+    return key->kind == jinja::Expr::Kind::kLiteral && key->literal.is_string() && key->literal.as_string() == "content";
+  }
+  return false;
+}
+
+bool loops_over_content(const jinja::Body& body) {
+  for (const jinja::StmtPtr& stmt : body) {
+    if (stmt->kind == jinja::Stmt::Kind::kFor && is_content_access(stmt->expr.get())) return true;
+    for (const auto& branch : stmt->branches) {
+      if (loops_over_content(branch.second)) return true;
+    }
+    if (loops_over_content(stmt->body) || loops_over_content(stmt->else_body)) return true;
+  }
+  return false;
+}
+
 jinja::Dict special_tokens_from_config(const nlohmann::ordered_json& config) {
   jinja::Dict tokens;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
@@ -60,7 +87,8 @@ jinja::Dict special_tokens_from_config(const nlohmann::ordered_json& config) {
 ChatTemplate::ChatTemplate(std::string source, jinja::Dict special_tokens)
     : source_(std::move(source)),
       template_(std::make_shared<jinja::Template>(source_)),
-      special_tokens_(std::move(special_tokens)) {}
+      special_tokens_(std::move(special_tokens)),
+      content_format_(loops_over_content(template_->body()) ? ContentFormat::kOpenAI : ContentFormat::kString) {}
 
 ChatTemplate ChatTemplate::from_source(std::string_view source, std::string_view tokenizer_config_json) {
   jinja::Dict tokens;
@@ -125,6 +153,13 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request, const ji
   }
   variables.set("add_generation_prompt", jinja::Value(add_generation_prompt));
   return template_->render(variables, limits);
+}
+
+nlohmann::ordered_json ChatTemplate::vllm_request(const nlohmann::ordered_json& request) const {
+  if (!request.is_object() || !request.contains("messages")) return request;  // render() reports what is wrong
+  nlohmann::ordered_json out = request;
+  out["messages"] = vllm_messages(request["messages"], content_format_);
+  return out;
 }
 
 Status ChatTemplate::try_render(const nlohmann::ordered_json& request, std::string* prompt,

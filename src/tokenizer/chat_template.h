@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "tokenizer/jinja/limits.h"
 #include "tokenizer/jinja/template.h"
+#include "tokenizer/openai_messages.h"
 
 namespace tessera::tokenizer {
 
@@ -37,6 +38,13 @@ class ChatTemplate {
   Status try_render(const nlohmann::ordered_json& request, std::string* prompt,
                     const jinja::RenderLimits& limits = {}) const noexcept;
 
+  // The request with its messages normalized as vLLM's OpenAI server does before rendering (see
+  // openai_messages.h), for content_format(). The server renders vllm_request(body); render(body) alone is
+  // transformers' behaviour.
+  nlohmann::ordered_json vllm_request(const nlohmann::ordered_json& request) const;
+  // vLLM's "auto" content format: kOpenAI when the template loops over a message's content, else kString.
+  ContentFormat content_format() const { return content_format_; }
+
   const std::string& source() const { return source_; }
 
  private:
@@ -45,6 +53,7 @@ class ChatTemplate {
   std::string source_;
   std::shared_ptr<const jinja::Template> template_;
   jinja::Dict special_tokens_;
+  ContentFormat content_format_ = ContentFormat::kString;
 };
 
 }  // namespace tessera::tokenizer

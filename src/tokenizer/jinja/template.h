@@ -19,6 +19,8 @@ class Template {
   // strftime_now are added. Throws TemplateError with the line for runtime errors, raise_exception()
   // and exceeded limits.
   std::string render(const Dict& variables, const RenderLimits& limits = {}) const;
+  // The parsed statements, for callers that inspect what a template does (e.g. whether it loops over content).
+  const Body& body() const { return body_; }
 
  private:
   Body body_;
