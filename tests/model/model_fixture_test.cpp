@@ -82,7 +82,6 @@ TEST_P(FixtureTest, LastLogitsAndGreedyMatchTransformers) {
 
     // Greedy decode through the KV cache, one token per step.
     auto greedy = c["greedy"].get<std::vector<int32_t>>();
-    size_t decisive = testing::decisive_prefix(c["margins"], 1e-3);
     std::vector<int32_t> out;
     int next = argmax(got);
     for (size_t step = 0; step < greedy.size(); ++step) {
@@ -92,9 +91,17 @@ TEST_P(FixtureTest, LastLogitsAndGreedyMatchTransformers) {
       Tensor lg = l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, 16), l->cache);
       next = argmax(to_host(l->backend, lg));
     }
-    for (size_t i = 0; i < decisive; ++i)
-      ASSERT_EQ(out[i], greedy[i]) << name << " prompt length " << prompt_len << " step " << i;
-    EXPECT_GE(decisive, 8u) << "fixture margins too small to be a useful test";
+    // Identical tokens, except that at a step the reference itself calls within 1e-3 the
+    // other token may win; from there the continuations legitimately diverge.
+    auto margins = c["margins"].get<std::vector<double>>();
+    size_t compared = 0;
+    for (size_t i = 0; i < greedy.size(); ++i, ++compared) {
+      if (out[i] == greedy[i]) continue;
+      ASSERT_LE(margins[i], 1e-3) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
+                                  << ", transformers " << greedy[i];
+      break;
+    }
+    EXPECT_GE(compared, 8u) << "fixture margins too small to be a useful test";
   }
 }
 
