@@ -88,7 +88,7 @@ void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int ma
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
 
-// ---- GEMM (gemm.cu) ----
+// ---- GEMM (gemm.cpp) ----
 class Gemm {
  public:
   explicit Gemm(int device);
