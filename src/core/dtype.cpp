@@ -98,7 +98,7 @@ namespace {
 // Generic round-to-nearest-even encoder for small floats with `mbits` mantissa bits.
 uint8_t encode_small_float(float f, int ebits, int mbits, int bias, float max_val, bool has_inf) {
   uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  if (std::isnan(f)) return has_inf ? static_cast<uint8_t>(0x7f) : static_cast<uint8_t>(0x7f);
+  if (std::isnan(f)) return 0x7f;  // a NaN code in both e4m3fn and e5m2
   float a = std::fabs(f);
   if (a >= max_val) {  // saturate
     a = max_val;
@@ -138,40 +138,52 @@ uint8_t f32_to_fp8e5m2(float f) {
 }
 
 namespace {
+// Element access through memcpy: buffers may be unaligned (a safetensors data section
+// starts wherever the header ends), and compilers turn these into plain loads.
+template <typename T>
+T load_as(const void* base, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(base) + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <typename T>
+void store_as(void* base, size_t i, T v) {
+  std::memcpy(static_cast<char*>(base) + i * sizeof(T), &v, sizeof(T));
+}
+
 float load_one(const void* src, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(src)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF8E4M3: return fp8e4m3_to_f32(static_cast<const uint8_t*>(src)[i]);
-    case DType::kF8E5M2: return fp8e5m2_to_f32(static_cast<const uint8_t*>(src)[i]);
-    case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(src)[i]);
-    case DType::kI64: return static_cast<float>(static_cast<const int64_t*>(src)[i]);
-    case DType::kU8: return static_cast<float>(static_cast<const uint8_t*>(src)[i]);
+    case DType::kF32: return load_as<float>(src, i);
+    case DType::kBF16: return bf16_to_f32(load_as<uint16_t>(src, i));
+    case DType::kF16: return f16_to_f32(load_as<uint16_t>(src, i));
+    case DType::kF8E4M3: return fp8e4m3_to_f32(load_as<uint8_t>(src, i));
+    case DType::kF8E5M2: return fp8e5m2_to_f32(load_as<uint8_t>(src, i));
+    case DType::kI32: return static_cast<float>(load_as<int32_t>(src, i));
+    case DType::kI64: return static_cast<float>(load_as<int64_t>(src, i));
+    case DType::kU8: return static_cast<float>(load_as<uint8_t>(src, i));
   }
   return 0;
 }
 void store_one(void* dst, DType t, size_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(dst)[i] = v; return;
-    case DType::kBF16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); return;
-    case DType::kF16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(v); return;
-    case DType::kF8E4M3: static_cast<uint8_t*>(dst)[i] = f32_to_fp8e4m3(v); return;
-    case DType::kF8E5M2: static_cast<uint8_t*>(dst)[i] = f32_to_fp8e5m2(v); return;
+    case DType::kF32: store_as<float>(dst, i, v); return;
+    case DType::kBF16: store_as<uint16_t>(dst, i, f32_to_bf16(v)); return;
+    case DType::kF16: store_as<uint16_t>(dst, i, f32_to_f16(v)); return;
+    case DType::kF8E4M3: store_as<uint8_t>(dst, i, f32_to_fp8e4m3(v)); return;
+    case DType::kF8E5M2: store_as<uint8_t>(dst, i, f32_to_fp8e5m2(v)); return;
     default: fail(ErrorKind::kUnsupported, "cannot convert to {}", dtype_name(t));
   }
 }
 }  // namespace
 
 void convert_host(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
+  if (n == 0) return;  // src/dst may be null for empty vectors
   if (src_type == dst_type) {
     std::memcpy(dst, src, n * dtype_size(src_type));
     return;
   }
   if (src_type == DType::kBF16 && dst_type == DType::kF32) {
-    auto* s = static_cast<const uint16_t*>(src);
-    auto* d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    for (size_t i = 0; i < n; ++i) store_as<float>(dst, i, bf16_to_f32(load_as<uint16_t>(src, i)));
     return;
   }
   for (size_t i = 0; i < n; ++i) store_one(dst, dst_type, i, load_one(src, src_type, i));

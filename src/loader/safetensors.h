@@ -35,6 +35,8 @@ class SafetensorsFile {
   // Header bytes (8-byte length + JSON), for fingerprints.
   std::string_view header_bytes() const { return {static_cast<const char*>(map_), header_end_}; }
   // A host tensor that borrows the mapping (zero copy); keeps the file mapped while alive.
+  // Its data may be unaligned (the data section starts right after the header, whose
+  // length writers need not pad to 8): read it through convert_host, not data<T>().
   Tensor view(const TensorInfo& t, std::shared_ptr<SafetensorsFile> self) const;
 
  private:

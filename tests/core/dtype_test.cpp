@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -333,6 +334,30 @@ TEST(DTypeConvert, ArraysBetweenFloatTypes) {
   convert_host(ints.data(), DType::kI32, f.data(), DType::kF32, 3);
   EXPECT_EQ(f, std::vector<float>({-3.0f, 0.0f, 7.0f}));
   EXPECT_THROW(convert_host(f.data(), DType::kF32, ints.data(), DType::kI32, 3), Error);
+}
+
+TEST(DTypeConvert, UnalignedBuffers) {
+  // Safetensors data need not be aligned to the element size; conversion must not care
+  // (UBSan flags a misaligned load in the sanitizer build).
+  alignas(16) uint8_t raw[64] = {};
+  const std::vector<float> src = {1.0f, -2.0f, 0.5f, 3.0f};
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    std::vector<float> ints_as_float = src;
+    if (t == DType::kI32) {
+      int32_t iv[4] = {1, -2, 0, 3};
+      std::memcpy(raw + 1, iv, sizeof(iv));
+      ints_as_float = {1.0f, -2.0f, 0.0f, 3.0f};
+    } else {
+      convert_host(src.data(), DType::kF32, raw + 1, t, src.size());  // unaligned destination
+    }
+    alignas(16) uint8_t out[32];
+    convert_host(raw + 1, t, out + 3, DType::kF32, src.size());  // unaligned both ways
+    float back[4];
+    std::memcpy(back, out + 3, sizeof(back));
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(back[i], ints_as_float[i]) << i;
+  }
+  convert_host(nullptr, DType::kBF16, nullptr, DType::kF32, 0);  // empty: no access at all
 }
 
 TEST(DTypeNames, SizesAndSpellings) {
