@@ -513,6 +513,27 @@ TEST_F(CpuOps, Copies) {
   EXPECT_THROW(be_.copy(poisoned({34}), a), Error);
 }
 
+TEST_F(CpuOps, EmptyBatchesAreNoOps) {
+  // A step where no sequence wants logits (a middle prefill chunk) hands the backend
+  // zero-row tensors and empty host vectors, whose data() may be null.
+  const int H = 8, V = 16;
+  std::vector<int32_t> none;
+  Tensor idx = be_.scratch({0}, DType::kI32);
+  be_.copy_from_host(idx, none.data());
+  std::vector<float> sink;
+  be_.copy_to_host(sink.data(), be_.scratch({0, H}, DType::kF32));
+  Tensor x = rand_f32({3, H});
+  Tensor rows = be_.scratch({0, H}, DType::kF32);
+  be_.gather_rows(x, idx, rows);
+  Tensor w = rand_f32({V, H});
+  be_.linear(rows, w, nullptr, be_.scratch({0, V}, DType::kF32));
+  be_.embedding(idx, w, be_.scratch({0, H}, DType::kF32));
+  be_.rms_norm(rows, rand_f32({H}), 1e-6f, rows);
+  be_.silu_mul(be_.scratch({0, 2 * H}, DType::kF32), rows);
+  be_.cast(rows, be_.scratch({0, H}, DType::kBF16));
+  SUCCEED();
+}
+
 TEST_F(CpuOps, ScratchArenaAcrossResets) {
   // Three steps with the same allocation pattern: within a step the tensors are aligned
   // and disjoint; from the second step on, no new memory (same addresses every step).
@@ -541,6 +562,39 @@ TEST_F(CpuOps, ScratchArenaAcrossResets) {
     addresses.push_back(addr);
   }
   EXPECT_EQ(addresses[1], addresses[2]) << "steady state must reuse the arena";
+}
+
+TEST_F(CpuOps, ScratchMarksReuseMemoryPerLayer) {
+  // As the model uses them: per layer, mark, take temporaries, rewind. Every layer then
+  // gets the same addresses, and tensors taken before the mark are left alone.
+  for (int step = 0; step < 3; ++step) {
+    be_.reset_scratch();
+    Tensor keep = be_.scratch({1000}, DType::kF32);
+    std::fill_n(keep.data<float>(), 1000, 7.0f);
+    std::vector<void*> first_layer;
+    for (int layer = 0; layer < 4; ++layer) {
+      const size_t mark = be_.scratch_mark();
+      std::vector<void*> addr;
+      for (int i = 0; i < 5; ++i) {
+        Tensor t = be_.scratch({(i + 1) * 50000}, DType::kF32);  // spills over the first 1 MiB chunk
+        ASSERT_TRUE(static_cast<char*>(t.raw()) >= static_cast<char*>(keep.raw()) + keep.nbytes() ||
+                    static_cast<char*>(t.raw()) + t.nbytes() <= static_cast<char*>(keep.raw()));
+        std::fill_n(t.data<float>(), t.numel(), static_cast<float>(layer));
+        addr.push_back(t.raw());
+      }
+      const size_t inner = be_.scratch_mark();  // nested marks rewind independently
+      Tensor tmp = be_.scratch({10}, DType::kF32);
+      be_.scratch_rewind(inner);
+      EXPECT_EQ(be_.scratch({10}, DType::kF32).raw(), tmp.raw());
+      be_.scratch_rewind(mark);
+      if (layer == 0)
+        first_layer = addr;
+      else if (step > 0)
+        EXPECT_EQ(addr, first_layer) << "layer " << layer << " step " << step;
+    }
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(keep.data<float>()[i], 7.0f) << "a rewind clobbered older scratch";
+  }
+  EXPECT_THROW(be_.scratch_rewind(12345), Error);
 }
 
 TEST_F(CpuOps, ScratchFromAnEarlierStepStaysValidMemory) {

@@ -70,7 +70,8 @@ Tensor CpuBackend::scratch(Shape shape, DType dtype) {
 void CpuBackend::reset_scratch() {
   // Tensors handed out earlier keep their chunk alive through the shared storage,
   // so merging is safe; after the first steps there is a single chunk that fits.
-  if (chunks_.size() > 1) {
+  // scratch_rewind drops overflow chunks, so a lone chunk may also be too small.
+  if (chunks_.size() > 1 || (chunks_.size() == 1 && chunks_[0].nbytes() < scratch_high_water_)) {
     chunks_.clear();
     chunks_.push_back(host_empty({static_cast<int64_t>(scratch_high_water_)}, DType::kU8));
   }
@@ -109,11 +110,17 @@ size_t CpuBackend::total_memory() const {
   return pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : 0;
 }
 
-void CpuBackend::copy_from_host(const Tensor& dst, const void* src) { std::memcpy(dst.raw(), src, dst.nbytes()); }
-void CpuBackend::copy_to_host(void* dst, const Tensor& src) { std::memcpy(dst, src.raw(), src.nbytes()); }
+// Empty copies return early: an empty std::vector's data() may be null, and memcpy
+// with a null pointer is undefined even for zero bytes.
+void CpuBackend::copy_from_host(const Tensor& dst, const void* src) {
+  if (dst.nbytes() > 0) std::memcpy(dst.raw(), src, dst.nbytes());
+}
+void CpuBackend::copy_to_host(void* dst, const Tensor& src) {
+  if (src.nbytes() > 0) std::memcpy(dst, src.raw(), src.nbytes());
+}
 void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
   require(dst.nbytes() == src.nbytes(), "copy", dst.str() + " <- " + src.str());
-  std::memmove(dst.raw(), src.raw(), src.nbytes());
+  if (src.nbytes() > 0) std::memmove(dst.raw(), src.raw(), src.nbytes());
 }
 
 void CpuBackend::fill_random(const Tensor& dst, uint64_t seed, float low, float high) {
