@@ -66,27 +66,6 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   RankNamer namer_;
 };
 
-// Asks the head which of `world_ranks` lost their control connection, giving it a moment
-// to notice a process that died a few milliseconds ago. "" when none (or the head is unreachable).
-std::string gone_peers(KeyValueStore* store, const std::vector<int>& world_ranks, const RankNamer& namer) {
-  if (!store || world_ranks.empty()) return "";
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    try {
-      std::vector<int> gone = store->gone_ranks(world_ranks);
-      if (!gone.empty()) {
-        std::string names;
-        for (int w : gone) names += (names.empty() ? "" : ", ") + namer(w);
-        return fmt::format("{} {} gone (process exited or lost its control connection)", names,
-                           gone.size() == 1 ? "is" : "are");
-      }
-    } catch (const std::exception&) {
-      return "";
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-  return "";
-}
-
 void bf16_sum(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<uint16_t*>(c);
   auto* x = static_cast<const uint16_t*>(a);
@@ -255,7 +234,7 @@ class GlooCommunicator : public Communicator {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     std::vector<int> world_peers;
     for (int p : peers) world_peers.push_back(group_.world_ranks[static_cast<size_t>(p)]);
-    std::string culprit = gone_peers(options_.store.get(), world_peers, options_.namer);
+    std::string culprit = describe_gone_ranks(options_.store.get(), world_peers, options_.namer);
     if (!culprit.empty()) culprit = "; " + culprit;
     if (culprit.empty()) {
       std::string names;
@@ -303,7 +282,7 @@ std::unique_ptr<Communicator> GlooCommunicatorFactory::create(const GroupInfo& g
     std::vector<int> peers;
     for (int r = 0; r < group.size(); ++r)
       if (r != group.rank) peers.push_back(group.world_ranks[static_cast<size_t>(r)]);
-    std::string gone = gone_peers(options_.store.get(), peers, options_.namer);
+    std::string gone = describe_gone_ranks(options_.store.get(), peers, options_.namer);
     fail(ErrorKind::kNetwork, "group {} (rank {} of {}) could not connect over Gloo on {}: {}{}", group.name,
          group.rank, group.size(), options_.ip, e.what(), gone.empty() ? "" : "; " + gone);
   }

@@ -22,4 +22,24 @@ std::vector<uint8_t> KeyValueStore::wait_get(const std::string& key, std::chrono
   }
 }
 
+std::string describe_gone_ranks(KeyValueStore* store, const std::vector<int>& world_ranks,
+                                const std::function<std::string(int)>& namer) {
+  if (!store || world_ranks.empty()) return "";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      std::vector<int> gone = store->gone_ranks(world_ranks);
+      if (!gone.empty()) {
+        std::string names;
+        for (int w : gone) names += (names.empty() ? "" : ", ") + (namer ? namer(w) : fmt::format("rank {}", w));
+        return fmt::format("{} {} gone (process exited or lost its control connection)", names,
+                           gone.size() == 1 ? "is" : "are");
+      }
+    } catch (const std::exception&) {
+      return "";
+    }
+    if (attempt == 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  return "";
+}
+
 }  // namespace tessera::dist

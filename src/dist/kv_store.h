@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,5 +26,11 @@ class KeyValueStore {
   std::vector<uint8_t> wait_get(const std::string& key, std::chrono::milliseconds timeout,
                                 const std::string& waiting_for);
 };
+
+// "rank 3 (node 1, 10.0.0.2) is gone (...)" for the ranks among `world_ranks` the head saw go,
+// asking twice 250 ms apart because a peer that died a moment ago may not be noticed yet.
+// "" when none is gone or the store cannot be asked. Used by the communicators' error messages.
+std::string describe_gone_ranks(KeyValueStore* store, const std::vector<int>& world_ranks,
+                                const std::function<std::string(int)>& namer);
 
 }  // namespace tessera::dist

@@ -199,12 +199,8 @@ class NcclCommunicator : public Communicator {
     std::vector<int> peers;
     for (int r = 0; r < size(); ++r)
       if (r != rank()) peers.push_back(group_.world_ranks[static_cast<size_t>(r)]);
-    std::string culprit;
-    try {
-      std::vector<int> gone = options_.store ? options_.store->gone_ranks(peers) : std::vector<int>{};
-      for (int w : gone) culprit += (culprit.empty() ? "; gone: " : ", ") + options_.namer(w);
-    } catch (const std::exception&) {
-    }
+    std::string culprit = describe_gone_ranks(options_.store.get(), peers, options_.namer);
+    if (!culprit.empty()) culprit = "; " + culprit;
     if (culprit.empty()) culprit = "; every peer is still connected to the head (a peer is stuck or a link is cut)";
     return fmt::format("{} on group {} (rank {} of {}) failed after {} ms (timeout {} ms): {}{}", op, group_.name,
                        rank(), size(), ms, options_.timeout.count(), what, culprit);
