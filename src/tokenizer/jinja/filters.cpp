@@ -96,22 +96,13 @@ std::string do_indent(std::string text, const Args& args) {
 }
 
 std::string jinja_title(const std::string& text) {
-  // Jinja2: words are separated by runs of whitespace, '-', '(', '{', '[', '<'.
+  // Jinja2: words are separated by runs of whitespace, '-', '(', '{', '[', '<'; each word is capitalized.
   std::string out;
   bool word_start = true;
-  for (char c : text) {
-    bool separator = std::isspace(static_cast<unsigned char>(c)) || c == '-' || c == '(' || c == '{' || c == '[' ||
-                     c == '<';
-    if (separator) {
-      out.push_back(c);
-      word_start = true;
-    } else {
-      out.push_back(static_cast<unsigned char>(c) < 0x80
-                        ? static_cast<char>(word_start ? std::toupper(static_cast<unsigned char>(c))
-                                                       : std::tolower(static_cast<unsigned char>(c)))
-                        : c);
-      word_start = false;
-    }
+  for (char32_t c : utf8_decode(text)) {
+    bool separator = is_python_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    utf8_append(out, separator ? c : word_start ? to_upper(c) : to_lower(c));
+    word_start = separator;
   }
   return out;
 }
@@ -173,9 +164,9 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "lower") return Value(python_lower(python_str(value)));
   if (name == "title") return Value(jinja_title(python_str(value)));
   if (name == "capitalize") {
-    std::string text = python_lower(python_str(value));
-    if (!text.empty() && static_cast<unsigned char>(text[0]) < 0x80) text[0] = static_cast<char>(std::toupper(text[0]));
-    return Value(text);
+    std::u32string text = utf8_decode(python_lower(python_str(value)));
+    if (!text.empty()) text[0] = to_upper(text[0]);
+    return Value(utf8_encode(text));
   }
   if (name == "length" || name == "count") {
     if (value.is_undefined()) return Value(0);
@@ -385,8 +376,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "max") return min_max(value, args, true);
   if (name == "attr") return get_attribute(value, python_str(arg(args, 0, "name", Value(""))));
   if (name == "format") {
-    List values = args.positional;
-    return Value(python_percent_format(python_str(value), Value(std::move(values))));
+    return Value(python_percent_format(python_str(value), Value::tuple(args.positional)));
   }
   if (name == "pprint") return Value(python_repr(value));
   throw ValueError("no filter named '" + std::string(name) + "'");

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
@@ -110,12 +112,12 @@ bool affix_matches(const std::string& text, const Value& affix, bool prefix, con
 }
 
 std::string python_title(const std::string& text) {
-  std::string out = text;
+  std::string out;
   bool previous_cased = false;
-  for (char& c : out) {
-    bool alpha = std::isalpha(static_cast<unsigned char>(c));
-    if (alpha) c = previous_cased ? std::tolower(static_cast<unsigned char>(c)) : std::toupper(static_cast<unsigned char>(c));
-    previous_cased = alpha;
+  for (char32_t c : utf8_decode(text)) {
+    bool letter = is_letter(c);
+    utf8_append(out, letter ? (previous_cased ? to_lower(c) : to_upper(c)) : c);
+    previous_cased = letter;
   }
   return out;
 }
@@ -333,24 +335,28 @@ std::string python_strip(const std::string& text, const Value& chars, bool left,
 }
 
 std::string python_upper(const std::string& text) {
-  std::string out = text;
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)) & 0xFF);
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (static_cast<unsigned char>(text[i]) >= 0x80) out[i] = text[i];  // ASCII only; UTF-8 bytes untouched
+  std::string out;
+  out.reserve(text.size());
+  for (char32_t c : utf8_decode(text)) {
+    if (c == 0xDF) {
+      out += "SS";  // Python: 'ß'.upper() == 'SS'
+    } else {
+      utf8_append(out, to_upper(c));
+    }
   }
   return out;
 }
 
 std::string python_lower(const std::string& text) {
-  std::string out = text;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (static_cast<unsigned char>(text[i]) < 0x80) out[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
-  }
+  std::string out;
+  out.reserve(text.size());
+  for (char32_t c : utf8_decode(text)) utf8_append(out, to_lower(c));
   return out;
 }
 
+// printf-style formatting as Python's str % args: flags "-+ 0#", width, precision; types s r d i f F e E g G x X o c.
 std::string python_percent_format(const std::string& format, const Value& arguments) {
-  List values = arguments.is_list() ? arguments.as_list() : List{arguments};
+  List values = arguments.is_tuple() ? arguments.as_list() : List{arguments};
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < format.size(); ++i) {
@@ -358,26 +364,57 @@ std::string python_percent_format(const std::string& format, const Value& argume
       out.push_back(format[i]);
       continue;
     }
-    if (++i >= format.size()) throw ValueError("incomplete format");
-    char spec = format[i];
-    if (spec == '%') {
+    size_t spec_begin = i + 1;
+    size_t p = spec_begin;
+    while (p < format.size() && std::strchr("-+ 0#", format[p])) ++p;
+    while (p < format.size() && std::isdigit(static_cast<unsigned char>(format[p]))) ++p;
+    if (p < format.size() && format[p] == '.') {
+      ++p;
+      while (p < format.size() && std::isdigit(static_cast<unsigned char>(format[p]))) ++p;
+    }
+    if (p >= format.size()) throw ValueError("incomplete format");
+    char type = format[p];
+    std::string flags_width_precision = format.substr(spec_begin, p - spec_begin);
+    i = p;
+    if (type == '%') {
       out.push_back('%');
       continue;
     }
     if (next >= values.size()) throw ValueError("not enough arguments for format string");
     const Value& v = values[next++];
-    if (spec == 's') {
-      out += python_str(v);
-    } else if (spec == 'r') {
-      out += python_repr(v);
-    } else if (spec == 'd' || spec == 'i') {
-      if (!v.is_number()) throw ValueError("%d format: a real number is required, not " + type_name(v));
-      out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_float()) : v.as_int());
+    std::string spec = "%" + flags_width_precision;
+    char buffer[512];
+    if (type == 's' || type == 'r') {
+      std::string text = type == 's' ? python_str(v) : python_repr(v);
+      // Width and precision count characters; pad with code points so non-ASCII text lines up as in Python.
+      bool left = flags_width_precision.find('-') != std::string::npos;
+      size_t dot = flags_width_precision.find('.');
+      std::string width_part = flags_width_precision.substr(0, dot);
+      width_part.erase(0, width_part.find_first_not_of("-+ 0#"));
+      std::u32string chars = utf8_decode(text);
+      if (dot != std::string::npos) chars = chars.substr(0, std::stoul("0" + flags_width_precision.substr(dot + 1)));
+      size_t width = width_part.empty() ? 0 : std::stoul(width_part);
+      std::string body = utf8_encode(chars);
+      std::string padding(width > chars.size() ? width - chars.size() : 0, ' ');
+      out += left ? body + padding : padding + body;
+    } else if (std::strchr("dioxXc", type)) {
+      if (!v.is_number()) throw ValueError(std::string("%") + type + " format: a number is required, not " + type_name(v));
+      long long n = v.is_float() ? static_cast<long long>(v.as_float()) : v.as_int();
+      if (type == 'c') {
+        utf8_append(out, static_cast<char32_t>(n));
+        continue;
+      }
+      std::snprintf(buffer, sizeof(buffer), (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(), n);
+      out += buffer;
+    } else if (std::strchr("fFeEgG", type)) {
+      if (!v.is_number()) throw ValueError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+      std::snprintf(buffer, sizeof(buffer), (spec + type).c_str(), v.as_float());
+      out += buffer;
     } else {
-      throw ValueError(std::string("unsupported format character '") + spec + "'");
+      throw ValueError(std::string("unsupported format character '") + type + "'");
     }
   }
-  if (next < values.size()) throw ValueError("not all arguments converted during string formatting");
+  if (next < values.size() && arguments.is_tuple()) throw ValueError("not all arguments converted during string formatting");
   return out;
 }
 

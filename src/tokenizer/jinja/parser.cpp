@@ -363,7 +363,10 @@ class Parser {
 
   ExprPtr parse_compare() {
     ExprPtr left = parse_math1();
-    // Python chains a < b < c as (a < b) and (b < c); chat templates do not chain, so fold left.
+    // Python chains a < b < c as (a < b) and (b < c): build that, evaluating b twice (expressions have no
+    // side effects worth keeping).
+    ExprPtr chain;
+    ExprPtr previous = left;
     while (true) {
       int line = current().line;
       std::string op;
@@ -379,9 +382,12 @@ class Parser {
         advance();
         op = "not in";
       } else {
-        return left;
+        return chain ? chain : left;
       }
-      left = binary(op, left, parse_math1(), line);
+      ExprPtr right = parse_math1();
+      ExprPtr comparison = binary(op, previous, right, line);
+      chain = chain ? binary("and", chain, comparison, line) : comparison;
+      previous = right;
     }
   }
 

@@ -70,4 +70,37 @@ bool is_python_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+char32_t to_lower(char32_t c) {
+  if ((c >= 'A' && c <= 'Z') || (c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+  if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
+    bool even_is_upper = (c < 0x139) || (c > 0x148 && c < 0x179);
+    if (even_is_upper ? (c % 2 == 0) : (c % 2 == 1)) return c + 1;
+    return c;
+  }
+  if (c >= 0x391 && c <= 0x3AB && c != 0x3A2) return c + 32;  // Greek capitals
+  if (c >= 0x410 && c <= 0x42F) return c + 32;                 // Cyrillic А-Я
+  if (c >= 0x400 && c <= 0x40F) return c + 80;                 // Cyrillic Ѐ-Џ
+  return c;
+}
+
+char32_t to_upper(char32_t c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+  if (c == 0xFF) return 0x178;
+  if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
+    bool even_is_upper = (c < 0x139) || (c > 0x148 && c < 0x179);
+    if (even_is_upper ? (c % 2 == 1) : (c % 2 == 0)) return c - 1;
+    return c;
+  }
+  if (c >= 0x3B1 && c <= 0x3CB && c != 0x3C2) return c - 32;
+  if (c == 0x3C2) return 0x3A3;  // final sigma
+  if (c >= 0x430 && c <= 0x44F) return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  return c;
+}
+
+bool is_letter(char32_t c) {
+  if (c < 0x80) return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+  return to_lower(c) != c || to_upper(c) != c || c == 0xDF || c >= 0x3040;  // ß; CJK and beyond count as letters
+}
+
 }  // namespace tessera::tokenizer::jinja
