@@ -17,7 +17,9 @@
 #include "core/logging.h"
 #include "dist/control_store.h"
 #include "dist/gloo_communicator.h"
+#include "dist/launch_env.h"
 #include "dist/nic.h"
+#include "dist/node_session.h"
 #include "dist/rendezvous_client.h"
 #include "dist/rendezvous_server.h"
 
@@ -82,47 +84,26 @@ void bench(Communicator& comm, const std::vector<size_t>& sizes, int iters) {
 }
 
 int run(const Args& a) {
-  NicChoice nic = choose_nic({a.master, a.nic, ""});
+  if (!a.expect_nic.empty()) {  // checked before the rendezvous so a wrong choice fails fast
+    NicChoice nic = choose_nic({a.master, a.nic, ""});
+    if (nic.interface_name != a.expect_nic) {
+      std::fprintf(stderr, "expected NIC %s, chose %s\n", a.expect_nic.c_str(), nic.interface_name.c_str());
+      return 3;
+    }
+  }
+  NodeSessionOptions so;
+  so.launch = resolve_launch({a.nnodes, a.node_rank, a.master, a.port});
+  so.nic = a.nic;
+  so.token = a.token;
+  so.model_dir = a.model_dir;
+  so.join_timeout = milliseconds(30000);
+  NodeSession session(so);
+  const NicChoice& nic = session.nic();
   std::printf("NIC %s %s (%s)\n", nic.interface_name.c_str(), nic.ip.c_str(), nic.reason.c_str());
-  std::fflush(stdout);
-  if (!a.expect_nic.empty() && nic.interface_name != a.expect_nic) {
-    std::fprintf(stderr, "expected NIC %s, chose %s\n", a.expect_nic.c_str(), nic.interface_name.c_str());
-    return 3;
-  }
-  apply_nic_env(nic);
-  NodeFingerprint fp = a.model_dir.empty() ? NodeFingerprint{} : compute_fingerprint(a.model_dir);
-  if (a.model_dir.empty()) fp.version = this_version();
-  fp.ip = nic.ip;
-  fp.nic = nic.interface_name;
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  fp.hostname = host;
-
-  HeadAddress head{a.master, static_cast<uint16_t>(a.port), a.token, nic.ip};
-  std::unique_ptr<RendezvousServer> server;
-  std::unique_ptr<RendezvousClient> client;
-  ClusterTable table;
-  if (a.node_rank == 0) {
-    RendezvousServerOptions o;
-    o.bind_ip = nic.ip;
-    o.port = static_cast<uint16_t>(a.port);
-    o.token = a.token;
-    o.nnodes = a.nnodes;
-    o.head_fingerprint = fp;
-    o.join_timeout = milliseconds(30000);
-    server = std::make_unique<RendezvousServer>(o);
-    table = server->wait_for_nodes();
-  } else {
-    RendezvousClientOptions o;
-    o.head = head;
-    o.node_rank = a.node_rank;
-    o.nnodes = a.nnodes;
-    o.fingerprint = fp;
-    o.join_timeout = milliseconds(30000);
-    client = std::make_unique<RendezvousClient>(o);
-    table = client->cluster();
-  }
+  const ClusterTable& table = session.cluster();
+  const HeadAddress& head = session.head();
   std::printf("CLUSTER formed: %zu nodes, world %d\n", table.nodes.size(), table.world_size);
+  std::fflush(stdout);
 
   // One rank per node here: world rank = node rank.
   auto store = std::make_shared<ControlStoreClient>(head, a.node_rank, milliseconds(10000));
@@ -130,7 +111,7 @@ int run(const Args& a) {
   g.store = store;
   g.ip = nic.ip;
   g.timeout = milliseconds(30000);
-  g.namer = [table](int r) { return table.describe_rank(r); };
+  g.namer = session.rank_namer();
   GlooCommunicatorFactory factory(g);
   ParallelLayout layout{table.world_size, 1};
   auto world = factory.create(layout.world_group(a.node_rank));
@@ -150,7 +131,7 @@ int run(const Args& a) {
   std::fflush(stdout);
   std::this_thread::sleep_for(milliseconds(a.hold_ms));
 
-  if (server) {
+  if (RendezvousServer* server = session.server()) {
     ClusterStatus s = query_cluster_status(head, milliseconds(5000));
     for (const NodeStatus& n : s.nodes)
       std::printf("STATUS node %d %s %s %s\n", n.node_rank, n.fingerprint.nic.c_str(), n.fingerprint.ip.c_str(),
