@@ -32,9 +32,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                "split long prompts across steps so decodes keep flowing (default on)");
   app.add_option("--seed", f.seed, "seed for requests without their own seed and for dummy weights")
       ->capture_default_str();
-  app.add_option("--tensor-parallel-size,-tp", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
+  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
-  app.add_option("--pipeline-parallel-size,-pp", f.pipeline_parallel_size, "stages the layers are split into")
+  app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
       ->capture_default_str();
 }
 

@@ -91,6 +91,10 @@ void LLMEngine::plan_kv_cache() {
                 total / 1073741824.0, used / 1073741824.0, config_.gpu_memory_utilization, budget / 1073741824.0);
     }
     num_blocks = static_cast<int>(std::min<size_t>(budget / std::max<size_t>(1, bytes_per_block), 1u << 30));
+    // No mix of requests can hold more than max_num_seqs full-length sequences.
+    const int64_t useful = (static_cast<int64_t>(config_.scheduler.max_num_seqs) * config_.scheduler.max_model_len +
+                            bs - 1) / bs;
+    num_blocks = static_cast<int>(std::min<int64_t>(num_blocks, useful));
   }
   const int max_len = config_.scheduler.max_model_len;
   if (static_cast<int64_t>(num_blocks) * bs < max_len)

@@ -128,11 +128,14 @@ void CpuBackend::fill_random(const Tensor& dst, uint64_t seed, float low, float 
   DType dt = dst.dtype();
   void* base = dst.raw();
   pool().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      uint64_t r = splitmix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
-      float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
-      float v = low + (high - low) * u;
-      convert_host(&v, DType::kF32, static_cast<char*>(base) + i * dtype_size(dt), dt, 1);
+    float buf[1024];
+    for (int64_t i = b; i < e; i += 1024) {
+      const int64_t m = std::min<int64_t>(1024, e - i);
+      for (int64_t j = 0; j < m; ++j) {
+        uint64_t r = splitmix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i + j));
+        buf[j] = low + (high - low) * (static_cast<float>(r >> 40) * (1.0f / 16777216.0f));
+      }
+      convert_host(buf, DType::kF32, static_cast<char*>(base) + i * dtype_size(dt), dt, static_cast<size_t>(m));
     }
   });
 }
