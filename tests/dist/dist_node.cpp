@@ -4,10 +4,12 @@
 //
 //   dist_node --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --token T
 //             [--nic SPEC] [--model-dir DIR] [--expect-nic NAME] [--bench 1048576,67108864] [--iters 10]
-//             [--hold-ms MS]
+//             [--hold-ms MS] [--heartbeat-timeout-ms MS] [--watch-failure-ms MS]
 #include <unistd.h>
 
 #include <cstdio>
+#include <future>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -30,7 +32,8 @@ using namespace tessera::dist;
 using std::chrono::milliseconds;
 
 struct Args {
-  int nnodes = 2, node_rank = 0, port = 29500, iters = 10, hold_ms = 0;
+  int nnodes = 2, node_rank = 0, port = 29500, iters = 10, hold_ms = 0, heartbeat_timeout_ms = 10000,
+      watch_failure_ms = 0;
   std::string master, token, nic, model_dir, expect_nic;
   std::vector<size_t> bench_sizes;
 };
@@ -53,6 +56,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--expect-nic") a.expect_nic = value();
     else if (k == "--iters") a.iters = std::stoi(value());
     else if (k == "--hold-ms") a.hold_ms = std::stoi(value());  // stay up so `cluster status` can look
+    else if (k == "--heartbeat-timeout-ms") a.heartbeat_timeout_ms = std::stoi(value());
+    else if (k == "--watch-failure-ms") a.watch_failure_ms = std::stoi(value());  // head: expect a node to fail
     else if (k == "--bench") {
       std::string list = value();
       for (size_t pos = 0; pos < list.size();) {
@@ -97,7 +102,14 @@ int run(const Args& a) {
   so.token = a.token;
   so.model_dir = a.model_dir;
   so.join_timeout = milliseconds(30000);
+  so.heartbeat_timeout = milliseconds(a.heartbeat_timeout_ms);
   NodeSession session(so);
+  std::promise<std::string> failure;
+  auto reported = std::make_shared<std::once_flag>();
+  if (RendezvousServer* server = session.server())
+    server->set_on_node_failure([&failure, reported](const RankFailure& f) {
+      std::call_once(*reported, [&] { failure.set_value(f.reason); });
+    });
   const NicChoice& nic = session.nic();
   std::printf("NIC %s %s (%s)\n", nic.interface_name.c_str(), nic.ip.c_str(), nic.reason.c_str());
   const ClusterTable& table = session.cluster();
@@ -129,6 +141,19 @@ int run(const Args& a) {
   world->barrier();
   std::printf("DONE\n");
   std::fflush(stdout);
+  if (a.watch_failure_ms > 0 && session.server()) {
+    auto start = Clock::now();
+    auto future = failure.get_future();
+    if (future.wait_for(milliseconds(a.watch_failure_ms)) != std::future_status::ready) {
+      std::printf("NO FAILURE within %d ms\n", a.watch_failure_ms);
+      return 5;
+    }
+    auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+    std::printf("FAILURE after %lld ms: %s\n", static_cast<long long>(ms), future.get().c_str());
+    std::fflush(stdout);
+    session.server()->set_on_node_failure(nullptr);
+    return 0;
+  }
   std::this_thread::sleep_for(milliseconds(a.hold_ms));
 
   if (RendezvousServer* server = session.server()) {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Two "hosts" on one machine: network namespaces joined by a veth pair, each with a decoy
-# docker0 (one end of an in-namespace veth pair). Checks that the automatic NIC is the veth end, that a 2-node
-# rendezvous + Gloo all-reduce works across the namespaces, that the head's status lists
-# both nodes, and that a wrong --nic fails with a clear message. Prints the all-reduce
-# bandwidth between the namespaces.
+# Two "hosts" on one machine: network namespaces joined by a veth pair, each with decoys
+# (docker0 and eno9, the two ends of an in-namespace veth pair). Checks that the automatic
+# NIC is the veth end, that a 2-node rendezvous + Gloo all-reduce works across the
+# namespaces, that `tessera cluster status` lists both nodes, that a wrong --nic and an
+# unreachable master fail with clear messages, and that cutting the link makes the head
+# name the lost node within the heartbeat timeout. Prints the all-reduce bandwidth
+# between the namespaces.
 #
 #   tests/dist/netns_test.sh path/to/dist_node [path/to/dist_cluster_cli]
 # Exit 77 (ctest SKIP) when not root or when namespaces cannot be created here.
@@ -98,6 +100,22 @@ check "$TMP/wrong.log" "interface eth9 does not exist; interfaces here:"
 ip netns exec "$B" timeout 60 "$NODE" --nnodes 2 --node-rank 1 --master-addr 10.99.0.1 --master-port $PORT \
   --token netns-token >"$TMP/noroute.log" 2>&1
 check "$TMP/noroute.log" "no interface routes to 10.99.0.1"
+
+# Cut the link mid-run (no TCP reset reaches anyone): the head must name the node once its
+# heartbeats stop, within the heartbeat timeout (2 s here) plus a little.
+CUT=(--nnodes 2 --master-addr 10.77.0.1 --master-port $((PORT + 1)) --token netns-token --heartbeat-timeout-ms 2000)
+ip netns exec "$A" timeout 60 "$NODE" "${CUT[@]}" --node-rank 0 --watch-failure-ms 10000 >"$TMP/cut_head.log" 2>&1 &
+CUT_HEAD=$!
+ip netns exec "$B" timeout 60 "$NODE" "${CUT[@]}" --node-rank 1 --hold-ms 30000 >"$TMP/cut_node.log" 2>&1 &
+CUT_NODE=$!
+for _ in $(seq 1 300); do grep -q DONE "$TMP/cut_node.log" 2>/dev/null && break; sleep 0.1; done
+ip -n "$B" link set ens1 down
+wait $CUT_HEAD
+CUT_RC=$?
+kill $CUT_NODE 2>/dev/null; wait $CUT_NODE 2>/dev/null
+echo "--- link cut"; grep -E "FAILURE|NO FAILURE|error" "$TMP/cut_head.log"
+[ $CUT_RC -eq 0 ] || { echo "FAIL: head did not report the cut link (exit $CUT_RC)"; fail=1; }
+check "$TMP/cut_head.log" "FAILURE after .* ms: node 1 (10.77.0.2), rank 1: no heartbeat for"
 
 [ $fail -eq 0 ] && echo "PASS: netns rendezvous + Gloo all-reduce across namespaces"
 exit $fail
