@@ -150,11 +150,12 @@ Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt
   return Status::Ok();
 }
 
-void LLMEngine::abort(const std::string& id) {
+void LLMEngine::abort(const std::string& id, bool only_this_sequence) {
   std::vector<RequestOutput> ignored;
   for (auto it = requests_.begin(); it != requests_.end();) {
     const std::string& rid = it->first;
-    bool match = rid == id || (rid.size() > id.size() && rid.compare(0, id.size(), id) == 0 && rid[id.size()] == '#');
+    bool match = rid == id || (!only_this_sequence && rid.size() > id.size() && rid.compare(0, id.size(), id) == 0 &&
+                               rid[id.size()] == '#');
     Request* r = it->second.get();
     ++it;
     if (match) finish(r, FinishReason::kAbort, ignored);

@@ -56,8 +56,9 @@ class LLMEngine {
   // Validates and queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ...
   // that share the prompt's cached blocks. Fails (no side effects) on bad input.
   Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params);
-  // Finishes the request (and its n siblings) with reason abort; frees its blocks. No-op if unknown.
-  void abort(const std::string& id);
+  // Finishes the request (and, unless only_this_sequence, its n siblings "<id>#k") with
+  // reason abort; frees its blocks. No-op if unknown.
+  void abort(const std::string& id, bool only_this_sequence = false);
   // One scheduling step and forward pass; outputs for requests that advanced or finished.
   std::vector<RequestOutput> step();
   bool has_unfinished() const { return !requests_.empty(); }

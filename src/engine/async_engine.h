@@ -1,0 +1,120 @@
+// The thread-safe front of the engine. One engine thread owns the LLMEngine and
+// runs steps while there is work; other threads (HTTP handlers, the CLI) submit
+// requests and abort them. Outputs are detokenized here (streaming, stop strings),
+// so every front end gets the same text.
+//
+// Contract (docs/engine.md):
+//  - submit/abort/stats/drain may be called from any thread;
+//  - `on_output` runs on the engine thread: it must not block (post to your own
+//    executor); the last call for a request has finished = true, exactly once;
+//  - after drain() returns, no callback runs again.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace tessera::tokenizer {
+class Tokenizer;
+}
+
+namespace tessera {
+
+struct GenerationRequest {
+  std::string id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams params;
+};
+
+// New output of one sequence (index i of the request's n) after a step.
+struct StreamDelta {
+  std::string request_id;
+  int index = 0;
+  std::vector<int32_t> token_ids;
+  std::string text;  // new text; stop strings are cut (or kept with include_stop_str_in_output)
+  std::vector<TokenLogprob> logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_string;            // the stop string that finished it, if any
+  std::optional<int32_t> stop_token;  // or the stop token
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  double first_token_latency = 0;  // seconds from submit to this sequence's first token (set once)
+};
+
+using OutputCallback = std::function<void(const StreamDelta&)>;
+
+struct AsyncEngineOptions {
+  int max_waiting_requests = 1024;  // beyond this submit() answers kOverloaded (429)
+};
+
+enum class SubmitError { kNone, kInvalid, kOverloaded, kDraining, kDead };
+
+struct SubmitResult {
+  SubmitError error = SubmitError::kNone;
+  std::string message;
+  bool ok() const { return error == SubmitError::kNone; }
+};
+
+struct AsyncEngineStats {
+  EngineStats engine;
+  size_t num_pending = 0;  // submitted, not yet seen by the engine thread
+  bool alive = true;
+  std::string fatal_error;
+};
+
+class AsyncEngine {
+ public:
+  // `tok` may be null (token ids only, no text). Starts the engine thread.
+  AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options = {});
+  ~AsyncEngine();  // drains with a zero timeout
+
+  // Validates (prompt length, sampling ranges) without touching engine state, then queues.
+  SubmitResult submit(GenerationRequest request, OutputCallback on_output);
+  // Thread-safe; the request's callback gets a finished delta with reason abort.
+  void abort(const std::string& id);
+  // Stops accepting, lets in-flight requests finish for up to `timeout`, aborts the rest,
+  // then stops the engine thread.
+  void drain(std::chrono::milliseconds timeout);
+  AsyncEngineStats stats() const;
+
+  int max_model_len() const { return max_model_len_; }
+  int vocab_size() const { return vocab_size_; }
+  const ModelConfig& model_config() const { return model_config_; }
+
+ private:
+  struct Sequence;
+  struct Tracked;
+  void loop();
+  void handle_outputs(std::vector<RequestOutput>& outs);
+
+  std::unique_ptr<LLMEngine> engine_;
+  const tokenizer::Tokenizer* tok_;
+  AsyncEngineOptions options_;
+  ModelConfig model_config_;
+  int max_model_len_, vocab_size_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<GenerationRequest, OutputCallback>> pending_;
+  std::vector<std::string> pending_aborts_;
+  bool draining_ = false, stop_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_;
+  AsyncEngineStats snapshot_;
+
+  // Engine-thread state.
+  std::unordered_map<std::string, std::unique_ptr<Tracked>> tracked_;      // by request id
+  std::unordered_map<std::string, std::pair<Tracked*, int>> seq_owner_;    // engine sequence id -> (request, index)
+  std::thread thread_;
+};
+
+}  // namespace tessera
