@@ -107,7 +107,7 @@ void RendezvousClient::run() {
           record_failure(decode_rank_failure(f->payload));
           break;
         case MessageType::kWelcome:
-          cluster_ = decode_cluster_table(f->payload);  // not expected twice; harmless
+          decode_cluster_table(f->payload);  // a repeat changes nothing: the table is fixed once formed
           break;
         default:
           fail(ErrorKind::kCorrupt, "unexpected {} frame from the head", message_type_name(f->type));
