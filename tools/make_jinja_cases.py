@@ -135,6 +135,18 @@ CASES = [
     ("filter_chain_precedence", "{{ -3 | abs }} {{ 'a' ~ 'b' | upper }} {{ [3, 1] | sort | first + 1 }} {{ not [] | length }}", {}),
     ("tojson_nested_unicode_and_floats", "{{ v | tojson }}", {"v": {"f": [1.5, 2.0, 1e-07, 1e+22, -0.0, 100000000000000000000.0], "s": "\u2028\u00ad\u200b\ufeff", "e": {}}}),
     ("repr_of_unicode", "{{ ['\u00e9', '\u200b', '\x7f', '\u3000', 'tab\t'] }}", {}),
+    # --- found by differential fuzzing against Jinja2 ---
+    ("raw_endraw_plus_keeps_indent", "{% raw %}{{ r }}x\n  {%+ endraw %}|{% raw %}a\n  {% endraw %}|", {}),
+    ("undefined_is_callable_and_sequence", "{{ missing is callable }} {{ missing is sequence }} {{ missing is iterable }}", {}),
+    ("tuple_vs_list_equality", "{{ (1, 2) == [1, 2] }} {{ (1, 2) == (1, 2) }} {{ (1,) + (2,) }} {{ (1, 2) * 2 }}", {}),
+    ("round_keeps_ints", "{{ 3 | round }} {{ 3 | round(1, 'floor') }} {{ true | round }}", {}),
+    ("odd_even_on_floats", "{{ 2.5 is odd }} {{ 3.0 is odd }} {{ 4.0 is even }}", {}),
+    ("map_select_on_falsy", "{{ none | map('string') | list }} {{ 0 | select | list }} {{ '' | reject | list }}", {}),
+    ("lower_upper_tests_on_non_strings", "{{ ['ab'] is lower }} {{ (1, 2) is lower }} {{ 'ABC1' is upper }} {{ '' is upper }}", {}),
+    ("undefined_int_error", "{{ missing | int }}", {}),
+    ("chained_tests_error", "{{ 1 is number is true }}", {}),
+    ("percent_unused_argument_error", "{{ 'no specifiers' % 5 }}", {}),
+    ("raw_plus_close_is_unknown_tag_error", "{% raw +%}x{% endraw %}", {}),
     # --- undefined semantics and errors (expected to fail as Jinja2 does) ---
     ("undefined_attribute_error", "{{ missing.attr }}", {}),
     ("undefined_add_error", "{{ 'a' + missing }}", {}),

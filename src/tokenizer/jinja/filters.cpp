@@ -52,6 +52,7 @@ bool apply_test_arg(const Value& value, const Args& args, size_t first) {
 
 Value select(const Value& sequence, const Args& args, bool keep_when, bool by_attribute) {
   List out;
+  if (!truthy(sequence)) return Value(std::move(out));  // Jinja2 iterates only a truthy value
   for (const Value& item : iterate(sequence)) {
     if (by_attribute) {
       if (args.positional.empty()) throw ValueError("selectattr/rejectattr need an attribute name");
@@ -201,6 +202,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "list") return Value(iterate(value));
   if (name == "map") {
     List out;
+    if (!truthy(value)) return Value(std::move(out));  // Jinja2 maps only a truthy value
     Value attribute = arg(args, SIZE_MAX, "attribute", Value());
     for (const Value& item : iterate(value)) {
       if (!attribute.is_undefined()) {
@@ -221,6 +223,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "reject") return select(value, args, false, false);
   if (name == "selectattr") return select(value, args, true, true);
   if (name == "rejectattr") return select(value, args, false, true);
+  if ((name == "int" || name == "float") && value.is_undefined()) throw_undefined(value);  // int(Undefined) fails
   if (name == "int") {
     int64_t fallback = int_arg(args, 0, "default", 0);
     if (value.is_number()) return Value(value.is_float() ? static_cast<int64_t>(value.as_float()) : value.as_int());
@@ -257,6 +260,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     double scale = std::pow(10.0, static_cast<double>(precision));
     if (method == "ceil") return Value(std::ceil(value.as_float() * scale) / scale);
     if (method == "floor") return Value(std::floor(value.as_float() * scale) / scale);
+    if (!value.is_float()) return Value(value.as_int());  // Python: round(3, 0) is the int 3
     return Value(python_round(value.as_float(), precision));
   }
   if (name == "replace") {
@@ -287,7 +291,10 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     out.append(text, start, std::string::npos);
     return Value(std::move(out));
   }
-  if (name == "indent") return Value(do_indent(python_str(value), args));
+  if (name == "indent") {
+    if (!value.is_string()) throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
+    return Value(do_indent(value.as_string(), args));
+  }
   if (name == "center") {
     std::string text = python_str(value);
     int64_t width = int_arg(args, 0, "width", 80);

@@ -184,7 +184,10 @@ class Lexer {
     size_t p = inner;
     while (p < source_.size() && is_space(source_[p])) ++p;
     if (source_.compare(p, 3, "raw") != 0 || (p + 3 < source_.size() && is_name_char(source_[p + 3]))) return false;
-    return true;
+    // Jinja2 opens a raw block only with `%}` or `-%}` (a `+%}` makes it an unknown "raw" tag).
+    p += 3;
+    while (p < source_.size() && is_space(source_[p])) ++p;
+    return source_.compare(p, 2, "%}") == 0 || source_.compare(p, 3, "-%}") == 0;
   }
 
   size_t lex_raw(size_t inner, size_t start, bool* strip_next_text) {
@@ -200,7 +203,8 @@ class Lexer {
       if (tag == std::string::npos) throw TemplateError("missing endraw for raw block", line);
       size_t p = tag + 2;
       bool strip_before = p < source_.size() && source_[p] == '-';
-      if (p < source_.size() && (source_[p] == '-' || source_[p] == '+')) ++p;
+      bool keep_before = p < source_.size() && source_[p] == '+';
+      if (strip_before || keep_before) ++p;
       while (p < source_.size() && is_space(source_[p])) ++p;
       if (source_.compare(p, 6, "endraw") == 0) {
         p += 6;
@@ -216,7 +220,7 @@ class Lexer {
           }
           if (strip_before) {
             while (!body.empty() && is_space(body.back())) body.pop_back();
-          } else if (options_.lstrip_blocks) {
+          } else if (options_.lstrip_blocks && !keep_before) {
             size_t line_begin = body.rfind('\n');
             line_begin = line_begin == std::string::npos ? 0 : line_begin + 1;
             if (std::all_of(body.begin() + line_begin, body.end(), is_space) && line_begin > 0) body.erase(line_begin);

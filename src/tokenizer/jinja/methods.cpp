@@ -414,7 +414,9 @@ std::string python_percent_format(const std::string& format, const Value& argume
       throw ValueError(std::string("unsupported format character '") + type + "'");
     }
   }
-  if (next < values.size() && arguments.is_tuple()) throw ValueError("not all arguments converted during string formatting");
+  // Python: unused arguments are an error, except a single mapping-like argument (dict or list).
+  bool mapping_like = !arguments.is_tuple() && (arguments.is_dict() || arguments.is_list());
+  if (next < values.size() && !mapping_like) throw ValueError("not all arguments converted during string formatting");
   return out;
 }
 

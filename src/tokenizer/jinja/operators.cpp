@@ -182,7 +182,7 @@ int compare_values(const Value& left, const Value& right) {
     int c = left.as_string().compare(right.as_string());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
-  if (left.is_list() && right.is_list()) {
+  if (left.is_list() && right.is_list() && left.is_tuple() == right.is_tuple()) {
     const List& a = left.as_list();
     const List& b = right.as_list();
     for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -227,11 +227,11 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
       check_size(left.as_string().size() + right.as_string().size(), max_bytes);
       return Value(left.as_string() + right.as_string());
     }
-    if (left.is_list() && right.is_list()) {
+    if (left.is_list() && right.is_list() && left.is_tuple() == right.is_tuple()) {
       List out = left.as_list();
       out.insert(out.end(), right.as_list().begin(), right.as_list().end());
       check_size(out.size(), max_bytes);
-      return Value(std::move(out));
+      return left.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
     }
     if (left.is_string()) throw ValueError("can only concatenate str (not \"" + type_name(right) + "\") to str");
     if (left.is_list()) throw ValueError("can only concatenate list (not \"" + type_name(right) + "\") to list");
@@ -252,7 +252,7 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
       check_size(sequence->as_list().size() * n, max_bytes);
       List out;
       for (int64_t i = 0; i < n; ++i) out.insert(out.end(), sequence->as_list().begin(), sequence->as_list().end());
-      return Value(std::move(out));
+      return sequence->is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
     }
     unsupported(op, left, right);
   }

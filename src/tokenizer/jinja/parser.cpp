@@ -638,10 +638,11 @@ class Parser {
         e->operands.push_back(node);
         if (at_operator("(")) {
           parse_args(e.get());
-        } else if ((current().type == Type::kName && !at_name("else") && !at_name("or") && !at_name("and") &&
-                    !at_name("if") && !at_name("is")) ||
+        } else if ((current().type == Type::kName && !at_name("else") && !at_name("or") && !at_name("and")) ||
                    current().type == Type::kString || current().type == Type::kInteger ||
                    current().type == Type::kFloat || at_operator("[") || at_operator("{")) {
+          // One argument without parentheses, as Jinja2: `x is divisibleby 3`, `x is sameas none`.
+          if (at_name("is")) fail("you cannot chain multiple tests with 'is'");
           e->operands.push_back(parse_postfix(parse_primary()));
         }
         node = e;

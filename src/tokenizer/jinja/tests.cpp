@@ -1,9 +1,11 @@
 // Jinja2's tests (`x is name args`), with Python's notion of each type: bool counts as a number,
 // dicts and strings are sequences, Undefined is iterable.
 #include <cmath>
+#include <cstdint>
 
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
+#include "tokenizer/jinja/format.h"
 #include "tokenizer/jinja/operators.h"
 
 namespace tessera::tokenizer::jinja {
@@ -26,13 +28,12 @@ bool call_test(std::string_view name, const Value& value, const Args& args) {
   if (name == "mapping") return value.is_dict() && !value.as_dict().is_namespace;
   if (name == "iterable") return value.is_undefined() || value.is_string() || value.is_list() ||
                                  (value.is_dict() && !value.as_dict().is_namespace);
-  if (name == "sequence") return value.is_string() || value.is_list() || (value.is_dict() && !value.as_dict().is_namespace);
-  if (name == "callable") return value.is_function();
+  if (name == "sequence") return value.is_undefined() || value.is_string() || value.is_list() || (value.is_dict() && !value.as_dict().is_namespace);
+  if (name == "callable") return value.is_function() || value.is_undefined();  // Undefined defines __call__
   if (name == "odd" || name == "even") {
-    if (value.is_undefined()) throw_undefined(value);
-    if (!value.is_int() && !value.is_bool()) throw ValueError("test '" + std::string(name) + "' needs an integer");
-    bool odd = (value.as_int() % 2) != 0;
-    return name == "odd" ? odd : !odd;
+    // Jinja2: value % 2 == 1 (odd) or == 0 (even), so floats are allowed and 2.5 is neither.
+    Value remainder = binary_operation("%", value, Value(2), SIZE_MAX);
+    return values_equal(remainder, Value(name == "odd" ? 1 : 0));
   }
   if (name == "divisibleby") {
     Value divisor = arg();
@@ -58,8 +59,12 @@ bool call_test(std::string_view name, const Value& value, const Args& args) {
     if (value.is_dict()) return value.dict_ptr() == other.dict_ptr();
     return values_equal(value, other);
   }
-  if (name == "lower") return value.is_string() && python_lower(value.as_string()) == value.as_string();
-  if (name == "upper") return value.is_string() && python_upper(value.as_string()) == value.as_string();
+  if (name == "lower" || name == "upper") {
+    // Jinja2: str(value).islower() / .isupper(): at least one cased character, and none of the other case.
+    std::string text = python_str(value);
+    bool has_cased = python_lower(text) != python_upper(text);
+    return has_cased && (name == "lower" ? python_lower(text) == text : python_upper(text) == text);
+  }
   if (name == "escaped") return false;
   throw ValueError("no test named '" + std::string(name) + "'");
 }

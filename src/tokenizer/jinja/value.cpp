@@ -139,6 +139,7 @@ bool values_equal(const Value& left, const Value& right) {
     case Value::Type::kString:
       return left.as_string() == right.as_string();
     case Value::Type::kList: {
+      if (left.is_tuple() != right.is_tuple()) return false;  // Python: (1, 2) != [1, 2]
       const List& a = left.as_list();
       const List& b = right.as_list();
       if (a.size() != b.size()) return false;
