@@ -4,7 +4,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+
 #include "cli/engine_flags.h"
+#include "engine/async_engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -32,8 +39,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 struct Job {
   std::vector<int32_t> prompt;
   SamplingParams params;
+  std::string prompt_text;        // text prompts, before tokenization
+  nlohmann::ordered_json messages;  // chat prompts, before the chat template
   std::vector<int32_t> output;
+  std::string text;
   std::string finish_reason;
+  std::chrono::steady_clock::time_point first_token, last_token;
+  bool done = false;
 };
 
 }  // namespace
@@ -49,10 +61,19 @@ int run_generate(int argc, char** argv) {
   SamplingParams sp;
   sp.temperature = 0.0f;
   bool json_out = false;
+  std::vector<std::string> prompts;
+  std::string tokenizer_dir, chat_template_file;
+  bool chat = false;
   app.add_option("--model,model", ef.model, "model directory (config.json + safetensors)")->required();
   app.add_option("--prompt-ids", prompt_ids, "a prompt as comma-separated token ids; repeat for several prompts");
-  app.add_option("--input", input, "JSONL file: one {\"prompt_ids\": [...]} per line, plus OpenAI sampling fields");
-  app.add_option("--output", output, "JSONL file for the results (default: stdout)");
+  app.add_option("--prompt", prompts, "a text prompt (needs a tokenizer); repeat for several prompts");
+  app.add_flag("--chat", chat, "treat each --prompt as a user message and apply the model's chat template");
+  app.add_option("--tokenizer", tokenizer_dir, "directory with tokenizer.json (default: the model directory)");
+  app.add_option("--chat-template", chat_template_file, "a Jinja chat template file instead of the model's");
+  app.add_option("--input", input,
+                 "JSONL file: one {\"prompt_ids\": [...]}, {\"prompt\": \"...\"} or {\"messages\": [...]} per line, "
+                 "plus OpenAI sampling fields (max_tokens, temperature, top_p, seed, stop, ...)");
+  app.add_option("--output", output, "JSONL file for the results, in input order (default: stdout)");
   app.add_option("--max-tokens", sp.max_tokens, "tokens to generate per prompt")->capture_default_str();
   app.add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();
   app.add_option("--top-p", sp.top_p, "nucleus sampling mass")->capture_default_str();
@@ -71,7 +92,19 @@ int run_generate(int argc, char** argv) {
   if (request_seed) sp.seed = request_seed;
 
   std::vector<Job> jobs;
-  for (const auto& s : prompt_ids) jobs.push_back({parse_ids(s), sp, {}, {}});
+  for (const auto& s : prompt_ids) {
+    Job job;
+    job.prompt = parse_ids(s);
+    job.params = sp;
+    jobs.push_back(std::move(job));
+  }
+  for (const auto& text : prompts) {
+    Job job;
+    job.params = sp;
+    if (chat) job.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
+    else job.prompt_text = text;
+    jobs.push_back(std::move(job));
+  }
   if (!input.empty()) {
     std::ifstream in(input);
     if (!in) fail(ErrorKind::kNotFound, "{}: cannot open --input file", input);
@@ -86,56 +119,96 @@ int run_generate(int argc, char** argv) {
       } catch (const std::exception& e) {
         fail(ErrorKind::kInvalidArgument, "{}:{}: not JSON ({})", input, lineno, e.what());
       }
-      Job job{{}, sp, {}, {}};
+      Job job;
+      job.params = sp;
       if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
         for (const auto& t : j["prompt_ids"]) {
           if (!t.is_number_integer()) fail(ErrorKind::kInvalidArgument, "{}:{}: prompt_ids must be integers", input, lineno);
           job.prompt.push_back(t.get<int32_t>());
         }
-      } else if (j.contains("prompt")) {
-        fail(ErrorKind::kUnsupported, "{}:{}: text prompts need a tokenizer; give prompt_ids", input, lineno);
+      } else if (j.contains("prompt") && j["prompt"].is_string()) {
+        job.prompt_text = j["prompt"].get<std::string>();
+      } else if (j.contains("messages") && j["messages"].is_array()) {
+        job.messages = nlohmann::ordered_json::parse(j["messages"].dump());
       } else {
-        fail(ErrorKind::kInvalidArgument, "{}:{}: each line needs prompt_ids", input, lineno);
+        fail(ErrorKind::kInvalidArgument, "{}:{}: each line needs prompt_ids, prompt (text) or messages", input, lineno);
       }
       if (Status s = sampling_params_from_json(j, job.params); !s.ok())
         fail(ErrorKind::kInvalidArgument, "{}:{}: {}", input, lineno, s.message());
       jobs.push_back(std::move(job));
     }
   }
-  if (jobs.empty()) fail(ErrorKind::kInvalidArgument, "no prompts: pass --prompt-ids or --input");
+  if (jobs.empty()) fail(ErrorKind::kInvalidArgument, "no prompts: pass --prompt, --prompt-ids or --input");
+
+  // The tokenizer: needed for text prompts and text output; optional for token ids.
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  const std::string tdir = tokenizer_dir.empty() ? ef.model : tokenizer_dir;
+  bool needs_text = false;
+  for (const auto& j : jobs) needs_text |= !j.prompt_text.empty() || !j.messages.is_null();
+  if (std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json")) tok = tokenizer::Tokenizer::from_dir(tdir);
+  else if (needs_text)
+    fail(ErrorKind::kNotFound, "{}: no tokenizer.json for the text prompts; pass --tokenizer DIR or use --prompt-ids",
+         tdir);
+  std::optional<tokenizer::ChatTemplate> tmpl;
+  for (auto& j : jobs) {
+    if (!j.messages.is_null()) {
+      if (!tmpl)
+        tmpl = tokenizer::ChatTemplate::from_model_dir(
+            tdir, chat_template_file.empty() ? std::nullopt : std::optional<std::filesystem::path>(chat_template_file));
+      nlohmann::ordered_json req{{"messages", j.messages}, {"add_generation_prompt", true}};
+      j.prompt_text = tmpl->render(req);
+    }
+    if (!j.prompt_text.empty()) j.prompt = tok->encode(j.prompt_text, /*add_special_tokens=*/j.messages.is_null());
+  }
 
   auto backend = make_backend_for(ef);
-  LLMEngine engine(load_model(load_options(ef), *backend), *backend, engine_config(ef));
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (Status s = engine.add_request(std::to_string(i), jobs[i].prompt, jobs[i].params); !s.ok())
-      fail(ErrorKind::kInvalidArgument, "prompt {}: {}", i, s.message());
-  }
+  AsyncEngine engine(std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef)),
+                     tok.get(), AsyncEngineOptions{static_cast<int>(jobs.size()) + 1});
   using clock = std::chrono::steady_clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = jobs.size();
   auto t0 = clock::now();
-  double decode_seconds = 0;
-  size_t decode_tokens = 0, total_out = 0;
-  while (engine.has_unfinished()) {
-    const uint64_t prompt_before = engine.stats().prompt_tokens;
-    auto s0 = clock::now();
-    auto outs = engine.step();
-    double dt = std::chrono::duration<double>(clock::now() - s0).count();
-    if (engine.stats().prompt_tokens == prompt_before && !outs.empty()) {
-      decode_seconds += dt;
-      decode_tokens += outs.size();
-    }
-    for (const auto& o : outs) {
-      Job& job = jobs[std::stoul(o.request_id)];
-      job.output.insert(job.output.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      total_out += o.new_token_ids.size();
-      if (o.finished) job.finish_reason = finish_reason_name(o.finish_reason);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    GenerationRequest req{std::to_string(i), jobs[i].prompt, jobs[i].params};
+    SubmitResult r = engine.submit(std::move(req), [&, i](const StreamDelta& d) {
+      std::lock_guard<std::mutex> lk(mu);
+      Job& job = jobs[i];
+      auto now = clock::now();
+      if (job.output.empty() && !d.token_ids.empty()) job.first_token = now;
+      if (!d.token_ids.empty()) job.last_token = now;
+      job.output.insert(job.output.end(), d.token_ids.begin(), d.token_ids.end());
+      job.text += d.text;
+      if (d.finished) {
+        job.finish_reason = d.finish_reason == FinishReason::kError ? "error: " + d.text : finish_reason_name(d.finish_reason);
+        job.done = true;
+        if (--remaining == 0) cv.notify_all();
+      }
+    });
+    if (!r.ok()) fail(ErrorKind::kInvalidArgument, "prompt {}: {}", i, r.message);
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return remaining == 0; });
+  }
+  engine.drain(std::chrono::milliseconds(0));
+  double total = std::chrono::duration<double>(clock::now() - t0).count();
+  size_t total_in = 0, total_out = 0;
+  double decode_rate_sum = 0;
+  int decode_rates = 0;
+  for (const auto& j : jobs) {
+    total_in += j.prompt.size();
+    total_out += j.output.size();
+    double span = std::chrono::duration<double>(j.last_token - j.first_token).count();
+    if (j.output.size() > 1 && span > 0) {
+      decode_rate_sum += (j.output.size() - 1) / span;
+      ++decode_rates;
     }
   }
-  double total = std::chrono::duration<double>(clock::now() - t0).count();
-  size_t total_in = 0;
-  for (const auto& j : jobs) total_in += j.prompt.size();
-  TLOG_INFO("Processed {} prompts in {:.2f} s: input {:.1f} tok/s, output {:.1f} tok/s; decode {:.1f} tok/s",
+  TLOG_INFO("Processed {} prompts in {:.2f} s: input {:.1f} tok/s, output {:.1f} tok/s; decode {:.2f} tok/s per "
+            "sequence",
             jobs.size(), total, total_in / total, total_out / total,
-            decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0);
+            decode_rates ? decode_rate_sum / decode_rates : 0.0);
 
   std::ofstream file;
   if (!output.empty()) {
@@ -146,7 +219,10 @@ int run_generate(int argc, char** argv) {
   for (const auto& j : jobs) {
     if (json_out || !output.empty()) {
       nlohmann::json o{{"prompt_ids", j.prompt}, {"token_ids", j.output}, {"finish_reason", j.finish_reason}};
-      os << o.dump() << "\n";
+      if (tok) o["text"] = j.text;
+      os << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else if (tok) {
+      os << j.text << "\n  (" << j.output.size() << " tokens, " << j.finish_reason << ")\n";
     } else {
       os << "token_ids:";
       for (int32_t t : j.output) os << " " << t;
