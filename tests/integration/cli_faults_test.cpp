@@ -1,0 +1,286 @@
+// Damaged checkpoints through the real binary: `tessera generate --model DIR
+// --prompt-ids 1,2,3 --max-tokens 4` must exit non-zero (never by a signal), print
+// exactly one "error:" line naming the file and the tensor, and no sanitizer report.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <functional>
+#include <sstream>
+
+#include "fault_util.h"
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+using testing::copy_fixture;
+using testing::StFile;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+struct RunResult {
+  bool signaled = false;
+  int signal = 0;
+  int exit_code = -1;
+  std::string out, err;
+};
+
+RunResult run_generate(const fs::path& model_dir, const fs::path& scratch) {
+  const fs::path out = scratch / "stdout.txt", err = scratch / "stderr.txt";
+  std::vector<std::string> args = {TESSERA_BIN,    "generate", "--model",      model_dir.string(),
+                                   "--prompt-ids", "1,2,3",    "--max-tokens", "4"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, TESSERA_BIN, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  RunResult r;
+  if (rc != 0) {
+    ADD_FAILURE() << "cannot run " << TESSERA_BIN << ": " << std::strerror(rc);
+    return r;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.signaled = WIFSIGNALED(status);
+  r.signal = r.signaled ? WTERMSIG(status) : 0;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = testing::read_file(out);
+  r.err = testing::read_file(err);
+  return r;
+}
+
+std::vector<std::string> error_lines(const std::string& text) {
+  std::vector<std::string> v;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("error:", 0) == 0) v.push_back(line);
+  return v;
+}
+
+// A fault: how to damage a copy of a fixture, and what the one error line must name.
+struct Fault {
+  std::string name;
+  std::string fixture;
+  // Damages `dir` (the copy); returns the strings the error line must contain.
+  std::function<std::vector<std::string>(const fs::path& dir, const fs::path& tmp)> damage;
+};
+
+std::string q(const std::string& tensor) { return "'" + tensor + "'"; }
+
+// Rewrites dir/model.safetensors after `edit` changed its header or data.
+std::vector<std::string> edit_st(const fs::path& dir, const std::function<std::string(StFile&)>& edit,
+                                 int64_t header_len = -1) {
+  const fs::path p = dir / "model.safetensors";
+  StFile st = StFile::read(p);
+  std::string tensor = edit(st);
+  st.write(p, header_len);
+  std::vector<std::string> names = {p.string()};
+  if (!tensor.empty()) names.push_back(q(tensor));
+  return names;
+}
+
+std::string last_tensor(const StFile& st) {
+  std::string last;
+  for (const auto& n : st.tensor_names())
+    if (last.empty() || st.end(n) > st.end(last)) last = n;
+  return last;
+}
+
+const char* kSingle = "llama_gqa2";
+const char* kSharded = "qwen3_mqa_untied_sharded";
+
+std::vector<Fault> faults() {
+  const std::string qp = "model.layers.0.self_attn.q_proj.weight";
+  return {
+      {"MissingDirectory", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         fs::remove_all(dir);
+         return std::vector<std::string>{dir.string()};
+       }},
+      {"MissingConfig", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         fs::remove(dir / "config.json");
+         return std::vector<std::string>{(dir / "config.json").string()};
+       }},
+      {"MissingWeights", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         fs::remove(dir / "model.safetensors");
+         return std::vector<std::string>{dir.string()};
+       }},
+      {"ShorterThanLengthField", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         testing::write_file(dir / "model.safetensors", "\x10\x00\x00");
+         return std::vector<std::string>{(dir / "model.safetensors").string()};
+       }},
+      {"TruncatedInHeader", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         std::string b = testing::read_file(dir / "model.safetensors");
+         testing::write_file(dir / "model.safetensors", b.substr(0, 100));
+         return std::vector<std::string>{(dir / "model.safetensors").string()};
+       }},
+      {"TruncatedInData", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [](StFile& st) {
+           std::string t = last_tensor(st);
+           st.data.resize((st.begin(t) + st.end(t)) / 2);
+           return t;
+         });
+       }},
+      {"HeaderLengthLargerThanFile", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(
+             dir, [](StFile&) { return std::string(); }, 1 << 30);
+       }},
+      {"HeaderNotJson", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         const fs::path p = dir / "model.safetensors";
+         std::string b = testing::read_file(p);
+         uint64_t n = 0;
+         std::memcpy(&n, b.data(), 8);
+         for (uint64_t i = 8; i < 8 + n; ++i) b[i] = (i % 17 == 0) ? '\n' : '#';  // same length, not JSON
+         testing::write_file(p, b);
+         return std::vector<std::string>{p.string()};
+       }},
+      {"OffsetsPastTheEnd", kSingle,
+       [qp](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [qp](StFile& st) {
+           uint64_t len = st.end(qp) - st.begin(qp);
+           st.header[qp]["data_offsets"] = {st.data.size(), st.data.size() + len};
+           return qp;
+         });
+       }},
+      {"OffsetsInverted", kSingle,
+       [qp](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [qp](StFile& st) {
+           st.header[qp]["data_offsets"] = {st.end(qp), st.begin(qp)};
+           return qp;
+         });
+       }},
+      {"OffsetsOverlap", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [](StFile& st) {
+           const std::string k = "model.layers.1.self_attn.k_proj.weight", v = "model.layers.1.self_attn.v_proj.weight";
+           st.header[v]["data_offsets"] = st.header[k]["data_offsets"];
+           return v;
+         });
+       }},
+      {"SizeNotDtypeTimesShape", kSingle,
+       [qp](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [qp](StFile& st) {
+           st.header[qp]["shape"] = {63, 64};
+           return qp;
+         });
+       }},
+      {"AbsurdShape", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [](StFile& st) {
+           const std::string t = "model.norm.weight";
+           st.header[t]["shape"] = {1ull << 31, 1ull << 31};
+           st.header[t]["dtype"] = "F32";  // 2^62 elements * 4 bytes wraps to 0
+           st.header[t]["data_offsets"] = {st.begin(t), st.begin(t)};
+           return t;
+         });
+       }},
+      {"UnsupportedDtype", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         auto names = edit_st(dir, [](StFile& st) {
+           const std::string t = "model.layers.1.mlp.down_proj.weight";
+           st.header[t]["dtype"] = "F64";
+           return t;
+         });
+         names.push_back("F64");
+         return names;
+       }},
+      {"MissingTensor", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [](StFile& st) {
+           const std::string t = "model.layers.1.post_attention_layernorm.weight";
+           st.remove(t);
+           return t;
+         });
+       }},
+      {"WrongShapeSameBytes", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         return edit_st(dir, [](StFile& st) {
+           const std::string t = "model.layers.1.mlp.up_proj.weight";  // [128, 64] -> [64, 128]
+           st.header[t]["shape"] = {64, 128};
+           return t;
+         });
+       }},
+      {"UnsupportedArchitecture", kSingle,
+       [](const fs::path& dir, const fs::path&) {
+         auto cfg = testing::read_json(dir / "config.json");
+         cfg["architectures"] = {"MambaForCausalLM"};
+         testing::write_json(dir / "config.json", cfg);
+         return std::vector<std::string>{(dir / "config.json").string(), "MambaForCausalLM"};
+       }},
+      {"MissingShard", kSharded,
+       [](const fs::path& dir, const fs::path&) {
+         auto idx = testing::read_json(dir / "model.safetensors.index.json");
+         const std::string shard = "model-00004-of-00008.safetensors";
+         std::string tensor;
+         for (const auto& [t, f] : idx["weight_map"].items())
+           if (f == shard && tensor.empty()) tensor = t;
+         fs::remove(dir / shard);
+         return std::vector<std::string>{(dir / shard).string(), q(tensor)};
+       }},
+      {"ShardOutsideTheDirectory", kSharded,
+       [](const fs::path& dir, const fs::path& tmp) {
+         fs::copy_file(dir / "model-00002-of-00008.safetensors", tmp / "stolen.safetensors");
+         auto idx = testing::read_json(dir / "model.safetensors.index.json");
+         const std::string t = "model.norm.weight";
+         idx["weight_map"][t] = "../stolen.safetensors";
+         testing::write_json(dir / "model.safetensors.index.json", idx);
+         return std::vector<std::string>{(dir / "model.safetensors.index.json").string(), q(t)};
+       }},
+  };
+}
+
+class CliFaults : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(CliFaults, OneErrorLineNamingFileAndTensor) {
+  const Fault& f = GetParam();
+  TempDir tmp;
+  fs::path dir = copy_fixture(f.fixture, tmp.path());
+  std::vector<std::string> names = f.damage(dir, tmp.path());
+  RunResult r = run_generate(dir, tmp.path());
+  SCOPED_TRACE("stderr:\n" + r.err);
+  ASSERT_FALSE(r.signaled) << "killed by signal " << r.signal;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.find("Sanitizer"), std::string::npos);
+  EXPECT_EQ(r.err.find("runtime error:"), std::string::npos);
+  auto lines = error_lines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << "want exactly one 'error:' line";
+  EXPECT_EQ(lines[0].find("error: internal"), std::string::npos) << "a user error, not an internal one";
+  for (const auto& n : names) EXPECT_NE(lines[0].find(n), std::string::npos) << "'" << n << "' not named";
+  EXPECT_TRUE(r.out.empty()) << "no generated output: " << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CliFaults, ::testing::ValuesIn(faults()),
+                         [](const auto& info) { return info.param.name; });
+
+// The control: the same copy, undamaged, generates. Without it the tests above
+// could pass because the command fails for some unrelated reason.
+TEST(CliFaultsControl, IntactCopiesGenerate) {
+  for (const char* fixture : {kSingle, kSharded}) {
+    SCOPED_TRACE(fixture);
+    TempDir tmp;
+    fs::path dir = copy_fixture(fixture, tmp.path());
+    RunResult r = run_generate(dir, tmp.path());
+    ASSERT_FALSE(r.signaled) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(error_lines(r.err).empty()) << r.err;
+    EXPECT_FALSE(r.out.empty());
+  }
+}
+
+}  // namespace
+}  // namespace tessera
