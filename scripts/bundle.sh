@@ -9,6 +9,9 @@
 #   scripts/bundle.sh --build-dir build-cuda --with-tests
 #   scripts/bundle.sh --out /tmp/b
 #   scripts/bundle.sh --build-dir build-cuda --tests-only   # op test + kernel benchmarks, no tessera
+#   scripts/bundle.sh --build-dir build-cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
+#       # an xz archive too (~18 MB instead of ~85 MB: fits the device tool's 64 MiB carry);
+#       # on the GPU machine: tar -xJf bundle/bundle.tar.xz -C /tmp && BUNDLE=/tmp/bundle scripts/device_check.sh
 #
 # On the GPU node:  bundle/tessera --version
 # The CUDA runtime, cuBLAS(Lt) and NCCL are NOT copied: they must match the node's
@@ -21,17 +24,20 @@ BUILD=build/cuda
 OUT=bundle
 WITH_TESTS=0
 WITH_TESSERA=1
+TAR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --with-tests) WITH_TESTS=1; shift ;;
     --tests-only) WITH_TESTS=1; WITH_TESSERA=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --tar) TAR="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bundle.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
+case "$OUT" in ""|/|.|..) echo "bundle.sh: refusing --out '$OUT'" >&2; exit 2 ;; esac
 command -v patchelf >/dev/null || { echo "bundle.sh: patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)" >&2; exit 1; }
 
 if [ "$WITH_TESSERA" = 1 ] && [ ! -x "$BUILD/bin/tessera" ]; then
@@ -88,3 +94,9 @@ done
 git rev-parse --short HEAD > "$OUT/COMMIT" 2>/dev/null || true
 echo "[bundle] $OUT: $(ls "$OUT" | grep -v '^lib$' | tr '\n' ' ')+ $(ls "$OUT/lib" | wc -l) libraries, $(du -sh "$OUT" | cut -f1)"
 ls "$OUT/lib" | sed 's/^/[bundle]   lib\//'
+
+if [ -n "$TAR" ]; then
+  mkdir -p "$(dirname "$TAR")"
+  tar -cJf "$TAR" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+  echo "[bundle] archive $TAR ($(du -h "$TAR" | cut -f1)); unpacks to ./$(basename "$OUT")"
+fi

@@ -39,11 +39,36 @@ run cuda_ops_test "$B/cuda_ops_test" --gtest_color=no
 run gemm_bench "$B/gemm_bench" $q
 run attention_bench "$B/attention_bench" $q
 
+# Model level (needs bundle/tessera, i.e. scripts/bundle.sh --with-tests): a Qwen3-8B
+# shape with dummy weights. Decode: batch 1, 512-token prompt, 256 new tokens, against
+# the ceiling copy bandwidth / 15.14 GB read per token. Prefill: one 4096-token prompt.
+if [ -x "$B/tessera" ]; then
+  M="$OUT/qwen3-8b-dummy"
+  mkdir -p "$M"
+  cat > "$M/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+ "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+ "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": false,
+ "bos_token_id": 151643, "eos_token_id": 151645}
+JSON
+  G="$B/tessera generate --model $M --load-format dummy --device cuda --ignore-eos --max-model-len 8192"
+  run model_decode $G --prompt-ids "$(seq -s, 1000 1511)" --max-tokens 256
+  run model_prefill $G --prompt-ids "$(seq -s, 1000 5095)" --max-tokens 1 --max-num-batched-tokens 8192
+  rm -rf "$M"
+  copy=$(grep -o "copy: [0-9]*" "$OUT/gemm_bench.log" | grep -o "[0-9]*$")
+  {
+    echo "copy bandwidth ${copy} GB/s -> decode ceiling $(awk -v c="$copy" 'BEGIN{printf "%.0f", c/15.14}') tok/s (15.14 GB a token)"
+    grep -h "Processed" "$OUT/model_decode.log" "$OUT/model_prefill.log"
+  } > "$OUT/model.txt" 2>&1
+fi
+
 {
   echo "## op tests"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|rel_err" "$OUT/cuda_ops_test.log" | head -80
   echo; echo "## gemm"; cat "$OUT/gemm_bench.log"
   echo; echo "## attention"; cat "$OUT/attention_bench.log"
+  [ -f "$OUT/model.txt" ] && { echo; echo "## model (Qwen3-8B shape, dummy weights)"; cat "$OUT/model.txt"; }
 } > "$OUT/summary.txt"
 tail -n 80 "$OUT/summary.txt"
 exit $status
