@@ -59,6 +59,13 @@ namespace {
 
 using namespace cuda;
 
+// Shape and dtype checks run on every op: the message (which formats tensors) is
+// built only when the check fails, so a passing check costs a comparison.
+#define CUDA_REQUIRE(cond, op, what)                                      \
+  do {                                                                    \
+    if (!(cond)) ::tessera::fail(ErrorKind::kInternal, "cuda {}: {}", op, what); \
+  } while (0)
+
 constexpr size_t kAlign = 256;
 constexpr size_t kUploadRingBytes = size_t{64} << 20;
 constexpr size_t kUploadPiece = size_t{16} << 20;
@@ -240,7 +247,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy(const Tensor& dst, const Tensor& src) override {
-    require(dst.nbytes() == src.nbytes(), "copy", dst.str() + " <- " + src.str());
+    CUDA_REQUIRE(dst.nbytes() == src.nbytes(), "copy", dst.str() + " <- " + src.str());
     need_cuda(dst, "copy");
     need_cuda(src, "copy");
     bind();
@@ -258,7 +265,7 @@ class CudaBackend final : public Backend {
     need_cuda(dst, "fill");
     bind();
     if (dst.dtype() == DType::kI32 || dst.dtype() == DType::kU8 || dst.dtype() == DType::kI64) {
-      require(value == 0.0f, "fill", "integer tensors can only be filled with 0");
+      CUDA_REQUIRE(value == 0.0f, "fill", "integer tensors can only be filled with 0");
       TCUDA_CHECK(cudaMemsetAsync(dst.raw(), 0, dst.nbytes(), stream_));
       return;
     }
@@ -273,8 +280,8 @@ class CudaBackend final : public Backend {
 
   // ---------------------------------------------------------------- ops
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
-    require(ids.dtype() == DType::kI32, "embedding", "ids must be i32, got " + ids.str());
-    require(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
+    CUDA_REQUIRE(ids.dtype() == DType::kI32, "embedding", "ids must be i32, got " + ids.str());
+    CUDA_REQUIRE(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
             "embedding", table.str() + "[" + ids.str() + "] -> " + out.str());
     need_cuda(ids, "embedding");
     need_cuda(table, "embedding");
@@ -285,7 +292,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
     int64_t D = w.numel();
-    require(D > 0 && x.numel() % D == 0 && x.numel() == out.numel() && x.dtype() == out.dtype() && act(x) &&
+    CUDA_REQUIRE(D > 0 && x.numel() % D == 0 && x.numel() == out.numel() && x.dtype() == out.dtype() && act(x) &&
                 act(w),
             "rms_norm", x.str() + " * " + w.str() + " -> " + out.str());
     bind();
@@ -294,7 +301,7 @@ class CudaBackend final : public Backend {
 
   void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
     int64_t D = w.numel();
-    require(D > 0 && x.numel() % D == 0 && x.numel() == residual.numel() && x.dtype() == residual.dtype() &&
+    CUDA_REQUIRE(D > 0 && x.numel() % D == 0 && x.numel() == residual.numel() && x.dtype() == residual.dtype() &&
                 act(x) && act(w),
             "add_rms_norm", x.str() + " + " + residual.str() + " * " + w.str());
     bind();
@@ -302,34 +309,34 @@ class CudaBackend final : public Backend {
   }
 
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
-    require(w.ndim() == 2, "linear", "weight must be 2-D, got " + w.str());
+    CUDA_REQUIRE(w.ndim() == 2, "linear", "weight must be 2-D, got " + w.str());
     int64_t N = w.dim(0), K = w.dim(1);
     int64_t M = K ? x.numel() / K : 0;
-    require(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16, "linear",
+    CUDA_REQUIRE(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16, "linear",
             "expects bf16 x and w, got " + x.str() + " @ " + w.str() + " (cast the weights to bf16 when loading)");
-    require(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear", "out must be bf16 or f32");
-    require(x.numel() == M * K && out.numel() == M * N, "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
+    CUDA_REQUIRE(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear", "out must be bf16 or f32");
+    CUDA_REQUIRE(x.numel() == M * K && out.numel() == M * N, "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
     need_cuda(x, "linear");
     need_cuda(w, "linear");
     need_cuda(out, "linear");
     bind();
     gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
     if (bias) {
-      require(bias->numel() == N && act(*bias), "linear", "bias must have N elements, got " + bias->str());
+      CUDA_REQUIRE(bias->numel() == N && act(*bias), "linear", "bias must have N elements, got " + bias->str());
       launch_add_bias(out.raw(), out.dtype(), bias->raw(), bias->dtype(), M, N, stream_);
     }
   }
 
   void silu_mul(const Tensor& gate_up, const Tensor& out) override {
     int64_t I = out.dim(-1), T = I ? out.numel() / I : 0;
-    require(gate_up.numel() == 2 * T * I && gate_up.dtype() == out.dtype() && act(out), "silu_mul",
+    CUDA_REQUIRE(gate_up.numel() == 2 * T * I && gate_up.dtype() == out.dtype() && act(out), "silu_mul",
             gate_up.str() + " -> " + out.str());
     bind();
     launch_silu_mul(gate_up.raw(), out.raw(), out.dtype(), T, I, stream_);
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    require(a.numel() == out.numel() && b.numel() == out.numel() && a.dtype() == out.dtype() &&
+    CUDA_REQUIRE(a.numel() == out.numel() && b.numel() == out.numel() && a.dtype() == out.dtype() &&
                 b.dtype() == out.dtype() && act(out),
             "add", a.str() + " + " + b.str() + " -> " + out.str());
     bind();
@@ -337,11 +344,11 @@ class CudaBackend final : public Backend {
   }
 
   void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) override {
-    require(q.ndim() == 3 && k.ndim() == 3 && q.dim(0) == k.dim(0) && q.dim(2) == k.dim(2) &&
+    CUDA_REQUIRE(q.ndim() == 3 && k.ndim() == 3 && q.dim(0) == k.dim(0) && q.dim(2) == k.dim(2) &&
                 q.dtype() == k.dtype() && act(q),
             "rope", q.str() + ", " + k.str());
-    require(positions.dtype() == DType::kI32 && positions.numel() == q.dim(0), "rope", "positions must be i32 [T]");
-    require(table.cos_sin.dtype() == DType::kF32 && table.cos_sin.dim(1) == table.rotary_dim &&
+    CUDA_REQUIRE(positions.dtype() == DType::kI32 && positions.numel() == q.dim(0), "rope", "positions must be i32 [T]");
+    CUDA_REQUIRE(table.cos_sin.dtype() == DType::kF32 && table.cos_sin.dim(1) == table.rotary_dim &&
                 table.rotary_dim <= q.dim(2) && table.rotary_dim % 2 == 0,
             "rope", "cos_sin table must be f32 [max_positions, rotary_dim]");
     need_cuda(table.cos_sin, "rope (cos/sin table)");
@@ -354,10 +361,10 @@ class CudaBackend final : public Backend {
 
   void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                 const AttentionMetadata& meta, float k_scale, float v_scale) override {
-    require(k.ndim() == 3 && k.numel() == v.numel() && k_cache.ndim() == 4 && k_cache.dim(2) * k_cache.dim(3) ==
+    CUDA_REQUIRE(k.ndim() == 3 && k.numel() == v.numel() && k_cache.ndim() == 4 && k_cache.dim(2) * k_cache.dim(3) ==
                 k.dim(1) * k.dim(2) && k_cache.numel() == v_cache.numel() && k_cache.dtype() == v_cache.dtype(),
             "write_kv", k.str() + " -> " + k_cache.str());
-    require(is_float_dtype(k_cache.dtype()) && act(k), "write_kv", "unsupported cache dtype " + k_cache.str());
+    CUDA_REQUIRE(is_float_dtype(k_cache.dtype()) && act(k), "write_kv", "unsupported cache dtype " + k_cache.str());
     need_cuda(meta.slot_mapping, "write_kv (slot_mapping)");
     bind();
     launch_write_kv(k.raw(), v.raw(), k.dtype(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
@@ -367,7 +374,7 @@ class CudaBackend final : public Backend {
 
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                        float scale, float k_scale, float v_scale, const Tensor& out) override {
-    require(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
+    CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
                 out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
             "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
     const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
@@ -376,7 +383,7 @@ class CudaBackend final : public Backend {
     if (!decode_attention_supported(D, k_cache.dtype()) || !prefill_attention_supported(D, k_cache.dtype()))
       fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim 64 or 128 with a bf16 or fp8_e4m3 cache, "
            "not head_dim {} with {}", D, dtype_name(k_cache.dtype()));
-    require(meta.num_tokens == T, "paged_attention", "metadata has " + std::to_string(meta.num_tokens) +
+    CUDA_REQUIRE(meta.num_tokens == T, "paged_attention", "metadata has " + std::to_string(meta.num_tokens) +
                                                           " tokens, q has " + std::to_string(T));
     bind();
     PagedAttentionArgs a{};
@@ -414,7 +421,7 @@ class CudaBackend final : public Backend {
   }
 
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
-    require(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
+    CUDA_REQUIRE(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
                 out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
             "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
     need_cuda(x, "gather_rows");
@@ -424,7 +431,7 @@ class CudaBackend final : public Backend {
   }
 
   void cast(const Tensor& src, const Tensor& dst) override {
-    require(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
+    CUDA_REQUIRE(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
             src.str() + " -> " + dst.str());
     need_cuda(src, "cast");
     need_cuda(dst, "cast");
@@ -445,9 +452,6 @@ class CudaBackend final : public Backend {
     cudaEvent_t event;
   };
 
-  static void require(bool cond, const char* op, const std::string& what) {
-    if (!cond) fail(ErrorKind::kInternal, "cuda {}: {}", op, what);
-  }
   static bool act(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF32; }
   void need_cuda(const Tensor& t, const char* op) const {
     if (t.numel() > 0 && t.device().type != DeviceType::kCUDA)
@@ -455,7 +459,7 @@ class CudaBackend final : public Backend {
   }
   void need_float(const Tensor& t, const char* op) const {
     need_cuda(t, op);
-    require(is_float_dtype(t.dtype()), op, "expects a float tensor, got " + t.str());
+    CUDA_REQUIRE(is_float_dtype(t.dtype()), op, "expects a float tensor, got " + t.str());
   }
 
   // Makes this backend's device current on the calling thread.
