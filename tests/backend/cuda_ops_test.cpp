@@ -376,6 +376,11 @@ std::vector<AttnCase> attention_cases() {
         cases.push_back({D, g, c, short_prefill, "short-prefill"});
       }
   cases.push_back({128, 16, DType::kBF16, decode, "decode"});  // more query heads than one block takes
+  // Groups that are not powers of two (Qwen2.5-7B: 7, Qwen3-14B: 5): padded head chunks.
+  for (int g : {3, 5, 7, 12}) {
+    cases.push_back({128, g, DType::kBF16, decode, "decode"});
+    cases.push_back({128, g, DType::kBF16, mixed, "mixed"});
+  }
   cases.push_back({128, 4, DType::kBF16, {{0, 1}}, "decode"});  // one token, one key
   return cases;
 }
