@@ -27,6 +27,7 @@ struct BenchOptions {
   double random_range_ratio = 0;
   bool ignore_eos = false;
   uint64_t seed = 0;
+  std::string tokenizer_dir;  // a model folder with tokenizer.json: exact counts where usage is missing
 
   // Load shape. Each concurrency value is one level; 0 means unlimited.
   std::vector<int> concurrency;  // empty: 1,5,10,20 for a fixed prompt, unlimited for datasets

@@ -17,6 +17,7 @@
 #include "bench/report.h"
 #include "bench/scripted_server.h"
 #include "bench/server_probe.h"
+#include "bench/token_counter.h"
 #include "core/error.h"
 #include "core/version.h"
 
@@ -25,17 +26,17 @@ namespace {
 
 bool fixed_prompt_mode(const BenchOptions& options) { return options.dataset == "prompt"; }
 
-std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count) {
-  if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count);
+std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count, const TokenCounter* counter) {
+  if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count, counter);
   if (options.dataset == "random") {
     RandomWorkloadOptions random{options.random_input_len, options.random_output_len, options.random_range_ratio,
                                  count, options.seed};
-    return random_workload(random);
+    return random_workload(random, counter);
   }
   if (options.dataset == "jsonl") {
     if (options.dataset_path.empty())
       fail(ErrorKind::kInvalidArgument, "--dataset jsonl needs --dataset-path FILE (one JSON object per line)");
-    std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0);
+    std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0, counter);
     // Cycle through the file when more requests are wanted than it holds.
     std::vector<PromptSpec> out;
     out.reserve(count);
@@ -102,15 +103,21 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
   std::vector<std::string> notes;
   size_t without_usage = 0;
   for (const LevelMetrics& level : levels) without_usage += level.requests_without_usage;
-  if (without_usage)
+  if (without_usage && options.tokenizer_dir.empty())
     notes.push_back(fmt::format(
         "{} successful requests came without 'usage': their completion tokens are the number of streamed text chunks "
-        "and their prompt tokens an estimate from the prompt's length, so token throughputs are estimates",
+        "and their prompt tokens an estimate from the prompt's length, so token throughputs are estimates "
+        "(--tokenizer DIR counts them exactly)",
         without_usage));
-  if (options.dataset == "random")
+  if (without_usage && !options.tokenizer_dir.empty())
+    notes.push_back(fmt::format(
+        "{} successful requests came without 'usage': their tokens were counted with the tokenizer in {} (prompt "
+        "counts leave out the chat template's tokens)",
+        without_usage, options.tokenizer_dir));
+  if (options.dataset == "random" && options.tokenizer_dir.empty())
     notes.push_back("random prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
                     "are approximate (no tokenizer is used); the server's usage gives the true counts");
-  if (options.dataset == "jsonl")
+  if (options.dataset == "jsonl" && options.tokenizer_dir.empty())
     notes.push_back("output lengths taken from ShareGPT answers are estimated at 4 characters per token");
   if (!options.stream) notes.push_back("streaming was off: TTFT equals end-to-end latency and ITL is not measured");
   if (options.self_test)
@@ -133,7 +140,9 @@ int run_benchmark(BenchOptions options) {
   if (options.max_tokens < 1) fail(ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
   if (!(options.timeout_s > 0)) fail(ErrorKind::kInvalidArgument, "--timeout must be positive (seconds)");
   size_t requests = options.requests_per_level ? options.requests_per_level : fixed_prompt_mode(options) ? 40 : 1000;
-  std::vector<PromptSpec> prompts = build_workload(options, requests);
+  std::unique_ptr<TokenCounter> counter;
+  if (!options.tokenizer_dir.empty()) counter = TokenCounter::load(options.tokenizer_dir);
+  std::vector<PromptSpec> prompts = build_workload(options, requests, counter.get());
 
   std::unique_ptr<ScriptedServer> self_test_server;
   if (options.self_test) {
@@ -153,6 +162,7 @@ int run_benchmark(BenchOptions options) {
   settings.endpoint = endpoint;
   settings.generation = GenerationParams{options.model, options.temperature, options.stream, options.ignore_eos};
   settings.timeout = timeout;
+  settings.keep_output_text = counter != nullptr;
 
   BenchReport report;
   report.tool_version = TESSERA_VERSION_STRING;
@@ -178,6 +188,10 @@ int run_benchmark(BenchOptions options) {
       progress.update(done, total, in_flight);
     };
     LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
+    if (counter) {
+      for (RequestRecord& record : result.records)
+        if (record.success && !record.usage_reported) record.completion_tokens = counter->count(record.output_text);
+    }
     LevelMetrics metrics = compute_level_metrics(result, slo);
     progress.finish_level(metrics.completed, metrics.failed, metrics.duration_s);
     if (auto advice = advice_for(metrics, options)) {

@@ -43,6 +43,7 @@ class LevelDriver {
     size_t connections_before = client_.connections_opened();
     double cpu_before = thread_cpu_seconds();
     start_ = Clock::now();
+    result_.started_at = start_;
     schedule_lag_probe(start_);
     release_due();
     io_.restart();
@@ -74,11 +75,12 @@ class LevelDriver {
     int limit = result_.config.max_concurrency;
     while (ready_ > 0 && (limit <= 0 || in_flight_ < static_cast<size_t>(limit))) {
       --ready_;
-      send(prompts_[next_prompt_++]);
+      send(next_prompt_++);
     }
   }
 
-  void send(const PromptSpec& prompt) {
+  void send(size_t prompt_index) {
+    const PromptSpec& prompt = prompts_[prompt_index];
     ++in_flight_;
     result_.max_in_flight = std::max(result_.max_in_flight, in_flight_);
     HttpExchange exchange;
@@ -87,8 +89,11 @@ class LevelDriver {
     exchange.body = build_request_body(settings_.endpoint, prompt, settings_.generation);
     exchange.timeout = settings_.timeout;
     auto observer = std::make_shared<CompletionObserver>(
-        settings_.endpoint, settings_.generation.stream, prompt.expected_prompt_tokens, start_, Clock::now(),
-        [this](RequestRecord&& record) { on_done(std::move(record)); });
+        settings_.endpoint, settings_.generation.stream, prompt.expected_prompt_tokens, settings_.keep_output_text,
+        start_, Clock::now(), [this, prompt_index](RequestRecord&& record) {
+          record.prompt_index = prompt_index;
+          on_done(std::move(record));
+        });
     client_.send(exchange, std::move(observer));
   }
 
@@ -98,6 +103,8 @@ class LevelDriver {
     result_.duration_s = duration<double>(Clock::now() - start_).count();
     if (progress_) progress_(result_.records.size(), prompts_.size(), in_flight_);
     if (result_.records.size() == prompts_.size()) {
+      // A probe that already expired still runs after cancel(); `done_` stops it re-arming.
+      done_ = true;
       release_timer_.cancel();
       lag_timer_.cancel();
       return;
@@ -109,7 +116,7 @@ class LevelDriver {
     lag_due_ = due + kLagProbePeriod;
     lag_timer_.expires_at(lag_due_);
     lag_timer_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
+      if (ec || done_) return;
       Clock::time_point now = Clock::now();
       result_.overhead.loop_lag_ms.push_back(duration<double, std::milli>(now - lag_due_).count());
       schedule_lag_probe(now);
@@ -131,6 +138,7 @@ class LevelDriver {
   size_t next_prompt_ = 0;
   size_t ready_ = 0;
   size_t in_flight_ = 0;
+  bool done_ = false;
 };
 
 }  // namespace

@@ -25,6 +25,7 @@ struct RequestSettings {
   ApiEndpoint endpoint = ApiEndpoint::kChatCompletions;
   GenerationParams generation;
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  bool keep_output_text = false;  // for counting tokens afterwards with --tokenizer
 };
 
 // How much the client itself cost while the level ran, so a reader can tell whether the
@@ -39,6 +40,7 @@ struct LevelResult {
   LevelConfig config;
   std::vector<RequestRecord> records;  // in completion order
   double duration_s = 0;               // first release to last completion
+  Clock::time_point started_at{};      // record start_s values count from here
   size_t max_in_flight = 0;
   ClientOverhead overhead;
 };

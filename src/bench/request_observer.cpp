@@ -23,10 +23,12 @@ const char* transport_failure_kind(TransportError error) {
 }  // namespace
 
 CompletionObserver::CompletionObserver(ApiEndpoint endpoint, bool stream, int expected_prompt_tokens,
-                                       Clock::time_point run_start, Clock::time_point sent_at, DoneHandler on_done)
+                                       bool keep_output_text, Clock::time_point run_start, Clock::time_point sent_at,
+                                       DoneHandler on_done)
     : endpoint_(endpoint),
       stream_(stream),
       expected_prompt_tokens_(expected_prompt_tokens),
+      keep_output_text_(keep_output_text),
       sent_at_(sent_at),
       on_done_(std::move(on_done)),
       sse_([this](const SseEvent& event) { on_event(event); }) {
@@ -56,7 +58,10 @@ void CompletionObserver::on_event(const SseEvent& event) {
     if (!stream_error_) stream_error_ = *message.error;
     return;
   }
-  if (message.has_text) record_text(arrival_);
+  if (message.has_text) {
+    record_text(arrival_);
+    if (keep_output_text_) record_.output_text += message.text;
+  }
   if (message.usage) usage_ = message.usage;
   if (message.has_finish_reason) stream_complete_ = true;
 }
@@ -124,6 +129,7 @@ void CompletionObserver::finish_full_response_record(Clock::time_point at) {
   // Without streaming the first token is only seen with the last one.
   record_.ttft_s = record_.latency_s;
   record_.text_chunks = message.has_text ? 1 : 0;
+  if (keep_output_text_) record_.output_text = message.text;
   if (message.usage) {
     record_.usage_reported = true;
     record_.prompt_tokens = message.usage->prompt_tokens;

@@ -16,8 +16,8 @@ class CompletionObserver : public HttpObserver {
  public:
   using DoneHandler = std::function<void(RequestRecord&&)>;
   // `sent_at` is when the request was handed to the client; `run_start` anchors start_s.
-  CompletionObserver(ApiEndpoint endpoint, bool stream, int expected_prompt_tokens, Clock::time_point run_start,
-                     Clock::time_point sent_at, DoneHandler on_done);
+  CompletionObserver(ApiEndpoint endpoint, bool stream, int expected_prompt_tokens, bool keep_output_text,
+                     Clock::time_point run_start, Clock::time_point sent_at, DoneHandler on_done);
 
   void on_response_start(int status, Clock::time_point at) override;
   void on_body(std::string_view bytes, Clock::time_point at) override;
@@ -32,6 +32,7 @@ class CompletionObserver : public HttpObserver {
   ApiEndpoint endpoint_;
   bool stream_;
   int expected_prompt_tokens_;
+  bool keep_output_text_;
   Clock::time_point sent_at_;
   DoneHandler on_done_;
   SseParser sse_;

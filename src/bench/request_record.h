@@ -21,6 +21,8 @@ struct RequestRecord {
   int completion_tokens = 0;
   bool usage_reported = false;  // false: token counts are estimates (text chunks, prompt length)
   int text_chunks = 0;
+  size_t prompt_index = 0;  // which prompt of the workload
+  std::string output_text;  // kept only when asked (RequestSettings::keep_output_text)
 };
 
 }  // namespace tessera::bench

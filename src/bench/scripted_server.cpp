@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct ScriptedServer::Impl {
   std::vector<std::thread> threads;
   std::atomic<size_t> next_index{0};
   std::atomic<size_t> completion_requests{0};
+  mutable std::mutex timings_mutex;
+  std::vector<ServedTiming> timings;
   void accept();
 };
 
@@ -116,6 +119,8 @@ class Session : public std::enable_shared_from_this<Session> {
     chat_ = chat;
     received_at_ = SteadyClock::now();
     response_ = server_.script(server_.next_index++, request);
+    prompt_ = request.contains("messages") ? request["messages"][0].value("content", std::string())
+                                           : request.value("prompt", std::string());
     if (response_.tokens < 0) response_.tokens = request.value("max_tokens", 16);
     stream_ = request.value("stream", false);
     if (response_.close_without_response) return close();
@@ -165,6 +170,14 @@ class Session : public std::enable_shared_from_this<Session> {
       else choice["text"] = content;
       message["choices"] = json::array({choice});
       if (self->response_.include_usage) message["usage"] = self->usage();
+      self->timing_ = ServedTiming{};
+      self->timing_.prompt = self->prompt_;
+      self->timing_.first_text_s = self->timing_.last_byte_s = self->since_received();
+      self->timing_.first_text_at = self->timing_.last_byte_at = SteadyClock::now();
+      {
+        std::lock_guard<std::mutex> lock(self->server_.timings_mutex);
+        self->server_.timings.push_back(self->timing_);
+      }
       self->send_simple(200, message.dump());
     });
   }
@@ -181,6 +194,8 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string role = chat_ ? R"({"id":"cmpl-scripted","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})"
                              : R"({"id":"cmpl-scripted","choices":[{"index":0,"text":""}]})";
     sent_tokens_ = 0;
+    timing_ = ServedTiming{};
+    timing_.prompt = prompt_;
     write_raw(head + frame("data: " + role + "\n\n"), [this] { schedule_next_token(); });
   }
 
@@ -197,6 +212,7 @@ class Session : public std::enable_shared_from_this<Session> {
     timer_.expires_at(received_at_ + seconds(response_.ttft_s + response_.token_interval_s * sent_tokens_));
     timer_.async_wait([self = shared_from_this()](error_code ec) {
       if (ec) return;
+      self->note_text_write();
       std::string payload = "data: " + self->text_message(self->sent_tokens_) + "\n\n";
       if (self->response_.garbage_after_first_token && self->sent_tokens_ == 1) payload = "data: {not json\n\n";
       ++self->sent_tokens_;
@@ -215,10 +231,33 @@ class Session : public std::enable_shared_from_this<Session> {
                     "\n\n");
     tail += frame("data: [DONE]\n\n");
     if (response_.chunked) tail += "0\r\n\r\n";
+    timing_.last_byte_s = since_received();
+    timing_.last_byte_at = SteadyClock::now();
+    {
+      std::lock_guard<std::mutex> lock(server_.timings_mutex);
+      server_.timings.push_back(timing_);
+    }
     write_raw(tail, [this] {
       if (response_.chunked) read_request();
       else close();
     });
+  }
+
+  double since_received() const {
+    return std::chrono::duration<double>(SteadyClock::now() - received_at_).count();
+  }
+
+  void note_text_write() {
+    SteadyClock::time_point at = SteadyClock::now();
+    double now = std::chrono::duration<double>(at - received_at_).count();
+    if (timing_.first_text_s < 0) {
+      timing_.first_text_s = now;
+      timing_.first_text_at = at;
+    } else {
+      timing_.text_gaps_s.push_back(now - last_text_s_);
+    }
+    timing_.text_at.push_back(at);
+    last_text_s_ = now;
   }
 
   template <typename Next>
@@ -246,12 +285,14 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   asio::streambuf input_;
-  std::string method_, path_, authorization_;
+  std::string method_, path_, authorization_, prompt_;
   ScriptedResponse response_;
   SteadyClock::time_point received_at_;
   bool chat_ = true;
   bool stream_ = true;
   int sent_tokens_ = 0;
+  ServedTiming timing_;
+  double last_text_s_ = 0;
   char discard_[256];
 };
 
@@ -285,5 +326,10 @@ ScriptedServer::~ScriptedServer() {
 
 int ScriptedServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 size_t ScriptedServer::completion_requests() const { return impl_->completion_requests; }
+
+std::vector<ServedTiming> ScriptedServer::served_timings() const {
+  std::lock_guard<std::mutex> lock(impl_->timings_mutex);
+  return impl_->timings;
+}
 
 }  // namespace tessera::bench

@@ -7,9 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tessera::bench {
 
@@ -27,6 +29,19 @@ struct ScriptedResponse {
   bool close_without_response = false;  // close as soon as the request is read
 };
 
+// When a streamed response's bytes actually left the server, measured from the request's
+// arrival. On a busy machine timers fire late, so tests compare the client's figures with these
+// rather than with the script alone.
+struct ServedTiming {
+  std::string prompt;                  // the user message (chat) or prompt (completions)
+  double first_text_s = -1;            // first text chunk written
+  double last_byte_s = 0;              // end of the response written
+  std::vector<double> text_gaps_s;     // between successive text chunk writes
+  // The same moments on the steady clock, to compare with a client in the same process.
+  std::chrono::steady_clock::time_point first_text_at, last_byte_at;
+  std::vector<std::chrono::steady_clock::time_point> text_at;
+};
+
 // Decides the response of the `index`-th request (0-based, in arrival order) from its body.
 using ResponseScript = std::function<ScriptedResponse(size_t index, const nlohmann::json& body)>;
 
@@ -42,6 +57,7 @@ class ScriptedServer {
   int port() const;
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port()); }
   size_t completion_requests() const;  // POSTs to a completions endpoint so far
+  std::vector<ServedTiming> served_timings() const;  // streams completed so far, in completion order
   static constexpr const char* kModelId = "scripted-model";
 
   struct Impl;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "bench/token_counter.h"
 #include "core/error.h"
 
 namespace tessera::bench {
@@ -36,7 +37,11 @@ std::string string_field(const nlohmann::json& object, std::initializer_list<con
   return {};
 }
 
-bool parse_entry(const nlohmann::json& entry, int default_max_tokens, PromptSpec& out) {
+int count_tokens(const std::string& text, const TokenCounter* counter) {
+  return counter ? counter->count(text) : estimate_tokens(text);
+}
+
+bool parse_entry(const nlohmann::json& entry, int default_max_tokens, const TokenCounter* counter, PromptSpec& out) {
   if (!entry.is_object()) return false;
   out = PromptSpec{};
   out.max_tokens = default_max_tokens;
@@ -53,7 +58,7 @@ bool parse_entry(const nlohmann::json& entry, int default_max_tokens, PromptSpec
         out.prompt = value;
         have_prompt = true;
       } else if (have_prompt && !human) {
-        out.max_tokens = std::max(1, estimate_tokens(value));
+        out.max_tokens = std::max(1, count_tokens(value, counter));
         break;
       }
     }
@@ -63,7 +68,7 @@ bool parse_entry(const nlohmann::json& entry, int default_max_tokens, PromptSpec
     if (it != entry.end() && it->is_number_integer()) out.max_tokens = std::max(1, it->get<int>());
   }
   if (out.prompt.empty()) return false;
-  out.expected_prompt_tokens = estimate_tokens(out.prompt);
+  out.expected_prompt_tokens = count_tokens(out.prompt, counter);
   return true;
 }
 
@@ -71,12 +76,13 @@ bool parse_entry(const nlohmann::json& entry, int default_max_tokens, PromptSpec
 
 int estimate_tokens(const std::string& text) { return static_cast<int>((text.size() + 3) / 4); }
 
-std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max_tokens, size_t count) {
-  PromptSpec spec{prompt, max_tokens, estimate_tokens(prompt)};
+std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max_tokens, size_t count,
+                                              const TokenCounter* counter) {
+  PromptSpec spec{prompt, max_tokens, count_tokens(prompt, counter)};
   return std::vector<PromptSpec>(count, spec);
 }
 
-std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options) {
+std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options, const TokenCounter* counter) {
   if (options.input_len < 1 || options.output_len < 1)
     fail(ErrorKind::kInvalidArgument, "--random-input-len and --random-output-len must be at least 1");
   if (options.range_ratio < 0 || options.range_ratio >= 1)
@@ -90,23 +96,30 @@ std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options) {
     int input_len = draw_length(rng, options.input_len, options.range_ratio);
     spec.max_tokens = draw_length(rng, options.output_len, options.range_ratio);
     spec.expected_prompt_tokens = input_len;
-    spec.prompt.reserve(static_cast<size_t>(input_len) * 6);
-    for (int w = 0; w < input_len; ++w) {
+    // A few spare words in case some merge or split differently under the real tokenizer.
+    int words = counter ? input_len + input_len / 4 + 8 : input_len;
+    spec.prompt.reserve(static_cast<size_t>(words) * 6);
+    for (int w = 0; w < words; ++w) {
       if (w) spec.prompt.push_back(' ');
       spec.prompt += kOneTokenWords[word(rng)];
+    }
+    if (counter) {
+      spec.prompt = counter->truncate(spec.prompt, input_len);
+      spec.expected_prompt_tokens = counter->count(spec.prompt);
     }
     prompts.push_back(std::move(spec));
   }
   return prompts;
 }
 
-std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_tokens, size_t limit) {
+std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_tokens, size_t limit,
+                                       const TokenCounter* counter) {
   std::ifstream in(path);
   if (!in) fail(ErrorKind::kNotFound, "cannot open dataset file '{}': check the path given to --dataset-path", path);
   std::vector<PromptSpec> prompts;
   auto keep = [&](const nlohmann::json& entry) {
     PromptSpec spec;
-    if (parse_entry(entry, default_max_tokens, spec)) prompts.push_back(std::move(spec));
+    if (parse_entry(entry, default_max_tokens, counter, spec)) prompts.push_back(std::move(spec));
     return limit == 0 || prompts.size() < limit;
   };
   char first = 0;

@@ -8,6 +8,8 @@
 
 namespace tessera::bench {
 
+class TokenCounter;
+
 struct PromptSpec {
   std::string prompt;
   int max_tokens = 64;
@@ -16,7 +18,9 @@ struct PromptSpec {
   int expected_prompt_tokens = 0;
 };
 
-std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max_tokens, size_t count);
+// With a `counter` (from --tokenizer) prompt lengths are exact counts instead of estimates.
+std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max_tokens, size_t count,
+                                              const TokenCounter* counter = nullptr);
 
 struct RandomWorkloadOptions {
   int input_len = 1024;
@@ -28,8 +32,9 @@ struct RandomWorkloadOptions {
 
 // Without a tokenizer the prompt is a sequence of common one-token English words, so its
 // length in tokens is approximately `input_len` (within a few percent for BPE vocabularies,
-// plus the chat template's own tokens). Reports say so.
-std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options);
+// plus the chat template's own tokens). Reports say so. With a `counter` the text is cut to
+// exactly `input_len` tokens of that tokenizer.
+std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options, const TokenCounter* counter = nullptr);
 
 // One JSON object per line (or a JSON array of objects). Recognised fields, first match wins:
 //   prompt | text | input                             the prompt text
@@ -38,7 +43,8 @@ std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options);
 //   max_tokens | output_len                           overrides the output length
 // `default_max_tokens` applies where the file gives no output length. A positive `limit`
 // keeps only the first `limit` usable entries. Throws tessera::Error naming the file and line.
-std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_tokens, size_t limit);
+std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_tokens, size_t limit,
+                                       const TokenCounter* counter = nullptr);
 
 // Rough token count of English text (about 4 characters a token), for missing usage.
 int estimate_tokens(const std::string& text);

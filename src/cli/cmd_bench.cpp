@@ -77,6 +77,9 @@ int run_bench(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--ignore-eos", options.ignore_eos,
                "ask the server to generate exactly max_tokens (vLLM's ignore_eos; others may ignore it)");
+  app.add_option("--tokenizer", options.tokenizer_dir,
+                 "model folder with tokenizer.json: exact prompt lengths for --dataset random, and exact token "
+                 "counts for servers that send no usage (else chunks are counted and marked as estimates)");
   app.add_option("--seed", options.seed, "seed of random prompts and arrival times")->capture_default_str();
 
   app.add_option("--concurrency", options.concurrency,
