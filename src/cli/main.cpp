@@ -17,6 +17,7 @@ struct Verb {
 
 // One line per verb.
 constexpr Verb kVerbs[] = {
+    {"serve", tessera::cli::run_serve, "OpenAI- and Anthropic-compatible HTTP server (flags as vllm serve)"},
     {"generate", tessera::cli::run_generate, "offline generation from token ids, text or a JSONL batch"},
     {"bench", tessera::cli::run_bench, "load generator and report for any OpenAI-compatible server"},
     {"tokenize", tessera::cli::run_tokenize, "token ids of stdin with a model's tokenizer (--decode: ids to text)"},

@@ -1,0 +1,324 @@
+// tessera serve MODEL: the OpenAI- and Anthropic-compatible HTTP server, with `vllm serve`'s flags.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "cli/engine_flags.h"
+#include "cli/verbs.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "core/version.h"
+#include "engine/async_engine.h"
+#include "server/api_server.h"
+#include "server/http_server.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
+const std::set<std::string> kVllmOnlyFlags = {
+    "--quantization", "-q", "--dtype", "--enforce-eager", "--enable-lora", "--lora-modules", "--max-lora-rank",
+    "--max-loras", "--speculative-config", "--swap-space", "--cpu-offload-gb", "--guided-decoding-backend",
+    "--structured-outputs-config", "--limit-mm-per-prompt", "--rope-scaling", "--rope-theta", "--tokenizer-mode",
+    "--revision", "--code-revision", "--tokenizer-revision", "--download-dir", "--hf-overrides",
+    "--override-generation-config", "--enable-expert-parallel", "--data-parallel-size", "--ssl-keyfile",
+    "--ssl-certfile", "--ssl-ca-certs", "--root-path", "--middleware", "--allowed-origins", "--allowed-methods",
+    "--allowed-headers", "--allow-credentials", "--response-role", "--prompt-adapters", "--enable-reasoning",
+    "--max-logprobs", "--disable-frontend-multiprocessing", "--enable-request-id-headers",
+    "--enable-prompt-tokens-details", "--mm-processor-kwargs", "--compilation-config", "-O", "--kv-transfer-config",
+    "--async-scheduling", "--scheduling-policy", "--max-num-partial-prefills", "--tokenizer-pool-size", "--config",
+    "--allowed-local-media-path", "--disable-sliding-window", "--max-seq-len-to-capture", "--cuda-graph-sizes",
+    "--num-scheduler-steps", "--disable-custom-all-reduce", "--worker-cls", "--api-server-count",
+    "--chat-template-content-format", "--return-tokens-as-token-ids", "--tool-parser-plugin", "--enable-log-outputs",
+    "--log-config-file", "--model-impl", "--lora-dtype", "--long-lora-scaling-factors", "--max-cpu-loras",
+    "--fully-sharded-loras", "--device-id", "--ray-workers-use-nsight", "--disable-log-stats", "--max-parallel-loading-workers",
+    "--enable-sleep-mode", "--calculate-kv-scales", "--kv-cache-memory", "--mm-encoder-tp-mode", "--logits-processors",
+    "--enable-auto-tool-choice-parser", "--data-parallel-rank", "--data-parallel-address", "--headless",
+    "--enable-eplb", "--disable-fastapi-docs", "--enable-force-include-usage", "--enable-server-load-tracking",
+    "--h11-max-incomplete-event-size", "--h11-max-header-count", "--max-num-batched-tokens-per-request"};
+
+const std::set<std::string> kToolParsers = {"hermes", "qwen3_coder"};
+const std::set<std::string> kReasoningParsers = {"qwen3", "deepseek_r1"};
+
+std::vector<std::string> split_keys(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string k = s.substr(i, j - i);
+    while (!k.empty() && k.front() == ' ') k.erase(0, 1);
+    while (!k.empty() && k.back() == ' ') k.pop_back();
+    if (!k.empty()) out.push_back(k);
+    i = j + 1;
+  }
+  return out;
+}
+
+// vLLM's --generation-config auto: sampling defaults from generation_config.json.
+server::GenerationDefaults read_generation_config(const fs::path& dir, std::vector<int32_t>* eos_ids) {
+  server::GenerationDefaults d;
+  const fs::path file = dir / "generation_config.json";
+  if (!fs::exists(file)) return d;
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kCorrupt, "{}: not valid JSON ({})", file.string(), e.what());
+  }
+  auto num = [&](const char* k, auto& out) {
+    if (auto it = j.find(k); it != j.end() && it->is_number()) out = it->template get<std::decay_t<decltype(*out)>>();
+  };
+  num("temperature", d.temperature);
+  num("top_p", d.top_p);
+  num("top_k", d.top_k);
+  num("min_p", d.min_p);
+  num("repetition_penalty", d.repetition_penalty);
+  num("max_new_tokens", d.max_tokens);
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    if (it->is_number_integer()) eos_ids->push_back(it->get<int32_t>());
+    else if (it->is_array())
+      for (const auto& v : *it)
+        if (v.is_number_integer()) eos_ids->push_back(v.get<int32_t>());
+  }
+  if (d.temperature || d.top_p || d.top_k || d.min_p || d.repetition_penalty)
+    TLOG_INFO("Default sampling parameters have been overridden by the model's generation_config.json ({}). "
+              "Relaunch with `--generation-config vllm` to use tessera's defaults instead.",
+              j.dump());
+  return d;
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  // Signals are taken by sigwait() in this thread only; every thread started below inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{"OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
+               "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
+               "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
+               "--load-format dummy",
+               "tessera serve"};
+  app.allow_extras();
+  EngineFlags ef;
+  std::string host = "0.0.0.0", api_key, tokenizer_dir, chat_template, tool_call_parser, reasoning_parser;
+  std::string generation_config = "auto", distributed_executor_backend, master_addr = "127.0.0.1";
+  std::string uvicorn_log_level = "info";
+  std::vector<std::string> served_model_names;
+  int port = 8000, max_waiting_requests = 1024, http_threads = 0, nnodes = 1, node_rank = 0, master_port = 29501;
+  size_t max_body = 10u << 20;
+  double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
+  bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
+       disable_access_log = false;
+  app.add_option("model,--model", ef.model, "model directory (config.json + safetensors)")->required();
+  app.add_option("--host", host, "address to listen on")->capture_default_str();
+  app.add_option("--port", port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
+  app.add_option("--served-model-name", served_model_names,
+                 "model name(s) the API answers to (default: the model path); the first is reported");
+  app.add_option("--api-key", api_key,
+                 "require this key (Authorization: Bearer, or x-api-key); several comma-separated; "
+                 "default from $TESSERA_API_KEY or $VLLM_API_KEY");
+  app.add_option("--tokenizer", tokenizer_dir, "directory with tokenizer.json (default: the model directory)");
+  app.add_option("--chat-template", chat_template, "chat template file (or inline Jinja) overriding the model's");
+  app.add_flag("--enable-auto-tool-choice", enable_auto_tool_choice, "let the model call tools (tool_choice auto)");
+  app.add_option("--tool-call-parser", tool_call_parser, "hermes | qwen3_coder");
+  app.add_option("--reasoning-parser", reasoning_parser, "qwen3 | deepseek_r1");
+  app.add_option("--generation-config", generation_config,
+                 "auto: sampling defaults from the model's generation_config.json; vllm: none; or a directory")
+      ->capture_default_str();
+  app.add_flag("--trust-remote-code", trust_remote_code, "accepted for vLLM compatibility; no effect");
+  app.add_option("--max-waiting-requests", max_waiting_requests,
+                 "requests that may wait for a batch slot; beyond it the server answers 429 with Retry-After")
+      ->capture_default_str();
+  app.add_option("--uvicorn-log-level", uvicorn_log_level, "accepted for vLLM compatibility (log level of the server)");
+  app.add_flag("--disable-log-requests", disable_log_requests, "accepted for vLLM compatibility");
+  app.add_flag("--disable-uvicorn-access-log", disable_access_log, "no access log line per request");
+  app.add_option("--distributed-executor-backend", distributed_executor_backend, "mp | ray | external_launcher");
+  app.add_option("--nnodes", nnodes, "nodes in the job")->capture_default_str();
+  app.add_option("--node-rank", node_rank, "this node's rank")->capture_default_str();
+  app.add_option("--master-addr", master_addr, "head node address")->capture_default_str();
+  app.add_option("--master-port", master_port, "head node rendezvous port")->capture_default_str();
+  app.add_option("--max-request-body-bytes", max_body, "largest request body; larger ones get 413")
+      ->capture_default_str();
+  app.add_option("--http-threads", http_threads, "I/O threads of the HTTP server (default: min(4, cores))");
+  app.add_option("--http-read-timeout", read_timeout,
+                 "seconds to receive a whole request, and the idle keep-alive limit (slow clients are closed)")
+      ->capture_default_str();
+  app.add_option("--http-write-timeout", write_timeout, "seconds for one write to a client before it is dropped")
+      ->capture_default_str();
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted")
+      ->capture_default_str();
+  add_engine_flags(app, ef);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (const auto& extra : app.remaining()) {
+    if (extra.empty() || extra[0] != '-') continue;
+    std::string name = extra.substr(0, extra.find('='));
+    if (kVllmOnlyFlags.count(name))
+      fail(ErrorKind::kUnsupported, "{} is a vLLM flag tessera does not support yet", name);
+    fail(ErrorKind::kInvalidArgument, "{} is not a flag of tessera serve (see tessera serve --help)", name);
+  }
+  if (!app.remaining().empty())
+    fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
+
+  if (nnodes != 1 || node_rank != 0)
+    fail(ErrorKind::kUnsupported,
+         "--nnodes {} / --node-rank {}: multi-node serving is not integrated into tessera serve yet; run one node",
+         nnodes, node_rank);
+  if (ef.tensor_parallel_size != 1 || ef.pipeline_parallel_size != 1)
+    fail(ErrorKind::kUnsupported,
+         "--tensor-parallel-size {} / --pipeline-parallel-size {}: parallel serving is not integrated into tessera "
+         "serve yet; use 1",
+         ef.tensor_parallel_size, ef.pipeline_parallel_size);
+  if (!distributed_executor_backend.empty() && distributed_executor_backend != "mp" &&
+      distributed_executor_backend != "uni")
+    fail(ErrorKind::kUnsupported, "--distributed-executor-backend {}: only mp (the default) is available",
+         distributed_executor_backend);
+  if (!tool_call_parser.empty() && !kToolParsers.count(tool_call_parser))
+    fail(ErrorKind::kInvalidArgument, "--tool-call-parser {}: available parsers are hermes, qwen3_coder",
+         tool_call_parser);
+  if (!reasoning_parser.empty() && !kReasoningParsers.count(reasoning_parser))
+    fail(ErrorKind::kInvalidArgument, "--reasoning-parser {}: available parsers are qwen3, deepseek_r1",
+         reasoning_parser);
+  if (enable_auto_tool_choice && tool_call_parser.empty())
+    fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
+  if (max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
+  if (port < 0 || port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a port number", port);
+  if (trust_remote_code)
+    TLOG_INFO("--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
+              "code from the checkpoint");
+  if (!fs::is_directory(ef.model))
+    fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
+         ef.model);
+  if (api_key.empty()) {
+    if (const char* e = std::getenv("TESSERA_API_KEY")) api_key = e;
+    else if (const char* v = std::getenv("VLLM_API_KEY")) api_key = v;
+  }
+  if (served_model_names.empty()) served_model_names.push_back(ef.model);
+  if (tokenizer_dir.empty()) tokenizer_dir = ef.model;
+
+  TLOG_INFO("tessera serve {} ({}): model={} served-model-name={} tokenizer={} host={} port={} max-model-len={} "
+            "max-num-seqs={} load-format={} device={} kv-cache-dtype={} prefix-caching={} api-key={}",
+            TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT, ef.model, fmt::join(served_model_names, ","), tokenizer_dir,
+            host, port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"),
+            ef.max_num_seqs, ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching,
+            api_key.empty() ? "none" : "set");
+
+  // Text side first: a missing tokenizer should fail before minutes of weight loading.
+  if (!fs::exists(fs::path(tokenizer_dir) / "tokenizer.json"))
+    fail(ErrorKind::kNotFound, "{}: no tokenizer.json; pass --tokenizer DIR", tokenizer_dir);
+  auto tok = tokenizer::Tokenizer::from_dir(tokenizer_dir);
+  std::optional<tokenizer::ChatTemplate> tmpl;
+  if (!chat_template.empty() && !fs::exists(chat_template) &&
+      (chat_template.find("{%") != std::string::npos || chat_template.find("{{") != std::string::npos)) {
+    std::string cfg;
+    if (std::ifstream in(fs::path(tokenizer_dir) / "tokenizer_config.json"); in)
+      cfg.assign(std::istreambuf_iterator<char>(in), {});
+    tmpl.emplace(tokenizer::ChatTemplate::from_source(chat_template, cfg));
+  } else if (!chat_template.empty()) {
+    if (!fs::exists(chat_template)) fail(ErrorKind::kNotFound, "--chat-template {}: no such file", chat_template);
+    tmpl.emplace(tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, fs::path(chat_template)));
+  } else {
+    try {
+      tmpl.emplace(tokenizer::ChatTemplate::from_model_dir(tokenizer_dir));
+    } catch (const Error& e) {
+      TLOG_WARN("no chat template ({}); /v1/chat/completions and /v1/messages will answer 400 until one is given "
+                "with --chat-template",
+                e.what());
+    }
+  }
+  std::vector<int32_t> extra_eos;
+  server::GenerationDefaults defaults;
+  if (generation_config == "auto") defaults = read_generation_config(ef.model, &extra_eos);
+  else if (generation_config != "vllm") {
+    if (!fs::is_directory(generation_config))
+      fail(ErrorKind::kNotFound, "--generation-config {}: not a directory (auto, vllm or a directory)",
+           generation_config);
+    defaults = read_generation_config(generation_config, &extra_eos);
+  }
+  if (!tool_call_parser.empty() || !reasoning_parser.empty())
+    TLOG_WARN("--tool-call-parser/--reasoning-parser are accepted, but their output parsing is not wired into this "
+              "build yet: tool calls and <think> text arrive as plain content");
+
+  auto backend = make_backend_for(ef);
+  auto llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
+  if (!extra_eos.empty()) {
+    std::vector<int32_t> eos = llm->eos_token_ids();
+    for (int32_t id : extra_eos)
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    llm->set_eos_token_ids(eos);
+  }
+  AsyncEngineOptions aeo;
+  aeo.max_waiting_requests = max_waiting_requests;
+  AsyncEngine engine(std::move(llm), tok.get(), aeo);
+
+  server::Metrics metrics(served_model_names.front());
+  server::ApiOptions ao;
+  ao.served_model_names = served_model_names;
+  ao.model_path = ef.model;
+  ao.api_keys = split_keys(api_key);
+  ao.defaults = defaults;
+  ao.enable_auto_tool_choice = enable_auto_tool_choice;
+  ao.tool_call_parser = tool_call_parser;
+  ao.reasoning_parser = reasoning_parser;
+  server::ApiServer api(ao, engine, *tok, tmpl ? &*tmpl : nullptr, metrics);
+
+  server::HttpServerOptions ho;
+  ho.host = host;
+  ho.port = port;
+  ho.threads = http_threads > 0 ? http_threads
+                                : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  ho.max_body_bytes = max_body;
+  ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(read_timeout * 1000));
+  ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(write_timeout * 1000));
+  const bool access_log = !disable_access_log;
+  server::HttpServer http(
+      ho,
+      [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
+        if (access_log) TLOG_INFO("{} - \"{} {}\"", r.remote, r.method, r.path);
+        api.handle(std::move(r), std::move(ex));
+      },
+      &server::ApiServer::error_body);
+  http.start();
+  TLOG_INFO("Starting tessera API server on http://{}:{}", host, http.port());
+  TLOG_INFO("Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /tokenize /detokenize "
+            "/health /version /metrics");
+  TLOG_INFO("Application startup complete.");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            drain_timeout);
+  api.set_draining();
+  http.stop_accepting();
+  engine.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout * 1000)));
+  // The last outputs are posted to connection strands; let them reach the sockets.
+  for (int i = 0; i < 200 && api.active_requests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  http.stop();
+  TLOG_INFO("Shutdown complete.");
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,66 @@
+// The OpenAI- and Anthropic-compatible API on top of the HTTP layer. All JSON and chat-template
+// work happens here, on the connection's strand; requests reach the engine as GenerationRequest
+// structs, and the engine's callbacks are posted back to the strand (never processed on the
+// engine thread).
+#pragma once
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/async_engine.h"
+#include "server/http_types.h"
+#include "server/metrics.h"
+
+namespace tessera::tokenizer {
+class Tokenizer;
+class ChatTemplate;
+}  // namespace tessera::tokenizer
+
+namespace tessera::server {
+
+// Sampling defaults from generation_config.json (vLLM's --generation-config auto).
+struct GenerationDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k, max_tokens;
+};
+
+struct ApiOptions {
+  std::vector<std::string> served_model_names;  // the first is reported; any is accepted as "model"
+  std::string model_path;
+  std::vector<std::string> api_keys;  // empty: no auth
+  GenerationDefaults defaults;
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser, reasoning_parser;
+  // Bounds that keep one request from harming the others.
+  int max_n = 16;
+  int max_prompts = 256;     // /v1/completions prompt list length
+  int max_messages = 4096;   // chat messages per request
+  size_t max_prompt_bytes = 8u << 20;  // rendered chat prompt / prompt text
+  int max_tokens_cap = 1 << 20;
+  int retry_after_seconds = 1;
+};
+
+class ApiServer {
+ public:
+  ApiServer(ApiOptions options, AsyncEngine& engine, const tokenizer::Tokenizer& tok,
+            const tokenizer::ChatTemplate* chat_template, Metrics& metrics);
+  ~ApiServer();
+
+  // The HTTP layer's request handler (runs on the connection's strand).
+  void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
+  // OpenAI error body for errors the HTTP layer answers itself.
+  static std::string error_body(int status, const std::string& message);
+
+  void set_draining() { draining_ = true; }
+  size_t active_requests() const { return active_.load(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> draining_{false};
+  std::atomic<size_t> active_{0};
+};
+
+}  // namespace tessera::server

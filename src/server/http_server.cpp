@@ -1,0 +1,482 @@
+// The only translation unit that includes Boost.Beast (it is heavy to compile).
+#include "server/http_server.h"
+
+#include <array>
+#include <atomic>
+#include <future>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <optional>
+#include <thread>
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace tessera::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Entity";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Unknown";
+  }
+}
+
+namespace {
+
+struct Shared {
+  HttpServerOptions options;
+  RequestHandler handler;
+  ErrorBodyFn error_body;
+  std::atomic<size_t> connections{0};
+};
+
+std::string head(int status, const std::string& content_type, const HeaderList& headers, bool keep_alive) {
+  std::string s = fmt::format("HTTP/1.1 {} {}\r\nServer: tessera\r\nContent-Type: {}\r\nConnection: {}\r\n", status,
+                              reason_phrase(status), content_type, keep_alive ? "keep-alive" : "close");
+  for (const auto& [k, v] : headers) {
+    // Header values come from our own code, but never let a CR/LF split the response.
+    if (k.find_first_of("\r\n") != std::string::npos || v.find_first_of("\r\n") != std::string::npos) continue;
+    s += k;
+    s += ": ";
+    s += v;
+    s += "\r\n";
+  }
+  return s;
+}
+
+bool is_http_parse_error(const beast::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_target).category();
+}
+
+class Session;
+
+class ExchangeImpl : public Exchange {
+ public:
+  ExchangeImpl(std::shared_ptr<Session> s, uint64_t gen) : session_(std::move(s)), gen_(gen) {}
+  void respond(HttpResponse response) override;
+  void start_stream(int status, std::string content_type, HeaderList headers) override;
+  void write(std::string data) override;
+  void finish() override;
+  void post(std::function<void()> fn) override;
+  void on_disconnect(std::function<void()> fn) override;
+
+ private:
+  std::shared_ptr<Session> session_;
+  uint64_t gen_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, std::shared_ptr<Shared> shared) : stream_(std::move(socket)), sh_(std::move(shared)) {
+    beast::error_code ec;
+    auto ep = stream_.socket().remote_endpoint(ec);
+    if (!ec) remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+  }
+  ~Session() { sh_->connections--; }
+
+  void start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+  auto executor() { return stream_.get_executor(); }
+
+  // --- exchange operations (on the strand) ---
+  bool current(uint64_t gen) const { return gen == gen_ && in_exchange_ && !exchange_done_ && !closed_; }
+
+  void respond(uint64_t gen, HttpResponse r) {
+    if (!current(gen) || streaming_) return;
+    std::string s = head(r.status, r.content_type, r.headers, keep_alive_);
+    s += fmt::format("Content-Length: {}\r\n\r\n", r.body.size());
+    s += r.body;
+    exchange_done_ = true;
+    queue_write(std::move(s));
+  }
+  void start_stream(uint64_t gen, int status, const std::string& content_type, const HeaderList& headers) {
+    if (!current(gen) || streaming_) return;
+    streaming_ = true;
+    std::string s = head(status, content_type, headers, keep_alive_);
+    s += "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n\r\n";
+    queue_write(std::move(s));
+  }
+  void write_chunk(uint64_t gen, std::string data) {
+    if (!current(gen) || !streaming_ || data.empty()) return;
+    std::string s = fmt::format("{:x}\r\n", data.size());
+    s += data;
+    s += "\r\n";
+    queue_write(std::move(s));
+  }
+  void finish(uint64_t gen) {
+    if (!current(gen) || !streaming_) return;
+    exchange_done_ = true;
+    queue_write("0\r\n\r\n");
+  }
+  void set_on_disconnect(uint64_t gen, std::function<void()> fn) {
+    if (gen != gen_) return;
+    if (closed_ && in_exchange_ && !exchange_done_) {
+      fn();
+      return;
+    }
+    if (current(gen)) on_disconnect_ = std::move(fn);
+  }
+
+ private:
+  void read_header() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(sh_->options.max_header_bytes));
+    parser_->body_limit(sh_->options.max_body_bytes);
+    stream_.expires_after(sh_->options.read_timeout);
+    reading_ = true;
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  bool handle_read_error(const beast::error_code& ec) {
+    if (!ec) return false;
+    if (ec == http::error::header_limit) {
+      fail_response(431, "the request's header fields are larger than the server allows");
+    } else if (ec == http::error::body_limit) {
+      fail_response(413, fmt::format("the request body is larger than the server allows ({} bytes, "
+                                     "--max-request-body-bytes)",
+                                     sh_->options.max_body_bytes));
+    } else if (is_http_parse_error(ec) && ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      fail_response(400, "malformed HTTP request: " + ec.message());
+    } else {
+      close();  // eof, timeout (slow or idle client), reset
+    }
+    return true;
+  }
+
+  void on_header(beast::error_code ec) {
+    reading_ = false;
+    if (handle_read_error(ec)) return;
+    auto& req = parser_->get();
+    auto expect = req[http::field::expect];
+    if (!expect.empty()) {
+      if (!beast::iequals(expect, "100-continue")) {
+        fail_response(417, "unsupported Expect header (only 100-continue)");
+        return;
+      }
+      // The client waits for this before sending a large body.
+      continue_buf_ = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(continue_buf_),
+                        [self = shared_from_this()](beast::error_code ec2, size_t) {
+                          if (ec2) return self->close();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    if (parser_->is_done()) return dispatch_request();
+    reading_ = true;
+    stream_.expires_after(sh_->options.read_timeout);
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_ = false;
+      if (self->handle_read_error(ec)) return;
+      self->dispatch_request();
+    });
+  }
+
+  void dispatch_request() {
+    auto msg = parser_->release();
+    parser_.reset();
+    HttpRequest r;
+    r.method = std::string(msg.method_string());
+    std::string target(msg.target());
+    if (auto q = target.find('?'); q != std::string::npos) {
+      r.query = target.substr(q + 1);
+      target.resize(q);
+    }
+    r.path = std::move(target);
+    for (const auto& f : msg) {
+      std::string name(f.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      r.headers.emplace_back(std::move(name), std::string(f.value()));
+    }
+    r.body = std::move(msg.body());
+    r.remote = remote_;
+    keep_alive_ = msg.keep_alive();
+    in_exchange_ = true;
+    exchange_done_ = false;
+    streaming_ = false;
+    ++gen_;
+    stream_.expires_never();  // generation may take long; writes set their own deadline
+    watch();
+    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), gen_);
+    try {
+      sh_->handler(std::move(r), ex);
+    } catch (const std::exception& e) {
+      TLOG_ERROR("request handler failed: {}", e.what());
+      respond(gen_, HttpResponse{500, "application/json", {}, sh_->error_body(500, "internal error")});
+    }
+  }
+
+  // While a request is handled the client sends nothing; a pending read notices a disconnect at once.
+  void watch() {
+    if (reading_ || closed_ || buffer_.size() > 0) return;
+    reading_ = true;
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->reading_ = false;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->buffer_.commit(n);
+      if (!self->in_exchange_ && !self->closed_) self->read_header();  // the next keep-alive request began
+      // else: a pipelined request; it waits in the buffer until this exchange completes
+    });
+  }
+
+  void exchange_complete() {
+    in_exchange_ = false;
+    on_disconnect_ = nullptr;
+    if (!keep_alive_) return lingering_close();
+    stream_.expires_after(sh_->options.read_timeout);  // the idle keep-alive limit
+    if (!reading_) read_header();
+    // else the pending watch read starts the next request when its bytes arrive
+  }
+
+  void queue_write(std::string s) {
+    if (closed_) return;
+    outbuf_ += s;
+    if (!writing_) do_write();
+  }
+  void do_write() {
+    writing_ = true;
+    wbuf_.swap(outbuf_);
+    outbuf_.clear();
+    stream_.expires_after(sh_->options.write_timeout);
+    asio::async_write(stream_, asio::buffer(wbuf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_write(ec);
+    });
+  }
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    wbuf_.clear();
+    if (ec) return close();
+    if (!outbuf_.empty()) return do_write();
+    if (closing_after_write_) return lingering_close();
+    if (in_exchange_) {
+      if (exchange_done_) exchange_complete();
+      else stream_.expires_never();
+    }
+  }
+
+  // Errors the HTTP layer answers itself; the connection closes afterwards.
+  void fail_response(int status, const std::string& message) {
+    keep_alive_ = false;
+    closing_after_write_ = true;
+    std::string body = sh_->error_body(status, message);
+    std::string s = head(status, "application/json", {}, false);
+    s += fmt::format("Content-Length: {}\r\n\r\n", body.size());
+    s += body;
+    queue_write(std::move(s));
+  }
+
+  // Half-close and drain what the client still sends (bounded), so it reads our answer instead of a reset.
+  void lingering_close() {
+    if (closed_) return;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(2));
+    drain_more();
+  }
+  void drain_more() {
+    if (closed_ || drained_ > (64u << 20)) return close();
+    reading_ = true;
+    stream_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->reading_ = false;
+      if (ec) return self->close();
+      self->drained_ += n;
+      self->drain_more();
+    });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+    if (in_exchange_ && !exchange_done_) {
+      auto fn = std::move(on_disconnect_);
+      on_disconnect_ = nullptr;
+      if (fn) fn();
+    }
+    on_disconnect_ = nullptr;
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<Shared> sh_;
+  std::string remote_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string continue_buf_, outbuf_, wbuf_;
+  std::array<char, 16384> discard_{};
+  size_t drained_ = 0;
+  uint64_t gen_ = 0;
+  bool reading_ = false, writing_ = false, closed_ = false;
+  bool in_exchange_ = false, exchange_done_ = false, streaming_ = false;
+  bool keep_alive_ = true, closing_after_write_ = false;
+  std::function<void()> on_disconnect_;
+};
+
+void ExchangeImpl::respond(HttpResponse response) {
+  asio::dispatch(session_->executor(), [s = session_, g = gen_, r = std::move(response)]() mutable {
+    s->respond(g, std::move(r));
+  });
+}
+void ExchangeImpl::start_stream(int status, std::string content_type, HeaderList headers) {
+  asio::dispatch(session_->executor(),
+                 [s = session_, g = gen_, status, ct = std::move(content_type), h = std::move(headers)] {
+                   s->start_stream(g, status, ct, h);
+                 });
+}
+void ExchangeImpl::write(std::string data) {
+  asio::dispatch(session_->executor(),
+                 [s = session_, g = gen_, d = std::move(data)]() mutable { s->write_chunk(g, std::move(d)); });
+}
+void ExchangeImpl::finish() {
+  asio::dispatch(session_->executor(), [s = session_, g = gen_] { s->finish(g); });
+}
+void ExchangeImpl::post(std::function<void()> fn) { asio::post(session_->executor(), std::move(fn)); }
+void ExchangeImpl::on_disconnect(std::function<void()> fn) {
+  asio::dispatch(session_->executor(),
+                 [s = session_, g = gen_, f = std::move(fn)]() mutable { s->set_on_disconnect(g, std::move(f)); });
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  std::shared_ptr<Shared> sh = std::make_shared<Shared>();
+  asio::io_context ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  int port = 0;
+
+  void do_accept() {
+    acceptor->async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
+      if (ec) {
+        // Out of descriptors and the like: log, pause briefly, keep accepting.
+        TLOG_WARN("accept failed: {}", ec.message());
+        auto timer = std::make_shared<asio::steady_timer>(acceptor->get_executor(), std::chrono::milliseconds(50));
+        timer->async_wait([this, timer](beast::error_code) {
+          if (acceptor->is_open()) do_accept();
+        });
+        return;
+      }
+      if (sh->connections.load() >= static_cast<size_t>(sh->options.max_connections)) {
+        auto sock = std::make_shared<tcp::socket>(std::move(socket));
+        std::string body = sh->error_body(503, "too many open connections; retry later");
+        auto msg = std::make_shared<std::string>(head(503, "application/json", {{"Retry-After", "1"}}, false) +
+                                                 fmt::format("Content-Length: {}\r\n\r\n", body.size()) + body);
+        asio::async_write(*sock, asio::buffer(*msg), [sock, msg](beast::error_code, size_t) {
+          beast::error_code e;
+          sock->shutdown(tcp::socket::shutdown_both, e);
+          sock->close(e);
+        });
+      } else {
+        sh->connections++;
+        std::make_shared<Session>(std::move(socket), sh)->start();
+      }
+      do_accept();
+    });
+  }
+};
+
+HttpServer::HttpServer(HttpServerOptions options, RequestHandler handler, ErrorBodyFn error_body)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->sh->options = std::move(options);
+  impl_->sh->handler = std::move(handler);
+  impl_->sh->error_body = std::move(error_body);
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::start() {
+  auto& o = impl_->sh->options;
+  beast::error_code ec;
+  tcp::resolver resolver(impl_->ioc);
+  auto results = resolver.resolve(o.host, std::to_string(o.port), ec);
+  if (ec || results.empty())
+    fail(ErrorKind::kNetwork, "cannot resolve --host {}: {}", o.host, ec ? ec.message() : "no address");
+  tcp::endpoint ep = results.begin()->endpoint();
+  impl_->acceptor.emplace(asio::make_strand(impl_->ioc));
+  auto& a = *impl_->acceptor;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    fail(ErrorKind::kNetwork, "cannot listen on {}:{}: {} (is another server using the port? pick one with --port)",
+         o.host, o.port, ec.message());
+  impl_->port = a.local_endpoint().port();
+  impl_->work.emplace(impl_->ioc.get_executor());
+  impl_->do_accept();
+  for (int i = 0; i < std::max(1, o.threads); ++i) {
+    impl_->threads.emplace_back([this] {
+      for (;;) {
+        try {
+          impl_->ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          TLOG_ERROR("HTTP I/O thread caught: {}; continuing", e.what());
+        }
+      }
+    });
+  }
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::stop_accepting() {
+  if (!impl_->acceptor) return;
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  asio::post(impl_->acceptor->get_executor(), [this, done] {
+    beast::error_code ec;
+    impl_->acceptor->close(ec);
+    done->set_value();
+  });
+  if (!impl_->threads.empty()) f.wait_for(std::chrono::seconds(2));
+}
+
+size_t HttpServer::open_connections() const { return impl_->sh->connections.load(); }
+
+void HttpServer::stop() {
+  if (impl_->threads.empty()) return;
+  impl_->work.reset();
+  impl_->ioc.stop();
+  for (auto& t : impl_->threads) t.join();
+  impl_->threads.clear();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,47 @@
+// HTTP/1.1 server on Boost.Beast: one acceptor, a small pool of I/O threads running one
+// io_context, a strand per connection (no thread per connection), keep-alive, limits on
+// header and body size, read/idle and write timeouts, and chunked streaming for SSE.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "server/http_types.h"
+
+namespace tessera::server {
+
+struct HttpServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  int threads = 2;
+  size_t max_body_bytes = 10u << 20;    // larger bodies get 413
+  size_t max_header_bytes = 16u << 10;  // larger header blocks get 431
+  // Time to receive one whole request (headers and body) and the longest idle keep-alive wait.
+  std::chrono::milliseconds read_timeout{30000};
+  // Time for one write to complete (a client that stops reading is closed).
+  std::chrono::milliseconds write_timeout{60000};
+  int max_connections = 4096;  // beyond this new connections get 503 and are closed
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, RequestHandler handler, ErrorBodyFn error_body);
+  ~HttpServer();
+  // Binds and listens (throws tessera::Error naming host:port when it cannot), starts the threads.
+  void start();
+  int port() const;  // the bound port (useful with port 0)
+  // Closes the listening socket; open connections go on.
+  void stop_accepting();
+  size_t open_connections() const;
+  // Stops the I/O threads (open connections are dropped) and joins them.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* reason_phrase(int status);
+
+}  // namespace tessera::server
