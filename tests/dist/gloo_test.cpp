@@ -203,8 +203,12 @@ TEST(GlooFaults, DeadPeerIsAnErrorNamingItNotAHang) {
       2,
       [](RankContext& c) {
         auto comm = c.factory->create(world_group(c));
-        comm->barrier();            // both ends fully connected
-        if (c.rank == 1) _exit(0);  // then rank 1 crashes
+        comm->barrier();  // both ends fully connected
+        if (c.rank == 1) {
+          // Gloo sends from a background loop: give rank 0's barrier its last message before dying.
+          std::this_thread::sleep_for(milliseconds(300));
+          _exit(0);  // then rank 1 crashes
+        }
         Tensor t = host_empty({1 << 16}, DType::kF32);
         auto start = Clock::now();
         try {
