@@ -1,0 +1,56 @@
+// The reasoning parser and the tool-call parser chained, as vLLM's chat endpoint chains them:
+// reasoning first, then tool calls parsed from the content only. One object per request.
+//
+//   auto out = ChatOutputParser(make_reasoning_parser("qwen3", {.enable_thinking = true}),
+//                               make_tool_parser("hermes", {.tools = request_tools}));
+//   streaming:      for each detokenized delta: ChatDelta d = out.push(delta); ...; out.finish();
+//   non-streaming:  ChatParseResult r = out.parse(full_text);
+//
+// Either parser may be null (no --reasoning-parser; tool_choice "none" or no tools).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/parsers/reasoning_parser.h"
+#include "server/parsers/tool_parser.h"
+
+namespace tessera::server {
+
+struct ChatDelta {
+  std::string reasoning;                  // delta.reasoning_content
+  std::string content;                    // delta.content
+  std::vector<ToolCallDelta> tool_calls;  // delta.tool_calls
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+struct ChatParseResult {
+  std::string reasoning;  // message.reasoning_content (empty: null)
+  std::string content;    // message.content (empty: null)
+  std::vector<ToolCall> tool_calls;
+  bool tools_called() const { return !tool_calls.empty(); }  // finish_reason "tool_calls"
+};
+
+class ChatOutputParser {
+ public:
+  ChatOutputParser(std::unique_ptr<ReasoningParser> reasoning, std::unique_ptr<ToolParser> tools);
+
+  ChatDelta push(std::string_view delta);
+  ChatDelta finish();
+  // Whether any tool call was streamed so far (for finish_reason "tool_calls").
+  bool tools_called() const { return tools_called_; }
+
+  // Non-streaming; independent of the streaming state.
+  ChatParseResult parse(std::string_view text) const;
+
+ private:
+  ChatDelta from_tools(ReasoningDelta r, ToolStreamDelta t);
+
+  std::unique_ptr<ReasoningParser> reasoning_;
+  std::unique_ptr<ToolParser> tools_;
+  bool tools_called_ = false;
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,64 @@
+// Building blocks shared by the streaming output parsers: a literal-tag scanner that
+// never looks at a byte more than a bounded number of times, and a UTF-8 holdback that
+// keeps every emitted fragment whole (each streamed delta becomes its own JSON string).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::server {
+
+// One step of TagScanner output: either a plain byte or a complete tag (index into the tag list).
+struct ScanEvent {
+  int tag = -1;  // -1: `byte` is plain text
+  char byte = 0;
+};
+
+// Finds literal tags (`<think>`, `</tool_call>`, ...) in a byte stream that arrives in
+// arbitrary pieces. Bytes that might begin a tag are held until they are known to be
+// plain text or a complete tag; the held part is never longer than the longest tag, so
+// scanning costs O(bytes x longest tag). No tag may be a prefix of another.
+class TagScanner {
+ public:
+  explicit TagScanner(std::vector<std::string> tags);
+
+  // Feeds one byte and appends what it settles to `out`, in input order.
+  void feed(char c, std::vector<ScanEvent>& out);
+  // The held bytes (a proper prefix of some tag), removed from the scanner.
+  std::string take_pending();
+  const std::string& tag(int i) const { return tags_[static_cast<size_t>(i)]; }
+
+ private:
+  bool is_tag_prefix(std::string_view s, int* exact) const;
+
+  std::vector<std::string> tags_;
+  std::array<bool, 256> first_bytes_{};
+  std::string pending_;
+};
+
+// Holds back an incomplete UTF-8 sequence at the end of a stream fragment so that every
+// fragment handed out is whole UTF-8 (when the input is). Concatenating all take() results
+// and the final flush() gives back exactly the bytes appended.
+class Utf8Holdback {
+ public:
+  void append(std::string_view s) { buffer_.append(s); }
+  void push_back_char(char c) { buffer_.push_back(c); }
+  std::string take();   // everything except a trailing incomplete sequence (at most 3 bytes)
+  std::string flush();  // everything
+
+ private:
+  std::string buffer_;
+};
+
+// Length of the trailing incomplete UTF-8 sequence of `s` (0 when `s` ends on a boundary
+// or ends with bytes that can never complete).
+size_t incomplete_utf8_tail(std::string_view s);
+
+// Appends `s` escaped as the inside of a JSON string. Bytes >= 0x80 pass through unchanged,
+// so escaping pieces and concatenating equals escaping the whole.
+void append_json_escaped(std::string& out, std::string_view s);
+
+}  // namespace tessera::server
