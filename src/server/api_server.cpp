@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -159,12 +161,24 @@ struct ApiServer::Impl {
     Clock::time_point start = Clock::now();
     double ttft = 0;
     bool complete = false;
-    ~Gen() { api->owner->active_--; }
+    ~Gen() {
+      if (--api->owner->active_ == 0) api->idle();
+    }
   };
 
   Impl(ApiOptions o, AsyncEngine& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
       : opt(std::move(o)), engine(e), tok(t), tmpl(c), metrics(m), owner(own) {}
+
+  // When the last request finished, give freed heap back to the OS (glibc keeps it otherwise), at most
+  // twice a second, so RSS returns to its baseline after a burst.
+  std::atomic<int64_t> last_trim_ms{0};
+  void idle() {
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+    int64_t last = last_trim_ms.load();
+    if (now - last < 500 || !last_trim_ms.compare_exchange_strong(last, now)) return;
+    malloc_trim(0);
+  }
 
   // ---- helpers ------------------------------------------------------------------------------
   HttpResponse json_response(int status, const ojson& j, HeaderList headers = {}) {

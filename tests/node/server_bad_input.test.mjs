@@ -1,0 +1,233 @@
+// Bad-input suite for `tessera serve`: each case gets its documented status and error body, and
+// the server keeps serving after every one. Started by tests/integration/server_run.sh with
+// --http-read-timeout 2 (the slow-client cases rely on it). Also run against the ASan build.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+
+const URL = process.env.TESSERA_URL;
+const KEY = process.env.TESSERA_API_KEY;
+const { hostname: HOST, port: PORT } = new globalThis.URL(URL);
+const MODEL = 'qwen3-tiny';
+const auth = { 'content-type': 'application/json', authorization: `Bearer ${KEY}` };
+const msgs = [{ role: 'user', content: 'hi' }];
+
+async function send(path, body, { method = 'POST', headers = auth, raw = false } = {}) {
+  const r = await fetch(`${URL}${path}`, { method, headers, body: raw ? body : body === undefined ? undefined : JSON.stringify(body) });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, headers: r.headers, text, json };
+}
+
+// Raw bytes over TCP; resolves with everything the server sent before closing (or after `waitMs`).
+function rawExchange(chunks, { waitMs = 5000, delayMs = 0 } = {}) {
+  return new Promise((resolve) => {
+    const s = net.connect(Number(PORT), HOST);
+    let data = '';
+    const t0 = Date.now();
+    const done = () => { clearTimeout(timer); s.destroy(); resolve({ data, ms: Date.now() - t0 }); };
+    const timer = setTimeout(done, waitMs);
+    s.on('data', (d) => { data += d.toString('latin1'); });
+    s.on('close', done);
+    s.on('error', done);
+    s.on('connect', async () => {
+      for (const c of chunks) {
+        if (s.destroyed) break;
+        s.write(c);
+        if (delayMs) await new Promise((r) => setTimeout(r, delayMs));
+      }
+    });
+  });
+}
+
+function assertOpenAIError(res, status, pattern) {
+  assert.equal(res.status, status, `status (body: ${res.text.slice(0, 300)})`);
+  assert.ok(res.json && res.json.error, `an error object (body: ${res.text.slice(0, 300)})`);
+  assert.equal(typeof res.json.error.message, 'string');
+  assert.equal(typeof res.json.error.type, 'string');
+  assert.ok('param' in res.json.error && 'code' in res.json.error);
+  if (pattern) assert.match(res.json.error.message, pattern);
+}
+
+let served = 0;
+async function stillServing() {
+  const h = await fetch(`${URL}/health`);
+  assert.equal(h.status, 200, 'health after the case');
+  if (++served % 8 === 0) {
+    const r = await send('/v1/chat/completions', { model: MODEL, messages: msgs, max_tokens: 2 });
+    assert.equal(r.status, 200, 'a good request after the case');
+    assert.equal(r.json.object, 'chat.completion');
+  }
+}
+
+const chat = (body) => send('/v1/chat/completions', body);
+const base = (extra) => ({ model: MODEL, messages: msgs, max_tokens: 4, ...extra });
+
+// [name, request, status, message pattern]
+const cases = [
+  ['invalid JSON', () => send('/v1/chat/completions', '{"model": ', { raw: true }), 400, /not valid JSON/],
+  ['empty body', () => send('/v1/chat/completions', '', { raw: true }), 400, /empty/],
+  ['body is a list', () => chat([1, 2]), 400, /JSON object/],
+  ['body is a string', () => chat('hello'), 400, /JSON object/],
+  ['JSON with NaN', () => send('/v1/chat/completions', '{"messages": NaN}', { raw: true }), 400, /not valid JSON/],
+  ['invalid UTF-8', () => send('/v1/chat/completions', Buffer.concat([Buffer.from('{"model":"qwen3-tiny","messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}]}')]), { raw: true }), 400, /not valid JSON/],
+  ['deeply nested JSON', () => send('/v1/chat/completions', '['.repeat(100000) + ']'.repeat(100000), { raw: true }), 400, null],
+  ['messages missing', () => chat({ model: MODEL }), 400, /messages/],
+  ['messages is a string', () => chat({ model: MODEL, messages: 'hi' }), 400, /messages/],
+  ['messages empty', () => chat({ model: MODEL, messages: [] }), 400, /at least one/],
+  ['message not an object', () => chat({ model: MODEL, messages: [1] }), 400, /messages\[0\]/],
+  ['role missing', () => chat({ model: MODEL, messages: [{ content: 'x' }] }), 400, /role/],
+  ['unknown role', () => chat({ model: MODEL, messages: [{ role: 'wizard', content: 'x' }] }), 400, /wizard/],
+  ['role is a number', () => chat({ model: MODEL, messages: [{ role: 7, content: 'x' }] }), 400, /role/],
+  ['content is a number', () => chat({ model: MODEL, messages: [{ role: 'user', content: 5 }] }), 400, /content/],
+  ['content part of unknown type', () => chat({ model: MODEL, messages: [{ role: 'user', content: [{ type: 'hologram' }] }] }), 400, null],
+  ['1,000 messages', () => chat({ model: MODEL, messages: Array.from({ length: 1000 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: 'hello there' })) }), 400, /maximum context length/],
+  ['5,000 messages (over the limit)', () => chat({ model: MODEL, messages: Array.from({ length: 5000 }, () => ({ role: 'user', content: 'x' })) }), 400, /at most/],
+  ['max_tokens is a string', () => chat(base({ max_tokens: '10' })), 400, /max_tokens/],
+  ['max_tokens negative', () => chat(base({ max_tokens: -5 })), 400, /max_tokens/],
+  ['max_tokens zero', () => chat(base({ max_tokens: 0 })), 400, /max_tokens/],
+  ['max_tokens huge', () => chat(base({ max_tokens: 1e20 })), 400, /max_tokens/],
+  ['max_tokens past the context', () => chat(base({ max_tokens: 4090 })), 400, /maximum context length is 4096/],
+  ['temperature is a string', () => chat(base({ temperature: 'hot' })), 400, /temperature/],
+  ['temperature negative', () => chat(base({ temperature: -1 })), 400, /temperature/],
+  ['top_p above 1', () => chat(base({ top_p: 5 })), 400, /top_p/],
+  ['n zero', () => chat(base({ n: 0 })), 400, /'n'/],
+  ['n huge', () => chat(base({ n: 1000 })), 400, /'n'/],
+  ['n is a string', () => chat(base({ n: 'two' })), 400, /n/],
+  ['stop is a number', () => chat(base({ stop: 5 })), 400, /stop/],
+  ['too many stop strings', () => chat(base({ stop: Array.from({ length: 100 }, (_, i) => `s${i}`) })), 400, /stop/],
+  ['logit_bias not an object', () => chat(base({ logit_bias: [1, 2] })), 400, /logit_bias/],
+  ['logit_bias too large', () => chat(base({ logit_bias: Object.fromEntries(Array.from({ length: 5000 }, (_, i) => [String(i), 1])) })), 400, /logit_bias/],
+  ['logit_bias bad key', () => chat(base({ logit_bias: { abc: 1 } })), 400, /logit_bias/],
+  ['seed is a string', () => chat(base({ seed: 'abc' })), 400, /seed/],
+  ['stream is a string', () => chat(base({ stream: 'yes' })), 400, /stream/],
+  ['stream_options not an object', () => chat(base({ stream: true, stream_options: 3 })), 400, /stream_options/],
+  ['tools not a list', () => chat(base({ tools: {} })), 400, /tools/],
+  ['tool without function', () => chat(base({ tools: [{ type: 'function' }], tool_choice: 'none' })), 400, /tools\[0\]\.function/],
+  ['tool parameters not a schema', () => chat(base({ tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }], tool_choice: 'none' })), 400, /parameters/],
+  ['tool with empty name', () => chat(base({ tools: [{ type: 'function', function: { name: '' } }], tool_choice: 'none' })), 400, /name/],
+  ['tool_choice auto without --enable-auto-tool-choice', () => chat(base({ tools: [{ type: 'function', function: { name: 'f' } }] })), 400, /enable-auto-tool-choice/],
+  ['tool_choice unknown word', () => chat(base({ tool_choice: 'sometimes' })), 400, /tool_choice/],
+  ['response_format json_schema', () => chat(base({ response_format: { type: 'json_schema', json_schema: {} } })), 400, /response_format/],
+  ['chat_template_kwargs not an object', () => chat(base({ chat_template_kwargs: 3 })), 400, /chat_template_kwargs/],
+  ['model is a number', () => chat(base({ model: 3 })), 400, /model/],
+  ['unknown model', () => chat(base({ model: 'gpt-5' })), 404, /does not exist/],
+  ['no API key', () => send('/v1/chat/completions', base({}), { headers: { 'content-type': 'application/json' } }), 401, /API key/],
+  ['wrong API key', () => send('/v1/chat/completions', base({}), { headers: { ...auth, authorization: 'Bearer nope' } }), 401, /API key/],
+  ['GET on a POST endpoint', () => send('/v1/chat/completions', undefined, { method: 'GET' }), 405, /not allowed/],
+  ['unknown path', () => send('/v1/engines', {}), 404, /not an endpoint/],
+  ['completions: prompt missing', () => send('/v1/completions', { model: MODEL }), 400, /prompt/],
+  ['completions: prompt is an object', () => send('/v1/completions', { model: MODEL, prompt: {} }), 400, /prompt/],
+  ['completions: empty prompt list', () => send('/v1/completions', { model: MODEL, prompt: [] }), 400, /empty/],
+  ['completions: token id out of range', () => send('/v1/completions', { model: MODEL, prompt: [999999999] }), 400, /vocabulary/],
+  ['completions: too many prompts', () => send('/v1/completions', { model: MODEL, prompt: Array.from({ length: 1000 }, () => 'x') }), 400, /at most/],
+  ['completions: mixed prompt list', () => send('/v1/completions', { model: MODEL, prompt: ['a', 3] }), 400, /prompt/],
+  ['tokenize: nothing to tokenize', () => send('/tokenize', { model: MODEL }), 400, /prompt/],
+  ['detokenize: strings as ids', () => send('/detokenize', { model: MODEL, tokens: ['a'] }), 400, /tokens/],
+];
+
+for (const [name, run, status, pattern] of cases) {
+  test(`bad input: ${name}`, async () => {
+    assertOpenAIError(await run(), status, pattern);
+    await stillServing();
+  });
+}
+
+// Anthropic endpoint: Anthropic's error shape.
+const anthropicCases = [
+  ['messages: max_tokens missing', { model: MODEL, messages: msgs }, 400, /max_tokens/],
+  ['messages: system role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }, 400, /system/],
+  ['messages: image block', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: {} }] }] }, 400, /image/],
+  ['messages: tool_result without id', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'tool_result' }] }] }, 400, /tool_use_id/],
+  ['messages: tools with a bad schema', { model: MODEL, max_tokens: 4, tools: [{ name: 'f', input_schema: 'x' }], messages: msgs }, 400, /input_schema/],
+];
+for (const [name, body, status, pattern] of anthropicCases) {
+  test(`bad input: ${name}`, async () => {
+    const r = await send('/v1/messages', body, { headers: { 'content-type': 'application/json', 'x-api-key': KEY } });
+    assert.equal(r.status, status, r.text);
+    assert.equal(r.json.type, 'error');
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.match(r.json.error.message, pattern);
+    await stillServing();
+  });
+}
+
+test('bad input: body over --max-request-body-bytes gets 413', async () => {
+  const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(11 << 20) }] });
+  const r = await send('/v1/chat/completions', big, { raw: true });
+  assertOpenAIError(r, 413, /larger than the server allows/);
+  await stillServing();
+});
+
+test('bad input: 413 by Content-Length before the body is sent', async () => {
+  const r = await rawExchange([`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${64 << 20}\r\nExpect: 100-continue\r\n\r\n`]);
+  assert.match(r.data, /^HTTP\/1\.1 413 /);
+  assert.doesNotMatch(r.data, /100 Continue/);
+  await stillServing();
+});
+
+test('bad input: header flood gets 431', async () => {
+  let head = 'GET /health HTTP/1.1\r\nHost: x\r\n';
+  for (let i = 0; i < 2000; i++) head += `X-Flood-${i}: ${'a'.repeat(40)}\r\n`;
+  const r = await rawExchange([head + '\r\n']);
+  assert.match(r.data, /^HTTP\/1\.1 431 /);
+  assert.match(r.data, /"error"/);
+  await stillServing();
+});
+
+test('bad input: HTTP garbage gets 400', async () => {
+  const r = await rawExchange(['\x00\x01GARBAGE \xff\xfe\r\n\r\n']);
+  assert.match(r.data, /^HTTP\/1\.1 400 /);
+  await stillServing();
+});
+
+test('bad input: bad HTTP version gets 400', async () => {
+  const r = await rawExchange(['GET /health HTTP/9.9.9\r\n\r\n']);
+  assert.match(r.data, /^HTTP\/1\.1 400 /);
+  await stillServing();
+});
+
+test('bad input: unsupported Expect gets 417', async () => {
+  const r = await rawExchange(['POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n{}']);
+  assert.match(r.data, /^HTTP\/1\.1 417 /);
+  await stillServing();
+});
+
+test('bad input: slowloris headers are cut by the read timeout', async () => {
+  // One header byte every 300 ms: the 2 s read timeout closes the connection long before it ends.
+  const bytes = 'GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ' + 'a'.repeat(200) + '\r\n\r\n';
+  const slow = rawExchange(bytes.split(''), { delayMs: 300, waitMs: 15000 });
+  // Meanwhile others are served.
+  for (let i = 0; i < 3; i++) assert.equal((await fetch(`${URL}/health`)).status, 200);
+  const r = await slow;
+  assert.equal(r.data, '', 'no answer to an incomplete request');
+  assert.ok(r.ms < 6000, `closed after ${r.ms} ms`);
+  await stillServing();
+});
+
+test('bad input: a body that never completes is cut by the read timeout', async () => {
+  const r = await rawExchange(['POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'], { waitMs: 15000 });
+  assert.equal(r.data, '');
+  assert.ok(r.ms < 6000, `closed after ${r.ms} ms`);
+  await stillServing();
+});
+
+test('bad input: an idle keep-alive connection is closed by the read timeout', async () => {
+  const r = await rawExchange(['GET /health HTTP/1.1\r\nHost: x\r\n\r\n'], { waitMs: 15000 });
+  assert.match(r.data, /^HTTP\/1\.1 200 /);
+  assert.ok(r.ms < 6000, `closed after ${r.ms} ms`);
+  await stillServing();
+});
+
+test('bad input: a client that disconnects mid-body', async () => {
+  await rawExchange(['POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"mod'], { waitMs: 100 });
+  await stillServing();
+});
+
+test('bad input: keep-alive serves several requests, and pipelined ones, on one connection', async () => {
+  const req = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
+  const r = await rawExchange([req + req + 'GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n']);
+  assert.equal((r.data.match(/HTTP\/1\.1 200 /g) || []).length, 3);
+  assert.match(r.data, /"version"/);
+});
