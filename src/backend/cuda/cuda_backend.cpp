@@ -185,12 +185,12 @@ class CudaBackend final : public Backend {
   }
 
   // A mark is (chunk count, bytes used in the last chunk, bytes in use overall).
-  size_t scratch_mark() {  // overrides Backend::scratch_mark where the interface has it
+  size_t scratch_mark() override {
     marks_.push_back({chunks_.size(), used_, in_use_});
     return marks_.size() - 1;
   }
 
-  void scratch_rewind(size_t mark) {
+  void scratch_rewind(size_t mark) override {
     TESSERA_CHECK(mark < marks_.size(), "scratch_rewind to an unknown mark");
     Mark m = marks_[mark];
     marks_.resize(mark);
