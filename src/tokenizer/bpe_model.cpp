@@ -60,6 +60,8 @@ BpeModel::BpeModel(const nlohmann::json& model, bool byte_level) : byte_level_(b
   byte_fallback_ = model.value("byte_fallback", false);
 
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::get();
+  vocab_.reserve(model.at("vocab").size());
+  piece_to_id_.reserve(model.at("vocab").size());
   for (const auto& [token, id_json] : model.at("vocab").items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > INT32_MAX) {
       fail(ErrorKind::kCorrupt, "tokenizer.json: vocab entry '{}' has no valid id", token);

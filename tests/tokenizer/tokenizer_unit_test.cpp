@@ -210,7 +210,8 @@ TEST_P(RealTokenizerTest, RandomBytesNeverFailAndRoundTrip) {
 TEST_P(RealTokenizerTest, ConcurrentEncodesAgreeWithSequentialOnes) {
   const Tokenizer& tokenizer = load_tokenizer(GetParam());
   std::vector<std::string> texts;
-  for (const auto& s : testing::read_json(testing::fixture("strings.json")).at("strings")) texts.push_back(s);
+  const json strings = testing::read_json(testing::fixture("strings.json"));
+  for (const auto& s : strings.at("strings")) texts.push_back(s);
   std::vector<std::vector<int32_t>> expected;
   for (const auto& text : texts) expected.push_back(tokenizer.encode(text + " thread-check"));
   std::vector<std::thread> threads;
