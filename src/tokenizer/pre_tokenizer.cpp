@@ -172,7 +172,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config) {
   }
   if (type == "Digits") {
     bool individual = config.value("individual_digits", false);
-    return std::make_unique<RegexSplitter>(individual ? "[0-9]" : "[0-9]+", SplitBehavior::kIsolated, false);
+    // HF splits on char::is_numeric (Nd, Nl, No), each digit alone or runs kept together.
+    return std::make_unique<RegexSplitter>(individual ? R"(\p{N})" : R"(\p{N}+)", SplitBehavior::kIsolated, false);
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> steps;

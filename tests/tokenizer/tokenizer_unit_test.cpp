@@ -143,6 +143,19 @@ TEST(PreTokenizerTest, SplitBehaviorsFollowHf) {
   }
 }
 
+TEST(PreTokenizerTest, DigitsSplitsNumericCharacters) {
+  for (bool individual : {false, true}) {
+    auto pre_tokenizer = make_pre_tokenizer({{"type", "Digits"}, {"individual_digits", individual}});
+    std::vector<std::string_view> out{"Hey 123 friend ٣½!"};
+    std::deque<std::string> storage;
+    pre_tokenizer->split(out, storage);
+    std::vector<std::string> expected =
+        individual ? std::vector<std::string>{"Hey ", "1", "2", "3", " friend ", "٣", "½", "!"}
+                   : std::vector<std::string>{"Hey ", "123", " friend ", "٣½", "!"};
+    EXPECT_EQ(std::vector<std::string>(out.begin(), out.end()), expected) << individual;
+  }
+}
+
 TEST(RegexTest, WhitespaceIsOnigurumasWhiteSpace) {
   Regex whitespace(R"(\s+)");
   std::vector<std::pair<size_t, size_t>> matches;
