@@ -243,6 +243,12 @@ class Session : public std::enable_shared_from_this<Session> {
     reading_ = true;
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
+      const bool restart = self->restart_read_;
+      self->restart_read_ = false;
+      if (ec == asio::error::operation_aborted && restart && !self->closed_) {
+        self->read_header();  // cancelled by exchange_complete: read the next request under the idle timeout
+        return;
+      }
       if (ec) {
         self->close();
         return;
@@ -257,9 +263,12 @@ class Session : public std::enable_shared_from_this<Session> {
     in_exchange_ = false;
     on_disconnect_ = nullptr;
     if (!keep_alive_) return lingering_close();
-    stream_.expires_after(sh_->options.read_timeout);  // the idle keep-alive limit
-    if (!reading_) read_header();
-    // else the pending watch read starts the next request when its bytes arrive
+    if (!reading_) return read_header();  // read_header sets the idle keep-alive limit
+    // The pending watch read runs without a deadline (a new expiry does not reach an operation already
+    // started); cancel it, and its handler starts read_header.
+    restart_read_ = true;
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
   }
 
   void queue_write(std::string s) {
@@ -343,7 +352,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t gen_ = 0;
   bool reading_ = false, writing_ = false, closed_ = false;
   bool in_exchange_ = false, exchange_done_ = false, streaming_ = false;
-  bool keep_alive_ = true, closing_after_write_ = false;
+  bool keep_alive_ = true, closing_after_write_ = false, restart_read_ = false;
   std::function<void()> on_disconnect_;
 };
 
