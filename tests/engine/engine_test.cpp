@@ -14,7 +14,8 @@ namespace tessera {
 namespace {
 
 struct Harness {
-  CpuBackend backend;
+  std::unique_ptr<Backend> owned = testing::make_test_backend();
+  Backend& backend = *owned;
   std::unique_ptr<LLMEngine> engine;
   Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true) {
     LoadOptions lo;

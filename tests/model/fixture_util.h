@@ -7,7 +7,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+
 namespace tessera::testing {
+
+// TESSERA_TEST_DEVICE=cuda runs the model and engine tests on the CUDA backend (on the
+// GPU machine); the default is the CPU reference backend.
+inline bool testing_on_cuda() {
+  const char* d = std::getenv("TESSERA_TEST_DEVICE");
+  return d && std::string(d) == "cuda";
+}
+inline std::unique_ptr<Backend> make_test_backend() {
+  BackendOptions o;
+  o.type = testing_on_cuda() ? DeviceType::kCUDA : DeviceType::kCPU;
+  return make_backend(o);
+}
 
 inline std::string fixtures_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models"; }
 

@@ -17,7 +17,8 @@ using testing::fixtures_dir;
 using testing::load_reference;
 
 struct Loaded {
-  CpuBackend backend;
+  std::unique_ptr<Backend> owned = testing::make_test_backend();
+  Backend& backend = *owned;
   std::unique_ptr<Model> model;
   KvCache cache;
 };
@@ -31,8 +32,10 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = 16) {
   l->cache.block_size = 16;
   l->cache.num_blocks = num_blocks;
   for (const auto& spec : l->model->cache_specs()) {
-    l->cache.k.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    l->cache.v.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+    const DType dt = l->backend.compute_dtype();
+    l->cache.dtype = dt;
+    l->cache.k.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
+    l->cache.v.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
   }
   return l;
 }
@@ -77,7 +80,9 @@ TEST_P(FixtureTest, LastLogitsAndGreedyMatchTransformers) {
     ASSERT_EQ(got.size(), want.size());
     float max_err = 0;
     for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    EXPECT_LT(max_err, 2e-3) << name << " prompt length " << prompt_len;
+    // CPU: fp32 compute on the bf16 weights, as the reference. CUDA: bf16 activations.
+    const bool cuda = testing::testing_on_cuda();
+    EXPECT_LT(max_err, cuda ? 0.15 : 2e-3) << name << " prompt length " << prompt_len;
     if (getenv("TESSERA_TEST_VERBOSE")) printf("%s len %d max_err %g\n", name.c_str(), prompt_len, max_err);
 
     // Greedy decode through the KV cache, one token per step.
@@ -87,17 +92,18 @@ TEST_P(FixtureTest, LastLogitsAndGreedyMatchTransformers) {
     for (size_t step = 0; step < greedy.size(); ++step) {
       out.push_back(next);
       tokens.push_back(next);
-      l->backend.reset_scratch();
+        l->backend.reset_scratch();
       Tensor lg = l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, 16), l->cache);
       next = argmax(to_host(l->backend, lg));
     }
-    // Identical tokens, except that at a step the reference itself calls within 1e-3 the
-    // other token may win; from there the continuations legitimately diverge.
+    // Identical tokens, except that at a step the reference itself calls within 1e-3 (CPU) or
+    // 0.05 (CUDA, bf16) the other token may win; from there the continuations legitimately diverge.
+    const double close_call = cuda ? 0.05 : 1e-3;
     auto margins = c["margins"].get<std::vector<double>>();
     size_t compared = 0;
     for (size_t i = 0; i < greedy.size(); ++i, ++compared) {
       if (out[i] == greedy[i]) continue;
-      ASSERT_LE(margins[i], 1e-3) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
+      ASSERT_LE(margins[i], close_call) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
                                   << ", transformers " << greedy[i];
       break;
     }
