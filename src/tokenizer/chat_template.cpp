@@ -127,6 +127,18 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir,
        "\"chat_template\" in tokenizer_config.json); pass one with --chat-template FILE", dir.string());
 }
 
+namespace {
+
+jinja::Value request_value(const nlohmann::ordered_json& json, const char* field) {
+  try {
+    return jinja::Value::from_json(json);
+  } catch (const jinja::ValueError& e) {
+    fail(ErrorKind::kInvalidArgument, "\"{}\" of the chat request: {}", field, e.what());
+  }
+}
+
+}  // namespace
+
 std::string ChatTemplate::render(const nlohmann::ordered_json& request, const jinja::RenderLimits& limits) const {
   if (!request.is_object()) fail(ErrorKind::kInvalidArgument, "the chat request must be a JSON object");
   auto messages = request.find("messages");
@@ -139,11 +151,11 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request, const ji
   auto kwargs = request.find("chat_template_kwargs");
   if (kwargs != request.end() && !kwargs->is_null()) {
     if (!kwargs->is_object()) fail(ErrorKind::kInvalidArgument, "\"chat_template_kwargs\" must be a JSON object");
-    for (const auto& [name, value] : kwargs->items()) variables.set(name, jinja::Value::from_json(value));
+    for (const auto& [name, value] : kwargs->items()) variables.set(name, request_value(value, "chat_template_kwargs"));
   }
-  variables.set("messages", jinja::Value::from_json(*messages));
+  variables.set("messages", request_value(*messages, "messages"));
   auto tools = request.find("tools");
-  variables.set("tools", tools == request.end() ? jinja::Value(jinja::None{}) : jinja::Value::from_json(*tools));
+  variables.set("tools", tools == request.end() ? jinja::Value(jinja::None{}) : request_value(*tools, "tools"));
   if (variables.find("documents") == nullptr) variables.set("documents", jinja::Value(jinja::None{}));
   auto generation = request.find("add_generation_prompt");
   bool add_generation_prompt = true;

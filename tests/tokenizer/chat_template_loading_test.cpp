@@ -109,6 +109,21 @@ TEST(ChatTemplateRequest, MalformedRequestsAreInvalidArguments) {
   EXPECT_FALSE(t.try_render(nlohmann::ordered_json::parse(R"({"messages": [], "chat_template_kwargs": [1]})"), &prompt).ok());
 }
 
+TEST(ChatTemplateRequest, DeeplyNestedJsonIsRejectedNotRecursedInto) {
+  ChatTemplate t = ChatTemplate::from_source("{{ tools | length }}");
+  std::string nested(100000, '[');
+  nested += std::string(100000, ']');
+  auto request = nlohmann::ordered_json::parse(R"({"messages": []})");
+  request["tools"] = nlohmann::ordered_json::parse(nested);
+  std::string prompt;
+  Status status = t.try_render(request, &prompt);
+  EXPECT_FALSE(status.ok());
+  EXPECT_EQ(status.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("nested too deeply"));
+  request["tools"] = nlohmann::ordered_json::parse("[[[[1]]]]");
+  EXPECT_EQ(t.render(request), "1");
+}
+
 TEST(ChatTemplateRequest, TemplateErrorsBecomeStatusWithTheTemplatesMessage) {
   ChatTemplate t = ChatTemplate::from_source(
       "{% if messages[0].role != 'user' %}\n{{ raise_exception('Conversation must start with a user message') }}{% endif %}");

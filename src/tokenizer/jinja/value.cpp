@@ -4,7 +4,8 @@
 
 namespace tessera::tokenizer::jinja {
 
-Value Value::from_json(const nlohmann::ordered_json& json) {
+Value Value::from_json(const nlohmann::ordered_json& json, int max_depth) {
+  if (max_depth < 0) throw ValueError("JSON input is nested too deeply");
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value(None{});
@@ -24,12 +25,12 @@ Value Value::from_json(const nlohmann::ordered_json& json) {
     case nlohmann::ordered_json::value_t::array: {
       List list;
       list.reserve(json.size());
-      for (const auto& item : json) list.push_back(from_json(item));
+      for (const auto& item : json) list.push_back(from_json(item, max_depth - 1));
       return Value(std::move(list));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto dict = std::make_shared<Dict>();
-      for (const auto& [key, item] : json.items()) dict->set(key, from_json(item));
+      for (const auto& [key, item] : json.items()) dict->set(key, from_json(item, max_depth - 1));
       return Value(std::move(dict));
     }
     default:

@@ -56,7 +56,8 @@ class Value {
     v.tuple_ = true;
     return v;
   }
-  static Value from_json(const nlohmann::ordered_json& json);
+  // Throws ValueError for JSON nested deeper than max_depth: a hostile request must not overflow the stack.
+  static Value from_json(const nlohmann::ordered_json& json, int max_depth = 512);
 
   Type type() const { return static_cast<Type>(data_.index()); }
   bool is_undefined() const { return type() == Type::kUndefined; }
