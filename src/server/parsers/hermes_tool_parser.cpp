@@ -294,8 +294,8 @@ class HermesToolParser final : public ToolParser {
   }
 
   void close_block() {
-    bool valid = scan_.phase() == TopLevelObjectScan::Phase::kDone && scan_.name_found() &&
-                 nlohmann::json::accept(body_);
+    bool valid =
+        scan_.phase() == TopLevelObjectScan::Phase::kDone && scan_.name_found() && nlohmann::json::accept(body_);
     if (valid && !call_sent_ && !call_dropped_) start_call();
     if (call_sent_) {
       emit_arguments();

@@ -169,13 +169,11 @@ class Qwen3CoderToolParser final : public ToolParser {
   }
 
   ToolStreamDelta push(std::string_view delta) override {
-    queue_.insert(queue_.end(), delta.begin(), delta.end());
-    drain();
+    drain(delta);
     return sink_.take(false);
   }
 
   ToolStreamDelta finish() override {
-    drain();
     for (char c : scanner_.take_pending()) {
       ScanEvent e{-1, c};
       if (handle(e)) {
@@ -218,11 +216,20 @@ class Qwen3CoderToolParser final : public ToolParser {
     kSkipBlock,       // a block that is not a call, after calls began: dropped
   };
 
-  void drain() {
+  // Scans `input`; bytes handed back for a second look (replay_) go first, through queue_.
+  void drain(std::string_view input) {
     std::vector<ScanEvent> events;
-    while (!queue_.empty()) {
-      char c = queue_.front();
-      queue_.pop_front();
+    size_t i = 0;
+    for (;;) {
+      char c;
+      if (!queue_.empty()) {
+        c = queue_.front();
+        queue_.pop_front();
+      } else if (i < input.size()) {
+        c = input[i++];
+      } else {
+        return;
+      }
       events.clear();
       scanner_.feed(c, events);
       for (size_t k = 0; k < events.size(); ++k) {
@@ -237,9 +244,7 @@ class Qwen3CoderToolParser final : public ToolParser {
     }
   }
 
-  std::string text_of(const ScanEvent& e) const {
-    return e.tag >= 0 ? scanner_.tag(e.tag) : std::string(1, e.byte);
-  }
+  std::string text_of(const ScanEvent& e) const { return e.tag >= 0 ? scanner_.tag(e.tag) : std::string(1, e.byte); }
 
   // Returns true when replay_ must be scanned again (in content state).
   bool handle(const ScanEvent& e) {
@@ -299,12 +304,14 @@ class Qwen3CoderToolParser final : public ToolParser {
           state_ = State::kParams;
           return false;
         }
-        for (char c : text_of(e)) {
-          if (!value_started_) {
-            value_started_ = true;
-            if (c == '\n') continue;  // one leading newline belongs to the markup
-          }
-          value_ += c;
+        if (e.tag >= 0) {
+          value_started_ = true;
+          value_ += scanner_.tag(e.tag);
+        } else if (value_started_ || e.byte != '\n') {
+          value_ += e.byte;
+          value_started_ = true;
+        } else {
+          value_started_ = true;  // one leading newline belongs to the markup
         }
         return false;
       case State::kAfterFunction:

@@ -1,8 +1,8 @@
 #include "server/parsers/reasoning_parser.h"
 
-#include <deque>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <deque>
 
 #include "server/parsers/stream_text.h"
 
@@ -45,13 +45,11 @@ class ThinkReasoningParser final : public ReasoningParser {
   }
 
   ReasoningDelta push(std::string_view delta) override {
-    queue_.insert(queue_.end(), delta.begin(), delta.end());
-    drain();
+    drain(delta);
     return {reasoning_.take(), content_.take()};
   }
 
   ReasoningDelta finish() override {
-    drain();
     // Held bytes are a proper tag prefix (never a whole tag), and an unconfirmed
     // <tool_call> lookahead stays reasoning.
     std::string rest = scanner_.take_pending();
@@ -76,15 +74,28 @@ class ThinkReasoningParser final : public ReasoningParser {
 
   Utf8Holdback& channel() { return state_ == State::kContent ? content_ : reasoning_; }
 
-  void drain() {
+  // Scans `input`; bytes handed back for a second look (replay_) go first, through queue_.
+  void drain(std::string_view input) {
     std::vector<ScanEvent> events;
-    while (!queue_.empty()) {
-      char c = queue_.front();
-      queue_.pop_front();
-      if (state_ == State::kContent && events.empty()) {
-        // Past the reasoning nothing is parsed; the scanner may still hold a tag prefix.
-        std::string held = scanner_.take_pending();
-        content_.append(held);
+    size_t i = 0;
+    for (;;) {
+      char c;
+      if (!queue_.empty()) {
+        c = queue_.front();
+        queue_.pop_front();
+      } else if (i < input.size()) {
+        if (state_ == State::kContent) {
+          // Past the reasoning nothing is parsed; the scanner may still hold a tag prefix.
+          content_.append(scanner_.take_pending());
+          content_.append(input.substr(i));
+          return;
+        }
+        c = input[i++];
+      } else {
+        return;
+      }
+      if (state_ == State::kContent) {
+        content_.append(scanner_.take_pending());
         content_.push_back_char(c);
         continue;
       }
@@ -100,7 +111,6 @@ class ThinkReasoningParser final : public ReasoningParser {
         queue_.insert(queue_.begin(), replay.begin(), replay.end());
         break;
       }
-      events.clear();
     }
   }
 

@@ -53,6 +53,7 @@ std::vector<std::string> supported_reasoning_parsers();
 
 // Throws Error(kInvalidArgument) naming the supported parsers when `name` is unknown
 // (call it once at startup to validate the flag; creating a parser per request then cannot fail).
-std::unique_ptr<ReasoningParser> make_reasoning_parser(std::string_view name, const ReasoningParserOptions& options = {});
+std::unique_ptr<ReasoningParser> make_reasoning_parser(std::string_view name,
+                                                       const ReasoningParserOptions& options = {});
 
 }  // namespace tessera::server

@@ -96,8 +96,7 @@ Status plan_tool_choice(const nlohmann::json& tool_choice, const nlohmann::json&
             t["function"].value("name", std::string()) == name)
           found = true;
     if (!found) return invalid(fmt::format("tool_choice names function '{}', which is not in `tools`", one_line(name)));
-    if (!has_tool_parser)
-      return invalid("a named tool_choice needs the server to be started with --tool-call-parser");
+    if (!has_tool_parser) return invalid("a named tool_choice needs the server to be started with --tool-call-parser");
     plan->parse_tools = true;
     plan->only_function = std::move(name);
     return Status::Ok();

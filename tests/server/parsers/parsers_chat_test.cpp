@@ -35,8 +35,9 @@ TEST(ChatOutputParser, ToolCallInsideReasoningIsNotACall) {
 
 TEST(ChatOutputParser, Qwen35ImplicitReasoningEndFeedsTheCoderParser) {
   ChatOutputParser p(make_reasoning_parser("qwen3"), make_tool_parser("qwen3_coder", options_with_ids()));
-  ChatParseResult r = p.parse("I should call it.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"
-                              "</function>\n</tool_call>");
+  ChatParseResult r = p.parse(
+      "I should call it.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"
+      "</function>\n</tool_call>");
   EXPECT_EQ(r.reasoning, "I should call it.\n");
   ASSERT_EQ(r.tool_calls.size(), 1u);
   EXPECT_EQ(r.tool_calls[0].arguments, "{\"a\": \"1\"}");
@@ -44,15 +45,17 @@ TEST(ChatOutputParser, Qwen35ImplicitReasoningEndFeedsTheCoderParser) {
 
 TEST(ChatOutputParser, StreamingEqualsNonStreaming) {
   std::vector<std::string> texts = {
-      "<think>\nA 🤔 B\n</think>\n\n答案 <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"é\"}}\n</tool_call>",
+      "<think>\nA 🤔 B\n</think>\n\n答案 <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": "
+      "\"é\"}}\n</tool_call>",
       "plain",
       "Reason</think>Text <tool_call>oops</tool_call>",
       "thinking <tool_call>\n<function=f>\n<parameter=a>\nz\n</parameter>\n</function>\n</tool_call>",
   };
   for (const char* tool_parser : {"hermes", "qwen3_coder"}) {
     for (const std::string& text : texts) {
-      ChatParseResult want = ChatOutputParser(make_reasoning_parser("qwen3"), make_tool_parser(tool_parser, options_with_ids()))
-                                 .parse(text);
+      ChatParseResult want =
+          ChatOutputParser(make_reasoning_parser("qwen3"), make_tool_parser(tool_parser, options_with_ids()))
+              .parse(text);
       for (const testing::Chunking& c : chunkings(text, 20)) {
         ChatOutputParser p(make_reasoning_parser("qwen3"), make_tool_parser(tool_parser, options_with_ids()));
         ChatParseResult got = testing::stream_chat(p, c);

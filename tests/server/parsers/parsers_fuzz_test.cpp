@@ -15,11 +15,55 @@ using testing::Chunking;
 
 const std::vector<std::string>& pieces() {
   static const std::vector<std::string> p = {
-      "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=", "<function=f>", "<function=get_weather>",
-      "</function>", "<parameter=", "<parameter=city>", "<parameter=days>", "</parameter>", "\n", " ", "  \n",
-      "{", "}", "[", "]", "\"", "\\", ":", ",", "\"name\"", "\"arguments\"", "\"f\"", "1", "true", "null",
-      "{\"name\": \"f\", \"arguments\": {\"x\": 1}}", "{\"name\": \"g\"}", "<", ">", "</", "<thi", "</thi", "nk>",
-      "<tool_", "_call>", "<func", "tion=", "中", "文", "🙂", "é", "abc", "Paris", "3.5", "\t",
+      "<think>",
+      "</think>",
+      "<tool_call>",
+      "</tool_call>",
+      "<function=",
+      "<function=f>",
+      "<function=get_weather>",
+      "</function>",
+      "<parameter=",
+      "<parameter=city>",
+      "<parameter=days>",
+      "</parameter>",
+      "\n",
+      " ",
+      "  \n",
+      "{",
+      "}",
+      "[",
+      "]",
+      "\"",
+      "\\",
+      ":",
+      ",",
+      "\"name\"",
+      "\"arguments\"",
+      "\"f\"",
+      "1",
+      "true",
+      "null",
+      "{\"name\": \"f\", \"arguments\": {\"x\": 1}}",
+      "{\"name\": \"g\"}",
+      "<",
+      ">",
+      "</",
+      "<thi",
+      "</thi",
+      "nk>",
+      "<tool_",
+      "_call>",
+      "<func",
+      "tion=",
+      "中",
+      "文",
+      "🙂",
+      "é",
+      "abc",
+      "Paris",
+      "3.5",
+      "\t",
   };
   return p;
 }
@@ -31,7 +75,8 @@ std::string random_pieces(std::mt19937& rng, size_t n_pieces) {
 }
 
 std::string random_word(std::mt19937& rng) {
-  static const std::vector<std::string> words = {"Paris", "東京", "🙂", "a\"b", "x y", "42", "-1.5", "true", "null", "é"};
+  static const std::vector<std::string> words = {"Paris", "東京", "🙂", "a\"b", "x y",
+                                                 "42",    "-1.5", "true", "null", "é"};
   return words[rng() % words.size()];
 }
 
@@ -43,7 +88,8 @@ std::string random_text(std::mt19937& rng, size_t n_segments) {
     switch (rng() % 5) {
       case 0:
         s += "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": " +
-             nlohmann::json(random_word(rng)).dump() + ", \"days\": [" + std::to_string(rng() % 9) + "]}}\n</tool_call>";
+             nlohmann::json(random_word(rng)).dump() + ", \"days\": [" + std::to_string(rng() % 9) +
+             "]}}\n</tool_call>";
         break;
       case 1:
         s += "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + random_word(rng) +

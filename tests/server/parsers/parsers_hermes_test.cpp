@@ -68,9 +68,9 @@ TEST(HermesToolParser, MalformedDegradesToContent) {
   for (std::string text : {
            std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}\n</tool_call>"),  // missing }
            std::string("Sure <tool_call>not json</tool_call>"),
-           std::string("<tool_call>{\"arguments\": {}}</tool_call>"),                // no name
-           std::string("<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>"),   // name not a string
-           std::string("<tool_call>[\"name\", \"f\"]</tool_call>"),                  // not an object
+           std::string("<tool_call>{\"arguments\": {}}</tool_call>"),               // no name
+           std::string("<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>"),  // name not a string
+           std::string("<tool_call>[\"name\", \"f\"]</tool_call>"),                 // not an object
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": {}}} extra</tool_call>"),
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": tru}}</tool_call>"),
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": \"unterminated}}"),
@@ -112,7 +112,8 @@ TEST(HermesToolParser, StreamingShape) {
 TEST(HermesToolParser, StreamingFallsBackToContentWhenNothingWasSent) {
   auto p = hermes();
   std::string got;
-  for (std::string_view piece : {"I will use <tool_", "call> tags", " later", "</tool_call>!"}) got += p->push(piece).content;
+  for (std::string_view piece : {"I will use <tool_", "call> tags", " later", "</tool_call>!"})
+    got += p->push(piece).content;
   got += p->finish().content;
   EXPECT_EQ(got, "I will use <tool_call> tags later</tool_call>!");
 }
@@ -146,7 +147,8 @@ const std::vector<std::string>& corpus() {
       "Plain answer, no tools. 价格是 ¥100 🙂 a<b",
       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Tokyo\", \"unit\": \"celsius\"}}\n"
       "</tool_call>",
-      "I'll look both up.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"北京 天气 🌧\", \"n\": 3, "
+      "I'll look both up.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"北京 天气 🌧\", \"n\": "
+      "3, "
       "\"filters\": {\"lang\": [\"zh\", \"en\"], \"safe\": true, \"x\": null, \"esc\": \"quote \\\" brace } bracket "
       "] tag </tool_call\"}}}\n</tool_call>\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expr\": \"2*(3+4)\"}}"
       "\n</tool_call>",
@@ -196,31 +198,28 @@ TEST(HermesToolParser, MalformedAfterASentCallNeverCrashesAndIsSplitInvariant) {
 }
 
 TEST(HermesToolParser, AdversarialInputsTakeLinearTime) {
-  auto repeat = [](std::string_view s, size_t bytes) {
-    std::string out;
-    while (out.size() < bytes) out += s;
-    return out;
+  using testing::repeat;
+  std::vector<std::function<std::string(size_t)>> inputs = {
+      [](size_t n) { return repeat("<tool_call>", n); },
+      [](size_t n) { return repeat("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [", n); },
+      [](size_t n) { return "<tool_call>{\"name\": \"f\", \"arguments\": " + repeat("[", n); },
+      [](size_t n) { return "<tool_call>{\"name\": \"f\", \"arguments\": " + repeat("{\"a\":", n); },
+      [](size_t n) { return repeat("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", n); },
+      [](size_t n) { return repeat("</tool_call", n); },
+      [](size_t n) { return repeat("<", n); },
+      [](size_t n) { return "<tool_call>{\"name\": \"" + repeat("\\\\", n); },
+      [](size_t n) { return "<tool_call>{\"name\": \"f\", \"arguments\": \"" + repeat("x", n) + "\"}"; },
   };
-  const size_t kBytes = 1 << 20;
-  std::vector<std::string> inputs = {
-      repeat("<tool_call>", kBytes),
-      repeat("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [", kBytes),
-      "<tool_call>{\"name\": \"f\", \"arguments\": " + repeat("[", kBytes),
-      "<tool_call>{\"name\": \"f\", \"arguments\": " + repeat("{\"a\":", kBytes),
-      repeat("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", kBytes),
-      repeat("</tool_call", kBytes),
-      repeat("<", kBytes),
-      "<tool_call>{\"name\": \"" + repeat("\\\\", kBytes),
-  };
-  for (const std::string& in : inputs) {
-    auto start = std::chrono::steady_clock::now();
-    auto p = hermes();
-    ToolParseResult whole = p->parse(in);
-    std::unique_ptr<ToolParser> s = p->fresh();
-    for (size_t i = 0; i < in.size(); i += 5) s->push(std::string_view(in).substr(i, 5));
-    s->finish();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(seconds, 5.0) << "1 MiB took " << seconds << " s: not linear? input starts " << in.substr(0, 40);
+  for (const auto& make : inputs) {
+    testing::expect_linear(
+        [](const std::string& in) {
+          auto p = hermes();
+          p->parse(in);
+          std::unique_ptr<ToolParser> s = p->fresh();
+          for (size_t i = 0; i < in.size(); i += 5) s->push(std::string_view(in).substr(i, 5));
+          s->finish();
+        },
+        make);
   }
 }
 

@@ -91,8 +91,10 @@ TEST(Qwen3CoderToolParser, Nulls) {
 
 TEST(Qwen3CoderToolParser, MultilineValueKeepsInnerNewlinesAndTags) {
   std::string code = "def f():\n    return '<tool_call>' + \"</function>\"\n\n";
-  std::string text = "<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/a.py\n</parameter>\n"
-                     "<parameter=content>\n" + code + "\n</parameter>\n</function>\n</tool_call>";
+  std::string text =
+      "<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/a.py\n</parameter>\n"
+      "<parameter=content>\n" +
+      code + "\n</parameter>\n</function>\n</tool_call>";
   ToolParseResult r = coder()->parse(text);
   ASSERT_EQ(r.tool_calls.size(), 1u);
   nlohmann::json a = nlohmann::json::parse(r.tool_calls[0].arguments);
@@ -142,8 +144,8 @@ TEST(Qwen3CoderToolParser, NotACallStaysContent) {
     EXPECT_EQ(r.content, text);
   }
   // A mention before a real call stays content; the real call is parsed.
-  ToolParseResult r = coder()->parse(
-      "About <tool_call>: here goes.\n<tool_call>\n<function=no_params>\n</function>\n</tool_call>");
+  ToolParseResult r =
+      coder()->parse("About <tool_call>: here goes.\n<tool_call>\n<function=no_params>\n</function>\n</tool_call>");
   EXPECT_EQ(r.content, "About <tool_call>: here goes.\n");
   ASSERT_EQ(r.tool_calls.size(), 1u);
 }
@@ -194,7 +196,8 @@ const std::vector<std::string>& corpus() {
       "x <tool_call>\n<function=get_wea",
       "<tool_call>\n<function=bad name>\n</function>\n</tool_call>",
       "<tool_call><tool_call>\n<function=no_params></function></tool_call>",
-      "<tool_call>\n<function=no_params>\n</function>\n</tool_call>\n<tool_call>junk</tool_call>\n<function=get_weather>"
+      "<tool_call>\n<function=no_params>\n</function>\n</tool_call>\n<tool_call>junk</"
+      "tool_call>\n<function=get_weather>"
       "\n<parameter=days>\n1\n</parameter>\n</function>",
       "<tool_call>\n<function=unknown_tool>\n<parameter=x>\n{\"y\": 1}\n</parameter>\n</function>\n</tool_call>",
   };
@@ -215,33 +218,30 @@ TEST(Qwen3CoderToolParser, StreamingEqualsNonStreaming) {
 }
 
 TEST(Qwen3CoderToolParser, AdversarialInputsTakeLinearTime) {
-  auto repeat = [](std::string_view s, size_t bytes) {
-    std::string out;
-    while (out.size() < bytes) out += s;
-    return out;
+  using testing::repeat;
+  std::vector<std::function<std::string(size_t)>> inputs = {
+      [](size_t n) { return repeat("<tool_call>", n); },
+      [](size_t n) { return repeat("<tool_call>   \n", n); },
+      [](size_t n) { return repeat("<tool_call>\n<function=", n); },
+      [](size_t n) { return repeat("<tool_call>\n<function=abc", n); },
+      [](size_t n) { return "<tool_call>" + std::string(n, ' ') + "x"; },
+      [](size_t n) { return "<tool_call><function=" + std::string(n, 'a') + " "; },
+      [](size_t n) { return repeat("<tool_call><function=f><parameter=x>1</parameter></function></tool_call>", n); },
+      [](size_t n) { return "<tool_call><function=f><parameter=x>" + repeat("</parameter", n); },
+      [](size_t n) { return "<tool_call><function=f>" + repeat("<parameter=", n); },
+      [](size_t n) { return "<tool_call><function=f><parameter=x>\n" + repeat("</function>\n", n); },
+      [](size_t n) { return repeat("</function>", n); },
   };
-  const size_t kBytes = 1 << 20;
-  std::vector<std::string> inputs = {
-      repeat("<tool_call>", kBytes),
-      repeat("<tool_call>   \n", kBytes),
-      repeat("<tool_call>\n<function=", kBytes),
-      repeat("<tool_call>\n<function=abc", kBytes),
-      "<tool_call>" + std::string(kBytes, ' ') + "x",
-      "<tool_call><function=" + std::string(kBytes, 'a') + " ",
-      repeat("<tool_call><function=f><parameter=x>1</parameter></function></tool_call>", kBytes),
-      "<tool_call><function=f><parameter=x>" + repeat("</parameter", kBytes),
-      "<tool_call><function=f>" + repeat("<parameter=", kBytes),
-      repeat("</function>", kBytes),
-  };
-  for (const std::string& in : inputs) {
-    auto start = std::chrono::steady_clock::now();
-    auto p = coder();
-    p->parse(in);
-    std::unique_ptr<ToolParser> s = p->fresh();
-    for (size_t i = 0; i < in.size(); i += 7) s->push(std::string_view(in).substr(i, 7));
-    s->finish();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(seconds, 5.0) << "1 MiB took " << seconds << " s: not linear? input starts " << in.substr(0, 40);
+  for (const auto& make : inputs) {
+    testing::expect_linear(
+        [](const std::string& in) {
+          auto p = coder();
+          p->parse(in);
+          std::unique_ptr<ToolParser> s = p->fresh();
+          for (size_t i = 0; i < in.size(); i += 7) s->push(std::string_view(in).substr(i, 7));
+          s->finish();
+        },
+        make);
   }
 }
 

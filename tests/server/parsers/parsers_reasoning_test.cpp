@@ -70,7 +70,8 @@ TEST(ReasoningParser, EmptyAndEdgeOutputs) {
 
 TEST(ReasoningParser, Qwen3ToolCallEndsReasoningImplicitly) {
   // Qwen3.5 / Qwen3-Coder may open an XML tool call without closing </think>.
-  ReasoningResult r = parse("qwen3", "I need the weather.\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>");
+  ReasoningResult r =
+      parse("qwen3", "I need the weather.\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>");
   EXPECT_EQ(r.reasoning, "I need the weather.\n");
   EXPECT_EQ(r.content, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>");
   r = parse("qwen3", "x<tool_call><function name=\"f\">");
@@ -158,36 +159,33 @@ TEST(ReasoningParser, UnknownNameListsSupported) {
 }
 
 TEST(ReasoningParser, AdversarialInputsTakeLinearTime) {
-  std::vector<std::string> inputs;
-  auto repeat = [](std::string_view s, size_t bytes) {
-    std::string out;
-    while (out.size() < bytes) out += s;
-    return out;
+  using testing::repeat;
+  std::vector<std::function<std::string(size_t)>> inputs = {
+      [](size_t n) { return repeat("<tool_call>", n); },
+      [](size_t n) { return repeat("<tool_call>   \n ", n); },
+      [](size_t n) { return repeat("<tool_call>\n<functio", n); },
+      [](size_t n) { return repeat("<think>", n); },
+      [](size_t n) { return repeat("</thin", n); },
+      [](size_t n) { return repeat("<", n); },
+      [](size_t n) { return "<tool_call>" + std::string(n, ' ') + "x"; },
+      [](size_t n) { return "</think>" + repeat("<tool_call>", n); },
   };
-  const size_t kBytes = 1 << 20;
-  inputs.push_back(repeat("<tool_call>", kBytes));
-  inputs.push_back(repeat("<tool_call>   \n ", kBytes));
-  inputs.push_back(repeat("<tool_call>\n<functio", kBytes));
-  inputs.push_back(repeat("<think>", kBytes));
-  inputs.push_back(repeat("</thin", kBytes));
-  inputs.push_back(repeat("<", kBytes));
-  inputs.push_back("<tool_call>" + std::string(kBytes, ' ') + "x");
-  for (const std::string& in : inputs) {
-    auto p = make_reasoning_parser("qwen3");
-    auto start = std::chrono::steady_clock::now();
-    ReasoningResult whole = p->parse(in);
-    // And streamed in small pieces.
-    std::unique_ptr<ReasoningParser> s = p->fresh();
-    size_t total = 0;
-    for (size_t i = 0; i < in.size(); i += 3) {
-      ReasoningDelta d = s->push(std::string_view(in).substr(i, 3));
-      total += d.reasoning.size() + d.content.size();
-    }
-    ReasoningDelta d = s->finish();
-    total += d.reasoning.size() + d.content.size();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_EQ(total, whole.reasoning.size() + whole.content.size());
-    EXPECT_LT(seconds, 5.0) << "1 MiB took " << seconds << " s: not linear?";
+  for (const auto& make : inputs) {
+    testing::expect_linear(
+        [](const std::string& in) {
+          auto p = make_reasoning_parser("qwen3");
+          ReasoningResult whole = p->parse(in);
+          std::unique_ptr<ReasoningParser> s = p->fresh();
+          size_t total = 0;
+          for (size_t i = 0; i < in.size(); i += 3) {
+            ReasoningDelta d = s->push(std::string_view(in).substr(i, 3));
+            total += d.reasoning.size() + d.content.size();
+          }
+          ReasoningDelta d = s->finish();
+          total += d.reasoning.size() + d.content.size();
+          EXPECT_EQ(total, whole.reasoning.size() + whole.content.size());
+        },
+        make);
   }
 }
 

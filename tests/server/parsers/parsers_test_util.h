@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
+
 #include <random>
 #include <set>
 #include <string>
@@ -146,6 +149,29 @@ inline void expect_same_calls(const std::vector<ToolCall>& a, const std::vector<
     EXPECT_EQ(a[i].arguments, b[i].arguments) << what;
     EXPECT_FALSE(a[i].id.empty()) << what;
   }
+}
+
+inline std::string repeat(std::string_view s, size_t bytes) {
+  std::string out;
+  while (out.size() < bytes) out += s;
+  return out;
+}
+
+// Linear time, checked by scaling rather than by a wall-clock bound that depends on the build
+// (Debug + ASan is ~50x slower): 8x the input may cost at most ~20x the time (linear: 8x,
+// quadratic: 64x), plus slack for timer noise on a busy machine.
+inline void expect_linear(const std::function<void(const std::string&)>& run,
+                          const std::function<std::string(size_t)>& make_input) {
+  auto time = [&](size_t bytes) {
+    std::string in = make_input(bytes);
+    auto start = std::chrono::steady_clock::now();
+    run(in);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double small = time(64 << 10);
+  double big = time(512 << 10);
+  EXPECT_LT(big, 20 * small + 0.3) << "64 KiB: " << small << " s, 512 KiB: " << big
+                                   << " s; input starts: " << make_input(64).substr(0, 40);
 }
 
 }  // namespace tessera::server::testing
