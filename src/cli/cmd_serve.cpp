@@ -1,6 +1,9 @@
 // tessera serve MODEL: the OpenAI- and Anthropic-compatible HTTP server, with `vllm serve`'s flags.
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 
 #include <chrono>
 #include <cstdlib>
@@ -48,6 +51,19 @@ const std::set<std::string> kVllmOnlyFlags = {
     "--enable-auto-tool-choice-parser", "--data-parallel-rank", "--data-parallel-address", "--headless",
     "--enable-eplb", "--disable-fastapi-docs", "--enable-force-include-usage", "--enable-server-load-tracking",
     "--h11-max-incomplete-event-size", "--h11-max-header-count", "--max-num-batched-tokens-per-request"};
+
+int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_signals{0};
+void on_signal(int sig) {
+  // Async-signal-safe: the first signal wakes the main thread; later ones only say so.
+  const unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signals.fetch_add(1) == 0) {
+    [[maybe_unused]] auto n = write(g_signal_pipe[1], &b, 1);
+  } else {
+    static const char msg[] = "tessera serve: already shutting down\n";
+    [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
+  }
+}
 
 const std::set<std::string> kToolParsers = {"hermes", "qwen3_coder"};
 const std::set<std::string> kReasoningParsers = {"qwen3", "deepseek_r1"};
@@ -104,13 +120,6 @@ server::GenerationDefaults read_generation_config(const fs::path& dir, std::vect
 }  // namespace
 
 int run_serve(int argc, char** argv) {
-  // Signals are taken by sigwait() in this thread only; every thread started below inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   CLI::App app{"OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
                "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
                "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
@@ -300,14 +309,23 @@ int run_serve(int argc, char** argv) {
         api.handle(std::move(r), std::move(ex));
       },
       &server::ApiServer::error_body);
+  // From here SIGINT/SIGTERM drain instead of killing. A handler (not a signal mask) because threads
+  // started before main (OpenBLAS's pool) would otherwise take the signal with its default action.
+  if (pipe(g_signal_pipe) != 0) fail(ErrorKind::kInternal, "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   http.start();
   TLOG_INFO("Starting tessera API server on http://{}:{}", host, http.port());
   TLOG_INFO("Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /tokenize /detokenize "
             "/health /version /metrics");
   TLOG_INFO("Application startup complete.");
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  unsigned char sig = 0;
+  while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+  }
   TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s", sig == SIGINT ? "SIGINT" : "SIGTERM",
             drain_timeout);
   api.set_draining();

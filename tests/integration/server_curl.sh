@@ -5,6 +5,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 fail() { echo "FAIL: $*"; exit 1; }
+ends_done() { [ "$(tail -c 14 "$1" | base64)" = "$(printf 'data: [DONE]\n\n' | base64)" ]; }
 AUTH=(-H "Authorization: Bearer ${TESSERA_API_KEY:-}" -H "Content-Type: application/json")
 
 basic() {
@@ -15,7 +16,7 @@ basic() {
   grep -qi '^content-type: text/event-stream' "$TMP/h" || fail "content-type"
   grep -qi '^x-accel-buffering: no' "$TMP/h" || fail "X-Accel-Buffering"
   grep -qi '^cache-control: no-cache' "$TMP/h" || fail "Cache-Control"
-  [ "$(tail -c 14 "$TMP/s")" = $'data: [DONE]\n\n' ] || fail "stream does not end with data: [DONE]"
+  ends_done "$TMP/s" || fail "stream does not end with data: [DONE]"
   head -1 "$TMP/s" | grep -q '^data: {.*"delta":{"role":"assistant","content":""}' || fail "first delta has no role"
   n="$(grep -c '^data: ' "$TMP/s")"; [ "$n" -ge 4 ] || fail "only $n events"
   [ "$(grep -vc '^data: \|^$' "$TMP/s")" = 0 ] || fail "lines other than data: events"
@@ -29,8 +30,8 @@ basic() {
   [ "$(curl -s -o "$TMP/e" -w '%{http_code}' "$TESSERA_URL/v1/models")" = 401 ] || fail "401 without key"
   grep -q '"error":{"message"' "$TMP/e" || fail "401 body"
   [ "$(curl -s -o /dev/null -w '%{http_code}' "$TESSERA_URL/health")" = 200 ] || fail "/health"
-  curl -s "$TESSERA_URL/version" | grep -q '"version"' || fail "/version"
-  curl -s "$TESSERA_URL/metrics" | grep -q '^tessera:num_requests_running' || fail "/metrics"
+  curl -s "$TESSERA_URL/version" >"$TMP/v"; grep -q '"version"' "$TMP/v" || fail "/version"
+  curl -s "$TESSERA_URL/metrics" >"$TMP/m"; grep -q '^tessera:num_requests_running' "$TMP/m" || fail "/metrics"
   # A 10 MB body sent by curl (Expect: 100-continue) gets 413 before it is uploaded.
   head -c 11000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
   [ "$(curl -s -o "$TMP/e" -w '%{http_code}' "${AUTH[@]}" --data-binary @"$TMP/big" "$TESSERA_URL/v1/chat/completions")" = 413 ] || fail "413"
@@ -63,7 +64,7 @@ drain() {
   sleep 1
   kill -TERM "$TESSERA_PID"
   wait "$p" || fail "stream broke during drain"
-  [ "$(tail -c 14 "$TMP/d")" = $'data: [DONE]\n\n' ] || fail "drained stream does not end with [DONE]"
+  ends_done "$TMP/d" || fail "drained stream does not end with [DONE]"
   grep -q '"finish_reason":"\(abort\|length\)"' "$TMP/d" || fail "no finish_reason in the drained stream"
   echo "drain: ok"
 }

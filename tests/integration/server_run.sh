@@ -17,6 +17,7 @@ if [ ! -f "$TOK/tokenizer.json" ]; then
 fi
 WORK="$(mktemp -d /tmp/tessera-server-test.XXXXXX)"
 LOG="$WORK/server.log"
+: >"$LOG"
 export TESSERA_API_KEY="${TESSERA_API_KEY:-test-key-123}"
 "$BIN" serve "$ROOT/configs/qwen3-tiny" --tokenizer "$TOK" --load-format dummy --device cpu \
   --host 127.0.0.1 --port 0 --served-model-name qwen3-tiny --served-model-name tiny-alias \
