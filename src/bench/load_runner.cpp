@@ -101,15 +101,15 @@ class LevelDriver {
     --in_flight_;
     result_.records.push_back(std::move(record));
     result_.duration_s = duration<double>(Clock::now() - start_).count();
-    if (progress_) progress_(result_.records.size(), prompts_.size(), in_flight_);
     if (result_.records.size() == prompts_.size()) {
       // A probe that already expired still runs after cancel(); `done_` stops it re-arming.
       done_ = true;
       release_timer_.cancel();
       lag_timer_.cancel();
-      return;
+    } else {
+      dispatch();
     }
-    dispatch();
+    if (progress_) progress_(result_.records.size(), prompts_.size(), in_flight_);
   }
 
   void schedule_lag_probe(Clock::time_point due) {
