@@ -249,6 +249,8 @@ std::string case_name(const KvCase& c) {
          std::to_string(c.block_size) + "_" + std::string(dtype_name(c.cache_dtype));
 }
 
+void PrintTo(const KvCase& c, std::ostream* os) { *os << case_name(c); }
+
 class CpuPagedAttention : public CpuOps, public ::testing::WithParamInterface<KvCase> {};
 
 // What the cache holds for value x: x / scale in the cache dtype, read back times scale.

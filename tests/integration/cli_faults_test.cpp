@@ -73,6 +73,8 @@ struct Fault {
   std::function<std::vector<std::string>(const fs::path& dir, const fs::path& tmp)> damage;
 };
 
+void PrintTo(const Fault& f, std::ostream* os) { *os << f.name << " (" << f.fixture << ")"; }
+
 std::string q(const std::string& tensor) { return "'" + tensor + "'"; }
 
 // Rewrites dir/model.safetensors after `edit` changed its header or data.
