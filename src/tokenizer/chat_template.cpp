@@ -35,8 +35,10 @@ std::optional<std::string> template_from_config(const nlohmann::ordered_json& co
       }
       if (entry.is_object()) names += (names.empty() ? "" : ", ") + entry.value("name", "?");
     }
-    fail(ErrorKind::kUnsupported, "{} has named chat templates ({}) but none called \"default\"; pass one with "
-         "--chat-template FILE", origin, names);
+    fail(ErrorKind::kUnsupported,
+         "{} has named chat templates ({}) but none called \"default\"; pass one with "
+         "--chat-template FILE",
+         origin, names);
   }
   fail(ErrorKind::kCorrupt, "{}: \"chat_template\" must be a string or a list of named templates", origin);
 }
@@ -52,7 +54,8 @@ bool is_content_access(const jinja::Expr* expr) {
   if (expr->kind == jinja::Expr::Kind::kGetAttr) return expr->name == "content";
   if (expr->kind == jinja::Expr::Kind::kGetItem) {
     const jinja::Expr* key = expr->operands[1].get();
-    return key->kind == jinja::Expr::Kind::kLiteral && key->literal.is_string() && key->literal.as_string() == "content";
+    return key->kind == jinja::Expr::Kind::kLiteral && key->literal.is_string() &&
+           key->literal.as_string() == "content";
   }
   return false;
 }
@@ -93,8 +96,7 @@ ChatTemplate::ChatTemplate(std::string source, jinja::Dict special_tokens)
 ChatTemplate ChatTemplate::from_source(std::string_view source, std::string_view tokenizer_config_json) {
   jinja::Dict tokens;
   if (!tokenizer_config_json.empty()) {
-    tokens = special_tokens_from_config(
-        parse_json_file("tokenizer_config.json", std::string(tokenizer_config_json)));
+    tokens = special_tokens_from_config(parse_json_file("tokenizer_config.json", std::string(tokenizer_config_json)));
   }
   return ChatTemplate(std::string(source), std::move(tokens));
 }
@@ -123,8 +125,10 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir,
   if (auto source = template_from_config(config, config_path.string())) {
     return ChatTemplate(std::move(*source), std::move(tokens));
   }
-  fail(ErrorKind::kNotFound, "no chat template in {} (looked for chat_template.jinja, chat_template.json and "
-       "\"chat_template\" in tokenizer_config.json); pass one with --chat-template FILE", dir.string());
+  fail(ErrorKind::kNotFound,
+       "no chat template in {} (looked for chat_template.jinja, chat_template.json and "
+       "\"chat_template\" in tokenizer_config.json); pass one with --chat-template FILE",
+       dir.string());
 }
 
 namespace {

@@ -22,13 +22,12 @@ class ModelDir : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
-  void write(const std::string& name, const std::string& text) {
-    std::ofstream(dir_ / name, std::ios::binary) << text;
-  }
+  void write(const std::string& name, const std::string& text) { std::ofstream(dir_ / name, std::ios::binary) << text; }
   std::filesystem::path dir_;
 };
 
-const nlohmann::ordered_json kHello = nlohmann::ordered_json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
+const nlohmann::ordered_json kHello =
+    nlohmann::ordered_json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
 
 TEST_F(ModelDir, TemplateStringAndAddedTokenObjects) {
   write("tokenizer_config.json", R"({"bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "</s>",
@@ -95,7 +94,8 @@ TEST(ChatTemplateRequest, ToolSchemasKeepTheClientsKeyOrder) {
   ChatTemplate t = ChatTemplate::from_source("{{ tools[0] | tojson }}");
   auto request = nlohmann::ordered_json::parse(
       R"({"messages": [], "tools": [{"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}}]})");
-  EXPECT_EQ(t.render(request), R"({"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}})");
+  EXPECT_EQ(t.render(request),
+            R"({"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}})");
 }
 
 TEST(ChatTemplateRequest, MalformedRequestsAreInvalidArguments) {
@@ -105,8 +105,10 @@ TEST(ChatTemplateRequest, MalformedRequestsAreInvalidArguments) {
   EXPECT_FALSE(no_messages.ok());
   EXPECT_EQ(no_messages.kind(), ErrorKind::kInvalidArgument);
   EXPECT_THAT(no_messages.message(), HasSubstr("messages"));
-  EXPECT_FALSE(t.try_render(nlohmann::ordered_json::parse(R"({"messages": [], "add_generation_prompt": "yes"})"), &prompt).ok());
-  EXPECT_FALSE(t.try_render(nlohmann::ordered_json::parse(R"({"messages": [], "chat_template_kwargs": [1]})"), &prompt).ok());
+  EXPECT_FALSE(
+      t.try_render(nlohmann::ordered_json::parse(R"({"messages": [], "add_generation_prompt": "yes"})"), &prompt).ok());
+  EXPECT_FALSE(
+      t.try_render(nlohmann::ordered_json::parse(R"({"messages": [], "chat_template_kwargs": [1]})"), &prompt).ok());
 }
 
 TEST(ChatTemplateRequest, DeeplyNestedJsonIsRejectedNotRecursedInto) {
@@ -126,10 +128,11 @@ TEST(ChatTemplateRequest, DeeplyNestedJsonIsRejectedNotRecursedInto) {
 
 TEST(ChatTemplateRequest, TemplateErrorsBecomeStatusWithTheTemplatesMessage) {
   ChatTemplate t = ChatTemplate::from_source(
-      "{% if messages[0].role != 'user' %}\n{{ raise_exception('Conversation must start with a user message') }}{% endif %}");
+      "{% if messages[0].role != 'user' %}\n{{ raise_exception('Conversation must start with a user message') }}{% "
+      "endif %}");
   std::string prompt;
-  Status status = t.try_render(nlohmann::ordered_json::parse(R"({"messages": [{"role": "system", "content": "s"}]})"),
-                               &prompt);
+  Status status =
+      t.try_render(nlohmann::ordered_json::parse(R"({"messages": [{"role": "system", "content": "s"}]})"), &prompt);
   EXPECT_FALSE(status.ok());
   EXPECT_EQ(status.kind(), ErrorKind::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("Conversation must start with a user message"));

@@ -2,8 +2,8 @@
 // the real chat templates of Qwen3, Llama 3.1 and DeepSeek-V3 (from .npm-pkgs/, see scripts/fetch_test_data.sh)
 // must equal the reference render, or fail where the reference failed. The reference is
 // the first that exists of
-//   <model>_ref.json     transformers' apply_chat_template (tools/make_chat_refs.py, on the GPU machine): the authority;
-//   <model>_jinja2.json  Jinja2 in transformers' environment (tools/make_chat_refs.py --engine jinja2);
+//   <model>_ref.json     transformers' apply_chat_template (tools/make_chat_refs.py, on the GPU machine): the
+//   authority; <model>_jinja2.json  Jinja2 in transformers' environment (tools/make_chat_refs.py --engine jinja2);
 //   <model>_hfjinja.json @huggingface/jinja (tests/node/chat_refs_hfjinja.mjs), minus its known differences.
 #include <gtest/gtest.h>
 
@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tokenizer/chat_template.h"
 
@@ -74,7 +76,8 @@ TEST_P(ChatTemplateFixture, RendersLikeTheReference) {
   }
   auto reference = read_json(fixtures / (model + suffix));
   ASSERT_TRUE(reference.is_object()) << "no reference renders for " << model;
-  std::cerr << model << ": comparing with " << model << suffix << " (" << reference["source"].get<std::string>() << ")\n";
+  std::cerr << model << ": comparing with " << model << suffix << " (" << reference["source"].get<std::string>()
+            << ")\n";
   bool hf_jinja = suffix == "_hfjinja.json";
   const std::set<std::string> skipped =
       !hf_jinja || !kHfJinjaDisagreements.count(model) ? std::set<std::string>{} : kHfJinjaDisagreements.at(model);
@@ -92,13 +95,44 @@ TEST_P(ChatTemplateFixture, RendersLikeTheReference) {
       EXPECT_EQ(prompt, expected["prompt"].get<std::string>()) << model << "/" << id;
       ++compared_prompts;
     } else {
-      EXPECT_FALSE(status.ok()) << model << "/" << id << " should fail like the reference: "
-                                << expected["error"].get<std::string>() << "\nbut rendered:\n" << prompt;
+      EXPECT_FALSE(status.ok()) << model << "/" << id
+                                << " should fail like the reference: " << expected["error"].get<std::string>()
+                                << "\nbut rendered:\n"
+                                << prompt;
       ++compared_errors;
     }
   }
   EXPECT_GE(compared_prompts, 30) << model;
   std::cerr << model << ": " << compared_prompts << " renders and " << compared_errors << " errors compared\n";
+}
+
+// One parsed template serves every request thread: concurrent renders must agree with a lone render.
+TEST(ChatTemplateThreads, ConcurrentRendersAgree) {
+  ASSERT_TRUE(std::filesystem::exists(model_dir("qwen3") / "tokenizer_config.json"))
+      << "run scripts/fetch_test_data.sh";
+  const ChatTemplate chat_template = ChatTemplate::from_model_dir(model_dir("qwen3"));
+  auto conversations = read_json(kSourceDir / "tests/fixtures/chat/conversations.json")["conversations"];
+  std::vector<std::string> expected;
+  for (const auto& c : conversations) {
+    std::string prompt;
+    chat_template.try_render(request_of(c), &prompt);
+    expected.push_back(prompt);
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (size_t i = 0; i < conversations.size(); ++i) {
+          std::string prompt;
+          chat_template.try_render(request_of(conversations[i]), &prompt);
+          mismatches[t] += prompt != expected[i];
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture, ::testing::Values("qwen3", "llama3_1", "deepseek_v3"));

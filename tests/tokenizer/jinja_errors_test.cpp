@@ -45,13 +45,15 @@ TEST(JinjaErrors, RuntimeErrorNamesItsLine) {
 }
 
 TEST(JinjaErrors, TypeErrorsUsePythonWording) {
-  EXPECT_THAT(render_error("{{ 'a' + none }}").message(), HasSubstr("can only concatenate str (not \"NoneType\") to str"));
+  EXPECT_THAT(render_error("{{ 'a' + none }}").message(),
+              HasSubstr("can only concatenate str (not \"NoneType\") to str"));
   EXPECT_THAT(render_error("{{ 'a' in none }}").message(), HasSubstr("argument of type 'NoneType' is not iterable"));
   EXPECT_THAT(render_error("{{ {}.x.y }}").message(), HasSubstr("'dict object' has no attribute 'x'"));
 }
 
 TEST(JinjaErrors, RaiseExceptionKeepsTheTemplateMessage) {
-  TemplateError e = render_error("{% if true %}\n{{ raise_exception('Roles must alternate user/assistant') }}\n{% endif %}");
+  TemplateError e =
+      render_error("{% if true %}\n{{ raise_exception('Roles must alternate user/assistant') }}\n{% endif %}");
   EXPECT_TRUE(e.raised_by_template());
   EXPECT_EQ(e.message(), "Roles must alternate user/assistant");
   EXPECT_EQ(e.line(), 2);
@@ -71,8 +73,9 @@ TEST(JinjaErrors, UnterminatedTokens) {
 TEST(JinjaLimits, LoopIterationsAreBounded) {
   RenderLimits limits;
   limits.max_loop_iterations = 10000;
-  std::string nested = "{% for i in range(100) %}{% for j in range(100) %}{% for k in range(100) %}{% endfor %}"
-                       "{% endfor %}{% endfor %}";
+  std::string nested =
+      "{% for i in range(100) %}{% for j in range(100) %}{% for k in range(100) %}{% endfor %}"
+      "{% endfor %}{% endfor %}";
   EXPECT_THAT(render_error(nested, limits).message(), HasSubstr("loop iterations"));
   // Just under the limit is fine: 100 + 100*99 = 10000 iterations.
   EXPECT_EQ(render("{% for i in range(100) %}{% for j in range(99) %}{% endfor %}{% endfor %}ok", limits), "ok");
@@ -86,8 +89,11 @@ TEST(JinjaLimits, OutputSizeIsBounded) {
               HasSubstr("output limit"));
   // String repetition is checked before it allocates.
   EXPECT_THAT(render_error("{{ 'x' * 1000000000000 }}", limits).message(), HasSubstr("limit"));
-  EXPECT_THAT(render_error("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", limits).message(),
-              HasSubstr("limit"));
+  EXPECT_THAT(
+      render_error("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                   limits)
+          .message(),
+      HasSubstr("limit"));
   EXPECT_EQ(render("{{ 'x' * 1000 }}", limits).size(), 1000u);
 }
 

@@ -30,9 +30,9 @@ TEST(VllmMessages, MediaNeedsATemplateThatTakesParts) {
             Json::parse(R"([{"type": "image"}, {"type": "text", "text": "what is it?"}])"));
   EXPECT_EQ(vllm_messages(Json::parse(R"([{"role": "user", "content": "hi"}])"), ContentFormat::kOpenAI)[0]["content"],
             Json::parse(R"([{"type": "text", "text": "hi"}])"));
-  EXPECT_THROW(vllm_messages(Json::parse(R"([{"role": "user", "content": [{"type": "hologram"}]}])"),
-                             ContentFormat::kOpenAI),
-               Error);
+  EXPECT_THROW(
+      vllm_messages(Json::parse(R"([{"role": "user", "content": [{"type": "hologram"}]}])"), ContentFormat::kOpenAI),
+      Error);
 }
 
 TEST(VllmMessages, ToolCallArgumentsBecomeObjects) {
@@ -60,10 +60,11 @@ TEST(ContentFormat, DetectedFromLoopsOverContent) {
                                       "{% endfor %}")
                 .content_format(),
             ContentFormat::kOpenAI);
-  EXPECT_EQ(ChatTemplate::from_source("{% for m in messages %}{% if true %}{% for p in m['content'] | selectattr('type',"
-                                      " 'equalto', 'text') %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}")
-                .content_format(),
-            ContentFormat::kOpenAI);
+  EXPECT_EQ(
+      ChatTemplate::from_source("{% for m in messages %}{% if true %}{% for p in m['content'] | selectattr('type',"
+                                " 'equalto', 'text') %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}")
+          .content_format(),
+      ContentFormat::kOpenAI);
 }
 
 TEST(ContentFormat, VllmRequestFeedsTheTemplateWhatVllmWould) {

@@ -11,7 +11,6 @@
 
 namespace tessera::tokenizer::jinja {
 
-
 // filters.cpp
 Value call_filter(std::string_view name, const Value& operand, const Args& args, const RenderLimits& limits);
 // tests.cpp

@@ -35,7 +35,8 @@ Value lookup_attribute(const Value& item, const Value& attribute) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    current = numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part)))) : get_item(current, Value(part));
+    current =
+        numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part)))) : get_item(current, Value(part));
     if (dot == std::string::npos) return current;
     start = dot + 1;
   }
@@ -72,7 +73,8 @@ Value sort_key(const Value& item, const Value& attribute, bool case_sensitive) {
 
 std::string do_indent(std::string text, const Args& args) {
   Value width = arg(args, 0, "width", Value(4));
-  std::string indentation = width.is_string() ? width.as_string() : std::string(std::max<int64_t>(0, width.as_int()), ' ');
+  std::string indentation =
+      width.is_string() ? width.as_string() : std::string(std::max<int64_t>(0, width.as_int()), ' ');
   bool first = truthy(arg(args, 1, "first", Value(false)));
   bool blank = truthy(arg(args, 2, "blank", Value(false)));
   text += "\n";  // as Jinja2: makes splitlines() keep a trailing empty line
@@ -118,12 +120,23 @@ std::string html_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -136,7 +149,8 @@ Value min_max(const Value& sequence, const Args& args, bool want_max) {
   Value attribute = arg(args, 1, "attribute", Value());
   size_t best = 0;
   for (size_t i = 1; i < items.size(); ++i) {
-    int c = compare_values(sort_key(items[i], attribute, case_sensitive), sort_key(items[best], attribute, case_sensitive));
+    int c =
+        compare_values(sort_key(items[i], attribute, case_sensitive), sort_key(items[best], attribute, case_sensitive));
     if (want_max ? c > 0 : c < 0) best = i;
   }
   return items[best];
@@ -203,11 +217,12 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "map") {
     List out;
     if (!truthy(value)) return Value(std::move(out));  // Jinja2 maps only a truthy value
-    Value attribute = arg(args, SIZE_MAX, "attribute", Value());
+    Value attribute = arg(args, Args::kKeywordOnly, "attribute", Value());
     for (const Value& item : iterate(value)) {
       if (!attribute.is_undefined()) {
         Value mapped = lookup_attribute(item, attribute);
-        if (mapped.is_undefined() && args.has(SIZE_MAX, "default")) mapped = args.get(SIZE_MAX, "default");
+        if (mapped.is_undefined() && args.has(Args::kKeywordOnly, "default"))
+          mapped = args.get(Args::kKeywordOnly, "default");
         out.push_back(mapped);
       } else {
         if (args.positional.empty()) throw ValueError("map needs a filter name or attribute=");
@@ -292,7 +307,8 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     return Value(std::move(out));
   }
   if (name == "indent") {
-    if (!value.is_string()) throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
+    if (!value.is_string())
+      throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
     return Value(do_indent(value.as_string(), args));
   }
   if (name == "center") {

@@ -100,7 +100,9 @@ void json_dump(std::string& out, const Value& value, const JsonDumpOptions& opti
     out.push_back('\n');
     out.append(static_cast<size_t>(*options.indent) * level, ' ');
   };
-  const std::string& item_separator = options.item_separator ? *options.item_separator : options.indent ? kComma : kCommaSpace;
+  const std::string& item_separator = options.item_separator ? *options.item_separator
+                                      : options.indent       ? kComma
+                                                             : kCommaSpace;
   switch (value.type()) {
     case Value::Type::kNone:
       out += "null";

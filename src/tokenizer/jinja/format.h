@@ -13,11 +13,11 @@ std::string python_repr(const Value& value);  // 'text' with Python's quoting an
 std::string python_float_repr(double value);  // 0.5, 1.0, 1e-05, 1e+16, inf, nan
 
 struct JsonDumpOptions {
-  std::optional<int> indent;                // json.dumps(indent=N): newlines and N spaces per level
+  std::optional<int> indent;                  // json.dumps(indent=N): newlines and N spaces per level
   std::optional<std::string> item_separator;  // default ", ", or "," when indenting, as Python
   std::string key_separator = ": ";
   bool sort_keys = false;
-  bool ensure_ascii = false;                // transformers passes ensure_ascii=False
+  bool ensure_ascii = false;  // transformers passes ensure_ascii=False
 };
 // Python json.dumps(value, ...). Throws ValueError for values JSON cannot hold (Undefined, callables).
 std::string python_json_dumps(const Value& value, const JsonDumpOptions& options);

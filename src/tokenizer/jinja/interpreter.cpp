@@ -155,10 +155,11 @@ void Interpreter::exec_for(const Stmt& stmt, const ScopePtr& scope, std::string&
         {"depth0", Value(0)},
         {"previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item")},
         {"nextitem", i + 1 < length ? items[i + 1] : Value::undefined("there is no next item")},
-        {"cycle", make_function("cycle", [i](Args& args) {
-           if (args.positional.empty()) throw ValueError("no items for cycling given");
-           return args.positional[i % args.positional.size()];
-         })},
+        {"cycle", make_function("cycle",
+                                [i](Args& args) {
+                                  if (args.positional.empty()) throw ValueError("no items for cycling given");
+                                  return args.positional[i % args.positional.size()];
+                                })},
     });
     body_scope->set("loop", loop);
     if (exec_body(stmt.body, body_scope, out) == Flow::kBreak) break;

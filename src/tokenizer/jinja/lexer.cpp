@@ -47,17 +47,38 @@ std::string decode_string_literal(std::string_view body) {
     }
     char e = body[++i];
     switch (e) {
-      case 'n': out.push_back('\n'); break;
-      case 't': out.push_back('\t'); break;
-      case 'r': out.push_back('\r'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'v': out.push_back('\v'); break;
-      case 'a': out.push_back('\a'); break;
-      case '\\': out.push_back('\\'); break;
-      case '\'': out.push_back('\''); break;
-      case '"': out.push_back('"'); break;
-      case '\n': break;  // line continuation
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'v':
+        out.push_back('\v');
+        break;
+      case 'a':
+        out.push_back('\a');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\'':
+        out.push_back('\'');
+        break;
+      case '"':
+        out.push_back('"');
+        break;
+      case '\n':
+        break;  // line continuation
       case 'x':
       case 'u':
       case 'U': {
@@ -241,8 +262,10 @@ class Lexer {
     int depth = 0;  // open brackets: `}}` inside `{'a': {'b': 1}}` does not end the tag
     while (true) {
       while (pos < source_.size() && is_space(source_[pos])) ++pos;
-      if (pos >= source_.size()) throw TemplateError(block ? "unexpected end of template, expected '%}'"
-                                                           : "unexpected end of template, expected '}}'", line_at(start));
+      if (pos >= source_.size())
+        throw TemplateError(
+            block ? "unexpected end of template, expected '%}'" : "unexpected end of template, expected '}}'",
+            line_at(start));
       if (depth == 0) {
         char sign = source_[pos];
         bool signed_close = (sign == '-' || (sign == '+' && block)) && source_.compare(pos + 1, 2, close) == 0;
@@ -272,8 +295,8 @@ class Lexer {
       size_t end = pos + 1;
       while (end < source_.size() && source_[end] != c) end += source_[end] == '\\' ? 2 : 1;
       if (end >= source_.size()) throw TemplateError("unterminated string literal", line);
-      tokens_.push_back({Token::Type::kString, decode_string_literal(std::string_view(source_).substr(pos + 1, end - pos - 1)),
-                         line});
+      tokens_.push_back({Token::Type::kString,
+                         decode_string_literal(std::string_view(source_).substr(pos + 1, end - pos - 1)), line});
       return end + 1;
     }
     static const char* kTwoCharOperators[] = {"**", "//", "==", "!=", "<=", ">="};
@@ -294,8 +317,8 @@ class Lexer {
 
   size_t lex_number(size_t pos, int line) {
     auto digits = [&](size_t p) {
-      while (p < source_.size() && (is_digit(source_[p]) || (source_[p] == '_' && p + 1 < source_.size() &&
-                                                             is_digit(source_[p + 1])))) {
+      while (p < source_.size() &&
+             (is_digit(source_[p]) || (source_[p] == '_' && p + 1 < source_.size() && is_digit(source_[p + 1])))) {
         ++p;
       }
       return p;

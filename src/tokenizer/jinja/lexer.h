@@ -9,8 +9,19 @@
 namespace tessera::tokenizer::jinja {
 
 struct Token {
-  enum class Type { kText, kVariableBegin, kVariableEnd, kBlockBegin, kBlockEnd, kName, kString, kInteger, kFloat,
-                    kOperator, kEnd };
+  enum class Type {
+    kText,
+    kVariableBegin,
+    kVariableEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInteger,
+    kFloat,
+    kOperator,
+    kEnd
+  };
   Type type;
   std::string value;  // text, name, decoded string literal, number spelling or operator
   int line;

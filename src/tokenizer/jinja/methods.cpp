@@ -22,7 +22,8 @@ const std::string& string_arg(const Value& value, const char* method) {
   return value.as_string();
 }
 
-std::vector<std::string> python_split(const std::string& text, const Value& separator, int64_t max_split, bool from_right) {
+std::vector<std::string> python_split(const std::string& text, const Value& separator, int64_t max_split,
+                                      bool from_right) {
   std::vector<std::string> parts;
   if (separator.is_undefined() || separator.is_none()) {
     // Runs of whitespace separate; leading and trailing whitespace is ignored.
@@ -141,11 +142,11 @@ std::string python_format(const std::string& format, const Args& args) {
       field = field.substr(0, field.find(':'));
       Value value;
       if (field.empty()) {
-        value = args.get(auto_index++, "\x01");
+        value = args.get(auto_index++, Args::kPositionalOnly);
       } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-        value = args.get(std::stoul(field), "\x01");
+        value = args.get(std::stoul(field), Args::kPositionalOnly);
       } else {
-        value = args.get(SIZE_MAX, field);
+        value = args.get(Args::kKeywordOnly, field);
       }
       if (value.is_undefined()) throw ValueError("format field '" + field + "' has no argument");
       out += python_str(value);
@@ -157,16 +158,21 @@ std::string python_format(const std::string& format, const Args& args) {
   return out;
 }
 
-Value method(std::string name, std::function<Value(Args&)> call) { return make_function(std::move(name), std::move(call)); }
+Value method(std::string name, std::function<Value(Args&)> call) {
+  return make_function(std::move(name), std::move(call));
+}
 
 std::optional<Value> string_method(const std::string& text, const std::string& name) {
   if (name == "startswith" || name == "endswith") {
     bool prefix = name == "startswith";
-    return method(name, [text, prefix, name](Args& a) { return Value(affix_matches(text, a.get(0, "\x01"), prefix, name.c_str())); });
+    return method(name, [text, prefix, name](Args& a) {
+      return Value(affix_matches(text, a.get(0, Args::kPositionalOnly), prefix, name.c_str()));
+    });
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     bool left = name != "rstrip", right = name != "lstrip";
-    return method(name, [text, left, right](Args& a) { return Value(python_strip(text, a.get(0, "chars"), left, right)); });
+    return method(name,
+                  [text, left, right](Args& a) { return Value(python_strip(text, a.get(0, "chars"), left, right)); });
   }
   if (name == "split" || name == "rsplit") {
     bool from_right = name == "rsplit";
@@ -188,14 +194,15 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
   if (name == "replace") {
     return method(name, [text](Args& a) {
       Value count = a.get(2, "count");
-      return call_filter("replace", Value(text), Args{{a.get(0, "old"), a.get(1, "new"), count.is_undefined() ? Value(-1) : count}, {}},
-                         {});
+      return call_filter("replace", Value(text),
+                         Args{{a.get(0, "old"), a.get(1, "new"), count.is_undefined() ? Value(-1) : count}, {}}, {});
     });
   }
   if (name == "upper") return method(name, [text](Args&) { return Value(python_upper(text)); });
   if (name == "lower") return method(name, [text](Args&) { return Value(python_lower(text)); });
   if (name == "title") return method(name, [text](Args&) { return Value(python_title(text)); });
-  if (name == "capitalize") return method(name, [text](Args& a) { return call_filter("capitalize", Value(text), a, {}); });
+  if (name == "capitalize")
+    return method(name, [text](Args& a) { return call_filter("capitalize", Value(text), a, {}); });
   if (name == "format") return method(name, [text](Args& a) { return Value(python_format(text, a)); });
   if (name == "join") {
     return method(name, [text](Args& a) {
@@ -239,8 +246,10 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
   if (name == "isalpha") return predicate([](char32_t c) { return c > 127 || std::isalpha(static_cast<int>(c)); });
   if (name == "isalnum") return predicate([](char32_t c) { return c > 127 || std::isalnum(static_cast<int>(c)); });
   if (name == "isspace") return predicate([](char32_t c) { return is_python_space(c); });
-  if (name == "isupper") return method(name, [text](Args&) { return Value(python_upper(text) == text && python_lower(text) != text); });
-  if (name == "islower") return method(name, [text](Args&) { return Value(python_lower(text) == text && python_upper(text) != text); });
+  if (name == "isupper")
+    return method(name, [text](Args&) { return Value(python_upper(text) == text && python_lower(text) != text); });
+  if (name == "islower")
+    return method(name, [text](Args&) { return Value(python_lower(text) == text && python_upper(text) != text); });
   return std::nullopt;
 }
 
@@ -398,7 +407,8 @@ std::string python_percent_format(const std::string& format, const Value& argume
       std::string padding(width > chars.size() ? width - chars.size() : 0, ' ');
       out += left ? body + padding : padding + body;
     } else if (std::strchr("dioxXc", type)) {
-      if (!v.is_number()) throw ValueError(std::string("%") + type + " format: a number is required, not " + type_name(v));
+      if (!v.is_number())
+        throw ValueError(std::string("%") + type + " format: a number is required, not " + type_name(v));
       long long n = v.is_float() ? static_cast<long long>(v.as_float()) : v.as_int();
       if (type == 'c') {
         utf8_append(out, static_cast<char32_t>(n));
@@ -407,7 +417,8 @@ std::string python_percent_format(const std::string& format, const Value& argume
       std::snprintf(buffer, sizeof(buffer), (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(), n);
       out += buffer;
     } else if (std::strchr("fFeEgG", type)) {
-      if (!v.is_number()) throw ValueError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+      if (!v.is_number())
+        throw ValueError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
       std::snprintf(buffer, sizeof(buffer), (spec + type).c_str(), v.as_float());
       out += buffer;
     } else {

@@ -191,8 +191,7 @@ int compare_values(const Value& left, const Value& right) {
     }
     return a.size() < b.size() ? -1 : a.size() > b.size() ? 1 : 0;
   }
-  throw ValueError("'<' not supported between instances of '" + type_name(left) + "' and '" + type_name(right) +
-                   "'");
+  throw ValueError("'<' not supported between instances of '" + type_name(left) + "' and '" + type_name(right) + "'");
 }
 
 Value unary_minus(const Value& operand) {

@@ -45,11 +45,16 @@ class Parser {
 
   std::string describe(const Token& token) const {
     switch (token.type) {
-      case Type::kEnd: return "end of template";
-      case Type::kBlockEnd: return "end of statement block";
-      case Type::kVariableEnd: return "end of print statement";
-      case Type::kText: return "template text";
-      default: return "'" + token.value + "'";
+      case Type::kEnd:
+        return "end of template";
+      case Type::kBlockEnd:
+        return "end of statement block";
+      case Type::kVariableEnd:
+        return "end of print statement";
+      case Type::kText:
+        return "template text";
+      default:
+        return "'" + token.value + "'";
     }
   }
 

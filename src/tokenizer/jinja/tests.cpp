@@ -12,8 +12,8 @@ namespace tessera::tokenizer::jinja {
 
 bool call_test(std::string_view name, const Value& value, const Args& args) {
   auto arg = [&]() {
-    if (!args.has(0, "\x01")) throw ValueError("test '" + std::string(name) + "' needs an argument");
-    return args.get(0, "\x01");
+    if (!args.has(0, Args::kPositionalOnly)) throw ValueError("test '" + std::string(name) + "' needs an argument");
+    return args.get(0, Args::kPositionalOnly);
   };
   if (name == "defined") return !value.is_undefined();
   if (name == "undefined") return value.is_undefined();
@@ -26,9 +26,12 @@ bool call_test(std::string_view name, const Value& value, const Args& args) {
   if (name == "number") return value.is_number();
   if (name == "string") return value.is_string();
   if (name == "mapping") return value.is_dict() && !value.as_dict().is_namespace;
-  if (name == "iterable") return value.is_undefined() || value.is_string() || value.is_list() ||
-                                 (value.is_dict() && !value.as_dict().is_namespace);
-  if (name == "sequence") return value.is_undefined() || value.is_string() || value.is_list() || (value.is_dict() && !value.as_dict().is_namespace);
+  if (name == "iterable")
+    return value.is_undefined() || value.is_string() || value.is_list() ||
+           (value.is_dict() && !value.as_dict().is_namespace);
+  if (name == "sequence")
+    return value.is_undefined() || value.is_string() || value.is_list() ||
+           (value.is_dict() && !value.as_dict().is_namespace);
   if (name == "callable") return value.is_function() || value.is_undefined();  // Undefined defines __call__
   if (name == "odd" || name == "even") {
     // Jinja2: value % 2 == 1 (odd) or == 0 (even), so floats are allowed and 2.5 is neither.

@@ -78,8 +78,8 @@ char32_t to_lower(char32_t c) {
     return c;
   }
   if (c >= 0x391 && c <= 0x3AB && c != 0x3A2) return c + 32;  // Greek capitals
-  if (c >= 0x410 && c <= 0x42F) return c + 32;                 // Cyrillic А-Я
-  if (c >= 0x400 && c <= 0x40F) return c + 80;                 // Cyrillic Ѐ-Џ
+  if (c >= 0x410 && c <= 0x42F) return c + 32;                // Cyrillic А-Я
+  if (c >= 0x400 && c <= 0x40F) return c + 80;                // Cyrillic Ѐ-Џ
   return c;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -112,6 +113,8 @@ struct Args {
   // The argument called `name` or at `position`; Undefined when absent.
   Value get(size_t position, std::string_view name) const;
   bool has(size_t position, std::string_view name) const;
+  static constexpr size_t kKeywordOnly = SIZE_MAX;         // a `position` that no positional argument has
+  static constexpr std::string_view kPositionalOnly = "";  // a `name` that no keyword argument has
 };
 
 struct Function {
@@ -122,8 +125,8 @@ struct Function {
 Value make_function(std::string name, std::function<Value(Args&)> call);
 Value make_dict(std::vector<Dict::Entry> entries = {});
 
-bool truthy(const Value& value);                         // Python bool()
-std::string type_name(const Value& value);               // Python type name, for error messages
+bool truthy(const Value& value);                           // Python bool()
+std::string type_name(const Value& value);                 // Python type name, for error messages
 bool values_equal(const Value& left, const Value& right);  // Python ==
 
 }  // namespace tessera::tokenizer::jinja
