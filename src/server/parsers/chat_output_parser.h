@@ -53,4 +53,31 @@ class ChatOutputParser {
   bool tools_called_ = false;
 };
 
+// OpenAI JSON for the parsed calls, in OpenAI's key order with nlohmann::ordered_json.
+// message.tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}]
+template <class Json = nlohmann::ordered_json>
+Json tool_calls_json(const std::vector<ToolCall>& calls) {
+  Json out = Json::array();
+  for (const ToolCall& c : calls)
+    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return out;
+}
+
+// delta.tool_calls: the first delta of a call has index, id, type and function.name (and
+// arguments, possibly ""); later ones index and function.arguments only.
+template <class Json = nlohmann::ordered_json>
+Json tool_call_deltas_json(const std::vector<ToolCallDelta>& deltas) {
+  Json out = Json::array();
+  for (const ToolCallDelta& d : deltas) {
+    if (d.first())
+      out.push_back({{"index", d.index},
+                     {"id", d.id},
+                     {"type", "function"},
+                     {"function", {{"name", d.name}, {"arguments", d.arguments}}}});
+    else
+      out.push_back({{"index", d.index}, {"function", {{"arguments", d.arguments}}}});
+  }
+  return out;
+}
+
 }  // namespace tessera::server

@@ -42,11 +42,11 @@ ToolParseResult ToolParser::parse(std::string_view text) const {
   return r;
 }
 
-std::vector<std::string> supported_tool_parsers() { return {"hermes", "qwen3", "qwen3_coder"}; }
+std::vector<std::string> supported_tool_parsers() { return {"hermes", "qwen3", "qwen3_coder", "qwen3_xml"}; }
 
 std::unique_ptr<ToolParser> make_tool_parser(std::string_view name, ToolParserOptions options) {
   if (name == "hermes" || name == "qwen3") return detail::make_hermes_tool_parser(std::move(options));
-  if (name == "qwen3_coder") return detail::make_qwen3_coder_tool_parser(std::move(options));
+  if (name == "qwen3_coder" || name == "qwen3_xml") return detail::make_qwen3_coder_tool_parser(std::move(options));
   fail(ErrorKind::kInvalidArgument, "unknown tool call parser '{}'; supported: {}", name,
        fmt::join(supported_tool_parsers(), ", "));
 }

@@ -2,9 +2,10 @@
 // `--tool-call-parser` does. Pure text in, calls out; one parser object per request.
 //
 //   hermes       <tool_call>{"name": "f", "arguments": {...}}</tool_call>   (Qwen2.5, Qwen3, Hermes)
-//   qwen3        alias of hermes (Qwen3's chat template uses the hermes format)
+//   qwen3        alias of hermes (Qwen3's chat template uses the hermes format; not a vLLM name)
 //   qwen3_coder  <tool_call><function=f><parameter=x>value</parameter></function></tool_call>
 //                (Qwen3-Coder, Qwen3.5); values converted with the request's tool JSON schemas
+//   qwen3_xml    alias of qwen3_coder (vLLM's other parser for the same format)
 //
 // Non-streaming: parse(text) -> content + calls. Streaming: push(delta) for each content delta
 // (after the reasoning parser, if any), then finish() once. Streamed deltas have OpenAI's

@@ -75,6 +75,16 @@ TEST(ChatOutputParser, WithoutParsersEverythingIsContent) {
   EXPECT_TRUE(p.finish().empty());
 }
 
+TEST(ChatOutputParser, OpenAiJson) {
+  std::vector<ToolCall> calls = {{"call-0", "f", "{\"x\": 1}"}};
+  EXPECT_EQ(tool_calls_json(calls).dump(),
+            R"([{"id":"call-0","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}])");
+  std::vector<ToolCallDelta> deltas = {{0, "call-0", "f", ""}, {1, "", "", "{}"}};
+  EXPECT_EQ(tool_call_deltas_json(deltas).dump(),
+            R"([{"index":0,"id":"call-0","type":"function","function":{"name":"f","arguments":""}},)"
+            R"({"index":1,"function":{"arguments":"{}"}}])");
+}
+
 TEST(ToolChoice, Plans) {
   nlohmann::json tools = nlohmann::json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
   ToolChoicePlan plan;

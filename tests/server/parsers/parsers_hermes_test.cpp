@@ -138,7 +138,7 @@ TEST(HermesToolParser, QwenAliasAndUnknownName) {
     make_tool_parser("mistral");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, qwen3, qwen3_coder"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hermes, qwen3, qwen3_coder, qwen3_xml"), std::string::npos) << e.what();
   }
 }
 
