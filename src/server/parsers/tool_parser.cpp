@@ -51,6 +51,15 @@ std::unique_ptr<ToolParser> make_tool_parser(std::string_view name, ToolParserOp
        fmt::join(supported_tool_parsers(), ", "));
 }
 
+namespace {
+// A string member or "" (json::value() throws when the member has another type).
+std::string string_member(const nlohmann::json& object, const char* key) {
+  if (!object.is_object()) return "";
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+}  // namespace
+
 Status plan_tool_choice(const nlohmann::json& tool_choice, const nlohmann::json& tools, bool enable_auto_tool_choice,
                         bool has_tool_parser, ToolChoicePlan* plan) {
   *plan = ToolChoicePlan();
@@ -84,7 +93,7 @@ Status plan_tool_choice(const nlohmann::json& tool_choice, const nlohmann::json&
   }
   if (tool_choice.is_object()) {
     const nlohmann::json* fn = tool_choice.contains("function") ? &tool_choice["function"] : nullptr;
-    if (tool_choice.value("type", std::string()) != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
+    if (string_member(tool_choice, "type") != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
         !(*fn)["name"].is_string())
       return invalid(
           "a named tool_choice must look like {\"type\": \"function\", \"function\": {\"name\": \"<function name>\"}}");
@@ -93,7 +102,7 @@ Status plan_tool_choice(const nlohmann::json& tool_choice, const nlohmann::json&
     if (have_tools)
       for (const nlohmann::json& t : tools)
         if (t.is_object() && t.contains("function") && t["function"].is_object() &&
-            t["function"].value("name", std::string()) == name)
+            string_member(t["function"], "name") == name)
           found = true;
     if (!found) return invalid(fmt::format("tool_choice names function '{}', which is not in `tools`", one_line(name)));
     if (!has_tool_parser) return invalid("a named tool_choice needs the server to be started with --tool-call-parser");

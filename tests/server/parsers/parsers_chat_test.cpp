@@ -113,6 +113,14 @@ TEST(ToolChoice, Plans) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'g'"), std::string::npos);
   EXPECT_FALSE(plan_tool_choice(nlohmann::json::parse(R"({"type": "function"})"), tools, true, true, &plan).ok());
+  // Wrong member types are 400s, not exceptions.
+  EXPECT_FALSE(
+      plan_tool_choice(nlohmann::json::parse(R"({"type": 5, "function": {"name": "f"}})"), tools, true, true, &plan)
+          .ok());
+  nlohmann::json odd_tools = nlohmann::json::parse(R"([{"function": {"name": 7}}, 3, {"function": "f"}])");
+  EXPECT_FALSE(plan_tool_choice(named, odd_tools, true, true, &plan).ok());
+  named["function"]["name"] = 1;
+  EXPECT_FALSE(plan_tool_choice(named, tools, true, true, &plan).ok());
 }
 
 TEST(ToolCallId, VllmShape) {

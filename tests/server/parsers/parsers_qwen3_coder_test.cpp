@@ -170,6 +170,24 @@ TEST(Qwen3CoderToolParser, StreamingShape) {
   EXPECT_TRUE(p->finish().empty());
 }
 
+TEST(Qwen3CoderToolParser, OddToolSchemasAreHarmless) {
+  ToolParserOptions o;
+  o.tools = nlohmann::json::parse(R"([3, {"function": 1}, {"function": {"name": 2}},
+      {"function": {"name": "f", "parameters": {"properties": []}}},
+      {"function": {"name": "g", "parameters": {"properties": {"a": 5, "b": {"type": 7}, "c": {"anyOf": 1}}}}}])");
+  auto p = make_tool_parser("qwen3_coder", o);
+  ToolParseResult r = p->parse(
+      "<tool_call><function=g><parameter=a>1</parameter><parameter=b>2</parameter><parameter=c>3</parameter>"
+      "</function></tool_call><tool_call><function=f><parameter=a>x</parameter></function></tool_call>");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"a\": \"1\", \"b\": \"2\", \"c\": \"3\"}");
+  EXPECT_EQ(r.tool_calls[1].arguments, "{\"a\": \"x\"}");
+  o.tools = nullptr;
+  EXPECT_EQ(
+      make_tool_parser("qwen3_coder", o)->parse("<tool_call><function=f></function></tool_call>").tool_calls.size(),
+      1u);
+}
+
 TEST(Qwen3CoderToolParser, NamedToolChoice) {
   std::string text =
       "<tool_call>\n<function=no_params>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
