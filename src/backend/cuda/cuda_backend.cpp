@@ -380,9 +380,9 @@ class CudaBackend final : public Backend {
     const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
     const int Hk = static_cast<int>(k_cache.dim(2));
     if (T == 0 || meta.num_seqs == 0) return;
-    if (!decode_attention_supported(D, k_cache.dtype()) || !prefill_attention_supported(D, k_cache.dtype()))
-      fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim 64 or 128 with a bf16 or fp8_e4m3 cache, "
-           "not head_dim {} with {}", D, dtype_name(k_cache.dtype()));
+    const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
+    if (!fast && !generic_attention_supported(D))
+      fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
     CUDA_REQUIRE(meta.num_tokens == T, "paged_attention", "metadata has " + std::to_string(meta.num_tokens) +
                                                           " tokens, q has " + std::to_string(T));
     bind();
@@ -406,6 +406,10 @@ class CudaBackend final : public Backend {
     a.v_scale = v_scale;
     a.cache_dtype = k_cache.dtype();
 
+    if (!fast) {  // unusual head_dim or cache dtype: the exact, slow kernel
+      launch_generic_attention(a, stream_);
+      return;
+    }
     bool any_multi = meta.max_query_len > 1, any_single = !any_multi;
     if (any_multi)
       for (int s = 0; s < meta.num_seqs && !any_single; ++s)

@@ -87,6 +87,9 @@ void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int ma
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
+// Fallback for head dims / cache dtypes the two kernels above do not cover (slow, exact).
+bool generic_attention_supported(int D);
+void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
 
 // ---- GEMM (gemm.cpp) ----
 class Gemm {
