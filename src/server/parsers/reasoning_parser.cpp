@@ -8,6 +8,15 @@
 
 namespace tessera::server {
 
+ReasoningParserOptions reasoning_options_from_kwargs(const nlohmann::json& chat_template_kwargs) {
+  ReasoningParserOptions o;
+  if (chat_template_kwargs.is_object()) {
+    auto it = chat_template_kwargs.find("enable_thinking");
+    if (it != chat_template_kwargs.end() && it->is_boolean() && !it->get<bool>()) o.enable_thinking = false;
+  }
+  return o;
+}
+
 ReasoningResult ReasoningParser::parse(std::string_view text) const {
   std::unique_ptr<ReasoningParser> p = fresh();
   ReasoningDelta a = p->push(text);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,10 @@ struct ReasoningParserOptions {
   // Qwen3 template already closed an empty think block in the prompt, so all output is content.
   bool enable_thinking = true;
 };
+
+// Options from a request's `chat_template_kwargs` (null or an object). Thinking is off only for
+// a boolean false `enable_thinking`: that is what Qwen3's template tests (`is false`).
+ReasoningParserOptions reasoning_options_from_kwargs(const nlohmann::json& chat_template_kwargs);
 
 class ReasoningParser {
  public:

@@ -49,6 +49,15 @@ TEST(ReasoningParser, Qwen3ThinkingDisabledIsAllContent) {
   EXPECT_EQ(parse("deepseek_r1", "a</think>b", false).reasoning, "a");
 }
 
+TEST(ReasoningParser, OptionsFromChatTemplateKwargs) {
+  EXPECT_TRUE(reasoning_options_from_kwargs(nullptr).enable_thinking);
+  EXPECT_TRUE(reasoning_options_from_kwargs(nlohmann::json::object()).enable_thinking);
+  EXPECT_FALSE(reasoning_options_from_kwargs({{"enable_thinking", false}}).enable_thinking);
+  EXPECT_TRUE(reasoning_options_from_kwargs({{"enable_thinking", true}}).enable_thinking);
+  EXPECT_TRUE(reasoning_options_from_kwargs({{"enable_thinking", 0}}).enable_thinking);  // template tests `is false`
+  EXPECT_TRUE(reasoning_options_from_kwargs(nlohmann::json::array()).enable_thinking);
+}
+
 TEST(ReasoningParser, EmptyAndEdgeOutputs) {
   EXPECT_EQ(parse("qwen3", "").reasoning, "");
   EXPECT_EQ(parse("qwen3", "").content, "");
