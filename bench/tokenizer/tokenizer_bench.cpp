@@ -61,10 +61,11 @@ int main(int argc, char** argv) {
       tokenizer->encode(text);
       best_s = std::min(best_s, seconds_since(start));
     }
-    auto decode_start = std::chrono::steady_clock::now();
     std::vector<int32_t> ids = tokenizer->encode(text);
+    auto decode_start = std::chrono::steady_clock::now();
     std::string decoded = tokenizer->decode(ids);
-    double decode_s = seconds_since(decode_start) - best_s;
+    double decode_s = seconds_since(decode_start);
+    if (decoded != text) std::printf("note: decode(encode(text)) differs from the text (a normalizer changed it)\n");
     std::printf("%s: %.2f MB, %zu tokens; load %.2f s; encode first pass %.2f MB/s, warm %.2f MB/s (one thread); "
                 "decode %.0f MB/s\n",
                 dir.parent_path().parent_path().filename().c_str(), mb, tokens, load_s, mb / first_s, mb / best_s,
