@@ -11,7 +11,8 @@ std::vector<double> arrival_times(const ArrivalProcess& process, size_t count, u
   std::vector<double> times(count, 0.0);
   if (std::isinf(process.request_rate)) return times;
   if (!(process.request_rate > 0))
-    fail(ErrorKind::kInvalidArgument, "--request-rate must be a positive number or 'inf', got {}", process.request_rate);
+    fail(ErrorKind::kInvalidArgument, "--request-rate must be a positive number or 'inf', got {}",
+         process.request_rate);
   if (!(process.burstiness > 0))
     fail(ErrorKind::kInvalidArgument, "--burstiness must be positive (1 = Poisson), got {}", process.burstiness);
   std::mt19937_64 rng(seed);

@@ -30,7 +30,7 @@ struct BenchOptions {
   std::string tokenizer_dir;  // a model folder with tokenizer.json: exact counts where usage is missing
 
   // Load shape. Each concurrency value is one level; 0 means unlimited.
-  std::vector<int> concurrency;  // empty: 1,5,10,20 for a fixed prompt, unlimited for datasets
+  std::vector<int> concurrency;   // empty: 1,5,10,20 for a fixed prompt, unlimited for datasets
   size_t requests_per_level = 0;  // 0: 40 for a fixed prompt, 1000 for datasets (vLLM's default)
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;

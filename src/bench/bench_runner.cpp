@@ -29,8 +29,8 @@ bool fixed_prompt_mode(const BenchOptions& options) { return options.dataset == 
 std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count, const TokenCounter* counter) {
   if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count, counter);
   if (options.dataset == "random") {
-    RandomWorkloadOptions random{options.random_input_len, options.random_output_len, options.random_range_ratio,
-                                 count, options.seed};
+    RandomWorkloadOptions random{options.random_input_len, options.random_output_len, options.random_range_ratio, count,
+                                 options.seed};
     return random_workload(random, counter);
   }
   if (options.dataset == "jsonl") {
@@ -47,16 +47,16 @@ std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count
 }
 
 std::string describe_workload(const BenchOptions& options, size_t requests) {
-  std::string rate = std::isinf(options.request_rate) ? "all at once"
-                                                      : fmt::format("{} req/s, burstiness {}", options.request_rate,
-                                                                    options.burstiness);
+  std::string rate = std::isinf(options.request_rate)
+                         ? "all at once"
+                         : fmt::format("{} req/s, burstiness {}", options.request_rate, options.burstiness);
   if (options.dataset == "prompt")
     return fmt::format("fixed prompt \"{}\", max_tokens {}, {} requests per level, {}", options.prompt,
                        options.max_tokens, requests, rate);
   if (options.dataset == "random")
-    return fmt::format("random prompts: input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
-                       options.random_input_len, options.random_output_len, options.random_range_ratio, options.seed,
-                       requests, rate);
+    return fmt::format(
+        "random prompts: input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
+        options.random_input_len, options.random_output_len, options.random_range_ratio, options.seed, requests, rate);
   return fmt::format("prompts from {}, {} requests per level, {}", options.dataset_path, requests, rate);
 }
 
@@ -115,8 +115,9 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
         "counts leave out the chat template's tokens)",
         without_usage, options.tokenizer_dir));
   if (options.dataset == "random" && options.tokenizer_dir.empty())
-    notes.push_back("random prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
-                    "are approximate (no tokenizer is used); the server's usage gives the true counts");
+    notes.push_back(
+        "random prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
+        "are approximate (no tokenizer is used); the server's usage gives the true counts");
   if (options.dataset == "jsonl" && options.tokenizer_dir.empty())
     notes.push_back("output lengths taken from ShareGPT answers are estimated at 4 characters per token");
   if (!options.stream) notes.push_back("streaming was off: TTFT equals end-to-end latency and ITL is not measured");
@@ -156,7 +157,8 @@ int run_benchmark(BenchOptions options) {
   boost::asio::io_context io;
   HttpClient client(io, parse_base_url(options.base_url), options.api_key);
   auto timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_s * 1000));
-  if (options.model.empty()) options.model = discover_model(io, client, std::min(timeout, std::chrono::milliseconds(30000)));
+  if (options.model.empty())
+    options.model = discover_model(io, client, std::min(timeout, std::chrono::milliseconds(30000)));
 
   RequestSettings settings;
   settings.endpoint = endpoint;

@@ -27,7 +27,8 @@ BaseUrl parse_base_url(std::string_view url) {
   if (rest.substr(0, 8) == "https://")
     fail(ErrorKind::kUnsupported,
          "--base-url {}: https is not supported yet; use the server's plain http address (or a local TLS proxy)", url);
-  if (rest.substr(0, 7) == "http://") rest.remove_prefix(7);
+  if (rest.substr(0, 7) == "http://")
+    rest.remove_prefix(7);
   else if (rest.find("://") != std::string_view::npos)
     fail(ErrorKind::kInvalidArgument, "--base-url {}: expected http://HOST:PORT", url);
   size_t slash = rest.find('/');
@@ -191,7 +192,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
   void fail_with(TransportError error, error_code ec) {
     std::string message = ec.message();
-    if (error == TransportError::kTimeout) message = "no complete response within " + std::to_string(timeout_.count()) + " ms";
+    if (error == TransportError::kTimeout)
+      message = "no complete response within " + std::to_string(timeout_.count()) + " ms";
     finish(HttpOutcome{error, status_, message}, false);
   }
 
@@ -234,8 +236,8 @@ HttpClient::HttpClient(asio::io_context& io, BaseUrl base_url, std::string api_k
   error_code ec;
   state_->endpoints = resolver.resolve(state_->base_url.host, state_->base_url.port, ec);
   if (ec)
-    fail(ErrorKind::kNetwork, "cannot resolve '{}' from --base-url {}: {}; check the host name",
-         state_->base_url.host, state_->base_url.text, ec.message());
+    fail(ErrorKind::kNetwork, "cannot resolve '{}' from --base-url {}: {}; check the host name", state_->base_url.host,
+         state_->base_url.text, ec.message());
 }
 
 HttpClient::~HttpClient() {

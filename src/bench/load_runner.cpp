@@ -63,8 +63,8 @@ class LevelDriver {
     }
     dispatch();
     if (next_release_ < release_times_.size()) {
-      release_timer_.expires_at(start_ + std::chrono::duration_cast<Clock::duration>(
-                                              duration<double>(release_times_[next_release_])));
+      release_timer_.expires_at(
+          start_ + std::chrono::duration_cast<Clock::duration>(duration<double>(release_times_[next_release_])));
       release_timer_.async_wait([this](boost::system::error_code ec) {
         if (!ec) release_due();
       });

@@ -31,8 +31,8 @@ struct RequestSettings {
 // How much the client itself cost while the level ran, so a reader can tell whether the
 // numbers measure the server or the benchmark.
 struct ClientOverhead {
-  double cpu_seconds = 0;               // CPU time of the thread driving all requests
-  std::vector<double> loop_lag_ms;      // how late a 10 ms probe timer fired: bounds timestamp error
+  double cpu_seconds = 0;           // CPU time of the thread driving all requests
+  std::vector<double> loop_lag_ms;  // how late a 10 ms probe timer fired: bounds timestamp error
   size_t connections_opened = 0;
 };
 

@@ -16,13 +16,17 @@ SloTargets parse_slo_targets(const std::vector<std::string>& items) {
       value = std::stod(item.substr(colon + 1), &used);
       if (used != item.size() - colon - 1 || value <= 0) throw std::invalid_argument("bad value");
     } catch (const std::exception&) {
-      fail(ErrorKind::kInvalidArgument, "--goodput '{}': expected KEY:MILLISECONDS with a positive number, e.g. ttft:500",
-           item);
+      fail(ErrorKind::kInvalidArgument,
+           "--goodput '{}': expected KEY:MILLISECONDS with a positive number, e.g. ttft:500", item);
     }
-    if (key == "ttft") targets.ttft_ms = value;
-    else if (key == "tpot") targets.tpot_ms = value;
-    else if (key == "e2el") targets.e2el_ms = value;
-    else fail(ErrorKind::kInvalidArgument, "--goodput '{}': the key must be ttft, tpot or e2el", item);
+    if (key == "ttft")
+      targets.ttft_ms = value;
+    else if (key == "tpot")
+      targets.tpot_ms = value;
+    else if (key == "e2el")
+      targets.e2el_ms = value;
+    else
+      fail(ErrorKind::kInvalidArgument, "--goodput '{}': the key must be ttft, tpot or e2el", item);
   }
   return targets;
 }

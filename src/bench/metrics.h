@@ -23,8 +23,8 @@ SloTargets parse_slo_targets(const std::vector<std::string>& items);
 
 struct LevelMetrics {
   std::string label;
-  int max_concurrency = 0;    // 0: unlimited
-  double request_rate = 0;    // requests per second offered; infinity when all at once
+  int max_concurrency = 0;  // 0: unlimited
+  double request_rate = 0;  // requests per second offered; infinity when all at once
   size_t requests = 0;
   size_t completed = 0;
   size_t failed = 0;
@@ -45,7 +45,7 @@ struct LevelMetrics {
   size_t max_in_flight = 0;
   // Client overhead.
   double client_cpu_seconds = 0;
-  double client_cpu_percent = 0;      // of one core, over the level's duration
+  double client_cpu_percent = 0;  // of one core, over the level's duration
   double client_cpu_us_per_request = 0;
   Summary loop_lag_ms;
   size_t connections_opened = 0;

@@ -116,7 +116,8 @@ std::string error_body_summary(std::string_view body) {
     if (auto error = message.find("error"); error != message.end()) return describe_error(*error);
     if (auto detail = message.find("detail"); detail != message.end())  // FastAPI-style errors
       return detail->is_string() ? detail->get<std::string>() : detail->dump();
-    if (auto text = message.find("message"); text != message.end() && text->is_string()) return text->get<std::string>();
+    if (auto text = message.find("message"); text != message.end() && text->is_string())
+      return text->get<std::string>();
   }
   std::string shortened(body.substr(0, 200));
   for (char& c : shortened)

@@ -31,8 +31,8 @@ struct Usage {
 
 // What a server message carried. `error` is set for a malformed message or an error object.
 struct MessageContent {
-  bool is_done_marker = false;  // "data: [DONE]"
-  bool has_text = false;        // generated text (content, reasoning or completion text) was present
+  bool is_done_marker = false;     // "data: [DONE]"
+  bool has_text = false;           // generated text (content, reasoning or completion text) was present
   bool has_finish_reason = false;  // a choice ended ("stop", "length", ...)
   std::string text;
   std::optional<Usage> usage;

@@ -38,10 +38,11 @@ void ProgressBar::draw(size_t completed, size_t total, size_t in_flight) {
 
 void ProgressBar::finish_level(size_t completed, size_t failed, double duration_s) {
   if (!enabled_) return;
-  if (interactive_) std::fprintf(stderr, "\n");
+  if (interactive_)
+    std::fprintf(stderr, "\n");
   else
-    std::fprintf(stderr, "[%zu/%zu] %s: %zu ok, %zu failed in %.2f s\n", level_index_ + 1, level_count_,
-                 label_.c_str(), completed, failed, duration_s);
+    std::fprintf(stderr, "[%zu/%zu] %s: %zu ok, %zu failed in %.2f s\n", level_index_ + 1, level_count_, label_.c_str(),
+                 completed, failed, duration_s);
 }
 
 }  // namespace tessera::bench

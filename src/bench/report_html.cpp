@@ -25,25 +25,39 @@ std::vector<std::string> x_labels(const BenchReport& report) {
 std::string charts(const BenchReport& report) {
   const std::string x_title = "max concurrency";
   std::vector<LineChart> charts;
-  charts.push_back({"Token throughput", x_title, "tokens/s", x_labels(report),
+  charts.push_back({"Token throughput",
+                    x_title,
+                    "tokens/s",
+                    x_labels(report),
                     {series_of(report, "completion tok/s", 0, [](auto& l) { return l.completion_token_throughput; }),
                      series_of(report, "total tok/s", 1, [](auto& l) { return l.total_token_throughput; }),
                      series_of(report, "prompt tok/s", 2, [](auto& l) { return l.prompt_token_throughput; })}});
-  LineChart requests{"Request throughput", x_title, "requests/s", x_labels(report),
-                     {series_of(report, "QPS", 0, [](auto& l) { return l.request_throughput; })}};
+  LineChart requests{
+      "Request throughput", x_title, "requests/s", x_labels(report), {series_of(report, "QPS", 0, [](auto& l) {
+        return l.request_throughput;
+      })}};
   if (report.slo.any()) requests.series.push_back(series_of(report, "goodput", 3, [](auto& l) { return l.goodput; }));
   charts.push_back(requests);
-  charts.push_back({"End-to-end latency", x_title, "seconds", x_labels(report),
+  charts.push_back({"End-to-end latency",
+                    x_title,
+                    "seconds",
+                    x_labels(report),
                     {series_of(report, "mean", 0, [](auto& l) { return l.e2el_ms.mean / 1000; }),
                      series_of(report, "p50", 1, [](auto& l) { return l.e2el_ms.median / 1000; }),
                      series_of(report, "p90", 2, [](auto& l) { return l.e2el_ms.p90 / 1000; }),
                      series_of(report, "p95", 3, [](auto& l) { return l.e2el_ms.p95 / 1000; }),
                      series_of(report, "p99", 4, [](auto& l) { return l.e2el_ms.p99 / 1000; })}});
-  charts.push_back({"Time to first token", x_title, "ms", x_labels(report),
+  charts.push_back({"Time to first token",
+                    x_title,
+                    "ms",
+                    x_labels(report),
                     {series_of(report, "p50", 1, [](auto& l) { return l.ttft_ms.median; }),
                      series_of(report, "p95", 3, [](auto& l) { return l.ttft_ms.p95; }),
                      series_of(report, "p99", 4, [](auto& l) { return l.ttft_ms.p99; })}});
-  charts.push_back({"Time per output token / inter-token latency", x_title, "ms", x_labels(report),
+  charts.push_back({"Time per output token / inter-token latency",
+                    x_title,
+                    "ms",
+                    x_labels(report),
                     {series_of(report, "TPOT p50", 0, [](auto& l) { return l.tpot_ms.median; }),
                      series_of(report, "TPOT p95", 5, [](auto& l) { return l.tpot_ms.p95; }),
                      series_of(report, "ITL p50", 2, [](auto& l) { return l.itl_ms.median; }),
@@ -91,11 +105,12 @@ th{background:#f0f0f0} td.bad{color:#b00020;font-weight:bold} ul{font-size:13px;
 </style></head><body>
 )";
   html += "<h1>tessera bench report</h1>\n";
-  html += fmt::format("<div class=\"meta\">server <b>{}{}</b> · model <b>{}</b> · {} · temperature {} · {} · {} · "
-                      "tessera {}</div>\n",
-                      escape_html(report.base_url), escape_html(report.endpoint), escape_html(report.model),
-                      report.stream ? "streaming" : "not streaming", report.temperature, escape_html(report.workload),
-                      escape_html(report.started_at_utc), escape_html(report.tool_version));
+  html += fmt::format(
+      "<div class=\"meta\">server <b>{}{}</b> · model <b>{}</b> · {} · temperature {} · {} · {} · "
+      "tessera {}</div>\n",
+      escape_html(report.base_url), escape_html(report.endpoint), escape_html(report.model),
+      report.stream ? "streaming" : "not streaming", report.temperature, escape_html(report.workload),
+      escape_html(report.started_at_utc), escape_html(report.tool_version));
   html += summary_table(report);
   html += charts(report);
   if (!report.notes.empty()) {

@@ -8,8 +8,8 @@ namespace {
 using nlohmann::json;
 
 json summary_json(const Summary& s) {
-  return {{"count", s.count}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90}, {"p95", s.p95},
-          {"p99", s.p99},     {"min", s.min},   {"max", s.max}};
+  return {{"count", s.count}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90},
+          {"p95", s.p95},     {"p99", s.p99},   {"min", s.min},       {"max", s.max}};
 }
 
 json optional_number(const std::optional<double>& value) { return value ? json(*value) : json(nullptr); }

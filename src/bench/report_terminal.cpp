@@ -28,11 +28,12 @@ std::string format_terminal_report(const BenchReport& report) {
                      "concurrency", "duration(s)", "QPS", "prompt tok/s", "completion tok/s", "total tok/s", "avg(s)",
                      "p50(s)", "p95(s)", "ok/failed");
   for (const LevelMetrics& l : report.levels) {
-    out += fmt::format("{:>11} | {:>11.3f} | {:>9.3f} | {:>12.3f} | {:>16.3f} | {:>11.3f} | {:>9.3f} | {:>9.3f} | {:>9.3f} | "
-                       "{:>9}\n",
-                       concurrency_label(l), l.duration_s, l.request_throughput, l.prompt_token_throughput,
-                       l.completion_token_throughput, l.total_token_throughput, l.e2el_ms.mean / 1000,
-                       l.e2el_ms.median / 1000, l.e2el_ms.p95 / 1000, fmt::format("{}/{}", l.completed, l.failed));
+    out += fmt::format(
+        "{:>11} | {:>11.3f} | {:>9.3f} | {:>12.3f} | {:>16.3f} | {:>11.3f} | {:>9.3f} | {:>9.3f} | {:>9.3f} | "
+        "{:>9}\n",
+        concurrency_label(l), l.duration_s, l.request_throughput, l.prompt_token_throughput,
+        l.completion_token_throughput, l.total_token_throughput, l.e2el_ms.mean / 1000, l.e2el_ms.median / 1000,
+        l.e2el_ms.p95 / 1000, fmt::format("{}/{}", l.completed, l.failed));
   }
   out += "\n";
   out += fmt::format("{:>11} | {:>26} | {:>20} | {:>20} | {:>13} | {:>9} | {:>16}\n", "concurrency",

@@ -11,11 +11,16 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 const char* transport_failure_kind(TransportError error) {
   switch (error) {
-    case TransportError::kConnect: return "connect_error";
-    case TransportError::kTimeout: return "timeout";
-    case TransportError::kDisconnected: return "disconnected";
-    case TransportError::kProtocol: return "bad_response";
-    case TransportError::kNone: break;
+    case TransportError::kConnect:
+      return "connect_error";
+    case TransportError::kTimeout:
+      return "timeout";
+    case TransportError::kDisconnected:
+      return "disconnected";
+    case TransportError::kProtocol:
+      return "bad_response";
+    case TransportError::kNone:
+      break;
   }
   return "";
 }

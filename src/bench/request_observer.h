@@ -38,8 +38,8 @@ class CompletionObserver : public HttpObserver {
   SseParser sse_;
   RequestRecord record_;
   int status_ = 0;
-  std::string body_;  // kept only for error statuses and non-streamed responses
-  Clock::time_point arrival_{};     // of the bytes being parsed now
+  std::string body_;             // kept only for error statuses and non-streamed responses
+  Clock::time_point arrival_{};  // of the bytes being parsed now
   Clock::time_point last_text_at_{};
   std::optional<Usage> usage_;
   std::optional<std::string> stream_error_;

@@ -13,10 +13,10 @@ struct RequestRecord {
   std::string failure_kind;
   std::string failure_message;
 
-  double start_s = 0;          // when the request was sent, from the run's start
-  double ttft_s = -1;          // first generated text after sending; -1 when none arrived
-  double latency_s = 0;        // end to end: send to last byte
-  std::vector<double> itl_s;   // gaps between successive text chunks
+  double start_s = 0;         // when the request was sent, from the run's start
+  double ttft_s = -1;         // first generated text after sending; -1 when none arrived
+  double latency_s = 0;       // end to end: send to last byte
+  std::vector<double> itl_s;  // gaps between successive text chunks
   int prompt_tokens = 0;
   int completion_tokens = 0;
   bool usage_reported = false;  // false: token counts are estimates (text chunks, prompt length)

@@ -44,14 +44,22 @@ std::string lower(std::string text) {
 
 std::string status_text(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
@@ -64,9 +72,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void read_request() {
-    asio::async_read_until(socket_, input_, "\r\n\r\n", [self = shared_from_this()](error_code ec, size_t header_bytes) {
-      if (!ec) self->on_header(header_bytes);
-    });
+    asio::async_read_until(socket_, input_, "\r\n\r\n",
+                           [self = shared_from_this()](error_code ec, size_t header_bytes) {
+                             if (!ec) self->on_header(header_bytes);
+                           });
   }
 
   void on_header(size_t header_bytes) {
@@ -106,9 +115,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_simple(401, R"({"error":{"message":"invalid API key","type":"authentication_error"}})");
     }
     if (method_ == "GET" && path_ == "/v1/models") {
-      return send_simple(200, json{{"object", "list"},
-                                   {"data", {{{"id", ScriptedServer::kModelId}, {"object", "model"}}}}}
-                                  .dump());
+      return send_simple(
+          200, json{{"object", "list"}, {"data", {{{"id", ScriptedServer::kModelId}, {"object", "model"}}}}}.dump());
     }
     bool chat = path_ == "/v1/chat/completions";
     if (method_ != "POST" || (!chat && path_ != "/v1/completions"))
@@ -136,8 +144,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string piece = "tok" + std::to_string(index) + " ";
     json message = {{"id", "cmpl-scripted"}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}};
     json choice = {{"index", 0}, {"finish_reason", nullptr}};
-    if (chat_) choice["delta"] = {{"content", piece}};
-    else choice["text"] = piece;
+    if (chat_)
+      choice["delta"] = {{"content", piece}};
+    else
+      choice["text"] = piece;
     message["choices"] = json::array({choice});
     return message.dump();
   }
@@ -149,9 +159,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void send_simple(int status, std::string body) {
-    auto text = std::make_shared<std::string>("HTTP/1.1 " + std::to_string(status) + " " + status_text(status) +
-                                              "\r\nContent-Type: application/json\r\nContent-Length: " +
-                                              std::to_string(body.size()) + "\r\n\r\n" + body);
+    auto text = std::make_shared<std::string>(
+        "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) +
+        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
     asio::async_write(socket_, asio::buffer(*text), [self = shared_from_this(), text](error_code ec, size_t) {
       if (!ec) self->read_request();
     });
@@ -166,8 +176,10 @@ class Session : public std::enable_shared_from_this<Session> {
       for (int i = 0; i < self->response_.tokens; ++i) content += "tok" + std::to_string(i) + " ";
       json message = {{"id", "cmpl-scripted"}};
       json choice = {{"index", 0}, {"finish_reason", "length"}};
-      if (self->chat_) choice["message"] = {{"role", "assistant"}, {"content", content}};
-      else choice["text"] = content;
+      if (self->chat_)
+        choice["message"] = {{"role", "assistant"}, {"content", content}};
+      else
+        choice["text"] = content;
       message["choices"] = json::array({choice});
       if (self->response_.include_usage) message["usage"] = self->usage();
       self->timing_ = ServedTiming{};
@@ -191,8 +203,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_stream() {
     std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
     head += response_.chunked ? "Transfer-Encoding: chunked\r\n\r\n" : "Connection: close\r\n\r\n";
-    std::string role = chat_ ? R"({"id":"cmpl-scripted","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})"
-                             : R"({"id":"cmpl-scripted","choices":[{"index":0,"text":""}]})";
+    std::string role =
+        chat_ ? R"({"id":"cmpl-scripted","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})"
+              : R"({"id":"cmpl-scripted","choices":[{"index":0,"text":""}]})";
     sent_tokens_ = 0;
     timing_ = ServedTiming{};
     timing_.prompt = prompt_;
@@ -238,14 +251,14 @@ class Session : public std::enable_shared_from_this<Session> {
       server_.timings.push_back(timing_);
     }
     write_raw(tail, [this] {
-      if (response_.chunked) read_request();
-      else close();
+      if (response_.chunked)
+        read_request();
+      else
+        close();
     });
   }
 
-  double since_received() const {
-    return std::chrono::duration<double>(SteadyClock::now() - received_at_).count();
-  }
+  double since_received() const { return std::chrono::duration<double>(SteadyClock::now() - received_at_).count(); }
 
   void note_text_write() {
     SteadyClock::time_point at = SteadyClock::now();

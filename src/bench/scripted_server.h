@@ -16,27 +16,27 @@
 namespace tessera::bench {
 
 struct ScriptedResponse {
-  int status = 200;             // anything else: an OpenAI-style JSON error body, sent at once
-  double ttft_s = 0;            // delay from the request to the first text chunk
-  double token_interval_s = 0;  // delay between text chunks, kept on an absolute schedule
-  int tokens = -1;              // text chunks to send; -1 takes the request's max_tokens
-  int prompt_tokens = 7;        // reported in usage
-  bool include_usage = true;    // send the final usage chunk when streaming, usage when not
-  int drop_after_tokens = -1;   // close the connection after this many text chunks
-  bool chunked = true;          // Transfer-Encoding: chunked; false: body ends at connection close
+  int status = 200;                        // anything else: an OpenAI-style JSON error body, sent at once
+  double ttft_s = 0;                       // delay from the request to the first text chunk
+  double token_interval_s = 0;             // delay between text chunks, kept on an absolute schedule
+  int tokens = -1;                         // text chunks to send; -1 takes the request's max_tokens
+  int prompt_tokens = 7;                   // reported in usage
+  bool include_usage = true;               // send the final usage chunk when streaming, usage when not
+  int drop_after_tokens = -1;              // close the connection after this many text chunks
+  bool chunked = true;                     // Transfer-Encoding: chunked; false: body ends at connection close
   bool garbage_after_first_token = false;  // send a "data:" line that is not JSON, then finish
-  bool never_respond = false;   // read the request and stay silent (client timeouts)
-  bool close_without_response = false;  // close as soon as the request is read
+  bool never_respond = false;              // read the request and stay silent (client timeouts)
+  bool close_without_response = false;     // close as soon as the request is read
 };
 
 // When a streamed response's bytes actually left the server, measured from the request's
 // arrival. On a busy machine timers fire late, so tests compare the client's figures with these
 // rather than with the script alone.
 struct ServedTiming {
-  std::string prompt;                  // the user message (chat) or prompt (completions)
-  double first_text_s = -1;            // first text chunk written
-  double last_byte_s = 0;              // end of the response written
-  std::vector<double> text_gaps_s;     // between successive text chunk writes
+  std::string prompt;               // the user message (chat) or prompt (completions)
+  double first_text_s = -1;         // first text chunk written
+  double last_byte_s = 0;           // end of the response written
+  std::vector<double> text_gaps_s;  // between successive text chunk writes
   // The same moments on the steady clock, to compare with a client in the same process.
   std::chrono::steady_clock::time_point first_text_at, last_byte_at;
   std::vector<std::chrono::steady_clock::time_point> text_at;
@@ -56,7 +56,7 @@ class ScriptedServer {
 
   int port() const;
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port()); }
-  size_t completion_requests() const;  // POSTs to a completions endpoint so far
+  size_t completion_requests() const;                // POSTs to a completions endpoint so far
   std::vector<ServedTiming> served_timings() const;  // streams completed so far, in completion order
   static constexpr const char* kModelId = "scripted-model";
 

@@ -34,11 +34,20 @@ std::string escape_html(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -70,14 +79,17 @@ std::string render_line_chart_svg(const LineChart& chart) {
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>\n",
                        kLeft - 6, y + 4, format_tick(tick));
   }
-  svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#888\"/>\n", kLeft, kTop, kTop + plot_h);
+  svg +=
+      fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#888\"/>\n", kLeft, kTop, kTop + plot_h);
   svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#888\"/>\n", kLeft, kTop + plot_h,
                      kLeft + plot_w);
   for (size_t i = 0; i < n; ++i)
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n",
-                       x_of(i), kTop + plot_h + 16, escape_html(chart.x_labels[i]));
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333\">{}</text>\n",
-                     kLeft + plot_w / 2, kHeight - 8, escape_html(chart.x_title));
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n",
+                    x_of(i), kTop + plot_h + 16, escape_html(chart.x_labels[i]));
+  svg +=
+      fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333\">{}</text>\n",
+                  kLeft + plot_w / 2, kHeight - 8, escape_html(chart.x_title));
   svg += fmt::format(
       "<text x=\"14\" y=\"{0:.1f}\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333\" "
       "transform=\"rotate(-90 14 {0:.1f})\">{1}</text>\n",
@@ -89,16 +101,18 @@ std::string render_line_chart_svg(const LineChart& chart) {
       if (!std::isfinite(series.values[i])) continue;
       points += fmt::format("{:.1f},{:.1f} ", x_of(i), y_of(series.values[i]));
     }
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", series.color, points);
+    svg +=
+        fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", series.color, points);
     for (size_t i = 0; i < std::min(n, series.values.size()); ++i) {
       if (!std::isfinite(series.values[i])) continue;
-      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{} at {}: {:.4g}</title></circle>\n",
-                         x_of(i), y_of(series.values[i]), series.color, escape_html(series.name),
-                         escape_html(chart.x_labels[i]), series.values[i]);
+      svg += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{} at {}: {:.4g}</title></circle>\n",
+          x_of(i), y_of(series.values[i]), series.color, escape_html(series.name), escape_html(chart.x_labels[i]),
+          series.values[i]);
     }
     double legend_y = kTop + 8 + 18 * static_cast<double>(s);
-    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"4\" fill=\"{}\"/>\n", kWidth - kRight + 14,
-                       legend_y - 4, series.color);
+    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"4\" fill=\"{}\"/>\n",
+                       kWidth - kRight + 14, legend_y - 4, series.color);
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#333\">{}</text>\n",
                        kWidth - kRight + 34, legend_y + 1, escape_html(series.name));
   }

@@ -7,7 +7,7 @@ namespace tessera::bench {
 
 struct ChartSeries {
   std::string name;
-  std::string color;  // CSS colour
+  std::string color;           // CSS colour
   std::vector<double> values;  // one per x label
 };
 

@@ -15,11 +15,11 @@ namespace {
 // Short, frequent English words: each is a single token (with its leading space) in the GPT-2,
 // Llama 3 and Qwen vocabularies, which makes word count a good proxy for token count.
 constexpr const char* kOneTokenWords[] = {
-    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",   "it",    "as",    "was",   "with",
-    "be",    "by",    "on",    "not",   "he",    "this",  "are",   "or",    "his",   "from",  "at",    "which",
-    "but",   "have",  "an",    "had",   "they",  "you",   "were",  "their", "one",   "all",   "we",    "can",
-    "her",   "has",   "there", "been",  "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",
-    "time",  "people", "water", "world", "house", "light", "music", "river", "city",  "story", "paper", "money",
+    "the",   "of",     "and",    "to",    "in",     "is",     "that",  "for",   "it",    "as",    "was",   "with",
+    "be",    "by",     "on",     "not",   "he",     "this",   "are",   "or",    "his",   "from",  "at",    "which",
+    "but",   "have",   "an",     "had",   "they",   "you",    "were",  "their", "one",   "all",   "we",    "can",
+    "her",   "has",    "there",  "been",  "if",     "more",   "when",  "will",  "would", "who",   "so",    "no",
+    "time",  "people", "water",  "world", "house",  "light",  "music", "river", "city",  "story", "paper", "money",
     "night", "system", "number", "power", "market", "school", "point", "group", "state", "place"};
 constexpr size_t kWordCount = sizeof(kOneTokenWords) / sizeof(kOneTokenWords[0]);
 

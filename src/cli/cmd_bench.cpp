@@ -54,7 +54,8 @@ int run_bench(int argc, char** argv) {
   app.add_option("--api-key", options.api_key,
                  "sent as 'Authorization: Bearer KEY'; defaults to $OPENAI_API_KEY when that is set");
   app.add_option("--model", options.model, "model name sent in requests (default: the first id of GET /v1/models)");
-  app.add_flag("--no-stream", no_stream, "ask for whole responses instead of SSE streams (then TTFT = latency, no ITL)");
+  app.add_flag("--no-stream", no_stream,
+               "ask for whole responses instead of SSE streams (then TTFT = latency, no ITL)");
   app.add_option("--timeout", options.timeout_s, "seconds one request may take before it counts as a timeout")
       ->capture_default_str();
 
@@ -62,7 +63,8 @@ int run_bench(int argc, char** argv) {
                  "workload: 'prompt' (one fixed prompt, the default), 'random' (generated prompts of chosen length) "
                  "or 'jsonl FILE' (one JSON object per line: prompt|text, or ShareGPT conversations)")
       ->expected(1, 2);
-  app.add_option("--dataset-path", options.dataset_path, "the file for --dataset jsonl (JSONL, or a ShareGPT JSON array)");
+  app.add_option("--dataset-path", options.dataset_path,
+                 "the file for --dataset jsonl (JSONL, or a ShareGPT JSON array)");
   app.add_option("--prompt", options.prompt, "the prompt of --dataset prompt")->capture_default_str();
   app.add_option("--max-tokens", options.max_tokens,
                  "max_tokens of each request (prompt and jsonl datasets; random uses --random-output-len)")
@@ -114,8 +116,8 @@ int run_bench(int argc, char** argv) {
     return app.exit(e);
   }
 
-  if (!host.empty() || port) options.base_url = "http://" + (host.empty() ? "127.0.0.1" : host) + ":" +
-                                                std::to_string(port ? port : 8000);
+  if (!host.empty() || port)
+    options.base_url = "http://" + (host.empty() ? "127.0.0.1" : host) + ":" + std::to_string(port ? port : 8000);
   if (options.api_key.empty())
     if (const char* key = std::getenv("OPENAI_API_KEY")) options.api_key = key;
   options.stream = !no_stream;

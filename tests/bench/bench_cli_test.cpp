@@ -80,7 +80,8 @@ TEST(BenchCli, SeedProtocolWritesParseableReports) {
 TEST(BenchCli, UnreachableServerSaysWhatToDo) {
   std::string dir = ::testing::TempDir() + "bench_cli";
   std::system(("mkdir -p " + dir).c_str());
-  std::string command = bench_command() + " --base-url http://127.0.0.1:9 --no-progress > " + dir + "/bench_cli_err.out 2>&1";
+  std::string command =
+      bench_command() + " --base-url http://127.0.0.1:9 --no-progress > " + dir + "/bench_cli_err.out 2>&1";
   EXPECT_NE(std::system(command.c_str()), 0);
   EXPECT_NE(read_file(dir + "/bench_cli_err.out").find("check --base-url"), std::string::npos);
 }
@@ -91,10 +92,27 @@ TEST(BenchCli, HelpExplainsEveryFlag) {
   std::string command = bench_command() + " --help > " + dir + "/bench_cli_help.out 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0);
   std::string help = read_file(dir + "/bench_cli_help.out");
-  for (const char* flag : {"--base-url", "--endpoint", "--api-key", "--model", "--no-stream", "--timeout", "--dataset",
-                           "--random-input-len", "--random-range-ratio", "--num-prompts", "--request-rate",
-                           "--max-concurrency", "--burstiness", "--seed", "--ignore-eos", "--goodput", "--json",
-                           "--markdown", "--html", "--concurrency", "--self-test"})
+  for (const char* flag : {"--base-url",
+                           "--endpoint",
+                           "--api-key",
+                           "--model",
+                           "--no-stream",
+                           "--timeout",
+                           "--dataset",
+                           "--random-input-len",
+                           "--random-range-ratio",
+                           "--num-prompts",
+                           "--request-rate",
+                           "--max-concurrency",
+                           "--burstiness",
+                           "--seed",
+                           "--ignore-eos",
+                           "--goodput",
+                           "--json",
+                           "--markdown",
+                           "--html",
+                           "--concurrency",
+                           "--self-test"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 

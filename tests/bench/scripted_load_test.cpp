@@ -40,8 +40,8 @@ Truth truth_of(const LevelResult& result, const std::vector<PromptSpec>& prompts
     auto found = by_prompt.find(prompts[record.prompt_index].prompt);
     if (found == by_prompt.end()) continue;
     const ServedTiming& t = found->second;
-    Clock::time_point sent = result.started_at + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double>(record.start_s));
+    Clock::time_point sent =
+        result.started_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(record.start_s));
     ttft.push_back(ms_between(sent, t.first_text_at));
     e2el.push_back(ms_between(sent, t.last_byte_at));
     for (size_t i = 1; i < t.text_at.size(); ++i) itl.push_back(ms_between(t.text_at[i - 1], t.text_at[i]));
@@ -50,8 +50,8 @@ Truth truth_of(const LevelResult& result, const std::vector<PromptSpec>& prompts
     served_ttft.push_back(t.first_text_s * 1000);
     served_e2el.push_back(t.last_byte_s * 1000);
   }
-  return {summarize(ttft), summarize(e2el), summarize(itl), summarize(tpot), summarize(served_ttft),
-          summarize(served_e2el)};
+  return {summarize(ttft), summarize(e2el),        summarize(itl),
+          summarize(tpot), summarize(served_ttft), summarize(served_e2el)};
 }
 
 std::vector<PromptSpec> numbered_prompts(const std::string& stem, int max_tokens, size_t count) {
@@ -189,7 +189,7 @@ TEST(ScriptedLoad, FailuresAreCountedByKind) {
     if (kind == "hang") r.never_respond = true;
     return r;
   });
-  const std::vector<std::string> kinds = {"ok", "500", "429", "drop-chunked", "drop-close-delimited",
+  const std::vector<std::string> kinds = {"ok",      "500",   "429", "drop-chunked", "drop-close-delimited",
                                           "garbage", "close", "hang"};
   std::vector<PromptSpec> prompts;
   for (int i = 0; i < 40; ++i) prompts.push_back({kinds[i % kinds.size()] + "#" + std::to_string(i), 4, 1});
@@ -200,8 +200,8 @@ TEST(ScriptedLoad, FailuresAreCountedByKind) {
   EXPECT_EQ(m.requests, 40u);
   EXPECT_EQ(m.completed, 5u);
   EXPECT_EQ(m.failed, 35u);
-  std::map<std::string, size_t> expected = {{"http_500", 5}, {"http_429", 5}, {"disconnected", 15},
-                                            {"bad_response", 5}, {"timeout", 5}};
+  std::map<std::string, size_t> expected = {
+      {"http_500", 5}, {"http_429", 5}, {"disconnected", 15}, {"bad_response", 5}, {"timeout", 5}};
   EXPECT_EQ(m.failures_by_kind, expected);
   EXPECT_EQ(m.failure_example["http_500"], "scripted failure");
   EXPECT_EQ(m.completion_tokens, 5 * 4);

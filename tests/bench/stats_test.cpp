@@ -10,8 +10,8 @@ TEST(Stats, PercentilesMatchNumpyLinearInterpolation) {
   std::vector<double> sample = {15, 20, 35, 40, 50};
   EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 0), 15);
   EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 50), 35);
-  EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 40), 29);     // np.percentile(x, 40) == 29.0
-  EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 90), 46);     // 40 + 0.6 * 10
+  EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 40), 29);  // np.percentile(x, 40) == 29.0
+  EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 90), 46);  // 40 + 0.6 * 10
   EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 95), 48);
   EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 99), 49.6);
   EXPECT_DOUBLE_EQ(percentile_of_sorted(sample, 100), 50);

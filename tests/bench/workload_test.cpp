@@ -43,11 +43,14 @@ TEST(Workload, JsonlPromptsShareGptAndLimits) {
   std::string path = ::testing::TempDir() + "/bench_workload_test.jsonl";
   {
     std::ofstream out(path);
-    out << R"({"prompt": "first", "max_tokens": 5})" << "\n\n";
-    out << R"({"text": "second"})" << "\n";
+    out << R"({"prompt": "first", "max_tokens": 5})"
+        << "\n\n";
+    out << R"({"text": "second"})"
+        << "\n";
     out << R"({"conversations": [{"from": "human", "value": "third"}, {"from": "gpt", "value": "0123456789abcdef"}]})"
         << "\n";
-    out << R"({"unrelated": 1})" << "\n";
+    out << R"({"unrelated": 1})"
+        << "\n";
   }
   auto prompts = jsonl_workload(path, 64, 0);
   ASSERT_EQ(prompts.size(), 3u);
@@ -68,8 +71,8 @@ TEST(OpenAiProtocol, ParsesChunksUsageErrorsAndDone) {
   auto role = parse_stream_message(R"({"choices":[{"delta":{"role":"assistant","content":""}}]})",
                                    ApiEndpoint::kChatCompletions);
   EXPECT_FALSE(role.has_text);
-  auto reasoning = parse_stream_message(R"({"choices":[{"delta":{"reasoning_content":"hmm"}}]})",
-                                        ApiEndpoint::kChatCompletions);
+  auto reasoning =
+      parse_stream_message(R"({"choices":[{"delta":{"reasoning_content":"hmm"}}]})", ApiEndpoint::kChatCompletions);
   EXPECT_TRUE(reasoning.has_text);
   auto text = parse_stream_message(R"({"choices":[{"text":"x","finish_reason":"length"}]})", ApiEndpoint::kCompletions);
   EXPECT_TRUE(text.has_text);
