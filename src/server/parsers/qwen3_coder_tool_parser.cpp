@@ -22,6 +22,7 @@
 // VALUE are literal text; text between and after calls is dropped; a VALUE left open at the
 // end loses a trailing </function> / </tool_call>. Linear time: each byte is scanned at most
 // twice.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <deque>
@@ -85,6 +86,31 @@ bool parse_number(std::string_view s, nlohmann::json* out) {
   return true;
 }
 
+constexpr int kMaxJsonDepth = 256;
+
+// Deepest bracket nesting outside JSON strings (an upper bound for valid JSON).
+int nesting_depth(std::string_view s) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escape = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escape)
+        escape = false;
+      else if (c == '\\')
+        escape = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 // Type name of a parameter schema: "type" (first non-null of a list), else the first non-null
 // "type" in anyOf/oneOf, else "string" (vLLM's default). `nullable`: null is allowed.
 std::string schema_type(const nlohmann::json& schema, bool* nullable) {
@@ -141,7 +167,9 @@ nlohmann::json convert_parameter(const std::string& value, const nlohmann::json*
   if (starts_with(type, "num") || starts_with(type, "float"))
     return parse_number(value, &out) ? out : nlohmann::json(value);
   if (type == "boolean" || type == "bool" || type == "binary") return lowered == "true";
-  // object, array and anything else: JSON if it parses, else the string.
+  // object, array and anything else: JSON if it parses, else the string. Deeply nested text
+  // stays a string: nlohmann parses iteratively but dump() recurses.
+  if (nesting_depth(value) > kMaxJsonDepth) return value;
   out = nlohmann::json::parse(value, nullptr, false);
   if (out.is_discarded()) return value;
   return out;

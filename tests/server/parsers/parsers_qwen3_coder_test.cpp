@@ -79,6 +79,13 @@ TEST(Qwen3CoderToolParser, SchemaTypeFallbacks) {
   EXPECT_EQ(a["any"], "12");      // no type: string
 }
 
+TEST(Qwen3CoderToolParser, DeeplyNestedValueStaysAString) {
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  nlohmann::json a = args_of("<parameter=tags>\n" + deep + "\n</parameter>\n<parameter=opts>\n[[[1]]]\n</parameter>\n");
+  EXPECT_EQ(a["tags"], deep);
+  EXPECT_EQ(a["opts"], nlohmann::json::parse("[[[1]]]"));
+}
+
 TEST(Qwen3CoderToolParser, Nulls) {
   nlohmann::json a = args_of(
       "<parameter=note>\nnull\n</parameter>\n<parameter=limit>\nNone\n</parameter>\n<parameter=city>\nnull\n"
