@@ -21,6 +21,8 @@
 #include "engine/async_engine.h"
 #include "server/api_server.h"
 #include "server/http_server.h"
+#include "server/parsers/reasoning_parser.h"
+#include "server/parsers/tool_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -64,9 +66,6 @@ void on_signal(int sig) {
     [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
   }
 }
-
-const std::set<std::string> kToolParsers = {"hermes", "qwen3_coder"};
-const std::set<std::string> kReasoningParsers = {"qwen3", "deepseek_r1"};
 
 std::vector<std::string> split_keys(const std::string& s) {
   std::vector<std::string> out;
@@ -147,7 +146,7 @@ int run_serve(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_dir, "directory with tokenizer.json (default: the model directory)");
   app.add_option("--chat-template", chat_template, "chat template file (or inline Jinja) overriding the model's");
   app.add_flag("--enable-auto-tool-choice", enable_auto_tool_choice, "let the model call tools (tool_choice auto)");
-  app.add_option("--tool-call-parser", tool_call_parser, "hermes | qwen3_coder");
+  app.add_option("--tool-call-parser", tool_call_parser, "hermes | qwen3_coder (aliases qwen3, qwen3_xml)");
   app.add_option("--reasoning-parser", reasoning_parser, "qwen3 | deepseek_r1");
   app.add_option("--generation-config", generation_config,
                  "auto: sampling defaults from the model's generation_config.json; vllm: none; or a directory")
@@ -204,12 +203,9 @@ int run_serve(int argc, char** argv) {
       distributed_executor_backend != "uni")
     fail(ErrorKind::kUnsupported, "--distributed-executor-backend {}: only mp (the default) is available",
          distributed_executor_backend);
-  if (!tool_call_parser.empty() && !kToolParsers.count(tool_call_parser))
-    fail(ErrorKind::kInvalidArgument, "--tool-call-parser {}: available parsers are hermes, qwen3_coder",
-         tool_call_parser);
-  if (!reasoning_parser.empty() && !kReasoningParsers.count(reasoning_parser))
-    fail(ErrorKind::kInvalidArgument, "--reasoning-parser {}: available parsers are qwen3, deepseek_r1",
-         reasoning_parser);
+  // Creating one validates the name (the error lists the supported parsers).
+  if (!tool_call_parser.empty()) (void)server::make_tool_parser(tool_call_parser);
+  if (!reasoning_parser.empty()) (void)server::make_reasoning_parser(reasoning_parser);
   if (enable_auto_tool_choice && tool_call_parser.empty())
     fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
   if (max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
@@ -266,9 +262,6 @@ int run_serve(int argc, char** argv) {
            generation_config);
     defaults = read_generation_config(generation_config, &extra_eos);
   }
-  if (!tool_call_parser.empty() || !reasoning_parser.empty())
-    TLOG_WARN("--tool-call-parser/--reasoning-parser are accepted, but their output parsing is not wired into this "
-              "build yet: tool calls and <think> text arrive as plain content");
 
   auto backend = make_backend_for(ef);
   auto llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));

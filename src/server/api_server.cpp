@@ -14,6 +14,7 @@
 
 #include "core/logging.h"
 #include "core/version.h"
+#include "server/parsers/chat_output_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -161,6 +162,9 @@ struct ApiServer::Impl {
     Clock::time_point start = Clock::now();
     double ttft = 0;
     bool complete = false;
+    // Reasoning / tool-call parsers, one per choice (chat only; empty when none applies).
+    std::vector<std::unique_ptr<ChatOutputParser>> parsers;
+    std::vector<bool> tools_called;
     ~Gen() {
       if (--api->owner->active_ == 0) api->idle();
     }
@@ -462,7 +466,25 @@ struct ApiServer::Impl {
       } else {
         ojson j = chunk_head(g);
         ojson choice{{"index", ci}};
-        if (g.kind == Kind::kChat) {
+        if (g.kind == Kind::kChat && !g.parsers.empty()) {
+          ChatOutputParser& parser = *g.parsers[ci];
+          ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
+          if (d.finished) {
+            ChatDelta tail = parser.finish();
+            cd.reasoning += tail.reasoning;
+            cd.content += tail.content;
+            cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+          }
+          if (parser.tools_called()) g.tools_called[ci] = true;
+          if (cd.empty() && lps.empty() && !d.finished) return;
+          ojson delta = ojson::object();
+          if (!cd.reasoning.empty()) delta["reasoning_content"] = cd.reasoning;
+          if (!cd.content.empty()) delta["content"] = cd.content;
+          if (!cd.tool_calls.empty()) delta["tool_calls"] = tool_call_deltas_json(cd.tool_calls);
+          choice["delta"] = delta;
+          choice["logprobs"] = g.logprobs >= 0 && !lps.empty() ? chat_logprobs(lps, g.logprobs) : ojson(nullptr);
+          if (d.finished && g.tools_called[ci] && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        } else if (g.kind == Kind::kChat) {
           choice["delta"] = has_text ? ojson{{"content", d.text}} : ojson::object();
           choice["logprobs"] = g.logprobs >= 0 && !lps.empty() ? chat_logprobs(lps, g.logprobs) : ojson(nullptr);
         } else {
@@ -565,19 +587,48 @@ struct ApiServer::Impl {
     ojson body;
     if (g.kind == Kind::kMessages) {
       const Choice& c = g.choices[0];
+      ojson content = ojson::array();
+      std::string stop_reason = anthropic_stop_reason(c);
+      if (!g.parsers.empty()) {
+        // Reasoning -> a thinking block, tool calls -> tool_use blocks.
+        ChatParseResult r = g.parsers[0]->parse(c.text);
+        if (!r.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", ""}});
+        if (!r.content.empty()) content.push_back({{"type", "text"}, {"text", r.content}});
+        for (const auto& call : r.tool_calls) {
+          ojson input = ojson::parse(call.arguments, nullptr, false);
+          if (input.is_discarded() || !input.is_object()) input = ojson::object();
+          content.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", input}});
+        }
+        if (r.tools_called() && stop_reason == "end_turn") stop_reason = "tool_use";
+      } else {
+        content.push_back({{"type", "text"}, {"text", c.text}});
+      }
       body = {{"id", g.id},
               {"type", "message"},
               {"role", "assistant"},
               {"model", g.model},
-              {"content", ojson::array({ojson{{"type", "text"}, {"text", c.text}}})},
-              {"stop_reason", anthropic_stop_reason(c)},
+              {"content", content},
+              {"stop_reason", stop_reason},
               {"stop_sequence", c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string)},
               {"usage", {{"input_tokens", g.prompt_tokens[0]}, {"output_tokens", c.token_ids.size()}}}};
     } else {
       ojson choices = ojson::array();
       for (size_t i = 0; i < g.choices.size(); ++i) {
         const Choice& c = g.choices[i];
-        if (g.kind == Kind::kChat) {
+        if (g.kind == Kind::kChat && !g.parsers.empty()) {
+          ChatParseResult r = g.parsers[i]->parse(c.text);
+          ojson message{{"role", "assistant"},
+                        {"content", r.content.empty() && r.tools_called() ? ojson(nullptr) : ojson(r.content)}};
+          message["reasoning_content"] = r.reasoning.empty() ? ojson(nullptr) : ojson(r.reasoning);
+          message["tool_calls"] = tool_calls_json(r.tool_calls);
+          std::string finish = c.finish_reason;
+          if (r.tools_called() && finish == "stop") finish = "tool_calls";
+          choices.push_back({{"index", i},
+                             {"message", message},
+                             {"logprobs", g.logprobs >= 0 ? chat_logprobs(c.logprobs, g.logprobs) : ojson(nullptr)},
+                             {"finish_reason", finish},
+                             {"stop_reason", c.stop_reason}});
+        } else if (g.kind == Kind::kChat) {
           choices.push_back({{"index", i},
                              {"message", {{"role", "assistant"}, {"content", c.text}, {"tool_calls", ojson::array()}}},
                              {"logprobs", g.logprobs >= 0 ? chat_logprobs(c.logprobs, g.logprobs) : ojson(nullptr)},
@@ -647,7 +698,7 @@ struct ApiServer::Impl {
     }
   }
 
-  void check_tools(const ojson& body) {
+  void check_tools(const ojson& body, ToolChoicePlan* plan) {
     const ojson* tools = field(body, "tools");
     const ojson* choice = field(body, "tool_choice");
     if (tools) {
@@ -669,30 +720,11 @@ struct ApiServer::Impl {
           bad(fmt::format("tools[{}].function.parameters must be a JSON Schema object", i), "tools");
       }
     }
-    std::string mode = tools && !tools->empty() ? "auto" : "none";
-    if (choice) {
-      if (choice->is_string()) {
-        mode = choice->get<std::string>();
-        if (mode != "none" && mode != "auto" && mode != "required")
-          bad("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function", "tool_choice");
-      } else if (choice->is_object()) {
-        auto f = choice->find("function");
-        if (f == choice->end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
-          bad("a named 'tool_choice' must look like {\"type\": \"function\", \"function\": {\"name\": ...}}",
-              "tool_choice");
-        mode = "named";
-      } else {
-        bad("'tool_choice' must be a string or an object", "tool_choice");
-      }
-      if (mode != "none" && (!tools || tools->empty()))
-        bad("'tool_choice' is set but no 'tools' were given", "tool_choice");
-    }
-    if (mode == "auto" && !opt.enable_auto_tool_choice)
-      bad("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set", "tool_choice");
-    if (mode == "required" || mode == "named")
-      bad(fmt::format("tool_choice \"{}\" is not supported by tessera yet (it needs guided decoding); use \"auto\"",
-                      mode),
-          "tool_choice");
+    if (choice && !choice->is_string() && !choice->is_object())
+      bad("'tool_choice' must be a string or an object", "tool_choice");
+    Status st = plan_tool_choice(choice ? json(*choice) : json(nullptr), tools ? json(*tools) : json::array(),
+                                 opt.enable_auto_tool_choice, !opt.tool_call_parser.empty(), plan);
+    if (!st.ok()) bad(st.message(), "tool_choice");
   }
 
   std::string render_chat(const ojson& body) {
@@ -727,7 +759,8 @@ struct ApiServer::Impl {
   void chat(const ojson& body, Kind kind, const std::shared_ptr<Exchange>& ex) {
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("'messages' is required", "messages");
-    check_tools(body);
+    ToolChoicePlan plan;
+    check_tools(body, &plan);
     if (const ojson* rf = field(body, "response_format")) {
       if (!rf->is_object()) bad("'response_format' must be an object", "response_format");
       auto t = rf->find("type");
@@ -742,6 +775,23 @@ struct ApiServer::Impl {
     pr.prompts.push_back(tok.encode(prompt, add_special));
     pr.prompt_texts.push_back(std::move(prompt));
     auto g = new_gen(kind, ex, body);
+    if (!opt.reasoning_parser.empty() || plan.parse_tools) {
+      ReasoningParserOptions ro;
+      if (const ojson* k = field(body, "chat_template_kwargs"))
+        if (auto it = k->find("enable_thinking"); it != k->end() && it->is_boolean()) ro.enable_thinking = it->get<bool>();
+      for (int i = 0; i < pr.params.n; ++i) {
+        std::unique_ptr<ToolParser> tp;
+        if (plan.parse_tools) {
+          ToolParserOptions to;
+          if (const ojson* t = field(body, "tools")) to.tools = json(*t);
+          to.only_function = plan.only_function;
+          tp = make_tool_parser(opt.tool_call_parser, std::move(to));
+        }
+        g->parsers.push_back(std::make_unique<ChatOutputParser>(
+            opt.reasoning_parser.empty() ? nullptr : make_reasoning_parser(opt.reasoning_parser, ro), std::move(tp)));
+      }
+      g->tools_called.assign(static_cast<size_t>(pr.params.n), false);
+    }
     start_generation(g, pr);
   }
 

@@ -1,0 +1,181 @@
+// The HTTP layer alone, with a stub handler: keep-alive, limits (413, 431, 400), chunked
+// streaming, disconnect notification, metrics text. The full API is tested through the real
+// binary (tests/integration/server_*.sh, tests/node/server_*.test.mjs).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "engine/async_engine.h"
+#include "server/api_server.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+
+namespace tessera::server {
+namespace {
+
+int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void send_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Reads until `until` appears, the peer closes, or 5 s pass.
+std::string read_until(int fd, const std::string& until) {
+  std::string out;
+  char buf[4096];
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    if (!until.empty() && out.find(until) != std::string::npos) break;
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+struct Fixture : ::testing::Test {
+  std::atomic<int> disconnects{0};
+  std::unique_ptr<HttpServer> server;
+  void SetUp() override {
+    HttpServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.threads = 2;
+    o.max_body_bytes = 1000;
+    o.max_header_bytes = 2048;
+    o.read_timeout = std::chrono::milliseconds(1000);
+    server = std::make_unique<HttpServer>(
+        o,
+        [this](HttpRequest&& r, std::shared_ptr<Exchange> ex) {
+          if (r.path == "/stream") {
+            ex->on_disconnect([this] { disconnects++; });
+            ex->start_stream(200, "text/event-stream", {});
+            ex->write("data: 1\n\n");
+            if (r.query == "finish") {
+              ex->write("data: [DONE]\n\n");
+              ex->finish();
+            }
+            return;  // else: left open until the client goes away
+          }
+          ex->respond(HttpResponse{200, "text/plain", {}, r.method + " " + r.path + " " + r.body});
+        },
+        &ApiServer::error_body);
+    server->start();
+  }
+  void TearDown() override { server->stop(); }
+};
+
+TEST_F(Fixture, KeepAliveServesSeveralRequests) {
+  int fd = connect_to(server->port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  std::string r1 = read_until(fd, "POST /a abc");
+  EXPECT_NE(r1.find("HTTP/1.1 200 OK"), std::string::npos);
+  EXPECT_NE(r1.find("Connection: keep-alive"), std::string::npos);
+  send_all(fd, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(read_until(fd, "GET /b ").find("GET /b "), std::string::npos);
+  close(fd);
+}
+
+TEST_F(Fixture, BodyOverTheLimitIs413) {
+  int fd = connect_to(server->port());
+  send_all(fd, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n");
+  std::string r = read_until(fd, "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 413 ", 0), 0u) << r;
+  EXPECT_NE(r.find("\"error\""), std::string::npos);
+  close(fd);
+}
+
+TEST_F(Fixture, HeadersOverTheLimitAre431) {
+  int fd = connect_to(server->port());
+  send_all(fd, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(4000, 'a') + "\r\n\r\n");
+  std::string r = read_until(fd, "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 431 ", 0), 0u) << r;
+  close(fd);
+}
+
+TEST_F(Fixture, GarbageIs400) {
+  int fd = connect_to(server->port());
+  send_all(fd, "\x01\x02 garbage\r\n\r\n");
+  std::string r = read_until(fd, "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+  close(fd);
+}
+
+TEST_F(Fixture, IncompleteRequestIsClosedByTheReadTimeout) {
+  int fd = connect_to(server->port());
+  send_all(fd, "GET / HTTP/1.1\r\nHost:");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string r = read_until(fd, "");
+  EXPECT_EQ(r, "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(3000));
+  close(fd);
+}
+
+TEST_F(Fixture, StreamIsChunkedAndEnds) {
+  int fd = connect_to(server->port());
+  send_all(fd, "GET /stream?finish HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string r = read_until(fd, "0\r\n\r\n");
+  EXPECT_NE(r.find("Transfer-Encoding: chunked"), std::string::npos);
+  EXPECT_NE(r.find("X-Accel-Buffering: no"), std::string::npos);
+  EXPECT_NE(r.find("9\r\ndata: 1\n\n\r\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"), std::string::npos) << r;
+  close(fd);
+  EXPECT_EQ(disconnects.load(), 0);
+}
+
+TEST_F(Fixture, DisconnectMidStreamIsReported) {
+  int fd = connect_to(server->port());
+  send_all(fd, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  read_until(fd, "data: 1");
+  close(fd);
+  for (int i = 0; i < 200 && disconnects.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(disconnects.load(), 1);
+}
+
+TEST(Metrics, RendersVllmNamesAndHistograms) {
+  Metrics m("tiny");
+  m.request_finished("stop", 1.0, 0.2, 5);
+  m.request_finished("abort", 0.1, 0, 0);
+  AsyncEngineStats s;
+  s.engine.num_running = 3;
+  s.engine.kv_cache_usage = 0.25;
+  const std::string t = m.render(s);
+  EXPECT_NE(t.find("tessera:num_requests_running{model_name=\"tiny\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("tessera:kv_cache_usage_perc{model_name=\"tiny\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("tessera:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("tessera:num_requests_aborted_total{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("tessera:e2e_request_latency_seconds_count{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("tessera:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.25\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("tessera:time_per_output_token_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::server
