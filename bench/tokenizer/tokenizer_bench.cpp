@@ -66,10 +66,11 @@ int main(int argc, char** argv) {
     std::string decoded = tokenizer->decode(ids);
     double decode_s = seconds_since(decode_start);
     if (decoded != text) std::printf("note: decode(encode(text)) differs from the text (a normalizer changed it)\n");
-    std::printf("%s: %.2f MB, %zu tokens; load %.2f s; encode first pass %.2f MB/s, warm %.2f MB/s (one thread); "
-                "decode %.0f MB/s\n",
-                dir.parent_path().parent_path().filename().c_str(), mb, tokens, load_s, mb / first_s, mb / best_s,
-                mb / std::max(decode_s, 1e-6));
+    std::printf(
+        "%s: %.2f MB, %zu tokens; load %.2f s; encode first pass %.2f MB/s, warm %.2f MB/s (one thread); "
+        "decode %.0f MB/s\n",
+        dir.parent_path().parent_path().filename().c_str(), mb, tokens, load_s, mb / first_s, mb / best_s,
+        mb / std::max(decode_s, 1e-6));
   }
   return 0;
 }

@@ -10,8 +10,7 @@ namespace {
 
 bool is_white_space(uint32_t cp) {  // Unicode White_Space, as Rust's char::is_whitespace
   return (cp >= 0x9 && cp <= 0xD) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // The regex crate's Unicode \w, which HF uses for single_word: Alphabetic, marks, decimal

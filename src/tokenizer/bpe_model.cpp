@@ -91,7 +91,8 @@ BpeModel::BpeModel(const nlohmann::json& model, bool byte_level) : byte_level_(b
 
   if (auto unk = model.find("unk_token"); unk != model.end() && unk->is_string()) {
     auto it = vocab_.find(unk->get<std::string>());
-    if (it == vocab_.end()) fail(ErrorKind::kCorrupt, "tokenizer.json: unk_token '{}' is not in the vocab", unk->get<std::string>());
+    if (it == vocab_.end())
+      fail(ErrorKind::kCorrupt, "tokenizer.json: unk_token '{}' is not in the vocab", unk->get<std::string>());
     unk_id_ = it->second;
   }
 

@@ -49,8 +49,8 @@ class BpeModel {
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
-  StringMap<int32_t> vocab_;          // as spelled in tokenizer.json
-  StringMap<int32_t> piece_to_id_;    // keyed in the encoding domain (raw bytes when byte-level)
+  StringMap<int32_t> vocab_;           // as spelled in tokenizer.json
+  StringMap<int32_t> piece_to_id_;     // keyed in the encoding domain (raw bytes when byte-level)
   std::array<int32_t, 256> byte_ids_;  // byte-level: id of each single byte; byte fallback: <0xXX>
   std::vector<std::string> id_to_token_;
   std::vector<uint8_t> id_present_;

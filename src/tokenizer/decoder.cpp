@@ -66,7 +66,8 @@ class StripDecoder : public Decoder {
     if (content_.empty()) return;
     for (std::string& token : tokens) {
       size_t begin = 0;
-      for (size_t i = 0; i < start_ && token.compare(begin, content_.size(), content_) == 0; ++i) begin += content_.size();
+      for (size_t i = 0; i < start_ && token.compare(begin, content_.size(), content_) == 0; ++i)
+        begin += content_.size();
       size_t end = token.size();
       for (size_t i = 0; i < stop_ && end >= begin + content_.size() &&
                          token.compare(end - content_.size(), content_.size(), content_) == 0;
@@ -134,9 +135,7 @@ class SequenceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& step : steps_) step->decode_chain(tokens);
   }
-  bool is_byte_concatenation() const override {
-    return steps_.size() == 1 && steps_.front()->is_byte_concatenation();
-  }
+  bool is_byte_concatenation() const override { return steps_.size() == 1 && steps_.front()->is_byte_concatenation(); }
 
  private:
   std::vector<std::unique_ptr<Decoder>> steps_;

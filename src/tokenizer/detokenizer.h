@@ -21,9 +21,9 @@ struct DetokenizerOptions {
 };
 
 struct DetokenizerOutput {
-  std::string text;          // new final text (possibly empty)
-  bool stopped = false;      // a stop string was reached: `text` ends before it (or with it)
-  std::string stop_string;   // which one, when stopped
+  std::string text;         // new final text (possibly empty)
+  bool stopped = false;     // a stop string was reached: `text` ends before it (or with it)
+  std::string stop_string;  // which one, when stopped
 };
 
 class StreamingDetokenizer {

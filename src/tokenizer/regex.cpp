@@ -131,10 +131,11 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
   while (offset <= text.size()) {
     // The JIT fast path takes no match-time PCRE2_ANCHORED; the rare retry after an empty match
     // goes through the interpreter.
-    int rc = compiled_->jit && options == 0 ? pcre2_jit_match(compiled_->code, subject, text.size(), offset, options,
-                                              state.match_data, state.context)
-                            : pcre2_match(compiled_->code, subject, text.size(), offset,
-                                          options | PCRE2_NO_UTF_CHECK, state.match_data, state.context);
+    int rc =
+        compiled_->jit && options == 0
+            ? pcre2_jit_match(compiled_->code, subject, text.size(), offset, options, state.match_data, state.context)
+            : pcre2_match(compiled_->code, subject, text.size(), offset, options | PCRE2_NO_UTF_CHECK, state.match_data,
+                          state.context);
     if (rc == PCRE2_ERROR_NOMATCH) {
       if (options == 0) break;
       // No non-empty match at an empty match's position: step one character and go on.

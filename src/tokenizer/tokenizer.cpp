@@ -69,7 +69,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir)
 std::unique_ptr<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json, std::string_view config_json,
                                                      const std::string& origin) {
   nlohmann::json root = parse_json(tokenizer_json, origin);
-  nlohmann::json config = config_json.empty() ? nlohmann::json::object() : parse_json(config_json, "tokenizer_config.json");
+  nlohmann::json config =
+      config_json.empty() ? nlohmann::json::object() : parse_json(config_json, "tokenizer_config.json");
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
   Tokenizer& t = *tokenizer;
   try {
@@ -79,9 +80,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_
     bool byte_level = t.pre_tokenizer_ && t.pre_tokenizer_->is_byte_level();
     t.model_ = std::make_unique<BpeModel>(root.at("model"), byte_level);
     t.decoder_ = make_decoder(root.value("decoder", nlohmann::json()));
-    t.special_frame_ = std::make_unique<SpecialTokenFrame>(parse_post_processor(root.value("post_processor", nlohmann::json())));
+    t.special_frame_ =
+        std::make_unique<SpecialTokenFrame>(parse_post_processor(root.value("post_processor", nlohmann::json())));
 
-    for (const auto& entry : root.value("added_tokens", nlohmann::json::array())) t.added_.add(parse_added_token(entry, {}));
+    for (const auto& entry : root.value("added_tokens", nlohmann::json::array()))
+      t.added_.add(parse_added_token(entry, {}));
     // transformers also reads added tokens from tokenizer_config.json; add those tokenizer.json lacks.
     if (auto decoder = config.find("added_tokens_decoder"); decoder != config.end() && decoder->is_object()) {
       for (const auto& [id_text, entry] : decoder->items()) {
@@ -108,10 +111,12 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_
   // transformers' add_bos_token/add_eos_token (LlamaTokenizerFast) add bos/eos unless the
   // post-processor already does.
   auto& frame = *t.special_frame_;
-  if (config.value("add_bos_token", false) && t.bos_id_ && (frame.prefix.empty() || frame.prefix.front() != *t.bos_id_)) {
+  if (config.value("add_bos_token", false) && t.bos_id_ &&
+      (frame.prefix.empty() || frame.prefix.front() != *t.bos_id_)) {
     frame.prefix.insert(frame.prefix.begin(), *t.bos_id_);
   }
-  if (config.value("add_eos_token", false) && t.eos_id_ && (frame.suffix.empty() || frame.suffix.back() != *t.eos_id_)) {
+  if (config.value("add_eos_token", false) && t.eos_id_ &&
+      (frame.suffix.empty() || frame.suffix.back() != *t.eos_id_)) {
     frame.suffix.push_back(*t.eos_id_);
   }
 

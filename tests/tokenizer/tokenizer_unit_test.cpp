@@ -85,12 +85,27 @@ TEST(BpeTest, IgnoreMergesTakesWholeWordsFromTheVocab) {
 }
 
 TEST(AddedTokensTest, StripFlagsSwallowWhitespace) {
-  json added = json::array({{{"id", 500}, {"content", "<x>"}, {"special", true}, {"lstrip", true}, {"rstrip", false},
-                             {"single_word", false}, {"normalized", false}},
-                            {{"id", 501}, {"content", "<y>"}, {"special", false}, {"lstrip", false}, {"rstrip", true},
-                             {"single_word", false}, {"normalized", false}},
-                            {{"id", 502}, {"content", "<yy>"}, {"special", false}, {"lstrip", false},
-                             {"rstrip", false}, {"single_word", false}, {"normalized", false}}});
+  json added = json::array({{{"id", 500},
+                             {"content", "<x>"},
+                             {"special", true},
+                             {"lstrip", true},
+                             {"rstrip", false},
+                             {"single_word", false},
+                             {"normalized", false}},
+                            {{"id", 501},
+                             {"content", "<y>"},
+                             {"special", false},
+                             {"lstrip", false},
+                             {"rstrip", true},
+                             {"single_word", false},
+                             {"normalized", false}},
+                            {{"id", 502},
+                             {"content", "<yy>"},
+                             {"special", false},
+                             {"lstrip", false},
+                             {"rstrip", false},
+                             {"single_word", false},
+                             {"normalized", false}}});
   auto tokenizer = load(tiny_byte_level_tokenizer({}, false, added));
   EXPECT_EQ(tokenizer->encode("a  <x>b"), (std::vector<int32_t>{'a', 500, 'b'}));
   EXPECT_EQ(tokenizer->encode("a<y>  b"), (std::vector<int32_t>{'a', 501, 'b'}));
@@ -102,8 +117,13 @@ TEST(AddedTokensTest, StripFlagsSwallowWhitespace) {
 }
 
 TEST(AddedTokensTest, SingleWordMatchesOnlyBetweenNonWordCharacters) {
-  json added = json::array({{{"id", 600}, {"content", "cat"}, {"special", false}, {"lstrip", false},
-                             {"rstrip", false}, {"single_word", true}, {"normalized", false}}});
+  json added = json::array({{{"id", 600},
+                             {"content", "cat"},
+                             {"special", false},
+                             {"lstrip", false},
+                             {"rstrip", false},
+                             {"single_word", true},
+                             {"normalized", false}}});
   auto tokenizer = load(tiny_byte_level_tokenizer({}, false, added));
   EXPECT_EQ(tokenizer->encode("a cat."), (std::vector<int32_t>{'a', ' ', 600, '.'}));
   EXPECT_EQ(tokenizer->encode("cats"), (std::vector<int32_t>{'c', 'a', 't', 's'}));
@@ -113,8 +133,13 @@ TEST(AddedTokensTest, SingleWordMatchesOnlyBetweenNonWordCharacters) {
 
 TEST(AddedTokensTest, ConfigAddsTokensThatTokenizerJsonLacks) {
   json config = {{"added_tokens_decoder",
-                  {{"700", {{"content", "<extra>"}, {"special", true}, {"lstrip", false}, {"rstrip", false},
-                            {"single_word", false}, {"normalized", false}}}}},
+                  {{"700",
+                    {{"content", "<extra>"},
+                     {"special", true},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"single_word", false},
+                     {"normalized", false}}}}},
                  {"bos_token", "<extra>"},
                  {"add_bos_token", true}};
   auto tokenizer = Tokenizer::from_json_text(tiny_byte_level_tokenizer({}, false).dump(), config.dump());
@@ -149,9 +174,9 @@ TEST(PreTokenizerTest, DigitsSplitsNumericCharacters) {
     std::vector<std::string_view> out{"Hey 123 friend ٣½!"};
     std::deque<std::string> storage;
     pre_tokenizer->split(out, storage);
-    std::vector<std::string> expected =
-        individual ? std::vector<std::string>{"Hey ", "1", "2", "3", " friend ", "٣", "½", "!"}
-                   : std::vector<std::string>{"Hey ", "123", " friend ", "٣½", "!"};
+    std::vector<std::string> expected = individual
+                                            ? std::vector<std::string>{"Hey ", "1", "2", "3", " friend ", "٣", "½", "!"}
+                                            : std::vector<std::string>{"Hey ", "123", " friend ", "٣½", "!"};
     EXPECT_EQ(std::vector<std::string>(out.begin(), out.end()), expected) << individual;
   }
 }
@@ -293,7 +318,8 @@ TEST(LoadErrorsTest, SayWhatIsWrong) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_error([] { Tokenizer::from_dir("/nonexistent/model"); }, ErrorKind::kNotFound, "/nonexistent/model/tokenizer.json");
+  expect_error([] { Tokenizer::from_dir("/nonexistent/model"); }, ErrorKind::kNotFound,
+               "/nonexistent/model/tokenizer.json");
   expect_error([] { Tokenizer::from_json_text("{not json", ""); }, ErrorKind::kCorrupt, "not valid JSON");
   json unigram = tiny_byte_level_tokenizer({}, false);
   unigram["model"]["type"] = "Unigram";
