@@ -11,6 +11,7 @@
 // (vLLM re-serialises it in the non-streaming path) so both paths give the same bytes; a
 // missing "arguments" means "{}"; when a block proves malformed before any call was streamed,
 // the streaming path also falls back to content, so it matches the non-streaming result.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "server/parsers/tool_parser_base.h"
@@ -26,9 +27,33 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; 
 // never misbehave on anything else.
 class TopLevelObjectScan {
  public:
+  static constexpr long kMaxDepth = 256;
+
   enum class Phase { kBefore, kExpectKey, kKey, kColon, kValue, kInValue, kAfterValue, kDone, kBad };
 
   void feed(const std::string& body, size_t pos) {
+    step(body, pos);
+    if (phase_ == Phase::kBad && bad_pos_ == kNone) bad_pos_ = pos;
+  }
+
+  Phase phase() const { return phase_; }
+  bool name_found() const { return name_found_; }
+  size_t name_start() const { return name_start_; }
+  size_t name_end() const { return name_end_; }
+  bool args_found() const { return args_found_; }
+  size_t args_start() const { return args_start_; }
+  // End of the arguments text seen so far: its end once complete, else `seen`; never past the
+  // byte that made the block malformed (so what is streamed does not depend on the split).
+  size_t args_end(size_t seen) const {
+    size_t end = args_done_ ? args_end_ : seen;
+    return std::max(args_start_, std::min(end, bad_pos_));
+  }
+
+ private:
+  enum class Kind { kString, kContainer, kScalar };
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+
+  void step(const std::string& body, size_t pos) {
     char c = body[pos];
     switch (phase_) {
       case Phase::kBefore:
@@ -84,7 +109,7 @@ class TopLevelObjectScan {
         if (kind_ == Kind::kScalar) {
           if (is_space(c) || c == ',' || c == '}') {
             end_value(body, pos);
-            feed(body, pos);  // the delimiter belongs to the object
+            step(body, pos);  // the delimiter belongs to the object
           }
           return;
         }
@@ -102,7 +127,9 @@ class TopLevelObjectScan {
         if (c == '"') {
           in_string_ = true;
         } else if (c == '{' || c == '[') {
-          ++depth_;
+          // Deeper than any real call: treated as malformed, so that nobody downstream
+          // (nlohmann's dump() recurses) ever handles a 100k-deep arguments value.
+          if (++depth_ > kMaxDepth) phase_ = Phase::kBad;
         } else if (c == '}' || c == ']') {
           if (--depth_ == 0) end_value(body, pos + 1);
         }
@@ -118,18 +145,6 @@ class TopLevelObjectScan {
         return;
     }
   }
-
-  Phase phase() const { return phase_; }
-  bool name_found() const { return name_found_; }
-  size_t name_start() const { return name_start_; }
-  size_t name_end() const { return name_end_; }
-  bool args_found() const { return args_found_; }
-  size_t args_start() const { return args_start_; }
-  // End of the arguments text seen so far: its end once complete, else `seen`.
-  size_t args_end(size_t seen) const { return args_done_ ? args_end_ : seen; }
-
- private:
-  enum class Kind { kString, kContainer, kScalar };
 
   void end_value(const std::string& body, size_t end) {
     if (key_ == "name" && kind_ == Kind::kString && !name_found_) {
@@ -156,6 +171,7 @@ class TopLevelObjectScan {
   size_t name_start_ = 0, name_end_ = 0;
   bool args_found_ = false, args_done_ = false;
   size_t args_start_ = 0, args_end_ = 0;
+  size_t bad_pos_ = kNone;
 };
 
 constexpr int kOpenTag = 0;

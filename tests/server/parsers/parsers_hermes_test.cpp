@@ -75,6 +75,8 @@ TEST(HermesToolParser, MalformedDegradesToContent) {
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": tru}}</tool_call>"),
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": \"unterminated}}"),
            std::string("<tool_call>"),
+           "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(300, '[') + std::string(300, ']') +
+               "}</tool_call>",  // deeper than 256
            std::string("<tool_call><tool_call><tool_call>"),
            std::string("{\"name\": \"f\"}</tool_call>"),  // no opening tag: plain text
            std::string("<tool_call>{\"name\": \"ok\", \"arguments\": {}}</tool_call><tool_call>{bad}</tool_call>"),
@@ -181,20 +183,28 @@ TEST(HermesToolParser, StreamingEqualsNonStreaming) {
 
 TEST(HermesToolParser, MalformedAfterASentCallNeverCrashesAndIsSplitInvariant) {
   // The one case streaming cannot match (vLLM has the same gap): a call was already sent
-  // when a later block turns out malformed. Streaming keeps what it sent; every split agrees.
-  std::string text =
+  // when a later block (or the rest of its own block) turns out malformed. Streaming keeps what
+  // it sent; every split agrees.
+  std::vector<std::string> texts = {
       "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}</tool_call><tool_call>{\"name\": \"b\", "
-      "\"arguments\": {\"y\": [1, 2}}</tool_call>";
+      "\"arguments\": {\"y\": [1, 2}}</tool_call>",
+      "<tool_call>{\"name\": \"deep\", \"arguments\": " + std::string(300, '[') + std::string(300, ']') +
+          "}</tool_call>",
+      "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}} trailing junk</tool_call>",
+  };
   auto proto = hermes();
-  EXPECT_EQ(proto->parse(text).content, text);
-  ToolParseResult first = stream_tools(*proto, {text});
-  ASSERT_EQ(first.tool_calls.size(), 2u);
-  EXPECT_EQ(first.tool_calls[0].arguments, "{\"x\": 1}");
-  for (const testing::Chunking& c : chunkings(text)) {
-    ToolParseResult got = stream_tools(*proto, c);
-    EXPECT_EQ(got.content, first.content);
-    testing::expect_same_calls(got.tool_calls, first.tool_calls, text);
+  for (const std::string& text : texts) {
+    EXPECT_EQ(proto->parse(text).content, text);
+    ToolParseResult first = stream_tools(*proto, {text});
+    EXPECT_TRUE(first.tools_called()) << text;
+    for (const testing::Chunking& c : chunkings(text, 20)) {
+      ToolParseResult got = stream_tools(*proto, c);
+      EXPECT_EQ(got.content, first.content);
+      testing::expect_same_calls(got.tool_calls, first.tool_calls, text);
+    }
   }
+  ToolParseResult deep = stream_tools(*proto, {texts[1]});
+  EXPECT_EQ(deep.tool_calls[0].arguments, std::string(256, '['));  // cut where it turned malformed
 }
 
 TEST(HermesToolParser, AdversarialInputsTakeLinearTime) {
