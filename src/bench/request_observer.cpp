@@ -48,10 +48,16 @@ void CompletionObserver::on_body(std::string_view bytes, Clock::time_point at) {
     return;
   }
   arrival_ = at;
+  // Until an event arrives keep the bytes: a server that ignores "stream" answers plain JSON.
+  if (!saw_event_ && body_.size() < kMaxKeptBody) body_.append(bytes.substr(0, kMaxKeptBody - body_.size()));
   sse_.feed(bytes);
 }
 
 void CompletionObserver::on_event(const SseEvent& event) {
+  if (!saw_event_) {
+    saw_event_ = true;
+    body_.clear();
+  }
   MessageContent message = parse_stream_message(event.data, endpoint_);
   if (message.is_done_marker) {
     stream_complete_ = true;
@@ -91,7 +97,10 @@ void CompletionObserver::on_finish(const HttpOutcome& outcome, Clock::time_point
     record_.failure_message = error_body_summary(body_);
   } else if (stream_) {
     sse_.finish();
-    finish_stream_record();
+    if (saw_event_)
+      finish_stream_record();
+    else
+      finish_full_response_record(at);
   } else {
     finish_full_response_record(at);
   }

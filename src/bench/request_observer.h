@@ -38,13 +38,14 @@ class CompletionObserver : public HttpObserver {
   SseParser sse_;
   RequestRecord record_;
   int status_ = 0;
-  std::string body_;             // kept only for error statuses and non-streamed responses
+  std::string body_;             // error bodies, whole responses, a stream until its first event
   Clock::time_point arrival_{};  // of the bytes being parsed now
   Clock::time_point last_text_at_{};
   std::optional<Usage> usage_;
   std::optional<std::string> stream_error_;
   bool malformed_ = false;
   bool stream_complete_ = false;  // [DONE] or a finish_reason arrived
+  bool saw_event_ = false;        // at least one SSE event arrived
 };
 
 }  // namespace tessera::bench

@@ -136,7 +136,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (response_.status != 200)
       return send_simple(response_.status,
                          json{{"error", {{"message", "scripted failure"}, {"code", response_.status}}}}.dump());
-    if (!stream_) return send_whole_response();
+    if (!stream_ || response_.ignore_stream) return send_whole_response();
     start_stream();
   }
 

@@ -27,6 +27,7 @@ struct ScriptedResponse {
   bool garbage_after_first_token = false;  // send a "data:" line that is not JSON, then finish
   bool never_respond = false;              // read the request and stay silent (client timeouts)
   bool close_without_response = false;     // close as soon as the request is read
+  bool ignore_stream = false;              // answer one JSON body even when the request asked to stream
 };
 
 // When a streamed response's bytes actually left the server, measured from the request's

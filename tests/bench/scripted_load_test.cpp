@@ -269,6 +269,19 @@ TEST(ScriptedLoad, NonStreamingAndCompletionsEndpoint) {
   EXPECT_WITHIN_2_PERCENT(text.itl_ms.median, text_truth.itl_ms.median);
 }
 
+TEST(ScriptedLoad, ServerThatIgnoresStreamIsReadAsOneResponse) {
+  Harness h([](size_t, const nlohmann::json&) {
+    ScriptedResponse r;
+    r.tokens = 5;
+    r.ignore_stream = true;
+    return r;
+  });
+  LevelMetrics m = compute_level_metrics(h.run(fixed_prompt_workload("x", 5, 4), 2), {});
+  EXPECT_EQ(m.completed, 4u);
+  EXPECT_EQ(m.completion_tokens, 20);
+  EXPECT_EQ(m.requests_without_usage, 0u);
+}
+
 TEST(ScriptedLoad, RequestsLeaveOnTheirArrivalSchedule) {
   Harness h([](size_t, const nlohmann::json&) {
     ScriptedResponse r;
