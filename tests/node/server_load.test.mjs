@@ -133,7 +133,8 @@ test('a client that disconnects mid-stream has its request aborted and its block
   // A step of this model takes well under 50 ms; the abort must land within about one step.
   const extraTokens = m.generated - before.generated;
   console.log(`# disconnect: aborted after ${ms} ms, ${extraTokens} tokens generated in total for the request`);
-  assert.ok(extraTokens < 3000, 'generation stopped early');
+  // The client read 4 content tokens; what the engine made after the disconnect is a step or two.
+  assert.ok(extraTokens <= 10, `${extraTokens} tokens generated`);
   const idle = await waitIdle();
   assert.equal(idle.kv, 0, 'its blocks are free');
 });
