@@ -2,6 +2,20 @@
 
 namespace tessera::server {
 
+void ChatDelta::append(ChatDelta&& later) {
+  reasoning += later.reasoning;
+  content += later.content;
+  for (ToolCallDelta& d : later.tool_calls) {
+    ToolCallDelta* same = nullptr;
+    for (ToolCallDelta& mine : tool_calls)
+      if (mine.index == d.index) same = &mine;
+    if (same && d.id.empty())
+      same->arguments += d.arguments;
+    else
+      tool_calls.push_back(std::move(d));
+  }
+}
+
 ChatOutputParser::ChatOutputParser(std::unique_ptr<ReasoningParser> reasoning, std::unique_ptr<ToolParser> tools)
     : reasoning_(std::move(reasoning)), tools_(std::move(tools)) {}
 

@@ -24,6 +24,9 @@ struct ChatDelta {
   std::string content;                    // delta.content
   std::vector<ToolCallDelta> tool_calls;  // delta.tool_calls
   bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+  // Appends a later delta (e.g. finish() after the last push()), keeping one entry per call
+  // index: argument fragments for the same call are joined.
+  void append(ChatDelta&& later);
 };
 
 struct ChatParseResult {

@@ -68,6 +68,16 @@ TEST(ChatOutputParser, StreamingEqualsNonStreaming) {
   }
 }
 
+TEST(ChatOutputParser, AppendKeepsOneEntryPerIndex) {
+  ChatOutputParser p(nullptr, make_tool_parser("hermes", options_with_ids()));
+  ChatDelta d = p.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1");
+  d.append(p.push("}}"));
+  d.append(p.finish());  // the block closes at the end of the output
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "f");
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"a\": 1}");
+}
+
 TEST(ChatOutputParser, WithoutParsersEverythingIsContent) {
   ChatOutputParser p(nullptr, nullptr);
   EXPECT_EQ(p.parse("<think>x</think><tool_call>").content, "<think>x</think><tool_call>");
