@@ -90,6 +90,51 @@ TEST_P(DetokenizerTest, FuzzedIdSequencesStreamExactlyTheFullDecode) {
   }
 }
 
+// Random id sequences with a stop string cut from their own decode: the stream stops exactly
+// before the first occurrence, and no emitted chunk ever contains the stop string.
+TEST_P(DetokenizerTest, FuzzedStopStringsStopAtTheFirstOccurrence) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int32_t> any_id(0, static_cast<int32_t>(tokenizer.vocab_size()) - 1);
+  int stops_seen = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<int32_t> ids;
+    for (int i = 0, n = 2 + static_cast<int>(rng() % 30); i < n; ++i) ids.push_back(any_id(rng));
+    const std::string full = tokenizer.decode(ids, true);
+    if (full.size() < 2) continue;
+    // A stop string on character boundaries, 1..8 bytes long.
+    auto boundary = [&](size_t i) {
+      while (i > 0 && i < full.size() && (static_cast<uint8_t>(full[i]) & 0xC0) == 0x80) --i;
+      return i;
+    };
+    size_t begin = boundary(rng() % full.size());
+    size_t end = boundary(std::min(full.size(), begin + 1 + rng() % 8));
+    if (end <= begin) end = begin + valid_sequence_length(full, begin);  // at least one character
+    if (end <= begin) continue;
+    const std::string stop = full.substr(begin, end - begin);
+    DetokenizerOptions options;
+    options.stop_strings = {stop};
+    StreamingDetokenizer detokenizer(tokenizer, options);
+    std::string emitted;
+    bool stopped = false;
+    for (int32_t id : ids) {
+      DetokenizerOutput out = detokenizer.push(id);
+      emitted += out.text;
+      ASSERT_EQ(emitted.find(stop), std::string::npos) << "round " << round;
+      if ((stopped = out.stopped)) break;
+    }
+    if (!stopped) {
+      DetokenizerOutput last = detokenizer.finish();
+      emitted += last.text;
+      stopped = last.stopped;
+    }
+    ++stops_seen;
+    EXPECT_TRUE(stopped) << "round " << round << " stop " << nlohmann::json(stop).dump();
+    EXPECT_EQ(emitted, full.substr(0, full.find(stop))) << "round " << round;
+  }
+  EXPECT_GT(stops_seen, 200);
+}
+
 TEST_P(DetokenizerTest, StreamsEveryReferenceStringExactly) {
   const Tokenizer& tokenizer = load_tokenizer(GetParam());
   nlohmann::json strings = testing::read_json(testing::fixture("strings.json")).at("strings");
