@@ -243,9 +243,13 @@ class Session : public std::enable_shared_from_this<Session> {
     reading_ = true;
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
-      const bool restart = self->restart_read_;
-      self->restart_read_ = false;
-      if (ec == asio::error::operation_aborted && restart && !self->closed_) {
+      const AfterCancel after = self->after_cancel_;
+      self->after_cancel_ = AfterCancel::kNone;
+      if (after == AfterCancel::kDrain) {  // lingering_close cancelled it; what it read is discarded
+        if (ec && ec != asio::error::operation_aborted) return self->close();
+        return self->drain_more();
+      }
+      if (ec == asio::error::operation_aborted && after == AfterCancel::kReadHeader && !self->closed_) {
         self->read_header();  // cancelled by exchange_complete: read the next request under the idle timeout
         return;
       }
@@ -266,7 +270,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!reading_) return read_header();  // read_header sets the idle keep-alive limit
     // The pending watch read runs without a deadline (a new expiry does not reach an operation already
     // started); cancel it, and its handler starts read_header.
-    restart_read_ = true;
+    after_cancel_ = AfterCancel::kReadHeader;
     beast::error_code ec;
     stream_.socket().cancel(ec);
   }
@@ -314,6 +318,12 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.expires_after(std::chrono::seconds(2));
+    if (reading_) {
+      // The watch read is still pending (a stream allows one read at a time): cancel it; its handler drains.
+      after_cancel_ = AfterCancel::kDrain;
+      stream_.socket().cancel(ec);
+      return;
+    }
     drain_more();
   }
   void drain_more() {
@@ -352,7 +362,9 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t gen_ = 0;
   bool reading_ = false, writing_ = false, closed_ = false;
   bool in_exchange_ = false, exchange_done_ = false, streaming_ = false;
-  bool keep_alive_ = true, closing_after_write_ = false, restart_read_ = false;
+  bool keep_alive_ = true, closing_after_write_ = false;
+  // What the handler of a deliberately cancelled watch read does next.
+  enum class AfterCancel { kNone, kReadHeader, kDrain } after_cancel_ = AfterCancel::kNone;
   std::function<void()> on_disconnect_;
 };
 
