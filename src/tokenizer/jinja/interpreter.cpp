@@ -15,6 +15,10 @@ const Value* Scope::lookup(const std::string& name) const {
   return nullptr;
 }
 
+Interpreter::~Interpreter() {
+  for (const ScopePtr& scope : closure_scopes_) scope->clear();
+}
+
 std::string Interpreter::render(const Body& body, const ScopePtr& globals) {
   std::string out;
   exec_body(body, globals, out);
@@ -190,6 +194,7 @@ void Interpreter::exec_set(const Stmt& stmt, const ScopePtr& scope, Value value)
 Value Interpreter::make_macro(const Stmt& stmt, const ScopePtr& scope) {
   // The macro sees the scope it was defined in (Jinja2 closures), its parameters, varargs, kwargs, caller.
   const Stmt* macro = &stmt;
+  closure_scopes_.push_back(scope);
   return make_function(stmt.name, [this, macro, scope](Args& args) {
     auto body_scope = std::make_shared<Scope>(scope);
     List varargs;
@@ -244,6 +249,7 @@ Value Interpreter::make_macro(const Stmt& stmt, const ScopePtr& scope) {
 
 Value Interpreter::make_caller(const Stmt& stmt, const ScopePtr& scope) {
   const Stmt* block = &stmt;
+  closure_scopes_.push_back(scope);
   return make_function("caller", [this, block, scope](Args& args) {
     auto body_scope = std::make_shared<Scope>(scope);
     for (size_t i = 0; i < block->params.size(); ++i) {

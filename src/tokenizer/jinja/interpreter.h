@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "tokenizer/jinja/ast.h"
 #include "tokenizer/jinja/limits.h"
@@ -17,6 +18,11 @@ class Scope {
   explicit Scope(std::shared_ptr<Scope> parent) : parent_(std::move(parent)) {}
   const Value* lookup(const std::string& name) const;
   void set(const std::string& name, Value value) { variables_[name] = std::move(value); }
+  // Drops every variable: breaks the reference cycle a macro makes with the scope that holds it.
+  void clear() {
+    auto doomed = std::move(variables_);
+    variables_.clear();
+  }
 
  private:
   std::shared_ptr<Scope> parent_;
@@ -27,6 +33,7 @@ using ScopePtr = std::shared_ptr<Scope>;
 class Interpreter {
  public:
   explicit Interpreter(const RenderLimits& limits) : limits_(limits) {}
+  ~Interpreter();
   std::string render(const Body& body, const ScopePtr& globals);
 
  private:
@@ -50,6 +57,9 @@ class Interpreter {
   uint64_t loop_iterations_ = 0;
   int call_depth_ = 0;
   Value block_input_;  // the rendered body that {% filter %} and filtered {% set %} blocks pass to their filters
+  // Scopes captured by macros and caller() blocks. A macro lives in the scope it captures, a shared_ptr
+  // cycle; the destructor clears these scopes so that a render frees everything it allocated.
+  std::vector<ScopePtr> closure_scopes_;
 };
 
 }  // namespace tessera::tokenizer::jinja

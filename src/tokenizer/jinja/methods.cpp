@@ -218,7 +218,7 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     return method(name, [text, name](Args& a) {
-      const std::string& sub = string_arg(a.get(0, "sub"), name.c_str());
+      const std::string sub = string_arg(a.get(0, "sub"), name.c_str());  // a copy: get() returns a temporary
       size_t found = name[0] == 'r' ? text.rfind(sub) : text.find(sub);
       if (found == std::string::npos) {
         if (name.find("index") != std::string::npos) throw ValueError("substring not found");
@@ -229,7 +229,7 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
   }
   if (name == "count") {
     return method(name, [text](Args& a) {
-      const std::string& sub = string_arg(a.get(0, "sub"), "count");
+      const std::string sub = string_arg(a.get(0, "sub"), "count");
       int64_t n = 0;
       if (sub.empty()) return Value(static_cast<int64_t>(utf8_length(text) + 1));
       for (size_t p = text.find(sub); p != std::string::npos; p = text.find(sub, p + sub.size())) ++n;
