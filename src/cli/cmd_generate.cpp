@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "cli/engine_flags.h"
+#include "cli/rank_launcher.h"
 #include "engine/async_engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -84,11 +85,15 @@ int run_generate(int argc, char** argv) {
   app.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_flag("--json", json_out, "print one JSON object per prompt (prompt_ids, token_ids, finish_reason)");
   add_engine_flags(app, ef);
+  WorkerFlags wf;
+  add_worker_flags(app, wf);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
+  if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   if (request_seed) sp.seed = request_seed;
 
   std::vector<Job> jobs;
@@ -161,9 +166,22 @@ int run_generate(int argc, char** argv) {
     if (!j.prompt_text.empty()) j.prompt = tok->encode(j.prompt_text, /*add_special_tokens=*/j.messages.is_null());
   }
 
-  auto backend = make_backend_for(ef);
-  AsyncEngine engine(std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef)),
-                     tok.get(), AsyncEngineOptions{static_cast<int>(jobs.size()) + 1});
+  // TP x PP > 1: this process is rank 0; the launcher spawns and supervises the others.
+  // Declared before the engine, so the executor's shutdown plan goes out before it waits.
+  const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
+  std::unique_ptr<RankLauncher> launcher;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LLMEngine> llm;
+  if (world > 1) {
+    EngineConfig ec = engine_config(ef, /*parallel_supported=*/true);
+    backend = make_rank_backend(ef, world);
+    launcher = std::make_unique<RankLauncher>(ef, argc, argv);
+    llm = std::make_unique<LLMEngine>(launcher->make_executor(*backend), ec);
+  } else {
+    backend = make_backend_for(ef);
+    llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
+  }
+  AsyncEngine engine(std::move(llm), tok.get(), AsyncEngineOptions{static_cast<int>(jobs.size()) + 1});
   using clock = std::chrono::steady_clock;
   std::mutex mu;
   std::condition_variable cv;
@@ -192,6 +210,13 @@ int run_generate(int argc, char** argv) {
     cv.wait(lk, [&] { return remaining == 0; });
   }
   engine.drain(std::chrono::milliseconds(0));
+  if (launcher) {
+    // A rank that died fails the whole job (the requests ended with an engine error).
+    AsyncEngineStats st = engine.stats();
+    std::string f = launcher->wait_failure(st.alive ? std::chrono::milliseconds(0) : std::chrono::seconds(2));
+    if (!f.empty()) fail(ErrorKind::kNetwork, "{}{}", f, st.alive ? "" : " (" + st.fatal_error + ")");
+    if (!st.alive) fail(ErrorKind::kNetwork, "{}", st.fatal_error);
+  }
   double total = std::chrono::duration<double>(clock::now() - t0).count();
   size_t total_in = 0, total_out = 0;
   double decode_rate_sum = 0;

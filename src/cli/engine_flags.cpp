@@ -47,10 +47,15 @@ std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
   return make_backend(o);
 }
 
-EngineConfig engine_config(const EngineFlags& f) {
-  if (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1)
+EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }
+
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
+  if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
+    fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
+  if (!parallel_supported && (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1))
     fail(ErrorKind::kUnsupported,
-         "--tensor-parallel-size/--pipeline-parallel-size above 1 are not available in this build yet");
+         "--tensor-parallel-size/--pipeline-parallel-size above 1 are not available for this command yet (tessera "
+         "generate runs them)");
   if (!(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1))
     fail(ErrorKind::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1], got {}", f.gpu_memory_utilization);
   EngineConfig c;

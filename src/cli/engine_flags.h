@@ -30,7 +30,10 @@ struct EngineFlags {
 void add_engine_flags(CLI::App& app, EngineFlags& f);
 // The backend for --device (auto: CUDA when this build has it and a GPU is visible).
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f);
+// Refuses TP/PP > 1 (verbs that do not launch rank processes yet).
 EngineConfig engine_config(const EngineFlags& f);
+// For verbs that run TP x PP rank processes (generate, through RankLauncher).
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported);
 LoadOptions load_options(const EngineFlags& f);
 
 }  // namespace tessera::cli

@@ -46,8 +46,11 @@ std::string with_commas(int64_t v) {
 }  // namespace
 
 LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config)
-    : model_(std::move(model)), backend_(backend), config_(std::move(config)), sampler_(config_.seed) {
-  const ModelConfig& mc = model_->config();
+    : LLMEngine(std::make_unique<LocalExecutor>(std::move(model), backend), std::move(config)) {}
+
+LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
+    : executor_(std::move(executor)), backend_(executor_->backend()), config_(std::move(config)), sampler_(config_.seed) {
+  const ModelConfig& mc = executor_->model_config();
   if (config_.scheduler.max_model_len <= 0) config_.scheduler.max_model_len = mc.max_position_embeddings;
   if (config_.scheduler.max_model_len > mc.max_position_embeddings)
     fail(ErrorKind::kInvalidArgument,
@@ -67,7 +70,7 @@ LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfi
 LLMEngine::~LLMEngine() = default;
 
 void LLMEngine::plan_kv_cache() {
-  const auto specs = model_->cache_specs();
+  const auto specs = executor_->cache_specs();
   const DType dt = parse_kv_dtype(config_.kv_cache_dtype, backend_.compute_dtype());
   const int bs = config_.block_size;
   size_t bytes_per_block = 0;
@@ -102,13 +105,11 @@ void LLMEngine::plan_kv_cache() {
          "The model's max seq len ({}) is larger than the maximum number of tokens that can be stored in the KV cache "
          "({}). Try increasing --gpu-memory-utilization or decreasing --max-model-len.",
          max_len, static_cast<int64_t>(num_blocks) * bs);
-  kv_.block_size = bs;
-  kv_.num_blocks = num_blocks;
-  kv_.dtype = dt;
-  for (const auto& s : specs) {
-    kv_.k.push_back(backend_.alloc({num_blocks, bs, s.num_kv_heads, s.head_dim}, dt));
-    kv_.v.push_back(backend_.alloc({num_blocks, bs, s.num_kv_heads, s.head_dim}, dt));
-  }
+  CacheInit init;
+  init.num_blocks = num_blocks;
+  init.block_size = bs;
+  init.dtype = dt;
+  executor_->init_kv_cache(init);
   cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
@@ -119,7 +120,7 @@ void LLMEngine::plan_kv_cache() {
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
-  const ModelConfig& mc = model_->config();
+  const ModelConfig& mc = executor_->model_config();
   if (Status s = validate_sampling_params(params, mc.vocab_size); !s.ok()) return s;
   if (prompt.empty()) return Status(ErrorKind::kInvalidArgument, "the prompt is empty");
   for (int32_t t : prompt)
@@ -221,14 +222,10 @@ std::vector<RequestOutput> LLMEngine::step() {
   }
   std::vector<Request*> sampled;
   ModelInput in = build_input(sched, sampled);
-  backend_.reset_scratch();
-  const int vocab = model_->config().vocab_size;
+  const int vocab = executor_->model_config().vocab_size;
   if (!sampled.empty() || !in.token_ids.empty()) {
     if (in.logits_indices.empty()) in.logits_indices.push_back(0);  // keep the lm_head path uniform
-    Tensor logits = model_->forward(in, kv_);
-    host_logits_.resize(static_cast<size_t>(logits.numel()));
-    backend_.copy_to_host(host_logits_.data(), logits);
-    backend_.synchronize();
+    executor_->execute(in, host_logits_);
   }
   scheduler_->on_step_done(sched);
 

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/executor.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -51,6 +52,8 @@ class LLMEngine {
  public:
   // Plans and allocates the KV cache (logging its capacity), then is ready for requests.
   LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config);
+  // Same, with the forward pass behind an executor (MultiprocExecutor for TP/PP).
+  LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config);
   ~LLMEngine();
 
   // Validates and queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ...
@@ -63,7 +66,7 @@ class LLMEngine {
   std::vector<RequestOutput> step();
   bool has_unfinished() const { return !requests_.empty(); }
 
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return executor_->model_config(); }
   const EngineConfig& config() const { return config_; }
   int max_model_len() const { return config_.scheduler.max_model_len; }
   int num_blocks() const { return cache_manager_->pool().num_blocks(); }
@@ -78,10 +81,9 @@ class LLMEngine {
   ModelInput build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const;
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
 
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<Executor> executor_;
   Backend& backend_;
   EngineConfig config_;
-  KvCache kv_;
   std::unique_ptr<KvCacheManager> cache_manager_;
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;

@@ -13,6 +13,7 @@ struct LoadOptions {
   std::string load_format = "auto";  // auto | safetensors | dummy
   int max_model_len = 0;             // sizes the rotary table; 0 = config
   ParallelContext parallel;
+  ParallelRuntime runtime;  // this rank's TP/PP communicators (TP/PP > 1)
   uint64_t seed = 0;
 };
 

@@ -21,6 +21,7 @@ class DenseDecoderModel : public Model {
   std::vector<LayerCacheSpec> cache_specs() const override;
   WeightStore& weights() override { return weights_; }
   Tensor forward(const ModelInput& input, KvCache& cache) override;
+  bool returns_logits() const override;
 
  private:
   struct Attention {
@@ -37,16 +38,22 @@ class DenseDecoderModel : public Model {
   void attention(int layer, const Tensor& h, const Tensor& out, const Tensor& positions, const AttentionMetadata& meta,
                  KvCache& cache);
   void mlp(int layer, const Tensor& h, const Tensor& out);
+  void all_reduce(const Tensor& t);  // TP sum of a row-parallel output (no-op at TP 1)
+  void embed(const ModelInput& in, const Tensor& out);
+  Tensor lm_head(const Tensor& rows);
 
   ModelConfig config_;
   DenseDecoderOptions options_;
   Backend& backend_;
+  ParallelContext pc_;
+  ParallelRuntime rt_;
+  LayerRange layer_range_;  // this pipeline stage's layers (global indices)
   WeightStore weights_;
   int local_heads_, local_kv_heads_;
-  const Tensor* embed_;
-  std::vector<Layer> layers_;
-  const Tensor* final_norm_;
-  const Tensor* lm_head_;
+  const Tensor* embed_ = nullptr;       // first stage only
+  std::vector<Layer> layers_;           // layer_range_.begin + i
+  const Tensor* final_norm_ = nullptr;  // last stage only
+  const Tensor* lm_head_ = nullptr;     // last stage only
   RopeTable rope_;
   int max_positions_;
 };

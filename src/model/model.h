@@ -12,6 +12,10 @@
 
 namespace tessera {
 
+namespace dist {
+class Communicator;
+}
+
 // What each layer keeps per sequence between steps.
 enum class CacheKind {
   kPagedKv,    // attention: K and V in blocks of block_size tokens
@@ -43,9 +47,25 @@ struct ModelInput {
   std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
 };
 
+// The data-plane groups a sharded model talks through (owned by the executor). The model
+// only calls collectives on them; it never starts processes or opens connections.
+struct ParallelRuntime {
+  dist::Communicator* tp = nullptr;  // this stage's TP group; required when parallel.tp_size > 1
+  dist::Communicator* pp = nullptr;  // this shard's pipeline group; required when parallel.pp_size > 1
+};
+
+// The contiguous layer range pipeline stage `pp_rank` owns (vLLM's split: the stages before
+// the last take the remainder, since the last one also runs the final norm and lm_head).
+struct LayerRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
+};
+LayerRange pipeline_layer_range(int num_layers, int pp_rank, int pp_size);
+
 struct ModelOptions {
   int max_positions = 0;  // rotary table length; 0 = config.max_position_embeddings
   ParallelContext parallel;
+  ParallelRuntime runtime;
 };
 
 class Model {
@@ -55,7 +75,12 @@ class Model {
   virtual std::vector<LayerCacheSpec> cache_specs() const = 0;
   virtual WeightStore& weights() = 0;
   // Runs one step; returns f32 logits [logits_indices.size(), vocab] in scratch memory.
+  // Sharded (TP/PP): every rank of the step calls it with the same input; the full logits
+  // come back on TP rank 0 of the last pipeline stage only (see returns_logits); the other
+  // ranks return an undefined tensor. cache holds this stage's layers only.
   virtual Tensor forward(const ModelInput& input, KvCache& cache) = 0;
+  // Whether forward() returns the logits on this rank.
+  virtual bool returns_logits() const { return true; }
 };
 
 }  // namespace tessera

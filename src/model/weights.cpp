@@ -51,6 +51,18 @@ const Tensor& WeightStore::declare_stacked(const std::string& label, std::vector
   return entries_.back().tensor;
 }
 
+const Tensor& WeightStore::declare_row_block(const std::string& name, Shape full_shape, int64_t row_begin,
+                                             int64_t rows) {
+  TESSERA_CHECK(full_shape.ndim() >= 1 && row_begin >= 0 && rows > 0 && row_begin + rows <= full_shape[0],
+                "{}: rows [{}, {}) of {}", name, row_begin, row_begin + rows, full_shape.str());
+  Shape local = full_shape;
+  local[0] = rows;
+  Entry e{name, full_shape, local, ParallelStyle::kReplicated, {}, DummyInit::kUniform, {}, {}};
+  e.row_begin = row_begin;
+  entries_.push_back(std::move(e));
+  return entries_.back().tensor;
+}
+
 const Tensor& WeightStore::declare_tied(const std::string& alias, const std::string& target) {
   Entry& t = find(target);
   Entry e{alias, t.full_shape, t.local_shape, t.style, {}, t.init, target, {}};
@@ -69,10 +81,16 @@ namespace {
 
 // Copies this rank's slice of a checkpoint tensor, converted to `dst_type`, into `dst` (host).
 void copy_slice(const CheckpointTensor& src, ParallelStyle style, const ParallelContext& pc, const Shape& local,
-                DType dst_type, char* dst) {
+                DType dst_type, char* dst, int64_t row_begin = -1) {
   const TensorInfo& info = *src.info;
   const char* base = static_cast<const char*>(src.file->data(info));
   size_t es = dtype_size(info.dtype), ds = dtype_size(dst_type);
+  if (row_begin >= 0) {  // a fixed block of whole rows
+    size_t n = static_cast<size_t>(local.numel());
+    size_t row = n / static_cast<size_t>(local[0]);
+    convert_host(base + static_cast<size_t>(row_begin) * row * es, info.dtype, dst, dst_type, n);
+    return;
+  }
   if (style == ParallelStyle::kRow && pc.tp_size > 1) {
     int64_t rows = info.shape[0], full_cols = info.shape[1], cols = local[1];
     for (int64_t r = 0; r < rows; ++r)
@@ -104,7 +122,7 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
     if (e.parts.empty()) {
       CheckpointTensor src = ckpt.get(e.name);
       check_shape(src, e.full_shape);
-      copy_slice(src, e.style, pc_, e.local_shape, dt, staging.data());
+      copy_slice(src, e.style, pc_, e.local_shape, dt, staging.data(), e.row_begin);
     } else {
       size_t offset = 0;
       for (const auto& p : e.parts) {

@@ -43,6 +43,9 @@ class WeightStore {
   // Column-parallel parameter made of several checkpoint tensors stacked along dim 0
   // (gate+up), each sharded on its own so that every rank gets matching slices.
   const Tensor& declare_stacked(const std::string& label, std::vector<Part> parts, int64_t cols);
+  // Rows [row_begin, row_begin + rows) of a checkpoint tensor, whatever the TP rank
+  // (KV heads replicated when --tensor-parallel-size exceeds num_key_value_heads).
+  const Tensor& declare_row_block(const std::string& name, Shape full_shape, int64_t row_begin, int64_t rows);
   // `alias` becomes the same tensor as `target` (tied embeddings).
   const Tensor& declare_tied(const std::string& alias, const std::string& target);
 
@@ -63,6 +66,7 @@ class WeightStore {
     DummyInit init;
     std::string tied_to;
     Tensor tensor;
+    int64_t row_begin = -1;  // declare_row_block: first row read (>= 0)
   };
   Shape local_shape(const Shape& full, ParallelStyle style, const std::string& name) const;
   Entry& find(const std::string& name);

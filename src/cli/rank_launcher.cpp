@@ -1,0 +1,258 @@
+#include "cli/rank_launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "dist/control_store.h"
+#include "dist/crypto.h"
+#include "dist/gloo_communicator.h"
+#include "dist/process_groups.h"
+#include "dist/rendezvous_server.h"
+#include "engine/model_loader.h"
+
+extern char** environ;
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr const char* kTokenEnv = "TESSERA_RANK_TOKEN";
+constexpr std::chrono::milliseconds kCollectiveTimeout{std::chrono::seconds(30)};
+// The world group carries the step plans: workers wait on it for as long as the head is
+// idle, so its limit is only a backstop (the head supervises them; PDEATHSIG ends them).
+constexpr std::chrono::milliseconds kPlanWaitTimeout{std::chrono::hours(24 * 30)};
+
+std::string hex(const std::array<uint8_t, 32>& b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (uint8_t c : b) {
+    s.push_back(d[c >> 4]);
+    s.push_back(d[c & 15]);
+  }
+  return s;
+}
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("stopped (wait status {})", status);
+}
+
+dist::ParallelLayout layout_of(const EngineFlags& f) { return {f.tensor_parallel_size, f.pipeline_parallel_size}; }
+
+// Every rank creates the groups in the same order: world (plans), tp, pp.
+std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, int rank, uint16_t port,
+                                                 const std::string& token) {
+  auto store = std::make_shared<dist::ControlStoreClient>(dist::HeadAddress{"127.0.0.1", port, token, ""}, rank,
+                                                          std::chrono::seconds(60));
+  dist::GlooOptions o;
+  o.store = store;
+  o.ip = "127.0.0.1";
+  o.timeout = kPlanWaitTimeout;
+  dist::GlooCommunicatorFactory plan_factory(o);
+  o.timeout = kCollectiveTimeout;
+  dist::GlooCommunicatorFactory data_factory(o);
+  dist::ParallelLayout layout = layout_of(f);
+  auto g = std::make_unique<dist::ProcessGroups>();
+  g->world = plan_factory.create(layout.world_group(rank));
+  g->tp = data_factory.create(layout.tp_group(rank));
+  g->pp = data_factory.create(layout.pp_group(rank));
+  return g;
+}
+
+ParallelContext context_of(const EngineFlags& f, int rank) {
+  dist::ParallelLayout l = layout_of(f);
+  return {l.tp_rank(rank), l.tensor_parallel, l.pp_rank(rank), l.pipeline_parallel};
+}
+
+std::unique_ptr<Model> load_shard(const EngineFlags& f, int rank, dist::ProcessGroups& g, Backend& backend) {
+  LoadOptions lo = load_options(f);
+  lo.parallel = context_of(f, rank);
+  lo.runtime.tp = g.tp.get();
+  lo.runtime.pp = g.pp.get();
+  return load_model(lo, backend);
+}
+
+}  // namespace
+
+void add_worker_flags(CLI::App& app, WorkerFlags& w) {
+  // Internal: set by the head when it spawns its rank processes.
+  app.add_option("--worker-rank", w.worker_rank)->group("");
+  app.add_option("--worker-port", w.worker_port)->group("");
+}
+
+std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size) {
+  BackendOptions o;
+  if (f.device == "cpu") o.type = DeviceType::kCPU;
+  else if (f.device == "cuda") o.type = DeviceType::kCUDA;
+  else if (f.device == "auto") o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
+  else fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
+  if (o.type == DeviceType::kCUDA)
+    fail(ErrorKind::kUnsupported,
+         "--tensor-parallel-size/--pipeline-parallel-size above 1 run on CPU ranks (Gloo) in this build; CUDA ranks "
+         "(NCCL) are not wired yet: pass --device cpu");
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  o.num_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, world_size))));
+  return make_backend(o);
+}
+
+RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_(f) {
+  dist::ParallelLayout layout = layout_of(f);
+  if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
+    fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
+  world_ = layout.world_size();
+  token_ = hex(dist::random_nonce());
+  dist::RendezvousServerOptions so;
+  so.bind_ip = "127.0.0.1";
+  so.port = 0;
+  so.token = token_;
+  so.nnodes = 1;
+  server_ = std::make_unique<dist::RendezvousServer>(so);
+  const uint16_t port = server_->port();
+
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) fail(ErrorKind::kInternal, "cannot find this binary (/proc/self/exe): {}", std::strerror(errno));
+  exe[n] = 0;
+  // Everything a child needs is built before fork (only exec-safe calls after it).
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, kTokenEnv, std::strlen(kTokenEnv)) != 0) env_strings.emplace_back(*e);
+  env_strings.push_back(std::string(kTokenEnv) + "=" + token_);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+  std::fflush(nullptr);
+  for (int r = 1; r < world_; ++r) {
+    std::vector<std::string> args{exe};
+    for (int i = 0; i < argc; ++i) args.emplace_back(argv[i]);
+    args.insert(args.end(), {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port)});
+    std::vector<char*> cargv;
+    for (auto& s : args) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    pid_t pid = fork();
+    if (pid < 0) fail(ErrorKind::kInternal, "fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);  // the head died before the line above
+      dup2(2, 1);                         // stdout belongs to the head (results, --json)
+      execve(exe, cargv.data(), envp.data());
+      _exit(127);
+    }
+    pids_.push_back(pid);
+    reaped_.push_back(false);
+  }
+  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {} CPU rank processes over Gloo on 127.0.0.1, control "
+            "channel port {}",
+            f.tensor_parallel_size, f.pipeline_parallel_size, world_, port);
+  supervisor_ = std::thread([this] { supervise(); });
+}
+
+RankLauncher::~RankLauncher() {
+  stopping_ = true;
+  if (supervisor_.joinable()) supervisor_.join();
+  // The executor's shutdown plan has been sent by now (or the world is broken): give the
+  // workers a moment to exit by themselves, then make sure.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool termed = false;
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (reaped_[i]) continue;
+      int status = 0;
+      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) reaped_[i] = true;
+      else all = false;
+    }
+    if (all) break;
+    if (!failure().empty() && !termed) deadline = std::chrono::steady_clock::now();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (size_t i = 0; i < pids_.size(); ++i)
+        if (!reaped_[i]) kill(pids_[i], termed ? SIGKILL : SIGTERM);
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      termed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string RankLauncher::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
+std::string RankLauncher::wait_failure(std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::string f = failure();
+    if (!f.empty() || std::chrono::steady_clock::now() >= deadline) return f;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void RankLauncher::supervise() {
+  std::optional<std::chrono::steady_clock::time_point> failed_at;
+  while (!stopping_) {
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (reaped_[i]) continue;
+      int status = 0;
+      if (waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
+      reaped_[i] = true;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;  // after the shutdown plan
+      std::string what = fmt::format("rank {} (pid {}) {}", i + 1, pids_[i], describe_exit(status));
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (failure_.empty()) failure_ = what;
+      }
+      TLOG_ERROR("{}; ending the job", what);
+      if (!failed_at) failed_at = std::chrono::steady_clock::now();
+    }
+    if (failed_at && std::chrono::steady_clock::now() - *failed_at > std::chrono::seconds(5)) {
+      // The engine did not end by itself (stuck in a wait): end the process.
+      std::fprintf(stderr, "error: %s\n", failure().c_str());
+      std::fflush(nullptr);
+      for (size_t i = 0; i < pids_.size(); ++i)
+        if (!reaped_[i]) kill(pids_[i], SIGKILL);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
+  auto groups = join_groups(flags_, 0, server_->port(), token_);
+  auto model = load_shard(flags_, 0, *groups, backend);
+  return std::make_unique<MultiprocExecutor>(std::move(model), backend, context_of(flags_, 0), std::move(groups));
+}
+
+int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
+  const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if (w.worker_rank < 1 || w.worker_rank >= world || w.worker_port <= 0 || w.worker_port > 65535)
+    fail(ErrorKind::kInvalidArgument, "--worker-rank {} / --worker-port {}: internal flags of the rank launcher",
+         w.worker_rank, w.worker_port);
+  const char* token = std::getenv(kTokenEnv);
+  if (!token) fail(ErrorKind::kInvalidArgument, "a worker rank needs {} from the head", kTokenEnv);
+  std::string tok = token;
+  unsetenv(kTokenEnv);
+  spdlog::set_level(spdlog::level::warn);  // the head logs for the job
+  try {
+    auto backend = make_rank_backend(f, world);
+    auto groups = join_groups(f, w.worker_rank, static_cast<uint16_t>(w.worker_port), tok);
+    auto model = load_shard(f, w.worker_rank, *groups, *backend);
+    run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
+  } catch (const Error& e) {
+    fail(e.kind(), "rank {}: {}", w.worker_rank, e.what());
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

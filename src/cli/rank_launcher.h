@@ -1,0 +1,78 @@
+// One node, TP x PP rank processes (docs/distributed.md, "Execution"): the head process is
+// rank 0 and runs the engine; it starts the bootstrap store (the dist layer's control
+// channel on 127.0.0.1, a random token), spawns ranks 1..N-1 as copies of this binary with
+// the hidden `--worker-rank R --worker-port P` flags, and supervises them.
+//
+// Liveness: a worker that exits or dies while the job runs is reported at once
+// ("rank 2 (pid 123) was killed by signal 9 (Killed)"); the head's next collective fails
+// on the closed sockets, and if it has not ended by itself within 5 s the supervisor ends
+// the process with exit code 1. Workers get PR_SET_PDEATHSIG(SIGKILL), so a dead head takes
+// them along; their world-group wait has no practical limit (the head is their supervisor),
+// every other collective keeps the communicator's 30 s timeout.
+#pragma once
+#include <sys/types.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/engine_flags.h"
+#include "engine/executor.h"
+
+namespace tessera::dist {
+class RendezvousServer;
+}
+
+namespace tessera::cli {
+
+// Hidden flags a spawned rank runs with.
+struct WorkerFlags {
+  int worker_rank = -1;  // >= 1 in a worker
+  int worker_port = 0;   // the head's control channel on 127.0.0.1
+};
+void add_worker_flags(CLI::App& app, WorkerFlags& w);
+
+// The backend of one rank: CPU ranks share the cores (threads = cores / ranks).
+std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size);
+
+class RankLauncher {
+ public:
+  // Starts the control channel and spawns the workers: `argv` (argc entries, argv[0] the
+  // verb) are re-run with the worker flags appended.
+  RankLauncher(const EngineFlags& f, int argc, char** argv);
+  // Stops supervising, gives the workers 10 s to finish their shutdown, then kills them.
+  ~RankLauncher();
+  RankLauncher(const RankLauncher&) = delete;
+  RankLauncher& operator=(const RankLauncher&) = delete;
+
+  // Rank 0's executor: joins the groups (with the workers) and loads rank 0's shard.
+  std::unique_ptr<Executor> make_executor(Backend& backend);
+  // "" while every worker runs (or exited after the shutdown plan); else what happened.
+  std::string failure() const;
+  // failure(), waiting up to `timeout` for one (a collective may fail before the reaper sees
+  // the process gone).
+  std::string wait_failure(std::chrono::milliseconds timeout) const;
+
+ private:
+  void supervise();
+
+  EngineFlags flags_;
+  int world_ = 1;
+  std::string token_;
+  std::unique_ptr<dist::RendezvousServer> server_;
+  std::vector<pid_t> pids_;  // index r-1 = rank r
+  std::vector<bool> reaped_;
+  mutable std::mutex mu_;
+  std::string failure_;
+  std::atomic<bool> stopping_{false};
+  std::thread supervisor_;
+};
+
+// The body of a worker rank process (run_generate/run_serve call it when --worker-rank is set).
+int run_worker_rank(const EngineFlags& f, const WorkerFlags& w);
+
+}  // namespace tessera::cli

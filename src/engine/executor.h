@@ -1,0 +1,92 @@
+// How the engine runs a step's forward pass (docs/engine.md, "Executor").
+//
+// LocalExecutor: the model lives in this process (TP = PP = 1), as before.
+// MultiprocExecutor: rank 0 of a TP x PP world of rank processes (docs/distributed.md,
+// "Execution"). Each step rank 0 encodes the ModelInput as a step plan (step_plan.h),
+// broadcasts it over the world group, runs its own shard; the last pipeline stage's TP rank
+// 0 sends the logits back to rank 0, which samples. Worker ranks run `run_worker_loop`.
+//
+// Threads: an executor is used by the engine thread only (like the model and backend).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "engine/step_plan.h"
+#include "model/model.h"
+
+namespace tessera {
+
+namespace dist {
+struct ProcessGroups;
+}
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const ModelConfig& model_config() const = 0;
+  // This rank's layers (rank 0 plans the KV cache from them; see docs/engine.md).
+  virtual std::vector<LayerCacheSpec> cache_specs() const = 0;
+  virtual Backend& backend() = 0;
+  // Allocates the KV cache on every rank.
+  virtual void init_kv_cache(const CacheInit& init) = 0;
+  // One step on every rank; host f32 logits [logits_indices.size() x vocab] into `logits`.
+  virtual void execute(const ModelInput& input, std::vector<float>& logits) = 0;
+};
+
+// Allocates `init` for `specs` on `backend` (shared by both executors and the workers).
+KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& specs, const CacheInit& init);
+
+class LocalExecutor : public Executor {
+ public:
+  LocalExecutor(std::unique_ptr<Model> model, Backend& backend);
+  const ModelConfig& model_config() const override { return model_->config(); }
+  std::vector<LayerCacheSpec> cache_specs() const override { return model_->cache_specs(); }
+  Backend& backend() override { return backend_; }
+  void init_kv_cache(const CacheInit& init) override;
+  void execute(const ModelInput& input, std::vector<float>& logits) override;
+
+ private:
+  std::unique_ptr<Model> model_;
+  Backend& backend_;
+  KvCache kv_;
+};
+
+class MultiprocExecutor : public Executor {
+ public:
+  // `model` is rank 0's shard, built with groups.tp / groups.pp in its ParallelRuntime;
+  // `groups.world` carries the plans. `keep_alive` outlives the groups (their store).
+  MultiprocExecutor(std::unique_ptr<Model> model, Backend& backend, ParallelContext pc,
+                    std::unique_ptr<dist::ProcessGroups> groups, std::shared_ptr<void> keep_alive = nullptr);
+  // Sends the shutdown plan (best effort: a broken world is left to the launcher).
+  ~MultiprocExecutor() override;
+  const ModelConfig& model_config() const override { return model_->config(); }
+  std::vector<LayerCacheSpec> cache_specs() const override { return model_->cache_specs(); }
+  Backend& backend() override { return backend_; }
+  void init_kv_cache(const CacheInit& init) override;
+  void execute(const ModelInput& input, std::vector<float>& logits) override;
+  // Ends the workers' loops; idempotent.
+  void shutdown();
+
+ private:
+  void broadcast(const StepPlan& plan);
+
+  std::unique_ptr<Model> model_;
+  Backend& backend_;
+  ParallelContext pc_;
+  std::unique_ptr<dist::ProcessGroups> groups_;
+  std::shared_ptr<void> keep_alive_;
+  KvCache kv_;
+  uint64_t step_ = 0;
+  bool shut_down_ = false, broken_ = false;
+};
+
+// A worker rank (world rank > 0): receives plans from rank 0 and runs its shard until the
+// shutdown plan. Throws Error on a damaged plan or a communicator failure.
+void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, dist::ProcessGroups& groups);
+
+// Plan transport over the world group (broadcast from rank 0): a fixed 4 KiB first message
+// (u32 length + the plan's first bytes), then the rest when the plan is larger.
+void broadcast_plan_bytes(dist::ProcessGroups& groups, const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> receive_plan_bytes(dist::ProcessGroups& groups);
+
+}  // namespace tessera

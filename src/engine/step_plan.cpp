@@ -1,0 +1,164 @@
+#include "engine/step_plan.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr uint32_t kPlanMagic = 0x504c5354;
+constexpr uint8_t kPlanVersion = 1;
+
+struct Writer {
+  std::vector<uint8_t> out;
+  template <typename T>
+  void put(T v) {
+    uint8_t b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+    out.insert(out.end(), b, b + sizeof(T));
+  }
+  void array(const std::vector<int32_t>& v) {
+    put<uint32_t>(static_cast<uint32_t>(v.size()));
+    for (int32_t x : v) put<int32_t>(x);
+  }
+};
+
+struct Reader {
+  std::span<const uint8_t> in;
+  size_t pos = 0;
+  size_t left() const { return in.size() - pos; }
+  template <typename T>
+  T get(const char* what) {
+    if (left() < sizeof(T)) fail(ErrorKind::kCorrupt, "step plan: truncated at {} (offset {})", what, pos);
+    T v;
+    std::memcpy(&v, in.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  std::vector<int32_t> array(const char* what, size_t max_count) {
+    uint32_t n = get<uint32_t>(what);
+    if (n > left() / 4 || n > max_count)
+      fail(ErrorKind::kCorrupt, "step plan: {} claims {} entries, {} bytes remain (limit {})", what, n, left(),
+           max_count);
+    std::vector<int32_t> v(n);
+    if (n) std::memcpy(v.data(), in.data() + pos, static_cast<size_t>(n) * 4);
+    pos += static_cast<size_t>(n) * 4;
+    return v;
+  }
+};
+
+void check(bool ok, const char* what) {
+  if (!ok) fail(ErrorKind::kCorrupt, "step plan: {}", what);
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
+  Writer w;
+  w.put<uint32_t>(kPlanMagic);
+  w.put<uint8_t>(kPlanVersion);
+  w.put<uint8_t>(static_cast<uint8_t>(p.kind));
+  w.put<uint16_t>(0);
+  switch (p.kind) {
+    case PlanKind::kStep: {
+      const ModelInput& in = p.input;
+      w.put<uint64_t>(p.step);
+      w.put<int32_t>(in.attention.block_size);
+      w.put<int32_t>(in.attention.max_blocks_per_seq);
+      w.array(in.token_ids);
+      w.array(in.positions);
+      w.array(in.attention.query_start_loc);
+      w.array(in.attention.seq_lens);
+      w.array(in.attention.block_tables);
+      w.array(in.attention.slot_mapping);
+      w.array(in.logits_indices);
+      break;
+    }
+    case PlanKind::kInitCache:
+      w.put<int32_t>(p.cache.num_blocks);
+      w.put<int32_t>(p.cache.block_size);
+      w.put<uint8_t>(static_cast<uint8_t>(p.cache.dtype));
+      w.put<float>(p.cache.k_scale);
+      w.put<float>(p.cache.v_scale);
+      break;
+    case PlanKind::kShutdown:
+    case PlanKind::kKeepalive: break;
+  }
+  return std::move(w.out);
+}
+
+StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim) {
+  Reader r{bytes};
+  check(r.get<uint32_t>("magic") == kPlanMagic, "bad magic");
+  check(r.get<uint8_t>("version") == kPlanVersion, "unknown version");
+  uint8_t kind = r.get<uint8_t>("kind");
+  check(r.get<uint16_t>("reserved") == 0, "reserved bits set");
+  StepPlan p;
+  switch (kind) {
+    case static_cast<uint8_t>(PlanKind::kStep): {
+      p.kind = PlanKind::kStep;
+      ModelInput& in = p.input;
+      AttentionLayout& a = in.attention;
+      p.step = r.get<uint64_t>("step");
+      a.block_size = r.get<int32_t>("block_size");
+      a.max_blocks_per_seq = r.get<int32_t>("max_blocks_per_seq");
+      check(a.block_size > 0 && a.block_size <= 4096, "block size out of range");
+      check(a.max_blocks_per_seq >= 0, "negative blocks per sequence");
+      const size_t cap = lim.max_tokens;
+      in.token_ids = r.array("token_ids", cap);
+      in.positions = r.array("positions", cap);
+      a.query_start_loc = r.array("query_start_loc", cap + 1);
+      a.seq_lens = r.array("seq_lens", cap);
+      a.block_tables = r.array("block_tables", 1u << 28);
+      a.slot_mapping = r.array("slot_mapping", cap);
+      in.logits_indices = r.array("logits_indices", cap);
+      check(r.left() == 0, "trailing bytes");
+      const size_t T = in.token_ids.size(), S = a.seq_lens.size();
+      check(T > 0, "no tokens");
+      check(in.positions.size() == T && a.slot_mapping.size() == T, "token arrays differ in length");
+      check(a.query_start_loc.size() == S + 1, "query_start_loc is not one longer than seq_lens");
+      check(a.block_tables.size() == S * static_cast<size_t>(a.max_blocks_per_seq), "block table size");
+      check(a.query_start_loc[0] == 0 && static_cast<size_t>(a.query_start_loc[S]) == T, "query_start_loc ends");
+      for (size_t s = 0; s < S; ++s) {
+        int32_t q = a.query_start_loc[s + 1] - a.query_start_loc[s];
+        check(q >= 0, "query_start_loc decreases");
+        check(a.seq_lens[s] >= q, "a sequence shorter than its new tokens");
+        check(static_cast<int64_t>(a.seq_lens[s]) <= static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size,
+              "a sequence longer than its block table");
+      }
+      for (int32_t t : in.token_ids) check(t >= 0 && (lim.vocab_size == 0 || t < lim.vocab_size), "token id range");
+      for (int32_t t : in.positions) check(t >= 0, "negative position");
+      for (int32_t i : in.logits_indices) check(i >= 0 && static_cast<size_t>(i) < T, "logits index range");
+      if (lim.num_blocks > 0) {
+        for (int32_t b : a.block_tables) check(b >= 0 && b < lim.num_blocks, "block id beyond the cache");
+        const int64_t slots = static_cast<int64_t>(lim.num_blocks) * a.block_size;
+        for (int32_t s : a.slot_mapping) check(s >= -1 && s < slots, "slot beyond the cache");
+      }
+      break;
+    }
+    case static_cast<uint8_t>(PlanKind::kInitCache): {
+      p.kind = PlanKind::kInitCache;
+      p.cache.num_blocks = r.get<int32_t>("num_blocks");
+      p.cache.block_size = r.get<int32_t>("block_size");
+      uint8_t dt = r.get<uint8_t>("dtype");
+      p.cache.k_scale = r.get<float>("k_scale");
+      p.cache.v_scale = r.get<float>("v_scale");
+      check(r.left() == 0, "trailing bytes");
+      check(p.cache.num_blocks > 0 && p.cache.block_size > 0 && p.cache.block_size <= 4096, "cache size");
+      check(dt <= static_cast<uint8_t>(DType::kF8E5M2), "cache dtype");
+      p.cache.dtype = static_cast<DType>(dt);
+      break;
+    }
+    case static_cast<uint8_t>(PlanKind::kShutdown):
+    case static_cast<uint8_t>(PlanKind::kKeepalive):
+      p.kind = static_cast<PlanKind>(kind);
+      check(r.left() == 0, "trailing bytes");
+      break;
+    default: fail(ErrorKind::kCorrupt, "step plan: unknown kind {}", kind);
+  }
+  return p;
+}
+
+}  // namespace tessera

@@ -1,0 +1,50 @@
+// The step plan rank 0 broadcasts to every other rank each step (docs/distributed.md,
+// "Execution"): a compact, fixed binary format. Nothing in it is a pointer or code; the
+// decoder checks every count against the bytes that remain and every index against the
+// limits the receiving rank knows (vocabulary, cache blocks), so a damaged plan is refused
+// with Error(kCorrupt) before anything is allocated or indexed.
+//
+//   u32 magic 0x504c5354 ("TSLP"), u8 version 1, u8 kind, u16 reserved (0)
+//   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
+//                       then 7 arrays (u32 count + count x i32): token_ids, positions,
+//                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices
+//   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale
+//   kind 3 shutdown:    nothing
+//   kind 4 keepalive:   nothing (the head is idle)
+// All integers little-endian; trailing bytes are an error.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace tessera {
+
+enum class PlanKind : uint8_t { kStep = 1, kInitCache = 2, kShutdown = 3, kKeepalive = 4 };
+
+struct CacheInit {
+  int num_blocks = 0;
+  int block_size = 16;
+  DType dtype = DType::kF32;
+  float k_scale = 1.0f, v_scale = 1.0f;
+};
+
+struct StepPlan {
+  PlanKind kind = PlanKind::kStep;
+  uint64_t step = 0;
+  ModelInput input;  // kStep
+  CacheInit cache;   // kInitCache
+};
+
+// What the receiver knows, to bound-check indices. 0 = unchecked.
+struct PlanLimits {
+  int vocab_size = 0;
+  int num_blocks = 0;  // the cache this rank allocated
+  size_t max_tokens = 1u << 24;
+};
+
+std::vector<uint8_t> encode_step_plan(const StepPlan& plan);
+StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& limits);
+
+}  // namespace tessera

@@ -1,0 +1,97 @@
+// The step plan's binary format: round trip, and every damaged plan refused (no crash, no
+// over-read, no huge allocation).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "engine/step_plan.h"
+
+namespace tessera {
+namespace {
+
+StepPlan sample_plan() {
+  StepPlan p;
+  p.kind = PlanKind::kStep;
+  p.step = 42;
+  ModelInput& in = p.input;
+  in.token_ids = {5, 6, 7, 8};
+  in.positions = {0, 1, 2, 9};
+  in.attention.block_size = 16;
+  in.attention.max_blocks_per_seq = 2;
+  in.attention.query_start_loc = {0, 3, 4};
+  in.attention.seq_lens = {3, 10};
+  in.attention.block_tables = {0, 0, 1, 2};
+  in.attention.slot_mapping = {0, 1, 2, 25};
+  in.logits_indices = {2, 3};
+  return p;
+}
+
+TEST(StepPlan, RoundTrip) {
+  StepPlan p = sample_plan();
+  StepPlan q = decode_step_plan(encode_step_plan(p), PlanLimits{256, 4});
+  EXPECT_EQ(q.kind, PlanKind::kStep);
+  EXPECT_EQ(q.step, 42u);
+  EXPECT_EQ(q.input.token_ids, p.input.token_ids);
+  EXPECT_EQ(q.input.positions, p.input.positions);
+  EXPECT_EQ(q.input.attention.query_start_loc, p.input.attention.query_start_loc);
+  EXPECT_EQ(q.input.attention.seq_lens, p.input.attention.seq_lens);
+  EXPECT_EQ(q.input.attention.block_tables, p.input.attention.block_tables);
+  EXPECT_EQ(q.input.attention.slot_mapping, p.input.attention.slot_mapping);
+  EXPECT_EQ(q.input.logits_indices, p.input.logits_indices);
+  EXPECT_EQ(q.input.attention.max_blocks_per_seq, 2);
+
+  StepPlan init;
+  init.kind = PlanKind::kInitCache;
+  init.cache = CacheInit{100, 16, DType::kBF16, 0.5f, 2.0f};
+  StepPlan j = decode_step_plan(encode_step_plan(init), {});
+  EXPECT_EQ(j.cache.num_blocks, 100);
+  EXPECT_EQ(j.cache.dtype, DType::kBF16);
+  EXPECT_EQ(j.cache.v_scale, 2.0f);
+  StepPlan s;
+  s.kind = PlanKind::kShutdown;
+  EXPECT_EQ(decode_step_plan(encode_step_plan(s), {}).kind, PlanKind::kShutdown);
+}
+
+TEST(StepPlan, RefusesIndicesBeyondWhatTheRankHas) {
+  StepPlan p = sample_plan();
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{8, 4}), Error);  // token 8 >= vocab 8
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{256, 2}), Error);  // block 2 of 2
+  p.input.logits_indices = {4};
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+  p = sample_plan();
+  p.input.attention.query_start_loc = {0, 5, 4};
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+  p = sample_plan();
+  p.input.positions.pop_back();
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+}
+
+TEST(StepPlan, TruncatedTrailingAndRandomBytesAreRefused) {
+  std::vector<uint8_t> b = encode_step_plan(sample_plan());
+  for (size_t n = 0; n < b.size(); ++n) {
+    std::vector<uint8_t> t(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_THROW(decode_step_plan(t, {}), Error) << n;
+  }
+  std::vector<uint8_t> longer = b;
+  longer.push_back(0);
+  EXPECT_THROW(decode_step_plan(longer, {}), Error);
+  // A count that claims more entries than bytes remain.
+  std::vector<uint8_t> lying = b;
+  lying[8 + 8 + 8] = 0xff;  // low byte of token_ids' count
+  lying[8 + 8 + 8 + 3] = 0x7f;
+  EXPECT_THROW(decode_step_plan(lying, {}), Error);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<uint8_t> m = b;
+    m[rng() % m.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    try {
+      StepPlan q = decode_step_plan(m, PlanLimits{256, 4});
+      EXPECT_EQ(q.input.positions.size(), q.input.token_ids.size());
+    } catch (const Error&) {
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera

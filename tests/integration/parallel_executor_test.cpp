@@ -1,0 +1,236 @@
+// Tensor and pipeline parallelism at the executor level: TP x PP rank processes (fork),
+// Gloo over 127.0.0.1 through the head's store, rank 0 driving a MultiprocExecutor and the
+// others run_worker_loop. The logits of every step (a two-sequence prefill, then decodes of
+// both) must match the single-process LocalExecutor within 1e-4.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/control_store.h"
+#include "dist/gloo_communicator.h"
+#include "dist/process_groups.h"
+#include "dist/rendezvous_server.h"
+#include "engine/executor.h"
+#include "fixture_util.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr const char* kToken = "parallel-test";
+constexpr int kBlocks = 8, kBlockSize = 16;
+
+struct Case {
+  std::string fixture;
+  int tp, pp;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return i.param.fixture + "_tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp);
+}
+
+// Two sequences: A (blocks 0..3) and B (blocks 4..7); a prefill of both, then decodes.
+std::vector<ModelInput> make_steps() {
+  const std::vector<int32_t> a{39, 7, 201, 5, 88, 13, 250, 64, 3, 17, 99, 141, 2, 77, 180, 33, 9},  // 17: two blocks
+      b{12, 240, 1, 66};
+  const std::vector<int32_t> decode_a{44, 255, 0, 128}, decode_b{7, 7, 190, 31};
+  std::vector<ModelInput> steps;
+  auto add_seq = [](ModelInput& in, const std::vector<int32_t>& toks, int start, int first_block) {
+    for (size_t i = 0; i < toks.size(); ++i) {
+      int pos = start + static_cast<int>(i);
+      in.token_ids.push_back(toks[i]);
+      in.positions.push_back(pos);
+      in.attention.slot_mapping.push_back((first_block + pos / kBlockSize) * kBlockSize + pos % kBlockSize);
+    }
+    in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
+    in.attention.seq_lens.push_back(start + static_cast<int>(toks.size()));
+    for (int blk = 0; blk < 4; ++blk) in.attention.block_tables.push_back(first_block + blk);
+    in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
+  };
+  auto fresh = [] {
+    ModelInput in;
+    in.attention.block_size = kBlockSize;
+    in.attention.max_blocks_per_seq = 4;
+    in.attention.query_start_loc.push_back(0);
+    return in;
+  };
+  ModelInput prefill = fresh();
+  add_seq(prefill, a, 0, 0);
+  add_seq(prefill, b, 0, 4);
+  steps.push_back(prefill);
+  for (size_t k = 0; k < decode_a.size(); ++k) {
+    ModelInput in = fresh();
+    add_seq(in, {decode_a[k]}, static_cast<int>(a.size() + k), 0);
+    add_seq(in, {decode_b[k]}, static_cast<int>(b.size() + k), 4);
+    steps.push_back(in);
+  }
+  return steps;
+}
+
+std::unique_ptr<Backend> one_thread_backend() {
+  BackendOptions o;
+  o.type = DeviceType::kCPU;
+  o.num_threads = 1;
+  return make_backend(o);
+}
+
+CacheInit cache_init() {
+  CacheInit c;
+  c.num_blocks = kBlocks;
+  c.block_size = kBlockSize;
+  c.dtype = DType::kF32;
+  return c;
+}
+
+std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
+  auto backend = one_thread_backend();
+  ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + fixture);
+  auto model = create_model(cfg, ModelOptions{}, *backend);
+  Checkpoint ckpt(cfg.model_dir);
+  model->weights().load(ckpt, *backend);
+  LocalExecutor ex(std::move(model), *backend);
+  ex.init_kv_cache(cache_init());
+  std::vector<std::vector<float>> out;
+  for (const auto& in : make_steps()) {
+    out.emplace_back();
+    ex.execute(in, out.back());
+  }
+  return out;
+}
+
+// One rank process; rank 0 writes each step's logits to `out_path`.
+int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
+  auto backend = one_thread_backend();
+  dist::ParallelLayout layout{c.tp, c.pp};
+  auto store = std::make_shared<dist::ControlStoreClient>(dist::HeadAddress{"127.0.0.1", port, kToken, ""}, rank,
+                                                          milliseconds(20000));
+  dist::GlooOptions o;
+  o.store = store;
+  o.ip = "127.0.0.1";
+  o.timeout = milliseconds(30000);
+  dist::GlooCommunicatorFactory factory(o);
+  auto groups = std::make_unique<dist::ProcessGroups>(dist::create_process_groups(factory, layout, rank));
+  ParallelContext pc{layout.tp_rank(rank), c.tp, layout.pp_rank(rank), c.pp};
+  ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + c.fixture);
+  ModelOptions mo;
+  mo.parallel = pc;
+  mo.runtime = {groups->tp.get(), groups->pp.get()};
+  auto model = create_model(cfg, mo, *backend);
+  Checkpoint ckpt(cfg.model_dir);
+  model->weights().load(ckpt, *backend);
+  if (rank != 0) {
+    run_worker_loop(*model, *backend, pc, *groups);
+    return 0;
+  }
+  MultiprocExecutor ex(std::move(model), *backend, pc, std::move(groups));
+  ex.init_kv_cache(cache_init());
+  std::ofstream f(out_path, std::ios::binary);
+  for (const auto& in : make_steps()) {
+    std::vector<float> logits;
+    ex.execute(in, logits);
+    uint64_t n = logits.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(n * 4));
+  }
+  ex.shutdown();
+  return f.good() ? 0 : 4;
+}
+
+class ParallelExecutor : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
+  const Case c = GetParam();
+  const int world = c.tp * c.pp;
+  const std::string out_path = (std::filesystem::temp_directory_path() /
+                                ("tessera_parallel_" + std::to_string(getpid()) + "_" + case_name({c, 0}) + ".bin"))
+                                   .string();
+  uint16_t port = dist::testing::free_port();
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = rank_body(c, r, port, out_path);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 2;
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  {
+    dist::RendezvousServerOptions so;
+    so.port = port;
+    so.token = kToken;
+    dist::RendezvousServer server(so);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int status = 0;
+      while (waitpid(pids[r], &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], &status, 0);
+          break;
+        }
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " wait status " << status;
+    }
+  }
+  auto want = reference_logits(c.fixture);
+  std::ifstream f(out_path, std::ios::binary);
+  ASSERT_TRUE(f.good()) << "rank 0 wrote no logits";
+  for (size_t s = 0; s < want.size(); ++s) {
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    ASSERT_EQ(n, want[s].size()) << "step " << s;
+    std::vector<float> got(n);
+    f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(n * 4));
+    float worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (float d = std::fabs(got[i] - want[s][i]); !(d <= worst)) worst = d, at = i;
+    EXPECT_LE(worst, 1e-4f) << "step " << s << " element " << at << ": " << got[at] << " vs " << want[s][at];
+    // Greedy choice per sequence is the same.
+    const size_t V = n / 2;
+    for (size_t q = 0; q < 2; ++q) {
+      auto g = std::max_element(got.begin() + q * V, got.begin() + (q + 1) * V) - got.begin();
+      auto w = std::max_element(want[s].begin() + q * V, want[s].begin() + (q + 1) * V) - want[s].begin();
+      EXPECT_EQ(g, w) << "step " << s << " sequence " << q;
+    }
+  }
+  std::filesystem::remove(out_path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelExecutor,
+                         ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen3_gqa4_hd32", 2, 1},
+                                           Case{"qwen2_gqa2_untied", 1, 2}, Case{"qwen3_gqa4_hd32", 1, 2},
+                                           Case{"qwen2_gqa2_untied", 2, 2}, Case{"llama_mqa_llama3rope", 2, 1},
+                                           Case{"qwen3_mqa_untied_sharded", 2, 2}),
+                         case_name);
+
+TEST(PipelineLayers, SplitLikeVllm) {
+  EXPECT_EQ(pipeline_layer_range(3, 0, 2).begin, 0);
+  EXPECT_EQ(pipeline_layer_range(3, 0, 2).end, 2);
+  EXPECT_EQ(pipeline_layer_range(3, 1, 2).begin, 2);
+  EXPECT_EQ(pipeline_layer_range(3, 1, 2).end, 3);
+  EXPECT_EQ(pipeline_layer_range(4, 1, 2).begin, 2);
+  EXPECT_THROW(pipeline_layer_range(1, 0, 2), Error);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,167 @@
+// `tessera generate --device cpu` with TP / PP rank processes against TP = PP = 1: the same
+// greedy token ids (--json), and a worker killed mid-generation ends the head with a
+// non-zero exit naming the rank, well within 30 s.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const std::string kBin = TESSERA_BIN;
+std::string fixture(const std::string& name) { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/" + name; }
+
+struct RunResult {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::string temp_path(const std::string& tag) {
+  static int n = 0;
+  return (std::filesystem::temp_directory_path() /
+          ("tessera_pgen_" + std::to_string(getpid()) + "_" + tag + "_" + std::to_string(n++)))
+      .string();
+}
+
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<std::string> a{kBin};
+  a.insert(a.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* o = std::freopen(out.c_str(), "w", stdout);
+    FILE* e = std::freopen(err.c_str(), "w", stderr);
+    (void)o, (void)e;
+    execv(kBin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+RunResult run(const std::vector<std::string>& args) {
+  std::string out = temp_path("out"), err = temp_path("err");
+  pid_t pid = spawn(args, out, err);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+  return r;
+}
+
+std::vector<std::vector<int>> token_ids(const std::string& out) {
+  std::vector<std::vector<int>> ids;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') ids.push_back(nlohmann::json::parse(line)["token_ids"].get<std::vector<int>>());
+  return ids;
+}
+
+std::vector<std::string> generate_args(const std::string& model, int tp, int pp) {
+  return {"generate",      "--model",        fixture(model), "--device", "cpu", "--json", "--ignore-eos",
+          "--max-tokens",  "24",             "--prompt-ids", "39,7,201,5,88",   "--prompt-ids",
+          "12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110", "--prompt-ids", "250",
+          "--tensor-parallel-size", std::to_string(tp), "--pipeline-parallel-size", std::to_string(pp)};
+}
+
+struct Case {
+  std::string model;
+  int tp, pp;
+};
+
+class ParallelGenerate : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ParallelGenerate, GreedyTokensMatchOneRank) {
+  const Case c = GetParam();
+  RunResult ref = run(generate_args(c.model, 1, 1));
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  RunResult par = run(generate_args(c.model, c.tp, c.pp));
+  ASSERT_EQ(par.code, 0) << par.err;
+  auto want = token_ids(ref.out), got = token_ids(par.out);
+  ASSERT_EQ(want.size(), 3u) << ref.out;
+  EXPECT_EQ(got, want) << par.out << "\n" << par.err;
+  for (const auto& t : got) EXPECT_EQ(t.size(), 24u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
+                         ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen2_gqa2_untied", 1, 2},
+                                           Case{"qwen2_gqa2_untied", 2, 2}, Case{"qwen3_gqa4_hd32", 2, 2}),
+                         [](const auto& i) {
+                           return i.param.model + "_tp" + std::to_string(i.param.tp) + "_pp" +
+                                  std::to_string(i.param.pp);
+                         });
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> kids;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  pid_t k;
+  while (f >> k) kids.push_back(k);
+  return kids;
+}
+
+TEST(ParallelGenerateFaults, KilledWorkerEndsTheHeadNamingTheRank) {
+  std::vector<std::string> args{"generate", "--model", fixture("llama_gqa2"), "--device", "cpu", "--json",
+                                "--ignore-eos", "--max-tokens", "480", "--max-model-len", "512",
+                                "--tensor-parallel-size", "2"};
+  for (int i = 0; i < 16; ++i) {
+    args.push_back("--prompt-ids");
+    args.push_back(std::to_string(i + 1) + ",2,3,4,5,6,7,8");
+  }
+  std::string out = temp_path("out"), err = temp_path("err");
+  pid_t head = spawn(args, out, err);
+  // Wait until the ranks are up and the KV cache is planned (generation starts right after).
+  auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> kids;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(40)) {
+    if (slurp(err).find("KV cache size") != std::string::npos) {
+      kids = children_of(head);
+      if (!kids.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(kids.empty()) << "the head never started its ranks: " << slurp(err);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(kill(kids[0], SIGKILL), 0);
+  auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(head, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - killed > std::chrono::seconds(30)) {
+      kill(head, SIGKILL);
+      waitpid(head, &status, 0);
+      FAIL() << "the head did not exit within 30 s of a worker's death";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  std::string e = slurp(err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "wait status " << status << "\n" << e;
+  EXPECT_NE(e.find("error: "), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
+  EXPECT_LT(secs, 30.0);
+  std::printf("head exited %.2f s after its worker was killed\n", secs);
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+}
+
+}  // namespace
