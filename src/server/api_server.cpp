@@ -165,6 +165,9 @@ struct ApiServer::Impl {
     // Reasoning / tool-call parsers, one per choice (chat only; empty when none applies).
     std::vector<std::unique_ptr<ChatOutputParser>> parsers;
     std::vector<bool> tools_called;
+    // Anthropic streams: the open content block (-1: none yet) and its type.
+    int block_index = -1;
+    std::string block_type;
     ~Gen() {
       if (--api->owner->active_ == 0) api->idle();
     }
@@ -438,11 +441,48 @@ struct ApiServer::Impl {
                 {"stop_sequence", nullptr},
                 {"usage", {{"input_tokens", g.prompt_tokens[0]}, {"output_tokens", 0}}}};
       out += event("message_start", {{"type", "message_start"}, {"message", msg}});
-      out += event("content_block_start", {{"type", "content_block_start"},
-                                           {"index", 0},
-                                           {"content_block", {{"type", "text"}, {"text", ""}}}});
+      if (g.parsers.empty()) out += open_block(g, "text", {{"type", "text"}, {"text", ""}});
+      // else blocks open as the parsers find thinking, text and tool calls
     }
     if (!out.empty()) g.ex->write(std::move(out));
+  }
+
+  // Closes the open Anthropic content block (if any) and opens a new one.
+  static std::string open_block(Gen& g, const char* type, const ojson& block) {
+    std::string out;
+    if (g.block_index >= 0) out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", g.block_index}});
+    ++g.block_index;
+    g.block_type = type;
+    out += event("content_block_start",
+                 {{"type", "content_block_start"}, {"index", g.block_index}, {"content_block", block}});
+    return out;
+  }
+
+  // Anthropic stream events for one parsed delta: thinking_delta, text_delta, tool_use + input_json_delta.
+  std::string anthropic_parsed_events(Gen& g, const ChatDelta& cd) {
+    std::string out;
+    if (!cd.reasoning.empty()) {
+      if (g.block_type != "thinking") out += open_block(g, "thinking", {{"type", "thinking"}, {"thinking", ""}});
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", g.block_index},
+                                           {"delta", {{"type", "thinking_delta"}, {"thinking", cd.reasoning}}}});
+    }
+    if (!cd.content.empty()) {
+      if (g.block_type != "text") out += open_block(g, "text", {{"type", "text"}, {"text", ""}});
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", g.block_index},
+                                           {"delta", {{"type", "text_delta"}, {"text", cd.content}}}});
+    }
+    for (const auto& tc : cd.tool_calls) {
+      if (tc.first())
+        out += open_block(g, "tool_use",
+                          {{"type", "tool_use"}, {"id", tc.id}, {"name", tc.name}, {"input", ojson::object()}});
+      if (!tc.arguments.empty() && g.block_type == "tool_use")
+        out += event("content_block_delta", {{"type", "content_block_delta"},
+                                             {"index", g.block_index},
+                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", tc.arguments}}}});
+    }
+    return out;
   }
 
   static std::string anthropic_stop_reason(const Choice& c) {
@@ -455,7 +495,18 @@ struct ApiServer::Impl {
     Choice& c = g.choices[ci];
     std::string out;
     const bool has_text = !d.text.empty() && d.finish_reason != FinishReason::kError;
-    if (g.kind == Kind::kMessages) {
+    if (g.kind == Kind::kMessages && !g.parsers.empty()) {
+      ChatOutputParser& parser = *g.parsers[0];
+      ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
+      if (d.finished) {
+        ChatDelta tail = parser.finish();
+        cd.reasoning += tail.reasoning;
+        cd.content += tail.content;
+        cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+      }
+      if (parser.tools_called()) g.tools_called[0] = true;
+      out += anthropic_parsed_events(g, cd);
+    } else if (g.kind == Kind::kMessages) {
       if (has_text)
         out += event("content_block_delta", {{"type", "content_block_delta"},
                                              {"index", 0},
@@ -558,11 +609,14 @@ struct ApiServer::Impl {
       std::string out;
       if (g.kind == Kind::kMessages) {
         const Choice& c = g.choices[0];
-        out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+        if (g.block_index < 0) out += open_block(g, "text", {{"type", "text"}, {"text", ""}});
+        out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", g.block_index}});
+        std::string stop_reason = anthropic_stop_reason(c);
+        if (!g.tools_called.empty() && g.tools_called[0] && stop_reason == "end_turn") stop_reason = "tool_use";
         out += event("message_delta",
                      {{"type", "message_delta"},
                       {"delta",
-                       {{"stop_reason", anthropic_stop_reason(c)},
+                       {{"stop_reason", stop_reason},
                         {"stop_sequence", c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string)}}},
                       {"usage", {{"output_tokens", c.token_ids.size()}}}});
         out += event("message_stop", {{"type", "message_stop"}});

@@ -64,3 +64,18 @@ test('Anthropic: thinking block from the reasoning parser', async () => {
   const m = await anthropic.messages.create({ model: MODEL, max_tokens: 8, messages: [{ role: 'user', content: 'Hi' }], thinking: { type: 'enabled', budget_tokens: 1024 } });
   assert.equal(m.content[0].type, 'thinking');
 });
+
+test('Anthropic: streamed thinking block (thinking_delta events)', async () => {
+  const anthropic = new Anthropic({ baseURL: URL, apiKey: KEY, maxRetries: 0 });
+  const stream = anthropic.messages.stream({ model: MODEL, max_tokens: 8, messages: [{ role: 'user', content: 'Hi' }], thinking: { type: 'enabled', budget_tokens: 1024 } });
+  const events = [];
+  stream.on('streamEvent', (e) => events.push(e));
+  const final = await stream.finalMessage();
+  assert.equal(events[0].type, 'message_start');
+  assert.equal(events[1].type, 'content_block_start');
+  assert.equal(events[1].content_block.type, 'thinking');
+  assert.ok(events.some((e) => e.type === 'content_block_delta' && e.delta.type === 'thinking_delta'));
+  assert.equal(events.at(-1).type, 'message_stop');
+  assert.equal(final.content[0].type, 'thinking');
+  assert.ok(final.content[0].thinking.length > 0);
+});
