@@ -15,6 +15,9 @@ TOK="$ROOT/.npm-pkgs/tokenizer-qwen3/package/models"
 if [ ! -f "$TOK/tokenizer.json" ]; then
   echo "SKIP: $TOK/tokenizer.json missing (run scripts/fetch_test_data.sh)"; exit 77
 fi
+if [ ! -d "$ROOT/tests/node/node_modules/openai" ] || [ ! -d "$ROOT/tests/node/node_modules/@anthropic-ai/sdk" ]; then
+  echo "SKIP: the openai / @anthropic-ai/sdk npm clients are missing (run scripts/fetch_test_data.sh)"; exit 77
+fi
 WORK="$(mktemp -d /tmp/tessera-server-test.XXXXXX)"
 LOG="$WORK/server.log"
 : >"$LOG"
