@@ -110,6 +110,9 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_
   if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
     fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
   world_ = layout.world_size();
+  // A peer that died must surface as a failed collective, not as SIGPIPE on our next write to
+  // its socket (Gloo's writes do not all pass MSG_NOSIGNAL).
+  signal(SIGPIPE, SIG_IGN);
   token_ = hex(dist::random_nonce());
   dist::RendezvousServerOptions so;
   so.bind_ip = "127.0.0.1";
@@ -243,6 +246,7 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   if (!token) fail(ErrorKind::kInvalidArgument, "a worker rank needs {} from the head", kTokenEnv);
   std::string tok = token;
   unsetenv(kTokenEnv);
+  signal(SIGPIPE, SIG_IGN);  // see RankLauncher
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
   try {
     auto backend = make_rank_backend(f, world);
