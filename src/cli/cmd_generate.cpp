@@ -87,6 +87,12 @@ int run_generate(int argc, char** argv) {
   add_engine_flags(app, ef);
   WorkerFlags wf;
   add_worker_flags(app, wf);
+  // Several nodes: the flags exist (vLLM's names) so that they fail clearly, not as unknown.
+  int nnodes = 1;
+  app.add_option("--nnodes", nnodes, "nodes in the job (several nodes: not available for generate yet)");
+  std::string unused_multinode;
+  for (const char* flag : {"--node-rank", "--master-addr", "--master-port", "--nic", "--cluster-token"})
+    app.add_option(flag, unused_multinode, "several nodes: not available for generate yet")->group("Multi-node");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -94,6 +100,10 @@ int run_generate(int argc, char** argv) {
   }
   // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
+  if (nnodes != 1 || !unused_multinode.empty())
+    fail(ErrorKind::kUnsupported,
+         "--nnodes/--node-rank/--master-addr/--master-port/--nic/--cluster-token: several nodes are not available for "
+         "tessera generate yet; on one node use --tensor-parallel-size/--pipeline-parallel-size");
   if (request_seed) sp.seed = request_seed;
 
   std::vector<Job> jobs;
