@@ -40,10 +40,11 @@ def main():
     args = ap.parse_args()
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     cases = []
+    # Building a criteria scans the whole vocabulary: once per stop set, not per text.
+    criteria = [StopStringCriteria(tokenizer=tok, stop_strings=stops) for stops in STOPS]
     for text in TEXTS:
         ids = tok.encode(text, add_special_tokens=False)
-        for stops in STOPS:
-            crit = StopStringCriteria(tokenizer=tok, stop_strings=stops)
+        for stops, crit in zip(STOPS, criteria):
             stop_at = None
             for k in range(1, len(ids) + 1):
                 if bool(crit(torch.tensor([ids[:k]]), None)[0]):

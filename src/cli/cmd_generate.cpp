@@ -254,6 +254,10 @@ int run_generate(int argc, char** argv) {
   for (const auto& j : jobs) {
     if (json_out || !output.empty()) {
       nlohmann::json o{{"prompt_ids", j.prompt}, {"token_ids", j.output}, {"finish_reason", j.finish_reason}};
+      if (!j.output.empty()) {  // seconds since the first request was queued (timing of runs)
+        o["first_token_at_s"] = std::chrono::duration<double>(j.first_token - t0).count();
+        o["last_token_at_s"] = std::chrono::duration<double>(j.last_token - t0).count();
+      }
       if (tok) o["text"] = j.text;
       os << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (tok) {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Model-level checks on the GPU machine, in one call (the lead's run; kernel-level checks
+# are scripts/device_check.sh). Needs the bundle (scripts/bundle.sh --with-tests --tar
+# bundle/bundle.tar.xz) and the Qwen3 tokenizer carried:
+#   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
+#   command: bash scripts/device_model_check.sh
+# Writes logs to $OUT and a short summary last.
+set -u
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+tar -xJf bundle/bundle.tar.xz -C /tmp
+B=/tmp/bundle
+TOK=.npm-pkgs/tokenizer-qwen3/package/models
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+
+echo "== stop-string references (transformers StopStringCriteria)"
+timeout 120 python3 tools/make_stop_string_refs.py --tokenizer $TOK --out "$OUT/qwen3_stop_refs.json" 2>&1 | tail -2
+
+echo "== fixture and engine tests on CUDA"
+TESSERA_TEST_DEVICE=cuda timeout 180 $B/model_fixture_test > "$OUT/fixture_cuda.log" 2>&1; echo "model_fixture_test rc=$?"
+grep -E 'PASSED|FAILED|Failure' -A3 "$OUT/fixture_cuda.log" | grep -v '^--' | head -20
+TESSERA_TEST_DEVICE=cuda timeout 240 $B/engine_test > "$OUT/engine_cuda.log" 2>&1; echo "engine_test rc=$?"
+grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -20
+
+echo "== copy bandwidth (ceiling) in this run"
+python3 - <<'PY' 2>&1 | tee "$OUT/copy.log"
+import torch
+n = 4 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ts = []
+for _ in range(10):
+    s.record(); b.copy_(a); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"copy_GBps {2 * n / ms / 1e6:.0f}")
+x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); y = torch.randn_like(x)
+for _ in range(3): x @ y
+torch.cuda.synchronize(); ts = []
+for _ in range(10):
+    s.record(); x @ y; e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"gemm_TFLOPs {2 * 8192**3 / ms / 1e9:.0f}")
+PY
+
+echo "== decode, batch 1, Qwen3-8B shape, 512-token prompt, 256 new tokens"
+P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
+timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
+  --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode.json" 2> "$OUT/decode.log"
+grep -E 'Processed|KV cache size|weights take' "$OUT/decode.log"
+
+echo "== prefill, one 4096-token prompt (after a warm-up prompt), same model"
+P4K=$(python3 -c "print(','.join(str((i*104729)%150000+100) for i in range(4096)))")
+P4K2=$(python3 -c "print(','.join(str((i*7907)%150000+100) for i in range(4096)))")
+timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P4K" \
+  --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 --max-model-len 8192 \
+  --no-enable-prefix-caching --json > "$OUT/prefill.json" 2> "$OUT/prefill.log"
+python3 - "$OUT/prefill.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+t = rows[1]["first_token_at_s"] - rows[0]["first_token_at_s"]
+print(f"prefill_4096_s {t:.4f}")
+PY
+
+echo "== serving: tessera bench, seed protocol"
+$B/tessera serve configs/qwen3-8b --load-format dummy --device cuda --tokenizer $TOK --port 8011 \
+  --max-model-len 4096 --max-num-seqs 256 > "$OUT/serve.log" 2>&1 &
+SP=$!
+for i in $(seq 1 120); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
+timeout 200 $B/tessera bench --base-url http://127.0.0.1:8011 --concurrency 1,5,10,20 --requests-per-level 40 \
+  --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain how a GPU schedules warps." \
+  --json "$OUT/bench_low.json" 2>/dev/null | tail -12
+timeout 200 $B/tessera bench --base-url http://127.0.0.1:8011 --concurrency 64,256 --requests-per-level 256 \
+  --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain how a GPU schedules warps." \
+  --json "$OUT/bench_high.json" 2>/dev/null | tail -10
+kill $SP; wait $SP 2>/dev/null
+grep -E 'KV cache size|Maximum concurrency' "$OUT/serve.log"
