@@ -13,6 +13,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates ipro
       libgtest-dev libgmock-dev libbenchmark-dev patchelf nodejs npm chromium)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Node.js may come from elsewhere (e.g. NodeSource, whose nodejs bundles npm and conflicts
+# with Debian's npm package): only ask Debian for it when there is no npm at all.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] installing: ${missing[*]}"
   $SUDO apt-get update -qq
