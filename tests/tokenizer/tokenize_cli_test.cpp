@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "tokenizer_test_data.h"
 
 namespace tessera::tokenizer {
@@ -20,7 +22,11 @@ std::filesystem::path cli_path() {
 
 // Runs `tessera tokenize ARGS < input` and returns stdout; fails the test on a non-zero exit.
 std::string run_tokenize(const std::string& args, const std::string& input) {
-  std::filesystem::path input_path = std::filesystem::temp_directory_path() / "tessera_tokenize_cli_test.in";
+  // One file per process and call: ctest runs the tests of this binary in parallel processes.
+  static int calls = 0;
+  std::filesystem::path input_path = std::filesystem::temp_directory_path() /
+                                     ("tessera_tokenize_cli_test." + std::to_string(getpid()) + "." +
+                                      std::to_string(++calls) + ".in");
   std::ofstream(input_path, std::ios::binary) << input;
   std::string command = cli_path().string() + " tokenize " + args + " < " + input_path.string();
   FILE* pipe = popen(command.c_str(), "r");
@@ -29,6 +35,7 @@ std::string run_tokenize(const std::string& args, const std::string& input) {
   std::array<char, 4096> buffer;
   for (size_t n; pipe && (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) out.append(buffer.data(), n);
   int status = pipe ? pclose(pipe) : -1;
+  std::filesystem::remove(input_path);
   EXPECT_EQ(status, 0) << command;
   return out;
 }
