@@ -163,9 +163,13 @@ void LLMEngine::abort(const std::string& id, bool only_this_sequence) {
   }
 }
 
-void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out) {
+void LLMEngine::retire(Request* r) {
   scheduler_->remove(r);
   r->status = RequestStatus::kFinished;
+  requests_.erase(r->id);  // r is gone after this
+}
+
+void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out) {
   r->finish = reason;
   RequestOutput o;
   o.request_id = r->id;
@@ -176,7 +180,7 @@ void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   o.num_output_tokens = static_cast<int>(r->output.size());
   o.num_cached_tokens = r->num_cached_tokens;
   out.push_back(std::move(o));
-  requests_.erase(r->id);
+  retire(r);
 }
 
 ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const {
@@ -223,10 +227,9 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<Request*> sampled;
   ModelInput in = build_input(sched, sampled);
   const int vocab = executor_->model_config().vocab_size;
-  if (!sampled.empty() || !in.token_ids.empty()) {
-    if (in.logits_indices.empty()) in.logits_indices.push_back(0);  // keep the lm_head path uniform
-    executor_->execute(in, host_logits_);
-  }
+  // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
+  if (in.logits_indices.empty()) in.logits_indices.push_back(0);
+  executor_->execute(in, host_logits_);
   scheduler_->on_step_done(sched);
 
   for (size_t i = 0; i < sampled.size(); ++i) {
@@ -258,9 +261,7 @@ std::vector<RequestOutput> LLMEngine::step() {
       o.finished = true;
       o.finish_reason = reason;
       o.stop_token = r->stop_token;
-      scheduler_->remove(r);
-      r->status = RequestStatus::kFinished;
-      requests_.erase(r->id);
+      retire(r);
     }
     out.push_back(std::move(o));
   }

@@ -80,6 +80,8 @@ class LLMEngine {
   void plan_kv_cache();
   ModelInput build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const;
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
+  // Frees the request's blocks and forgets it (the pointer dangles afterwards).
+  void retire(Request* r);
 
   std::unique_ptr<Executor> executor_;
   Backend& backend_;

@@ -38,16 +38,4 @@ inline nlohmann::json load_reference(const std::string& name) {
   return nlohmann::json::parse(f);
 }
 
-// Number of leading greedy steps that are decided by a margin above `min_margin`:
-// past the first close call, a tiny numeric difference may legitimately pick the
-// other token and the continuations diverge.
-inline size_t decisive_prefix(const nlohmann::json& margins, double min_margin) {
-  size_t n = 0;
-  for (const auto& m : margins) {
-    if (m.get<double>() <= min_margin) break;
-    ++n;
-  }
-  return n;
-}
-
 }  // namespace tessera::testing
