@@ -41,6 +41,11 @@ class Communicator {
   int rank() const { return group().rank; }
   int size() const { return group().size(); }
   virtual std::string backend() const = 0;  // "gloo", "nccl"
+  // True when calls take tensors on the rank's GPU and are ordered on the backend's stream
+  // (NCCL built with NcclOptions::stream): the caller need not synchronize the backend
+  // first, and a call may return before the data has arrived (later work on that stream
+  // sees it). False: host-visible tensors, the call returns with the result (Gloo).
+  virtual bool stream_ordered() const { return false; }
 
   // In place, every rank ends with the elementwise sum. f32 and bf16 (bf16 is summed in
   // f32 per pair and rounded, as NCCL does).

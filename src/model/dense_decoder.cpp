@@ -128,7 +128,8 @@ void DenseDecoderModel::attention(int layer, const Tensor& h, const Tensor& out,
 
 void DenseDecoderModel::all_reduce(const Tensor& t) {
   if (pc_.tp_size == 1) return;
-  backend_.synchronize();  // the communicator reads the buffer outside the backend's stream
+  // A host-side communicator reads the buffer outside the backend's stream.
+  if (!rt_.tp->stream_ordered()) backend_.synchronize();
   rt_.tp->all_reduce(t);
 }
 
@@ -184,7 +185,7 @@ Tensor DenseDecoderModel::lm_head(const Tensor& rows) {
   const int64_t Vs = lm_head_->dim(0);
   Tensor local = be.scratch({n, Vs}, DType::kF32);
   be.linear(rows, *lm_head_, nullptr, local);
-  be.synchronize();
+  if (!rt_.tp->stream_ordered()) be.synchronize();
   const bool root = pc_.tp_rank == 0;
   Tensor gathered = root ? be.scratch({tp * n, Vs}, DType::kF32) : Tensor();
   rt_.tp->gather(local, gathered, 0);
@@ -250,7 +251,7 @@ Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
     be.scratch_rewind(mark);
   }
   if (!last_stage) {
-    be.synchronize();
+    if (!rt_.pp->stream_ordered()) be.synchronize();
     rt_.pp->send(act, pc_.pp_rank + 1);
     return Tensor();
   }
