@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "cli/engine_flags.h"
+#include "cli/node_launch.h"
 #include "cli/rank_launcher.h"
 #include "engine/async_engine.h"
 #include "tokenizer/chat_template.h"
@@ -87,12 +88,8 @@ int run_generate(int argc, char** argv) {
   add_engine_flags(app, ef);
   WorkerFlags wf;
   add_worker_flags(app, wf);
-  // Several nodes: the flags exist (vLLM's names) so that they fail clearly, not as unknown.
-  int nnodes = 1;
-  app.add_option("--nnodes", nnodes, "nodes in the job (several nodes: not available for generate yet)");
-  std::string unused_multinode;
-  for (const char* flag : {"--node-rank", "--master-addr", "--master-port", "--nic", "--cluster-token"})
-    app.add_option(flag, unused_multinode, "several nodes: not available for generate yet")->group("Multi-node");
+  ClusterFlags cf;
+  add_cluster_flags(app, cf);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -100,10 +97,14 @@ int run_generate(int argc, char** argv) {
   }
   // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
-  if (nnodes != 1 || !unused_multinode.empty())
-    fail(ErrorKind::kUnsupported,
-         "--nnodes/--node-rank/--master-addr/--master-port/--nic/--cluster-token: several nodes are not available for "
-         "tessera generate yet; on one node use --tensor-parallel-size/--pipeline-parallel-size");
+  // Several nodes: a node other than the head only runs its ranks (the head has the prompts).
+  const dist::LaunchFacts facts = resolve_cluster(ef, cf);
+  std::unique_ptr<dist::NodeSession> session;
+  if (!facts.is_head()) {
+    (void)engine_config(ef, /*parallel_supported=*/true);  // the same checks as the head, before joining
+    session = start_node_session(ef, cf, facts);
+    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
+  }
   if (request_seed) sp.seed = request_seed;
 
   std::vector<Job> jobs;
@@ -178,14 +179,23 @@ int run_generate(int argc, char** argv) {
 
   // TP x PP > 1: this process is rank 0; the launcher spawns and supervises the others.
   // Declared before the engine, so the executor's shutdown plan goes out before it waits.
+  // Several nodes: the head's session (control channel on the chosen NIC) outlives the launcher.
   const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
+  if (facts.nnodes > 1) {
+    (void)engine_config(ef, /*parallel_supported=*/true);
+    session = start_node_session(ef, cf, facts);
+  }
+  AwaitNodesLeaving await_nodes(session.get());
   std::unique_ptr<RankLauncher> launcher;
+  std::unique_ptr<NodeFailureHook> node_hook;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<LLMEngine> llm;
   if (world > 1) {
     EngineConfig ec = engine_config(ef, /*parallel_supported=*/true);
-    backend = make_rank_backend(ef, world);
-    launcher = std::make_unique<RankLauncher>(ef, argc, argv);
+    backend = make_rank_backend(ef, session ? world / facts.nnodes : world);  // rank 0: local rank 0
+    launcher = session ? std::make_unique<RankLauncher>(ef, argc, argv, placement_of(ef, *session, facts.nnodes))
+                       : std::make_unique<RankLauncher>(ef, argc, argv);
+    node_hook = std::make_unique<NodeFailureHook>(session.get(), launcher.get());
     llm = std::make_unique<LLMEngine>(launcher->make_executor(*backend), ec);
   } else {
     backend = make_backend_for(ef);

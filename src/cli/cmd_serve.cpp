@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "cli/engine_flags.h"
+#include "cli/node_launch.h"
+#include "cli/rank_launcher.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -34,7 +36,7 @@ namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
 const std::set<std::string> kVllmOnlyFlags = {
-    "--quantization", "-q", "--dtype", "--enforce-eager", "--enable-lora", "--lora-modules", "--max-lora-rank",
+    "--quantization", "-q", "--dtype", "--enable-lora", "--lora-modules", "--max-lora-rank",
     "--max-loras", "--speculative-config", "--swap-space", "--cpu-offload-gb", "--guided-decoding-backend",
     "--structured-outputs-config", "--limit-mm-per-prompt", "--rope-scaling", "--rope-theta", "--tokenizer-mode",
     "--revision", "--code-revision", "--tokenizer-revision", "--download-dir", "--hf-overrides",
@@ -127,10 +129,10 @@ int run_serve(int argc, char** argv) {
   app.allow_extras();
   EngineFlags ef;
   std::string host = "0.0.0.0", api_key, tokenizer_dir, chat_template, tool_call_parser, reasoning_parser;
-  std::string generation_config = "auto", distributed_executor_backend, master_addr = "127.0.0.1";
+  std::string generation_config = "auto";
   std::string uvicorn_log_level = "info";
   std::vector<std::string> served_model_names;
-  int port = 8000, max_waiting_requests = 1024, http_threads = 0, nnodes = 1, node_rank = 0, master_port = 29501;
+  int port = 8000, max_waiting_requests = 1024, http_threads = 0;
   size_t max_body = 10u << 20;
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
@@ -158,11 +160,6 @@ int run_serve(int argc, char** argv) {
   app.add_option("--uvicorn-log-level", uvicorn_log_level, "accepted for vLLM compatibility (log level of the server)");
   app.add_flag("--disable-log-requests", disable_log_requests, "accepted for vLLM compatibility");
   app.add_flag("--disable-uvicorn-access-log", disable_access_log, "no access log line per request");
-  app.add_option("--distributed-executor-backend", distributed_executor_backend, "mp | ray | external_launcher");
-  app.add_option("--nnodes", nnodes, "nodes in the job")->capture_default_str();
-  app.add_option("--node-rank", node_rank, "this node's rank")->capture_default_str();
-  app.add_option("--master-addr", master_addr, "head node address")->capture_default_str();
-  app.add_option("--master-port", master_port, "head node rendezvous port")->capture_default_str();
   app.add_option("--max-request-body-bytes", max_body, "largest request body; larger ones get 413")
       ->capture_default_str();
   app.add_option("--http-threads", http_threads, "I/O threads of the HTTP server (default: min(4, cores))");
@@ -175,6 +172,10 @@ int run_serve(int argc, char** argv) {
                  "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted")
       ->capture_default_str();
   add_engine_flags(app, ef);
+  ClusterFlags cf;
+  add_cluster_flags(app, cf);
+  WorkerFlags wf;
+  add_worker_flags(app, wf);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -189,20 +190,16 @@ int run_serve(int argc, char** argv) {
   }
   if (!app.remaining().empty())
     fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
-
-  if (nnodes != 1 || node_rank != 0)
-    fail(ErrorKind::kUnsupported,
-         "--nnodes {} / --node-rank {}: multi-node serving is not integrated into tessera serve yet; run one node",
-         nnodes, node_rank);
-  if (ef.tensor_parallel_size != 1 || ef.pipeline_parallel_size != 1)
-    fail(ErrorKind::kUnsupported,
-         "--tensor-parallel-size {} / --pipeline-parallel-size {}: parallel serving is not integrated into tessera "
-         "serve yet; use 1",
-         ef.tensor_parallel_size, ef.pipeline_parallel_size);
-  if (!distributed_executor_backend.empty() && distributed_executor_backend != "mp" &&
-      distributed_executor_backend != "uni")
-    fail(ErrorKind::kUnsupported, "--distributed-executor-backend {}: only mp (the default) is available",
-         distributed_executor_backend);
+  // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
+  if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
+  const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
+  (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
+  const dist::LaunchFacts facts = resolve_cluster(ef, cf);
+  if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
+    if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
+    auto session = start_node_session(ef, cf, facts);
+    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
+  }
   // Creating one validates the name (the error lists the supported parsers).
   if (!tool_call_parser.empty()) (void)server::make_tool_parser(tool_call_parser);
   if (!reasoning_parser.empty()) (void)server::make_reasoning_parser(reasoning_parser);
@@ -263,8 +260,25 @@ int run_serve(int argc, char** argv) {
     defaults = read_generation_config(generation_config, &extra_eos);
   }
 
-  auto backend = make_backend_for(ef);
-  auto llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
+  // TP x PP > 1: this process is rank 0; the launcher spawns and supervises this node's other
+  // ranks. Several nodes: the session (the head's control channel) outlives the launcher.
+  std::unique_ptr<dist::NodeSession> session = start_node_session(ef, cf, facts);
+  AwaitNodesLeaving await_nodes(session.get());
+  std::unique_ptr<RankLauncher> launcher;
+  std::unique_ptr<NodeFailureHook> node_hook;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LLMEngine> llm;
+  if (world > 1) {
+    EngineConfig ec = engine_config(ef, /*parallel_supported=*/true);
+    backend = make_rank_backend(ef, session ? world / facts.nnodes : world);  // rank 0: local rank 0
+    launcher = session ? std::make_unique<RankLauncher>(ef, argc, argv, placement_of(ef, *session, facts.nnodes))
+                       : std::make_unique<RankLauncher>(ef, argc, argv);
+    node_hook = std::make_unique<NodeFailureHook>(session.get(), launcher.get());
+    llm = std::make_unique<LLMEngine>(launcher->make_executor(*backend), ec);
+  } else {
+    backend = make_backend_for(ef);
+    llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
+  }
   if (!extra_eos.empty()) {
     std::vector<int32_t> eos = llm->eos_token_ids();
     for (int32_t id : extra_eos)
@@ -316,9 +330,45 @@ int run_serve(int argc, char** argv) {
             "/health /version /metrics");
   TLOG_INFO("Application startup complete.");
 
+  // Rank processes: a dead rank (or a lost node) ends the server with a non-zero exit. The
+  // watcher turns /health to 503 at once and wakes the main thread with kRankFailed.
+  constexpr unsigned char kRankFailed = 0xff;
+  std::atomic<bool> watch_stop{false};
+  std::string job_failure;
+  std::thread watcher;
+  if (launcher) {
+    watcher = std::thread([&] {
+      while (!watch_stop) {
+        std::string what = launcher->failure();
+        if (what.empty()) {
+          AsyncEngineStats st = engine.stats();
+          if (!st.alive) what = "the engine failed: " + st.fatal_error;
+        }
+        if (!what.empty()) {
+          api.set_draining();  // /health: 503
+          job_failure = what;
+          [[maybe_unused]] auto n = write(g_signal_pipe[1], &kRankFailed, 1);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+
   unsigned char sig = 0;
   while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
   }
+  if (sig == kRankFailed) {
+    TLOG_ERROR("{}; /health answers 503, shutting the server down", job_failure);
+    http.stop_accepting();
+    engine.drain(std::chrono::milliseconds(1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    http.stop();
+    watcher.join();
+    fail(ErrorKind::kNetwork, "{}", job_failure);
+  }
+  watch_stop = true;
+  if (watcher.joinable()) watcher.join();
   TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s", sig == SIGINT ? "SIGINT" : "SIGTERM",
             drain_timeout);
   api.set_draining();

@@ -32,10 +32,38 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                "split long prompts across steps so decodes keep flowing (default on)");
   app.add_option("--seed", f.seed, "seed for requests without their own seed and for dummy weights")
       ->capture_default_str();
+  app.add_flag("--enforce-eager", f.enforce_eager,
+               "never replay CUDA graphs (decode batches up to min(--max-num-seqs, 256) are captured on first use "
+               "otherwise)");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
       ->capture_default_str();
+}
+
+void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
+  const char* g = "Several nodes";
+  app.add_option("--nnodes", c.nnodes, "nodes in the job (default 1; or from mpirun/Slurm/LeaderWorkerSet)")->group(g);
+  app.add_option("--node-rank", c.node_rank, "this node's rank, 0 = the head (runs the engine and the server)")
+      ->group(g);
+  app.add_option("--master-addr", c.master_addr, "the head's IP on the network the nodes share (or $MASTER_ADDR)")
+      ->group(g);
+  app.add_option("--master-port", c.master_port, "the head's control-channel port (default 29500, or $MASTER_PORT)")
+      ->group(g);
+  app.add_option("--nic", c.nic,
+                 "network interface(s) for the control channel and Gloo/NCCL, NCCL_SOCKET_IFNAME syntax (eth,ib / "
+                 "=eth0 / ^docker,lo); default: the one that routes to --master-addr")
+      ->group(g);
+  app.add_option("--node-ip-address", c.node_ip_address, "this node's address (default: the chosen NIC's)")->group(g);
+  app.add_option("--cluster-token", c.cluster_token,
+                 "shared secret every node authenticates with (default $TESSERA_CLUSTER_TOKEN); required with "
+                 "several nodes")
+      ->group(g);
+  app.add_option("--join-timeout", c.join_timeout_s, "seconds for every node to join the head")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--distributed-executor-backend", c.distributed_executor_backend,
+                 "mp (default: tessera spawns and supervises its rank processes); ray is accepted and not needed");
 }
 
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
@@ -69,6 +97,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.kv_cache_dtype = f.kv_cache_dtype;
   c.enable_prefix_caching = f.enable_prefix_caching;
   c.seed = f.seed;
+  c.enforce_eager = f.enforce_eager;
   return c;
 }
 

@@ -1,6 +1,7 @@
 // Flags shared by the verbs that run a model (generate, serve), with vllm serve's names.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -23,11 +24,26 @@ struct EngineFlags {
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   uint64_t seed = 0;
+  bool enforce_eager = false;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
+
+// Several nodes (vLLM / torchrun names) and the executor backend. Every node runs the same
+// command with its own --node-rank; under mpirun, Slurm or a LeaderWorkerSet the launcher's
+// environment supplies them (dist/launch_env.h).
+struct ClusterFlags {
+  std::optional<int> nnodes, node_rank, master_port;
+  std::optional<std::string> master_addr;
+  std::string nic;               // NCCL_SOCKET_IFNAME syntax
+  std::string node_ip_address;
+  std::string cluster_token;     // default: $TESSERA_CLUSTER_TOKEN
+  double join_timeout_s = 300;
+  std::string distributed_executor_backend;  // mp | ray (accepted: not needed) | uni
+};
+void add_cluster_flags(CLI::App& app, ClusterFlags& c);
 // The backend for --device (auto: CUDA when this build has it and a GPU is visible).
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f);
 // Refuses TP/PP > 1 (verbs that do not launch rank processes yet).

@@ -50,13 +50,17 @@ std::string describe_exit(int status) {
 dist::ParallelLayout layout_of(const EngineFlags& f) { return {f.tensor_parallel_size, f.pipeline_parallel_size}; }
 
 // Every rank creates the groups in the same order: world (plans), tp, pp.
-std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, int rank, uint16_t port,
-                                                 const std::string& token) {
-  auto store = std::make_shared<dist::ControlStoreClient>(dist::HeadAddress{"127.0.0.1", port, token, ""}, rank,
-                                                          std::chrono::seconds(60));
+// `store_host:port` is the head's control channel; Gloo binds `bind_ip` (this node's NIC).
+std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, int rank, const std::string& store_host,
+                                                 uint16_t port, const std::string& token, const std::string& bind_ip,
+                                                 const dist::RankNamer& namer = {}) {
+  const bool local = bind_ip == "127.0.0.1";
+  auto store = std::make_shared<dist::ControlStoreClient>(
+      dist::HeadAddress{store_host, port, token, local ? "" : bind_ip}, rank, std::chrono::seconds(60));
   dist::GlooOptions o;
   o.store = store;
-  o.ip = "127.0.0.1";
+  o.ip = bind_ip;
+  o.namer = namer;
   o.timeout = kPlanWaitTimeout;
   dist::GlooCommunicatorFactory plan_factory(o);
   o.timeout = kCollectiveTimeout;
@@ -88,6 +92,10 @@ void add_worker_flags(CLI::App& app, WorkerFlags& w) {
   // Internal: set by the head when it spawns its rank processes.
   app.add_option("--worker-rank", w.worker_rank)->group("");
   app.add_option("--worker-port", w.worker_port)->group("");
+  app.add_option("--worker-master-addr", w.worker_master_addr)->group("");
+  app.add_option("--worker-bind-ip", w.worker_bind_ip)->group("");
+  app.add_option("--worker-first-rank", w.worker_first_rank)->group("");
+  app.add_option("--worker-local-ranks", w.worker_local_ranks)->group("");
 }
 
 std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size) {
@@ -105,7 +113,8 @@ std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size)
   return make_backend(o);
 }
 
-RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_(f) {
+RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlacement placement)
+    : flags_(f), placement_(std::move(placement)) {
   dist::ParallelLayout layout = layout_of(f);
   if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
     fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
@@ -113,14 +122,25 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_
   // A peer that died must surface as a failed collective, not as SIGPIPE on our next write to
   // its socket (Gloo's writes do not all pass MSG_NOSIGNAL).
   signal(SIGPIPE, SIG_IGN);
-  token_ = hex(dist::random_nonce());
-  dist::RendezvousServerOptions so;
-  so.bind_ip = "127.0.0.1";
-  so.port = 0;
-  so.token = token_;
-  so.nnodes = 1;
-  server_ = std::make_unique<dist::RendezvousServer>(so);
-  const uint16_t port = server_->port();
+  if (placement_.store_host.empty()) {  // one node: our own control channel on loopback
+    token_ = hex(dist::random_nonce());
+    dist::RendezvousServerOptions so;
+    so.bind_ip = "127.0.0.1";
+    so.port = 0;
+    so.token = token_;
+    so.nnodes = 1;
+    server_ = std::make_unique<dist::RendezvousServer>(so);
+    placement_.store_host = placement_.bind_ip = "127.0.0.1";
+    placement_.store_port = server_->port();
+    placement_.first_rank = 0;
+    placement_.local_ranks = world_;
+  } else {  // several nodes: the head's control channel (dist::NodeSession) is up already
+    token_ = placement_.token;
+    if (placement_.local_ranks < 1 || placement_.first_rank < 0 || placement_.first_rank + placement_.local_ranks > world_)
+      fail(ErrorKind::kInvalidArgument, "ranks {}..{} of this node lie outside the world of {}", placement_.first_rank,
+           placement_.first_rank + placement_.local_ranks - 1, world_);
+  }
+  const uint16_t port = placement_.store_port;
 
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -136,10 +156,14 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_
   envp.push_back(nullptr);
   const pid_t parent = getpid();
   std::fflush(nullptr);
-  for (int r = 1; r < world_; ++r) {
+  // On the head this process is rank 0; another node's process only supervises its ranks.
+  for (int r = std::max(1, placement_.first_rank); r < placement_.first_rank + placement_.local_ranks; ++r) {
     std::vector<std::string> args{exe};
     for (int i = 0; i < argc; ++i) args.emplace_back(argv[i]);
-    args.insert(args.end(), {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port)});
+    args.insert(args.end(), {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port),
+                             "--worker-master-addr", placement_.store_host, "--worker-bind-ip", placement_.bind_ip,
+                             "--worker-first-rank", std::to_string(placement_.first_rank), "--worker-local-ranks",
+                             std::to_string(placement_.local_ranks)});
     std::vector<char*> cargv;
     for (auto& s : args) cargv.push_back(s.data());
     cargv.push_back(nullptr);
@@ -155,9 +179,10 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv) : flags_
     pids_.push_back(pid);
     reaped_.push_back(false);
   }
-  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {} CPU rank processes over Gloo on 127.0.0.1, control "
-            "channel port {}",
-            f.tensor_parallel_size, f.pipeline_parallel_size, world_, port);
+  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {} CPU rank processes over Gloo; this node runs ranks "
+            "{}..{} on {}, control channel {}:{}",
+            f.tensor_parallel_size, f.pipeline_parallel_size, world_, placement_.first_rank,
+            placement_.first_rank + placement_.local_ranks - 1, placement_.bind_ip, placement_.store_host, port);
   supervisor_ = std::thread([this] { supervise(); });
 }
 
@@ -202,16 +227,30 @@ std::string RankLauncher::wait_failure(std::chrono::milliseconds timeout) const 
   }
 }
 
+void RankLauncher::report_failure(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failure_.empty()) return;
+    failure_ = what;
+  }
+  TLOG_ERROR("{}; ending the job", what);
+}
+
 void RankLauncher::supervise() {
   std::optional<std::chrono::steady_clock::time_point> failed_at;
+  const int first_spawned = std::max(1, placement_.first_rank);
   while (!stopping_) {
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
       int status = 0;
       if (waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
       reaped_[i] = true;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;  // after the shutdown plan
-      std::string what = fmt::format("rank {} (pid {}) {}", i + 1, pids_[i], describe_exit(status));
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {  // after the shutdown plan
+        ++exited_ok_;
+        continue;
+      }
+      std::string what = fmt::format("rank {} (pid {}) {}", first_spawned + static_cast<int>(i), pids_[i],
+                                     describe_exit(status));
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (failure_.empty()) failure_ = what;
@@ -219,6 +258,7 @@ void RankLauncher::supervise() {
       TLOG_ERROR("{}; ending the job", what);
       if (!failed_at) failed_at = std::chrono::steady_clock::now();
     }
+    if (!failed_at && !failure().empty()) failed_at = std::chrono::steady_clock::now();  // report_failure
     if (failed_at && std::chrono::steady_clock::now() - *failed_at > std::chrono::seconds(5)) {
       // The engine did not end by itself (stuck in a wait): end the process.
       std::fprintf(stderr, "error: %s\n", failure().c_str());
@@ -232,7 +272,9 @@ void RankLauncher::supervise() {
 }
 
 std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
-  auto groups = join_groups(flags_, 0, server_->port(), token_);
+  if (placement_.first_rank != 0) fail(ErrorKind::kInternal, "make_executor: only the head node runs rank 0");
+  auto groups = join_groups(flags_, 0, placement_.store_host, placement_.store_port, token_, placement_.bind_ip,
+                            placement_.namer);
   auto model = load_shard(flags_, 0, *groups, backend);
   return std::make_unique<MultiprocExecutor>(std::move(model), backend, context_of(flags_, 0), std::move(groups));
 }
@@ -247,10 +289,12 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   std::string tok = token;
   unsetenv(kTokenEnv);
   signal(SIGPIPE, SIG_IGN);  // see RankLauncher
+  signal(SIGINT, SIG_IGN);   // Ctrl-C reaches the whole process group: the head drains and ends the ranks
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
   try {
-    auto backend = make_rank_backend(f, world);
-    auto groups = join_groups(f, w.worker_rank, static_cast<uint16_t>(w.worker_port), tok);
+    auto backend = make_rank_backend(f, w.worker_local_ranks > 0 ? w.worker_local_ranks : world);
+    auto groups = join_groups(f, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
+                              w.worker_bind_ip);
     auto model = load_shard(f, w.worker_rank, *groups, *backend);
     run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
   } catch (const Error& e) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli/engine_flags.h"
+#include "dist/communicator.h"
 #include "engine/executor.h"
 
 namespace tessera::dist {
@@ -32,18 +33,36 @@ namespace tessera::cli {
 // Hidden flags a spawned rank runs with.
 struct WorkerFlags {
   int worker_rank = -1;  // >= 1 in a worker
-  int worker_port = 0;   // the head's control channel on 127.0.0.1
+  int worker_port = 0;   // the head's control channel
+  std::string worker_master_addr = "127.0.0.1";  // the head's control-channel address (several nodes: its NIC IP)
+  std::string worker_bind_ip = "127.0.0.1";      // this node's NIC address: Gloo binds it
+  int worker_first_rank = 0;   // world rank of this node's first rank (several nodes)
+  int worker_local_ranks = 0;  // rank processes on this node; 0 = all (one node)
 };
 void add_worker_flags(CLI::App& app, WorkerFlags& w);
 
 // The backend of one rank: CPU ranks share the cores (threads = cores / ranks).
 std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size);
 
+// Where this node's ranks sit in a job of several nodes (from dist::NodeSession): their
+// world ranks, the head's control channel (which already runs there) and the NIC address.
+// Default: one node, the launcher starts its own control channel on 127.0.0.1.
+struct RankPlacement {
+  int first_rank = 0;       // world rank of this node's first rank (0 on the head)
+  int local_ranks = 0;      // rank processes on this node; 0 = all of them (one node)
+  std::string store_host;   // the head's control-channel address; empty = one node
+  uint16_t store_port = 0;
+  std::string token;        // the cluster token (handed to the ranks in the environment)
+  std::string bind_ip;      // this node's NIC address (Gloo binds it)
+  dist::RankNamer namer;    // "rank 1 (node 1, 10.0.0.2)" in rank 0's errors
+};
+
 class RankLauncher {
  public:
-  // Starts the control channel and spawns the workers: `argv` (argc entries, argv[0] the
-  // verb) are re-run with the worker flags appended.
-  RankLauncher(const EngineFlags& f, int argc, char** argv);
+  // Starts the control channel (one node) and spawns this node's workers: `argv` (argc
+  // entries, argv[0] the verb) are re-run with the worker flags appended. On the head
+  // (first_rank 0) this process is rank 0 and is not spawned.
+  RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlacement placement = {});
   // Stops supervising, gives the workers 10 s to finish their shutdown, then kills them.
   ~RankLauncher();
   RankLauncher(const RankLauncher&) = delete;
@@ -56,6 +75,10 @@ class RankLauncher {
   // failure(), waiting up to `timeout` for one (a collective may fail before the reaper sees
   // the process gone).
   std::string wait_failure(std::chrono::milliseconds timeout) const;
+  // A failure seen elsewhere (a node lost, from the control channel): treated as a dead rank.
+  void report_failure(const std::string& what);
+  // Every spawned worker has exited with status 0 (after the shutdown plan).
+  bool all_exited_ok() const { return exited_ok_ == static_cast<int>(pids_.size()); }
 
  private:
   void supervise();
@@ -69,6 +92,8 @@ class RankLauncher {
   mutable std::mutex mu_;
   std::string failure_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> exited_ok_{0};
+  RankPlacement placement_;
   std::thread supervisor_;
 };
 

@@ -1,0 +1,60 @@
+// Several nodes for the verbs that run a model (generate, serve): every node runs the same
+// command with its own --node-rank (docs/distributed.md, "Startup sequence"). The head
+// (node 0) runs the engine (and the HTTP server); every other node only spawns and supervises
+// its rank processes. World ranks are numbered node by node: node k owns
+// [k x L, (k + 1) x L) with L = TP x PP / nnodes.
+#pragma once
+#include <chrono>
+#include <memory>
+
+#include "cli/engine_flags.h"
+#include "cli/rank_launcher.h"
+#include "dist/launch_env.h"
+#include "dist/node_session.h"
+
+namespace tessera::cli {
+
+// Checks --distributed-executor-backend and resolves the launch facts (flags, mpirun, Slurm,
+// LeaderWorkerSet); fails with a clear message when they do not fit TP x PP.
+dist::LaunchFacts resolve_cluster(const EngineFlags& f, const ClusterFlags& c);
+
+// nnodes > 1: NIC choice, fingerprint and rendezvous (blocks until every node joined, or
+// fails naming what went wrong). nnodes == 1: nullptr.
+std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, const ClusterFlags& c,
+                                                      const dist::LaunchFacts& facts);
+
+// Where this node's ranks sit, for RankLauncher.
+RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, int nnodes);
+
+// Node rank > 0: spawns this node's ranks and supervises them and the head until the head's
+// shutdown plan ends them (0) or a rank, or the head, fails (non-zero).
+int run_worker_node(const EngineFlags& f, dist::NodeSession& s, int nnodes, int argc, char** argv);
+
+// The head: a lost node (control channel closed, heartbeats missed) fails the job like a dead
+// local rank. Declare it after the launcher (it must go first).
+class NodeFailureHook {
+ public:
+  NodeFailureHook(dist::NodeSession* s, RankLauncher* launcher);
+  ~NodeFailureHook();
+  NodeFailureHook(const NodeFailureHook&) = delete;
+  NodeFailureHook& operator=(const NodeFailureHook&) = delete;
+
+ private:
+  dist::NodeSession* session_;
+};
+
+// The head, at an orderly end: waits (up to 10 s) for the other nodes to leave before the
+// control channel closes, so none of them reports the head as lost. Declare it before the
+// launcher (it runs after the ranks got their shutdown plan).
+class AwaitNodesLeaving {
+ public:
+  explicit AwaitNodesLeaving(dist::NodeSession* s) : session_(s) {}
+  ~AwaitNodesLeaving();
+  AwaitNodesLeaving(const AwaitNodesLeaving&) = delete;
+  AwaitNodesLeaving& operator=(const AwaitNodesLeaving&) = delete;
+
+ private:
+  dist::NodeSession* session_;
+};
+
+}  // namespace tessera::cli
