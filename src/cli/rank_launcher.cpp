@@ -15,8 +15,16 @@
 #include "dist/crypto.h"
 #include "dist/gloo_communicator.h"
 #include "dist/process_groups.h"
+#include "dist/rank_gpus.h"
 #include "dist/rendezvous_server.h"
 #include "engine/model_loader.h"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+#ifdef TESSERA_HAVE_NCCL
+#include "dist/nccl_communicator.h"
+#endif
 
 extern char** environ;
 
@@ -49,9 +57,48 @@ std::string describe_exit(int status) {
 
 dist::ParallelLayout layout_of(const EngineFlags& f) { return {f.tensor_parallel_size, f.pipeline_parallel_size}; }
 
-// Every rank creates the groups in the same order: world (plans), tp, pp.
+// A CUDA rank whose data plane failed is done: its watchdog ends it this long after the
+// abort if its thread is waiting elsewhere (the next step plan) and never sees the error.
+constexpr std::chrono::milliseconds kExitAfterDataPlaneFailure{std::chrono::seconds(3)};
+
+std::string layout_name(const EngineFlags& f) {
+  return fmt::format("tensor parallel {} x pipeline parallel {}", f.tensor_parallel_size, f.pipeline_parallel_size);
+}
+
+// --device for rank processes (auto: CUDA when this build has it and a GPU is visible).
+DeviceType rank_device_type(const EngineFlags& f) {
+  if (f.device == "cpu") return DeviceType::kCPU;
+  if (f.device == "cuda") return DeviceType::kCUDA;
+  if (f.device == "auto") return cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
+  fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
+}
+
+// The GPUs of this node's `local_ranks` rank processes (local rank r: visible device r).
+dist::RankGpus rank_gpus(const EngineFlags& f, int local_ranks) {
+#ifdef TESSERA_HAVE_CUDA
+  return dist::assign_rank_gpus(local_ranks, cuda_device_count(), std::getenv("CUDA_VISIBLE_DEVICES"), layout_name(f));
+#else
+  (void)local_ranks;
+  fail(ErrorKind::kUnsupported,
+       "{} with --device cuda: this tessera build has no CUDA backend; rebuild with -DTESSERA_CUDA=ON (cmake --preset "
+       "cuda) or run CPU ranks with --device cpu",
+       layout_name(f));
+#endif
+}
+
+// For the launch line: "2 CUDA rank processes over NCCL (GPUs 0,1 on this node)".
+std::string describe_rank_processes(const EngineFlags& f, int world, int local_ranks) {
+  if (rank_device_type(f) == DeviceType::kCPU) return fmt::format("{} CPU rank processes over Gloo", world);
+  return fmt::format("{} CUDA rank processes over NCCL (GPUs {} on this node; step plans over Gloo)", world,
+                     rank_gpus(f, local_ranks).list());
+}
+
+// Every rank creates the groups in the same order: world (plans), tp, pp. The world group
+// carries host bytes (step plans) over Gloo; the tp and pp groups carry the backend's
+// tensors: Gloo for CPU ranks, NCCL on the backend's stream for CUDA ranks.
 // `store_host:port` is the head's control channel; Gloo binds `bind_ip` (this node's NIC).
-std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, int rank, const std::string& store_host,
+std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, Backend& backend, int rank,
+                                                 const std::string& store_host,
                                                  uint16_t port, const std::string& token, const std::string& bind_ip,
                                                  const dist::RankNamer& namer = {}) {
   const bool local = bind_ip == "127.0.0.1";
@@ -63,11 +110,28 @@ std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, int rank,
   o.namer = namer;
   o.timeout = kPlanWaitTimeout;
   dist::GlooCommunicatorFactory plan_factory(o);
-  o.timeout = kCollectiveTimeout;
-  dist::GlooCommunicatorFactory data_factory(o);
   dist::ParallelLayout layout = layout_of(f);
   auto g = std::make_unique<dist::ProcessGroups>();
   g->world = plan_factory.create(layout.world_group(rank));
+  if (backend.device().type == DeviceType::kCUDA) {
+#ifdef TESSERA_HAVE_NCCL
+    dist::NcclOptions n;
+    n.store = store;
+    n.device_index = backend.device().index;
+    n.timeout = kCollectiveTimeout;
+    n.namer = namer;
+    n.stream = cuda_backend_stream(backend);  // stream-ordered: no host wait per collective
+    n.exit_after_failure = kExitAfterDataPlaneFailure;
+    dist::NcclCommunicatorFactory data_factory(n);  // sets NCCL_NVLS_ENABLE=0
+    g->tp = data_factory.create(layout.tp_group(rank));
+    g->pp = data_factory.create(layout.pp_group(rank));
+    return g;
+#else
+    fail(ErrorKind::kUnsupported, "CUDA rank processes need NCCL: rebuild with -DTESSERA_CUDA=ON");
+#endif
+  }
+  o.timeout = kCollectiveTimeout;
+  dist::GlooCommunicatorFactory data_factory(o);
   g->tp = data_factory.create(layout.tp_group(rank));
   g->pp = data_factory.create(layout.pp_group(rank));
   return g;
@@ -98,18 +162,17 @@ void add_worker_flags(CLI::App& app, WorkerFlags& w) {
   app.add_option("--worker-local-ranks", w.worker_local_ranks)->group("");
 }
 
-std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int world_size) {
+std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks, int local_rank) {
   BackendOptions o;
-  if (f.device == "cpu") o.type = DeviceType::kCPU;
-  else if (f.device == "cuda") o.type = DeviceType::kCUDA;
-  else if (f.device == "auto") o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
-  else fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
-  if (o.type == DeviceType::kCUDA)
-    fail(ErrorKind::kUnsupported,
-         "--tensor-parallel-size/--pipeline-parallel-size above 1 run on CPU ranks (Gloo) in this build; CUDA ranks "
-         "(NCCL) are not wired yet: pass --device cpu");
+  o.type = rank_device_type(f);
+  if (local_rank < 0 || local_rank >= std::max(1, local_ranks))
+    fail(ErrorKind::kInternal, "local rank {} of {} rank processes on this node", local_rank, local_ranks);
+  if (o.type == DeviceType::kCUDA) {
+    o.device_index = rank_gpus(f, local_ranks).device_index[static_cast<size_t>(local_rank)];
+    return make_backend(o);
+  }
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  o.num_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, world_size))));
+  o.num_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, local_ranks))));
   return make_backend(o);
 }
 
@@ -179,9 +242,9 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
     pids_.push_back(pid);
     reaped_.push_back(false);
   }
-  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {} CPU rank processes over Gloo; this node runs ranks "
-            "{}..{} on {}, control channel {}:{}",
-            f.tensor_parallel_size, f.pipeline_parallel_size, world_, placement_.first_rank,
+  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {}; this node runs ranks {}..{} on {}, control channel {}:{}",
+            f.tensor_parallel_size, f.pipeline_parallel_size,
+            describe_rank_processes(f, world_, placement_.local_ranks), placement_.first_rank,
             placement_.first_rank + placement_.local_ranks - 1, placement_.bind_ip, placement_.store_host, port);
   supervisor_ = std::thread([this] { supervise(); });
 }
@@ -273,7 +336,7 @@ void RankLauncher::supervise() {
 
 std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
   if (placement_.first_rank != 0) fail(ErrorKind::kInternal, "make_executor: only the head node runs rank 0");
-  auto groups = join_groups(flags_, 0, placement_.store_host, placement_.store_port, token_, placement_.bind_ip,
+  auto groups = join_groups(flags_, backend, 0, placement_.store_host, placement_.store_port, token_, placement_.bind_ip,
                             placement_.namer);
   auto model = load_shard(flags_, 0, *groups, backend);
   return std::make_unique<MultiprocExecutor>(std::move(model), backend, context_of(flags_, 0), std::move(groups));
@@ -292,8 +355,10 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   signal(SIGINT, SIG_IGN);   // Ctrl-C reaches the whole process group: the head drains and ends the ranks
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
   try {
-    auto backend = make_rank_backend(f, w.worker_local_ranks > 0 ? w.worker_local_ranks : world);
-    auto groups = join_groups(f, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
+    const bool one_node = w.worker_local_ranks <= 0;  // local rank = world rank
+    auto backend = make_rank_backend(f, one_node ? world : w.worker_local_ranks,
+                                     one_node ? w.worker_rank : w.worker_rank - w.worker_first_rank);
+    auto groups = join_groups(f, *backend, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
                               w.worker_bind_ip);
     auto model = load_shard(f, w.worker_rank, *groups, *backend);
     run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);

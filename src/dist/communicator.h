@@ -46,6 +46,12 @@ class Communicator {
   // first, and a call may return before the data has arrived (later work on that stream
   // sees it). False: host-visible tensors, the call returns with the result (Gloo).
   virtual bool stream_ordered() const { return false; }
+  // A stream-ordered communicator fails asynchronously (its watchdog aborts it when a call
+  // times out or NCCL reports an error, and the stream then drains with unfinished data):
+  // after synchronizing the stream, call this before trusting what the collectives produced
+  // (e.g. logits copied to the host); it throws the failure as Error(kNetwork). No-op for
+  // the others, whose calls throw themselves.
+  virtual void raise_if_failed() const {}
 
   // In place, every rank ends with the elementwise sum. f32 and bf16 (bf16 is summed in
   // f32 per pair and rounded, as NCCL does).

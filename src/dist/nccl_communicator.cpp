@@ -2,9 +2,14 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -15,6 +20,13 @@
 namespace tessera::dist {
 
 namespace {
+
+using std::chrono::milliseconds;
+
+// How often the watchdog looks at the queued calls while some are in flight.
+constexpr std::chrono::microseconds kWatchInterval{1000};
+// After an abort, how long the stream may take to drain before the watchdog ends the process.
+constexpr std::chrono::seconds kDrainGrace{10};
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(ErrorKind::kInternal, "{}: {}", what, cudaGetErrorString(e));
@@ -32,46 +44,305 @@ std::optional<ncclDataType_t> nccl_type(DType t) {
   }
 }
 
+// A call queued on the stream, watched until its event completes.
+struct Pending {
+  uint64_t seq = 0;
+  const char* op = "";
+  cudaEvent_t event = nullptr;
+  Clock::time_point enqueued;
+};
+
+// What a communicator and the watchdog share. `mu` guards everything; the watchdog never
+// holds it while it takes its own lock (lock order: never both at once).
+struct CommState {
+  std::mutex mu;
+  std::condition_variable done_cv;  // done_seq advanced or the communicator failed
+  ncclComm_t comm = nullptr;        // null once aborted (or closed)
+  bool closed = false;              // the communicator is being destroyed
+  GroupInfo group;
+  NcclOptions options;
+  std::deque<Pending> pending;      // oldest first
+  std::vector<cudaEvent_t> spare;   // recorded-and-completed events to reuse
+  uint64_t next_seq = 1, done_seq = 0;
+  Clock::time_point last_done{};    // when the watchdog saw the latest call complete
+  std::optional<std::string> broken;
+};
+
+std::string describe_failure(const CommState& s, const char* op, Clock::time_point start, const std::string& what) {
+  auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+  std::vector<int> peers;
+  for (int r = 0; r < s.group.size(); ++r)
+    if (r != s.group.rank) peers.push_back(s.group.world_ranks[static_cast<size_t>(r)]);
+  std::string peer_names;
+  for (int w : peers) peer_names += (peer_names.empty() ? "" : ", ") + s.options.namer(w);
+  std::string culprit = describe_gone_ranks(s.options.store.get(), peers, s.options.namer);
+  if (!culprit.empty()) culprit = "; " + culprit;
+  if (culprit.empty() && !peers.empty())
+    culprit = "; every peer is still connected to the head (a peer is stuck or a link is cut)";
+  return fmt::format("NCCL {} on group {} (rank {} of {}, peers {}) failed after {} ms (timeout {} ms): {}{}", op,
+                     s.group.name, s.group.rank, s.group.size(), peer_names.empty() ? "none" : peer_names, ms,
+                     s.options.timeout.count(), what, culprit);
+}
+
+// Ends the process from any thread without touching locks another thread may hold.
+[[noreturn]] void die(const std::string& message) {
+  std::string line = "error: " + message + "\n";
+  ssize_t n = ::write(2, line.data(), line.size());
+  (void)n;
+  ::_exit(1);
+}
+
+// One thread per process watching every stream-ordered communicator (shared by them; it
+// stops when the last one is destroyed).
+class Watchdog {
+ public:
+  static std::shared_ptr<Watchdog> get() {
+    static std::mutex mu;
+    static std::weak_ptr<Watchdog> current;
+    std::lock_guard<std::mutex> lk(mu);
+    std::shared_ptr<Watchdog> w = current.lock();
+    if (!w) {
+      w = std::shared_ptr<Watchdog>(new Watchdog());
+      current = w;
+    }
+    return w;
+  }
+
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void add(std::shared_ptr<CommState> s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    comms_.push_back(std::move(s));
+  }
+  void remove(const CommState* s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    comms_.erase(std::remove_if(comms_.begin(), comms_.end(), [&](const auto& p) { return p.get() == s; }),
+                 comms_.end());
+  }
+  // A call was queued (the caller holds no CommState lock).
+  void wake() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      work_ = true;
+    }
+    cv_.notify_one();
+  }
+
+  // Aborts every stream-ordered communicator of the process: `origin` fails with `message`,
+  // the others cite it. Logged once. The caller holds no CommState lock.
+  void fail_all(CommState& origin, const std::string& message) {
+    std::vector<std::shared_ptr<CommState>> comms;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      comms = comms_;
+      if (!failure_) {
+        failure_ = message;
+        failed_at_ = Clock::now();
+        exit_after_ = origin.options.exit_after_failure;
+        first = true;
+      }
+    }
+    abort_one(origin, message);
+    for (auto& s : comms)
+      if (s.get() != &origin)
+        abort_one(*s, fmt::format("aborted because group {} failed: {}", origin.group.name, message));
+    if (first) TLOG_ERROR("{}", message);
+    cv_.notify_one();
+  }
+
+ private:
+  Watchdog() : thread_([this] { loop(); }) {}
+
+  static void abort_one(CommState& s, const std::string& message) {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.closed || s.broken) return;
+    s.broken = message;
+    if (s.comm) ncclCommAbort(s.comm);  // the NCCL kernels exit; never a blocking destroy
+    s.comm = nullptr;
+    s.done_cv.notify_all();
+  }
+
+  void loop() {
+    // Never prohibited from event queries while another thread captures a graph (a thread
+    // in the default global mode would be, and its query would invalidate that capture).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    int current_device = -1;
+    bool busy = false;
+    for (;;) {
+      std::vector<std::shared_ptr<CommState>> comms;
+      std::optional<std::string> failure;
+      std::optional<Clock::time_point> failed_at;
+      milliseconds exit_after{0};
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (busy || failure_) cv_.wait_for(lk, kWatchInterval, [&] { return stop_; });
+        else cv_.wait(lk, [&] { return stop_ || work_; });
+        if (stop_) return;
+        work_ = false;
+        comms = comms_;
+        failure = failure_;
+        failed_at = failed_at_;
+        exit_after = exit_after_;
+      }
+      busy = false;
+      bool undrained = false;
+      for (auto& s : comms) {
+        std::unique_lock<std::mutex> lk(s->mu, std::try_to_lock);
+        if (!lk) {  // its owner is enqueueing (and enforces its own deadline meanwhile)
+          busy = true;
+          continue;
+        }
+        if (s->closed) continue;
+        if (s->options.device_index != current_device && cudaSetDevice(s->options.device_index) == cudaSuccess)
+          current_device = s->options.device_index;
+        std::optional<std::string> what;
+        const char* op = "";
+        Clock::time_point started{};
+        const Clock::time_point now = Clock::now();
+        bool advanced = false;
+        while (!s->pending.empty()) {
+          Pending& p = s->pending.front();
+          cudaError_t q = cudaEventQuery(p.event);
+          if (q == cudaSuccess) {
+            s->done_seq = p.seq;
+            s->last_done = now;
+            s->spare.push_back(p.event);
+            s->pending.pop_front();
+            advanced = true;
+            continue;
+          }
+          if (s->broken) {  // aborted: only waiting for the stream to drain
+            undrained = true;
+            break;
+          }
+          op = p.op;
+          started = std::max(p.enqueued, s->last_done);
+          if (q != cudaErrorNotReady) what = fmt::format("CUDA reports {}", cudaGetErrorString(q));
+          else if (now - started >= s->options.timeout) what = "timed out";
+          break;
+        }
+        if (advanced) s->done_cv.notify_all();
+        if (!what && s->comm && !s->broken) {
+          ncclResult_t state = ncclSuccess;
+          ncclResult_t r = ncclCommGetAsyncError(s->comm, &state);
+          if (r != ncclSuccess) state = r;
+          if (state != ncclSuccess && state != ncclInProgress) {
+            what = fmt::format("NCCL reports {}", ncclGetErrorString(state));
+            if (s->pending.empty()) {
+              op = "(between calls)";
+              started = now;
+            }
+          }
+        }
+        busy |= !s->pending.empty();
+        if (what) {
+          lk.unlock();
+          fail_all(*s, describe_failure(*s, op, started, *what));
+          busy = true;
+        }
+      }
+      if (failure && failed_at) {
+        auto since = Clock::now() - *failed_at;
+        if (undrained && since >= kDrainGrace)
+          die(fmt::format("{} (the GPU stream did not drain within {} s of ncclCommAbort)", *failure,
+                          kDrainGrace.count()));
+        if (exit_after.count() > 0 && since >= exit_after) die(*failure);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, work_ = false;
+  std::vector<std::shared_ptr<CommState>> comms_;
+  std::optional<std::string> failure_;
+  std::optional<Clock::time_point> failed_at_;
+  milliseconds exit_after_{0};
+  std::thread thread_;  // last: started once the members above exist
+};
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const GroupInfo& group, ncclComm_t comm, const NcclOptions& options)
-      : group_(group), comm_(comm), options_(options) {
-    if (options_.stream) {
-      stream_ = static_cast<cudaStream_t>(options_.stream);
-    } else {
-      check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-      own_stream_ = true;
+      : st_(std::make_shared<CommState>()), ordered_(options.stream != nullptr) {
+    st_->comm = comm;
+    st_->group = group;
+    st_->options = options;
+    try {
+      if (ordered_) {
+        stream_ = static_cast<cudaStream_t>(options.stream);
+      } else {
+        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        own_stream_ = true;
+      }
+      check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+      check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
+    } catch (...) {
+      ncclCommAbort(comm);
+      if (barrier_buffer_) cudaFree(barrier_buffer_);
+      if (done_) cudaEventDestroy(done_);
+      if (own_stream_) cudaStreamDestroy(stream_);
+      throw;
     }
-    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
+    if (ordered_) {
+      watchdog_ = Watchdog::get();
+      watchdog_->add(st_);
+    }
   }
 
   ~NcclCommunicator() override {
-    if (comm_) {
-      // Finalize is non-blocking on this communicator; if it does not finish in time, abort.
-      ncclCommFinalize(comm_);
-      bool clean = true;
-      Deadline deadline = Clock::now() + options_.timeout;
-      ncclResult_t state = ncclInProgress;
-      while (clean && Clock::now() < deadline) {
-        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (state == ncclSuccess) ncclCommDestroy(comm_);
-      else ncclCommAbort(comm_);
+    if (watchdog_) watchdog_->remove(st_.get());
+    ncclComm_t comm = nullptr;
+    std::vector<cudaEvent_t> events;
+    {
+      std::lock_guard<std::mutex> lk(st_->mu);
+      st_->closed = true;
+      comm = st_->comm;
+      st_->comm = nullptr;
+      for (const Pending& p : st_->pending) events.push_back(p.event);
+      events.insert(events.end(), st_->spare.begin(), st_->spare.end());
+      st_->pending.clear();
+      st_->spare.clear();
     }
+    if (comm) {
+      // Finalize is non-blocking on this communicator; if it does not finish in time, abort.
+      ncclCommFinalize(comm);
+      Deadline deadline = Clock::now() + st_->options.timeout;
+      ncclResult_t state = ncclInProgress;
+      while (Clock::now() < deadline) {
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclInProgress) break;
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+      if (state == ncclSuccess) ncclCommDestroy(comm);
+      else ncclCommAbort(comm);
+    }
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(barrier_buffer_);
     cudaEventDestroy(done_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
 
-  const GroupInfo& group() const override { return group_; }
+  const GroupInfo& group() const override { return st_->group; }
   std::string backend() const override { return "nccl"; }
+  bool stream_ordered() const override { return ordered_; }
+  void raise_if_failed() const override {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    if (st_->broken) fail(ErrorKind::kNetwork, "{}", *st_->broken);
+  }
 
   void all_reduce(const Tensor& t, ReduceOp) override {
     check_device(t, "all_reduce");
     ncclDataType_t type = float_type(t, "all_reduce");
-    run("all_reduce", [&] { return ncclAllReduce(t.raw(), t.raw(), t.numel(), type, ncclSum, comm_, stream_); });
+    run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.raw(), t.raw(), t.numel(), type, ncclSum, c, stream_); });
   }
 
   void all_gather(const Tensor& input, const Tensor& output) override {
@@ -79,53 +350,75 @@ class NcclCommunicator : public Communicator {
     check_device(output, "all_gather");
     check_gathered(input, output, "all_gather");
     run("all_gather",
-        [&] { return ncclAllGather(input.raw(), output.raw(), input.nbytes(), ncclUint8, comm_, stream_); });
+        [&](ncclComm_t c) { return ncclAllGather(input.raw(), output.raw(), input.nbytes(), ncclUint8, c, stream_); });
   }
 
   void gather(const Tensor& input, const Tensor& output, int root) override {
     check_device(input, "gather");
     check_rank(root, "gather root");
-    if (rank() == root) check_gathered(input, output, "gather");
+    if (rank() == root) {
+      check_device(output, "gather");
+      check_gathered(input, output, "gather");
+    }
     // NCCL has no gather: the root receives every rank's piece in one group call.
-    run("gather", [&] {
+    run("gather", [&](ncclComm_t c) {
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) return r;
+      ncclResult_t first = ncclSuccess;
+      auto keep = [&](ncclResult_t x) {
+        if (first == ncclSuccess && x != ncclSuccess && x != ncclInProgress) first = x;
+      };
       if (rank() == root) {
         for (int p = 0; p < size(); ++p) {
           char* dst = static_cast<char*>(output.raw()) + static_cast<size_t>(p) * input.nbytes();
           if (p == root) {
-            cudaMemcpyAsync(dst, input.raw(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_);
+            if (cudaMemcpyAsync(dst, input.raw(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_) != cudaSuccess)
+              first = ncclUnhandledCudaError;
           } else {
-            ncclRecv(dst, input.nbytes(), ncclUint8, p, comm_, stream_);
+            keep(ncclRecv(dst, input.nbytes(), ncclUint8, p, c, stream_));
           }
         }
       } else {
-        ncclSend(input.raw(), input.nbytes(), ncclUint8, root, comm_, stream_);
+        keep(ncclSend(input.raw(), input.nbytes(), ncclUint8, root, c, stream_));
       }
-      return ncclGroupEnd();
+      ncclResult_t end = ncclGroupEnd();
+      return first != ncclSuccess ? first : end;
     });
   }
 
   void broadcast(const Tensor& t, int root) override {
     check_device(t, "broadcast");
     check_rank(root, "broadcast root");
-    run("broadcast", [&] { return ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclUint8, root, comm_, stream_); });
+    run("broadcast",
+        [&](ncclComm_t c) { return ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclUint8, root, c, stream_); });
   }
 
   void send(const Tensor& t, int peer) override {
     check_device(t, "send");
     check_rank(peer, "send peer");
-    run("send", [&] { return ncclSend(t.raw(), t.nbytes(), ncclUint8, peer, comm_, stream_); });
+    run("send", [&](ncclComm_t c) { return ncclSend(t.raw(), t.nbytes(), ncclUint8, peer, c, stream_); });
   }
 
   void recv(const Tensor& t, int peer) override {
     check_device(t, "recv");
     check_rank(peer, "recv peer");
-    run("recv", [&] { return ncclRecv(t.raw(), t.nbytes(), ncclUint8, peer, comm_, stream_); });
+    run("recv", [&](ncclComm_t c) { return ncclRecv(t.raw(), t.nbytes(), ncclUint8, peer, c, stream_); });
   }
 
+  // Waits for completion in both modes (a barrier that returned early would be no barrier),
+  // except while the stream is captured into a graph.
   void barrier() override {
-    run("barrier", [&] { return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    uint64_t seq = run("barrier", [&](ncclComm_t c) {
+      return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, c, stream_);
+    });
+    if (!ordered_ || seq == 0) return;
+    std::unique_lock<std::mutex> lk(st_->mu);
+    // The watchdog enforces the timeout and sets `broken`; the limit here is a backstop.
+    bool done = st_->done_cv.wait_for(lk, st_->options.timeout + kDrainGrace,
+                                      [&] { return st_->done_seq >= seq || st_->broken.has_value(); });
+    if (st_->broken) fail(ErrorKind::kNetwork, "{}", *st_->broken);
+    if (!done) fail(ErrorKind::kNetwork, "NCCL barrier on group {}: not complete after {} ms and no failure seen",
+                    st_->group.name, (st_->options.timeout + kDrainGrace).count());
   }
 
  private:
@@ -139,43 +432,75 @@ class NcclCommunicator : public Communicator {
     return *nccl_type(t.dtype());
   }
   void check_rank(int r, const char* what) const {
-    if (r < 0 || r >= size()) fail(ErrorKind::kInvalidArgument, "{} {} outside group {} of {}", what, r, group_.name, size());
+    if (r < 0 || r >= size())
+      fail(ErrorKind::kInvalidArgument, "{} {} outside group {} of {}", what, r, st_->group.name, size());
   }
   void check_gathered(const Tensor& input, const Tensor& output, const char* op) const {
     if (!output.defined() || output.nbytes() != input.nbytes() * static_cast<size_t>(size()))
       fail(ErrorKind::kInvalidArgument, "{}: output must hold {} x input {}", op, size(), input.str());
   }
 
-  // Enqueues, then waits for the stream with a deadline while watching NCCL's async error.
+  // Enqueues under the state lock (the watchdog never aborts the communicator in the middle
+  // of an NCCL call). Blocking mode: then waits for the stream with the deadline while
+  // watching NCCL's async error. Stream-ordered mode: records an event for the watchdog and
+  // returns. Returns the call's sequence number (0: not watched, e.g. during graph capture).
   template <typename F>
-  void run(const char* op, F&& enqueue) {
-    if (broken_) fail(ErrorKind::kNetwork, "{} on group {}: communicator aborted after an earlier failure: {}", op,
-                      group_.name, *broken_);
-    Clock::time_point start = Clock::now();
-    Deadline deadline = start + options_.timeout;
-    ncclResult_t r = enqueue();
+  uint64_t run(const char* op, F&& enqueue) {
+    std::unique_lock<std::mutex> lk(st_->mu);
+    if (st_->broken)
+      fail(ErrorKind::kNetwork, "{} on group {}: the NCCL communicator was aborted after a failure: {}", op,
+           st_->group.name, *st_->broken);
+    const Clock::time_point start = Clock::now();
+    const Deadline deadline = start + st_->options.timeout;
+    ncclComm_t comm = st_->comm;
     std::string what;
+    ncclResult_t r = enqueue(comm);
     if (r != ncclSuccess && r != ncclInProgress) what = ncclGetErrorString(r);
     // A non-blocking communicator may still be enqueueing.
     while (what.empty()) {
-      ncclResult_t state;
-      ncclCommGetAsyncError(comm_, &state);
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+      if (q != ncclSuccess) state = q;
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) what = ncclGetErrorString(state);
       else if (Clock::now() >= deadline) what = "timed out enqueueing";
       else std::this_thread::yield();
     }
-    if (what.empty()) {
+    if (what.empty() && ordered_) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+        return 0;  // captured into a graph, not run now: nothing to watch
+      cudaEvent_t event = nullptr;
+      if (!st_->spare.empty()) {
+        event = st_->spare.back();
+        st_->spare.pop_back();
+      } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
+        what = fmt::format("cudaEventCreate: {}", cudaGetErrorString(e));
+      }
+      if (what.empty()) {
+        if (cudaError_t e = cudaEventRecord(event, stream_); e != cudaSuccess) {
+          st_->spare.push_back(event);
+          what = fmt::format("cudaEventRecord: {}", cudaGetErrorString(e));
+        }
+      }
+      if (what.empty()) {
+        const uint64_t seq = st_->next_seq++;
+        st_->pending.push_back(Pending{seq, op, event, start});
+        lk.unlock();
+        watchdog_->wake();
+        return seq;
+      }
+    } else if (what.empty()) {
       check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
       for (;;) {
         cudaError_t q = cudaEventQuery(done_);
-        if (q == cudaSuccess) return;
+        if (q == cudaSuccess) return st_->next_seq++;
         if (q != cudaErrorNotReady) {
           what = cudaGetErrorString(q);
           break;
         }
-        ncclResult_t state;
-        ncclCommGetAsyncError(comm_, &state);
+        ncclResult_t state = ncclSuccess;
+        ncclCommGetAsyncError(comm, &state);
         if (state != ncclSuccess && state != ncclInProgress) {
           what = ncclGetErrorString(state);
           break;
@@ -187,33 +512,27 @@ class NcclCommunicator : public Communicator {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
-    broken_ = describe_failure(op, start, what);
-    ncclCommAbort(comm_);  // frees the GPU from the stuck kernel; never a blocking destroy
-    comm_ = nullptr;
-    TLOG_ERROR("{}", *broken_);
-    fail(ErrorKind::kNetwork, "{}", *broken_);
+    lk.unlock();
+    std::string message = describe_failure(*st_, op, start, what);
+    if (watchdog_) {
+      watchdog_->fail_all(*st_, message);
+    } else {
+      std::lock_guard<std::mutex> g(st_->mu);
+      st_->broken = message;
+      ncclCommAbort(comm);  // frees the GPU from the stuck kernel; never a blocking destroy
+      st_->comm = nullptr;
+      TLOG_ERROR("{}", message);
+    }
+    fail(ErrorKind::kNetwork, "{}", message);
   }
 
-  std::string describe_failure(const char* op, Clock::time_point start, const std::string& what) {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-    std::vector<int> peers;
-    for (int r = 0; r < size(); ++r)
-      if (r != rank()) peers.push_back(group_.world_ranks[static_cast<size_t>(r)]);
-    std::string culprit = describe_gone_ranks(options_.store.get(), peers, options_.namer);
-    if (!culprit.empty()) culprit = "; " + culprit;
-    if (culprit.empty()) culprit = "; every peer is still connected to the head (a peer is stuck or a link is cut)";
-    return fmt::format("{} on group {} (rank {} of {}) failed after {} ms (timeout {} ms): {}{}", op, group_.name,
-                       rank(), size(), ms, options_.timeout.count(), what, culprit);
-  }
-
-  GroupInfo group_;
-  ncclComm_t comm_;
-  NcclOptions options_;
+  std::shared_ptr<CommState> st_;
+  const bool ordered_;
+  std::shared_ptr<Watchdog> watchdog_;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   cudaEvent_t done_ = nullptr;
   void* barrier_buffer_ = nullptr;
-  std::optional<std::string> broken_;
 };
 
 }  // namespace
@@ -260,7 +579,7 @@ std::unique_ptr<Communicator> NcclCommunicatorFactory::create(const GroupInfo& g
            group.name, group.rank, group.size(), options_.timeout.count(),
            std::getenv("NCCL_SOCKET_IFNAME") ? std::getenv("NCCL_SOCKET_IFNAME") : "(unset)");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(milliseconds(1));
   }
   if (comm) ncclCommAbort(comm);
   fail(ErrorKind::kNetwork, "NCCL group {} (rank {} of {}) failed to initialise: {}", group.name, group.rank,
