@@ -78,7 +78,7 @@ REF="$(ids "$TMP/ref.jsonl")"
 # run_pair TAG PORT [extra flags for both]: generate on both nodes; sets HEAD_RC NODE_RC.
 run_pair() {
   local tag="$1" port="$2"; shift 2
-  local common=("${GEN[@]}" --tensor-parallel-size 2 --nnodes 2 --master-addr 10.78.0.1 --master-port "$port"
+  local common=("${GEN[@]}" --nnodes 2 --master-addr 10.78.0.1 --master-port "$port"
                 --cluster-token "$TOKEN" --join-timeout 30 "$@")
   ip netns exec "$A" timeout 90 "$BIN" "${common[@]}" --node-rank 0 >"$TMP/$tag.head.jsonl" 2>"$TMP/$tag.head.log" &
   local h=$!
@@ -90,7 +90,7 @@ run_pair() {
 
 # --- 1. generate across the namespaces
 T0=$(date +%s.%N)
-run_pair gen $PORT
+run_pair gen $PORT --tensor-parallel-size 2
 T1=$(date +%s.%N)
 [ $HEAD_RC = 0 ] || FAIL "head exited $HEAD_RC"
 [ $NODE_RC = 0 ] || FAIL "node 1 exited $NODE_RC"
@@ -106,6 +106,14 @@ has "$TMP/gen.node.log" "node 1 of 2: NIC ens1 (10.78.0.2), world ranks 1..1 of 
 has "$TMP/gen.head.log" "this node runs ranks 0..0 on 10.78.0.1, control channel 10.78.0.1:$PORT"
 has "$TMP/gen.node.log" "this node runs ranks 1..1 on 10.78.0.2, control channel 10.78.0.1:$PORT"
 echo "1. generate over two namespaces: tokens = TP=1 ($(elapsed "$T0" "$T1") s for both nodes)"
+
+# TP inside each node, PP across them (the seeds' layout): 2 ranks per node, world ranks
+# node by node (node 1 runs ranks 2 and 3, pipeline stage 1).
+run_pair tppp $((PORT + 9)) --tensor-parallel-size 2 --pipeline-parallel-size 2
+[ $HEAD_RC = 0 ] && [ $NODE_RC = 0 ] || FAIL "TP=2 x PP=2 over two nodes: head $HEAD_RC, node $NODE_RC"
+[ "$(ids "$TMP/tppp.head.jsonl")" = "$REF" ] || FAIL "TP=2 x PP=2 over two nodes: tokens differ from TP=1"
+has "$TMP/tppp.node.log" "this node runs ranks 2..3 on 10.78.0.2"
+echo "1b. TP=2 x PP=2, two ranks per node: tokens = TP=1"
 
 # --- 2. serve head + node 1, cluster status, HTTP, then a killed rank on node 1
 if [ -f "$TOK/tokenizer.json" ]; then
@@ -172,7 +180,7 @@ else
 fi
 
 # --- 3. the same nodes restarted at once on the same port
-run_pair again $PORT
+run_pair again $PORT --tensor-parallel-size 2
 [ $HEAD_RC = 0 ] && [ $NODE_RC = 0 ] || FAIL "restart on the same port: head $HEAD_RC, node $NODE_RC"
 [ "$(ids "$TMP/again.head.jsonl")" = "$REF" ] || FAIL "restarted job: tokens differ"
 echo "3. restarted nodes rejoined on the same port: tokens = TP=1"

@@ -70,8 +70,9 @@ stop_ok() {  # SIGTERM: exit 0, and no rank process left behind
 start tp1
 complete tp1
 stop_ok tp1
-start tp2 --tensor-parallel-size 2
+start tp2 --tensor-parallel-size 2 --distributed-executor-backend ray
 grep -q "tensor parallel 2 x pipeline parallel 1" "$TMP/tp2.log" || fail "tp2 did not start rank processes"
+grep -q "Ray is not needed" "$TMP/tp2.log" || fail "--distributed-executor-backend ray: no 'Ray is not needed' line"
 complete tp2
 [ "$(wc -l <"$TMP/tp1.txt")" = 2 ] || fail "expected two completions"
 grep -qv '^""$' "$TMP/tp1.txt" || fail "empty completions"
@@ -100,6 +101,23 @@ for line in open(sys.argv[1]):
 diff "$TMP/gen.txt" "$TMP/tp2.txt" >/dev/null || fail "served text differs from tessera generate:
 $(diff "$TMP/gen.txt" "$TMP/tp2.txt")"
 stop_ok tp2
+
+# Cluster flags that cannot work fail at once with the reason.
+flag_error() {  # flag_error WANT command...
+  local want="$1"; shift
+  timeout 20 "$@" >"$TMP/flag.log" 2>&1 && fail "$* exited 0"
+  grep -q -- "$want" "$TMP/flag.log" || fail "$*: no '$want' in: $(cat "$TMP/flag.log")"
+}
+G=(generate --model "$MODEL" --device cpu --prompt-ids 1,2 --max-tokens 2)
+flag_error "do not split evenly across 2 nodes" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 3 --master-addr 127.0.0.1
+flag_error "no master address" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 2 --node-rank 1
+flag_error "need a shared secret" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 2 --node-rank 1 --master-addr 127.0.0.1
+flag_error "external_launcher is not supported" "$BIN" serve "$MODEL" --distributed-executor-backend external_launcher
+flag_error "disagrees with OMPI_COMM_WORLD_SIZE" env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 \
+  OMPI_COMM_WORLD_LOCAL_SIZE=1 "$BIN" "${G[@]}" --nnodes 3 --tensor-parallel-size 3
+flag_error "start one task per node" env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 \
+  "$BIN" "${G[@]}" --tensor-parallel-size 2
+echo "cluster flag errors: ok"
 
 # A rank killed while a stream runs ends the server, naming the rank.
 start kill --tensor-parallel-size 2
