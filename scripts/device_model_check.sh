@@ -17,6 +17,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 echo "== stop-string references (transformers StopStringCriteria)"
 timeout 120 python3 tools/make_stop_string_refs.py --tokenizer $TOK --out "$OUT/qwen3_stop_refs.json" 2>&1 | tail -2
 
+echo "== CUDA op tests (sampling, graphs, every op vs CPU)"
+timeout 300 $B/cuda_ops_test > "$OUT/cuda_ops.log" 2>&1; echo "cuda_ops_test rc=$?"
+grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$OUT/cuda_ops.log" | head -20
+
 echo "== fixture and engine tests on CUDA"
 TESSERA_TEST_DEVICE=cuda timeout 180 $B/model_fixture_test > "$OUT/fixture_cuda.log" 2>&1; echo "model_fixture_test rc=$?"
 grep -E 'PASSED|FAILED|Failure' -A3 "$OUT/fixture_cuda.log" | grep -v '^--' | head -20
@@ -49,7 +53,19 @@ echo "== decode, batch 1, Qwen3-8B shape, 512-token prompt, 256 new tokens"
 P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
   --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode.json" 2> "$OUT/decode.log"
-grep -E 'Processed|KV cache size|weights take' "$OUT/decode.log"
+grep -E 'Processed|KV cache size|weights take|CUDA graphs' "$OUT/decode.log"
+timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
+  --max-tokens 256 --ignore-eos --max-model-len 8192 --enforce-eager --json > "$OUT/decode_eager.json" 2> "$OUT/decode_eager.log"
+echo "eager:"; grep -E 'Processed' "$OUT/decode_eager.log"
+cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').readline())['token_ids'])") \
+       <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode_eager.json').readline())['token_ids'])") \
+  && echo "graph and eager decode: identical tokens" || echo "graph and eager decode: tokens DIFFER"
+
+echo "== fp8 KV cache: capacity at the same memory budget"
+for dt in auto fp8; do
+  timeout 120 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids 1,2,3 \
+    --max-tokens 2 --max-model-len 8192 --kv-cache-dtype $dt --gpu-memory-utilization 0.5 2>&1 | grep -E 'KV cache size' | sed "s/^/$dt: /"
+done
 
 echo "== prefill, one 4096-token prompt (after a warm-up prompt), same model"
 P4K=$(python3 -c "print(','.join(str((i*104729)%150000+100) for i in range(4096)))")

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/sampling_row.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace tessera {
@@ -41,6 +43,12 @@ struct RopeTable {
   bool neox_style = true;  // rotate halves (HF Llama/Qwen) rather than interleaved pairs
 };
 
+// An instantiated capture of queued work (a CUDA graph), replayed as one launch.
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -58,6 +66,18 @@ class Backend {
   // safe on asynchronous devices. The default keeps everything until reset_scratch.
   virtual size_t scratch_mark() { return 0; }
   virtual void scratch_rewind(size_t mark) { (void)mark; }
+  // Scratch bytes handed out since reset_scratch (0 where scratch is plain allocation).
+  virtual size_t scratch_in_use() const { return 0; }
+
+  // ---- graphs: work queued between begin_capture and end_capture is recorded, not run;
+  // replay() runs it again with the same device pointers, so a caller writes the next
+  // inputs into the same buffers before each replay. Host transfers, synchronize() and
+  // growth of the scratch arena are not allowed while capturing.
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() { fail(ErrorKind::kUnsupported, "{} cannot capture graphs", name()); }
+  // Ends the capture; on failure the stream is back to normal and the Error says why.
+  virtual std::unique_ptr<CapturedGraph> end_capture() { return nullptr; }
+  virtual void replay(const CapturedGraph& graph) { (void)graph; }
   // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
   virtual size_t free_memory() const = 0;
   virtual size_t total_memory() const = 0;
@@ -98,6 +118,13 @@ class Backend {
   virtual void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) = 0;
   // Converts between float dtypes (same shape).
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  // Vocab-parallel embedding: out[t] = table[ids[t] - begin] when begin <= ids[t] <
+  // begin + rows(table), else zeros (another rank's slice; a TP all-reduce completes it).
+  virtual void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) = 0;
+  // One token per row of logits [n, V] (f32) into out (i32 [n], this device), as
+  // SamplingRow says; rows has n entries. Every backend draws the same way (see
+  // backend/sampling.h), up to float rounding.
+  virtual void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) = 0;
 };
 
 struct BackendOptions {

@@ -4,7 +4,10 @@
 // Contract (see docs/distributed.md):
 // - Every rank of a group calls the same collectives in the same order (SPMD).
 // - Calls are blocking: when one returns, the tensor holds the result. NCCL ops are
-//   enqueued on the communicator's stream and waited for with the same deadline.
+//   enqueued on the communicator's stream and waited for with the same deadline; except
+//   when stream_ordered() (NCCL on the backend's stream): then a call returns once enqueued,
+//   its deadline is enforced by a watchdog, and a failure surfaces in raise_if_failed() and
+//   the next call.
 // - Every call is bounded by `timeout`. On a timeout, a dead peer or a cut link the call
 //   throws Error(kNetwork) naming the operation, the group and the peer ranks at fault
 //   when they can be told; after that the communicator is broken and every later call

@@ -81,12 +81,6 @@ AsyncEngineStats AsyncEngine::stats() const {
 }
 
 namespace {
-// Engine sequence id "<request>" or "<request>#k" -> (request id, k).
-std::pair<std::string, int> split_sequence_id(const std::string& seq) {
-  auto pos = seq.rfind('#');
-  if (pos == std::string::npos) return {seq, 0};
-  return {seq.substr(0, pos), std::atoi(seq.c_str() + pos + 1)};
-}
 std::string sequence_id(const std::string& request, int index) {
   return index == 0 ? request : request + "#" + std::to_string(index);
 }

@@ -49,7 +49,7 @@ LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfi
     : LLMEngine(std::make_unique<LocalExecutor>(std::move(model), backend), std::move(config)) {}
 
 LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
-    : executor_(std::move(executor)), backend_(executor_->backend()), config_(std::move(config)), sampler_(config_.seed) {
+    : executor_(std::move(executor)), backend_(executor_->backend()), config_(std::move(config)), seed_rng_(config_.seed) {
   const ModelConfig& mc = executor_->model_config();
   if (config_.scheduler.max_model_len <= 0) config_.scheduler.max_model_len = mc.max_position_embeddings;
   if (config_.scheduler.max_model_len > mc.max_position_embeddings)
@@ -109,6 +109,8 @@ void LLMEngine::plan_kv_cache() {
   init.num_blocks = num_blocks;
   init.block_size = bs;
   init.dtype = dt;
+  init.max_model_len = max_len;
+  init.max_graph_batch = config_.enforce_eager ? 0 : std::min(config_.scheduler.max_num_seqs, 256);
   executor_->init_kv_cache(init);
   cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
@@ -143,7 +145,7 @@ Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt
     r->prompt = prompt;
     r->params = params;
     r->params.n = 1;
-    if (params.seed) r->rng.seed(*params.seed + static_cast<uint64_t>(i));
+    r->sample_seed = params.seed ? *params.seed + static_cast<uint64_t>(i) : seed_rng_();
     r->arrival_order = next_order_++;
     scheduler_->add(r.get());
     requests_.emplace(r->id, std::move(r));
@@ -227,14 +229,35 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<Request*> sampled;
   ModelInput in = build_input(sched, sampled);
   const int vocab = executor_->model_config().vocab_size;
+  StepSampling sampling;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const Request& r = *sampled[i];
+    if (needs_host_sampling(r)) {
+      sampling.host_rows.push_back(static_cast<int32_t>(i));
+      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row
+    } else {
+      sampling.rows.push_back(sampling_row(r));
+    }
+  }
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
-  if (in.logits_indices.empty()) in.logits_indices.push_back(0);
-  executor_->execute(in, host_logits_);
+  if (in.logits_indices.empty()) {
+    in.logits_indices.push_back(0);
+    sampling.rows.emplace_back();
+  }
+  executor_->execute(in, sampling, step_out_);
   scheduler_->on_step_done(sched);
 
+  size_t next_host = 0;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
-    SampleResult res = sampler_.sample(host_logits_.data() + i * static_cast<size_t>(vocab), vocab, *r, eos_ids_);
+    SampleResult res;
+    if (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i)) {
+      res = sampler_.sample(step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab), vocab, *r,
+                            eos_ids_);
+      ++next_host;
+    } else {
+      res.token = step_out_.tokens[i];
+    }
     r->output.push_back(res.token);
     ++stats_.generation_tokens;
     RequestOutput o;

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +27,7 @@ struct EngineConfig {
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 (e4m3) | fp8_e5m2 | f32
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
+  bool enforce_eager = false;  // no CUDA graphs
 };
 
 struct RequestOutput {
@@ -93,7 +95,8 @@ class LLMEngine {
   std::vector<int32_t> eos_ids_;
   uint64_t next_order_ = 0;
   EngineStats stats_;
-  std::vector<float> host_logits_;
+  StepOutput step_out_;
+  std::mt19937_64 seed_rng_;  // sample seeds of requests that bring none
 };
 
 }  // namespace tessera

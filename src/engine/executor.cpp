@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "dist/communicator.h"
 #include "dist/process_groups.h"
 
 namespace tessera {
@@ -13,13 +14,62 @@ namespace {
 constexpr size_t kInlinePlanBytes = 4096;  // decode plans of modest batches fit in one message
 constexpr size_t kMaxPlanBytes = 64u << 20;
 
-void logits_to_host(Backend& be, const Tensor& logits, std::vector<float>& out) {
-  out.resize(static_cast<size_t>(logits.numel()));
-  be.copy_to_host(out.data(), logits);
-  be.synchronize();
+// The host rows of `logits`, gathered into one scratch tensor [h, V] (undefined when none).
+Tensor gather_host_rows(Backend& be, const Tensor& logits, const std::vector<int32_t>& host_rows) {
+  if (host_rows.empty()) return Tensor();
+  const int64_t h = static_cast<int64_t>(host_rows.size());
+  Tensor idx = be.scratch({h}, DType::kI32);
+  be.copy_from_host(idx, host_rows.data());
+  Tensor rows = be.scratch({h, logits.dim(1)}, DType::kF32);
+  be.gather_rows(logits, idx, rows);
+  return rows;
+}
+
+void check_sampling(const Tensor& logits, const StepSampling& sampling) {
+  TESSERA_CHECK(logits.defined() && logits.ndim() == 2 && logits.dim(0) == static_cast<int64_t>(sampling.rows.size()),
+                "step: {} sampling rows for logits {}", sampling.rows.size(), logits.defined() ? logits.str() : "none");
+}
+
+// Sends a tensor this rank computed to `peer` over `comm`: as it is when the communicator
+// takes device tensors or the tensor is host memory, else through a host copy.
+void send_tensor(Backend& be, dist::Communicator& comm, const Tensor& t, int peer) {
+  if (comm.stream_ordered() || t.device().type == DeviceType::kCPU) {
+    if (!comm.stream_ordered()) be.synchronize();
+    comm.send(t, peer);
+    return;
+  }
+  Tensor host = host_empty(t.shape(), t.dtype());
+  be.copy_to_host(host.raw(), t);
+  comm.send(host, peer);
+}
+
+// Receives into host memory `dst` (nbytes of it) from `peer`.
+void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype, void* dst, int peer) {
+  if (comm.stream_ordered()) {
+    Tensor t = be.scratch(shape, dtype);
+    comm.recv(t, peer);
+    be.copy_to_host(dst, t);
+    return;
+  }
+  Tensor host = host_empty(shape, dtype);
+  comm.recv(host, peer);
+  std::memcpy(dst, host.raw(), host.nbytes());
 }
 
 }  // namespace
+
+void sample_logits(Backend& be, const Tensor& logits, const StepSampling& sampling, StepOutput& out) {
+  check_sampling(logits, sampling);
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  Tensor ids = be.scratch({n}, DType::kI32);
+  be.sample(logits, sampling.rows, ids);
+  Tensor rows = gather_host_rows(be, logits, sampling.host_rows);
+  out.tokens.resize(static_cast<size_t>(n));
+  be.copy_to_host(out.tokens.data(), ids);
+  out.host_logits.resize(sampling.host_rows.size() * static_cast<size_t>(V));
+  if (rows.defined()) be.copy_to_host(out.host_logits.data(), rows);
+  be.synchronize();
+}
 
 KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& specs, const CacheInit& init) {
   KvCache kv;
@@ -40,13 +90,12 @@ KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& s
 // ---------------------------------------------------------------- local
 
 LocalExecutor::LocalExecutor(std::unique_ptr<Model> model, Backend& backend)
-    : model_(std::move(model)), backend_(backend) {}
+    : model_(std::move(model)), backend_(backend), runner_(*model_, backend) {}
 
-void LocalExecutor::init_kv_cache(const CacheInit& init) { kv_ = allocate_kv_cache(backend_, model_->cache_specs(), init); }
+void LocalExecutor::init_kv_cache(const CacheInit& init) { runner_.init_cache(init); }
 
-void LocalExecutor::execute(const ModelInput& input, std::vector<float>& logits) {
-  backend_.reset_scratch();
-  logits_to_host(backend_, model_->forward(input, kv_), logits);
+void LocalExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
+  sample_logits(backend_, runner_.run(input), sampling, out);
 }
 
 // ---------------------------------------------------------------- plan transport
@@ -88,7 +137,12 @@ std::vector<uint8_t> receive_plan_bytes(dist::ProcessGroups& groups) {
 
 MultiprocExecutor::MultiprocExecutor(std::unique_ptr<Model> model, Backend& backend, ParallelContext pc,
                                      std::unique_ptr<dist::ProcessGroups> groups, std::shared_ptr<void> keep_alive)
-    : model_(std::move(model)), backend_(backend), pc_(pc), groups_(std::move(groups)), keep_alive_(std::move(keep_alive)) {
+    : model_(std::move(model)),
+      backend_(backend),
+      pc_(pc),
+      groups_(std::move(groups)),
+      keep_alive_(std::move(keep_alive)),
+      runner_(*model_, backend) {
   TESSERA_CHECK(groups_ && groups_->world && groups_->world->rank() == 0, "the multiprocess executor runs on rank 0");
 }
 
@@ -122,29 +176,32 @@ void MultiprocExecutor::init_kv_cache(const CacheInit& init) {
   p.kind = PlanKind::kInitCache;
   p.cache = init;
   broadcast(p);
-  kv_ = allocate_kv_cache(backend_, model_->cache_specs(), init);
+  runner_.init_cache(init);
 }
 
-void MultiprocExecutor::execute(const ModelInput& input, std::vector<float>& logits) {
+void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
   if (broken_ || shut_down_) fail(ErrorKind::kNetwork, "the rank processes are gone (an earlier step failed)");
   StepPlan p;
   p.kind = PlanKind::kStep;
   p.step = step_++;
   p.input = input;
+  p.sampling = sampling;
   broadcast(p);
-  backend_.reset_scratch();
   try {
-    Tensor out = model_->forward(input, kv_);
+    Tensor logits = runner_.run(input);
     if (pc_.pp_size == 1) {
-      logits_to_host(backend_, out, logits);
+      sample_logits(backend_, logits, sampling, out);
       return;
     }
-    // The last stage's TP rank 0 sends the logits back over this shard's pipeline group.
-    const int64_t n = static_cast<int64_t>(input.logits_indices.size()), V = model_->config().vocab_size;
-    Tensor host = host_empty({n, V}, DType::kF32);
-    groups_->pp->recv(host, pc_.pp_size - 1);
-    logits.resize(static_cast<size_t>(n * V));
-    std::memcpy(logits.data(), host.raw(), host.nbytes());
+    // The last stage's TP rank 0 samples and sends the tokens, then the host rows, back over
+    // this shard's pipeline group.
+    const int64_t n = static_cast<int64_t>(sampling.rows.size()), V = model_->config().vocab_size;
+    const int64_t h = static_cast<int64_t>(sampling.host_rows.size());
+    dist::Communicator& pp = *groups_->pp;
+    out.tokens.resize(static_cast<size_t>(n));
+    recv_tensor(backend_, pp, {n}, DType::kI32, out.tokens.data(), pc_.pp_size - 1);
+    out.host_logits.resize(static_cast<size_t>(h * V));
+    if (h > 0) recv_tensor(backend_, pp, {h, V}, DType::kF32, out.host_logits.data(), pc_.pp_size - 1);
   } catch (...) {
     broken_ = true;
     throw;
@@ -154,28 +211,29 @@ void MultiprocExecutor::execute(const ModelInput& input, std::vector<float>& log
 // ---------------------------------------------------------------- worker ranks
 
 void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, dist::ProcessGroups& groups) {
-  KvCache kv;
+  ModelRunner runner(model, backend);
   PlanLimits limits;
   limits.vocab_size = model.config().vocab_size;
-  const bool sends_logits = pc.pp_size > 1 && model.returns_logits();
+  const bool sends_tokens = pc.pp_size > 1 && model.returns_logits();
   for (;;) {
     StepPlan plan = decode_step_plan(receive_plan_bytes(groups), limits);
     switch (plan.kind) {
       case PlanKind::kShutdown: return;
       case PlanKind::kKeepalive: break;
       case PlanKind::kInitCache:
-        kv = allocate_kv_cache(backend, model.cache_specs(), plan.cache);
+        runner.init_cache(plan.cache);
         limits.num_blocks = plan.cache.num_blocks;
         break;
       case PlanKind::kStep: {
-        if (kv.num_blocks == 0) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");
-        backend.reset_scratch();
-        Tensor out = model.forward(plan.input, kv);
-        if (sends_logits) {
-          Tensor host = host_empty(out.shape(), DType::kF32);
-          backend.copy_to_host(host.raw(), out);
-          backend.synchronize();
-          groups.pp->send(host, 0);
+        if (!runner.cache_ready()) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");
+        Tensor logits = runner.run(plan.input);
+        if (sends_tokens) {
+          check_sampling(logits, plan.sampling);
+          Tensor ids = backend.scratch({logits.dim(0)}, DType::kI32);
+          backend.sample(logits, plan.sampling.rows, ids);
+          Tensor rows = gather_host_rows(backend, logits, plan.sampling.host_rows);
+          send_tensor(backend, *groups.pp, ids, 0);
+          if (rows.defined()) send_tensor(backend, *groups.pp, rows, 0);
         }
         break;
       }

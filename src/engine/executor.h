@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/model_runner.h"
 #include "engine/step_plan.h"
 #include "model/model.h"
 
@@ -29,9 +30,13 @@ class Executor {
   virtual Backend& backend() = 0;
   // Allocates the KV cache on every rank.
   virtual void init_kv_cache(const CacheInit& init) = 0;
-  // One step on every rank; host f32 logits [logits_indices.size() x vocab] into `logits`.
-  virtual void execute(const ModelInput& input, std::vector<float>& logits) = 0;
+  // One step on every rank: the rank holding the logits samples them on its device as
+  // `sampling` says; `out` gets a token per logits row and the host rows' logits.
+  virtual void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) = 0;
 };
+
+// Samples `logits` [n, V] on `backend` into out.tokens and copies the host rows to out.host_logits.
+void sample_logits(Backend& backend, const Tensor& logits, const StepSampling& sampling, StepOutput& out);
 
 // Allocates `init` for `specs` on `backend` (shared by both executors and the workers).
 KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& specs, const CacheInit& init);
@@ -43,12 +48,12 @@ class LocalExecutor : public Executor {
   std::vector<LayerCacheSpec> cache_specs() const override { return model_->cache_specs(); }
   Backend& backend() override { return backend_; }
   void init_kv_cache(const CacheInit& init) override;
-  void execute(const ModelInput& input, std::vector<float>& logits) override;
+  void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
 
  private:
   std::unique_ptr<Model> model_;
   Backend& backend_;
-  KvCache kv_;
+  ModelRunner runner_;
 };
 
 class MultiprocExecutor : public Executor {
@@ -63,7 +68,7 @@ class MultiprocExecutor : public Executor {
   std::vector<LayerCacheSpec> cache_specs() const override { return model_->cache_specs(); }
   Backend& backend() override { return backend_; }
   void init_kv_cache(const CacheInit& init) override;
-  void execute(const ModelInput& input, std::vector<float>& logits) override;
+  void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
   // Ends the workers' loops; idempotent.
   void shutdown();
 
@@ -75,7 +80,7 @@ class MultiprocExecutor : public Executor {
   ParallelContext pc_;
   std::unique_ptr<dist::ProcessGroups> groups_;
   std::shared_ptr<void> keep_alive_;
-  KvCache kv_;
+  ModelRunner runner_;
   uint64_t step_ = 0;
   bool shut_down_ = false, broken_ = false;
 };

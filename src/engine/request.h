@@ -2,7 +2,6 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -29,7 +28,7 @@ struct Request {
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
-  std::mt19937_64 rng;  // seeded per request when params.seed is set
+  uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
   int32_t token_at(int i) const {

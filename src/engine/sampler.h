@@ -1,11 +1,14 @@
-// Turns one row of next-token logits into a token, on the host. Order as vLLM:
-// logit bias and min_tokens masking, penalties, (logprobs), temperature, top-k,
-// top-p, min-p, then a draw from the request's own generator (so a seeded request
-// gives the same tokens whatever else is in the batch).
+// The host side of sampling. Most rows are sampled on the device (Backend::sample, rule in
+// backend/sampling.h); a request whose next token needs logit bias, min_tokens masking,
+// repetition/presence/frequency penalties or logprobs has its logits row brought to the
+// host, where this class applies those in vLLM's order (logit bias and min_tokens masking,
+// penalties, logprobs) and then draws with the same rule, so a request's tokens do not
+// depend on which side sampled them.
 #pragma once
-#include <random>
+#include <optional>
 #include <vector>
 
+#include "backend/sampling_row.h"
 #include "engine/request.h"
 
 namespace tessera {
@@ -21,16 +24,18 @@ struct SampleResult {
   std::optional<TokenLogprob> logprob;
 };
 
+// The device-side controls of r's next token.
+SamplingRow sampling_row(const Request& r);
+// Whether r's next token needs its logits on the host (see above).
+bool needs_host_sampling(const Request& r);
+
 class Sampler {
  public:
-  explicit Sampler(uint64_t seed = 0) : rng_(seed) {}
   // `logits` is modified in place. eos_ids: masked while below min_tokens.
-  SampleResult sample(float* logits, int vocab, Request& r, const std::vector<int32_t>& eos_ids);
+  SampleResult sample(float* logits, int vocab, const Request& r, const std::vector<int32_t>& eos_ids);
 
  private:
-  std::mt19937_64 rng_;  // for requests without a seed
-  std::vector<int32_t> order_;
-  std::vector<float> probs_;
+  std::vector<int32_t> seen_;  // scratch for the repetition penalty
 };
 
 }  // namespace tessera

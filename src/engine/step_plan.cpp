@@ -1,5 +1,6 @@
 #include "engine/step_plan.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -9,7 +10,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 1;
+constexpr uint8_t kPlanVersion = 2;
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -74,6 +75,16 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.array(in.attention.block_tables);
       w.array(in.attention.slot_mapping);
       w.array(in.logits_indices);
+      w.put<uint32_t>(static_cast<uint32_t>(p.sampling.rows.size()));
+      for (const SamplingRow& s : p.sampling.rows) {
+        w.put<float>(s.temperature);
+        w.put<int32_t>(s.top_k);
+        w.put<float>(s.top_p);
+        w.put<float>(s.min_p);
+        w.put<uint64_t>(s.seed);
+        w.put<uint64_t>(s.position);
+      }
+      w.array(p.sampling.host_rows);
       break;
     }
     case PlanKind::kInitCache:
@@ -82,6 +93,8 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.put<uint8_t>(static_cast<uint8_t>(p.cache.dtype));
       w.put<float>(p.cache.k_scale);
       w.put<float>(p.cache.v_scale);
+      w.put<int32_t>(p.cache.max_model_len);
+      w.put<int32_t>(p.cache.max_graph_batch);
       break;
     case PlanKind::kShutdown:
     case PlanKind::kKeepalive: break;
@@ -114,6 +127,26 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       a.block_tables = r.array("block_tables", 1u << 28);
       a.slot_mapping = r.array("slot_mapping", cap);
       in.logits_indices = r.array("logits_indices", cap);
+      const uint32_t nrows = r.get<uint32_t>("sampling rows");
+      constexpr size_t kRowBytes = 4 * 4 + 2 * 8;
+      check(nrows == in.logits_indices.size() && nrows <= r.left() / kRowBytes, "sampling rows count");
+      p.sampling.rows.resize(nrows);
+      for (SamplingRow& s : p.sampling.rows) {
+        s.temperature = r.get<float>("temperature");
+        s.top_k = r.get<int32_t>("top_k");
+        s.top_p = r.get<float>("top_p");
+        s.min_p = r.get<float>("min_p");
+        s.seed = r.get<uint64_t>("seed");
+        s.position = r.get<uint64_t>("position");
+        check(std::isfinite(s.temperature) && s.temperature >= 0 && std::isfinite(s.top_p) && s.top_p > 0 &&
+                  std::isfinite(s.min_p) && s.min_p >= 0 && s.min_p <= 1,
+              "sampling row values");
+      }
+      p.sampling.host_rows = r.array("host_rows", nrows);
+      for (size_t i = 0; i < p.sampling.host_rows.size(); ++i)
+        check(p.sampling.host_rows[i] >= 0 && static_cast<uint32_t>(p.sampling.host_rows[i]) < nrows &&
+                  (i == 0 || p.sampling.host_rows[i] > p.sampling.host_rows[i - 1]),
+              "host row numbers");
       check(r.left() == 0, "trailing bytes");
       const size_t T = in.token_ids.size(), S = a.seq_lens.size();
       check(T > 0, "no tokens");
@@ -145,7 +178,11 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       uint8_t dt = r.get<uint8_t>("dtype");
       p.cache.k_scale = r.get<float>("k_scale");
       p.cache.v_scale = r.get<float>("v_scale");
+      p.cache.max_model_len = r.get<int32_t>("max_model_len");
+      p.cache.max_graph_batch = r.get<int32_t>("max_graph_batch");
       check(r.left() == 0, "trailing bytes");
+      check(p.cache.max_model_len >= 0 && p.cache.max_graph_batch >= 0 && p.cache.max_graph_batch <= 4096,
+            "graph sizes");
       check(p.cache.num_blocks > 0 && p.cache.block_size > 0 && p.cache.block_size <= 4096, "cache size");
       check(dt <= static_cast<uint8_t>(DType::kF8E5M2), "cache dtype");
       p.cache.dtype = static_cast<DType>(dt);

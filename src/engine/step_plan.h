@@ -4,11 +4,15 @@
 // limits the receiving rank knows (vocabulary, cache blocks), so a damaged plan is refused
 // with Error(kCorrupt) before anything is allocated or indexed.
 //
-//   u32 magic 0x504c5354 ("TSLP"), u8 version 1, u8 kind, u16 reserved (0)
+//   u32 magic 0x504c5354 ("TSLP"), u8 version 2, u8 kind, u16 reserved (0)
 //   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
 //                       then 7 arrays (u32 count + count x i32): token_ids, positions,
-//                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices
-//   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale
+//                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices,
+//                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
+//                       f32 min_p, u64 seed, u64 position), one per logits index,
+//                       then the host_rows array (ascending logits-row numbers)
+//   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
+//                       i32 max_model_len, i32 max_graph_batch
 //   kind 3 shutdown:    nothing
 //   kind 4 keepalive:   nothing (the head is idle)
 // All integers little-endian; trailing bytes are an error.
@@ -28,12 +32,30 @@ struct CacheInit {
   int block_size = 16;
   DType dtype = DType::kF32;
   float k_scale = 1.0f, v_scale = 1.0f;
+  int max_model_len = 0;    // positions a step may reach (sizes the graph inputs)
+  int max_graph_batch = 0;  // decode batches up to this replay CUDA graphs; 0 = never (--enforce-eager)
+};
+
+// How the rank that holds a step's logits turns them into tokens: one SamplingRow per logits
+// row, sampled on that rank's device; the rows listed in host_rows also travel to the engine
+// in full (their requests need penalties, logit bias or logprobs, which the host applies).
+struct StepSampling {
+  std::vector<SamplingRow> rows;
+  std::vector<int32_t> host_rows;
+};
+
+// What comes back: a token per logits row (unspecified for host rows) and the host rows'
+// f32 logits, host_rows.size() x vocab.
+struct StepOutput {
+  std::vector<int32_t> tokens;
+  std::vector<float> host_logits;
 };
 
 struct StepPlan {
   PlanKind kind = PlanKind::kStep;
   uint64_t step = 0;
   ModelInput input;  // kStep
+  StepSampling sampling;  // kStep
   CacheInit cache;   // kInitCache
 };
 

@@ -137,37 +137,13 @@ bool DenseDecoderModel::returns_logits() const { return pc_.pp_rank == pc_.pp_si
 
 // Vocab-parallel embedding: each rank looks up the tokens of its vocabulary slice, leaves
 // zero rows for the others, and the TP all-reduce completes every row.
-void DenseDecoderModel::embed(const ModelInput& in, const Tensor& out) {
+void DenseDecoderModel::embed(const Tensor& ids, const Tensor& out) {
   Backend& be = backend_;
-  const int64_t T = static_cast<int64_t>(in.token_ids.size());
   if (pc_.tp_size == 1) {
-    Tensor ids = be.scratch({T}, DType::kI32);
-    be.copy_from_host(ids, in.token_ids.data());
     be.embedding(ids, *embed_, out);
     return;
   }
-  const int64_t slice = embed_->dim(0), begin = pc_.tp_rank * slice;
-  std::vector<int32_t> local_ids, row_of(static_cast<size_t>(T), 0);  // row 0 of `rows` is zeros
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t id = in.token_ids[static_cast<size_t>(t)];
-    if (id < 0 || id >= config_.vocab_size)
-      fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
-    if (id >= begin && id < begin + slice) {
-      local_ids.push_back(static_cast<int32_t>(id - begin));
-      row_of[static_cast<size_t>(t)] = static_cast<int32_t>(local_ids.size());
-    }
-  }
-  const int64_t n = static_cast<int64_t>(local_ids.size());
-  Tensor rows = be.scratch({n + 1, config_.hidden_size}, be.compute_dtype());
-  be.fill(rows.rows(0, 1), 0.0f);
-  if (n > 0) {
-    Tensor ids = be.scratch({n}, DType::kI32);
-    be.copy_from_host(ids, local_ids.data());
-    be.embedding(ids, *embed_, rows.rows(1, n + 1));
-  }
-  Tensor idx = be.scratch({T}, DType::kI32);
-  be.copy_from_host(idx, row_of.data());
-  be.gather_rows(rows, idx, out);
+  be.embedding_slice(ids, *embed_, pc_.tp_rank * embed_->dim(0), out);
   all_reduce(out);
 }
 
@@ -215,19 +191,25 @@ void DenseDecoderModel::mlp(int layer, const Tensor& h, const Tensor& out) {
 }
 
 Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
+  for (int32_t id : in.token_ids)
+    if (id < 0 || id >= config_.vocab_size)
+      fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
+  return run(upload_step_inputs(backend_, in, max_positions_), cache);
+}
+
+bool DenseDecoderModel::graph_safe() const {
+  return pc_.pp_size == 1 && (pc_.tp_size == 1 || rt_.tp->stream_ordered());
+}
+
+Tensor DenseDecoderModel::run(const StepInputs& in, KvCache& cache) {
   Backend& be = backend_;
-  const int64_t T = static_cast<int64_t>(in.token_ids.size()), H = config_.hidden_size;
-  TESSERA_CHECK(T > 0 && in.positions.size() == in.token_ids.size(), "forward: {} tokens, {} positions", T,
-                in.positions.size());
+  const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
+  TESSERA_CHECK(T > 0 && in.positions.numel() == T, "forward: {} tokens, {} positions", T, in.positions.numel());
   TESSERA_CHECK(cache.k.size() == layers_.size(), "forward: a cache for {} layers, this stage has {}", cache.k.size(),
                 layers_.size());
-  for (int32_t p : in.positions)
-    if (p < 0 || p >= max_positions_)
-      fail(ErrorKind::kInvalidArgument, "position {} is beyond the model's {} positions", p, max_positions_);
   DType dt = be.compute_dtype();
-  Tensor positions = be.scratch({T}, DType::kI32);
-  be.copy_from_host(positions, in.positions.data());
-  AttentionMetadata meta = upload_attention_metadata(be, in.attention);
+  const Tensor& positions = in.positions;
+  const AttentionMetadata& meta = in.attention;
 
   // h holds each layer's normed input (and, in between, the MLP output that the next
   // add_rms_norm folds into the residual); o holds the attention output. Between pipeline
@@ -237,7 +219,7 @@ Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
   Tensor h = act.rows(T, 2 * T);
   Tensor o = be.scratch({T, H}, dt);
   const bool first_stage = pc_.pp_rank == 0, last_stage = pc_.pp_rank == pc_.pp_size - 1;
-  if (first_stage) embed(in, residual);
+  if (first_stage) embed(in.token_ids, residual);
   else rt_.pp->recv(act, pc_.pp_rank - 1);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -258,11 +240,9 @@ Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
   be.add_rms_norm(h, residual, *final_norm_, eps);
   const Tensor& x = h;
 
-  const int64_t n = static_cast<int64_t>(in.logits_indices.size());
-  Tensor idx = be.scratch({n}, DType::kI32);
-  be.copy_from_host(idx, in.logits_indices.data());
+  const int64_t n = in.logits_indices.numel();
   Tensor rows = be.scratch({n, H}, dt);
-  be.gather_rows(x, idx, rows);
+  be.gather_rows(x, in.logits_indices, rows);
   return lm_head(rows);
 }
 

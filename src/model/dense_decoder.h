@@ -21,6 +21,8 @@ class DenseDecoderModel : public Model {
   std::vector<LayerCacheSpec> cache_specs() const override;
   WeightStore& weights() override { return weights_; }
   Tensor forward(const ModelInput& input, KvCache& cache) override;
+  Tensor run(const StepInputs& input, KvCache& cache) override;
+  bool graph_safe() const override;
   bool returns_logits() const override;
 
  private:
@@ -39,7 +41,7 @@ class DenseDecoderModel : public Model {
                  KvCache& cache);
   void mlp(int layer, const Tensor& h, const Tensor& out);
   void all_reduce(const Tensor& t);  // TP sum of a row-parallel output (no-op at TP 1)
-  void embed(const ModelInput& in, const Tensor& out);
+  void embed(const Tensor& ids, const Tensor& out);
   Tensor lm_head(const Tensor& rows);
 
   ModelConfig config_;

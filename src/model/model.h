@@ -47,6 +47,18 @@ struct ModelInput {
   std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
 };
 
+// One step's inputs on the model's device: what forward() uploads from a ModelInput, and
+// what a captured graph reads (the engine's ModelRunner keeps them in fixed buffers).
+struct StepInputs {
+  Tensor token_ids;       // i32 [T]
+  Tensor positions;       // i32 [T]
+  Tensor logits_indices;  // i32 [n]
+  AttentionMetadata attention;
+};
+
+// Uploads `in` into `backend`'s scratch memory. Positions must be below max_positions.
+StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int max_positions);
+
 // The data-plane groups a sharded model talks through (owned by the executor). The model
 // only calls collectives on them; it never starts processes or opens connections.
 struct ParallelRuntime {
@@ -79,6 +91,10 @@ class Model {
   // come back on TP rank 0 of the last pipeline stage only (see returns_logits); the other
   // ranks return an undefined tensor. cache holds this stage's layers only.
   virtual Tensor forward(const ModelInput& input, KvCache& cache) = 0;
+  // The same step from inputs already on the device. Queues device work only (no host
+  // transfer, no synchronize) when graph_safe(), so it can be captured and replayed.
+  virtual Tensor run(const StepInputs& input, KvCache& cache) = 0;
+  virtual bool graph_safe() const { return false; }
   // Whether forward() returns the logits on this rank.
   virtual bool returns_logits() const { return true; }
 };

@@ -171,6 +171,100 @@ TEST_F(CudaOps, EmbeddingAndGatherRows) {
   }
 }
 
+TEST_F(CudaOps, EmbeddingSliceZeroesOtherRanksTokens) {
+  const int64_t V = 50, H = 72, T = 6, begin = 20;
+  auto table = rand(V * H);
+  std::vector<int32_t> ids = {0, 19, 20, 35, 69, 70};
+  Tensor out = gpu_out({T, H});
+  gpu().embedding_slice(on_gpu_i32(ids, {T}), on_gpu(table, {V, H}), begin, out);
+  Tensor ref = cpu().alloc({T, H}, DType::kF32);
+  cpu().embedding_slice(on_cpu_i32(ids, {T}), on_cpu(table, {V, H}), begin, ref);
+  EXPECT_EQ(rel_err(from_gpu(out), from_cpu(ref)), 0.0);
+}
+
+// Device sampling follows the host rule: greedy rows exactly; drawn rows use the same
+// uniforms, so they agree but for rounding at a threshold, and never leave the kept set.
+TEST_F(CudaOps, SampleMatchesTheHostRule) {
+  for (int64_t V : {7, 1000, 151936}) {
+    std::vector<SamplingRow> rows;
+    for (int i = 0; i < 48; ++i) {
+      SamplingRow r;
+      r.temperature = i % 6 == 0 ? 0.0f : 0.3f + 0.1f * static_cast<float>(i % 9);
+      r.top_k = i % 3 == 0 ? 0 : 1 + i % 40;
+      r.top_p = i % 4 == 0 ? 1.0f : 0.5f + 0.01f * static_cast<float>(i);
+      r.min_p = i % 5 == 0 ? 0.1f : 0.0f;
+      r.seed = 1000u + static_cast<uint64_t>(i);
+      r.position = static_cast<uint64_t>(i * 7);
+      rows.push_back(r);
+    }
+    const int64_t n = static_cast<int64_t>(rows.size());
+    auto logits = rand(n * V, -8.0f, 8.0f);
+    for (int64_t i = 0; i < V; i += 97) logits[static_cast<size_t>(i)] = 8.0f;  // ties at the top of row 0
+    Tensor gl = gpu().alloc({n, V}, DType::kF32);
+    gpu().copy_from_host(gl, logits.data());
+    Tensor gi = gpu().alloc({n}, DType::kI32);
+    gpu().sample(gl, rows, gi);
+    std::vector<int32_t> got(static_cast<size_t>(n));
+    gpu().copy_to_host(got.data(), gi);
+    Tensor ci = cpu().alloc({n}, DType::kI32);
+    cpu().sample(on_cpu(logits, {n, V}), rows, ci);
+    int same = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t want = ci.data<int32_t>()[i];
+      same += got[static_cast<size_t>(i)] == want;
+      if (rows[static_cast<size_t>(i)].temperature == 0.0f) {
+        EXPECT_EQ(got[static_cast<size_t>(i)], want) << "row " << i;
+      }
+      ASSERT_GE(got[static_cast<size_t>(i)], 0);
+      ASSERT_LT(got[static_cast<size_t>(i)], V);
+    }
+    EXPECT_GE(same, n - 2) << "V=" << V;
+  }
+}
+
+// A captured graph replays the same work on new inputs written into the same buffers.
+TEST_F(CudaOps, CapturedGraphReplaysOnNewInputs) {
+  ASSERT_TRUE(gpu().supports_graphs());
+  const int64_t T = 5, H = 256, N = 384;
+  Tensor x = gpu().alloc({T, H}, DType::kBF16);
+  Tensor w = on_gpu(rand(N * H), {N, H});
+  Tensor norm_w = on_gpu(rand(H, 0.5f, 1.5f), {H});
+  Tensor y = gpu().alloc({T, N}, DType::kBF16);
+  auto step = [&] {
+    Tensor h = gpu().scratch({T, H}, DType::kBF16);
+    gpu().rms_norm(x, norm_w, 1e-6f, h);
+    gpu().linear(h, w, nullptr, y);
+  };
+  auto write_x = [&](const std::vector<float>& v) {
+    std::vector<uint8_t> bytes(x.nbytes());
+    convert_host(v.data(), DType::kF32, bytes.data(), DType::kBF16, v.size());
+    gpu().copy_from_host(x, bytes.data());
+  };
+  std::vector<std::vector<float>> inputs = {rand(T * H), rand(T * H), rand(T * H)}, refs;
+  for (const auto& v : inputs) {
+    write_x(v);
+    gpu().reset_scratch();
+    step();
+    refs.push_back(from_gpu(y));
+  }
+  gpu().reset_scratch();
+  gpu().begin_capture();
+  step();
+  std::unique_ptr<CapturedGraph> g = gpu().end_capture();
+  ASSERT_TRUE(g);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    write_x(inputs[i]);
+    gpu().fill(y, NAN);
+    gpu().replay(*g);
+    EXPECT_EQ(rel_err(from_gpu(y), refs[i]), 0.0) << "input " << i;
+  }
+  // A host transfer inside a capture would replay stale data: refused.
+  gpu().begin_capture();
+  std::vector<uint8_t> bytes(x.nbytes());
+  EXPECT_THROW(gpu().copy_from_host(x, bytes.data()), Error);
+  g = gpu().end_capture();
+}
+
 TEST_F(CudaOps, BadTokenIdIsAnError) {
   Tensor table = on_gpu(rand(10 * 64), {10, 64});
   Tensor out = gpu_out({2, 64});

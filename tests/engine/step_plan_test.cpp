@@ -2,6 +2,7 @@
 // over-read, no huge allocation).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "core/error.h"
@@ -24,6 +25,15 @@ StepPlan sample_plan() {
   in.attention.block_tables = {0, 0, 1, 2};
   in.attention.slot_mapping = {0, 1, 2, 25};
   in.logits_indices = {2, 3};
+  SamplingRow greedy, drawn;
+  drawn.temperature = 0.7f;
+  drawn.top_k = 50;
+  drawn.top_p = 0.9f;
+  drawn.min_p = 0.05f;
+  drawn.seed = 0x1234567890abcdefull;
+  drawn.position = 17;
+  p.sampling.rows = {greedy, drawn};
+  p.sampling.host_rows = {1};
   return p;
 }
 
@@ -40,6 +50,15 @@ TEST(StepPlan, RoundTrip) {
   EXPECT_EQ(q.input.attention.slot_mapping, p.input.attention.slot_mapping);
   EXPECT_EQ(q.input.logits_indices, p.input.logits_indices);
   EXPECT_EQ(q.input.attention.max_blocks_per_seq, 2);
+  ASSERT_EQ(q.sampling.rows.size(), 2u);
+  EXPECT_EQ(q.sampling.rows[0].temperature, 0.0f);
+  EXPECT_EQ(q.sampling.rows[1].temperature, 0.7f);
+  EXPECT_EQ(q.sampling.rows[1].top_k, 50);
+  EXPECT_EQ(q.sampling.rows[1].top_p, 0.9f);
+  EXPECT_EQ(q.sampling.rows[1].min_p, 0.05f);
+  EXPECT_EQ(q.sampling.rows[1].seed, 0x1234567890abcdefull);
+  EXPECT_EQ(q.sampling.rows[1].position, 17u);
+  EXPECT_EQ(q.sampling.host_rows, p.sampling.host_rows);
 
   StepPlan init;
   init.kind = PlanKind::kInitCache;
@@ -64,6 +83,15 @@ TEST(StepPlan, RefusesIndicesBeyondWhatTheRankHas) {
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
   p = sample_plan();
   p.input.positions.pop_back();
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+  p = sample_plan();
+  p.sampling.rows.pop_back();  // one row per logits index
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+  p = sample_plan();
+  p.sampling.host_rows = {2};
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
+  p = sample_plan();
+  p.sampling.rows[1].top_p = std::nanf("");
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
 }
 

@@ -91,6 +91,14 @@ CacheInit cache_init() {
   return c;
 }
 
+// Every row's logits to the host (the test compares logits, not sampled tokens).
+StepSampling all_rows_to_host(const ModelInput& in) {
+  StepSampling s;
+  s.rows.resize(in.logits_indices.size());
+  for (size_t i = 0; i < in.logits_indices.size(); ++i) s.host_rows.push_back(static_cast<int32_t>(i));
+  return s;
+}
+
 std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   auto backend = one_thread_backend();
   ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + fixture);
@@ -101,8 +109,9 @@ std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   ex.init_kv_cache(cache_init());
   std::vector<std::vector<float>> out;
   for (const auto& in : make_steps()) {
-    out.emplace_back();
-    ex.execute(in, out.back());
+    StepOutput so;
+    ex.execute(in, all_rows_to_host(in), so);
+    out.push_back(so.host_logits);
   }
   return out;
 }
@@ -135,8 +144,9 @@ int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_pat
   ex.init_kv_cache(cache_init());
   std::ofstream f(out_path, std::ios::binary);
   for (const auto& in : make_steps()) {
-    std::vector<float> logits;
-    ex.execute(in, logits);
+    StepOutput so;
+    ex.execute(in, all_rows_to_host(in), so);
+    const std::vector<float>& logits = so.host_logits;
     uint64_t n = logits.size();
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(n * 4));

@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/sampling.h"
 
 #include <cblas.h>
 #include <unistd.h>
@@ -159,6 +160,29 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor&
     require(id[t] >= 0 && id[t] < V, "embedding", "token id " + std::to_string(id[t]) + " outside the vocabulary");
     std::memcpy(out.data<float>() + t * H, table.data<float>() + static_cast<int64_t>(id[t]) * H, H * 4);
   }
+}
+
+void CpuBackend::embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) {
+  require_f32(table, "embedding_slice");
+  require(ids.dtype() == DType::kI32, "embedding_slice", "ids must be i32");
+  int64_t T = ids.numel(), H = table.dim(1), rows = table.dim(0);
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = static_cast<int64_t>(id[t]) - begin;
+    if (r >= 0 && r < rows) std::memcpy(out.data<float>() + t * H, table.data<float>() + r * H, H * 4);
+    else std::memset(out.data<float>() + t * H, 0, H * 4);
+  }
+}
+
+void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) {
+  require(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
+              out.numel() == logits.dim(0) && static_cast<int64_t>(rows.size()) == logits.dim(0),
+          "sample", logits.str() + " -> " + out.str());
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  pool().parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      out.data<int32_t>()[i] = sample_row_host(logits.data<float>() + i * V, V, rows[static_cast<size_t>(i)]);
+  });
 }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {

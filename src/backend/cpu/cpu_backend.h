@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
                        float scale, float k_scale, float v_scale, const Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override;
   void cast(const Tensor& src, const Tensor& dst) override;
+  void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override;
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override;
 
  private:
   // Bump arena for per-step activations: chunks are kept and merged into one on reset.

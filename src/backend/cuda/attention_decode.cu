@@ -42,6 +42,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   if (only_single && qlen != 1) return;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
+  // part <= 0: slices sized from this sequence's own length (a captured graph's launch
+  // serves any lengths), whole warp-tile rounds.
+  if (part <= 0) {
+    part = (a.seq_lens[s] + num_splits - 1) / num_splits;
+    part = (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+  }
   const int start = split * part, end = min(start + part, kv_len);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -275,8 +281,8 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single,
                              float* ws, cudaStream_t s) {
   if (a.num_tokens == 0) return;
-  int part = (max_seq_len + num_splits - 1) / num_splits;
-  part = (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+  (void)max_seq_len;
+  const int part = 0;  // per sequence, in the kernel
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
     fp8 ? decode_t<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, s)

@@ -219,6 +219,7 @@ class CudaBackend final : public Backend {
   // ---------------------------------------------------------------- transfers
   void copy_from_host(const Tensor& dst, const void* src) override {
     need_cuda(dst, "copy_from_host");
+    TESSERA_CHECK(!capturing_, "copy_from_host while capturing a graph (its source would be replayed stale)");
     bind();
     size_t n = dst.nbytes();
     const char* s = static_cast<const char*>(src);
@@ -274,6 +275,7 @@ class CudaBackend final : public Backend {
 
   void synchronize() override {
     bind();
+    TESSERA_CHECK(!capturing_, "synchronize while capturing a graph");
     TCUDA_CHECK(cudaStreamSynchronize(stream_));
     check_device_errors();
   }
@@ -434,6 +436,80 @@ class CudaBackend final : public Backend {
                        kErrGatherIndex, dev_err_, stream_);
   }
 
+  void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override {
+    CUDA_REQUIRE(ids.dtype() == DType::kI32, "embedding_slice", "ids must be i32, got " + ids.str());
+    CUDA_REQUIRE(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
+                 "embedding_slice", table.str() + "[" + ids.str() + "] -> " + out.str());
+    need_cuda(ids, "embedding_slice");
+    need_cuda(table, "embedding_slice");
+    bind();
+    launch_gather_rows(table.raw(), ids.data<int32_t>(), out.raw(), ids.numel(), table.nbytes() / table.dim(0),
+                       table.dim(0), kErrTokenId, dev_err_, stream_, begin, /*zero_outside=*/true);
+  }
+
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override {
+    CUDA_REQUIRE(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
+                     out.numel() == logits.dim(0) && static_cast<int64_t>(rows.size()) == logits.dim(0),
+                 "sample", logits.str() + " -> " + out.str());
+    need_cuda(logits, "sample");
+    need_cuda(out, "sample");
+    bind();
+    if (rows.empty()) return;
+    Tensor dev_rows = scratch({static_cast<int64_t>(rows.size() * sizeof(SamplingRow))}, DType::kU8);
+    copy_from_host(dev_rows, rows.data());
+    launch_sample(logits.data<float>(), logits.dim(0), logits.dim(1), dev_rows.raw(), out.data<int32_t>(), stream_);
+  }
+
+  size_t scratch_in_use() const override { return in_use_; }
+
+  // ---------------------------------------------------------------- graphs
+  bool supports_graphs() const override { return true; }
+
+  void begin_capture() override {
+    bind();
+    TESSERA_CHECK(!capturing_, "begin_capture while already capturing");
+    // Relaxed: a first-time cuBLASLt call may allocate on the side; nothing else may.
+    TCUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    capture_chunks_ = chunks_.size();
+  }
+
+  std::unique_ptr<CapturedGraph> end_capture() override {
+    bind();
+    TESSERA_CHECK(capturing_, "end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess || !graph) {
+      cudaGetLastError();
+      if (graph) cudaGraphDestroy(graph);
+      fail(ErrorKind::kInternal, "CUDA graph capture failed: {}", cudaGetErrorString(err));
+    }
+    if (chunks_.size() != capture_chunks_) {
+      cudaGraphDestroy(graph);
+      fail(ErrorKind::kInternal, "CUDA graph capture: the scratch arena grew while capturing");
+    }
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kInternal, "CUDA graph instantiation failed: {}", cudaGetErrorString(err));
+    }
+    auto g = std::make_unique<Graph>();
+    g->exec = exec;
+    g->device = index_;
+    g->arena = chunks_;  // the graph's pointers stay valid however the arena changes later
+    return g;
+  }
+
+  void replay(const CapturedGraph& graph) override {
+    bind();
+    const auto* g = dynamic_cast<const Graph*>(&graph);
+    TESSERA_CHECK(g && g->device == index_, "replay of a graph from another backend");
+    TCUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+  }
+
   void cast(const Tensor& src, const Tensor& dst) override {
     CUDA_REQUIRE(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
             src.str() + " -> " + dst.str());
@@ -448,6 +524,17 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  struct Graph final : CapturedGraph {
+    cudaGraphExec_t exec = nullptr;
+    int device = 0;
+    std::vector<Tensor> arena;
+    ~Graph() override {
+      if (exec) {
+        cudaSetDevice(device);
+        cudaGraphExecDestroy(exec);
+      }
+    }
+  };
   struct Mark {
     size_t chunks, used, in_use;
   };
@@ -538,6 +625,8 @@ class CudaBackend final : public Backend {
   std::vector<Tensor> chunks_;
   size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
   std::vector<Mark> marks_;
+  bool capturing_ = false;
+  size_t capture_chunks_ = 0;
 };
 
 }  // namespace

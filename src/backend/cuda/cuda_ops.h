@@ -47,9 +47,10 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 void launch_fill(void* dst, DType t, int64_t n, float value, cudaStream_t s);
 void launch_fill_random(void* dst, DType t, int64_t n, uint64_t seed, float low, float high, cudaStream_t s);
 void launch_cast(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStream_t s);
-// out[i] = x[idx[i]] row by row (row_bytes each); idx checked against num_rows.
+// out[i] = x[idx[i] - begin] row by row (row_bytes each); an index outside [begin, begin +
+// num_rows) raises err_code, or gives a zero row when zero_outside.
 void launch_gather_rows(const void* x, const int32_t* idx, void* out, int64_t n, int64_t row_bytes, int64_t num_rows,
-                        int err_code, int* err, cudaStream_t s);
+                        int err_code, int* err, cudaStream_t s, int64_t begin = 0, bool zero_outside = false);
 void launch_rms_norm(const void* x, DType xt, const void* w, DType wt, void* out, int64_t rows, int64_t D, float eps,
                      cudaStream_t s);
 void launch_add_rms_norm(void* x, void* residual, DType t, const void* w, DType wt, int64_t rows, int64_t D, float eps,
@@ -62,6 +63,10 @@ void launch_rope(void* q, void* k, DType t, const int32_t* positions, const floa
 void launch_write_kv(const void* k, const void* v, DType in_t, void* k_cache, void* v_cache, DType cache_t,
                      const int32_t* slot_mapping, int64_t T, int64_t row, int64_t num_slots, float k_scale,
                      float v_scale, int* err, cudaStream_t s);
+
+// ---- sampling (sampling.cu): backend/sampling.h's rule, one block per row ----
+// rows: device array of n tessera::SamplingRow.
+void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s);
 
 // ---- attention (attention_*.cu) ----
 struct PagedAttentionArgs {

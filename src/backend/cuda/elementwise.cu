@@ -58,15 +58,20 @@ __global__ void cast_kernel(const void* src, DType st, void* dst, DType dt, int6
 // ---------------------------------------------------------------- gather rows (embedding)
 template <typename Chunk>
 __global__ void gather_rows_kernel(const Chunk* __restrict__ x, const int32_t* __restrict__ idx, Chunk* __restrict__ out,
-                                   int64_t chunks_per_row, int64_t num_rows, int err_code, int* err) {
+                                   int64_t chunks_per_row, int64_t num_rows, int64_t begin, bool zero_outside,
+                                   int err_code, int* err) {
   int64_t i = blockIdx.x;
-  int32_t r = idx[i];
+  int64_t r = static_cast<int64_t>(idx[i]) - begin;
+  Chunk* dst = out + i * chunks_per_row;
   if (r < 0 || r >= num_rows) {
-    if (threadIdx.x == 0) raise_error(err, err_code);
+    if (zero_outside) {
+      for (int64_t c = threadIdx.x; c < chunks_per_row; c += blockDim.x) dst[c] = Chunk{};
+    } else if (threadIdx.x == 0) {
+      raise_error(err, err_code);
+    }
     return;
   }
   const Chunk* src = x + r * chunks_per_row;
-  Chunk* dst = out + i * chunks_per_row;
   for (int64_t c = threadIdx.x; c < chunks_per_row; c += blockDim.x) dst[c] = src[c];
 }
 
@@ -254,16 +259,16 @@ void launch_cast(const void* src, DType st, void* dst, DType dt, int64_t n, cuda
 }
 
 void launch_gather_rows(const void* x, const int32_t* idx, void* out, int64_t n, int64_t row_bytes, int64_t num_rows,
-                        int err_code, int* err, cudaStream_t s) {
+                        int err_code, int* err, cudaStream_t s, int64_t begin, bool zero_outside) {
   if (n == 0) return;
   if (row_bytes % 16 == 0 && aligned16(x) && aligned16(out)) {
     int64_t chunks = row_bytes / 16;
     int threads = static_cast<int>(std::min<int64_t>(256, (chunks + 31) / 32 * 32));
     gather_rows_kernel<uint4><<<static_cast<unsigned>(n), threads, 0, s>>>(
-        static_cast<const uint4*>(x), idx, static_cast<uint4*>(out), chunks, num_rows, err_code, err);
+        static_cast<const uint4*>(x), idx, static_cast<uint4*>(out), chunks, num_rows, begin, zero_outside, err_code, err);
   } else {
     gather_rows_kernel<uint8_t><<<static_cast<unsigned>(n), 256, 0, s>>>(
-        static_cast<const uint8_t*>(x), idx, static_cast<uint8_t*>(out), row_bytes, num_rows, err_code, err);
+        static_cast<const uint8_t*>(x), idx, static_cast<uint8_t*>(out), row_bytes, num_rows, begin, zero_outside, err_code, err);
   }
   TCUDA_LAUNCH_CHECK();
 }

@@ -1,0 +1,151 @@
+// Backend::sample on the GPU: backend/sampling.h's rule, one 1024-thread block per row.
+// Thresholds are found by bitwise search over order-preserving float keys (radix
+// select): 32 passes over the row for the k-th largest value (top-k), 32 for the top-p
+// cut; each pass is a strided read of the row (L2-resident) and a block reduction. The
+// draw is Gumbel-max with the counter-based uniforms of backend/sampling_hash.h.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "backend/sampling_row.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/sampling_hash.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+
+struct Best {
+  float v;
+  int32_t i;
+};
+
+// Larger v wins; equal v: smaller index. NaN never wins.
+__device__ __forceinline__ Best better(Best a, Best b) {
+  if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+  return a;
+}
+
+__device__ Best block_best(Best b, Best* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Best other{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+    b = better(b, other);
+  }
+  __syncthreads();
+  if (lane == 0) smem[warp] = b;
+  __syncthreads();
+  if (warp == 0) {
+    b = lane < kWarps ? smem[lane] : Best{-INFINITY, INT32_MAX};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      Best other{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+      b = better(b, other);
+    }
+    if (lane == 0) smem[0] = b;
+  }
+  __syncthreads();
+  return smem[0];
+}
+
+template <typename T>
+__device__ T block_sum(T v, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kWarps ? smem[lane] : T(0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) smem[0] = v;
+  }
+  __syncthreads();
+  return smem[0];
+}
+
+__device__ __forceinline__ uint32_t key_of(float f) { return sampling_float_key(__float_as_uint(f)); }
+__device__ __forceinline__ float value_of(uint32_t k) { return __uint_as_float(sampling_key_bits(k)); }
+
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* __restrict__ logits, int64_t V, const SamplingRow* __restrict__ rows,
+                  int32_t* __restrict__ out) {
+  __shared__ Best best_s[kWarps];
+  __shared__ float sum_s[kWarps];
+  __shared__ int count_s[kWarps];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  const SamplingRow r = rows[row];
+
+  Best b{-INFINITY, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < V; i += kThreads) b = better(b, Best{x[i], static_cast<int32_t>(i)});
+  b = block_best(b, best_s);
+  if (r.temperature < 1e-5f || V == 1 || b.i == INT32_MAX) {
+    if (threadIdx.x == 0) out[row] = b.i == INT32_MAX ? 0 : b.i;
+    return;
+  }
+  const float m = b.v, inv_t = 1.0f / r.temperature;
+  auto s_of = [&](int64_t i) { return (x[i] - m) * inv_t; };
+  float tau = -INFINITY;
+
+  if (r.top_k > 0 && r.top_k < V) {  // the k-th largest s: largest key with count(key >= it) >= k
+    uint32_t prefix = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = prefix | (1u << bit);
+      int c = 0;
+      for (int64_t i = threadIdx.x; i < V; i += kThreads) c += key_of(s_of(i)) >= cand;
+      if (block_sum(c, count_s) >= r.top_k) prefix = cand;
+    }
+    tau = value_of(prefix);
+  }
+  if (r.top_p < 1.0f) {  // largest t with mass(s >= t) >= top_p * mass(s >= tau)
+    float z = 0.0f;
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+      const float s = s_of(i);
+      if (s >= tau) z += expf(s);
+    }
+    const float target = r.top_p * block_sum(z, sum_s);
+    const uint32_t floor_key = key_of(tau);
+    uint32_t prefix = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = prefix | (1u << bit);
+      const uint32_t cut = cand > floor_key ? cand : floor_key;
+      float mass = 0.0f;
+      for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+        const float s = s_of(i);
+        if (key_of(s) >= cut) mass += expf(s);
+      }
+      if (block_sum(mass, sum_s) >= target) prefix = cand;
+    }
+    tau = fmaxf(tau, value_of(prefix));
+  }
+  if (r.min_p > 0.0f) tau = fmaxf(tau, logf(r.min_p));
+
+  const uint64_t key = sampling_row_key(r.seed, r.position);
+  Best g{-INFINITY, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+    const float s = s_of(i);
+    if (!(s >= tau)) continue;
+    const float u = sampling_uniform(key, static_cast<uint32_t>(i));
+    g = better(g, Best{s - logf(-logf(u)), static_cast<int32_t>(i)});
+  }
+  g = block_best(g, best_s);
+  if (threadIdx.x == 0) out[row] = g.i == INT32_MAX ? b.i : g.i;
+}
+
+}  // namespace
+
+void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s) {
+  if (n == 0) return;
+  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(logits, V, static_cast<const SamplingRow*>(rows), out);
+  TCUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tessera::cuda

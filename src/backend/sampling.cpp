@@ -1,0 +1,60 @@
+#include "backend/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace tessera {
+
+int32_t sample_row_host(const float* logits, int64_t V, const SamplingRow& row) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; ++i)
+    if (logits[i] > logits[best]) best = i;
+  if (row.temperature < 1e-5f || V == 1) return static_cast<int32_t>(best);
+  const float m = logits[best], inv_t = 1.0f / row.temperature;
+  std::vector<float> s(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) s[i] = (logits[i] - m) * inv_t;
+  float tau = -std::numeric_limits<float>::infinity();
+  const bool top_k = row.top_k > 0 && row.top_k < V, top_p = row.top_p < 1.0f;
+  if (top_k || top_p) {
+    std::vector<float> sorted = s;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    if (top_k) tau = sorted[static_cast<size_t>(row.top_k - 1)];
+    if (top_p) {
+      float z = 0;
+      for (float v : sorted) {
+        if (v < tau) break;
+        z += std::exp(v);
+      }
+      const float target = row.top_p * z;
+      // Mass at or above a value counts every copy of it: walk groups of equal values.
+      float acc = 0;
+      for (size_t i = 0; i < sorted.size() && sorted[i] >= tau;) {
+        size_t j = i;
+        while (j < sorted.size() && sorted[j] == sorted[i]) acc += std::exp(sorted[j++]);
+        if (acc >= target) {
+          tau = std::max(tau, sorted[i]);
+          break;
+        }
+        i = j;
+      }
+    }
+  }
+  if (row.min_p > 0.0f) tau = std::max(tau, std::log(row.min_p));
+  const uint64_t key = sampling_row_key(row.seed, row.position);
+  int64_t pick = best;
+  float pick_score = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) {
+    if (!(s[i] >= tau)) continue;
+    const float u = sampling_uniform(key, static_cast<uint32_t>(i));
+    const float score = s[i] - std::log(-std::log(u));
+    if (score > pick_score) {
+      pick_score = score;
+      pick = i;
+    }
+  }
+  return static_cast<int32_t>(pick);
+}
+
+}  // namespace tessera

@@ -1,0 +1,24 @@
+// The one sampling rule every backend follows (Backend::sample), written once for the
+// host; the CUDA kernels (backend/cuda/sampling.cu) compute the same thing in parallel.
+//
+// Per row, with s_i = (logit_i - max) / temperature:
+//   threshold = max(k-th largest s          (top-k),
+//                   largest t with sum_{s_i >= t} e^{s_i} >= top_p * sum over what top-k kept  (top-p),
+//                   log(min_p)              (min-p: p_i >= min_p * p_max));
+//   token = argmax over s_i >= threshold of s_i + g_i, g_i = -log(-log(u_i)) (Gumbel-max),
+// u_i = sampling_uniform(seed, position, i). Gumbel-max draws exactly from the softmax of the
+// kept s_i, and since u depends only on (seed, position, token id), a seeded request gets
+// the same token whatever batch it is in and whichever backend runs it (up to rounding).
+// Ties at a threshold keep every equal value. Greedy rows take the first maximal id.
+#pragma once
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/sampling_hash.h"
+
+namespace tessera {
+
+// One row of f32 logits -> token id.
+int32_t sample_row_host(const float* logits, int64_t vocab, const SamplingRow& row);
+
+}  // namespace tessera

@@ -1,0 +1,148 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "engine/executor.h"
+
+namespace tessera {
+
+ModelRunner::ModelRunner(Model& model, Backend& backend) : model_(model), backend_(backend) {}
+
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::init_cache(const CacheInit& init) {
+  kv_ = allocate_kv_cache(backend_, model_.cache_specs(), init);
+  max_model_len_ = init.max_model_len;
+  graphs_enabled_ = init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() &&
+                    model_.graph_safe();
+  graphs_.clear();
+  buckets_.clear();
+  if (!graphs_enabled_) return;
+  for (int b : {1, 2, 4})
+    if (b <= init.max_graph_batch) buckets_.push_back(b);
+  for (int b = 8; b < init.max_graph_batch + 8; b += 8) buckets_.push_back(std::min(b, init.max_graph_batch));
+  buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
+  max_blocks_ = (max_model_len_ + init.block_size - 1) / init.block_size;
+  const int64_t B = buckets_.back();
+  g_tokens_ = backend_.alloc({B}, DType::kI32);
+  g_positions_ = backend_.alloc({B}, DType::kI32);
+  g_qsl_ = backend_.alloc({B + 1}, DType::kI32);
+  g_seq_lens_ = backend_.alloc({B}, DType::kI32);
+  g_block_tables_ = backend_.alloc({B * max_blocks_}, DType::kI32);
+  g_slots_ = backend_.alloc({B}, DType::kI32);
+  g_logits_idx_ = backend_.alloc({B}, DType::kI32);
+  backend_.fill(g_block_tables_, 0.0f);
+  TLOG_INFO("CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
+            "--enforce-eager turns them off",
+            buckets_.back(), buckets_.size());
+}
+
+int ModelRunner::bucket_for(int batch) const {
+  auto it = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
+  return it == buckets_.end() ? 0 : *it;
+}
+
+StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
+  const AttentionLayout& a = in.attention;
+  const int S = static_cast<int>(a.seq_lens.size());
+  std::vector<int32_t> tok(b, 0), pos(b, 0), qsl(b + 1), lens(b, 1), slots(b, -1), idx(b);
+  std::iota(qsl.begin(), qsl.end(), 0);
+  std::iota(idx.begin(), idx.end(), 0);
+  h_block_tables_.assign(static_cast<size_t>(b) * max_blocks_, 0);
+  for (int s = 0; s < S; ++s) {
+    tok[s] = in.token_ids[s];
+    pos[s] = in.positions[s];
+    lens[s] = a.seq_lens[s];
+    slots[s] = a.slot_mapping[s];
+    const int w = std::min(a.max_blocks_per_seq, max_blocks_);
+    std::copy_n(a.block_tables.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
+                h_block_tables_.begin() + static_cast<ptrdiff_t>(s) * max_blocks_);
+  }
+  auto put = [&](const Tensor& dst, const std::vector<int32_t>& v) {
+    backend_.copy_from_host(dst.rows(0, static_cast<int64_t>(v.size())), v.data());
+  };
+  put(g_tokens_, tok);
+  put(g_positions_, pos);
+  put(g_qsl_, qsl);
+  put(g_seq_lens_, lens);
+  put(g_slots_, slots);
+  put(g_logits_idx_, idx);
+  put(g_block_tables_, h_block_tables_);
+
+  StepInputs si;
+  si.token_ids = g_tokens_.rows(0, b);
+  si.positions = g_positions_.rows(0, b);
+  si.logits_indices = g_logits_idx_.rows(0, b);
+  AttentionMetadata& m = si.attention;
+  m.num_seqs = b;
+  m.num_tokens = b;
+  m.max_query_len = 1;
+  m.max_seq_len = max_model_len_;  // any length up to it; kernels read the real ones
+  m.block_size = a.block_size;
+  m.max_blocks_per_seq = max_blocks_;
+  m.query_start_loc = g_qsl_.rows(0, b + 1);
+  m.seq_lens = g_seq_lens_.rows(0, b);
+  m.block_tables = g_block_tables_.rows(0, static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
+  m.slot_mapping = g_slots_.rows(0, b);
+  return si;
+}
+
+Tensor ModelRunner::run(const ModelInput& in) {
+  TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
+  backend_.reset_scratch();
+  const int S = static_cast<int>(in.attention.seq_lens.size());
+  const bool decode = graphs_enabled_ && S > 0 && static_cast<int>(in.token_ids.size()) == S &&
+                      in.logits_indices.size() == static_cast<size_t>(S) &&
+                      in.attention.max_blocks_per_seq <= max_blocks_;
+  const int b = decode ? bucket_for(S) : 0;
+  if (b == 0) return model_.forward(in, kv_);
+  for (int s = 0; s < S; ++s)
+    if (in.logits_indices[s] != s) return model_.forward(in, kv_);
+  for (int32_t id : in.token_ids)
+    if (id < 0 || id >= model_.config().vocab_size)
+      fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
+  for (int32_t p : in.positions)
+    if (p < 0 || p >= max_model_len_)
+      fail(ErrorKind::kInvalidArgument, "position {} is beyond --max-model-len {}", p, max_model_len_);
+
+  StepInputs si = fill_graph_inputs(in, b);
+  auto it = graphs_.find(b);
+  if (it != graphs_.end()) {
+    backend_.replay(*it->second.graph);
+    // Later scratch (sampling) must not overlap what the graph wrote.
+    backend_.scratch({static_cast<int64_t>(it->second.scratch_bytes)}, DType::kU8);
+    return it->second.logits.rows(0, S);
+  }
+  // First time at this size: the eager run is this step's result; then capture.
+  Tensor logits = model_.run(si, kv_);
+  const size_t eager_bytes = backend_.scratch_in_use();
+  try {
+    backend_.reset_scratch();  // (may merge a grown arena; `logits` keeps its memory)
+    Graph g;
+    backend_.begin_capture();
+    try {
+      g.logits = model_.run(si, kv_);
+    } catch (...) {
+      try {
+        backend_.end_capture();
+      } catch (...) {
+      }
+      throw;
+    }
+    g.graph = backend_.end_capture();
+    g.scratch_bytes = std::max(backend_.scratch_in_use(), eager_bytes);
+    graphs_.emplace(b, std::move(g));
+    TLOG_DEBUG("captured the decode graph for batch size {}", b);
+  } catch (const Error& e) {
+    TLOG_WARN("CUDA graph capture for batch size {} failed ({}); running eagerly from now on", b, e.what());
+    graphs_enabled_ = false;
+  }
+  // Keep later scratch clear of the eager logits (same arena offsets as the capture).
+  backend_.scratch({static_cast<int64_t>(eager_bytes)}, DType::kU8);
+  return logits.rows(0, S);
+}
+
+}  // namespace tessera

@@ -1,0 +1,26 @@
+#include "model/model.h"
+
+#include "core/error.h"
+
+namespace tessera {
+
+StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int max_positions) {
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  TESSERA_CHECK(T > 0 && in.positions.size() == in.token_ids.size(), "forward: {} tokens, {} positions", T,
+                in.positions.size());
+  for (int32_t p : in.positions)
+    if (p < 0 || p >= max_positions)
+      fail(ErrorKind::kInvalidArgument, "position {} is beyond the model's {} positions", p, max_positions);
+  StepInputs s;
+  s.token_ids = be.scratch({T}, DType::kI32);
+  be.copy_from_host(s.token_ids, in.token_ids.data());
+  s.positions = be.scratch({T}, DType::kI32);
+  be.copy_from_host(s.positions, in.positions.data());
+  const int64_t n = static_cast<int64_t>(in.logits_indices.size());
+  s.logits_indices = be.scratch({n}, DType::kI32);
+  if (n > 0) be.copy_from_host(s.logits_indices, in.logits_indices.data());
+  s.attention = upload_attention_metadata(be, in.attention);
+  return s;
+}
+
+}  // namespace tessera
