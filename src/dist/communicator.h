@@ -55,6 +55,13 @@ class Communicator {
   // (e.g. logits copied to the host); it throws the failure as Error(kNetwork). No-op for
   // the others, whose calls throw themselves.
   virtual void raise_if_failed() const {}
+  // Stream-ordered communicators: puts the work queued on the stream so far under the
+  // watchdog's timeout as if it were one call named `what`. Calls captured into a CUDA graph
+  // are not watched when they are captured; call this after launching the graph (e.g.
+  // watch_stream("decode graph replay")) so that a peer stuck during a replay still ends in
+  // an abort and an error. No-op for the others and while the stream is being captured.
+  // Wrappers (e.g. the custom all-reduce decorator) must forward it.
+  virtual void watch_stream(const char* what) { (void)what; }
 
   // In place, every rank ends with the elementwise sum. f32 and bf16 (bf16 is summed in
   // f32 per pair and rounded, as NCCL does).

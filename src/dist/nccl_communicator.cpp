@@ -47,7 +47,7 @@ std::optional<ncclDataType_t> nccl_type(DType t) {
 // A call queued on the stream, watched until its event completes.
 struct Pending {
   uint64_t seq = 0;
-  const char* op = "";
+  std::string op;  // short names fit the small-string buffer: no allocation per call
   cudaEvent_t event = nullptr;
   Clock::time_point enqueued;
 };
@@ -68,7 +68,8 @@ struct CommState {
   std::optional<std::string> broken;
 };
 
-std::string describe_failure(const CommState& s, const char* op, Clock::time_point start, const std::string& what) {
+std::string describe_failure(const CommState& s, const std::string& op, Clock::time_point start,
+                             const std::string& what) {
   auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
   std::vector<int> peers;
   for (int r = 0; r < s.group.size(); ++r)
@@ -205,7 +206,7 @@ class Watchdog {
         if (s->options.device_index != current_device && cudaSetDevice(s->options.device_index) == cudaSuccess)
           current_device = s->options.device_index;
         std::optional<std::string> what;
-        const char* op = "";
+        std::string op;
         Clock::time_point started{};
         const Clock::time_point now = Clock::now();
         bool advanced = false;
@@ -337,6 +338,10 @@ class NcclCommunicator : public Communicator {
   void raise_if_failed() const override {
     std::lock_guard<std::mutex> lk(st_->mu);
     if (st_->broken) fail(ErrorKind::kNetwork, "{}", *st_->broken);
+  }
+  void watch_stream(const char* what) override {
+    if (!ordered_) return;
+    run(what, [](ncclComm_t) { return ncclSuccess; });  // nothing enqueued: only the event
   }
 
   void all_reduce(const Tensor& t, ReduceOp) override {

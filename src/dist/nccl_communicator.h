@@ -18,7 +18,8 @@
 //   later call throws Error(kNetwork) with it. After the abort the stream drains (the NCCL
 //   kernels exit); if it has not drained within 10 s the watchdog ends the process (status 1).
 //   While the stream is being captured into a CUDA graph, calls are enqueued (captured) but
-//   not watched: the watchdog never queries a capturing stream.
+//   not watched: the watchdog never queries a capturing stream. After launching such a graph,
+//   watch_stream("...") puts the replay under the same timeout.
 #pragma once
 #include <chrono>
 #include <memory>

@@ -4,7 +4,8 @@
 // send/recv, gather, broadcast, barrier; calls captured into a CUDA graph and replayed while
 // the watchdog runs; a stuck peer and a dead peer end in the watchdog's abort (the stream
 // drains, raise_if_failed and the next call throw, naming op, group and peers); with
-// exit_after_failure a rank that never looks is ended with status 1.
+// exit_after_failure a rank that never looks is ended with status 1; watch_stream puts a
+// graph replay under the timeout.
 //
 // Needs two GPUs: registered only in CUDA builds with the label "gpu" (not "dist"), so CPU
 // CI never runs it. On the GPU machine: ./nccl_stream_test (also with NCCL_P2P_DISABLE=1
@@ -158,6 +159,8 @@ TEST(NcclStreamOrdered, CollectivesReturnBeforeTheDataMovesAndLaterWorkSeesIt) {
       [](int rank, Communicator& comm, cudaStream_t s) {
         RANK_CHECK(comm.stream_ordered(), "stream_ordered() is false with NcclOptions::stream");
         Tensor t = cuda_tensor(rank, {1 << 20}, DType::kF32);
+        comm.all_reduce(t);  // connections are made on the first call
+        cudaStreamSynchronize(s);
         fill(t, rank + 1.0f, s);
         // The stream is held for 1.5 s: a call that waited for its result would take that long.
         hold_stream(s, 1500);
@@ -242,37 +245,97 @@ TEST(NcclStreamOrdered, CollectivesReturnBeforeTheDataMovesAndLaterWorkSeesIt) {
   std::printf("%s", run.errs[0].c_str());
 }
 
-TEST(NcclStreamOrdered, GraphCaptureAndReplayWhileTheWatchdogRuns) {
+// Calls captured into a graph are enqueued but not watched (no event is recorded into a
+// capturing stream, so the watchdog never queries one); a watched call is still in flight
+// when the capture starts, so the watchdog polls during the capture.
+int capture_and_replay(int rank, Communicator& comm, cudaStream_t s, cudaStreamCaptureMode mode) {
+  Tensor t = cuda_tensor(rank, {1024}, DType::kF32);
+  fill(t, 1.0f, s);
+  hold_stream(s, 300);
+  comm.all_reduce(t);  // 2
+  cudaStreamSynchronize(s);
+  hold_stream(s, 200);
+  Tensor u = cuda_tensor(rank, {1024}, DType::kF32);
+  comm.all_reduce(u);  // in flight during the capture (u's contents do not matter)
+  RANK_CHECK(cudaStreamBeginCapture(s, mode) == cudaSuccess, "begin capture");
+  comm.all_reduce(t);  // captured, not run
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s, &graph);
+  RANK_CHECK(e == cudaSuccess, "capture failed: {}", cudaGetErrorString(e));
+  cudaGraphExec_t exec = nullptr;
+  RANK_CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
+  for (int i = 0; i < 3; ++i) RANK_CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "launch");
+  RANK_CHECK(read(t, s)[1023] == 16.0f, "2 then 3 replays gave {}", read(t, s)[1023]);
+  comm.all_reduce(t);  // watched again after the capture
+  RANK_CHECK(read(t, s)[0] == 32.0f, "after replay {}", read(t, s)[0]);
+  comm.barrier();
+  comm.raise_if_failed();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 0;
+}
+
+// The backend captures in relaxed mode.
+TEST(NcclStreamOrdered, GraphCaptureRelaxedAndReplayWhileTheWatchdogRuns) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  Ranks run = run_two(
+      [](int rank, Communicator& comm, cudaStream_t s) {
+        return capture_and_replay(rank, comm, s, cudaStreamCaptureModeRelaxed);
+      },
+      milliseconds(30000));
+  EXPECT_EQ(run.codes, (std::vector<int>{0, 0})) << dump(run);
+}
+
+// The strictest mode (PyTorch's default): the watchdog thread must not invalidate it.
+TEST(NcclStreamOrdered, GraphCaptureGlobalAndReplayWhileTheWatchdogRuns) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  Ranks run = run_two(
+      [](int rank, Communicator& comm, cudaStream_t s) {
+        return capture_and_replay(rank, comm, s, cudaStreamCaptureModeGlobal);
+      },
+      milliseconds(30000));
+  EXPECT_EQ(run.codes, (std::vector<int>{0, 0})) << dump(run);
+}
+
+// Captured calls are not watched at capture; watch_stream after a replay puts the replay
+// under the timeout: a peer stuck during a replay still ends in an abort naming it.
+TEST(NcclStreamOrdered, StuckPeerDuringGraphReplayIsCaughtByWatchStream) {
   if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
   Ranks run = run_two(
       [](int rank, Communicator& comm, cudaStream_t s) {
         Tensor t = cuda_tensor(rank, {1024}, DType::kF32);
-        fill(t, 1.0f, s);
-        // A watched call still in flight when the capture starts (the watchdog polls its event
-        // while this thread captures in global mode).
-        hold_stream(s, 300);
-        comm.all_reduce(t);  // 2
+        comm.all_reduce(t);
         cudaStreamSynchronize(s);
-        hold_stream(s, 200);
-        Tensor u = cuda_tensor(rank, {1024}, DType::kF32);
-        comm.all_reduce(u);  // in flight (u's contents do not matter)
-        RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
-        comm.all_reduce(t);  // captured, not run
+        RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess, "begin capture");
+        comm.all_reduce(t);
+        comm.watch_stream("ignored while capturing");
         cudaGraph_t graph = nullptr;
-        cudaError_t e = cudaStreamEndCapture(s, &graph);
-        RANK_CHECK(e == cudaSuccess, "capture failed: {}", cudaGetErrorString(e));
+        RANK_CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture");
         cudaGraphExec_t exec = nullptr;
         RANK_CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
-        for (int i = 0; i < 3; ++i) RANK_CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "launch");
-        RANK_CHECK(read(t, s)[1023] == 16.0f, "2 then 3 replays gave {}", read(t, s)[1023]);
-        comm.all_reduce(t);  // watched again after the capture
-        RANK_CHECK(read(t, s)[0] == 32.0f, "after replay {}", read(t, s)[0]);
+        RANK_CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "launch");  // both ranks: completes
+        comm.watch_stream("decode graph replay");
+        cudaStreamSynchronize(s);
         comm.raise_if_failed();
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(10));
+          return 0;
+        }
+        auto start = Clock::now();
+        RANK_CHECK(cudaGraphLaunch(exec, s) == cudaSuccess, "launch");  // the peer never joins
+        comm.watch_stream("decode graph replay");
+        cudaStreamSynchronize(s);
+        auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+        RANK_CHECK(ms >= 2500 && ms < 9000, "drained after {} ms (timeout 3000)", ms);
+        try {
+          comm.raise_if_failed();
+          RANK_CHECK(false, "raise_if_failed did not throw");
+        } catch (const Error& err) {
+          RANK_CHECK(std::string(err.what()).find("decode graph replay") != std::string::npos, "{}", err.what());
+        }
         return 0;
       },
-      milliseconds(30000));
+      milliseconds(3000));
   EXPECT_EQ(run.codes, (std::vector<int>{0, 0})) << dump(run);
 }
 
@@ -338,14 +401,14 @@ TEST(NcclStreamOrdered, DeadPeerIsNamed) {
         if (rank == 1) _exit(0);
         std::this_thread::sleep_for(milliseconds(300));
         auto start = Clock::now();
-        comm.send(t, 1);
-        comm.all_reduce(t);
-        cudaStreamSynchronize(s);
-        auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
         try {
+          comm.all_reduce(t);
+          comm.all_reduce(t);
+          cudaStreamSynchronize(s);
           comm.raise_if_failed();
           RANK_CHECK(false, "raise_if_failed did not throw");
         } catch (const Error& err) {
+          auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
           std::fprintf(stderr, "after %lld ms: %s\n", static_cast<long long>(ms), err.what());
           RANK_CHECK(ms < 9000, "took {} ms", ms);
           RANK_CHECK(std::string(err.what()).find("rank 1 is gone") != std::string::npos, "{}", err.what());
