@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -216,6 +217,7 @@ class Watchdog {
           if (q == cudaSuccess) {
             s->done_seq = p.seq;
             s->last_done = now;
+            stream_progress_[s->options.stream] = now;
             s->spare.push_back(p.event);
             s->pending.pop_front();
             advanced = true;
@@ -226,7 +228,9 @@ class Watchdog {
             break;
           }
           op = p.op;
-          started = std::max(p.enqueued, s->last_done);
+          // A call starts once the work queued before it is done: counted from the latest
+          // completion seen on its stream (any communicator's call), at least its enqueue.
+          started = std::max({p.enqueued, s->last_done, stream_progress_[s->options.stream]});
           if (q != cudaErrorNotReady) what = fmt::format("CUDA reports {}", cudaGetErrorString(q));
           else if (now - started >= s->options.timeout) what = "timed out";
           break;
@@ -268,6 +272,7 @@ class Watchdog {
   std::optional<std::string> failure_;
   std::optional<Clock::time_point> failed_at_;
   milliseconds exit_after_{0};
+  std::map<void*, Clock::time_point> stream_progress_;  // the watchdog thread's own
   std::thread thread_;  // last: started once the members above exist
 };
 

@@ -12,7 +12,7 @@
 //   (stream_ordered() is true); kernels queued after them see the result. Liveness comes from
 //   one watchdog thread per process: it records an event after each call and, when a call
 //   has not completed within `timeout` of its start (counted from the later of its enqueue
-//   and the completion of this communicator's previous call) or NCCL reports an asynchronous
+//   and the latest completion of a watched call on the same stream) or NCCL reports an asynchronous
 //   error, it aborts every stream-ordered NCCL communicator of the process (a rank whose data
 //   plane failed is done), logs the failure naming the operation, group and peers, and every
 //   later call throws Error(kNetwork) with it. After the abort the stream drains (the NCCL
