@@ -69,7 +69,7 @@ int run(int argc, char** argv) {
                         {"gate_up_proj", 2 * 12288, 4096},
                         {"down_proj", 4096, 12288},
                         {"lm_head", 151936, 4096}};
-  const int64_t tokens[] = {1, 8, 32, 64, 128, 256, 512, 2048, 4096};
+  const int64_t tokens[] = {1, 2, 4, 8, 32, 64, 128, 256, 512, 2048, 4096};
   std::printf("\n%-13s %6s %8s %8s %10s %9s %9s %7s\n", "proj", "M", "N", "K", "time_us", "TFLOP/s", "w_GB/s",
               "%copy");
   for (const Proj& p : projs) {

@@ -109,6 +109,14 @@ class Backend {
   // Caches may be in a narrower dtype (fp8) with a per-tensor scale.
   virtual void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                         const AttentionMetadata& meta, float k_scale, float v_scale) = 0;
+  // The attention prologue on a fused QKV projection qkv[T, (Hq + 2*Hk) * D] (q heads, then
+  // k, then v): q and k heads RMS-normed over D by q_norm / k_norm when given (Qwen3), rotated,
+  // q written to q_out[T,Hq,D], k and v written into the caches at slot_mapping as write_kv.
+  // Equivalent to splitting qkv and calling rms_norm, rope and write_kv, in one pass.
+  virtual void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                            const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
+                            const Tensor& v_cache, const AttentionMetadata& meta, float k_scale, float v_scale,
+                            const Tensor& q_out) = 0;
   // Causal attention of q[T,Hq,D] over the paged cache (which already holds this
   // step's keys); out[T,Hq,D]. GQA: head h reads kv head h / (Hq/Hk).
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

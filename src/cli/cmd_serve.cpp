@@ -47,7 +47,7 @@ const std::set<std::string> kVllmOnlyFlags = {
     "--enable-prompt-tokens-details", "--mm-processor-kwargs", "--compilation-config", "-O", "--kv-transfer-config",
     "--async-scheduling", "--scheduling-policy", "--max-num-partial-prefills", "--tokenizer-pool-size", "--config",
     "--allowed-local-media-path", "--disable-sliding-window", "--max-seq-len-to-capture", "--cuda-graph-sizes",
-    "--num-scheduler-steps", "--disable-custom-all-reduce", "--worker-cls", "--api-server-count",
+    "--num-scheduler-steps", "--worker-cls", "--api-server-count",
     "--chat-template-content-format", "--return-tokens-as-token-ids", "--tool-parser-plugin", "--enable-log-outputs",
     "--log-config-file", "--model-impl", "--lora-dtype", "--long-lora-scaling-factors", "--max-cpu-loras",
     "--fully-sharded-loras", "--device-id", "--ray-workers-use-nsight", "--disable-log-stats", "--max-parallel-loading-workers",

@@ -32,6 +32,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                "split long prompts across steps so decodes keep flowing (default on)");
   app.add_option("--seed", f.seed, "seed for requests without their own seed and for dummy weights")
       ->capture_default_str();
+  app.add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
+               "use NCCL for every tensor-parallel all-reduce (by default small ones, as in decode, take a one-shot "
+               "kernel over CUDA IPC when the GPUs of a TP group share a host with peer access)");
   app.add_flag("--enforce-eager", f.enforce_eager,
                "never replay CUDA graphs (decode batches up to min(--max-num-seqs, 256) are captured on first use "
                "otherwise)");

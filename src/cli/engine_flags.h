@@ -25,6 +25,7 @@ struct EngineFlags {
   bool enable_chunked_prefill = true;
   uint64_t seed = 0;
   bool enforce_eager = false;
+  bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
 };

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/control_store.h"
+#include "dist/custom_all_reduce_communicator.h"
 #include "dist/crypto.h"
 #include "dist/gloo_communicator.h"
 #include "dist/process_groups.h"
@@ -125,6 +126,16 @@ std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, Backend& 
     dist::NcclCommunicatorFactory data_factory(n);  // sets NCCL_NVLS_ENABLE=0
     g->tp = data_factory.create(layout.tp_group(rank));
     g->pp = data_factory.create(layout.pp_group(rank));
+    // Small TP all-reduces (decode) through the one-shot kernel over CUDA IPC when every rank
+    // of the group is on this host with peer access; NCCL otherwise and for the rest.
+    dist::CustomAllReduceConfig car;
+    car.disable = f.disable_custom_all_reduce;
+    car.store = store;
+    car.device_index = n.device_index;
+    car.stream = n.stream;
+    car.timeout = kCollectiveTimeout;
+    car.namer = namer;
+    g->tp = dist::with_custom_all_reduce(std::move(g->tp), car);
     return g;
 #else
     fail(ErrorKind::kUnsupported, "CUDA rank processes need NCCL: rebuild with -DTESSERA_CUDA=ON");

@@ -57,6 +57,7 @@ class CustomAllReduceCommunicator : public Communicator {
   bool stream_ordered() const override { return inner_->stream_ordered(); }
   // The custom kernel's failure (a peer that never arrived) first, then the inner one's.
   void raise_if_failed() const override;
+  void watch_stream(const char* what) override { inner_->watch_stream(what); }
 
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   void all_gather(const Tensor& input, const Tensor& output) override { inner_->all_gather(input, output); }

@@ -56,6 +56,18 @@ void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype
   std::memcpy(dst, host.raw(), host.nbytes());
 }
 
+// The TP and PP groups (what a step's collectives and graphs use).
+std::vector<dist::Communicator*> data_groups(dist::ProcessGroups& g) {
+  std::vector<dist::Communicator*> v;
+  if (g.tp) v.push_back(g.tp.get());
+  if (g.pp) v.push_back(g.pp.get());
+  return v;
+}
+
+void raise_if_failed(dist::ProcessGroups& g) {
+  for (dist::Communicator* c : data_groups(g)) c->raise_if_failed();
+}
+
 }  // namespace
 
 void sample_logits(Backend& be, const Tensor& logits, const StepSampling& sampling, StepOutput& out) {
@@ -144,6 +156,7 @@ MultiprocExecutor::MultiprocExecutor(std::unique_ptr<Model> model, Backend& back
       keep_alive_(std::move(keep_alive)),
       runner_(*model_, backend) {
   TESSERA_CHECK(groups_ && groups_->world && groups_->world->rank() == 0, "the multiprocess executor runs on rank 0");
+  runner_.watch(data_groups(*groups_));
 }
 
 MultiprocExecutor::~MultiprocExecutor() {
@@ -191,6 +204,7 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
     Tensor logits = runner_.run(input);
     if (pc_.pp_size == 1) {
       sample_logits(backend_, logits, sampling, out);
+      raise_if_failed(*groups_);  // an aborted collective leaves garbage behind a clean sync
       return;
     }
     // The last stage's TP rank 0 samples and sends the tokens, then the host rows, back over
@@ -202,6 +216,7 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
     recv_tensor(backend_, pp, {n}, DType::kI32, out.tokens.data(), pc_.pp_size - 1);
     out.host_logits.resize(static_cast<size_t>(h * V));
     if (h > 0) recv_tensor(backend_, pp, {h, V}, DType::kF32, out.host_logits.data(), pc_.pp_size - 1);
+    raise_if_failed(*groups_);
   } catch (...) {
     broken_ = true;
     throw;
@@ -212,6 +227,7 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
 
 void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, dist::ProcessGroups& groups) {
   ModelRunner runner(model, backend);
+  runner.watch(data_groups(groups));
   PlanLimits limits;
   limits.vocab_size = model.config().vocab_size;
   const bool sends_tokens = pc.pp_size > 1 && model.returns_logits();
@@ -235,6 +251,7 @@ void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, 
           send_tensor(backend, *groups.pp, ids, 0);
           if (rows.defined()) send_tensor(backend, *groups.pp, rows, 0);
         }
+        raise_if_failed(groups);
         break;
       }
     }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "dist/communicator.h"
 #include "engine/executor.h"
 
 namespace tessera {
@@ -112,6 +113,7 @@ Tensor ModelRunner::run(const ModelInput& in) {
   auto it = graphs_.find(b);
   if (it != graphs_.end()) {
     backend_.replay(*it->second.graph);
+    for (dist::Communicator* c : watched_) c->watch_stream("decode graph replay");
     // Later scratch (sampling) must not overlap what the graph wrote.
     backend_.scratch({static_cast<int64_t>(it->second.scratch_bytes)}, DType::kU8);
     return it->second.logits.rows(0, S);

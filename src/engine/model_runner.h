@@ -19,6 +19,10 @@
 
 namespace tessera {
 
+namespace dist {
+class Communicator;
+}
+
 class ModelRunner {
  public:
   ModelRunner(Model& model, Backend& backend);
@@ -29,6 +33,9 @@ class ModelRunner {
   // The step's logits (undefined on ranks that do not return them), valid until the next run.
   Tensor run(const ModelInput& input);
   int graphs_captured() const { return static_cast<int>(graphs_.size()); }
+  // Communicators whose collectives run inside the graphs: a replay is put under their
+  // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
+  void watch(std::vector<dist::Communicator*> comms) { watched_ = std::move(comms); }
 
  private:
   struct Graph {
@@ -49,6 +56,7 @@ class ModelRunner {
   Tensor g_tokens_, g_positions_, g_qsl_, g_seq_lens_, g_block_tables_, g_slots_, g_logits_idx_;
   std::vector<int32_t> h_block_tables_;
   std::map<int, Graph> graphs_;
+  std::vector<dist::Communicator*> watched_;
 };
 
 }  // namespace tessera

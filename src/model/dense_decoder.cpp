@@ -64,10 +64,19 @@ DenseDecoderModel::DenseDecoderModel(ModelConfig config, DenseDecoderOptions opt
     std::string p = "model.layers." + std::to_string(i) + ".";
     Layer L{};
     L.input_norm = &w.declare(p + "input_layernorm.weight", {H}, ParallelStyle::kReplicated, DummyInit::kOnes);
-    L.attn.q_proj = &w.declare(p + "self_attn.q_proj.weight", {q_rows, H}, ParallelStyle::kColumn);
-    L.attn.k_proj = &kv_param(p + "self_attn.k_proj.weight", {kv_rows, H});
-    L.attn.v_proj = &kv_param(p + "self_attn.v_proj.weight", {kv_rows, H});
-    if (options_.qkv_bias || c.attention_bias) {
+    const bool bias = options_.qkv_bias || c.attention_bias;
+    if (!bias && !replicate_kv) {
+      L.attn.qkv = &w.declare_stacked(p + "self_attn.qkv_proj",
+                                      {{p + "self_attn.q_proj.weight", q_rows},
+                                       {p + "self_attn.k_proj.weight", kv_rows},
+                                       {p + "self_attn.v_proj.weight", kv_rows}},
+                                      H);
+    } else {
+      L.attn.q_proj = &w.declare(p + "self_attn.q_proj.weight", {q_rows, H}, ParallelStyle::kColumn);
+      L.attn.k_proj = &kv_param(p + "self_attn.k_proj.weight", {kv_rows, H});
+      L.attn.v_proj = &kv_param(p + "self_attn.v_proj.weight", {kv_rows, H});
+    }
+    if (bias) {
       L.attn.q_bias = &w.declare(p + "self_attn.q_proj.bias", {q_rows}, ParallelStyle::kColumn);
       L.attn.k_bias = &kv_param(p + "self_attn.k_proj.bias", {kv_rows});
       L.attn.v_bias = &kv_param(p + "self_attn.v_proj.bias", {kv_rows});
@@ -106,6 +115,20 @@ void DenseDecoderModel::attention(int layer, const Tensor& h, const Tensor& out,
   Backend& be = backend_;
   const int64_t T = h.dim(0), D = config_.head_dim;
   DType dt = be.compute_dtype();
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (a.qkv) {  // one GEMM, then norm + rope + KV write in one op
+    Tensor qkv = be.scratch({T, (local_heads_ + 2 * local_kv_heads_) * D}, dt);
+    be.linear(h, *a.qkv, nullptr, qkv);
+    Tensor q = be.scratch({T, local_heads_, D}, dt);
+    be.qkv_prologue(qkv, a.q_norm, a.k_norm, eps, positions, rope_, cache.k[layer], cache.v[layer], meta,
+                    cache.k_scale, cache.v_scale, q);
+    Tensor attn = be.scratch({T, local_heads_, D}, dt);
+    be.paged_attention(q, cache.k[layer], cache.v[layer], meta, scale, cache.k_scale, cache.v_scale, attn);
+    be.linear(attn.view({T, local_heads_ * D}), *a.o_proj, nullptr, out);
+    all_reduce(out);
+    return;
+  }
   Tensor q = be.scratch({T, local_heads_, D}, dt);
   Tensor k = be.scratch({T, local_kv_heads_, D}, dt);
   Tensor v = be.scratch({T, local_kv_heads_, D}, dt);
@@ -114,14 +137,13 @@ void DenseDecoderModel::attention(int layer, const Tensor& h, const Tensor& out,
   be.linear(h, *a.v_proj, a.v_bias, v.view({T, local_kv_heads_ * D}));
   if (a.q_norm) {
     Tensor qv = q.view({T * local_heads_, D}), kv = k.view({T * local_kv_heads_, D});
-    be.rms_norm(qv, *a.q_norm, static_cast<float>(config_.rms_norm_eps), qv);
-    be.rms_norm(kv, *a.k_norm, static_cast<float>(config_.rms_norm_eps), kv);
+    be.rms_norm(qv, *a.q_norm, eps, qv);
+    be.rms_norm(kv, *a.k_norm, eps, kv);
   }
   be.rope(q, k, positions, rope_);
   be.write_kv(k, v, cache.k[layer], cache.v[layer], meta, cache.k_scale, cache.v_scale);
   Tensor attn = be.scratch({T, local_heads_, D}, dt);
-  be.paged_attention(q, cache.k[layer], cache.v[layer], meta, 1.0f / std::sqrt(static_cast<float>(D)), cache.k_scale,
-                     cache.v_scale, attn);
+  be.paged_attention(q, cache.k[layer], cache.v[layer], meta, scale, cache.k_scale, cache.v_scale, attn);
   be.linear(attn.view({T, local_heads_ * D}), *a.o_proj, nullptr, out);
   all_reduce(out);  // row-parallel o_proj: each rank holds a partial sum
 }

@@ -27,7 +27,8 @@ class DenseDecoderModel : public Model {
 
  private:
   struct Attention {
-    const Tensor *q_proj, *k_proj, *v_proj, *o_proj;
+    const Tensor* qkv = nullptr;  // q, k, v stacked (no bias, KV heads split): one GEMM
+    const Tensor *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *o_proj = nullptr;
     const Tensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
     const Tensor *q_norm = nullptr, *k_norm = nullptr;
   };

@@ -300,7 +300,15 @@ TEST_F(CudaOps, Linear) {
                                   {33, 512, 1000, false, DType::kF32},
                                   {33, 4096, 1024, true, DType::kF32},
                                   {1, 4096, 4096, false, DType::kBF16},
-                                  {7, 64, 17, false, DType::kF32}}) {
+                                  {7, 64, 17, false, DType::kF32},
+                                  // the decode GEMV (M <= 8): every M, small and split-K shapes, a ragged tail
+                                  {2, 4096, 1024, false, DType::kBF16},
+                                  {3, 12288, 4096, false, DType::kBF16},
+                                  {4, 1032, 333, true, DType::kF32},
+                                  {5, 256, 8192, false, DType::kBF16},
+                                  {6, 4096, 1, false, DType::kF32},
+                                  {8, 8, 5, false, DType::kBF16},
+                                  {8, 4096, 151936 / 16, false, DType::kF32}}) {
     auto x = rand(c.T * c.K), w = rand(c.N * c.K, -0.1f, 0.1f), b = rand(c.N);
     Tensor out = gpu_out({c.T, c.N}, c.out);
     Tensor gb = on_gpu(b, {c.N}), cb = on_cpu(b, {c.N});
@@ -355,6 +363,56 @@ TEST_F(CudaOps, Rope) {
         cpu().rope(cq, ck, on_cpu_i32(pos, {T}), ct);
         EXPECT_LT(rel_err(from_gpu(gq), from_cpu(cq)), 1e-2) << "neox=" << neox << " D=" << D << " rd=" << rd;
         EXPECT_LT(rel_err(from_gpu(gk), from_cpu(ck)), 1e-2) << "neox=" << neox << " D=" << D << " rd=" << rd;
+      }
+    }
+  }
+}
+
+// The fused prologue against the CPU backend's composition (split, norms, rope, write_kv).
+TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
+  for (DType cache_t : {DType::kBF16, DType::kF8E4M3}) {
+    for (int D : {128, 24}) {
+      for (bool norm : {true, false}) {
+        const bool neox = D == 128;
+        const int rd = D == 128 ? D : 16;
+        const int64_t T = 9, Hq = 8, Hk = 2, max_pos = 512, blocks = 4, bs = 16;
+        std::vector<float> cs(static_cast<size_t>(max_pos * rd));
+        for (int64_t p = 0; p < max_pos; ++p)
+          for (int i = 0; i < rd / 2; ++i) {
+            double f = p * std::pow(10000.0, -2.0 * i / rd);
+            cs[p * rd + i] = static_cast<float>(std::cos(f));
+            cs[p * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
+          }
+        std::vector<int32_t> pos(T), slots(T);
+        for (int64_t t = 0; t < T; ++t) {
+          pos[t] = static_cast<int32_t>(rng_() % max_pos);
+          slots[t] = t == 3 ? -1 : static_cast<int32_t>((t * 7) % (blocks * bs));
+        }
+        auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
+        AttentionLayout lay;
+        lay.query_start_loc = {0, static_cast<int32_t>(T)};
+        lay.seq_lens = {static_cast<int32_t>(T)};
+        lay.block_tables = {0, 1, 2, 3};
+        lay.max_blocks_per_seq = 4;
+        lay.slot_mapping = slots;
+        AttentionMetadata gm = upload_attention_metadata(gpu(), lay), cm = upload_attention_metadata(cpu(), lay);
+        Tensor gkc = gpu().alloc({blocks, bs, Hk, D}, cache_t), gvc = gpu().alloc({blocks, bs, Hk, D}, cache_t);
+        Tensor ckc = cpu().alloc({blocks, bs, Hk, D}, cache_t), cvc = cpu().alloc({blocks, bs, Hk, D}, cache_t);
+        for (const Tensor& t : {gkc, gvc}) gpu().fill(t, 0.0f);
+        std::memset(ckc.raw(), 0, ckc.nbytes());
+        std::memset(cvc.raw(), 0, cvc.nbytes());
+        Tensor gq = gpu_out({T, Hq, D}), cq = cpu().alloc({T, Hq, D}, DType::kF32);
+        Tensor gqn = on_gpu(qn, {D}), gkn = on_gpu(kn, {D}), cqn = on_cpu(qn, {D}), ckn = on_cpu(kn, {D});
+        RopeTable gt{on_gpu(cs, {max_pos, rd}, DType::kF32), rd, neox}, ct{on_cpu(cs, {max_pos, rd}), rd, neox};
+        gpu().qkv_prologue(on_gpu(qkv, {T, (Hq + 2 * Hk) * D}), norm ? &gqn : nullptr, norm ? &gkn : nullptr, 1e-6f,
+                           on_gpu_i32(pos, {T}), gt, gkc, gvc, gm, 1.0f, 1.0f, gq);
+        cpu().qkv_prologue(on_cpu(qkv, {T, (Hq + 2 * Hk) * D}), norm ? &cqn : nullptr, norm ? &ckn : nullptr, 1e-6f,
+                           on_cpu_i32(pos, {T}), ct, ckc, cvc, cm, 1.0f, 1.0f, cq);
+        const double tol = cache_t == DType::kF8E4M3 ? 7e-2 : 1e-2;
+        std::string what = std::string(dtype_name(cache_t)) + " D=" + std::to_string(D) + (norm ? " norm" : "");
+        EXPECT_LT(rel_err(from_gpu(gq), from_cpu(cq)), 1e-2) << what;
+        EXPECT_LT(rel_err(from_gpu(gkc), from_cpu(ckc)), tol) << what;
+        EXPECT_LT(rel_err(from_gpu(gvc), from_cpu(cvc)), tol) << what;
       }
     }
   }

@@ -174,6 +174,34 @@ void CpuBackend::embedding_slice(const Tensor& ids, const Tensor& table, int64_t
   }
 }
 
+// Splits qkv into contiguous q (= q_out), k and v, then the separate ops: the same numbers as
+// the unfused path.
+void CpuBackend::qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                              const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
+                              const Tensor& v_cache, const AttentionMetadata& meta, float k_scale, float v_scale,
+                              const Tensor& q_out) {
+  require_f32(qkv, "qkv_prologue");
+  const int64_t T = q_out.dim(0), Hq = q_out.dim(1), D = q_out.dim(2);
+  const int64_t Hk = k_cache.dim(2);
+  require(qkv.numel() == T * (Hq + 2 * Hk) * D && k_cache.dim(3) == D, "qkv_prologue",
+          qkv.str() + " -> " + q_out.str() + ", cache " + k_cache.str());
+  Tensor k = scratch({T, Hk, D}, DType::kF32), v = scratch({T, Hk, D}, DType::kF32);
+  const int64_t row = (Hq + 2 * Hk) * D;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = qkv.data<float>() + t * row;
+    std::memcpy(q_out.data<float>() + t * Hq * D, src, Hq * D * 4);
+    std::memcpy(k.data<float>() + t * Hk * D, src + Hq * D, Hk * D * 4);
+    std::memcpy(v.data<float>() + t * Hk * D, src + (Hq + Hk) * D, Hk * D * 4);
+  }
+  if (q_norm) {
+    Tensor qv = q_out.view({T * Hq, D}), kv = k.view({T * Hk, D});
+    rms_norm(qv, *q_norm, eps, qv);
+    rms_norm(kv, *k_norm, eps, kv);
+  }
+  rope(q_out, k, positions, table);
+  write_kv(k, v, k_cache, v_cache, meta, k_scale, v_scale);
+}
+
 void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) {
   require(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
               out.numel() == logits.dim(0) && static_cast<int64_t>(rows.size()) == logits.dim(0),

@@ -43,6 +43,9 @@ class CpuBackend final : public Backend {
                        float scale, float k_scale, float v_scale, const Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override;
   void cast(const Tensor& src, const Tensor& dst) override;
+  void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
+                    const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                    float k_scale, float v_scale, const Tensor& q_out) override;
   void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override;
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override;
 

@@ -104,6 +104,7 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
     gemm_ = std::make_unique<Gemm>(index_);
+    if (const char* e = std::getenv("TESSERA_CUDA_GEMV")) use_gemv_ = std::string(e) != "0";
     size_t mb = 256;
     if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
     initial_scratch_ = mb << 20;
@@ -322,7 +323,9 @@ class CudaBackend final : public Backend {
     need_cuda(w, "linear");
     need_cuda(out, "linear");
     bind();
-    gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
+    if (!(use_gemv_ && M <= kMaxGemvRows &&
+          launch_gemv(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, props_.multiProcessorCount, stream_)))
+      gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
     if (bias) {
       CUDA_REQUIRE(bias->numel() == N && act(*bias), "linear", "bias must have N elements, got " + bias->str());
       launch_add_bias(out.raw(), out.dtype(), bias->raw(), bias->dtype(), M, N, stream_);
@@ -372,6 +375,48 @@ class CudaBackend final : public Backend {
     launch_write_kv(k.raw(), v.raw(), k.dtype(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
                     meta.slot_mapping.data<int32_t>(), k.dim(0), k.dim(1) * k.dim(2), k_cache.dim(0) * k_cache.dim(1),
                     k_scale, v_scale, dev_err_, stream_);
+  }
+
+  void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
+                    const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                    float k_scale, float v_scale, const Tensor& q_out) override {
+    CUDA_REQUIRE(q_out.ndim() == 3 && k_cache.ndim() == 4 && qkv.dtype() == DType::kBF16 &&
+                     q_out.dtype() == DType::kBF16 && k_cache.dim(3) == q_out.dim(2) &&
+                     qkv.numel() == q_out.dim(0) * (q_out.dim(1) + 2 * k_cache.dim(2)) * q_out.dim(2) &&
+                     k_cache.dtype() == v_cache.dtype() && is_float_dtype(k_cache.dtype()),
+                 "qkv_prologue", qkv.str() + " -> " + q_out.str() + ", cache " + k_cache.str());
+    CUDA_REQUIRE((!q_norm || (q_norm->numel() == q_out.dim(2) && q_norm->dtype() == DType::kBF16)) &&
+                     (!k_norm || (k_norm->numel() == q_out.dim(2) && k_norm->dtype() == DType::kBF16)) &&
+                     (q_norm == nullptr) == (k_norm == nullptr),
+                 "qkv_prologue", "q_norm and k_norm must both be bf16 [head_dim], or both absent");
+    CUDA_REQUIRE(positions.dtype() == DType::kI32 && positions.numel() == q_out.dim(0) &&
+                     table.cos_sin.dtype() == DType::kF32 && table.rotary_dim <= q_out.dim(2) &&
+                     table.rotary_dim % 2 == 0,
+                 "qkv_prologue", "positions i32 [T] and an f32 cos/sin table");
+    need_cuda(meta.slot_mapping, "qkv_prologue (slot_mapping)");
+    bind();
+    QkvPrologueArgs a{};
+    a.qkv = qkv.raw();
+    a.q_norm = q_norm ? q_norm->raw() : nullptr;
+    a.k_norm = k_norm ? k_norm->raw() : nullptr;
+    a.eps = eps;
+    a.positions = positions.data<int32_t>();
+    a.cos_sin = table.cos_sin.data<float>();
+    a.rotary_dim = table.rotary_dim;
+    a.neox = table.neox_style;
+    a.max_pos = table.cos_sin.dim(0);
+    a.k_cache = k_cache.raw();
+    a.v_cache = v_cache.raw();
+    a.slots = meta.slot_mapping.data<int32_t>();
+    a.num_slots = k_cache.dim(0) * k_cache.dim(1);
+    a.inv_k_scale = 1.0f / k_scale;
+    a.inv_v_scale = 1.0f / v_scale;
+    a.q_out = q_out.raw();
+    a.Hq = static_cast<int>(q_out.dim(1));
+    a.Hk = static_cast<int>(k_cache.dim(2));
+    a.D = static_cast<int>(q_out.dim(2));
+    a.err = dev_err_;
+    launch_qkv_prologue(a, q_out.dim(0), k_cache.dtype(), stream_);
   }
 
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
@@ -626,6 +671,7 @@ class CudaBackend final : public Backend {
   size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
   std::vector<Mark> marks_;
   bool capturing_ = false;
+  bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
   size_t capture_chunks_ = 0;
 };
 

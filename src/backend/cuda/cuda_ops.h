@@ -64,6 +64,26 @@ void launch_write_kv(const void* k, const void* v, DType in_t, void* k_cache, vo
                      const int32_t* slot_mapping, int64_t T, int64_t row, int64_t num_slots, float k_scale,
                      float v_scale, int* err, cudaStream_t s);
 
+// ---- attention prologue on a fused QKV projection (qkv_prologue.cu) ----
+struct QkvPrologueArgs {
+  const void* qkv;                      // bf16 [T, (Hq + 2 Hk) * D]
+  const void *q_norm, *k_norm;          // bf16 [D] or null
+  float eps;
+  const int32_t* positions;             // [T]
+  const float* cos_sin;                 // [max_pos, rotary_dim]
+  int rotary_dim;
+  bool neox;
+  int64_t max_pos;
+  void *k_cache, *v_cache;              // [num_blocks, block_size, Hk, D] in the cache dtype
+  const int32_t* slots;                 // [T]; -1 skips the KV write
+  int64_t num_slots;
+  float inv_k_scale, inv_v_scale;
+  void* q_out;                          // bf16 [T, Hq, D]
+  int Hq, Hk, D;
+  int* err;
+};
+void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cudaStream_t s);
+
 // ---- sampling (sampling.cu): backend/sampling.h's rule, one block per row ----
 // rows: device array of n tessera::SamplingRow.
 void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s);
@@ -95,6 +115,13 @@ void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bo
 // Fallback for head dims / cache dtypes the two kernels above do not cover (slow, exact).
 bool generic_attention_supported(int D);
 void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
+
+// ---- skinny GEMM for decode (gemv.cu) ----
+constexpr int64_t kMaxGemvRows = 4;  // measured: at M = 8 x's reloads make cuBLASLt faster
+// out[M,N] = x[M,K] @ w[N,K]^T for M <= kMaxGemvRows, bf16 x and w (16-byte aligned, K % 8 == 0),
+// bf16 or f32 out. Returns false (nothing queued) for shapes it does not take.
+bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, int num_sms,
+                 cudaStream_t s);
 
 // ---- GEMM (gemm.cpp) ----
 class Gemm {

@@ -51,6 +51,11 @@ __device__ __forceinline__ void store_from_float(void* p, DType t, int64_t i, fl
   }
 }
 
+// Raises a device error flag (the first one wins; synchronize() reports it).
+__device__ __forceinline__ void raise_error(int* err, int code) {
+  if (err) atomicCAS(err, 0, code);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

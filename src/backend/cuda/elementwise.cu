@@ -29,10 +29,6 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-__device__ __forceinline__ void raise_error(int* err, int code) {
-  if (err) atomicCAS(err, 0, code);
-}
-
 // ---------------------------------------------------------------- fill / random / cast
 __global__ void fill_kernel(void* dst, DType t, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
