@@ -342,7 +342,12 @@ int run_serve(int argc, char** argv) {
         std::string what = launcher->failure();
         if (what.empty()) {
           AsyncEngineStats st = engine.stats();
-          if (!st.alive) what = "the engine failed: " + st.fatal_error;
+          if (!st.alive) {
+            // A collective can fail before the supervisor has reaped the rank that caused
+            // it: the rank's own fate ("rank 1 (pid N) was killed by signal 9") says more.
+            what = launcher->wait_failure(std::chrono::milliseconds(500));
+            if (what.empty()) what = "the engine failed: " + st.fatal_error;
+          }
         }
         if (!what.empty()) {
           api.set_draining();  // /health: 503

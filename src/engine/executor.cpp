@@ -217,6 +217,12 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
     out.host_logits.resize(static_cast<size_t>(h * V));
     if (h > 0) recv_tensor(backend_, pp, {h, V}, DType::kF32, out.host_logits.data(), pc_.pp_size - 1);
     raise_if_failed(*groups_);
+  } catch (const Error& e) {
+    broken_ = true;
+    // A collective that timed out surfaces first as a failed kernel or stream sync; the
+    // communicator knows which peer it waited for, so its error is the one to report.
+    if (e.kind() != ErrorKind::kNetwork) raise_if_failed(*groups_);
+    throw;
   } catch (...) {
     broken_ = true;
     throw;

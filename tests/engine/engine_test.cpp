@@ -28,6 +28,8 @@ struct Harness {
     ec.enable_prefix_caching = prefix;
     engine = std::make_unique<LLMEngine>(load_model(lo, backend), backend, ec);
   }
+  // Top-2 logprob margin of each generated token (requests that asked for logprobs).
+  std::map<std::string, std::vector<float>> margins;
   // Runs until done; returns the tokens of each request.
   std::map<std::string, std::vector<int32_t>> run_all(std::map<std::string, int>* cached = nullptr) {
     std::map<std::string, std::vector<int32_t>> out;
@@ -35,6 +37,8 @@ struct Harness {
       for (const auto& o : engine->step()) {
         auto& v = out[o.request_id];
         v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        for (const auto& lp : o.logprobs)
+          if (lp.top.size() >= 2) margins[o.request_id].push_back(lp.top[0].second - lp.top[1].second);
         if (cached) (*cached)[o.request_id] = o.num_cached_tokens;
       }
     }
@@ -55,7 +59,40 @@ SamplingParams greedy(int max_tokens) {
   p.temperature = 0;
   p.max_tokens = max_tokens;
   p.ignore_eos = true;
+  if (testing::testing_on_cuda()) p.logprobs = 2;  // margins for same_or_close_call
   return p;
+}
+
+// CPU: identical tokens. CUDA (bf16): a different batch or recomputation changes rounding
+// (GEMV below 5 rows, cuBLASLt above; prefill against decode), so two runs may part at a step
+// that one of them called within 0.05 of the runner-up; up to there they must agree, and they
+// must agree on most tokens overall.
+void expect_same_or_close_call(const std::map<std::string, std::vector<int32_t>>& want,
+                               const std::map<std::string, std::vector<int32_t>>& got,
+                               const std::map<std::string, std::vector<float>>& want_margins,
+                               const std::map<std::string, std::vector<float>>& got_margins) {
+  if (!testing::testing_on_cuda()) {
+    EXPECT_EQ(want, got);
+    return;
+  }
+  ASSERT_EQ(want.size(), got.size());
+  size_t compared = 0, total = 0;
+  for (const auto& [id, w] : want) {
+    const auto it = got.find(id);
+    ASSERT_NE(it, got.end()) << id;
+    const auto& g = it->second;
+    ASSERT_EQ(w.size(), g.size()) << id;
+    total += w.size();
+    for (size_t i = 0; i < w.size(); ++i, ++compared) {
+      if (w[i] == g[i]) continue;
+      const auto& wm = want_margins.at(id);
+      const auto& gm = got_margins.at(id);
+      const float m = std::min(i < wm.size() ? wm[i] : 1e9f, i < gm.size() ? gm[i] : 1e9f);
+      EXPECT_LE(m, 0.05f) << "request " << id << " step " << i << ": " << w[i] << " vs " << g[i];
+      break;
+    }
+  }
+  EXPECT_GE(compared * 2, total) << "diverged too early to be a useful comparison";
 }
 
 class EngineFixtureTest : public ::testing::TestWithParam<std::string> {};
@@ -67,6 +104,7 @@ TEST_P(EngineFixtureTest, BatchedEqualsOneAtATimeWithStaggeredArrivals) {
   for (int n : lengths) prompts.push_back(random_prompt(g, n));
 
   std::map<std::string, std::vector<int32_t>> alone;
+  std::map<std::string, std::vector<float>> alone_margins;
   {
     Harness h(GetParam(), 64);
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -74,6 +112,7 @@ TEST_P(EngineFixtureTest, BatchedEqualsOneAtATimeWithStaggeredArrivals) {
       auto r = h.run_all();
       alone[std::to_string(i)] = r[std::to_string(i)];
     }
+    alone_margins = h.margins;
   }
   // Together, arriving every other step, with a small token budget so prefills are chunked.
   Harness h(GetParam(), 64, 64, 24);
@@ -85,12 +124,15 @@ TEST_P(EngineFixtureTest, BatchedEqualsOneAtATimeWithStaggeredArrivals) {
       ASSERT_TRUE(h.engine->add_request(std::to_string(next), prompts[next], greedy(12)).ok());
       ++next;
     }
-    for (const auto& o : h.engine->step())
+    for (const auto& o : h.engine->step()) {
       together[o.request_id].insert(together[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      for (const auto& lp : o.logprobs)
+        if (lp.top.size() >= 2) h.margins[o.request_id].push_back(lp.top[0].second - lp.top[1].second);
+    }
     ++step;
   }
   EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
-  EXPECT_EQ(alone, together);
+  expect_same_or_close_call(alone, together, alone_margins, h.margins);
 }
 
 TEST_P(EngineFixtureTest, PrefixCachingReusesBlocksAndKeepsOutput) {
@@ -113,7 +155,7 @@ TEST_P(EngineFixtureTest, PrefixCachingReusesBlocksAndKeepsOutput) {
   ASSERT_TRUE(h.engine->add_request("b", b, greedy(10)).ok());
   auto got = h.run_all(&cached);
   EXPECT_EQ(cached["b"], 48) << "three full shared blocks should come from the cache";
-  EXPECT_EQ(got["b"], want["b"]);
+  expect_same_or_close_call({{"b", want["b"]}}, {{"b", got["b"]}}, cold.margins, h.margins);
 }
 
 TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
@@ -132,7 +174,7 @@ TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
   submit(small);
   auto got = small.run_all();
   EXPECT_GT(small.engine->stats().num_preemptions, 0u) << "the pool was meant to force preemption";
-  EXPECT_EQ(got, want);
+  expect_same_or_close_call(want, got, big.margins, small.margins);
 }
 
 TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
