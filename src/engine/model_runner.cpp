@@ -1,6 +1,8 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 
 #include "core/error.h"
@@ -21,6 +23,15 @@ void ModelRunner::init_cache(const CacheInit& init) {
                     model_.graph_safe();
   graphs_.clear();
   buckets_.clear();
+  // Graphs with NCCL / custom all-reduce inside hang on the first replay on 2 x H200 (not yet
+  // understood); sharded ranks run eagerly unless TESSERA_TP_GRAPHS=1 asks to try.
+  bool sharded = false;
+  for (dist::Communicator* c : watched_) sharded = sharded || c->size() > 1;
+  const char* tp_graphs = std::getenv("TESSERA_TP_GRAPHS");
+  if (graphs_enabled_ && sharded && !(tp_graphs && std::string(tp_graphs) == "1")) {
+    TLOG_INFO("CUDA graphs: off for tensor-parallel ranks (eager steps; TESSERA_TP_GRAPHS=1 to try them)");
+    graphs_enabled_ = false;
+  }
   if (!graphs_enabled_) return;
   for (int b : {1, 2, 4})
     if (b <= init.max_graph_batch) buckets_.push_back(b);
