@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 #include <numeric>
+#include <string>
 
 #include "core/error.h"
 #include "core/logging.h"
