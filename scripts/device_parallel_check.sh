@@ -62,23 +62,36 @@ gen() {  # gen MODEL TP PP OUTFILE [env...]
   local m=$1 tp=$2 pp=$3 o=$4; shift 4
   env "$@" timeout 180 "$B/tessera" generate --model "$FIX/$m" --device cuda --json --ignore-eos --max-tokens 24 \
     --prompt-ids 39,7,201,5,88 --prompt-ids 12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110 \
-    --prompt-ids 250 --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" > "$o.json" 2> "$o.log"
+    --prompt-ids 250 --logprobs 2 --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" > "$o.json" 2> "$o.log"
 }
-compare() {  # compare REF.json GOT.json -> prints a summary, exit 0 when equal
+compare() {  # compare REF.json GOT.json -> prints a summary, exit 0 when equal up to bf16 close calls
   python3 - "$1" "$2" <<'PY'
 import json, sys
-def ids(p):
-    return [json.loads(l)["token_ids"] for l in open(p) if l.startswith("{")]
-a, b = ids(sys.argv[1]), ids(sys.argv[2])
+# Identical greedy ids, except that at a step where either run's top-2 logprob margin is within
+# 0.05 (a bf16 close call: the TP sum order moves logits by ~1e-2) the other token may win;
+# from there the continuations legitimately differ (the rule of model_fixture_test on CUDA).
+def rows(p):
+    return [json.loads(l) for l in open(p) if l.startswith("{")]
+def margin(r, k):
+    lps = r.get("logprobs") or []
+    if k >= len(lps) or len(lps[k]["top"]) < 2: return None
+    return lps[k]["top"][0][1] - lps[k]["top"][1][1]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
 if len(a) != 3 or len(b) != 3:
     print(f"outputs: {len(a)} reference, {len(b)} parallel"); sys.exit(1)
-bad = []
+bad, notes, compared = [], [], 0
 for i, (x, y) in enumerate(zip(a, b)):
-    if x != y:
-        k = next((j for j in range(min(len(x), len(y))) if x[j] != y[j]), min(len(x), len(y)))
-        bad.append(f"prompt {i} differs from token {k} ({x[k:k+4]} vs {y[k:k+4]})")
-print("; ".join(bad) if bad else f"{sum(map(len, b))} tokens equal")
-sys.exit(1 if bad else 0)
+    xs, ys = x["token_ids"], y["token_ids"]
+    k = next((j for j in range(min(len(xs), len(ys))) if xs[j] != ys[j]), None)
+    compared += min(len(xs), len(ys)) if k is None else k
+    if k is None: continue
+    m = [v for v in (margin(x, k), margin(y, k)) if v is not None]
+    if m and min(m) <= 0.05:
+        notes.append(f"prompt {i} parts at token {k} ({xs[k]} vs {ys[k]}), a close call (margin {min(m):.3f})")
+    else:
+        bad.append(f"prompt {i} differs from token {k} ({xs[k:k+4]} vs {ys[k:k+4]}), margin {m}")
+print("; ".join(bad + notes) if bad or notes else f"{compared} tokens equal")
+sys.exit(1 if bad or compared < 36 else 0)
 PY
 }
 CASES="llama_gqa2:2:1 qwen2_gqa2_untied:2:1 qwen2_gqa2_untied:1:2 qwen3_gqa4_hd32:2:1 qwen3_gqa4_hd32:1:2 qwen3_mqa_untied_sharded:2:1"

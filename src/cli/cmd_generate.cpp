@@ -44,6 +44,7 @@ struct Job {
   std::string prompt_text;        // text prompts, before tokenization
   nlohmann::ordered_json messages;  // chat prompts, before the chat template
   std::vector<int32_t> output;
+  std::vector<TokenLogprob> logprobs;  // when the request asked for them
   std::string text;
   std::string finish_reason;
   std::chrono::steady_clock::time_point first_token, last_token;
@@ -84,6 +85,9 @@ int run_generate(int argc, char** argv) {
   std::optional<uint64_t> request_seed;
   app.add_option("--request-seed", request_seed, "per-request seed (same tokens alone or in a batch)");
   app.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past end-of-sequence tokens");
+  app.add_option("--logprobs", sp.logprobs,
+                 "with --json: each token's logprob and the N most likely alternatives (-1 = none)")
+      ->capture_default_str();
   app.add_flag("--json", json_out, "print one JSON object per prompt (prompt_ids, token_ids, finish_reason)");
   add_engine_flags(app, ef);
   WorkerFlags wf;
@@ -216,6 +220,7 @@ int run_generate(int argc, char** argv) {
       if (job.output.empty() && !d.token_ids.empty()) job.first_token = now;
       if (!d.token_ids.empty()) job.last_token = now;
       job.output.insert(job.output.end(), d.token_ids.begin(), d.token_ids.end());
+      job.logprobs.insert(job.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
       job.text += d.text;
       if (d.finished) {
         job.finish_reason = d.finish_reason == FinishReason::kError ? "error: " + d.text : finish_reason_name(d.finish_reason);
@@ -269,6 +274,15 @@ int run_generate(int argc, char** argv) {
         o["last_token_at_s"] = std::chrono::duration<double>(j.last_token - t0).count();
       }
       if (tok) o["text"] = j.text;
+      if (!j.logprobs.empty()) {
+        nlohmann::json lps = nlohmann::json::array();
+        for (const TokenLogprob& lp : j.logprobs) {
+          nlohmann::json top = nlohmann::json::array();
+          for (const auto& [id, v] : lp.top) top.push_back({id, v});
+          lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top", top}});
+        }
+        o["logprobs"] = std::move(lps);
+      }
       os << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (tok) {
       os << j.text << "\n  (" << j.output.size() << " tokens, " << j.finish_reason << ")\n";

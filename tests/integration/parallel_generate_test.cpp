@@ -104,6 +104,34 @@ TEST_P(ParallelGenerate, GreedyTokensMatchOneRank) {
   for (const auto& t : got) EXPECT_EQ(t.size(), 24u);
 }
 
+// --logprobs N with --json: one entry per token; greedy takes the best-ranked token; the
+// alternatives come best first (what scripts/device_parallel_check.sh reads for close calls).
+TEST(GenerateLogprobs, JsonCarriesEachTokensLogprobAndAlternatives) {
+  std::vector<std::string> args = generate_args("llama_gqa2", 1, 1);
+  args.insert(args.end(), {"--logprobs", "2"});
+  RunResult r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream in(r.out);
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line);
+    const auto ids = j["token_ids"].get<std::vector<int>>();
+    ASSERT_EQ(j["logprobs"].size(), ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const auto& lp = j["logprobs"][k];
+      EXPECT_EQ(lp["token"].get<int>(), ids[k]);
+      ASSERT_EQ(lp["top"].size(), 2u);
+      EXPECT_EQ(lp["top"][0][0].get<int>(), ids[k]);
+      EXPECT_GE(lp["top"][0][1].get<double>(), lp["top"][1][1].get<double>());
+      EXPECT_LE(lp["logprob"].get<double>(), 0.0);
+    }
+    ++rows;
+  }
+  EXPECT_EQ(rows, 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                          ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen2_gqa2_untied", 1, 2},
                                            Case{"qwen2_gqa2_untied", 2, 2}, Case{"qwen3_gqa4_hd32", 2, 2}),
