@@ -5,7 +5,11 @@
 # Fix a file with: clang-format -i FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CLANG_FORMAT="${CLANG_FORMAT:-clang-format}"
+# The version CI pins (Debian 12's clang-format-14); another version may format differently.
+if [ -z "${CLANG_FORMAT:-}" ]; then
+  CLANG_FORMAT=clang-format
+  command -v clang-format-14 >/dev/null 2>&1 && CLANG_FORMAT=clang-format-14
+fi
 if ! command -v "$CLANG_FORMAT" >/dev/null 2>&1; then
   echo "format_check: $CLANG_FORMAT not found (apt-get install clang-format, or set CLANG_FORMAT)" >&2
   exit 2

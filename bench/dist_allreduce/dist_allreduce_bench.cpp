@@ -34,8 +34,8 @@ std::vector<size_t> parse_sizes(const std::string& list) {
 }
 
 int rank_main(int rank, int ranks, uint16_t port, const std::vector<size_t>& sizes, int iters, DType dtype) {
-  auto store = std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "bench", ""}, rank,
-                                                    std::chrono::seconds(10));
+  auto store =
+      std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "bench", ""}, rank, std::chrono::seconds(10));
   GlooOptions o;
   o.store = store;
   o.ip = "127.0.0.1";
@@ -72,10 +72,14 @@ int main(int argc, char** argv) {
   DType dtype = DType::kF32;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ranks") ranks = std::stoi(v);
-    else if (k == "--iters") iters = std::stoi(v);
-    else if (k == "--sizes") sizes = parse_sizes(v);
-    else if (k == "--dtype") dtype = v == "bf16" ? DType::kBF16 : DType::kF32;
+    if (k == "--ranks")
+      ranks = std::stoi(v);
+    else if (k == "--iters")
+      iters = std::stoi(v);
+    else if (k == "--sizes")
+      sizes = parse_sizes(v);
+    else if (k == "--dtype")
+      dtype = v == "bf16" ? DType::kBF16 : DType::kF32;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;

@@ -102,7 +102,9 @@ int run(int argc, char** argv) {
 
   // ---- decode
   std::printf("%-6s %6s %7s %-8s %10s %9s %7s\n", "decode", "batch", "ctx", "cache", "time_us", "KV_GB/s", "%copy");
-  struct DecodeCase { int batch, ctx; };
+  struct DecodeCase {
+    int batch, ctx;
+  };
   std::vector<DecodeCase> dcases = {{1, 512}, {1, 4096}, {1, 32768}, {16, 1024}, {64, 1024}, {64, 4096}, {256, 1024}};
   if (quick) dcases = {{1, 4096}, {64, 1024}, {256, 1024}};
   for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
@@ -124,11 +126,14 @@ int run(int argc, char** argv) {
       Tensor q = gpu->alloc({c.batch, kHq, kD}, DType::kBF16), out = gpu->alloc({c.batch, kHq, kD}, DType::kBF16);
       gpu->fill_random(q, 5, -1, 1);
       float ks = dt == DType::kF8E4M3 ? 0.05f : 1.0f;
-      double ms = time_ms(*gpu, [&](int i) {
-        size_t mark = gpu->scratch_mark();
-        gpu->paged_attention(q, kc, vc, metas[i % layers], scale, ks, ks, out);
-        gpu->scratch_rewind(mark);
-      }, 5, quick ? 20 : 50);
+      double ms = time_ms(
+          *gpu,
+          [&](int i) {
+            size_t mark = gpu->scratch_mark();
+            gpu->paged_attention(q, kc, vc, metas[i % layers], scale, ks, ks, out);
+            gpu->scratch_rewind(mark);
+          },
+          5, quick ? 20 : 50);
       // Bytes the op must read: each sequence's K and V rows for its context.
       double bytes = double(c.batch) * c.ctx * kHk * kD * dtype_size(dt) * 2;
       double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -140,7 +145,9 @@ int run(int argc, char** argv) {
 
   // ---- prefill
   std::printf("\n%-7s %8s %8s %-8s %10s %9s\n", "prefill", "cached", "new", "cache", "time_ms", "TFLOP/s");
-  struct PrefillCase { int cached, fresh; };
+  struct PrefillCase {
+    int cached, fresh;
+  };
   std::vector<PrefillCase> pcases = {{0, 512}, {0, 4096}, {4096, 4096}, {0, 16384}};
   if (quick) pcases = {{0, 4096}};
   for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
@@ -154,8 +161,8 @@ int run(int argc, char** argv) {
       AttentionMetadata m = upload_attention_metadata(*gpu, layout_for(s, 0, &used));
       Tensor q = gpu->alloc({c.fresh, kHq, kD}, DType::kBF16), out = gpu->alloc({c.fresh, kHq, kD}, DType::kBF16);
       gpu->fill_random(q, 5, -1, 1);
-      double ms = time_ms(*gpu, [&](int) { gpu->paged_attention(q, kc, vc, m, scale, 1.0f, 1.0f, out); }, 3,
-                          quick ? 10 : 20);
+      double ms = time_ms(
+          *gpu, [&](int) { gpu->paged_attention(q, kc, vc, m, scale, 1.0f, 1.0f, out); }, 3, quick ? 10 : 20);
       // Causal FLOPs: query i sees cached + i + 1 keys; 4 * D flops per (query, key, head).
       double pairs = 0;
       for (int i = 0; i < c.fresh; ++i) pairs += c.cached + i + 1;

@@ -17,13 +17,13 @@
 
 namespace tessera::bench {
 
-#define BENCH_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
+#define BENCH_CUDA(call)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
+      std::exit(2);                                                                              \
+    }                                                                                            \
   } while (0)
 
 // Median milliseconds of `iters` runs of f(i), each bracketed by CUDA events.
@@ -86,7 +86,8 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
 inline double copy_bandwidth_gbs(Backend& be, int64_t bytes = int64_t{2} << 30) {
   Tensor a = be.alloc({bytes / 4}, DType::kF32), b = be.alloc({bytes / 4}, DType::kF32);
   be.fill_random(a, 1, -1.0f, 1.0f);
-  double ms = time_ms(be, [&](int) { be.copy(b, a); }, 3, 20);
+  double ms = time_ms(
+      be, [&](int) { be.copy(b, a); }, 3, 20);
   return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 

@@ -57,10 +57,12 @@ int run(int argc, char** argv) {
   // Reference rate: 8192^3.
   {
     int64_t n = 8192;
-    Tensor a = gpu->alloc({n, n}, DType::kBF16), b = gpu->alloc({n, n}, DType::kBF16), c = gpu->alloc({n, n}, DType::kBF16);
+    Tensor a = gpu->alloc({n, n}, DType::kBF16), b = gpu->alloc({n, n}, DType::kBF16),
+           c = gpu->alloc({n, n}, DType::kBF16);
     gpu->fill_random(a, 1, -1, 1);
     gpu->fill_random(b, 2, -1, 1);
-    double ms = time_ms(*gpu, [&](int) { gpu->linear(a, b, nullptr, c); }, 5, quick ? 10 : 30);
+    double ms = time_ms(
+        *gpu, [&](int) { gpu->linear(a, b, nullptr, c); }, 5, quick ? 10 : 30);
     std::printf("reference 8192^3 bf16: %.3f ms, %.0f TFLOP/s\n", ms, 2.0 * n * n * n / (ms * 1e-3) / 1e12);
   }
 
@@ -70,8 +72,7 @@ int run(int argc, char** argv) {
                         {"down_proj", 4096, 12288},
                         {"lm_head", 151936, 4096}};
   const int64_t tokens[] = {1, 2, 4, 8, 32, 64, 128, 256, 512, 2048, 4096};
-  std::printf("\n%-13s %6s %8s %8s %10s %9s %9s %7s\n", "proj", "M", "N", "K", "time_us", "TFLOP/s", "w_GB/s",
-              "%copy");
+  std::printf("\n%-13s %6s %8s %8s %10s %9s %9s %7s\n", "proj", "M", "N", "K", "time_us", "TFLOP/s", "w_GB/s", "%copy");
   for (const Proj& p : projs) {
     // Rotate over enough weight copies that they do not sit in the 60 MB L2.
     int64_t wbytes = p.N * p.K * 2;
@@ -86,14 +87,16 @@ int run(int argc, char** argv) {
       Tensor x = gpu->alloc({M, p.K}, DType::kBF16);
       gpu->fill_random(x, 7, -1, 1);
       Tensor out = gpu->alloc({M, p.N}, std::strcmp(p.name, "lm_head") == 0 ? DType::kF32 : DType::kBF16);
-      double ms = time_ms(*gpu, [&](int i) { gpu->linear(x, ws[i % copies], nullptr, out); }, 5, quick ? 10 : 40);
+      double ms = time_ms(
+          *gpu, [&](int i) { gpu->linear(x, ws[i % copies], nullptr, out); }, 5, quick ? 10 : 40);
       double tflops = 2.0 * M * p.N * p.K / (ms * 1e-3) / 1e12;
       double gbs = double(wbytes) / (ms * 1e-3) / 1e9;
-      std::printf("%-13s %6ld %8ld %8ld %10.1f %9.1f %9.0f %6.0f%%\n", p.name, long(M), long(p.N), long(p.K),
-                  ms * 1e3, tflops, gbs, 100.0 * gbs / copy_gbs);
+      std::printf("%-13s %6ld %8ld %8ld %10.1f %9.1f %9.0f %6.0f%%\n", p.name, long(M), long(p.N), long(p.K), ms * 1e3,
+                  tflops, gbs, 100.0 * gbs / copy_gbs);
     }
   }
-  std::printf("\n%%copy: weight bytes read per second over the copy figure (read + write), as the decode ceiling counts it.\n");
+  std::printf(
+      "\n%%copy: weight bytes read per second over the copy figure (read + write), as the decode ceiling counts it.\n");
   return 0;
 }
 

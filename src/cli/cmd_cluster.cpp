@@ -57,7 +57,8 @@ void print_status(const dist::ClusterStatus& s, const std::string& where) {
 int run_cluster(int argc, char** argv) {
   CLI::App app{"Inspect a running multi-node cluster through its head's control port.", "tessera cluster"};
   app.require_subcommand(1);
-  CLI::App* status = app.add_subcommand("status", "nodes, ranks, GPUs, NIC, IP, version and liveness, like `ray status`");
+  CLI::App* status =
+      app.add_subcommand("status", "nodes, ranks, GPUs, NIC, IP, version and liveness, like `ray status`");
   std::string master_addr, token;
   int master_port = 29500;
   double timeout_s = 10;

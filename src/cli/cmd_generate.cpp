@@ -11,12 +11,12 @@
 #include "cli/engine_flags.h"
 #include "cli/node_launch.h"
 #include "cli/rank_launcher.h"
-#include "engine/async_engine.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/async_engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 
@@ -41,7 +41,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 struct Job {
   std::vector<int32_t> prompt;
   SamplingParams params;
-  std::string prompt_text;        // text prompts, before tokenization
+  std::string prompt_text;          // text prompts, before tokenization
   nlohmann::ordered_json messages;  // chat prompts, before the chat template
   std::vector<int32_t> output;
   std::vector<TokenLogprob> logprobs;  // when the request asked for them
@@ -54,10 +54,11 @@ struct Job {
 }  // namespace
 
 int run_generate(int argc, char** argv) {
-  CLI::App app{"Generate from prompts offline, through the same engine as `tessera serve`.\n"
-               "  tessera generate --model DIR --prompt-ids 1,2,3 --max-tokens 16\n"
-               "  tessera generate --model DIR --input prompts.jsonl --output out.jsonl",
-               "tessera generate"};
+  CLI::App app{
+      "Generate from prompts offline, through the same engine as `tessera serve`.\n"
+      "  tessera generate --model DIR --prompt-ids 1,2,3 --max-tokens 16\n"
+      "  tessera generate --model DIR --input prompts.jsonl --output out.jsonl",
+      "tessera generate"};
   EngineFlags ef;
   std::vector<std::string> prompt_ids;
   std::string input, output;
@@ -121,8 +122,10 @@ int run_generate(int argc, char** argv) {
   for (const auto& text : prompts) {
     Job job;
     job.params = sp;
-    if (chat) job.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
-    else job.prompt_text = text;
+    if (chat)
+      job.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
+    else
+      job.prompt_text = text;
     jobs.push_back(std::move(job));
   }
   if (!input.empty()) {
@@ -143,7 +146,8 @@ int run_generate(int argc, char** argv) {
       job.params = sp;
       if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
         for (const auto& t : j["prompt_ids"]) {
-          if (!t.is_number_integer()) fail(ErrorKind::kInvalidArgument, "{}:{}: prompt_ids must be integers", input, lineno);
+          if (!t.is_number_integer())
+            fail(ErrorKind::kInvalidArgument, "{}:{}: prompt_ids must be integers", input, lineno);
           job.prompt.push_back(t.get<int32_t>());
         }
       } else if (j.contains("prompt") && j["prompt"].is_string()) {
@@ -151,7 +155,8 @@ int run_generate(int argc, char** argv) {
       } else if (j.contains("messages") && j["messages"].is_array()) {
         job.messages = nlohmann::ordered_json::parse(j["messages"].dump());
       } else {
-        fail(ErrorKind::kInvalidArgument, "{}:{}: each line needs prompt_ids, prompt (text) or messages", input, lineno);
+        fail(ErrorKind::kInvalidArgument, "{}:{}: each line needs prompt_ids, prompt (text) or messages", input,
+             lineno);
       }
       if (Status s = sampling_params_from_json(j, job.params); !s.ok())
         fail(ErrorKind::kInvalidArgument, "{}:{}: {}", input, lineno, s.message());
@@ -165,7 +170,8 @@ int run_generate(int argc, char** argv) {
   const std::string tdir = tokenizer_dir.empty() ? ef.model : tokenizer_dir;
   bool needs_text = false;
   for (const auto& j : jobs) needs_text |= !j.prompt_text.empty() || !j.messages.is_null();
-  if (std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json")) tok = tokenizer::Tokenizer::from_dir(tdir);
+  if (std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json"))
+    tok = tokenizer::Tokenizer::from_dir(tdir);
   else if (needs_text)
     fail(ErrorKind::kNotFound, "{}: no tokenizer.json for the text prompts; pass --tokenizer DIR or use --prompt-ids",
          tdir);
@@ -223,7 +229,8 @@ int run_generate(int argc, char** argv) {
       job.logprobs.insert(job.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
       job.text += d.text;
       if (d.finished) {
-        job.finish_reason = d.finish_reason == FinishReason::kError ? "error: " + d.text : finish_reason_name(d.finish_reason);
+        job.finish_reason =
+            d.finish_reason == FinishReason::kError ? "error: " + d.text : finish_reason_name(d.finish_reason);
         job.done = true;
         if (--remaining == 0) cv.notify_all();
       }
@@ -255,10 +262,10 @@ int run_generate(int argc, char** argv) {
       ++decode_rates;
     }
   }
-  TLOG_INFO("Processed {} prompts in {:.2f} s: input {:.1f} tok/s, output {:.1f} tok/s; decode {:.2f} tok/s per "
-            "sequence",
-            jobs.size(), total, total_in / total, total_out / total,
-            decode_rates ? decode_rate_sum / decode_rates : 0.0);
+  TLOG_INFO(
+      "Processed {} prompts in {:.2f} s: input {:.1f} tok/s, output {:.1f} tok/s; decode {:.2f} tok/s per "
+      "sequence",
+      jobs.size(), total, total_in / total, total_out / total, decode_rates ? decode_rate_sum / decode_rates : 0.0);
 
   std::ofstream file;
   if (!output.empty()) {

@@ -35,26 +35,92 @@ namespace {
 namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {
-    "--quantization", "-q", "--dtype", "--enable-lora", "--lora-modules", "--max-lora-rank",
-    "--max-loras", "--speculative-config", "--swap-space", "--cpu-offload-gb", "--guided-decoding-backend",
-    "--structured-outputs-config", "--limit-mm-per-prompt", "--rope-scaling", "--rope-theta", "--tokenizer-mode",
-    "--revision", "--code-revision", "--tokenizer-revision", "--download-dir", "--hf-overrides",
-    "--override-generation-config", "--enable-expert-parallel", "--data-parallel-size", "--ssl-keyfile",
-    "--ssl-certfile", "--ssl-ca-certs", "--root-path", "--middleware", "--allowed-origins", "--allowed-methods",
-    "--allowed-headers", "--allow-credentials", "--response-role", "--prompt-adapters", "--enable-reasoning",
-    "--max-logprobs", "--disable-frontend-multiprocessing", "--enable-request-id-headers",
-    "--enable-prompt-tokens-details", "--mm-processor-kwargs", "--compilation-config", "-O", "--kv-transfer-config",
-    "--async-scheduling", "--scheduling-policy", "--max-num-partial-prefills", "--tokenizer-pool-size", "--config",
-    "--allowed-local-media-path", "--disable-sliding-window", "--max-seq-len-to-capture", "--cuda-graph-sizes",
-    "--num-scheduler-steps", "--worker-cls", "--api-server-count",
-    "--chat-template-content-format", "--return-tokens-as-token-ids", "--tool-parser-plugin", "--enable-log-outputs",
-    "--log-config-file", "--model-impl", "--lora-dtype", "--long-lora-scaling-factors", "--max-cpu-loras",
-    "--fully-sharded-loras", "--device-id", "--ray-workers-use-nsight", "--disable-log-stats", "--max-parallel-loading-workers",
-    "--enable-sleep-mode", "--calculate-kv-scales", "--kv-cache-memory", "--mm-encoder-tp-mode", "--logits-processors",
-    "--enable-auto-tool-choice-parser", "--data-parallel-rank", "--data-parallel-address", "--headless",
-    "--enable-eplb", "--disable-fastapi-docs", "--enable-force-include-usage", "--enable-server-load-tracking",
-    "--h11-max-incomplete-event-size", "--h11-max-header-count", "--max-num-batched-tokens-per-request"};
+const std::set<std::string> kVllmOnlyFlags = {"--quantization",
+                                              "-q",
+                                              "--dtype",
+                                              "--enable-lora",
+                                              "--lora-modules",
+                                              "--max-lora-rank",
+                                              "--max-loras",
+                                              "--speculative-config",
+                                              "--swap-space",
+                                              "--cpu-offload-gb",
+                                              "--guided-decoding-backend",
+                                              "--structured-outputs-config",
+                                              "--limit-mm-per-prompt",
+                                              "--rope-scaling",
+                                              "--rope-theta",
+                                              "--tokenizer-mode",
+                                              "--revision",
+                                              "--code-revision",
+                                              "--tokenizer-revision",
+                                              "--download-dir",
+                                              "--hf-overrides",
+                                              "--override-generation-config",
+                                              "--enable-expert-parallel",
+                                              "--data-parallel-size",
+                                              "--ssl-keyfile",
+                                              "--ssl-certfile",
+                                              "--ssl-ca-certs",
+                                              "--root-path",
+                                              "--middleware",
+                                              "--allowed-origins",
+                                              "--allowed-methods",
+                                              "--allowed-headers",
+                                              "--allow-credentials",
+                                              "--response-role",
+                                              "--prompt-adapters",
+                                              "--enable-reasoning",
+                                              "--max-logprobs",
+                                              "--disable-frontend-multiprocessing",
+                                              "--enable-request-id-headers",
+                                              "--enable-prompt-tokens-details",
+                                              "--mm-processor-kwargs",
+                                              "--compilation-config",
+                                              "-O",
+                                              "--kv-transfer-config",
+                                              "--async-scheduling",
+                                              "--scheduling-policy",
+                                              "--max-num-partial-prefills",
+                                              "--tokenizer-pool-size",
+                                              "--config",
+                                              "--allowed-local-media-path",
+                                              "--disable-sliding-window",
+                                              "--max-seq-len-to-capture",
+                                              "--cuda-graph-sizes",
+                                              "--num-scheduler-steps",
+                                              "--worker-cls",
+                                              "--api-server-count",
+                                              "--chat-template-content-format",
+                                              "--return-tokens-as-token-ids",
+                                              "--tool-parser-plugin",
+                                              "--enable-log-outputs",
+                                              "--log-config-file",
+                                              "--model-impl",
+                                              "--lora-dtype",
+                                              "--long-lora-scaling-factors",
+                                              "--max-cpu-loras",
+                                              "--fully-sharded-loras",
+                                              "--device-id",
+                                              "--ray-workers-use-nsight",
+                                              "--disable-log-stats",
+                                              "--max-parallel-loading-workers",
+                                              "--enable-sleep-mode",
+                                              "--calculate-kv-scales",
+                                              "--kv-cache-memory",
+                                              "--mm-encoder-tp-mode",
+                                              "--logits-processors",
+                                              "--enable-auto-tool-choice-parser",
+                                              "--data-parallel-rank",
+                                              "--data-parallel-address",
+                                              "--headless",
+                                              "--enable-eplb",
+                                              "--disable-fastapi-docs",
+                                              "--enable-force-include-usage",
+                                              "--enable-server-load-tracking",
+                                              "--h11-max-incomplete-event-size",
+                                              "--h11-max-header-count",
+                                              "--max-num-batched-tokens-per-request"};
 
 int g_signal_pipe[2] = {-1, -1};
 std::atomic<int> g_signals{0};
@@ -106,26 +172,29 @@ server::GenerationDefaults read_generation_config(const fs::path& dir, std::vect
   num("repetition_penalty", d.repetition_penalty);
   num("max_new_tokens", d.max_tokens);
   if (auto it = j.find("eos_token_id"); it != j.end()) {
-    if (it->is_number_integer()) eos_ids->push_back(it->get<int32_t>());
+    if (it->is_number_integer())
+      eos_ids->push_back(it->get<int32_t>());
     else if (it->is_array())
       for (const auto& v : *it)
         if (v.is_number_integer()) eos_ids->push_back(v.get<int32_t>());
   }
   if (d.temperature || d.top_p || d.top_k || d.min_p || d.repetition_penalty)
-    TLOG_INFO("Default sampling parameters have been overridden by the model's generation_config.json ({}). "
-              "Relaunch with `--generation-config vllm` to use tessera's defaults instead.",
-              j.dump());
+    TLOG_INFO(
+        "Default sampling parameters have been overridden by the model's generation_config.json ({}). "
+        "Relaunch with `--generation-config vllm` to use tessera's defaults instead.",
+        j.dump());
   return d;
 }
 
 }  // namespace
 
 int run_serve(int argc, char** argv) {
-  CLI::App app{"OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
-               "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
-               "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
-               "--load-format dummy",
-               "tessera serve"};
+  CLI::App app{
+      "OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
+      "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
+      "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
+      "--load-format dummy",
+      "tessera serve"};
   app.allow_extras();
   EngineFlags ef;
   std::string host = "0.0.0.0", api_key, tokenizer_dir, chat_template, tool_call_parser, reasoning_parser;
@@ -208,24 +277,27 @@ int run_serve(int argc, char** argv) {
   if (max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
   if (port < 0 || port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a port number", port);
   if (trust_remote_code)
-    TLOG_INFO("--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
-              "code from the checkpoint");
+    TLOG_INFO(
+        "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
+        "code from the checkpoint");
   if (!fs::is_directory(ef.model))
     fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
          ef.model);
   if (api_key.empty()) {
-    if (const char* e = std::getenv("TESSERA_API_KEY")) api_key = e;
-    else if (const char* v = std::getenv("VLLM_API_KEY")) api_key = v;
+    if (const char* e = std::getenv("TESSERA_API_KEY"))
+      api_key = e;
+    else if (const char* v = std::getenv("VLLM_API_KEY"))
+      api_key = v;
   }
   if (served_model_names.empty()) served_model_names.push_back(ef.model);
   if (tokenizer_dir.empty()) tokenizer_dir = ef.model;
 
-  TLOG_INFO("tessera serve {} ({}): model={} served-model-name={} tokenizer={} host={} port={} max-model-len={} "
-            "max-num-seqs={} load-format={} device={} kv-cache-dtype={} prefix-caching={} api-key={}",
-            TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT, ef.model, fmt::join(served_model_names, ","), tokenizer_dir,
-            host, port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"),
-            ef.max_num_seqs, ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching,
-            api_key.empty() ? "none" : "set");
+  TLOG_INFO(
+      "tessera serve {} ({}): model={} served-model-name={} tokenizer={} host={} port={} max-model-len={} "
+      "max-num-seqs={} load-format={} device={} kv-cache-dtype={} prefix-caching={} api-key={}",
+      TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT, ef.model, fmt::join(served_model_names, ","), tokenizer_dir, host,
+      port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"), ef.max_num_seqs,
+      ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching, api_key.empty() ? "none" : "set");
 
   // Text side first: a missing tokenizer should fail before minutes of weight loading.
   if (!fs::exists(fs::path(tokenizer_dir) / "tokenizer.json"))
@@ -245,14 +317,16 @@ int run_serve(int argc, char** argv) {
     try {
       tmpl.emplace(tokenizer::ChatTemplate::from_model_dir(tokenizer_dir));
     } catch (const Error& e) {
-      TLOG_WARN("no chat template ({}); /v1/chat/completions and /v1/messages will answer 400 until one is given "
-                "with --chat-template",
-                e.what());
+      TLOG_WARN(
+          "no chat template ({}); /v1/chat/completions and /v1/messages will answer 400 until one is given "
+          "with --chat-template",
+          e.what());
     }
   }
   std::vector<int32_t> extra_eos;
   server::GenerationDefaults defaults;
-  if (generation_config == "auto") defaults = read_generation_config(ef.model, &extra_eos);
+  if (generation_config == "auto")
+    defaults = read_generation_config(ef.model, &extra_eos);
   else if (generation_config != "vllm") {
     if (!fs::is_directory(generation_config))
       fail(ErrorKind::kNotFound, "--generation-config {}: not a directory (auto, vllm or a directory)",
@@ -303,8 +377,8 @@ int run_serve(int argc, char** argv) {
   server::HttpServerOptions ho;
   ho.host = host;
   ho.port = port;
-  ho.threads = http_threads > 0 ? http_threads
-                                : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  ho.threads =
+      http_threads > 0 ? http_threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
   ho.max_body_bytes = max_body;
   ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(read_timeout * 1000));
   ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(write_timeout * 1000));
@@ -326,8 +400,9 @@ int run_serve(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   http.start();
   TLOG_INFO("Starting tessera API server on http://{}:{}", host, http.port());
-  TLOG_INFO("Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /tokenize /detokenize "
-            "/health /version /metrics");
+  TLOG_INFO(
+      "Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /tokenize /detokenize "
+      "/health /version /metrics");
   TLOG_INFO("Application startup complete.");
 
   // Rank processes: a dead rank (or a lost node) ends the server with a non-zero exit. The
@@ -374,8 +449,8 @@ int run_serve(int argc, char** argv) {
   }
   watch_stop = true;
   if (watcher.joinable()) watcher.join();
-  TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            drain_timeout);
+  TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", drain_timeout);
   api.set_draining();
   http.stop_accepting();
   engine.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout * 1000)));

@@ -71,10 +71,14 @@ void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
 
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
   BackendOptions o;
-  if (f.device == "cpu") o.type = DeviceType::kCPU;
-  else if (f.device == "cuda") o.type = DeviceType::kCUDA;
-  else if (f.device == "auto") o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
-  else fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
+  if (f.device == "cpu")
+    o.type = DeviceType::kCPU;
+  else if (f.device == "cuda")
+    o.type = DeviceType::kCUDA;
+  else if (f.device == "auto")
+    o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
+  else
+    fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
   return make_backend(o);
 }
 

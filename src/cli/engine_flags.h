@@ -38,9 +38,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f);
 struct ClusterFlags {
   std::optional<int> nnodes, node_rank, master_port;
   std::optional<std::string> master_addr;
-  std::string nic;               // NCCL_SOCKET_IFNAME syntax
+  std::string nic;  // NCCL_SOCKET_IFNAME syntax
   std::string node_ip_address;
-  std::string cluster_token;     // default: $TESSERA_CLUSTER_TOKEN
+  std::string cluster_token;  // default: $TESSERA_CLUSTER_TOKEN
   double join_timeout_s = 300;
   std::string distributed_executor_backend;  // mp | ray (accepted: not needed) | uni
 };

@@ -13,9 +13,10 @@ namespace tessera::cli {
 dist::LaunchFacts resolve_cluster(const EngineFlags& f, const ClusterFlags& c) {
   const std::string& b = c.distributed_executor_backend;
   if (b == "ray") {
-    TLOG_INFO("--distributed-executor-backend ray: Ray is not needed; tessera starts and supervises its rank "
-              "processes itself (one command per node with --nnodes/--node-rank/--master-addr, no `ray start`). "
-              "Continuing with mp");
+    TLOG_INFO(
+        "--distributed-executor-backend ray: Ray is not needed; tessera starts and supervises its rank "
+        "processes itself (one command per node with --nnodes/--node-rank/--master-addr, no `ray start`). "
+        "Continuing with mp");
   } else if (b == "external_launcher") {
     fail(ErrorKind::kUnsupported,
          "--distributed-executor-backend external_launcher is not supported: run one tessera command per node "
@@ -93,7 +94,8 @@ int run_worker_node(const EngineFlags& f, dist::NodeSession& s, int nnodes, int 
     }
     if (std::optional<dist::RankFailure> rf = s.client()->failure()) {
       // The ranks may be finishing after the head's shutdown plan: give them a moment.
-      if (!head_failed_at) head_failed_at = clock::now();
+      if (!head_failed_at)
+        head_failed_at = clock::now();
       else if (clock::now() - *head_failed_at > std::chrono::seconds(3))
         fail(ErrorKind::kNetwork, "node {}: {}; ending this node's ranks", s.node_rank(), rf->reason);
     }

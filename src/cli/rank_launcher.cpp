@@ -12,8 +12,8 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/control_store.h"
-#include "dist/custom_all_reduce_communicator.h"
 #include "dist/crypto.h"
+#include "dist/custom_all_reduce_communicator.h"
 #include "dist/gloo_communicator.h"
 #include "dist/process_groups.h"
 #include "dist/rank_gpus.h"
@@ -99,9 +99,8 @@ std::string describe_rank_processes(const EngineFlags& f, int world, int local_r
 // tensors: Gloo for CPU ranks, NCCL on the backend's stream for CUDA ranks.
 // `store_host:port` is the head's control channel; Gloo binds `bind_ip` (this node's NIC).
 std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, Backend& backend, int rank,
-                                                 const std::string& store_host,
-                                                 uint16_t port, const std::string& token, const std::string& bind_ip,
-                                                 const dist::RankNamer& namer = {}) {
+                                                 const std::string& store_host, uint16_t port, const std::string& token,
+                                                 const std::string& bind_ip, const dist::RankNamer& namer = {}) {
   const bool local = bind_ip == "127.0.0.1";
   auto store = std::make_shared<dist::ControlStoreClient>(
       dist::HeadAddress{store_host, port, token, local ? "" : bind_ip}, rank, std::chrono::seconds(60));
@@ -210,7 +209,8 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
     placement_.local_ranks = world_;
   } else {  // several nodes: the head's control channel (dist::NodeSession) is up already
     token_ = placement_.token;
-    if (placement_.local_ranks < 1 || placement_.first_rank < 0 || placement_.first_rank + placement_.local_ranks > world_)
+    if (placement_.local_ranks < 1 || placement_.first_rank < 0 ||
+        placement_.first_rank + placement_.local_ranks > world_)
       fail(ErrorKind::kInvalidArgument, "ranks {}..{} of this node lie outside the world of {}", placement_.first_rank,
            placement_.first_rank + placement_.local_ranks - 1, world_);
   }
@@ -272,8 +272,10 @@ RankLauncher::~RankLauncher() {
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
       int status = 0;
-      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) reaped_[i] = true;
-      else all = false;
+      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i])
+        reaped_[i] = true;
+      else
+        all = false;
     }
     if (all) break;
     if (!failure().empty() && !termed) deadline = std::chrono::steady_clock::now();
@@ -323,8 +325,8 @@ void RankLauncher::supervise() {
         ++exited_ok_;
         continue;
       }
-      std::string what = fmt::format("rank {} (pid {}) {}", first_spawned + static_cast<int>(i), pids_[i],
-                                     describe_exit(status));
+      std::string what =
+          fmt::format("rank {} (pid {}) {}", first_spawned + static_cast<int>(i), pids_[i], describe_exit(status));
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (failure_.empty()) failure_ = what;
@@ -347,8 +349,8 @@ void RankLauncher::supervise() {
 
 std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
   if (placement_.first_rank != 0) fail(ErrorKind::kInternal, "make_executor: only the head node runs rank 0");
-  auto groups = join_groups(flags_, backend, 0, placement_.store_host, placement_.store_port, token_, placement_.bind_ip,
-                            placement_.namer);
+  auto groups = join_groups(flags_, backend, 0, placement_.store_host, placement_.store_port, token_,
+                            placement_.bind_ip, placement_.namer);
   auto model = load_shard(flags_, 0, *groups, backend);
   return std::make_unique<MultiprocExecutor>(std::move(model), backend, context_of(flags_, 0), std::move(groups));
 }
@@ -362,15 +364,15 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   if (!token) fail(ErrorKind::kInvalidArgument, "a worker rank needs {} from the head", kTokenEnv);
   std::string tok = token;
   unsetenv(kTokenEnv);
-  signal(SIGPIPE, SIG_IGN);  // see RankLauncher
-  signal(SIGINT, SIG_IGN);   // Ctrl-C reaches the whole process group: the head drains and ends the ranks
+  signal(SIGPIPE, SIG_IGN);                // see RankLauncher
+  signal(SIGINT, SIG_IGN);                 // Ctrl-C reaches the whole process group: the head drains and ends the ranks
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
   try {
     const bool one_node = w.worker_local_ranks <= 0;  // local rank = world rank
     auto backend = make_rank_backend(f, one_node ? world : w.worker_local_ranks,
                                      one_node ? w.worker_rank : w.worker_rank - w.worker_first_rank);
-    auto groups = join_groups(f, *backend, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
-                              w.worker_bind_ip);
+    auto groups = join_groups(f, *backend, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port),
+                              tok, w.worker_bind_ip);
     auto model = load_shard(f, w.worker_rank, *groups, *backend);
     run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
   } catch (const Error& e) {

@@ -32,12 +32,12 @@ namespace tessera::cli {
 
 // Hidden flags a spawned rank runs with.
 struct WorkerFlags {
-  int worker_rank = -1;  // >= 1 in a worker
-  int worker_port = 0;   // the head's control channel
+  int worker_rank = -1;                          // >= 1 in a worker
+  int worker_port = 0;                           // the head's control channel
   std::string worker_master_addr = "127.0.0.1";  // the head's control-channel address (several nodes: its NIC IP)
   std::string worker_bind_ip = "127.0.0.1";      // this node's NIC address: Gloo binds it
-  int worker_first_rank = 0;   // world rank of this node's first rank (several nodes)
-  int worker_local_ranks = 0;  // rank processes on this node; 0 = all (one node)
+  int worker_first_rank = 0;                     // world rank of this node's first rank (several nodes)
+  int worker_local_ranks = 0;                    // rank processes on this node; 0 = all (one node)
 };
 void add_worker_flags(CLI::App& app, WorkerFlags& w);
 
@@ -51,13 +51,13 @@ std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks
 // world ranks, the head's control channel (which already runs there) and the NIC address.
 // Default: one node, the launcher starts its own control channel on 127.0.0.1.
 struct RankPlacement {
-  int first_rank = 0;       // world rank of this node's first rank (0 on the head)
-  int local_ranks = 0;      // rank processes on this node; 0 = all of them (one node)
-  std::string store_host;   // the head's control-channel address; empty = one node
+  int first_rank = 0;      // world rank of this node's first rank (0 on the head)
+  int local_ranks = 0;     // rank processes on this node; 0 = all of them (one node)
+  std::string store_host;  // the head's control-channel address; empty = one node
   uint16_t store_port = 0;
-  std::string token;        // the cluster token (handed to the ranks in the environment)
-  std::string bind_ip;      // this node's NIC address (Gloo binds it)
-  dist::RankNamer namer;    // "rank 1 (node 1, 10.0.0.2)" in rank 0's errors
+  std::string token;      // the cluster token (handed to the ranks in the environment)
+  std::string bind_ip;    // this node's NIC address (Gloo binds it)
+  dist::RankNamer namer;  // "rank 1 (node 1, 10.0.0.2)" in rank 0's errors
 };
 
 class RankLauncher {

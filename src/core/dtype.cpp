@@ -9,24 +9,40 @@ namespace tessera {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kBF16: case DType::kF16: return 2;
-    case DType::kF8E4M3: case DType::kF8E5M2: case DType::kU8: return 1;
-    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kU8:
+      return 1;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kF8E4M3: return "fp8_e4m3";
-    case DType::kF8E5M2: return "fp8_e5m2";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF8E4M3:
+      return "fp8_e4m3";
+    case DType::kF8E5M2:
+      return "fp8_e5m2";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -55,9 +71,12 @@ std::optional<DType> dtype_from_name(std::string_view s) {
 float f16_to_f32(uint16_t h) {
   uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   float v;
-  if (exp == 0) v = std::ldexp(static_cast<float>(man), -24);
-  else if (exp == 31) v = man ? NAN : INFINITY;
-  else v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(man), -24);
+  else if (exp == 31)
+    v = man ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
   return sign ? -v : v;
 }
 
@@ -89,8 +108,10 @@ float fp8e4m3_to_f32(uint8_t v) {
   uint32_t sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
   float r;
   if (exp == 0xf && man == 7) return NAN;
-  if (exp == 0) r = std::ldexp(static_cast<float>(man), -9);
-  else r = std::ldexp(static_cast<float>(man | 8), static_cast<int>(exp) - 10);
+  if (exp == 0)
+    r = std::ldexp(static_cast<float>(man), -9);
+  else
+    r = std::ldexp(static_cast<float>(man | 8), static_cast<int>(exp) - 10);
   return sign ? -r : r;
 }
 
@@ -121,7 +142,10 @@ uint8_t encode_small_float(float f, int ebits, int mbits, int bias, float max_va
     ++exp_field;
     if (exp_field == 0) exp_field = 1;
   }
-  if (exp_field == 0 && man == (1 << mbits)) { exp_field = 1; man = 0; }
+  if (exp_field == 0 && man == (1 << mbits)) {
+    exp_field = 1;
+    man = 0;
+  }
   (void)ebits;
   return static_cast<uint8_t>(sign | (exp_field << mbits) | man);
 }
@@ -153,25 +177,44 @@ void store_as(void* base, size_t i, T v) {
 
 float load_one(const void* src, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return load_as<float>(src, i);
-    case DType::kBF16: return bf16_to_f32(load_as<uint16_t>(src, i));
-    case DType::kF16: return f16_to_f32(load_as<uint16_t>(src, i));
-    case DType::kF8E4M3: return fp8e4m3_to_f32(load_as<uint8_t>(src, i));
-    case DType::kF8E5M2: return fp8e5m2_to_f32(load_as<uint8_t>(src, i));
-    case DType::kI32: return static_cast<float>(load_as<int32_t>(src, i));
-    case DType::kI64: return static_cast<float>(load_as<int64_t>(src, i));
-    case DType::kU8: return static_cast<float>(load_as<uint8_t>(src, i));
+    case DType::kF32:
+      return load_as<float>(src, i);
+    case DType::kBF16:
+      return bf16_to_f32(load_as<uint16_t>(src, i));
+    case DType::kF16:
+      return f16_to_f32(load_as<uint16_t>(src, i));
+    case DType::kF8E4M3:
+      return fp8e4m3_to_f32(load_as<uint8_t>(src, i));
+    case DType::kF8E5M2:
+      return fp8e5m2_to_f32(load_as<uint8_t>(src, i));
+    case DType::kI32:
+      return static_cast<float>(load_as<int32_t>(src, i));
+    case DType::kI64:
+      return static_cast<float>(load_as<int64_t>(src, i));
+    case DType::kU8:
+      return static_cast<float>(load_as<uint8_t>(src, i));
   }
   return 0;
 }
 void store_one(void* dst, DType t, size_t i, float v) {
   switch (t) {
-    case DType::kF32: store_as<float>(dst, i, v); return;
-    case DType::kBF16: store_as<uint16_t>(dst, i, f32_to_bf16(v)); return;
-    case DType::kF16: store_as<uint16_t>(dst, i, f32_to_f16(v)); return;
-    case DType::kF8E4M3: store_as<uint8_t>(dst, i, f32_to_fp8e4m3(v)); return;
-    case DType::kF8E5M2: store_as<uint8_t>(dst, i, f32_to_fp8e5m2(v)); return;
-    default: fail(ErrorKind::kUnsupported, "cannot convert to {}", dtype_name(t));
+    case DType::kF32:
+      store_as<float>(dst, i, v);
+      return;
+    case DType::kBF16:
+      store_as<uint16_t>(dst, i, f32_to_bf16(v));
+      return;
+    case DType::kF16:
+      store_as<uint16_t>(dst, i, f32_to_f16(v));
+      return;
+    case DType::kF8E4M3:
+      store_as<uint8_t>(dst, i, f32_to_fp8e4m3(v));
+      return;
+    case DType::kF8E5M2:
+      store_as<uint8_t>(dst, i, f32_to_fp8e5m2(v));
+      return;
+    default:
+      fail(ErrorKind::kUnsupported, "cannot convert to {}", dtype_name(t));
   }
 }
 }  // namespace

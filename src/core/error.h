@@ -43,8 +43,8 @@ template <typename... Args>
   throw Error(kind, fmt::format(f, std::forward<Args>(args)...));
 }
 
-#define TESSERA_CHECK(cond, ...)                                           \
-  do {                                                                     \
+#define TESSERA_CHECK(cond, ...)                                                \
+  do {                                                                          \
     if (!(cond)) ::tessera::fail(::tessera::ErrorKind::kInternal, __VA_ARGS__); \
   } while (0)
 

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
-#include <cstdio>
 #include <fmt/format.h>
+#include <cstdio>
 
 namespace tessera {
 
@@ -15,7 +15,10 @@ std::string clock_text(double s) {
 }  // namespace
 
 ProgressBar::ProgressBar(std::string label, size_t total)
-    : label_(std::move(label)), total_(total), start_(std::chrono::steady_clock::now()), last_draw_(start_),
+    : label_(std::move(label)),
+      total_(total),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_),
       tty_(isatty(STDERR_FILENO)) {}
 
 void ProgressBar::update(size_t done, const std::string& suffix) {

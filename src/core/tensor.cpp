@@ -50,8 +50,7 @@ Tensor Tensor::view(Shape shape) const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  TESSERA_CHECK(ndim() >= 1 && begin >= 0 && begin <= end && end <= dim(0), "rows [{}, {}) of {}", begin, end,
-                str());
+  TESSERA_CHECK(ndim() >= 1 && begin >= 0 && begin <= end && end <= dim(0), "rows [{}, {}) of {}", begin, end, str());
   Shape s = shape_;
   s[0] = end - begin;
   size_t row_bytes = dim(0) ? nbytes() / static_cast<size_t>(dim(0)) : 0;

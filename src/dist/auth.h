@@ -26,7 +26,7 @@ Digest server_proof(const std::string& token, std::span<const uint8_t, 32> serve
                     std::span<const uint8_t, 32> client_nonce);
 
 // Both throw Error(kNetwork) naming the peer when authentication fails or times out.
-void authenticate_client(const Socket& s, const std::string& token, Deadline deadline);  // server side
+void authenticate_client(const Socket& s, const std::string& token, Deadline deadline);     // server side
 void authenticate_to_server(const Socket& s, const std::string& token, Deadline deadline);  // client side
 
 }  // namespace tessera::dist

@@ -49,9 +49,10 @@ AllGatherBytes store_all_gather(std::shared_ptr<KeyValueStore> store, const Grou
         all[static_cast<size_t>(r)] = mine;
         continue;
       }
-      all[static_cast<size_t>(r)] = store->wait_get(
-          fmt::format("{}/{}", round, r), timeout,
-          fmt::format("{} (group {}) to publish {}", namer(group.world_ranks[static_cast<size_t>(r)]), group.name, round));
+      all[static_cast<size_t>(r)] =
+          store->wait_get(fmt::format("{}/{}", round, r), timeout,
+                          fmt::format("{} (group {}) to publish {}", namer(group.world_ranks[static_cast<size_t>(r)]),
+                                      group.name, round));
     }
     return all;
   };
@@ -103,14 +104,15 @@ std::unique_ptr<Communicator> with_custom_all_reduce(std::unique_ptr<Communicato
       std::lock_guard lock(mu);
       generation = created[g.name]++;
     }
-    all_gather = store_all_gather(config.store, g, fmt::format("car/{}/{}", g.name, generation), config.timeout,
-                                  config.namer);
+    all_gather =
+        store_all_gather(config.store, g, fmt::format("car/{}/{}", g.name, generation), config.timeout, config.namer);
   }
   cuda::CustomAllReduceOptions options;
   options.policy.max_bytes = config.max_bytes;
   options.policy.one_shot_max_bytes = config.one_shot_max_bytes;
   options.timeout = config.timeout;
-  auto car = cuda::CustomAllReduce::create(g.rank, g.size(), config.device_index, all_gather, config.max_bytes, options);
+  auto car =
+      cuda::CustomAllReduce::create(g.rank, g.size(), config.device_index, all_gather, config.max_bytes, options);
   if (!car) return inner;
   return std::make_unique<CustomAllReduceCommunicator>(
       std::move(inner), std::make_unique<CudaInPlaceAllReduce>(std::move(car), config.stream));

@@ -89,14 +89,14 @@ AllGatherBytes store_all_gather(std::shared_ptr<KeyValueStore> store, const Grou
                                 std::chrono::milliseconds timeout, RankNamer namer = {});
 
 struct CustomAllReduceConfig {
-  bool disable = false;                       // --disable-custom-all-reduce
-  std::shared_ptr<KeyValueStore> store;       // for the IPC handle exchange (the NCCL factory's store)
-  AllGatherBytes all_gather;                  // instead of the store, e.g. over a Gloo group of the same ranks
-  int device_index = 0;                       // this rank's GPU (NcclOptions::device_index)
-  void* stream = nullptr;                     // cudaStream_t: the inner communicator's (NcclOptions::stream)
+  bool disable = false;                  // --disable-custom-all-reduce
+  std::shared_ptr<KeyValueStore> store;  // for the IPC handle exchange (the NCCL factory's store)
+  AllGatherBytes all_gather;             // instead of the store, e.g. over a Gloo group of the same ranks
+  int device_index = 0;                  // this rank's GPU (NcclOptions::device_index)
+  void* stream = nullptr;                // cudaStream_t: the inner communicator's (NcclOptions::stream)
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};  // handle exchange, and a barrier's wait in the kernel
-  size_t max_bytes = size_t{8} << 20;         // larger all-reduces go to the inner communicator
-  size_t one_shot_max_bytes = 0;              // 0: by world size (see CarPolicy)
+  size_t max_bytes = size_t{8} << 20;                           // larger all-reduces go to the inner communicator
+  size_t one_shot_max_bytes = 0;                                // 0: by world size (see CarPolicy)
   RankNamer namer;
 };
 

@@ -38,7 +38,7 @@ std::string hash_file(const fs::path& path) {
 ShardFingerprint fingerprint_shard(const fs::path& path) {
   ShardFingerprint s;
   s.name = path.filename().string();
-  struct stat st{};
+  struct stat st {};
   if (stat(path.c_str(), &st) != 0) fail(ErrorKind::kNotFound, "cannot stat {}", path.string());
   s.size = static_cast<uint64_t>(st.st_size);
   std::ifstream in(path, std::ios::binary);

@@ -19,12 +19,12 @@ struct ShardFingerprint {
 };
 
 struct NodeFingerprint {
-  std::string version;        // tessera version + git commit
-  std::string config_sha256;  // hex SHA-256 of config.json ("" when there is none)
+  std::string version;                   // tessera version + git commit
+  std::string config_sha256;             // hex SHA-256 of config.json ("" when there is none)
   std::vector<ShardFingerprint> shards;  // sorted by name
-  std::string dtype;          // config.json's torch_dtype / dtype, or the --dtype flag
-  std::vector<std::string> gpus;  // e.g. "NVIDIA H200 (139 GiB)"; empty on a CPU node
-  int32_t num_ranks = 1;      // rank processes this node runs
+  std::string dtype;                     // config.json's torch_dtype / dtype, or the --dtype flag
+  std::vector<std::string> gpus;         // e.g. "NVIDIA H200 (139 GiB)"; empty on a CPU node
+  int32_t num_ranks = 1;                 // rank processes this node runs
   std::string hostname;
   std::string nic;
   std::string ip;

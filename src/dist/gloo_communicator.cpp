@@ -193,11 +193,14 @@ class GlooCommunicator : public Communicator {
   void check_host(const Tensor& t, const char* op) const {
     if (!t.defined()) fail(ErrorKind::kInvalidArgument, "{}: undefined tensor", op);
     if (t.device().type != DeviceType::kCPU)
-      fail(ErrorKind::kInvalidArgument, "{}: the Gloo communicator takes host tensors, got one on {}; use NCCL for "
-           "CUDA tensors", op, t.device().str());
+      fail(ErrorKind::kInvalidArgument,
+           "{}: the Gloo communicator takes host tensors, got one on {}; use NCCL for "
+           "CUDA tensors",
+           op, t.device().str());
   }
   void check_rank(int r, const char* what) const {
-    if (r < 0 || r >= size()) fail(ErrorKind::kInvalidArgument, "{} {} outside group {} of {}", what, r, group_.name, size());
+    if (r < 0 || r >= size())
+      fail(ErrorKind::kInvalidArgument, "{} {} outside group {} of {}", what, r, group_.name, size());
   }
   void check_gathered(const Tensor& input, const Tensor& output, const char* op) const {
     if (output.nbytes() != input.nbytes() * static_cast<size_t>(size()))
@@ -213,8 +216,9 @@ class GlooCommunicator : public Communicator {
   // whose processes the head saw go.
   template <typename F>
   void run(const char* op, const std::vector<int>& peers, F&& call) {
-    if (broken_) fail(ErrorKind::kNetwork, "{} on group {}: communicator unusable after an earlier failure: {}", op,
-                      group_.name, *broken_);
+    if (broken_)
+      fail(ErrorKind::kNetwork, "{} on group {}: communicator unusable after an earlier failure: {}", op, group_.name,
+           *broken_);
     Clock::time_point start = Clock::now();
     try {
       call();
@@ -239,8 +243,10 @@ class GlooCommunicator : public Communicator {
     if (culprit.empty()) {
       std::string names;
       for (int p : peers) names += (names.empty() ? "" : ", ") + name_of(p);
-      culprit = fmt::format("; peer{} {} still connected to the head, so a peer is stuck or the link between "
-                            "ranks is cut", peers.size() == 1 ? "" : "s", names);
+      culprit = fmt::format(
+          "; peer{} {} still connected to the head, so a peer is stuck or the link between "
+          "ranks is cut",
+          peers.size() == 1 ? "" : "s", names);
     }
     return fmt::format("{} on group {} (rank {} of {}) failed after {} ms (timeout {} ms): {}{}", op, group_.name,
                        rank(), size(), ms, options_.timeout.count(), what, culprit);

@@ -13,10 +13,10 @@
 namespace tessera::dist {
 
 struct GlooOptions {
-  std::shared_ptr<KeyValueStore> store;  // usually a ControlStoreClient
-  std::string ip = "127.0.0.1";          // this rank's NIC address (NicChoice::ip)
+  std::shared_ptr<KeyValueStore> store;                         // usually a ControlStoreClient
+  std::string ip = "127.0.0.1";                                 // this rank's NIC address (NicChoice::ip)
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};  // per operation and for the bootstrap
-  RankNamer namer;                       // optional: "rank 5 (node 1, 10.0.0.2)"
+  RankNamer namer;                                              // optional: "rank 5 (node 1, 10.0.0.2)"
 };
 
 class GlooCommunicatorFactory : public CommunicatorFactory {

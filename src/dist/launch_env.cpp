@@ -37,11 +37,16 @@ void reconcile(std::optional<int> flag, const char* flag_name, int env_value, co
 
 const char* launch_source_name(LaunchSource s) {
   switch (s) {
-    case LaunchSource::kFlags: return "flags";
-    case LaunchSource::kMpi: return "mpirun";
-    case LaunchSource::kSlurm: return "slurm";
-    case LaunchSource::kLeaderWorkerSet: return "leaderworkerset";
-    case LaunchSource::kSingleNode: return "single node";
+    case LaunchSource::kFlags:
+      return "flags";
+    case LaunchSource::kMpi:
+      return "mpirun";
+    case LaunchSource::kSlurm:
+      return "slurm";
+    case LaunchSource::kLeaderWorkerSet:
+      return "leaderworkerset";
+    case LaunchSource::kSingleNode:
+      return "single node";
   }
   return "?";
 }
@@ -89,7 +94,8 @@ LaunchFacts resolve_launch(const LaunchFlags& flags, const EnvLookup& env) {
     f.local_rank = get_int(env, "SLURM_LOCALID").value_or(0);
     std::optional<int> node_id = get_int(env, "SLURM_NODEID");
     std::optional<int> nnodes = get_int(env, "SLURM_NNODES");
-    if (!node_id || !nnodes) fail(ErrorKind::kInvalidArgument, "SLURM_PROCID is set but SLURM_NODEID/SLURM_NNODES are not");
+    if (!node_id || !nnodes)
+      fail(ErrorKind::kInvalidArgument, "SLURM_PROCID is set but SLURM_NODEID/SLURM_NNODES are not");
     f.local_world_size = *nnodes > 0 ? *ntasks / *nnodes : 1;
     reconcile(flags.nnodes, "--nnodes", *nnodes, "SLURM_NNODES", &f.nnodes);
     reconcile(flags.node_rank, "--node-rank", *node_id, "SLURM_NODEID", &f.node_rank);

@@ -274,22 +274,50 @@ void decode_any(MessageType type, std::span<const uint8_t> payload) {
       r.expect_end();
       return;
     }
-    case MessageType::kJoin: decode_join(payload); return;
-    case MessageType::kWelcome: decode_cluster_table(payload); return;
-    case MessageType::kReject: decode_text(payload); return;
-    case MessageType::kHeartbeat: decode_u64(payload); return;
-    case MessageType::kStatusQuery: WireReader(payload, "status query").expect_end(); return;
-    case MessageType::kStatusReply: decode_cluster_status(payload); return;
-    case MessageType::kStepPlan: decode_step_plan(payload); return;
-    case MessageType::kRankFailed: decode_rank_failure(payload); return;
-    case MessageType::kStoreSet: decode_store_entry(payload); return;
-    case MessageType::kStoreGet: decode_text(payload, kMaxStoreKey); return;
-    case MessageType::kStoreValue: decode_store_value(payload, &scratch); return;
-    case MessageType::kStoreOk: WireReader(payload, "store ok").expect_end(); return;
-    case MessageType::kLeave: WireReader(payload, "leave").expect_end(); return;
+    case MessageType::kJoin:
+      decode_join(payload);
+      return;
+    case MessageType::kWelcome:
+      decode_cluster_table(payload);
+      return;
+    case MessageType::kReject:
+      decode_text(payload);
+      return;
+    case MessageType::kHeartbeat:
+      decode_u64(payload);
+      return;
+    case MessageType::kStatusQuery:
+      WireReader(payload, "status query").expect_end();
+      return;
+    case MessageType::kStatusReply:
+      decode_cluster_status(payload);
+      return;
+    case MessageType::kStepPlan:
+      decode_step_plan(payload);
+      return;
+    case MessageType::kRankFailed:
+      decode_rank_failure(payload);
+      return;
+    case MessageType::kStoreSet:
+      decode_store_entry(payload);
+      return;
+    case MessageType::kStoreGet:
+      decode_text(payload, kMaxStoreKey);
+      return;
+    case MessageType::kStoreValue:
+      decode_store_value(payload, &scratch);
+      return;
+    case MessageType::kStoreOk:
+      WireReader(payload, "store ok").expect_end();
+      return;
+    case MessageType::kLeave:
+      WireReader(payload, "leave").expect_end();
+      return;
     case MessageType::kRankHello:
     case MessageType::kLivenessQuery:
-    case MessageType::kLivenessReply: decode_ranks(payload); return;
+    case MessageType::kLivenessReply:
+      decode_ranks(payload);
+      return;
   }
   fail(ErrorKind::kCorrupt, "unknown message type {}", static_cast<int>(type));
 }

@@ -77,8 +77,8 @@ std::vector<uint8_t> encode(const ClusterStatus& m);
 std::vector<uint8_t> encode(const StepPlanMessage& m);
 std::vector<uint8_t> encode(const RankFailure& m);
 std::vector<uint8_t> encode(const StoreEntry& m);
-std::vector<uint8_t> encode_text(const std::string& s);             // reject reasons, store keys
-std::vector<uint8_t> encode_u64(uint64_t v);                        // heartbeats
+std::vector<uint8_t> encode_text(const std::string& s);                // reject reasons, store keys
+std::vector<uint8_t> encode_u64(uint64_t v);                           // heartbeats
 std::vector<uint8_t> encode_ranks(const std::vector<int32_t>& ranks);  // liveness query/reply, rank hello
 std::vector<uint8_t> encode_store_value(bool found, std::span<const uint8_t> value);
 

@@ -35,13 +35,20 @@ void check_cuda(cudaError_t e, const char* what) {
 
 std::optional<ncclDataType_t> nccl_type(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU8: return ncclUint8;
-    default: return std::nullopt;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -62,10 +69,10 @@ struct CommState {
   bool closed = false;              // the communicator is being destroyed
   GroupInfo group;
   NcclOptions options;
-  std::deque<Pending> pending;      // oldest first
-  std::vector<cudaEvent_t> spare;   // recorded-and-completed events to reuse
+  std::deque<Pending> pending;     // oldest first
+  std::vector<cudaEvent_t> spare;  // recorded-and-completed events to reuse
   uint64_t next_seq = 1, done_seq = 0;
-  Clock::time_point last_done{};    // when the watchdog saw the latest call complete
+  Clock::time_point last_done{};  // when the watchdog saw the latest call complete
   std::optional<std::string> broken;
 };
 
@@ -186,8 +193,10 @@ class Watchdog {
       milliseconds exit_after{0};
       {
         std::unique_lock<std::mutex> lk(mu_);
-        if (busy || failure_) cv_.wait_for(lk, kWatchInterval, [&] { return stop_; });
-        else cv_.wait(lk, [&] { return stop_ || work_; });
+        if (busy || failure_)
+          cv_.wait_for(lk, kWatchInterval, [&] { return stop_; });
+        else
+          cv_.wait(lk, [&] { return stop_ || work_; });
         if (stop_) return;
         work_ = false;
         comms = comms_;
@@ -231,8 +240,10 @@ class Watchdog {
           // A call starts once the work queued before it is done: counted from the latest
           // completion seen on its stream (any communicator's call), at least its enqueue.
           started = std::max({p.enqueued, s->last_done, stream_progress_[s->options.stream]});
-          if (q != cudaErrorNotReady) what = fmt::format("CUDA reports {}", cudaGetErrorString(q));
-          else if (now - started >= s->options.timeout) what = "timed out";
+          if (q != cudaErrorNotReady)
+            what = fmt::format("CUDA reports {}", cudaGetErrorString(q));
+          else if (now - started >= s->options.timeout)
+            what = "timed out";
           break;
         }
         if (advanced) s->done_cv.notify_all();
@@ -273,7 +284,7 @@ class Watchdog {
   std::optional<Clock::time_point> failed_at_;
   milliseconds exit_after_{0};
   std::map<void*, Clock::time_point> stream_progress_;  // the watchdog thread's own
-  std::thread thread_;  // last: started once the members above exist
+  std::thread thread_;                                  // last: started once the members above exist
 };
 
 class NcclCommunicator : public Communicator {
@@ -328,8 +339,10 @@ class NcclCommunicator : public Communicator {
         if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclInProgress) break;
         std::this_thread::sleep_for(milliseconds(1));
       }
-      if (state == ncclSuccess) ncclCommDestroy(comm);
-      else ncclCommAbort(comm);
+      if (state == ncclSuccess)
+        ncclCommDestroy(comm);
+      else
+        ncclCommAbort(comm);
     }
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     cudaFree(barrier_buffer_);
@@ -352,7 +365,8 @@ class NcclCommunicator : public Communicator {
   void all_reduce(const Tensor& t, ReduceOp) override {
     check_device(t, "all_reduce");
     ncclDataType_t type = float_type(t, "all_reduce");
-    run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.raw(), t.raw(), t.numel(), type, ncclSum, c, stream_); });
+    run("all_reduce",
+        [&](ncclComm_t c) { return ncclAllReduce(t.raw(), t.raw(), t.numel(), type, ncclSum, c, stream_); });
   }
 
   void all_gather(const Tensor& input, const Tensor& output) override {
@@ -427,8 +441,9 @@ class NcclCommunicator : public Communicator {
     bool done = st_->done_cv.wait_for(lk, st_->options.timeout + kDrainGrace,
                                       [&] { return st_->done_seq >= seq || st_->broken.has_value(); });
     if (st_->broken) fail(ErrorKind::kNetwork, "{}", *st_->broken);
-    if (!done) fail(ErrorKind::kNetwork, "NCCL barrier on group {}: not complete after {} ms and no failure seen",
-                    st_->group.name, (st_->options.timeout + kDrainGrace).count());
+    if (!done)
+      fail(ErrorKind::kNetwork, "NCCL barrier on group {}: not complete after {} ms and no failure seen",
+           st_->group.name, (st_->options.timeout + kDrainGrace).count());
   }
 
  private:
@@ -472,9 +487,12 @@ class NcclCommunicator : public Communicator {
       ncclResult_t q = ncclCommGetAsyncError(comm, &state);
       if (q != ncclSuccess) state = q;
       if (state == ncclSuccess) break;
-      if (state != ncclInProgress) what = ncclGetErrorString(state);
-      else if (Clock::now() >= deadline) what = "timed out enqueueing";
-      else std::this_thread::yield();
+      if (state != ncclInProgress)
+        what = ncclGetErrorString(state);
+      else if (Clock::now() >= deadline)
+        what = "timed out enqueueing";
+      else
+        std::this_thread::yield();
     }
     if (what.empty() && ordered_) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -562,10 +580,11 @@ std::unique_ptr<Communicator> NcclCommunicatorFactory::create(const GroupInfo& g
     if (r != ncclSuccess) fail(ErrorKind::kNetwork, "ncclGetUniqueId failed: {}", ncclGetErrorString(r));
     options_.store->set(key, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&id), sizeof id));
   } else {
-    std::vector<uint8_t> bytes =
-        options_.store->wait_get(key, options_.timeout, fmt::format("{} to publish the NCCL id of group {}",
-                                                                    options_.namer(group.world_ranks[0]), group.name));
-    if (bytes.size() != sizeof id) fail(ErrorKind::kCorrupt, "NCCL id of group {} has {} bytes", group.name, bytes.size());
+    std::vector<uint8_t> bytes = options_.store->wait_get(
+        key, options_.timeout,
+        fmt::format("{} to publish the NCCL id of group {}", options_.namer(group.world_ranks[0]), group.name));
+    if (bytes.size() != sizeof id)
+      fail(ErrorKind::kCorrupt, "NCCL id of group {} has {} bytes", group.name, bytes.size());
     std::memcpy(&id, bytes.data(), sizeof id);
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -175,13 +175,15 @@ NicChoice choose_nic(const NicRequest& request, const std::vector<NetworkInterfa
     return {owner->name, owner->ip, "owns --node-ip-address"};
   }
 
-  if (request.master_addr.empty()) fail(ErrorKind::kInvalidArgument, "no master address to route to; pass --master-addr");
+  if (request.master_addr.empty())
+    fail(ErrorKind::kInvalidArgument, "no master address to route to; pass --master-addr");
   if (!source)
     fail(ErrorKind::kNetwork, "no interface routes to {}; check --master-addr or pass --nic (interfaces here: {})",
          request.master_addr, describe_interfaces(interfaces));
   const NetworkInterface* owner = find_by_ip(interfaces, *source);
   if (!owner)
-    fail(ErrorKind::kNetwork, "the route to {} leaves from {}, which no interface here owns; pass --nic (interfaces: {})",
+    fail(ErrorKind::kNetwork,
+         "the route to {} leaves from {}, which no interface here owns; pass --nic (interfaces: {})",
          request.master_addr, *source, describe_interfaces(interfaces));
   bool master_is_this_host = master_is_local_loopback || find_by_ip(interfaces, request.master_addr) != nullptr;
   if (!master_is_this_host && (owner->is_loopback || is_virtual_interface_name(owner->name)))
@@ -192,9 +194,7 @@ NicChoice choose_nic(const NicRequest& request, const std::vector<NetworkInterfa
   return {owner->name, owner->ip, fmt::format("routes to the master {}", request.master_addr)};
 }
 
-NicChoice choose_nic(const NicRequest& request) {
-  return choose_nic(request, list_interfaces(), route_source_address);
-}
+NicChoice choose_nic(const NicRequest& request) { return choose_nic(request, list_interfaces(), route_source_address); }
 
 std::vector<std::pair<std::string, std::string>> nic_env_for_ranks(
     const NicChoice& choice, const std::function<const char*(const char*)>& getenv_fn) {

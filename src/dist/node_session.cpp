@@ -11,9 +11,8 @@ NodeSession::NodeSession(const NodeSessionOptions& o) : node_rank_(o.launch.node
   bool single = o.launch.nnodes == 1;
   // One node: the control channel (bootstrap store) stays on loopback, whatever the NICs.
   std::string master = single && o.launch.master_addr.empty() ? "127.0.0.1" : o.launch.master_addr;
-  nic_ = single && o.nic.empty() && o.node_ip_address.empty()
-             ? NicChoice{"lo", "127.0.0.1", "single node"}
-             : choose_nic({master, o.nic, o.node_ip_address});
+  nic_ = single && o.nic.empty() && o.node_ip_address.empty() ? NicChoice{"lo", "127.0.0.1", "single node"}
+                                                              : choose_nic({master, o.nic, o.node_ip_address});
   apply_nic_env(nic_);
 
   fingerprint_ = o.model_dir.empty() ? NodeFingerprint{} : compute_fingerprint(o.model_dir);

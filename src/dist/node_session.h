@@ -19,14 +19,14 @@
 namespace tessera::dist {
 
 struct NodeSessionOptions {
-  LaunchFacts launch;                 // from resolve_launch
-  std::string nic;                    // --nic (NCCL_SOCKET_IFNAME syntax); empty = automatic
-  std::string node_ip_address;        // --node-ip-address
-  std::string token;                  // --cluster-token / TESSERA_CLUSTER_TOKEN
-  std::string model_dir;              // fingerprinted; empty = version-only fingerprint
-  std::string dtype;                  // --dtype when given (overrides config.json's)
-  int local_ranks = 1;                // rank processes this node will run
-  std::vector<std::string> gpus;      // this node's GPU names (empty on CPU)
+  LaunchFacts launch;             // from resolve_launch
+  std::string nic;                // --nic (NCCL_SOCKET_IFNAME syntax); empty = automatic
+  std::string node_ip_address;    // --node-ip-address
+  std::string token;              // --cluster-token / TESSERA_CLUSTER_TOKEN
+  std::string model_dir;          // fingerprinted; empty = version-only fingerprint
+  std::string dtype;              // --dtype when given (overrides config.json's)
+  int local_ranks = 1;            // rank processes this node will run
+  std::vector<std::string> gpus;  // this node's GPU names (empty on CPU)
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};

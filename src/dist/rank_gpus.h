@@ -37,8 +37,8 @@ inline std::optional<std::vector<std::string>> parse_cuda_visible_devices(const 
 }
 
 struct RankGpus {
-  std::vector<int> device_index;  // per local rank: the index to cudaSetDevice
-  std::vector<std::string> names; // per local rank: its CUDA_VISIBLE_DEVICES entry, else the index
+  std::vector<int> device_index;   // per local rank: the index to cudaSetDevice
+  std::vector<std::string> names;  // per local rank: its CUDA_VISIBLE_DEVICES entry, else the index
   // "0,1" (for the launch log line)
   std::string list() const {
     std::string s;
@@ -73,7 +73,7 @@ inline RankGpus assign_rank_gpus(int local_ranks, int visible_gpus, const char* 
   for (int r = 0; r < local_ranks; ++r) {
     g.device_index.push_back(r);
     g.names.push_back(listed && static_cast<size_t>(r) < listed->size() ? (*listed)[static_cast<size_t>(r)]
-                                                                          : std::to_string(r));
+                                                                        : std::to_string(r));
   }
   return g;
 }

@@ -21,8 +21,9 @@ RendezvousClient::RendezvousClient(RendezvousClientOptions options) : options_(s
          "--nnodes/--node-rank/--master-addr, or run `tessera cluster status` against the head",
          options_.node_rank, options_.join_timeout.count() / 1000.0, e.what());
   }
-  if (!f) fail(ErrorKind::kNetwork, "the head at {}:{} closed the connection during the join", options_.head.host,
-               options_.head.port);
+  if (!f)
+    fail(ErrorKind::kNetwork, "the head at {}:{} closed the connection during the join", options_.head.host,
+         options_.head.port);
   if (f->type == MessageType::kReject)
     fail(ErrorKind::kInvalidArgument, "the head refused this node: {}", decode_text(f->payload));
   if (f->type != MessageType::kWelcome)

@@ -278,7 +278,8 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
     std::string who = j.fingerprint.ip.empty() ? fmt::format("node {}", j.node_rank)
                                                : fmt::format("node {} ({})", j.node_rank, j.fingerprint.ip);
     if (j.nnodes != options_.nnodes) {
-      refusal = fmt::format("{}: started with --nnodes {} but the head has --nnodes {}", who, j.nnodes, options_.nnodes);
+      refusal =
+          fmt::format("{}: started with --nnodes {} but the head has --nnodes {}", who, j.nnodes, options_.nnodes);
     } else if (j.node_rank == 0) {
       refusal = fmt::format("{} from {}: node rank 0 is the head; give this node --node-rank 1..{}", who, c->peer,
                             options_.nnodes - 1);

@@ -30,7 +30,7 @@ struct RendezvousServerOptions {
   bool allow_wildcard = false;        // listening on 0.0.0.0 / :: must be asked for
   std::string token;                  // required unless bind_ip is loopback
   int nnodes = 1;
-  NodeFingerprint head_fingerprint;   // node 0's, the reference every node must match
+  NodeFingerprint head_fingerprint;  // node 0's, the reference every node must match
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};

@@ -108,7 +108,8 @@ Socket listen_tcp(const std::string& ip, uint16_t port, int backlog) {
   if (bind(s.fd(), reinterpret_cast<sockaddr*>(&ss), len) != 0)
     fail(ErrorKind::kNetwork, "cannot listen on {}:{}: {}{}", ip, port, std::strerror(errno),
          errno == EADDRINUSE ? " (another process holds the port; pick another --master-port)" : "");
-  if (listen(s.fd(), backlog) != 0) fail(ErrorKind::kNetwork, "listen on {}:{} failed: {}", ip, port, std::strerror(errno));
+  if (listen(s.fd(), backlog) != 0)
+    fail(ErrorKind::kNetwork, "listen on {}:{} failed: {}", ip, port, std::strerror(errno));
   fcntl(s.fd(), F_SETFL, fcntl(s.fd(), F_GETFL) | O_NONBLOCK);
   return s;
 }
@@ -224,8 +225,7 @@ bool read_exact(const Socket& s, void* data, size_t n, Deadline deadline) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_for(s.fd(), POLLIN, deadline))
-        fail(ErrorKind::kNetwork, "timed out waiting for {}", peer_address(s));
+      if (!wait_for(s.fd(), POLLIN, deadline)) fail(ErrorKind::kNetwork, "timed out waiting for {}", peer_address(s));
       continue;
     }
     if (errno == ECONNRESET && got == 0) return false;

@@ -20,32 +20,51 @@ void store_u32(uint8_t* p, uint32_t v) {
 
 const char* message_type_name(MessageType t) {
   switch (t) {
-    case MessageType::kChallenge: return "challenge";
-    case MessageType::kAuthResponse: return "auth-response";
-    case MessageType::kAuthOk: return "auth-ok";
-    case MessageType::kJoin: return "join";
-    case MessageType::kWelcome: return "welcome";
-    case MessageType::kReject: return "reject";
-    case MessageType::kHeartbeat: return "heartbeat";
-    case MessageType::kStatusQuery: return "status-query";
-    case MessageType::kStatusReply: return "status-reply";
-    case MessageType::kStepPlan: return "step-plan";
-    case MessageType::kRankFailed: return "rank-failed";
-    case MessageType::kStoreSet: return "store-set";
-    case MessageType::kStoreGet: return "store-get";
-    case MessageType::kStoreValue: return "store-value";
-    case MessageType::kStoreOk: return "store-ok";
-    case MessageType::kRankHello: return "rank-hello";
-    case MessageType::kLivenessQuery: return "liveness-query";
-    case MessageType::kLivenessReply: return "liveness-reply";
-    case MessageType::kLeave: return "leave";
+    case MessageType::kChallenge:
+      return "challenge";
+    case MessageType::kAuthResponse:
+      return "auth-response";
+    case MessageType::kAuthOk:
+      return "auth-ok";
+    case MessageType::kJoin:
+      return "join";
+    case MessageType::kWelcome:
+      return "welcome";
+    case MessageType::kReject:
+      return "reject";
+    case MessageType::kHeartbeat:
+      return "heartbeat";
+    case MessageType::kStatusQuery:
+      return "status-query";
+    case MessageType::kStatusReply:
+      return "status-reply";
+    case MessageType::kStepPlan:
+      return "step-plan";
+    case MessageType::kRankFailed:
+      return "rank-failed";
+    case MessageType::kStoreSet:
+      return "store-set";
+    case MessageType::kStoreGet:
+      return "store-get";
+    case MessageType::kStoreValue:
+      return "store-value";
+    case MessageType::kStoreOk:
+      return "store-ok";
+    case MessageType::kRankHello:
+      return "rank-hello";
+    case MessageType::kLivenessQuery:
+      return "liveness-query";
+    case MessageType::kLivenessReply:
+      return "liveness-reply";
+    case MessageType::kLeave:
+      return "leave";
   }
   return "unknown";
 }
 
 std::vector<uint8_t> encode_frame(MessageType type, std::span<const uint8_t> payload) {
-  TESSERA_CHECK(payload.size() <= kMaxFrame, "{} frame of {} bytes exceeds the {}-byte limit",
-                message_type_name(type), payload.size(), kMaxFrame);
+  TESSERA_CHECK(payload.size() <= kMaxFrame, "{} frame of {} bytes exceeds the {}-byte limit", message_type_name(type),
+                payload.size(), kMaxFrame);
   std::vector<uint8_t> out(kFrameHeaderBytes + payload.size());
   store_u32(out.data(), kWireMagic);
   out[4] = kWireVersion;
@@ -78,7 +97,8 @@ std::optional<Frame> decode_frame(std::span<const uint8_t> bytes, uint32_t max_p
   if (bytes.size() < kFrameHeaderBytes) return std::nullopt;
   FrameHeader h = decode_frame_header(bytes.first(kFrameHeaderBytes), max_payload);
   if (bytes.size() - kFrameHeaderBytes < h.length) return std::nullopt;
-  Frame f{h.type, std::vector<uint8_t>(bytes.begin() + kFrameHeaderBytes, bytes.begin() + kFrameHeaderBytes + h.length)};
+  Frame f{h.type,
+          std::vector<uint8_t>(bytes.begin() + kFrameHeaderBytes, bytes.begin() + kFrameHeaderBytes + h.length)};
   *consumed = kFrameHeaderBytes + h.length;
   return f;
 }

@@ -84,9 +84,9 @@ class WireWriter {
   void u64(uint64_t v);
   void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
   void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
-  void str(const std::string& s);                  // u32 length + bytes
-  void bytes(std::span<const uint8_t> b);          // u32 length + bytes
-  void raw(const void* data, size_t n);            // no length prefix
+  void str(const std::string& s);          // u32 length + bytes
+  void bytes(std::span<const uint8_t> b);  // u32 length + bytes
+  void raw(const void* data, size_t n);    // no length prefix
   const std::vector<uint8_t>& data() const { return out_; }
   std::vector<uint8_t> take() { return std::move(out_); }
 

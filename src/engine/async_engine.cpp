@@ -24,8 +24,12 @@ struct AsyncEngine::Tracked {
 };
 
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options)
-    : engine_(std::move(engine)), tok_(tok), options_(options), model_config_(engine_->model_config()),
-      max_model_len_(engine_->max_model_len()), vocab_size_(engine_->model_config().vocab_size) {
+    : engine_(std::move(engine)),
+      tok_(tok),
+      options_(options),
+      model_config_(engine_->model_config()),
+      max_model_len_(engine_->max_model_len()),
+      vocab_size_(engine_->model_config().vocab_size) {
   snapshot_.engine = engine_->stats();
   thread_ = std::thread([this] { loop(); });
 }

@@ -112,8 +112,8 @@ class AsyncEngine {
   AsyncEngineStats snapshot_;
 
   // Engine-thread state.
-  std::unordered_map<std::string, std::unique_ptr<Tracked>> tracked_;      // by request id
-  std::unordered_map<std::string, std::pair<Tracked*, int>> seq_owner_;    // engine sequence id -> (request, index)
+  std::unordered_map<std::string, std::unique_ptr<Tracked>> tracked_;    // by request id
+  std::unordered_map<std::string, std::pair<Tracked*, int>> seq_owner_;  // engine sequence id -> (request, index)
   std::thread thread_;
 };
 

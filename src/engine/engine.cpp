@@ -10,11 +10,16 @@ namespace tessera {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
   }
   return "";
 }
@@ -28,8 +33,10 @@ DType parse_kv_dtype(const std::string& s, DType compute) {
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
   if (s == "f16" || s == "float16" || s == "half") return DType::kF16;
   if (s == "f32" || s == "float32" || s == "float") return DType::kF32;
-  fail(ErrorKind::kInvalidArgument, "--kv-cache-dtype {} is not supported (auto, bfloat16, float16, fp8, fp8_e4m3, "
-       "fp8_e5m2, float32)", s);
+  fail(ErrorKind::kInvalidArgument,
+       "--kv-cache-dtype {} is not supported (auto, bfloat16, float16, fp8, fp8_e4m3, "
+       "fp8_e5m2, float32)",
+       s);
 }
 
 std::string with_commas(int64_t v) {
@@ -49,7 +56,10 @@ LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfi
     : LLMEngine(std::make_unique<LocalExecutor>(std::move(model), backend), std::move(config)) {}
 
 LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
-    : executor_(std::move(executor)), backend_(executor_->backend()), config_(std::move(config)), seed_rng_(config_.seed) {
+    : executor_(std::move(executor)),
+      backend_(executor_->backend()),
+      config_(std::move(config)),
+      seed_rng_(config_.seed) {
   const ModelConfig& mc = executor_->model_config();
   if (config_.scheduler.max_model_len <= 0) config_.scheduler.max_model_len = mc.max_position_embeddings;
   if (config_.scheduler.max_model_len > mc.max_position_embeddings)
@@ -89,14 +99,15 @@ void LLMEngine::plan_kv_cache() {
       budget = want > used ? static_cast<size_t>(want - used) : 0;
       // A CPU backend shares RAM with everything else: cap at 4 GiB as vLLM's CPU backend does.
       if (backend_.device().type == DeviceType::kCPU) budget = std::min<size_t>(budget, 4ull << 30);
-      TLOG_INFO("Memory: {:.2f} GiB total, {:.2f} GiB in use (weights and activations included), "
-                "gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
-                total / 1073741824.0, used / 1073741824.0, config_.gpu_memory_utilization, budget / 1073741824.0);
+      TLOG_INFO(
+          "Memory: {:.2f} GiB total, {:.2f} GiB in use (weights and activations included), "
+          "gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
+          total / 1073741824.0, used / 1073741824.0, config_.gpu_memory_utilization, budget / 1073741824.0);
     }
     num_blocks = static_cast<int>(std::min<size_t>(budget / std::max<size_t>(1, bytes_per_block), 1u << 30));
     // No mix of requests can hold more than max_num_seqs full-length sequences.
-    const int64_t useful = (static_cast<int64_t>(config_.scheduler.max_num_seqs) * config_.scheduler.max_model_len +
-                            bs - 1) / bs;
+    const int64_t useful =
+        (static_cast<int64_t>(config_.scheduler.max_num_seqs) * config_.scheduler.max_model_len + bs - 1) / bs;
     num_blocks = static_cast<int>(std::min<int64_t>(num_blocks, useful));
   }
   const int max_len = config_.scheduler.max_model_len;
@@ -189,7 +200,8 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
   ModelInput in;
   const int bs = config_.block_size;
   int max_blocks = 0;
-  for (const auto& s : sched.scheduled) max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids.size()));
+  for (const auto& s : sched.scheduled)
+    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids.size()));
   in.attention.block_size = bs;
   in.attention.max_blocks_per_seq = max_blocks;
   in.attention.query_start_loc.push_back(0);
@@ -252,8 +264,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     Request* r = sampled[i];
     SampleResult res;
     if (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i)) {
-      res = sampler_.sample(step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab), vocab, *r,
-                            eos_ids_);
+      res = sampler_.sample(step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab), vocab, *r, eos_ids_);
       ++next_host;
     } else {
       res.token = step_out_.tokens[i];
@@ -273,8 +284,8 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), res.token) != eos_ids_.end()) {
       reason = FinishReason::kStop;
       r->stop_token = res.token;
-    } else if (min_reached && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) !=
-                                  p.stop_token_ids.end()) {
+    } else if (min_reached &&
+               std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) != p.stop_token_ids.end()) {
       reason = FinishReason::kStop;
       r->stop_token = res.token;
     } else if (static_cast<int>(r->output.size()) >= p.max_tokens || r->num_tokens() >= max_model_len()) {

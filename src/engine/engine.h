@@ -21,9 +21,9 @@ namespace tessera {
 struct EngineConfig {
   SchedulerConfig scheduler;  // max_model_len 0 = the model's max_position_embeddings
   int block_size = 16;
-  int num_blocks_override = 0;      // --num-gpu-blocks-override
+  int num_blocks_override = 0;  // --num-gpu-blocks-override
   double gpu_memory_utilization = 0.9;
-  size_t kv_cache_memory_bytes = 0;  // explicit KV budget; 0 = plan from memory
+  size_t kv_cache_memory_bytes = 0;     // explicit KV budget; 0 = plan from memory
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 (e4m3) | fp8_e5m2 | f32
   bool enable_prefix_caching = true;
   uint64_t seed = 0;

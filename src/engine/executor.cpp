@@ -240,8 +240,10 @@ void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, 
   for (;;) {
     StepPlan plan = decode_step_plan(receive_plan_bytes(groups), limits);
     switch (plan.kind) {
-      case PlanKind::kShutdown: return;
-      case PlanKind::kKeepalive: break;
+      case PlanKind::kShutdown:
+        return;
+      case PlanKind::kKeepalive:
+        break;
       case PlanKind::kInitCache:
         runner.init_cache(plan.cache);
         limits.num_blocks = plan.cache.num_blocks;

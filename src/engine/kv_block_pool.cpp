@@ -14,7 +14,8 @@ uint64_t hash_block(uint64_t parent, const int32_t* tokens, int n) {
     x *= 0xc4ceb9fe1a85ec53ull;
     return x ^ (x >> 33);
   };
-  for (int i = 0; i < n; ++i) h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x100000000ull * i));
+  for (int i = 0; i < n; ++i)
+    h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x100000000ull * i));
   return mix(h + static_cast<uint64_t>(n));
 }
 

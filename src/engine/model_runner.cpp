@@ -19,8 +19,8 @@ ModelRunner::~ModelRunner() = default;
 void ModelRunner::init_cache(const CacheInit& init) {
   kv_ = allocate_kv_cache(backend_, model_.cache_specs(), init);
   max_model_len_ = init.max_model_len;
-  graphs_enabled_ = init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() &&
-                    model_.graph_safe();
+  graphs_enabled_ =
+      init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
   graphs_.clear();
   buckets_.clear();
   // Graphs with NCCL / custom all-reduce inside hang on the first replay on 2 x H200 (not yet
@@ -47,9 +47,10 @@ void ModelRunner::init_cache(const CacheInit& init) {
   g_slots_ = backend_.alloc({B}, DType::kI32);
   g_logits_idx_ = backend_.alloc({B}, DType::kI32);
   backend_.fill(g_block_tables_, 0.0f);
-  TLOG_INFO("CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
-            "--enforce-eager turns them off",
-            buckets_.back(), buckets_.size());
+  TLOG_INFO(
+      "CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
+      "--enforce-eager turns them off",
+      buckets_.back(), buckets_.size());
 }
 
 int ModelRunner::bucket_for(int batch) const {

@@ -31,9 +31,7 @@ struct Request {
   uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
-  int32_t token_at(int i) const {
-    return i < static_cast<int>(prompt.size()) ? prompt[i] : output[i - prompt.size()];
-  }
+  int32_t token_at(int i) const { return i < static_cast<int>(prompt.size()) ? prompt[i] : output[i - prompt.size()]; }
 };
 
 }  // namespace tessera

@@ -1,7 +1,7 @@
 #include "engine/sampling_params.h"
 
-#include <cmath>
 #include <fmt/format.h>
+#include <cmath>
 
 namespace tessera {
 
@@ -94,13 +94,15 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     p.stop.clear();
-    if (it->is_string()) p.stop.push_back(it->get<std::string>());
+    if (it->is_string())
+      p.stop.push_back(it->get<std::string>());
     else if (it->is_array()) {
       for (const auto& s : *it) {
         if (!s.is_string()) return bad("'stop' must be a string or a list of strings");
         p.stop.push_back(s.get<std::string>());
       }
-    } else return bad("'stop' must be a string or a list of strings");
+    } else
+      return bad("'stop' must be a string or a list of strings");
   }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return bad("'stop_token_ids' must be a list of integers");
@@ -121,7 +123,8 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
     } else if (it->is_number_integer()) {  // completions: logprobs int
       p.logprobs = it->get<int>();
       if (p.logprobs < 0) return bad("'logprobs' must be non-negative");
-    } else return bad("'logprobs' must be a boolean or an integer");
+    } else
+      return bad("'logprobs' must be a boolean or an integer");
   }
   if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'logit_bias' must be an object mapping token ids to biases");

@@ -97,7 +97,8 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.put<int32_t>(p.cache.max_graph_batch);
       break;
     case PlanKind::kShutdown:
-    case PlanKind::kKeepalive: break;
+    case PlanKind::kKeepalive:
+      break;
   }
   return std::move(w.out);
 }
@@ -193,7 +194,8 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       p.kind = static_cast<PlanKind>(kind);
       check(r.left() == 0, "trailing bytes");
       break;
-    default: fail(ErrorKind::kCorrupt, "step plan: unknown kind {}", kind);
+    default:
+      fail(ErrorKind::kCorrupt, "step plan: unknown kind {}", kind);
   }
   return p;
 }

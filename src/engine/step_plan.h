@@ -54,9 +54,9 @@ struct StepOutput {
 struct StepPlan {
   PlanKind kind = PlanKind::kStep;
   uint64_t step = 0;
-  ModelInput input;  // kStep
+  ModelInput input;       // kStep
   StepSampling sampling;  // kStep
-  CacheInit cache;   // kInitCache
+  CacheInit cache;        // kInitCache
 };
 
 // What the receiver knows, to bound-check indices. 0 = unchecked.

@@ -28,7 +28,8 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
       fail(ErrorKind::kCorrupt, "{}: has no weight_map object", index.string());
     std::set<std::string> shards;
     for (auto& [tensor, file] : j["weight_map"].items()) {
-      if (!file.is_string()) fail(ErrorKind::kCorrupt, "{}: weight_map['{}'] is not a file name", index.string(), tensor);
+      if (!file.is_string())
+        fail(ErrorKind::kCorrupt, "{}: weight_map['{}'] is not a file name", index.string(), tensor);
       std::string f = file.get<std::string>();
       // Shards live in the model directory: no paths, so an index cannot reach other files.
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")

@@ -27,7 +27,7 @@ class Checkpoint {
 
  private:
   std::string dir_;
-  std::string index_path_;                       // empty without model.safetensors.index.json
+  std::string index_path_;                        // empty without model.safetensors.index.json
   std::map<std::string, std::string> index_map_;  // tensor -> shard file name, from the index
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
 };

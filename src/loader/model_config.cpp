@@ -30,10 +30,14 @@ T get_or(const std::string& source, const nlohmann::json& j, const char* key, T 
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   bool ok;
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
-  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-  else ok = it->is_string();
+  if constexpr (std::is_same_v<T, bool>)
+    ok = it->is_boolean();
+  else if constexpr (std::is_integral_v<T>)
+    ok = it->is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>)
+    ok = it->is_number();
+  else
+    ok = it->is_string();
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     // Out-of-range integers would wrap.
     if (ok)
@@ -49,7 +53,8 @@ std::vector<int> int_or_list(const nlohmann::json& j, const char* key) {
   std::vector<int> out;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return out;
-  if (it->is_number_integer()) out.push_back(it->get<int>());
+  if (it->is_number_integer())
+    out.push_back(it->get<int>());
   else if (it->is_array())
     for (const auto& v : *it)
       if (v.is_number_integer()) out.push_back(v.get<int>());
@@ -60,8 +65,8 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
   RopeScaling s;
   std::string type = get_or<std::string>(source, r, "rope_type", get_or<std::string>(source, r, "type", "default"));
   if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn")
-    fail(ErrorKind::kUnsupported, "{}: rope type '{}' is not supported (supported: default, linear, dynamic, llama3, yarn)",
-         source, type);
+    fail(ErrorKind::kUnsupported,
+         "{}: rope type '{}' is not supported (supported: default, linear, dynamic, llama3, yarn)", source, type);
   s.type = type;
   s.factor = get_or<double>(source, r, "factor", 1.0);
   s.low_freq_factor = get_or<double>(source, r, "low_freq_factor", 1.0);
@@ -110,7 +115,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
          c.num_heads, c.num_kv_heads);
   c.max_position_embeddings = get_or<int>(source, t, "max_position_embeddings", 4096);
   c.rms_norm_eps = get_or<double>(source, t, "rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = get_or<bool>(source, t, "tie_word_embeddings", get_or<bool>(source, j, "tie_word_embeddings", false));
+  c.tie_word_embeddings =
+      get_or<bool>(source, t, "tie_word_embeddings", get_or<bool>(source, j, "tie_word_embeddings", false));
   c.attention_bias = get_or<bool>(source, t, "attention_bias", false);
   c.partial_rotary_factor = get_or<double>(source, t, "partial_rotary_factor", 1.0);
   // transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; older files
@@ -153,7 +159,8 @@ ModelConfig load_model_config(const std::string& model_dir) {
   fs::path gen = dir / "generation_config.json";
   if (fs::exists(gen)) {
     nlohmann::json g = read_json(gen);
-    if (g.contains("temperature") && g["temperature"].is_number()) c.generation.temperature = g["temperature"].get<double>();
+    if (g.contains("temperature") && g["temperature"].is_number())
+      c.generation.temperature = g["temperature"].get<double>();
     if (g.contains("top_p") && g["top_p"].is_number()) c.generation.top_p = g["top_p"].get<double>();
     if (g.contains("top_k") && g["top_k"].is_number_integer()) c.generation.top_k = g["top_k"].get<int>();
     if (g.contains("repetition_penalty") && g["repetition_penalty"].is_number())

@@ -17,10 +17,10 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int original_max_position_embeddings = 0;              // llama3, yarn, dynamic
-  double beta_fast = 32.0, beta_slow = 1.0;               // yarn
-  double mscale = 0.0, mscale_all_dim = 0.0;               // yarn (DeepSeek style)
-  std::optional<double> attention_factor;                  // yarn
-  bool truncate = true;                                    // yarn
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  double mscale = 0.0, mscale_all_dim = 0.0;             // yarn (DeepSeek style)
+  std::optional<double> attention_factor;                // yarn
+  bool truncate = true;                                  // yarn
 };
 
 struct GenerationDefaults {

@@ -82,8 +82,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "?";
     auto parsed = dtype_from_safetensors(dt);
     if (!parsed)
-      fail(ErrorKind::kUnsupported, "{}: tensor '{}': unsupported dtype {} (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, "
-           "I32, I64, U8)", path, name, dt);
+      fail(ErrorKind::kUnsupported,
+           "{}: tensor '{}': unsupported dtype {} (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, "
+           "I32, I64, U8)",
+           path, name, dt);
     t.dtype = *parsed;
     const auto& shape = v["shape"];
     const auto& offs = v["data_offsets"];
@@ -110,7 +112,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     uint64_t want = numel * dtype_size(t.dtype);
     if (begin > end || end > data_size)
       fail(ErrorKind::kCorrupt,
-           "{}: tensor '{}': data_offsets [{}, {}) lie outside the {} data bytes of the file (truncated or lying header)",
+           "{}: tensor '{}': data_offsets [{}, {}) lie outside the {} data bytes of the file (truncated or lying "
+           "header)",
            path, name, begin, end, data_size);
     if (end - begin != want)
       fail(ErrorKind::kCorrupt, "{}: tensor '{}': {} {} needs {} bytes but data_offsets span {}", path, name, dt,

@@ -88,8 +88,8 @@ DenseDecoderModel::DenseDecoderModel(ModelConfig config, DenseDecoderOptions opt
     L.attn.o_proj = &w.declare(p + "self_attn.o_proj.weight", {H, q_rows}, ParallelStyle::kRow);
     L.post_attention_norm =
         &w.declare(p + "post_attention_layernorm.weight", {H}, ParallelStyle::kReplicated, DummyInit::kOnes);
-    L.gate_up = &w.declare_stacked(p + "mlp.gate_up_proj", {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}},
-                                   H);
+    L.gate_up =
+        &w.declare_stacked(p + "mlp.gate_up_proj", {{p + "mlp.gate_proj.weight", I}, {p + "mlp.up_proj.weight", I}}, H);
     L.down = &w.declare(p + "mlp.down_proj.weight", {H, I}, ParallelStyle::kRow);
     layers_.push_back(L);
   }
@@ -97,7 +97,7 @@ DenseDecoderModel::DenseDecoderModel(ModelConfig config, DenseDecoderOptions opt
     final_norm_ = &w.declare("model.norm.weight", {H}, ParallelStyle::kReplicated, DummyInit::kOnes);
     // Tied embeddings on a last stage that does not embed: read the embedding table itself.
     lm_head_ = !c.tie_word_embeddings ? &w.declare("lm_head.weight", {c.vocab_size, H}, ParallelStyle::kVocab)
-               : first_stage ? &w.declare_tied("lm_head.weight", "model.embed_tokens.weight")
+               : first_stage          ? &w.declare_tied("lm_head.weight", "model.embed_tokens.weight")
                              : &w.declare("model.embed_tokens.weight", {c.vocab_size, H}, ParallelStyle::kVocab);
   }
   max_positions_ = mo.max_positions > 0 ? mo.max_positions : c.max_position_embeddings;
@@ -121,8 +121,8 @@ void DenseDecoderModel::attention(int layer, const Tensor& h, const Tensor& out,
     Tensor qkv = be.scratch({T, (local_heads_ + 2 * local_kv_heads_) * D}, dt);
     be.linear(h, *a.qkv, nullptr, qkv);
     Tensor q = be.scratch({T, local_heads_, D}, dt);
-    be.qkv_prologue(qkv, a.q_norm, a.k_norm, eps, positions, rope_, cache.k[layer], cache.v[layer], meta,
-                    cache.k_scale, cache.v_scale, q);
+    be.qkv_prologue(qkv, a.q_norm, a.k_norm, eps, positions, rope_, cache.k[layer], cache.v[layer], meta, cache.k_scale,
+                    cache.v_scale, q);
     Tensor attn = be.scratch({T, local_heads_, D}, dt);
     be.paged_attention(q, cache.k[layer], cache.v[layer], meta, scale, cache.k_scale, cache.v_scale, attn);
     be.linear(attn.view({T, local_heads_ * D}), *a.o_proj, nullptr, out);
@@ -193,8 +193,8 @@ Tensor DenseDecoderModel::lm_head(const Tensor& rows) {
     for (int64_t i = 0; i < n; ++i) {
       Tensor dst(logits.storage(), logits.offset_bytes() + static_cast<size_t>(i * V + r * Vs) * 4, Shape{Vs},
                  DType::kF32);
-      Tensor src(gathered.storage(), gathered.offset_bytes() + static_cast<size_t>((r * n + i) * Vs) * 4,
-                 Shape{Vs}, DType::kF32);
+      Tensor src(gathered.storage(), gathered.offset_bytes() + static_cast<size_t>((r * n + i) * Vs) * 4, Shape{Vs},
+                 DType::kF32);
       be.copy(dst, src);
     }
   return logits;
@@ -214,8 +214,7 @@ void DenseDecoderModel::mlp(int layer, const Tensor& h, const Tensor& out) {
 
 Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
   for (int32_t id : in.token_ids)
-    if (id < 0 || id >= config_.vocab_size)
-      fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
+    if (id < 0 || id >= config_.vocab_size) fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
   return run(upload_step_inputs(backend_, in, max_positions_), cache);
 }
 
@@ -241,14 +240,18 @@ Tensor DenseDecoderModel::run(const StepInputs& in, KvCache& cache) {
   Tensor h = act.rows(T, 2 * T);
   Tensor o = be.scratch({T, H}, dt);
   const bool first_stage = pc_.pp_rank == 0, last_stage = pc_.pp_rank == pc_.pp_size - 1;
-  if (first_stage) embed(in.token_ids, residual);
-  else rt_.pp->recv(act, pc_.pp_rank - 1);
+  if (first_stage)
+    embed(in.token_ids, residual);
+  else
+    rt_.pp->recv(act, pc_.pp_rank - 1);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
     const size_t mark = be.scratch_mark();  // the layer's temporaries are reused by the next layer
-    if (layer_range_.begin + static_cast<int>(i) == 0) be.rms_norm(residual, *L.input_norm, eps, h);
-    else be.add_rms_norm(h, residual, *L.input_norm, eps);
+    if (layer_range_.begin + static_cast<int>(i) == 0)
+      be.rms_norm(residual, *L.input_norm, eps, h);
+    else
+      be.add_rms_norm(h, residual, *L.input_norm, eps);
     attention(static_cast<int>(i), h, o, positions, meta, cache);
     be.add_rms_norm(o, residual, *L.post_attention_norm, eps);
     mlp(static_cast<int>(i), o, h);

@@ -35,8 +35,8 @@ struct KvCache {
   int num_blocks = 0;
   DType dtype = DType::kF32;
   float k_scale = 1.0f, v_scale = 1.0f;
-  std::vector<Tensor> k, v;          // per layer [num_blocks, block_size, kv_heads, head_dim]; empty for state layers
-  std::vector<Tensor> state_slots;   // per layer [num_slots, state_bytes] for kStateSlot layers
+  std::vector<Tensor> k, v;         // per layer [num_blocks, block_size, kv_heads, head_dim]; empty for state layers
+  std::vector<Tensor> state_slots;  // per layer [num_slots, state_bytes] for kStateSlot layers
 };
 
 // One step's work: the tokens of every scheduled sequence, flattened.

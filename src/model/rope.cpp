@@ -59,10 +59,12 @@ RopeFrequencies compute_rope_frequencies(const ModelConfig& c) {
       // transformers derives the factor from the two lengths when both are given.
       factor = static_cast<double>(c.max_position_embeddings) / orig;
     }
-    if (s.attention_factor) r.attention_factor = *s.attention_factor;
+    if (s.attention_factor)
+      r.attention_factor = *s.attention_factor;
     else if (s.mscale != 0 && s.mscale_all_dim != 0)
       r.attention_factor = yarn_get_mscale(factor, s.mscale) / yarn_get_mscale(factor, s.mscale_all_dim);
-    else r.attention_factor = yarn_get_mscale(factor, 1.0);
+    else
+      r.attention_factor = yarn_get_mscale(factor, 1.0);
     auto correction_dim = [&](double rotations) {
       return (dim * std::log(orig / (rotations * 2 * M_PI))) / (2 * std::log(base));
     };

@@ -12,15 +12,20 @@ Shape WeightStore::local_shape(const Shape& full, ParallelStyle style, const std
   int tp = pc_.tp_size;
   auto split = [&](int dim) {
     if (s[dim] % tp != 0)
-      fail(ErrorKind::kInvalidArgument, "{}: dimension {} ({}) is not divisible by --tensor-parallel-size {}", name, dim,
-           s[dim], tp);
+      fail(ErrorKind::kInvalidArgument, "{}: dimension {} ({}) is not divisible by --tensor-parallel-size {}", name,
+           dim, s[dim], tp);
     s[dim] /= tp;
   };
   switch (style) {
-    case ParallelStyle::kReplicated: break;
+    case ParallelStyle::kReplicated:
+      break;
     case ParallelStyle::kColumn:
-    case ParallelStyle::kVocab: split(0); break;
-    case ParallelStyle::kRow: split(1); break;
+    case ParallelStyle::kVocab:
+      split(0);
+      break;
+    case ParallelStyle::kRow:
+      split(1);
+      break;
   }
   return s;
 }
@@ -45,8 +50,14 @@ const Tensor& WeightStore::declare_stacked(const std::string& label, std::vector
            pc_.tp_size);
     rows += p.rows;
   }
-  Entry e{label, Shape{rows, cols}, Shape{rows / pc_.tp_size, cols}, ParallelStyle::kColumn, std::move(parts),
-          DummyInit::kUniform, {}, {}};
+  Entry e{label,
+          Shape{rows, cols},
+          Shape{rows / pc_.tp_size, cols},
+          ParallelStyle::kColumn,
+          std::move(parts),
+          DummyInit::kUniform,
+          {},
+          {}};
   entries_.push_back(std::move(e));
   return entries_.back().tensor;
 }
@@ -150,8 +161,10 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
     ++i;
     if (!e.tied_to.empty()) continue;
     e.tensor = backend.alloc(e.local_shape, dt);
-    if (e.init == DummyInit::kOnes) backend.fill(e.tensor, 1.0f);
-    else backend.fill_random(e.tensor, seed * 1000003ull + i, -0.05f, 0.05f);
+    if (e.init == DummyInit::kOnes)
+      backend.fill(e.tensor, 1.0f);
+    else
+      backend.fill_random(e.tensor, seed * 1000003ull + i, -0.05f, 0.05f);
     bytes += e.tensor.nbytes();
     if (progress) progress(++done, entries_.size(), bytes);
   }

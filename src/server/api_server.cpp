@@ -37,35 +37,55 @@ struct ApiError {
   HeaderList headers;
 };
 
-[[noreturn]] void bad(std::string message, std::string param = {}) { throw ApiError{400, std::move(message), std::move(param), {}}; }
+[[noreturn]] void bad(std::string message, std::string param = {}) {
+  throw ApiError{400, std::move(message), std::move(param), {}};
+}
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 const char* openai_error_type(int status) {
   switch (status) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 404: return "NotFoundError";
-    case 405: return "MethodNotAllowedError";
-    case 413: return "RequestTooLargeError";
+    case 400:
+      return "BadRequestError";
+    case 401:
+      return "AuthenticationError";
+    case 404:
+      return "NotFoundError";
+    case 405:
+      return "MethodNotAllowedError";
+    case 413:
+      return "RequestTooLargeError";
     case 417:
-    case 422: return "UnprocessableEntityError";
-    case 429: return "RateLimitError";
-    case 431: return "RequestHeaderFieldsTooLargeError";
-    case 503: return "ServiceUnavailableError";
-    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    case 422:
+      return "UnprocessableEntityError";
+    case 429:
+      return "RateLimitError";
+    case 431:
+      return "RequestHeaderFieldsTooLargeError";
+    case 503:
+      return "ServiceUnavailableError";
+    default:
+      return status >= 500 ? "InternalServerError" : "BadRequestError";
   }
 }
 const char* anthropic_error_type(int status) {
   switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    case 400:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "overloaded_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
   }
 }
 
@@ -91,8 +111,7 @@ std::string random_hex(int n) {
 }
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Constant-time comparison: the time depends on the lengths only, not on where the bytes differ.
@@ -192,9 +211,10 @@ struct ApiServer::Impl {
     return HttpResponse{status, "application/json", std::move(headers), dump(j)};
   }
   HttpResponse error_response(Api api, const ApiError& e) {
-    return json_response(e.status, api == Api::kAnthropic ? anthropic_error(e.status, e.message)
-                                                           : openai_error(e.status, e.message, e.param),
-                         e.headers);
+    return json_response(
+        e.status,
+        api == Api::kAnthropic ? anthropic_error(e.status, e.message) : openai_error(e.status, e.message, e.param),
+        e.headers);
   }
 
   bool authorized(const HttpRequest& r) const {
@@ -249,8 +269,10 @@ struct ApiServer::Impl {
   }
   ojson token_bytes(int32_t id) const {
     std::string b;
-    if (tok.decodes_by_byte_concatenation()) tok.append_token_bytes(id, false, b);
-    else b = token_string(id);
+    if (tok.decodes_by_byte_concatenation())
+      tok.append_token_bytes(id, false, b);
+    else
+      b = token_string(id);
     ojson arr = ojson::array();
     for (unsigned char c : b) arr.push_back(static_cast<int>(c));
     return arr;
@@ -379,12 +401,14 @@ struct ApiServer::Impl {
         g->complete = true;  // the callbacks of earlier prompts see this and stay quiet
         metrics.request_rejected();
         switch (r.error) {
-          case SubmitError::kInvalid: bad(r.message);
+          case SubmitError::kInvalid:
+            bad(r.message);
           case SubmitError::kOverloaded:
             throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
           case SubmitError::kDraining:
           case SubmitError::kDead:
-          default: throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
+          default:
+            throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
         }
       }
     }
@@ -450,7 +474,8 @@ struct ApiServer::Impl {
   // Closes the open Anthropic content block (if any) and opens a new one.
   static std::string open_block(Gen& g, const char* type, const ojson& block) {
     std::string out;
-    if (g.block_index >= 0) out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", g.block_index}});
+    if (g.block_index >= 0)
+      out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", g.block_index}});
     ++g.block_index;
     g.block_type = type;
     out += event("content_block_start",
@@ -478,9 +503,10 @@ struct ApiServer::Impl {
         out += open_block(g, "tool_use",
                           {{"type", "tool_use"}, {"id", tc.id}, {"name", tc.name}, {"input", ojson::object()}});
       if (!tc.arguments.empty() && g.block_type == "tool_use")
-        out += event("content_block_delta", {{"type", "content_block_delta"},
-                                             {"index", g.block_index},
-                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", tc.arguments}}}});
+        out +=
+            event("content_block_delta", {{"type", "content_block_delta"},
+                                          {"index", g.block_index},
+                                          {"delta", {{"type", "input_json_delta"}, {"partial_json", tc.arguments}}}});
     }
     return out;
   }
@@ -508,9 +534,9 @@ struct ApiServer::Impl {
       out += anthropic_parsed_events(g, cd);
     } else if (g.kind == Kind::kMessages) {
       if (has_text)
-        out += event("content_block_delta", {{"type", "content_block_delta"},
-                                             {"index", 0},
-                                             {"delta", {{"type", "text_delta"}, {"text", d.text}}}});
+        out += event(
+            "content_block_delta",
+            {{"type", "content_block_delta"}, {"index", 0}, {"delta", {{"type", "text_delta"}, {"text", d.text}}}});
     } else if (has_text || !lps.empty() || d.finished) {
       if (d.finished && d.finish_reason == FinishReason::kError) {
         out += sse(openai_error(500, "generation failed: " + c.error));
@@ -574,8 +600,8 @@ struct ApiServer::Impl {
         if (!d.stop_string.empty()) {
           c.stop_reason = d.stop_string;
           c.stop_string = d.stop_string;
-        } else if (d.stop_token &&
-                   std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), *d.stop_token) != g.stop_token_ids.end()) {
+        } else if (d.stop_token && std::find(g.stop_token_ids.begin(), g.stop_token_ids.end(), *d.stop_token) !=
+                                       g.stop_token_ids.end()) {
           c.stop_reason = *d.stop_token;
         }
         --g.remaining;
@@ -646,7 +672,8 @@ struct ApiServer::Impl {
       if (!g.parsers.empty()) {
         // Reasoning -> a thinking block, tool calls -> tool_use blocks.
         ChatParseResult r = g.parsers[0]->parse(c.text);
-        if (!r.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", ""}});
+        if (!r.reasoning.empty())
+          content.push_back({{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", ""}});
         if (!r.content.empty()) content.push_back({{"type", "text"}, {"text", r.content}});
         for (const auto& call : r.tool_calls) {
           ojson input = ojson::parse(call.arguments, nullptr, false);
@@ -690,20 +717,17 @@ struct ApiServer::Impl {
                              {"stop_reason", c.stop_reason}});
         } else {
           std::string prefix = g.echo ? g.prompt_texts[i / static_cast<size_t>(g.n)] : std::string();
-          choices.push_back(
-              {{"index", i},
-               {"text", prefix + c.text},
-               {"logprobs", g.logprobs >= 0 ? completion_logprobs(c.logprobs, g.logprobs, prefix.size()) : ojson(nullptr)},
-               {"finish_reason", c.finish_reason},
-               {"stop_reason", c.stop_reason}});
+          choices.push_back({{"index", i},
+                             {"text", prefix + c.text},
+                             {"logprobs", g.logprobs >= 0 ? completion_logprobs(c.logprobs, g.logprobs, prefix.size())
+                                                          : ojson(nullptr)},
+                             {"finish_reason", c.finish_reason},
+                             {"stop_reason", c.stop_reason}});
         }
       }
-      body = {{"id", g.id},
-              {"object", g.kind == Kind::kChat ? "chat.completion" : "text_completion"},
-              {"created", g.created},
-              {"model", g.model},
-              {"choices", choices},
-              {"usage", usage(g)}};
+      body = {{"id", g.id},           {"object", g.kind == Kind::kChat ? "chat.completion" : "text_completion"},
+              {"created", g.created}, {"model", g.model},
+              {"choices", choices},   {"usage", usage(g)}};
     }
     g.ex->respond(json_response(200, body));
   }
@@ -832,7 +856,8 @@ struct ApiServer::Impl {
     if (!opt.reasoning_parser.empty() || plan.parse_tools) {
       ReasoningParserOptions ro;
       if (const ojson* k = field(body, "chat_template_kwargs"))
-        if (auto it = k->find("enable_thinking"); it != k->end() && it->is_boolean()) ro.enable_thinking = it->get<bool>();
+        if (auto it = k->find("enable_thinking"); it != k->end() && it->is_boolean())
+          ro.enable_thinking = it->get<bool>();
       for (int i = 0; i < pr.params.n; ++i) {
         std::unique_ptr<ToolParser> tp;
         if (plan.parse_tools) {
@@ -875,8 +900,10 @@ struct ApiServer::Impl {
         ids.push_back(static_cast<int32_t>(v));
       }
       if (ids.empty()) bad("a prompt must not be empty", "prompt");
-      if (echo) pr.prompt_texts.push_back(tok.decode(ids, false));
-      else pr.prompt_texts.emplace_back();
+      if (echo)
+        pr.prompt_texts.push_back(tok.decode(ids, false));
+      else
+        pr.prompt_texts.emplace_back();
       pr.prompts.push_back(std::move(ids));
     };
     if (prompt->is_string()) {
@@ -887,13 +914,16 @@ struct ApiServer::Impl {
         bad(fmt::format("'prompt' has {} prompts; this server accepts at most {}", prompt->size(), opt.max_prompts),
             "prompt");
       const ojson& first = (*prompt)[0];
-      if (first.is_number_integer()) add_ids(*prompt);
+      if (first.is_number_integer())
+        add_ids(*prompt);
       else {
         for (const auto& e : *prompt) {
-          if (e.is_string()) add_text(e);
-          else if (e.is_array()) add_ids(e);
-          else bad("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists",
-                   "prompt");
+          if (e.is_string())
+            add_text(e);
+          else if (e.is_array())
+            add_ids(e);
+          else
+            bad("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt");
         }
       }
     } else {
@@ -938,7 +968,8 @@ struct ApiServer::Impl {
     if (static_cast<int>(msgs->size()) > opt.max_messages)
       bad(fmt::format("messages: at most {} are accepted", opt.max_messages), "messages");
     ojson out = ojson::array();
-    if (const ojson* sys = field(body, "system")) out.push_back({{"role", "system"}, {"content", blocks_text(*sys, "system")}});
+    if (const ojson* sys = field(body, "system"))
+      out.push_back({{"role", "system"}, {"content", blocks_text(*sys, "system")}});
     for (size_t i = 0; i < msgs->size(); ++i) {
       const ojson& m = (*msgs)[i];
       const std::string where = fmt::format("messages.{}", i);
@@ -1101,12 +1132,11 @@ struct ApiServer::Impl {
         const char* path;
         const char* method;
       };
-      static const Route routes[] = {{"/health", "GET"},       {"/ping", "GET"},
-                                     {"/version", "GET"},      {"/metrics", "GET"},
-                                     {"/v1/models", "GET"},    {"/v1/chat/completions", "POST"},
-                                     {"/v1/completions", "POST"}, {"/v1/messages", "POST"},
-                                     {"/v1/messages/count_tokens", "POST"}, {"/tokenize", "POST"},
-                                     {"/detokenize", "POST"}};
+      static const Route routes[] = {
+          {"/health", "GET"},          {"/ping", "GET"},         {"/version", "GET"},
+          {"/metrics", "GET"},         {"/v1/models", "GET"},    {"/v1/chat/completions", "POST"},
+          {"/v1/completions", "POST"}, {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"},
+          {"/tokenize", "POST"},       {"/detokenize", "POST"}};
       const Route* route = nullptr;
       for (const auto& rt : routes)
         if (path == rt.path) route = &rt;
@@ -1116,13 +1146,17 @@ struct ApiServer::Impl {
       }
       if (!route) throw ApiError{404, fmt::format("{} {} is not an endpoint of this server", r.method, path), {}, {}};
       if (r.method != route->method && !(r.method == "HEAD" && std::string(route->method) == "GET"))
-        throw ApiError{405, fmt::format("{} is not allowed on {}; use {}", r.method, path, route->method), {},
+        throw ApiError{405,
+                       fmt::format("{} is not allowed on {}; use {}", r.method, path, route->method),
+                       {},
                        {{"Allow", route->method}}};
       const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics";
       if (!open && !authorized(r))
         throw ApiError{401,
-                       api == Api::kAnthropic ? "invalid x-api-key" : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
-                       {}, {{"WWW-Authenticate", "Bearer"}}};
+                       api == Api::kAnthropic ? "invalid x-api-key"
+                                              : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
+                       {},
+                       {{"WWW-Authenticate", "Bearer"}}};
 
       if (path == "/health" || path == "/ping") {
         auto st = engine.stats();
@@ -1133,7 +1167,8 @@ struct ApiServer::Impl {
       }
       if (path == "/version") return ex->respond(json_response(200, {{"version", TESSERA_VERSION_STRING}}));
       if (path == "/metrics")
-        return ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics.render(engine.stats())});
+        return ex->respond(
+            HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics.render(engine.stats())});
       if (path == "/v1/models") return ex->respond(json_response(200, models()));
       if (path.rfind("/v1/models/", 0) == 0) {
         const std::string id = path.substr(11);
@@ -1145,14 +1180,19 @@ struct ApiServer::Impl {
       ojson body = parse_body(r);
       check_model(body);
       const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages";
-      if (generates && owner->draining_)
-        throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
-      if (path == "/v1/chat/completions") chat(body, Kind::kChat, ex);
-      else if (path == "/v1/completions") completions(body, ex);
-      else if (path == "/v1/messages") messages(body, ex);
-      else if (path == "/v1/messages/count_tokens") count_tokens(body, ex);
-      else if (path == "/tokenize") tokenize(body, ex);
-      else if (path == "/detokenize") detokenize(body, ex);
+      if (generates && owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
+      if (path == "/v1/chat/completions")
+        chat(body, Kind::kChat, ex);
+      else if (path == "/v1/completions")
+        completions(body, ex);
+      else if (path == "/v1/messages")
+        messages(body, ex);
+      else if (path == "/v1/messages/count_tokens")
+        count_tokens(body, ex);
+      else if (path == "/tokenize")
+        tokenize(body, ex);
+      else if (path == "/detokenize")
+        detokenize(body, ex);
     } catch (const ApiError& e) {
       ex->respond(error_response(api, e));
     } catch (const tessera::Error& e) {  // malformed messages found by the template layer
@@ -1178,6 +1218,8 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange
   impl_->handle(std::move(request), exchange);
 }
 
-std::string ApiServer::error_body(int status, const std::string& message) { return dump(openai_error(status, message)); }
+std::string ApiServer::error_body(int status, const std::string& message) {
+  return dump(openai_error(status, message));
+}
 
 }  // namespace tessera::server

@@ -35,8 +35,8 @@ struct ApiOptions {
   std::string tool_call_parser, reasoning_parser;
   // Bounds that keep one request from harming the others.
   int max_n = 16;
-  int max_prompts = 256;     // /v1/completions prompt list length
-  int max_messages = 4096;   // chat messages per request
+  int max_prompts = 256;               // /v1/completions prompt list length
+  int max_messages = 4096;             // chat messages per request
   size_t max_prompt_bytes = 8u << 20;  // rendered chat prompt / prompt text
   int max_tokens_cap = 1 << 20;
   int retry_after_seconds = 1;

@@ -3,11 +3,11 @@
 
 #include <array>
 #include <atomic>
-#include <future>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -23,24 +23,42 @@ using tcp = asio::ip::tcp;
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 417:
+      return "Expectation Failed";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
   }
 }
 
@@ -285,9 +303,8 @@ class Session : public std::enable_shared_from_this<Session> {
     wbuf_.swap(outbuf_);
     outbuf_.clear();
     stream_.expires_after(sh_->options.write_timeout);
-    asio::async_write(stream_, asio::buffer(wbuf_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->on_write(ec);
-    });
+    asio::async_write(stream_, asio::buffer(wbuf_),
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
   void on_write(beast::error_code ec) {
     writing_ = false;
@@ -296,8 +313,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!outbuf_.empty()) return do_write();
     if (closing_after_write_) return lingering_close();
     if (in_exchange_) {
-      if (exchange_done_) exchange_complete();
-      else stream_.expires_never();
+      if (exchange_done_)
+        exchange_complete();
+      else
+        stream_.expires_never();
     }
   }
 
@@ -369,15 +388,12 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 void ExchangeImpl::respond(HttpResponse response) {
-  asio::dispatch(session_->executor(), [s = session_, g = gen_, r = std::move(response)]() mutable {
-    s->respond(g, std::move(r));
-  });
+  asio::dispatch(session_->executor(),
+                 [s = session_, g = gen_, r = std::move(response)]() mutable { s->respond(g, std::move(r)); });
 }
 void ExchangeImpl::start_stream(int status, std::string content_type, HeaderList headers) {
-  asio::dispatch(session_->executor(),
-                 [s = session_, g = gen_, status, ct = std::move(content_type), h = std::move(headers)] {
-                   s->start_stream(g, status, ct, h);
-                 });
+  asio::dispatch(session_->executor(), [s = session_, g = gen_, status, ct = std::move(content_type),
+                                        h = std::move(headers)] { s->start_stream(g, status, ct, h); });
 }
 void ExchangeImpl::write(std::string data) {
   asio::dispatch(session_->executor(),

@@ -133,10 +133,10 @@ TEST_F(CudaOps, FillAndCast) {
   gpu().fill(f, 1.5f);
   for (float v : from_gpu(f)) EXPECT_EQ(v, 1.5f);
   for (auto [from, to] : std::vector<std::pair<DType, DType>>{{DType::kF32, DType::kBF16},
-                                                               {DType::kBF16, DType::kF32},
-                                                               {DType::kF32, DType::kF16},
-                                                               {DType::kBF16, DType::kF8E4M3},
-                                                               {DType::kF8E4M3, DType::kBF16}}) {
+                                                              {DType::kBF16, DType::kF32},
+                                                              {DType::kF32, DType::kF16},
+                                                              {DType::kBF16, DType::kF8E4M3},
+                                                              {DType::kF8E4M3, DType::kBF16}}) {
     int64_t n = 1031;
     auto src = rand(n, -3, 3);
     Tensor g = on_gpu(src, {n}, from);
@@ -294,7 +294,11 @@ TEST_F(CudaOps, RmsNormAndAddRmsNorm) {
 }
 
 TEST_F(CudaOps, Linear) {
-  struct Case { int64_t T, K, N; bool bias; DType out; };
+  struct Case {
+    int64_t T, K, N;
+    bool bias;
+    DType out;
+  };
   for (Case c : std::vector<Case>{{1, 128, 256, false, DType::kBF16},
                                   {7, 256, 72, true, DType::kBF16},
                                   {33, 512, 1000, false, DType::kF32},

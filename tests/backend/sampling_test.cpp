@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <set>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "backend/backend.h"

@@ -68,15 +68,15 @@ int visible_gpus() {
   return n;
 }
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) fail(ErrorKind::kInternal, "{}: {}", #call, cudaGetErrorString(e_));   \
+#define CK(call)                                                                                \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) fail(ErrorKind::kInternal, "{}: {}", #call, cudaGetErrorString(e_)); \
   } while (0)
-#define NCK(call)                                                                                 \
-  do {                                                                                            \
-    ncclResult_t r_ = (call);                                                                     \
-    if (r_ != ncclSuccess) fail(ErrorKind::kNetwork, "{}: {}", #call, ncclGetErrorString(r_));    \
+#define NCK(call)                                                                              \
+  do {                                                                                         \
+    ncclResult_t r_ = (call);                                                                  \
+    if (r_ != ncclSuccess) fail(ErrorKind::kNetwork, "{}: {}", #call, ncclGetErrorString(r_)); \
   } while (0)
 
 std::string human(size_t bytes) {
@@ -88,7 +88,8 @@ std::string human(size_t bytes) {
 // ---- deterministic data and the CPU reference ----
 
 float value(int rank, int64_t i, uint32_t seed) {
-  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(rank + 1) * 0x85EBCA77u ^ seed * 0xC2B2AE3Du;
+  uint32_t h =
+      static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(rank + 1) * 0x85EBCA77u ^ seed * 0xC2B2AE3Du;
   h ^= h >> 15;
   h *= 0x2C1B3C6Du;
   h ^= h >> 12;
@@ -173,7 +174,8 @@ struct Guarded {
     const size_t es = dtype_size(t);
     for (size_t i = 0; i < bytes / es; ++i)
       if (std::memcmp(&all[start + i * es], &want[i * es], es) != 0) {
-        std::vector<uint8_t> got(all.begin() + static_cast<long>(start), all.begin() + static_cast<long>(start + bytes));
+        std::vector<uint8_t> got(all.begin() + static_cast<long>(start),
+                                 all.begin() + static_cast<long>(start + bytes));
         return fmt::format("element {} is {} instead of {}", i, decoded(got, t, i), decoded(want, t, i));
       }
     return "";
@@ -204,8 +206,10 @@ class Rank {
         first = fmt::format("rank {}: {}", r, std::string(all[r].begin() + (all[r].empty() ? 0 : 1), all[r].end()));
     if (rank_ == 0) {
       std::string t = seconds >= 0 ? fmt::format(" ({:.1f} s)", seconds) : "";
-      if (first.empty()) std::printf("PASS %s: %d checks on each of %d ranks%s\n", what.c_str(), checks, world_, t.c_str());
-      else std::printf("FAIL %s: %s\n", what.c_str(), first.c_str());
+      if (first.empty())
+        std::printf("PASS %s: %d checks on each of %d ranks%s\n", what.c_str(), checks, world_, t.c_str());
+      else
+        std::printf("FAIL %s: %s\n", what.c_str(), first.c_str());
       std::fflush(stdout);
     }
     if (!first.empty()) ++failures_;
@@ -294,8 +298,7 @@ class Rank {
               car_->all_reduce(g.data(), t, n, stream_, algo);
               CK(cudaStreamSynchronize(stream_));
               std::string bad = g.check(expected_of(inputs, n, t), t);
-              if (!bad.empty() && failure.empty())
-                failure = fmt::format("n={} offset={}: {}", n, offset, bad);
+              if (!bad.empty() && failure.empty()) failure = fmt::format("n={} offset={}: {}", n, offset, bad);
             } catch (const std::exception& e) {
               if (failure.empty()) failure = fmt::format("n={} offset={}: {}", n, offset, e.what());
             }
@@ -344,8 +347,9 @@ class Rank {
       CK(cudaStreamSynchronize(stream_));
       for (size_t i = 0; i < cases.size() && failure.empty(); ++i) {
         std::string bad = cases[i].g->check(cases[i].want, cases[i].t);
-        if (!bad.empty()) failure = fmt::format("call {} (n={} {} {}): {}", i, cases[i].n, dtype_name(cases[i].t),
-                                                car_algo_name(cases[i].algo), bad);
+        if (!bad.empty())
+          failure = fmt::format("call {} (n={} {} {}): {}", i, cases[i].n, dtype_name(cases[i].t),
+                                car_algo_name(cases[i].algo), bad);
       }
     } catch (const std::exception& e) {
       failure = e.what();
@@ -421,7 +425,8 @@ class Rank {
     size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
     void* p = nullptr;
     CK(cudaMalloc(&p, bytes));
-    auto storage = std::make_shared<Storage>(p, bytes, Device{DeviceType::kCUDA, device_}, [](void* q) { cudaFree(q); });
+    auto storage =
+        std::make_shared<Storage>(p, bytes, Device{DeviceType::kCUDA, device_}, [](void* q) { cudaFree(q); });
     return Tensor(storage, 0, shape, dtype);
   }
 
@@ -447,8 +452,8 @@ class Rank {
         Shape shape;
         DType t;
       };
-      const Case cases[] = {{{4, 4096}, DType::kBF16}, {{5, 4097}, DType::kF32}, {{4, 1 << 20}, DType::kF32},
-                            {{8, 512}, DType::kF16}};
+      const Case cases[] = {
+          {{4, 4096}, DType::kBF16}, {{5, 4097}, DType::kF32}, {{4, 1 << 20}, DType::kF32}, {{8, 512}, DType::kF16}};
       for (const Case& c : cases) {
         Tensor x = cuda_tensor(c.shape, c.t);
         int64_t n = x.numel();
@@ -493,7 +498,8 @@ class Rank {
           } else {
             have = decoded(got, c.t, static_cast<size_t>(i));
           }
-          if (have != want) failure = fmt::format("{}{} element {}: {} instead of {}", dtype_name(c.t), x.shape().str(), i, have, want);
+          if (have != want)
+            failure = fmt::format("{}{} element {}: {} instead of {}", dtype_name(c.t), x.shape().str(), i, have, want);
         }
         ++checks;
       }
@@ -559,9 +565,10 @@ class Rank {
   void benchmark() {
     const int iters = args_.quick ? 50 : 200;
     note("");
-    note(fmt::format("Latency per bf16 all-reduce, {} GPUs, mean of {} calls, slowest rank (us). eager: calls queued "
-                     "back to back (includes launch gaps); graph: {} calls replayed from one CUDA graph.",
-                     world_, iters, iters));
+    note(
+        fmt::format("Latency per bf16 all-reduce, {} GPUs, mean of {} calls, slowest rank (us). eager: calls queued "
+                    "back to back (includes launch gaps); graph: {} calls replayed from one CUDA graph.",
+                    world_, iters, iters));
     note(fmt::format("{:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>9} {:>8}", "size", "1shot/g",
                      "2shot/g", "nccl/g", "1shot/e", "2shot/e", "nccl/e", "policy", "speedup", "busbw/g", "pick"));
     void* buf = nullptr;
@@ -573,26 +580,33 @@ class Rank {
       int64_t n = static_cast<int64_t>(bytes / 2);
       double r[2][3];
       for (int g = 0; g < 2; ++g) {
-        r[g][0] = time_calls([&] { car_->all_reduce(buf, DType::kBF16, n, stream_, CarAlgo::kOneShot); }, iters, g == 0);
-        r[g][1] = time_calls([&] { car_->all_reduce(buf, DType::kBF16, n, stream_, CarAlgo::kTwoShot); }, iters, g == 0);
-        r[g][2] = time_calls([&] { NCK(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclBfloat16, ncclSum, nccl_, stream_)); },
-                             iters, g == 0);
+        r[g][0] =
+            time_calls([&] { car_->all_reduce(buf, DType::kBF16, n, stream_, CarAlgo::kOneShot); }, iters, g == 0);
+        r[g][1] =
+            time_calls([&] { car_->all_reduce(buf, DType::kBF16, n, stream_, CarAlgo::kTwoShot); }, iters, g == 0);
+        r[g][2] = time_calls(
+            [&] { NCK(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclBfloat16, ncclSum, nccl_, stream_)); }, iters,
+            g == 0);
       }
       CarAlgo pick = car_->algo_for(bytes);
       double policy_us = pick == CarAlgo::kTwoShot ? r[0][1] : r[0][0];
       double best_custom = std::min(r[0][0], r[0][1]);
-      if (best_custom < r[0][2] && !lost) wins_up_to = bytes;
-      else lost = true;
+      if (best_custom < r[0][2] && !lost)
+        wins_up_to = bytes;
+      else
+        lost = true;
       double busbw = 2.0 * (world_ - 1) / world_ * bytes / (policy_us * 1e-6) / 1e9;
-      note(fmt::format("{:>9} | {:>8.1f} {:>8.1f} {:>8.1f} | {:>8.1f} {:>8.1f} {:>8.1f} | {:>8.1f} {:>7.2f}x | {:>6.0f} GB/s "
-                       "{:>8}",
-                       human(bytes), r[0][0], r[0][1], r[0][2], r[1][0], r[1][1], r[1][2], policy_us, r[0][2] / policy_us,
-                       busbw, car_algo_name(pick)));
+      note(fmt::format(
+          "{:>9} | {:>8.1f} {:>8.1f} {:>8.1f} | {:>8.1f} {:>8.1f} {:>8.1f} | {:>8.1f} {:>7.2f}x | {:>6.0f} GB/s "
+          "{:>8}",
+          human(bytes), r[0][0], r[0][1], r[0][2], r[1][0], r[1][1], r[1][2], policy_us, r[0][2] / policy_us, busbw,
+          car_algo_name(pick)));
     }
     cudaFree(buf);
-    note(fmt::format("Custom (best of one-/two-shot, graph) beats NCCL up to {} here; the policy sends up to {} to the "
-                     "custom kernel (CarPolicy::max_bytes) and picks the 'pick' column.",
-                     wins_up_to ? human(wins_up_to) : std::string("no size"), human(car_->max_bytes())));
+    note(
+        fmt::format("Custom (best of one-/two-shot, graph) beats NCCL up to {} here; the policy sends up to {} to the "
+                    "custom kernel (CarPolicy::max_bytes) and picks the 'pick' column.",
+                    wins_up_to ? human(wins_up_to) : std::string("no size"), human(car_->max_bytes())));
     note("");
   }
 
@@ -613,12 +627,13 @@ class Rank {
       std::this_thread::sleep_for(milliseconds(5));
     double s = std::chrono::duration<double>(Clock::now() - start).count();
     auto why = car_short_->failure();
-    bool ok = e != cudaSuccess && e != cudaErrorNotReady && why && why->find("for rank " + std::to_string(world_ - 1)) !=
-                                                                        std::string::npos;
+    bool ok = e != cudaSuccess && e != cudaErrorNotReady && why &&
+              why->find("for rank " + std::to_string(world_ - 1)) != std::string::npos;
     if (rank_ == 0) {
-      std::printf("%s dead peer: rank %d exited; the all-reduce (barrier timeout 2 s) ended after %.2f s with \"%s\"; "
-                  "failure(): %s\n",
-                  ok ? "PASS" : "FAIL", world_ - 1, s, cudaGetErrorString(e), why ? why->c_str() : "(none)");
+      std::printf(
+          "%s dead peer: rank %d exited; the all-reduce (barrier timeout 2 s) ended after %.2f s with \"%s\"; "
+          "failure(): %s\n",
+          ok ? "PASS" : "FAIL", world_ - 1, s, cudaGetErrorString(e), why ? why->c_str() : "(none)");
       std::fflush(stdout);
     } else if (!ok) {
       std::fprintf(stderr, "[rank %d] dead-peer check failed: %s\n", rank_, cudaGetErrorString(e));
@@ -706,11 +721,16 @@ int main(int argc, char** argv) {
   tessera::dist::Args args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--quick") args.quick = true;
-    else if (a == "--no-bench") args.bench = false;
-    else if (a == "--no-dead-peer") args.dead_peer = false;
-    else if (a == "--isolated") args.isolated = true;
-    else if (a == "--ranks" && i + 1 < argc) args.ranks = std::atoi(argv[++i]);
+    if (a == "--quick")
+      args.quick = true;
+    else if (a == "--no-bench")
+      args.bench = false;
+    else if (a == "--no-dead-peer")
+      args.dead_peer = false;
+    else if (a == "--isolated")
+      args.isolated = true;
+    else if (a == "--ranks" && i + 1 < argc)
+      args.ranks = std::atoi(argv[++i]);
     else {
       std::printf("usage: %s [--ranks N] [--quick] [--no-bench] [--no-dead-peer] [--isolated]\n", argv[0]);
       return 2;

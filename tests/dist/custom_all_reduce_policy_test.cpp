@@ -75,7 +75,9 @@ class FakeInner : public Communicator {
   bool stream_ordered() const override { return ordered_; }
   void all_reduce(const Tensor& t, ReduceOp) override { log_->calls.push_back("inner.all_reduce " + t.str()); }
   void all_gather(const Tensor&, const Tensor&) override { log_->calls.push_back("inner.all_gather"); }
-  void gather(const Tensor&, const Tensor&, int root) override { log_->calls.push_back(fmt::format("inner.gather {}", root)); }
+  void gather(const Tensor&, const Tensor&, int root) override {
+    log_->calls.push_back(fmt::format("inner.gather {}", root));
+  }
   void broadcast(const Tensor&, int root) override { log_->calls.push_back(fmt::format("inner.broadcast {}", root)); }
   void send(const Tensor&, int peer) override { log_->calls.push_back(fmt::format("inner.send {}", peer)); }
   void recv(const Tensor&, int peer) override { log_->calls.push_back(fmt::format("inner.recv {}", peer)); }
@@ -114,11 +116,11 @@ Tensor fake_cuda(Shape shape, DType dtype) {
 TEST(CustomAllReduceCommunicator, SmallCudaFloatTensorsTakeTheFastPath) {
   Log log;
   CustomAllReduceCommunicator c(std::make_unique<FakeInner>(&log, true), std::make_unique<FakeFast>(&log));
-  c.all_reduce(fake_cuda({2, 64}, DType::kBF16));   // 256 bytes
-  c.all_reduce(fake_cuda({256}, DType::kF32));      // 1024 bytes: the limit
-  c.all_reduce(fake_cuda({257}, DType::kF32));      // above
-  c.all_reduce(fake_cuda({8}, DType::kF16));        // dtype the kernel does not sum
-  c.all_reduce(host_empty({8}, DType::kF32));       // host tensor
+  c.all_reduce(fake_cuda({2, 64}, DType::kBF16));  // 256 bytes
+  c.all_reduce(fake_cuda({256}, DType::kF32));     // 1024 bytes: the limit
+  c.all_reduce(fake_cuda({257}, DType::kF32));     // above
+  c.all_reduce(fake_cuda({8}, DType::kF16));       // dtype the kernel does not sum
+  c.all_reduce(host_empty({8}, DType::kF32));      // host tensor
   EXPECT_EQ(log.calls, (std::vector<std::string>{"fast bf16 128", "fast f32 256", "inner.all_reduce f32[257]",
                                                  "inner.all_reduce f16[8]", "inner.all_reduce f32[8]"}));
   EXPECT_EQ(c.fast_calls(), 2);

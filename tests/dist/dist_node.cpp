@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <mutex>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,18 +46,30 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) fail(ErrorKind::kInvalidArgument, "{} needs a value", k);
       return argv[++i];
     };
-    if (k == "--nnodes") a.nnodes = std::stoi(value());
-    else if (k == "--node-rank") a.node_rank = std::stoi(value());
-    else if (k == "--master-addr") a.master = value();
-    else if (k == "--master-port") a.port = std::stoi(value());
-    else if (k == "--token") a.token = value();
-    else if (k == "--nic") a.nic = value();
-    else if (k == "--model-dir") a.model_dir = value();
-    else if (k == "--expect-nic") a.expect_nic = value();
-    else if (k == "--iters") a.iters = std::stoi(value());
-    else if (k == "--hold-ms") a.hold_ms = std::stoi(value());  // stay up so `cluster status` can look
-    else if (k == "--heartbeat-timeout-ms") a.heartbeat_timeout_ms = std::stoi(value());
-    else if (k == "--watch-failure-ms") a.watch_failure_ms = std::stoi(value());  // head: expect a node to fail
+    if (k == "--nnodes")
+      a.nnodes = std::stoi(value());
+    else if (k == "--node-rank")
+      a.node_rank = std::stoi(value());
+    else if (k == "--master-addr")
+      a.master = value();
+    else if (k == "--master-port")
+      a.port = std::stoi(value());
+    else if (k == "--token")
+      a.token = value();
+    else if (k == "--nic")
+      a.nic = value();
+    else if (k == "--model-dir")
+      a.model_dir = value();
+    else if (k == "--expect-nic")
+      a.expect_nic = value();
+    else if (k == "--iters")
+      a.iters = std::stoi(value());
+    else if (k == "--hold-ms")
+      a.hold_ms = std::stoi(value());  // stay up so `cluster status` can look
+    else if (k == "--heartbeat-timeout-ms")
+      a.heartbeat_timeout_ms = std::stoi(value());
+    else if (k == "--watch-failure-ms")
+      a.watch_failure_ms = std::stoi(value());  // head: expect a node to fail
     else if (k == "--bench") {
       std::string list = value();
       for (size_t pos = 0; pos < list.size();) {
@@ -66,7 +78,8 @@ Args parse(int argc, char** argv) {
         a.bench_sizes.push_back(std::stoull(list.substr(pos, comma - pos)));
         pos = comma + 1;
       }
-    } else fail(ErrorKind::kInvalidArgument, "unknown flag {}", k);
+    } else
+      fail(ErrorKind::kInvalidArgument, "unknown flag {}", k);
   }
   return a;
 }

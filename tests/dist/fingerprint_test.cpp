@@ -9,8 +9,8 @@
 namespace tessera::dist {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FakeModelDir;
+using ::testing::HasSubstr;
 
 TEST(Fingerprint, HashesConfigAndShardHeaders) {
   FakeModelDir dir(3);

@@ -19,8 +19,8 @@
 namespace tessera::dist {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 constexpr const char* kToken = "gloo-test";
 
@@ -32,12 +32,12 @@ struct RankContext {
   std::unique_ptr<GlooCommunicatorFactory> factory;
 };
 
-#define RANK_CHECK(cond, ...)                                                           \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define RANK_CHECK(cond, ...)                                                                       \
+  do {                                                                                              \
+    if (!(cond)) {                                                                                  \
       std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
-      return 3;                                                                         \
-    }                                                                                   \
+      return 3;                                                                                     \
+    }                                                                                               \
   } while (0)
 
 // Forks `world` rank processes before any thread exists in this process's children, then
@@ -53,8 +53,8 @@ std::vector<int> run_ranks(int world, const std::function<int(RankContext&)>& bo
       int code = 1;
       try {
         RankContext ctx{r, world, nullptr, nullptr};
-        ctx.store = std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, kToken, ""}, r,
-                                                         milliseconds(5000));
+        ctx.store =
+            std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, kToken, ""}, r, milliseconds(5000));
         GlooOptions o;
         o.store = ctx.store;
         o.ip = "127.0.0.1";

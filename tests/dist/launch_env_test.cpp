@@ -39,17 +39,24 @@ TEST(LaunchEnv, Flags) {
 }
 
 TEST(LaunchEnv, FlagErrors) {
-  EXPECT_THAT([] { resolve_launch({2, 2, "10.0.0.1", {}}, env({})); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("--node-rank 2 must be in [0, 2)")));
-  EXPECT_THAT([] { resolve_launch({2, 1, {}, {}}, env({})); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("no master address; pass --master-addr")));
+  EXPECT_THAT(
+      [] {
+        resolve_launch({2, 2, "10.0.0.1", {}}, env({}));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("--node-rank 2 must be in [0, 2)")));
+  EXPECT_THAT(
+      [] {
+        resolve_launch({2, 1, {}, {}}, env({}));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("no master address; pass --master-addr")));
   EXPECT_THROW(resolve_launch({1, 0, {}, 70000}, env({})), Error);
 }
 
 TEST(LaunchEnv, Mpirun) {
-  LaunchFacts f = resolve_launch({{}, {}, "10.0.0.1", {}},
-                                 env({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
+  LaunchFacts f = resolve_launch({{}, {}, "10.0.0.1", {}}, env({{"OMPI_COMM_WORLD_RANK", "5"},
+                                                                {"OMPI_COMM_WORLD_SIZE", "8"},
+                                                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
   EXPECT_EQ(f.source, LaunchSource::kMpi);
   EXPECT_EQ(f.rank, 5);
   EXPECT_EQ(f.world_size, 8);
@@ -67,16 +74,20 @@ TEST(LaunchEnv, PmixRank) {
 TEST(LaunchEnv, FlagDisagreeingWithLauncherIsAnError) {
   EXPECT_THAT(
       [] {
-        resolve_launch({{}, 0, "10.0.0.1", {}},
-                       env({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"}, {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}}));
+        resolve_launch(
+            {{}, 0, "10.0.0.1", {}},
+            env({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"}, {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}}));
       },
       ::testing::ThrowsMessage<Error>(HasSubstr("--node-rank 0 disagrees with SLURM_NODEID=1")));
 }
 
 TEST(LaunchEnv, Slurm) {
-  LaunchFacts f = resolve_launch({{}, {}, {}, 29600}, env({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "8"},
-                                                           {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
-                                                           {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "10.0.0.1"}}));
+  LaunchFacts f = resolve_launch({{}, {}, {}, 29600}, env({{"SLURM_PROCID", "4"},
+                                                           {"SLURM_NTASKS", "8"},
+                                                           {"SLURM_LOCALID", "0"},
+                                                           {"SLURM_NODEID", "1"},
+                                                           {"SLURM_NNODES", "2"},
+                                                           {"MASTER_ADDR", "10.0.0.1"}}));
   EXPECT_EQ(f.source, LaunchSource::kSlurm);
   EXPECT_EQ(f.node_rank, 1);
   EXPECT_EQ(f.nnodes, 2);
@@ -97,14 +108,19 @@ TEST(LaunchEnv, LeaderWorkerSet) {
 }
 
 TEST(LaunchEnv, MpiTakesPrecedenceOverSlurm) {
-  LaunchFacts f = resolve_launch({}, env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"},
-                                          {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}}));
+  LaunchFacts f = resolve_launch({}, env({{"OMPI_COMM_WORLD_RANK", "0"},
+                                          {"OMPI_COMM_WORLD_SIZE", "1"},
+                                          {"SLURM_PROCID", "3"},
+                                          {"SLURM_NTASKS", "4"}}));
   EXPECT_EQ(f.source, LaunchSource::kMpi);
 }
 
 TEST(LaunchEnv, GarbageNumbers) {
-  EXPECT_THAT([] { resolve_launch({}, env({{"SLURM_PROCID", "x1"}})); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("SLURM_PROCID='x1' is not a non-negative integer")));
+  EXPECT_THAT(
+      [] {
+        resolve_launch({}, env({{"SLURM_PROCID", "x1"}}));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("SLURM_PROCID='x1' is not a non-negative integer")));
 }
 
 }  // namespace

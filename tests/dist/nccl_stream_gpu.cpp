@@ -65,15 +65,16 @@ void fill(const Tensor& t, float v, cudaStream_t s) {
 void hold_stream(cudaStream_t s, int ms) {
   static int hold_ms;
   hold_ms = ms;
-  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(hold_ms)); }, nullptr);
+  cudaLaunchHostFunc(
+      s, [](void*) { std::this_thread::sleep_for(milliseconds(hold_ms)); }, nullptr);
 }
 
-#define RANK_CHECK(cond, ...)                                                                          \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str());   \
-      return 3;                                                                                        \
-    }                                                                                                  \
+#define RANK_CHECK(cond, ...)                                                                       \
+  do {                                                                                              \
+    if (!(cond)) {                                                                                  \
+      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
+      return 3;                                                                                     \
+    }                                                                                               \
   } while (0)
 
 struct Ranks {
@@ -106,7 +107,8 @@ Ranks run_two(const Body& body, milliseconds timeout, milliseconds exit_after_fa
         cudaStream_t stream = nullptr;
         if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
           fail(ErrorKind::kInternal, "cudaStreamCreate");
-        auto store = std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "t", ""}, r, milliseconds(10000));
+        auto store =
+            std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "t", ""}, r, milliseconds(10000));
         NcclOptions o;
         o.store = store;
         o.device_index = r;
@@ -278,22 +280,18 @@ int capture_and_replay(int rank, Communicator& comm, cudaStream_t s, cudaStreamC
 // The backend captures in relaxed mode.
 TEST(NcclStreamOrdered, GraphCaptureRelaxedAndReplayWhileTheWatchdogRuns) {
   if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
-  Ranks run = run_two(
-      [](int rank, Communicator& comm, cudaStream_t s) {
-        return capture_and_replay(rank, comm, s, cudaStreamCaptureModeRelaxed);
-      },
-      milliseconds(30000));
+  Ranks run = run_two([](int rank, Communicator& comm,
+                         cudaStream_t s) { return capture_and_replay(rank, comm, s, cudaStreamCaptureModeRelaxed); },
+                      milliseconds(30000));
   EXPECT_EQ(run.codes, (std::vector<int>{0, 0})) << dump(run);
 }
 
 // The strictest mode (PyTorch's default): the watchdog thread must not invalidate it.
 TEST(NcclStreamOrdered, GraphCaptureGlobalAndReplayWhileTheWatchdogRuns) {
   if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
-  Ranks run = run_two(
-      [](int rank, Communicator& comm, cudaStream_t s) {
-        return capture_and_replay(rank, comm, s, cudaStreamCaptureModeGlobal);
-      },
-      milliseconds(30000));
+  Ranks run = run_two([](int rank, Communicator& comm,
+                         cudaStream_t s) { return capture_and_replay(rank, comm, s, cudaStreamCaptureModeGlobal); },
+                      milliseconds(30000));
   EXPECT_EQ(run.codes, (std::vector<int>{0, 0})) << dump(run);
 }
 

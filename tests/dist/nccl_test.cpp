@@ -18,8 +18,8 @@
 namespace tessera::dist {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 bool have_gpu() {
   int n = 0;
@@ -80,8 +80,11 @@ TEST(Nccl, MissingPeerEndsInAnErrorNotAHang) {
   NcclCommunicatorFactory factory(o);
   auto start = std::chrono::steady_clock::now();
   // Rank 0 of 2; rank 1 never starts.
-  EXPECT_THAT([&] { factory.create(ParallelLayout{2, 1}.world_group(0)); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("did not initialise within 3000 ms")));
+  EXPECT_THAT(
+      [&] {
+        factory.create(ParallelLayout{2, 1}.world_group(0));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("did not initialise within 3000 ms")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 

@@ -50,12 +50,12 @@ void fill(const Tensor& t, float v) {
   cudaMemcpy(t.raw(), h.data(), t.nbytes(), cudaMemcpyHostToDevice);
 }
 
-#define RANK_CHECK(cond, ...)                                                                          \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str());   \
-      return 3;                                                                                        \
-    }                                                                                                  \
+#define RANK_CHECK(cond, ...)                                                                       \
+  do {                                                                                              \
+    if (!(cond)) {                                                                                  \
+      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
+      return 3;                                                                                     \
+    }                                                                                               \
   } while (0)
 
 std::vector<int> run_two(const std::function<int(int, Communicator&)>& body, milliseconds timeout) {
@@ -69,7 +69,8 @@ std::vector<int> run_two(const std::function<int(int, Communicator&)>& body, mil
     if (pid == 0) {
       int code = 1;
       try {
-        auto store = std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "t", ""}, r, milliseconds(10000));
+        auto store =
+            std::make_shared<ControlStoreClient>(HeadAddress{"127.0.0.1", port, "t", ""}, r, milliseconds(10000));
         NcclOptions o;
         o.store = store;
         o.device_index = r;
@@ -138,7 +139,8 @@ TEST(NcclTwoRanks, Collectives) {
         auto start = Clock::now();
         for (int i = 0; i < 20; ++i) comm.all_reduce(big);
         double s = std::chrono::duration<double>(Clock::now() - start).count() / 20;
-        if (rank == 0) std::fprintf(stderr, "NCCL all_reduce 64 MiB: %.3f ms, algbw %.1f GB/s\n", s * 1e3, (64 << 20) / s / 1e9);
+        if (rank == 0)
+          std::fprintf(stderr, "NCCL all_reduce 64 MiB: %.3f ms, algbw %.1f GB/s\n", s * 1e3, (64 << 20) / s / 1e9);
         return 0;
       },
       milliseconds(30000));

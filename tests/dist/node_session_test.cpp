@@ -11,8 +11,8 @@
 namespace tessera::dist {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 TEST(NodeSession, SingleNodeStaysOnLoopback) {
   testing::FakeModelDir model(2);

@@ -19,9 +19,9 @@
 namespace tessera::dist {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using testing::FakeModelDir;
+using ::testing::HasSubstr;
 
 // Every log line of the process, kept in memory. Installed once before any thread exists
 // (adding or removing sinks while server threads log would be a data race).
@@ -213,8 +213,9 @@ TEST(Rendezvous, MissingNodeTimesOutNamingIt) {
     o.join_timeout = milliseconds(1000);
     RendezvousClient client(o);
   });
-  EXPECT_THAT([&] { c.server->wait_for_nodes(); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("node 2 never joined within 1 s (joined: node 0 (127.0.0.1), node 1")));
+  EXPECT_THAT(
+      [&] { c.server->wait_for_nodes(); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("node 2 never joined within 1 s (joined: node 0 (127.0.0.1), node 1")));
   EXPECT_LT(Clock::now() - start, milliseconds(2000));
   EXPECT_THAT([&] { n1.get(); }, ::testing::ThrowsMessage<Error>(HasSubstr("did not form within 1 s")));
   EXPECT_LT(Clock::now() - start, milliseconds(3000));
@@ -234,7 +235,8 @@ TEST(Rendezvous, RejoinAfterCrashReplacesTheEntry) {
   Cluster c(3);
   std::promise<RankFailure> failed;
   auto once = std::make_shared<std::once_flag>();
-  c.server->set_on_node_failure([&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
+  c.server->set_on_node_failure(
+      [&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
   auto f1 = c.join_async(1, 3, node_fp(c));
   auto f2 = c.join_async(2, 3, node_fp(c));
   c.server->wait_for_nodes();
@@ -280,7 +282,8 @@ TEST(Rendezvous, SilentNodeMissesHeartbeats) {
   Cluster c(2);
   std::promise<RankFailure> failed;
   auto once = std::make_shared<std::once_flag>();
-  c.server->set_on_node_failure([&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
+  c.server->set_on_node_failure(
+      [&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
   // A node that joins by hand and then never sends a heartbeat (hung process, cut cable).
   Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
   authenticate_to_server(s, kToken, deadline_after(milliseconds(2000)));
@@ -324,7 +327,8 @@ TEST(Rendezvous, ListeningRules) {
   RendezvousServerOptions o;
   o.bind_ip = "0.0.0.0";
   o.token = "t";
-  EXPECT_THAT([&] { RendezvousServer s(o); }, ::testing::ThrowsMessage<Error>(HasSubstr("refusing to listen on 0.0.0.0")));
+  EXPECT_THAT([&] { RendezvousServer s(o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("refusing to listen on 0.0.0.0")));
   o.bind_ip = "10.255.255.1";
   o.token = "";
   EXPECT_THAT([&] { RendezvousServer s(o); }, ::testing::ThrowsMessage<Error>(HasSubstr("cluster token is required")));

@@ -33,9 +33,9 @@ class FakeModelDir {
   }
   // A safetensors file: 8-byte header length, JSON header, `data_bytes` of zeros.
   void write_shard(const std::string& file, size_t data_bytes, const std::string& tensor = "w") {
-    std::string header = R"({"__metadata__":{"format":"pt"},")" + tensor +
-                         R"(":{"dtype":"BF16","shape":[)" + std::to_string(data_bytes / 2) +
-                         R"(],"data_offsets":[0,)" + std::to_string(data_bytes) + "]}}";
+    std::string header = R"({"__metadata__":{"format":"pt"},")" + tensor + R"(":{"dtype":"BF16","shape":[)" +
+                         std::to_string(data_bytes / 2) + R"(],"data_offsets":[0,)" + std::to_string(data_bytes) +
+                         "]}}";
     std::ofstream out(path_ / file, std::ios::binary | std::ios::trunc);
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));

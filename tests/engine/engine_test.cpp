@@ -194,7 +194,8 @@ TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
   Harness batch(GetParam(), 64);
   SamplingParams other = p;
   other.seed.reset();
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(batch.engine->add_request("o" + std::to_string(i), random_prompt(g, 9 + i), other).ok());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(batch.engine->add_request("o" + std::to_string(i), random_prompt(g, 9 + i), other).ok());
   ASSERT_TRUE(batch.engine->add_request("x", prompt, p).ok());
   auto b = batch.run_all();
   EXPECT_EQ(a["x"], b["x"]);

@@ -74,7 +74,7 @@ TEST(StepPlan, RoundTrip) {
 
 TEST(StepPlan, RefusesIndicesBeyondWhatTheRankHas) {
   StepPlan p = sample_plan();
-  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{8, 4}), Error);  // token 8 >= vocab 8
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{8, 4}), Error);    // token 8 >= vocab 8
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{256, 2}), Error);  // block 2 of 2
   p.input.logits_indices = {4};
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);

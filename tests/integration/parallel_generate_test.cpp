@@ -19,7 +19,9 @@
 namespace {
 
 const std::string kBin = TESSERA_BIN;
-std::string fixture(const std::string& name) { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/" + name;
+}
 
 struct RunResult {
   int code = -1;
@@ -74,15 +76,31 @@ std::vector<std::vector<int>> token_ids(const std::string& out) {
   std::istringstream in(out);
   std::string line;
   while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') ids.push_back(nlohmann::json::parse(line)["token_ids"].get<std::vector<int>>());
+    if (!line.empty() && line[0] == '{')
+      ids.push_back(nlohmann::json::parse(line)["token_ids"].get<std::vector<int>>());
   return ids;
 }
 
 std::vector<std::string> generate_args(const std::string& model, int tp, int pp) {
-  return {"generate",      "--model",        fixture(model), "--device", "cpu", "--json", "--ignore-eos",
-          "--max-tokens",  "24",             "--prompt-ids", "39,7,201,5,88",   "--prompt-ids",
-          "12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110", "--prompt-ids", "250",
-          "--tensor-parallel-size", std::to_string(tp), "--pipeline-parallel-size", std::to_string(pp)};
+  return {"generate",
+          "--model",
+          fixture(model),
+          "--device",
+          "cpu",
+          "--json",
+          "--ignore-eos",
+          "--max-tokens",
+          "24",
+          "--prompt-ids",
+          "39,7,201,5,88",
+          "--prompt-ids",
+          "12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110",
+          "--prompt-ids",
+          "250",
+          "--tensor-parallel-size",
+          std::to_string(tp),
+          "--pipeline-parallel-size",
+          std::to_string(pp)};
 }
 
 struct Case {
@@ -149,9 +167,19 @@ std::vector<pid_t> children_of(pid_t pid) {
 }
 
 TEST(ParallelGenerateFaults, KilledWorkerEndsTheHeadNamingTheRank) {
-  std::vector<std::string> args{"generate", "--model", fixture("llama_gqa2"), "--device", "cpu", "--json",
-                                "--ignore-eos", "--max-tokens", "480", "--max-model-len", "512",
-                                "--tensor-parallel-size", "2"};
+  std::vector<std::string> args{"generate",
+                                "--model",
+                                fixture("llama_gqa2"),
+                                "--device",
+                                "cpu",
+                                "--json",
+                                "--ignore-eos",
+                                "--max-tokens",
+                                "480",
+                                "--max-model-len",
+                                "512",
+                                "--tensor-parallel-size",
+                                "2"};
   for (int i = 0; i < 16; ++i) {
     args.push_back("--prompt-ids");
     args.push_back(std::to_string(i + 1) + ",2,3,4,5,6,7,8");

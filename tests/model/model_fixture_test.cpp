@@ -94,7 +94,7 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
     for (size_t step = 0; step < greedy.size(); ++step) {
       out.push_back(next);
       tokens.push_back(next);
-        l->backend.reset_scratch();
+      l->backend.reset_scratch();
       Tensor lg = l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, 16), l->cache);
       next = argmax(to_host(l->backend, lg));
     }
@@ -104,8 +104,8 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
     size_t compared = 0;
     for (size_t i = 0; i < greedy.size(); ++i, ++compared) {
       if (out[i] == greedy[i]) continue;
-      ASSERT_LE(margins[i], close_call) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
-                                  << ", transformers " << greedy[i];
+      ASSERT_LE(margins[i], close_call) << name << " prompt length " << prompt_len << " step " << i << ": got "
+                                        << out[i] << ", transformers " << greedy[i];
       break;
     }
     compared_total += compared;

@@ -24,9 +24,9 @@ std::filesystem::path cli_path() {
 std::string run_tokenize(const std::string& args, const std::string& input) {
   // One file per process and call: ctest runs the tests of this binary in parallel processes.
   static int calls = 0;
-  std::filesystem::path input_path = std::filesystem::temp_directory_path() /
-                                     ("tessera_tokenize_cli_test." + std::to_string(getpid()) + "." +
-                                      std::to_string(++calls) + ".in");
+  std::filesystem::path input_path =
+      std::filesystem::temp_directory_path() /
+      ("tessera_tokenize_cli_test." + std::to_string(getpid()) + "." + std::to_string(++calls) + ".in");
   std::ofstream(input_path, std::ios::binary) << input;
   std::string command = cli_path().string() + " tokenize " + args + " < " + input_path.string();
   FILE* pipe = popen(command.c_str(), "r");

@@ -36,12 +36,18 @@ inline uint64_t splitmix64(uint64_t x) {
 // Loads element i of a cache row of dtype `t` as f32 (scale applied).
 inline float load_elem(const void* base, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF8E4M3: return fp8e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
-    case DType::kF8E5M2: return fp8e5m2_to_f32(static_cast<const uint8_t*>(base)[i]);
-    default: return 0;
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF8E4M3:
+      return fp8e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF8E5M2:
+      return fp8e5m2_to_f32(static_cast<const uint8_t*>(base)[i]);
+    default:
+      return 0;
   }
 }
 
@@ -169,8 +175,10 @@ void CpuBackend::embedding_slice(const Tensor& ids, const Tensor& table, int64_t
   const int32_t* id = ids.data<int32_t>();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t r = static_cast<int64_t>(id[t]) - begin;
-    if (r >= 0 && r < rows) std::memcpy(out.data<float>() + t * H, table.data<float>() + r * H, H * 4);
-    else std::memset(out.data<float>() + t * H, 0, H * 4);
+    if (r >= 0 && r < rows)
+      std::memcpy(out.data<float>() + t * H, table.data<float>() + r * H, H * 4);
+    else
+      std::memset(out.data<float>() + t * H, 0, H * 4);
   }
 }
 
@@ -245,8 +253,8 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, co
   int64_t K = w.dim(1), N = w.dim(0), M = x.numel() / K;
   require(x.numel() % K == 0 && out.numel() == M * N, "linear", x.str() + " @ " + w.str() + " -> " + out.str());
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-              1.0f, x.data<float>(), static_cast<int>(K), w.data<float>(), static_cast<int>(K), 0.0f,
-              out.data<float>(), static_cast<int>(N));
+              1.0f, x.data<float>(), static_cast<int>(K), w.data<float>(), static_cast<int>(K), 0.0f, out.data<float>(),
+              static_cast<int>(N));
   if (bias) {
     const float* b = bias->data<float>();
     float* o = out.data<float>();

@@ -61,19 +61,40 @@ __device__ __forceinline__ void load_cache(const CT* p, float (&out)[N]) {
 // A register holding N cache elements (N * sizeof(CT) bytes).
 template <typename CT, int N>
 struct RawVec;
-template <> struct RawVec<__nv_bfloat16, 8> { using type = uint4; };
-template <> struct RawVec<__nv_bfloat16, 4> { using type = uint2; };
-template <> struct RawVec<__nv_bfloat16, 2> { using type = uint32_t; };
-template <> struct RawVec<__nv_fp8_e4m3, 8> { using type = uint2; };
-template <> struct RawVec<__nv_fp8_e4m3, 4> { using type = uint32_t; };
-template <> struct RawVec<__nv_fp8_e4m3, 2> { using type = uint16_t; };
+template <>
+struct RawVec<__nv_bfloat16, 8> {
+  using type = uint4;
+};
+template <>
+struct RawVec<__nv_bfloat16, 4> {
+  using type = uint2;
+};
+template <>
+struct RawVec<__nv_bfloat16, 2> {
+  using type = uint32_t;
+};
+template <>
+struct RawVec<__nv_fp8_e4m3, 8> {
+  using type = uint2;
+};
+template <>
+struct RawVec<__nv_fp8_e4m3, 4> {
+  using type = uint32_t;
+};
+template <>
+struct RawVec<__nv_fp8_e4m3, 2> {
+  using type = uint16_t;
+};
 
 // The sequence that owns query token t: the last s with query_start_loc[s] <= t.
 __device__ __forceinline__ int seq_of_token(const int32_t* qsl, int num_seqs, int t) {
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
-    if (qsl[mid] <= t) lo = mid; else hi = mid - 1;
+    if (qsl[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }

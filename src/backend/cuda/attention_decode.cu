@@ -13,8 +13,8 @@ namespace tessera::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kTile = 16;      // keys per warp step
-constexpr int kMaxGroup = 8;   // query heads per block
+constexpr int kTile = 16;     // keys per warp step
+constexpr int kMaxGroup = 8;  // query heads per block
 
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
 // past the group are zeros and never written. A compile-time count keeps every
@@ -253,10 +253,18 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_s
   const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
-    case 1: decode_attention_kernel<D, CT, 1><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
-    case 2: decode_attention_kernel<D, CT, 2><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
-    case 4: decode_attention_kernel<D, CT, 4><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
-    default: decode_attention_kernel<D, CT, 8><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws); break;
+    case 1:
+      decode_attention_kernel<D, CT, 1><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      break;
+    case 2:
+      decode_attention_kernel<D, CT, 2><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      break;
+    case 4:
+      decode_attention_kernel<D, CT, 4><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      break;
+    default:
+      decode_attention_kernel<D, CT, 8><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      break;
   }
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
@@ -278,8 +286,8 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
   return std::clamp(want, 1, std::min(most, 64));
 }
 
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single,
-                             float* ws, cudaStream_t s) {
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single, float* ws,
+                             cudaStream_t s) {
   if (a.num_tokens == 0) return;
   (void)max_seq_len;
   const int part = 0;  // per sequence, in the kernel

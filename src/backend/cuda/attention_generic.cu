@@ -17,12 +17,18 @@ constexpr int kMaxHeadDim = 512;
 
 __device__ __forceinline__ float load_cache_elem(const void* base, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kF8E4M3: return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(base)[i]);
-    case DType::kF8E5M2: return static_cast<float>(static_cast<const __nv_fp8_e5m2*>(base)[i]);
-    default: return 0.f;
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    case DType::kF8E4M3:
+      return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(base)[i]);
+    case DType::kF8E5M2:
+      return static_cast<float>(static_cast<const __nv_fp8_e5m2*>(base)[i]);
+    default:
+      return 0.f;
   }
 }
 
@@ -46,8 +52,10 @@ __global__ void generic_attention_kernel(PagedAttentionArgs a) {
   int lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
-    if (a.query_start_loc[mid] <= t) lo = mid;
-    else hi = mid - 1;
+    if (a.query_start_loc[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int s = lo;
   const int qlen = a.query_start_loc[s + 1] - a.query_start_loc[s];
@@ -66,7 +74,9 @@ __global__ void generic_attention_kernel(PagedAttentionArgs a) {
 #pragma unroll
   for (int i = 0; i < kDimsPerThread; ++i) acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const size_t es = a.cache_dtype == DType::kF32 ? 4 : (a.cache_dtype == DType::kBF16 || a.cache_dtype == DType::kF16) ? 2 : 1;
+  const size_t es = a.cache_dtype == DType::kF32                                      ? 4
+                    : (a.cache_dtype == DType::kBF16 || a.cache_dtype == DType::kF16) ? 2
+                                                                                      : 1;
   for (int j0 = 0; j0 <= pos; j0 += kThreads) {
     const int j = j0 + tid;
     float score = -INFINITY;

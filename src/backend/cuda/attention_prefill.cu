@@ -40,7 +40,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 // 2^x on the special-function unit; flushes denormals (p that small is 0 anyway).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -62,7 +64,8 @@ __device__ __forceinline__ void issue_kv_tile(__nv_bfloat16* tile, uint8_t* stag
   constexpr int kLd = D + 8, kElems = 16 / sizeof(CT), kChunks = D / kElems;
   for (int c = threadIdx.x; c < kN * kChunks; c += kThreads) {
     const int key = c / kChunks, col = (c % kChunks) * kElems, j = n0 + key;
-    void* dst = sizeof(CT) == 2 ? static_cast<void*>(tile + key * kLd + col) : static_cast<void*>(stage + key * D + col);
+    void* dst =
+        sizeof(CT) == 2 ? static_cast<void*>(tile + key * kLd + col) : static_cast<void*>(stage + key * D + col);
     if (j < ctx)
       cp_async16(dst, cache + ((static_cast<int64_t>(bt[j / bs]) * bs + j % bs) * Hk + kh) * D + col);
     else
@@ -87,7 +90,6 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
 }
-
 
 // A block owns kRF * 64 query rows: warp w computes rows {rf * 64 + w * 16 + [0, 16)}
 // for rf < kRF, so every K/V fragment read from shared memory feeds kRF mmas and
@@ -233,7 +235,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
       }
     }
 
-    if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();  // V(j) has landed
+    if (has_next)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();  // V(j) has landed
     __syncthreads();
     if constexpr (kFp8) {
       widen_tile<D, kN>(v_s, v_stage);
@@ -293,8 +298,8 @@ constexpr int prefill_smem_bytes() {
 template <int D, typename CT, int kRF, int kN>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
   dim3 grid((max_query_len + kRF * 64 - 1) / (kRF * 64), a.Hq, a.num_seqs);
   prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_single);

@@ -38,8 +38,9 @@ namespace cuda {
          "more GPUs (--tensor-parallel-size)",
          what, base, line);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
-    fail(ErrorKind::kUnsupported, "no usable CUDA device ({}: {}); check nvidia-smi and the driver, or run with --device cpu",
-         what, cudaGetErrorString(err));
+    fail(ErrorKind::kUnsupported,
+         "no usable CUDA device ({}: {}); check nvidia-smi and the driver, or run with --device cpu", what,
+         cudaGetErrorString(err));
   fail(ErrorKind::kInternal, "CUDA error {} ({}) in {} at {}:{}; rerun with CUDA_LAUNCH_BLOCKING=1 to locate it",
        cudaGetErrorName(err), cudaGetErrorString(err), what, base, line);
 }
@@ -61,8 +62,8 @@ using namespace cuda;
 
 // Shape and dtype checks run on every op: the message (which formats tensors) is
 // built only when the check fails, so a passing check costs a comparison.
-#define CUDA_REQUIRE(cond, op, what)                                      \
-  do {                                                                    \
+#define CUDA_REQUIRE(cond, op, what)                                             \
+  do {                                                                           \
     if (!(cond)) ::tessera::fail(ErrorKind::kInternal, "cuda {}: {}", op, what); \
   } while (0)
 
@@ -75,11 +76,16 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 const char* device_error_text(int code) {
   switch (code) {
-    case kErrTokenId: return "a token id outside the vocabulary reached the embedding";
-    case kErrGatherIndex: return "gather_rows got an index outside the source rows";
-    case kErrRopePosition: return "a position beyond the rotary table (raise max_position_embeddings or lower --max-model-len)";
-    case kErrKvSlot: return "a KV slot outside the cache";
-    default: return "unknown device error";
+    case kErrTokenId:
+      return "a token id outside the vocabulary reached the embedding";
+    case kErrGatherIndex:
+      return "gather_rows got an index outside the source rows";
+    case kErrRopePosition:
+      return "a position beyond the rotary table (raise max_position_embeddings or lower --max-model-len)";
+    case kErrKvSlot:
+      return "a KV slot outside the cache";
+    default:
+      return "unknown device error";
   }
 }
 
@@ -145,8 +151,7 @@ class CudaBackend final : public Backend {
       fail(ErrorKind::kOutOfMemory,
            "CUDA out of memory allocating {} {} ({:.2f} GiB; {:.2f} GiB free of {:.2f} GiB on device {}); lower "
            "--gpu-memory-utilization or --max-model-len, or use more GPUs",
-           dtype_name(dtype), shape.str(), bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0,
-           index_);
+           dtype_name(dtype), shape.str(), bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, index_);
     }
     int dev = index_;
     auto storage = std::make_shared<Storage>(p, bytes, device(), [dev](void* q) {
@@ -161,8 +166,7 @@ class CudaBackend final : public Backend {
     if (chunks_.empty() || used_ + bytes > chunks_.back().nbytes()) {
       size_t want = std::max({bytes, high_water_, initial_scratch_});
       if (!chunks_.empty())
-        TLOG_DEBUG("CUDA scratch arena grows by {:.1f} MiB (in use {:.1f} MiB)", want / 1048576.0,
-                   in_use_ / 1048576.0);
+        TLOG_DEBUG("CUDA scratch arena grows by {:.1f} MiB (in use {:.1f} MiB)", want / 1048576.0, in_use_ / 1048576.0);
       chunks_.push_back(alloc({static_cast<int64_t>(want)}, DType::kU8));
       used_ = 0;
     }
@@ -285,7 +289,7 @@ class CudaBackend final : public Backend {
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
     CUDA_REQUIRE(ids.dtype() == DType::kI32, "embedding", "ids must be i32, got " + ids.str());
     CUDA_REQUIRE(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
-            "embedding", table.str() + "[" + ids.str() + "] -> " + out.str());
+                 "embedding", table.str() + "[" + ids.str() + "] -> " + out.str());
     need_cuda(ids, "embedding");
     need_cuda(table, "embedding");
     bind();
@@ -295,9 +299,9 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
     int64_t D = w.numel();
-    CUDA_REQUIRE(D > 0 && x.numel() % D == 0 && x.numel() == out.numel() && x.dtype() == out.dtype() && act(x) &&
-                act(w),
-            "rms_norm", x.str() + " * " + w.str() + " -> " + out.str());
+    CUDA_REQUIRE(
+        D > 0 && x.numel() % D == 0 && x.numel() == out.numel() && x.dtype() == out.dtype() && act(x) && act(w),
+        "rms_norm", x.str() + " * " + w.str() + " -> " + out.str());
     bind();
     launch_rms_norm(x.raw(), x.dtype(), w.raw(), w.dtype(), out.raw(), x.numel() / D, D, eps, stream_);
   }
@@ -305,8 +309,8 @@ class CudaBackend final : public Backend {
   void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
     int64_t D = w.numel();
     CUDA_REQUIRE(D > 0 && x.numel() % D == 0 && x.numel() == residual.numel() && x.dtype() == residual.dtype() &&
-                act(x) && act(w),
-            "add_rms_norm", x.str() + " + " + residual.str() + " * " + w.str());
+                     act(x) && act(w),
+                 "add_rms_norm", x.str() + " + " + residual.str() + " * " + w.str());
     bind();
     launch_add_rms_norm(x.raw(), residual.raw(), x.dtype(), w.raw(), w.dtype(), x.numel() / D, D, eps, stream_);
   }
@@ -316,9 +320,10 @@ class CudaBackend final : public Backend {
     int64_t N = w.dim(0), K = w.dim(1);
     int64_t M = K ? x.numel() / K : 0;
     CUDA_REQUIRE(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16, "linear",
-            "expects bf16 x and w, got " + x.str() + " @ " + w.str() + " (cast the weights to bf16 when loading)");
+                 "expects bf16 x and w, got " + x.str() + " @ " + w.str() + " (cast the weights to bf16 when loading)");
     CUDA_REQUIRE(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear", "out must be bf16 or f32");
-    CUDA_REQUIRE(x.numel() == M * K && out.numel() == M * N, "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
+    CUDA_REQUIRE(x.numel() == M * K && out.numel() == M * N, "linear",
+                 x.str() + " @ " + w.str() + "^T -> " + out.str());
     need_cuda(x, "linear");
     need_cuda(w, "linear");
     need_cuda(out, "linear");
@@ -335,27 +340,28 @@ class CudaBackend final : public Backend {
   void silu_mul(const Tensor& gate_up, const Tensor& out) override {
     int64_t I = out.dim(-1), T = I ? out.numel() / I : 0;
     CUDA_REQUIRE(gate_up.numel() == 2 * T * I && gate_up.dtype() == out.dtype() && act(out), "silu_mul",
-            gate_up.str() + " -> " + out.str());
+                 gate_up.str() + " -> " + out.str());
     bind();
     launch_silu_mul(gate_up.raw(), out.raw(), out.dtype(), T, I, stream_);
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     CUDA_REQUIRE(a.numel() == out.numel() && b.numel() == out.numel() && a.dtype() == out.dtype() &&
-                b.dtype() == out.dtype() && act(out),
-            "add", a.str() + " + " + b.str() + " -> " + out.str());
+                     b.dtype() == out.dtype() && act(out),
+                 "add", a.str() + " + " + b.str() + " -> " + out.str());
     bind();
     launch_add(a.raw(), b.raw(), out.raw(), out.dtype(), out.numel(), stream_);
   }
 
   void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) override {
     CUDA_REQUIRE(q.ndim() == 3 && k.ndim() == 3 && q.dim(0) == k.dim(0) && q.dim(2) == k.dim(2) &&
-                q.dtype() == k.dtype() && act(q),
-            "rope", q.str() + ", " + k.str());
-    CUDA_REQUIRE(positions.dtype() == DType::kI32 && positions.numel() == q.dim(0), "rope", "positions must be i32 [T]");
+                     q.dtype() == k.dtype() && act(q),
+                 "rope", q.str() + ", " + k.str());
+    CUDA_REQUIRE(positions.dtype() == DType::kI32 && positions.numel() == q.dim(0), "rope",
+                 "positions must be i32 [T]");
     CUDA_REQUIRE(table.cos_sin.dtype() == DType::kF32 && table.cos_sin.dim(1) == table.rotary_dim &&
-                table.rotary_dim <= q.dim(2) && table.rotary_dim % 2 == 0,
-            "rope", "cos_sin table must be f32 [max_positions, rotary_dim]");
+                     table.rotary_dim <= q.dim(2) && table.rotary_dim % 2 == 0,
+                 "rope", "cos_sin table must be f32 [max_positions, rotary_dim]");
     need_cuda(table.cos_sin, "rope (cos/sin table)");
     need_cuda(positions, "rope");
     bind();
@@ -366,9 +372,10 @@ class CudaBackend final : public Backend {
 
   void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                 const AttentionMetadata& meta, float k_scale, float v_scale) override {
-    CUDA_REQUIRE(k.ndim() == 3 && k.numel() == v.numel() && k_cache.ndim() == 4 && k_cache.dim(2) * k_cache.dim(3) ==
-                k.dim(1) * k.dim(2) && k_cache.numel() == v_cache.numel() && k_cache.dtype() == v_cache.dtype(),
-            "write_kv", k.str() + " -> " + k_cache.str());
+    CUDA_REQUIRE(k.ndim() == 3 && k.numel() == v.numel() && k_cache.ndim() == 4 &&
+                     k_cache.dim(2) * k_cache.dim(3) == k.dim(1) * k.dim(2) && k_cache.numel() == v_cache.numel() &&
+                     k_cache.dtype() == v_cache.dtype(),
+                 "write_kv", k.str() + " -> " + k_cache.str());
     CUDA_REQUIRE(is_float_dtype(k_cache.dtype()) && act(k), "write_kv", "unsupported cache dtype " + k_cache.str());
     need_cuda(meta.slot_mapping, "write_kv (slot_mapping)");
     bind();
@@ -422,16 +429,16 @@ class CudaBackend final : public Backend {
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                        float scale, float k_scale, float v_scale, const Tensor& out) override {
     CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
-                out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
-            "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
+                     out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
+                 "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
     const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
     const int Hk = static_cast<int>(k_cache.dim(2));
     if (T == 0 || meta.num_seqs == 0) return;
     const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
     if (!fast && !generic_attention_supported(D))
       fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
-    CUDA_REQUIRE(meta.num_tokens == T, "paged_attention", "metadata has " + std::to_string(meta.num_tokens) +
-                                                          " tokens, q has " + std::to_string(T));
+    CUDA_REQUIRE(meta.num_tokens == T, "paged_attention",
+                 "metadata has " + std::to_string(meta.num_tokens) + " tokens, q has " + std::to_string(T));
     bind();
     PagedAttentionArgs a{};
     a.q = q.raw();
@@ -465,16 +472,15 @@ class CudaBackend final : public Backend {
     if (any_single) {
       int splits = decode_attention_num_splits(T, Hk, Hq / Hk, meta.max_seq_len, props_.multiProcessorCount);
       float* ws = nullptr;
-      if (splits > 1)
-        ws = scratch({static_cast<int64_t>(T) * Hq * splits * (D + 2)}, DType::kF32).data<float>();
+      if (splits > 1) ws = scratch({static_cast<int64_t>(T) * Hq * splits * (D + 2)}, DType::kF32).data<float>();
       launch_decode_attention(a, splits, meta.max_seq_len, any_multi, ws, stream_);
     }
   }
 
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
     CUDA_REQUIRE(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
-                out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
-            "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
+                     out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
+                 "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
     need_cuda(x, "gather_rows");
     bind();
     launch_gather_rows(x.raw(), indices.data<int32_t>(), out.raw(), indices.numel(), x.nbytes() / x.dim(0), x.dim(0),
@@ -557,7 +563,7 @@ class CudaBackend final : public Backend {
 
   void cast(const Tensor& src, const Tensor& dst) override {
     CUDA_REQUIRE(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
-            src.str() + " -> " + dst.str());
+                 src.str() + " -> " + dst.str());
     need_cuda(src, "cast");
     need_cuda(dst, "cast");
     bind();

@@ -14,14 +14,14 @@ namespace tessera::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* what, const char* file, int line);
 
-#define TCUDA_CHECK(call)                                                                  \
-  do {                                                                                     \
-    cudaError_t err_ = (call);                                                             \
+#define TCUDA_CHECK(call)                                                                        \
+  do {                                                                                           \
+    cudaError_t err_ = (call);                                                                   \
     if (err_ != cudaSuccess) ::tessera::cuda::throw_cuda_error(err_, #call, __FILE__, __LINE__); \
   } while (0)
-#define TCUBLAS_CHECK(call)                                                                     \
-  do {                                                                                          \
-    cublasStatus_t st_ = (call);                                                                \
+#define TCUBLAS_CHECK(call)                                                                                \
+  do {                                                                                                     \
+    cublasStatus_t st_ = (call);                                                                           \
     if (st_ != CUBLAS_STATUS_SUCCESS) ::tessera::cuda::throw_cublas_error(st_, #call, __FILE__, __LINE__); \
   } while (0)
 // After every launch: a bad configuration shows here, a fault at the next sync.
@@ -66,19 +66,19 @@ void launch_write_kv(const void* k, const void* v, DType in_t, void* k_cache, vo
 
 // ---- attention prologue on a fused QKV projection (qkv_prologue.cu) ----
 struct QkvPrologueArgs {
-  const void* qkv;                      // bf16 [T, (Hq + 2 Hk) * D]
-  const void *q_norm, *k_norm;          // bf16 [D] or null
+  const void* qkv;              // bf16 [T, (Hq + 2 Hk) * D]
+  const void *q_norm, *k_norm;  // bf16 [D] or null
   float eps;
-  const int32_t* positions;             // [T]
-  const float* cos_sin;                 // [max_pos, rotary_dim]
+  const int32_t* positions;  // [T]
+  const float* cos_sin;      // [max_pos, rotary_dim]
   int rotary_dim;
   bool neox;
   int64_t max_pos;
-  void *k_cache, *v_cache;              // [num_blocks, block_size, Hk, D] in the cache dtype
-  const int32_t* slots;                 // [T]; -1 skips the KV write
+  void *k_cache, *v_cache;  // [num_blocks, block_size, Hk, D] in the cache dtype
+  const int32_t* slots;     // [T]; -1 skips the KV write
   int64_t num_slots;
   float inv_k_scale, inv_v_scale;
-  void* q_out;                          // bf16 [T, Hq, D]
+  void* q_out;  // bf16 [T, Hq, D]
   int Hq, Hk, D;
   int* err;
 };
@@ -90,8 +90,8 @@ void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, 
 
 // ---- attention (attention_*.cu) ----
 struct PagedAttentionArgs {
-  const void* q;  // bf16 [T, Hq, D]
-  const void* k_cache;     // [num_blocks, block_size, Hk, D]
+  const void* q;        // bf16 [T, Hq, D]
+  const void* k_cache;  // [num_blocks, block_size, Hk, D]
   const void* v_cache;
   void* out;  // bf16 [T, Hq, D]
   const int32_t* query_start_loc;

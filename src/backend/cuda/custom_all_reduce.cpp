@@ -17,9 +17,12 @@ namespace tessera::cuda {
 
 const char* car_algo_name(CarAlgo a) {
   switch (a) {
-    case CarAlgo::kNccl: return "nccl";
-    case CarAlgo::kOneShot: return "one-shot";
-    case CarAlgo::kTwoShot: return "two-shot";
+    case CarAlgo::kNccl:
+      return "nccl";
+    case CarAlgo::kOneShot:
+      return "one-shot";
+    case CarAlgo::kTwoShot:
+      return "two-shot";
   }
   return "?";
 }
@@ -102,7 +105,9 @@ std::string first_failure(const std::vector<T>& all) {
 }
 
 uint32_t token_of(int rank) { return 0xCA7E0000u | static_cast<uint32_t>(rank); }
-uint32_t mark_of(int from, int to) { return 0xA11D0000u | static_cast<uint32_t>(from << 8) | static_cast<uint32_t>(to); }
+uint32_t mark_of(int from, int to) {
+  return 0xA11D0000u | static_cast<uint32_t>(from << 8) | static_cast<uint32_t>(to);
+}
 
 }  // namespace
 
@@ -112,9 +117,9 @@ struct CustomAllReduce::Impl {
   int device = 0;
   size_t max_bytes = 0;
   CustomAllReduceOptions options;
-  char* base = nullptr;                 // my region
-  std::vector<char*> peer_bases;        // every rank's region in my address space (mine = base)
-  std::vector<bool> opened;             // peer_bases[r] came from cudaIpcOpenMemHandle
+  char* base = nullptr;           // my region
+  std::vector<char*> peer_bases;  // every rank's region in my address space (mine = base)
+  std::vector<bool> opened;       // peer_bases[r] came from cudaIpcOpenMemHandle
   car::FailureRecord* failure_host = nullptr;
   car::FailureRecord* failure_dev = nullptr;
   car::KernelArgs args{};
@@ -147,12 +152,15 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
                                                          const AllGatherBytes& all_gather, size_t max_bytes,
                                                          CustomAllReduceOptions options) {
   auto disabled = [&](const std::string& why) -> std::unique_ptr<CustomAllReduce> {
-    if (rank == 0) TLOG_WARN("custom all-reduce disabled ({}); all-reduce goes to NCCL", why);
-    else TLOG_INFO("custom all-reduce disabled ({})", why);
+    if (rank == 0)
+      TLOG_WARN("custom all-reduce disabled ({}); all-reduce goes to NCCL", why);
+    else
+      TLOG_INFO("custom all-reduce disabled ({})", why);
     return nullptr;
   };
   // Decided identically on every rank, so no exchange is needed to agree.
-  if (world < 2 || world > kCarMaxRanks) return disabled(fmt::format("{} ranks; it handles 2 to {}", world, kCarMaxRanks));
+  if (world < 2 || world > kCarMaxRanks)
+    return disabled(fmt::format("{} ranks; it handles 2 to {}", world, kCarMaxRanks));
   if (rank < 0 || rank >= world) fail(ErrorKind::kInvalidArgument, "custom all-reduce: rank {} of {}", rank, world);
   if (max_bytes == 0) return disabled("max_bytes is 0");
 
@@ -175,7 +183,10 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   std::string why;
   do {
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) { why = cuda_why(e, "cudaSetDevice"); break; }
+    if (e != cudaSuccess) {
+      why = cuda_why(e, "cudaSetDevice");
+      break;
+    }
     int sms = 0;
     if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
       why = cuda_why(e, "cudaDeviceGetAttribute");
@@ -232,8 +243,9 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   }
   for (int r = 0; r < world && me.ok; ++r)
     if (std::strncmp(all[static_cast<size_t>(r)].host, me.host, sizeof me.host) != 0)
-      return disabled(fmt::format("rank {} runs on {} and rank {} on {}: the group spans hosts", rank, me.host, r,
-                                  std::string(all[static_cast<size_t>(r)].host, strnlen(all[static_cast<size_t>(r)].host, sizeof me.host))));
+      return disabled(fmt::format(
+          "rank {} runs on {} and rank {} on {}: the group spans hosts", rank, me.host, r,
+          std::string(all[static_cast<size_t>(r)].host, strnlen(all[static_cast<size_t>(r)].host, sizeof me.host))));
   if (std::string f = first_failure(all); !f.empty()) return disabled(f);
 
   // ---- round 2: P2P checks, open the peers' buffers, read their token, write my mark ----
@@ -258,7 +270,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
       cudaDeviceCanAccessPeer(&can, device, peer_dev);
       if (!can) {
         v2.ok = 0;
-        set_reason(v2.reason, fmt::format("GPU {} cannot access GPU {} (rank {}) peer-to-peer", me.bus_id, p.bus_id, r));
+        set_reason(v2.reason,
+                   fmt::format("GPU {} cannot access GPU {} (rank {}) peer-to-peer", me.bus_id, p.bus_id, r));
         break;
       }
       int atomics = 0;
@@ -269,7 +282,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
     cudaError_t e = cudaIpcOpenMemHandle(&q, p.handle, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
       v2.ok = 0;
-      set_reason(v2.reason, cuda_why(e, "cudaIpcOpenMemHandle") + fmt::format(" (rank {}'s buffer, GPU {})", r, p.bus_id));
+      set_reason(v2.reason,
+                 cuda_why(e, "cudaIpcOpenMemHandle") + fmt::format(" (rank {}'s buffer, GPU {})", r, p.bus_id));
       break;
     }
     impl->peer_bases[static_cast<size_t>(r)] = static_cast<char*>(q);
@@ -296,10 +310,11 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   }
   if (v2.ok && world > 2 && (!all_nvlink || any_unknown) && !options.allow_pcie_beyond_two) {
     v2.ok = 0;
-    set_reason(v2.reason, any_unknown ? std::string("the peers' GPUs are not visible in this process, so NVLink cannot be "
-                                                    "confirmed (more than 2 GPUs over PCIe: NCCL is faster)")
-                                      : std::string("no NVLink between every pair of GPUs (more than 2 GPUs over PCIe: "
-                                                    "NCCL is faster)"));
+    set_reason(v2.reason, any_unknown
+                              ? std::string("the peers' GPUs are not visible in this process, so NVLink cannot be "
+                                            "confirmed (more than 2 GPUs over PCIe: NCCL is faster)")
+                              : std::string("no NVLink between every pair of GPUs (more than 2 GPUs over PCIe: "
+                                            "NCCL is faster)"));
   }
   std::vector<Verdict> v2all = exchange(all_gather, v2, world, "P2P checks");
   if (std::string f = first_failure(v2all); !f.empty()) return disabled(f);
@@ -308,8 +323,8 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   Verdict v3;
   v3.ok = 1;
   uint32_t marks[kCarMaxRanks] = {};
-  cudaError_t e = cudaMemcpy(marks, reinterpret_cast<car::Flags*>(impl->base)->marks, sizeof marks,
-                             cudaMemcpyDeviceToHost);
+  cudaError_t e =
+      cudaMemcpy(marks, reinterpret_cast<car::Flags*>(impl->base)->marks, sizeof marks, cudaMemcpyDeviceToHost);
   if (e != cudaSuccess) {
     v3.ok = 0;
     set_reason(v3.reason, cuda_why(e, "reading my buffer"));
@@ -347,10 +362,12 @@ std::string CustomAllReduce::describe() const {
   CarPolicy p = m.options.policy;
   p.max_bytes = std::min(p.max_bytes, m.max_bytes);
   size_t one = std::min(p.one_shot_limit(m.world), p.max_bytes);
-  std::string algos = one >= p.max_bytes ? fmt::format("one-shot up to {}", mib(p.max_bytes))
-                                         : fmt::format("one-shot up to {}, two-shot up to {}", mib(one), mib(p.max_bytes));
-  return fmt::format("custom all-reduce: {} ranks over {}, {}, NCCL above; {} blocks x {} threads; barrier timeout {} ms",
-                     m.world, m.links, algos, m.args.blocks, car::kThreads, m.options.timeout.count());
+  std::string algos = one >= p.max_bytes
+                          ? fmt::format("one-shot up to {}", mib(p.max_bytes))
+                          : fmt::format("one-shot up to {}, two-shot up to {}", mib(one), mib(p.max_bytes));
+  return fmt::format(
+      "custom all-reduce: {} ranks over {}, {}, NCCL above; {} blocks x {} threads; barrier timeout {} ms", m.world,
+      m.links, algos, m.args.blocks, car::kThreads, m.options.timeout.count());
 }
 
 void CustomAllReduce::all_reduce(void* data, DType dtype, int64_t n, CUstream_st* stream) {
@@ -365,8 +382,7 @@ void CustomAllReduce::all_reduce(void* data, DType dtype, int64_t n, CUstream_st
 }
 
 void CustomAllReduce::all_reduce(void* data, DType dtype, int64_t n, CUstream_st* stream, CarAlgo algo) {
-  if (!supports(dtype))
-    fail(ErrorKind::kUnsupported, "custom all-reduce sums f32 and bf16, not {}", dtype_name(dtype));
+  if (!supports(dtype)) fail(ErrorKind::kUnsupported, "custom all-reduce sums f32 and bf16, not {}", dtype_name(dtype));
   if (n < 0) fail(ErrorKind::kInvalidArgument, "custom all-reduce of {} elements", n);
   size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   if (bytes > impl_->max_bytes)
@@ -385,7 +401,8 @@ std::optional<std::string> CustomAllReduce::failure() const {
   const car::FailureRecord* f = impl_->failure_host;
   if (!f || !f->set) return std::nullopt;
   return fmt::format(
-      "custom all-reduce: rank {} (block {}) waited {} ms at the {} barrier for rank {} (call {}; that rank had reached "
+      "custom all-reduce: rank {} (block {}) waited {} ms at the {} barrier for rank {} (call {}; that rank had "
+      "reached "
       "call {}); the peer is dead or stuck, so the kernel was aborted",
       f->rank, f->block, f->waited_ns / 1000000, f->phase == 0 ? "start" : "middle", f->waiting_for, f->flag, f->seen);
 }

@@ -72,10 +72,11 @@ __device__ __forceinline__ void block_barrier(const KernelArgs& a, Phase phase, 
           __threadfence_system();
         }
         if (blockIdx.x == 0)
-          printf("tessera custom all-reduce: rank %d waited %llu ms at the %s barrier for rank %d (call %u, it is "
-                 "at %u); aborting the kernel\n",
-                 a.rank, static_cast<unsigned long long>((now - t0) / 1000000), phase == kStart ? "start" : "middle",
-                 peer, flag, seen);
+          printf(
+              "tessera custom all-reduce: rank %d waited %llu ms at the %s barrier for rank %d (call %u, it is "
+              "at %u); aborting the kernel\n",
+              a.rank, static_cast<unsigned long long>((now - t0) / 1000000), phase == kStart ? "start" : "middle", peer,
+              flag, seen);
         __trap();
       }
     }
@@ -268,21 +269,38 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(KernelArgs a, T* __r
 template <typename T, int N>
 void launch_typed(const KernelArgs& a, void* data, int64_t n, CarAlgo algo, cudaStream_t s) {
   T* d = static_cast<T*>(data);
-  if (algo == CarAlgo::kTwoShot) two_shot_kernel<T, N><<<a.blocks, kThreads, 0, s>>>(a, d, n);
-  else one_shot_kernel<T, N><<<a.blocks, kThreads, 0, s>>>(a, d, n);
+  if (algo == CarAlgo::kTwoShot)
+    two_shot_kernel<T, N><<<a.blocks, kThreads, 0, s>>>(a, d, n);
+  else
+    one_shot_kernel<T, N><<<a.blocks, kThreads, 0, s>>>(a, d, n);
 }
 
 template <typename T>
 cudaError_t launch_world(const KernelArgs& a, void* data, int64_t n, CarAlgo algo, cudaStream_t s) {
   switch (a.world) {
-    case 2: launch_typed<T, 2>(a, data, n, algo, s); break;
-    case 3: launch_typed<T, 3>(a, data, n, algo, s); break;
-    case 4: launch_typed<T, 4>(a, data, n, algo, s); break;
-    case 5: launch_typed<T, 5>(a, data, n, algo, s); break;
-    case 6: launch_typed<T, 6>(a, data, n, algo, s); break;
-    case 7: launch_typed<T, 7>(a, data, n, algo, s); break;
-    case 8: launch_typed<T, 8>(a, data, n, algo, s); break;
-    default: return cudaErrorInvalidValue;
+    case 2:
+      launch_typed<T, 2>(a, data, n, algo, s);
+      break;
+    case 3:
+      launch_typed<T, 3>(a, data, n, algo, s);
+      break;
+    case 4:
+      launch_typed<T, 4>(a, data, n, algo, s);
+      break;
+    case 5:
+      launch_typed<T, 5>(a, data, n, algo, s);
+      break;
+    case 6:
+      launch_typed<T, 6>(a, data, n, algo, s);
+      break;
+    case 7:
+      launch_typed<T, 7>(a, data, n, algo, s);
+      break;
+    case 8:
+      launch_typed<T, 8>(a, data, n, algo, s);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

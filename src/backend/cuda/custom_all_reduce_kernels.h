@@ -45,7 +45,7 @@ struct KernelArgs {
   int rank = 0;
   int world = 0;
   int blocks = kDefaultBlocks;
-  uint64_t timeout_ns = 0;  // 0: wait forever
+  uint64_t timeout_ns = 0;           // 0: wait forever
   FailureRecord* failure = nullptr;  // device alias of the host-mapped record
 };
 

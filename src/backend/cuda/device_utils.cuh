@@ -19,35 +19,62 @@ __device__ __forceinline__ float to_float(__nv_fp8_e5m2 v) { return static_cast<
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float v) { return __nv_fp8_e4m3(v); }  // satfinite
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float v) {
+  return __nv_fp8_e4m3(v);
+}  // satfinite
 template <>
-__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float v) { return __nv_fp8_e5m2(v); }
+__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float v) {
+  return __nv_fp8_e5m2(v);
+}
 
 // Runtime-dtype element access for ops that are not hot (cast, fill, write_kv).
 __device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16: return to_float(static_cast<const __half*>(p)[i]);
-    case DType::kF8E4M3: return to_float(static_cast<const __nv_fp8_e4m3*>(p)[i]);
-    case DType::kF8E5M2: return to_float(static_cast<const __nv_fp8_e5m2*>(p)[i]);
-    default: return 0.0f;
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16:
+      return to_float(static_cast<const __half*>(p)[i]);
+    case DType::kF8E4M3:
+      return to_float(static_cast<const __nv_fp8_e4m3*>(p)[i]);
+    case DType::kF8E5M2:
+      return to_float(static_cast<const __nv_fp8_e5m2*>(p)[i]);
+    default:
+      return 0.0f;
   }
 }
 __device__ __forceinline__ void store_from_float(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(v); break;
-    case DType::kF16: static_cast<__half*>(p)[i] = from_float<__half>(v); break;
-    case DType::kF8E4M3: static_cast<__nv_fp8_e4m3*>(p)[i] = from_float<__nv_fp8_e4m3>(v); break;
-    case DType::kF8E5M2: static_cast<__nv_fp8_e5m2*>(p)[i] = from_float<__nv_fp8_e5m2>(v); break;
-    default: break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(v);
+      break;
+    case DType::kF16:
+      static_cast<__half*>(p)[i] = from_float<__half>(v);
+      break;
+    case DType::kF8E4M3:
+      static_cast<__nv_fp8_e4m3*>(p)[i] = from_float<__nv_fp8_e4m3>(v);
+      break;
+    case DType::kF8E5M2:
+      static_cast<__nv_fp8_e5m2*>(p)[i] = from_float<__nv_fp8_e5m2>(v);
+      break;
+    default:
+      break;
   }
 }
 

@@ -53,9 +53,9 @@ __global__ void cast_kernel(const void* src, DType st, void* dst, DType dt, int6
 
 // ---------------------------------------------------------------- gather rows (embedding)
 template <typename Chunk>
-__global__ void gather_rows_kernel(const Chunk* __restrict__ x, const int32_t* __restrict__ idx, Chunk* __restrict__ out,
-                                   int64_t chunks_per_row, int64_t num_rows, int64_t begin, bool zero_outside,
-                                   int err_code, int* err) {
+__global__ void gather_rows_kernel(const Chunk* __restrict__ x, const int32_t* __restrict__ idx,
+                                   Chunk* __restrict__ out, int64_t chunks_per_row, int64_t num_rows, int64_t begin,
+                                   bool zero_outside, int err_code, int* err) {
   int64_t i = blockIdx.x;
   int64_t r = static_cast<int64_t>(idx[i]) - begin;
   Chunk* dst = out + i * chunks_per_row;
@@ -230,8 +230,8 @@ void rms_norm_t(const void* x, const void* w, void* out, int64_t rows, int64_t D
 template <typename T, typename W, int N>
 void add_rms_norm_t(void* x, void* r, const void* w, int64_t rows, int64_t D, float eps, cudaStream_t s) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (D / N + 31) / 32 * 32)));
-  add_rms_norm_kernel<T, W, N><<<static_cast<unsigned>(rows), threads, 0, s>>>(
-      static_cast<T*>(x), static_cast<T*>(r), static_cast<const W*>(w), D, eps);
+  add_rms_norm_kernel<T, W, N><<<static_cast<unsigned>(rows), threads, 0, s>>>(static_cast<T*>(x), static_cast<T*>(r),
+                                                                               static_cast<const W*>(w), D, eps);
 }
 
 }  // namespace
@@ -260,11 +260,13 @@ void launch_gather_rows(const void* x, const int32_t* idx, void* out, int64_t n,
   if (row_bytes % 16 == 0 && aligned16(x) && aligned16(out)) {
     int64_t chunks = row_bytes / 16;
     int threads = static_cast<int>(std::min<int64_t>(256, (chunks + 31) / 32 * 32));
-    gather_rows_kernel<uint4><<<static_cast<unsigned>(n), threads, 0, s>>>(
-        static_cast<const uint4*>(x), idx, static_cast<uint4*>(out), chunks, num_rows, begin, zero_outside, err_code, err);
+    gather_rows_kernel<uint4><<<static_cast<unsigned>(n), threads, 0, s>>>(static_cast<const uint4*>(x), idx,
+                                                                           static_cast<uint4*>(out), chunks, num_rows,
+                                                                           begin, zero_outside, err_code, err);
   } else {
-    gather_rows_kernel<uint8_t><<<static_cast<unsigned>(n), 256, 0, s>>>(
-        static_cast<const uint8_t*>(x), idx, static_cast<uint8_t*>(out), row_bytes, num_rows, begin, zero_outside, err_code, err);
+    gather_rows_kernel<uint8_t><<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const uint8_t*>(x), idx,
+                                                                         static_cast<uint8_t*>(out), row_bytes,
+                                                                         num_rows, begin, zero_outside, err_code, err);
   }
   TCUDA_LAUNCH_CHECK();
 }
@@ -316,11 +318,11 @@ void launch_silu_mul(const void* gate_up, void* out, DType t, int64_t T, int64_t
       silu_mul_kernel<__nv_bfloat16, 8><<<grid_for(T * I / 8), kThreads, 0, s>>>(
           static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), T, I);
     else
-      silu_mul_kernel<__nv_bfloat16, 1><<<grid_for(T * I), kThreads, 0, s>>>(
-          static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), T, I);
+      silu_mul_kernel<__nv_bfloat16, 1><<<grid_for(T * I), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate_up),
+                                                                             static_cast<__nv_bfloat16*>(out), T, I);
   } else {
-    silu_mul_kernel<float, 1><<<grid_for(T * I), kThreads, 0, s>>>(static_cast<const float*>(gate_up),
-                                                                    static_cast<float*>(out), T, I);
+    silu_mul_kernel<float, 1>
+        <<<grid_for(T * I), kThreads, 0, s>>>(static_cast<const float*>(gate_up), static_cast<float*>(out), T, I);
   }
   TCUDA_LAUNCH_CHECK();
 }
@@ -330,15 +332,15 @@ void launch_add(const void* a, const void* b, void* out, DType t, int64_t n, cud
   if (t == DType::kBF16) {
     if (n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(out))
       add_kernel<__nv_bfloat16, 8><<<grid_for(n / 8), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(a),
-                                                                          static_cast<const __nv_bfloat16*>(b),
-                                                                          static_cast<__nv_bfloat16*>(out), n / 8);
+                                                                        static_cast<const __nv_bfloat16*>(b),
+                                                                        static_cast<__nv_bfloat16*>(out), n / 8);
     else
       add_kernel<__nv_bfloat16, 1><<<grid_for(n), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(a),
-                                                                     static_cast<const __nv_bfloat16*>(b),
-                                                                     static_cast<__nv_bfloat16*>(out), n);
+                                                                    static_cast<const __nv_bfloat16*>(b),
+                                                                    static_cast<__nv_bfloat16*>(out), n);
   } else {
     add_kernel<float, 1><<<grid_for(n), kThreads, 0, s>>>(static_cast<const float*>(a), static_cast<const float*>(b),
-                                                           static_cast<float*>(out), n);
+                                                          static_cast<float*>(out), n);
   }
   TCUDA_LAUNCH_CHECK();
 }
@@ -355,13 +357,12 @@ void launch_rope(void* q, void* k, DType t, const int32_t* positions, const floa
   int work = (Hq + Hk) * rotary_dim / 2;
   int threads = std::min(512, std::max(32, (work + 31) / 32 * 32));
   if (t == DType::kBF16)
-    rope_kernel<__nv_bfloat16><<<static_cast<unsigned>(T), threads, 0, s>>>(
-        static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k), positions, cos_sin, Hq, Hk, D, rotary_dim,
-        neox, max_pos, err);
+    rope_kernel<__nv_bfloat16>
+        <<<static_cast<unsigned>(T), threads, 0, s>>>(static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),
+                                                      positions, cos_sin, Hq, Hk, D, rotary_dim, neox, max_pos, err);
   else
-    rope_kernel<float><<<static_cast<unsigned>(T), threads, 0, s>>>(static_cast<float*>(q), static_cast<float*>(k),
-                                                                    positions, cos_sin, Hq, Hk, D, rotary_dim, neox,
-                                                                    max_pos, err);
+    rope_kernel<float><<<static_cast<unsigned>(T), threads, 0, s>>>(
+        static_cast<float*>(q), static_cast<float*>(k), positions, cos_sin, Hq, Hk, D, rotary_dim, neox, max_pos, err);
   TCUDA_LAUNCH_CHECK();
 }
 
@@ -369,8 +370,9 @@ void launch_write_kv(const void* k, const void* v, DType in_t, void* k_cache, vo
                      const int32_t* slot_mapping, int64_t T, int64_t row, int64_t num_slots, float k_scale,
                      float v_scale, int* err, cudaStream_t s) {
   if (T == 0) return;
-  if (in_t == cache_t && k_scale == 1.0f && v_scale == 1.0f && (row * static_cast<int64_t>(dtype_size(in_t))) % 16 == 0 &&
-      aligned16(k) && aligned16(v) && aligned16(k_cache) && aligned16(v_cache)) {
+  if (in_t == cache_t && k_scale == 1.0f && v_scale == 1.0f &&
+      (row * static_cast<int64_t>(dtype_size(in_t))) % 16 == 0 && aligned16(k) && aligned16(v) && aligned16(k_cache) &&
+      aligned16(v_cache)) {
     int64_t chunks = row * static_cast<int64_t>(dtype_size(in_t)) / 16;
     int threads = static_cast<int>(std::min<int64_t>(256, (chunks + 31) / 32 * 32));
     write_kv_copy_kernel<<<static_cast<unsigned>(T), threads, 0, s>>>(

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/cuda_ops.h"
@@ -86,11 +86,11 @@ struct Gemm::Impl {
     cublasLtMatmulPreference_t pref;
     TCUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = kWorkspaceBytes;
-    TCUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    TCUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t res[kCandidates];
     int n = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, res, &n);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, res, &n);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || n == 0)
       fail(ErrorKind::kUnsupported,

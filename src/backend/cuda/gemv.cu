@@ -41,16 +41,16 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 
 template <int M, typename OutT>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, OutT* __restrict__ out,
-                int N, int K, int wpr) {
+    gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, OutT* __restrict__ out, int N,
+                int K, int wpr) {
   constexpr int kUnroll = M == 1 ? 8 : 4;  // 16-byte loads in flight per lane
   __shared__ float part[kWarps][M];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows_per_block = kWarps / wpr;
   const int row = blockIdx.x * rows_per_block + warp / wpr;
   const int slice = warp % wpr;
-  const int chunks = K / 8;                       // 16-byte chunks per row
-  const int per = (chunks + wpr - 1) / wpr;        // this warp's chunk range
+  const int chunks = K / 8;                  // 16-byte chunks per row
+  const int per = (chunks + wpr - 1) / wpr;  // this warp's chunk range
   const int c0 = slice * per, c1 = min(chunks, c0 + per);
   float acc[M];
 #pragma unroll
@@ -120,11 +120,20 @@ bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M
   while (wpr < kWarps && (N * wpr) / kWarps < 4 * num_sms && K / 8 / (wpr * 2) >= 32 * 4) wpr *= 2;
   const int n = static_cast<int>(N), k = static_cast<int>(K);
   switch (M) {
-    case 1: launch_m<1>(x, w, out, out_t, n, k, wpr, s); break;
-    case 2: launch_m<2>(x, w, out, out_t, n, k, wpr, s); break;
-    case 3: launch_m<3>(x, w, out, out_t, n, k, wpr, s); break;
-    case 4: launch_m<4>(x, w, out, out_t, n, k, wpr, s); break;
-    default: return false;
+    case 1:
+      launch_m<1>(x, w, out, out_t, n, k, wpr, s);
+      break;
+    case 2:
+      launch_m<2>(x, w, out, out_t, n, k, wpr, s);
+      break;
+    case 3:
+      launch_m<3>(x, w, out, out_t, n, k, wpr, s);
+      break;
+    case 4:
+      launch_m<4>(x, w, out, out_t, n, k, wpr, s);
+      break;
+    default:
+      return false;
   }
   TCUDA_LAUNCH_CHECK();
   return true;

@@ -15,8 +15,7 @@ namespace {
 constexpr int kHeadsPerBlock = 4;
 
 template <typename CT>
-__global__ void __launch_bounds__(kHeadsPerBlock * 32)
-    qkv_prologue_kernel(QkvPrologueArgs a) {
+__global__ void __launch_bounds__(kHeadsPerBlock * 32) qkv_prologue_kernel(QkvPrologueArgs a) {
   extern __shared__ float buf[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = a.Hq + 2 * a.Hk, D = a.D;
@@ -32,8 +31,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32)
     b[i] = x;
     ss += x * x;
   }
-  const __nv_bfloat16* nw = is_q ? static_cast<const __nv_bfloat16*>(a.q_norm)
-                                 : is_k ? static_cast<const __nv_bfloat16*>(a.k_norm) : nullptr;
+  const __nv_bfloat16* nw = is_q   ? static_cast<const __nv_bfloat16*>(a.q_norm)
+                            : is_k ? static_cast<const __nv_bfloat16*>(a.k_norm)
+                                   : nullptr;
   if (nw) {
     const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
     for (int i = lane; i < D; i += 32) b[i] = b[i] * r * __bfloat162float(nw[i]);
@@ -90,12 +90,23 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
   dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock));
   const size_t smem = static_cast<size_t>(kHeadsPerBlock) * a.D * sizeof(float);
   switch (cache_t) {
-    case DType::kBF16: qkv_prologue_kernel<__nv_bfloat16><<<grid, kHeadsPerBlock * 32, smem, s>>>(a); break;
-    case DType::kF16: qkv_prologue_kernel<__half><<<grid, kHeadsPerBlock * 32, smem, s>>>(a); break;
-    case DType::kF32: qkv_prologue_kernel<float><<<grid, kHeadsPerBlock * 32, smem, s>>>(a); break;
-    case DType::kF8E4M3: qkv_prologue_kernel<__nv_fp8_e4m3><<<grid, kHeadsPerBlock * 32, smem, s>>>(a); break;
-    case DType::kF8E5M2: qkv_prologue_kernel<__nv_fp8_e5m2><<<grid, kHeadsPerBlock * 32, smem, s>>>(a); break;
-    default: break;
+    case DType::kBF16:
+      qkv_prologue_kernel<__nv_bfloat16><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      break;
+    case DType::kF16:
+      qkv_prologue_kernel<__half><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      break;
+    case DType::kF32:
+      qkv_prologue_kernel<float><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      break;
+    case DType::kF8E4M3:
+      qkv_prologue_kernel<__nv_fp8_e4m3><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      break;
+    case DType::kF8E5M2:
+      qkv_prologue_kernel<__nv_fp8_e5m2><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      break;
+    default:
+      break;
   }
   TCUDA_LAUNCH_CHECK();
 }

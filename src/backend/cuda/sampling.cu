@@ -8,9 +8,9 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "backend/sampling_row.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/sampling_hash.h"
+#include "backend/sampling_row.h"
 
 namespace tessera::cuda {
 
