@@ -5,6 +5,7 @@
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/stack_dump.h"
 #include "core/version.h"
 
 namespace {
@@ -37,6 +38,7 @@ void usage(FILE* f) {
 
 int main(int argc, char** argv) {
   tessera::init_logging();
+  tessera::install_stack_dump_on_sigquit();  // kill -QUIT: every thread's stack, then go on
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
