@@ -190,27 +190,13 @@ int run_generate(int argc, char** argv) {
   // TP x PP > 1: this process is rank 0; the launcher spawns and supervises the others.
   // Declared before the engine, so the executor's shutdown plan goes out before it waits.
   // Several nodes: the head's session (control channel on the chosen NIC) outlives the launcher.
-  const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
   if (facts.nnodes > 1) {
     (void)engine_config(ef, /*parallel_supported=*/true);
     session = start_node_session(ef, cf, facts);
   }
-  AwaitNodesLeaving await_nodes(session.get());
-  std::unique_ptr<RankLauncher> launcher;
-  std::unique_ptr<NodeFailureHook> node_hook;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<LLMEngine> llm;
-  if (world > 1) {
-    EngineConfig ec = engine_config(ef, /*parallel_supported=*/true);
-    backend = make_rank_backend(ef, session ? world / facts.nnodes : world);  // rank 0: local rank 0
-    launcher = session ? std::make_unique<RankLauncher>(ef, argc, argv, placement_of(ef, *session, facts.nnodes))
-                       : std::make_unique<RankLauncher>(ef, argc, argv);
-    node_hook = std::make_unique<NodeFailureHook>(session.get(), launcher.get());
-    llm = std::make_unique<LLMEngine>(launcher->make_executor(*backend), ec);
-  } else {
-    backend = make_backend_for(ef);
-    llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
-  }
+  HeadEngine head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
+  std::unique_ptr<LLMEngine>& llm = head.llm;
+  RankLauncher* launcher = head.launcher.get();
   AsyncEngine engine(std::move(llm), tok.get(), AsyncEngineOptions{static_cast<int>(jobs.size()) + 1});
   using clock = std::chrono::steady_clock;
   std::mutex mu;

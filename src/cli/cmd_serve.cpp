@@ -261,7 +261,6 @@ int run_serve(int argc, char** argv) {
     fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
-  const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
   (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
   if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
@@ -337,22 +336,9 @@ int run_serve(int argc, char** argv) {
   // TP x PP > 1: this process is rank 0; the launcher spawns and supervises this node's other
   // ranks. Several nodes: the session (the head's control channel) outlives the launcher.
   std::unique_ptr<dist::NodeSession> session = start_node_session(ef, cf, facts);
-  AwaitNodesLeaving await_nodes(session.get());
-  std::unique_ptr<RankLauncher> launcher;
-  std::unique_ptr<NodeFailureHook> node_hook;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<LLMEngine> llm;
-  if (world > 1) {
-    EngineConfig ec = engine_config(ef, /*parallel_supported=*/true);
-    backend = make_rank_backend(ef, session ? world / facts.nnodes : world);  // rank 0: local rank 0
-    launcher = session ? std::make_unique<RankLauncher>(ef, argc, argv, placement_of(ef, *session, facts.nnodes))
-                       : std::make_unique<RankLauncher>(ef, argc, argv);
-    node_hook = std::make_unique<NodeFailureHook>(session.get(), launcher.get());
-    llm = std::make_unique<LLMEngine>(launcher->make_executor(*backend), ec);
-  } else {
-    backend = make_backend_for(ef);
-    llm = std::make_unique<LLMEngine>(load_model(load_options(ef), *backend), *backend, engine_config(ef));
-  }
+  HeadEngine head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
+  std::unique_ptr<LLMEngine>& llm = head.llm;
+  RankLauncher* launcher = head.launcher.get();
   if (!extra_eos.empty()) {
     std::vector<int32_t> eos = llm->eos_token_ids();
     for (int32_t id : extra_eos)

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/model_loader.h"
 
 namespace tessera::cli {
 
@@ -123,6 +124,26 @@ AwaitNodesLeaving::~AwaitNodesLeaving() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   TLOG_WARN("some nodes did not leave within 10 s of the end of the job");
+}
+
+HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session, int nnodes, int argc,
+                             char** argv) {
+  HeadEngine h;
+  h.session = std::move(session);
+  h.await_nodes = std::make_unique<AwaitNodesLeaving>(h.session.get());
+  const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if (world == 1) {
+    h.backend = make_backend_for(f);
+    h.llm = std::make_unique<LLMEngine>(load_model(load_options(f), *h.backend), *h.backend, engine_config(f));
+    return h;
+  }
+  EngineConfig ec = engine_config(f, /*parallel_supported=*/true);
+  h.backend = make_rank_backend(f, h.session ? world / nnodes : world);  // rank 0: local rank 0
+  h.launcher = h.session ? std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, *h.session, nnodes))
+                         : std::make_unique<RankLauncher>(f, argc, argv);
+  h.node_hook = std::make_unique<NodeFailureHook>(h.session.get(), h.launcher.get());
+  h.llm = std::make_unique<LLMEngine>(h.launcher->make_executor(*h.backend), ec);
+  return h;
 }
 
 }  // namespace tessera::cli

@@ -57,4 +57,20 @@ class AwaitNodesLeaving {
   dist::NodeSession* session_;
 };
 
+// Rank 0's engine and what it rests on. Members end in reverse order: the engine, then the
+// failure hook before the launcher, then AwaitNodesLeaving before the session closes.
+struct HeadEngine {
+  std::unique_ptr<dist::NodeSession> session;  // several nodes only
+  std::unique_ptr<AwaitNodesLeaving> await_nodes;
+  std::unique_ptr<RankLauncher> launcher;  // TP x PP > 1 only
+  std::unique_ptr<NodeFailureHook> node_hook;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LLMEngine> llm;  // for the AsyncEngine to take
+};
+
+// The head's engine (generate, serve): in this process when TP x PP = 1, else over rank
+// processes that a RankLauncher spawns on this node (and, with `session`, on the others).
+HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session, int nnodes, int argc,
+                             char** argv);
+
 }  // namespace tessera::cli

@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -28,6 +29,14 @@ Tensor gather_host_rows(Backend& be, const Tensor& logits, const std::vector<int
 void check_sampling(const Tensor& logits, const StepSampling& sampling) {
   TESSERA_CHECK(logits.defined() && logits.ndim() == 2 && logits.dim(0) == static_cast<int64_t>(sampling.rows.size()),
                 "step: {} sampling rows for logits {}", sampling.rows.size(), logits.defined() ? logits.str() : "none");
+}
+
+// The step's token ids (i32 [n]) and host rows ([h, V], undefined when none), on the device.
+std::pair<Tensor, Tensor> sample_on_device(Backend& be, const Tensor& logits, const StepSampling& sampling) {
+  check_sampling(logits, sampling);
+  Tensor ids = be.scratch({logits.dim(0)}, DType::kI32);
+  be.sample(logits, sampling.rows, ids);
+  return {ids, gather_host_rows(be, logits, sampling.host_rows)};
 }
 
 // Sends a tensor this rank computed to `peer` over `comm`: as it is when the communicator
@@ -71,11 +80,8 @@ void raise_if_failed(dist::ProcessGroups& g) {
 }  // namespace
 
 void sample_logits(Backend& be, const Tensor& logits, const StepSampling& sampling, StepOutput& out) {
-  check_sampling(logits, sampling);
+  const auto [ids, rows] = sample_on_device(be, logits, sampling);
   const int64_t n = logits.dim(0), V = logits.dim(1);
-  Tensor ids = be.scratch({n}, DType::kI32);
-  be.sample(logits, sampling.rows, ids);
-  Tensor rows = gather_host_rows(be, logits, sampling.host_rows);
   out.tokens.resize(static_cast<size_t>(n));
   be.copy_to_host(out.tokens.data(), ids);
   out.host_logits.resize(sampling.host_rows.size() * static_cast<size_t>(V));
@@ -252,10 +258,7 @@ void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, 
         if (!runner.cache_ready()) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");
         Tensor logits = runner.run(plan.input);
         if (sends_tokens) {
-          check_sampling(logits, plan.sampling);
-          Tensor ids = backend.scratch({logits.dim(0)}, DType::kI32);
-          backend.sample(logits, plan.sampling.rows, ids);
-          Tensor rows = gather_host_rows(backend, logits, plan.sampling.host_rows);
+          const auto [ids, rows] = sample_on_device(backend, logits, plan.sampling);
           send_tensor(backend, *groups.pp, ids, 0);
           if (rows.defined()) send_tensor(backend, *groups.pp, rows, 0);
         }

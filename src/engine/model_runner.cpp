@@ -38,15 +38,32 @@ void ModelRunner::init_cache(const CacheInit& init) {
   for (int b = 8; b < init.max_graph_batch + 8; b += 8) buckets_.push_back(std::min(b, init.max_graph_batch));
   buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
   max_blocks_ = (max_model_len_ + init.block_size - 1) / init.block_size;
+  // One device buffer for every graph input (256-byte aligned segments of B = the largest
+  // bucket). The rows 0..B of query_start_loc and logits_indices never change: written once.
+  // Each step rewrites tokens, positions, seq_lens, slots and block tables with one copy.
   const int64_t B = buckets_.back();
-  g_tokens_ = backend_.alloc({B}, DType::kI32);
-  g_positions_ = backend_.alloc({B}, DType::kI32);
-  g_qsl_ = backend_.alloc({B + 1}, DType::kI32);
-  g_seq_lens_ = backend_.alloc({B}, DType::kI32);
-  g_block_tables_ = backend_.alloc({B * max_blocks_}, DType::kI32);
-  g_slots_ = backend_.alloc({B}, DType::kI32);
-  g_logits_idx_ = backend_.alloc({B}, DType::kI32);
-  backend_.fill(g_block_tables_, 0.0f);
+  auto seg = [](int64_t n) { return (n + 63) / 64 * 64; };
+  const int64_t step_ints = 4 * seg(B) + B * max_blocks_;
+  Tensor buf = backend_.alloc({seg(B + 1) + seg(B) + step_ints}, DType::kI32);
+  int64_t off = 0;
+  auto take = [&](int64_t n, int64_t stride) {
+    Tensor t = buf.rows(off, off + n);
+    off += stride;
+    return t;
+  };
+  g_qsl_ = take(B + 1, seg(B + 1));
+  g_logits_idx_ = take(B, seg(B));
+  g_step_ = buf.rows(off, off + step_ints);
+  g_tokens_ = take(B, seg(B));
+  g_positions_ = take(B, seg(B));
+  g_seq_lens_ = take(B, seg(B));
+  g_slots_ = take(B, seg(B));
+  g_block_tables_ = take(B * max_blocks_, B * max_blocks_);
+  std::vector<int32_t> iota(static_cast<size_t>(B + 1));
+  std::iota(iota.begin(), iota.end(), 0);
+  backend_.copy_from_host(g_qsl_, iota.data());
+  backend_.copy_from_host(g_logits_idx_, iota.data());
+  h_step_.assign(static_cast<size_t>(step_ints), 0);
   TLOG_INFO(
       "CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
       "--enforce-eager turns them off",
@@ -61,29 +78,24 @@ int ModelRunner::bucket_for(int batch) const {
 StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size());
-  std::vector<int32_t> tok(b, 0), pos(b, 0), qsl(b + 1), lens(b, 1), slots(b, -1), idx(b);
-  std::iota(qsl.begin(), qsl.end(), 0);
-  std::iota(idx.begin(), idx.end(), 0);
-  h_block_tables_.assign(static_cast<size_t>(b) * max_blocks_, 0);
-  for (int s = 0; s < S; ++s) {
-    tok[s] = in.token_ids[s];
-    pos[s] = in.positions[s];
-    lens[s] = a.seq_lens[s];
-    slots[s] = a.slot_mapping[s];
-    const int w = std::min(a.max_blocks_per_seq, max_blocks_);
-    std::copy_n(a.block_tables.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
-                h_block_tables_.begin() + static_cast<ptrdiff_t>(s) * max_blocks_);
+  // h_step_ mirrors g_step_: tokens, positions, seq_lens, slots (stride seg), block tables.
+  const size_t stride = static_cast<size_t>(g_positions_.offset_bytes() - g_tokens_.offset_bytes()) / 4;
+  int32_t* tok = h_step_.data();
+  int32_t *pos = tok + stride, *lens = pos + stride, *slots = lens + stride, *tables = slots + stride;
+  const int w = std::min(a.max_blocks_per_seq, max_blocks_);
+  std::fill_n(tables, static_cast<size_t>(b) * max_blocks_, 0);
+  for (int s = 0; s < b; ++s) {
+    const bool real = s < S;  // padding rows: token 0 at position 0, one cached key, no KV write
+    tok[s] = real ? in.token_ids[s] : 0;
+    pos[s] = real ? in.positions[s] : 0;
+    lens[s] = real ? a.seq_lens[s] : 1;
+    slots[s] = real ? a.slot_mapping[s] : -1;
+    if (real)
+      std::copy_n(a.block_tables.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
+                  tables + static_cast<ptrdiff_t>(s) * max_blocks_);
   }
-  auto put = [&](const Tensor& dst, const std::vector<int32_t>& v) {
-    backend_.copy_from_host(dst.rows(0, static_cast<int64_t>(v.size())), v.data());
-  };
-  put(g_tokens_, tok);
-  put(g_positions_, pos);
-  put(g_qsl_, qsl);
-  put(g_seq_lens_, lens);
-  put(g_slots_, slots);
-  put(g_logits_idx_, idx);
-  put(g_block_tables_, h_block_tables_);
+  const int64_t used = static_cast<int64_t>(tables - tok) + static_cast<int64_t>(b) * max_blocks_;
+  backend_.copy_from_host(g_step_.rows(0, used), h_step_.data());
 
   StepInputs si;
   si.token_ids = g_tokens_.rows(0, b);
@@ -114,12 +126,7 @@ Tensor ModelRunner::run(const ModelInput& in) {
   if (b == 0) return model_.forward(in, kv_);
   for (int s = 0; s < S; ++s)
     if (in.logits_indices[s] != s) return model_.forward(in, kv_);
-  for (int32_t id : in.token_ids)
-    if (id < 0 || id >= model_.config().vocab_size)
-      fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
-  for (int32_t p : in.positions)
-    if (p < 0 || p >= max_model_len_)
-      fail(ErrorKind::kInvalidArgument, "position {} is beyond --max-model-len {}", p, max_model_len_);
+  check_step_input(in, model_.config().vocab_size, max_model_len_);
 
   StepInputs si = fill_graph_inputs(in, b);
   auto it = graphs_.find(b);

@@ -53,8 +53,10 @@ class ModelRunner {
   bool graphs_enabled_ = false;
   std::vector<int> buckets_;
   int max_blocks_ = 0;  // block-table width of the graph inputs
-  Tensor g_tokens_, g_positions_, g_qsl_, g_seq_lens_, g_block_tables_, g_slots_, g_logits_idx_;
-  std::vector<int32_t> h_block_tables_;
+  // Graph inputs: views into one device buffer; g_step_ is the part each step rewrites, from
+  // its host mirror h_step_ (no allocation per step).
+  Tensor g_qsl_, g_logits_idx_, g_step_, g_tokens_, g_positions_, g_seq_lens_, g_slots_, g_block_tables_;
+  std::vector<int32_t> h_step_;
   std::map<int, Graph> graphs_;
   std::vector<dist::Communicator*> watched_;
 };

@@ -213,9 +213,7 @@ void DenseDecoderModel::mlp(int layer, const Tensor& h, const Tensor& out) {
 }
 
 Tensor DenseDecoderModel::forward(const ModelInput& in, KvCache& cache) {
-  for (int32_t id : in.token_ids)
-    if (id < 0 || id >= config_.vocab_size) fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
-  return run(upload_step_inputs(backend_, in, max_positions_), cache);
+  return run(upload_step_inputs(backend_, in, config_.vocab_size, max_positions_), cache);
 }
 
 bool DenseDecoderModel::graph_safe() const {

@@ -4,13 +4,19 @@
 
 namespace tessera {
 
-StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int max_positions) {
-  const int64_t T = static_cast<int64_t>(in.token_ids.size());
-  TESSERA_CHECK(T > 0 && in.positions.size() == in.token_ids.size(), "forward: {} tokens, {} positions", T,
-                in.positions.size());
+void check_step_input(const ModelInput& in, int vocab, int max_positions) {
+  TESSERA_CHECK(!in.token_ids.empty() && in.positions.size() == in.token_ids.size(), "forward: {} tokens, {} positions",
+                in.token_ids.size(), in.positions.size());
+  for (int32_t id : in.token_ids)
+    if (id < 0 || id >= vocab) fail(ErrorKind::kInvalidArgument, "token id {} outside the vocabulary", id);
   for (int32_t p : in.positions)
     if (p < 0 || p >= max_positions)
       fail(ErrorKind::kInvalidArgument, "position {} is beyond the model's {} positions", p, max_positions);
+}
+
+StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int max_positions) {
+  check_step_input(in, vocab, max_positions);
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
   StepInputs s;
   s.token_ids = be.scratch({T}, DType::kI32);
   be.copy_from_host(s.token_ids, in.token_ids.data());

@@ -56,8 +56,11 @@ struct StepInputs {
   AttentionMetadata attention;
 };
 
-// Uploads `in` into `backend`'s scratch memory. Positions must be below max_positions.
-StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int max_positions);
+// Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
+// Error(kInvalidArgument) naming the bad value.
+void check_step_input(const ModelInput& in, int vocab, int max_positions);
+// Checks `in`, then uploads it into `backend`'s scratch memory.
+StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int vocab, int max_positions);
 
 // The data-plane groups a sharded model talks through (owned by the executor). The model
 // only calls collectives on them; it never starts processes or opens connections.
