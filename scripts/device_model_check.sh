@@ -9,8 +9,11 @@ set -u
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-tar -xJf bundle/bundle.tar.xz -C /tmp
+[ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
+# PARTS: which sections to run (default all): tests ceil decode fp8 prefill serve
+PARTS=" ${PARTS:-tests ceil decode fp8 prefill serve} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 
@@ -19,6 +22,7 @@ if [ "${STOP_REFS:-0}" = 1 ]; then
   timeout 120 python3 tools/make_stop_string_refs.py --tokenizer $TOK --out "$OUT/qwen3_stop_refs.json" 2>&1 | tail -2
 fi
 
+if part tests; then
 echo "== CUDA op tests (sampling, graphs, every op vs CPU)"
 timeout 300 $B/cuda_ops_test > "$OUT/cuda_ops.log" 2>&1; echo "cuda_ops_test rc=$?"
 grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$OUT/cuda_ops.log" | head -20
@@ -29,6 +33,8 @@ grep -E 'PASSED|FAILED|Failure' -A3 "$OUT/fixture_cuda.log" | grep -v '^--' | he
 TESSERA_TEST_DEVICE=cuda timeout 240 $B/engine_test > "$OUT/engine_cuda.log" 2>&1; echo "engine_test rc=$?"
 grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -20
 
+fi
+if part ceil; then
 echo "== copy bandwidth (ceiling) in this run"
 python3 - <<'PY' 2>&1 | tee "$OUT/copy.log"
 import torch
@@ -51,6 +57,8 @@ ts.sort(); ms = ts[len(ts) // 2]
 print(f"gemm_TFLOPs {2 * 8192**3 / ms / 1e9:.0f}")
 PY
 
+fi
+if part decode; then
 echo "== decode, batch 1, Qwen3-8B shape, 512-token prompt, 256 new tokens"
 P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
@@ -63,12 +71,16 @@ cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').r
        <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode_eager.json').readline())['token_ids'])") \
   && echo "graph and eager decode: identical tokens" || echo "graph and eager decode: tokens DIFFER"
 
+fi
+if part fp8; then
 echo "== fp8 KV cache: capacity at the same memory budget"
 for dt in auto fp8; do
   timeout 120 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids 1,2,3 \
     --max-tokens 2 --max-model-len 8192 --kv-cache-dtype $dt --gpu-memory-utilization 0.5 2>&1 | grep -E 'KV cache size' | sed "s/^/$dt: /"
 done
 
+fi
+if part prefill; then
 echo "== prefill, one 4096-token prompt (after a warm-up prompt), same model"
 P4K=$(python3 -c "print(','.join(str((i*104729)%150000+100) for i in range(4096)))")
 P4K2=$(python3 -c "print(','.join(str((i*7907)%150000+100) for i in range(4096)))")
@@ -82,6 +94,8 @@ t = rows[1]["first_token_at_s"] - rows[0]["first_token_at_s"]
 print(f"prefill_4096_s {t:.4f}")
 PY
 
+fi
+if part serve; then
 echo "== serving: tessera bench, seed protocol"
 $B/tessera serve configs/qwen3-8b --load-format dummy --device cuda --tokenizer $TOK --port 8011 \
   --max-model-len 4096 --max-num-seqs 256 > "$OUT/serve.log" 2>&1 &
@@ -95,3 +109,4 @@ timeout 200 $B/tessera bench --base-url http://127.0.0.1:8011 --concurrency 64,2
   --json "$OUT/bench_high.json" 2>/dev/null | tail -10
 kill $SP; wait $SP 2>/dev/null
 grep -E 'KV cache size|Maximum concurrency' "$OUT/serve.log"
+fi

@@ -16,6 +16,13 @@ constexpr int kWarps = 4;
 constexpr int kTile = 16;     // keys per warp step
 constexpr int kMaxGroup = 8;  // query heads per block
 
+// Keys per split when the kernel sizes splits from the sequence's own length: whole
+// warp-tile rounds. The merge kernel recomputes it to skip the splits past the context.
+__device__ __forceinline__ int split_part(int seq_len, int num_splits) {
+  const int part = (seq_len + num_splits - 1) / num_splits;
+  return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+}
+
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
 // past the group are zeros and never written. A compile-time count keeps every
 // per-head loop branch-free, so the heads' dependency chains interleave.
@@ -40,15 +47,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h0 = kh * group + gc * GC, ng = min(GC, group - gc * GC);
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
-  if (only_single && qlen != 1) return;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
   // part <= 0: slices sized from this sequence's own length (a captured graph's launch
-  // serves any lengths), whole warp-tile rounds.
-  if (part <= 0) {
-    part = (a.seq_lens[s] + num_splits - 1) / num_splits;
-    part = (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
-  }
+  // serves any lengths).
+  if (part <= 0) part = split_part(a.seq_lens[s], num_splits);
   const int start = split * part, end = min(start + part, kv_len);
+  // Launched with PDL (device_utils.cuh): the step inputs above are the host's; q, the
+  // cache and ws are not. No early trigger: latency-bound, this kernel should not share
+  // DRAM with the next projection's weight loads.
+  pdl_wait();
+  if (only_single && qlen != 1) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   auto ws_row = [&](int g) { return ws + ((static_cast<int64_t>(t) * a.Hq + h0 + g) * num_splits + split) * (D + 2); };
@@ -227,17 +235,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Merges the slices of one (token, head); only the slices that hold keys are read.
 template <int D>
-__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool only_single,
+__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int part, bool only_single,
                                      const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
-  if (only_single && a.query_start_loc[s + 1] - a.query_start_loc[s] != 1) return;
+  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
+  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
+  if (part <= 0) part = split_part(a.seq_lens[s], num_splits);
+  const int used = min(num_splits, (kv_len + part - 1) / part);
+  pdl_wait();  // launched with PDL (device_utils.cuh)
+  if (only_single && qlen != 1) return;
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
   float mx = -INFINITY;
-  for (int sp = 0; sp < num_splits; ++sp) mx = fmaxf(mx, base[sp * (D + 2) + D]);
+  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, base[sp * (D + 2) + D]);
   float o = 0.0f, sum = 0.0f;
-  for (int sp = 0; sp < num_splits; ++sp) {
+  for (int sp = 0; sp < used; ++sp) {
     const float* w = base + sp * (D + 2);
     if (w[D + 1] == 0.0f) continue;
     const float f = exp2f(w[D] - mx);
@@ -254,21 +268,21 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_s
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
-      decode_attention_kernel<D, CT, 1><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 1>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
       break;
     case 2:
-      decode_attention_kernel<D, CT, 2><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 2>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
       break;
     case 4:
-      decode_attention_kernel<D, CT, 4><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 4>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
       break;
     default:
-      decode_attention_kernel<D, CT, 8><<<grid, kWarps * 32, 0, s>>>(a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 8>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
       break;
   }
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
-    decode_reduce_kernel<D><<<dim3(a.Hq, a.num_tokens), D, 0, s>>>(a, num_splits, only_single, ws);
+    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, part, only_single, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }

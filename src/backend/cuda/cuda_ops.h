@@ -117,6 +117,10 @@ bool generic_attention_supported(int D);
 void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
 
 // ---- skinny GEMM for decode (gemv.cu) ----
+// Programmatic dependent launch for the decode-path kernels (device_utils.cuh): on for
+// compute capability >= 9.0 unless TESSERA_PDL=0.
+bool pdl_enabled();
+
 constexpr int64_t kMaxGemvRows = 4;  // measured: at M = 8 x's reloads make cuBLASLt faster
 // out[M,N] = x[M,K] @ w[N,K]^T for M <= kMaxGemvRows, bf16 x and w (16-byte aligned, K % 8 == 0),
 // bf16 or f32 out. Returns false (nothing queued) for shapes it does not take.

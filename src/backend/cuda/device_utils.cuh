@@ -5,6 +5,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "backend/cuda/cuda_ops.h"
 
 namespace tessera::cuda {
@@ -103,6 +105,47 @@ __device__ __forceinline__ float block_sum(float v) {
   __syncthreads();
   float t = lane < nw ? part[lane] : 0.0f;
   return warp_sum(t);
+}
+
+// ---- programmatic dependent launch (sm_90+) ----
+// A kernel started with launch_pdl() may begin while the kernel before it on the stream
+// is still running (its launch, block scheduling and prologue overlap the other's tail).
+// Rules for such a kernel:
+//   - before pdl_wait() it reads only what no kernel of this step writes: weights, and the
+//     step inputs the host uploaded before the step (positions, slots, block tables,
+//     sequence lengths); it writes nothing;
+//   - every thread that goes on to read or write anything else calls pdl_wait() first, and
+//     every block calls it before it exits (so that "this kernel finished" still implies
+//     "every kernel before it finished" for the kernels after it).
+// pdl_launch_dependents() lets the next PDL kernel start launching now; it changes only
+// scheduling, never what is safe. Both are no-ops for a kernel launched normally.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on `s`, with programmatic stream serialization when pdl_enabled()
+// (the kernel must follow the rules above). Works under CUDA graph capture: the edge to
+// the previous kernel becomes a programmatic one.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...);
 }
 
 }  // namespace tessera::cuda

@@ -1,6 +1,8 @@
 // Memory-bound ops: fill, cast, gather, norms, SiLU-and-mul, add, RoPE, KV write.
 // Each is a static kernel plus a launcher; CudaBackend checks shapes and dtypes.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/device_utils.cuh"
 
@@ -75,6 +77,8 @@ __global__ void gather_rows_kernel(const Chunk* __restrict__ x, const int32_t* _
 template <typename T, typename W, int N>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ out, int64_t D,
                                 float eps) {
+  pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
+  pdl_wait();
   using V = Vec<T, N>;
   const V* xr = reinterpret_cast<const V*>(x + blockIdx.x * D);
   V* orow = reinterpret_cast<V*>(out + blockIdx.x * D);
@@ -101,6 +105,8 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w
 template <typename T, typename W, int N>
 __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual, const W* __restrict__ w, int64_t D,
                                     float eps) {
+  pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
+  pdl_wait();
   using V = Vec<T, N>;
   V* xr = reinterpret_cast<V*>(x + blockIdx.x * D);
   V* rr = reinterpret_cast<V*>(residual + blockIdx.x * D);
@@ -128,6 +134,8 @@ __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual,
 // ---------------------------------------------------------------- SiLU-and-mul, add, bias
 template <typename T, int N>
 __global__ void silu_mul_kernel(const T* __restrict__ gu, T* __restrict__ out, int64_t T_, int64_t I) {
+  pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
+  pdl_wait();
   using V = Vec<T, N>;
   int64_t per_row = I / N, total = T_ * per_row;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -224,17 +232,29 @@ __global__ void write_kv_copy_kernel(const uint4* __restrict__ k, const uint4* _
 template <typename T, typename W, int N>
 void rms_norm_t(const void* x, const void* w, void* out, int64_t rows, int64_t D, float eps, cudaStream_t s) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (D / N + 31) / 32 * 32)));
-  rms_norm_kernel<T, W, N><<<static_cast<unsigned>(rows), threads, 0, s>>>(
-      static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(out), D, eps);
+  launch_pdl(rms_norm_kernel<T, W, N>, static_cast<unsigned>(rows), threads, 0, s, static_cast<const T*>(x),
+             static_cast<const W*>(w), static_cast<T*>(out), D, eps);
 }
 template <typename T, typename W, int N>
 void add_rms_norm_t(void* x, void* r, const void* w, int64_t rows, int64_t D, float eps, cudaStream_t s) {
   int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (D / N + 31) / 32 * 32)));
-  add_rms_norm_kernel<T, W, N><<<static_cast<unsigned>(rows), threads, 0, s>>>(static_cast<T*>(x), static_cast<T*>(r),
-                                                                               static_cast<const W*>(w), D, eps);
+  launch_pdl(add_rms_norm_kernel<T, W, N>, static_cast<unsigned>(rows), threads, 0, s, static_cast<T*>(x),
+             static_cast<T*>(r), static_cast<const W*>(w), D, eps);
 }
 
 }  // namespace
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_PDL");
+    if (env && std::string_view(env) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return on;
+}
 
 void launch_fill(void* dst, DType t, int64_t n, float value, cudaStream_t s) {
   if (n == 0) return;
@@ -315,8 +335,8 @@ void launch_silu_mul(const void* gate_up, void* out, DType t, int64_t T, int64_t
   if (T * I == 0) return;
   if (t == DType::kBF16) {
     if (I % 8 == 0 && aligned16(gate_up) && aligned16(out))
-      silu_mul_kernel<__nv_bfloat16, 8><<<grid_for(T * I / 8), kThreads, 0, s>>>(
-          static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), T, I);
+      launch_pdl(silu_mul_kernel<__nv_bfloat16, 8>, grid_for(T * I / 8), kThreads, 0, s,
+                 static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), T, I);
     else
       silu_mul_kernel<__nv_bfloat16, 1><<<grid_for(T * I), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate_up),
                                                                              static_cast<__nv_bfloat16*>(out), T, I);

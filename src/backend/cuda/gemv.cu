@@ -4,6 +4,7 @@
 // when N is small, so the grid still fills the GPU), 16-byte non-allocating loads, four in
 // flight per lane before any math; x (M rows, a few KiB) stays in L1/L2. Partial sums of a
 // row's warps meet in shared memory. cuBLASLt serves larger M and unaligned shapes.
+// Launched with programmatic dependent launch: the first loads overlap the previous kernel.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -51,28 +52,32 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int slice = warp % wpr;
   const int chunks = K / 8;                  // 16-byte chunks per row
   const int per = (chunks + wpr - 1) / wpr;  // this warp's chunk range
-  const int c0 = slice * per, c1 = min(chunks, c0 + per);
+  const int c0 = slice * per, c1 = row < N ? min(chunks, c0 + per) : c0;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  if (row < N) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * K);
-    const uint4* xr = reinterpret_cast<const uint4*>(x);
-    int c = c0 + lane;
-    for (; c + 32 * (kUnroll - 1) < c1; c += 32 * kUnroll) {
-      uint4 wv[kUnroll];
+  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(min(row, N - 1)) * K);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  // The first round of weight loads goes out before waiting for the kernel that writes x
+  // (programmatic dependent launch): the weights stream while that kernel finishes.
+  uint4 wv[kUnroll];
+  int c = c0 + lane;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+  for (int u = 0; u < kUnroll; ++u)
+    if (c + 32 * u < c1) wv[u] = load_stream(wr + c + 32 * u);
+  pdl_launch_dependents();
+  pdl_wait();
+  for (; c < c1; c += 32 * kUnroll) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < kUnroll; ++u)
+      if (c + 32 * u < c1) {
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[m] += dot8(wv[u], __ldg(xr + static_cast<int64_t>(m) * chunks + c + 32 * u));
-    }
-    for (; c < c1; c += 32) {
-      const uint4 wv = load_stream(wr + c);
+      }
+    const int next = c + 32 * kUnroll;
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[m] += dot8(wv, __ldg(xr + static_cast<int64_t>(m) * chunks + c));
-    }
+    for (int u = 0; u < kUnroll; ++u)
+      if (next + 32 * u < c1) wv[u] = load_stream(wr + next + 32 * u);
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
@@ -103,9 +108,10 @@ void launch_m(const void* x, const void* w, void* out, DType out_t, int N, int K
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   if (out_t == DType::kF32)
-    gemv_kernel<M, float><<<grid, kWarps * 32, 0, s>>>(xb, wb, static_cast<float*>(out), N, K, wpr);
+    launch_pdl(gemv_kernel<M, float>, grid, kWarps * 32, 0, s, xb, wb, static_cast<float*>(out), N, K, wpr);
   else
-    gemv_kernel<M, __nv_bfloat16><<<grid, kWarps * 32, 0, s>>>(xb, wb, static_cast<__nv_bfloat16*>(out), N, K, wpr);
+    launch_pdl(gemv_kernel<M, __nv_bfloat16>, grid, kWarps * 32, 0, s, xb, wb, static_cast<__nv_bfloat16*>(out), N, K,
+               wpr);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32) qkv_prologue_kernel(QkvPr
   const int H = a.Hq + 2 * a.Hk, D = a.D;
   const int h = blockIdx.y * kHeadsPerBlock + warp;
   const int64_t t = blockIdx.x;
+  pdl_wait();  // launched with PDL (device_utils.cuh); the attention after it launches when it ends
   if (h >= H) return;
   float* b = buf + warp * D;
   const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.qkv) + (t * H + h) * D;
@@ -91,7 +92,7 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
   const size_t smem = static_cast<size_t>(kHeadsPerBlock) * a.D * sizeof(float);
   switch (cache_t) {
     case DType::kBF16:
-      qkv_prologue_kernel<__nv_bfloat16><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      launch_pdl(qkv_prologue_kernel<__nv_bfloat16>, grid, kHeadsPerBlock * 32, smem, s, a);
       break;
     case DType::kF16:
       qkv_prologue_kernel<__half><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
@@ -100,7 +101,7 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
       qkv_prologue_kernel<float><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
       break;
     case DType::kF8E4M3:
-      qkv_prologue_kernel<__nv_fp8_e4m3><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
+      launch_pdl(qkv_prologue_kernel<__nv_fp8_e4m3>, grid, kHeadsPerBlock * 32, smem, s, a);
       break;
     case DType::kF8E5M2:
       qkv_prologue_kernel<__nv_fp8_e5m2><<<grid, kHeadsPerBlock * 32, smem, s>>>(a);
