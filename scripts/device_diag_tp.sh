@@ -29,5 +29,5 @@ variant eager_nccl --enforce-eager --disable-custom-all-reduce
 variant eager_car --enforce-eager
 variant graph_nccl --disable-custom-all-reduce
 variant default
-TESSERA_TP_GRAPHS=1 variant graphs_on_nccl --disable-custom-all-reduce
-TESSERA_TP_GRAPHS=1 NCCL_GRAPH_REGISTER=0 variant graphs_on_noregister --disable-custom-all-reduce
+NCCL_GRAPH_REGISTER=0 variant graphs_noregister --disable-custom-all-reduce
+TESSERA_TP_GRAPHS=0 variant tp_graphs_off

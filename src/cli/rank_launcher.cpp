@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -367,6 +368,14 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   signal(SIGPIPE, SIG_IGN);                // see RankLauncher
   signal(SIGINT, SIG_IGN);                 // Ctrl-C reaches the whole process group: the head drains and ends the ranks
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
+  // A failed rank says why and exits at once: tearing its communicators down politely
+  // could block on GPU work that waits for peers (seen: ncclCommDestroy behind a captured
+  // graph's collective), and the head notices the exit and ends the job.
+  auto die = [&](const char* what) {
+    std::fprintf(stderr, "error: rank %d: %s\n", w.worker_rank, what);
+    std::fflush(stderr);
+    std::_Exit(1);
+  };
   try {
     const bool one_node = w.worker_local_ranks <= 0;  // local rank = world rank
     auto backend = make_rank_backend(f, one_node ? world : w.worker_local_ranks,
@@ -374,7 +383,11 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
     auto groups = join_groups(f, *backend, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port),
                               tok, w.worker_bind_ip);
     auto model = load_shard(f, w.worker_rank, *groups, *backend);
-    run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
+    try {
+      run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
+    } catch (const std::exception& e) {
+      die(e.what());  // before the destructors of groups and backend run
+    }
   } catch (const Error& e) {
     fail(e.kind(), "rank {}: {}", w.worker_rank, e.what());
   }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -330,7 +331,9 @@ class NcclCommunicator : public Communicator {
       st_->pending.clear();
       st_->spare.clear();
     }
-    if (comm) {
+    if (comm && std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm);  // unwinding from a failure: peers may be gone; never a blocking destroy
+    } else if (comm) {
       // Finalize is non-blocking on this communicator; if it does not finish in time, abort.
       ncclCommFinalize(comm);
       Deadline deadline = Clock::now() + st_->options.timeout;

@@ -23,13 +23,14 @@ void ModelRunner::init_cache(const CacheInit& init) {
       init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
   graphs_.clear();
   buckets_.clear();
-  // Graphs with NCCL / custom all-reduce inside hang on the first replay on 2 x H200 (not yet
-  // understood); sharded ranks run eagerly unless TESSERA_TP_GRAPHS=1 asks to try.
+  // Tensor-parallel ranks capture their collectives (NCCL, custom all-reduce) into the
+  // graphs too; TESSERA_TP_GRAPHS=0 keeps them eager (--enforce-eager turns graphs off
+  // everywhere).
   bool sharded = false;
   for (dist::Communicator* c : watched_) sharded = sharded || c->size() > 1;
   const char* tp_graphs = std::getenv("TESSERA_TP_GRAPHS");
-  if (graphs_enabled_ && sharded && !(tp_graphs && std::string(tp_graphs) == "1")) {
-    TLOG_INFO("CUDA graphs: off for tensor-parallel ranks (eager steps; TESSERA_TP_GRAPHS=1 to try them)");
+  if (graphs_enabled_ && sharded && tp_graphs && std::string(tp_graphs) == "0") {
+    TLOG_INFO("CUDA graphs: off for tensor-parallel ranks (TESSERA_TP_GRAPHS=0)");
     graphs_enabled_ = false;
   }
   if (!graphs_enabled_) return;
@@ -115,6 +116,12 @@ StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   return si;
 }
 
+namespace {
+// The first S rows of a bucket's logits; a rank that computes no logits (a TP rank other
+// than the gather root, a PP stage before the last) has an empty tensor and keeps it.
+Tensor logits_rows(const Tensor& logits, int S) { return logits.ndim() == 0 ? logits : logits.rows(0, S); }
+}  // namespace
+
 Tensor ModelRunner::run(const ModelInput& in) {
   TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
   backend_.reset_scratch();
@@ -135,7 +142,7 @@ Tensor ModelRunner::run(const ModelInput& in) {
     for (dist::Communicator* c : watched_) c->watch_stream("decode graph replay");
     // Later scratch (sampling) must not overlap what the graph wrote.
     backend_.scratch({static_cast<int64_t>(it->second.scratch_bytes)}, DType::kU8);
-    return it->second.logits.rows(0, S);
+    return logits_rows(it->second.logits, S);
   }
   // First time at this size: the eager run is this step's result; then capture.
   Tensor logits = model_.run(si, kv_);
@@ -163,7 +170,7 @@ Tensor ModelRunner::run(const ModelInput& in) {
   }
   // Keep later scratch clear of the eager logits (same arena offsets as the capture).
   backend_.scratch({static_cast<int64_t>(eager_bytes)}, DType::kU8);
-  return logits.rows(0, S);
+  return logits_rows(logits, S);
 }
 
 }  // namespace tessera
