@@ -42,12 +42,23 @@ if len(steps) > 3:
     busy = sum(r["e"] - r["s"] for r in rows[lo:hi])
     print(f"\ndecode step {j}: {hi-lo} kernels, {wall/1000:.1f} us from first start to last end, "
           f"{busy/1000:.1f} us busy, {(wall-busy)/1000:.1f} us idle between kernels")
+    # With programmatic dependent launch kernels overlap, so a kernel's own duration
+    # overstates its cost: "marginal" is how much later the step's latest end moves when
+    # it ends (its end minus the latest end before it), which sums to the step's time.
     per = {}
+    print(f"  host time between the previous step's last kernel and this step's first: "
+          f"{(rows[lo]['s'] - rows[lo - 1]['e'])/1000:.1f} us")
+    latest = rows[lo]["s"]
     for i in range(lo, hi):
-        gap = rows[i]["s"] - rows[i - 1]["e"] if i > lo else 0
-        s = per.setdefault(rows[i]["k"], [0, 0, 0]); s[0] += 1; s[1] += rows[i]["e"] - rows[i]["s"]; s[2] += gap
-    for k, (c, d, g) in sorted(per.items(), key=lambda x: -x[1][1]):
-        print(f"  {c:4d} x {d/c/1000:7.2f} us = {d/1000:8.1f} us  (+{g/1000:6.1f} us idle before)  grid {k}")
+        r = rows[i]
+        gap = r["s"] - rows[i - 1]["e"] if i > lo else 0
+        marginal = max(0, r["e"] - latest)
+        latest = max(latest, r["e"])
+        s = per.setdefault(r["k"] + f"  grid {r['grid']}", [0, 0, 0, 0])
+        s[0] += 1; s[1] += r["e"] - r["s"]; s[2] += gap; s[3] += marginal
+    print(f"  {'count':>5}   {'marginal':>9}   {'duration':>9}   {'idle before':>11}   kernel")
+    for k, (c, d, g, m) in sorted(per.items(), key=lambda x: -x[1][3]):
+        print(f"  {c:5d} x {m/c/1000:7.2f} us {d/c/1000:9.2f} us {g/c/1000:11.2f} us   {k}")
     print(f"first {a.first} kernels of the step:")
     for i in range(lo, min(hi, lo + a.first)):
         r = rows[i]

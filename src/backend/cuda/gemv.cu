@@ -4,7 +4,6 @@
 // when N is small, so the grid still fills the GPU), 16-byte non-allocating loads, four in
 // flight per lane before any math; x (M rows, a few KiB) stays in L1/L2. Partial sums of a
 // row's warps meet in shared memory. cuBLASLt serves larger M and unaligned shapes.
-// Launched with programmatic dependent launch: the first loads overlap the previous kernel.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -52,32 +51,32 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int slice = warp % wpr;
   const int chunks = K / 8;                  // 16-byte chunks per row
   const int per = (chunks + wpr - 1) / wpr;  // this warp's chunk range
-  const int c0 = slice * per, c1 = row < N ? min(chunks, c0 + per) : c0;
+  const int c0 = slice * per, c1 = min(chunks, c0 + per);
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(min(row, N - 1)) * K);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  // The first round of weight loads goes out before waiting for the kernel that writes x
-  // (programmatic dependent launch): the weights stream while that kernel finishes.
-  uint4 wv[kUnroll];
-  int c = c0 + lane;
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
-    if (c + 32 * u < c1) wv[u] = load_stream(wr + c + 32 * u);
+  // Launched with PDL (device_utils.cuh): x comes from the kernel before. (Issuing the first
+  // weight loads before this wait cost registers, 38 -> 59, and so occupancy: not worth it.)
   pdl_launch_dependents();
   pdl_wait();
-  for (; c < c1; c += 32 * kUnroll) {
+  if (row < N) {
+    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * K);
+    const uint4* xr = reinterpret_cast<const uint4*>(x);
+    int c = c0 + lane;
+    for (; c + 32 * (kUnroll - 1) < c1; c += 32 * kUnroll) {
+      uint4 wv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (c + 32 * u < c1) {
+      for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[m] += dot8(wv[u], __ldg(xr + static_cast<int64_t>(m) * chunks + c + 32 * u));
-      }
-    const int next = c + 32 * kUnroll;
+    }
+    for (; c < c1; c += 32) {
+      const uint4 wv = load_stream(wr + c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (next + 32 * u < c1) wv[u] = load_stream(wr + next + 32 * u);
+      for (int m = 0; m < M; ++m) acc[m] += dot8(wv, __ldg(xr + static_cast<int64_t>(m) * chunks + c));
+    }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
@@ -121,9 +120,12 @@ bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M
   if (M < 1 || M > kMaxGemvRows || K % 8 != 0 || N > (int64_t{1} << 30) || K > (int64_t{1} << 28)) return false;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0) return false;
   if (out_t != DType::kF32 && out_t != DType::kBF16) return false;
-  // Warps per row: enough blocks for ~4 per SM, and at least 4 chunks per lane.
+  // Warps per row: split K only when whole rows give fewer than ~2 blocks per SM (and keep
+  // at least 4 chunks per lane). bench/kernels/gemv_sweep_bench on H200 (M = 1, 8 warps,
+  // 8 loads in flight): o_proj 4096 x 4096 12.4 us at 1 warp per row vs 13.1 at 2, down_proj
+  // 4096 x 12288 28.6 vs 30.8 (2 warps per row gives 1,024 blocks, 1.3 waves at 6 per SM).
   int wpr = 1;
-  while (wpr < kWarps && (N * wpr) / kWarps < 4 * num_sms && K / 8 / (wpr * 2) >= 32 * 4) wpr *= 2;
+  while (wpr < kWarps && (N * wpr) / kWarps < 2 * num_sms && K / 8 / (wpr * 2) >= 32 * 4) wpr *= 2;
   const int n = static_cast<int>(N), k = static_cast<int>(K);
   switch (M) {
     case 1:
