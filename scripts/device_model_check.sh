@@ -70,6 +70,10 @@ echo "eager:"; grep -E 'Processed' "$OUT/decode_eager.log"
 cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').readline())['token_ids'])") \
        <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode_eager.json').readline())['token_ids'])") \
   && echo "graph and eager decode: identical tokens" || echo "graph and eager decode: tokens DIFFER"
+  # The ceiling: copy bandwidth of this run (section ceil) over the bytes a step reads.
+  TOKS=$(grep -o 'decode [0-9.]* tok/s' "$OUT/decode.log" | awk '{print $2}')
+  CB=$(awk '/copy_GBps/{print $2}' "$OUT/copy.log" 2>/dev/null)
+  python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} ${TOKS:+--tok-s $TOKS}
 
 fi
 if part fp8; then
@@ -93,6 +97,9 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 t = rows[1]["first_token_at_s"] - rows[0]["first_token_at_s"]
 print(f"prefill_4096_s {t:.4f}")
 PY
+  PS=$(python3 -c "import json; r=[json.loads(l) for l in open('$OUT/prefill.json')]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])")
+  GT=$(awk '/gemm_TFLOPs/{print $2}' "$OUT/copy.log" 2>/dev/null)
+  python3 tools/decode_ceiling.py configs/qwen3-8b --prefill-tokens 4096 --prefill-s "$PS" ${GT:+--gemm-tflops $GT} | grep prefill_
 
 fi
 if part serve; then
