@@ -122,6 +122,17 @@ class Backend {
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
                                const Tensor& out) = 0;
+  // The attention of a fused QKV projection: qkv_prologue into a q of out's shape, then
+  // paged_attention of that q into out. A backend may do both in one pass (CUDA, for steps
+  // where every sequence has one query token, with TESSERA_FUSED_DECODE_ATTN=1).
+  virtual void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                             const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
+                             const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,
+                             float v_scale, const Tensor& out) {
+    Tensor q = scratch(out.shape(), out.dtype());
+    qkv_prologue(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, q);
+    paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+  }
   // out[i,:] = x[indices[i], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) = 0;
   // Converts between float dtypes (same shape).

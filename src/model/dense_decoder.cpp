@@ -120,11 +120,9 @@ void DenseDecoderModel::attention(int layer, const Tensor& h, const Tensor& out,
   if (a.qkv) {  // one GEMM, then norm + rope + KV write in one op
     Tensor qkv = be.scratch({T, (local_heads_ + 2 * local_kv_heads_) * D}, dt);
     be.linear(h, *a.qkv, nullptr, qkv);
-    Tensor q = be.scratch({T, local_heads_, D}, dt);
-    be.qkv_prologue(qkv, a.q_norm, a.k_norm, eps, positions, rope_, cache.k[layer], cache.v[layer], meta, cache.k_scale,
-                    cache.v_scale, q);
     Tensor attn = be.scratch({T, local_heads_, D}, dt);
-    be.paged_attention(q, cache.k[layer], cache.v[layer], meta, scale, cache.k_scale, cache.v_scale, attn);
+    be.qkv_attention(qkv, a.q_norm, a.k_norm, eps, positions, rope_, cache.k[layer], cache.v[layer], meta, scale,
+                     cache.k_scale, cache.v_scale, attn);
     be.linear(attn.view({T, local_heads_ * D}), *a.o_proj, nullptr, out);
     all_reduce(out);
     return;

@@ -422,6 +422,107 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
   }
 }
 
+// TESSERA_FUSED_DECODE_ATTN=1: prologue and decode attention in one kernel. On decode steps
+// it must give exactly what qkv_prologue then paged_attention give: the same output bits and
+// the same cache bits (the newest key and value are written by the fused kernel).
+TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
+  setenv("TESSERA_FUSED_DECODE_ATTN", "1", 1);
+  std::unique_ptr<Backend> fused = make_cuda_backend(0);
+  unsetenv("TESSERA_FUSED_DECODE_ATTN");
+  auto put = [](Backend& be, const std::vector<float>& v, Shape shape, DType dt) {
+    Tensor t = be.alloc(shape, dt);
+    std::vector<uint8_t> bytes(t.nbytes());
+    convert_host(v.data(), DType::kF32, bytes.data(), dt, v.size());
+    be.copy_from_host(t, bytes.data());
+    return t;
+  };
+  auto put_i32 = [](Backend& be, const std::vector<int32_t>& v) {
+    Tensor t = be.alloc({static_cast<int64_t>(v.size())}, DType::kI32);
+    be.copy_from_host(t, v.data());
+    return t;
+  };
+  auto get = [](Backend& be, const Tensor& t) {
+    std::vector<uint8_t> bytes(t.nbytes());
+    be.copy_to_host(bytes.data(), t);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    convert_host(bytes.data(), t.dtype(), v.data(), DType::kF32, v.size());
+    return v;
+  };
+  const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
+  for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
+    for (int D : {128, 64})
+      for (int group : {1, 4, 8, 16})
+        for (bool norm : {true, false}) {
+          const bool neox = D == 128;
+          const int rd = D == 128 ? D : 32, Hk = 2, Hq = Hk * group, bs = 16, max_pos = 2048;
+          const int64_t T = static_cast<int64_t>(cached.size());
+          const float k_scale = cache_t == DType::kF8E4M3 ? 0.01f : 1.0f;
+          const float v_scale = cache_t == DType::kF8E4M3 ? 0.005f : 1.0f;
+          std::vector<float> cs(static_cast<size_t>(max_pos) * rd);
+          for (int p = 0; p < max_pos; ++p)
+            for (int i = 0; i < rd / 2; ++i) {
+              double f = p * std::pow(10000.0, -2.0 * i / rd);
+              cs[static_cast<size_t>(p) * rd + i] = static_cast<float>(std::cos(f));
+              cs[static_cast<size_t>(p) * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
+            }
+          // Block tables, the cached keys' slots and the new token's slot of every sequence.
+          AttentionLayout all, step;
+          all.block_size = step.block_size = bs;
+          int max_blocks = 0, next = 0;
+          for (int c : cached) max_blocks = std::max(max_blocks, (c + 1 + bs - 1) / bs);
+          all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
+          all.query_start_loc = step.query_start_loc = {0};
+          std::vector<int32_t> pos;
+          for (int c : cached) {
+            std::vector<int32_t> bt(max_blocks, 0);
+            for (int b = 0; b < (c + bs) / bs; ++b) bt[b] = next++;
+            if (c > 0) {  // the cached keys, written beforehand as one prefill would
+              for (int j = 0; j < c; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+              all.query_start_loc.push_back(all.query_start_loc.back() + c);
+              all.seq_lens.push_back(c);
+              all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
+            }
+            step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
+            step.query_start_loc.push_back(step.query_start_loc.back() + 1);
+            step.seq_lens.push_back(c + 1);
+            step.slot_mapping.push_back(bt[c / bs] * bs + c % bs);
+            pos.push_back(c);
+          }
+          const int Tall = all.query_start_loc.back();
+          auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
+          auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
+          std::vector<float> out_bits[2], kc_bits[2], vc_bits[2];
+          int i = 0;
+          for (Backend* be : {&gpu(), fused.get()}) {
+            Shape cache_shape{next, bs, Hk, D};
+            Tensor kc = be->alloc(cache_shape, cache_t), vc = be->alloc(cache_shape, cache_t);
+            be->fill(kc, 7.0f);
+            be->fill(vc, 7.0f);
+            AttentionMetadata ma = upload_attention_metadata(*be, all), ms = upload_attention_metadata(*be, step);
+            be->write_kv(put(*be, k, {Tall, Hk, D}, DType::kBF16), put(*be, v, {Tall, Hk, D}, DType::kBF16), kc, vc, ma,
+                         k_scale, v_scale);
+            Tensor gqn = put(*be, qn, {D}, DType::kBF16), gkn = put(*be, kn, {D}, DType::kBF16);
+            RopeTable rope{put(*be, cs, {max_pos, rd}, DType::kF32), rd, neox};
+            Tensor out = be->alloc({T, Hq, D}, DType::kBF16);
+            be->fill(out, NAN);
+            be->qkv_attention(put(*be, qkv, {T, (Hq + 2 * Hk) * D}, DType::kBF16), norm ? &gqn : nullptr,
+                              norm ? &gkn : nullptr, 1e-6f, put_i32(*be, pos), rope, kc, vc, ms,
+                              1.0f / std::sqrt(static_cast<float>(D)), k_scale, v_scale, out);
+            out_bits[i] = get(*be, out);
+            kc_bits[i] = get(*be, kc);
+            vc_bits[i] = get(*be, vc);
+            be->synchronize();
+            be->reset_scratch();
+            ++i;
+          }
+          std::string what = std::string(dtype_name(cache_t)) + " D=" + std::to_string(D) +
+                             " group=" + std::to_string(group) + (norm ? " norm" : "");
+          EXPECT_EQ(rel_err(out_bits[1], out_bits[0]), 0.0) << what;
+          EXPECT_EQ(rel_err(kc_bits[1], kc_bits[0]), 0.0) << what;
+          EXPECT_EQ(rel_err(vc_bits[1], vc_bits[0]), 0.0) << what;
+        }
+}
+
 TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
   gpu().reset_scratch();
   Tensor first = gpu().scratch({256}, DType::kF32);  // the arena has a chunk before the mark

@@ -23,12 +23,57 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
   return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
 }
 
+// One head of a fused QKV row into b[D] (shared memory), as qkv_prologue_kernel computes it:
+// loaded, RMS-normed when nw is given; then rope_at(i) is element i rotated. One warp.
+struct QkvHead {
+  const QkvPrologueArgs& p;
+  float* b;
+  int pos;
+  __device__ void load(int64_t t, int h, const void* nw_raw, int lane) {
+    const int H = p.Hq + 2 * p.Hk, D = p.D;
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.qkv) + (t * H + h) * D;
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += 32) {
+      const float x = __bfloat162float(src[i]);
+      b[i] = x;
+      ss += x * x;
+    }
+    if (const auto* nw = static_cast<const __nv_bfloat16*>(nw_raw)) {
+      const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
+      for (int i = lane; i < D; i += 32) b[i] = b[i] * r * __bfloat162float(nw[i]);
+    }
+    __syncwarp();
+  }
+  __device__ float rope_at(int i) const {
+    float o = b[i];
+    const int rd = p.rotary_dim, half = rd / 2;
+    if (i < rd) {
+      const float* c = p.cos_sin + static_cast<int64_t>(pos) * rd;
+      const float* s = c + half;
+      if (p.neox) {
+        const int j = i < half ? i : i - half;
+        const float x1 = b[j], x2 = b[j + half];
+        o = i < half ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
+      } else {
+        const int j = i / 2;
+        const float x1 = b[2 * j], x2 = b[2 * j + 1];
+        o = (i & 1) == 0 ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
+      }
+    }
+    return o;
+  }
+};
+
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
 // past the group are zeros and never written. A compile-time count keeps every
 // per-head loop branch-free, so the heads' dependency chains interleave.
-template <int D, typename CT, int GC>
+// kFused: the attention prologue is done here too (decode steps only: one query token per
+// sequence): q comes normed and rotated from the fused QKV row `pro.qkv`, and the block whose
+// slice holds the newest key writes that key and value into the cache before reading it.
+template <int D, typename CT, int GC, bool kFused>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws) {
+    decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws,
+                            QkvPrologueArgs pro) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
   // 16-key tile and every q value it reads from shared memory serves kKpl keys.
   // Measured on H200 (Qwen3-8B heads): 2 beats 4 at batch >= 64 (occupancy), 4 wins
@@ -70,13 +115,41 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const float qscale = a.scale * a.k_scale * kLog2e;
-  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
-  for (int i = tid; i < GC * D; i += blockDim.x) {
-    int g = i / D, d = i % D;
-    float v = g < ng ? __bfloat162float(q[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d]) * qscale : 0.0f;
-    q_s[g][(d / kDpl) * kQSeg + d % kDpl] = v;
+  if constexpr (kFused) {
+    __shared__ float head_buf[kWarps][D];
+    QkvHead hd{pro, head_buf[warp], pro.positions[t]};
+    const bool pos_ok = hd.pos >= 0 && hd.pos < pro.max_pos;
+    if (!pos_ok && tid == 0) raise_error(pro.err, kErrRopePosition);
+    for (int g = warp; g < GC; g += kWarps) {  // q heads, one warp each, rounded to bf16 as stored
+      if (g < ng && pos_ok) hd.load(t, h0 + g, pro.q_norm, lane);
+      for (int d = lane; d < D; d += 32)
+        q_s[g][(d / kDpl) * kQSeg + d % kDpl] =
+            g < ng && pos_ok ? __bfloat162float(__float2bfloat16_rn(hd.rope_at(d))) * qscale : 0.0f;
+      __syncwarp();
+    }
+    const int32_t slot = pro.slots[t];
+    if (end == kv_len && warp < 2 && pos_ok && slot >= 0) {  // this slice holds the newest key
+      if (slot >= pro.num_slots) {
+        if (lane == 0) raise_error(pro.err, kErrKvSlot);
+      } else if (warp == 0) {  // k: normed and rotated
+        hd.load(t, a.Hq + kh, pro.k_norm, lane);
+        CT* dst = static_cast<CT*>(pro.k_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
+        for (int d = lane; d < D; d += 32) dst[d] = from_float<CT>(hd.rope_at(d) * pro.inv_k_scale);
+      } else {  // v: as it is
+        hd.load(t, a.Hq + a.Hk + kh, nullptr, lane);
+        CT* dst = static_cast<CT*>(pro.v_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
+        for (int d = lane; d < D; d += 32) dst[d] = from_float<CT>(hd.b[d] * pro.inv_v_scale);
+      }
+    }
+  } else {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
+    for (int i = tid; i < GC * D; i += blockDim.x) {
+      int g = i / D, d = i % D;
+      float v = g < ng ? __bfloat162float(q[(static_cast<int64_t>(t) * a.Hq + h0 + g) * D + d]) * qscale : 0.0f;
+      q_s[g][(d / kDpl) * kQSeg + d % kDpl] = v;
+    }
   }
-  __syncthreads();
+  __syncthreads();  // q_s, and (fused) the newest key and value in the cache, seen by every thread
 
   const CT* kc = static_cast<const CT*>(a.k_cache);
   const CT* vc = static_cast<const CT*>(a.v_cache);
@@ -261,23 +334,28 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int p
   static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
 }
 
-template <int D, typename CT>
-void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws, cudaStream_t s) {
+template <int D, typename CT, bool kFused>
+void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
+              const QkvPrologueArgs& pro, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
   const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
+                 ws, pro);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
+                 ws, pro);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
+                 ws, pro);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single, ws);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
+                 ws, pro);
       break;
   }
   TCUDA_LAUNCH_CHECK();
@@ -285,6 +363,15 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_s
     launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, part, only_single, ws);
     TCUDA_LAUNCH_CHECK();
   }
+}
+
+template <int D, typename CT>
+void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
+                     const QkvPrologueArgs* fused, cudaStream_t s) {
+  if (fused)
+    decode_t<D, CT, true>(a, num_splits, part, only_single, ws, *fused, s);
+  else
+    decode_t<D, CT, false>(a, num_splits, part, only_single, ws, QkvPrologueArgs{}, s);
 }
 
 }  // namespace
@@ -301,17 +388,17 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single, float* ws,
-                             cudaStream_t s) {
+                             const QkvPrologueArgs* fused, cudaStream_t s) {
   if (a.num_tokens == 0) return;
   (void)max_seq_len;
   const int part = 0;  // per sequence, in the kernel
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_t<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, s)
-        : decode_t<128, __nv_bfloat16>(a, num_splits, part, only_single, ws, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
   } else {
-    fp8 ? decode_t<64, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, s)
-        : decode_t<64, __nv_bfloat16>(a, num_splits, part, only_single, ws, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
   }
 }
 

@@ -384,9 +384,11 @@ class CudaBackend final : public Backend {
                     k_scale, v_scale, dev_err_, stream_);
   }
 
-  void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
-                    const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                    float k_scale, float v_scale, const Tensor& q_out) override {
+  // The prologue's arguments, checked; q_out is null for the fused decode path.
+  QkvPrologueArgs prologue_args(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
+                                const Tensor& v_cache, const AttentionMetadata& meta, float k_scale, float v_scale,
+                                const Tensor& q_out) {
     CUDA_REQUIRE(q_out.ndim() == 3 && k_cache.ndim() == 4 && qkv.dtype() == DType::kBF16 &&
                      q_out.dtype() == DType::kBF16 && k_cache.dim(3) == q_out.dim(2) &&
                      qkv.numel() == q_out.dim(0) * (q_out.dim(1) + 2 * k_cache.dim(2)) * q_out.dim(2) &&
@@ -401,7 +403,6 @@ class CudaBackend final : public Backend {
                      table.rotary_dim % 2 == 0,
                  "qkv_prologue", "positions i32 [T] and an f32 cos/sin table");
     need_cuda(meta.slot_mapping, "qkv_prologue (slot_mapping)");
-    bind();
     QkvPrologueArgs a{};
     a.qkv = qkv.raw();
     a.q_norm = q_norm ? q_norm->raw() : nullptr;
@@ -423,23 +424,55 @@ class CudaBackend final : public Backend {
     a.Hk = static_cast<int>(k_cache.dim(2));
     a.D = static_cast<int>(q_out.dim(2));
     a.err = dev_err_;
+    return a;
+  }
+
+  void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
+                    const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                    float k_scale, float v_scale, const Tensor& q_out) override {
+    QkvPrologueArgs a =
+        prologue_args(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, q_out);
+    bind();
     launch_qkv_prologue(a, q_out.dim(0), k_cache.dtype(), stream_);
   }
 
-  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override {
+  void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
+                     const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const Tensor& out) override {
+    const int D = out.ndim() == 3 ? static_cast<int>(out.dim(2)) : 0;
+    const bool fused = fused_decode_attn_ && meta.max_query_len == 1 && out.ndim() == 3 && out.dim(0) > 0 &&
+                       meta.num_seqs > 0 && decode_attention_supported(D, k_cache.dtype()) &&
+                       prefill_attention_supported(D, k_cache.dtype());
+    if (!fused) {
+      Backend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
+                             v_scale, out);
+      return;
+    }
+    // One kernel: q from the QKV row, the newest key and value into the cache, attention.
+    QkvPrologueArgs pro =
+        prologue_args(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, out);
+    pro.q_out = nullptr;
+    PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+    a.q = nullptr;
+    bind();
+    const int T = static_cast<int>(out.dim(0));
+    int splits = decode_attention_num_splits(T, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
+    float* ws = nullptr;
+    if (splits > 1) ws = scratch({static_cast<int64_t>(T) * a.Hq * splits * (D + 2)}, DType::kF32).data<float>();
+    launch_decode_attention(a, splits, meta.max_seq_len, false, ws, &pro, stream_);
+  }
+
+  // Paged attention's arguments, checked (q's shape is out's).
+  PagedAttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                    const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                                    const Tensor& out) {
     CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
                      out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
                  "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
-    const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
-    const int Hk = static_cast<int>(k_cache.dim(2));
-    if (T == 0 || meta.num_seqs == 0) return;
-    const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
-    if (!fast && !generic_attention_supported(D))
-      fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
+    const int T = static_cast<int>(q.dim(0));
     CUDA_REQUIRE(meta.num_tokens == T, "paged_attention",
                  "metadata has " + std::to_string(meta.num_tokens) + " tokens, q has " + std::to_string(T));
-    bind();
     PagedAttentionArgs a{};
     a.q = q.raw();
     a.k_cache = k_cache.raw();
@@ -450,15 +483,30 @@ class CudaBackend final : public Backend {
     a.block_tables = meta.block_tables.data<int32_t>();
     a.num_seqs = meta.num_seqs;
     a.num_tokens = T;
-    a.Hq = Hq;
-    a.Hk = Hk;
-    a.D = D;
+    a.Hq = static_cast<int>(q.dim(1));
+    a.Hk = static_cast<int>(k_cache.dim(2));
+    a.D = static_cast<int>(q.dim(2));
     a.block_size = static_cast<int>(k_cache.dim(1));
     a.max_blocks_per_seq = static_cast<int>(meta.block_tables.numel() / std::max(1, meta.num_seqs));
     a.scale = scale;
     a.k_scale = k_scale;
     a.v_scale = v_scale;
     a.cache_dtype = k_cache.dtype();
+    return a;
+  }
+
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                       float scale, float k_scale, float v_scale, const Tensor& out) override {
+    CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4, "paged_attention",
+                 "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
+    const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
+    const int Hk = static_cast<int>(k_cache.dim(2));
+    if (T == 0 || meta.num_seqs == 0) return;
+    const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
+    if (!fast && !generic_attention_supported(D))
+      fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
+    PagedAttentionArgs a = attention_args(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+    bind();
 
     if (!fast) {  // unusual head_dim or cache dtype: the exact, slow kernel
       launch_generic_attention(a, stream_);
@@ -473,7 +521,7 @@ class CudaBackend final : public Backend {
       int splits = decode_attention_num_splits(T, Hk, Hq / Hk, meta.max_seq_len, props_.multiProcessorCount);
       float* ws = nullptr;
       if (splits > 1) ws = scratch({static_cast<int64_t>(T) * Hq * splits * (D + 2)}, DType::kF32).data<float>();
-      launch_decode_attention(a, splits, meta.max_seq_len, any_multi, ws, stream_);
+      launch_decode_attention(a, splits, meta.max_seq_len, any_multi, ws, nullptr, stream_);
     }
   }
 
@@ -664,6 +712,10 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   int* dev_err_ = nullptr;
+  bool fused_decode_attn_ = [] {  // TESSERA_FUSED_DECODE_ATTN=1: prologue and decode attention in one kernel
+    const char* env = std::getenv("TESSERA_FUSED_DECODE_ATTN");
+    return env && std::string(env) == "1";
+  }();
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging

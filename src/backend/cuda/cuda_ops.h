@@ -105,10 +105,12 @@ bool decode_attention_supported(int D, DType cache_dtype);
 bool prefill_attention_supported(int D, DType cache_dtype);
 // Token-parallel split-K attention. only_single_query: skip tokens of sequences
 // with more than one query token (the prefill kernel handles them).
-// workspace: float[num_tokens * Hq * num_splits * (D + 2)].
+// workspace: float[num_tokens * Hq * num_splits * (D + 2)]. fused: also do the attention
+// prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
+// has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single_query,
-                             float* workspace, cudaStream_t s);
+                             float* workspace, const QkvPrologueArgs* fused, cudaStream_t s);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
