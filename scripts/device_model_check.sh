@@ -12,6 +12,7 @@ mkdir -p "$OUT"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
 # PARTS: which sections to run (default all): tests ceil decode fp8 prefill serve
+# DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_FUSED_DECODE_ATTN=1 TESSERA_PDL=0").
 PARTS=" ${PARTS:-tests ceil decode fp8 prefill serve} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
@@ -74,6 +75,15 @@ cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').r
   TOKS=$(grep -o 'decode [0-9.]* tok/s' "$OUT/decode.log" | awk '{print $2}')
   CB=$(awk '/copy_GBps/{print $2}' "$OUT/copy.log" 2>/dev/null)
   python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} ${TOKS:+--tok-s $TOKS}
+  # DECODE_AB="VAR=1 OTHER=0": the same decode with each setting, tokens compared with the default run.
+  for ab in ${DECODE_AB:-}; do
+    env "$ab" timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda \
+      --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode_ab.json" 2> "$OUT/decode_ab.log"
+    same=$(cmp -s <(python3 -c "import json;print(json.loads(open('$OUT/decode.json').readline())['token_ids'])") \
+                  <(python3 -c "import json;print(json.loads(open('$OUT/decode_ab.json').readline())['token_ids'])") \
+           && echo "same tokens" || echo "tokens DIFFER")
+    echo "$ab: $(grep -o 'decode [0-9.]* tok/s' "$OUT/decode_ab.log"), $same"
+  done
 
 fi
 if part fp8; then
