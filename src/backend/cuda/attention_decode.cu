@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/qkv_head.cuh"
 
 namespace tessera::cuda {
 
@@ -22,47 +23,6 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
   const int part = (seq_len + num_splits - 1) / num_splits;
   return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
 }
-
-// One head of a fused QKV row into b[D] (shared memory), as qkv_prologue_kernel computes it:
-// loaded, RMS-normed when nw is given; then rope_at(i) is element i rotated. One warp.
-struct QkvHead {
-  const QkvPrologueArgs& p;
-  float* b;
-  int pos;
-  __device__ void load(int64_t t, int h, const void* nw_raw, int lane) {
-    const int H = p.Hq + 2 * p.Hk, D = p.D;
-    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.qkv) + (t * H + h) * D;
-    float ss = 0.0f;
-    for (int i = lane; i < D; i += 32) {
-      const float x = __bfloat162float(src[i]);
-      b[i] = x;
-      ss += x * x;
-    }
-    if (const auto* nw = static_cast<const __nv_bfloat16*>(nw_raw)) {
-      const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
-      for (int i = lane; i < D; i += 32) b[i] = b[i] * r * __bfloat162float(nw[i]);
-    }
-    __syncwarp();
-  }
-  __device__ float rope_at(int i) const {
-    float o = b[i];
-    const int rd = p.rotary_dim, half = rd / 2;
-    if (i < rd) {
-      const float* c = p.cos_sin + static_cast<int64_t>(pos) * rd;
-      const float* s = c + half;
-      if (p.neox) {
-        const int j = i < half ? i : i - half;
-        const float x1 = b[j], x2 = b[j + half];
-        o = i < half ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
-      } else {
-        const int j = i / 2;
-        const float x1 = b[2 * j], x2 = b[2 * j + 1];
-        o = (i & 1) == 0 ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
-      }
-    }
-    return o;
-  }
-};
 
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
 // past the group are zeros and never written. A compile-time count keeps every

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/qkv_head.cuh"
 
 namespace tessera::cuda {
 
@@ -23,23 +24,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32) qkv_prologue_kernel(QkvPr
   const int64_t t = blockIdx.x;
   pdl_wait();  // launched with PDL (device_utils.cuh); the attention after it launches when it ends
   if (h >= H) return;
-  float* b = buf + warp * D;
-  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.qkv) + (t * H + h) * D;
   const bool is_q = h < a.Hq, is_k = !is_q && h < a.Hq + a.Hk;
-  float ss = 0.0f;
-  for (int i = lane; i < D; i += 32) {
-    const float x = __bfloat162float(src[i]);
-    b[i] = x;
-    ss += x * x;
-  }
-  const __nv_bfloat16* nw = is_q   ? static_cast<const __nv_bfloat16*>(a.q_norm)
-                            : is_k ? static_cast<const __nv_bfloat16*>(a.k_norm)
-                                   : nullptr;
-  if (nw) {
-    const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
-    for (int i = lane; i < D; i += 32) b[i] = b[i] * r * __bfloat162float(nw[i]);
-  }
-  __syncwarp();
+  QkvHead hd{a, buf + warp * D, 0};
+  hd.load(t, h, is_q ? a.q_norm : is_k ? a.k_norm : nullptr, lane);
   const int32_t slot = a.slots[t];
   if (!is_q) {
     if (slot < 0) return;  // padding: no KV write
@@ -50,30 +37,16 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32) qkv_prologue_kernel(QkvPr
   }
   if (!is_q && !is_k) {  // v: straight into the cache
     CT* dst = static_cast<CT*>(a.v_cache) + (static_cast<int64_t>(slot) * a.Hk + (h - a.Hq - a.Hk)) * D;
-    for (int i = lane; i < D; i += 32) dst[i] = from_float<CT>(b[i] * a.inv_v_scale);
+    for (int i = lane; i < D; i += 32) dst[i] = from_float<CT>(hd.b[i] * a.inv_v_scale);
     return;
   }
-  const int32_t pos = a.positions[t];
-  if (pos < 0 || pos >= a.max_pos) {
+  hd.pos = a.positions[t];
+  if (hd.pos < 0 || hd.pos >= a.max_pos) {
     if (lane == 0) raise_error(a.err, kErrRopePosition);
     return;
   }
-  const int rd = a.rotary_dim, half = rd / 2;
-  const float* c = a.cos_sin + static_cast<int64_t>(pos) * rd;
-  const float* s = c + half;
   for (int i = lane; i < D; i += 32) {
-    float o = b[i];
-    if (i < rd) {
-      if (a.neox) {
-        const int j = i < half ? i : i - half;
-        const float x1 = b[j], x2 = b[j + half];
-        o = i < half ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
-      } else {
-        const int j = i / 2;
-        const float x1 = b[2 * j], x2 = b[2 * j + 1];
-        o = (i & 1) == 0 ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
-      }
-    }
+    const float o = hd.rope_at(i);
     if (is_q) {
       static_cast<__nv_bfloat16*>(a.q_out)[(t * a.Hq + h) * D + i] = __float2bfloat16_rn(o);
     } else {
