@@ -13,18 +13,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "bench_cuda.h"
 #include "core/dtype.h"
 
 namespace tessera::bench {
-
-#define BENCH_CUDA(call)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 // Median milliseconds of `iters` runs of f(i), each bracketed by CUDA events.
 template <typename F>
