@@ -56,6 +56,17 @@ class CudaOps : public ::testing::Test {
     for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng_)));
     return v;
   }
+  // A RoPE cos/sin table [max_pos, rd] (theta 10000): cos in the first half of a row, sin in the second.
+  static std::vector<float> rope_cos_sin(int64_t max_pos, int rd) {
+    std::vector<float> cs(static_cast<size_t>(max_pos) * rd);
+    for (int64_t p = 0; p < max_pos; ++p)
+      for (int i = 0; i < rd / 2; ++i) {
+        double f = p * std::pow(10000.0, -2.0 * i / rd);
+        cs[p * rd + i] = static_cast<float>(std::cos(f));
+        cs[p * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
+      }
+    return cs;
+  }
   Tensor on_cpu(const std::vector<float>& v, Shape shape) {
     Tensor t = cpu().alloc(shape, DType::kF32);
     std::memcpy(t.raw(), v.data(), v.size() * 4);
@@ -349,13 +360,7 @@ TEST_F(CudaOps, Rope) {
     for (int D : {64, 128}) {
       for (int rd : {D, D / 2}) {
         int64_t T = 33, Hq = 8, Hk = 2, max_pos = 4096;
-        std::vector<float> cs(static_cast<size_t>(max_pos * rd));
-        for (int64_t p = 0; p < max_pos; ++p)
-          for (int i = 0; i < rd / 2; ++i) {
-            double f = p * std::pow(10000.0, -2.0 * i / rd);
-            cs[p * rd + i] = static_cast<float>(std::cos(f));
-            cs[p * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
-          }
+        std::vector<float> cs = rope_cos_sin(max_pos, rd);
         std::vector<int32_t> pos(T);
         for (auto& p : pos) p = static_cast<int32_t>(rng_() % max_pos);
         auto q = rand(T * Hq * D), k = rand(T * Hk * D);
@@ -380,13 +385,7 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
         const bool neox = D == 128;
         const int rd = D == 128 ? D : 16;
         const int64_t T = 9, Hq = 8, Hk = 2, max_pos = 512, blocks = 4, bs = 16;
-        std::vector<float> cs(static_cast<size_t>(max_pos * rd));
-        for (int64_t p = 0; p < max_pos; ++p)
-          for (int i = 0; i < rd / 2; ++i) {
-            double f = p * std::pow(10000.0, -2.0 * i / rd);
-            cs[p * rd + i] = static_cast<float>(std::cos(f));
-            cs[p * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
-          }
+        std::vector<float> cs = rope_cos_sin(max_pos, rd);
         std::vector<int32_t> pos(T), slots(T);
         for (int64_t t = 0; t < T; ++t) {
           pos[t] = static_cast<int32_t>(rng_() % max_pos);
@@ -458,13 +457,7 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           const int64_t T = static_cast<int64_t>(cached.size());
           const float k_scale = cache_t == DType::kF8E4M3 ? 0.01f : 1.0f;
           const float v_scale = cache_t == DType::kF8E4M3 ? 0.005f : 1.0f;
-          std::vector<float> cs(static_cast<size_t>(max_pos) * rd);
-          for (int p = 0; p < max_pos; ++p)
-            for (int i = 0; i < rd / 2; ++i) {
-              double f = p * std::pow(10000.0, -2.0 * i / rd);
-              cs[static_cast<size_t>(p) * rd + i] = static_cast<float>(std::cos(f));
-              cs[static_cast<size_t>(p) * rd + rd / 2 + i] = static_cast<float>(std::sin(f));
-            }
+          std::vector<float> cs = rope_cos_sin(max_pos, rd);
           // Block tables, the cached keys' slots and the new token's slot of every sequence.
           AttentionLayout all, step;
           all.block_size = step.block_size = bs;
