@@ -32,14 +32,6 @@ struct RankContext {
   std::unique_ptr<GlooCommunicatorFactory> factory;
 };
 
-#define RANK_CHECK(cond, ...)                                                                       \
-  do {                                                                                              \
-    if (!(cond)) {                                                                                  \
-      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
-      return 3;                                                                                     \
-    }                                                                                               \
-  } while (0)
-
 // Forks `world` rank processes before any thread exists in this process's children, then
 // runs the head's store here. Returns each rank's exit code (0 = passed).
 std::vector<int> run_ranks(int world, const std::function<int(RankContext&)>& body,

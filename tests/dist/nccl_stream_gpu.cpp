@@ -28,6 +28,7 @@
 #include "dist/control_store.h"
 #include "dist/nccl_communicator.h"
 #include "dist/rendezvous_server.h"
+#include "test_util.h"
 
 namespace tessera::dist {
 namespace {
@@ -68,14 +69,6 @@ void hold_stream(cudaStream_t s, int ms) {
   cudaLaunchHostFunc(
       s, [](void*) { std::this_thread::sleep_for(milliseconds(hold_ms)); }, nullptr);
 }
-
-#define RANK_CHECK(cond, ...)                                                                       \
-  do {                                                                                              \
-    if (!(cond)) {                                                                                  \
-      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
-      return 3;                                                                                     \
-    }                                                                                               \
-  } while (0)
 
 struct Ranks {
   std::vector<int> codes;

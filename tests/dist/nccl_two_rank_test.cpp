@@ -18,6 +18,7 @@
 #include "dist/control_store.h"
 #include "dist/nccl_communicator.h"
 #include "dist/rendezvous_server.h"
+#include "test_util.h"
 
 namespace tessera::dist {
 namespace {
@@ -49,14 +50,6 @@ void fill(const Tensor& t, float v) {
   std::vector<float> h(static_cast<size_t>(t.numel()), v);
   cudaMemcpy(t.raw(), h.data(), t.nbytes(), cudaMemcpyHostToDevice);
 }
-
-#define RANK_CHECK(cond, ...)                                                                       \
-  do {                                                                                              \
-    if (!(cond)) {                                                                                  \
-      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
-      return 3;                                                                                     \
-    }                                                                                               \
-  } while (0)
 
 std::vector<int> run_two(const std::function<int(int, Communicator&)>& body, milliseconds timeout) {
   Socket probe = listen_tcp("127.0.0.1", 0);

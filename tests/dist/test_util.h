@@ -1,14 +1,28 @@
-// Helpers shared by the distributed tests: fake model directories and free ports.
+// Helpers shared by the distributed tests: fake model directories, free ports, and the
+// rank-process check macro.
 #pragma once
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "dist/socket.h"
+
+// In a forked rank's body (a function returning the rank's exit status): on failure, print
+// the condition and a formatted message, and exit the body with status 3.
+#define RANK_CHECK(cond, ...)                                                                       \
+  do {                                                                                              \
+    if (!(cond)) {                                                                                  \
+      std::fprintf(stderr, "rank check failed: %s: %s\n", #cond, fmt::format(__VA_ARGS__).c_str()); \
+      return 3;                                                                                     \
+    }                                                                                               \
+  } while (0)
 
 namespace tessera::dist::testing {
 
