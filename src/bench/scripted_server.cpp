@@ -6,10 +6,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/http/status.hpp>
 
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,24 +45,9 @@ std::string lower(std::string text) {
 }
 
 std::string status_text(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 404:
-      return "Not Found";
-    case 429:
-      return "Too Many Requests";
-    case 500:
-      return "Internal Server Error";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "Status";
-  }
+  const auto b = boost::beast::http::obsolete_reason(static_cast<boost::beast::http::status>(status));
+  const std::string_view r(b.data(), b.size());
+  return std::string(r == "<unknown-status>" ? std::string_view("Status") : r);
 }
 
 class Session : public std::enable_shared_from_this<Session> {

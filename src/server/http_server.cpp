@@ -9,6 +9,7 @@
 #include <cctype>
 #include <future>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
@@ -21,48 +22,14 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-const char* reason_phrase(int status) {
-  switch (status) {
-    case 100:
-      return "Continue";
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 413:
-      return "Payload Too Large";
-    case 415:
-      return "Unsupported Media Type";
-    case 417:
-      return "Expectation Failed";
-    case 422:
-      return "Unprocessable Entity";
-    case 429:
-      return "Too Many Requests";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 500:
-      return "Internal Server Error";
-    case 501:
-      return "Not Implemented";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "Unknown";
-  }
-}
-
 namespace {
+
+// The status line's reason phrase, from Beast's table ("Unknown" for a code it lacks).
+std::string_view reason_phrase(int status) {
+  const auto b = http::obsolete_reason(static_cast<http::status>(status));
+  const std::string_view r(b.data(), b.size());
+  return r == "<unknown-status>" ? std::string_view("Unknown") : r;
+}
 
 struct Shared {
   HttpServerOptions options;

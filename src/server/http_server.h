@@ -42,6 +42,4 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-const char* reason_phrase(int status);
-
 }  // namespace tessera::server
