@@ -23,7 +23,8 @@ nh = c["num_attention_heads"]
 nkv = c.get("num_key_value_heads", nh)
 D = c.get("head_dim") or H // nh
 I = c["intermediate_size"]
-per_layer = H * nh * D + 2 * H * nkv * D + nh * D * H + 3 * H * I + 2 * H
+proj = H * nh * D + 2 * H * nkv * D + nh * D * H + 3 * H * I  # q, k, v, o, gate, up, down
+per_layer = proj + 2 * H  # and the two norms
 if c.get("model_type") == "qwen3":
     per_layer += 2 * D  # q_norm, k_norm
 if c.get("attention_bias") or c.get("model_type") == "qwen2":
@@ -38,8 +39,7 @@ if a.copy_gbps:
         print(f"decode_share_of_ceiling {100 * a.tok_s / ceiling:.1f}% ({a.tok_s:.1f} tok/s)")
 if a.prefill_tokens and a.prefill_s:
     T = a.prefill_tokens
-    linear = L * (H * nh * D + 2 * H * nkv * D + nh * D * H + 3 * H * I)
-    flops = 2 * linear * T + 2 * V * H + 4 * L * nh * D * (T * (T + 1) / 2)
+    flops = 2 * L * proj * T + 2 * V * H + 4 * L * nh * D * (T * (T + 1) / 2)
     rate = flops / a.prefill_s / 1e12
     line = f"prefill_{T}: {flops / 1e12:.2f} TFLOP in {a.prefill_s:.4f} s = {rate:.0f} TFLOP/s"
     if a.gemm_tflops:
