@@ -485,6 +485,7 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
           auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
           std::vector<float> out_bits[2], kc_bits[2], vc_bits[2];
+          size_t scratch_bytes[2];
           int i = 0;
           for (Backend* be : {&gpu(), fused.get()}) {
             Shape cache_shape{next, bs, Hk, D};
@@ -498,9 +499,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
             RopeTable rope{put(*be, cs, {max_pos, rd}, DType::kF32), rd, neox};
             Tensor out = be->alloc({T, Hq, D}, DType::kBF16);
             be->fill(out, NAN);
+            be->reset_scratch();
             be->qkv_attention(put(*be, qkv, {T, (Hq + 2 * Hk) * D}, DType::kBF16), norm ? &gqn : nullptr,
                               norm ? &gkn : nullptr, 1e-6f, put_i32(*be, pos), rope, kc, vc, ms,
                               1.0f / std::sqrt(static_cast<float>(D)), k_scale, v_scale, out);
+            scratch_bytes[i] = be->scratch_in_use();
             out_bits[i] = get(*be, out);
             kc_bits[i] = get(*be, kc);
             vc_bits[i] = get(*be, vc);
@@ -510,6 +513,8 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           }
           std::string what = std::string(dtype_name(cache_t)) + " D=" + std::to_string(D) +
                              " group=" + std::to_string(group) + (norm ? " norm" : "");
+          // The fused kernel took the step: it needs no q buffer, the two ops do.
+          EXPECT_LE(scratch_bytes[1] + static_cast<size_t>(T * Hq * D * 2), scratch_bytes[0]) << what;
           EXPECT_EQ(rel_err(out_bits[1], out_bits[0]), 0.0) << what;
           EXPECT_EQ(rel_err(kc_bits[1], kc_bits[0]), 0.0) << what;
           EXPECT_EQ(rel_err(vc_bits[1], vc_bits[0]), 0.0) << what;
