@@ -421,10 +421,13 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
   }
 }
 
-// TESSERA_FUSED_DECODE_ATTN=1: prologue and decode attention in one kernel. On decode steps
+// The fused decode kernel (the default; TESSERA_FUSED_DECODE_ATTN=0 turns it off): prologue and
+// decode attention in one kernel. On decode steps
 // it must give exactly what qkv_prologue then paged_attention give: the same output bits and
 // the same cache bits (the newest key and value are written by the fused kernel).
 TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
+  setenv("TESSERA_FUSED_DECODE_ATTN", "0", 1);
+  std::unique_ptr<Backend> two_ops = make_cuda_backend(0);
   setenv("TESSERA_FUSED_DECODE_ATTN", "1", 1);
   std::unique_ptr<Backend> fused = make_cuda_backend(0);
   unsetenv("TESSERA_FUSED_DECODE_ATTN");
@@ -487,7 +490,8 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           std::vector<float> out_bits[2], kc_bits[2], vc_bits[2];
           size_t scratch_bytes[2];
           int i = 0;
-          for (Backend* be : {&gpu(), fused.get()}) {
+          for (Backend* be : {two_ops.get(), fused.get()}) {
+            be->reset_scratch();  // before the metadata: it lives in scratch memory
             Shape cache_shape{next, bs, Hk, D};
             Tensor kc = be->alloc(cache_shape, cache_t), vc = be->alloc(cache_shape, cache_t);
             be->fill(kc, 7.0f);
@@ -499,11 +503,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
             RopeTable rope{put(*be, cs, {max_pos, rd}, DType::kF32), rd, neox};
             Tensor out = be->alloc({T, Hq, D}, DType::kBF16);
             be->fill(out, NAN);
-            be->reset_scratch();
+            const size_t scratch_before = be->scratch_in_use();
             be->qkv_attention(put(*be, qkv, {T, (Hq + 2 * Hk) * D}, DType::kBF16), norm ? &gqn : nullptr,
                               norm ? &gkn : nullptr, 1e-6f, put_i32(*be, pos), rope, kc, vc, ms,
                               1.0f / std::sqrt(static_cast<float>(D)), k_scale, v_scale, out);
-            scratch_bytes[i] = be->scratch_in_use();
+            scratch_bytes[i] = be->scratch_in_use() - scratch_before;
             out_bits[i] = get(*be, out);
             kc_bits[i] = get(*be, kc);
             vc_bits[i] = get(*be, vc);
@@ -515,10 +519,39 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
                              " group=" + std::to_string(group) + (norm ? " norm" : "");
           // The fused kernel took the step: it needs no q buffer, the two ops do.
           EXPECT_LE(scratch_bytes[1] + static_cast<size_t>(T * Hq * D * 2), scratch_bytes[0]) << what;
+          for (int side = 0; side < 2; ++side) {
+            const auto nan_at =
+                std::find_if(out_bits[side].begin(), out_bits[side].end(), [](float f) { return !std::isfinite(f); });
+            EXPECT_TRUE(nan_at == out_bits[side].end())
+                << what << (side ? ": fused" : ": two ops") << " output not finite at "
+                << (nan_at - out_bits[side].begin()) << " of " << out_bits[side].size();
+          }
           EXPECT_EQ(rel_err(out_bits[1], out_bits[0]), 0.0) << what;
           EXPECT_EQ(rel_err(kc_bits[1], kc_bits[0]), 0.0) << what;
           EXPECT_EQ(rel_err(vc_bits[1], vc_bits[0]), 0.0) << what;
         }
+}
+
+// A step whose arena grew only inside a mark/rewind span (a layer's temporaries) leaves one
+// chunk behind; the next reset must still make room for the peak, or every layer of every
+// later step allocates and frees (cudaFree synchronizes) a chunk again.
+TEST_F(CudaOps, ScratchArenaKeepsPeakGrownInsideRewind) {
+  gpu().reset_scratch();
+  Tensor small = gpu().scratch({256}, DType::kF32);
+  size_t mark = gpu().scratch_mark();
+  Tensor big = gpu().scratch({int64_t{400} << 20}, DType::kU8);  // grows the arena
+  gpu().fill(big, 0.0f);
+  gpu().scratch_rewind(mark);
+  big = Tensor();
+  gpu().synchronize();
+  gpu().reset_scratch();
+  small = gpu().scratch({256}, DType::kF32);
+  mark = gpu().scratch_mark();
+  big = gpu().scratch({int64_t{400} << 20}, DType::kU8);
+  // One chunk holds both: `big` follows `small` in the same allocation.
+  EXPECT_EQ(big.storage().get(), small.storage().get());
+  gpu().scratch_rewind(mark);
+  gpu().reset_scratch();
 }
 
 TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
