@@ -227,7 +227,9 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
 
 std::vector<RequestOutput> LLMEngine::step() {
   std::vector<RequestOutput> out;
+  timer_.start();
   SchedulerOutput sched = scheduler_->schedule();
+  timer_.mark(0, "schedule");
   stats_.num_preemptions += sched.preempted.size();
   if (sched.scheduled.empty()) return out;
   ++stats_.steps;
@@ -256,7 +258,9 @@ std::vector<RequestOutput> LLMEngine::step() {
     in.logits_indices.push_back(0);
     sampling.rows.emplace_back();
   }
+  timer_.mark(1, "build input");
   executor_->execute(in, sampling, step_out_);
+  timer_.mark(2, "execute");
   scheduler_->on_step_done(sched);
 
   size_t next_host = 0;
@@ -299,6 +303,8 @@ std::vector<RequestOutput> LLMEngine::step() {
     }
     out.push_back(std::move(o));
   }
+  timer_.mark(3, "outputs");
+  timer_.pass_done();
   return out;
 }
 

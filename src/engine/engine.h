@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/phase_timer.h"
 #include "engine/executor.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/request.h"
@@ -95,6 +96,7 @@ class LLMEngine {
   std::vector<int32_t> eos_ids_;
   uint64_t next_order_ = 0;
   EngineStats stats_;
+  PhaseTimer timer_{"engine step (TESSERA_STEP_TIMING)"};
   StepOutput step_out_;
   std::mt19937_64 seed_rng_;  // sample seeds of requests that bring none
 };

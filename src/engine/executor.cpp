@@ -113,7 +113,12 @@ LocalExecutor::LocalExecutor(std::unique_ptr<Model> model, Backend& backend)
 void LocalExecutor::init_kv_cache(const CacheInit& init) { runner_.init_cache(init); }
 
 void LocalExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
-  sample_logits(backend_, runner_.run(input), sampling, out);
+  timer_.start();
+  Tensor logits = runner_.run(input);
+  timer_.mark(0, "enqueue forward");
+  sample_logits(backend_, logits, sampling, out);
+  timer_.mark(1, "sample + wait for the GPU");
+  timer_.pass_done();
 }
 
 // ---------------------------------------------------------------- plan transport

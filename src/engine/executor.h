@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/phase_timer.h"
 #include "engine/model_runner.h"
 #include "engine/step_plan.h"
 #include "model/model.h"
@@ -54,6 +55,7 @@ class LocalExecutor : public Executor {
   std::unique_ptr<Model> model_;
   Backend& backend_;
   ModelRunner runner_;
+  PhaseTimer timer_{"executor step (TESSERA_STEP_TIMING)"};
 };
 
 class MultiprocExecutor : public Executor {

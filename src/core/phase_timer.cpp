@@ -1,0 +1,60 @@
+#include "core/phase_timer.h"
+
+#include <cstdlib>
+
+#include "core/logging.h"
+
+namespace tessera {
+
+namespace {
+bool env_on() {
+  const char* e = std::getenv("TESSERA_STEP_TIMING");
+  return e && std::string(e) == "1";
+}
+}  // namespace
+
+PhaseTimer::PhaseTimer(std::string what, int skip) : PhaseTimer(std::move(what), env_on(), skip) {}
+
+PhaseTimer::PhaseTimer(std::string what, bool on, int skip) : what_(std::move(what)), on_(on), skip_(skip) {}
+
+PhaseTimer::~PhaseTimer() {
+  if (on_ && counted_passes() > 0) TLOG_INFO("{}", summary());
+}
+
+void PhaseTimer::mark(size_t i, const char* name) {
+  if (!on_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (names_.size() <= i) {
+    names_.resize(i + 1);
+    seconds_.resize(i + 1, 0.0);
+  }
+  if (names_[i].empty()) names_[i] = name;
+  // Passes still in the warm-up (passes_ counts finished passes) are not summed.
+  if (passes_ >= static_cast<uint64_t>(skip_)) seconds_[i] += std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+}
+
+double PhaseTimer::mean_us(size_t i) const {
+  const uint64_t n = counted_passes();
+  return n && i < seconds_.size() ? 1e6 * seconds_[i] / n : 0.0;
+}
+
+double PhaseTimer::between_us() const {
+  const uint64_t n = counted_passes();
+  return n > 1 ? 1e6 * between_ / (n - 1) : 0.0;
+}
+
+std::string PhaseTimer::summary() const {
+  std::string s;
+  double total = 0;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    s += fmt::format("{}{} {:.1f} us", i ? ", " : "", names_[i], mean_us(i));
+    total += mean_us(i);
+  }
+  return fmt::format(
+      "{}: {} passes after {} of warm-up, host time per pass: {} (sum {:.1f} us); between passes "
+      "{:.1f} us",
+      what_, counted_passes(), skip_, s, total, between_us());
+}
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// Host time per phase of a loop (the engine's step, the executor's), averaged over the
+// passes after the first few (warm-up: a prefill, CUDA graph captures) and logged once at
+// destruction. On only when TESSERA_STEP_TIMING=1: a diagnostic of where the host spends a
+// step's time (with CUDA graphs, how much of a decode step is host time at all).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+class PhaseTimer {
+ public:
+  // `on` defaults to TESSERA_STEP_TIMING=1; `skip` passes are not counted.
+  explicit PhaseTimer(std::string what, int skip = 8);
+  PhaseTimer(std::string what, bool on, int skip);
+  ~PhaseTimer();
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+  bool on() const { return on_; }
+  // Starts a pass: the time until the first mark() counts for that mark's phase.
+  void start() {
+    if (!on_) return;
+    last_ = std::chrono::steady_clock::now();
+    if (counted()) between_ += std::chrono::duration<double>(last_ - end_).count();
+  }
+  // Ends phase `i` of the current pass (phases numbered in pass order; `name` names it).
+  void mark(size_t i, const char* name);
+  void pass_done() {
+    if (!on_) return;
+    ++passes_;
+    end_ = std::chrono::steady_clock::now();
+  }
+  // Mean microseconds of phase i over the counted passes (0 if none); the same for the time
+  // from one pass's end to the next one's start.
+  double mean_us(size_t i) const;
+  double between_us() const;
+  std::string summary() const;
+
+ private:
+  bool counted() const { return passes_ > static_cast<uint64_t>(skip_); }
+  uint64_t counted_passes() const { return passes_ > static_cast<uint64_t>(skip_) ? passes_ - skip_ : 0; }
+
+  std::string what_;
+  bool on_ = false;
+  int skip_ = 0;
+  std::chrono::steady_clock::time_point last_, end_;
+  std::vector<std::string> names_;
+  std::vector<double> seconds_;
+  double between_ = 0;
+  uint64_t passes_ = 0;
+};
+
+}  // namespace tessera

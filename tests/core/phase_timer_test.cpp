@@ -1,0 +1,54 @@
+#include "core/phase_timer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace tessera {
+namespace {
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+TEST(PhaseTimer, AveragesEachPhaseOverThePassesAfterTheWarmUp) {
+  PhaseTimer t("test loop", /*on=*/true, /*skip=*/2);
+  for (int pass = 0; pass < 6; ++pass) {
+    const bool warm_up = pass < 2;
+    t.start();
+    sleep_ms(warm_up ? 60 : 2);
+    t.mark(0, "first");
+    sleep_ms(warm_up ? 60 : 4);
+    t.mark(1, "second");
+    t.pass_done();
+    sleep_ms(3);  // between passes
+  }
+  // Sleeps last at least as long as asked; the warm-up's 60 ms sleeps must not be counted
+  // (with them, the means would be over 30 ms).
+  EXPECT_GE(t.mean_us(0), 2000.0);
+  EXPECT_LT(t.mean_us(0), 25000.0);
+  EXPECT_GE(t.mean_us(1), 4000.0);
+  EXPECT_LT(t.mean_us(1), 25000.0);
+  EXPECT_GE(t.between_us(), 3000.0);
+  EXPECT_LT(t.between_us(), 25000.0);
+  EXPECT_EQ(t.mean_us(7), 0.0);  // no such phase
+  const std::string s = t.summary();
+  EXPECT_NE(s.find("test loop: 4 passes after 2 of warm-up"), std::string::npos) << s;
+  EXPECT_NE(s.find("first "), std::string::npos) << s;
+  EXPECT_NE(s.find("second "), std::string::npos) << s;
+}
+
+TEST(PhaseTimer, OffMeasuresNothing) {
+  PhaseTimer t("off", /*on=*/false, /*skip=*/0);
+  for (int pass = 0; pass < 3; ++pass) {
+    t.start();
+    sleep_ms(1);
+    t.mark(0, "phase");
+    t.pass_done();
+  }
+  EXPECT_FALSE(t.on());
+  EXPECT_EQ(t.mean_us(0), 0.0);
+  EXPECT_EQ(t.between_us(), 0.0);
+}
+
+}  // namespace
+}  // namespace tessera
