@@ -5,6 +5,8 @@
 // loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
 // log2 domain (q pre-scaled by scale * k_scale * log2 e).
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/qkv_head.cuh"
@@ -30,7 +32,7 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
 // kFused: the attention prologue is done here too (decode steps only: one query token per
 // sequence): q comes normed and rotated from the fused QKV row `pro.qkv`, and the block whose
 // slice holds the newest key writes that key and value into the cache before reading it.
-template <int D, typename CT, int GC, bool kFused>
+template <int D, typename CT, int GC, bool kFused, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws,
                             QkvPrologueArgs pro) {
@@ -57,12 +59,49 @@ __global__ void __launch_bounds__(kWarps * 32)
   // serves any lengths).
   if (part <= 0) part = split_part(a.seq_lens[s], num_splits);
   const int start = split * part, end = min(start + part, kv_len);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const CT* kc = static_cast<const CT*>(a.k_cache);
+  const CT* vc = static_cast<const CT*>(a.v_cache);
+  const int32_t* bt = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
+  const int bs = a.block_size;
+  const int slot = lane / kLpk, part_id = lane % kLpk;
+  // Raw cache vectors: 8 elements of K per load, kVDims of V. A tile's loads all go out
+  // before any is used: one memory round trip per tile.
+  using KRaw = typename RawVec<CT, 8>::type;
+  using VRaw = typename RawVec<CT, kVDims>::type;
+  int rows[kKpl];
+  bool valid[kKpl];
+  KRaw kraw[kKpl][kDpl / 8];
+  VRaw vraw[kTile];
+  auto load_tile = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < kKpl; ++i) {
+      const int j = tile + slot + i * kSlots;
+      valid[i] = j < end;
+      const int jc = valid[i] ? j : end - 1;  // clamped: a readable row whose p is 0
+      rows[i] = (bt[jc / bs] * bs + jc % bs) * a.Hk + kh;
+      const KRaw* kp = reinterpret_cast<const KRaw*>(kc + static_cast<int64_t>(rows[i]) * D + part_id * kDpl);
+#pragma unroll
+      for (int c = 0; c < kDpl / 8; ++c) kraw[i][c] = kp[c];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTile; ++kk) {
+      const int r = __shfl_sync(0xffffffffu, rows[kk / kSlots], (kk % kSlots) * kLpk);
+      vraw[kk] = *reinterpret_cast<const VRaw*>(vc + static_cast<int64_t>(r) * D + lane * kVDims);
+    }
+  };
+  // kPre (fused, small batches): the cache holds every key but the newest before this kernel
+  // runs, so the first tile's loads go out before pdl_wait, overlapping the QKV projection's
+  // end and this kernel's prologue; the newest key's row is patched in from shared memory.
+  const int tile0 = start + warp * kTile;
+  if constexpr (kPre) {
+    if (tile0 < end) load_tile(tile0);
+  }
   // Launched with PDL (device_utils.cuh): the step inputs above are the host's; q, the
   // cache and ws are not. No early trigger: latency-bound, this kernel should not share
   // DRAM with the next projection's weight loads.
   pdl_wait();
   if (only_single && qlen != 1) return;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   auto ws_row = [&](int g) { return ws + ((static_cast<int64_t>(t) * a.Hq + h0 + g) * num_splits + split) * (D + 2); };
   if (start >= end) {  // this slice is past the context: an empty partial result
@@ -75,6 +114,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const float qscale = a.scale * a.k_scale * kLog2e;
+  __shared__ __align__(16) CT new_kv[kPre ? 2 : 1][kPre ? D : 1];  // kPre: the newest key and value as stored
+  int newest_row = -1;                                             // kPre: its cache row, if this slice holds it
   if constexpr (kFused) {
     __shared__ float head_buf[kWarps][D];
     QkvHead hd{pro, head_buf[warp], pro.positions[t]};
@@ -94,13 +135,23 @@ __global__ void __launch_bounds__(kWarps * 32)
       } else if (warp == 0) {  // k: normed and rotated
         hd.load(t, a.Hq + kh, pro.k_norm, lane);
         CT* dst = static_cast<CT*>(pro.k_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
-        for (int d = lane; d < D; d += 32) dst[d] = from_float<CT>(hd.rope_at(d) * pro.inv_k_scale);
+        for (int d = lane; d < D; d += 32) {
+          const CT v = from_float<CT>(hd.rope_at(d) * pro.inv_k_scale);
+          dst[d] = v;
+          if constexpr (kPre) new_kv[0][d] = v;
+        }
       } else {  // v: as it is
         hd.load(t, a.Hq + a.Hk + kh, nullptr, lane);
         CT* dst = static_cast<CT*>(pro.v_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
-        for (int d = lane; d < D; d += 32) dst[d] = from_float<CT>(hd.b[d] * pro.inv_v_scale);
+        for (int d = lane; d < D; d += 32) {
+          const CT v = from_float<CT>(hd.b[d] * pro.inv_v_scale);
+          dst[d] = v;
+          if constexpr (kPre) new_kv[kPre ? 1 : 0][d] = v;
+        }
       }
     }
+    if constexpr (kPre)
+      if (end == kv_len && pos_ok && slot >= 0 && slot < pro.num_slots) newest_row = slot * a.Hk + kh;
   } else {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
     for (int i = tid; i < GC * D; i += blockDim.x) {
@@ -111,11 +162,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   __syncthreads();  // q_s, and (fused) the newest key and value in the cache, seen by every thread
 
-  const CT* kc = static_cast<const CT*>(a.k_cache);
-  const CT* vc = static_cast<const CT*>(a.v_cache);
-  const int32_t* bt = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
-  const int bs = a.block_size;
-  const int slot = lane / kLpk, part_id = lane % kLpk;
   const float* qh = &q_s[0][part_id * kQSeg];
 
   float m[GC], l[GC], acc[GC][kVDims];
@@ -127,29 +173,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int d = 0; d < kVDims; ++d) acc[g][d] = 0.0f;
   }
 
-  // Raw cache vectors: 8 elements of K per load, kVDims of V.
-  using KRaw = typename RawVec<CT, 8>::type;
-  using VRaw = typename RawVec<CT, kVDims>::type;
-  for (int tile = start + warp * kTile; tile < end; tile += kWarps * kTile) {
-    // Issue every load of the tile before using any: one memory round trip per tile.
-    int rows[kKpl];
-    bool valid[kKpl];
-    KRaw kraw[kKpl][kDpl / 8];
+  for (int tile = tile0; tile < end; tile += kWarps * kTile) {
+    if (!kPre || tile != tile0) {
+      load_tile(tile);
+    } else if (newest_row >= 0) {  // preloaded before this kernel wrote the newest key: patch its row
 #pragma unroll
-    for (int i = 0; i < kKpl; ++i) {
-      const int j = tile + slot + i * kSlots;
-      valid[i] = j < end;
-      const int jc = valid[i] ? j : end - 1;  // clamped: a readable row whose p is 0
-      rows[i] = (bt[jc / bs] * bs + jc % bs) * a.Hk + kh;
-      const KRaw* kp = reinterpret_cast<const KRaw*>(kc + static_cast<int64_t>(rows[i]) * D + part_id * kDpl);
+      for (int i = 0; i < kKpl; ++i)
+        if (rows[i] == newest_row) {
 #pragma unroll
-      for (int c = 0; c < kDpl / 8; ++c) kraw[i][c] = kp[c];
-    }
-    VRaw vraw[kTile];
+          for (int c = 0; c < kDpl / 8; ++c)
+            kraw[i][c] = *reinterpret_cast<const KRaw*>(&new_kv[0][part_id * kDpl + c * 8]);
+        }
 #pragma unroll
-    for (int kk = 0; kk < kTile; ++kk) {
-      const int r = __shfl_sync(0xffffffffu, rows[kk / kSlots], (kk % kSlots) * kLpk);
-      vraw[kk] = *reinterpret_cast<const VRaw*>(vc + static_cast<int64_t>(r) * D + lane * kVDims);
+      for (int kk = 0; kk < kTile; ++kk) {
+        const int r = __shfl_sync(0xffffffffu, rows[kk / kSlots], (kk % kSlots) * kLpk);
+        if (r == newest_row) vraw[kk] = *reinterpret_cast<const VRaw*>(&new_kv[kPre ? 1 : 0][lane * kVDims]);
+      }
     }
 
     float dot[kKpl][GC];
@@ -294,30 +333,47 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int p
   static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
 }
 
-template <int D, typename CT, bool kFused>
-void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
-              const QkvPrologueArgs& pro, cudaStream_t s) {
+template <int D, typename CT, bool kFused, bool kPre>
+void decode_launch(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
+                   const QkvPrologueArgs& pro, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
   const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
-                 ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
+                 only_single, ws, pro);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
-                 ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
+                 only_single, ws, pro);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
-                 ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
+                 only_single, ws, pro);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused>, grid, kWarps * 32, 0, s, a, part, num_splits, only_single,
-                 ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
+                 only_single, ws, pro);
       break;
   }
+}
+
+// Tokens up to which the fused kernel loads its first tile before the PDL wait (more
+// registers held across the prologue; at large batches occupancy matters more).
+constexpr int kPreloadMaxTokens = 8;
+
+template <int D, typename CT, bool kFused>
+void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
+              const QkvPrologueArgs& pro, cudaStream_t s) {
+  static const bool preload = [] {  // TESSERA_DECODE_PRELOAD=0: no loads before the PDL wait
+    const char* e = std::getenv("TESSERA_DECODE_PRELOAD");
+    return !(e && std::string_view(e) == "0");
+  }();
+  if (kFused && preload && a.num_tokens <= kPreloadMaxTokens)
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, part, only_single, ws, pro, s);
+  else
+    decode_launch<D, CT, kFused, false>(a, num_splits, part, only_single, ws, pro, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
     launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, part, only_single, ws);
