@@ -139,11 +139,10 @@ int main() {
         const int rpb = W / wpr;
         const unsigned grid = (sh.N + rpb - 1) / rpb;
         BENCH_CUDA(cudaMemset(out, 0, sh.N * 2));
-        kern<<<grid, W * 32, 0, s>>>(x, ws[0], out, sh.N, sh.K, wpr, false);
+        kern<<<grid, W * 32, 0, s>>>(x, ws[0], out, sh.N, sh.K, wpr);
         BENCH_CUDA(cudaStreamSynchronize(s));
         double err = check();
-        double us =
-            timeit([&](int i) { kern<<<grid, W * 32, 0, s>>>(x, ws[i % copies], out, sh.N, sh.K, wpr, false); });
+        double us = timeit([&](int i) { kern<<<grid, W * 32, 0, s>>>(x, ws[i % copies], out, sh.N, sh.K, wpr); });
         std::printf("  gemv  warps %d unroll %2d wpr %d grid %6u %8.2f us %6.0f GB/s err %.1e%s\n", W, U, wpr, grid, us,
                     bytes / us / 1e3, err, err < 1e-2 ? "" : " FAIL");
       }

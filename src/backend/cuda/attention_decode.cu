@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   const float qscale = a.scale * a.k_scale * kLog2e;
-  __shared__ __align__(16) CT new_kv[kPre ? 2 : 1][kPre ? D : 1];  // kPre: the newest key and value as stored
-  int newest_row = -1;                                             // kPre: its cache row, if this slice holds it
+  __shared__ __align__(16) CT new_kv[2][kPre ? D : 1];  // kPre: the newest key [0] and value [1] as stored
+  int newest_row = -1;                                  // kPre: their cache row, if this slice holds it
   if constexpr (kFused) {
     __shared__ float head_buf[kWarps][D];
     QkvHead hd{pro, head_buf[warp], pro.positions[t]};
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int d = lane; d < D; d += 32) {
           const CT v = from_float<CT>(hd.b[d] * pro.inv_v_scale);
           dst[d] = v;
-          if constexpr (kPre) new_kv[kPre ? 1 : 0][d] = v;
+          if constexpr (kPre) new_kv[1][d] = v;
         }
       }
     }
@@ -173,10 +173,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int d = 0; d < kVDims; ++d) acc[g][d] = 0.0f;
   }
 
-  for (int tile = tile0; tile < end; tile += kWarps * kTile) {
-    if (!kPre || tile != tile0) {
-      load_tile(tile);
-    } else if (newest_row >= 0) {  // preloaded before this kernel wrote the newest key: patch its row
+  // The preloaded tile was read before this kernel wrote the newest key and value: their row
+  // (also where an out-of-range key was clamped onto it) comes from shared memory instead.
+  auto patch_newest = [&] {
+    if constexpr (kPre) {
+      if (newest_row < 0) return;
 #pragma unroll
       for (int i = 0; i < kKpl; ++i)
         if (rows[i] == newest_row) {
@@ -187,9 +188,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int kk = 0; kk < kTile; ++kk) {
         const int r = __shfl_sync(0xffffffffu, rows[kk / kSlots], (kk % kSlots) * kLpk);
-        if (r == newest_row) vraw[kk] = *reinterpret_cast<const VRaw*>(&new_kv[kPre ? 1 : 0][lane * kVDims]);
+        if (r == newest_row) vraw[kk] = *reinterpret_cast<const VRaw*>(&new_kv[1][lane * kVDims]);
       }
     }
+  };
+  for (int tile = tile0; tile < end; tile += kWarps * kTile) {
+    if (kPre && tile == tile0)
+      patch_newest();
+    else
+      load_tile(tile);
 
     float dot[kKpl][GC];
 #pragma unroll

@@ -96,8 +96,7 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
 // each warp has kRF independent dependency chains. Q stays in shared memory.
 // kN: keys per tile (64, or 32 to save 32 registers of scores).
 template <int D, typename CT, int kRF, int kN>
-__global__ void __launch_bounds__(kThreads, 2)
-    prefill_attention_kernel(PagedAttentionArgs a, bool skip_single, bool heavy_first) {
+__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, bool skip_single) {
   constexpr int kLd = D + 8;  // padded rows: ldmatrix reads hit 8 different bank groups
   constexpr int kRows = kRF * 64;
   constexpr bool kFp8 = sizeof(CT) == 1;
@@ -108,13 +107,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint8_t* k_stage = reinterpret_cast<uint8_t*>(v_s + kN * kLd);  // fp8 caches only
   uint8_t* v_stage = k_stage + kN * D;
 
-  // Causal: a query tile's work grows with its index. heavy_first: the grid is (head, tile),
-  // heads fastest, tiles from the last, so the long blocks start first (the GPU issues
-  // blocks in index order), the short ones fill the tail, and the heads of one kv group
-  // read the same K/V tiles at about the same time (L2 hits).
-  const int s = blockIdx.z;
-  const int h = heavy_first ? blockIdx.x : blockIdx.y;
-  const int qtile = heavy_first ? gridDim.y - 1 - blockIdx.y : blockIdx.x;
+  // Causal: a query tile's work grows with its index. The grid is (head, tile), heads
+  // fastest, tiles from the last, so the long blocks start first (the GPU issues blocks in
+  // index order), the short ones fill the tail, and the heads of one kv group read the same
+  // K/V tiles at about the same time (L2 hits). H200, 4,096 tokens: 0.1339 s in tile order,
+  // 0.1307 / 0.1269 s this way.
+  const int s = blockIdx.z, h = blockIdx.x, qtile = gridDim.y - 1 - blockIdx.y;
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   if (qtile * kRows >= qlen || (skip_single && qlen == 1)) return;
   const int ctx = a.seq_lens[s], first_pos = ctx - qlen, kh = h / (a.Hq / a.Hk);
@@ -303,14 +301,13 @@ constexpr int prefill_smem_bytes() {
 }
 
 template <int D, typename CT, int kRF, int kN>
-void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, bool heavy_first, cudaStream_t s) {
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
   static const cudaError_t attr =
       cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
-  const unsigned tiles = (max_query_len + kRF * 64 - 1) / (kRF * 64);
-  dim3 grid = heavy_first ? dim3(a.Hq, tiles, a.num_seqs) : dim3(tiles, a.Hq, a.num_seqs);
-  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_single, heavy_first);
+  dim3 grid(a.Hq, (max_query_len + kRF * 64 - 1) / (kRF * 64), a.num_seqs);
+  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_single);
   TCUDA_LAUNCH_CHECK();
 }
 
@@ -320,18 +317,17 @@ int env_int(const char* name) {
 }
 
 // Two row fragments per warp (128 query rows a block) where there are enough rows.
-// Tuning switches: TESSERA_PREFILL_RF=1|2, TESSERA_PREFILL_BN=32|64, TESSERA_PREFILL_IN_ORDER=1.
+// Tuning switches: TESSERA_PREFILL_RF=1|2, TESSERA_PREFILL_BN=32|64.
 template <int D, typename CT>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
   static const int forced_rf = env_int("TESSERA_PREFILL_RF"), forced_bn = env_int("TESSERA_PREFILL_BN");
-  static const bool heavy_first = env_int("TESSERA_PREFILL_IN_ORDER") == 0;
   const bool two = forced_rf ? forced_rf == 2 : max_query_len > 64;
   const bool narrow = forced_bn == 32;
   if (two)
-    narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, heavy_first, s)
-           : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, heavy_first, s);
+    narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, s)
+           : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
   else
-    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, heavy_first, s);
+    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
 }
 
 }  // namespace

@@ -460,11 +460,18 @@ class CudaBackend final : public Backend {
     PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
     a.q = nullptr;
     bind();
-    const int T = static_cast<int>(out.dim(0));
-    int splits = decode_attention_num_splits(T, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
+    decode_attention(a, meta, false, &pro);
+  }
+
+  // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
+  void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, bool only_single,
+                        const QkvPrologueArgs* fused) {
+    const int splits =
+        decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
     float* ws = nullptr;
-    if (splits > 1) ws = scratch({static_cast<int64_t>(T) * a.Hq * splits * (D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, meta.max_seq_len, false, ws, &pro, stream_);
+    if (splits > 1)
+      ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
+    launch_decode_attention(a, splits, meta.max_seq_len, only_single, ws, fused, stream_);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).
@@ -503,8 +510,7 @@ class CudaBackend final : public Backend {
                        float scale, float k_scale, float v_scale, const Tensor& out) override {
     CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4, "paged_attention",
                  "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
-    const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1)), D = static_cast<int>(q.dim(2));
-    const int Hk = static_cast<int>(k_cache.dim(2));
+    const int T = static_cast<int>(q.dim(0)), D = static_cast<int>(q.dim(2));
     if (T == 0 || meta.num_seqs == 0) return;
     const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
     if (!fast && !generic_attention_supported(D))
@@ -521,12 +527,7 @@ class CudaBackend final : public Backend {
       for (int s = 0; s < meta.num_seqs && !any_single; ++s)
         any_single = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] == 1;
     if (any_multi) launch_prefill_attention(a, meta.max_query_len, any_single, stream_);
-    if (any_single) {
-      int splits = decode_attention_num_splits(T, Hk, Hq / Hk, meta.max_seq_len, props_.multiProcessorCount);
-      float* ws = nullptr;
-      if (splits > 1) ws = scratch({static_cast<int64_t>(T) * Hq * splits * (D + 2)}, DType::kF32).data<float>();
-      launch_decode_attention(a, splits, meta.max_seq_len, any_multi, ws, nullptr, stream_);
-    }
+    if (any_single) decode_attention(a, meta, any_multi, nullptr);
   }
 
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {

@@ -111,9 +111,10 @@ __device__ __forceinline__ float block_sum(float v) {
 // A kernel started with launch_pdl() may begin while the kernel before it on the stream
 // is still running (its launch, block scheduling and prologue overlap the other's tail).
 // Rules for such a kernel:
-//   - before pdl_wait() it reads only what no kernel of this step writes: weights, and the
-//     step inputs the host uploaded before the step (positions, slots, block tables,
-//     sequence lengths); it writes nothing;
+//   - before pdl_wait() it reads only what no kernel before it in this step writes: weights,
+//     the step inputs the host uploaded before the step (positions, slots, block tables,
+//     sequence lengths), and KV-cache rows that only this kernel writes (the fused decode
+//     attention's preload: every key but the newest); it writes nothing;
 //   - every thread that goes on to read or write anything else calls pdl_wait() first, and
 //     every block calls it before it exits (so that "this kernel finished" still implies
 //     "every kernel before it finished" for the kernels after it).

@@ -7,9 +7,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
@@ -28,19 +25,12 @@ void launch_m(const void* x, const void* w, void* out, DType out_t, int N, int K
   const unsigned grid = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
-  // TESSERA_GEMV_PRELOAD=1: the first round of weight loads before the PDL wait. Off: on H200
-  // (Qwen3-8B shape, batch 1, alternating runs in one call) 226.5 / 226.9 tok/s off vs 223.4 /
-  // 225.6 on.
-  static const bool pre = [] {
-    const char* e = std::getenv("TESSERA_GEMV_PRELOAD");
-    return e && std::string_view(e) == "1";
-  }();
   if (out_t == DType::kF32)
     launch_pdl(gemv_kernel<M, float, kWarps, kUnroll<M>>, grid, kWarps * 32, 0, s, xb, wb, static_cast<float*>(out), N,
-               K, wpr, pre);
+               K, wpr);
   else
     launch_pdl(gemv_kernel<M, __nv_bfloat16, kWarps, kUnroll<M>>, grid, kWarps * 32, 0, s, xb, wb,
-               static_cast<__nv_bfloat16*>(out), N, K, wpr, pre);
+               static_cast<__nv_bfloat16*>(out), N, K, wpr);
 }
 
 }  // namespace
