@@ -6,6 +6,7 @@
 #   command: bash scripts/device_model_check.sh
 # Writes logs to $OUT and a short summary last.
 set -u
+. "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -61,7 +62,6 @@ PY
 fi
 if part decode; then
 echo "== decode, batch 1, Qwen3-8B shape, 512-token prompt, 256 new tokens"
-P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
   --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode.json" 2> "$OUT/decode.log"
 grep -E 'Processed|KV cache size|weights take|CUDA graphs' "$OUT/decode.log"
@@ -96,8 +96,6 @@ done
 fi
 if part prefill; then
 echo "== prefill, one 4096-token prompt (after a warm-up prompt), same model"
-P4K=$(python3 -c "print(','.join(str((i*104729)%150000+100) for i in range(4096)))")
-P4K2=$(python3 -c "print(','.join(str((i*7907)%150000+100) for i in range(4096)))")
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P4K" \
   --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 --max-model-len 8192 \
   --no-enable-prefix-caching --json > "$OUT/prefill.json" 2> "$OUT/prefill.log"

@@ -21,6 +21,7 @@
 #  6. Qwen3-8B shape, dummy bf16 weights, decode batch 1: TP=2 vs TP=1 tok/s (ratio), and
 #     the launch line (CUDA rank processes, GPUs, NCCL).
 set -u
+. "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -155,7 +156,6 @@ fault stopped_worker STOP 45
 
 if [ "${QUICK:-0}" != 1 ]; then
   echo "== 6. Qwen3-8B shape, dummy bf16, decode batch 1: TP=2 vs TP=1"
-  P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
   for tp in 1 2; do
     timeout 300 "$B/tessera" generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
       --max-tokens 256 --ignore-eos --max-model-len 8192 --tensor-parallel-size $tp --json \

@@ -7,16 +7,14 @@
 # EXTRA_ENV="TESSERA_CUDA_GEMV=0" profiles a variant; EXTRA_ARGS="--enforce-eager" too;
 # PREFILL=1 profiles the 4,096-token prefill instead.
 set -u
+. "$(dirname "$0")/device_prompts.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
-P512=$(python3 -c "print(','.join(str((i*7919)%150000+100) for i in range(512)))")
 if [ "${PREFILL:-0}" = 1 ]; then
   # PREFILL=1: two 4,096-token prompts, one at a time, one token each (the model check's
   # prefill figure); the summary then covers both prefills.
-  P4K=$(python3 -c "print(','.join(str((i*104729)%150000+100) for i in range(4096)))")
-  P4K2=$(python3 -c "print(','.join(str((i*7907)%150000+100) for i in range(4096)))")
   env ${EXTRA_ENV:-} CUDA_INJECTION64_PATH=$B/libtessera_ktrace.so TESSERA_KTRACE=/tmp/ktrace.csv timeout 200 \
     $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P4K" \
     --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 --max-model-len 8192 \
