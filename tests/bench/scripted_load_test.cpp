@@ -25,6 +25,7 @@ namespace {
 struct Truth {
   Summary ttft_ms, e2el_ms, itl_ms, tpot_ms;  // from the client's send to the server's writes
   Summary served_ttft_ms, served_e2el_ms;     // from the server's receipt: the script's own terms
+  double last_byte_s = 0;                     // from the level's start to the server's last write
 };
 
 double ms_between(Clock::time_point from, Clock::time_point to) {
@@ -35,6 +36,7 @@ Truth truth_of(const LevelResult& result, const std::vector<PromptSpec>& prompts
   std::map<std::string, ServedTiming> by_prompt;
   for (ServedTiming& timing : server.served_timings()) by_prompt[timing.prompt] = std::move(timing);
   std::vector<double> ttft, e2el, itl, tpot, served_ttft, served_e2el;
+  double last_byte_s = 0;
   for (const RequestRecord& record : result.records) {
     if (!record.success) continue;
     auto found = by_prompt.find(prompts[record.prompt_index].prompt);
@@ -44,14 +46,15 @@ Truth truth_of(const LevelResult& result, const std::vector<PromptSpec>& prompts
         result.started_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(record.start_s));
     ttft.push_back(ms_between(sent, t.first_text_at));
     e2el.push_back(ms_between(sent, t.last_byte_at));
+    last_byte_s = std::max(last_byte_s, ms_between(result.started_at, t.last_byte_at) / 1000);
     for (size_t i = 1; i < t.text_at.size(); ++i) itl.push_back(ms_between(t.text_at[i - 1], t.text_at[i]));
     if (t.text_at.size() > 1)
       tpot.push_back(ms_between(t.first_text_at, t.last_byte_at) / static_cast<double>(t.text_at.size() - 1));
     served_ttft.push_back(t.first_text_s * 1000);
     served_e2el.push_back(t.last_byte_s * 1000);
   }
-  return {summarize(ttft), summarize(e2el),        summarize(itl),
-          summarize(tpot), summarize(served_ttft), summarize(served_e2el)};
+  return {summarize(ttft),        summarize(e2el),        summarize(itl), summarize(tpot),
+          summarize(served_ttft), summarize(served_e2el), last_byte_s};
 }
 
 std::vector<PromptSpec> numbered_prompts(const std::string& stem, int max_tokens, size_t count) {
@@ -117,7 +120,8 @@ TEST(ScriptedLoad, StreamingTimingMatchesTheScript) {
   EXPECT_WITHIN_2_PERCENT(m.e2el_ms.max, truth.e2el_ms.max);
   // Each of the 8 slots ran two requests back to back; the run lasts as long as the slowest slot.
   EXPECT_GE(m.duration_s * 1000, 2 * truth.e2el_ms.min);
-  EXPECT_LE(m.duration_s * 1000, 2 * truth.e2el_ms.max * 1.02);
+  EXPECT_GE(m.duration_s, truth.last_byte_s);
+  EXPECT_WITHIN_2_PERCENT(m.duration_s, truth.last_byte_s);
   EXPECT_DOUBLE_EQ(m.request_throughput, 16 / m.duration_s);
   EXPECT_DOUBLE_EQ(m.completion_token_throughput, 256 / m.duration_s);
   EXPECT_DOUBLE_EQ(m.total_token_throughput, (256 + 176) / m.duration_s);
@@ -164,7 +168,10 @@ TEST(ScriptedLoad, PercentilesOfSpreadLatencies) {
   EXPECT_WITHIN_2_PERCENT(m.e2el_ms.median, e2el.median);
   EXPECT_WITHIN_2_PERCENT(m.e2el_ms.p95, e2el.p95);
   EXPECT_WITHIN_2_PERCENT(m.e2el_ms.p99, e2el.p99);
-  EXPECT_WITHIN_2_PERCENT(m.duration_s, e2el.max / 1000);
+  // The level lasts from its start to the last byte of the last request; the 40 sends leave a
+  // few ms apart on a loaded machine, so that is not the slowest request's own latency.
+  EXPECT_GE(m.duration_s, truth.last_byte_s);
+  EXPECT_WITHIN_2_PERCENT(m.duration_s, truth.last_byte_s);
   EXPECT_WITHIN_2_PERCENT(m.e2el_ms.max, e2el.max);
 }
 
