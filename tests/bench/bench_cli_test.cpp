@@ -62,7 +62,10 @@ TEST(BenchCli, SeedProtocolWritesParseableReports) {
     EXPECT_EQ(level["prompt_tokens"], 40 * 9);
     EXPECT_EQ(level["max_in_flight"], levels[i]);
     EXPECT_EQ(level["good_requests"], 40);
-    EXPECT_NEAR(level["e2el_ms"]["median"].get<double>(), 50.0, 5.0);  // 20 + 15 * 2 ms; exact checks live elsewhere
+    // 20 + 15 * 2 ms scripted, plus delivery on a loaded 2-core CI box; exact checks live in
+    // scripted_load_test.
+    EXPECT_GE(level["e2el_ms"]["median"].get<double>(), 49.0);
+    EXPECT_LE(level["e2el_ms"]["median"].get<double>(), 65.0);
   }
   std::string html = read_file(html_path);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
