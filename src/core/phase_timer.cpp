@@ -1,19 +1,12 @@
 #include "core/phase_timer.h"
 
-#include <cstdlib>
-
+#include "core/env.h"
 #include "core/logging.h"
 
 namespace tessera {
 
-namespace {
-bool env_on() {
-  const char* e = std::getenv("TESSERA_STEP_TIMING");
-  return e && std::string(e) == "1";
-}
-}  // namespace
-
-PhaseTimer::PhaseTimer(std::string what, int skip) : PhaseTimer(std::move(what), env_on(), skip) {}
+PhaseTimer::PhaseTimer(std::string what, int skip)
+    : PhaseTimer(std::move(what), env_switch("TESSERA_STEP_TIMING", false), skip) {}
 
 PhaseTimer::PhaseTimer(std::string what, bool on, int skip) : what_(std::move(what)), on_(on), skip_(skip) {}
 

@@ -1,10 +1,9 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
-#include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/communicator.h"
@@ -28,8 +27,7 @@ void ModelRunner::init_cache(const CacheInit& init) {
   // everywhere).
   bool sharded = false;
   for (dist::Communicator* c : watched_) sharded = sharded || c->size() > 1;
-  const char* tp_graphs = std::getenv("TESSERA_TP_GRAPHS");
-  if (graphs_enabled_ && sharded && tp_graphs && std::string(tp_graphs) == "0") {
+  if (graphs_enabled_ && sharded && !env_switch("TESSERA_TP_GRAPHS", true)) {
     TLOG_INFO("CUDA graphs: off for tensor-parallel ranks (TESSERA_TP_GRAPHS=0)");
     graphs_enabled_ = false;
   }

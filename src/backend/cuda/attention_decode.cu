@@ -5,11 +5,10 @@
 // loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
 // log2 domain (q pre-scaled by scale * k_scale * log2 e).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/qkv_head.cuh"
+#include "core/env.h"
 
 namespace tessera::cuda {
 
@@ -373,10 +372,7 @@ constexpr int kPreloadMaxTokens = 8;
 template <int D, typename CT, bool kFused>
 void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
               const QkvPrologueArgs& pro, cudaStream_t s) {
-  static const bool preload = [] {  // TESSERA_DECODE_PRELOAD=0: no loads before the PDL wait
-    const char* e = std::getenv("TESSERA_DECODE_PRELOAD");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool preload = env_switch("TESSERA_DECODE_PRELOAD", true);  // =0: no loads before the PDL wait
   if (kFused && preload && a.num_tokens <= kPreloadMaxTokens)
     decode_launch<D, CT, kFused, kFused>(a, num_splits, part, only_single, ws, pro, s);
   else

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 
@@ -110,7 +111,7 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
     gemm_ = std::make_unique<Gemm>(index_);
-    if (const char* e = std::getenv("TESSERA_CUDA_GEMV")) use_gemv_ = std::string(e) != "0";
+    use_gemv_ = env_switch("TESSERA_CUDA_GEMV", true);
     size_t mb = 256;
     if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
     initial_scratch_ = mb << 20;
@@ -717,10 +718,8 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   int* dev_err_ = nullptr;
-  bool fused_decode_attn_ = [] {  // prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two
-    const char* env = std::getenv("TESSERA_FUSED_DECODE_ATTN");
-    return !(env && std::string(env) == "0");
-  }();
+  // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
+  bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging

@@ -1,10 +1,9 @@
 // Memory-bound ops: fill, cast, gather, norms, SiLU-and-mul, add, RoPE, KV write.
 // Each is a static kernel plus a launcher; CudaBackend checks shapes and dtypes.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/device_utils.cuh"
+#include "core/env.h"
 
 namespace tessera::cuda {
 
@@ -246,8 +245,7 @@ void add_rms_norm_t(void* x, void* r, const void* w, int64_t rows, int64_t D, fl
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("TESSERA_PDL");
-    if (env && std::string_view(env) == "0") return false;
+    if (!env_switch("TESSERA_PDL", true)) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;

@@ -9,13 +9,12 @@
 // (M <= 64) and costs ~100 ms of first-use time per large shape, so it is off.
 // The timing synchronizes the stream: warm shapes up before capturing CUDA graphs.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 
 #include "backend/cuda/cuda_ops.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tessera::cuda {
@@ -105,8 +104,7 @@ struct Gemm::Impl {
 Gemm::Gemm(int device) : impl_(new Impl) {
   TCUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   TCUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
-  const char* e = std::getenv("TESSERA_GEMM_AUTOTUNE");
-  impl_->autotune = e && std::string(e) == "1";
+  impl_->autotune = env_switch("TESSERA_GEMM_AUTOTUNE", false);
   if (impl_->autotune) {
     TCUDA_CHECK(cudaMalloc(&impl_->flush, kFlushBytes));
     TCUDA_CHECK(cudaEventCreate(&impl_->ev[0]));
