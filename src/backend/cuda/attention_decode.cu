@@ -127,13 +127,13 @@ __global__ void __launch_bounds__(kWarps * 32)
             g < ng && pos_ok ? __bfloat162float(__float2bfloat16_rn(hd.rope_at(d))) * qscale : 0.0f;
       __syncwarp();
     }
-    const int32_t slot = pro.slots[t];
-    if (end == kv_len && warp < 2 && pos_ok && slot >= 0) {  // this slice holds the newest key
-      if (slot >= pro.num_slots) {
+    const int32_t new_slot = pro.slots[t];
+    if (end == kv_len && warp < 2 && pos_ok && new_slot >= 0) {  // this slice holds the newest key
+      if (new_slot >= pro.num_slots) {
         if (lane == 0) raise_error(pro.err, kErrKvSlot);
       } else if (warp == 0) {  // k: normed and rotated
         hd.load(t, a.Hq + kh, pro.k_norm, lane);
-        CT* dst = static_cast<CT*>(pro.k_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
+        CT* dst = static_cast<CT*>(pro.k_cache) + (static_cast<int64_t>(new_slot) * a.Hk + kh) * D;
         for (int d = lane; d < D; d += 32) {
           const CT v = from_float<CT>(hd.rope_at(d) * pro.inv_k_scale);
           dst[d] = v;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       } else {  // v: as it is
         hd.load(t, a.Hq + a.Hk + kh, nullptr, lane);
-        CT* dst = static_cast<CT*>(pro.v_cache) + (static_cast<int64_t>(slot) * a.Hk + kh) * D;
+        CT* dst = static_cast<CT*>(pro.v_cache) + (static_cast<int64_t>(new_slot) * a.Hk + kh) * D;
         for (int d = lane; d < D; d += 32) {
           const CT v = from_float<CT>(hd.b[d] * pro.inv_v_scale);
           dst[d] = v;
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     if constexpr (kPre)
-      if (end == kv_len && pos_ok && slot >= 0 && slot < pro.num_slots) newest_row = slot * a.Hk + kh;
+      if (end == kv_len && pos_ok && new_slot >= 0 && new_slot < pro.num_slots) newest_row = new_slot * a.Hk + kh;
   } else {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
     for (int i = tid; i < GC * D; i += blockDim.x) {

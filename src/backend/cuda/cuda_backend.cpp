@@ -447,8 +447,7 @@ class CudaBackend final : public Backend {
                      const Tensor& out) override {
     const int D = out.ndim() == 3 ? static_cast<int>(out.dim(2)) : 0;
     const bool fused = fused_decode_attn_ && meta.max_query_len == 1 && out.ndim() == 3 && out.dim(0) > 0 &&
-                       meta.num_seqs > 0 && decode_attention_supported(D, k_cache.dtype()) &&
-                       prefill_attention_supported(D, k_cache.dtype());
+                       meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
     if (!fused) {
       Backend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
                              v_scale, out);
@@ -462,6 +461,12 @@ class CudaBackend final : public Backend {
     a.q = nullptr;
     bind();
     decode_attention(a, meta, false, &pro);
+  }
+
+  // Whether the split-K decode and the tensor-core prefill kernels both take this head size
+  // and cache dtype (else paged attention runs the exact, slow generic kernel).
+  static bool fast_attention_supported(int D, DType cache_dtype) {
+    return decode_attention_supported(D, cache_dtype) && prefill_attention_supported(D, cache_dtype);
   }
 
   // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
@@ -513,7 +518,7 @@ class CudaBackend final : public Backend {
                  "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
     const int T = static_cast<int>(q.dim(0)), D = static_cast<int>(q.dim(2));
     if (T == 0 || meta.num_seqs == 0) return;
-    const bool fast = decode_attention_supported(D, k_cache.dtype()) && prefill_attention_supported(D, k_cache.dtype());
+    const bool fast = fast_attention_supported(D, k_cache.dtype());
     if (!fast && !generic_attention_supported(D))
       fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
     PagedAttentionArgs a = attention_args(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
