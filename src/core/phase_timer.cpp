@@ -20,11 +20,22 @@ void PhaseTimer::mark(size_t i, const char* name) {
   if (names_.size() <= i) {
     names_.resize(i + 1);
     seconds_.resize(i + 1, 0.0);
+    pass_.resize(i + 1, 0.0);
   }
   if (names_[i].empty()) names_[i] = name;
-  // Passes still in the warm-up (passes_ counts finished passes) are not summed.
-  if (passes_ >= static_cast<uint64_t>(skip_)) seconds_[i] += std::chrono::duration<double>(now - last_).count();
+  pass_[i] += std::chrono::duration<double>(now - last_).count();
   last_ = now;
+}
+
+void PhaseTimer::pass_done() {
+  if (!on_) return;
+  const uint64_t skip = static_cast<uint64_t>(skip_);
+  if (passes_ >= skip) {  // past the warm-up (passes_ counts the passes done before this one)
+    for (size_t i = 0; i < pass_.size(); ++i) seconds_[i] += pass_[i];
+    if (passes_ > skip) between_ += std::chrono::duration<double>(started_ - end_).count();
+  }
+  ++passes_;
+  end_ = std::chrono::steady_clock::now();
 }
 
 double PhaseTimer::mean_us(size_t i) const {

@@ -20,19 +20,17 @@ class PhaseTimer {
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 
   bool on() const { return on_; }
-  // Starts a pass: the time until the first mark() counts for that mark's phase.
+  // Starts a pass: the time until the first mark() counts for that mark's phase. A pass
+  // started but never done (an empty step, an exception) is dropped.
   void start() {
     if (!on_) return;
-    last_ = std::chrono::steady_clock::now();
-    if (counted()) between_ += std::chrono::duration<double>(last_ - end_).count();
+    started_ = last_ = std::chrono::steady_clock::now();
+    pass_.assign(pass_.size(), 0.0);
   }
   // Ends phase `i` of the current pass (phases numbered in pass order; `name` names it).
   void mark(size_t i, const char* name);
-  void pass_done() {
-    if (!on_) return;
-    ++passes_;
-    end_ = std::chrono::steady_clock::now();
-  }
+  // Ends the pass: its phases count unless it is one of the warm-up passes.
+  void pass_done();
   // Mean microseconds of phase i over the counted passes (0 if none); the same for the time
   // from one pass's end to the next one's start.
   double mean_us(size_t i) const;
@@ -40,15 +38,15 @@ class PhaseTimer {
   std::string summary() const;
 
  private:
-  bool counted() const { return passes_ > static_cast<uint64_t>(skip_); }
   uint64_t counted_passes() const { return passes_ > static_cast<uint64_t>(skip_) ? passes_ - skip_ : 0; }
 
   std::string what_;
   bool on_ = false;
   int skip_ = 0;
-  std::chrono::steady_clock::time_point last_, end_;
+  std::chrono::steady_clock::time_point started_, last_, end_;
   std::vector<std::string> names_;
-  std::vector<double> seconds_;
+  std::vector<double> seconds_;  // per phase, summed over the counted passes
+  std::vector<double> pass_;     // per phase, the current pass
   double between_ = 0;
   uint64_t passes_ = 0;
 };

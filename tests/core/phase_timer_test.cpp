@@ -37,6 +37,26 @@ TEST(PhaseTimer, AveragesEachPhaseOverThePassesAfterTheWarmUp) {
   EXPECT_NE(s.find("second "), std::string::npos) << s;
 }
 
+TEST(PhaseTimer, APassNeverDoneIsNotCounted) {
+  PhaseTimer t("test loop", /*on=*/true, /*skip=*/0);
+  for (int pass = 0; pass < 3; ++pass) {
+    t.start();
+    sleep_ms(2);
+    t.mark(0, "first");
+    t.pass_done();
+    t.start();  // an empty step: started, one phase timed, then left without pass_done()
+    sleep_ms(60);
+    t.mark(0, "first");
+  }
+  // Counted, the 60 ms would put the mean of phase 0 over 30 ms.
+  EXPECT_GE(t.mean_us(0), 2000.0);
+  EXPECT_LT(t.mean_us(0), 25000.0);
+  // The two gaps between done passes hold one abandoned pass each, counted once.
+  EXPECT_GE(t.between_us(), 60000.0);
+  EXPECT_LT(t.between_us(), 100000.0);
+  EXPECT_NE(t.summary().find("3 passes after 0 of warm-up"), std::string::npos) << t.summary();
+}
+
 TEST(PhaseTimer, OffMeasuresNothing) {
   PhaseTimer t("off", /*on=*/false, /*skip=*/0);
   for (int pass = 0; pass < 3; ++pass) {
