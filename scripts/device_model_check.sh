@@ -16,6 +16,8 @@ B=/tmp/bundle
 # DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_FUSED_DECODE_ATTN=0 TESSERA_PDL=0").
 PARTS=" ${PARTS:-tests ceil decode fp8 prefill serve} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
+# The generated ids of a `generate --json` output's first request.
+first_ids() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['token_ids'])" "$1"; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 
@@ -68,8 +70,7 @@ grep -E 'Processed|KV cache size|weights take|CUDA graphs' "$OUT/decode.log"
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
   --max-tokens 256 --ignore-eos --max-model-len 8192 --enforce-eager --json > "$OUT/decode_eager.json" 2> "$OUT/decode_eager.log"
 echo "eager:"; grep -E 'Processed' "$OUT/decode_eager.log"
-cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').readline())['token_ids'])") \
-       <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode_eager.json').readline())['token_ids'])") \
+[ "$(first_ids "$OUT/decode.json")" = "$(first_ids "$OUT/decode_eager.json")" ] \
   && echo "graph and eager decode: identical tokens" || echo "graph and eager decode: tokens DIFFER"
   # The ceiling: copy bandwidth of this run (section ceil) over the bytes a step reads.
   TOKS=$(grep -o 'decode [0-9.]* tok/s' "$OUT/decode.log" | awk '{print $2}')
@@ -79,8 +80,7 @@ cmp -s <(python3 -c "import json,sys;print(json.loads(open('$OUT/decode.json').r
   for ab in ${DECODE_AB:-}; do
     env "$ab" timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda \
       --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode_ab.json" 2> "$OUT/decode_ab.log"
-    same=$(cmp -s <(python3 -c "import json;print(json.loads(open('$OUT/decode.json').readline())['token_ids'])") \
-                  <(python3 -c "import json;print(json.loads(open('$OUT/decode_ab.json').readline())['token_ids'])") \
+    same=$([ "$(first_ids "$OUT/decode.json")" = "$(first_ids "$OUT/decode_ab.json")" ] \
            && echo "same tokens" || echo "tokens DIFFER")
     echo "$ab: $(grep -o 'decode [0-9.]* tok/s' "$OUT/decode_ab.log"), $same"
   done
@@ -99,13 +99,9 @@ echo "== prefill, one 4096-token prompt (after a warm-up prompt), same model"
 timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P4K" \
   --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 --max-model-len 8192 \
   --no-enable-prefix-caching --json > "$OUT/prefill.json" 2> "$OUT/prefill.log"
-python3 - "$OUT/prefill.json" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-t = rows[1]["first_token_at_s"] - rows[0]["first_token_at_s"]
-print(f"prefill_4096_s {t:.4f}")
-PY
-  PS=$(python3 -c "import json; r=[json.loads(l) for l in open('$OUT/prefill.json')]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])")
+  # The second prompt's prefill: from the first prompt's first token to its own.
+  PS=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])" "$OUT/prefill.json")
+  printf 'prefill_4096_s %.4f\n' "$PS"
   GT=$(awk '/gemm_TFLOPs/{print $2}' "$OUT/copy.log" 2>/dev/null)
   python3 tools/decode_ceiling.py configs/qwen3-8b --prefill-tokens 4096 --prefill-s "$PS" ${GT:+--gemm-tflops $GT} | grep prefill_
 

@@ -15,14 +15,13 @@ B=/tmp/bundle
 if [ "${PREFILL:-0}" = 1 ]; then
   # PREFILL=1: two 4,096-token prompts, one at a time, one token each (the model check's
   # prefill figure); the summary then covers both prefills.
-  env ${EXTRA_ENV:-} CUDA_INJECTION64_PATH=$B/libtessera_ktrace.so TESSERA_KTRACE=/tmp/ktrace.csv timeout 200 \
-    $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P4K" \
-    --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 --max-model-len 8192 \
-    --no-enable-prefix-caching ${EXTRA_ARGS:-} 2>&1 >/dev/null | grep -E 'Processed|ktrace|rror'
+  RUN=(--prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096
+       --no-enable-prefix-caching)
 else
-env ${EXTRA_ENV:-} CUDA_INJECTION64_PATH=$B/libtessera_ktrace.so TESSERA_KTRACE=/tmp/ktrace.csv timeout 200 \
-  $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
-  --max-tokens 64 --ignore-eos --max-model-len 8192 ${EXTRA_ARGS:-} 2>&1 >/dev/null | grep -E 'Processed|ktrace|rror'
+  RUN=(--prompt-ids "$P512" --max-tokens 64 --ignore-eos)
 fi
+env ${EXTRA_ENV:-} CUDA_INJECTION64_PATH=$B/libtessera_ktrace.so TESSERA_KTRACE=/tmp/ktrace.csv timeout 200 \
+  $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --max-model-len 8192 "${RUN[@]}" \
+  ${EXTRA_ARGS:-} 2>&1 >/dev/null | grep -E 'Processed|ktrace|rror'
 python3 bench/ktrace/ktrace_report.py /tmp/ktrace.csv --first ${FIRST:-16} | tee "$OUT/profile${TAG:-}.txt"
 xz -c /tmp/ktrace.csv > "$OUT/ktrace${TAG:-}.csv.xz"
