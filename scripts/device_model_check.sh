@@ -64,26 +64,29 @@ PY
 fi
 if part decode; then
 echo "== decode, batch 1, Qwen3-8B shape, 512-token prompt, 256 new tokens"
-timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
-  --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode.json" 2> "$OUT/decode.log"
+# decode_run NAME [ARGS...]: the decode run, output in $OUT/NAME.json and NAME.log.
+decode_run() {
+  local name=$1; shift
+  timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
+    --max-tokens 256 --ignore-eos --max-model-len 8192 --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"
+}
+decode_run decode
 grep -E 'Processed|KV cache size|weights take|CUDA graphs' "$OUT/decode.log"
-timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda --prompt-ids "$P512" \
-  --max-tokens 256 --ignore-eos --max-model-len 8192 --enforce-eager --json > "$OUT/decode_eager.json" 2> "$OUT/decode_eager.log"
+REF_IDS=$(first_ids "$OUT/decode.json")
+decode_run decode_eager --enforce-eager
 echo "eager:"; grep -E 'Processed' "$OUT/decode_eager.log"
-[ "$(first_ids "$OUT/decode.json")" = "$(first_ids "$OUT/decode_eager.json")" ] \
+[ "$REF_IDS" = "$(first_ids "$OUT/decode_eager.json")" ] \
   && echo "graph and eager decode: identical tokens" || echo "graph and eager decode: tokens DIFFER"
-  # The ceiling: copy bandwidth of this run (section ceil) over the bytes a step reads.
-  TOKS=$(grep -o 'decode [0-9.]* tok/s' "$OUT/decode.log" | awk '{print $2}')
-  CB=$(awk '/copy_GBps/{print $2}' "$OUT/copy.log" 2>/dev/null)
-  python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} ${TOKS:+--tok-s $TOKS}
-  # DECODE_AB="VAR=1 OTHER=0": the same decode with each setting, tokens compared with the default run.
-  for ab in ${DECODE_AB:-}; do
-    env "$ab" timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --device cuda \
-      --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/decode_ab.json" 2> "$OUT/decode_ab.log"
-    same=$([ "$(first_ids "$OUT/decode.json")" = "$(first_ids "$OUT/decode_ab.json")" ] \
-           && echo "same tokens" || echo "tokens DIFFER")
-    echo "$ab: $(grep -o 'decode [0-9.]* tok/s' "$OUT/decode_ab.log"), $same"
-  done
+# The ceiling: copy bandwidth of this run (section ceil) over the bytes a step reads.
+TOKS=$(grep -o 'decode [0-9.]* tok/s' "$OUT/decode.log" | awk '{print $2}')
+CB=$(awk '/copy_GBps/{print $2}' "$OUT/copy.log" 2>/dev/null)
+python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} ${TOKS:+--tok-s $TOKS}
+# DECODE_AB="VAR=1 OTHER=0": the same decode with each setting, tokens compared with the default run.
+for ab in ${DECODE_AB:-}; do
+  (export "$ab"; decode_run decode_ab)
+  same=$([ "$REF_IDS" = "$(first_ids "$OUT/decode_ab.json")" ] && echo "same tokens" || echo "tokens DIFFER")
+  echo "$ab: $(grep -o 'decode [0-9.]* tok/s' "$OUT/decode_ab.log"), $same"
+done
 
 fi
 if part fp8; then
