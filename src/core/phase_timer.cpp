@@ -14,8 +14,7 @@ PhaseTimer::~PhaseTimer() {
   if (on_ && counted_passes() > 0) TLOG_INFO("{}", summary());
 }
 
-void PhaseTimer::mark(size_t i, const char* name) {
-  if (!on_) return;
+void PhaseTimer::record_mark(size_t i, const char* name) {
   const auto now = std::chrono::steady_clock::now();
   if (names_.size() <= i) {
     names_.resize(i + 1);
@@ -27,8 +26,7 @@ void PhaseTimer::mark(size_t i, const char* name) {
   last_ = now;
 }
 
-void PhaseTimer::pass_done() {
-  if (!on_) return;
+void PhaseTimer::record_pass() {
   const uint64_t skip = static_cast<uint64_t>(skip_);
   if (passes_ >= skip) {  // past the warm-up (passes_ counts the passes done before this one)
     for (size_t i = 0; i < pass_.size(); ++i) seconds_[i] += pass_[i];

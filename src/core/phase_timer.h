@@ -28,9 +28,14 @@ class PhaseTimer {
     pass_.assign(pass_.size(), 0.0);
   }
   // Ends phase `i` of the current pass (phases numbered in pass order; `name` names it).
-  void mark(size_t i, const char* name);
+  // Off (the default), this and pass_done() are an inline test: no call on the step's path.
+  void mark(size_t i, const char* name) {
+    if (on_) record_mark(i, name);
+  }
   // Ends the pass: its phases count unless it is one of the warm-up passes.
-  void pass_done();
+  void pass_done() {
+    if (on_) record_pass();
+  }
   // Mean microseconds of phase i over the counted passes (0 if none); the same for the time
   // from one pass's end to the next one's start.
   double mean_us(size_t i) const;
@@ -38,6 +43,8 @@ class PhaseTimer {
   std::string summary() const;
 
  private:
+  void record_mark(size_t i, const char* name);
+  void record_pass();
   uint64_t counted_passes() const { return passes_ > static_cast<uint64_t>(skip_) ? passes_ - skip_ : 0; }
 
   std::string what_;

@@ -10,6 +10,14 @@ namespace {
 
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
+// A pass of one phase that lasts `ms`.
+void one_phase_pass(PhaseTimer& t, int ms, const char* name) {
+  t.start();
+  sleep_ms(ms);
+  t.mark(0, name);
+  t.pass_done();
+}
+
 TEST(PhaseTimer, AveragesEachPhaseOverThePassesAfterTheWarmUp) {
   PhaseTimer t("test loop", /*on=*/true, /*skip=*/2);
   for (int pass = 0; pass < 6; ++pass) {
@@ -40,10 +48,7 @@ TEST(PhaseTimer, AveragesEachPhaseOverThePassesAfterTheWarmUp) {
 TEST(PhaseTimer, APassNeverDoneIsNotCounted) {
   PhaseTimer t("test loop", /*on=*/true, /*skip=*/0);
   for (int pass = 0; pass < 3; ++pass) {
-    t.start();
-    sleep_ms(2);
-    t.mark(0, "first");
-    t.pass_done();
+    one_phase_pass(t, 2, "first");
     t.start();  // an empty step: started, one phase timed, then left without pass_done()
     sleep_ms(60);
     t.mark(0, "first");
@@ -59,12 +64,7 @@ TEST(PhaseTimer, APassNeverDoneIsNotCounted) {
 
 TEST(PhaseTimer, OffMeasuresNothing) {
   PhaseTimer t("off", /*on=*/false, /*skip=*/0);
-  for (int pass = 0; pass < 3; ++pass) {
-    t.start();
-    sleep_ms(1);
-    t.mark(0, "phase");
-    t.pass_done();
-  }
+  for (int pass = 0; pass < 3; ++pass) one_phase_pass(t, 1, "phase");
   EXPECT_FALSE(t.on());
   EXPECT_EQ(t.mean_us(0), 0.0);
   EXPECT_EQ(t.between_us(), 0.0);
