@@ -428,9 +428,9 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
 }
 
 // The fused decode kernel (the default; TESSERA_FUSED_DECODE_ATTN=0 turns it off): prologue and
-// decode attention in one kernel. On decode steps
-// it must give exactly what qkv_prologue then paged_attention give: the same output bits and
-// the same cache bits (the newest key and value are written by the fused kernel).
+// decode attention in one kernel. On decode steps it must give exactly what qkv_prologue then
+// paged_attention give: the same output bits and the same cache bits (the newest key and value
+// are written by the fused kernel).
 TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
   setenv("TESSERA_FUSED_DECODE_ATTN", "0", 1);
   std::unique_ptr<Backend> two_ops = make_cuda_backend(0);
