@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The mixture-of-experts checks on one H200, in one call (issue 16), with the dense build
+# before the MoE work beside it for a same-run comparison. Needs two bundles carried:
+#   scripts/bundle.sh --build-dir build/cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
+#   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
+#   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
+#   command: bash scripts/device_moe_check.sh
+# PARTS (default all): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve
+set -u
+. "$(dirname "$0")/device_prompts.sh"
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}
+L=/tmp/moe_logs  # everything here; $OUT gets one archive (the tool brings back at most 8 files)
+mkdir -p "$OUT" "$L"
+[ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
+B=/tmp/bundle
+BASE=""
+if [ -f bundle/base.tar.xz ]; then
+  mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
+fi
+PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+TOK=.npm-pkgs/tokenizer-qwen3/package/models
+MOE=configs/qwen3-30b-a3b
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+rate() { grep -o 'decode [0-9.]* tok/s' "$1" | awk '{print $2}'; }
+
+if part tests; then
+  echo "== CUDA op tests, fixtures and engine tests on CUDA"
+  timeout 300 $B/cuda_ops_test > "$L/cuda_ops.log" 2>&1; echo "cuda_ops_test rc=$?"
+  grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/cuda_ops.log" | head -30
+  TESSERA_TEST_DEVICE=cuda timeout 240 $B/model_fixture_test > "$L/fixture_cuda.log" 2>&1; echo "model_fixture_test rc=$?"
+  grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/fixture_cuda.log" | grep -v '^--' | head -30
+  TESSERA_TEST_DEVICE=cuda timeout 300 $B/engine_test > "$L/engine_cuda.log" 2>&1; echo "engine_test rc=$?"
+  grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/engine_cuda.log" | head -20
+fi
+
+if part ceil; then
+  echo "== copy bandwidth and bf16 GEMM rate in this run"
+  python3 - <<'PY' 2>&1 | tee "$L/copy.log"
+import torch
+n = 4 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def med(f):
+    ts = []
+    for _ in range(10):
+        s.record(); f(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+    return sorted(ts)[len(ts) // 2]
+print(f"copy_GBps {2 * n / med(lambda: b.copy_(a)) / 1e6:.0f}")
+x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); y = torch.randn_like(x)
+for _ in range(3): x @ y
+print(f"gemm_TFLOPs {2 * 8192**3 / med(lambda: x @ y) / 1e9:.0f}")
+PY
+fi
+CB=$(awk '/copy_GBps/{print $2}' "$L/copy.log" 2>/dev/null)
+GT=$(awk '/gemm_TFLOPs/{print $2}' "$L/copy.log" 2>/dev/null)
+
+if part kernels; then
+  echo "== MoE kernel benchmark"
+  for k in $B/moe_bench $B/kernels/moe_bench; do [ -x "$k" ] && timeout 180 "$k" 2>&1 | tee "$L/moe_bench.log" | tail -30; done
+fi
+
+gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
+  local bin=$1 name=$2 model=$3; shift 3
+  timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len 8192 \
+    --json "$@" > "$L/$name.json" 2> "$L/$name.log"
+  echo "$name: $(grep -E 'Processed' "$L/$name.log" | sed 's/.*prompts in/prompts in/')"
+}
+
+if part dense; then
+  echo "== dense Qwen3-8B shape: decode batch 1 (512-token prompt, 256 new) and prefill 4096, this build vs the base"
+  for which in new base; do
+    bin=$B; [ $which = base ] && bin=$BASE
+    [ -n "$bin" ] || continue
+    gen $bin dense_decode_$which configs/qwen3-8b --prompt-ids "$P512" --max-tokens 256 --ignore-eos
+    gen $bin dense_prefill_$which configs/qwen3-8b --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 \
+      --max-num-seqs 1 --max-num-batched-tokens 4096 --no-enable-prefix-caching
+    python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('prefill_4096_s', round(r[1]['first_token_at_s'] - r[0]['first_token_at_s'], 4))" "$L/dense_prefill_$which.json"
+    python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} --tok-s "$(rate "$L/dense_decode_$which.log")" | tail -2
+  done
+fi
+
+if part moe_decode; then
+  echo "== MoE decode, Qwen3-30B-A3B shape, bf16 dummy: batch 1, 8, 32 (512-token prompts, 128 new tokens)"
+  for bs in 1 8 32; do
+    args=()
+    for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
+    gen $B moe_decode_b$bs $MOE "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    per=$(rate "$L/moe_decode_b$bs.log")
+    python3 tools/decode_ceiling.py $MOE ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
+  done
+fi
+
+if part moe_prefill; then
+  echo "== MoE prefill, one 4096-token prompt after a warm-up"
+  gen $B moe_prefill $MOE --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 \
+    --max-num-batched-tokens 4096 --no-enable-prefix-caching
+  PS=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])" "$L/moe_prefill.json")
+  printf 'moe_prefill_4096_s %.4f\n' "$PS"
+  python3 tools/decode_ceiling.py $MOE --prefill-tokens 4096 --prefill-s "$PS" ${GT:+--gemm-tflops $GT} | grep prefill_
+fi
+
+if part moe_trace; then
+  echo "== kernel trace of MoE decode (batch 1): time per kernel per step"
+  KT=$(ls $B/libtessera_ktrace.so $B/kernels/libtessera_ktrace.so 2>/dev/null | head -1)
+  if [ -n "$KT" ]; then
+    CUDA_INJECTION64_PATH=$KT TESSERA_KTRACE=$L/moe_ktrace.csv gen $B moe_trace $MOE --prompt-ids "$P512" \
+      --max-tokens 64 --ignore-eos --enforce-eager
+    python3 bench/ktrace/ktrace_report.py $L/moe_ktrace.csv 2>&1 | tee "$L/moe_ktrace_report.txt" | head -40
+  fi
+fi
+
+if part moe_serve; then
+  echo "== MoE serving: tessera bench, c 1,5,10,20 (40 requests) and 64,256 (256 requests), max_tokens 256, --ignore-eos"
+  $B/tessera serve $MOE --load-format dummy --device cuda --tokenizer $TOK --port 8012 \
+    --max-model-len 4096 --max-num-seqs 256 > "$L/moe_serve.log" 2>&1 &
+  SP=$!
+  for i in $(seq 1 180); do curl -sf http://127.0.0.1:8012/health >/dev/null && break; sleep 1; done
+  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8012 --concurrency 1,5,10,20 --requests-per-level 40 \
+    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
+    --json "$L/moe_bench_low.json" 2>/dev/null | tail -12
+  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8012 --concurrency 64,256 --requests-per-level 256 \
+    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
+    --json "$L/moe_bench_high.json" 2>/dev/null | tail -10
+  kill $SP; wait $SP 2>/dev/null
+  grep -E 'KV cache size|Maximum concurrency|weights take' "$L/moe_serve.log"
+fi
+tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"
