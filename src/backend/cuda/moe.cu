@@ -71,9 +71,9 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
 }
 
 // ---------------------------------------------------------------- decode: grouped GEMV
-// Grid (row tiles, pairs): block (r, p) serves (token, slot) pair p's expert, unless an earlier
-// pair has the same expert (then that pair's block serves both) or the expert is not local. It
-// lists the pairs q > p routed to the same expert and streams its rows of the weights once per
+// Grid (row tiles, min(T * k, E_local)): the distinct local experts of the step are ranked by
+// their first pair on the device, and block (r, y) serves the one of rank y (exiting when there
+// are fewer). It lists the pairs routed to that expert and streams its rows of the weights once per
 // kM of them (one pass for almost every expert at decode batch sizes), 16-byte non-allocating
 // loads, kRows x kUnroll of them in flight per lane, as the dense decode GEMV (gemv_kernel.cuh).
 //   gate_up (kGateUp): warp w of block r owns intermediate index i = r * 8 + w: rows i (gate)
@@ -91,22 +91,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   constexpr int kRows = kGateUp ? 2 : 4;
   constexpr int kUnroll = kGateUp ? 8 : 4;
   static_assert(kGemvWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
+  __shared__ int first[kMoeMaxExperts];  // lowest pair routed to each local expert
   __shared__ int list[kMoeDecodeMaxPairs];
-  __shared__ int list_n;
+  __shared__ int warp_firsts[kGemvWarps];
+  __shared__ int list_n, block_id;
+  for (int x = threadIdx.x; x < E_local; x += blockDim.x) first[x] = 0x7fffffff;
   if (threadIdx.x == 0) list_n = 0;
+  const int q = threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   pdl_wait();  // ids and `in` come from the kernels before
-  // One load of the routing per thread (thread q: pair q), so one global latency before the
-  // weights stream.
-  const int p = blockIdx.y, q = threadIdx.x;
-  const int id = ids[p];
-  const int e = id - expert_begin;
-  if (e < 0 || e >= E_local) return;
+  // Thread q reads pair q's expert: the only global load before the weights stream.
   const int id_q = q < P ? ids[q] : -1;
-  if (__syncthreads_or(q < p && id_q == id)) return;
-  // The pairs routed to this expert, in any order (each pair's result is computed alone).
-  if (q >= p && id_q == id) list[atomicAdd(&list_n, 1)] = q;
+  const bool local_q = q < P && id_q - expert_begin >= 0 && id_q - expert_begin < E_local;
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (local_q) atomicMin(&first[id_q - expert_begin], q);
+  __syncthreads();
+  // Rank the distinct local experts by their first pair; block y serves the one of rank y.
+  const bool is_first = local_q && first[id_q - expert_begin] == q;
+  const unsigned ballot = __ballot_sync(0xffffffffu, is_first);
+  if (lane == 0) warp_firsts[warp] = __popc(ballot);
+  __syncthreads();
+  int rank = __popc(ballot & ((1u << lane) - 1u)), distinct = 0;
+#pragma unroll
+  for (int v = 0; v < kGemvWarps; ++v) {
+    rank += v < warp ? warp_firsts[v] : 0;
+    distinct += warp_firsts[v];
+  }
+  if (static_cast<int>(blockIdx.y) >= distinct) return;  // fewer distinct experts than blocks
+  if (is_first && rank == static_cast<int>(blockIdx.y)) block_id = id_q;
+  __syncthreads();
+  const int id = block_id, e = id - expert_begin;
+  // The pairs routed to this expert, in any order (each pair's result is computed alone).
+  if (id_q == id) list[atomicAdd(&list_n, 1)] = q;
+  __syncthreads();
   const int n = list_n;
   // This warp's rows and the length K of each row (and of each input vector).
   const int K = kGateUp ? H : I;
@@ -315,10 +331,11 @@ void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s) {
   const auto* x = static_cast<const __nv_bfloat16*>(a.x);
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* yb = static_cast<__nv_bfloat16*>(y);
-  launch_pdl(moe_gemv_kernel<true>, dim3(ceil_div(a.I, kGemvWarps), P), kGemvWarps * 32, 0, s, x,
+  const int slots = std::min(P, a.E_local);  // at most this many distinct local experts
+  launch_pdl(moe_gemv_kernel<true>, dim3(ceil_div(a.I, kGemvWarps), slots), kGemvWarps * 32, 0, s, x,
              static_cast<const __nv_bfloat16*>(a.gate_up), a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, actb);
   TCUDA_LAUNCH_CHECK();
-  launch_pdl(moe_gemv_kernel<false>, dim3(ceil_div(a.H, kGemvWarps * 4), P), kGemvWarps * 32, 0, s,
+  launch_pdl(moe_gemv_kernel<false>, dim3(ceil_div(a.H, kGemvWarps * 4), slots), kGemvWarps * 32, 0, s,
              static_cast<const __nv_bfloat16*>(actb), static_cast<const __nv_bfloat16*>(a.down), a.ids, P, a.k,
              a.expert_begin, a.E_local, a.H, a.I, yb);
   TCUDA_LAUNCH_CHECK();
