@@ -95,6 +95,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
   const int K = g.K, N = g.N;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
+  // 16-row fragments of this warp's 64 rows that hold rows of the expert: an expert's last tile
+  // is mostly empty, and its empty fragments skip their ldmatrix and mma.
+  const int m_frags = max(0, min(4, (row_end - (row0 + warp_m * 64) + 15) / 16));
 
   // Each thread copies 4 chunks of A and 4 of B per stage: tile row tid / 8 + 32 i, chunk tid % 8.
   const int ld_chunk = tid & 7;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
         const int row = warp_m * 64 + mi * 16 + (lane & 15);
-        ldmatrix_x4(af[mi], smem_addr(sa + swz(row, kk * 2 + (lane >> 4))));
+        if (mi < m_frags) ldmatrix_x4(af[mi], smem_addr(sa + swz(row, kk * 2 + (lane >> 4))));
       }
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {
@@ -183,8 +186,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
       }
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
+        if (mi < m_frags) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+          for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        }
     }
   }
   cp_async_wait<0>();
