@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/mma_utils.cuh"
 
 namespace tessera::cuda {
 
@@ -41,34 +42,6 @@ struct GemmArgs {
   const int32_t* tile_offsets;
   int E_local, K, N, k;  // N: output columns (I for gate_up, H for down)
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; src_bytes 0 writes zeros (rows past the expert's last, K tail).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Element offset of (row, 16-byte chunk) in a [rows][BK] tile with swizzled chunks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
@@ -138,8 +111,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
     for (int i = 0; i < 4; ++i) {
       const int r = (tid >> 3) + 32 * i;
       const bool ao = a_ok[i] && k_ok, bo = b_ok[i] && k_ok;
-      cp_async16(smem_addr(sa + swz(r, ld_chunk)), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
-      cp_async16(smem_addr(sb + swz(r, ld_chunk)), bo ? b_src[i] + kc : g.w, bo ? 16 : 0);
+      cp_async16_zfill(sa + swz(r, ld_chunk), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
+      cp_async16_zfill(sb + swz(r, ld_chunk), bo ? b_src[i] + kc : g.w, bo ? 16 : 0);
     }
   };
 
@@ -172,13 +145,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
         const int row = warp_m * 64 + mi * 16 + (lane & 15);
-        if (mi < m_frags) ldmatrix_x4(af[mi], smem_addr(sa + swz(row, kk * 2 + (lane >> 4))));
+        if (mi < m_frags) ldmatrix_x4(af[mi], sa + swz(row, kk * 2 + (lane >> 4)));
       }
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {
         const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
         uint32_t r[4];
-        ldmatrix_x4(r, smem_addr(sb + swz(row, kk * 2 + ((lane >> 3) & 1))));
+        ldmatrix_x4(r, sb + swz(row, kk * 2 + ((lane >> 3) & 1)));
         bf[2 * nj][0] = r[0];
         bf[2 * nj][1] = r[1];
         bf[2 * nj + 1][0] = r[2];
