@@ -1,5 +1,5 @@
 // The prefill path of the routed experts: a grouped GEMM over the experts on tensor cores
-// (mma.sync m16n8k16 bf16, ldmatrix, a 3-stage cp.async pipeline), over the token rows that
+// (mma.sync m16n8k16 bf16, ldmatrix, a 4-stage cp.async pipeline), over the token rows that
 // moe.cu's routing kernel permuted by expert on the device.
 //
 // Why not cuBLAS grouped GEMM: its per-group sizes (tokens per expert) are host arguments, so
@@ -8,12 +8,12 @@
 // row tiles x the column tiles) and each block finds its (expert, row tile) from the device-side
 // tile offsets, exiting at once when it is beyond the last tile.
 //
-// Block tile 128 x 128 x 64, 8 warps as 2 (rows) x 4 (columns) of 64 x 32; shared memory rows of
-// 64 bf16 (128 bytes) with the 16-byte chunks XOR-swizzled by row, so cp.async stores and
-// ldmatrix reads are free of bank conflicts.
+// Block tile 128 x 256 x 64 (BN; 128 also works, two blocks an SM), 8 warps as 2 (rows) x 4
+// (columns) of 64 x 64; shared memory rows of 64 bf16 (128 bytes) with the 16-byte chunks
+// XOR-swizzled by row, so cp.async stores and ldmatrix reads are free of bank conflicts.
 //   gate_up (kGateUp): A = x rows gathered by token (sorted_pair[row] / k), B = gate_up[e]. A
-//     block owns 64 intermediate columns: its B tile interleaves 8 gate rows and the same 8 up
-//     rows, so each thread holds gate and up of the same outputs and writes silu(gate) * up.
+//     block owns BN / 2 intermediate columns: its B tile interleaves 8 gate rows and the same 8
+//     up rows, so each thread holds gate and up of the same outputs and writes silu(gate) * up.
 //   down: A = act (rows already in expert order), B = down[e]; y[row, :] bf16.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,10 +28,13 @@ namespace tessera::cuda {
 
 namespace {
 
-constexpr int BM = kMoeTileM, BN = 128, BK = 64, kStages = 3, kThreads = 256;
+constexpr int BM = kMoeTileM, BN = 256, BK = 64, kStages = 4, kThreads = 256;
+constexpr int kWarpN = BN / 4;              // 8 warps as 2 (rows) x 4 (columns), 64 rows each
+constexpr int kNFrags = kWarpN / 8;         // n8 fragments of a warp
+constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copies per stage
 constexpr int kStageElems = (BM + BN) * BK;
 constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
-static_assert(BM == 128 && BN == 128 && BK == 64, "the loaders and warp layout assume 128 x 128 x 64 tiles");
+static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
 
 struct GemmArgs {
   const __nv_bfloat16* a;  // gate_up: x [T, K]; down: act [rows, K]
@@ -47,7 +50,7 @@ struct GemmArgs {
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
 
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const GemmArgs g) {
+__global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_kernel(const GemmArgs g) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
 
@@ -72,33 +75,35 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
   // is mostly empty, and its empty fragments skip their ldmatrix and mma.
   const int m_frags = max(0, min(4, (row_end - (row0 + warp_m * 64) + 15) / 16));
 
-  // Each thread copies 4 chunks of A and 4 of B per stage: tile row tid / 8 + 32 i, chunk tid % 8.
+  // A thread copies tile rows tid / 8 + 32 i (4 of A, kBLoads of B), chunk tid % 8, each stage.
   const int ld_chunk = tid & 7;
   const __nv_bfloat16* a_src[4];
-  const __nv_bfloat16* b_src[4];
-  bool a_ok[4], b_ok[4];
-  const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(N) : N;
-  const __nv_bfloat16* w = g.w + static_cast<int64_t>(e) * w_rows * K;
+  bool a_ok[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int r = (tid >> 3) + 32 * i;
-    const int row = row0 + r;
+    const int row = row0 + (tid >> 3) + 32 * i;
     a_ok[i] = row < row_end;
     int64_t a_row = 0;
     if (a_ok[i]) a_row = kGateUp ? g.sorted_pair[row] / g.k : row;
     a_src[i] = g.a + a_row * K;
-    int col;
-    int64_t b_row;
-    if (kGateUp) {
-      const int f = r >> 3;  // 8-row fragment: even = gate, odd = up, of columns (f / 2) * 8 ..
-      col = blockIdx.y * (BN / 2) + (f >> 1) * 8 + (r & 7);
-      b_row = (f & 1) ? static_cast<int64_t>(N) + col : col;
-    } else {
-      col = blockIdx.y * BN + r;
-      b_row = col;
-    }
-    b_ok[i] = col < N;
-    b_src[i] = w + (b_ok[i] ? b_row : 0) * K;
+  }
+  // B row r = tid / 8 + 32 i of the tile. down: weight row n0 + r. gate_up: the tile's 8-row
+  // fragments alternate gate and up rows of the same 8 columns (fragment f = r / 8 holds
+  // columns n0 + (f / 2) * 8 .., gate when f is even), so a thread's rows are column
+  // b_col0 + 16 i of the gate (or the up) half.
+  const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(N) : N;
+  const __nv_bfloat16* w = g.w + static_cast<int64_t>(e) * w_rows * K;
+  int b_col0, b_step;
+  const __nv_bfloat16* b_base;
+  if (kGateUp) {
+    const int f0 = tid >> 6;  // fragment of row tid / 8
+    b_col0 = blockIdx.y * (BN / 2) + (f0 >> 1) * 8 + ((tid >> 3) & 7);
+    b_step = 16;
+    b_base = w + ((f0 & 1) ? static_cast<int64_t>(N) : 0) * K;
+  } else {
+    b_col0 = blockIdx.y * BN + (tid >> 3);
+    b_step = 32;
+    b_base = w;
   }
 
   const int k_tiles = (K + BK - 1) / BK;
@@ -109,18 +114,23 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
     const bool k_ok = kc < K;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int r = (tid >> 3) + 32 * i;
-      const bool ao = a_ok[i] && k_ok, bo = b_ok[i] && k_ok;
-      cp_async16_zfill(sa + swz(r, ld_chunk), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
-      cp_async16_zfill(sb + swz(r, ld_chunk), bo ? b_src[i] + kc : g.w, bo ? 16 : 0);
+      const bool ao = a_ok[i] && k_ok;
+      cp_async16_zfill(sa + swz((tid >> 3) + 32 * i, ld_chunk), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBLoads; ++i) {
+      const int col = b_col0 + b_step * i;
+      const bool bo = col < N && k_ok;
+      cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, ld_chunk), bo ? b_base + static_cast<int64_t>(col) * K + kc : g.w,
+                       bo ? 16 : 0);
     }
   };
 
-  float acc[4][4][4];
+  float acc[4][kNFrags][4];
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
+    for (int ni = 0; ni < kNFrags; ++ni)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
 
@@ -141,15 +151,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
     const __nv_bfloat16* sb = sa + BM * BK;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t af[4][4], bf[4][2];
+      uint32_t af[4][4], bf[kNFrags][2];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
         const int row = warp_m * 64 + mi * 16 + (lane & 15);
         if (mi < m_frags) ldmatrix_x4(af[mi], sa + swz(row, kk * 2 + (lane >> 4)));
       }
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
+      for (int nj = 0; nj < kNFrags / 2; ++nj) {
+        const int row = warp_n * kWarpN + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
         uint32_t r[4];
         ldmatrix_x4(r, sb + swz(row, kk * 2 + ((lane >> 3) & 1)));
         bf[2 * nj][0] = r[0];
@@ -161,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
       for (int mi = 0; mi < 4; ++mi)
         if (mi < m_frags) {
 #pragma unroll
-          for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+          for (int ni = 0; ni < kNFrags; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
         }
     }
   }
@@ -178,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
       __nv_bfloat16* orow = g.out + static_cast<int64_t>(row) * N;
       if (kGateUp) {
 #pragma unroll
-        for (int pr = 0; pr < 2; ++pr) {
-          const int col = blockIdx.y * (BN / 2) + (warp_n * 2 + pr) * 8 + 2 * (lane & 3);
+        for (int pr = 0; pr < kNFrags / 2; ++pr) {
+          const int col = blockIdx.y * (BN / 2) + (warp_n * (kNFrags / 2) + pr) * 8 + 2 * (lane & 3);
           if (col >= N) continue;
           const float* gt = &acc[mi][2 * pr][2 * half];
           const float* up = &acc[mi][2 * pr + 1][2 * half];
@@ -189,8 +199,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_gemm_kernel(const Gem
         }
       } else {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          const int col = blockIdx.y * BN + warp_n * 32 + ni * 8 + 2 * (lane & 3);
+        for (int ni = 0; ni < kNFrags; ++ni) {
+          const int col = blockIdx.y * BN + warp_n * kWarpN + ni * 8 + 2 * (lane & 3);
           if (col >= N) continue;
           *reinterpret_cast<__nv_bfloat162*>(orow + col) =
               __floats2bfloat162_rn(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
