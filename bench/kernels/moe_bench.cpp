@@ -7,6 +7,8 @@
 //     routing, read back from the device), GB/s and % of copy; also per layer in a captured
 //     graph of the 4 layers (no launch gaps, as in a decode step).
 //   prefill: active FLOPs = T * k * 6 * H * I, TFLOP/s and % of the GEMM rate.
+// path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
+// TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
 // First checks both paths against the CPU backend on a smaller expert count.
 //   moe_bench [--quick]
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "core/env.h"
 
 using namespace tessera;
 using namespace tessera::bench;
@@ -61,7 +64,8 @@ int run(int argc, char** argv) {
   for (int64_t T : {3, 300}) {
     const double err = check(*gpu, T);
     std::printf("check: moe_experts T=%ld (%s path), 16 experts, vs CPU: rel_err %.2e %s\n", long(T),
-                T * kK <= 256 ? "decode" : "prefill", err, err < 1e-2 ? "OK" : "FAIL");
+                env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256 ? "gemv" : "gemm", err,
+                err < 1e-2 ? "OK" : "FAIL");
     if (!(err < 1e-2)) return 1;
   }
 
@@ -130,7 +134,8 @@ int run(int argc, char** argv) {
     const double bytes = distinct * expert_bytes;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double tflops = 6.0 * T * kK * kH * kI / (ms * 1e-3) / 1e12;
-    const bool decode = T * kK <= 256;
+    // The backend's choice (TESSERA_MOE_GEMV=0 forces the grouped GEMM at every T).
+    const bool gemv = env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256, decode = T <= 32;
     double graph_ms = 0;
     if (decode) {
       gpu->reset_scratch();
@@ -146,7 +151,7 @@ int run(int argc, char** argv) {
     }
     const double graph_gbs = decode ? bytes / (graph_ms * 1e-3) / 1e9 : 0;
     std::printf("%-8s %6ld %9.1f %10.1f %10.1f %9.1f %7.0f %9.0f%% %9.1f %6.0f%% %9.1f %6.0f%%\n",
-                decode ? "decode" : "prefill", long(T), distinct, bytes / 1e6, topk_ms * 1e3, ms * 1e3, gbs,
+                gemv ? "gemv" : "gemm", long(T), distinct, bytes / 1e6, topk_ms * 1e3, ms * 1e3, gbs,
                 100.0 * gbs / copy_gbs, graph_ms * 1e3, decode ? 100.0 * graph_gbs / copy_gbs : 0.0, tflops,
                 100.0 * tflops / gemm_tflops);
     gpu->reset_scratch();

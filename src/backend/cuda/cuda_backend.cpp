@@ -602,7 +602,7 @@ class CudaBackend final : public Backend {
     a.expert_begin = expert_begin;
     const int64_t P = T * k;
     Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
-    if (P <= kMoeDecodeMaxPairs) {
+    if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
       launch_moe_decode(a, act.raw(), y.raw(), stream_);
       return;
     }
@@ -828,6 +828,8 @@ class CudaBackend final : public Backend {
   std::vector<Mark> marks_;
   bool capturing_ = false;
   bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
+  bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
   size_t capture_chunks_ = 0;
 };
 
