@@ -200,6 +200,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // its expert's rows. The order of pairs within an expert varies from run to run; each row of
 // the grouped GEMM depends only on its own pair, so the results do not.
 constexpr int kRouteThreads = 1024;
+static_assert(kRouteThreads >= kMoeMaxExperts, "a thread per local expert");
 
 // Exclusive prefix sum over the block (one value per thread); *total gets the sum.
 __device__ int block_exclusive_scan(int v, int* total) {
