@@ -1,8 +1,8 @@
 // Routed experts (Backend::moe_experts) at the Qwen3-30B-A3B shape (hidden 2048, expert
-// intermediate 768, 128 experts, top-8), bf16: the decode path at T = 1, 8, 32 and the prefill
-// path at T = 4096, against the copy bandwidth and the cuBLAS 8192^3 bf16 GEMM rate measured in
-// the same run. Routing is realistic: random router logits through moe_topk, different for each
-// of 4 layers (4 weight copies, 4.8 GB, so that the experts do not sit in L2).
+// intermediate 768, 128 experts, top-8), bf16: the decode path at T = 1, 8, 32, the grouped
+// GEMM at T = 64 and 512 (where the paths cross over) and the prefill path at T = 4096, against the copy bandwidth and
+// the cuBLAS 8192^3 bf16 GEMM rate measured in the same run. Routing is realistic: random router logits through
+// moe_topk, different for each of 4 layers (4 weight copies, 4.8 GB, so that the experts do not sit in L2).
 //   decode: bytes = distinct selected experts of the step x an expert's bytes (from the actual
 //     routing, read back from the device), GB/s and % of copy; also per layer in a captured
 //     graph of the 4 layers (no launch gaps, as in a decode step).
@@ -96,7 +96,7 @@ int run(int argc, char** argv) {
               long(kI), long(kE), long(kK), expert_bytes / 1e6, long(kLayers));
   std::printf("%-8s %6s %9s %10s %10s %9s %7s %10s %9s %7s %9s %7s\n", "path", "T", "experts", "MB/layer", "topk_us",
               "us/layer", "GB/s", "%copy", "graph_us", "%copy", "TFLOP/s", "%gemm");
-  for (int64_t T : {1, 8, 32, 4096}) {
+  for (int64_t T : {1, 8, 32, 64, 512, 4096}) {
     Tensor x = gpu->alloc({T, kH}, DType::kBF16), out = gpu->alloc({T, kH}, DType::kBF16);
     gpu->fill_random(x, 7, -1, 1);
     std::vector<Tensor> logits, ids, w;
