@@ -138,9 +138,7 @@ class Backend {
   // probabilities (ties go to the lower expert id), divided by their sum when `renormalize`
   // (norm_topk_prob). topk_ids i32 [T,k], topk_weights f32 [T,k], both in descending weight order.
   virtual void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
-                        const Tensor& topk_weights) {
-    fail(ErrorKind::kUnsupported, "{} has no moe_topk", name());
-  }
+                        const Tensor& topk_weights) = 0;
   // The routed experts of x [T,H]:
   //   out[t] = sum_j topk_weights[t,j] * down[e] @ (silu(gate_up[e][:I] @ x[t]) * gate_up[e][I:] @ x[t]),
   //   e = topk_ids[t,j] - expert_begin,
@@ -149,14 +147,10 @@ class Backend {
   // holds that expert adds it, and the caller's all-reduce sums the ranks). out is overwritten.
   // No host synchronisation on the routing results (decode steps run inside captured graphs).
   virtual void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
-                           const Tensor& topk_weights, int expert_begin, const Tensor& out) {
-    fail(ErrorKind::kUnsupported, "{} has no moe_experts", name());
-  }
+                           const Tensor& topk_weights, int expert_begin, const Tensor& out) = 0;
   // out = x * sigmoid(gate). gate has x's shape, or [T, 1] (one gate per row, broadcast over the
   // row: the shared expert's gate). Gated attention uses the elementwise form. out may alias x.
-  virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
-    fail(ErrorKind::kUnsupported, "{} has no sigmoid_mul", name());
-  }
+  virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;
 
   // out[i,:] = x[indices[i], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) = 0;

@@ -610,5 +610,132 @@ TEST_F(CpuOps, ScratchFromAnEarlierStepStaysValidMemory) {
   EXPECT_EQ(held.data<float>()[held.numel() - 1], 1.0f);
 }
 
+// ---- mixture of experts ----
+
+// Softmax in double, then the k largest (ties to the lower id), renormalized on request.
+void moe_topk_ref(const std::vector<double>& logits, int E, int k, bool renormalize, std::vector<int32_t>& ids,
+                  std::vector<double>& weights) {
+  const size_t T = logits.size() / E;
+  ids.clear();
+  weights.clear();
+  for (size_t t = 0; t < T; ++t) {
+    const double* row = logits.data() + t * E;
+    double mx = *std::max_element(row, row + E), sum = 0;
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int i = 0; i < E; ++i) sum += p[i] = std::exp(row[i] - mx);
+    for (auto& v : p) v /= sum;
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double picked = 0;
+    for (int j = 0; j < k; ++j) picked += p[order[j]];
+    for (int j = 0; j < k; ++j) {
+      ids.push_back(order[j]);
+      weights.push_back(renormalize ? p[order[j]] / picked : p[order[j]]);
+    }
+  }
+}
+
+// out[t] = sum_j w[t,j] * down[e] @ (silu(gate[e] @ x[t]) * up[e] @ x[t]) over the local experts.
+std::vector<double> moe_experts_ref(const std::vector<double>& x, const std::vector<double>& gate_up,
+                                    const std::vector<double>& down, const std::vector<int32_t>& ids,
+                                    const std::vector<double>& w, int T, int H, int I, int E_local, int k,
+                                    int expert_begin) {
+  std::vector<double> out(static_cast<size_t>(T) * H, 0.0), act(static_cast<size_t>(I));
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[t * k + j] - expert_begin;
+      if (e < 0 || e >= E_local) continue;
+      for (int i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        for (int h = 0; h < H; ++h) {
+          g += gate_up[(static_cast<size_t>(e) * 2 * I + i) * H + h] * x[t * H + h];
+          u += gate_up[(static_cast<size_t>(e) * 2 * I + I + i) * H + h] * x[t * H + h];
+        }
+        act[i] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int h = 0; h < H; ++h) {
+        double y = 0;
+        for (int i = 0; i < I; ++i) y += down[(static_cast<size_t>(e) * H + h) * I + i] * act[i];
+        out[t * H + h] += w[t * k + j] * y;
+      }
+    }
+  return out;
+}
+
+TEST_F(CpuOps, MoeTopkSoftmaxTiesAndRenormalize) {
+  for (int rep = 0; rep < 24; ++rep) {
+    const int E = randint(8, 64), k = std::min(E, 1 + rep % 8), T = randint(1, 40);
+    const bool renormalize = rep % 2 == 0;
+    // Logits on a coarse grid (multiples of 1/4 in [-2, 2]): many exact ties, and distinct
+    // logits far enough apart that f32 and double agree on the order.
+    Tensor logits = be_.alloc({T, E}, DType::kF32);
+    for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = static_cast<float>(randint(-8, 8)) / 4;
+    if (T > 1) std::fill_n(logits.data<float>() + E, E, 0.5f);  // a row of nothing but ties
+    Tensor ids = poisoned({T, k}, DType::kI32), w = poisoned({T, k});
+    be_.moe_topk(logits, k, renormalize, ids, w);
+    std::vector<int32_t> want_ids;
+    std::vector<double> want_w;
+    moe_topk_ref(vec(logits), E, k, renormalize, want_ids, want_w);
+    const std::string what =
+        "moe_topk E=" + std::to_string(E) + " k=" + std::to_string(k) + (renormalize ? " renormalized" : "");
+    ASSERT_EQ(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + T * k), want_ids) << what;
+    expect_close(w, want_w, 1e-7, 1e-5, what);
+    if (T > 1) {
+      for (int j = 0; j < k; ++j) EXPECT_EQ(ids.data<int32_t>()[k + j], j) << "ties go to the lower id";
+    }
+  }
+  EXPECT_THROW(be_.moe_topk(rand_f32({2, 4}), 5, true, poisoned({2, 5}, DType::kI32), poisoned({2, 5})), Error);
+}
+
+TEST_F(CpuOps, MoeExpertsRoutesGroupsAndCombines) {
+  for (int rep = 0; rep < 12; ++rep) {
+    const int E = randint(8, 64), k = std::min(E, randint(1, 8)), T = randint(1, 24);
+    const int H = randint(4, 48), I = randint(2, 40);
+    // Expert parallel on odd reps: this rank holds [begin, begin + E_local) of E experts.
+    const int E_local = rep % 2 ? randint(1, E) : E, begin = rep % 2 ? randint(0, E - E_local) : 0;
+    Tensor x = rand_f32({T, H}), gate_up = rand_f32({E_local, 2 * I, H}, -0.5f, 0.5f),
+           down = rand_f32({E_local, H, I}, -0.5f, 0.5f);
+    Tensor logits = rand_f32({T, E}, -3, 3), ids = be_.alloc({T, k}, DType::kI32), w = be_.alloc({T, k}, DType::kF32);
+    be_.moe_topk(logits, k, rep % 3 == 0, ids, w);
+    if (E_local < E && T > 1)  // one token whose experts are all on other ranks: its row comes out zero
+      for (int j = 0; j < k; ++j)
+        ids.data<int32_t>()[k + j] = begin > 0 ? j % begin : begin + E_local + j % (E - E_local);
+    std::vector<int32_t> idv(ids.data<int32_t>(), ids.data<int32_t>() + T * k);
+    Tensor out = poisoned({T, H});
+    be_.moe_experts(x, gate_up, down, ids, w, begin, out);
+    auto want = moe_experts_ref(vec(x), vec(gate_up), vec(down), idv, vec(w), T, H, I, E_local, k, begin);
+    expect_close(out, want, 1e-5, 1e-4,
+                 "moe_experts E=" + std::to_string(E) + " local " + std::to_string(E_local) + " from " +
+                     std::to_string(begin) + " k=" + std::to_string(k) + " T=" + std::to_string(T));
+  }
+  // No tokens: a no-op on empty tensors.
+  be_.moe_experts(be_.scratch({0, 8}, DType::kF32), rand_f32({4, 6, 8}), rand_f32({4, 8, 3}),
+                  be_.scratch({0, 2}, DType::kI32), be_.scratch({0, 2}, DType::kF32), 0,
+                  be_.scratch({0, 8}, DType::kF32));
+  // Mismatched expert tensors are refused.
+  EXPECT_THROW(be_.moe_experts(rand_f32({1, 8}), rand_f32({4, 6, 8}), rand_f32({3, 8, 3}), i32({0}).view({1, 1}),
+                               rand_f32({1, 1}), 0, poisoned({1, 8})),
+               Error);
+}
+
+TEST_F(CpuOps, SigmoidMulElementwiseAndPerRow) {
+  const int T = randint(1, 30), D = randint(1, 100);
+  Tensor x = rand_f32({T, D}, -4, 4), g = rand_f32({T, D}, -8, 8), out = poisoned({T, D});
+  be_.sigmoid_mul(x, g, out);
+  auto xv = vec(x), gv = vec(g);
+  std::vector<double> want(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) want[i] = xv[i] / (1 + std::exp(-gv[i]));
+  expect_close(out, want, 1e-6, 1e-5, "sigmoid_mul elementwise");
+
+  Tensor gr = rand_f32({T, 1}, -8, 8);
+  auto grv = vec(gr);
+  for (int t = 0; t < T; ++t)
+    for (int d = 0; d < D; ++d) want[t * D + d] = xv[t * D + d] / (1 + std::exp(-grv[t]));
+  be_.sigmoid_mul(x, gr, x);  // in place
+  expect_close(x, want, 1e-6, 1e-5, "sigmoid_mul per row, in place");
+  EXPECT_THROW(be_.sigmoid_mul(x, rand_f32({T + 1, 1}), x), Error);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -559,6 +559,132 @@ TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
 }
 
 // ---------------------------------------------------------------- paged KV write + attention
+// ---- mixture of experts: each op against CpuBackend on the same (bf16-rounded) inputs ----
+
+TEST_F(CudaOps, MoeTopkMatchesCpu) {
+  for (int64_t E : {8, 60, 128, 512})
+    for (int k : {1, 2, 8})
+      for (bool renormalize : {true, false}) {
+        const int64_t T = E == 128 ? 300 : 37;
+        auto logits = rand(T * E, -4, 4);
+        std::fill(logits.begin() + E, logits.begin() + 2 * E, 0.25f);  // row 1: all tied
+        Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu_out({T, k}, DType::kF32);
+        gpu().moe_topk(on_gpu(logits, {T, E}, DType::kF32), k, renormalize, ids, w);
+        Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+        cpu().moe_topk(on_cpu(logits, {T, E}), k, renormalize, cids, cw);
+        std::vector<int32_t> got(static_cast<size_t>(T * k));
+        gpu().copy_to_host(got.data(), ids);
+        const std::string what =
+            "moe_topk E=" + std::to_string(E) + " k=" + std::to_string(k) + (renormalize ? " renormalized" : "");
+        EXPECT_EQ(got, std::vector<int32_t>(cids.data<int32_t>(), cids.data<int32_t>() + T * k)) << what;
+        EXPECT_LT(rel_err(from_gpu(w), from_cpu(cw)), 1e-5) << what;
+      }
+}
+
+struct MoeCase {
+  int64_t T, E, k, H, I, E_local, begin;
+  bool renormalize;
+};
+
+// Decode (T * k <= 256) and prefill shapes: a hidden size that is not a multiple of the GEMM's
+// 64-wide K step or 128-wide column tile, an intermediate size that leaves a partial column
+// tile, experts with more rows than one 128-row tile, more tokens on an expert than one GEMV
+// pass, and expert-parallel slices (expert_begin > 0) with tokens routed only elsewhere.
+TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
+  const MoeCase cases[] = {
+      {1, 8, 2, 256, 128, 8, 0, true},       {1, 64, 8, 512, 96, 64, 0, true},
+      {3, 64, 8, 264, 96, 64, 0, false},     {32, 8, 2, 256, 64, 8, 0, true},
+      {32, 128, 8, 512, 128, 128, 0, true},  // 256 pairs: decode
+      {33, 128, 8, 512, 128, 128, 0, true},  // 264 pairs: prefill
+      {64, 64, 8, 264, 96, 64, 0, true},     {300, 8, 4, 256, 192, 8, 0, false},
+      {300, 128, 8, 512, 128, 128, 0, true}, {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel
+      {300, 64, 8, 256, 128, 16, 48, false}, {200, 32, 4, 256, 64, 8, 0, true}};
+  for (const MoeCase& c : cases) {
+    const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
+    auto x = rand(T * H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
+    auto logits = rand(T * c.E, -3, 3);
+    Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+    cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+    if (EL < c.E && T > 1)  // token 1's experts all on other ranks: a zero row
+      for (int64_t j = 0; j < k; ++j)
+        cids.data<int32_t>()[k + j] = static_cast<int32_t>(c.begin > 0 ? j % c.begin : c.begin + EL + j % (c.E - EL));
+    std::vector<int32_t> ids(cids.data<int32_t>(), cids.data<int32_t>() + T * k);
+    std::vector<float> w = from_cpu(cw);
+    Tensor ref = cpu().alloc({T, H}, DType::kF32);
+    cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                      static_cast<int>(c.begin), ref);
+    Tensor out = gpu_out({T, H});
+    gpu().moe_experts(on_gpu(x, {T, H}), on_gpu(gu, {EL, 2 * I, H}), on_gpu(dn, {EL, H, I}), on_gpu_i32(ids, {T, k}),
+                      on_gpu(w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
+    EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2)
+        << "moe_experts T=" << T << " E=" << c.E << " k=" << k << " H=" << H << " I=" << I << " local " << EL
+        << " from " << c.begin;
+    if (EL < c.E && T > 1) {
+      auto got = from_gpu(out);
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << "a token routed only to other ranks";
+    }
+    gpu().reset_scratch();
+  }
+}
+
+// Routing results never go to the host: top-k and both expert paths replay in a graph.
+TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {
+  const int64_t E = 32, k = 4, H = 256, I = 64;
+  Tensor gu = on_gpu(rand(E * 2 * I * H, -0.1f, 0.1f), {E, 2 * I, H}),
+         dn = on_gpu(rand(E * H * I, -0.1f, 0.1f), {E, H, I});
+  for (int64_t T : {4, 100}) {
+    Tensor x = gpu().alloc({T, H}, DType::kBF16), logits = gpu().alloc({T, E}, DType::kF32);
+    Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu().alloc({T, k}, DType::kF32);
+    Tensor out = gpu().alloc({T, H}, DType::kBF16);
+    auto step = [&] {
+      gpu().moe_topk(logits, static_cast<int>(k), true, ids, w);
+      gpu().moe_experts(x, gu, dn, ids, w, 0, out);
+    };
+    auto write = [&](const Tensor& t, const std::vector<float>& v) {
+      std::vector<uint8_t> bytes(t.nbytes());
+      convert_host(v.data(), DType::kF32, bytes.data(), t.dtype(), v.size());
+      gpu().copy_from_host(t, bytes.data());
+    };
+    std::vector<std::vector<float>> xs = {rand(T * H), rand(T * H)}, ls = {rand(T * E, -3, 3), rand(T * E, -3, 3)};
+    std::vector<std::vector<float>> refs;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      write(x, xs[i]);
+      write(logits, ls[i]);
+      gpu().reset_scratch();
+      step();
+      refs.push_back(from_gpu(out));
+    }
+    gpu().reset_scratch();
+    gpu().begin_capture();
+    step();
+    std::unique_ptr<CapturedGraph> g = gpu().end_capture();
+    ASSERT_TRUE(g);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      write(x, xs[i]);
+      write(logits, ls[i]);
+      gpu().fill(out, NAN);
+      gpu().replay(*g);
+      EXPECT_EQ(rel_err(from_gpu(out), refs[i]), 0.0) << "T=" << T << " input " << i;
+    }
+  }
+}
+
+TEST_F(CudaOps, SigmoidMulElementwiseAndPerRow) {
+  for (int64_t T : {1, 7, 300})
+    for (int64_t D : {1, 100, 2048}) {
+      auto x = rand(T * D, -4, 4), g = rand(T * D, -8, 8), gr = rand(T, -8, 8);
+      Tensor out = gpu_out({T, D});
+      gpu().sigmoid_mul(on_gpu(x, {T, D}), on_gpu(g, {T, D}), out);
+      Tensor ref = cpu().alloc({T, D}, DType::kF32);
+      cpu().sigmoid_mul(on_cpu(x, {T, D}), on_cpu(g, {T, D}), ref);
+      EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2) << "sigmoid_mul T=" << T << " D=" << D;
+      Tensor gx = on_gpu(x, {T, D});
+      gpu().sigmoid_mul(gx, on_gpu(gr, {T, 1}), gx);  // in place, one gate per row
+      cpu().sigmoid_mul(on_cpu(x, {T, D}), on_cpu(gr, {T, 1}), ref);
+      EXPECT_LT(rel_err(from_gpu(gx), from_cpu(ref)), 1e-2) << "sigmoid_mul per row T=" << T << " D=" << D;
+    }
+}
+
 struct SeqSpec {
   int cached, new_tokens;
 };

@@ -41,6 +41,11 @@ class CpuBackend final : public Backend {
                 const AttentionMetadata& meta, float k_scale, float v_scale) override;
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                        float scale, float k_scale, float v_scale, const Tensor& out) override;
+  void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
+                const Tensor& topk_weights) override;
+  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                   const Tensor& topk_weights, int expert_begin, const Tensor& out) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,

@@ -536,6 +536,95 @@ class CudaBackend final : public Backend {
     if (any_single) decode_attention(a, meta, any_multi, nullptr);
   }
 
+  // ---------------------------------------------------------------- mixture of experts
+  void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
+                const Tensor& topk_weights) override {
+    CUDA_REQUIRE(router_logits.dtype() == DType::kF32 && router_logits.ndim() == 2, "moe_topk",
+                 "router logits must be f32 [T, E], got " + router_logits.str());
+    const int64_t T = router_logits.dim(0), E = router_logits.dim(1);
+    CUDA_REQUIRE(topk_ids.dtype() == DType::kI32 && topk_ids.numel() == T * k && topk_weights.dtype() == DType::kF32 &&
+                     topk_weights.numel() == T * k,
+                 "moe_topk", "outputs " + topk_ids.str() + ", " + topk_weights.str() + " for " + router_logits.str());
+    if (k < 1 || k > 32 || k > E || E > kMoeMaxExperts)
+      fail(ErrorKind::kUnsupported,
+           "CUDA moe_topk takes up to {} experts and k from 1 to min(32, experts), not E={} k={}", kMoeMaxExperts, E,
+           k);
+    need_cuda(router_logits, "moe_topk");
+    need_cuda(topk_ids, "moe_topk");
+    need_cuda(topk_weights, "moe_topk");
+    bind();
+    launch_moe_topk(router_logits.data<float>(), T, static_cast<int>(E), k, renormalize, topk_ids.data<int32_t>(),
+                    topk_weights.data<float>(), stream_);
+  }
+
+  // Decode (T * k <= kMoeDecodeMaxPairs): grouped GEMVs reading each selected expert once.
+  // Prefill: routing, permutation and tile offsets on the device, grouped GEMMs on tensor cores.
+  // Neither reads the routing on the host, so both run inside captured graphs.
+  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                   const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
+    CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
+                 "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
+    const int64_t T = x.dim(0), H = x.dim(1), E_local = gate_up.dim(0), I = gate_up.dim(1) / 2;
+    CUDA_REQUIRE(x.dtype() == DType::kBF16 && gate_up.dtype() == DType::kBF16 && down.dtype() == DType::kBF16 &&
+                     out.dtype() == DType::kBF16,
+                 "moe_experts", "expects bf16 x, weights and out, got " + x.str() + ", " + gate_up.str());
+    CUDA_REQUIRE(gate_up.dim(1) == 2 * I && gate_up.dim(2) == H && down.dim(0) == E_local && down.dim(1) == H &&
+                     down.dim(2) == I && out.numel() == T * H,
+                 "moe_experts",
+                 "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str() + ", out " + out.str());
+    CUDA_REQUIRE(topk_ids.dtype() == DType::kI32 && topk_weights.dtype() == DType::kF32 && topk_ids.ndim() == 2 &&
+                     topk_ids.dim(0) == T && topk_weights.numel() == topk_ids.numel(),
+                 "moe_experts", "routing " + topk_ids.str() + ", " + topk_weights.str() + " for " + x.str());
+    if (T == 0) return;
+    const int64_t k = topk_ids.dim(1);
+    const bool aligned = ((reinterpret_cast<uintptr_t>(x.raw()) | reinterpret_cast<uintptr_t>(gate_up.raw()) |
+                           reinterpret_cast<uintptr_t>(down.raw()) | reinterpret_cast<uintptr_t>(out.raw())) &
+                          15) == 0;
+    if (H % 8 != 0 || I % 8 != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
+      fail(ErrorKind::kUnsupported,
+           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of 8, 16-byte aligned tensors and "
+           "at most {} experts per rank (got H={}, I={}, {} experts)",
+           kMoeMaxExperts, H, I, E_local);
+    for (const Tensor* t : {&x, &gate_up, &down, &topk_ids, &topk_weights, &out}) need_cuda(*t, "moe_experts");
+    bind();
+    MoeArgs a{};
+    a.x = x.raw();
+    a.gate_up = gate_up.raw();
+    a.down = down.raw();
+    a.ids = topk_ids.data<int32_t>();
+    a.weights = topk_weights.data<float>();
+    a.out = out.raw();
+    a.T = static_cast<int>(T);
+    a.k = static_cast<int>(k);
+    a.H = static_cast<int>(H);
+    a.I = static_cast<int>(I);
+    a.E_local = static_cast<int>(E_local);
+    a.expert_begin = expert_begin;
+    const int64_t P = T * k;
+    Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
+    if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
+      launch_moe_decode(a, act.raw(), y.raw(), stream_);
+      return;
+    }
+    Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
+    int32_t* r = route.data<int32_t>();
+    MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
+    launch_moe_prefill(a, ws, stream_);
+  }
+
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
+    const int64_t n = x.numel(), row = x.ndim() >= 1 ? x.dim(-1) : 1, T = row > 0 ? n / row : 0;
+    CUDA_REQUIRE(out.numel() == n && x.dtype() == out.dtype() && gate.dtype() == x.dtype() && act(x) &&
+                     (gate.numel() == n || gate.numel() == T),
+                 "sigmoid_mul",
+                 "x " + x.str() + ", gate " + gate.str() + " (x's shape or one per row), out " + out.str());
+    need_cuda(x, "sigmoid_mul");
+    need_cuda(gate, "sigmoid_mul");
+    need_cuda(out, "sigmoid_mul");
+    bind();
+    launch_sigmoid_mul(x.raw(), gate.raw(), out.raw(), x.dtype(), n, gate.numel() == n ? 1 : row, stream_);
+  }
+
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
     CUDA_REQUIRE(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
                      out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
@@ -739,6 +828,8 @@ class CudaBackend final : public Backend {
   std::vector<Mark> marks_;
   bool capturing_ = false;
   bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
+  bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
   size_t capture_chunks_ = 0;
 };
 

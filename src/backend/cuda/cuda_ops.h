@@ -129,6 +129,40 @@ constexpr int64_t kMaxGemvRows = 4;  // measured: at M = 8 x's reloads make cuBL
 bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, int num_sms,
                  cudaStream_t s);
 
+// ---- mixture of experts (moe.cu, moe_gemm.cu; Backend::moe_* say what they compute) ----
+// Router softmax + top-k, one warp per row: E <= kMoeMaxExperts, k <= 32.
+void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
+                     cudaStream_t s);
+constexpr int kMoeMaxExperts = 1024;     // experts per rank (one routing block counts them)
+constexpr int kMoeDecodeMaxPairs = 256;  // T * k up to this: the decode (grouped GEMV) path
+constexpr int kMoeTileM = 128;           // rows of a grouped-GEMM tile (routing counts tiles of this)
+struct MoeArgs {
+  const void* x;         // bf16 [T, H]
+  const void* gate_up;   // bf16 [E_local, 2I, H]
+  const void* down;      // bf16 [E_local, H, I]
+  const int32_t* ids;    // [T, k]
+  const float* weights;  // [T, k]
+  void* out;             // bf16 [T, H]
+  int T, k, H, I, E_local, expert_begin;
+};
+// Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
+// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens).
+void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
+// Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
+// sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
+struct MoePrefillWorkspace {
+  int32_t *expert_offsets, *tile_offsets, *sorted_pair, *pair_pos;
+  void *act, *y;
+};
+// Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
+void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s);
+void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
+                      int32_t* pair_pos, cudaStream_t s);
+// out[t] = sum_j weights[t,j] * y[row(t,j)] (see moe.cu); pair_pos null: y is indexed by pair.
+void launch_moe_combine(const MoeArgs& a, const void* y, const int32_t* pair_pos, cudaStream_t s);
+// out = x * sigmoid(gate[i / row]) over n elements (row = 1: elementwise); bf16 or f32.
+void launch_sigmoid_mul(const void* x, const void* gate, void* out, DType t, int64_t n, int64_t row, cudaStream_t s);
+
 // ---- GEMM (gemm.cpp) ----
 class Gemm {
  public:

@@ -151,6 +151,18 @@ __global__ void silu_mul_kernel(const T* __restrict__ gu, T* __restrict__ out, i
   }
 }
 
+// out = x * sigmoid(gate[i / row]) (a gate per row of `row` elements; row = 1: elementwise).
+// out may alias x (no __restrict__ on them).
+template <typename T>
+__global__ void sigmoid_mul_kernel(const T* x, const T* __restrict__ gate, T* out, int64_t n, int64_t row) {
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = to_float(gate[row == 1 ? i : i / row]);
+    out[i] = from_float<T>(to_float(x[i]) / (1.0f + __expf(-g)));
+  }
+}
+
 template <typename T, int N>
 __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t nv) {
   using V = Vec<T, N>;
@@ -342,6 +354,17 @@ void launch_silu_mul(const void* gate_up, void* out, DType t, int64_t T, int64_t
     silu_mul_kernel<float, 1>
         <<<grid_for(T * I), kThreads, 0, s>>>(static_cast<const float*>(gate_up), static_cast<float*>(out), T, I);
   }
+  TCUDA_LAUNCH_CHECK();
+}
+
+void launch_sigmoid_mul(const void* x, const void* gate, void* out, DType t, int64_t n, int64_t row, cudaStream_t s) {
+  if (n == 0) return;
+  if (t == DType::kBF16)
+    launch_pdl(sigmoid_mul_kernel<__nv_bfloat16>, grid_for(n), kThreads, 0, s, static_cast<const __nv_bfloat16*>(x),
+               static_cast<const __nv_bfloat16*>(gate), static_cast<__nv_bfloat16*>(out), n, row);
+  else
+    launch_pdl(sigmoid_mul_kernel<float>, grid_for(n), kThreads, 0, s, static_cast<const float*>(x),
+               static_cast<const float*>(gate), static_cast<float*>(out), n, row);
   TCUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,174 @@
+// Routed experts (Backend::moe_experts) at the Qwen3-30B-A3B shape (hidden 2048, expert
+// intermediate 768, 128 experts, top-8), bf16: the decode path at T = 1, 8, 32, the grouped
+// GEMM at T = 64 and 512 (where the paths cross over) and the prefill path at T = 4096, against the copy bandwidth and
+// the cuBLAS 8192^3 bf16 GEMM rate measured in the same run. Routing is realistic: random router logits through
+// moe_topk, different for each of 4 layers (4 weight copies, 4.8 GB, so that the experts do not sit in L2).
+//   decode: bytes = distinct selected experts of the step x an expert's bytes (from the actual
+//     routing, read back from the device), GB/s and % of copy; also per layer in a captured
+//     graph of the 4 layers (no launch gaps, as in a decode step).
+//   prefill: active FLOPs = T * k * 6 * H * I, TFLOP/s and % of the GEMM rate.
+// path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
+// TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
+// First checks both paths against the CPU backend on a smaller expert count.
+//   moe_bench [--quick]
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "bench_util.h"
+#include "core/env.h"
+
+using namespace tessera;
+using namespace tessera::bench;
+
+namespace {
+
+constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8, kLayers = 4;
+
+double check(Backend& gpu, int64_t T) {
+  const int64_t E = 16, H = kH, I = kI, k = kK;
+  auto cpu = make_backend({DeviceType::kCPU, 0, 0});
+  auto x = random_bf16_values(T * H, 1), gu = random_bf16_values(E * 2 * I * H, 2, -0.05f, 0.05f),
+       dn = random_bf16_values(E * H * I, 3, -0.05f, 0.05f), logits = random_bf16_values(T * E, 4, -3, 3);
+  auto host = [&](const std::vector<float>& v, Shape s) {
+    Tensor t = cpu->alloc(s, DType::kF32);
+    std::memcpy(t.raw(), v.data(), v.size() * 4);
+    return t;
+  };
+  Tensor ids = cpu->alloc({T, k}, DType::kI32), w = cpu->alloc({T, k}, DType::kF32);
+  cpu->moe_topk(host(logits, {T, E}), static_cast<int>(k), true, ids, w);
+  Tensor ref = cpu->alloc({T, H}, DType::kF32);
+  cpu->moe_experts(host(x, {T, H}), host(gu, {E, 2 * I, H}), host(dn, {E, H, I}), ids, w, 0, ref);
+  Tensor gids = gpu.alloc({T, k}, DType::kI32);
+  gpu.copy_from_host(gids, ids.raw());
+  Tensor gw = gpu.alloc({T, k}, DType::kF32);
+  gpu.copy_from_host(gw, w.raw());
+  Tensor out = gpu.alloc({T, H}, DType::kBF16);
+  gpu.fill(out, NAN);
+  gpu.moe_experts(upload(gpu, x, {T, H}, DType::kBF16), upload(gpu, gu, {E, 2 * I, H}, DType::kBF16),
+                  upload(gpu, dn, {E, H, I}, DType::kBF16), gids, gw, 0, out);
+  std::vector<float> want(static_cast<size_t>(T * H));
+  std::memcpy(want.data(), ref.raw(), want.size() * 4);
+  double err = rel_err(download(gpu, out), want);
+  gpu.reset_scratch();
+  return err;
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  auto gpu = make_cuda_backend(0);
+  std::printf("device: %s\n", gpu->name().c_str());
+  for (int64_t T : {3, 300}) {
+    const double err = check(*gpu, T);
+    std::printf("check: moe_experts T=%ld (%s path), 16 experts, vs CPU: rel_err %.2e %s\n", long(T),
+                env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256 ? "gemv" : "gemm", err,
+                err < 1e-2 ? "OK" : "FAIL");
+    if (!(err < 1e-2)) return 1;
+  }
+
+  const double copy_gbs = copy_bandwidth_gbs(*gpu);
+  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+  double gemm_tflops = 0;
+  {
+    const int64_t n = 8192;
+    Tensor a = gpu->alloc({n, n}, DType::kBF16), b = gpu->alloc({n, n}, DType::kBF16),
+           c = gpu->alloc({n, n}, DType::kBF16);
+    gpu->fill_random(a, 1, -1, 1);
+    gpu->fill_random(b, 2, -1, 1);
+    const double ms = time_ms(
+        *gpu, [&](int) { gpu->linear(a, b, nullptr, c); }, 5, quick ? 10 : 30);
+    gemm_tflops = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+    std::printf("reference 8192^3 bf16 GEMM (cuBLASLt): %.3f ms, %.0f TFLOP/s\n", ms, gemm_tflops);
+  }
+
+  std::vector<Tensor> gate_up, down;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    gate_up.push_back(gpu->alloc({kE, 2 * kI, kH}, DType::kBF16));
+    down.push_back(gpu->alloc({kE, kH, kI}, DType::kBF16));
+    gpu->fill_random(gate_up.back(), 100 + l, -0.05f, 0.05f);
+    gpu->fill_random(down.back(), 200 + l, -0.05f, 0.05f);
+  }
+  const double expert_bytes = 3.0 * kH * kI * 2;
+  std::printf("\nQwen3-30B-A3B experts: H=%ld I=%ld E=%ld k=%ld, %.1f MB per expert, %ld layers rotated\n", long(kH),
+              long(kI), long(kE), long(kK), expert_bytes / 1e6, long(kLayers));
+  std::printf("%-8s %6s %9s %10s %10s %9s %7s %10s %9s %7s %9s %7s\n", "path", "T", "experts", "MB/layer", "topk_us",
+              "us/layer", "GB/s", "%copy", "graph_us", "%copy", "TFLOP/s", "%gemm");
+  for (int64_t T : {1, 8, 32, 64, 512, 4096}) {
+    Tensor x = gpu->alloc({T, kH}, DType::kBF16), out = gpu->alloc({T, kH}, DType::kBF16);
+    gpu->fill_random(x, 7, -1, 1);
+    std::vector<Tensor> logits, ids, w;
+    double distinct = 0;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      logits.push_back(gpu->alloc({T, kE}, DType::kF32));
+      gpu->fill_random(logits.back(), 300 + 10 * T + l, -4, 4);
+      ids.push_back(gpu->alloc({T, kK}, DType::kI32));
+      w.push_back(gpu->alloc({T, kK}, DType::kF32));
+      gpu->moe_topk(logits[l], static_cast<int>(kK), true, ids[l], w[l]);
+      std::vector<int32_t> h(static_cast<size_t>(T * kK));
+      gpu->copy_to_host(h.data(), ids[l]);
+      distinct += static_cast<double>(std::set<int32_t>(h.begin(), h.end()).size()) / kLayers;
+    }
+    const int iters = quick ? 10 : 40;
+    const double topk_ms = time_ms(
+        *gpu,
+        [&](int i) {
+          gpu->moe_topk(logits[i % kLayers], static_cast<int>(kK), true, ids[i % kLayers], w[i % kLayers]);
+        },
+        5, iters);
+    auto layer = [&](int64_t l) {  // each layer's workspace released after it, as the model does
+      const size_t mark = gpu->scratch_mark();
+      gpu->moe_experts(x, gate_up[l], down[l], ids[l], w[l], 0, out);
+      gpu->scratch_rewind(mark);
+    };
+    gpu->reset_scratch();
+    const double ms = time_ms(
+                          *gpu,
+                          [&](int) {
+                            for (int64_t l = 0; l < kLayers; ++l) layer(l);
+                          },
+                          3, iters) /
+                      kLayers;
+    const double bytes = distinct * expert_bytes;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    const double tflops = 6.0 * T * kK * kH * kI / (ms * 1e-3) / 1e12;
+    // The backend's choice (TESSERA_MOE_GEMV=0 forces the grouped GEMM at every T).
+    const bool gemv = env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256, decode = T <= 32;
+    double graph_ms = 0;
+    if (decode) {
+      gpu->reset_scratch();
+      for (int64_t l = 0; l < kLayers; ++l) layer(l);  // sizes the scratch arena before capture
+      gpu->synchronize();
+      gpu->reset_scratch();
+      gpu->begin_capture();
+      for (int64_t l = 0; l < kLayers; ++l) layer(l);
+      std::unique_ptr<CapturedGraph> g = gpu->end_capture();
+      graph_ms = time_ms(
+                     *gpu, [&](int) { gpu->replay(*g); }, 3, iters) /
+                 kLayers;
+    }
+    const double graph_gbs = decode ? bytes / (graph_ms * 1e-3) / 1e9 : 0;
+    std::printf("%-8s %6ld %9.1f %10.1f %10.1f %9.1f %7.0f %9.0f%% %9.1f %6.0f%% %9.1f %6.0f%%\n",
+                gemv ? "gemv" : "gemm", long(T), distinct, bytes / 1e6, topk_ms * 1e3, ms * 1e3, gbs,
+                100.0 * gbs / copy_gbs, graph_ms * 1e3, decode ? 100.0 * graph_gbs / copy_gbs : 0.0, tflops,
+                100.0 * tflops / gemm_tflops);
+    gpu->reset_scratch();
+  }
+  std::printf(
+      "\nexperts: distinct experts selected per layer (mean of %ld layers); %%copy: expert bytes read per second over "
+      "the copy figure (read + write); %%gemm: active FLOP/s over the 8192^3 cuBLASLt rate; graph_us: per layer, "
+      "replaying a captured graph of the %ld layers.\n",
+      long(kLayers), long(kLayers));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
