@@ -1,45 +1,86 @@
 #!/usr/bin/env python3
-"""Issue 8's yardsticks for a dense Llama/Qwen-style model.
+"""Issue 8's and issue 16's yardsticks for a Llama/Qwen-style model, dense or mixture of experts.
 Decode, batch 1: the weight bytes one step reads (every projection, the norms, the lm_head and
-one embedding row; not the embedding table) and, with the copy bandwidth measured in the same
-run, the tokens/s at that bandwidth. Prefill of one T-token prompt: 2 * linear params * T plus
-causal attention (QK^T and PV over T^2/2 pairs), against the GEMM rate of the same run.
+one embedding row; not the embedding table; of a MoE layer only the router, the shared expert and
+the k routed experts) and, with the copy bandwidth measured in the same run, the tokens/s at that
+bandwidth. Decode at batch B (MoE): a step reads the experts any of the B tokens chose; with
+uniform routing a layer touches E * (1 - (1 - k/E)^B) distinct experts on average, so the ceiling
+is B tokens per (dense bytes + distinct experts' bytes) / bandwidth. Prefill of one T-token
+prompt: 2 * active linear params * T plus causal attention (QK^T and PV over T^2/2 pairs),
+against the GEMM rate of the same run.
    decode_ceiling.py CONFIG_DIR [--copy-gbps 4228 --tok-s 198.97]
+                                [--batch 8 32 --batch-tok-s 900 2500]
                                 [--prefill-tokens 4096 --prefill-s 0.1368 --gemm-tflops 770]"""
 import argparse, json, os
 
 ap = argparse.ArgumentParser()
 ap.add_argument("config")
 ap.add_argument("--copy-gbps", type=float)
-ap.add_argument("--tok-s", type=float, help="a measured decode rate to put against the ceiling")
+ap.add_argument("--tok-s", type=float, help="a measured decode rate (batch 1) to put against the ceiling")
+ap.add_argument("--batch", type=int, nargs="*", default=[], help="decode batch sizes to give the ceiling of")
+ap.add_argument("--batch-tok-s", type=float, nargs="*", default=[], help="measured tok/s at each --batch")
 ap.add_argument("--dtype-bytes", type=int, default=2)
 ap.add_argument("--prefill-tokens", type=int)
 ap.add_argument("--prefill-s", type=float)
 ap.add_argument("--gemm-tflops", type=float)
 a = ap.parse_args()
 c = json.load(open(os.path.join(a.config, "config.json")))
+c = c.get("text_config", c)
 H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
 nh = c["num_attention_heads"]
 nkv = c.get("num_key_value_heads", nh)
 D = c.get("head_dim") or H // nh
-I = c["intermediate_size"]
-proj = H * nh * D + 2 * H * nkv * D + nh * D * H + 3 * H * I  # q, k, v, o, gate, up, down
-per_layer = proj + 2 * H  # and the two norms
-if c.get("model_type") == "qwen3":
-    per_layer += 2 * D  # q_norm, k_norm
-if c.get("attention_bias") or c.get("model_type") == "qwen2":
-    per_layer += nh * D + 2 * nkv * D
-params = L * per_layer + H + V * H + H  # final norm, lm_head (or the tied table), one embedding row
-gb = params * a.dtype_bytes / 1e9
-print(f"decode_bytes_per_token_GB {gb:.2f}")
+I = c.get("intermediate_size", 0)
+E = c.get("num_experts", 0) or 0
+k = c.get("num_experts_per_tok", 0) or 0
+Im = c.get("moe_intermediate_size", 0) or 0
+Is = c.get("shared_expert_intermediate_size", 0) or 0
+step = c.get("decoder_sparse_step", 1) or 1
+mlp_only = set(c.get("mlp_only_layers") or [])
+moe_layers = sum(1 for i in range(L) if E > 0 and i not in mlp_only and (i + 1) % step == 0)
+dense_layers = L - moe_layers
+
+attn = H * nh * D + 2 * H * nkv * D + nh * D * H  # q, k, v, o
+small = 2 * H  # the two norms
+if c.get("model_type") in ("qwen3", "qwen3_moe"):
+    small += 2 * D  # q_norm, k_norm
+if c.get("attention_bias") or c.get("model_type") in ("qwen2", "qwen2_moe"):
+    small += nh * D + 2 * nkv * D
+expert = 3 * H * Im  # gate, up, down of one routed expert
+moe_fixed = E * H + (3 * H * Is + H if Is else 0)  # router, shared expert and its gate
+# Parameters every decode step reads whatever the routing: attention, dense MLPs, routers,
+# shared experts, norms, final norm, lm_head (or the tied table), one embedding row.
+fixed = L * (attn + small) + dense_layers * 3 * H * I + moe_layers * moe_fixed + H + V * H + H
+total = fixed + moe_layers * E * expert
+gb = lambda params: params * a.dtype_bytes / 1e9
+
+def distinct_experts(batch):
+    return E * (1 - (1 - k / E) ** batch) if E else 0.0
+
+step1 = fixed + moe_layers * k * expert
+print(f"decode_bytes_per_token_GB {gb(step1):.2f}")
+if E:
+    print(f"moe: {moe_layers} of {L} layers sparse, {E} experts top-{k} of {Im}"
+          + (f", shared expert {Is}" if Is else "") + f"; weights {gb(total):.2f} GB in all, {gb(step1):.2f} GB active")
 if a.copy_gbps:
-    ceiling = a.copy_gbps / gb
+    ceiling = a.copy_gbps / gb(step1)
     print(f"decode_ceiling_tok_s {ceiling:.1f} (copy {a.copy_gbps:.0f} GB/s)")
     if a.tok_s:
         print(f"decode_share_of_ceiling {100 * a.tok_s / ceiling:.1f}% ({a.tok_s:.1f} tok/s)")
+for n, B in enumerate(a.batch):
+    d = distinct_experts(B) if E else 0.0
+    step_gb = gb(fixed + moe_layers * d * expert)
+    line = f"decode_batch_{B}: {d:.1f} distinct experts per layer, {step_gb:.2f} GB per step"
+    if a.copy_gbps:
+        ceiling = B * a.copy_gbps / step_gb
+        line += f", ceiling {ceiling:.0f} tok/s"
+        if n < len(a.batch_tok_s):
+            line += f", measured {a.batch_tok_s[n]:.0f} tok/s = {100 * a.batch_tok_s[n] / ceiling:.1f}%"
+    print(line)
 if a.prefill_tokens and a.prefill_s:
     T = a.prefill_tokens
-    flops = 2 * L * proj * T + 2 * V * H + 4 * L * nh * D * (T * (T + 1) / 2)
+    active = L * attn + dense_layers * 3 * H * I + moe_layers * (moe_fixed + k * expert)
+    flops = 2 * active * T + 2 * V * H + 4 * L * nh * D * (T * (T + 1) / 2)
     rate = flops / a.prefill_s / 1e12
     line = f"prefill_{T}: {flops / 1e12:.2f} TFLOP in {a.prefill_s:.4f} s = {rate:.0f} TFLOP/s"
     if a.gemm_tflops:

@@ -42,6 +42,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
       ->capture_default_str();
+  app.add_flag("--enable-expert-parallel", f.enable_expert_parallel,
+               "mixture-of-experts models: each tensor-parallel rank holds whole experts (rank r of N: experts "
+               "[r*E/N, (r+1)*E/N)) instead of a slice of every expert's intermediate dimension");
 }
 
 void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
@@ -114,6 +117,7 @@ LoadOptions load_options(const EngineFlags& f) {
   o.load_format = f.load_format;
   o.max_model_len = f.max_model_len;
   o.seed = f.seed;
+  o.parallel.expert_parallel = f.enable_expert_parallel;
   return o;
 }
 

@@ -28,6 +28,7 @@ struct EngineFlags {
   bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
+  bool enable_expert_parallel = false;
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);

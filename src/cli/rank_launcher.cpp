@@ -150,7 +150,7 @@ std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, Backend& 
 
 ParallelContext context_of(const EngineFlags& f, int rank) {
   dist::ParallelLayout l = layout_of(f);
-  return {l.tp_rank(rank), l.tensor_parallel, l.pp_rank(rank), l.pipeline_parallel};
+  return {l.tp_rank(rank), l.tensor_parallel, l.pp_rank(rank), l.pipeline_parallel, f.enable_expert_parallel};
 }
 
 std::unique_ptr<Model> load_shard(const EngineFlags& f, int rank, dist::ProcessGroups& g, Backend& backend) {

@@ -1,5 +1,6 @@
 #include "loader/model_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -82,7 +83,56 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
   return s;
 }
 
+MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& source) {
+  MoeConfig m;
+  m.num_experts = get_or<int>(source, t, "num_experts", 0);
+  if (m.num_experts < 0) fail(ErrorKind::kCorrupt, "{}: num_experts must not be negative", source);
+  if (m.num_experts == 0) return m;
+  m.num_experts_per_tok = get_or<int>(source, t, "num_experts_per_tok", 0);
+  m.moe_intermediate_size = get_or<int>(source, t, "moe_intermediate_size", 0);
+  m.shared_expert_intermediate_size = get_or<int>(source, t, "shared_expert_intermediate_size", 0);
+  m.decoder_sparse_step = get_or<int>(source, t, "decoder_sparse_step", 1);
+  m.norm_topk_prob = get_or<bool>(source, t, "norm_topk_prob", false);
+  if (m.num_experts_per_tok < 1 || m.num_experts_per_tok > m.num_experts)
+    fail(ErrorKind::kCorrupt, "{}: num_experts_per_tok ({}) must be between 1 and num_experts ({})", source,
+         m.num_experts_per_tok, m.num_experts);
+  if (m.moe_intermediate_size <= 0)
+    fail(ErrorKind::kCorrupt, "{}: moe_intermediate_size must be positive for a model with {} experts", source,
+         m.num_experts);
+  if (m.decoder_sparse_step < 1)
+    fail(ErrorKind::kCorrupt, "{}: decoder_sparse_step must be at least 1 (got {})", source, m.decoder_sparse_step);
+  if (m.shared_expert_intermediate_size < 0)
+    fail(ErrorKind::kCorrupt, "{}: shared_expert_intermediate_size must not be negative", source);
+  if (auto it = t.find("mlp_only_layers"); it != t.end() && !it->is_null()) {
+    if (!it->is_array()) fail(ErrorKind::kCorrupt, "{}: mlp_only_layers must be a list ({})", source, it->dump());
+    for (const auto& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= num_layers)
+        fail(ErrorKind::kCorrupt, "{}: mlp_only_layers entry {} is not a layer index below {}", source, v.dump(),
+             num_layers);
+      m.mlp_only_layers.push_back(v.get<int>());
+    }
+  }
+  // Routing variants of other MoE families: they change the maths, and we do not run them.
+  for (const char* key : {"scoring_func", "topk_method", "n_group", "topk_group", "n_shared_experts",
+                          "first_k_dense_replace", "moe_layer_freq", "num_local_experts"}) {
+    auto it = t.find(key);
+    if (it != t.end() && !it->is_null())
+      fail(ErrorKind::kUnsupported, "{}: MoE field '{}' ({}) is not supported (tessera routes as Qwen2/Qwen3-MoE do)",
+           source, key, it->dump());
+  }
+  if (auto it = t.find("routed_scaling_factor");
+      it != t.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 1.0))
+    fail(ErrorKind::kUnsupported, "{}: routed_scaling_factor {} is not supported (only 1.0)", source, it->dump());
+  return m;
+}
+
 }  // namespace
+
+bool MoeConfig::is_moe_layer(int layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
 
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source) {
   ModelConfig c;
@@ -146,6 +196,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
                              : std::string("unknown method");
     fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source, method);
   }
+  c.moe = parse_moe(t, c.num_layers, source);
   if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
   c.eos_token_ids = int_or_list(t, "eos_token_id");
   return c;

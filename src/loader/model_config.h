@@ -29,6 +29,20 @@ struct GenerationDefaults {
   std::vector<int> eos_token_ids;
 };
 
+// Mixture-of-experts fields (Qwen2-MoE / Qwen3-MoE names). num_experts == 0: a dense model.
+struct MoeConfig {
+  int num_experts = 0;
+  int num_experts_per_tok = 0;  // k
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;  // 0: no shared expert
+  int decoder_sparse_step = 1;
+  bool norm_topk_prob = false;  // renormalise the top-k probabilities to sum to 1
+  std::vector<int> mlp_only_layers;
+  // transformers' rule: layer i is sparse iff i is not in mlp_only_layers, num_experts > 0 and
+  // (i + 1) % decoder_sparse_step == 0; the other layers have a dense MLP of intermediate_size.
+  bool is_moe_layer(int layer) const;
+};
+
 struct ModelConfig {
   std::string model_dir;
   std::string architecture;  // "Qwen3ForCausalLM"
@@ -51,6 +65,7 @@ struct ModelConfig {
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;  // config's, then generation_config's
   GenerationDefaults generation;
+  MoeConfig moe;
   nlohmann::json raw;  // the whole config.json, for architectures with extra fields
 };
 

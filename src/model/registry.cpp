@@ -12,9 +12,8 @@ struct Entry {
 };
 // One line per architecture.
 constexpr Entry kArchitectures[] = {
-    {"LlamaForCausalLM", make_llama},
-    {"Qwen2ForCausalLM", make_qwen2},
-    {"Qwen3ForCausalLM", make_qwen3},
+    {"LlamaForCausalLM", make_llama},        {"Qwen2ForCausalLM", make_qwen2},        {"Qwen3ForCausalLM", make_qwen3},
+    {"Qwen2MoeForCausalLM", make_qwen2_moe}, {"Qwen3MoeForCausalLM", make_qwen3_moe},
 };
 }  // namespace
 

@@ -16,5 +16,7 @@ std::vector<std::string> supported_architectures();
 std::unique_ptr<Model> make_llama(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen2(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen3(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_qwen2_moe(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_qwen3_moe(const ModelConfig&, const ModelOptions&, Backend&);
 
 }  // namespace tessera

@@ -18,13 +18,30 @@ enum class ParallelStyle {
   kReplicated,  // every rank holds the whole tensor
   kColumn,      // split along dim 0 (output features)
   kRow,         // split along dim 1 (input features); the layer all-reduces its output
-  kVocab,       // split along dim 0 over the vocabulary
+  kVocab,       // split along dim 0 over the vocabulary, padded to a multiple of the TP size
+  kExpert,      // a layer's experts stacked (declare_experts)
 };
 
 struct ParallelContext {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
+  // --enable-expert-parallel: each TP rank holds whole experts (a contiguous range) instead of
+  // a slice of every expert's intermediate dimension.
+  bool expert_parallel = false;
 };
+
+// Rows a vocab-parallel table holds on each rank: the vocabulary padded up to a multiple of
+// the TP size, split evenly (rank r: rows [r * rows, (r + 1) * rows); rows past the
+// vocabulary are zeros and their logits are never returned).
+int64_t vocab_rows_per_rank(int64_t vocab, int tp_size);
+
+// This rank's part of a layer's experts (see WeightStore::declare_experts).
+struct ExpertShard {
+  int64_t num_experts = 0, intermediate = 0;  // full sizes
+  int64_t expert_begin = 0, local_experts = 0;
+  int64_t inter_begin = 0, local_intermediate = 0;
+};
+ExpertShard expert_shard(const ParallelContext& pc, int64_t num_experts, int64_t intermediate);
 
 enum class DummyInit { kUniform, kOnes };
 
@@ -46,11 +63,25 @@ class WeightStore {
   // Rows [row_begin, row_begin + rows) of a checkpoint tensor, whatever the TP rank
   // (KV heads replicated when --tensor-parallel-size exceeds num_key_value_heads).
   const Tensor& declare_row_block(const std::string& name, Shape full_shape, int64_t row_begin, int64_t rows);
+  // A MoE layer's experts under `prefix` ("model.layers.3.mlp.experts"), stacked:
+  // gate_up [E_local, 2 * I_local, H] (each expert's gate rows, then its up rows) and
+  // down [E_local, H, I_local]. Read from per-expert tensors (prefix.{e}.gate_proj.weight,
+  // .up_proj.weight, .down_proj.weight) or from the fused 3-D ones (prefix.gate_up_proj
+  // [E, 2I, H], prefix.down_proj [E, H, I]), whichever the checkpoint has. TP splits each
+  // expert's intermediate dimension; with expert_parallel each rank takes whole experts.
+  struct Experts {
+    const Tensor* gate_up = nullptr;
+    const Tensor* down = nullptr;
+    ExpertShard shard;
+  };
+  Experts declare_experts(const std::string& prefix, int64_t num_experts, int64_t intermediate, int64_t hidden);
   // `alias` becomes the same tensor as `target` (tied embeddings).
   const Tensor& declare_tied(const std::string& alias, const std::string& target);
 
   using Progress = std::function<void(size_t done, size_t total, size_t bytes)>;
-  // Loads every declared parameter in the backend's compute dtype.
+  // Loads every declared parameter in the backend's compute dtype. Host conversions are
+  // staged in a shared buffer and uploaded without waiting; the backend is synchronised only
+  // when that buffer must be reused (every few hundred MiB) and once at the end.
   void load(const Checkpoint& ckpt, Backend& backend, const Progress& progress = nullptr);
   void load_dummy(Backend& backend, uint64_t seed, const Progress& progress = nullptr);
 
@@ -61,13 +92,19 @@ class WeightStore {
   struct Entry {
     std::string name;
     Shape full_shape, local_shape;
-    ParallelStyle style;
+    ParallelStyle style = ParallelStyle::kReplicated;
     std::vector<Part> parts;  // stacked parameters
-    DummyInit init;
+    DummyInit init = DummyInit::kUniform;
     std::string tied_to;
     Tensor tensor;
     int64_t row_begin = -1;  // declare_row_block: first row read (>= 0)
+    enum class ExpertPart { kNone, kGateUp, kDown } expert_part = ExpertPart::kNone;
+    ExpertShard expert;  // kExpert: which experts and which intermediate slice
   };
+  class Stager;
+  void load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
+  void load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
+  static Entry make_entry(const std::string& name, Shape full, Shape local, ParallelStyle style, DummyInit init);
   Shape local_shape(const Shape& full, ParallelStyle style, const std::string& name) const;
   Entry& find(const std::string& name);
   std::deque<Entry> entries_;

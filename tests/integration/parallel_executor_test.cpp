@@ -21,6 +21,7 @@
 #include "loader/checkpoint.h"
 #include "model/registry.h"
 #include "test_util.h"
+#include "tiny_checkpoint.h"
 
 namespace tessera {
 namespace {
@@ -30,12 +31,20 @@ constexpr const char* kToken = "parallel-test";
 constexpr int kBlocks = 8, kBlockSize = 16;
 
 struct Case {
-  std::string fixture;
+  std::string fixture;  // a fixture's name, or "gen:<key>" (tiny_checkpoint.h)
   int tp, pp;
+  bool ep = false;  // --enable-expert-parallel
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
-  return i.param.fixture + "_tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp);
+  std::string f = i.param.fixture;
+  if (testing::is_generated_model(f)) f = "gen_" + f.substr(4);
+  return f + "_tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) + (i.param.ep ? "_ep" : "");
+}
+
+std::string model_dir(const std::string& fixture) {
+  return testing::is_generated_model(fixture) ? testing::generated_model_dir(fixture)
+                                              : testing::fixtures_dir() + "/" + fixture;
 }
 
 // Two sequences: A (blocks 0..3) and B (blocks 4..7); a prefill of both, then decodes.
@@ -101,7 +110,7 @@ StepSampling all_rows_to_host(const ModelInput& in) {
 
 std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   auto backend = one_thread_backend();
-  ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + fixture);
+  ModelConfig cfg = load_model_config(model_dir(fixture));
   auto model = create_model(cfg, ModelOptions{}, *backend);
   Checkpoint ckpt(cfg.model_dir);
   model->weights().load(ckpt, *backend);
@@ -128,8 +137,8 @@ int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_pat
   o.timeout = milliseconds(30000);
   dist::GlooCommunicatorFactory factory(o);
   auto groups = std::make_unique<dist::ProcessGroups>(dist::create_process_groups(factory, layout, rank));
-  ParallelContext pc{layout.tp_rank(rank), c.tp, layout.pp_rank(rank), c.pp};
-  ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + c.fixture);
+  ParallelContext pc{layout.tp_rank(rank), c.tp, layout.pp_rank(rank), c.pp, c.ep};
+  ModelConfig cfg = load_model_config(model_dir(c.fixture));
   ModelOptions mo;
   mo.parallel = pc;
   mo.runtime = {groups->tp.get(), groups->pp.get()};
@@ -160,6 +169,7 @@ class ParallelExecutor : public ::testing::TestWithParam<Case> {};
 TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
   const Case c = GetParam();
   const int world = c.tp * c.pp;
+  model_dir(c.fixture);  // a generated model is written before the ranks fork
   const std::string out_path = (std::filesystem::temp_directory_path() /
                                 ("tessera_parallel_" + std::to_string(getpid()) + "_" + case_name({c, 0}) + ".bin"))
                                    .string();
@@ -230,7 +240,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelExecutor,
                          ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen3_gqa4_hd32", 2, 1},
                                            Case{"qwen2_gqa2_untied", 1, 2}, Case{"qwen3_gqa4_hd32", 1, 2},
                                            Case{"qwen2_gqa2_untied", 2, 2}, Case{"llama_mqa_llama3rope", 2, 1},
-                                           Case{"qwen3_mqa_untied_sharded", 2, 2}),
+                                           Case{"qwen3_mqa_untied_sharded", 2, 2},
+                                           // A vocabulary TP does not divide: padded to 778, 389 rows per rank.
+                                           Case{"gen:vocab777", 2, 1}, Case{"gen:vocab777", 2, 2},
+                                           // Mixture of experts: TP splits every expert, EP gives each rank whole
+                                           // experts, PP splits the layers (a dense layer, then MoE layers).
+                                           Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true},
+                                           Case{"gen:qwen3_moe", 1, 2}, Case{"gen:qwen2_moe", 2, 1},
+                                           Case{"gen:qwen2_moe", 2, 1, true}, Case{"gen:qwen2_moe", 2, 2, true}),
                          case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {

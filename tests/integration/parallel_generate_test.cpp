@@ -16,10 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "tiny_checkpoint.h"
+
 namespace {
 
 const std::string kBin = TESSERA_BIN;
 std::string fixture(const std::string& name) {
+  if (tessera::testing::is_generated_model(name)) return tessera::testing::generated_model_dir(name);
   return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/" + name;
 }
 
@@ -81,31 +84,34 @@ std::vector<std::vector<int>> token_ids(const std::string& out) {
   return ids;
 }
 
-std::vector<std::string> generate_args(const std::string& model, int tp, int pp) {
-  return {"generate",
-          "--model",
-          fixture(model),
-          "--device",
-          "cpu",
-          "--json",
-          "--ignore-eos",
-          "--max-tokens",
-          "24",
-          "--prompt-ids",
-          "39,7,201,5,88",
-          "--prompt-ids",
-          "12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110",
-          "--prompt-ids",
-          "250",
-          "--tensor-parallel-size",
-          std::to_string(tp),
-          "--pipeline-parallel-size",
-          std::to_string(pp)};
+std::vector<std::string> generate_args(const std::string& model, int tp, int pp, bool ep = false) {
+  std::vector<std::string> a{"generate",
+                             "--model",
+                             fixture(model),
+                             "--device",
+                             "cpu",
+                             "--json",
+                             "--ignore-eos",
+                             "--max-tokens",
+                             "24",
+                             "--prompt-ids",
+                             "39,7,201,5,88",
+                             "--prompt-ids",
+                             "12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110",
+                             "--prompt-ids",
+                             "250",
+                             "--tensor-parallel-size",
+                             std::to_string(tp),
+                             "--pipeline-parallel-size",
+                             std::to_string(pp)};
+  if (ep) a.push_back("--enable-expert-parallel");
+  return a;
 }
 
 struct Case {
-  std::string model;
+  std::string model;  // a fixture's name, or "gen:<key>" (tiny_checkpoint.h)
   int tp, pp;
+  bool ep = false;
 };
 
 class ParallelGenerate : public ::testing::TestWithParam<Case> {};
@@ -114,7 +120,7 @@ TEST_P(ParallelGenerate, GreedyTokensMatchOneRank) {
   const Case c = GetParam();
   RunResult ref = run(generate_args(c.model, 1, 1));
   ASSERT_EQ(ref.code, 0) << ref.err;
-  RunResult par = run(generate_args(c.model, c.tp, c.pp));
+  RunResult par = run(generate_args(c.model, c.tp, c.pp, c.ep));
   ASSERT_EQ(par.code, 0) << par.err;
   auto want = token_ids(ref.out), got = token_ids(par.out);
   ASSERT_EQ(want.size(), 3u) << ref.out;
@@ -152,10 +158,18 @@ TEST(GenerateLogprobs, JsonCarriesEachTokensLogprobAndAlternatives) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                          ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen2_gqa2_untied", 1, 2},
-                                           Case{"qwen2_gqa2_untied", 2, 2}, Case{"qwen3_gqa4_hd32", 2, 2}),
+                                           Case{"qwen2_gqa2_untied", 2, 2}, Case{"qwen3_gqa4_hd32", 2, 2},
+                                           // Vocabulary 777: TP 2 pads it to 778 (issue 19).
+                                           Case{"gen:vocab777", 2, 2},
+                                           // Mixture of experts: TP over each expert's intermediate dimension,
+                                           // --enable-expert-parallel, and pipeline stages.
+                                           Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true},
+                                           Case{"gen:qwen3_moe", 1, 2}, Case{"gen:qwen2_moe", 2, 2, true}),
                          [](const auto& i) {
-                           return i.param.model + "_tp" + std::to_string(i.param.tp) + "_pp" +
-                                  std::to_string(i.param.pp);
+                           std::string m = i.param.model;
+                           if (tessera::testing::is_generated_model(m)) m = "gen_" + m.substr(4);
+                           return m + "_tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) +
+                                  (i.param.ep ? "_ep" : "");
                          });
 
 std::vector<pid_t> children_of(pid_t pid) {

@@ -229,6 +229,71 @@ TEST(ModelConfig, WrongTypesAreTesseraErrorsNamingFileAndField) {
   EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("attention_factor"), std::string::npos);
 }
 
+json moe_config() {
+  json j = base_config();
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["num_hidden_layers"] = 6;
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  j["output_router_logits"] = false;  // training only
+  j["router_aux_loss_coef"] = 0.001;
+  return j;
+}
+
+TEST(ModelConfig, MixtureOfExpertsFieldsAndTheSparseLayerRule) {
+  ModelConfig c = parse(moe_config());
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe.moe_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 0);
+  // transformers: sparse iff not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+  std::vector<bool> sparse;
+  for (int i = 0; i < 6; ++i) sparse.push_back(c.moe.is_moe_layer(i));
+  EXPECT_EQ(sparse, (std::vector<bool>{false, true, false, false, false, true}));
+  // Defaults: every layer sparse, no renormalisation.
+  json j = moe_config();
+  j.erase("decoder_sparse_step");
+  j.erase("mlp_only_layers");
+  j.erase("norm_topk_prob");
+  c = parse(j);
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(c.moe.is_moe_layer(i)) << i;
+  // Dense models have no MoE layers.
+  c = parse(base_config());
+  EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+}
+
+TEST(ModelConfig, BadOrUnsupportedMixtureOfExpertsFieldsFail) {
+  auto with = [](const char* key, json value) {
+    json j = moe_config();
+    j[key] = value;
+    return j;
+  };
+  EXPECT_NE(error_of(with("num_experts_per_tok", 9), ErrorKind::kCorrupt).find("num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("num_experts_per_tok", 0), ErrorKind::kCorrupt).find("num_experts_per_tok"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("moe_intermediate_size", 0), ErrorKind::kCorrupt).find("moe_intermediate_size"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("decoder_sparse_step", 0), ErrorKind::kCorrupt).find("decoder_sparse_step"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("mlp_only_layers", {6}), ErrorKind::kCorrupt).find("mlp_only_layers"), std::string::npos);
+  EXPECT_NE(error_of(with("mlp_only_layers", "0"), ErrorKind::kCorrupt).find("mlp_only_layers"), std::string::npos);
+  EXPECT_NE(error_of(with("norm_topk_prob", "yes"), ErrorKind::kCorrupt).find("norm_topk_prob"), std::string::npos);
+  // Other families' routing: refused, not ignored.
+  EXPECT_NE(error_of(with("scoring_func", "sigmoid"), ErrorKind::kUnsupported).find("scoring_func"), std::string::npos);
+  EXPECT_NE(error_of(with("n_shared_experts", 1), ErrorKind::kUnsupported).find("n_shared_experts"), std::string::npos);
+  EXPECT_NE(error_of(with("routed_scaling_factor", 2.5), ErrorKind::kUnsupported).find("routed_scaling_factor"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse(with("routed_scaling_factor", 1.0)));
+}
+
 TEST(ModelConfig, ConfigThatIsNotAnObject) {
   error_of(json::array({1, 2}), ErrorKind::kCorrupt);
   error_of(json("text"), ErrorKind::kCorrupt);

@@ -1,0 +1,68 @@
+// The decoder every family composes: an embedding, layers of pre-norm attention and a
+// feed-forward block (a dense SwiGLU MLP or a mixture of experts, chosen per layer by the
+// family), a final norm and the lm_head, with pipeline stages owning a contiguous range of
+// layers. A family file (llama.cpp, qwen2.cpp, qwen3.cpp, qwen2_moe.cpp, qwen3_moe.cpp) sets
+// the attention options and the feed-forward factory.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/layers/attention.h"
+#include "model/layers/embedding.h"
+#include "model/layers/mlp.h"
+#include "model/layers/moe.h"
+#include "model/layers/norm.h"
+#include "model/model.h"
+
+namespace tessera {
+
+struct DecoderSpec {
+  AttentionOptions attention;
+  // The feed-forward block of global layer `layer`, declared under `prefix`
+  // ("model.layers.3.mlp."). Empty: a SwiGLU MLP of intermediate_size.
+  std::function<std::unique_ptr<FeedForward>(BlockContext& ctx, int layer, const std::string& prefix)> feed_forward;
+};
+
+// A dense MLP of intermediate_size, or (config.moe.is_moe_layer) a MoE block with `moe`'s
+// options: the layer rule of the Qwen MoE families.
+std::unique_ptr<FeedForward> moe_or_dense(BlockContext& ctx, int layer, const std::string& prefix,
+                                          const MoeOptions& moe);
+// MoeOptions from config.moe (the shared expert when shared_expert_intermediate_size > 0).
+MoeOptions moe_options(const ModelConfig& config);
+
+class DecoderModel : public Model {
+ public:
+  DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOptions& model_options, Backend& backend);
+  const ModelConfig& config() const override { return config_; }
+  std::vector<LayerCacheSpec> cache_specs() const override;
+  WeightStore& weights() override { return weights_; }
+  Tensor forward(const ModelInput& input, KvCache& cache) override;
+  Tensor run(const StepInputs& input, KvCache& cache) override;
+  bool graph_safe() const override { return comm_.graph_safe(); }
+  bool returns_logits() const override;
+
+ private:
+  struct Layer {
+    RmsNorm input_norm;
+    std::unique_ptr<Attention> attention;
+    RmsNorm post_attention_norm;
+    std::unique_ptr<FeedForward> feed_forward;
+  };
+
+  ModelConfig config_;
+  Backend& backend_;
+  ParallelContext pc_;
+  ModelComm comm_;
+  WeightStore weights_;
+  LayerRange layer_range_;                       // this pipeline stage's layers (global indices)
+  std::optional<VocabParallelEmbedding> embed_;  // first stage only
+  std::vector<Layer> layers_;                    // layer_range_.begin + i
+  RmsNorm final_norm_;                           // last stage only
+  std::optional<ParallelLmHead> lm_head_;        // last stage only
+  RopeTable rope_;
+  int max_positions_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,41 @@
+// Self-attention with rotary embeddings over the paged KV cache: GQA (KV heads split across
+// TP ranks, or replicated when TP is a multiple of them, as vLLM does), optional qkv bias
+// (Qwen2) and per-head q/k RMSNorm (Qwen3), and a row-parallel o_proj. Partial rotary
+// embeddings come from the rope table (rotary_dim below head_dim); gated attention
+// (Qwen3-Next / Qwen3.5: a sigmoid gate on the output, from q_proj) is the next option here.
+#pragma once
+#include <string>
+
+#include "model/layers/linear.h"
+
+namespace tessera {
+
+struct AttentionOptions {
+  bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before rope
+};
+
+class Attention {
+ public:
+  // Declares prefix + "q_proj.weight", ... ("model.layers.3.self_attn.").
+  Attention(BlockContext& ctx, const std::string& prefix, const AttentionOptions& options);
+  int local_heads() const { return local_heads_; }
+  int local_kv_heads() const { return local_kv_heads_; }
+  // out[T,H] (complete on every rank) from the normed h[T,H]; this step's K and V go into
+  // the layer's caches.
+  void forward(const Tensor& h, const Tensor& out, const Tensor& positions, const AttentionMetadata& meta,
+               const RopeTable& rope, const Tensor& k_cache, const Tensor& v_cache, float k_scale, float v_scale) const;
+
+ private:
+  Backend& backend_;
+  int64_t head_dim_;
+  float eps_;
+  int local_heads_, local_kv_heads_;
+  const Tensor* qkv_ = nullptr;  // q, k, v stacked (no bias, KV heads split): one GEMM
+  const Tensor *q_proj_ = nullptr, *k_proj_ = nullptr, *v_proj_ = nullptr;
+  const Tensor *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
+  const Tensor *q_norm_ = nullptr, *k_norm_ = nullptr;
+  RowParallelLinear o_proj_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+// The vocab-parallel embedding and lm_head. Each TP rank holds rows [r * Vr, (r + 1) * Vr)
+// of the table, the vocabulary padded up to a multiple of the TP size (vocab_rows_per_rank);
+// padded rows are zeros, and their logits are never returned.
+#pragma once
+#include <string>
+
+#include "model/layers/block.h"
+
+namespace tessera {
+
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding() = default;
+  VocabParallelEmbedding(BlockContext& ctx, const std::string& name, int64_t vocab, int64_t hidden);
+  // out[T,H] = table[ids[t]] (each rank looks up its slice, the TP all-reduce completes the rows).
+  void forward(const Tensor& ids, const Tensor& out) const;
+
+ private:
+  Backend* backend_ = nullptr;
+  ModelComm* comm_ = nullptr;
+  const Tensor* table_ = nullptr;
+};
+
+class ParallelLmHead {
+ public:
+  ParallelLmHead() = default;
+  // Untied: reads `name`. Tied to `embedding_name`: shares the embedding's table when this
+  // rank declared it (`embedding_here`), else reads that table itself (a last pipeline stage
+  // that does not embed).
+  ParallelLmHead(BlockContext& ctx, const std::string& name, int64_t vocab, int64_t hidden, bool tied,
+                 const std::string& embedding_name, bool embedding_here);
+  // f32 logits [n, vocab] of rows [n, H] on TP rank 0; an undefined tensor on the others.
+  Tensor forward(const Tensor& rows) const;
+
+ private:
+  Backend* backend_ = nullptr;
+  ModelComm* comm_ = nullptr;
+  const Tensor* weight_ = nullptr;
+  int64_t vocab_ = 0;
+};
+
+}  // namespace tessera

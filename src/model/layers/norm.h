@@ -1,0 +1,31 @@
+// RMSNorm over the last dimension, replicated on every rank.
+#pragma once
+#include <string>
+
+#include "model/layers/block.h"
+
+namespace tessera {
+
+class RmsNorm {
+ public:
+  RmsNorm() = default;
+  RmsNorm(BlockContext& ctx, const std::string& name, int64_t dim)
+      : backend_(&ctx.backend),
+        weight_(&ctx.weights.declare(name, {dim}, ParallelStyle::kReplicated, DummyInit::kOnes)),
+        eps_(static_cast<float>(ctx.config.rms_norm_eps)) {}
+  const Tensor& weight() const { return *weight_; }
+  float eps() const { return eps_; }
+  // out = rms_norm(x) * w
+  void forward(const Tensor& x, const Tensor& out) const { backend_->rms_norm(x, *weight_, eps_, out); }
+  // residual += x; x = rms_norm(residual) * w
+  void add_forward(const Tensor& x, const Tensor& residual) const {
+    backend_->add_rms_norm(x, residual, *weight_, eps_);
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  const Tensor* weight_ = nullptr;
+  float eps_ = 1e-6f;
+};
+
+}  // namespace tessera

@@ -1,0 +1,231 @@
+// Writes a small random Hugging Face model directory (config.json + model.safetensors, bf16)
+// for tests that need a shape no fixture has: a vocabulary that TP does not divide, or one
+// set of expert weights in both checkpoint layouts (per-expert tensors, and the fused 3-D
+// tensors transformers 5 keeps). Values depend only on the seed and the tensor's name (per
+// expert), so the two layouts hold the same numbers.
+#pragma once
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tessera::testing {
+
+struct TinyModel {
+  std::string architecture = "Qwen3ForCausalLM";  // Qwen3ForCausalLM | Qwen3MoeForCausalLM | Qwen2MoeForCausalLM
+  int hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, vocab = 777, intermediate = 96;
+  bool tie_word_embeddings = false;
+  // Mixture of experts (the MoE architectures)
+  int experts = 0, top_k = 0, moe_intermediate = 0, shared_intermediate = 0, decoder_sparse_step = 1;
+  bool norm_topk_prob = true;
+  std::vector<int> mlp_only_layers;
+  bool fused_experts = false;  // mlp.experts.gate_up_proj [E, 2I, H] / down_proj [E, H, I]
+  bool is_moe_layer(int i) const {
+    for (int l : mlp_only_layers)
+      if (l == i) return false;
+    return experts > 0 && (i + 1) % decoder_sparse_step == 0;
+  }
+};
+
+// Values in [center - spread, center + spread], a function of (seed, name) alone.
+inline std::vector<float> tiny_values(uint32_t seed, const std::string& name, size_t n, float spread,
+                                      float center = 0.0f) {
+  std::seed_seq s{seed, static_cast<uint32_t>(std::hash<std::string>{}(name))};
+  std::mt19937 g(s);
+  std::uniform_real_distribution<float> d(center - spread, center + spread);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+class SafetensorsWriter {
+ public:
+  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    if (n != values.size()) throw std::runtime_error("SafetensorsWriter: " + name + " size mismatch");
+    const size_t begin = data_.size();
+    data_.resize(begin + 2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t b = to_bf16(values[i]);
+      std::memcpy(data_.data() + begin + 2 * i, &b, 2);
+    }
+    header_[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
+  }
+  void write(const std::filesystem::path& p) const {
+    std::string h = header_.dump();
+    uint64_t len = h.size();
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    f.write(data_.data(), static_cast<std::streamsize>(data_.size()));
+    if (!f) throw std::runtime_error("cannot write " + p.string());
+  }
+
+ private:
+  nlohmann::json header_ = nlohmann::json::object();
+  std::string data_;
+};
+
+// Writes `m` into `dir` (created): config.json and model.safetensors.
+inline void write_tiny_model(const TinyModel& m, const std::filesystem::path& dir, uint32_t seed = 1) {
+  std::filesystem::create_directories(dir);
+  const bool moe = m.architecture != "Qwen3ForCausalLM", qwen2 = m.architecture == "Qwen2MoeForCausalLM";
+  nlohmann::json c = {{"architectures", {m.architecture}},
+                      {"model_type", qwen2 ? "qwen2_moe"
+                                     : moe ? "qwen3_moe"
+                                           : "qwen3"},
+                      {"hidden_size", m.hidden},
+                      {"intermediate_size", m.intermediate},
+                      {"num_hidden_layers", m.layers},
+                      {"num_attention_heads", m.heads},
+                      {"num_key_value_heads", m.kv_heads},
+                      {"head_dim", m.head_dim},
+                      {"vocab_size", m.vocab},
+                      {"max_position_embeddings", 512},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"hidden_act", "silu"},
+                      {"tie_word_embeddings", m.tie_word_embeddings},
+                      {"torch_dtype", "bfloat16"},
+                      {"bos_token_id", 1},
+                      {"eos_token_id", 2}};
+  if (moe) {
+    c["num_experts"] = m.experts;
+    c["num_experts_per_tok"] = m.top_k;
+    c["moe_intermediate_size"] = m.moe_intermediate;
+    c["norm_topk_prob"] = m.norm_topk_prob;
+    c["decoder_sparse_step"] = m.decoder_sparse_step;
+    c["mlp_only_layers"] = m.mlp_only_layers;
+    if (qwen2) c["shared_expert_intermediate_size"] = m.shared_intermediate;
+  }
+  std::ofstream(dir / "config.json") << c.dump(2);
+
+  SafetensorsWriter w;
+  const int64_t H = m.hidden, D = m.head_dim, V = m.vocab;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float spread, float center = 0.0f) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    w.add(name, shape, tiny_values(seed, name, n, spread, center));
+  };
+  auto add_mlp = [&](const std::string& p, int64_t I) {
+    add(p + "gate_proj.weight", {I, H}, 0.25f);
+    add(p + "up_proj.weight", {I, H}, 0.25f);
+    add(p + "down_proj.weight", {H, I}, 0.25f);
+  };
+  add("model.embed_tokens.weight", {V, H}, 1.0f);
+  for (int i = 0; i < m.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {H}, 0.2f, 1.0f);
+    add(p + "post_attention_layernorm.weight", {H}, 0.2f, 1.0f);
+    add(p + "self_attn.q_proj.weight", {m.heads * D, H}, 0.25f);
+    add(p + "self_attn.k_proj.weight", {m.kv_heads * D, H}, 0.25f);
+    add(p + "self_attn.v_proj.weight", {m.kv_heads * D, H}, 0.25f);
+    add(p + "self_attn.o_proj.weight", {H, m.heads * D}, 0.25f);
+    if (qwen2) {
+      add(p + "self_attn.q_proj.bias", {m.heads * D}, 0.1f);
+      add(p + "self_attn.k_proj.bias", {m.kv_heads * D}, 0.1f);
+      add(p + "self_attn.v_proj.bias", {m.kv_heads * D}, 0.1f);
+    } else {
+      add(p + "self_attn.q_norm.weight", {D}, 0.2f, 1.0f);
+      add(p + "self_attn.k_norm.weight", {D}, 0.2f, 1.0f);
+    }
+    if (!m.is_moe_layer(i)) {
+      add_mlp(p + "mlp.", m.intermediate);
+      continue;
+    }
+    const int64_t E = m.experts, I = m.moe_intermediate;
+    add(p + "mlp.gate.weight", {E, H}, 0.5f);
+    if (!m.fused_experts) {
+      for (int64_t e = 0; e < E; ++e) add_mlp(p + "mlp.experts." + std::to_string(e) + ".", I);
+    } else {  // the same per-expert numbers, stacked
+      std::vector<float> gate_up, down;
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        auto g = tiny_values(seed, q + "gate_proj.weight", static_cast<size_t>(I * H), 0.25f);
+        auto u = tiny_values(seed, q + "up_proj.weight", static_cast<size_t>(I * H), 0.25f);
+        auto d = tiny_values(seed, q + "down_proj.weight", static_cast<size_t>(H * I), 0.25f);
+        gate_up.insert(gate_up.end(), g.begin(), g.end());
+        gate_up.insert(gate_up.end(), u.begin(), u.end());
+        down.insert(down.end(), d.begin(), d.end());
+      }
+      w.add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, gate_up);
+      w.add(p + "mlp.experts.down_proj", {E, H, I}, down);
+    }
+    if (m.shared_intermediate > 0) {
+      add_mlp(p + "mlp.shared_expert.", m.shared_intermediate);
+      add(p + "mlp.shared_expert_gate.weight", {1, H}, 0.5f);
+    }
+  }
+  add("model.norm.weight", {H}, 0.2f, 1.0f);
+  if (!m.tie_word_embeddings) add("lm_head.weight", {V, H}, 0.3f);
+  w.write(dir / "model.safetensors");
+}
+
+}  // namespace tessera::testing
+
+namespace tessera::testing {
+
+// The generated models tests name as "gen:<key>", written once per process under $TMPDIR
+// (write before forking rank processes):
+//   vocab777   Qwen3, vocabulary 777 (TP 2 pads it to 778), 3 layers, untied
+//   qwen3_moe  Qwen3-MoE, 8 experts top-2 renormalised, layer 0 dense (mlp_only_layers), 3 layers
+//   qwen2_moe  Qwen2-MoE, 8 experts top-2, a shared expert with its sigmoid gate, 3 layers
+inline bool is_generated_model(const std::string& name) { return name.rfind("gen:", 0) == 0; }
+
+inline TinyModel generated_model_spec(const std::string& key) {
+  TinyModel m;
+  m.layers = 3;
+  if (key == "vocab777") return m;
+  m.vocab = 300;
+  m.experts = 8;
+  m.top_k = 2;
+  m.moe_intermediate = 32;
+  if (key == "qwen3_moe") {
+    m.architecture = "Qwen3MoeForCausalLM";
+    m.mlp_only_layers = {0};
+    m.tie_word_embeddings = true;
+    return m;
+  }
+  if (key == "qwen2_moe") {
+    m.architecture = "Qwen2MoeForCausalLM";
+    m.norm_topk_prob = false;
+    m.shared_intermediate = 48;
+    return m;
+  }
+  throw std::runtime_error("unknown generated model " + key);
+}
+
+inline std::string generated_model_dir(const std::string& name) {
+  // Removed when the process that wrote it exits (forked ranks leave through _exit).
+  struct Root {
+    pid_t owner = ::getpid();
+    std::filesystem::path path = std::filesystem::temp_directory_path() / ("tessera-gen-" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      if (::getpid() == owner) std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Root root;
+  const std::string key = name.substr(4);
+  const std::filesystem::path dir = root.path / key;
+  if (!std::filesystem::exists(dir / "model.safetensors")) write_tiny_model(generated_model_spec(key), dir, 11);
+  return dir.string();
+}
+
+}  // namespace tessera::testing
