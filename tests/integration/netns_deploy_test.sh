@@ -8,7 +8,7 @@
 #   netns_deploy_test.sh TESSERA_BIN
 # Exit 77 (ctest SKIP) when not root, or without ip/sshd/ssh/curl.
 set -uo pipefail
-BIN=${1:?usage: netns_deploy_test.sh TESSERA_BIN}
+BIN=$(realpath "${1:?usage: netns_deploy_test.sh TESSERA_BIN}")  # the remote shells start in ~
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TOK="$ROOT/.npm-pkgs/tokenizer-qwen3/package/models"
 SSHD=/usr/sbin/sshd
