@@ -239,5 +239,12 @@ lacks "$TMP/quiet1.log" '"GET /v1/models"'
 lacks "$TMP/quiet2.log" '"GET /v1/models"'
 kill $Q1 $Q2; wait $Q1 $Q2
 echo "6. --disable-log-requests / --uvicorn-log-level warning: no per-request log line"
+"$BIN" bench --backend tgi >"$TMP/b1.log" 2>&1
+[ $? != 0 ] || FAIL "bench --backend tgi accepted"
+has "$TMP/b1.log" "--backend tgi: tessera bench speaks the OpenAI API; use --backend openai-chat"
+"$BIN" bench --backend openai --endpoint /v1/chat/completions >"$TMP/b2.log" 2>&1
+[ $? != 0 ] || FAIL "bench --backend openai with the chat endpoint accepted"
+has "$TMP/b2.log" "--backend openai means --endpoint /v1/completions, but --endpoint /v1/chat/completions was given"
+echo "7. bench --backend: other backends and a contradicting --endpoint are errors naming what to do"
 [ $fail = 0 ] && echo "PASS: Ray-style cluster flow across namespaces"
 exit $fail
