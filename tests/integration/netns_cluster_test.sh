@@ -11,6 +11,7 @@
 #   3. The job is killed: both nodes stay joined; seed 000's serve command (minus
 #      --speculative-config, which has its own issue and fails with its message) then serves
 #      with an FP8 KV cache, and seed 000's benchmark_serving line runs as `tessera bench`.
+#      Then a rank of that job is killed on the worker: the job ends naming it, the nodes stay.
 #   4. The worker node is killed: `cluster status` names it DEAD within 10 s.
 #   5. Startup errors: a *_SOCKET_IFNAME contradicting the route to the head or --nic, and
 #      VLLM_HOST_IP contradicting --node-ip-address, each naming both.
@@ -189,7 +190,20 @@ if [ $HTTP_OK = 1 ]; then
     --no-progress >"$TMP/bench2.log" 2>&1 || FAIL "tessera bench --backend openai exited $?"
   has "$TMP/seed000.log" '"POST /v1/completions"'
   echo "3. job killed, both nodes stayed; seed 000 serve + bench (openai-chat, openai) on them"
-  kill $SERVE; wait $SERVE
+  # A rank of the job dies on the worker: the job ends (non-zero, naming it), the nodes stay.
+  JOBPROC="$(cat /proc/$WORKER/task/$WORKER/children 2>/dev/null | awk '{print $1}')"
+  RANK1="$(cat /proc/$JOBPROC/task/$JOBPROC/children 2>/dev/null | awk '{print $1}')"
+  if [ -z "$RANK1" ]; then FAIL "no rank process under the worker's job"; else
+    kill -9 "$RANK1"
+    for _ in $(seq 1 300); do kill -0 $SERVE 2>/dev/null || break; sleep 0.1; done
+    wait $SERVE; SRC=$?
+    [ $SRC != 0 ] || FAIL "the job's head exited 0 after rank 1 died"
+    grep -q "error: .*\(rank 1\|node 1\)" "$TMP/seed000.log" || FAIL "the job's head does not name rank 1 / node 1"
+    wait_for "$TMP/worker.log" "the job's process (node 1 of 2) ended with exit code 1; this node stays in the cluster" 15
+    ip netns exec "$A" "$BIN" cluster status >"$TMP/status2b.log" 2>&1 || FAIL "cluster status after a dead rank exited $?"
+    has "$TMP/status2b.log" "2 node(s) alive of 2 joined"
+    echo "3b. a rank killed on the worker ended the job (exit $SRC); both nodes stayed joined"
+  fi
 fi
 
 # --- 4. a worker node dies: named in cluster status within 10 s
