@@ -68,8 +68,9 @@ void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
       ->capture_default_str()
       ->group(g);
   app.add_option("--distributed-executor-backend", c.distributed_executor_backend,
-                 "mp (default: tessera spawns and supervises its rank processes); ray: place the ranks on the nodes "
-                 "of the cluster started here with `tessera node start --head` (without one, the same as mp)");
+                 "mp: tessera spawns and supervises its rank processes on this node; ray: on the nodes of the "
+                 "cluster started here with `tessera node start --head` (without one, as mp); default: mp, or the "
+                 "cluster's nodes when the ranks do not fit this one");
 }
 
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {

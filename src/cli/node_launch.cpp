@@ -53,14 +53,27 @@ std::vector<std::string> job_args() {
   return out;
 }
 
-// `ray` with a persistent cluster here: which nodes run the ranks.
+// A persistent cluster here: which nodes run the ranks. With `ray` always; without a backend
+// only when the ranks do not fit this node's slots (vLLM picks Ray then too), else `facts`.
 dist::LaunchFacts place_on_cluster(const EngineFlags& f, ClusterFlags& c, const ClusterState& st,
-                                   dist::LaunchFacts facts) {
+                                   dist::LaunchFacts facts, bool asked_for_ray) {
   dist::HeadAddress head{st.host, st.port, c.cluster_token.empty() ? st.token : c.cluster_token, ""};
   dist::ClusterStatus status = dist::query_cluster_status(head, std::chrono::seconds(10));
   std::vector<dist::NodeSlots> nodes;
   for (const dist::NodeStatus& n : status.nodes)
     nodes.push_back({n.node_rank, n.fingerprint.num_ranks, n.alive, n.fingerprint.ip, n.fingerprint.nic});
+  const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if (!asked_for_ray) {
+    int here = 0;
+    for (const dist::NodeSlots& n : nodes)
+      if (n.node_rank == 0) here = n.slots;
+    if (world <= here) return facts;
+    TLOG_INFO(
+        "{} ranks do not fit this node's {} slot(s): placing them on the cluster started here with `tessera node "
+        "start` (as vLLM turns to Ray when a job does not fit one node; --distributed-executor-backend mp keeps "
+        "them here)",
+        world, here);
+  }
   dist::RankPlacement2D p = dist::place_ranks(f.tensor_parallel_size, f.pipeline_parallel_size, nodes);
   if (p.nodes.size() == 1) {
     TLOG_INFO("--distributed-executor-backend ray: the {} rank(s) fit on this node (the cluster's head at {}:{})",
@@ -74,7 +87,7 @@ dist::LaunchFacts place_on_cluster(const EngineFlags& f, ClusterFlags& c, const 
       if (n.node_rank == p.nodes[k])
         where += fmt::format("{}cluster node {} ({}): ranks {}-{}", where.empty() ? "" : ", ", n.node_rank, n.ip,
                              k * p.ranks_per_node, (k + 1) * p.ranks_per_node - 1);
-  TLOG_INFO("--distributed-executor-backend ray: {} rank(s) on {} nodes of the cluster at {}:{}: {}",
+  TLOG_INFO("placing the job on the cluster: {} rank(s) on {} nodes of the cluster at {}:{}: {}",
             f.tensor_parallel_size * f.pipeline_parallel_size, p.nodes.size(), st.host, st.port, where);
   c.cluster = st;
   c.cluster_nodes.assign(p.nodes.begin() + 1, p.nodes.end());
@@ -119,10 +132,10 @@ dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c) {
          "itself: start one task per node (mpirun -npernode 1, srun --ntasks-per-node=1)",
          dist::launch_source_name(facts.source), facts.local_world_size);
   const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
-  if (b == "ray" && facts.nnodes == 1 && facts.rank < 0) {
+  if ((b == "ray" || b.empty()) && facts.nnodes == 1 && facts.rank < 0 && world > 1) {
     if (std::optional<ClusterState> st = read_cluster_state()) {
-      facts = place_on_cluster(f, c, *st, facts);
-    } else {
+      facts = place_on_cluster(f, c, *st, facts, b == "ray");
+    } else if (b == "ray") {
       TLOG_INFO(
           "--distributed-executor-backend ray: no cluster head on this machine ({} does not exist), so this node's "
           "ranks only; start one with `tessera node start --head` and join the others with `tessera node start "

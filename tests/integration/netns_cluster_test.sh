@@ -8,7 +8,8 @@
 #   2. Seed 003's serve command (TP=2 across the two hosts, --distributed-executor-backend ray
 #      and every other flag of it) on the head: /v1/models and a chat request answer; the
 #      warning names the link TP crosses; --language-model-only is logged once.
-#   3. The job is killed: both nodes stay joined; seed 000's serve command (minus
+#   3. The job is killed: both nodes stay joined; seed 002's serve command (TP=1 x PP=2, no
+#      backend flag: the ranks do not fit the head) puts one pipeline stage on each node; seed 000's serve command (minus
 #      --speculative-config, which has its own issue and fails with its message) then serves
 #      with an FP8 KV cache, and seed 000's benchmark_serving line runs as `tessera bench`.
 #      Then a rank of that job is killed on the worker: the job ends naming it, the nodes stay.
@@ -147,6 +148,24 @@ ip netns exec "$A" "$BIN" cluster status >"$TMP/status2.log" 2>&1 || FAIL "clust
 has "$TMP/status2.log" "2 node(s) alive of 2 joined"
 kill -0 $HEAD 2>/dev/null || FAIL "the head node died with the job"
 kill -0 $WORKER 2>/dev/null || FAIL "the worker node died with the job"
+# Seed 002's serve (vllm serve -> tessera serve): TP = GPUs per node (1 here), PP = nodes (2), no
+# backend flag: the ranks do not fit the head, so they go to the cluster; TP stays inside a node.
+serve_and_wait seed002 "$MODEL" \
+  --tensor-parallel-size 1 \
+  --pipeline-parallel-size 2 \
+  --gpu-memory-utilization 0.90 \
+  --max-model-len 2048 \
+  "${CPU_FIXTURE[@]}"
+if [ $HTTP_OK = 1 ]; then
+  chat 127.0.0.1 "$MODEL" "$TMP/chat_pp.json"
+  has "$TMP/seed002.log" "2 ranks do not fit this node's 1 slot(s): placing them on the cluster"
+  has "$TMP/seed002.log" "2 rank(s) on 2 nodes of the cluster"
+  lacks "$TMP/seed002.log" "crosses the network link"
+  kill $SERVE; wait $SERVE || FAIL "seed 002's server exited $? on SIGTERM"
+  for _ in $(seq 1 150); do [ "$(grep -c "the job's process (node 1 of 2) ended" "$TMP/worker.log")" -ge 2 ] && break; sleep 0.1; done
+  [ "$(grep -c "the job's process (node 1 of 2) ended" "$TMP/worker.log")" -ge 2 ] || FAIL "the worker's second job did not end"
+  echo "2b. seed 002 serve (TP=1 x PP=2, no backend flag): one pipeline stage per node, chat answered"
+fi
 # The flags with their own issues still fail with their sentence, before anything starts.
 ip netns exec "$A" "$BIN" serve "$MODEL" --tensor-parallel-size 2 --distributed-executor-backend ray \
   --speculative-config '{"method":"mtp","num_speculative_tokens":2}' >"$TMP/spec.log" 2>&1
