@@ -50,11 +50,19 @@ q() { printf '%q ' "$@"; }
 # Each host's pid files and logs: STATE_DIR/HOST on that host (its own directory even when
 # hosts share a file system). The head's cluster state file lands there too.
 sdir() { echo "$STATE_DIR/${1#*@}"; }
+# One ssh connection per host, reused by every command (ControlMaster), closed at exit.
+CTL="$(mktemp -d /tmp/deploy_cluster.XXXXXX)"
+close_connections() {
+  for h in "$HEAD" "${WORKERS[@]}"; do ssh -o ControlPath="$CTL/%C" -O exit "$h" >/dev/null 2>&1 || true; done
+  rm -rf "$CTL"
+}
+trap close_connections EXIT
 # remote HOST CMD: runs CMD through the remote shell with the cluster's environment; $D is
 # the host's state directory there.
 remote() {
   local host="$1"; shift
-  ssh -o BatchMode=yes -o ConnectTimeout=10 "${SSH_OPTS[@]}" "$host" \
+  ssh -o BatchMode=yes -o ConnectTimeout=10 -o ControlMaster=auto -o ControlPath="$CTL/%C" -o ControlPersist=60 \
+    "${SSH_OPTS[@]}" "$host" \
     "export TESSERA_CLUSTER_TOKEN=$(q "$TOKEN") TESSERA_STATE_DIR=$(q "$(sdir "$host")") D=$(q "$(sdir "$host")");
      mkdir -p \"\$D\"; $*"
 }
