@@ -170,6 +170,11 @@ void note_ray_flags(const NodeStartFlags& f) {
 }
 
 int run_head(const NodeStartFlags& f) {
+  if (std::optional<ClusterState> running = read_cluster_state())
+    fail(ErrorKind::kInvalidArgument,
+         "a cluster head already runs on this machine (pid {}, {}:{}; {}); stop it first, or give this one its own "
+         "TESSERA_STATE_DIR",
+         running->pid, running->host, running->port, cluster_state_path());
   std::string token = resolve_token(f.token);
   std::string ip = node_ip_from(f.node_ip_address);
   dist::NicChoice nic;

@@ -83,6 +83,9 @@ has "$TMP/head.log" "network interface ens1 (10.79.0.1): matches GLOO_SOCKET_IFN
 has "$TMP/head.log" "tessera has no object store"
 has "$TMP/worker.log" "NCCL_SOCKET_IFNAME entry 'ib7' matches no interface on this node"
 has "$TMP/worker.log" "GLOO_SOCKET_IFNAME=ens1 (set by the user) matches ens1"
+ip netns exec "$A" "$BIN" node start --head --port 6380 --node-ip-address 10.79.0.1 >"$TMP/head2.log" 2>&1
+[ $? != 0 ] || FAIL "a second head on the same machine started"
+has "$TMP/head2.log" "a cluster head already runs on this machine (pid"
 ip netns exec "$A" "$BIN" cluster status >"$TMP/status1.log" 2>&1 || FAIL "cluster status exited $?"
 cat "$TMP/status1.log"
 has "$TMP/status1.log" "2 node(s) alive of 2 joined"
