@@ -40,7 +40,7 @@ int run_bench(int argc, char** argv) {
       "tessera bench"};
   app.get_formatter()->column_width(34);
 
-  std::string host, request_rate = "inf";
+  std::string host, request_rate = "inf", backend;
   int port = 0;
   std::vector<std::string> dataset;
   int max_concurrency = -1;
@@ -51,6 +51,9 @@ int run_bench(int argc, char** argv) {
   app.add_option("--port", port, "server port, used with --host (default 8000)");
   app.add_option("--endpoint", options.endpoint, "API route: /v1/chat/completions or /v1/completions")
       ->capture_default_str();
+  app.add_option("--backend", backend,
+                 "vLLM benchmark_serving's spelling of the API: openai-chat (/v1/chat/completions), openai or vllm "
+                 "(/v1/completions)");
   app.add_option("--api-key", options.api_key,
                  "sent as 'Authorization: Bearer KEY'; defaults to $OPENAI_API_KEY when that is set");
   app.add_option("--model", options.model, "model name sent in requests (default: the first id of GET /v1/models)");
@@ -116,6 +119,20 @@ int run_bench(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (!backend.empty()) {
+    std::string endpoint = backend == "openai-chat"                   ? "/v1/chat/completions"
+                           : backend == "openai" || backend == "vllm" ? "/v1/completions"
+                                                                      : "";
+    if (endpoint.empty())
+      fail(ErrorKind::kUnsupported,
+           "--backend {}: tessera bench speaks the OpenAI API; use --backend openai-chat (/v1/chat/completions) or "
+           "openai / vllm (/v1/completions)",
+           backend);
+    if (app.count("--endpoint") && options.endpoint != endpoint)
+      fail(ErrorKind::kInvalidArgument, "--backend {} means --endpoint {}, but --endpoint {} was given; drop one",
+           backend, endpoint, options.endpoint);
+    options.endpoint = endpoint;
+  }
   if (!host.empty() || port)
     options.base_url = "http://" + (host.empty() ? "127.0.0.1" : host) + ":" + std::to_string(port ? port : 8000);
   if (options.api_key.empty())

@@ -205,7 +205,7 @@ int run_serve(int argc, char** argv) {
   size_t max_body = 10u << 20;
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
-       disable_access_log = false;
+       disable_access_log = false, language_model_only = false;
   app.add_option("model,--model", ef.model, "model directory (config.json + safetensors)")->required();
   app.add_option("--host", host, "address to listen on")->capture_default_str();
   app.add_option("--port", port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
@@ -226,8 +226,14 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-waiting-requests", max_waiting_requests,
                  "requests that may wait for a batch slot; beyond it the server answers 429 with Retry-After")
       ->capture_default_str();
-  app.add_option("--uvicorn-log-level", uvicorn_log_level, "accepted for vLLM compatibility (log level of the server)");
-  app.add_flag("--disable-log-requests", disable_log_requests, "accepted for vLLM compatibility");
+  app.add_option("--uvicorn-log-level", uvicorn_log_level,
+                 "level of the HTTP server's log: critical, error, warning, info, debug, trace (the per-request "
+                 "access lines are info: warning and above turn them off)")
+      ->capture_default_str();
+  app.add_flag("--disable-log-requests", disable_log_requests, "no log line per request");
+  app.add_flag("--language-model-only", language_model_only,
+               "accepted for vLLM compatibility: tessera loads only a checkpoint's language model (text in, text "
+               "out) anyway");
   app.add_flag("--disable-uvicorn-access-log", disable_access_log, "no access log line per request");
   app.add_option("--max-request-body-bytes", max_body, "largest request body; larger ones get 413")
       ->capture_default_str();
@@ -275,6 +281,14 @@ int run_serve(int argc, char** argv) {
     fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
   if (max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
   if (port < 0 || port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a port number", port);
+  static const std::set<std::string> kUvicornLevels = {"critical", "error", "warning", "info", "debug", "trace"};
+  if (!kUvicornLevels.count(uvicorn_log_level))
+    fail(ErrorKind::kInvalidArgument, "--uvicorn-log-level {}: not one of critical, error, warning, info, debug, trace",
+         uvicorn_log_level);
+  if (language_model_only)
+    TLOG_INFO(
+        "--language-model-only: tessera loads only the language model of a checkpoint (text in, text out); vision "
+        "and audio encoders are never loaded, with or without this flag");
   if (trust_remote_code)
     TLOG_INFO(
         "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
@@ -368,7 +382,10 @@ int run_serve(int argc, char** argv) {
   ho.max_body_bytes = max_body;
   ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(read_timeout * 1000));
   ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(write_timeout * 1000));
-  const bool access_log = !disable_access_log;
+  // One line per request unless turned off: by --disable-uvicorn-access-log, by
+  // --disable-log-requests, or by an HTTP log level above info (uvicorn's access log is info).
+  const bool access_log = !disable_access_log && !disable_log_requests &&
+                          (uvicorn_log_level == "info" || uvicorn_log_level == "debug" || uvicorn_log_level == "trace");
   server::HttpServer http(
       ho,
       [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {

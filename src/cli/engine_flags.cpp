@@ -60,7 +60,9 @@ void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
                  "network interface(s) for the control channel and Gloo/NCCL, NCCL_SOCKET_IFNAME syntax (eth,ib / "
                  "=eth0 / ^docker,lo); default: the one that routes to --master-addr")
       ->group(g);
-  app.add_option("--node-ip-address", c.node_ip_address, "this node's address (default: the chosen NIC's)")->group(g);
+  app.add_option("--node-ip-address", c.node_ip_address,
+                 "this node's address (default: $VLLM_HOST_IP, else the chosen NIC's)")
+      ->group(g);
   app.add_option("--cluster-token", c.cluster_token,
                  "shared secret every node authenticates with (default $TESSERA_CLUSTER_TOKEN); required with "
                  "several nodes")
@@ -69,7 +71,9 @@ void add_cluster_flags(CLI::App& app, ClusterFlags& c) {
       ->capture_default_str()
       ->group(g);
   app.add_option("--distributed-executor-backend", c.distributed_executor_backend,
-                 "mp (default: tessera spawns and supervises its rank processes); ray is accepted and not needed");
+                 "mp: tessera spawns and supervises its rank processes on this node; ray: on the nodes of the "
+                 "cluster started here with `tessera node start --head` (without one, as mp); default: mp, or the "
+                 "cluster's nodes when the ranks do not fit this one");
 }
 
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {

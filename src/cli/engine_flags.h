@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "cli/cluster_state.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 
@@ -43,7 +44,12 @@ struct ClusterFlags {
   std::string node_ip_address;
   std::string cluster_token;  // default: $TESSERA_CLUSTER_TOKEN
   double join_timeout_s = 300;
-  std::string distributed_executor_backend;  // mp | ray (accepted: not needed) | uni
+  std::string distributed_executor_backend;  // mp | ray (a persistent cluster's nodes, if one runs here) | uni
+  // Filled by resolve_cluster when the ranks go to the nodes of a persistent cluster
+  // (`tessera node start`, found through its state file): its head, and the other nodes chosen
+  // (cluster node ranks; the job's node rank k + 1 is cluster_nodes[k]).
+  std::optional<ClusterState> cluster;
+  std::vector<int> cluster_nodes;
 };
 void add_cluster_flags(CLI::App& app, ClusterFlags& c);
 // The backend for --device (auto: CUDA when this build has it and a GPU is visible).

@@ -22,6 +22,8 @@ constexpr Verb kVerbs[] = {
     {"generate", tessera::cli::run_generate, "offline generation from token ids, text or a JSONL batch"},
     {"bench", tessera::cli::run_bench, "load generator and report for any OpenAI-compatible server"},
     {"tokenize", tessera::cli::run_tokenize, "token ids of stdin with a model's tokenizer (--decode: ids to text)"},
+    {"node", tessera::cli::run_node,
+     "start a cluster once, like `ray start`: node start --head here, node start --address HEAD:PORT elsewhere"},
     {"cluster", tessera::cli::run_cluster,
      "status of a multi-node cluster from its head (nodes, ranks, GPUs, NIC, IP)"},
     {"chat-template", tessera::cli::run_chat_template, "the prompt a model's chat template makes of a chat request"},

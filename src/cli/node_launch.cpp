@@ -3,27 +3,127 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "dist/placement.h"
+#include "dist/rendezvous_client.h"
+#include "dist/socket.h"
 #include "engine/model_loader.h"
 
 namespace tessera::cli {
 
-dist::LaunchFacts resolve_cluster(const EngineFlags& f, const ClusterFlags& c) {
-  const std::string& b = c.distributed_executor_backend;
-  if (b == "ray") {
+namespace {
+
+// The per-node flags a persistent cluster's node adds itself (its own address and NIC, the job's
+// head): left out of the command line the nodes get.
+bool is_per_node_flag(const std::string& name) {
+  static const char* kFlags[] = {
+      "--nnodes",          "--node-rank", "--master-addr",   "--master-port",
+      "--node-ip-address", "--nic",       "--cluster-token", "--distributed-executor-backend"};
+  for (const char* f : kFlags)
+    if (name == f) return true;
+  return false;
+}
+
+// This process's command line after the binary (the verb and its flags), from /proc/self/cmdline.
+std::vector<std::string> job_args() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t i = 0; i < all.size();) {
+    size_t end = all.find('\0', i);
+    if (end == std::string::npos) end = all.size();
+    args.push_back(all.substr(i, end - i));
+    i = end + 1;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string name = a.substr(0, a.find('='));
+    if (is_per_node_flag(name)) {
+      if (a.find('=') == std::string::npos) ++i;  // and its value
+      continue;
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+// A persistent cluster here: which nodes run the ranks. With `ray` always; without a backend
+// only when the ranks do not fit this node's slots (vLLM picks Ray then too), else `facts`.
+dist::LaunchFacts place_on_cluster(const EngineFlags& f, ClusterFlags& c, const ClusterState& st,
+                                   dist::LaunchFacts facts, bool asked_for_ray) {
+  dist::HeadAddress head{st.host, st.port, c.cluster_token.empty() ? st.token : c.cluster_token, ""};
+  dist::ClusterStatus status = dist::query_cluster_status(head, std::chrono::seconds(10));
+  std::vector<dist::NodeSlots> nodes;
+  for (const dist::NodeStatus& n : status.nodes)
+    nodes.push_back({n.node_rank, n.fingerprint.num_ranks, n.alive, n.fingerprint.ip, n.fingerprint.nic});
+  const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if (!asked_for_ray) {
+    int here = 0;
+    for (const dist::NodeSlots& n : nodes)
+      if (n.node_rank == 0) here = n.slots;
+    if (world <= here) return facts;
     TLOG_INFO(
-        "--distributed-executor-backend ray: Ray is not needed; tessera starts and supervises its rank "
-        "processes itself (one command per node with --nnodes/--node-rank/--master-addr, no `ray start`). "
-        "Continuing with mp");
-  } else if (b == "external_launcher") {
+        "{} ranks do not fit this node's {} slot(s): placing them on the cluster started here with `tessera node "
+        "start` (as vLLM turns to Ray when a job does not fit one node; --distributed-executor-backend mp keeps "
+        "them here)",
+        world, here);
+  }
+  dist::RankPlacement2D p = dist::place_ranks(f.tensor_parallel_size, f.pipeline_parallel_size, nodes);
+  if (p.nodes.size() == 1) {
+    TLOG_INFO("--distributed-executor-backend ray: the {} rank(s) fit on this node (the cluster's head at {}:{})",
+              p.ranks_per_node, st.host, st.port);
+    return facts;
+  }
+  if (!p.warning.empty()) TLOG_WARN("{}", p.warning);
+  std::string where;
+  for (size_t k = 0; k < p.nodes.size(); ++k)
+    for (const dist::NodeSlots& n : nodes)
+      if (n.node_rank == p.nodes[k])
+        where += fmt::format("{}cluster node {} ({}): ranks {}-{}", where.empty() ? "" : ", ", n.node_rank, n.ip,
+                             k * p.ranks_per_node, (k + 1) * p.ranks_per_node - 1);
+  TLOG_INFO("placing the job on the cluster: {} rank(s) on {} nodes of the cluster at {}:{}: {}",
+            f.tensor_parallel_size * f.pipeline_parallel_size, p.nodes.size(), st.host, st.port, where);
+  c.cluster = st;
+  c.cluster_nodes.assign(p.nodes.begin() + 1, p.nodes.end());
+  if (c.cluster_token.empty()) c.cluster_token = st.token;
+  if (c.node_ip_address.empty()) c.node_ip_address = st.host;
+  facts.source = dist::LaunchSource::kFlags;
+  facts.nnodes = static_cast<int>(p.nodes.size());
+  facts.node_rank = 0;
+  facts.master_addr = st.host;
+  {  // the job's own control port: one the kernel has free on the head's address
+    dist::Socket probe = dist::listen_tcp(st.host, 0);
+    facts.master_port = dist::local_port(probe);
+  }
+  return facts;
+}
+
+}  // namespace
+
+dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c) {
+  const std::string& b = c.distributed_executor_backend;
+  if (b == "external_launcher") {
     fail(ErrorKind::kUnsupported,
          "--distributed-executor-backend external_launcher is not supported: run one tessera command per node "
          "(mpirun -npernode 1 / srun --ntasks-per-node=1 work; their environment gives the node rank)");
-  } else if (!b.empty() && b != "mp" && b != "uni") {
+  } else if (!b.empty() && b != "mp" && b != "uni" && b != "ray") {
     fail(ErrorKind::kInvalidArgument, "--distributed-executor-backend {}: not one of mp, ray, uni", b);
+  }
+  if (const char* v = std::getenv("VLLM_HOST_IP"); v && *v) {
+    if (c.node_ip_address.empty()) {
+      TLOG_INFO("VLLM_HOST_IP={} (from the environment) used as --node-ip-address", v);
+      c.node_ip_address = v;
+    } else if (c.node_ip_address != v) {
+      fail(ErrorKind::kInvalidArgument,
+           "--node-ip-address {} contradicts VLLM_HOST_IP={} (from the environment); make them agree or unset one",
+           c.node_ip_address, v);
+    }
   }
   dist::LaunchFacts facts = dist::resolve_launch({c.nnodes, c.node_rank, c.master_addr, c.master_port});
   if (facts.rank >= 0 && facts.local_world_size != 1)
@@ -32,6 +132,21 @@ dist::LaunchFacts resolve_cluster(const EngineFlags& f, const ClusterFlags& c) {
          "itself: start one task per node (mpirun -npernode 1, srun --ntasks-per-node=1)",
          dist::launch_source_name(facts.source), facts.local_world_size);
   const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if ((b == "ray" || b.empty()) && facts.nnodes == 1 && facts.rank < 0 && world > 1) {
+    if (std::optional<ClusterState> st = read_cluster_state()) {
+      facts = place_on_cluster(f, c, *st, facts, b == "ray");
+    } else if (b == "ray") {
+      TLOG_INFO(
+          "--distributed-executor-backend ray: no cluster head on this machine ({} does not exist), so this node's "
+          "ranks only; start one with `tessera node start --head` and join the others with `tessera node start "
+          "--address`, or run one command per node with --nnodes/--node-rank/--master-addr",
+          cluster_state_path());
+    }
+  } else if (b == "ray") {
+    TLOG_INFO(
+        "--distributed-executor-backend ray: tessera starts and supervises its rank processes itself (one command "
+        "per node with --nnodes/--node-rank/--master-addr); continuing with mp");
+  }
   if (facts.nnodes > 1 && (world < facts.nnodes || world % facts.nnodes != 0))
     fail(ErrorKind::kInvalidArgument,
          "--tensor-parallel-size {} x --pipeline-parallel-size {} = {} ranks do not split evenly across {} nodes "
@@ -58,7 +173,19 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
          "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) on every node",
          facts.nnodes);
   o.model_dir = f.model;
+  o.gpus = dist::local_gpu_names();
   o.local_ranks = f.tensor_parallel_size * f.pipeline_parallel_size / facts.nnodes;
+  if (c.cluster) {  // a persistent cluster: its nodes run this command as the job's nodes 1..n-1
+    dist::JobSubmit js;
+    js.nodes = c.cluster_nodes;
+    js.job.nnodes = facts.nnodes;
+    js.job.node_rank = 0;
+    js.job.master_addr = facts.master_addr;
+    js.job.master_port = static_cast<uint16_t>(facts.master_port);
+    js.job.args = job_args();
+    dist::submit_job({c.cluster->host, c.cluster->port, o.token, ""}, js, std::chrono::seconds(10));
+    TLOG_INFO("the cluster's node(s) got the job; its control channel is {}:{}", facts.master_addr, facts.master_port);
+  }
   o.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout_s * 1000));
   return std::make_unique<dist::NodeSession>(o);
 }

@@ -15,11 +15,15 @@
 namespace tessera::cli {
 
 // Checks --distributed-executor-backend and resolves the launch facts (flags, mpirun, Slurm,
-// LeaderWorkerSet); fails with a clear message when they do not fit TP x PP.
-dist::LaunchFacts resolve_cluster(const EngineFlags& f, const ClusterFlags& c);
+// LeaderWorkerSet); fails with a clear message when they do not fit TP x PP. With `ray` and
+// a persistent cluster's head on this machine (`tessera node start --head`), places the
+// ranks on its nodes (dist/placement.h) and records the choice in c.cluster/cluster_nodes.
+// VLLM_HOST_IP fills --node-ip-address.
+dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c);
 
 // nnodes > 1: NIC choice, fingerprint and rendezvous (blocks until every node joined, or
-// fails naming what went wrong). nnodes == 1: nullptr.
+// fails naming what went wrong); on a persistent cluster it first hands the other nodes
+// their job (this command with their per-node flags). nnodes == 1: nullptr.
 std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, const ClusterFlags& c,
                                                       const dist::LaunchFacts& facts);
 

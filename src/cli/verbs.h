@@ -8,5 +8,6 @@ int run_bench(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
 int run_chat_template(int argc, char** argv);
 int run_cluster(int argc, char** argv);
+int run_node(int argc, char** argv);
 int run_serve(int argc, char** argv);
 }  // namespace tessera::cli

@@ -67,8 +67,11 @@ JoinRequest decode_join(std::span<const uint8_t> p) {
   JoinRequest m;
   m.node_rank = r.i32();
   m.nnodes = r.i32();
-  check_range(m.nnodes, 1, kMaxNodes, "nnodes");
-  check_range(m.node_rank, 0, m.nnodes - 1, "node rank");
+  check_range(m.nnodes, 0, kMaxNodes, "nnodes");
+  if (m.nnodes == 0)  // a persistent cluster's node: the head assigns the rank
+    check_range(m.node_rank, -1, -1, "node rank");
+  else
+    check_range(m.node_rank, 0, m.nnodes - 1, "node rank");
   m.fingerprint = decode_fingerprint(r);
   r.expect_end();
   return m;
@@ -185,6 +188,68 @@ StoreEntry decode_store_entry(std::span<const uint8_t> p) {
   m.key = r.str(kMaxStoreKey);
   m.value = r.bytes(kMaxStoreValue);
   r.expect_end();
+  return m;
+}
+
+namespace {
+
+void encode_job(WireWriter& w, const JobStart& m) {
+  w.i32(m.nnodes);
+  w.i32(m.node_rank);
+  w.str(m.master_addr);
+  w.u16(m.master_port);
+  w.u32(static_cast<uint32_t>(m.args.size()));
+  for (const std::string& a : m.args) w.str(a);
+}
+
+JobStart decode_job(WireReader& r) {
+  JobStart m;
+  m.nnodes = r.i32();
+  check_range(m.nnodes, 2, kMaxNodes, "nnodes");
+  m.node_rank = r.i32();
+  check_range(m.node_rank, 0, m.nnodes - 1, "node rank");
+  m.master_addr = r.str(1024);
+  m.master_port = r.u16();
+  uint32_t n = r.count(4, kMaxJobArgs);
+  for (uint32_t i = 0; i < n; ++i) m.args.push_back(r.str(64 * 1024));
+  return m;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode(const JobStart& m) {
+  WireWriter w;
+  encode_job(w, m);
+  return w.take();
+}
+
+JobStart decode_job_start(std::span<const uint8_t> p) {
+  WireReader r(p, "job start");
+  JobStart m = decode_job(r);
+  r.expect_end();
+  return m;
+}
+
+std::vector<uint8_t> encode(const JobSubmit& m) {
+  WireWriter w;
+  w.u32(static_cast<uint32_t>(m.nodes.size()));
+  for (int32_t n : m.nodes) w.i32(n);
+  encode_job(w, m.job);
+  return w.take();
+}
+
+JobSubmit decode_job_submit(std::span<const uint8_t> p) {
+  WireReader r(p, "job submit");
+  JobSubmit m;
+  uint32_t n = r.count(4, kMaxNodes);
+  for (uint32_t i = 0; i < n; ++i) {
+    m.nodes.push_back(r.i32());
+    check_range(m.nodes.back(), 1, kMaxNodes - 1, "node rank");
+  }
+  m.job = decode_job(r);
+  r.expect_end();
+  if (static_cast<int32_t>(m.nodes.size()) != m.job.nnodes - 1)
+    fail(ErrorKind::kCorrupt, "job submit: {} nodes for a job of {} nodes", m.nodes.size(), m.job.nnodes);
   return m;
 }
 
@@ -312,6 +377,15 @@ void decode_any(MessageType type, std::span<const uint8_t> payload) {
       return;
     case MessageType::kLeave:
       WireReader(payload, "leave").expect_end();
+      return;
+    case MessageType::kJobSubmit:
+      decode_job_submit(payload);
+      return;
+    case MessageType::kJobStart:
+      decode_job_start(payload);
+      return;
+    case MessageType::kJobAccepted:
+      WireReader(payload, "job accepted").expect_end();
       return;
     case MessageType::kRankHello:
     case MessageType::kLivenessQuery:

@@ -12,6 +12,8 @@
 
 namespace tessera::dist {
 
+// node_rank -1 with nnodes 0: a node of a persistent cluster (`tessera node start --address`);
+// the head assigns its rank.
 struct JoinRequest {
   int32_t node_rank = 0;
   int32_t nnodes = 1;
@@ -63,6 +65,25 @@ struct RankFailure {
   std::string reason;
 };
 
+// A job for a node of a persistent cluster: run `tessera ARGS` as node `node_rank` of
+// `nnodes`, the job's head at master_addr:master_port (the per-node --nnodes launch).
+struct JobStart {
+  int32_t nnodes = 2;
+  int32_t node_rank = 1;
+  std::string master_addr;
+  uint16_t master_port = 0;
+  std::vector<std::string> args;  // the verb and its flags, without the per-node ones
+};
+
+// To the head of a persistent cluster: start `job` on these nodes (their cluster node
+// ranks); nodes[i] becomes the job's node rank i + 1 (the submitter is node 0).
+struct JobSubmit {
+  std::vector<int32_t> nodes;
+  JobStart job;
+};
+
+inline constexpr size_t kMaxJobArgs = 4096;
+
 struct StoreEntry {
   std::string key;
   std::vector<uint8_t> value;
@@ -77,6 +98,8 @@ std::vector<uint8_t> encode(const ClusterStatus& m);
 std::vector<uint8_t> encode(const StepPlanMessage& m);
 std::vector<uint8_t> encode(const RankFailure& m);
 std::vector<uint8_t> encode(const StoreEntry& m);
+std::vector<uint8_t> encode(const JobStart& m);
+std::vector<uint8_t> encode(const JobSubmit& m);
 std::vector<uint8_t> encode_text(const std::string& s);                // reject reasons, store keys
 std::vector<uint8_t> encode_u64(uint64_t v);                           // heartbeats
 std::vector<uint8_t> encode_ranks(const std::vector<int32_t>& ranks);  // liveness query/reply, rank hello
@@ -88,6 +111,8 @@ ClusterStatus decode_cluster_status(std::span<const uint8_t> p);
 StepPlanMessage decode_step_plan(std::span<const uint8_t> p);
 RankFailure decode_rank_failure(std::span<const uint8_t> p);
 StoreEntry decode_store_entry(std::span<const uint8_t> p);
+JobStart decode_job_start(std::span<const uint8_t> p);
+JobSubmit decode_job_submit(std::span<const uint8_t> p);
 std::string decode_text(std::span<const uint8_t> p, size_t max_len = 64 * 1024);
 uint64_t decode_u64(std::span<const uint8_t> p);
 std::vector<int32_t> decode_ranks(std::span<const uint8_t> p);

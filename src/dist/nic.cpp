@@ -135,8 +135,10 @@ std::optional<std::string> route_source_address(const std::string& master_addr) 
   return source;
 }
 
-NicChoice choose_nic(const NicRequest& request, const std::vector<NetworkInterface>& interfaces,
-                     const std::function<std::optional<std::string>(const std::string&)>& route_source) {
+namespace {
+
+NicChoice choose_nic_flags(const NicRequest& request, const std::vector<NetworkInterface>& interfaces,
+                           const std::function<std::optional<std::string>(const std::string&)>& route_source) {
   std::optional<std::string> source = request.master_addr.empty() ? std::nullopt : route_source(request.master_addr);
   bool master_is_local_loopback = is_loopback_address(request.master_addr) || request.master_addr == "localhost";
 
@@ -194,7 +196,106 @@ NicChoice choose_nic(const NicRequest& request, const std::vector<NetworkInterfa
   return {owner->name, owner->ip, fmt::format("routes to the master {}", request.master_addr)};
 }
 
-NicChoice choose_nic(const NicRequest& request) { return choose_nic(request, list_interfaces(), route_source_address); }
+// A user's *_SOCKET_IFNAME as a spec: GLOO's is a list of exact names (torch), NCCL's has NCCL's syntax.
+struct EnvSpec {
+  const char* name;
+  std::string value;
+  NicSpec spec;
+};
+
+std::vector<EnvSpec> env_specs(const NicRequest& r) {
+  std::vector<EnvSpec> out;
+  if (!r.gloo_socket_ifname.empty()) {
+    NicSpec s = parse_nic_spec(r.gloo_socket_ifname);
+    if (!s.exclude) s.exact = true;  // torch compares GLOO_SOCKET_IFNAME entries as whole names
+    out.push_back({"GLOO_SOCKET_IFNAME", r.gloo_socket_ifname, s});
+  }
+  if (!r.nccl_socket_ifname.empty())
+    out.push_back({"NCCL_SOCKET_IFNAME", r.nccl_socket_ifname, parse_nic_spec(r.nccl_socket_ifname)});
+  return out;
+}
+
+std::vector<std::string> matching_names(const NicSpec& spec, const std::vector<NetworkInterface>& interfaces) {
+  std::vector<std::string> out;
+  for (const NetworkInterface& i : interfaces)
+    if (spec.matches(i.name) && std::find(out.begin(), out.end(), i.name) == out.end()) out.push_back(i.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string join_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+NicChoice choose_nic(const NicRequest& request, const std::vector<NetworkInterface>& interfaces,
+                     const std::function<std::optional<std::string>(const std::string&)>& route_source) {
+  std::vector<EnvSpec> envs = env_specs(request);
+  std::vector<std::string> notes, warnings;
+  for (const EnvSpec& e : envs) {
+    std::vector<std::string> hits = matching_names(e.spec, interfaces);
+    if (hits.empty())
+      fail(ErrorKind::kInvalidArgument, "{}={} (from the environment) matches no interface here ({}); fix or unset it",
+           e.name, e.value, describe_interfaces(interfaces));
+    if (!e.spec.exclude)
+      for (const std::string& entry : e.spec.names) {
+        NicSpec one{false, e.spec.exact, {entry}};
+        if (matching_names(one, interfaces).empty())
+          warnings.push_back(fmt::format(
+              "{} entry '{}' matches no interface on this node (interfaces: {}); {} ignores it", e.name, entry,
+              describe_interfaces(interfaces), std::string(e.name) == "NCCL_SOCKET_IFNAME" ? "NCCL" : "Gloo"));
+      }
+    notes.push_back(fmt::format(
+        "{}={} (set by the user) matches {}{}", e.name, e.value, join_names(hits),
+        std::string(e.name) == "NCCL_SOCKET_IFNAME" && hits.size() > 1 ? "; NCCL gets the whole list" : ""));
+  }
+  NicChoice choice;
+  if (request.nic.empty() && !envs.empty()) {
+    // The user's environment chooses, as it would for NCCL and Gloo; it must agree with the route.
+    NicRequest r = request;
+    r.nic = envs.front().spec.str();
+    choice = choose_nic_flags(r, interfaces, route_source);
+    choice.reason = fmt::format("matches {}={} (from the environment)", envs.front().name, envs.front().value);
+    std::optional<std::string> source = request.master_addr.empty() || !request.node_ip_address.empty()
+                                            ? std::nullopt
+                                            : route_source(request.master_addr);
+    const NetworkInterface* via = source ? find_by_ip(interfaces, *source) : nullptr;
+    bool master_here = is_loopback_address(request.master_addr) || request.master_addr == "localhost" ||
+                       find_by_ip(interfaces, request.master_addr) != nullptr;
+    if (via && !master_here && via->ip != choice.ip)
+      fail(ErrorKind::kInvalidArgument,
+           "{}={} (from the environment) contradicts the route to the head {}, which leaves from {} ({}); set {} to "
+           "{}, or pass --nic to choose the interface",
+           envs.front().name, envs.front().value, request.master_addr, via->name, via->ip, envs.front().name,
+           via->name);
+  } else {
+    choice = choose_nic_flags(request, interfaces, route_source);
+  }
+  for (const EnvSpec& e : envs)
+    if (!e.spec.matches(choice.interface_name))
+      fail(ErrorKind::kInvalidArgument,
+           "{}={} (from the environment) contradicts {}: it leaves out {} ({}), which {}; make them agree or unset {}",
+           e.name, e.value,
+           request.nic.empty() ? "the interface chosen for the control channel" : "--nic " + request.nic,
+           choice.interface_name, choice.ip, choice.reason, e.name);
+  choice.notes = std::move(notes);
+  choice.warnings = std::move(warnings);
+  return choice;
+}
+
+NicChoice choose_nic(const NicRequest& request) {
+  NicRequest r = request;
+  auto env = [](const char* n) -> std::string {
+    const char* v = std::getenv(n);
+    return v ? v : "";
+  };
+  if (r.gloo_socket_ifname.empty()) r.gloo_socket_ifname = env("GLOO_SOCKET_IFNAME");
+  if (r.nccl_socket_ifname.empty()) r.nccl_socket_ifname = env("NCCL_SOCKET_IFNAME");
+  return choose_nic(r, list_interfaces(), route_source_address);
+}
 
 std::vector<std::pair<std::string, std::string>> nic_env_for_ranks(
     const NicChoice& choice, const std::function<const char*(const char*)>& getenv_fn) {
@@ -215,6 +316,8 @@ void apply_nic_env(const NicChoice& choice) {
   for (const auto& [name, value] : nic_env_for_ranks(choice, [](const char* n) { return std::getenv(n); })) {
     setenv(name.c_str(), value.c_str(), 0);
   }
+  for (const std::string& n : choice.notes) TLOG_INFO("{}", n);
+  for (const std::string& w : choice.warnings) TLOG_WARN("{}", w);
   TLOG_INFO("network interface {} ({}): {}; NCCL_SOCKET_IFNAME={} GLOO_SOCKET_IFNAME={}", choice.interface_name,
             choice.ip, choice.reason, std::getenv("NCCL_SOCKET_IFNAME") ? std::getenv("NCCL_SOCKET_IFNAME") : "",
             std::getenv("GLOO_SOCKET_IFNAME") ? std::getenv("GLOO_SOCKET_IFNAME") : "");

@@ -41,12 +41,20 @@ struct NicRequest {
   std::string master_addr;      // numeric IP or host name of the head
   std::string nic;              // --nic (NCCL_SOCKET_IFNAME syntax); empty = automatic
   std::string node_ip_address;  // --node-ip-address; empty = the chosen interface's address
+  // The user's GLOO_SOCKET_IFNAME (exact names, comma list, as torch reads it) and
+  // NCCL_SOCKET_IFNAME (NCCL syntax). Without --nic they choose the interface (GLOO's
+  // first); either one that leaves out the interface --nic or the route to the master
+  // picks is an error naming both. choose_nic(request) fills them from the environment.
+  std::string gloo_socket_ifname{};
+  std::string nccl_socket_ifname{};
 };
 
 struct NicChoice {
   std::string interface_name;
   std::string ip;
-  std::string reason;  // why this one, for the startup log line
+  std::string reason;                   // why this one, for the startup log line
+  std::vector<std::string> notes{};     // what the user's *_SOCKET_IFNAME matched here (logged)
+  std::vector<std::string> warnings{};  // entries of it that match no interface (logged)
 };
 
 // Local source address the kernel would use to reach `master_addr` (UDP connect, no packet sent).
@@ -62,7 +70,8 @@ NicChoice choose_nic(const NicRequest& request);
 // NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (exact-match form) for the ranks, skipping any the user set.
 std::vector<std::pair<std::string, std::string>> nic_env_for_ranks(
     const NicChoice& choice, const std::function<const char*(const char*)>& getenv_fn);
-// Applies nic_env_for_ranks to this process (setenv without overwrite).
+// Applies nic_env_for_ranks to this process (setenv without overwrite) and logs the choice,
+// its notes and warnings.
 void apply_nic_env(const NicChoice& choice);
 
 }  // namespace tessera::dist

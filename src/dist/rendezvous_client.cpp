@@ -29,6 +29,18 @@ RendezvousClient::RendezvousClient(RendezvousClientOptions options) : options_(s
   if (f->type != MessageType::kWelcome)
     fail(ErrorKind::kNetwork, "the head sent a {} frame instead of the cluster table", message_type_name(f->type));
   cluster_ = decode_cluster_table(f->payload);
+  node_rank_ = options_.node_rank;
+  if (options_.nnodes == 0) {  // a persistent cluster: find the rank the head gave this node
+    for (const ClusterNode& n : cluster_.nodes)
+      if (n.node_rank > 0 && n.fingerprint.hostname == options_.fingerprint.hostname &&
+          n.fingerprint.ip == options_.fingerprint.ip)
+        node_rank_ = n.node_rank;
+    if (node_rank_ < 0) fail(ErrorKind::kNetwork, "the head's cluster table does not list this node");
+    TLOG_INFO("joined the cluster at {}:{} as node {} ({} node(s) in it)", options_.head.host, options_.head.port,
+              node_rank_, cluster_.nodes.size());
+    thread_ = std::thread([this] { run(); });
+    return;
+  }
   TLOG_INFO("node {} joined the cluster at {}:{}: {} node(s), {} rank(s)", options_.node_rank, options_.head.host,
             options_.head.port, cluster_.nodes.size(), cluster_.world_size);
   thread_ = std::thread([this] { run(); });
@@ -110,6 +122,15 @@ void RendezvousClient::run() {
         case MessageType::kWelcome:
           decode_cluster_table(f->payload);  // a repeat changes nothing: the table is fixed once formed
           break;
+        case MessageType::kJobStart: {
+          JobStart job = decode_job_start(f->payload);
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            jobs_.push_back(std::move(job));
+          }
+          changed_.notify_all();
+          break;
+        }
         default:
           fail(ErrorKind::kCorrupt, "unexpected {} frame from the head", message_type_name(f->type));
       }
@@ -131,6 +152,15 @@ std::optional<StepPlanMessage> RendezvousClient::wait_step_plan(std::chrono::mil
   return std::nullopt;
 }
 
+std::optional<JobStart> RendezvousClient::wait_job(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_for(lock, timeout, [&] { return !jobs_.empty() || failure_.has_value(); });
+  if (jobs_.empty()) return std::nullopt;
+  JobStart j = std::move(jobs_.front());
+  jobs_.pop_front();
+  return j;
+}
+
 std::optional<RankFailure> RendezvousClient::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
@@ -150,6 +180,19 @@ ClusterStatus query_cluster_status(const HeadAddress& head, std::chrono::millise
   if (f->type != MessageType::kStatusReply)
     fail(ErrorKind::kNetwork, "the head answered with a {} frame", message_type_name(f->type));
   return decode_cluster_status(f->payload);
+}
+
+void submit_job(const HeadAddress& head, const JobSubmit& job, std::chrono::milliseconds timeout) {
+  Deadline deadline = deadline_after(timeout);
+  Socket s = connect_to_head(head, deadline, timeout);
+  send_frame(s, MessageType::kJobSubmit, encode(job), deadline);
+  std::optional<Frame> f = recv_frame(s, kMaxFrame, deadline);
+  if (!f) fail(ErrorKind::kNetwork, "the head at {}:{} closed the connection before answering", head.host, head.port);
+  if (f->type == MessageType::kReject)
+    fail(ErrorKind::kInvalidArgument, "the cluster head at {}:{} refused the job: {}", head.host, head.port,
+         decode_text(f->payload));
+  if (f->type != MessageType::kJobAccepted)
+    fail(ErrorKind::kNetwork, "the head answered with a {} frame", message_type_name(f->type));
 }
 
 }  // namespace tessera::dist

@@ -22,7 +22,7 @@ namespace tessera::dist {
 struct RendezvousClientOptions {
   HeadAddress head;
   int node_rank = 1;
-  int nnodes = 2;
+  int nnodes = 2;  // 0 (node_rank -1): a node of a persistent cluster; the head assigns the rank
   NodeFingerprint fingerprint;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
@@ -38,6 +38,10 @@ class RendezvousClient {
   RendezvousClient& operator=(const RendezvousClient&) = delete;
 
   const ClusterTable& cluster() const { return cluster_; }
+  // This node's rank: the one asked for, or the one the head of a persistent cluster assigned.
+  int node_rank() const { return node_rank_; }
+  // A persistent cluster's node: the next job the head forwarded; nullopt on timeout.
+  std::optional<JobStart> wait_job(std::chrono::milliseconds timeout);
   // The next step plan; nullopt on timeout. Throws Error(kNetwork) once the head is gone or a
   // failure was announced (naming the node and ranks).
   std::optional<StepPlanMessage> wait_step_plan(std::chrono::milliseconds timeout);
@@ -59,6 +63,8 @@ class RendezvousClient {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::deque<StepPlanMessage> plans_;
+  std::deque<JobStart> jobs_;
+  int node_rank_ = -1;
   std::optional<RankFailure> failure_;
   std::function<void(const RankFailure&)> on_failure_;
   std::atomic<bool> stopping_{false};
@@ -67,5 +73,8 @@ class RendezvousClient {
 
 // One status query to a running head (for `tessera cluster status`); throws Error on failure.
 ClusterStatus query_cluster_status(const HeadAddress& head, std::chrono::milliseconds timeout);
+// Hands a job to the head of a persistent cluster, which forwards it to the nodes it names;
+// returns once every one got it. Throws Error with the head's reason if it refused.
+void submit_job(const HeadAddress& head, const JobSubmit& job, std::chrono::milliseconds timeout);
 
 }  // namespace tessera::dist

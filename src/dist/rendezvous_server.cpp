@@ -45,6 +45,7 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options) : options_(s
          "TESSERA_CLUSTER_TOKEN (the same on every node)",
          ip);
   if (options_.nnodes < 1) fail(ErrorKind::kInvalidArgument, "--nnodes must be at least 1");
+  if (options_.persistent) options_.nnodes = 1;  // the head; the others are added as they join
   listener_ = listen_tcp(ip, options_.port);
   port_ = local_port(listener_);
   started_ = Clock::now();
@@ -55,7 +56,10 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options) : options_(s
   head.fingerprint = options_.head_fingerprint;
   head.last_heartbeat = started_;
   maybe_form_locked();
-  TLOG_INFO("control channel listening on {}:{} for {} node(s)", ip, port_, options_.nnodes);
+  if (options_.persistent)
+    TLOG_INFO("control channel listening on {}:{} for the nodes of a persistent cluster", ip, port_);
+  else
+    TLOG_INFO("control channel listening on {}:{} for {} node(s)", ip, port_, options_.nnodes);
   accept_thread_ = std::thread([this] { accept_loop(); });
   monitor_thread_ = std::thread([this] { monitor_loop(); });
 }
@@ -250,6 +254,8 @@ bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const 
       ranks_gone_.erase(ranks[0]);
       return true;
     }
+    case MessageType::kJobSubmit:
+      return handle_job_submit(c, f);
     case MessageType::kLivenessQuery: {
       std::vector<int32_t> asked = decode_ranks(f.payload);
       std::vector<int32_t> gone;
@@ -275,9 +281,39 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
   std::vector<uint8_t> welcome;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (options_.persistent && j.nnodes == 0) {
+      // The same host and address is the same node restarting: it gets its old rank back.
+      int rank = -1;
+      for (size_t r = 1; r < nodes_.size() && rank < 0; ++r)
+        if (nodes_[r].joins > 0 && nodes_[r].fingerprint.hostname == j.fingerprint.hostname &&
+            nodes_[r].fingerprint.ip == j.fingerprint.ip)
+          rank = static_cast<int>(r);
+      for (size_t r = 1; r < nodes_.size() && rank < 0; ++r)  // a slot a refused join left empty
+        if (nodes_[r].joins == 0 && !nodes_[r].connection) rank = static_cast<int>(r);
+      if (rank < 0) {
+        if (nodes_.size() >= 4096) {
+          refusal = "the cluster has 4096 nodes already";
+        } else {
+          rank = static_cast<int>(nodes_.size());
+          nodes_.emplace_back();
+        }
+      }
+      j.node_rank = rank;
+    }
     std::string who = j.fingerprint.ip.empty() ? fmt::format("node {}", j.node_rank)
                                                : fmt::format("node {} ({})", j.node_rank, j.fingerprint.ip);
-    if (j.nnodes != options_.nnodes) {
+    if (!refusal.empty()) {
+    } else if (options_.persistent && j.nnodes != 0) {
+      refusal = fmt::format(
+          "{}: this head at {}:{} is a persistent cluster (`tessera node start --head`); join it with `tessera node "
+          "start --address {}:{}`, or give the job with --nnodes its own --master-port",
+          who, options_.bind_ip, port_, options_.bind_ip, port_);
+    } else if (!options_.persistent && j.nnodes == 0) {
+      refusal = fmt::format(
+          "{}: this head at {}:{} runs one job with --nnodes {}, not a persistent cluster; start the cluster's head "
+          "with `tessera node start --head`",
+          who, options_.bind_ip, port_, options_.nnodes);
+    } else if (j.nnodes != options_.nnodes && !options_.persistent) {
       refusal =
           fmt::format("{}: started with --nnodes {} but the head has --nnodes {}", who, j.nnodes, options_.nnodes);
     } else if (j.node_rank == 0) {
@@ -288,7 +324,7 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
       refusal = *mismatch;
     } else {
       NodeSlot& slot = nodes_[static_cast<size_t>(j.node_rank)];
-      if (formed_ && slot.joins > 0 && slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
+      if (!options_.persistent && formed_ && slot.joins > 0 && slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
         refusal = fmt::format("{} rejoined with {} ranks but had {}; restart the whole cluster to change it", who,
                               j.fingerprint.num_ranks, slot.fingerprint.num_ranks);
       } else {
@@ -308,6 +344,12 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
         c->node_rank = j.node_rank;
         TLOG_INFO("{} joined: host {}, {} rank(s), {} GPU(s), NIC {}, tessera {}", who, j.fingerprint.hostname,
                   j.fingerprint.num_ranks, j.fingerprint.gpus.size(), j.fingerprint.nic, j.fingerprint.version);
+        if (options_.persistent) {  // rank slots of the live nodes
+          world_size_ = 0;
+          for (size_t r = 0; r < nodes_.size(); ++r)
+            if (nodes_[r].alive) world_size_ += nodes_[r].fingerprint.num_ranks;
+          world_size_ = std::max(world_size_, 1);
+        }
         maybe_form_locked();
         if (formed_) {
           welcome = encode(table_locked());
@@ -338,6 +380,49 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
       w->socket.shutdown();
     }
   }
+  return true;
+}
+
+bool RendezvousServer::handle_job_submit(const std::shared_ptr<Connection>& c, const Frame& f) {
+  JobSubmit j = decode_job_submit(f.payload);
+  std::string refusal;
+  std::vector<std::shared_ptr<Connection>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!options_.persistent) {
+      refusal = "this head runs one job with --nnodes, not a persistent cluster; it takes no job submissions";
+    } else {
+      for (int32_t n : j.nodes) {
+        bool ok = n > 0 && static_cast<size_t>(n) < nodes_.size() && nodes_[static_cast<size_t>(n)].alive &&
+                  nodes_[static_cast<size_t>(n)].connection;
+        if (!ok) {
+          refusal = fmt::format("node {} is not joined and alive; see `tessera cluster status`", n);
+          break;
+        }
+        targets.push_back(nodes_[static_cast<size_t>(n)].connection);
+      }
+    }
+  }
+  for (size_t i = 0; i < targets.size() && refusal.empty(); ++i) {
+    JobStart js = j.job;
+    js.node_rank = static_cast<int32_t>(i + 1);
+    try {
+      send_to(targets[i], MessageType::kJobStart, encode(js));
+    } catch (const Error& e) {
+      refusal = fmt::format("could not send the job to node {}: {}", j.nodes[i], e.what());
+    }
+  }
+  if (!refusal.empty()) {
+    TLOG_WARN("refused the job from {}: {}", c->peer, refusal);
+    try {
+      send_to(c, MessageType::kReject, encode_text(refusal));
+    } catch (const Error&) {
+    }
+    return false;
+  }
+  TLOG_INFO("job from {} started on node(s) {}: tessera {}", c->peer, join_ints(j.nodes),
+            j.job.args.empty() ? std::string() : j.job.args[0]);
+  send_to(c, MessageType::kJobAccepted, {});
   return true;
 }
 
@@ -386,7 +471,7 @@ ClusterTable RendezvousServer::wait_for_nodes() {
 
 ClusterStatus RendezvousServer::status_locked() const {
   ClusterStatus s;
-  s.nnodes = static_cast<int32_t>(nodes_.size());
+  s.nnodes = options_.persistent ? 0 : static_cast<int32_t>(nodes_.size());  // 0: a persistent cluster
   s.world_size = world_size_;
   s.formed = formed_;
   Clock::time_point now = Clock::now();
@@ -453,7 +538,7 @@ void RendezvousServer::mark_node_failed_locked(int node_rank, const std::string&
 
 void RendezvousServer::fire_failures(const std::vector<RankFailure>& fired) {
   for (const RankFailure& f : fired) {
-    announce_failure(f);
+    if (!options_.persistent) announce_failure(f);  // a persistent cluster's nodes are independent
     std::function<void(const RankFailure&)> callback;
     {
       std::lock_guard<std::mutex> lock(mu_);

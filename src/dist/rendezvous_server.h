@@ -30,6 +30,10 @@ struct RendezvousServerOptions {
   bool allow_wildcard = false;        // listening on 0.0.0.0 / :: must be asked for
   std::string token;                  // required unless bind_ip is loopback
   int nnodes = 1;
+  // A persistent cluster (`tessera node start --head`): nodes join and leave at any time
+  // (node rank -1, nnodes 0 in their join; the head numbers them), failures are not
+  // announced to the other nodes, and job submissions are forwarded to the nodes they name.
+  bool persistent = false;
   NodeFingerprint head_fingerprint;  // node 0's, the reference every node must match
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
@@ -79,6 +83,7 @@ class RendezvousServer {
   // Returns false when the connection must close.
   bool handle_frame(const std::shared_ptr<Connection>& c, const Frame& f);
   bool handle_join(const std::shared_ptr<Connection>& c, const Frame& f);
+  bool handle_job_submit(const std::shared_ptr<Connection>& c, const Frame& f);
   void on_connection_closed(const std::shared_ptr<Connection>& c, const std::string& why);
   void mark_node_failed_locked(int node_rank, const std::string& reason, std::vector<RankFailure>* fired);
   void maybe_form_locked();

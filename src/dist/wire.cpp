@@ -48,6 +48,12 @@ const char* message_type_name(MessageType t) {
       return "store-get";
     case MessageType::kStoreValue:
       return "store-value";
+    case MessageType::kJobSubmit:
+      return "job-submit";
+    case MessageType::kJobStart:
+      return "job-start";
+    case MessageType::kJobAccepted:
+      return "job-accepted";
     case MessageType::kStoreOk:
       return "store-ok";
     case MessageType::kRankHello:

@@ -50,8 +50,11 @@ enum class MessageType : uint8_t {
   kLivenessQuery = 17,  // rank -> head: which of these ranks lost their control connection?
   kLivenessReply = 18,  // head -> rank: the dead ones
   kLeave = 19,          // node -> head: orderly shutdown, not a failure
+  kJobSubmit = 20,      // peer -> head of a persistent cluster: run a job on these nodes
+  kJobStart = 21,       // head of a persistent cluster -> node: run this job
+  kJobAccepted = 22,    // head -> submitter: every node got its job-start
 };
-inline constexpr uint8_t kMaxMessageType = 19;
+inline constexpr uint8_t kMaxMessageType = 22;
 const char* message_type_name(MessageType t);
 
 struct FrameHeader {

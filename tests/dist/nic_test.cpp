@@ -116,6 +116,78 @@ TEST(ChooseNic, NodeIpAddressOverride) {
   EXPECT_THROW(choose_nic({"10.0.0.5", "", "10.1.1.1"}, machine(), routes({})), Error);
 }
 
+// The seeds' environment: the same machine with four fast ports enp1s0f0..3 (10.0.1.x).
+std::vector<NetworkInterface> four_port_machine() {
+  std::vector<NetworkInterface> m = machine();
+  for (int i = 0; i < 4; ++i)
+    m.push_back({"enp1s0f" + std::to_string(i), "10.0.1." + std::to_string(i + 1), false, false, true});
+  return m;
+}
+
+NicRequest with_env(std::string master, std::string nic, std::string gloo, std::string nccl) {
+  NicRequest r{std::move(master), std::move(nic), ""};
+  r.gloo_socket_ifname = std::move(gloo);
+  r.nccl_socket_ifname = std::move(nccl);
+  return r;
+}
+
+TEST(NicUserEnv, GlooSocketIfnameChoosesTheControlInterface) {
+  NicChoice c =
+      choose_nic(with_env("10.0.1.9", "", "enp1s0f0", ""), four_port_machine(), routes({{"10.0.1.9", "10.0.1.1"}}));
+  EXPECT_EQ(c.interface_name, "enp1s0f0");
+  EXPECT_THAT(c.reason, HasSubstr("matches GLOO_SOCKET_IFNAME=enp1s0f0 (from the environment)"));
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0], "GLOO_SOCKET_IFNAME=enp1s0f0 (set by the user) matches enp1s0f0");
+}
+
+TEST(NicUserEnv, AListWithAWrongEntryIsWarnedAbout) {
+  NicChoice c = choose_nic(with_env("10.0.1.9", "", "", "enp1s0f0,enp1s0f1,ib7"), four_port_machine(),
+                           routes({{"10.0.1.9", "10.0.1.1"}}));
+  EXPECT_EQ(c.interface_name, "enp1s0f0");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_THAT(c.warnings[0], HasSubstr("NCCL_SOCKET_IFNAME entry 'ib7' matches no interface on this node"));
+  EXPECT_THAT(c.warnings[0], HasSubstr("NCCL ignores it"));
+}
+
+TEST(NicUserEnv, APrefixListStaysAListForNccl) {
+  NicChoice c = choose_nic(with_env("10.0.1.9", "", "enp1s0f0", "enp1s0f"), four_port_machine(),
+                           routes({{"10.0.1.9", "10.0.1.1"}}));
+  EXPECT_EQ(c.interface_name, "enp1s0f0");
+  ASSERT_EQ(c.notes.size(), 2u);
+  EXPECT_EQ(c.notes[1],
+            "NCCL_SOCKET_IFNAME=enp1s0f (set by the user) matches enp1s0f0, enp1s0f1, enp1s0f2, enp1s0f3; NCCL gets "
+            "the whole list");
+  // The user's value is left as it is for the ranks: never narrowed to the one control interface.
+  auto user = [](const char* n) -> const char* { return std::string(n) == "NCCL_SOCKET_IFNAME" ? "enp1s0f" : nullptr; };
+  auto env = nic_env_for_ranks(c, user);
+  ASSERT_EQ(env.size(), 1u);
+  EXPECT_EQ(env[0].first, "GLOO_SOCKET_IFNAME");
+}
+
+TEST(NicUserEnv, ContradictingNicFlagIsAnErrorNamingBoth) {
+  try {
+    choose_nic(with_env("10.0.1.9", "=ens5", "", "enp1s0f0"), four_port_machine(), routes({}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("NCCL_SOCKET_IFNAME=enp1s0f0 (from the environment) contradicts --nic =ens5"));
+    EXPECT_THAT(e.what(), HasSubstr("leaves out ens5 (10.0.0.1)"));
+  }
+}
+
+TEST(NicUserEnv, ContradictingTheRouteToTheHeadIsAnErrorNamingBoth) {
+  try {
+    choose_nic(with_env("10.0.0.5", "", "eno1", ""), four_port_machine(), routes({{"10.0.0.5", "10.0.0.1"}}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("GLOO_SOCKET_IFNAME=eno1 (from the environment) contradicts the route to the "
+                                    "head 10.0.0.5, which leaves from ens5 (10.0.0.1)"));
+  }
+}
+
+TEST(NicUserEnv, AValueMatchingNothingIsAnError) {
+  EXPECT_THROW(choose_nic(with_env("10.0.0.5", "", "", "ib"), machine(), routes({})), Error);
+}
+
 TEST(NicEnv, SetsBothUnlessTheUserDid) {
   NicChoice c{"ens5", "10.0.0.1", ""};
   auto none = [](const char*) -> const char* { return nullptr; };

@@ -323,6 +323,111 @@ TEST(Rendezvous, NnodesAndRankZeroChecked) {
               ::testing::ThrowsMessage<Error>(HasSubstr("node rank 0 is the head")));
 }
 
+// `tessera node start`: a head whose nodes join at any time, numbered by the head.
+struct PersistentCluster {
+  PersistentCluster() {
+    RendezvousServerOptions o;
+    o.token = kToken;
+    o.persistent = true;
+    o.head_fingerprint.version = "v1";
+    o.head_fingerprint.num_ranks = 1;
+    o.head_fingerprint.ip = "127.0.0.1";
+    o.heartbeat_timeout = milliseconds(1500);
+    server = std::make_unique<RendezvousServer>(o);
+  }
+  std::unique_ptr<RendezvousClient> join(const std::string& host, int slots) {
+    RendezvousClientOptions o;
+    o.head = {"127.0.0.1", server->port(), kToken, ""};
+    o.node_rank = -1;
+    o.nnodes = 0;
+    o.fingerprint.version = "v1";
+    o.fingerprint.hostname = host;
+    o.fingerprint.ip = "127.0.0.1";
+    o.fingerprint.num_ranks = slots;
+    o.fingerprint.gpus = std::vector<std::string>(static_cast<size_t>(slots), "NVIDIA H200");
+    o.join_timeout = milliseconds(5000);
+    o.heartbeat_interval = milliseconds(100);
+    return std::make_unique<RendezvousClient>(o);
+  }
+  std::unique_ptr<RendezvousServer> server;
+};
+
+TEST(PersistentCluster, NodesJoinOneByOneAndGetRanks) {
+  PersistentCluster c;
+  auto a = c.join("host-a", 4);
+  EXPECT_EQ(a->node_rank(), 1);
+  auto b = c.join("host-b", 2);
+  EXPECT_EQ(b->node_rank(), 2);
+  ClusterStatus s = query_cluster_status({"127.0.0.1", c.server->port(), kToken, ""}, milliseconds(3000));
+  EXPECT_EQ(s.nnodes, 0);  // persistent
+  ASSERT_EQ(s.nodes.size(), 3u);
+  EXPECT_EQ(s.nodes[1].fingerprint.gpus.size(), 4u);
+  EXPECT_EQ(s.nodes[2].fingerprint.hostname, "host-b");
+  // host-b restarts: same rank again, not a third node.
+  b->simulate_crash();
+  auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (c.server->status().nodes[2].alive && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(c.server->status().nodes[2].alive);
+  EXPECT_FALSE(a->failure()) << "a persistent cluster's nodes do not fail with each other";
+  auto b2 = c.join("host-b", 2);
+  EXPECT_EQ(b2->node_rank(), 2);
+  EXPECT_EQ(c.server->status().nodes.size(), 3u);
+  EXPECT_TRUE(c.server->status().nodes[2].alive);
+}
+
+TEST(PersistentCluster, JobsReachTheNamedNodesWithTheirJobRanks) {
+  PersistentCluster c;
+  auto a = c.join("host-a", 1);
+  auto b = c.join("host-b", 1);
+  HeadAddress head{"127.0.0.1", c.server->port(), kToken, ""};
+  JobSubmit job;
+  job.nodes = {2, 1};
+  job.job.nnodes = 3;
+  job.job.master_addr = "127.0.0.1";
+  job.job.master_port = 4242;
+  job.job.args = {"serve", "/models/x", "--tensor-parallel-size", "3"};
+  submit_job(head, job, milliseconds(3000));
+  std::optional<JobStart> ja = a->wait_job(milliseconds(2000)), jb = b->wait_job(milliseconds(2000));
+  ASSERT_TRUE(ja && jb);
+  EXPECT_EQ(jb->node_rank, 1);
+  EXPECT_EQ(ja->node_rank, 2);
+  EXPECT_EQ(ja->nnodes, 3);
+  EXPECT_EQ(ja->master_port, 4242);
+  EXPECT_EQ(ja->args, job.job.args);
+  // A dead node is refused by name, and the job reaches nobody.
+  b->simulate_crash();
+  auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (c.server->status().nodes[2].alive && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  job.nodes = {1, 2};
+  EXPECT_THAT([&] { submit_job(head, job, milliseconds(3000)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("node 2 is not joined and alive")));
+  EXPECT_FALSE(a->wait_job(milliseconds(200)));
+}
+
+TEST(PersistentCluster, PerJobNodesAndPersistentNodesDoNotMix) {
+  PersistentCluster c;
+  RendezvousClientOptions o;
+  o.head = {"127.0.0.1", c.server->port(), kToken, ""};
+  o.node_rank = 1;
+  o.nnodes = 2;
+  o.fingerprint.version = "v1";
+  o.join_timeout = milliseconds(3000);
+  EXPECT_THAT([&] { RendezvousClient bad(o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("is a persistent cluster (`tessera node start --head`)")));
+  Cluster job(2, milliseconds(2000));
+  o.head = job.head();
+  o.node_rank = -1;
+  o.nnodes = 0;
+  o.fingerprint = node_fp(job);
+  EXPECT_THAT([&] { RendezvousClient bad(o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("runs one job with --nnodes 2, not a persistent cluster")));
+  JobSubmit js;
+  js.nodes = {1};
+  js.job.args = {"serve"};
+  EXPECT_THAT([&] { submit_job(job.head(), js, milliseconds(3000)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("takes no job submissions")));
+}
+
 TEST(Rendezvous, ListeningRules) {
   RendezvousServerOptions o;
   o.bind_ip = "0.0.0.0";

@@ -171,6 +171,28 @@ TEST(Messages, EveryTruncationOfAJoinIsRefused) {
   EXPECT_THROW(decode_join(bytes), Error);  // trailing byte
 }
 
+TEST(Messages, JobsRoundTripAndTruncationsAreRefused) {
+  JobSubmit js;
+  js.nodes = {3, 1};
+  js.job.nnodes = 3;
+  js.job.master_addr = "10.0.0.1";
+  js.job.master_port = 40001;
+  js.job.args = {"serve", "/models/x", "--tensor-parallel-size", "3"};
+  JobSubmit back = decode_job_submit(encode(js));
+  EXPECT_EQ(back.nodes, js.nodes);
+  EXPECT_EQ(back.job.args, js.job.args);
+  EXPECT_EQ(back.job.master_port, 40001);
+  JobStart start = decode_job_start(encode(js.job));
+  EXPECT_EQ(start.master_addr, "10.0.0.1");
+  std::vector<uint8_t> bytes = encode(js);
+  for (size_t n = 0; n < bytes.size(); ++n) EXPECT_THROW(decode_job_submit(std::span(bytes).first(n)), Error) << n;
+  js.nodes = {1};  // two nodes named for a job of three
+  EXPECT_THROW(decode_job_submit(encode(js)), Error);
+  // A persistent cluster's join: rank -1 with nnodes 0, and nothing else with nnodes 0.
+  EXPECT_EQ(decode_join(encode(JoinRequest{-1, 0, sample_fingerprint()})).node_rank, -1);
+  EXPECT_THROW(decode_join(encode(JoinRequest{-1, 2, sample_fingerprint()})), Error);
+}
+
 TEST(Messages, LyingCountsAreRefusedBeforeAllocating) {
   WireWriter w;
   w.i32(4);
