@@ -28,6 +28,7 @@ struct EngineFlags {
   bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
+  std::string gpu_memory;  // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
