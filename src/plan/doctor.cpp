@@ -328,7 +328,7 @@ std::vector<Check> local_checks(const NodeFacts& f, const DoctorOptions& o) {
       c.push_back({who, "model files", Status::kFail, f.model_error, "copy the model to this path on every node"});
     else
       c.push_back({who, "model files", Status::kOk,
-                   fmt::format("{}: config.json and {} safetensors file(s){}", o.model_dir, f.model.shards.size(),
+                   fmt::format("config.json and {} safetensors file(s){}", f.model.shards.size(),
                                o.verify_weights ? ", contents hashed"
                                                 : " (headers hashed; --verify-weights hashes the "
                                                   "tensor data too)"),
@@ -730,8 +730,7 @@ Report run_doctor(const DoctorOptions& o) {
       if (!p.reachable) {
         rep.checks.push_back(
             {"", name + " port " + std::to_string(to.probe_port), Status::kFail,
-             fmt::format("cannot connect to {}:{} (an ephemeral port, as NCCL and Gloo use): {}", to.probe_ip,
-                         to.probe_port, p.error),
+             fmt::format("an ephemeral port, as NCCL and Gloo use: {}", p.error),
              fmt::format("open TCP between the nodes on {}: nft add rule inet filter input ip saddr {} accept (or ufw "
                          "allow from {}); a firewall that only opens the control port breaks NCCL and Gloo",
                          to.nic, all[static_cast<size_t>(p.from)].ip, all[static_cast<size_t>(p.from)].ip)});

@@ -524,6 +524,16 @@ std::string render_text(const Plan& p) {
   bool est = false;
   for (const auto& s : p.stages) est |= s.runtime_estimated || s.comm_bytes > 0;
   if (est) o += "* estimated (not measured on the target)\n";
+  if (in.target.unified)
+    o += "note: unified memory: the OS and every other process take from the same memory, so "
+         "--gpu-memory-utilization must leave them their share\n";
+  const int per_node = in.target.gpus_per_node;
+  if (per_node > 0 && in.tensor_parallel_size > per_node)
+    o += fmt::format(
+        "note: TP {} spans {} nodes of {} GPUs, so every layer's all-reduce crosses the network; "
+        "--tensor-parallel-size {} --pipeline-parallel-size {} keeps it inside the nodes\n",
+        in.tensor_parallel_size, (in.tensor_parallel_size + per_node - 1) / per_node, per_node, per_node,
+        in.tensor_parallel_size * in.pipeline_parallel_size / per_node);
   o += fmt::format("\n{} {}\n", p.fits ? (p.full_concurrency ? "OK  " : "WARN") : "FAIL", p.verdict);
   return o;
 }
