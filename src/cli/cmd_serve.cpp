@@ -15,6 +15,7 @@
 
 #include "cli/engine_flags.h"
 #include "cli/node_launch.h"
+#include "cli/plan_flags.h"
 #include "cli/rank_launcher.h"
 #include "cli/verbs.h"
 #include "core/error.h"
@@ -296,6 +297,7 @@ int run_serve(int argc, char** argv) {
   if (!fs::is_directory(ef.model))
     fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
          ef.model);
+  plan_or_fail(ef);  // an impossible configuration fails here, before the tokenizer and any weight
   if (api_key.empty()) {
     if (const char* e = std::getenv("TESSERA_API_KEY"))
       api_key = e;

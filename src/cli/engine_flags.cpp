@@ -23,6 +23,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
                  "fraction of device memory tessera may use (weights + activations + KV cache)")
       ->capture_default_str();
+  app.add_option("--gpu-memory", f.gpu_memory,
+                 "memory of each device to plan with, e.g. 32GiB (default: what the device reports; the smaller "
+                 "wins)");
   app.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "auto (model dtype), bfloat16, fp8 (e4m3: twice the tokens), fp8_e5m2, float32")
       ->capture_default_str();

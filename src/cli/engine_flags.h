@@ -30,6 +30,7 @@ struct EngineFlags {
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool enable_expert_parallel = false;
+  std::string gpu_memory;  // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);

@@ -26,6 +26,9 @@ constexpr Verb kVerbs[] = {
      "start a cluster once, like `ray start`: node start --head here, node start --address HEAD:PORT elsewhere"},
     {"cluster", tessera::cli::run_cluster,
      "status of a multi-node cluster from its head (nodes, ranks, GPUs, NIC, IP)"},
+    {"plan", tessera::cli::run_plan, "will a model fit these GPUs with these flags? weights, KV cache, TP/PP layouts"},
+    {"doctor", tessera::cli::run_doctor,
+     "preflight of a node or a cluster: GPUs, versions, /dev/shm, NICs, ports, bandwidth, model files"},
     {"chat-template", tessera::cli::run_chat_template, "the prompt a model's chat template makes of a chat request"},
 };
 

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <thread>
 
+#include "cli/plan_flags.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/placement.h"
@@ -261,11 +262,14 @@ HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSes
   const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
   if (world == 1) {
     h.backend = make_backend_for(f);
-    h.llm = std::make_unique<LLMEngine>(load_model(load_options(f), *h.backend), *h.backend, engine_config(f));
+    EngineConfig ec = engine_config(f);
+    plan_or_fail(f, *h.backend, ec);  // before any weight is read
+    h.llm = std::make_unique<LLMEngine>(load_model(load_options(f), *h.backend), *h.backend, ec);
     return h;
   }
   EngineConfig ec = engine_config(f, /*parallel_supported=*/true);
   h.backend = make_rank_backend(f, h.session ? world / nnodes : world);  // rank 0: local rank 0
+  plan_or_fail(f, *h.backend, ec);                                       // before any rank starts or any weight is read
   h.launcher = h.session ? std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, *h.session, nnodes))
                          : std::make_unique<RankLauncher>(f, argc, argv);
   h.node_hook = std::make_unique<NodeFailureHook>(h.session.get(), h.launcher.get());

@@ -10,4 +10,6 @@ int run_chat_template(int argc, char** argv);
 int run_cluster(int argc, char** argv);
 int run_node(int argc, char** argv);
 int run_serve(int argc, char** argv);
+int run_plan(int argc, char** argv);
+int run_doctor(int argc, char** argv);
 }  // namespace tessera::cli

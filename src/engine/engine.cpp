@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/memory_plan.h"
 
 namespace tessera {
 
@@ -24,33 +25,7 @@ const char* finish_reason_name(FinishReason r) {
   return "";
 }
 
-namespace {
-
-DType parse_kv_dtype(const std::string& s, DType compute) {
-  if (s == "auto") return compute;
-  if (s == "fp8" || s == "fp8_e4m3") return DType::kF8E4M3;
-  if (s == "fp8_e5m2") return DType::kF8E5M2;
-  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
-  if (s == "f16" || s == "float16" || s == "half") return DType::kF16;
-  if (s == "f32" || s == "float32" || s == "float") return DType::kF32;
-  fail(ErrorKind::kInvalidArgument,
-       "--kv-cache-dtype {} is not supported (auto, bfloat16, float16, fp8, fp8_e4m3, "
-       "fp8_e5m2, float32)",
-       s);
-}
-
-std::string with_commas(int64_t v) {
-  std::string s = std::to_string(v), out;
-  int n = 0;
-  for (auto it = s.rbegin(); it != s.rend(); ++it) {
-    if (n && n % 3 == 0 && *it != '-') out.push_back(',');
-    out.push_back(*it);
-    ++n;
-  }
-  return {out.rbegin(), out.rend()};
-}
-
-}  // namespace
+namespace {}  // namespace
 
 LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config)
     : LLMEngine(std::make_unique<LocalExecutor>(std::move(model), backend), std::move(config)) {}
@@ -81,35 +56,32 @@ LLMEngine::~LLMEngine() = default;
 
 void LLMEngine::plan_kv_cache() {
   const auto specs = executor_->cache_specs();
-  const DType dt = parse_kv_dtype(config_.kv_cache_dtype, backend_.compute_dtype());
+  const DType dt = parse_kv_cache_dtype(config_.kv_cache_dtype, backend_.compute_dtype());
   const int bs = config_.block_size;
-  size_t bytes_per_block = 0;
-  for (const auto& s : specs) {
-    if (s.kind != CacheKind::kPagedKv)
-      fail(ErrorKind::kUnsupported, "layer cache kind 'state slot' (linear attention) is not implemented yet");
-    bytes_per_block += 2ull * bs * s.num_kv_heads * s.head_dim * dtype_size(dt);
-  }
-  int num_blocks = config_.num_blocks_override;
-  if (num_blocks <= 0) {
-    size_t budget = config_.kv_cache_memory_bytes;
-    if (budget == 0) {
-      const size_t total = backend_.total_memory(), free = backend_.free_memory();
-      const double want = config_.gpu_memory_utilization * static_cast<double>(total);
-      const double used = static_cast<double>(total - std::min(total, free));
-      budget = want > used ? static_cast<size_t>(want - used) : 0;
-      // A CPU backend shares RAM with everything else: cap at 4 GiB as vLLM's CPU backend does.
-      if (backend_.device().type == DeviceType::kCPU) budget = std::min<size_t>(budget, 4ull << 30);
-      TLOG_INFO(
-          "Memory: {:.2f} GiB total, {:.2f} GiB in use (weights and activations included), "
-          "gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
-          total / 1073741824.0, used / 1073741824.0, config_.gpu_memory_utilization, budget / 1073741824.0);
-    }
-    num_blocks = static_cast<int>(std::min<size_t>(budget / std::max<size_t>(1, bytes_per_block), 1u << 30));
-    // No mix of requests can hold more than max_num_seqs full-length sequences.
-    const int64_t useful =
-        (static_cast<int64_t>(config_.scheduler.max_num_seqs) * config_.scheduler.max_model_len + bs - 1) / bs;
-    num_blocks = static_cast<int>(std::min<int64_t>(num_blocks, useful));
-  }
+  const CacheFootprint fp = cache_footprint(specs, dt, bs);
+  if (fp.state_layers > 0)
+    fail(ErrorKind::kUnsupported, "layer cache kind 'state slot' (linear attention) is not implemented yet");
+  const size_t bytes_per_block = fp.kv_bytes_per_block;
+  KvBudgetInputs in;
+  const size_t real_total = backend_.total_memory(), free = backend_.free_memory();
+  in.total = config_.device_memory > 0 ? std::min(config_.device_memory, real_total) : real_total;
+  in.used = real_total - std::min(real_total, free);
+  in.reserved = config_.reserved_bytes;
+  in.utilization = config_.gpu_memory_utilization;
+  in.cpu = backend_.device().type == DeviceType::kCPU;
+  in.explicit_budget = config_.kv_cache_memory_bytes;
+  in.num_blocks_override = config_.num_blocks_override;
+  in.block_size = bs;
+  in.max_num_seqs = config_.scheduler.max_num_seqs;
+  in.max_model_len = config_.scheduler.max_model_len;
+  const KvBudget budget = plan_kv_budget(in, fp);
+  if (config_.num_blocks_override <= 0 && config_.kv_cache_memory_bytes == 0)
+    TLOG_INFO(
+        "Memory: {:.2f} GiB total, {:.2f} GiB in use (weights included), {:.2f} GiB reserved for activations and "
+        "graphs, gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
+        in.total / 1073741824.0, in.used / 1073741824.0, in.reserved / 1073741824.0, config_.gpu_memory_utilization,
+        budget.budget / 1073741824.0);
+  const int num_blocks = budget.num_blocks;
   const int max_len = config_.scheduler.max_model_len;
   if (static_cast<int64_t>(num_blocks) * bs < max_len)
     fail(ErrorKind::kOutOfMemory,
@@ -127,9 +99,14 @@ void LLMEngine::plan_kv_cache() {
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
             dtype_name(dt));
-  TLOG_INFO("KV cache size: {} tokens", with_commas(tokens));
-  TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_commas(max_len),
+  TLOG_INFO("KV cache size: {} tokens", with_thousands(tokens));
+  TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_thousands(max_len),
             static_cast<double>(tokens) / max_len);
+  if (config_.planned_blocks > 0)
+    TLOG_INFO(
+        "Planned before loading: {} blocks with {:.2f} GiB in use; measured: {} blocks with {:.2f} GiB ({:+.1f}%)",
+        config_.planned_blocks, config_.planned_used_bytes / 1073741824.0, num_blocks, in.used / 1073741824.0,
+        100.0 * (num_blocks - config_.planned_blocks) / config_.planned_blocks);
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {

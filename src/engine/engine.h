@@ -29,6 +29,15 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
   bool enforce_eager = false;  // no CUDA graphs
+  // Memory planning (engine/memory_plan.h). device_memory: plan as if the device had this many
+  // bytes (--gpu-memory; 0 = what it reports). reserved_bytes: memory the activation arena and
+  // graphs will take after the cache is allocated (from `tessera plan`'s arithmetic).
+  size_t device_memory = 0;
+  size_t reserved_bytes = 0;
+  // What the planner predicted before loading (planned_blocks > 0): logged beside the measured
+  // figures.
+  int planned_blocks = 0;
+  size_t planned_used_bytes = 0;
 };
 
 struct RequestOutput {

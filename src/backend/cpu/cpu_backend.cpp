@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -108,6 +109,16 @@ void CpuBackend::scratch_rewind(size_t mark) {
 }
 
 size_t CpuBackend::free_memory() const {
+  // MemAvailable (free pages plus the page cache the kernel would give back), as `free` shows;
+  // MemFree alone counts the page cache of every file read as used.
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    std::fclose(f);
+    if (found) return static_cast<size_t>(kib) * 1024;
+  }
   long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : 0;
 }

@@ -1,0 +1,66 @@
+// The KV cache arithmetic, in one place: `tessera plan` (before anything is loaded, from the
+// model's declarations) and the engine (after loading, from measured memory) both size the
+// cache with these functions, so their figures can only differ by what they are given.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace tessera {
+
+// --kv-cache-dtype: auto (the compute dtype), bfloat16, float16, fp8 / fp8_e4m3, fp8_e5m2,
+// float32. Anything else fails naming the choices.
+DType parse_kv_cache_dtype(const std::string& name, DType compute);
+
+// What one rank's cache costs, from its layers' declarations.
+struct CacheFootprint {
+  int paged_layers = 0, state_layers = 0;
+  size_t kv_bytes_per_block = 0;   // K and V of every paged layer, one block
+  size_t state_bytes_per_seq = 0;  // every kStateSlot layer's state, one sequence
+  size_t kv_bytes_per_token(int block_size) const {
+    return block_size > 0 ? kv_bytes_per_block / static_cast<size_t>(block_size) : 0;
+  }
+};
+CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType kv_dtype, int block_size);
+
+// The CPU backend shares RAM with everything else: its KV budget is capped, as vLLM's CPU
+// backend caps it (VLLM_CPU_KVCACHE_SPACE's default).
+inline constexpr size_t kCpuKvCacheCap = size_t{4} << 30;
+
+struct KvBudgetInputs {
+  size_t total = 0;     // device memory (or the --gpu-memory override)
+  size_t used = 0;      // in use before the cache: runtime, weights, communicators (measured or planned)
+  size_t reserved = 0;  // not allocated yet but will be: activation arena, graph pools
+  double utilization = 0.9;
+  bool cpu = false;             // cap at kCpuKvCacheCap
+  size_t explicit_budget = 0;   // bytes for the cache, instead of the arithmetic above
+  int num_blocks_override = 0;  // --num-gpu-blocks-override
+  int block_size = 16;
+  int max_num_seqs = 1;
+  int max_model_len = 1;
+};
+
+struct KvBudget {
+  size_t usable = 0;       // utilization x total
+  size_t budget = 0;       // what is left for the cache (KV blocks + state slots)
+  size_t state_bytes = 0;  // max_num_seqs state slots
+  int num_blocks = 0;
+  bool capped_by_seqs = false;  // more memory than max_num_seqs x max_model_len tokens need
+  int64_t tokens(int block_size) const { return static_cast<int64_t>(num_blocks) * block_size; }
+  double max_concurrency(int block_size, int max_model_len) const {
+    return max_model_len > 0 ? static_cast<double>(tokens(block_size)) / max_model_len : 0;
+  }
+};
+
+// Blocks = (utilization x total - used - reserved - state slots) / bytes per block, capped at
+// what max_num_seqs full-length sequences can use. With a zero-byte footprint (no paged layer)
+// the cache is only the state slots.
+KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp);
+
+std::string format_gib(size_t bytes);   // "12.34 GiB"
+std::string with_thousands(int64_t v);  // 1234567 -> "1,234,567"
+
+}  // namespace tessera

@@ -1,0 +1,541 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
+#include "plan/meta_backend.h"
+
+namespace tessera::plan {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr double kGiB = 1073741824.0;
+
+// The groups a sharded model expects, with the right size and rank; every call is a no-op
+// (the planner runs a step to measure its activations, never to compute anything).
+class MetaCommunicator : public dist::Communicator {
+ public:
+  MetaCommunicator(std::string name, int size, int rank) {
+    info_.name = std::move(name);
+    for (int i = 0; i < size; ++i) info_.world_ranks.push_back(i);
+    info_.rank = rank;
+  }
+  const dist::GroupInfo& group() const override { return info_; }
+  std::string backend() const override { return "meta"; }
+  bool stream_ordered() const override { return true; }
+  void all_reduce(const Tensor&, dist::ReduceOp) override {}
+  void all_gather(const Tensor&, const Tensor&) override {}
+  void gather(const Tensor&, const Tensor&, int) override {}
+  void broadcast(const Tensor&, int) override {}
+  void send(const Tensor&, int) override {}
+  void recv(const Tensor&, int) override {}
+  void barrier() override {}
+
+ private:
+  dist::GroupInfo info_;
+};
+
+std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / kGiB); }
+std::string gib1(size_t b) { return fmt::format("{:.1f} GiB", static_cast<double>(b) / kGiB); }
+
+// One step of `tokens` tokens over `seqs` sequences of at most `max_len` tokens each, run on
+// the meta backend: the activation arena's peak for that step.
+size_t step_activation_peak(Model& model, MetaBackend& be, const std::vector<LayerCacheSpec>& specs, int tokens,
+                            int seqs, int context, int block_size) {
+  seqs = std::max(1, std::min(seqs, tokens));
+  ModelInput in;
+  const int vocab = model.config().vocab_size;
+  in.token_ids.assign(static_cast<size_t>(tokens), 0);
+  in.positions.resize(static_cast<size_t>(tokens));
+  AttentionLayout& a = in.attention;
+  a.block_size = block_size;
+  a.query_start_loc.push_back(0);
+  int next = 0;
+  int max_blocks = 0;
+  for (int s = 0; s < seqs; ++s) {
+    const int q = tokens / seqs + (s < tokens % seqs ? 1 : 0);
+    const int len = std::max(q, std::min(context, q + context - 1));  // context: tokens the sequence holds
+    for (int i = 0; i < q; ++i) in.positions[static_cast<size_t>(next + i)] = std::min(len - q + i, context - 1);
+    next += q;
+    a.query_start_loc.push_back(next);
+    a.seq_lens.push_back(len);
+    max_blocks = std::max(max_blocks, (len + block_size - 1) / block_size);
+    in.logits_indices.push_back(next - 1);
+  }
+  a.max_blocks_per_seq = max_blocks;
+  a.block_tables.assign(static_cast<size_t>(seqs) * max_blocks, 0);
+  a.slot_mapping.assign(static_cast<size_t>(tokens), 0);
+  (void)vocab;
+  // The cache's tensors come from a second meta backend: they are not activations.
+  MetaBackend cache_be({be.device().type, be.compute_dtype(), 256, 0});
+  KvCache cache;
+  cache.block_size = block_size;
+  cache.num_blocks = max_blocks;
+  for (const auto& s : specs) {
+    if (s.kind != CacheKind::kPagedKv) continue;
+    cache.k.push_back(cache_be.alloc({max_blocks, block_size, s.num_kv_heads, s.head_dim}, be.compute_dtype()));
+    cache.v.push_back(cache_be.alloc({max_blocks, block_size, s.num_kv_heads, s.head_dim}, be.compute_dtype()));
+  }
+  be.reset_scratch();
+  be.reset_peak();
+  (void)model.forward(in, cache);
+  // The executor gathers the sampled rows' logits ([rows, vocab] f32) and their ids on top.
+  const size_t sampling = static_cast<size_t>(seqs) * (static_cast<size_t>(model.config().vocab_size) * 4 + 4);
+  return be.scratch_peak() + sampling;
+}
+
+struct StageModel {
+  std::unique_ptr<MetaBackend> backend;
+  std::unique_ptr<MetaCommunicator> tp, pp;
+  std::unique_ptr<Model> model;
+};
+
+StageModel build_stage(const ModelConfig& config, const PlanInputs& in, int max_len, int pp_rank, DType compute,
+                       DeviceType device) {
+  StageModel s;
+  s.backend = std::make_unique<MetaBackend>(
+      MetaBackendOptions{device, compute, device == DeviceType::kCUDA ? size_t{256} : size_t{64}, 0});
+  ModelOptions mo;
+  mo.max_positions = max_len;
+  mo.parallel.tp_size = in.tensor_parallel_size;
+  mo.parallel.pp_size = in.pipeline_parallel_size;
+  mo.parallel.pp_rank = pp_rank;
+  if (in.tensor_parallel_size > 1) {
+    s.tp = std::make_unique<MetaCommunicator>("tp", in.tensor_parallel_size, 0);
+    mo.runtime.tp = s.tp.get();
+  }
+  if (in.pipeline_parallel_size > 1) {
+    s.pp = std::make_unique<MetaCommunicator>("pp", in.pipeline_parallel_size, pp_rank);
+    mo.runtime.pp = s.pp.get();
+  }
+  s.model = create_model(config, mo, *s.backend);
+  return s;
+}
+
+}  // namespace
+
+const std::vector<GpuSpec>& gpu_table() {
+  // Totals as the driver reports them (nvidia-smi memory.total, MiB), or the nominal size
+  // where the device reports system memory (GB10: 128 GB LPDDR5x shared with the CPU).
+  static const std::vector<GpuSpec> t = {
+      {"h200", "NVIDIA H200 (141 GB HBM3e)", 143771 * kMiB, false},
+      {"h100", "NVIDIA H100 80GB", 81559 * kMiB, false},
+      {"h20", "NVIDIA H20 (96 GB)", 97871 * kMiB, false},
+      {"a100", "NVIDIA A100 80GB", 81920 * kMiB, false},
+      {"a100-40gb", "NVIDIA A100 40GB", 40960 * kMiB, false},
+      {"l40s", "NVIDIA L40S (48 GB)", 46068 * kMiB, false},
+      {"l40", "NVIDIA L40 (48 GB)", 46068 * kMiB, false},
+      {"a10", "NVIDIA A10 (24 GB)", 23028 * kMiB, false},
+      {"rtx4090", "NVIDIA GeForce RTX 4090 (24 GB)", 24564 * kMiB, false},
+      {"rtx5090", "NVIDIA GeForce RTX 5090 (32 GB)", 32607 * kMiB, false},
+      {"rtx5090d", "NVIDIA GeForce RTX 5090 D (32 GB)", 32607 * kMiB, false},
+      {"rtx6000ada", "NVIDIA RTX 6000 Ada (48 GB)", 49140 * kMiB, false},
+      {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell (96 GB)", 97887 * kMiB, false},
+      {"b200", "NVIDIA B200 (180 GB HBM3e)", 183359 * kMiB, false},
+      {"gb10", "NVIDIA GB10 / DGX Spark (128 GB unified)", size_t{128} * 1000 * 1000 * 1000, true},
+  };
+  return t;
+}
+
+std::optional<GpuSpec> find_gpu(const std::string& name) {
+  std::string n;
+  for (char c : name)
+    if (c != '-' && c != '_' && c != ' ') n.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (const auto& g : gpu_table()) {
+    std::string k;
+    for (char c : g.name)
+      if (c != '-') k.push_back(c);
+    if (k == n) return g;
+  }
+  return std::nullopt;
+}
+
+size_t parse_memory_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  double v = 0;
+  try {
+    if (i == 0) throw std::invalid_argument("no number");
+    v = std::stod(text.substr(0, i));
+  } catch (const std::exception&) {
+    fail(ErrorKind::kInvalidArgument, "'{}' is not a memory size (e.g. 32GiB, 24GB, 80G)", text);
+  }
+  std::string unit;
+  for (size_t j = i; j < text.size(); ++j)
+    if (text[j] != ' ') unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(text[j]))));
+  double mult = 0;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "g" || unit == "gib")
+    mult = kGiB;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "t" || unit == "tib")
+    mult = kGiB * 1024;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    fail(ErrorKind::kInvalidArgument, "'{}': unknown unit '{}' (B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)", text, unit);
+  if (!(v > 0)) fail(ErrorKind::kInvalidArgument, "'{}' is not a positive memory size", text);
+  return static_cast<size_t>(v * mult);
+}
+
+size_t Plan::usable() const {
+  return static_cast<size_t>(in.gpu_memory_utilization * static_cast<double>(in.target.memory_bytes));
+}
+
+namespace {
+
+// The plan's numbers without the advice (which re-plans other configurations).
+Plan compute(const PlanInputs& in) {
+  Plan p;
+  p.in = in;
+  const int tp = in.tensor_parallel_size, pp = in.pipeline_parallel_size;
+  if (tp < 1 || pp < 1)
+    fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
+  if (!(in.gpu_memory_utilization > 0 && in.gpu_memory_utilization <= 1))
+    fail(ErrorKind::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1], got {}", in.gpu_memory_utilization);
+  if (in.target.memory_bytes == 0) fail(ErrorKind::kInvalidArgument, "no memory size for the target device");
+  if (in.max_num_seqs < 1) fail(ErrorKind::kInvalidArgument, "--max-num-seqs must be at least 1");
+  if (in.block_size < 1) fail(ErrorKind::kInvalidArgument, "--block-size must be at least 1");
+  p.config = load_model_config(in.model_dir);
+  const ModelConfig& c = p.config;
+  p.max_model_len = in.max_model_len > 0 ? in.max_model_len : c.max_position_embeddings;
+  if (p.max_model_len > c.max_position_embeddings)
+    fail(ErrorKind::kInvalidArgument,
+         "--max-model-len {} is larger than the model's max_position_embeddings ({}); lower --max-model-len",
+         p.max_model_len, c.max_position_embeddings);
+  const bool cuda = in.target.device == DeviceType::kCUDA;
+  p.compute_dtype = cuda ? DType::kBF16 : DType::kF32;  // what each backend computes and loads in
+  p.kv_dtype = parse_kv_cache_dtype(in.kv_cache_dtype, p.compute_dtype);
+  if (in.load_format != "dummy") {
+    bool any = false;
+    for (const auto& e : fs::directory_iterator(in.model_dir))
+      if (e.path().extension() == ".safetensors") any = true;
+    if (any) {  // headers only: the files are mapped, no tensor data is read
+      Checkpoint ckpt(in.model_dir);
+      for (const auto& f : ckpt.files()) {
+        p.checkpoint_tensors += f->tensors().size();
+        for (const auto& [name, t] : f->tensors()) p.checkpoint_bytes += t.bytes;
+      }
+    }
+  }
+  const int graph_batch = in.enforce_eager || !cuda ? 0 : std::min(in.max_num_seqs, 256);
+  const int batched = std::max(1, in.max_num_batched_tokens);
+  for (int stage = 0; stage < pp; ++stage) {
+    StageModel sm = build_stage(c, in, p.max_model_len, stage, p.compute_dtype, in.target.device);
+    StagePlan s;
+    s.pp_rank = stage;
+    s.layers = pipeline_layer_range(c.num_layers, stage, pp);
+    const size_t model_allocs = sm.backend->allocated_bytes();
+    sm.model->weights().load_dummy(*sm.backend, 0);  // allocates every parameter as load() would
+    s.weight_bytes = sm.backend->allocated_bytes() - model_allocs;
+    s.weight_tensors = sm.model->weights().count();
+    s.other_bytes = model_allocs;
+    const auto specs = sm.model->cache_specs();
+    s.cache = cache_footprint(specs, p.kv_dtype, in.block_size);
+    // Activations: a full prefill step, and the largest decode step (graphs replay inside the arena).
+    const int prefill_tokens = std::min<int64_t>(batched, static_cast<int64_t>(in.max_num_seqs) * p.max_model_len);
+    size_t act =
+        step_activation_peak(*sm.model, *sm.backend, specs, prefill_tokens, std::min(in.max_num_seqs, prefill_tokens),
+                             std::min(batched, p.max_model_len), in.block_size);
+    const int decode_batch = std::min(in.max_num_seqs, 256);
+    act = std::max(act, step_activation_peak(*sm.model, *sm.backend, specs, decode_batch, decode_batch, p.max_model_len,
+                                             in.block_size));
+    if (cuda) act = std::max(act, kCudaMinScratch);
+    s.activation_bytes = act;
+    // Runtime and communicators.
+    if (in.target.baseline_used) {
+      s.runtime_bytes = *in.target.baseline_used;
+    } else {
+      s.runtime_bytes = cuda ? kCudaRuntimeEstimate : 0;
+      s.runtime_estimated = cuda;
+    }
+    if (cuda) {
+      s.comm_bytes = (tp > 1 ? kNcclCommEstimate : 0) + (pp > 1 ? kNcclCommEstimate : 0);
+      const int gpus_per_node = in.target.gpus_per_node > 0 ? in.target.gpus_per_node : tp * pp / in.target.nodes;
+      if (tp > 1 && !in.disable_custom_all_reduce && tp <= gpus_per_node) s.comm_bytes += kCustomAllReduceBytes;
+    }
+    s.used_before_cache = s.runtime_bytes + s.weight_bytes + s.other_bytes + s.comm_bytes;
+    KvBudgetInputs kin;
+    kin.total = in.target.memory_bytes;
+    kin.used = s.used_before_cache;
+    kin.reserved = s.activation_bytes;
+    kin.utilization = in.gpu_memory_utilization;
+    kin.cpu = !cuda;
+    kin.num_blocks_override = in.num_gpu_blocks_override;
+    kin.block_size = in.block_size;
+    kin.max_num_seqs = in.max_num_seqs;
+    kin.max_model_len = p.max_model_len;
+    s.kv = plan_kv_budget(kin, s.cache);
+    (void)graph_batch;
+    p.stages.push_back(s);
+  }
+  // The engine plans from stage 0 and every stage allocates that many blocks.
+  p.num_blocks = p.stages.front().kv.num_blocks;
+  p.kv_tokens = static_cast<int64_t>(p.num_blocks) * in.block_size;
+  p.max_concurrency = static_cast<double>(p.kv_tokens) / p.max_model_len;
+  // Every stage must hold its weights and activations, and stage 0's block count (the engine
+  // allocates that many on every stage).
+  bool stages_hold = true;
+  for (const auto& s : p.stages) {
+    if (s.used_before_cache + s.activation_bytes > s.kv.usable) stages_hold = false;
+    if (in.num_gpu_blocks_override <= 0 && s.kv.num_blocks < p.num_blocks) stages_hold = false;
+  }
+  p.fits = stages_hold && p.kv_tokens >= p.max_model_len;
+  p.full_concurrency = p.fits && p.max_concurrency + 1e-9 >= in.max_num_seqs;
+  return p;
+}
+
+// The largest max_model_len (a multiple of 1024, or of the block size below that) whose `seqs`
+// sequences fit in `tokens` cache tokens.
+int fitting_len(int64_t tokens, int seqs, int block_size) {
+  int64_t per = tokens / std::max(1, seqs);
+  if (per >= 1024) return static_cast<int>(per / 1024 * 1024);
+  return static_cast<int>(per / block_size * block_size);
+}
+
+std::optional<Plan> try_plan(PlanInputs in) {
+  try {
+    return compute(in);
+  } catch (const Error&) {
+    return std::nullopt;  // e.g. a TP that does not divide the heads
+  }
+}
+
+// The smallest TP (above the current one, at most the GPUs the target has or 8 per node x
+// nodes) that makes `ok` true.
+std::optional<Plan> larger_tp(const PlanInputs& in, bool (*ok)(const Plan&)) {
+  const int gpus = in.target.gpus_per_node > 0 ? in.target.gpus_per_node * in.target.nodes : 8;
+  for (int tp = in.tensor_parallel_size * 2; tp * in.pipeline_parallel_size <= std::max(gpus, 8); tp *= 2) {
+    PlanInputs t = in;
+    t.tensor_parallel_size = tp;
+    if (auto p = try_plan(t); p && ok(*p)) return p;
+  }
+  return std::nullopt;
+}
+
+bool fits(const Plan& p) { return p.fits; }
+bool fits_fully(const Plan& p) { return p.full_concurrency; }
+
+std::string layout_flag(const Plan& p) {
+  return fmt::format("--tensor-parallel-size {}{}", p.in.tensor_parallel_size,
+                     p.in.pipeline_parallel_size > 1
+                         ? fmt::format(" --pipeline-parallel-size {}", p.in.pipeline_parallel_size)
+                         : std::string());
+}
+
+void advise(Plan& p) {
+  const PlanInputs& in = p.in;
+  const StagePlan& s0 = p.stages.front();
+  const bool fp8 = p.kv_dtype == DType::kF8E4M3 || p.kv_dtype == DType::kF8E5M2;
+  const std::string kvname(dtype_name(p.kv_dtype));
+  // 1. The model itself does not fit (weights + activations beyond the usable memory).
+  for (const auto& s : p.stages) {
+    const size_t fixed = s.used_before_cache + s.activation_bytes;
+    if (fixed <= s.kv.usable) continue;
+    std::string what = fmt::format(
+        "the model does not fit: rank {} needs {} for weights and {} for runtime, communicators and activations, but "
+        "--gpu-memory-utilization {:.2f} of {} allows {}",
+        s.pp_rank * in.tensor_parallel_size, gib(s.weight_bytes + s.other_bytes),
+        gib(s.runtime_bytes + s.comm_bytes + s.activation_bytes), in.gpu_memory_utilization,
+        gib(in.target.memory_bytes), gib(s.kv.usable));
+    std::vector<std::string> fixes;
+    if (auto t = larger_tp(in, fits))
+      fixes.push_back(fmt::format("use {} ({} per rank, {} KV tokens)", layout_flag(*t),
+                                  gib(t->stages.front().weight_bytes), with_thousands(t->kv_tokens)));
+    else
+      fixes.push_back("use more GPUs (--tensor-parallel-size / --pipeline-parallel-size)");
+    const double need_util = static_cast<double>(fixed) / static_cast<double>(in.target.memory_bytes) + 0.01;
+    if (need_util < 0.99) fixes.push_back(fmt::format("raise --gpu-memory-utilization to at least {:.2f}", need_util));
+    p.flag_to_change = fixes.front().find("--tensor-parallel-size") != std::string::npos ? "--tensor-parallel-size"
+                                                                                         : "--gpu-memory-utilization";
+    p.verdict = what + "; " + fmt::format("{}", fmt::join(fixes, ", or "));
+    return;
+  }
+  for (const auto& s : p.stages)
+    if (in.num_gpu_blocks_override <= 0 && s.kv.num_blocks < p.num_blocks) {
+      p.flag_to_change = "--gpu-memory-utilization";
+      p.verdict = fmt::format(
+          "does not fit: pipeline stage {} holds only {} KV blocks, but every stage allocates stage 0's {}; lower "
+          "--gpu-memory-utilization or --max-model-len, or use another --pipeline-parallel-size",
+          s.pp_rank, s.kv.num_blocks, p.num_blocks);
+      return;
+    }
+  const size_t per_seq =
+      s0.cache.kv_bytes_per_token(in.block_size) * static_cast<size_t>(p.max_model_len) + s0.cache.state_bytes_per_seq;
+  if (p.fits && p.full_concurrency) {
+    p.verdict = fmt::format(
+        "fits: {} KV tokens per rank, {:.2f} sequences of --max-model-len {} at once (--max-num-seqs {}); {} of KV "
+        "per full-length sequence at {}",
+        with_thousands(p.kv_tokens), p.max_concurrency, p.max_model_len, in.max_num_seqs, gib1(per_seq), kvname);
+    return;
+  }
+  // 2. Not even one sequence of max_model_len, or fewer than max_num_seqs at once.
+  const int len = fitting_len(p.kv_tokens, in.max_num_seqs, in.block_size);
+  std::vector<std::string> fixes;
+  if (len > 0 && len < p.max_model_len)
+    fixes.push_back(fmt::format("at --max-num-seqs {} lower it to {}", in.max_num_seqs, len));
+  if (!fp8) {
+    PlanInputs f = in;
+    f.kv_cache_dtype = "fp8";
+    if (auto q = try_plan(f); q && q->kv_tokens > p.kv_tokens && (p.fits || q->fits))
+      fixes.push_back(fmt::format("add --kv-cache-dtype fp8 ({} tokens, {:.2f} sequences)",
+                                  with_thousands(q->kv_tokens), q->max_concurrency));
+  }
+  if (auto t = larger_tp(in, p.fits ? fits_fully : fits))
+    fixes.push_back(fmt::format("use {} ({} tokens)", layout_flag(*t), with_thousands(t->kv_tokens)));
+  const std::string head = fmt::format(
+      "--max-model-len {} needs {} of KV per sequence at {}; the cache holds {} "
+      "tokens ({:.2f} sequences)",
+      p.max_model_len, gib1(per_seq), kvname, with_thousands(p.kv_tokens), p.max_concurrency);
+  if (!p.fits) {
+    p.flag_to_change = "--max-model-len";
+    if (fixes.empty()) fixes.push_back("use more GPUs or raise --gpu-memory-utilization");
+    p.verdict = "does not fit: " + head + "; " + fmt::format("{}", fmt::join(fixes, ", or "));
+  } else {
+    if (fixes.empty())
+      fixes.push_back(fmt::format("lower --max-num-seqs to {}", std::max(1, static_cast<int>(p.max_concurrency))));
+    p.verdict = fmt::format(
+        "fits, but only {:.2f} of --max-num-seqs {} full-length sequences at once (the rest wait "
+        "or are preempted): {}; {}",
+        p.max_concurrency, in.max_num_seqs, head, fmt::join(fixes, ", or "));
+  }
+}
+
+}  // namespace
+
+Plan make_plan(const PlanInputs& in) {
+  Plan p = compute(in);
+  advise(p);
+  return p;
+}
+
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+
+std::vector<Plan> suggest_layouts(const PlanInputs& in) {
+  const int nodes = std::max(1, in.target.nodes);
+  const int per_node = in.target.gpus_per_node > 0 ? in.target.gpus_per_node : 8;
+  const int gpus = nodes * per_node;
+  std::vector<Plan> out;
+  // TP inside a node first (the chatty all-reduce stays on NVLink/PCIe), PP across nodes.
+  for (int total = 1; total <= gpus; total *= 2) {
+    for (int tp = std::min(total, per_node); tp >= 1; tp /= 2) {
+      const int pp = total / tp;
+      if (tp * pp != total) continue;
+      if (nodes > 1 && total > per_node && (total % nodes != 0)) continue;
+      PlanInputs t = in;
+      t.tensor_parallel_size = tp;
+      t.pipeline_parallel_size = pp;
+      t.target.gpus_per_node = per_node;
+      t.target.nodes = std::max(1, (total + per_node - 1) / per_node);
+      try {
+        Plan p = make_plan(t);
+        if (p.fits) out.push_back(std::move(p));
+      } catch (const Error&) {
+      }
+    }
+  }
+  // Layouts that also TP across nodes (allowed, slower over Ethernet) when nothing else fits.
+  if (out.empty() && nodes > 1)
+    for (int tp = per_node * 2; tp <= gpus; tp *= 2) {
+      PlanInputs t = in;
+      t.tensor_parallel_size = tp;
+      t.pipeline_parallel_size = 1;
+      t.target.gpus_per_node = per_node;
+      t.target.nodes = tp / per_node;
+      try {
+        Plan p = make_plan(t);
+        if (p.fits) out.push_back(std::move(p));
+      } catch (const Error&) {
+      }
+    }
+  return out;
+}
+
+std::string render_text(const Plan& p) {
+  const PlanInputs& in = p.in;
+  const ModelConfig& c = p.config;
+  std::string o;
+  o += fmt::format("model      {} ({}: {} layers, hidden {}, {} heads / {} KV heads, head_dim {}, vocab {})\n",
+                   in.model_dir, c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                   c.vocab_size);
+  if (p.checkpoint_bytes > 0)
+    o += fmt::format("checkpoint {} in {} tensors (safetensors headers; no tensor data read)\n",
+                     gib(p.checkpoint_bytes), p.checkpoint_tensors);
+  else
+    o += "checkpoint none read (weights counted from the model's declarations)\n";
+  o += fmt::format("target     {}: {} per {}, {} node(s)\n", in.target.description, gib(in.target.memory_bytes),
+                   in.target.device == DeviceType::kCUDA ? "GPU" : "node", in.target.nodes);
+  o += fmt::format(
+      "flags      --tensor-parallel-size {} --pipeline-parallel-size {} --max-model-len {} --max-num-seqs {} "
+      "--max-num-batched-tokens {} --gpu-memory-utilization {:.2f} --kv-cache-dtype {} ({}), weights in {}\n\n",
+      in.tensor_parallel_size, in.pipeline_parallel_size, p.max_model_len, in.max_num_seqs, in.max_num_batched_tokens,
+      in.gpu_memory_utilization, in.kv_cache_dtype, dtype_name(p.kv_dtype), dtype_name(p.compute_dtype));
+  o += fmt::format("{:<30}", "per rank");
+  for (const auto& s : p.stages)
+    o += fmt::format("{:>20}", fmt::format("stage {} (L{}-{})", s.pp_rank, s.layers.begin, s.layers.end - 1));
+  o += "\n";
+  auto row = [&](const char* name, auto get) {
+    o += fmt::format("{:<30}", name);
+    for (const auto& s : p.stages) o += fmt::format("{:>20}", get(s));
+    o += "\n";
+  };
+  row("weights", [](const StagePlan& s) { return gib(s.weight_bytes); });
+  row("other model buffers (rope)", [](const StagePlan& s) { return gib(s.other_bytes); });
+  row("runtime (context, others)",
+      [](const StagePlan& s) { return gib(s.runtime_bytes) + (s.runtime_estimated ? "*" : ""); });
+  row("communicator buffers", [](const StagePlan& s) { return gib(s.comm_bytes) + (s.comm_bytes ? "*" : ""); });
+  row("activations (peak step)", [](const StagePlan& s) { return gib(s.activation_bytes); });
+  row("usable (utilization x mem)", [](const StagePlan& s) { return gib(s.kv.usable); });
+  row("left for the cache", [](const StagePlan& s) { return gib(s.kv.budget); });
+  row("KV bytes per token", [&](const StagePlan& s) {
+    return with_thousands(static_cast<int64_t>(s.cache.kv_bytes_per_token(in.block_size)));
+  });
+  row("KV bytes per block",
+      [](const StagePlan& s) { return with_thousands(static_cast<int64_t>(s.cache.kv_bytes_per_block)); });
+  row("state bytes per sequence",
+      [](const StagePlan& s) { return with_thousands(static_cast<int64_t>(s.cache.state_bytes_per_seq)); });
+  row("KV blocks (own budget)", [](const StagePlan& s) { return with_thousands(s.kv.num_blocks); });
+  o += "\n";
+  o += fmt::format("KV cache   {} blocks of {} = {} tokens per rank{}\n", with_thousands(p.num_blocks), in.block_size,
+                   with_thousands(p.kv_tokens),
+                   p.stages.front().kv.capped_by_seqs ? " (capped at --max-num-seqs x --max-model-len)" : "");
+  o += fmt::format("concurrency {:.2f} sequences of {} tokens at once\n", p.max_concurrency,
+                   with_thousands(p.max_model_len));
+  bool est = false;
+  for (const auto& s : p.stages) est |= s.runtime_estimated || s.comm_bytes > 0;
+  if (est) o += "* estimated (not measured on the target)\n";
+  if (in.target.unified)
+    o += "note: unified memory: the OS and every other process take from the same memory, so "
+         "--gpu-memory-utilization must leave them their share\n";
+  const int per_node = in.target.gpus_per_node;
+  if (per_node > 0 && in.tensor_parallel_size > per_node)
+    o += fmt::format(
+        "note: TP {} spans {} nodes of {} GPUs, so every layer's all-reduce crosses the network; "
+        "--tensor-parallel-size {} --pipeline-parallel-size {} keeps it inside the nodes\n",
+        in.tensor_parallel_size, (in.tensor_parallel_size + per_node - 1) / per_node, per_node, per_node,
+        in.tensor_parallel_size * in.pipeline_parallel_size / per_node);
+  o += fmt::format("\n{} {}\n", p.fits ? (p.full_concurrency ? "OK  " : "WARN") : "FAIL", p.verdict);
+  return o;
+}
+
+}  // namespace tessera::plan

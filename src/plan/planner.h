@@ -1,0 +1,113 @@
+// `tessera plan`: will this model fit on these GPUs with these flags, and with how many KV
+// tokens? The planner builds the real model on a MetaBackend (no memory, no compute) for each
+// pipeline stage, so the weights are counted as the loader would place them and the cache as
+// the model declares it (Model::cache_specs), then sizes the cache with the engine's own
+// arithmetic (engine/memory_plan.h). `tessera serve` runs the same planner before it loads
+// anything and refuses a configuration that cannot fit.
+#pragma once
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/memory_plan.h"
+#include "loader/model_config.h"
+#include "model/model.h"
+
+namespace tessera::plan {
+
+// A GPU model from the table (`--gpu h200`): memory as the driver reports it.
+struct GpuSpec {
+  std::string name;         // "h200"
+  std::string description;  // "NVIDIA H200 (141 GB HBM3e)"
+  size_t memory_bytes = 0;  // what cudaMemGetInfo / nvidia-smi report as total
+  bool unified = false;     // memory shared with the CPU and the OS (GB10)
+};
+const std::vector<GpuSpec>& gpu_table();
+// nullopt when unknown (the caller lists gpu_table()).
+std::optional<GpuSpec> find_gpu(const std::string& name);
+// "32GiB", "32 GiB", "24GB", "1.5T", "4096M", "123456789": bytes; fails on anything else.
+size_t parse_memory_size(const std::string& text);
+
+// Where the plan is for.
+struct Target {
+  std::string description;  // "--gpu h200", "this machine: cuda:0 (NVIDIA H200)"
+  DeviceType device = DeviceType::kCUDA;
+  size_t memory_bytes = 0;  // per GPU (per CPU node for the CPU backend)
+  bool unified = false;
+  int nodes = 1;
+  int gpus_per_node = 0;  // 0: TP x PP / nodes
+  // Memory already in use on the device before tessera loads anything (CUDA context, other
+  // processes): measured when planning on this machine, else estimated (kCudaRuntimeEstimate).
+  std::optional<size_t> baseline_used;
+};
+
+// Estimates used when the target is not this machine (documented in docs/plan.md).
+inline constexpr size_t kCudaRuntimeEstimate = size_t{640} << 20;  // CUDA context + cuBLAS workspace
+inline constexpr size_t kNcclCommEstimate = size_t{256} << 20;     // buffers of one NCCL communicator
+inline constexpr size_t kCustomAllReduceBytes = size_t{17} << 20;  // one-shot all-reduce staging + flags
+inline constexpr size_t kCudaMinScratch = size_t{256} << 20;       // the CUDA arena's first chunk
+
+struct PlanInputs {
+  std::string model_dir;
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int max_model_len = 0;  // 0: the model's max_position_embeddings
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  int block_size = 16;
+  double gpu_memory_utilization = 0.9;
+  std::string kv_cache_dtype = "auto";
+  bool enforce_eager = false;
+  bool disable_custom_all_reduce = false;
+  int num_gpu_blocks_override = 0;
+  std::string load_format = "auto";
+  Target target;
+};
+
+// One rank of one pipeline stage (the TP ranks of a stage hold the same amounts).
+struct StagePlan {
+  int pp_rank = 0;
+  LayerRange layers;
+  size_t weight_bytes = 0;  // declared parameters, as the loader places them
+  size_t weight_tensors = 0;
+  size_t other_bytes = 0;        // other buffers the model allocates (rotary table)
+  size_t runtime_bytes = 0;      // in use before loading (context, other processes)
+  size_t comm_bytes = 0;         // communicator buffers
+  size_t activation_bytes = 0;   // the activation arena's peak (a full prefill step, a full decode step)
+  size_t used_before_cache = 0;  // runtime + weights + other + communicators
+  CacheFootprint cache;
+  KvBudget kv;
+  bool runtime_estimated = false;
+};
+
+struct Plan {
+  PlanInputs in;
+  ModelConfig config;
+  int max_model_len = 0;
+  DType compute_dtype = DType::kBF16, kv_dtype = DType::kBF16;
+  size_t checkpoint_bytes = 0;  // the safetensors files (0: a config-only directory)
+  size_t checkpoint_tensors = 0;
+  std::vector<StagePlan> stages;
+  int num_blocks = 0;  // what the engine allocates on every stage (planned from stage 0, as it does)
+  int64_t kv_tokens = 0;
+  double max_concurrency = 0;
+  // Verdict: fits (serve will start), and whether max_num_seqs full-length sequences fit at once.
+  bool fits = false;
+  bool full_concurrency = false;
+  std::string verdict;         // one sentence, with what to change and the numbers
+  std::string flag_to_change;  // the first flag the verdict names ("" when it fits)
+  size_t usable() const;       // utilization x memory per GPU
+};
+
+// Throws Error on a bad configuration (unknown architecture, TP not dividing the heads...).
+Plan make_plan(const PlanInputs& in);
+
+// TP x PP layouts over the target's GPUs (nodes x gpus_per_node, or up to 8 on one node) that
+// fit, TP inside a node first; each with its plan.
+std::vector<Plan> suggest_layouts(const PlanInputs& in);
+
+// The human report (per-rank table, then the verdict).
+std::string render_text(const Plan& p);
+
+}  // namespace tessera::plan

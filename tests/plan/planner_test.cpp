@@ -1,0 +1,203 @@
+// The planner's arithmetic: weights as the loader places them (counted on a meta backend and
+// checked against the parameter count worked out here from config.json), KV bytes from the
+// model's cache declarations (GQA, TP split and replication, fp8), the shared KV budget, the
+// verdict's advice (the numbers it gives must themselves fit), and agreement with what the
+// engine allocates from the same memory.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "loader/model_config.h"
+#include "model/registry.h"
+#include "plan/meta_backend.h"
+#include "plan/planner.h"
+
+namespace tessera::plan {
+namespace {
+
+const std::string kQwen8b = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3-8b";
+constexpr size_t kGiB = size_t{1} << 30;
+
+PlanInputs inputs(const std::string& dir, size_t memory, int tp = 1) {
+  PlanInputs in;
+  in.model_dir = dir;
+  in.tensor_parallel_size = tp;
+  in.target.description = "test";
+  in.target.device = DeviceType::kCUDA;
+  in.target.memory_bytes = memory;
+  in.target.baseline_used = size_t{512} << 20;
+  in.target.gpus_per_node = 8;
+  return in;
+}
+
+// Qwen3-8B's parameters from its config: embed + lm_head (untied), per layer q/k/v/o, q/k
+// norms, gate/up/down, two RMSNorms; the final norm.
+int64_t qwen3_8b_params() {
+  const int64_t H = 4096, I = 12288, L = 36, V = 151936, D = 128, Hq = 32, Hk = 8;
+  const int64_t per_layer = H * Hq * D + 2 * H * Hk * D + Hq * D * H + 2 * D + 3 * H * I + 2 * H;
+  return 2 * V * H + L * per_layer + H;
+}
+
+TEST(Planner, WeightsAreTheDeclaredParametersInTheComputeDtype) {
+  Plan p = make_plan(inputs(kQwen8b, 141 * kGiB));
+  ASSERT_EQ(p.stages.size(), 1u);
+  const size_t want = static_cast<size_t>(qwen3_8b_params()) * 2;  // bf16 on CUDA
+  // Each allocation is rounded up to 256 bytes, as the CUDA backend does.
+  EXPECT_GE(p.stages[0].weight_bytes, want);
+  EXPECT_LE(p.stages[0].weight_bytes, want + p.stages[0].weight_tensors * 256);
+  // The rotary table ([max_positions, head_dim] f32) is the other model buffer.
+  EXPECT_GE(p.stages[0].other_bytes, size_t{40960} * 128 * 4);
+  EXPECT_EQ(p.checkpoint_bytes, 0u);  // config only: nothing read
+}
+
+TEST(Planner, TensorParallelSplitsTheWeights) {
+  Plan one = make_plan(inputs(kQwen8b, 141 * kGiB, 1));
+  Plan two = make_plan(inputs(kQwen8b, 141 * kGiB, 2));
+  // Everything is split except the norms (a few KB).
+  EXPECT_NEAR(static_cast<double>(two.stages[0].weight_bytes), one.stages[0].weight_bytes / 2.0, 2e6);
+}
+
+TEST(Planner, KvBytesFollowGqaTpAndDtype) {
+  // 2 (K, V) x 36 layers x 8 KV heads x 128 x 2 bytes.
+  const size_t bf16 = 2 * 36 * 8 * 128 * 2;
+  Plan p = make_plan(inputs(kQwen8b, 141 * kGiB));
+  EXPECT_EQ(p.stages[0].cache.kv_bytes_per_token(16), bf16);
+  EXPECT_EQ(p.stages[0].cache.kv_bytes_per_block, bf16 * 16);
+  PlanInputs f = inputs(kQwen8b, 141 * kGiB);
+  f.kv_cache_dtype = "fp8";
+  EXPECT_EQ(make_plan(f).stages[0].cache.kv_bytes_per_token(16), bf16 / 2);
+  EXPECT_EQ(make_plan(inputs(kQwen8b, 141 * kGiB, 4)).stages[0].cache.kv_bytes_per_token(16), bf16 / 4);
+  // TP 16 > 8 KV heads: each rank keeps the one head its query heads read.
+  EXPECT_EQ(make_plan(inputs(kQwen8b, 141 * kGiB, 16)).stages[0].cache.kv_bytes_per_token(16), bf16 / 8);
+}
+
+TEST(Planner, PipelineStagesSplitTheLayers) {
+  PlanInputs in = inputs(kQwen8b, 80 * kGiB);
+  in.pipeline_parallel_size = 2;
+  Plan p = make_plan(in);
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].layers.size() + p.stages[1].layers.size(), 36);
+  EXPECT_EQ(p.stages[0].cache.paged_layers, p.stages[0].layers.size());
+  // Stage 0 has the embedding, stage 1 the lm_head: the same size here (untied, same shape).
+  EXPECT_EQ(p.stages[0].weight_bytes + p.stages[1].weight_bytes,
+            make_plan(inputs(kQwen8b, 80 * kGiB)).stages[0].weight_bytes);
+}
+
+TEST(KvBudget, BlocksFromMemoryCappedBySequencesAndCpu) {
+  CacheFootprint fp;
+  fp.kv_bytes_per_block = 1 << 20;
+  KvBudgetInputs in;
+  in.total = 100ull << 20;
+  in.used = 20ull << 20;
+  in.reserved = 10ull << 20;
+  in.utilization = 0.9;
+  in.block_size = 16;
+  in.max_num_seqs = 1000;
+  in.max_model_len = 4096;
+  KvBudget b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_blocks, 60);  // 90 - 20 - 10 MiB
+  EXPECT_FALSE(b.capped_by_seqs);
+  in.max_num_seqs = 2;
+  in.max_model_len = 100;  // 200 tokens: 13 blocks
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_blocks, 13);
+  EXPECT_TRUE(b.capped_by_seqs);
+  in.max_num_seqs = 1000;
+  in.max_model_len = 4096;
+  fp.state_bytes_per_seq = 10 << 10;  // 1000 slots x 10 KiB come off the top
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.state_bytes, 1000u * (10 << 10));
+  EXPECT_EQ(b.num_blocks, 50);
+  in.cpu = true;
+  in.total = 100ull << 30;
+  in.used = 0;
+  in.reserved = 0;
+  fp.state_bytes_per_seq = 0;
+  EXPECT_EQ(plan_kv_budget(in, fp).budget, kCpuKvCacheCap);
+}
+
+TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
+  PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
+  in.max_model_len = 40960;
+  in.max_num_seqs = 8;
+  Plan p = make_plan(in);
+  ASSERT_TRUE(p.fits);  // one sequence fits, eight do not
+  EXPECT_FALSE(p.full_concurrency);
+  EXPECT_NE(p.verdict.find("--max-model-len 40960 needs"), std::string::npos) << p.verdict;
+  // The advice's length must itself give the eight sequences.
+  auto pos = p.verdict.find("lower it to ");
+  ASSERT_NE(pos, std::string::npos) << p.verdict;
+  PlanInputs lower = in;
+  lower.max_model_len = std::stoi(p.verdict.substr(pos + 12));
+  EXPECT_LT(lower.max_model_len, 40960);
+  EXPECT_TRUE(make_plan(lower).full_concurrency) << make_plan(lower).verdict;
+  EXPECT_NE(p.verdict.find("--kv-cache-dtype fp8"), std::string::npos) << p.verdict;
+}
+
+TEST(Planner, ModelTooLargeNamesTensorParallelSize) {
+  PlanInputs in = inputs(kQwen8b, 8ull << 30);  // 16.4 GB of bf16 weights on 8 GiB
+  in.max_model_len = 4096;
+  Plan p = make_plan(in);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.flag_to_change, "--tensor-parallel-size");
+  auto pos = p.verdict.find("--tensor-parallel-size ");
+  ASSERT_NE(pos, std::string::npos) << p.verdict;
+  PlanInputs more = in;
+  more.tensor_parallel_size = std::stoi(p.verdict.substr(pos + 23));
+  EXPECT_TRUE(make_plan(more).fits);
+  // And --suggest lists only layouts that fit, the smallest first.
+  auto layouts = suggest_layouts(in);
+  ASSERT_FALSE(layouts.empty());
+  for (const auto& l : layouts) EXPECT_TRUE(l.fits);
+  EXPECT_EQ(layouts.front().in.tensor_parallel_size * layouts.front().in.pipeline_parallel_size,
+            more.tensor_parallel_size);
+}
+
+TEST(Planner, GpuTableAndSizes) {
+  ASSERT_TRUE(find_gpu("H200"));
+  EXPECT_GT(find_gpu("rtx-5090d")->memory_bytes, 31 * kGiB);
+  EXPECT_TRUE(find_gpu("gb10")->unified);
+  EXPECT_FALSE(find_gpu("voodoo2"));
+  EXPECT_EQ(parse_memory_size("32GiB"), 32 * kGiB);
+  EXPECT_EQ(parse_memory_size("24 GB"), 24000000000ull);
+  EXPECT_EQ(parse_memory_size("512M"), size_t{512} << 20);
+  EXPECT_THROW(parse_memory_size("lots"), Error);
+  EXPECT_THROW(parse_memory_size("3 parsecs"), Error);
+}
+
+// What the engine allocates from the same memory: the engine runs on a meta backend that
+// reports `total` bytes, with the weights loaded on it, and must get the planned block count.
+TEST(Planner, AgreesWithTheEngineOnTheSameMemory) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_gqa4_hd32";
+  const size_t total = 300ull << 20;  // 270 MiB usable: 256 MiB of activation arena, ~14 MiB of cache
+  PlanInputs in = inputs(dir, total);
+  in.target.baseline_used = 0;
+  in.max_model_len = 512;
+  in.max_num_seqs = 64;
+  in.enforce_eager = true;
+  Plan p = make_plan(in);
+  ASSERT_TRUE(p.fits) << p.verdict;
+  ASSERT_FALSE(p.stages[0].kv.capped_by_seqs);
+
+  MetaBackend be({DeviceType::kCUDA, DType::kBF16, 256, total});
+  ModelConfig config = load_model_config(dir);
+  ModelOptions mo;
+  mo.max_positions = 512;
+  auto model = create_model(config, mo, be);
+  model->weights().load_dummy(be, 0);
+  EngineConfig ec;
+  ec.scheduler.max_model_len = 512;
+  ec.scheduler.max_num_seqs = 64;
+  ec.scheduler.max_num_batched_tokens = 8192;
+  ec.enforce_eager = true;
+  ec.reserved_bytes = p.stages[0].activation_bytes;
+  LLMEngine engine(std::move(model), be, ec);
+  EXPECT_EQ(engine.num_blocks(), p.num_blocks);
+  EXPECT_EQ(engine.kv_capacity_tokens(), p.kv_tokens);
+}
+
+}  // namespace
+}  // namespace tessera::plan
