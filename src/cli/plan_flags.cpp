@@ -13,6 +13,7 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.model_dir = f.model;
   in.tensor_parallel_size = f.tensor_parallel_size;
   in.pipeline_parallel_size = f.pipeline_parallel_size;
+  in.enable_expert_parallel = f.enable_expert_parallel;
   in.max_model_len = f.max_model_len;
   in.max_num_seqs = f.max_num_seqs;
   in.max_num_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : 8192;
