@@ -187,6 +187,7 @@ void CpuBackend::causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& wei
         std::fill(op + t0 * C, op + t1 * C, 0.0f);
         continue;
       }
+      if (t1 == t0) continue;  // the state stays as it is
       if (meta.host_has_initial_state[s])
         load_f32(conv_state, slot * Km1 * C, hist.data(), Km1 * C);
       else
