@@ -38,6 +38,7 @@ run() {  # name, command...
 run cuda_ops_test "$B/cuda_ops_test" --gtest_color=no
 run gemm_bench "$B/gemm_bench" $q
 run attention_bench "$B/attention_bench" $q
+[ -x "$B/gdr_bench" ] && run gdr_bench "$B/gdr_bench" $q
 
 # Model level (needs bundle/tessera, i.e. scripts/bundle.sh --with-tests): a Qwen3-8B
 # shape with dummy weights. Decode: batch 1, 512-token prompt, 256 new tokens, against
@@ -68,6 +69,7 @@ fi
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|rel_err" "$OUT/cuda_ops_test.log" | head -80
   echo; echo "## gemm"; cat "$OUT/gemm_bench.log"
   echo; echo "## attention"; cat "$OUT/attention_bench.log"
+  [ -f "$OUT/gdr_bench.log" ] && { echo; echo "## gated delta rule"; cat "$OUT/gdr_bench.log"; }
   [ -f "$OUT/model.txt" ] && { echo; echo "## model (Qwen3-8B shape, dummy weights)"; cat "$OUT/model.txt"; }
 } > "$OUT/summary.txt"
 tail -n 80 "$OUT/summary.txt"

@@ -178,12 +178,16 @@ class Backend {
   // Shapes: T tokens of S sequences (LinearAttnMetadata); Hk key heads of Dk, Hv value heads of
   // Dv (Hv a multiple of Hk; value head h reads key head h / (Hv/Hk), repeat_interleave); the
   // conv channels C = 2*Hk*Dk + Hv*Dv are the q heads, then the k heads, then the v heads.
-  // A sequence whose slot is < 0 is padding (CUDA-graph batches): its output rows are zeroed
-  // and no state is read or written. The ops never synchronise with the host; a step whose
-  // sequences all have one token (max_query_len == 1) reads no host metadata but num_seqs and
-  // num_tokens, so it can be captured in a graph and replayed with new slots and inputs.
-  // States are f32 (default) or bf16; they are read and written in their dtype and the math is
-  // f32.
+  // (Qwen3-Next's in_proj_qkvz / in_proj_ba interleave these per key head: a model permutes
+  // their rows at load into q | k | v | z and b | a.) A sequence whose slot is < 0 is padding
+  // (CUDA-graph batches): its output rows are zeroed and no state is read or written; two
+  // sequences of one step never share a slot; a step may mix prefill chunks and decode tokens.
+  // The ops never synchronise with the host; a step whose sequences all have one token
+  // (max_query_len == 1) reads no host metadata but num_seqs and num_tokens, so it can be
+  // captured in a graph and replayed with new slots and inputs. States are f32 (default) or
+  // bf16, read and written in their dtype; the math is f32. CUDA limits: conv kernel size 4;
+  // key head dims 16, 32, 64, 128, 256; the chunked prefill needs Dk = Dv = 128 (else the
+  // recurrent kernel walks the tokens).
   //
   // Causal depthwise conv1d (kernel K) with SiLU over each sequence's tokens:
   //   out[t, c] = silu(sum_{j<K} weight[c, j] * in[p - (K-1) + j, c]),  p = t's index in its sequence,

@@ -386,10 +386,10 @@ TEST_F(CudaOps, Rope) {
 // The fused prologue against the CPU backend's composition (split, norms, rope, write_kv).
 TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3}) {
-    for (int D : {128, 24}) {
+    for (int D : {128, 24, 256}) {  // 256: Qwen3-Next / Qwen3.5 gated attention, 64 rotary dims
       for (bool norm : {true, false}) {
-        const bool neox = D == 128;
-        const int rd = D == 128 ? D : 16;
+        const bool neox = D != 24;
+        const int rd = D == 128 ? D : D == 256 ? 64 : 16;
         const int64_t T = 9, Hq = 8, Hk = 2, max_pos = 512, blocks = 4, bs = 16;
         std::vector<float> cs = rope_cos_sin(max_pos, rd);
         std::vector<int32_t> pos(T), slots(T);
@@ -439,11 +439,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
   unsetenv("TESSERA_FUSED_DECODE_ATTN");
   const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
-    for (int D : {128, 64})
+    for (int D : {128, 64, 256})  // 256 with 64 rotary dims (neox): Qwen3-Next / Qwen3.5
       for (int group : {1, 4, 8, 16})
         for (bool norm : {true, false}) {
-          const bool neox = D == 128;
-          const int rd = D == 128 ? D : 32, Hk = 2, Hq = Hk * group, bs = 16, max_pos = 2048;
+          const bool neox = D != 64;
+          const int rd = D == 128 ? D : D == 256 ? 64 : 32, Hk = 2, Hq = Hk * group, bs = 16, max_pos = 2048;
           const int64_t T = static_cast<int64_t>(cached.size());
           const float k_scale = cache_t == DType::kF8E4M3 ? 0.01f : 1.0f;
           const float v_scale = cache_t == DType::kF8E4M3 ? 0.005f : 1.0f;
@@ -765,6 +765,14 @@ std::vector<AttnCase> attention_cases() {
     cases.push_back({128, g, DType::kBF16, mixed, "mixed"});
   }
   cases.push_back({128, 4, DType::kBF16, {{0, 1}}, "decode"});  // one token, one key
+  // head_dim 256 with 2 kv heads (Qwen3-Next / Qwen3.5 gated attention: 16 or 32 query heads).
+  for (int g : {8, 16})
+    for (DType c : {DType::kBF16, DType::kF8E4M3}) {
+      cases.push_back({256, g, c, decode, "decode"});
+      cases.push_back({256, g, c, prefill, "prefill+prefix"});
+      cases.push_back({256, g, c, mixed, "mixed"});
+      cases.push_back({256, g, c, short_prefill, "short-prefill"});
+    }
   return cases;
 }
 

@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a
 // Per chunk and value head (gc = cumulative log decay within the chunk):
 //   1. prep:   q, k l2-normed (q also scaled) per key head, g and beta per value head, into
 //              chunk-padded buffers (rows past the chunk's length are zeros);
-//   2. wy:     A = beta_i k_i.k_j exp(gc_i - gc_j) (j < i), T = (I + A)^-1 by forward
-//              substitution (f32), W = T (beta k exp(gc)) and U = T (beta v) (bf16 mma);
+//   2. wy:     A = beta_i k_i.k_j exp(gc_i - gc_j) (j < i), T = (I + A)^-1 in 16 x 16 blocks
+//              (f32), W = T (beta k exp(gc)) and U = T (beta v) (bf16 mma);
 //   3. state:  per sequence, value head and 32 value columns, walking its chunks in order:
 //              H_c (the state at the chunk's start) saved, V = U - W H, H = exp(gc_last) H +
 //              (k exp(gc_last - gc))^T V; the slot's state read first and written last;
@@ -257,6 +257,20 @@ __global__ void __launch_bounds__(256) gdr_prep_kernel(GatedDeltaRuleArgs a) {
   }
 }
 
+// 8 bf16 from src to dst (both 16-byte aligned), each times f (f = 1 and -1 are exact).
+__device__ __forceinline__ void copy8(bf16* dst, const bf16* src, float f = 1.0f) {
+  uint4 raw = *reinterpret_cast<const uint4*>(src);
+  if (f != 1.0f) {
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(h[i]);
+      h[i] = __floats2bfloat162_rn(v.x * f, v.y * f);
+    }
+  }
+  *reinterpret_cast<uint4*>(dst) = raw;
+}
+
 // Shared-memory leading dimensions (elements): rows stay 32-byte aligned for WMMA, banks shift.
 template <int D>
 constexpr int ld_bf16() {
@@ -280,15 +294,36 @@ __device__ __forceinline__ void store_tile_bf16(const FragC& f, float* stage, bf
   __syncwarp();
 }
 
+// Row tile `warp` of X Y^T for column tiles 0..warp (the causal lower half of a 64 x 64
+// product): X, Y [64][ld_bf16<DK>] bf16 and out [64][ld_f32<64>] f32, all in shared memory.
+template <int DK>
+__device__ __forceinline__ void lower_xyt(const bf16* x, const bf16* y, float* out, int warp) {
+  constexpr int ld = ld_bf16<DK>(), ldo = ld_f32<kBT>();
+  for (int ct = 0; ct <= warp; ++ct) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < DK; kk += 16) {
+      FragA fa;
+      FragBc fb;  // Y^T: element (k, n) at y[n][k]
+      wmma::load_matrix_sync(fa, x + warp * 16 * ld + kk, ld);
+      wmma::load_matrix_sync(fb, y + ct * 16 * ld + kk, ld);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + warp * 16 * ldo + ct * 16, acc, ldo, wmma::mem_row_major);
+  }
+}
+
 // 2. WY representation. grid (num_chunks, Hv), 4 warps; warp w owns rows [16w, 16w+16).
 template <int DK, int DV>
 struct WySmem {
-  bf16 k[kBT][ld_bf16<DK>()];    // normalised keys
-  bf16 kb[kBT][ld_bf16<DK>()];   // beta k exp(gc)
-  bf16 vb[kBT][ld_bf16<DV>()];   // beta v
-  float A[kBT][ld_f32<kBT>()];   // k k^T, then the strictly lower A
-  float Tf[kBT][kBT + 1];        // (I + A)^-1, column per thread
-  bf16 Tb[kBT][ld_bf16<kBT>()];  // the same in bf16
+  bf16 k[kBT][ld_bf16<DK>()];     // normalised keys
+  bf16 kb[kBT][ld_bf16<DK>()];    // beta k exp(gc)
+  bf16 vb[kBT][ld_bf16<DV>()];    // beta v
+  float A[kBT][ld_f32<kBT>()];    // k k^T, then the strictly lower A
+  float Tf[kBT][kBT + 1];         // (I + A)^-1
+  float X[kBT / 16 - 1][16][17];  // the blocked inverse's sums
+  bf16 Tb[kBT][ld_bf16<kBT>()];   // the same in bf16
   float gc[kBT], beta[kBT];
   float stage[4][256];
 };
@@ -317,11 +352,10 @@ __global__ void __launch_bounds__(128) gdr_wy_kernel(GatedDeltaRuleArgs a) {
   if (tid >= 64 && tid < 128) sm.beta[tid - 64] = a.beta[gofs + tid - 64];
   __syncthreads();
   const bf16* kn = a.kn + (static_cast<int64_t>(ci) * a.Hk + kh) * kBT * DK;
-  for (int e = tid; e < kBT * DK; e += 128) {
-    const int r = e / DK, c = e % DK;
-    const bf16 kv = kn[e];
-    sm.k[r][c] = kv;
-    sm.kb[r][c] = __float2bfloat16_rn(__bfloat162float(kv) * sm.beta[r] * __expf(sm.gc[r]));
+  for (int e = tid; e < kBT * DK / 8; e += 128) {  // 8 elements a step
+    const int r = e / (DK / 8), c = e % (DK / 8) * 8;
+    copy8(&sm.k[r][c], kn + r * DK + c);
+    copy8(&sm.kb[r][c], kn + r * DK + c, sm.beta[r] * __expf(sm.gc[r]));
   }
   const int64_t C = 2 * static_cast<int64_t>(a.Hk) * DK + static_cast<int64_t>(a.Hv) * DV;
   const bf16* qkv = static_cast<const bf16*>(a.qkv);
@@ -331,37 +365,46 @@ __global__ void __launch_bounds__(128) gdr_wy_kernel(GatedDeltaRuleArgs a) {
     sm.vb[r][c] = __float2bfloat16_rn(v * sm.beta[r]);
   }
   __syncthreads();
-  // k k^T, lower tiles only (row tile = warp).
-  for (int ct = 0; ct <= warp; ++ct) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < DK; kk += 16) {
-      FragA fa;
-      FragBc fb;
-      wmma::load_matrix_sync(fa, &sm.k[warp * 16][kk], ld_bf16<DK>());
-      wmma::load_matrix_sync(fb, &sm.k[ct * 16][kk], ld_bf16<DK>());
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(&sm.A[warp * 16][ct * 16], acc, ld_f32<kBT>(), wmma::mem_row_major);
-  }
+  lower_xyt<DK>(&sm.k[0][0], &sm.k[0][0], &sm.A[0][0], warp);  // k k^T
   __syncthreads();
   for (int e = tid; e < kBT * kBT; e += 128) {
     const int i = e / kBT, j = e % kBT;
     sm.A[i][j] = j < i ? sm.A[i][j] * sm.beta[i] * __expf(sm.gc[i] - sm.gc[j]) : 0.0f;
   }
   __syncthreads();
-  // Column j of T solves (I + A) x = e_j: x_i = -sum_{j <= m < i} A[i][m] x_m.
+  // T = (I + A)^-1 in 16 x 16 blocks. The diagonal blocks first, by forward substitution (a
+  // thread per column: column c of block b solves x_r = -sum_{c <= m < r} A[16b+r][16b+m] x_m);
+  // then the blocks below them by distance d: T_ij = -T_ii sum_{j <= k < i} A_ik T_kj, i = j + d,
+  // whose T_kj are all closer to the diagonal.
+  for (int e = tid; e < kBT * kBT; e += 128) sm.Tf[e / kBT][e % kBT] = 0.0f;
+  __syncthreads();
   if (tid < kBT) {
-    const int j = tid;
-    for (int i = 0; i < kBT; ++i) sm.Tf[i][j] = i == j ? 1.0f : 0.0f;
-    for (int i = j + 1; i < kBT; ++i) {
+    const int b0 = (tid / 16) * 16, c = tid % 16, j = b0 + c;
+    sm.Tf[j][j] = 1.0f;
+    for (int r = c + 1; r < 16; ++r) {
       float acc = 0.0f;
-      for (int m = j; m < i; ++m) acc += sm.A[i][m] * sm.Tf[m][j];
-      sm.Tf[i][j] = -acc;
+      for (int m = c; m < r; ++m) acc += sm.A[b0 + r][b0 + m] * sm.Tf[b0 + m][j];
+      sm.Tf[b0 + r][j] = -acc;
     }
   }
   __syncthreads();
+  for (int d = 1; d < kBT / 16; ++d) {
+    const int pairs = kBT / 16 - d;  // block rows i = j + d for j < pairs
+    for (int e = tid; e < pairs * 256; e += 128) {
+      const int jb = e / 256, ib = jb + d, r = (e % 256) / 16, c = e % 16;
+      float acc = 0.0f;
+      for (int k = jb * 16; k < ib * 16; ++k) acc += sm.A[ib * 16 + r][k] * sm.Tf[k][jb * 16 + c];
+      sm.X[jb][r][c] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < pairs * 256; e += 128) {
+      const int jb = e / 256, ib = jb + d, r = (e % 256) / 16, c = e % 16;
+      float acc = 0.0f;
+      for (int m = 0; m < 16; ++m) acc += sm.Tf[ib * 16 + r][ib * 16 + m] * sm.X[jb][m][c];
+      sm.Tf[ib * 16 + r][jb * 16 + c] = -acc;
+    }
+    __syncthreads();
+  }
   for (int e = tid; e < kBT * kBT; e += 128) sm.Tb[e / kBT][e % kBT] = __float2bfloat16_rn(sm.Tf[e / kBT][e % kBT]);
   __syncthreads();
   // W = T kb and U = T vb: T is lower triangular, so row tile w needs k tiles 0..w only.
@@ -447,10 +490,10 @@ __global__ void __launch_bounds__(128) gdr_state_kernel(GatedDeltaRuleArgs a) {
       sm.hb[r][c] = hv;
       Hs[static_cast<int64_t>(r) * DV + c] = hv;
     }
-    for (int e = tid; e < kBT * DK; e += 128) {
-      const int r = e / DK, c = e % DK;
-      sm.w[r][c] = __hneg(W[e]);
-      sm.kd[r][c] = __float2bfloat16_rn(__bfloat162float(kn[e]) * __expf(last - sm.gc[r]));
+    for (int e = tid; e < kBT * DK / 8; e += 128) {
+      const int r = e / (DK / 8), c = e % (DK / 8) * 8;
+      copy8(&sm.w[r][c], W + r * DK + c, -1.0f);
+      copy8(&sm.kd[r][c], kn + r * DK + c, __expf(last - sm.gc[r]));
     }
     __syncthreads();
     // V = U + (-W) H: row tile = warp, 2 column tiles.
@@ -539,31 +582,20 @@ __global__ void __launch_bounds__(128) gdr_output_kernel(GatedDeltaRuleArgs a) {
   if (tid < kBT) sm.gc[tid] = a.gc[gofs + tid];
   __syncthreads();
   const int64_t qo = (static_cast<int64_t>(ci) * a.Hk + kh) * kBT * DK;
-  for (int e = tid; e < kBT * DK; e += 128) {
-    const int r = e / DK, c = e % DK;
-    const bf16 qv = a.qn[qo + e];
-    sm.q[r][c] = qv;
-    sm.qd[r][c] = __float2bfloat16_rn(__bfloat162float(qv) * __expf(sm.gc[r]));
-    sm.k[r][c] = a.kn[qo + e];
+  for (int e = tid; e < kBT * DK / 8; e += 128) {
+    const int r = e / (DK / 8), c = e % (DK / 8) * 8;
+    copy8(&sm.q[r][c], a.qn + qo + r * DK + c);
+    copy8(&sm.qd[r][c], a.qn + qo + r * DK + c, __expf(sm.gc[r]));
+    copy8(&sm.k[r][c], a.kn + qo + r * DK + c);
   }
   const bf16* Hs = a.hs + (static_cast<int64_t>(ci) * a.Hv + h) * DK * DV + v0;
-  for (int e = tid; e < DK * 64; e += 128) sm.h[e / 64][e % 64] = Hs[static_cast<int64_t>(e / 64) * DV + e % 64];
+  for (int e = tid; e < DK * 8; e += 128)
+    copy8(&sm.h[e / 8][e % 8 * 8], Hs + static_cast<int64_t>(e / 8) * DV + e % 8 * 8);
   const bf16* Vn = a.vnew + gofs * DV + v0;
-  for (int e = tid; e < kBT * 64; e += 128) sm.v[e / 64][e % 64] = Vn[static_cast<int64_t>(e / 64) * DV + e % 64];
+  for (int e = tid; e < kBT * 8; e += 128)
+    copy8(&sm.v[e / 8][e % 8 * 8], Vn + static_cast<int64_t>(e / 8) * DV + e % 8 * 8);
   __syncthreads();
-  for (int ct = 0; ct <= warp; ++ct) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < DK; kk += 16) {
-      FragA fa;
-      FragBc fb;
-      wmma::load_matrix_sync(fa, &sm.q[warp * 16][kk], ld_bf16<DK>());
-      wmma::load_matrix_sync(fb, &sm.k[ct * 16][kk], ld_bf16<DK>());
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(&sm.p[warp * 16][ct * 16], acc, ld_f32<64>(), wmma::mem_row_major);
-  }
+  lower_xyt<DK>(&sm.q[0][0], &sm.k[0][0], &sm.p[0][0], warp);  // q k^T
   __syncthreads();
   for (int e = tid; e < kBT * kBT; e += 128) {
     const int i = e / kBT, j = e % kBT;
