@@ -39,4 +39,26 @@ AttentionMetadata upload_attention_metadata(Backend& be, AttentionLayout layout)
   return m;
 }
 
+LinearAttnMetadata upload_linear_attn_metadata(Backend& be, LinearAttnLayout layout) {
+  LinearAttnMetadata m;
+  m.num_seqs = static_cast<int>(layout.state_slots.size());
+  TESSERA_CHECK(layout.query_start_loc.size() == layout.state_slots.size() + 1,
+                "query_start_loc must have S+1 entries");
+  TESSERA_CHECK(layout.has_initial_state.size() == layout.state_slots.size(), "has_initial_state must have S entries");
+  TESSERA_CHECK(layout.query_start_loc[0] == 0, "query_start_loc must start at 0");
+  m.num_tokens = layout.query_start_loc.back();
+  for (int s = 0; s < m.num_seqs; ++s) {
+    const int len = layout.query_start_loc[s + 1] - layout.query_start_loc[s];
+    TESSERA_CHECK(len >= 0, "query_start_loc must not decrease");
+    m.max_query_len = std::max(m.max_query_len, len);
+  }
+  m.query_start_loc = upload_i32(be, layout.query_start_loc, {m.num_seqs + 1});
+  m.state_slots = upload_i32(be, layout.state_slots, {std::max(1, m.num_seqs)});
+  m.has_initial_state = upload_i32(be, layout.has_initial_state, {std::max(1, m.num_seqs)});
+  m.host_query_start_loc = std::move(layout.query_start_loc);
+  m.host_state_slots = std::move(layout.state_slots);
+  m.host_has_initial_state = std::move(layout.has_initial_state);
+  return m;
+}
+
 }  // namespace tessera

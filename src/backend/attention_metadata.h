@@ -18,4 +18,14 @@ struct AttentionLayout {
 // Builds the metadata in `backend`'s scratch memory (valid until reset_scratch).
 AttentionMetadata upload_attention_metadata(Backend& backend, AttentionLayout layout);
 
+// Host description of one step's linear-attention sequences (state slots).
+struct LinearAttnLayout {
+  std::vector<int32_t> query_start_loc;    // S+1
+  std::vector<int32_t> state_slots;        // S (< 0: padding sequence)
+  std::vector<int32_t> has_initial_state;  // S (0 or 1)
+};
+
+// Builds the metadata in `backend`'s scratch memory (valid until reset_scratch).
+LinearAttnMetadata upload_linear_attn_metadata(Backend& backend, LinearAttnLayout layout);
+
 }  // namespace tessera

@@ -35,6 +35,22 @@ struct AttentionMetadata {
   std::vector<int32_t> host_query_start_loc, host_seq_lens, host_block_tables, host_slot_mapping;
 };
 
+// Per-step layout of the sequences of a linear-attention (Gated DeltaNet) layer. Such a layer
+// keeps a fixed-size state per sequence in a "state slot": row `slot` of the layer's conv state
+// [num_slots, K-1, C] and recurrent state [num_slots, Hv, Dk, Dv] tensors, which the engine's
+// cache manager allocates (backend.alloc) and assigns. Index tensors live on the backend's
+// device; host copies serve CPU kernels and launch-size decisions (upload_linear_attn_metadata
+// in backend/attention_metadata.h builds both).
+struct LinearAttnMetadata {
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int max_query_len = 0;     // 1 on decode steps: the backends then run their decode kernels
+  Tensor query_start_loc;    // i32 [S+1]: sequence s owns tokens [qsl[s], qsl[s+1]) of this step
+  Tensor state_slots;        // i32 [S]: the sequence's state slot; < 0 = a padding sequence
+  Tensor has_initial_state;  // i32 [S]: 1 = continue from the slot's state, 0 = start from zeros
+  std::vector<int32_t> host_query_start_loc, host_state_slots, host_has_initial_state;
+};
+
 // Rotary embedding table: for each position, cos then sin of each frequency
 // ([max_positions, rotary_dim] f32), already multiplied by any YaRN attention factor.
 struct RopeTable {
@@ -151,6 +167,57 @@ class Backend {
   // out = x * sigmoid(gate). gate has x's shape, or [T, 1] (one gate per row, broadcast over the
   // row: the shared expert's gate). Gated attention uses the elementwise form. out may alias x.
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;
+
+  // ---- linear attention (Gated DeltaNet: Qwen3-Next, Qwen3.5) ----
+  // Shapes: T tokens of S sequences (LinearAttnMetadata); Hk key heads of Dk, Hv value heads of
+  // Dv (Hv a multiple of Hk; value head h reads key head h / (Hv/Hk), repeat_interleave); the
+  // conv channels C = 2*Hk*Dk + Hv*Dv are the q heads, then the k heads, then the v heads.
+  // (Qwen3-Next's in_proj_qkvz / in_proj_ba interleave these per key head: a model permutes
+  // their rows at load into q | k | v | z and b | a.) A sequence whose slot is < 0 is padding
+  // (CUDA-graph batches): its output rows are zeroed and no state is read or written; two
+  // sequences of one step never share a slot; a step may mix prefill chunks and decode tokens.
+  // The ops never synchronise with the host; a step whose sequences all have one token
+  // (max_query_len == 1) reads no host metadata but num_seqs and num_tokens, so it can be
+  // captured in a graph and replayed with new slots and inputs. States are f32 (default) or
+  // bf16, read and written in their dtype; the math is f32. CUDA limits: conv kernel size 4;
+  // key head dims 16, 32, 64, 128, 256; the chunked prefill needs Dk = Dv = 128 (else the
+  // recurrent kernel walks the tokens).
+  //
+  // Causal depthwise conv1d (kernel K) with SiLU over each sequence's tokens:
+  //   out[t, c] = silu(sum_{j<K} weight[c, j] * in[p - (K-1) + j, c]),  p = t's index in its sequence,
+  // where in[i] = x[row i of the sequence, x_col + c] for i >= 0 and, for i < 0, the slot's conv
+  // state row K-1+i (the sequence's last K-1 inputs before this step, oldest first), or zero
+  // without an initial state. Afterwards the slot holds the last K-1 inputs (state rows included
+  // when the step has fewer than K-1 tokens). x [T, X] with x_col + C <= X (so a fused projection
+  // row [q k v | z | b a] is read in place); weight [C, K] (HF conv1d.weight [C, 1, K] viewed) in
+  // the compute dtype or f32; conv_state [num_slots, K-1, C]; out [T, C] in x's dtype.
+  virtual void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
+                             const LinearAttnMetadata& meta, const Tensor& out) {
+    fail(ErrorKind::kUnsupported, "{} has no causal_conv1d", name());
+  }
+  // The gated delta rule over each sequence's tokens, starting from the slot's recurrent state
+  // (zeros without an initial state) and writing the final state back in place. Per token, value
+  // head h, key head kh = h / (Hv/Hk):
+  //   q = l2norm(q[kh]) / sqrt(Dk), k = l2norm(k[kh]), l2norm(x) = x / sqrt(sum x^2 + 1e-6);
+  //   g = -exp(A_log[h]) * softplus(a[h] + dt_bias[h]), beta = sigmoid(b[h]);
+  //   S = S * exp(g);  S += k (beta * (v[h] - S^T k))^T;  out[t, h] = S^T q      (S is [Dk, Dv])
+  // qkv [T, C] is the conv output; ba [T, X]: b[t, h] = ba[t, ba_col + h], a[t, h] = ba[t, ba_col +
+  // Hv + h]; A_log, dt_bias [Hv] (f32 or the compute dtype); state [num_slots, Hv, Dk, Dv];
+  // out [T, Hv, Dv] in qkv's dtype. Sequences of several tokens run chunked (64 tokens, the WY
+  // form of flash-linear-attention), single tokens the recurrent step: the same function.
+  virtual void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log,
+                                const Tensor& dt_bias, const Tensor& state, const LinearAttnMetadata& meta,
+                                const Tensor& out) {
+    fail(ErrorKind::kUnsupported, "{} has no gated_delta_rule", name());
+  }
+  // Gated RMSNorm per head of x [T, H, D]:
+  //   out[t, h, :] = x[t, h, :] / sqrt(mean(x[t, h, :]^2) + eps) * w * silu(z[t, z_col + h*D + :]),
+  // w [D]; z [T, Z] with z_col + H*D <= Z (the z part of a fused projection, read in place);
+  // out [T, H, D] in x's dtype (may alias x).
+  virtual void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,
+                              const Tensor& out) {
+    fail(ErrorKind::kUnsupported, "{} has no gated_rms_norm", name());
+  }
 
   // out[i,:] = x[indices[i], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) = 0;

@@ -386,10 +386,10 @@ TEST_F(CudaOps, Rope) {
 // The fused prologue against the CPU backend's composition (split, norms, rope, write_kv).
 TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3}) {
-    for (int D : {128, 24}) {
+    for (int D : {128, 24, 256}) {  // 256: Qwen3-Next / Qwen3.5 gated attention, 64 rotary dims
       for (bool norm : {true, false}) {
-        const bool neox = D == 128;
-        const int rd = D == 128 ? D : 16;
+        const bool neox = D != 24;
+        const int rd = D == 128 ? D : D == 256 ? 64 : 16;
         const int64_t T = 9, Hq = 8, Hk = 2, max_pos = 512, blocks = 4, bs = 16;
         std::vector<float> cs = rope_cos_sin(max_pos, rd);
         std::vector<int32_t> pos(T), slots(T);
@@ -439,11 +439,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
   unsetenv("TESSERA_FUSED_DECODE_ATTN");
   const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
-    for (int D : {128, 64})
+    for (int D : {128, 64, 256})  // 256 with 64 rotary dims (neox): Qwen3-Next / Qwen3.5
       for (int group : {1, 4, 8, 16})
         for (bool norm : {true, false}) {
-          const bool neox = D == 128;
-          const int rd = D == 128 ? D : 32, Hk = 2, Hq = Hk * group, bs = 16, max_pos = 2048;
+          const bool neox = D != 64;
+          const int rd = D == 128 ? D : D == 256 ? 64 : 32, Hk = 2, Hq = Hk * group, bs = 16, max_pos = 2048;
           const int64_t T = static_cast<int64_t>(cached.size());
           const float k_scale = cache_t == DType::kF8E4M3 ? 0.01f : 1.0f;
           const float v_scale = cache_t == DType::kF8E4M3 ? 0.005f : 1.0f;
@@ -557,6 +557,114 @@ TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
   gpu().fill(d, 0.0f);
   gpu().synchronize();
 }
+
+// ---------------------------------------------------------------- linear attention (Gated DeltaNet)
+// A step of sequences in state slots: both backends get the same layout and the same states.
+struct LinearStep {
+  std::vector<int> lens, slots, init;
+};
+LinearAttnLayout linear_layout(const LinearStep& st) {
+  LinearAttnLayout l;
+  l.query_start_loc = {0};
+  for (int n : st.lens) l.query_start_loc.push_back(l.query_start_loc.back() + n);
+  l.state_slots.assign(st.slots.begin(), st.slots.end());
+  l.has_initial_state.assign(st.init.begin(), st.init.end());
+  return l;
+}
+
+TEST_F(CudaOps, CausalConv1dMatchesCpu) {
+  // Decode (one kernel), a short prefill (one kernel), a long one (then the state kernel); a
+  // padding sequence, an empty one, sequences shorter than the window.
+  const std::vector<LinearStep> steps = {
+      {{1, 1, 1, 1}, {3, 0, -1, 5}, {1, 1, 1, 0}},
+      {{9, 2, 1, 0, 64}, {1, 4, 2, 0, 5}, {0, 1, 1, 1, 1}},
+      {{300, 2, 70, 1, 5}, {2, 5, 0, -1, 4}, {1, 1, 0, 1, 1}},
+  };
+  const int num_slots = 6, K = 4;
+  for (DType sdt : {DType::kF32, DType::kBF16})
+    for (int C : {384, 8192 + 96}) {
+      const int x_col = 16, X = x_col + C + 40;
+      std::vector<float> w = rand(static_cast<int64_t>(C) * K, -0.6f, 0.6f);
+      std::vector<float> st0 = rand(static_cast<int64_t>(num_slots) * (K - 1) * C);
+      Tensor gw = on_gpu(w, {C, K}), cw = on_cpu(w, {C, K});
+      Tensor gs = on_gpu(st0, {num_slots, K - 1, C}, sdt), cs = upload(cpu(), st0, {num_slots, K - 1, C}, sdt);
+      for (const LinearStep& step : steps) {
+        LinearAttnLayout l = linear_layout(step);
+        const int T = l.query_start_loc.back();
+        std::vector<float> x = rand(static_cast<int64_t>(T) * X, -2.0f, 2.0f);
+        Tensor gx = on_gpu(x, {T, X}), cx = on_cpu(x, {T, X});
+        Tensor gout = gpu_out({T, C}), cout = cpu().alloc({T, C}, DType::kF32);
+        gpu().causal_conv1d(gx, x_col, gw, gs, upload_linear_attn_metadata(gpu(), l), gout);
+        cpu().causal_conv1d(cx, x_col, cw, cs, upload_linear_attn_metadata(cpu(), l), cout);
+        EXPECT_LT(rel_err(from_gpu(gout), from_cpu(cout)), 1e-2) << "C " << C << " T " << T;
+        // The conv states hold inputs (bf16 values): bit-exact.
+        EXPECT_EQ(from_gpu(gs), from_cpu(cs)) << "conv state, C " << C << " T " << T;
+        gpu().synchronize();
+      }
+    }
+}
+
+TEST_F(CudaOps, GatedRmsNormMatchesCpu) {
+  for (int D : {16, 128}) {
+    const int T = 37, H = 6, z_col = 24, Z = z_col + H * D + 8;
+    std::vector<float> x = rand(static_cast<int64_t>(T) * H * D, -3.0f, 3.0f),
+                       z = rand(static_cast<int64_t>(T) * Z, -4.0f, 4.0f), w = rand(D, 0.5f, 1.5f);
+    Tensor gout = gpu_out({T, H, D}), cout = cpu().alloc({T, H, D}, DType::kF32);
+    gpu().gated_rms_norm(on_gpu(x, {T, H, D}), on_gpu(z, {T, Z}), z_col, on_gpu(w, {D}), 1e-6f, gout);
+    cpu().gated_rms_norm(on_cpu(x, {T, H, D}), on_cpu(z, {T, Z}), z_col, on_cpu(w, {D}), 1e-6f, cout);
+    EXPECT_LT(rel_err(from_gpu(gout), from_cpu(cout)), 1e-2) << "D " << D;
+  }
+}
+
+struct GdrCase {
+  int Hk, Hv, Dk, Dv;
+  DType state;
+  const char* what;
+};
+class CudaGatedDeltaRule : public CudaOps, public ::testing::WithParamInterface<GdrCase> {};
+
+// A prefill step (chunked on tensor cores where Dk = Dv = 128, else the recurrent kernel) with
+// sequences crossing 64-token chunks, some continuing from a state, a padding sequence and an
+// empty one; then decode steps on the states each backend wrote. Outputs after every step and
+// the states at the end against the CPU backend.
+TEST_P(CudaGatedDeltaRule, PrefillThenDecodeMatchCpu) {
+  const GdrCase c = GetParam();
+  const int num_slots = 8, C = 2 * c.Hk * c.Dk + c.Hv * c.Dv;
+  const std::vector<LinearStep> steps = {
+      {{1, 40, 64, 65, 200, 3, 0}, {3, 0, 6, 2, 5, -1, 1}, {1, 0, 1, 0, 1, 1, 1}},
+      {{1, 1, 1, 1, 1}, {3, 0, 6, 2, 5}, {1, 1, 1, 1, 1}},
+      {{1, 1, 1, 1, 1, 1}, {3, 0, -1, 6, 2, 5}, {1, 1, 1, 1, 1, 1}},
+      {{130, 1, 7}, {0, 3, 5}, {1, 1, 1}},  // a chunked prefill continuing from the state
+  };
+  std::vector<float> alog = rand(c.Hv, -2.0f, 0.5f), dtb = rand(c.Hv, -1.0f, 1.0f);
+  Tensor ga = on_gpu(alog, {c.Hv}, DType::kF32), gd = on_gpu(dtb, {c.Hv}, DType::kF32);
+  Tensor ca = on_cpu(alog, {c.Hv}), cd = on_cpu(dtb, {c.Hv});
+  const Shape ss{num_slots, c.Hv, c.Dk, c.Dv};
+  std::vector<float> st0 = rand(ss.numel(), -0.3f, 0.3f);
+  Tensor gs = on_gpu(st0, ss, c.state), cs = upload(cpu(), st0, ss, c.state);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    LinearAttnLayout l = linear_layout(steps[i]);
+    const int T = l.query_start_loc.back(), ba_col = 3, X = ba_col + 2 * c.Hv + 5;
+    std::vector<float> qkv = rand(static_cast<int64_t>(T) * C, -1.0f, 1.0f),
+                       ba = rand(static_cast<int64_t>(T) * X, -3.0f, 3.0f);
+    Tensor gout = gpu_out({T, c.Hv, c.Dv}), cout = cpu().alloc({T, c.Hv, c.Dv}, DType::kF32);
+    gpu().gated_delta_rule(on_gpu(qkv, {T, C}), on_gpu(ba, {T, X}), ba_col, ga, gd, gs,
+                           upload_linear_attn_metadata(gpu(), l), gout);
+    cpu().gated_delta_rule(on_cpu(qkv, {T, C}), on_cpu(ba, {T, X}), ba_col, ca, cd, cs,
+                           upload_linear_attn_metadata(cpu(), l), cout);
+    EXPECT_LT(rel_err(from_gpu(gout), from_cpu(cout)), 2e-2) << c.what << " step " << i;
+    gpu().synchronize();
+  }
+  EXPECT_LT(rel_err(from_gpu(gs), from_cpu(cs)), 2e-2) << c.what << " states";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGatedDeltaRule,
+                         ::testing::Values(GdrCase{2, 4, 128, 128, DType::kF32, "chunked f32 state"},
+                                           GdrCase{2, 4, 128, 128, DType::kBF16, "chunked bf16 state"},
+                                           GdrCase{1, 1, 128, 128, DType::kF32, "chunked one head"},
+                                           GdrCase{2, 4, 16, 16, DType::kF32, "recurrent, fixture dims"},
+                                           GdrCase{2, 2, 64, 32, DType::kBF16, "recurrent 64x32"},
+                                           GdrCase{1, 2, 256, 40, DType::kF32, "recurrent 256x40"}));
 
 // ---------------------------------------------------------------- paged KV write + attention
 // ---- mixture of experts: each op against CpuBackend on the same (bf16-rounded) inputs ----
@@ -783,6 +891,14 @@ std::vector<AttnCase> attention_cases() {
     cases.push_back({128, g, DType::kBF16, mixed, "mixed"});
   }
   cases.push_back({128, 4, DType::kBF16, {{0, 1}}, "decode"});  // one token, one key
+  // head_dim 256 with 2 kv heads (Qwen3-Next / Qwen3.5 gated attention: 16 or 32 query heads).
+  for (int g : {8, 16})
+    for (DType c : {DType::kBF16, DType::kF8E4M3}) {
+      cases.push_back({256, g, c, decode, "decode"});
+      cases.push_back({256, g, c, prefill, "prefill+prefix"});
+      cases.push_back({256, g, c, mixed, "mixed"});
+      cases.push_back({256, g, c, short_prefill, "short-prefill"});
+    }
   return cases;
 }
 

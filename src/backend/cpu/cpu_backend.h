@@ -51,6 +51,13 @@ class CpuBackend final : public Backend {
   void qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                     const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                     float k_scale, float v_scale, const Tensor& q_out) override;
+  // Linear attention (cpu_linear_attn.cpp).
+  void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
+                     const LinearAttnMetadata& meta, const Tensor& out) override;
+  void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,
+                        const Tensor& state, const LinearAttnMetadata& meta, const Tensor& out) override;
+  void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,
+                      const Tensor& out) override;
   void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override;
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override;
 

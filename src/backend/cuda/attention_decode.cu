@@ -396,7 +396,7 @@ void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int part, bool
 }  // namespace
 
 bool decode_attention_supported(int D, DType cache_dtype) {
-  return (D == 64 || D == 128) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
+  return (D == 64 || D == 128 || D == 256) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
 }
 
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms) {
@@ -415,6 +415,9 @@ void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int ma
   if (a.D == 128) {
     fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
         : decode_dispatch<128, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
+  } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
   } else {
     fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
         : decode_dispatch<64, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);

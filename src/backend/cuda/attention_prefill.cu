@@ -293,20 +293,24 @@ int env_int(const char* name) {
 // Tuning switches: TESSERA_PREFILL_RF=1|2, TESSERA_PREFILL_BN=32|64.
 template <int D, typename CT>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
-  static const int forced_rf = env_int("TESSERA_PREFILL_RF"), forced_bn = env_int("TESSERA_PREFILL_BN");
-  const bool two = forced_rf ? forced_rf == 2 : max_query_len > 64;
-  const bool narrow = forced_bn == 32;
-  if (two)
-    narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, s)
-           : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
-  else
-    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
+  if constexpr (D == 256) {  // one row fragment a warp (its output alone is 128 registers), 32-key tiles
+    prefill_t<D, CT, 1, 32>(a, max_query_len, skip_single, s);
+  } else {
+    static const int forced_rf = env_int("TESSERA_PREFILL_RF"), forced_bn = env_int("TESSERA_PREFILL_BN");
+    const bool two = forced_rf ? forced_rf == 2 : max_query_len > 64;
+    const bool narrow = forced_bn == 32;
+    if (two)
+      narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, s)
+             : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
+    else
+      prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
+  }
 }
 
 }  // namespace
 
 bool prefill_attention_supported(int D, DType cache_dtype) {
-  return (D == 64 || D == 128) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
+  return (D == 64 || D == 128 || D == 256) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
 }
 
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
@@ -315,6 +319,9 @@ void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bo
   if (a.D == 128) {
     fp8 ? prefill_t<128, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
         : prefill_t<128, __nv_bfloat16>(a, max_query_len, skip_single, s);
+  } else if (a.D == 256) {
+    fp8 ? prefill_t<256, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
+        : prefill_t<256, __nv_bfloat16>(a, max_query_len, skip_single, s);
   } else {
     fp8 ? prefill_t<64, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
         : prefill_t<64, __nv_bfloat16>(a, max_query_len, skip_single, s);

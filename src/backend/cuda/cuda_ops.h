@@ -3,6 +3,7 @@
 // op is a static kernel, a launcher taking a stream, and an entry in CudaBackend).
 #pragma once
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -117,6 +118,46 @@ void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bo
 // Fallback for head dims / cache dtypes the two kernels above do not cover (slow, exact).
 bool generic_attention_supported(int D);
 void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
+
+// ---- linear attention, Gated DeltaNet (linear_attn.cu) ----
+// Causal depthwise conv1d (kernel 4) + SiLU, bf16 x/out, weight [C, 4] bf16 or f32, state
+// [num_slots, 3, C] f32 or bf16. max_query_len <= 64: one kernel (the decode step); longer:
+// a second kernel writes the conv states.
+void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w, DType wt, void* state, DType st,
+                          const int32_t* qsl, const int32_t* slots, const int32_t* has_init, void* out, int C, int S,
+                          int max_query_len, cudaStream_t s);
+// out[t, h] = rms_norm(x[t, h]) * w * silu(z[t, z_col + h*D ...]); bf16 x, z, out.
+void launch_gated_rms_norm(const void* x, const void* z, int64_t Z, int64_t z_col, const void* w, DType wt, void* out,
+                           int64_t T, int H, int D, float eps, cudaStream_t s);
+struct GatedDeltaRuleArgs {
+  const void* qkv;  // bf16 [T, 2*Hk*Dk + Hv*Dv] (conv output: q heads, k heads, v heads)
+  const void* ba;   // bf16 [T, ba_stride]: b at ba_col + h, a at ba_col + Hv + h
+  int64_t ba_stride, ba_col;
+  const void *A_log, *dt_bias;  // [Hv], both of param_t (f32 or bf16)
+  DType param_t;
+  void* state;  // [num_slots, Hv, Dk, Dv] of state_t (f32 or bf16)
+  DType state_t;
+  const int32_t *qsl, *slots, *has_init;  // [S+1], [S], [S]
+  void* out;                              // bf16 [T, Hv, Dv]
+  int num_seqs, Hk, Hv, Dk, Dv;
+  float scale;  // 1 / sqrt(Dk)
+  // Chunked path only (gdr_carve_workspace fills the buffers):
+  const int32_t* chunks;      // [num_chunks, 3]: first token, length (<= 64), sequence
+  const int32_t* seq_chunks;  // [S+1]: sequence s owns chunks [seq_chunks[s], seq_chunks[s+1])
+  int num_chunks;
+  __nv_bfloat16 *qn, *kn;       // [num_chunks, Hk, 64, Dk]
+  __nv_bfloat16 *w, *u, *vnew;  // [num_chunks, Hv, 64, Dk / Dv / Dv]
+  __nv_bfloat16* hs;            // [num_chunks, Hv, Dk, Dv]: the state at each chunk's start
+  float *g, *beta, *gc;         // [num_chunks, Hv, 64]
+};
+bool gdr_recurrent_supported(int Dk);
+bool gdr_chunked_supported(int Dk, int Dv);
+size_t gdr_chunked_workspace_bytes(int64_t num_chunks, int Hk, int Hv, int Dk, int Dv);
+// Points a's chunked-path buffers into ws (gdr_chunked_workspace_bytes of it, 256-byte aligned).
+void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws);
+// chunked: the four-kernel tensor-core prefill (needs gdr_chunked_supported and the chunk
+// tables); else the recurrent kernel walks every sequence's tokens (decode: one launch).
+void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s);
 
 // ---- skinny GEMM for decode (gemv.cu) ----
 // Programmatic dependent launch for the decode-path kernels (device_utils.cuh): on for
