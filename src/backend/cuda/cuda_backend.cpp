@@ -624,330 +624,329 @@ class CudaBackend final : public Backend {
     need_cuda(out, "sigmoid_mul");
     bind();
     launch_sigmoid_mul(x.raw(), gate.raw(), out.raw(), x.dtype(), n, gate.numel() == n ? 1 : row, stream_);
+  }
 
-    // ---------------------------------------------------------------- linear attention
-    void check_linear_meta(const LinearAttnMetadata& m, int64_t T, const char* op) const {
-      CUDA_REQUIRE(m.num_tokens == T && static_cast<int>(m.host_query_start_loc.size()) == m.num_seqs + 1 &&
-                       m.state_slots.dtype() == DType::kI32 && m.has_initial_state.dtype() == DType::kI32,
-                   op, "metadata has " + std::to_string(m.num_tokens) + " tokens, the input " + std::to_string(T));
-    }
+  // ---------------------------------------------------------------- linear attention
+  void check_linear_meta(const LinearAttnMetadata& m, int64_t T, const char* op) const {
+    CUDA_REQUIRE(m.num_tokens == T && static_cast<int>(m.host_query_start_loc.size()) == m.num_seqs + 1 &&
+                     m.state_slots.dtype() == DType::kI32 && m.has_initial_state.dtype() == DType::kI32,
+                 op, "metadata has " + std::to_string(m.num_tokens) + " tokens, the input " + std::to_string(T));
+  }
 
-    void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
-                       const LinearAttnMetadata& meta, const Tensor& out) override {
-      CUDA_REQUIRE(x.ndim() == 2 && out.ndim() == 2 && x.dtype() == DType::kBF16 && out.dtype() == DType::kBF16,
-                   "causal_conv1d", "x and out must be bf16 [T, *], got " + x.str() + ", " + out.str());
-      CUDA_REQUIRE(conv_state.ndim() == 3 && (conv_state.dtype() == DType::kF32 || conv_state.dtype() == DType::kBF16),
-                   "causal_conv1d", "conv_state must be f32 or bf16 [num_slots, K-1, C], got " + conv_state.str());
-      const int64_t T = x.dim(0), X = x.dim(1), C = out.dim(1), K = conv_state.dim(1) + 1;
-      CUDA_REQUIRE(out.dim(0) == T && conv_state.dim(2) == C && weight.dim(0) == C && weight.numel() == C * K &&
-                       act(weight) && x_col >= 0 && x_col + C <= X,
-                   "causal_conv1d",
-                   "shapes " + x.str() + " (column " + std::to_string(x_col) + "), " + weight.str() + ", " +
-                       conv_state.str() + " -> " + out.str());
-      if (K != 4)
-        fail(ErrorKind::kUnsupported, "CUDA causal_conv1d supports kernel size 4 (linear_conv_kernel_dim), not {}", K);
-      check_linear_meta(meta, T, "causal_conv1d");
-      need_cuda(x, "causal_conv1d");
-      need_cuda(conv_state, "causal_conv1d");
-      bind();
-      launch_causal_conv1d(x.raw(), X, x_col, weight.raw(), weight.dtype(), conv_state.raw(), conv_state.dtype(),
-                           meta.query_start_loc.data<int32_t>(), meta.state_slots.data<int32_t>(),
-                           meta.has_initial_state.data<int32_t>(), out.raw(), static_cast<int>(C), meta.num_seqs,
-                           meta.max_query_len, stream_);
-    }
+  void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
+                     const LinearAttnMetadata& meta, const Tensor& out) override {
+    CUDA_REQUIRE(x.ndim() == 2 && out.ndim() == 2 && x.dtype() == DType::kBF16 && out.dtype() == DType::kBF16,
+                 "causal_conv1d", "x and out must be bf16 [T, *], got " + x.str() + ", " + out.str());
+    CUDA_REQUIRE(conv_state.ndim() == 3 && (conv_state.dtype() == DType::kF32 || conv_state.dtype() == DType::kBF16),
+                 "causal_conv1d", "conv_state must be f32 or bf16 [num_slots, K-1, C], got " + conv_state.str());
+    const int64_t T = x.dim(0), X = x.dim(1), C = out.dim(1), K = conv_state.dim(1) + 1;
+    CUDA_REQUIRE(out.dim(0) == T && conv_state.dim(2) == C && weight.dim(0) == C && weight.numel() == C * K &&
+                     act(weight) && x_col >= 0 && x_col + C <= X,
+                 "causal_conv1d",
+                 "shapes " + x.str() + " (column " + std::to_string(x_col) + "), " + weight.str() + ", " +
+                     conv_state.str() + " -> " + out.str());
+    if (K != 4)
+      fail(ErrorKind::kUnsupported, "CUDA causal_conv1d supports kernel size 4 (linear_conv_kernel_dim), not {}", K);
+    check_linear_meta(meta, T, "causal_conv1d");
+    need_cuda(x, "causal_conv1d");
+    need_cuda(conv_state, "causal_conv1d");
+    bind();
+    launch_causal_conv1d(x.raw(), X, x_col, weight.raw(), weight.dtype(), conv_state.raw(), conv_state.dtype(),
+                         meta.query_start_loc.data<int32_t>(), meta.state_slots.data<int32_t>(),
+                         meta.has_initial_state.data<int32_t>(), out.raw(), static_cast<int>(C), meta.num_seqs,
+                         meta.max_query_len, stream_);
+  }
 
-    void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log,
-                          const Tensor& dt_bias, const Tensor& state, const LinearAttnMetadata& meta, const Tensor& out)
-        override {
-      CUDA_REQUIRE(qkv.ndim() == 2 && ba.ndim() == 2 && out.ndim() == 3 && qkv.dtype() == DType::kBF16 &&
-                       ba.dtype() == DType::kBF16 && out.dtype() == DType::kBF16,
-                   "gated_delta_rule", "qkv [T, C], ba [T, X], out [T, Hv, Dv] must be bf16");
-      CUDA_REQUIRE(state.ndim() == 4 && (state.dtype() == DType::kF32 || state.dtype() == DType::kBF16),
-                   "gated_delta_rule", "state must be f32 or bf16 [num_slots, Hv, Dk, Dv], got " + state.str());
-      const int64_t T = qkv.dim(0), Hv = state.dim(1), Dk = state.dim(2), Dv = state.dim(3), C = qkv.dim(1);
-      const int64_t Hk = Dk > 0 ? (C - Hv * Dv) / (2 * Dk) : 0;
-      CUDA_REQUIRE(Hk > 0 && 2 * Hk * Dk + Hv * Dv == C && Hv % Hk == 0 && out.dim(0) == T && out.dim(1) == Hv &&
-                       out.dim(2) == Dv && ba.dim(0) == T && ba_col >= 0 && ba_col + 2 * Hv <= ba.dim(1) &&
-                       A_log.numel() == Hv && dt_bias.numel() == Hv && act(A_log) && A_log.dtype() == dt_bias.dtype(),
-                   "gated_delta_rule",
-                   "shapes qkv " + qkv.str() + ", ba " + ba.str() + " (column " + std::to_string(ba_col) + "), A_log " +
-                       A_log.str() + ", dt_bias " + dt_bias.str() + ", state " + state.str() + " -> " + out.str());
-      if (!gdr_recurrent_supported(static_cast<int>(Dk)))
-        fail(ErrorKind::kUnsupported, "CUDA gated_delta_rule supports key head dims 16, 32, 64, 128 and 256, not {}",
-             Dk);
-      check_linear_meta(meta, T, "gated_delta_rule");
-      need_cuda(qkv, "gated_delta_rule");
-      need_cuda(state, "gated_delta_rule");
-      bind();
-      GatedDeltaRuleArgs a{};
-      a.qkv = qkv.raw();
-      a.ba = ba.raw();
-      a.ba_stride = ba.dim(1);
-      a.ba_col = ba_col;
-      a.A_log = A_log.raw();
-      a.dt_bias = dt_bias.raw();
-      a.param_t = A_log.dtype();
-      a.state = state.raw();
-      a.state_t = state.dtype();
-      a.qsl = meta.query_start_loc.data<int32_t>();
-      a.slots = meta.state_slots.data<int32_t>();
-      a.has_init = meta.has_initial_state.data<int32_t>();
-      a.out = out.raw();
-      a.num_seqs = meta.num_seqs;
-      a.Hk = static_cast<int>(Hk);
-      a.Hv = static_cast<int>(Hv);
-      a.Dk = static_cast<int>(Dk);
-      a.Dv = static_cast<int>(Dv);
-      a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
-      // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
-      // (TESSERA_GDR_CHUNKED=0 keeps the recurrent kernel, which walks the tokens one by one).
-      const bool chunked =
-          meta.max_query_len > 1 && gdr_chunked_enabled_ && gdr_chunked_supported(a.Dk, a.Dv) && meta.num_seqs > 0;
-      if (chunked) {
-        std::vector<int32_t> chunks, seq_chunks = {0};
-        for (int s = 0; s < meta.num_seqs; ++s) {
-          const int t0 = meta.host_query_start_loc[s], t1 = meta.host_query_start_loc[s + 1];
-          for (int t = t0; t < t1; t += 64) chunks.insert(chunks.end(), {t, std::min(64, t1 - t), s});
-          seq_chunks.push_back(static_cast<int32_t>(chunks.size() / 3));
-        }
-        a.num_chunks = static_cast<int>(chunks.size() / 3);
-        if (a.num_chunks == 0) return;
-        Tensor chunk_table = scratch({static_cast<int64_t>(chunks.size())}, DType::kI32);
-        Tensor seq_table = scratch({static_cast<int64_t>(seq_chunks.size())}, DType::kI32);
-        copy_from_host(chunk_table, chunks.data());
-        copy_from_host(seq_table, seq_chunks.data());
-        Tensor ws = scratch({static_cast<int64_t>(gdr_chunked_workspace_bytes(a.num_chunks, a.Hk, a.Hv, a.Dk, a.Dv))},
-                            DType::kU8);
-        a.chunks = chunk_table.data<int32_t>();
-        a.seq_chunks = seq_table.data<int32_t>();
-        gdr_carve_workspace(a, ws.raw());
+  void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,
+                        const Tensor& state, const LinearAttnMetadata& meta, const Tensor& out) override {
+    CUDA_REQUIRE(qkv.ndim() == 2 && ba.ndim() == 2 && out.ndim() == 3 && qkv.dtype() == DType::kBF16 &&
+                     ba.dtype() == DType::kBF16 && out.dtype() == DType::kBF16,
+                 "gated_delta_rule", "qkv [T, C], ba [T, X], out [T, Hv, Dv] must be bf16");
+    CUDA_REQUIRE(state.ndim() == 4 && (state.dtype() == DType::kF32 || state.dtype() == DType::kBF16),
+                 "gated_delta_rule", "state must be f32 or bf16 [num_slots, Hv, Dk, Dv], got " + state.str());
+    const int64_t T = qkv.dim(0), Hv = state.dim(1), Dk = state.dim(2), Dv = state.dim(3), C = qkv.dim(1);
+    const int64_t Hk = Dk > 0 ? (C - Hv * Dv) / (2 * Dk) : 0;
+    CUDA_REQUIRE(Hk > 0 && 2 * Hk * Dk + Hv * Dv == C && Hv % Hk == 0 && out.dim(0) == T && out.dim(1) == Hv &&
+                     out.dim(2) == Dv && ba.dim(0) == T && ba_col >= 0 && ba_col + 2 * Hv <= ba.dim(1) &&
+                     A_log.numel() == Hv && dt_bias.numel() == Hv && act(A_log) && A_log.dtype() == dt_bias.dtype(),
+                 "gated_delta_rule",
+                 "shapes qkv " + qkv.str() + ", ba " + ba.str() + " (column " + std::to_string(ba_col) + "), A_log " +
+                     A_log.str() + ", dt_bias " + dt_bias.str() + ", state " + state.str() + " -> " + out.str());
+    if (!gdr_recurrent_supported(static_cast<int>(Dk)))
+      fail(ErrorKind::kUnsupported, "CUDA gated_delta_rule supports key head dims 16, 32, 64, 128 and 256, not {}", Dk);
+    check_linear_meta(meta, T, "gated_delta_rule");
+    need_cuda(qkv, "gated_delta_rule");
+    need_cuda(state, "gated_delta_rule");
+    bind();
+    GatedDeltaRuleArgs a{};
+    a.qkv = qkv.raw();
+    a.ba = ba.raw();
+    a.ba_stride = ba.dim(1);
+    a.ba_col = ba_col;
+    a.A_log = A_log.raw();
+    a.dt_bias = dt_bias.raw();
+    a.param_t = A_log.dtype();
+    a.state = state.raw();
+    a.state_t = state.dtype();
+    a.qsl = meta.query_start_loc.data<int32_t>();
+    a.slots = meta.state_slots.data<int32_t>();
+    a.has_init = meta.has_initial_state.data<int32_t>();
+    a.out = out.raw();
+    a.num_seqs = meta.num_seqs;
+    a.Hk = static_cast<int>(Hk);
+    a.Hv = static_cast<int>(Hv);
+    a.Dk = static_cast<int>(Dk);
+    a.Dv = static_cast<int>(Dv);
+    a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+    // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
+    // (TESSERA_GDR_CHUNKED=0 keeps the recurrent kernel, which walks the tokens one by one).
+    const bool chunked =
+        meta.max_query_len > 1 && gdr_chunked_enabled_ && gdr_chunked_supported(a.Dk, a.Dv) && meta.num_seqs > 0;
+    if (chunked) {
+      std::vector<int32_t> chunks, seq_chunks = {0};
+      for (int s = 0; s < meta.num_seqs; ++s) {
+        const int t0 = meta.host_query_start_loc[s], t1 = meta.host_query_start_loc[s + 1];
+        for (int t = t0; t < t1; t += 64) chunks.insert(chunks.end(), {t, std::min(64, t1 - t), s});
+        seq_chunks.push_back(static_cast<int32_t>(chunks.size() / 3));
       }
-      launch_gated_delta_rule(a, chunked, stream_);
+      a.num_chunks = static_cast<int>(chunks.size() / 3);
+      if (a.num_chunks == 0) return;
+      Tensor chunk_table = scratch({static_cast<int64_t>(chunks.size())}, DType::kI32);
+      Tensor seq_table = scratch({static_cast<int64_t>(seq_chunks.size())}, DType::kI32);
+      copy_from_host(chunk_table, chunks.data());
+      copy_from_host(seq_table, seq_chunks.data());
+      Tensor ws = scratch({static_cast<int64_t>(gdr_chunked_workspace_bytes(a.num_chunks, a.Hk, a.Hv, a.Dk, a.Dv))},
+                          DType::kU8);
+      a.chunks = chunk_table.data<int32_t>();
+      a.seq_chunks = seq_table.data<int32_t>();
+      gdr_carve_workspace(a, ws.raw());
     }
+    launch_gated_delta_rule(a, chunked, stream_);
+  }
 
-    void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps, const Tensor& out)
-        override {
-      CUDA_REQUIRE(x.ndim() == 3 && z.ndim() == 2 && out.shape() == x.shape() && x.dtype() == DType::kBF16 &&
-                       z.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 && act(w),
-                   "gated_rms_norm", "x, out bf16 [T, H, D] and z bf16 [T, Z], got " + x.str() + ", " + z.str());
-      const int64_t T = x.dim(0), H = x.dim(1), D = x.dim(2);
-      CUDA_REQUIRE(w.numel() == D && z.dim(0) == T && z_col >= 0 && z_col + H * D <= z.dim(1), "gated_rms_norm",
-                   "shapes " + x.str() + ", z " + z.str() + " (column " + std::to_string(z_col) + "), w " + w.str());
-      bind();
-      launch_gated_rms_norm(x.raw(), z.raw(), z.dim(1), z_col, w.raw(), w.dtype(), out.raw(), T, static_cast<int>(H),
-                            static_cast<int>(D), eps, stream_);
+  void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,
+                      const Tensor& out) override {
+    CUDA_REQUIRE(x.ndim() == 3 && z.ndim() == 2 && out.shape() == x.shape() && x.dtype() == DType::kBF16 &&
+                     z.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 && act(w),
+                 "gated_rms_norm", "x, out bf16 [T, H, D] and z bf16 [T, Z], got " + x.str() + ", " + z.str());
+    const int64_t T = x.dim(0), H = x.dim(1), D = x.dim(2);
+    CUDA_REQUIRE(w.numel() == D && z.dim(0) == T && z_col >= 0 && z_col + H * D <= z.dim(1), "gated_rms_norm",
+                 "shapes " + x.str() + ", z " + z.str() + " (column " + std::to_string(z_col) + "), w " + w.str());
+    bind();
+    launch_gated_rms_norm(x.raw(), z.raw(), z.dim(1), z_col, w.raw(), w.dtype(), out.raw(), T, static_cast<int>(H),
+                          static_cast<int>(D), eps, stream_);
+  }
+
+  void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
+    CUDA_REQUIRE(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
+                     out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
+                 "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
+    need_cuda(x, "gather_rows");
+    bind();
+    launch_gather_rows(x.raw(), indices.data<int32_t>(), out.raw(), indices.numel(), x.nbytes() / x.dim(0), x.dim(0),
+                       kErrGatherIndex, dev_err_, stream_);
+  }
+
+  void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override {
+    CUDA_REQUIRE(ids.dtype() == DType::kI32, "embedding_slice", "ids must be i32, got " + ids.str());
+    CUDA_REQUIRE(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
+                 "embedding_slice", table.str() + "[" + ids.str() + "] -> " + out.str());
+    need_cuda(ids, "embedding_slice");
+    need_cuda(table, "embedding_slice");
+    bind();
+    launch_gather_rows(table.raw(), ids.data<int32_t>(), out.raw(), ids.numel(), table.nbytes() / table.dim(0),
+                       table.dim(0), kErrTokenId, dev_err_, stream_, begin, /*zero_outside=*/true);
+  }
+
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override {
+    CUDA_REQUIRE(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
+                     out.numel() == logits.dim(0) && static_cast<int64_t>(rows.size()) == logits.dim(0),
+                 "sample", logits.str() + " -> " + out.str());
+    need_cuda(logits, "sample");
+    need_cuda(out, "sample");
+    bind();
+    if (rows.empty()) return;
+    Tensor dev_rows = scratch({static_cast<int64_t>(rows.size() * sizeof(SamplingRow))}, DType::kU8);
+    copy_from_host(dev_rows, rows.data());
+    launch_sample(logits.data<float>(), logits.dim(0), logits.dim(1), dev_rows.raw(), out.data<int32_t>(), stream_);
+  }
+
+  size_t scratch_in_use() const override { return in_use_; }
+
+  // ---------------------------------------------------------------- graphs
+  bool supports_graphs() const override { return true; }
+
+  void begin_capture() override {
+    bind();
+    TESSERA_CHECK(!capturing_, "begin_capture while already capturing");
+    // Relaxed: a first-time cuBLASLt call may allocate on the side; nothing else may.
+    TCUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    capture_chunks_ = chunks_.size();
+  }
+
+  std::unique_ptr<CapturedGraph> end_capture() override {
+    bind();
+    TESSERA_CHECK(capturing_, "end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess || !graph) {
+      cudaGetLastError();
+      if (graph) cudaGraphDestroy(graph);
+      fail(ErrorKind::kInternal, "CUDA graph capture failed: {}", cudaGetErrorString(err));
     }
-
-    void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
-      CUDA_REQUIRE(indices.dtype() == DType::kI32 && x.ndim() >= 1 && x.dim(0) > 0 && x.dtype() == out.dtype() &&
-                       out.nbytes() == static_cast<size_t>(indices.numel()) * (x.nbytes() / x.dim(0)),
-                   "gather_rows", x.str() + "[" + indices.str() + "] -> " + out.str());
-      need_cuda(x, "gather_rows");
-      bind();
-      launch_gather_rows(x.raw(), indices.data<int32_t>(), out.raw(), indices.numel(), x.nbytes() / x.dim(0), x.dim(0),
-                         kErrGatherIndex, dev_err_, stream_);
-    }
-
-    void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override {
-      CUDA_REQUIRE(ids.dtype() == DType::kI32, "embedding_slice", "ids must be i32, got " + ids.str());
-      CUDA_REQUIRE(table.ndim() == 2 && table.dtype() == out.dtype() && out.numel() == ids.numel() * table.dim(1),
-                   "embedding_slice", table.str() + "[" + ids.str() + "] -> " + out.str());
-      need_cuda(ids, "embedding_slice");
-      need_cuda(table, "embedding_slice");
-      bind();
-      launch_gather_rows(table.raw(), ids.data<int32_t>(), out.raw(), ids.numel(), table.nbytes() / table.dim(0),
-                         table.dim(0), kErrTokenId, dev_err_, stream_, begin, /*zero_outside=*/true);
-    }
-
-    void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override {
-      CUDA_REQUIRE(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
-                       out.numel() == logits.dim(0) && static_cast<int64_t>(rows.size()) == logits.dim(0),
-                   "sample", logits.str() + " -> " + out.str());
-      need_cuda(logits, "sample");
-      need_cuda(out, "sample");
-      bind();
-      if (rows.empty()) return;
-      Tensor dev_rows = scratch({static_cast<int64_t>(rows.size() * sizeof(SamplingRow))}, DType::kU8);
-      copy_from_host(dev_rows, rows.data());
-      launch_sample(logits.data<float>(), logits.dim(0), logits.dim(1), dev_rows.raw(), out.data<int32_t>(), stream_);
-    }
-
-    size_t scratch_in_use() const override { return in_use_; }
-
-    // ---------------------------------------------------------------- graphs
-    bool supports_graphs() const override { return true; }
-
-    void begin_capture() override {
-      bind();
-      TESSERA_CHECK(!capturing_, "begin_capture while already capturing");
-      // Relaxed: a first-time cuBLASLt call may allocate on the side; nothing else may.
-      TCUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-      capturing_ = true;
-      capture_chunks_ = chunks_.size();
-    }
-
-    std::unique_ptr<CapturedGraph> end_capture() override {
-      bind();
-      TESSERA_CHECK(capturing_, "end_capture without begin_capture");
-      capturing_ = false;
-      cudaGraph_t graph = nullptr;
-      cudaError_t err = cudaStreamEndCapture(stream_, &graph);
-      if (err != cudaSuccess || !graph) {
-        cudaGetLastError();
-        if (graph) cudaGraphDestroy(graph);
-        fail(ErrorKind::kInternal, "CUDA graph capture failed: {}", cudaGetErrorString(err));
-      }
-      if (chunks_.size() != capture_chunks_) {
-        cudaGraphDestroy(graph);
-        fail(ErrorKind::kInternal, "CUDA graph capture: the scratch arena grew while capturing");
-      }
-      cudaGraphExec_t exec = nullptr;
-      err = cudaGraphInstantiate(&exec, graph, 0);
+    if (chunks_.size() != capture_chunks_) {
       cudaGraphDestroy(graph);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        fail(ErrorKind::kInternal, "CUDA graph instantiation failed: {}", cudaGetErrorString(err));
-      }
-      auto g = std::make_unique<Graph>();
-      g->exec = exec;
-      g->device = index_;
-      g->arena = chunks_;  // the graph's pointers stay valid however the arena changes later
-      return g;
+      fail(ErrorKind::kInternal, "CUDA graph capture: the scratch arena grew while capturing");
     }
-
-    void replay(const CapturedGraph& graph) override {
-      bind();
-      const auto* g = dynamic_cast<const Graph*>(&graph);
-      TESSERA_CHECK(g && g->device == index_, "replay of a graph from another backend");
-      TCUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kInternal, "CUDA graph instantiation failed: {}", cudaGetErrorString(err));
     }
+    auto g = std::make_unique<Graph>();
+    g->exec = exec;
+    g->device = index_;
+    g->arena = chunks_;  // the graph's pointers stay valid however the arena changes later
+    return g;
+  }
 
-    void cast(const Tensor& src, const Tensor& dst) override {
-      CUDA_REQUIRE(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
-                   src.str() + " -> " + dst.str());
-      need_cuda(src, "cast");
-      need_cuda(dst, "cast");
-      bind();
-      if (src.dtype() == dst.dtype()) {
-        copy(dst, src);
-        return;
-      }
-      launch_cast(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream_);
+  void replay(const CapturedGraph& graph) override {
+    bind();
+    const auto* g = dynamic_cast<const Graph*>(&graph);
+    TESSERA_CHECK(g && g->device == index_, "replay of a graph from another backend");
+    TCUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+  }
+
+  void cast(const Tensor& src, const Tensor& dst) override {
+    CUDA_REQUIRE(src.numel() == dst.numel() && is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()), "cast",
+                 src.str() + " -> " + dst.str());
+    need_cuda(src, "cast");
+    need_cuda(dst, "cast");
+    bind();
+    if (src.dtype() == dst.dtype()) {
+      copy(dst, src);
+      return;
     }
+    launch_cast(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream_);
+  }
 
-   private:
-    struct Graph final : CapturedGraph {
-      cudaGraphExec_t exec = nullptr;
-      int device = 0;
-      std::vector<Tensor> arena;
-      ~Graph() override {
-        if (exec) {
-          cudaSetDevice(device);
-          cudaGraphExecDestroy(exec);
-        }
-      }
-    };
-    struct Mark {
-      size_t chunks, used, in_use;
-    };
-    struct Inflight {
-      size_t begin, end;
-      cudaEvent_t event;
-    };
-
-    static bool act(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF32; }
-    void need_cuda(const Tensor& t, const char* op) const {
-      if (t.numel() > 0 && t.device().type != DeviceType::kCUDA)
-        fail(ErrorKind::kInternal, "cuda {}: tensor {} lives on {}, not on the GPU", op, t.str(), t.device().str());
-    }
-    void need_float(const Tensor& t, const char* op) const {
-      need_cuda(t, op);
-      CUDA_REQUIRE(is_float_dtype(t.dtype()), op, "expects a float tensor, got " + t.str());
-    }
-
-    // Makes this backend's device current on the calling thread.
-    void bind() const {
-      thread_local int current = -1;
-      if (current != index_) {
-        TCUDA_CHECK(cudaSetDevice(index_));
-        current = index_;
+ private:
+  struct Graph final : CapturedGraph {
+    cudaGraphExec_t exec = nullptr;
+    int device = 0;
+    std::vector<Tensor> arena;
+    ~Graph() override {
+      if (exec) {
+        cudaSetDevice(device);
+        cudaGraphExecDestroy(exec);
       }
     }
+  };
+  struct Mark {
+    size_t chunks, used, in_use;
+  };
+  struct Inflight {
+    size_t begin, end;
+    cudaEvent_t event;
+  };
 
-    // A region of the pinned ring that no queued copy still reads.
-    char* stage_region(size_t len) {
-      if (ring_head_ + len > kUploadRingBytes) ring_head_ = 0;
-      size_t b = ring_head_, e = b + len;
-      int last = -1;
-      for (int i = 0; i < static_cast<int>(inflight_.size()); ++i)
-        if (inflight_[i].begin < e && b < inflight_[i].end) last = i;
-      if (last >= 0) {
-        // Copies complete in stream order: waiting for the last overlapping one frees all before it.
-        TCUDA_CHECK(cudaEventSynchronize(inflight_[last].event));
-        for (int i = 0; i <= last; ++i) {
-          free_events_.push_back(inflight_.front().event);
-          inflight_.pop_front();
-        }
-      }
-      ring_head_ = e;
-      return upload_ring_ + b;
+  static bool act(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF32; }
+  void need_cuda(const Tensor& t, const char* op) const {
+    if (t.numel() > 0 && t.device().type != DeviceType::kCUDA)
+      fail(ErrorKind::kInternal, "cuda {}: tensor {} lives on {}, not on the GPU", op, t.str(), t.device().str());
+  }
+  void need_float(const Tensor& t, const char* op) const {
+    need_cuda(t, op);
+    CUDA_REQUIRE(is_float_dtype(t.dtype()), op, "expects a float tensor, got " + t.str());
+  }
+
+  // Makes this backend's device current on the calling thread.
+  void bind() const {
+    thread_local int current = -1;
+    if (current != index_) {
+      TCUDA_CHECK(cudaSetDevice(index_));
+      current = index_;
     }
+  }
 
-    void record_inflight(size_t begin, size_t len) {
-      cudaEvent_t ev;
-      if (free_events_.empty()) {
-        TCUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-      } else {
-        ev = free_events_.back();
-        free_events_.pop_back();
-      }
-      TCUDA_CHECK(cudaEventRecord(ev, stream_));
-      inflight_.push_back({begin, begin + len, ev});
-      // Retire finished copies so the list stays short.
-      while (inflight_.size() > 64 || (!inflight_.empty() && cudaEventQuery(inflight_.front().event) == cudaSuccess)) {
-        if (inflight_.size() > 64) TCUDA_CHECK(cudaEventSynchronize(inflight_.front().event));
+  // A region of the pinned ring that no queued copy still reads.
+  char* stage_region(size_t len) {
+    if (ring_head_ + len > kUploadRingBytes) ring_head_ = 0;
+    size_t b = ring_head_, e = b + len;
+    int last = -1;
+    for (int i = 0; i < static_cast<int>(inflight_.size()); ++i)
+      if (inflight_[i].begin < e && b < inflight_[i].end) last = i;
+    if (last >= 0) {
+      // Copies complete in stream order: waiting for the last overlapping one frees all before it.
+      TCUDA_CHECK(cudaEventSynchronize(inflight_[last].event));
+      for (int i = 0; i <= last; ++i) {
         free_events_.push_back(inflight_.front().event);
         inflight_.pop_front();
       }
     }
+    ring_head_ = e;
+    return upload_ring_ + b;
+  }
 
-    void check_device_errors() {
-      TCUDA_CHECK(cudaMemcpyAsync(host_err_, dev_err_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
-      TCUDA_CHECK(cudaStreamSynchronize(stream_));
-      if (*host_err_ != kErrNone) {
-        int code = *host_err_;
-        TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
-        fail(ErrorKind::kInvalidArgument, "CUDA backend: {}", device_error_text(code));
-      }
+  void record_inflight(size_t begin, size_t len) {
+    cudaEvent_t ev;
+    if (free_events_.empty()) {
+      TCUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    } else {
+      ev = free_events_.back();
+      free_events_.pop_back();
     }
+    TCUDA_CHECK(cudaEventRecord(ev, stream_));
+    inflight_.push_back({begin, begin + len, ev});
+    // Retire finished copies so the list stays short.
+    while (inflight_.size() > 64 || (!inflight_.empty() && cudaEventQuery(inflight_.front().event) == cudaSuccess)) {
+      if (inflight_.size() > 64) TCUDA_CHECK(cudaEventSynchronize(inflight_.front().event));
+      free_events_.push_back(inflight_.front().event);
+      inflight_.pop_front();
+    }
+  }
 
-    int index_;
-    cudaDeviceProp props_{};
-    cudaStream_t stream_ = nullptr;
-    int* dev_err_ = nullptr;
-    // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
-    bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
-    int* host_err_ = nullptr;
-    std::unique_ptr<Gemm> gemm_;
-    // staging
-    char* upload_ring_ = nullptr;
-    char* download_ = nullptr;
-    size_t ring_head_ = 0;
-    std::deque<Inflight> inflight_;
-    std::vector<cudaEvent_t> free_events_;
-    // scratch arena
-    std::vector<Tensor> chunks_;
-    size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
-    std::vector<Mark> marks_;
-    bool capturing_ = false;
-    bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
-    // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
-    bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
+  void check_device_errors() {
+    TCUDA_CHECK(cudaMemcpyAsync(host_err_, dev_err_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    TCUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (*host_err_ != kErrNone) {
+      int code = *host_err_;
+      TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
+      fail(ErrorKind::kInvalidArgument, "CUDA backend: {}", device_error_text(code));
+    }
+  }
 
-    bool use_gemv_ = true;             // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
-    bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
-    size_t capture_chunks_ = 0;
-  };
+  int index_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  int* dev_err_ = nullptr;
+  // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
+  bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
+  int* host_err_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  // staging
+  char* upload_ring_ = nullptr;
+  char* download_ = nullptr;
+  size_t ring_head_ = 0;
+  std::deque<Inflight> inflight_;
+  std::vector<cudaEvent_t> free_events_;
+  // scratch arena
+  std::vector<Tensor> chunks_;
+  size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
+  std::vector<Mark> marks_;
+  bool capturing_ = false;
+  bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
+  bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
+
+  bool use_gemv_ = true;             // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
+  size_t capture_chunks_ = 0;
+};
 
 }  // namespace
 
