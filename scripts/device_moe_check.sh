@@ -5,7 +5,7 @@
 #   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
-# PARTS (default all): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve
+# PARTS (default all): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -18,7 +18,7 @@ BASE=""
 if [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
-PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve} "
+PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 MOE=configs/qwen3-30b-a3b
@@ -125,6 +125,18 @@ if part moe_serve; then
     --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
     --json "$L/moe_bench_high.json" 2>/dev/null | tail -10
   kill $SP; wait $SP 2>/dev/null
-  grep -E 'KV cache size|Maximum concurrency|weights take' "$L/moe_serve.log"
+  grep -E 'KV cache size|Maximum concurrency|weights take|Planned' "$L/moe_serve.log"
+fi
+
+if part plan; then
+  echo "== tessera plan vs what serve allocates (same flags, this H200)"
+  for m in configs/qwen3-8b $MOE; do
+    n=$(basename $m)
+    timeout 120 $B/tessera plan $m --load-format dummy --device cuda --max-model-len 4096 --max-num-seqs 256 \
+      > "$L/plan_$n.txt" 2>&1; echo "plan $n rc=$?"; grep -iE 'KV|token|fit' "$L/plan_$n.txt" | head -4
+    timeout 180 $B/tessera generate --model $m --load-format dummy --device cuda --max-model-len 4096 \
+      --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_$n.log"
+    grep -E 'KV cache size|Maximum concurrency|Planned' "$L/plan_serve_$n.log"
+  done
 fi
 tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"
