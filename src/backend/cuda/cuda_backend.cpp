@@ -942,8 +942,6 @@ class CudaBackend final : public Backend {
   bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
   // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
   bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
-
-  bool use_gemv_ = true;             // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
   bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
   size_t capture_chunks_ = 0;
 };
