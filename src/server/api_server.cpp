@@ -4,6 +4,7 @@
 #include "server/api_server.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <malloc.h>
 
@@ -15,6 +16,7 @@
 #include "core/logging.h"
 #include "core/version.h"
 #include "server/parsers/chat_output_parser.h"
+#include "server/responses_api.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 enum class Api { kOpenAI, kAnthropic };
-enum class Kind { kChat, kCompletion, kMessages };
+enum class Kind { kChat, kCompletion, kMessages, kResponses };
 
 // A request-level failure: status, message, and the offending field when there is one.
 struct ApiError {
@@ -187,6 +189,8 @@ struct ApiServer::Impl {
     // Anthropic streams: the open content block (-1: none yet) and its type.
     int block_index = -1;
     std::string block_type;
+    // Responses API: output items and events (kResponses only).
+    std::unique_ptr<ResponseBuilder> responses;
     ~Gen() {
       if (--api->owner->active_ == 0) api->idle();
     }
@@ -325,6 +329,10 @@ struct ApiServer::Impl {
     SamplingParams params;
     bool max_tokens_given = false;
     int default_max_tokens = -1;  // -1: max_model_len - prompt
+    // Anthropic Messages and Responses: a max_tokens above the room left in the context (Claude Code asks for
+    // 32000) is lowered to that room and to the generation config's max_new_tokens, as vLLM's get_max_tokens
+    // does, instead of refused.
+    bool clamp_max_tokens = false;
   };
 
   SamplingParams base_params() const {
@@ -356,7 +364,10 @@ struct ApiServer::Impl {
                       "Please reduce the length of the input messages.",
                       L, P),
           "messages");
-    if (pr.max_tokens_given) {
+    if (pr.max_tokens_given && pr.clamp_max_tokens) {
+      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, L - P));
+      if (opt.defaults.max_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_tokens));
+    } else if (pr.max_tokens_given) {
       if (P + pr.params.max_tokens > L)
         bad(fmt::format("'max_tokens' or 'max_completion_tokens' is too large: {}. This model's maximum context length "
                         "is {} tokens and your request has {} input tokens ({} > {} - {}).",
@@ -467,6 +478,8 @@ struct ApiServer::Impl {
       out += event("message_start", {{"type", "message_start"}, {"message", msg}});
       if (g.parsers.empty()) out += open_block(g, "text", {{"type", "text"}, {"text", ""}});
       // else blocks open as the parsers find thinking, text and tool calls
+    } else if (g.kind == Kind::kResponses) {
+      out += g.responses->start();
     }
     if (!out.empty()) g.ex->write(std::move(out));
   }
@@ -517,21 +530,45 @@ struct ApiServer::Impl {
     return "end_turn";
   }
 
+  // One detokenized delta through choice ci's reasoning / tool-call parsers (the parsers' tail on the last).
+  static ChatDelta parse_delta(Gen& g, size_t ci, const StreamDelta& d, bool has_text) {
+    ChatOutputParser& parser = *g.parsers[ci];
+    ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
+    if (d.finished) {
+      ChatDelta tail = parser.finish();
+      cd.reasoning += tail.reasoning;
+      cd.content += tail.content;
+      cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+    }
+    if (parser.tools_called()) g.tools_called[ci] = true;
+    return cd;
+  }
+
+  ResponsesUsage responses_usage(const Gen& g) const {
+    ResponsesUsage u;
+    u.input_tokens = g.prompt_tokens[0];
+    u.cached_tokens = g.cached_tokens;
+    u.output_tokens = static_cast<int>(g.choices[0].token_ids.size());
+    const std::string& reasoning = g.responses->reasoning_text();
+    // The reasoning part's tokens, counted by encoding its text (the parsers work on text, not token ids).
+    if (!reasoning.empty())
+      u.reasoning_tokens = std::min(u.output_tokens, static_cast<int>(tok.encode(reasoning, false).size()));
+    return u;
+  }
+
   void stream_delta(Gen& g, size_t ci, const StreamDelta& d, const std::vector<TokenLogprob>& lps) {
     Choice& c = g.choices[ci];
     std::string out;
     const bool has_text = !d.text.empty() && d.finish_reason != FinishReason::kError;
-    if (g.kind == Kind::kMessages && !g.parsers.empty()) {
-      ChatOutputParser& parser = *g.parsers[0];
-      ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
-      if (d.finished) {
-        ChatDelta tail = parser.finish();
-        cd.reasoning += tail.reasoning;
-        cd.content += tail.content;
-        cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-      }
-      if (parser.tools_called()) g.tools_called[0] = true;
-      out += anthropic_parsed_events(g, cd);
+    if (g.kind == Kind::kResponses) {
+      ChatDelta cd;
+      if (!g.parsers.empty())
+        cd = parse_delta(g, 0, d, has_text);
+      else if (has_text)
+        cd.content = d.text;
+      out += g.responses->push(cd);
+    } else if (g.kind == Kind::kMessages && !g.parsers.empty()) {
+      out += anthropic_parsed_events(g, parse_delta(g, 0, d, has_text));
     } else if (g.kind == Kind::kMessages) {
       if (has_text)
         out += event(
@@ -544,15 +581,7 @@ struct ApiServer::Impl {
         ojson j = chunk_head(g);
         ojson choice{{"index", ci}};
         if (g.kind == Kind::kChat && !g.parsers.empty()) {
-          ChatOutputParser& parser = *g.parsers[ci];
-          ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
-          if (d.finished) {
-            ChatDelta tail = parser.finish();
-            cd.reasoning += tail.reasoning;
-            cd.content += tail.content;
-            cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-          }
-          if (parser.tools_called()) g.tools_called[ci] = true;
+          ChatDelta cd = parse_delta(g, ci, d, has_text);
           if (cd.empty() && lps.empty() && !d.finished) return;
           ojson delta = ojson::object();
           if (!cd.reasoning.empty()) delta["reasoning_content"] = cd.reasoning;
@@ -646,6 +675,8 @@ struct ApiServer::Impl {
                         {"stop_sequence", c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string)}}},
                       {"usage", {{"output_tokens", c.token_ids.size()}}}});
         out += event("message_stop", {{"type", "message_stop"}});
+      } else if (g.kind == Kind::kResponses) {
+        out += g.responses->finish(g.choices[0].finish_reason, responses_usage(g), g.choices[0].error);
       } else {
         if (g.include_usage) {
           ojson j = chunk_head(g);
@@ -665,7 +696,17 @@ struct ApiServer::Impl {
         return;
       }
     ojson body;
-    if (g.kind == Kind::kMessages) {
+    if (g.kind == Kind::kResponses) {
+      const Choice& c = g.choices[0];
+      if (!g.parsers.empty()) {
+        g.responses->add(g.parsers[0]->parse(c.text));
+      } else {
+        ChatParseResult r;
+        r.content = c.text;
+        g.responses->add(r);
+      }
+      body = g.responses->response(c.finish_reason, responses_usage(g));
+    } else if (g.kind == Kind::kMessages) {
       const Choice& c = g.choices[0];
       ojson content = ojson::array();
       std::string stop_reason = anthropic_stop_reason(c);
@@ -741,7 +782,11 @@ struct ApiServer::Impl {
     g->created = unix_now();
     const ojson* m = field(body, "model");
     g->model = m && m->is_string() ? m->get<std::string>() : opt.served_model_names.front();
-    g->id = (kind == Kind::kChat ? "chatcmpl-" : kind == Kind::kCompletion ? "cmpl-" : "msg_") + random_hex(32);
+    g->id = (kind == Kind::kChat         ? "chatcmpl-"
+             : kind == Kind::kCompletion ? "cmpl-"
+             : kind == Kind::kResponses  ? "resp_"
+                                         : "msg_") +
+            random_hex(32);
     g->stream = get_bool(body, "stream", false);
     if (const ojson* so = field(body, "stream_options")) {
       if (!so->is_object()) bad("'stream_options' must be an object", "stream_options");
@@ -834,7 +879,7 @@ struct ApiServer::Impl {
     return prompt;
   }
 
-  void chat(const ojson& body, Kind kind, const std::shared_ptr<Exchange>& ex) {
+  void chat(const ojson& body, Kind kind, const std::shared_ptr<Exchange>& ex, const ResponsesRequest* rq = nullptr) {
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("'messages' is required", "messages");
     ToolChoicePlan plan;
@@ -848,11 +893,13 @@ struct ApiServer::Impl {
     if (field(body, "n") && kind == Kind::kMessages) bad("'n' is not an Anthropic field");
     Prepared pr;
     read_params(body, pr);
+    pr.clamp_max_tokens = kind != Kind::kChat;
     std::string prompt = render_chat(body);
     const bool add_special = get_bool(body, "add_special_tokens", false);
     pr.prompts.push_back(tok.encode(prompt, add_special));
     pr.prompt_texts.push_back(std::move(prompt));
     auto g = new_gen(kind, ex, body);
+    if (rq) g->responses = std::make_unique<ResponseBuilder>(g->id, g->model, g->created, *rq);
     if (!opt.reasoning_parser.empty() || plan.parse_tools) {
       ReasoningParserOptions ro;
       if (const ojson* k = field(body, "chat_template_kwargs"))
@@ -957,6 +1004,22 @@ struct ApiServer::Impl {
     return s;
   }
 
+  // Anthropic tool_choice -> OpenAI tool_choice: auto, any (-> required), tool (-> the named function), none.
+  static ojson anthropic_tool_choice(const ojson* c) {
+    if (!c) return "auto";
+    const ojson* type = c->is_object() ? field(*c, "type") : nullptr;
+    if (!type || !type->is_string()) bad("tool_choice: must be an object with a type", "tool_choice");
+    const std::string t = type->get<std::string>();
+    if (t == "auto" || t == "none") return t;
+    if (t == "any") return "required";
+    if (t == "tool") {
+      const ojson* name = field(*c, "name");
+      if (!name || !name->is_string()) bad("tool_choice: a choice of type 'tool' needs the tool's name", "tool_choice");
+      return ojson{{"type", "function"}, {"function", {{"name", *name}}}};
+    }
+    bad(fmt::format("tool_choice.type: '{}' is not one of auto, any, tool, none", t), "tool_choice");
+  }
+
   // Anthropic Messages request -> OpenAI chat request (system, tool_use/tool_result as tool calls).
   ojson messages_to_chat(const ojson& body) {
     const ojson* mt = field(body, "max_tokens");
@@ -976,12 +1039,14 @@ struct ApiServer::Impl {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         bad(where + ": each message needs a role", "messages");
       const std::string role = m["role"].get<std::string>();
-      if (role != "user" && role != "assistant")
-        bad(fmt::format("{}.role: '{}' is not one of user, assistant (the system prompt goes in 'system')", where,
-                        role),
-            "messages");
+      if (role != "user" && role != "assistant" && role != "system")
+        bad(fmt::format("{}.role: '{}' is not one of user, assistant, system", where, role), "messages");
       if (!m.contains("content")) bad(where + ".content: Field required", "messages");
       const ojson& content = m["content"];
+      if (role == "system") {  // Claude Code's mid-conversation system messages, kept in their place
+        out.push_back({{"role", "system"}, {"content", blocks_text(content, where.c_str())}});
+        continue;
+      }
       if (content.is_string()) {
         out.push_back({{"role", role}, {"content", content}});
         continue;
@@ -1048,21 +1113,33 @@ struct ApiServer::Impl {
       }
       if (!ts.empty()) {
         chat["tools"] = ts;
-        std::string tc = "auto";
-        if (const ojson* c = field(body, "tool_choice"); c && c->is_object() && c->contains("type"))
-          tc = (*c)["type"] == "none" ? "none" : (*c)["type"] == "auto" ? "auto" : "unsupported";
-        if (tc == "unsupported") bad("tool_choice 'any' and 'tool' are not supported by tessera yet", "tool_choice");
-        chat["tool_choice"] = tc;
+        chat["tool_choice"] = anthropic_tool_choice(field(body, "tool_choice"));
       }
     }
-    if (const ojson* th = field(body, "thinking"); th && th->is_object() && th->contains("type"))
-      chat["chat_template_kwargs"] = {{"enable_thinking", (*th)["type"] == "enabled"}};
+    // thinking {"type": "enabled", "budget_tokens": N} / {"type": "adaptive"} / {"type": "disabled"} -> the
+    // chat template's enable_thinking switch (the budget is not enforced: the model decides when to stop).
+    if (const ojson* th = field(body, "thinking")) {
+      const ojson* type = th->is_object() ? field(*th, "type") : nullptr;
+      if (!type || !type->is_string() || (*type != "enabled" && *type != "adaptive" && *type != "disabled"))
+        bad("thinking.type: must be one of enabled, adaptive, disabled", "thinking");
+      chat["chat_template_kwargs"] = {{"enable_thinking", *type != "disabled"}};
+    }
+    // Fields Claude Code sends that have no meaning for a self-hosted model are ignored (listed in
+    // docs/server.md): metadata, context_management, output_config, service_tier, container, mcp_servers.
     return chat;
   }
 
   void messages(const ojson& body, const std::shared_ptr<Exchange>& ex) {
     ojson chat_body = messages_to_chat(body);
     chat(chat_body, Kind::kMessages, ex);
+  }
+
+  // OpenAI Responses API: translated to a chat request (responses_api.cpp), generated as chat is.
+  void responses(const ojson& body, const std::shared_ptr<Exchange>& ex) {
+    ResponsesRequest rq = responses_to_chat(body);
+    if (!rq.ignored_tools.empty())
+      TLOG_DEBUG("/v1/responses: ignoring tools this server cannot run: {}", fmt::join(rq.ignored_tools, ", "));
+    chat(rq.chat, Kind::kResponses, ex, &rq);
   }
 
   void count_tokens(const ojson& body, const std::shared_ptr<Exchange>& ex) {
@@ -1132,11 +1209,19 @@ struct ApiServer::Impl {
         const char* path;
         const char* method;
       };
-      static const Route routes[] = {
-          {"/health", "GET"},          {"/ping", "GET"},         {"/version", "GET"},
-          {"/metrics", "GET"},         {"/v1/models", "GET"},    {"/v1/chat/completions", "POST"},
-          {"/v1/completions", "POST"}, {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"},
-          {"/tokenize", "POST"},       {"/detokenize", "POST"}};
+      static const Route routes[] = {{"/health", "GET"},
+                                     {"/ping", "GET"},
+                                     {"/version", "GET"},
+                                     {"/metrics", "GET"},
+                                     {"/v1/models", "GET"},
+                                     {"/v1/chat/completions", "POST"},
+                                     {"/v1/completions", "POST"},
+                                     {"/v1/messages", "POST"},
+                                     {"/v1/messages/count_tokens", "POST"},
+                                     {"/tokenize", "POST"},
+                                     {"/detokenize", "POST"},
+                                     {"/v1/responses", "POST"},
+                                     {"/", "GET"}};
       const Route* route = nullptr;
       for (const auto& rt : routes)
         if (path == rt.path) route = &rt;
@@ -1150,7 +1235,7 @@ struct ApiServer::Impl {
                        fmt::format("{} is not allowed on {}; use {}", r.method, path, route->method),
                        {},
                        {{"Allow", route->method}}};
-      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics";
+      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
       if (!open && !authorized(r))
         throw ApiError{401,
                        api == Api::kAnthropic ? "invalid x-api-key"
@@ -1164,6 +1249,11 @@ struct ApiServer::Impl {
         if (owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
         ex->respond(HttpResponse{200, "application/json", {}, ""});
         return;
+      }
+      // Claude Code probes the base URL with HEAD / before its first request.
+      if (path == "/") {
+        if (r.method == "HEAD") return ex->respond(HttpResponse{200, "application/json", {}, ""});
+        return ex->respond(json_response(200, {{"status", "ok"}, {"server", "tessera"}}));
       }
       if (path == "/version") return ex->respond(json_response(200, {{"version", TESSERA_VERSION_STRING}}));
       if (path == "/metrics")
@@ -1179,7 +1269,8 @@ struct ApiServer::Impl {
 
       ojson body = parse_body(r);
       check_model(body);
-      const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages";
+      const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
+                             path == "/v1/responses";
       if (generates && owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
       if (path == "/v1/chat/completions")
         chat(body, Kind::kChat, ex);
@@ -1187,6 +1278,8 @@ struct ApiServer::Impl {
         completions(body, ex);
       else if (path == "/v1/messages")
         messages(body, ex);
+      else if (path == "/v1/responses")
+        responses(body, ex);
       else if (path == "/v1/messages/count_tokens")
         count_tokens(body, ex);
       else if (path == "/tokenize")
