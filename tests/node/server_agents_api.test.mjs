@@ -142,8 +142,8 @@ test('responses: what cannot be served gets a 400 that says what to do', async (
 });
 
 test('responses tool round trip: the client sends the tool result back and gets the answer', async () => {
-  // The random model does not call tools by itself (no structured output to force the call); the
-  // round trip's second half is what the client drives: the call and its output go back in `input`.
+  // The random model does not call tools by itself (server_tool_roundtrip.test.mjs has a model that
+  // does); here the client's half: the call and its output go back in `input`, an answer comes.
   const input = [
     { role: 'user', content: 'Weather in Paris?' },
     { type: 'function_call', call_id: 'call_9', name: 'get_weather', arguments: '{"city":"Paris"}' },
