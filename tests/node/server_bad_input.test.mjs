@@ -145,7 +145,10 @@ for (const [name, run, status, pattern] of cases) {
 // Anthropic endpoint: Anthropic's error shape.
 const anthropicCases = [
   ['messages: max_tokens missing', { model: MODEL, messages: msgs }, 400, /max_tokens/],
-  ['messages: system role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }, 400, /system/],
+  // (system-role messages inside `messages` are accepted: Claude Code sends them)
+  ['messages: tool role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] }, 400, /not one of user, assistant, system/],
+  ['messages: unknown thinking type', { model: MODEL, max_tokens: 4, thinking: { type: 'always' }, messages: msgs }, 400, /thinking.type/],
+  ['messages: tool_choice of an unknown type', { model: MODEL, max_tokens: 4, tool_choice: { type: 'some' }, tools: [{ name: 'f' }], messages: msgs }, 400, /tool_choice.type/],
   ['messages: image block', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: {} }] }] }, 400, /image/],
   ['messages: tool_result without id', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'tool_result' }] }] }, 400, /tool_use_id/],
   ['messages: tools with a bad schema', { model: MODEL, max_tokens: 4, tools: [{ name: 'f', input_schema: 'x' }], messages: msgs }, 400, /input_schema/],
