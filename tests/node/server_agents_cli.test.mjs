@@ -34,6 +34,15 @@ function run(cmd, args, env, cwd) {
   const r = spawnSync(cmd, args, { env: { ...isolated, ...env }, cwd, encoding: 'utf8', timeout: 240_000 });
   return { ...r, all: `${r.stdout}\n${r.stderr}` };
 }
+// The client exited 0, posted to `target` (200), and no request it sent got a 4xx or 5xx.
+function checkRun(cmd, r, from, target) {
+  console.log(`${version(cmd)}: exit ${r.status}; output: ${r.all.trim().slice(-400)}`);
+  const reqs = requests(from);
+  console.log(reqs.map((q) => `${q.method} ${q.target} ${q.status}`).join('\n'));
+  assert.equal(r.status, 0, r.all);
+  assert.ok(reqs.some((q) => q.method === 'POST' && q.target === target && q.status === 200), `a POST ${target}`);
+  for (const q of reqs) assert.ok(q.status < 400, `${q.method} ${q.target} answered ${q.status}`);
+}
 function version(cmd) { return run(path.join(bin, cmd), ['--version'], { HOME: os.tmpdir() }).stdout.trim(); }
 
 test('claude -p (Claude Code) completes a run against tessera', { skip: !fs.existsSync(path.join(bin, 'claude')) }, () => {
@@ -54,13 +63,8 @@ test('claude -p (Claude Code) completes a run against tessera', { skip: !fs.exis
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
     DISABLE_AUTOUPDATER: '1', DISABLE_TELEMETRY: '1', DISABLE_ERROR_REPORTING: '1', DISABLE_BUG_COMMAND: '1',
   }, home);
-  console.log(`${version('claude')}: exit ${r.status}; output: ${r.all.trim().slice(0, 300)}`);
   fs.rmSync(home, { recursive: true, force: true });
-  const reqs = requests(from);
-  console.log(reqs.map((q) => `${q.method} ${q.target} ${q.status}`).join('\n'));
-  assert.equal(r.status, 0, r.all);
-  assert.ok(reqs.some((q) => q.method === 'POST' && q.target === '/v1/messages?beta=true' && q.status === 200), 'a /v1/messages request');
-  for (const q of reqs) assert.ok(q.status < 400, `${q.method} ${q.target} answered ${q.status}`);
+  checkRun('claude', r, from, '/v1/messages?beta=true');
 });
 
 test('codex exec (Codex) completes a run against tessera', { skip: !fs.existsSync(path.join(bin, 'codex')) }, () => {
@@ -84,11 +88,6 @@ test('codex exec (Codex) completes a run against tessera', { skip: !fs.existsSyn
   const from = fs.statSync(LOG).size;
   const r = run(path.join(bin, 'codex'), ['exec', '--skip-git-repo-check', '-s', 'read-only', 'Say hi.'],
     { HOME: home, CODEX_HOME: home, TESSERA_API_KEY: KEY }, home);
-  console.log(`${version('codex')}: exit ${r.status}; output: ${r.all.trim().slice(-400)}`);
   fs.rmSync(home, { recursive: true, force: true });
-  const reqs = requests(from);
-  console.log(reqs.map((q) => `${q.method} ${q.target} ${q.status}`).join('\n'));
-  assert.equal(r.status, 0, r.all);
-  assert.ok(reqs.some((q) => q.method === 'POST' && q.target === '/v1/responses' && q.status === 200), 'a /v1/responses request');
-  for (const q of reqs) assert.ok(q.status < 400, `${q.method} ${q.target} answered ${q.status}`);
+  checkRun('codex', r, from, '/v1/responses');
 });
