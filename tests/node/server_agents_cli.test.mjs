@@ -31,7 +31,7 @@ function requests(from) {
   return [...text.matchAll(/"([A-Z]+) (\S+) HTTP\/1\.1" (\d{3})/g)].map((m) => ({ method: m[1], target: m[2], status: +m[3] }));
 }
 function run(cmd, args, env, cwd) {
-  const r = spawnSync(cmd, args, { env: { ...isolated, ...env }, cwd, encoding: 'utf8', timeout: 240_000 });
+  const r = spawnSync(cmd, args, { env: { ...isolated, ...env }, cwd, encoding: 'utf8', timeout: process.env.TESSERA_AGENTS_FULL === '1' ? 600_000 : 240_000 });
   return { ...r, all: `${r.stdout}\n${r.stderr}` };
 }
 // The client exited 0, posted to `target` (200), and no request it sent got a 4xx or 5xx.
