@@ -8,11 +8,15 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 
+#include "core/json_depth.h"
 #include "core/logging.h"
 #include "core/version.h"
 #include "server/parsers/chat_output_parser.h"
@@ -245,8 +249,22 @@ struct ApiServer::Impl {
     return ok;
   }
 
+  static ApiError unauthorized(Api api) {
+    return ApiError{401,
+                    api == Api::kAnthropic ? "invalid x-api-key"
+                                           : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
+                    {},
+                    {{"WWW-Authenticate", "Bearer"}}};
+  }
+
   ojson parse_body(const HttpRequest& r) {
     if (r.body.empty()) bad("the request body is empty; send a JSON object");
+    // Bounded before parsing: every later walk over the body (copies, conversions, dumps) recurses.
+    if (json_nesting_depth(r.body) > kMaxJsonDepth)
+      bad(
+          fmt::format("the request body nests arrays and objects more than {} levels deep; this server accepts at "
+                      "most {}",
+                      kMaxJsonDepth, kMaxJsonDepth));
     ojson body;
     try {
       body = ojson::parse(r.body);
@@ -346,10 +364,35 @@ struct ApiServer::Impl {
     return p;
   }
 
+  static constexpr const char* kSamplingFields[] = {"max_tokens",
+                                                    "max_completion_tokens",
+                                                    "temperature",
+                                                    "top_p",
+                                                    "top_k",
+                                                    "min_p",
+                                                    "presence_penalty",
+                                                    "frequency_penalty",
+                                                    "repetition_penalty",
+                                                    "n",
+                                                    "min_tokens",
+                                                    "seed",
+                                                    "ignore_eos",
+                                                    "stop",
+                                                    "stop_token_ids",
+                                                    "logprobs",
+                                                    "top_logprobs",
+                                                    "logit_bias"};
+
   void read_params(const ojson& body, Prepared& pr) {
     pr.params = base_params();
-    Status s = sampling_params_from_json(json(body), pr.params);
+    // Only the sampling fields cross over (the whole body was copied before, recursively).
+    json fields = json::object();
+    for (const char* k : kSamplingFields)
+      if (auto it = body.find(k); it != body.end()) fields[k] = json(*it);
+    Status s = sampling_params_from_json(fields, pr.params);
     if (!s.ok()) bad(s.message());
+    if (const ojson* bo = field(body, "best_of"); bo && !(bo->is_number_integer() && *bo == 1))
+      bad("'best_of' is not supported; use 'n' for several completions", "best_of");
     pr.max_tokens_given = field(body, "max_tokens") || field(body, "max_completion_tokens");
     if (pr.params.n < 1 || pr.params.n > opt.max_n)
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");

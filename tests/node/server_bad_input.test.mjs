@@ -71,6 +71,9 @@ async function stillServing() {
 
 const chat = (body) => send('/v1/chat/completions', body);
 const base = (extra) => ({ model: MODEL, messages: msgs, max_tokens: 4, ...extra });
+// A JSON body with an extra field holding `depth` nested arrays (built as text: JSON.stringify recurses).
+const nestedBody = (obj, depth) => JSON.stringify(obj).slice(0, -1) + ',"extra":' + '['.repeat(depth) + ']'.repeat(depth) + '}';
+const deepBody = (obj) => nestedBody(obj, 50000);
 
 // [name, request, status, message pattern]
 const cases = [
@@ -81,6 +84,11 @@ const cases = [
   ['JSON with NaN', () => send('/v1/chat/completions', '{"messages": NaN}', { raw: true }), 400, /not valid JSON/],
   ['invalid UTF-8', () => send('/v1/chat/completions', Buffer.concat([Buffer.from('{"model":"qwen3-tiny","messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}]}')]), { raw: true }), 400, /not valid JSON/],
   ['deeply nested JSON', () => send('/v1/chat/completions', '['.repeat(100000) + ']'.repeat(100000), { raw: true }), 400, null],
+  // One extra field holding 50,000 nested arrays took the whole server down (stack overflow in the
+  // recursive copies after parsing); the nesting limit answers 400 before anything walks the body.
+  ...['/v1/chat/completions', '/v1/completions', '/tokenize'].map((path) =>
+    [`${path}: 50,000 nested arrays in a field`, () => send(path, deepBody({ model: MODEL, messages: msgs, prompt: 'hi', max_tokens: 2 }), { raw: true }), 400, /more than 128 levels/]),
+  ['tool call arguments nested 50,000 deep', () => chat(base({ messages: [msgs[0], { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"a":'.repeat(50000) + '1' + '}'.repeat(50000) } }] }, { role: 'tool', tool_call_id: 'c1', content: 'x' }] })), 400, /more than 128 levels/],
   ['messages missing', () => chat({ model: MODEL }), 400, /messages/],
   ['messages is a string', () => chat({ model: MODEL, messages: 'hi' }), 400, /messages/],
   ['messages empty', () => chat({ model: MODEL, messages: [] }), 400, /at least one/],
@@ -163,6 +171,23 @@ for (const [name, body, status, pattern] of anthropicCases) {
     await stillServing();
   });
 }
+
+for (const path of ['/v1/messages', '/v1/messages/count_tokens']) {
+  test(`bad input: ${path}: 50,000 nested arrays in a field`, async () => {
+    const body = deepBody({ model: MODEL, max_tokens: 4, messages: msgs });
+    const r = await send(path, body, { raw: true, headers: { 'content-type': 'application/json', 'x-api-key': KEY } });
+    assert.equal(r.status, 400, r.text.slice(0, 300));
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.match(r.json.error.message, /more than 128 levels/);
+    await stillServing();
+  });
+}
+
+test('bad input: nesting just inside the limit is served', async () => {
+  const r = await send('/v1/chat/completions', nestedBody(base({ max_tokens: 2 }), 120), { raw: true });
+  assert.equal(r.status, 200, r.text.slice(0, 300));
+  await stillServing();
+});
 
 test('bad input: body over --max-request-body-bytes gets 413', async () => {
   const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(11 << 20) }] });
