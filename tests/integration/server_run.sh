@@ -23,7 +23,7 @@ LOG="$WORK/server.log"
 : >"$LOG"
 export TESSERA_API_KEY="${TESSERA_API_KEY:-test-key-123}"
 # TESSERA_TEST_MODEL / TESSERA_TEST_MAX_MODEL_LEN / TESSERA_TEST_LOAD_FORMAT: another model directory,
-# context and load format (agents_run.sh's long-context copy, tool_model_run.sh's hand-set weights);
+# context and load format (tool_model_run.sh's hand-set weights and the agents' long context);
 # TESSERA_TEST_ACCESS_LOG=1 keeps the access log (one line per request with its status).
 MODEL="${TESSERA_TEST_MODEL:-$ROOT/configs/qwen3-tiny}"
 ACCESS=(--disable-uvicorn-access-log)

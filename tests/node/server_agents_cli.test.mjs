@@ -1,8 +1,10 @@
-// The real coding agents from npm against `tessera serve` (started by tests/integration/agents_run.sh:
-// long context, qwen3 reasoning parser, hermes tool calls, access log on): `claude -p` (Anthropic
-// Messages, @anthropic-ai/claude-code) and `codex exec` (Responses API, @openai/codex) each finish a
-// run and exit 0, and every request they sent got a 2xx (read from the server's access log). Codex
-// sends its full request (about 10k tokens of instructions and tools).
+// The real coding agents from npm against `tessera serve` (started by tests/integration/tool_model_run.sh
+// on the hand-set model of make_tool_model.mjs with a 40k context and the access log on): `claude -p`
+// (Anthropic Messages, @anthropic-ai/claude-code) and `codex exec` (Responses API, @openai/codex) each
+// run a whole agent turn: the model calls get_weather, the agent (which has no such tool) sends back
+// an error result, the model answers "Warm", the agent prints it and exits 0; every request they sent
+// got a 2xx (read from the server's access log). Codex sends its full request (about 6k tokens of
+// instructions and tools).
 // Both run with a dead HTTPS proxy and NO_PROXY=127.0.0.1, so they can reach nothing but the server,
 // and with their telemetry and update checks off.
 import { test } from 'node:test';
@@ -34,13 +36,16 @@ function run(cmd, args, env, cwd) {
   const r = spawnSync(cmd, args, { env: { ...isolated, ...env }, cwd, encoding: 'utf8', timeout: process.env.TESSERA_AGENTS_FULL === '1' ? 600_000 : 240_000 });
   return { ...r, all: `${r.stdout}\n${r.stderr}` };
 }
-// The client exited 0, posted to `target` (200), and no request it sent got a 4xx or 5xx.
+// The client exited 0 and printed the model's answer, posted to `target` at least twice (the tool call,
+// then the tool result), and no request it sent got a 4xx or 5xx.
 function checkRun(cmd, r, from, target) {
   console.log(`${version(cmd)}: exit ${r.status}; output: ${r.all.trim().slice(-400)}`);
   const reqs = requests(from);
   console.log(reqs.map((q) => `${q.method} ${q.target} ${q.status}`).join('\n'));
   assert.equal(r.status, 0, r.all);
-  assert.ok(reqs.some((q) => q.method === 'POST' && q.target === target && q.status === 200), `a POST ${target}`);
+  assert.match(r.stdout, /Warm/, r.all);
+  const posts = reqs.filter((q) => q.method === 'POST' && q.target === target && q.status === 200);
+  assert.ok(posts.length >= 2, `${posts.length} POST ${target}`);
   for (const q of reqs) assert.ok(q.status < 400, `${q.method} ${q.target} answered ${q.status}`);
 }
 function version(cmd) { return run(path.join(bin, cmd), ['--version'], { HOME: os.tmpdir() }).stdout.trim(); }
