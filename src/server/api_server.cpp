@@ -1257,7 +1257,10 @@ struct ApiServer::Impl {
       if (path == "/v1/models") return ex->respond(json_response(200, models()));
       if (path.rfind("/v1/models/", 0) == 0) {
         const std::string id = path.substr(11);
-        for (const auto& m : models()["data"])
+        // The list must outlive the loop: models()["data"] would refer into a destroyed temporary (the
+        // request fuzzer's first finding, a heap-use-after-free on every GET /v1/models/{id}).
+        const ojson all = models();
+        for (const auto& m : all["data"])
           if (m["id"] == id) return ex->respond(json_response(200, m));
         throw ApiError{404, fmt::format("The model `{}` does not exist.", id), "model", {}};
       }
