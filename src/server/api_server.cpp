@@ -164,7 +164,7 @@ bool get_bool(const ojson& body, const char* name, bool def) {
 // ---------------------------------------------------------------------------------------------
 struct ApiServer::Impl {
   ApiOptions opt;
-  AsyncEngine& engine;
+  EngineClient& engine;
   const tokenizer::Tokenizer& tok;
   const tokenizer::ChatTemplate* tmpl;
   Metrics& metrics;
@@ -211,7 +211,7 @@ struct ApiServer::Impl {
     }
   };
 
-  Impl(ApiOptions o, AsyncEngine& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
+  Impl(ApiOptions o, EngineClient& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
       : opt(std::move(o)), engine(e), tok(t), tmpl(c), metrics(m), owner(own) {}
 
@@ -447,28 +447,30 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
+    std::vector<GenerationRequest> reqs;
+    std::vector<OutputCallback> callbacks;
     for (size_t p = 0; p < P; ++p) {
-      GenerationRequest req{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]};
-      std::weak_ptr<Exchange> wex = g->ex;
+      reqs.push_back(GenerationRequest{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]});
       const int prompt_index = static_cast<int>(p);
-      SubmitResult r = engine.submit(std::move(req), [g, prompt_index](const StreamDelta& d) {
+      callbacks.emplace_back([g, prompt_index](const StreamDelta& d) {
         // Engine thread: copy and hand over to the connection's strand.
         g->ex->post([g, prompt_index, d] { g->api->on_delta(*g, prompt_index, d); });
       });
-      if (!r.ok()) {
-        for (size_t q = 0; q < p; ++q) engine.abort(g->engine_ids[q]);
-        g->complete = true;  // the callbacks of earlier prompts see this and stay quiet
-        metrics.request_rejected();
-        switch (r.error) {
-          case SubmitError::kInvalid:
-            bad(r.message);
-          case SubmitError::kOverloaded:
-            throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-          case SubmitError::kDraining:
-          case SubmitError::kDead:
-          default:
-            throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-        }
+    }
+    SubmitResult r = engine.submit(std::move(reqs), std::move(callbacks));
+    if (!r.ok()) {
+      g->complete = true;
+      metrics.request_rejected();
+      switch (r.error) {
+        case SubmitError::kInvalid:
+          bad(r.message);
+        case SubmitError::kOverloaded:
+          throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
+        case SubmitError::kDraining:
+        case SubmitError::kDead:
+        default:
+          throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
       }
     }
     // A client that goes away aborts its requests (the engine frees their blocks on its next loop turn).
@@ -1297,7 +1299,7 @@ struct ApiServer::Impl {
   }
 };
 
-ApiServer::ApiServer(ApiOptions options, AsyncEngine& engine, const tokenizer::Tokenizer& tok,
+ApiServer::ApiServer(ApiOptions options, EngineClient& engine, const tokenizer::Tokenizer& tok,
                      const tokenizer::ChatTemplate* chat_template, Metrics& metrics)
     : impl_(std::make_unique<Impl>(std::move(options), engine, tok, chat_template, metrics, this)) {}
 

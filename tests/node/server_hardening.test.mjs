@@ -114,3 +114,30 @@ test('a non-streamed request whose client sends one more byte and leaves is abor
   assert.equal(m.running, 0);
   await healthy();
 });
+
+test('the waiting queue counts requests, not sequences', { timeout: 120000 }, async () => {
+  await waitIdle();
+  // Two requests of 4 prompts each take two of the 4 places (before: the first took all 4 and the
+  // second got 429), and a small request meanwhile is served.
+  const many = (tag) => post('/v1/completions', { model: MODEL, prompt: [1, 2, 3, 4].map((i) => `${tag} ${i}`), max_tokens: 8, ignore_eos: true });
+  const a = many('a');
+  const b = many('b');
+  await new Promise((r) => setTimeout(r, 100));
+  const small = await post('/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+  assert.equal(small.status, 200, small.text.slice(0, 300));
+  const [ra, rb] = await Promise.all([a, b]);
+  assert.equal(ra.status, 200, ra.text.slice(0, 300));
+  assert.equal(rb.status, 200, rb.text.slice(0, 300));
+  assert.equal(ra.json.choices.length, 4);
+  await healthy();
+});
+
+test('a request whose sequences alone exceed the waiting queue gets 400 saying so', async () => {
+  const r = await post('/v1/completions', { model: MODEL, prompt: ['a', 'b', 'c', 'd', 'e'], max_tokens: 2 });
+  assert.equal(r.status, 400, r.text.slice(0, 300));
+  assert.match(r.json.error.message, /5 sequences .*waiting queue holds \(4, --max-waiting-requests\)/);
+  const n = await post('/v1/completions', { model: MODEL, prompt: ['a', 'b', 'c'], n: 2, max_tokens: 2 });
+  assert.equal(n.status, 400, n.text.slice(0, 300));
+  assert.match(n.json.error.message, /6 sequences/);
+  await healthy();
+});
