@@ -8,22 +8,6 @@
 
 namespace tessera {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kNone:
-      break;
-  }
-  return "";
-}
-
 namespace {
 
 DType parse_kv_dtype(const std::string& s, DType compute) {

@@ -132,6 +132,21 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool ascii_iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+// nlohmann's message without its "[json.exception.type_error.302] " prefix: errors are in our words.
+std::string json_error_text(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("[json.exception.", 0) == 0)
+    if (auto close = m.find("] "); close != std::string::npos) m.erase(0, close + 2);
+  return m;
+}
+
 double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
 
 const ojson* field(const ojson& body, const char* name) {
@@ -151,7 +166,7 @@ bool get_bool(const ojson& body, const char* name, bool def) {
 // ---------------------------------------------------------------------------------------------
 struct ApiServer::Impl {
   ApiOptions opt;
-  AsyncEngine& engine;
+  EngineClient& engine;
   const tokenizer::Tokenizer& tok;
   const tokenizer::ChatTemplate* tmpl;
   Metrics& metrics;
@@ -200,7 +215,7 @@ struct ApiServer::Impl {
     }
   };
 
-  Impl(ApiOptions o, AsyncEngine& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
+  Impl(ApiOptions o, EngineClient& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
       : opt(std::move(o)), engine(e), tok(t), tmpl(c), metrics(m), owner(own) {}
 
@@ -231,7 +246,8 @@ struct ApiServer::Impl {
     bool have = false;
     if (const std::string* a = r.header("authorization")) {
       std::string v = *a;
-      if (v.size() > 7 && (v.compare(0, 7, "Bearer ") == 0 || v.compare(0, 7, "bearer ") == 0)) {
+      // The auth scheme is case-insensitive (RFC 9110 11.1): Bearer, bearer, BEARER.
+      if (v.size() > 7 && ascii_iequals(std::string_view(v).substr(0, 7), "bearer ")) {
         presented = v.substr(7);
         while (!presented.empty() && presented.front() == ' ') presented.erase(0, 1);
         have = true;
@@ -269,7 +285,7 @@ struct ApiServer::Impl {
     try {
       body = ojson::parse(r.body);
     } catch (const ojson::parse_error& e) {
-      bad(std::string("the request body is not valid JSON: ") + e.what());
+      bad("the request body is not valid JSON: " + json_error_text(e));
     }
     if (!body.is_object()) bad("the request body must be a JSON object");
     return body;
@@ -442,28 +458,30 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
+    std::vector<GenerationRequest> reqs;
+    std::vector<OutputCallback> callbacks;
     for (size_t p = 0; p < P; ++p) {
-      GenerationRequest req{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]};
-      std::weak_ptr<Exchange> wex = g->ex;
+      reqs.push_back(GenerationRequest{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]});
       const int prompt_index = static_cast<int>(p);
-      SubmitResult r = engine.submit(std::move(req), [g, prompt_index](const StreamDelta& d) {
+      callbacks.emplace_back([g, prompt_index](const StreamDelta& d) {
         // Engine thread: copy and hand over to the connection's strand.
         g->ex->post([g, prompt_index, d] { g->api->on_delta(*g, prompt_index, d); });
       });
-      if (!r.ok()) {
-        for (size_t q = 0; q < p; ++q) engine.abort(g->engine_ids[q]);
-        g->complete = true;  // the callbacks of earlier prompts see this and stay quiet
-        metrics.request_rejected();
-        switch (r.error) {
-          case SubmitError::kInvalid:
-            bad(r.message);
-          case SubmitError::kOverloaded:
-            throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-          case SubmitError::kDraining:
-          case SubmitError::kDead:
-          default:
-            throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-        }
+    }
+    SubmitResult r = engine.submit(std::move(reqs), std::move(callbacks));
+    if (!r.ok()) {
+      g->complete = true;
+      metrics.request_rejected();
+      switch (r.error) {
+        case SubmitError::kInvalid:
+          bad(r.message);
+        case SubmitError::kOverloaded:
+          throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
+        case SubmitError::kDraining:
+        case SubmitError::kDead:
+        default:
+          throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
       }
     }
     // A client that goes away aborts its requests (the engine frees their blocks on its next loop turn).
@@ -859,6 +877,21 @@ struct ApiServer::Impl {
       auto c = m.find("content");
       if (c != m.end() && !c->is_null() && !c->is_string() && !c->is_array())
         bad(fmt::format("messages[{}].content must be a string or a list of content parts", i), "messages");
+      if (c != m.end() && c->is_array())
+        for (size_t k = 0; k < c->size(); ++k) {
+          const ojson& part = (*c)[k];
+          auto type = part.is_object() ? part.find("type") : part.end();
+          if (type != part.end() && type->is_string() && *type == "text") {
+            auto text = part.find("text");
+            if (text == part.end() || !text->is_string())
+              bad(fmt::format("messages[{}].content[{}]: a text part needs 'text', a string", i, k), "messages");
+          }
+        }
+      if (role == "tool") {
+        auto id = m.find("tool_call_id");
+        if (id == m.end() || !id->is_string())
+          bad(fmt::format("messages[{}]: a tool message needs 'tool_call_id', a string", i), "messages");
+      }
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null() && !tc->is_array())
         bad(fmt::format("messages[{}].tool_calls must be a list", i), "messages");
     }
@@ -933,7 +966,6 @@ struct ApiServer::Impl {
       if (t == rf->end() || !(t->is_string() && *t == "text"))
         bad("'response_format' (structured output / JSON mode) is not supported by tessera yet", "response_format");
     }
-    if (field(body, "n") && kind == Kind::kMessages) bad("'n' is not an Anthropic field");
     Prepared pr;
     read_params(body, pr);
     pr.clamp_max_tokens = kind != Kind::kChat;
@@ -1068,12 +1100,17 @@ struct ApiServer::Impl {
     const ojson* mt = field(body, "max_tokens");
     if (!mt) bad("max_tokens: Field required", "max_tokens");
     if (!mt->is_number_integer() || mt->get<int64_t>() < 1) bad("max_tokens: must be a positive integer", "max_tokens");
+    if (body.contains("n")) bad("n: Extra inputs are not permitted (the Messages API has no 'n')", "n");
+    if (const ojson* t = field(body, "temperature");
+        t && t->is_number() && !(t->get<double>() >= 0 && t->get<double>() <= 1))
+      bad("temperature: must be between 0 and 1", "temperature");
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("messages: Field required", "messages");
     if (!msgs->is_array() || msgs->empty()) bad("messages: must be a non-empty list", "messages");
     if (static_cast<int>(msgs->size()) > opt.max_messages)
       bad(fmt::format("messages: at most {} are accepted", opt.max_messages), "messages");
     ojson out = ojson::array();
+    std::vector<std::string> tool_use_ids;  // a tool_result must answer one of these
     if (const ojson* sys = field(body, "system"))
       out.push_back({{"role", "system"}, {"content", blocks_text(*sys, "system")}});
     for (size_t i = 0; i < msgs->size(); ++i) {
@@ -1107,13 +1144,22 @@ struct ApiServer::Impl {
           text += b["text"].get<std::string>();
         } else if (type == "tool_use" && role == "assistant") {
           if (!b.contains("name") || !b["name"].is_string()) bad(where + ": a tool_use block needs a name", "messages");
+          if (b.contains("id") && !b["id"].is_string())
+            bad(where + ": a tool_use block's id must be a string", "messages");
           ojson input = b.contains("input") ? b["input"] : ojson::object();
-          tool_calls.push_back({{"id", b.value("id", "toolu_" + random_hex(24))},
-                                {"type", "function"},
-                                {"function", {{"name", b["name"]}, {"arguments", dump(input)}}}});
+          if (!input.is_object()) bad(where + ": a tool_use block's input must be an object", "messages");
+          std::string id = b.contains("id") ? b["id"].get<std::string>() : "toolu_" + random_hex(24);
+          tool_use_ids.push_back(id);
+          tool_calls.push_back(
+              {{"id", id}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", dump(input)}}}});
         } else if (type == "tool_result" && role == "user") {
           if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
             bad(where + ": a tool_result block needs tool_use_id", "messages");
+          if (std::find(tool_use_ids.begin(), tool_use_ids.end(), b["tool_use_id"].get<std::string>()) ==
+              tool_use_ids.end())
+            bad(fmt::format("{}: tool_result block's tool_use_id '{}' matches no earlier tool_use block", where,
+                            b["tool_use_id"].get<std::string>()),
+                "messages");
           out.push_back({{"role", "tool"},
                          {"tool_call_id", b["tool_use_id"]},
                          {"content", blocks_text(b.contains("content") ? b["content"] : ojson(""), where.c_str())}});
@@ -1265,6 +1311,11 @@ struct ApiServer::Impl {
                                      {"/detokenize", "POST"},
                                      {"/v1/responses", "POST"},
                                      {"/", "GET"}};
+      // With a key set, everything under /v1 needs it before anything else is said, so that the routes
+      // cannot be listed without one (vLLM's middleware does the same).
+      const bool open =
+          path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
+      if ((path == "/v1" || path.rfind("/v1/", 0) == 0) && !authorized(r)) throw unauthorized(api);
       const Route* route = nullptr;
       for (const auto& rt : routes)
         if (path == rt.path) route = &rt;
@@ -1278,13 +1329,7 @@ struct ApiServer::Impl {
                        fmt::format("{} is not allowed on {}; use {}", r.method, path, route->method),
                        {},
                        {{"Allow", route->method}}};
-      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
-      if (!open && !authorized(r))
-        throw ApiError{401,
-                       api == Api::kAnthropic ? "invalid x-api-key"
-                                              : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
-                       {},
-                       {{"WWW-Authenticate", "Bearer"}}};
+      if (!open && !authorized(r)) throw unauthorized(api);
 
       if (path == "/health" || path == "/ping") {
         auto st = engine.stats();
@@ -1305,7 +1350,10 @@ struct ApiServer::Impl {
       if (path == "/v1/models") return ex->respond(json_response(200, models()));
       if (path.rfind("/v1/models/", 0) == 0) {
         const std::string id = path.substr(11);
-        for (const auto& m : models()["data"])
+        // The list must outlive the loop: models()["data"] would refer into a destroyed temporary (the
+        // request fuzzer's first finding, a heap-use-after-free on every GET /v1/models/{id}).
+        const ojson all = models();
+        for (const auto& m : all["data"])
           if (m["id"] == id) return ex->respond(json_response(200, m));
         throw ApiError{404, fmt::format("The model `{}` does not exist.", id), "model", {}};
       }
@@ -1334,7 +1382,8 @@ struct ApiServer::Impl {
     } catch (const tessera::Error& e) {  // malformed messages found by the template layer
       ex->respond(error_response(api, ApiError{400, e.what(), {}, {}}));
     } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type deep inside
-      ex->respond(error_response(api, ApiError{400, std::string("invalid request: ") + e.what(), {}, {}}));
+      ex->respond(error_response(
+          api, ApiError{400, "a field of the request has the wrong type or value: " + json_error_text(e), {}, {}}));
     } catch (const std::bad_alloc&) {
       ex->respond(error_response(api, ApiError{400, "the request needs more memory than the server allows", {}, {}}));
     } catch (const std::exception& e) {
@@ -1344,7 +1393,7 @@ struct ApiServer::Impl {
   }
 };
 
-ApiServer::ApiServer(ApiOptions options, AsyncEngine& engine, const tokenizer::Tokenizer& tok,
+ApiServer::ApiServer(ApiOptions options, EngineClient& engine, const tokenizer::Tokenizer& tok,
                      const tokenizer::ChatTemplate* chat_template, Metrics& metrics)
     : impl_(std::make_unique<Impl>(std::move(options), engine, tok, chat_template, metrics, this)) {}
 
