@@ -1313,8 +1313,7 @@ struct ApiServer::Impl {
                                      {"/", "GET"}};
       // With a key set, everything under /v1 needs it before anything else is said, so that the routes
       // cannot be listed without one (vLLM's middleware does the same).
-      const bool open =
-          path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
+      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
       if ((path == "/v1" || path.rfind("/v1/", 0) == 0) && !authorized(r)) throw unauthorized(api);
       const Route* route = nullptr;
       for (const auto& rt : routes)
