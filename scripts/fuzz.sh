@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Runs the control-channel decoder fuzz target for N seconds (default 60) with clang's
-# libFuzzer + ASan + UBSan, in its own build folder. Exits non-zero on a finding (the
-# crashing input is left in build-fuzz/fuzz-artifacts/).
-#   scripts/fuzz.sh [seconds]
+# Runs each fuzz target for N seconds (default 60) with clang's libFuzzer + ASan + UBSan, in
+# its own build folder: the control-channel decoders (dist_wire_fuzz) and the server's request
+# path (server_request_fuzz: raw HTTP through routing, auth, JSON, validation, chat template and
+# tokenizer, with a stub engine). Exits non-zero on a finding (the input is left in
+# build-fuzz/fuzz-artifacts/ or build-fuzz/request-artifacts/).
+#   scripts/fuzz.sh [seconds] [wire|request]   (both targets when no name is given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN=${1:-60}
+ONLY=${2:-}
 CC_BIN=${CC_FUZZ:-clang-14}
 CXX_BIN=${CXX_FUZZ:-clang++-14}
 command -v "$CXX_BIN" >/dev/null || { echo "fuzz.sh: needs $CXX_BIN (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC_BIN" \
   -DCMAKE_CXX_COMPILER="$CXX_BIN" -DTESSERA_FUZZ=ON -DTESSERA_TESTS=ON >/dev/null
-cmake --build build-fuzz --target dist_wire_fuzz -j "${FUZZ_JOBS:-2}"
+TOKENIZER=.npm-pkgs/tokenizer-qwen3/package/models
+TARGETS=()
+[ "$ONLY" != request ] && TARGETS+=(dist_wire_fuzz)
+if [ "$ONLY" != wire ]; then
+  if [ -f "$TOKENIZER/tokenizer.json" ]; then
+    TARGETS+=(server_request_fuzz)
+  else
+    echo "fuzz.sh: $TOKENIZER missing (run scripts/fetch_test_data.sh): server_request_fuzz skipped"
+  fi
+fi
+cmake --build build-fuzz --target "${TARGETS[@]}" -j "${FUZZ_JOBS:-2}"
+if [[ " ${TARGETS[*]} " == *" server_request_fuzz "* ]]; then
+  # Seeds: a real request of every endpoint (tests/server/fuzz/corpus/); new inputs go to request-corpus.
+  mkdir -p build-fuzz/request-corpus build-fuzz/request-artifacts
+  build-fuzz/tests/server/server_request_fuzz -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=20 \
+    -dict=tests/server/fuzz/request.dict -artifact_prefix=build-fuzz/request-artifacts/ \
+    build-fuzz/request-corpus tests/server/fuzz/corpus
+fi
+[[ " ${TARGETS[*]} " == *" dist_wire_fuzz "* ]] || exit 0
 mkdir -p build-fuzz/fuzz-corpus build-fuzz/fuzz-artifacts
 # Seed with a valid frame of every type so the fuzzer starts past the header checks.
 python3 - build-fuzz/fuzz-corpus <<'PY' || true

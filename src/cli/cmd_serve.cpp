@@ -22,6 +22,7 @@
 #include "core/logging.h"
 #include "core/version.h"
 #include "engine/async_engine.h"
+#include "server/access_log.h"
 #include "server/api_server.h"
 #include "server/http_server.h"
 #include "server/parsers/reasoning_parser.h"
@@ -391,7 +392,7 @@ int run_serve(int argc, char** argv) {
   server::HttpServer http(
       ho,
       [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
-        if (access_log) TLOG_INFO("{} - \"{} {}\"", r.remote, r.method, r.path);
+        if (access_log) ex = server::with_access_log(r, std::move(ex));
         api.handle(std::move(r), std::move(ex));
       },
       &server::ApiServer::error_body);
@@ -406,7 +407,8 @@ int run_serve(int argc, char** argv) {
   http.start();
   TLOG_INFO("Starting tessera API server on http://{}:{}", host, http.port());
   TLOG_INFO(
-      "Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /tokenize /detokenize "
+      "Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /v1/responses /tokenize "
+      "/detokenize "
       "/health /version /metrics");
   TLOG_INFO("Application startup complete.");
 

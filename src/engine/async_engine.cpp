@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/logging.h"
 #include "tokenizer/detokenizer.h"
 
@@ -13,6 +15,7 @@ struct AsyncEngine::Sequence {
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok;
   bool done = false;
   bool got_first = false;
+  bool waiting = true;  // counted in its unit's group_waiting_ entry
 };
 
 struct AsyncEngine::Tracked {
@@ -21,6 +24,7 @@ struct AsyncEngine::Tracked {
   std::vector<Sequence> seqs;
   int remaining = 0;
   Clock::time_point submitted;
+  uint64_t group = 0;
 };
 
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options)
@@ -36,7 +40,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tok
 
 AsyncEngine::~AsyncEngine() { drain(std::chrono::milliseconds(0)); }
 
-SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {
+SubmitResult AsyncEngine::check(const GenerationRequest& request) const {
   if (request.prompt_ids.empty()) return {SubmitError::kInvalid, "the prompt is empty"};
   if (static_cast<int>(request.prompt_ids.size()) + 1 > max_model_len_)
     return {SubmitError::kInvalid,
@@ -48,16 +52,54 @@ SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_ou
       return {SubmitError::kInvalid, fmt::format("token id {} is outside the vocabulary (0..{})", t, vocab_size_ - 1)};
   if (Status s = validate_sampling_params(request.params, vocab_size_); !s.ok())
     return {SubmitError::kInvalid, s.message()};
+  return {};
+}
+
+SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {
+  std::vector<GenerationRequest> requests;
+  requests.push_back(std::move(request));
+  std::vector<OutputCallback> callbacks;
+  callbacks.push_back(std::move(on_output));
+  return submit(std::move(requests), std::move(callbacks));
+}
+
+SubmitResult AsyncEngine::submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) {
+  if (requests.empty() || requests.size() != on_output.size())
+    return {SubmitError::kInvalid, "a submission needs one output callback per request"};
+  size_t sequences = 0;
+  for (const auto& r : requests) {
+    if (SubmitResult c = check(r); !c.ok()) return c;
+    sequences += static_cast<size_t>(std::max(1, r.params.n));
+  }
+  const size_t limit = static_cast<size_t>(std::max(1, options_.max_waiting_requests));
+  if (sequences > limit)
+    return {SubmitError::kInvalid,
+            fmt::format("this request has {} sequences (prompts x n), more than the waiting queue holds ({}, "
+                        "--max-waiting-requests); send fewer prompts or a smaller n",
+                        sequences, limit)};
   std::lock_guard<std::mutex> lk(mu_);
   if (!snapshot_.alive) return {SubmitError::kDead, "the engine stopped after an error: " + snapshot_.fatal_error};
   if (draining_ || stop_) return {SubmitError::kDraining, "the server is shutting down"};
-  const size_t queued = pending_.size() + snapshot_.engine.num_waiting;
-  if (queued >= static_cast<size_t>(options_.max_waiting_requests))
-    return {SubmitError::kOverloaded,
-            fmt::format("too many requests waiting ({}); retry later or raise --max-waiting-requests", queued)};
-  pending_.emplace_back(std::move(request), std::move(on_output));
+  if (waiting_groups_ >= limit)
+    return {
+        SubmitError::kOverloaded,
+        fmt::format("too many requests waiting ({}); retry later or raise --max-waiting-requests", waiting_groups_)};
+  const uint64_t group = next_group_++;
+  ++waiting_groups_;
+  for (size_t i = 0; i < requests.size(); ++i)
+    pending_.push_back(Pending{std::move(requests[i]), std::move(on_output[i]), group});
   cv_.notify_one();
   return {};
+}
+
+void AsyncEngine::leave_waiting(uint64_t group, int count) {
+  auto it = group_waiting_.find(group);
+  if (it == group_waiting_.end()) return;
+  it->second -= count;
+  if (it->second > 0) return;
+  group_waiting_.erase(it);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (waiting_groups_ > 0) --waiting_groups_;
 }
 
 void AsyncEngine::abort(const std::string& id) {
@@ -92,7 +134,7 @@ std::string sequence_id(const std::string& request, int index) {
 
 void AsyncEngine::loop() {
   for (;;) {
-    std::deque<std::pair<GenerationRequest, OutputCallback>> incoming;
+    std::deque<Pending> incoming;
     std::vector<std::string> aborts;
     bool drain_expired = false, draining = false;
     {
@@ -105,14 +147,18 @@ void AsyncEngine::loop() {
       draining = draining_;
       drain_expired = draining_ && Clock::now() >= drain_deadline_;
     }
-    for (auto& [req, cb] : incoming) {
+    // Count every unit's sequences first: a refused entry of a unit must not end the unit's wait early.
+    for (const auto& p : incoming) group_waiting_[p.group] += std::max(1, p.request.params.n);
+    for (auto& [req, cb, group] : incoming) {
       const std::string id = req.id;
+      const int n = std::max(1, req.params.n);
       if (tracked_.count(id)) {
         StreamDelta d;
         d.request_id = id;
         d.finished = true;
         d.finish_reason = FinishReason::kError;
         d.text = "duplicate request id " + id;
+        leave_waiting(group, n);
         cb(d);
         continue;
       }
@@ -121,6 +167,7 @@ void AsyncEngine::loop() {
         d.request_id = id;
         d.finished = true;
         d.finish_reason = FinishReason::kAbort;
+        leave_waiting(group, n);
         cb(d);
         continue;
       }
@@ -131,6 +178,7 @@ void AsyncEngine::loop() {
         d.finished = true;
         d.finish_reason = FinishReason::kError;
         d.text = s.message();
+        leave_waiting(group, n);
         cb(d);
         continue;
       }
@@ -138,6 +186,7 @@ void AsyncEngine::loop() {
       t->request = std::move(req);
       t->callback = std::move(cb);
       t->submitted = Clock::now();
+      t->group = group;
       t->seqs.resize(static_cast<size_t>(t->request.params.n));
       t->remaining = t->request.params.n;
       for (int i = 0; i < t->request.params.n; ++i) {
@@ -161,6 +210,10 @@ void AsyncEngine::loop() {
       Tracked* t = it->second.get();
       engine_->abort(id);
       for (size_t i = 0; i < t->seqs.size(); ++i) {
+        if (t->seqs[i].waiting) {
+          t->seqs[i].waiting = false;
+          leave_waiting(t->group, 1);
+        }
         if (t->seqs[i].done) continue;
         StreamDelta d;
         d.request_id = id;
@@ -193,10 +246,12 @@ void AsyncEngine::loop() {
             }
         tracked_.clear();
         seq_owner_.clear();
+        group_waiting_.clear();
         std::lock_guard<std::mutex> lk(mu_);
+        waiting_groups_ = 0;
         snapshot_.alive = false;
         snapshot_.fatal_error = e.what();
-        for (auto& [req, cb] : pending_) {
+        for (auto& [req, cb, group] : pending_) {
           StreamDelta d;
           d.request_id = req.id;
           d.finished = true;
@@ -259,6 +314,10 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     if (d.finished) {
       seq.done = true;
       seq_owner_.erase(owner);
+    }
+    if (seq.waiting && (seq.got_first || d.finished)) {
+      seq.waiting = false;
+      leave_waiting(t->group, 1);
     }
     const std::string rid = t->request.id;
     const bool last = d.finished && --t->remaining == 0;

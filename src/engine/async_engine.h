@@ -54,7 +54,9 @@ struct StreamDelta {
 using OutputCallback = std::function<void(const StreamDelta&)>;
 
 struct AsyncEngineOptions {
-  int max_waiting_requests = 1024;  // beyond this submit() answers kOverloaded (429)
+  // Front-end requests (submit() calls, however many sequences each has) that may wait for their first
+  // token; beyond this submit() answers kOverloaded (429).
+  int max_waiting_requests = 1024;
 };
 
 enum class SubmitError { kNone, kInvalid, kOverloaded, kDraining, kDead };
@@ -72,28 +74,53 @@ struct AsyncEngineStats {
   std::string fatal_error;
 };
 
-class AsyncEngine {
+// What a front end needs of the engine. AsyncEngine is the real one; the API server's fuzz target
+// drives the server with a stub that records what reaches this seam.
+class EngineClient {
+ public:
+  virtual ~EngineClient() = default;
+  // Queues the engine requests of one front-end request (several prompts of /v1/completions, say) as
+  // one unit: all are queued or none is. The waiting queue counts units, not sequences, so one request
+  // with many prompts takes one place; one whose sequences (prompts x n) alone exceed the queue is
+  // refused with kInvalid. `on_output[i]` receives the outputs of `requests[i]`.
+  virtual SubmitResult submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) = 0;
+  // Thread-safe; the request's callback gets a finished delta with reason abort.
+  virtual void abort(const std::string& id) = 0;
+  virtual AsyncEngineStats stats() const = 0;
+  virtual int max_model_len() const = 0;
+  virtual int vocab_size() const = 0;
+};
+
+class AsyncEngine : public EngineClient {
  public:
   // `tok` may be null (token ids only, no text). Starts the engine thread.
   AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options = {});
-  ~AsyncEngine();  // drains with a zero timeout
+  ~AsyncEngine() override;  // drains with a zero timeout
 
   // Validates (prompt length, sampling ranges) without touching engine state, then queues.
   SubmitResult submit(GenerationRequest request, OutputCallback on_output);
-  // Thread-safe; the request's callback gets a finished delta with reason abort.
-  void abort(const std::string& id);
+  SubmitResult submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) override;
+  void abort(const std::string& id) override;
   // Stops accepting, lets in-flight requests finish for up to `timeout`, aborts the rest,
   // then stops the engine thread.
   void drain(std::chrono::milliseconds timeout);
-  AsyncEngineStats stats() const;
+  AsyncEngineStats stats() const override;
 
-  int max_model_len() const { return max_model_len_; }
-  int vocab_size() const { return vocab_size_; }
+  int max_model_len() const override { return max_model_len_; }
+  int vocab_size() const override { return vocab_size_; }
   const ModelConfig& model_config() const { return model_config_; }
 
  private:
   struct Sequence;
   struct Tracked;
+  struct Pending {
+    GenerationRequest request;
+    OutputCallback callback;
+    uint64_t group = 0;
+  };
+  SubmitResult check(const GenerationRequest& request) const;
+  // Engine thread: `count` sequences of `group` stopped waiting (first token, finished, aborted, refused).
+  void leave_waiting(uint64_t group, int count);
   void loop();
   void handle_outputs(std::vector<RequestOutput>& outs);
 
@@ -105,7 +132,9 @@ class AsyncEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<GenerationRequest, OutputCallback>> pending_;
+  std::deque<Pending> pending_;
+  uint64_t next_group_ = 0;
+  size_t waiting_groups_ = 0;  // submitted units with a sequence still waiting for its first token
   std::vector<std::string> pending_aborts_;
   bool draining_ = false, stop_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
@@ -114,6 +143,7 @@ class AsyncEngine {
   // Engine-thread state.
   std::unordered_map<std::string, std::unique_ptr<Tracked>> tracked_;    // by request id
   std::unordered_map<std::string, std::pair<Tracked*, int>> seq_owner_;  // engine sequence id -> (request, index)
+  std::unordered_map<uint64_t, int> group_waiting_;                      // unit -> sequences still waiting
   std::thread thread_;
 };
 

@@ -9,24 +9,6 @@
 
 namespace tessera {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kNone:
-      break;
-  }
-  return "";
-}
-
-namespace {}  // namespace
-
 LLMEngine::LLMEngine(std::unique_ptr<Model> model, Backend& backend, EngineConfig config)
     : LLMEngine(std::make_unique<LocalExecutor>(std::move(model), backend), std::move(config)) {}
 

@@ -11,7 +11,22 @@ namespace tessera {
 
 enum class RequestStatus { kWaiting, kRunning, kPreempted, kFinished };
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+// "stop", "length", "abort", "error" (inline: the server's fuzz target uses it without the engine library).
+inline const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
 
 struct Request {
   std::string id;

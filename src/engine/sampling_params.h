@@ -31,6 +31,9 @@ struct SamplingParams {
   bool skip_special_tokens = true;
 };
 
+// The longest stop_token_ids list a request may send.
+inline constexpr int kMaxStopTokenIds = 1024;
+
 // Limits that keep one request from harming the others.
 struct SamplingLimits {
   int max_n = 16;

@@ -4,17 +4,23 @@
 #include "server/api_server.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 
+#include "core/json_depth.h"
 #include "core/logging.h"
 #include "core/version.h"
 #include "server/parsers/chat_output_parser.h"
+#include "server/responses_api.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 enum class Api { kOpenAI, kAnthropic };
-enum class Kind { kChat, kCompletion, kMessages };
+enum class Kind { kChat, kCompletion, kMessages, kResponses };
 
 // A request-level failure: status, message, and the offending field when there is one.
 struct ApiError {
@@ -126,6 +132,21 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool ascii_iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+// nlohmann's message without its "[json.exception.type_error.302] " prefix: errors are in our words.
+std::string json_error_text(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("[json.exception.", 0) == 0)
+    if (auto close = m.find("] "); close != std::string::npos) m.erase(0, close + 2);
+  return m;
+}
+
 double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
 
 const ojson* field(const ojson& body, const char* name) {
@@ -145,7 +166,7 @@ bool get_bool(const ojson& body, const char* name, bool def) {
 // ---------------------------------------------------------------------------------------------
 struct ApiServer::Impl {
   ApiOptions opt;
-  AsyncEngine& engine;
+  EngineClient& engine;
   const tokenizer::Tokenizer& tok;
   const tokenizer::ChatTemplate* tmpl;
   Metrics& metrics;
@@ -187,12 +208,14 @@ struct ApiServer::Impl {
     // Anthropic streams: the open content block (-1: none yet) and its type.
     int block_index = -1;
     std::string block_type;
+    // Responses API: output items and events (kResponses only).
+    std::unique_ptr<ResponseBuilder> responses;
     ~Gen() {
       if (--api->owner->active_ == 0) api->idle();
     }
   };
 
-  Impl(ApiOptions o, AsyncEngine& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
+  Impl(ApiOptions o, EngineClient& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
       : opt(std::move(o)), engine(e), tok(t), tmpl(c), metrics(m), owner(own) {}
 
@@ -223,7 +246,8 @@ struct ApiServer::Impl {
     bool have = false;
     if (const std::string* a = r.header("authorization")) {
       std::string v = *a;
-      if (v.size() > 7 && (v.compare(0, 7, "Bearer ") == 0 || v.compare(0, 7, "bearer ") == 0)) {
+      // The auth scheme is case-insensitive (RFC 9110 11.1): Bearer, bearer, BEARER.
+      if (v.size() > 7 && ascii_iequals(std::string_view(v).substr(0, 7), "bearer ")) {
         presented = v.substr(7);
         while (!presented.empty() && presented.front() == ' ') presented.erase(0, 1);
         have = true;
@@ -241,13 +265,27 @@ struct ApiServer::Impl {
     return ok;
   }
 
+  static ApiError unauthorized(Api api) {
+    return ApiError{401,
+                    api == Api::kAnthropic ? "invalid x-api-key"
+                                           : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
+                    {},
+                    {{"WWW-Authenticate", "Bearer"}}};
+  }
+
   ojson parse_body(const HttpRequest& r) {
     if (r.body.empty()) bad("the request body is empty; send a JSON object");
+    // Bounded before parsing: every later walk over the body (copies, conversions, dumps) recurses.
+    if (json_nesting_depth(r.body) > kMaxJsonDepth)
+      bad(
+          fmt::format("the request body nests arrays and objects more than {} levels deep; this server accepts at "
+                      "most {}",
+                      kMaxJsonDepth, kMaxJsonDepth));
     ojson body;
     try {
       body = ojson::parse(r.body);
     } catch (const ojson::parse_error& e) {
-      bad(std::string("the request body is not valid JSON: ") + e.what());
+      bad("the request body is not valid JSON: " + json_error_text(e));
     }
     if (!body.is_object()) bad("the request body must be a JSON object");
     return body;
@@ -325,6 +363,10 @@ struct ApiServer::Impl {
     SamplingParams params;
     bool max_tokens_given = false;
     int default_max_tokens = -1;  // -1: max_model_len - prompt
+    // Anthropic Messages and Responses: a max_tokens above the room left in the context (Claude Code asks for
+    // 32000) is lowered to that room and to the generation config's max_new_tokens, as vLLM's get_max_tokens
+    // does, instead of refused.
+    bool clamp_max_tokens = false;
   };
 
   SamplingParams base_params() const {
@@ -338,10 +380,35 @@ struct ApiServer::Impl {
     return p;
   }
 
+  static constexpr const char* kSamplingFields[] = {"max_tokens",
+                                                    "max_completion_tokens",
+                                                    "temperature",
+                                                    "top_p",
+                                                    "top_k",
+                                                    "min_p",
+                                                    "presence_penalty",
+                                                    "frequency_penalty",
+                                                    "repetition_penalty",
+                                                    "n",
+                                                    "min_tokens",
+                                                    "seed",
+                                                    "ignore_eos",
+                                                    "stop",
+                                                    "stop_token_ids",
+                                                    "logprobs",
+                                                    "top_logprobs",
+                                                    "logit_bias"};
+
   void read_params(const ojson& body, Prepared& pr) {
     pr.params = base_params();
-    Status s = sampling_params_from_json(json(body), pr.params);
+    // Only the sampling fields cross over (the whole body was copied before, recursively).
+    json fields = json::object();
+    for (const char* k : kSamplingFields)
+      if (auto it = body.find(k); it != body.end()) fields[k] = json(*it);
+    Status s = sampling_params_from_json(fields, pr.params);
     if (!s.ok()) bad(s.message());
+    if (const ojson* bo = field(body, "best_of"); bo && !(bo->is_number_integer() && *bo == 1))
+      bad("'best_of' is not supported; use 'n' for several completions", "best_of");
     pr.max_tokens_given = field(body, "max_tokens") || field(body, "max_completion_tokens");
     if (pr.params.n < 1 || pr.params.n > opt.max_n)
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");
@@ -356,7 +423,10 @@ struct ApiServer::Impl {
                       "Please reduce the length of the input messages.",
                       L, P),
           "messages");
-    if (pr.max_tokens_given) {
+    if (pr.max_tokens_given && pr.clamp_max_tokens) {
+      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, L - P));
+      if (opt.defaults.max_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_tokens));
+    } else if (pr.max_tokens_given) {
       if (P + pr.params.max_tokens > L)
         bad(fmt::format("'max_tokens' or 'max_completion_tokens' is too large: {}. This model's maximum context length "
                         "is {} tokens and your request has {} input tokens ({} > {} - {}).",
@@ -388,28 +458,30 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
+    std::vector<GenerationRequest> reqs;
+    std::vector<OutputCallback> callbacks;
     for (size_t p = 0; p < P; ++p) {
-      GenerationRequest req{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]};
-      std::weak_ptr<Exchange> wex = g->ex;
+      reqs.push_back(GenerationRequest{g->engine_ids[p], std::move(pr.prompts[p]), per_prompt[p]});
       const int prompt_index = static_cast<int>(p);
-      SubmitResult r = engine.submit(std::move(req), [g, prompt_index](const StreamDelta& d) {
+      callbacks.emplace_back([g, prompt_index](const StreamDelta& d) {
         // Engine thread: copy and hand over to the connection's strand.
         g->ex->post([g, prompt_index, d] { g->api->on_delta(*g, prompt_index, d); });
       });
-      if (!r.ok()) {
-        for (size_t q = 0; q < p; ++q) engine.abort(g->engine_ids[q]);
-        g->complete = true;  // the callbacks of earlier prompts see this and stay quiet
-        metrics.request_rejected();
-        switch (r.error) {
-          case SubmitError::kInvalid:
-            bad(r.message);
-          case SubmitError::kOverloaded:
-            throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-          case SubmitError::kDraining:
-          case SubmitError::kDead:
-          default:
-            throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
-        }
+    }
+    SubmitResult r = engine.submit(std::move(reqs), std::move(callbacks));
+    if (!r.ok()) {
+      g->complete = true;
+      metrics.request_rejected();
+      switch (r.error) {
+        case SubmitError::kInvalid:
+          bad(r.message);
+        case SubmitError::kOverloaded:
+          throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
+        case SubmitError::kDraining:
+        case SubmitError::kDead:
+        default:
+          throw ApiError{503, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
       }
     }
     // A client that goes away aborts its requests (the engine frees their blocks on its next loop turn).
@@ -467,6 +539,8 @@ struct ApiServer::Impl {
       out += event("message_start", {{"type", "message_start"}, {"message", msg}});
       if (g.parsers.empty()) out += open_block(g, "text", {{"type", "text"}, {"text", ""}});
       // else blocks open as the parsers find thinking, text and tool calls
+    } else if (g.kind == Kind::kResponses) {
+      out += g.responses->start();
     }
     if (!out.empty()) g.ex->write(std::move(out));
   }
@@ -517,21 +591,45 @@ struct ApiServer::Impl {
     return "end_turn";
   }
 
+  // One detokenized delta through choice ci's reasoning / tool-call parsers (the parsers' tail on the last).
+  static ChatDelta parse_delta(Gen& g, size_t ci, const StreamDelta& d, bool has_text) {
+    ChatOutputParser& parser = *g.parsers[ci];
+    ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
+    if (d.finished) {
+      ChatDelta tail = parser.finish();
+      cd.reasoning += tail.reasoning;
+      cd.content += tail.content;
+      cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+    }
+    if (parser.tools_called()) g.tools_called[ci] = true;
+    return cd;
+  }
+
+  ResponsesUsage responses_usage(const Gen& g) const {
+    ResponsesUsage u;
+    u.input_tokens = g.prompt_tokens[0];
+    u.cached_tokens = g.cached_tokens;
+    u.output_tokens = static_cast<int>(g.choices[0].token_ids.size());
+    const std::string& reasoning = g.responses->reasoning_text();
+    // The reasoning part's tokens, counted by encoding its text (the parsers work on text, not token ids).
+    if (!reasoning.empty())
+      u.reasoning_tokens = std::min(u.output_tokens, static_cast<int>(tok.encode(reasoning, false).size()));
+    return u;
+  }
+
   void stream_delta(Gen& g, size_t ci, const StreamDelta& d, const std::vector<TokenLogprob>& lps) {
     Choice& c = g.choices[ci];
     std::string out;
     const bool has_text = !d.text.empty() && d.finish_reason != FinishReason::kError;
-    if (g.kind == Kind::kMessages && !g.parsers.empty()) {
-      ChatOutputParser& parser = *g.parsers[0];
-      ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
-      if (d.finished) {
-        ChatDelta tail = parser.finish();
-        cd.reasoning += tail.reasoning;
-        cd.content += tail.content;
-        cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-      }
-      if (parser.tools_called()) g.tools_called[0] = true;
-      out += anthropic_parsed_events(g, cd);
+    if (g.kind == Kind::kResponses) {
+      ChatDelta cd;
+      if (!g.parsers.empty())
+        cd = parse_delta(g, 0, d, has_text);
+      else if (has_text)
+        cd.content = d.text;
+      out += g.responses->push(cd);
+    } else if (g.kind == Kind::kMessages && !g.parsers.empty()) {
+      out += anthropic_parsed_events(g, parse_delta(g, 0, d, has_text));
     } else if (g.kind == Kind::kMessages) {
       if (has_text)
         out += event(
@@ -544,15 +642,7 @@ struct ApiServer::Impl {
         ojson j = chunk_head(g);
         ojson choice{{"index", ci}};
         if (g.kind == Kind::kChat && !g.parsers.empty()) {
-          ChatOutputParser& parser = *g.parsers[ci];
-          ChatDelta cd = has_text ? parser.push(d.text) : ChatDelta{};
-          if (d.finished) {
-            ChatDelta tail = parser.finish();
-            cd.reasoning += tail.reasoning;
-            cd.content += tail.content;
-            cd.tool_calls.insert(cd.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-          }
-          if (parser.tools_called()) g.tools_called[ci] = true;
+          ChatDelta cd = parse_delta(g, ci, d, has_text);
           if (cd.empty() && lps.empty() && !d.finished) return;
           ojson delta = ojson::object();
           if (!cd.reasoning.empty()) delta["reasoning_content"] = cd.reasoning;
@@ -646,6 +736,8 @@ struct ApiServer::Impl {
                         {"stop_sequence", c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string)}}},
                       {"usage", {{"output_tokens", c.token_ids.size()}}}});
         out += event("message_stop", {{"type", "message_stop"}});
+      } else if (g.kind == Kind::kResponses) {
+        out += g.responses->finish(g.choices[0].finish_reason, responses_usage(g), g.choices[0].error);
       } else {
         if (g.include_usage) {
           ojson j = chunk_head(g);
@@ -665,7 +757,17 @@ struct ApiServer::Impl {
         return;
       }
     ojson body;
-    if (g.kind == Kind::kMessages) {
+    if (g.kind == Kind::kResponses) {
+      const Choice& c = g.choices[0];
+      if (!g.parsers.empty()) {
+        g.responses->add(g.parsers[0]->parse(c.text));
+      } else {
+        ChatParseResult r;
+        r.content = c.text;
+        g.responses->add(r);
+      }
+      body = g.responses->response(c.finish_reason, responses_usage(g));
+    } else if (g.kind == Kind::kMessages) {
       const Choice& c = g.choices[0];
       ojson content = ojson::array();
       std::string stop_reason = anthropic_stop_reason(c);
@@ -741,7 +843,11 @@ struct ApiServer::Impl {
     g->created = unix_now();
     const ojson* m = field(body, "model");
     g->model = m && m->is_string() ? m->get<std::string>() : opt.served_model_names.front();
-    g->id = (kind == Kind::kChat ? "chatcmpl-" : kind == Kind::kCompletion ? "cmpl-" : "msg_") + random_hex(32);
+    g->id = (kind == Kind::kChat         ? "chatcmpl-"
+             : kind == Kind::kCompletion ? "cmpl-"
+             : kind == Kind::kResponses  ? "resp_"
+                                         : "msg_") +
+            random_hex(32);
     g->stream = get_bool(body, "stream", false);
     if (const ojson* so = field(body, "stream_options")) {
       if (!so->is_object()) bad("'stream_options' must be an object", "stream_options");
@@ -771,6 +877,21 @@ struct ApiServer::Impl {
       auto c = m.find("content");
       if (c != m.end() && !c->is_null() && !c->is_string() && !c->is_array())
         bad(fmt::format("messages[{}].content must be a string or a list of content parts", i), "messages");
+      if (c != m.end() && c->is_array())
+        for (size_t k = 0; k < c->size(); ++k) {
+          const ojson& part = (*c)[k];
+          auto type = part.is_object() ? part.find("type") : part.end();
+          if (type != part.end() && type->is_string() && *type == "text") {
+            auto text = part.find("text");
+            if (text == part.end() || !text->is_string())
+              bad(fmt::format("messages[{}].content[{}]: a text part needs 'text', a string", i, k), "messages");
+          }
+        }
+      if (role == "tool") {
+        auto id = m.find("tool_call_id");
+        if (id == m.end() || !id->is_string())
+          bad(fmt::format("messages[{}]: a tool message needs 'tool_call_id', a string", i), "messages");
+      }
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null() && !tc->is_array())
         bad(fmt::format("messages[{}].tool_calls must be a list", i), "messages");
     }
@@ -834,7 +955,7 @@ struct ApiServer::Impl {
     return prompt;
   }
 
-  void chat(const ojson& body, Kind kind, const std::shared_ptr<Exchange>& ex) {
+  void chat(const ojson& body, Kind kind, const std::shared_ptr<Exchange>& ex, const ResponsesRequest* rq = nullptr) {
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("'messages' is required", "messages");
     ToolChoicePlan plan;
@@ -845,14 +966,15 @@ struct ApiServer::Impl {
       if (t == rf->end() || !(t->is_string() && *t == "text"))
         bad("'response_format' (structured output / JSON mode) is not supported by tessera yet", "response_format");
     }
-    if (field(body, "n") && kind == Kind::kMessages) bad("'n' is not an Anthropic field");
     Prepared pr;
     read_params(body, pr);
+    pr.clamp_max_tokens = kind != Kind::kChat;
     std::string prompt = render_chat(body);
     const bool add_special = get_bool(body, "add_special_tokens", false);
     pr.prompts.push_back(tok.encode(prompt, add_special));
     pr.prompt_texts.push_back(std::move(prompt));
     auto g = new_gen(kind, ex, body);
+    if (rq) g->responses = std::make_unique<ResponseBuilder>(g->id, g->model, g->created, *rq);
     if (!opt.reasoning_parser.empty() || plan.parse_tools) {
       ReasoningParserOptions ro;
       if (const ojson* k = field(body, "chat_template_kwargs"))
@@ -957,17 +1079,38 @@ struct ApiServer::Impl {
     return s;
   }
 
+  // Anthropic tool_choice -> OpenAI tool_choice: auto, any (-> required), tool (-> the named function), none.
+  static ojson anthropic_tool_choice(const ojson* c) {
+    if (!c) return "auto";
+    const ojson* type = c->is_object() ? field(*c, "type") : nullptr;
+    if (!type || !type->is_string()) bad("tool_choice: must be an object with a type", "tool_choice");
+    const std::string t = type->get<std::string>();
+    if (t == "auto" || t == "none") return t;
+    if (t == "any") return "required";
+    if (t == "tool") {
+      const ojson* name = field(*c, "name");
+      if (!name || !name->is_string()) bad("tool_choice: a choice of type 'tool' needs the tool's name", "tool_choice");
+      return ojson{{"type", "function"}, {"function", {{"name", *name}}}};
+    }
+    bad(fmt::format("tool_choice.type: '{}' is not one of auto, any, tool, none", t), "tool_choice");
+  }
+
   // Anthropic Messages request -> OpenAI chat request (system, tool_use/tool_result as tool calls).
   ojson messages_to_chat(const ojson& body) {
     const ojson* mt = field(body, "max_tokens");
     if (!mt) bad("max_tokens: Field required", "max_tokens");
     if (!mt->is_number_integer() || mt->get<int64_t>() < 1) bad("max_tokens: must be a positive integer", "max_tokens");
+    if (body.contains("n")) bad("n: Extra inputs are not permitted (the Messages API has no 'n')", "n");
+    if (const ojson* t = field(body, "temperature");
+        t && t->is_number() && !(t->get<double>() >= 0 && t->get<double>() <= 1))
+      bad("temperature: must be between 0 and 1", "temperature");
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("messages: Field required", "messages");
     if (!msgs->is_array() || msgs->empty()) bad("messages: must be a non-empty list", "messages");
     if (static_cast<int>(msgs->size()) > opt.max_messages)
       bad(fmt::format("messages: at most {} are accepted", opt.max_messages), "messages");
     ojson out = ojson::array();
+    std::vector<std::string> tool_use_ids;  // a tool_result must answer one of these
     if (const ojson* sys = field(body, "system"))
       out.push_back({{"role", "system"}, {"content", blocks_text(*sys, "system")}});
     for (size_t i = 0; i < msgs->size(); ++i) {
@@ -976,12 +1119,14 @@ struct ApiServer::Impl {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         bad(where + ": each message needs a role", "messages");
       const std::string role = m["role"].get<std::string>();
-      if (role != "user" && role != "assistant")
-        bad(fmt::format("{}.role: '{}' is not one of user, assistant (the system prompt goes in 'system')", where,
-                        role),
-            "messages");
+      if (role != "user" && role != "assistant" && role != "system")
+        bad(fmt::format("{}.role: '{}' is not one of user, assistant, system", where, role), "messages");
       if (!m.contains("content")) bad(where + ".content: Field required", "messages");
       const ojson& content = m["content"];
+      if (role == "system") {  // Claude Code's mid-conversation system messages, kept in their place
+        out.push_back({{"role", "system"}, {"content", blocks_text(content, where.c_str())}});
+        continue;
+      }
       if (content.is_string()) {
         out.push_back({{"role", role}, {"content", content}});
         continue;
@@ -999,13 +1144,22 @@ struct ApiServer::Impl {
           text += b["text"].get<std::string>();
         } else if (type == "tool_use" && role == "assistant") {
           if (!b.contains("name") || !b["name"].is_string()) bad(where + ": a tool_use block needs a name", "messages");
+          if (b.contains("id") && !b["id"].is_string())
+            bad(where + ": a tool_use block's id must be a string", "messages");
           ojson input = b.contains("input") ? b["input"] : ojson::object();
-          tool_calls.push_back({{"id", b.value("id", "toolu_" + random_hex(24))},
-                                {"type", "function"},
-                                {"function", {{"name", b["name"]}, {"arguments", dump(input)}}}});
+          if (!input.is_object()) bad(where + ": a tool_use block's input must be an object", "messages");
+          std::string id = b.contains("id") ? b["id"].get<std::string>() : "toolu_" + random_hex(24);
+          tool_use_ids.push_back(id);
+          tool_calls.push_back(
+              {{"id", id}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", dump(input)}}}});
         } else if (type == "tool_result" && role == "user") {
           if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
             bad(where + ": a tool_result block needs tool_use_id", "messages");
+          if (std::find(tool_use_ids.begin(), tool_use_ids.end(), b["tool_use_id"].get<std::string>()) ==
+              tool_use_ids.end())
+            bad(fmt::format("{}: tool_result block's tool_use_id '{}' matches no earlier tool_use block", where,
+                            b["tool_use_id"].get<std::string>()),
+                "messages");
           out.push_back({{"role", "tool"},
                          {"tool_call_id", b["tool_use_id"]},
                          {"content", blocks_text(b.contains("content") ? b["content"] : ojson(""), where.c_str())}});
@@ -1048,21 +1202,33 @@ struct ApiServer::Impl {
       }
       if (!ts.empty()) {
         chat["tools"] = ts;
-        std::string tc = "auto";
-        if (const ojson* c = field(body, "tool_choice"); c && c->is_object() && c->contains("type"))
-          tc = (*c)["type"] == "none" ? "none" : (*c)["type"] == "auto" ? "auto" : "unsupported";
-        if (tc == "unsupported") bad("tool_choice 'any' and 'tool' are not supported by tessera yet", "tool_choice");
-        chat["tool_choice"] = tc;
+        chat["tool_choice"] = anthropic_tool_choice(field(body, "tool_choice"));
       }
     }
-    if (const ojson* th = field(body, "thinking"); th && th->is_object() && th->contains("type"))
-      chat["chat_template_kwargs"] = {{"enable_thinking", (*th)["type"] == "enabled"}};
+    // thinking {"type": "enabled", "budget_tokens": N} / {"type": "adaptive"} / {"type": "disabled"} -> the
+    // chat template's enable_thinking switch (the budget is not enforced: the model decides when to stop).
+    if (const ojson* th = field(body, "thinking")) {
+      const ojson* type = th->is_object() ? field(*th, "type") : nullptr;
+      if (!type || !type->is_string() || (*type != "enabled" && *type != "adaptive" && *type != "disabled"))
+        bad("thinking.type: must be one of enabled, adaptive, disabled", "thinking");
+      chat["chat_template_kwargs"] = {{"enable_thinking", *type != "disabled"}};
+    }
+    // Fields Claude Code sends that have no meaning for a self-hosted model are ignored (listed in
+    // docs/server.md): metadata, context_management, output_config, service_tier, container, mcp_servers.
     return chat;
   }
 
   void messages(const ojson& body, const std::shared_ptr<Exchange>& ex) {
     ojson chat_body = messages_to_chat(body);
     chat(chat_body, Kind::kMessages, ex);
+  }
+
+  // OpenAI Responses API: translated to a chat request (responses_api.cpp), generated as chat is.
+  void responses(const ojson& body, const std::shared_ptr<Exchange>& ex) {
+    ResponsesRequest rq = responses_to_chat(body);
+    if (!rq.ignored_tools.empty())
+      TLOG_DEBUG("/v1/responses: ignoring tools this server cannot run: {}", fmt::join(rq.ignored_tools, ", "));
+    chat(rq.chat, Kind::kResponses, ex, &rq);
   }
 
   void count_tokens(const ojson& body, const std::shared_ptr<Exchange>& ex) {
@@ -1132,11 +1298,23 @@ struct ApiServer::Impl {
         const char* path;
         const char* method;
       };
-      static const Route routes[] = {
-          {"/health", "GET"},          {"/ping", "GET"},         {"/version", "GET"},
-          {"/metrics", "GET"},         {"/v1/models", "GET"},    {"/v1/chat/completions", "POST"},
-          {"/v1/completions", "POST"}, {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"},
-          {"/tokenize", "POST"},       {"/detokenize", "POST"}};
+      static const Route routes[] = {{"/health", "GET"},
+                                     {"/ping", "GET"},
+                                     {"/version", "GET"},
+                                     {"/metrics", "GET"},
+                                     {"/v1/models", "GET"},
+                                     {"/v1/chat/completions", "POST"},
+                                     {"/v1/completions", "POST"},
+                                     {"/v1/messages", "POST"},
+                                     {"/v1/messages/count_tokens", "POST"},
+                                     {"/tokenize", "POST"},
+                                     {"/detokenize", "POST"},
+                                     {"/v1/responses", "POST"},
+                                     {"/", "GET"}};
+      // With a key set, everything under /v1 needs it before anything else is said, so that the routes
+      // cannot be listed without one (vLLM's middleware does the same).
+      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/";
+      if ((path == "/v1" || path.rfind("/v1/", 0) == 0) && !authorized(r)) throw unauthorized(api);
       const Route* route = nullptr;
       for (const auto& rt : routes)
         if (path == rt.path) route = &rt;
@@ -1150,13 +1328,7 @@ struct ApiServer::Impl {
                        fmt::format("{} is not allowed on {}; use {}", r.method, path, route->method),
                        {},
                        {{"Allow", route->method}}};
-      const bool open = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics";
-      if (!open && !authorized(r))
-        throw ApiError{401,
-                       api == Api::kAnthropic ? "invalid x-api-key"
-                                              : "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
-                       {},
-                       {{"WWW-Authenticate", "Bearer"}}};
+      if (!open && !authorized(r)) throw unauthorized(api);
 
       if (path == "/health" || path == "/ping") {
         auto st = engine.stats();
@@ -1165,6 +1337,11 @@ struct ApiServer::Impl {
         ex->respond(HttpResponse{200, "application/json", {}, ""});
         return;
       }
+      // Claude Code probes the base URL with HEAD / before its first request.
+      if (path == "/") {
+        if (r.method == "HEAD") return ex->respond(HttpResponse{200, "application/json", {}, ""});
+        return ex->respond(json_response(200, {{"status", "ok"}, {"server", "tessera"}}));
+      }
       if (path == "/version") return ex->respond(json_response(200, {{"version", TESSERA_VERSION_STRING}}));
       if (path == "/metrics")
         return ex->respond(
@@ -1172,14 +1349,18 @@ struct ApiServer::Impl {
       if (path == "/v1/models") return ex->respond(json_response(200, models()));
       if (path.rfind("/v1/models/", 0) == 0) {
         const std::string id = path.substr(11);
-        for (const auto& m : models()["data"])
+        // The list must outlive the loop: models()["data"] would refer into a destroyed temporary (the
+        // request fuzzer's first finding, a heap-use-after-free on every GET /v1/models/{id}).
+        const ojson all = models();
+        for (const auto& m : all["data"])
           if (m["id"] == id) return ex->respond(json_response(200, m));
         throw ApiError{404, fmt::format("The model `{}` does not exist.", id), "model", {}};
       }
 
       ojson body = parse_body(r);
       check_model(body);
-      const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages";
+      const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
+                             path == "/v1/responses";
       if (generates && owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
       if (path == "/v1/chat/completions")
         chat(body, Kind::kChat, ex);
@@ -1187,6 +1368,8 @@ struct ApiServer::Impl {
         completions(body, ex);
       else if (path == "/v1/messages")
         messages(body, ex);
+      else if (path == "/v1/responses")
+        responses(body, ex);
       else if (path == "/v1/messages/count_tokens")
         count_tokens(body, ex);
       else if (path == "/tokenize")
@@ -1198,7 +1381,8 @@ struct ApiServer::Impl {
     } catch (const tessera::Error& e) {  // malformed messages found by the template layer
       ex->respond(error_response(api, ApiError{400, e.what(), {}, {}}));
     } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type deep inside
-      ex->respond(error_response(api, ApiError{400, std::string("invalid request: ") + e.what(), {}, {}}));
+      ex->respond(error_response(
+          api, ApiError{400, "a field of the request has the wrong type or value: " + json_error_text(e), {}, {}}));
     } catch (const std::bad_alloc&) {
       ex->respond(error_response(api, ApiError{400, "the request needs more memory than the server allows", {}, {}}));
     } catch (const std::exception& e) {
@@ -1208,7 +1392,7 @@ struct ApiServer::Impl {
   }
 };
 
-ApiServer::ApiServer(ApiOptions options, AsyncEngine& engine, const tokenizer::Tokenizer& tok,
+ApiServer::ApiServer(ApiOptions options, EngineClient& engine, const tokenizer::Tokenizer& tok,
                      const tokenizer::ChatTemplate* chat_template, Metrics& metrics)
     : impl_(std::make_unique<Impl>(std::move(options), engine, tok, chat_template, metrics, this)) {}
 

@@ -44,7 +44,7 @@ struct ApiOptions {
 
 class ApiServer {
  public:
-  ApiServer(ApiOptions options, AsyncEngine& engine, const tokenizer::Tokenizer& tok,
+  ApiServer(ApiOptions options, EngineClient& engine, const tokenizer::Tokenizer& tok,
             const tokenizer::ChatTemplate* chat_template, Metrics& metrics);
   ~ApiServer();
 

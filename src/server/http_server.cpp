@@ -7,10 +7,13 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <chrono>
 #include <future>
 #include <optional>
 #include <string_view>
 #include <thread>
+
+#include <poll.h>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -49,6 +52,12 @@ std::string head(int status, const std::string& content_type, const HeaderList& 
     s += v;
     s += "\r\n";
   }
+  return s;
+}
+
+beast::string_view trim(beast::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
 }
 
@@ -95,7 +104,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!current(gen) || streaming_) return;
     std::string s = head(r.status, r.content_type, r.headers, keep_alive_);
     s += fmt::format("Content-Length: {}\r\n\r\n", r.body.size());
-    s += r.body;
+    if (!head_request_) s += r.body;  // RFC 9110 9.3.2: the headers a GET would get, never a body
     exchange_done_ = true;
     queue_write(std::move(s));
   }
@@ -159,6 +168,17 @@ class Session : public std::enable_shared_from_this<Session> {
     reading_ = false;
     if (handle_read_error(ec)) return;
     auto& req = parser_->get();
+    // RFC 9112 6.3: a transfer coding other than chunked leaves the body's length unknown (reading it as
+    // empty would parse the body as the next request): 400 and close. RFC 9112 3.2: HTTP/1.1 needs one Host.
+    if (req.find(http::field::transfer_encoding) != req.end() &&
+        !beast::iequals(trim(req[http::field::transfer_encoding]), "chunked")) {
+      fail_response(400, "unsupported Transfer-Encoding (only chunked is accepted); send a Content-Length instead");
+      return;
+    }
+    if (req.version() >= 11 && req.count(http::field::host) != 1) {
+      fail_response(400, "an HTTP/1.1 request needs exactly one Host header");
+      return;
+    }
     auto expect = req[http::field::expect];
     if (!expect.empty()) {
       if (!beast::iequals(expect, "100-continue")) {
@@ -206,6 +226,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     r.body = std::move(msg.body());
     r.remote = remote_;
+    head_request_ = msg.method() == http::verb::head;
     keep_alive_ = msg.keep_alive();
     in_exchange_ = true;
     exchange_done_ = false;
@@ -222,9 +243,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // While a request is handled the client sends nothing; a pending read notices a disconnect at once.
+  // While a request is handled a pending read notices a disconnect at once. What the client sends
+  // meanwhile (pipelined requests) is kept in the buffer, up to kWatchBuffer bytes; past that the socket
+  // is polled for a hang-up instead, so that no number of extra bytes hides a disconnect.
+  static constexpr size_t kWatchBuffer = 64u << 10;
   void watch() {
-    if (reading_ || closed_ || buffer_.size() > 0) return;
+    if (reading_ || closed_) return;
+    if (buffer_.size() >= kWatchBuffer) return poll_hangup();
     reading_ = true;
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
@@ -243,13 +268,31 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       self->buffer_.commit(n);
-      if (!self->in_exchange_ && !self->closed_) self->read_header();  // the next keep-alive request began
-      // else: a pipelined request; it waits in the buffer until this exchange completes
+      if (self->closed_) return;
+      if (!self->in_exchange_) return self->read_header();  // the next keep-alive request began
+      // A pipelined request: it waits in the buffer until this exchange completes; keep watching.
+      if (!self->exchange_done_) self->watch();
+    });
+  }
+
+  // The watch buffer is full: look for a hang-up (POLLRDHUP: the peer closed, whatever is still unread)
+  // twice a second until the exchange completes.
+  void poll_hangup() {
+    if (closed_ || !in_exchange_ || exchange_done_ || polling_) return;
+    polling_ = true;
+    hangup_timer_.expires_after(std::chrono::milliseconds(500));
+    hangup_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      self->polling_ = false;
+      if (ec || self->closed_ || !self->in_exchange_ || self->exchange_done_) return;
+      pollfd p{self->stream_.socket().native_handle(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return self->close();
+      self->poll_hangup();
     });
   }
 
   void exchange_complete() {
     in_exchange_ = false;
+    hangup_timer_.cancel();
     on_disconnect_ = nullptr;
     if (!keep_alive_) return lingering_close();
     if (!reading_) return read_header();  // read_header sets the idle keep-alive limit
@@ -326,6 +369,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    hangup_timer_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -348,7 +392,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t gen_ = 0;
   bool reading_ = false, writing_ = false, closed_ = false;
   bool in_exchange_ = false, exchange_done_ = false, streaming_ = false;
-  bool keep_alive_ = true, closing_after_write_ = false;
+  bool keep_alive_ = true, closing_after_write_ = false, head_request_ = false, polling_ = false;
+  asio::steady_timer hangup_timer_{stream_.get_executor()};
   // What the handler of a deliberately cancelled watch read does next.
   enum class AfterCancel { kNone, kReadHeader, kDrain } after_cancel_ = AfterCancel::kNone;
   std::function<void()> on_disconnect_;

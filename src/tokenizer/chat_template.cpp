@@ -3,6 +3,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tokenizer/jinja/builtins.h"
+
 namespace tessera::tokenizer {
 namespace {
 
@@ -133,6 +135,18 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir,
 
 namespace {
 
+bool reserved_variable(std::string_view name) {
+  static const jinja::Dict globals = [] {
+    jinja::Dict d;
+    jinja::install_globals(d, jinja::RenderLimits{});
+    return d;
+  }();
+  for (const char* n :
+       {"bos_token", "eos_token", "unk_token", "pad_token", "messages", "tools", "documents", "add_generation_prompt"})
+    if (name == n) return true;
+  return globals.find(name) != nullptr;
+}
+
 jinja::Value request_value(const nlohmann::ordered_json& json, const char* field) {
   try {
     return jinja::Value::from_json(json);
@@ -155,7 +169,13 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request, const ji
   auto kwargs = request.find("chat_template_kwargs");
   if (kwargs != request.end() && !kwargs->is_null()) {
     if (!kwargs->is_object()) fail(ErrorKind::kInvalidArgument, "\"chat_template_kwargs\" must be a JSON object");
-    for (const auto& [name, value] : kwargs->items()) variables.set(name, request_value(value, "chat_template_kwargs"));
+    for (const auto& [name, value] : kwargs->items()) {
+      // The caller may add variables, not replace the tokenizer's special tokens, the named arguments or the
+      // template's functions (a request must not change bos_token or disable raise_exception).
+      if (reserved_variable(name))
+        fail(ErrorKind::kInvalidArgument, "\"chat_template_kwargs\" may not set \"{}\": the server sets it", name);
+      variables.set(name, request_value(value, "chat_template_kwargs"));
+    }
   }
   variables.set("messages", request_value(*messages, "messages"));
   auto tools = request.find("tools");

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -72,6 +73,10 @@ Json convert_content(const Json& content, ContentFormat format) {
 Json arguments_object(const Json& arguments) {
   if (arguments.is_object()) return arguments;
   if (arguments.is_string() && !arguments.get<std::string>().empty()) {
+    // The arguments are request data too: bound their nesting before anything walks them recursively.
+    if (json_nesting_depth(arguments.get_ref<const std::string&>()) > kMaxJsonDepth)
+      fail(ErrorKind::kInvalidArgument, "tool call arguments nest arrays and objects more than {} levels deep",
+           kMaxJsonDepth);
     Json parsed = Json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
     if (parsed.is_object()) return parsed;
   }

@@ -22,9 +22,15 @@ WORK="$(mktemp -d /tmp/tessera-server-test.XXXXXX)"
 LOG="$WORK/server.log"
 : >"$LOG"
 export TESSERA_API_KEY="${TESSERA_API_KEY:-test-key-123}"
-"$BIN" serve "$ROOT/configs/qwen3-tiny" --tokenizer "$TOK" --load-format dummy --device cpu \
+# TESSERA_TEST_MODEL / TESSERA_TEST_MAX_MODEL_LEN / TESSERA_TEST_LOAD_FORMAT: another model directory,
+# context and load format (tool_model_run.sh's hand-set weights and the agents' long context);
+# TESSERA_TEST_ACCESS_LOG=1 keeps the access log (one line per request with its status).
+MODEL="${TESSERA_TEST_MODEL:-$ROOT/configs/qwen3-tiny}"
+ACCESS=(--disable-uvicorn-access-log)
+[ "${TESSERA_TEST_ACCESS_LOG:-0}" = 1 ] && ACCESS=()
+"$BIN" serve "$MODEL" --tokenizer "$TOK" --load-format "${TESSERA_TEST_LOAD_FORMAT:-dummy}" --device cpu \
   --host 127.0.0.1 --port 0 --served-model-name qwen3-tiny --served-model-name tiny-alias \
-  --max-model-len 4096 --num-gpu-blocks-override 4096 --disable-uvicorn-access-log "${EXTRA[@]}" >"$LOG" 2>&1 &
+  --max-model-len "${TESSERA_TEST_MAX_MODEL_LEN:-4096}" --num-gpu-blocks-override 4096 "${ACCESS[@]}" "${EXTRA[@]}" >"$LOG" 2>&1 &
 PID=$!
 cleanup() { kill -9 "$PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT

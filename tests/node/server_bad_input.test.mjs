@@ -71,6 +71,9 @@ async function stillServing() {
 
 const chat = (body) => send('/v1/chat/completions', body);
 const base = (extra) => ({ model: MODEL, messages: msgs, max_tokens: 4, ...extra });
+// A JSON body with an extra field holding `depth` nested arrays (built as text: JSON.stringify recurses).
+const nestedBody = (obj, depth) => JSON.stringify(obj).slice(0, -1) + ',"extra":' + '['.repeat(depth) + ']'.repeat(depth) + '}';
+const deepBody = (obj) => nestedBody(obj, 50000);
 
 // [name, request, status, message pattern]
 const cases = [
@@ -81,6 +84,11 @@ const cases = [
   ['JSON with NaN', () => send('/v1/chat/completions', '{"messages": NaN}', { raw: true }), 400, /not valid JSON/],
   ['invalid UTF-8', () => send('/v1/chat/completions', Buffer.concat([Buffer.from('{"model":"qwen3-tiny","messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}]}')]), { raw: true }), 400, /not valid JSON/],
   ['deeply nested JSON', () => send('/v1/chat/completions', '['.repeat(100000) + ']'.repeat(100000), { raw: true }), 400, null],
+  // One extra field holding 50,000 nested arrays took the whole server down (stack overflow in the
+  // recursive copies after parsing); the nesting limit answers 400 before anything walks the body.
+  ...['/v1/chat/completions', '/v1/completions', '/tokenize'].map((path) =>
+    [`${path}: 50,000 nested arrays in a field`, () => send(path, deepBody({ model: MODEL, messages: msgs, prompt: 'hi', max_tokens: 2 }), { raw: true }), 400, /more than 128 levels/]),
+  ['tool call arguments nested 50,000 deep', () => chat(base({ messages: [msgs[0], { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"a":'.repeat(50000) + '1' + '}'.repeat(50000) } }] }, { role: 'tool', tool_call_id: 'c1', content: 'x' }] })), 400, /more than 128 levels/],
   ['messages missing', () => chat({ model: MODEL }), 400, /messages/],
   ['messages is a string', () => chat({ model: MODEL, messages: 'hi' }), 400, /messages/],
   ['messages empty', () => chat({ model: MODEL, messages: [] }), 400, /at least one/],
@@ -131,6 +139,22 @@ const cases = [
   ['completions: token id out of range', () => send('/v1/completions', { model: MODEL, prompt: [999999999] }), 400, /vocabulary/],
   ['completions: too many prompts', () => send('/v1/completions', { model: MODEL, prompt: Array.from({ length: 1000 }, () => 'x') }), 400, /at most/],
   ['completions: mixed prompt list', () => send('/v1/completions', { model: MODEL, prompt: ['a', 3] }), 400, /prompt/],
+  // Integers are range-checked before they are narrowed (each of these wrapped to a valid value before).
+  ['logit_bias key past 2^32', () => chat(base({ logit_bias: { 4294967296: 100 } })), 400, /not a token id/],
+  ['stop_token_ids entry past 2^32', () => chat(base({ stop_token_ids: [4294967301] })), 400, /not a token id/],
+  ['stop_token_ids with 2,000 entries', () => chat(base({ stop_token_ids: Array.from({ length: 2000 }, () => 1) })), 400, /at most 1024/],
+  ['completions: logprobs 2^32', () => send('/v1/completions', { model: MODEL, prompt: 'hi', max_tokens: 2, logprobs: 4294967296 }), 400, /logprobs/],
+  ['top_logprobs negative', () => chat(base({ logprobs: true, top_logprobs: -5 })), 400, /top_logprobs/],
+  ['top_logprobs without logprobs', () => chat(base({ top_logprobs: 3 })), 400, /top_logprobs/],
+  ['n past 2^32', () => chat(base({ n: 4294967297 })), 400, /'n'/],
+  ['seed past 2^63', () => send('/v1/chat/completions', JSON.stringify(base({})).slice(0, -1) + ',"seed":18446744073709551615}', { raw: true }), 400, /seed/],
+  // Inputs vLLM refuses.
+  ['tool message without tool_call_id', () => chat(base({ messages: [...msgs, { role: 'tool', content: 'x' }] })), 400, /tool_call_id/],
+  ['text part without text', () => chat(base({ messages: [{ role: 'user', content: [{ type: 'text' }] }] })), 400, /needs 'text'/],
+  ['completions: best_of', () => send('/v1/completions', { model: MODEL, prompt: 'hi', max_tokens: 2, best_of: 2 }), 400, /best_of/],
+  ['chat_template_kwargs sets bos_token', () => chat(base({ chat_template_kwargs: { bos_token: '<evil>' } })), 400, /bos_token/],
+  ['chat_template_kwargs replaces raise_exception', () => chat(base({ chat_template_kwargs: { raise_exception: 1 } })), 400, /raise_exception/],
+  ['invalid JSON in our words', () => send('/v1/chat/completions', '{"model": ', { raw: true }), 400, /^the request body is not valid JSON: (?![\s\S]*json\.exception)/],
   ['tokenize: nothing to tokenize', () => send('/tokenize', { model: MODEL }), 400, /prompt/],
   ['detokenize: strings as ids', () => send('/detokenize', { model: MODEL, tokens: ['a'] }), 400, /tokens/],
 ];
@@ -145,9 +169,17 @@ for (const [name, run, status, pattern] of cases) {
 // Anthropic endpoint: Anthropic's error shape.
 const anthropicCases = [
   ['messages: max_tokens missing', { model: MODEL, messages: msgs }, 400, /max_tokens/],
-  ['messages: system role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }, 400, /system/],
+  // (system-role messages inside `messages` are accepted: Claude Code sends them)
+  ['messages: tool role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] }, 400, /not one of user, assistant, system/],
+  ['messages: unknown thinking type', { model: MODEL, max_tokens: 4, thinking: { type: 'always' }, messages: msgs }, 400, /thinking.type/],
+  ['messages: tool_choice of an unknown type', { model: MODEL, max_tokens: 4, tool_choice: { type: 'some' }, tools: [{ name: 'f' }], messages: msgs }, 400, /tool_choice.type/],
   ['messages: image block', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: {} }] }] }, 400, /image/],
   ['messages: tool_result without id', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'tool_result' }] }] }, 400, /tool_use_id/],
+  ['messages: n', { model: MODEL, max_tokens: 4, n: 2, messages: msgs }, 400, /\bn\b/],
+  ['messages: temperature above 1', { model: MODEL, max_tokens: 4, temperature: 1.5, messages: msgs }, 400, /temperature/],
+  ['messages: tool_use input not an object', { model: MODEL, max_tokens: 4, messages: [msgs[0], { role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'f', input: 'x' }] }, { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: 'y' }] }] }, 400, /input must be an object/],
+  ['messages: tool_result for no tool_use', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'nope', content: 'y' }] }] }, 400, /matches no/],
+  ['messages: a field of the wrong type, in our words', { model: MODEL, max_tokens: 4, messages: [msgs[0], { role: 'assistant', content: [{ type: 'thinking', thinking: 5 }] }, msgs[0]] }, 400, /^a field of the request has the wrong type(?![\s\S]*json\.exception)/],
   ['messages: tools with a bad schema', { model: MODEL, max_tokens: 4, tools: [{ name: 'f', input_schema: 'x' }], messages: msgs }, 400, /input_schema/],
 ];
 for (const [name, body, status, pattern] of anthropicCases) {
@@ -160,6 +192,40 @@ for (const [name, body, status, pattern] of anthropicCases) {
     await stillServing();
   });
 }
+
+for (const path of ['/v1/messages', '/v1/messages/count_tokens']) {
+  test(`bad input: ${path}: 50,000 nested arrays in a field`, async () => {
+    const body = deepBody({ model: MODEL, max_tokens: 4, messages: msgs });
+    const r = await send(path, body, { raw: true, headers: { 'content-type': 'application/json', 'x-api-key': KEY } });
+    assert.equal(r.status, 400, r.text.slice(0, 300));
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.match(r.json.error.message, /more than 128 levels/);
+    await stillServing();
+  });
+}
+
+test('bad input: nesting just inside the limit is served', async () => {
+  const r = await send('/v1/chat/completions', nestedBody(base({ max_tokens: 2 }), 120), { raw: true });
+  assert.equal(r.status, 200, r.text.slice(0, 300));
+  await stillServing();
+});
+
+test('auth: the Bearer scheme is case-insensitive', async () => {
+  for (const scheme of ['BEARER', 'bearer', 'BeArEr']) {
+    const r = await send('/v1/chat/completions', base({ max_tokens: 1 }), { headers: { ...auth, authorization: `${scheme} ${KEY}` } });
+    assert.equal(r.status, 200, `${scheme}: ${r.text.slice(0, 200)}`);
+  }
+  await stillServing();
+});
+
+test('auth: routes under /v1 cannot be listed without the key', async () => {
+  const noKey = { 'content-type': 'application/json' };
+  assertOpenAIError(await send('/v1/engines', {}, { headers: noKey }), 401, /API key/);  // 404 with a key
+  assertOpenAIError(await send('/v1/chat/completions', undefined, { method: 'GET', headers: noKey }), 401, /API key/);  // 405
+  assertOpenAIError(await send('/v1', undefined, { method: 'GET', headers: noKey }), 401, /API key/);
+  assertOpenAIError(await send('/v1/engines', {}), 404, /not an endpoint/);
+  await stillServing();
+});
 
 test('bad input: body over --max-request-body-bytes gets 413', async () => {
   const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(11 << 20) }] });

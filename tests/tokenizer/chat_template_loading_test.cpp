@@ -83,11 +83,25 @@ TEST(ChatTemplateRequest, VariablesMatchTransformers) {
   EXPECT_EQ(t.render(request), "False|True|False|True|False|False");
 }
 
-TEST(ChatTemplateRequest, KwargsOverrideSpecialTokensButNotMessages) {
+// A request may add template variables, not replace what the server sets: the special tokens
+// (transformers lets kwargs override bos_token; vLLM's server does not pass such kwargs through),
+// the named arguments, or the template's functions (raise_exception would silence the template's
+// own checks).
+TEST(ChatTemplateRequest, KwargsMayNotReplaceSpecialTokensArgumentsOrFunctions) {
   ChatTemplate t = ChatTemplate::from_source("{{ bos_token }}{{ messages | length }}", R"({"bos_token": "<s>"})");
+  for (const char* name : {"bos_token", "eos_token", "messages", "add_generation_prompt", "tools", "raise_exception",
+                           "range", "namespace", "strftime_now"}) {
+    auto request = kHello;
+    request["chat_template_kwargs"] = {{name, "x"}};
+    std::string prompt;
+    Status s = t.try_render(request, &prompt);
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(name));
+  }
   auto request = kHello;
-  request["chat_template_kwargs"] = {{"bos_token", "<B>"}, {"messages", "not a list"}};
-  EXPECT_EQ(t.render(request), "<B>1");
+  request["chat_template_kwargs"] = {{"enable_thinking", true}};
+  EXPECT_EQ(t.render(request), "<s>1");
 }
 
 TEST(ChatTemplateRequest, ToolSchemasKeepTheClientsKeyOrder) {

@@ -79,5 +79,29 @@ TEST(ContentFormat, VllmRequestFeedsTheTemplateWhatVllmWould) {
   EXPECT_EQ(t.render(request), "user:[{'type': 'text', 'text': 'hi'}];assistant:None[\"{\\\"x\\\":1}\"];");
 }
 
+// Tool-call arguments arrive as a JSON string inside the request: their nesting is bounded like
+// the body's before anything walks the parsed value recursively.
+TEST(VllmMessages, DeeplyNestedToolArgumentsAreRefused) {
+  auto messages_with = [](const std::string& arguments) {
+    Json call = {{"id", "1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", arguments}}}};
+    return Json::array({Json{{"role", "assistant"}, {"content", ""}, {"tool_calls", Json::array({call})}}});
+  };
+  std::string deep;
+  for (int i = 0; i < 50000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(50000, '}');
+  try {
+    vllm_messages(messages_with(deep), ContentFormat::kString);
+    FAIL() << "nested arguments accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("more than 128 levels"));
+  }
+  std::string ok;
+  for (int i = 0; i < 100; ++i) ok += "{\"a\":";
+  ok += "1" + std::string(100, '}');
+  EXPECT_TRUE(vllm_messages(messages_with(ok), ContentFormat::kString)[0]["tool_calls"][0]["function"]["arguments"]
+                  .is_object());
+}
+
 }  // namespace
 }  // namespace tessera::tokenizer

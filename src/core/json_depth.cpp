@@ -1,0 +1,40 @@
+#include "core/json_depth.h"
+
+namespace tessera {
+
+int json_nesting_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '[':
+      case '{':
+        if (++depth > deepest) {
+          deepest = depth;
+          if (deepest > limit) return limit + 1;
+        }
+        break;
+      case ']':
+      case '}':
+        if (depth > 0) --depth;  // unbalanced: the parser fails here anyway
+        break;
+      default:
+        break;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace tessera

@@ -1,0 +1,19 @@
+// How deeply JSON text nests arrays and objects, found in one pass over the bytes without
+// recursion and without building anything. The server checks request bodies (and JSON carried
+// inside them as strings, such as tool-call arguments) with it before parsing, so that no later
+// recursive walk over the parsed value (copies, conversions, dumps) can exhaust a thread's stack.
+#pragma once
+#include <string_view>
+
+namespace tessera {
+
+// The deepest nesting accepted in a request (far above any real request: OpenAI's and vLLM's
+// clients send at most a few tens of levels, JSON Schemas included).
+inline constexpr int kMaxJsonDepth = 128;
+
+// The nesting depth of `text` (0 for a scalar, 1 for [] or {}), counting only brackets outside
+// strings. Stops scanning and returns limit + 1 as soon as the depth passes `limit`. For invalid
+// JSON the result is an upper bound of what a parser would build before it fails.
+int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
+
+}  // namespace tessera

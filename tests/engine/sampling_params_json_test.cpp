@@ -1,0 +1,89 @@
+// sampling_params_from_json: every integer field is range-checked before it is narrowed (a value
+// that wrapped used to become another token id or another count), and the logprobs pair is
+// checked as vLLM does.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampling_params.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+Status read(const std::string& text, SamplingParams* out = nullptr) {
+  SamplingParams p;
+  Status s = sampling_params_from_json(json::parse(text), p);
+  if (out) *out = p;
+  return s;
+}
+
+void expect_refused(const std::string& text, const std::string& words) {
+  Status s = read(text);
+  ASSERT_FALSE(s.ok()) << text;
+  EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("json.exception"), std::string::npos) << s.message();
+}
+
+TEST(SamplingParamsJson, LogitBiasKeysOutsideInt32AreRefused) {
+  expect_refused(R"({"logit_bias": {"4294967296": 5}})", "not a token id");  // wrapped to token 0 before
+  expect_refused(R"({"logit_bias": {"-1": 5}})", "not a token id");
+  expect_refused(R"({"logit_bias": {"12abc": 5}})", "not a token id");
+  expect_refused(R"({"logit_bias": {"99999999999999999999999": 5}})", "not a token id");
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"logit_bias": {"2147483647": 1.5}})", &p).ok());
+  ASSERT_EQ(p.logit_bias.size(), 1u);
+  EXPECT_EQ(p.logit_bias[0].first, 2147483647);
+}
+
+TEST(SamplingParamsJson, StopTokenIdsAreRangeCheckedAndCapped) {
+  expect_refused(R"({"stop_token_ids": [4294967301]})", "not a token id");  // was token 5
+  expect_refused(R"({"stop_token_ids": [-3]})", "not a token id");
+  expect_refused(R"({"stop_token_ids": [18446744073709551615]})", "not a token id");
+  json many = {{"stop_token_ids", json::array()}};
+  for (int i = 0; i <= kMaxStopTokenIds; ++i) many["stop_token_ids"].push_back(i);
+  SamplingParams p;
+  Status s = sampling_params_from_json(many, p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("at most"), std::string::npos);
+}
+
+TEST(SamplingParamsJson, LogprobsAreRangeChecked) {
+  expect_refused(R"({"logprobs": 4294967296})", "logprobs");  // was 0
+  expect_refused(R"({"logprobs": -1})", "non-negative");
+  expect_refused(R"({"logprobs": true, "top_logprobs": -5})", "top_logprobs");  // was ignored
+  expect_refused(R"({"top_logprobs": -5})", "top_logprobs");                    // without logprobs
+  expect_refused(R"({"top_logprobs": 3})", "'logprobs': true");
+  expect_refused(R"({"logprobs": false, "top_logprobs": 3})", "'logprobs': true");
+  expect_refused(R"({"logprobs": true, "top_logprobs": 4294967296})", "top_logprobs");
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"logprobs": true, "top_logprobs": 3})", &p).ok());
+  EXPECT_EQ(p.logprobs, 3);
+  ASSERT_TRUE(read(R"({"logprobs": true})", &p).ok());
+  EXPECT_EQ(p.logprobs, 0);
+  ASSERT_TRUE(read(R"({"top_logprobs": 0})", &p).ok());
+  EXPECT_EQ(p.logprobs, -1);
+  ASSERT_TRUE(read(R"({"logprobs": 5})", &p).ok());
+  EXPECT_EQ(p.logprobs, 5);
+}
+
+TEST(SamplingParamsJson, CountsOutsideTheirTypeAreRefusedWithTheRealValue) {
+  expect_refused(R"({"n": 4294967297})", "4294967297");  // would wrap to 1
+  expect_refused(R"({"n": 18446744073709551615})", "18446744073709551615");
+  expect_refused(R"({"max_tokens": 18446744073709551615})", "max_tokens");
+  expect_refused(R"({"min_tokens": 4294967296})", "min_tokens");
+  expect_refused(R"({"top_k": -4294967296})", "top_k");
+}
+
+TEST(SamplingParamsJson, SeedIsASigned64BitInteger) {
+  expect_refused(R"({"seed": 18446744073709551615})", "seed");
+  expect_refused(R"({"seed": 1.5})", "seed");
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"seed": -7})", &p).ok());
+  ASSERT_TRUE(p.seed.has_value());
+  ASSERT_TRUE(read(R"({"seed": 9223372036854775807})", &p).ok());
+}
+
+}  // namespace
+}  // namespace tessera
