@@ -53,7 +53,7 @@ struct PlanInputs {
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool enable_expert_parallel = false;  // whole experts per TP rank (MoE)
-  int max_model_len = 0;  // 0: the model's max_position_embeddings
+  int max_model_len = 0;                // 0: the model's max_position_embeddings
   int max_num_seqs = 256;
   int max_num_batched_tokens = 8192;
   int block_size = 16;
