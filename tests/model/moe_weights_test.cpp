@@ -255,7 +255,7 @@ TEST(WeightLoading, SynchronisesOncePerStagingBufferNotPerTensor) {
   EXPECT_EQ(be.syncs, 1) << "a checkpoint far below the staging buffer's size needs one wait, at the end";
 }
 
-// One prefill of `n` tokens (ids 17 * i + 3) through a fresh cache; f32 logits of rows `rows`.
+// One prefill of `n` tokens (ids (17 * i + 3) % 256) through a fresh cache; f32 logits of rows `rows`.
 std::vector<float> prefill_logits(Model& model, Backend& be, int n, std::vector<int32_t> rows) {
   const int blocks = (n + 15) / 16;
   KvCache cache;
@@ -266,7 +266,7 @@ std::vector<float> prefill_logits(Model& model, Backend& be, int n, std::vector<
   }
   ModelInput in;
   for (int i = 0; i < n; ++i) {
-    in.token_ids.push_back(17 * i + 3);
+    in.token_ids.push_back((17 * i + 3) % 256);
     in.positions.push_back(i);
     in.attention.slot_mapping.push_back(i);
   }
