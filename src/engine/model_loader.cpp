@@ -15,6 +15,19 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   TLOG_INFO("Model {}: {} ({} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}), device {}",
             o.model_dir, config.architecture, config.num_layers, config.hidden_size, config.num_heads,
             config.num_kv_heads, config.head_dim, config.vocab_size, backend.device().str());
+  const MoeConfig& moe = config.moe;
+  if (o.parallel.expert_parallel && moe.num_experts == 0) {
+    TLOG_WARN("--enable-expert-parallel: {} has no experts, so the flag changes nothing", config.architecture);
+  } else if (moe.num_experts > 0 && o.parallel.tp_size > 1) {
+    const ExpertShard s = expert_shard(o.parallel, moe.num_experts, moe.moe_intermediate_size);
+    if (o.parallel.expert_parallel)
+      TLOG_INFO("Expert parallel: TP rank {} holds experts [{}, {}) of {}", o.parallel.tp_rank, s.expert_begin,
+                s.expert_begin + s.local_experts, moe.num_experts);
+    else
+      TLOG_INFO(
+          "Experts split by tensor parallelism: TP rank {} holds intermediate rows [{}, {}) of each of {} experts",
+          o.parallel.tp_rank, s.inter_begin, s.inter_begin + s.local_intermediate, moe.num_experts);
+  }
   ModelOptions mo;
   mo.max_positions = o.max_model_len > 0 ? o.max_model_len : config.max_position_embeddings;
   mo.parallel = o.parallel;

@@ -85,7 +85,12 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
 
 MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& source) {
   MoeConfig m;
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
   m.num_experts = get_or<int>(source, t, "num_experts", 0);
+  const int local = get_or<int>(source, t, "num_local_experts", 0);
+  if (m.num_experts > 0 && local > 0 && local != m.num_experts)
+    fail(ErrorKind::kCorrupt, "{}: num_experts ({}) and num_local_experts ({}) disagree", source, m.num_experts, local);
+  if (m.num_experts == 0) m.num_experts = local;
   if (m.num_experts < 0) fail(ErrorKind::kCorrupt, "{}: num_experts must not be negative", source);
   if (m.num_experts == 0) return m;
   m.num_experts_per_tok = get_or<int>(source, t, "num_experts_per_tok", 0);
@@ -114,7 +119,7 @@ MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& 
   }
   // Routing variants of other MoE families: they change the maths, and we do not run them.
   for (const char* key : {"scoring_func", "topk_method", "n_group", "topk_group", "n_shared_experts",
-                          "first_k_dense_replace", "moe_layer_freq", "num_local_experts"}) {
+                          "first_k_dense_replace", "moe_layer_freq"}) {
     auto it = t.find(key);
     if (it != t.end() && !it->is_null())
       fail(ErrorKind::kUnsupported, "{}: MoE field '{}' ({}) is not supported (tessera routes as Qwen2/Qwen3-MoE do)",

@@ -236,19 +236,19 @@ TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
   std::filesystem::remove(out_path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelExecutor,
-                         ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen3_gqa4_hd32", 2, 1},
-                                           Case{"qwen2_gqa2_untied", 1, 2}, Case{"qwen3_gqa4_hd32", 1, 2},
-                                           Case{"qwen2_gqa2_untied", 2, 2}, Case{"llama_mqa_llama3rope", 2, 1},
-                                           Case{"qwen3_mqa_untied_sharded", 2, 2},
-                                           // A vocabulary TP does not divide: padded to 778, 389 rows per rank.
-                                           Case{"gen:vocab777", 2, 1}, Case{"gen:vocab777", 2, 2},
-                                           // Mixture of experts: TP splits every expert, EP gives each rank whole
-                                           // experts, PP splits the layers (a dense layer, then MoE layers).
-                                           Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true},
-                                           Case{"gen:qwen3_moe", 1, 2}, Case{"gen:qwen2_moe", 2, 1},
-                                           Case{"gen:qwen2_moe", 2, 1, true}, Case{"gen:qwen2_moe", 2, 2, true}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ParallelExecutor,
+    ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen3_gqa4_hd32", 2, 1}, Case{"qwen2_gqa2_untied", 1, 2},
+                      Case{"qwen3_gqa4_hd32", 1, 2}, Case{"qwen2_gqa2_untied", 2, 2},
+                      Case{"llama_mqa_llama3rope", 2, 1}, Case{"qwen3_mqa_untied_sharded", 2, 2},
+                      // A vocabulary TP does not divide: padded to 778, 389 rows per rank.
+                      Case{"gen:vocab777", 2, 1}, Case{"gen:vocab777", 2, 2},
+                      // Mixture of experts: TP splits every expert, EP gives each rank whole
+                      // experts, PP splits the layers (a dense layer, then MoE layers).
+                      Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true}, Case{"gen:qwen3_moe", 1, 2},
+                      Case{"gen:qwen2_moe", 2, 1}, Case{"gen:qwen2_moe", 2, 1, true}, Case{"gen:qwen2_moe", 2, 2, true},
+                      Case{"qwen3_moe_sparse2_mlponly", 2, 2, true}, Case{"qwen2_moe_shared", 2, 1}),
+    case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {
   EXPECT_EQ(pipeline_layer_range(3, 0, 2).begin, 0);

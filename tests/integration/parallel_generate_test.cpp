@@ -126,6 +126,13 @@ TEST_P(ParallelGenerate, GreedyTokensMatchOneRank) {
   ASSERT_EQ(want.size(), 3u) << ref.out;
   EXPECT_EQ(got, want) << par.out << "\n" << par.err;
   for (const auto& t : got) EXPECT_EQ(t.size(), 24u);
+  // The generated MoE models have 8 experts: the flag reaches the model (the head's rank 0
+  // logs its part; the workers run the head's command line).
+  if (c.model.find("_moe") != std::string::npos && c.tp == 2) {
+    const std::string want_line =
+        c.ep ? "TP rank 0 holds experts [0, 4) of 8" : "TP rank 0 holds intermediate rows [0, 16)";
+    EXPECT_NE(par.err.find(want_line), std::string::npos) << par.err;
+  }
 }
 
 // --logprobs N with --json: one entry per token; greedy takes the best-ranked token; the

@@ -263,6 +263,13 @@ TEST(ModelConfig, MixtureOfExpertsFieldsAndTheSparseLayerRule) {
   c = parse(j);
   EXPECT_FALSE(c.moe.norm_topk_prob);
   for (int i = 0; i < 6; ++i) EXPECT_TRUE(c.moe.is_moe_layer(i)) << i;
+  // transformers 5 spells num_experts num_local_experts (Qwen3-MoE).
+  j = moe_config();
+  j.erase("num_experts");
+  j["num_local_experts"] = 16;
+  EXPECT_EQ(parse(j).moe.num_experts, 16);
+  j["num_experts"] = 8;
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("num_local_experts"), std::string::npos);
   // Dense models have no MoE layers.
   c = parse(base_config());
   EXPECT_EQ(c.moe.num_experts, 0);

@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/error.h"
+#include "loader/model_config.h"
+#include "model/registry.h"
 
 namespace tessera::testing {
 
@@ -25,11 +28,33 @@ inline std::unique_ptr<Backend> make_test_backend() {
 
 inline std::string fixtures_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models"; }
 
-inline std::vector<std::string> fixture_names() {
+inline std::vector<std::string> all_fixture_names() {
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(fixtures_dir()))
     if (std::filesystem::exists(e.path() / "reference.json")) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Whether tessera runs this fixture's family: its config parses and names a supported
+// architecture. Fixtures made ahead of their family (a later issue's) are not, and config
+// parsing or the registry refuses them with kUnsupported (checked by model_fixture_test).
+inline bool fixture_supported(const std::string& name) {
+  try {
+    const ModelConfig c = load_model_config(fixtures_dir() + "/" + name);
+    const auto archs = supported_architectures();
+    return std::find(archs.begin(), archs.end(), c.architecture) != archs.end();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kUnsupported) return false;
+    throw;
+  }
+}
+
+// The fixtures of supported families (what the model and engine tests run).
+inline std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& n : all_fixture_names())
+    if (fixture_supported(n)) names.push_back(n);
   return names;
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -254,6 +255,29 @@ TEST(WeightLoading, SynchronisesOncePerStagingBufferNotPerTensor) {
   EXPECT_EQ(be.syncs, 1) << "a checkpoint far below the staging buffer's size needs one wait, at the end";
 }
 
+// One prefill of `n` tokens (ids (17 * i + 3) % 256) through a fresh cache; f32 logits of rows `rows`.
+std::vector<float> prefill_logits(Model& model, Backend& be, int n, std::vector<int32_t> rows) {
+  const int blocks = (n + 15) / 16;
+  KvCache cache;
+  cache.num_blocks = blocks;
+  for (const auto& spec : model.cache_specs()) {
+    cache.k.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+    cache.v.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+  }
+  ModelInput in;
+  for (int i = 0; i < n; ++i) {
+    in.token_ids.push_back((17 * i + 3) % 256);
+    in.positions.push_back(i);
+    in.attention.slot_mapping.push_back(i);
+  }
+  in.attention.query_start_loc = {0, n};
+  in.attention.seq_lens = {n};
+  in.attention.max_blocks_per_seq = blocks;
+  for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
+  in.logits_indices = std::move(rows);
+  return host(be, model.forward(in, cache));
+}
+
 // The same expert numbers in the two checkpoint layouts give the same model.
 TEST(MoeModel, FusedAndPerExpertCheckpointsGiveTheSameLogits) {
   auto logits_of = [](bool fused) {
@@ -266,30 +290,28 @@ TEST(MoeModel, FusedAndPerExpertCheckpointsGiveTheSameLogits) {
     auto model = create_model(cfg, ModelOptions{}, *be);
     Checkpoint ckpt(dir.path.string());
     model->weights().load(ckpt, *be);
-    KvCache cache;
-    cache.num_blocks = 2;
-    for (const auto& spec : model->cache_specs()) {
-      cache.k.push_back(be->alloc({2, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-      cache.v.push_back(be->alloc({2, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    }
-    ModelInput in;
-    for (int i = 0; i < 9; ++i) {
-      in.token_ids.push_back(17 * i + 3);
-      in.positions.push_back(i);
-      in.attention.slot_mapping.push_back(i);
-    }
-    in.attention.query_start_loc = {0, 9};
-    in.attention.seq_lens = {9};
-    in.attention.max_blocks_per_seq = 2;
-    in.attention.block_tables = {0, 1};
-    in.logits_indices = {4, 8};
-    return host(*be, model->forward(in, cache));
+    return prefill_logits(*model, *be, 20, {4, 19});
   };
   auto per_expert = logits_of(false), fused = logits_of(true);
   ASSERT_EQ(per_expert.size(), 2u * 300u);
   EXPECT_EQ(per_expert, fused);
   // Not a constant: the logits spread out.
   EXPECT_GT(*std::max_element(fused.begin(), fused.end()) - *std::min_element(fused.begin(), fused.end()), 1.0f);
+}
+
+// --load-format dummy needs only config.json: the stacked experts get their shapes from it.
+TEST(MoeModel, DummyWeightsFromTheConfigAlone) {
+  TempDir dir;
+  testing::write_tiny_model(testing::generated_model_spec("qwen2_moe"), dir.path, 11);
+  fs::remove(dir.path / "model.safetensors");
+  auto be = make_backend({});
+  ModelConfig cfg = load_model_config(dir.path.string());
+  auto model = create_model(cfg, ModelOptions{}, *be);
+  model->weights().load_dummy(*be, 3);
+  auto logits = prefill_logits(*model, *be, 3, {2});
+  ASSERT_EQ(logits.size(), 300u);
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(*std::max_element(logits.begin(), logits.end()), *std::min_element(logits.begin(), logits.end()));
 }
 
 TEST(MoeModel, Qwen2MoeWithoutSharedExpertSizeFails) {
