@@ -233,6 +233,12 @@ class CountingBackend : public Backend {
   void cast(const Tensor&, const Tensor&) override { unused(); }
   void embedding_slice(const Tensor&, const Tensor&, int64_t, const Tensor&) override { unused(); }
   void sample(const Tensor&, const std::vector<SamplingRow>&, const Tensor&) override { unused(); }
+  void moe_topk(const Tensor&, int, bool, const Tensor&, const Tensor&) override { unused(); }
+  void moe_experts(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int,
+                   const Tensor&) override {
+    unused();
+  }
+  void sigmoid_mul(const Tensor&, const Tensor&, const Tensor&) override { unused(); }
 
  private:
   [[noreturn]] static void unused() { throw std::logic_error("not used by weight loading"); }
