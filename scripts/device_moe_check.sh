@@ -60,6 +60,8 @@ GT=$(awk '/gemm_TFLOPs/{print $2}' "$L/copy.log" 2>/dev/null)
 if part kernels; then
   echo "== MoE kernel benchmark"
   for k in $B/moe_bench $B/kernels/moe_bench; do [ -x "$k" ] && timeout 180 "$k" 2>&1 | tee "$L/moe_bench.log" | tail -30; done
+  echo "== gated delta rule kernel benchmark"
+  [ -x $B/gdr_bench ] && timeout 180 $B/gdr_bench 2>&1 | tee "$L/gdr_bench.log" | tail -25
 fi
 
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
