@@ -629,11 +629,14 @@ __global__ void __launch_bounds__(128) gdr_output_kernel(GatedDeltaRuleArgs a) {
   }
 }
 
-template <typename Kernel>
-void set_smem(Kernel k, size_t bytes) {
-  static bool done = false;  // one attribute call per instantiation
+// One attribute call per kernel. The kernel is a template argument, not a parameter: every
+// kernel here has the same type (void(GatedDeltaRuleArgs)), so a static keyed on the type
+// would raise the limit of the first kernel only and the others would fail to launch.
+template <auto Kernel>
+void set_smem(size_t bytes) {
+  static bool done = false;
   if (!done) {
-    TCUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    TCUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     done = true;
   }
 }
@@ -649,13 +652,13 @@ template <int DK, int DV, typename SS>
 void chunked_t(const GatedDeltaRuleArgs& a, cudaStream_t s) {
   gdr_prep_kernel<DK><<<dim3(a.num_chunks, kBT / 8), 256, 0, s>>>(a);
   TCUDA_LAUNCH_CHECK();
-  set_smem(gdr_wy_kernel<DK, DV>, sizeof(WySmem<DK, DV>));
+  set_smem<gdr_wy_kernel<DK, DV>>(sizeof(WySmem<DK, DV>));
   gdr_wy_kernel<DK, DV><<<dim3(a.num_chunks, a.Hv), 128, sizeof(WySmem<DK, DV>), s>>>(a);
   TCUDA_LAUNCH_CHECK();
-  set_smem(gdr_state_kernel<DK, DV, SS>, sizeof(StateSmem<DK, DV>));
+  set_smem<gdr_state_kernel<DK, DV, SS>>(sizeof(StateSmem<DK, DV>));
   gdr_state_kernel<DK, DV, SS><<<dim3(DV / 32, a.Hv, a.num_seqs), 128, sizeof(StateSmem<DK, DV>), s>>>(a);
   TCUDA_LAUNCH_CHECK();
-  set_smem(gdr_output_kernel<DK, DV>, sizeof(OutSmem<DK>));
+  set_smem<gdr_output_kernel<DK, DV>>(sizeof(OutSmem<DK>));
   gdr_output_kernel<DK, DV><<<dim3(a.num_chunks, a.Hv, DV / 64), 128, sizeof(OutSmem<DK>), s>>>(a);
   TCUDA_LAUNCH_CHECK();
 }
