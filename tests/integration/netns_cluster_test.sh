@@ -137,7 +137,7 @@ if [ $HTTP_OK = 1 ]; then
   has "$TMP/seed003.log" "node 0 of 2: NIC ens1 (10.79.0.1), world ranks 0..0 of 2"
   [ "$(grep -c -- "--language-model-only: tessera loads only the language model" "$TMP/seed003.log")" = 1 ] ||
     FAIL "--language-model-only not logged exactly once"
-  has "$TMP/seed003.log" '"POST /v1/chat/completions"'
+  has "$TMP/seed003.log" '"POST /v1/chat/completions HTTP/1.1" 200'
   has "$TMP/worker.log" "job: node 1 of 2, head 10.79.0.1:"
   has "$TMP/worker.log" "node 1 of 2: NIC ens1 (10.79.0.2), world ranks 1..1 of 2"
   echo "2. seed 003 serve, TP=2 over the two nodes: chat answered ($(elapsed "$T0" "$T1") s to start)"
@@ -205,12 +205,12 @@ if [ $HTTP_OK = 1 ]; then
     --random-input-len 16 --random-output-len 4 --no-progress >"$TMP/bench.log" 2>&1 ||
     { FAIL "tessera bench --backend openai-chat exited $?"; tail -20 "$TMP/bench.log"; }
   cat "$TMP/bench.log" | tail -8
-  chat_lines=$(grep -c '"POST /v1/chat/completions"' "$TMP/seed000.log")
+  chat_lines=$(grep -c '"POST /v1/chat/completions HTTP/1.1" 200' "$TMP/seed000.log")
   [ "$chat_lines" -ge 5 ] || FAIL "bench --backend openai-chat: $chat_lines chat requests in the server log"
   ip netns exec "$A" "$BIN" bench --backend openai --base-url http://10.79.0.1:8000 --model Qwen3.5-122B-A10B-FP8 \
     --dataset-name random --num-prompts 2 --random-input-len 8 --random-output-len 2 \
     --no-progress >"$TMP/bench2.log" 2>&1 || FAIL "tessera bench --backend openai exited $?"
-  has "$TMP/seed000.log" '"POST /v1/completions"'
+  has "$TMP/seed000.log" '"POST /v1/completions HTTP/1.1" 200'
   echo "3. job killed, both nodes stayed; seed 000 serve + bench (openai-chat, openai) on them"
   # A rank of the job dies on the worker: the job ends (non-zero, naming it), the nodes stay.
   JOBPROC="$(cat /proc/$WORKER/task/$WORKER/children 2>/dev/null | awk '{print $1}')"
