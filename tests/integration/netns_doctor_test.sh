@@ -22,29 +22,13 @@ MODEL="$ROOT/tests/fixtures/models/qwen3_gqa4_hd32"
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: needs root for ip netns"; exit 77; fi
 for c in ip nft unshare python3; do command -v $c >/dev/null || { echo "SKIP: no $c"; exit 77; }; done
 
-A=tdoc_a_$$
-B=tdoc_b_$$
 TMP=$(mktemp -d /tmp/tessera-netns-doctor.XXXXXX)
 chmod 755 "$TMP"
-cleanup() {
-  ip netns pids "$A" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns pids "$B" 2>/dev/null | xargs -r kill -9 2>/dev/null
-  ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$TMP"
-}
-trap cleanup EXIT
-if ! ip netns add "$A" 2>/dev/null; then echo "SKIP: ip netns add failed (no CAP_SYS_ADMIN?)"; exit 77; fi
-ip netns add "$B" || { echo "SKIP: second namespace failed"; exit 77; }
+. "$(dirname "$0")/netns_hosts.sh"
+netns_hosts_up tdoc 10.79.0
 set -e
-ip link add tdva$$ type veth peer name tdvb$$
-ip link set tdva$$ netns "$A"
-ip link set tdvb$$ netns "$B"
-ip -n "$A" link set tdva$$ name ens1
-ip -n "$B" link set tdvb$$ name ens1
-ip -n "$A" addr add 10.79.0.1/24 dev ens1
-ip -n "$B" addr add 10.79.0.2/24 dev ens1
+# Decoys on each host: a docker bridge and a second NIC that does not route to the head.
 for ns in "$A" "$B"; do
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set ens1 up
   ip -n "$ns" link add docker0 type veth peer name eno9
   ip -n "$ns" link set docker0 up
   ip -n "$ns" link set eno9 up

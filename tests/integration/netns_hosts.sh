@@ -1,4 +1,5 @@
-# Sourced by the namespace tests that play two hosts (netns_cluster_test.sh, netns_deploy_test.sh).
+# Sourced by the namespace tests that play two hosts (netns_cluster_test.sh, netns_deploy_test.sh,
+# netns_doctor_test.sh).
 #   netns_hosts_up TAG SUBNET: namespaces $A and $B (named TAG_a_PID, TAG_b_PID) joined by a veth
 #     pair named ens1 in each, SUBNET.1/24 in A and SUBNET.2/24 in B, lo up; a cleanup trap kills
 #     their processes and $PIDS, deletes them and $TMP. Exits 77 (ctest SKIP) when namespaces
