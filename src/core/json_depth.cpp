@@ -4,21 +4,10 @@ namespace tessera {
 
 int json_nesting_depth(std::string_view text, int limit) {
   int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
+  JsonStringTracker strings;
   for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
+    if (!strings.structural(c)) continue;
     switch (c) {
-      case '"':
-        in_string = true;
-        break;
       case '[':
       case '{':
         if (++depth > deepest) {

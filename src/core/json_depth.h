@@ -16,4 +16,29 @@ inline constexpr int kMaxJsonDepth = 128;
 // JSON the result is an upper bound of what a parser would build before it fails.
 int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
 
+// Follows string literals (with their escapes) through JSON text fed one byte at a time.
+class JsonStringTracker {
+ public:
+  // True when `c` is structural: outside every string and not a quote that opens one.
+  bool structural(char c) {
+    if (in_string_) {
+      if (escaped_)
+        escaped_ = false;
+      else if (c == '\\')
+        escaped_ = true;
+      else if (c == '"')
+        in_string_ = false;
+      return false;
+    }
+    if (c == '"') {
+      in_string_ = true;
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  bool in_string_ = false, escaped_ = false;
+};
+
 }  // namespace tessera

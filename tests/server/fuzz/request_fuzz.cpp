@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json_depth.h"
 #include "core/logging.h"
 #include "engine/async_engine.h"
 #include "server/api_server.h"
@@ -209,39 +210,18 @@ namespace {
 // Wraps a random array or object of `body` (when it has one) in 1..8191 more arrays.
 void nest_deeper(std::string& body, std::minstd_rand& rng) {
   std::vector<size_t> opens;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      opens.push_back(i);
-    }
-  }
+  tessera::JsonStringTracker strings;
+  for (size_t i = 0; i < body.size(); ++i)
+    if (strings.structural(body[i]) && (body[i] == '[' || body[i] == '{')) opens.push_back(i);
   if (opens.empty()) return;
   const size_t start = opens[rng() % opens.size()];
   size_t end = std::string::npos;
   int depth = 0;
-  in_string = escaped = false;
+  tessera::JsonStringTracker from_start;
   for (size_t i = start; i < body.size(); ++i) {
     const char c = body[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
+    if (!from_start.structural(c)) continue;
+    if (c == '[' || c == '{') {
       ++depth;
     } else if ((c == ']' || c == '}') && --depth == 0) {
       end = i;
