@@ -40,15 +40,7 @@ CPU_FIXTURE=(--load-format dummy --num-gpu-blocks-override 256)
 netns_hosts_up tsc 10.79.0
 set -e
 # Decoys: docker0 and eno9 on other subnets in both, and in A a second fast port ens2.
-for ns in "$A" "$B"; do
-  ip -n "$ns" link add docker0 type veth peer name eno9
-  ip -n "$ns" link set docker0 up
-  ip -n "$ns" link set eno9 up
-done
-ip -n "$A" addr add 172.17.0.1/16 dev docker0
-ip -n "$B" addr add 172.17.0.2/16 dev docker0
-ip -n "$A" addr add 192.168.52.1/24 dev eno9
-ip -n "$B" addr add 192.168.52.2/24 dev eno9
+netns_hosts_decoys
 ip -n "$A" link add ens2 type veth peer name ens2p
 ip -n "$A" addr add 10.80.0.1/24 dev ens2
 ip -n "$A" link set ens2 up

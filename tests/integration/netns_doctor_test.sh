@@ -28,15 +28,7 @@ chmod 755 "$TMP"
 netns_hosts_up tdoc 10.79.0
 set -e
 # Decoys on each host: a docker bridge and a second NIC that does not route to the head.
-for ns in "$A" "$B"; do
-  ip -n "$ns" link add docker0 type veth peer name eno9
-  ip -n "$ns" link set docker0 up
-  ip -n "$ns" link set eno9 up
-done
-ip -n "$A" addr add 172.17.0.1/16 dev docker0
-ip -n "$B" addr add 172.17.0.2/16 dev docker0
-ip -n "$A" addr add 192.168.52.1/24 dev eno9
-ip -n "$B" addr add 192.168.52.2/24 dev eno9
+netns_hosts_decoys
 set +e
 
 # Both copies of the model start identical.

@@ -4,6 +4,7 @@
 #     pair named ens1 in each, SUBNET.1/24 in A and SUBNET.2/24 in B, lo up; a cleanup trap kills
 #     their processes and $PIDS, deletes them and $TMP. Exits 77 (ctest SKIP) when namespaces
 #     cannot be created here.
+#   netns_hosts_decoys: docker0 and eno9 decoys on both hosts (below).
 #   tiny_chat_model DIR: the seeds' model directory scaled down: configs/qwen3-tiny (2 layers,
 #     hidden 64, the real Qwen3 vocabulary, so chat requests go through the real tokenizer and
 #     template) with the tokenizer beside it; serve it with --load-format dummy (random weights).
@@ -26,6 +27,17 @@ netns_hosts_up() {
     ip -n "$A" link set ${tag}va$$ name ens1 && ip -n "$B" link set ${tag}vb$$ name ens1 &&
     ip -n "$A" addr add "$subnet.1/24" dev ens1 && ip -n "$B" addr add "$subnet.2/24" dev ens1 || exit 1
   for ns in "$A" "$B"; do ip -n "$ns" link set lo up && ip -n "$ns" link set ens1 up || exit 1; done
+}
+# netns_hosts_decoys: on both hosts, a docker0 bridge (172.17.0.0/16) and a second NIC eno9
+# (192.168.52.0/24) that do not route to the other host, for the NIC-choice checks.
+netns_hosts_decoys() {
+  local ns
+  for ns in "$A" "$B"; do
+    ip -n "$ns" link add docker0 type veth peer name eno9 && ip -n "$ns" link set docker0 up &&
+      ip -n "$ns" link set eno9 up || exit 1
+  done
+  ip -n "$A" addr add 172.17.0.1/16 dev docker0 && ip -n "$B" addr add 172.17.0.2/16 dev docker0 &&
+    ip -n "$A" addr add 192.168.52.1/24 dev eno9 && ip -n "$B" addr add 192.168.52.2/24 dev eno9 || exit 1
 }
 tiny_chat_model() {
   local root
