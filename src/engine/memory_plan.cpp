@@ -20,7 +20,8 @@ DType parse_kv_cache_dtype(const std::string& s, DType compute) {
        s);
 }
 
-CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType dt, int bs) {
+CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType dt, int bs, DType conv_dt,
+                               DType ssm_dt) {
   CacheFootprint f;
   for (const auto& s : specs) {
     if (s.kind == CacheKind::kPagedKv) {
@@ -28,7 +29,7 @@ CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType d
       f.kv_bytes_per_block += 2ull * static_cast<size_t>(bs) * s.num_kv_heads * s.head_dim * dtype_size(dt);
     } else {
       ++f.state_layers;
-      f.state_bytes_per_seq += s.state_bytes;
+      f.state_bytes_per_seq += s.state_bytes(conv_dt, ssm_dt);
     }
   }
   return f;

@@ -24,7 +24,9 @@ struct CacheFootprint {
     return block_size > 0 ? kv_bytes_per_block / static_cast<size_t>(block_size) : 0;
   }
 };
-CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType kv_dtype, int block_size);
+// State slots are costed at conv_dtype / ssm_dtype (CacheInit's choice for kStateSlot layers).
+CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType kv_dtype, int block_size,
+                               DType conv_dtype = DType::kF32, DType ssm_dtype = DType::kF32);
 
 // The CPU backend shares RAM with everything else: its KV budget is capped, as vLLM's CPU
 // backend caps it (VLLM_CPU_KVCACHE_SPACE's default).

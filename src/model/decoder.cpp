@@ -73,7 +73,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
 std::vector<LayerCacheSpec> DecoderModel::cache_specs() const {
   std::vector<LayerCacheSpec> specs;
   for (const auto& L : layers_)
-    specs.push_back(LayerCacheSpec{CacheKind::kPagedKv, L.attention->local_kv_heads(), config_.head_dim, 0});
+    specs.push_back(LayerCacheSpec{CacheKind::kPagedKv, L.attention->local_kv_heads(), config_.head_dim});
   return specs;
 }
 

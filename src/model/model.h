@@ -24,9 +24,16 @@ enum class CacheKind {
 
 struct LayerCacheSpec {
   CacheKind kind = CacheKind::kPagedKv;
-  int num_kv_heads = 0;  // on this rank
+  int num_kv_heads = 0;  // kPagedKv: on this rank
   int head_dim = 0;
-  size_t state_bytes = 0;  // kStateSlot: bytes per sequence
+  // kStateSlot (a Gated DeltaNet layer), per sequence, on this rank: the causal-conv state
+  // [K-1, C] and the recurrent state [Hv, Dk, Dv]. The engine picks their dtypes (CacheInit).
+  Shape conv_state_shape, ssm_state_shape;
+  // Bytes per sequence of both states at the given dtypes.
+  size_t state_bytes(DType conv_dtype, DType ssm_dtype) const {
+    return static_cast<size_t>(conv_state_shape.numel()) * dtype_size(conv_dtype) +
+           static_cast<size_t>(ssm_state_shape.numel()) * dtype_size(ssm_dtype);
+  }
 };
 
 // Device memory for every layer's cache, owned by the engine's cache manager.
@@ -35,8 +42,12 @@ struct KvCache {
   int num_blocks = 0;
   DType dtype = DType::kF32;
   float k_scale = 1.0f, v_scale = 1.0f;
-  std::vector<Tensor> k, v;         // per layer [num_blocks, block_size, kv_heads, head_dim]; empty for state layers
-  std::vector<Tensor> state_slots;  // per layer [num_slots, state_bytes] for kStateSlot layers
+  // Indexed by this stage's layer (cache_specs() order); a layer of the other kind has
+  // undefined tensors in these vectors.
+  std::vector<Tensor> k, v;  // kPagedKv layers: [num_blocks, block_size, kv_heads, head_dim]
+  int num_state_slots = 0;
+  std::vector<Tensor> conv_state;  // kStateSlot layers: [num_state_slots, K-1, C]
+  std::vector<Tensor> ssm_state;   // kStateSlot layers: [num_state_slots, Hv, Dk, Dv]
 };
 
 // One step's work: the tokens of every scheduled sequence, flattened.
@@ -45,6 +56,9 @@ struct ModelInput {
   std::vector<int32_t> positions;       // T
   AttentionLayout attention;            // per-sequence layout over the paged cache
   std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
+  // Models with kStateSlot layers: each sequence's state slot and whether it continues from
+  // the slot's state (same sequence order as `attention`); empty for the other models.
+  LinearAttnLayout linear;
 };
 
 // One step's inputs on the model's device: what forward() uploads from a ModelInput, and
@@ -54,6 +68,7 @@ struct StepInputs {
   Tensor positions;       // i32 [T]
   Tensor logits_indices;  // i32 [n]
   AttentionMetadata attention;
+  LinearAttnMetadata linear;  // num_seqs == 0 for models without kStateSlot layers
 };
 
 // Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
