@@ -25,6 +25,7 @@ struct BenchOptions {
   int random_input_len = 1024;
   int random_output_len = 128;
   double random_range_ratio = 0;
+  int random_prefix_len = 0;  // tokens of shared random prefix before each random prompt
   bool ignore_eos = false;
   uint64_t seed = 0;
   std::string tokenizer_dir;  // a model folder with tokenizer.json: exact counts where usage is missing

@@ -29,8 +29,9 @@ bool fixed_prompt_mode(const BenchOptions& options) { return options.dataset == 
 std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count, const TokenCounter* counter) {
   if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count, counter);
   if (options.dataset == "random") {
-    RandomWorkloadOptions random{options.random_input_len, options.random_output_len, options.random_range_ratio, count,
-                                 options.seed};
+    RandomWorkloadOptions random{
+        options.random_input_len, options.random_output_len, options.random_range_ratio, count, options.seed,
+        options.random_prefix_len};
     return random_workload(random, counter);
   }
   if (options.dataset == "jsonl") {
@@ -55,7 +56,8 @@ std::string describe_workload(const BenchOptions& options, size_t requests) {
                        options.max_tokens, requests, rate);
   if (options.dataset == "random")
     return fmt::format(
-        "random prompts: input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
+        "random prompts: {}input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
+        options.random_prefix_len > 0 ? fmt::format("a shared {}-token prefix, then ", options.random_prefix_len) : "",
         options.random_input_len, options.random_output_len, options.random_range_ratio, options.seed, requests, rate);
   return fmt::format("prompts from {}, {} requests per level, {}", options.dataset_path, requests, rate);
 }

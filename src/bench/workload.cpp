@@ -82,31 +82,42 @@ std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max
   return std::vector<PromptSpec>(count, spec);
 }
 
+namespace {
+
+// `len` tokens of random one-token words (exactly `len` under `counter`'s tokenizer).
+std::string random_text(std::mt19937_64& rng, int len, const TokenCounter* counter) {
+  std::uniform_int_distribution<size_t> word(0, kWordCount - 1);
+  // A few spare words in case some merge or split differently under the real tokenizer.
+  const int words = counter ? len + len / 4 + 8 : len;
+  std::string text;
+  text.reserve(static_cast<size_t>(words) * 6);
+  for (int w = 0; w < words; ++w) {
+    if (w) text.push_back(' ');
+    text += kOneTokenWords[word(rng)];
+  }
+  return counter ? counter->truncate(text, len) : text;
+}
+
+}  // namespace
+
 std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options, const TokenCounter* counter) {
   if (options.input_len < 1 || options.output_len < 1)
     fail(ErrorKind::kInvalidArgument, "--random-input-len and --random-output-len must be at least 1");
+  if (options.prefix_len < 0)
+    fail(ErrorKind::kInvalidArgument, "--random-prefix-len must be 0 or more, got {}", options.prefix_len);
   if (options.range_ratio < 0 || options.range_ratio >= 1)
     fail(ErrorKind::kInvalidArgument, "--random-range-ratio must be in [0, 1), got {}", options.range_ratio);
   std::mt19937_64 rng(options.seed);
-  std::uniform_int_distribution<size_t> word(0, kWordCount - 1);
+  const std::string prefix = options.prefix_len > 0 ? random_text(rng, options.prefix_len, counter) + " " : "";
+  const int prefix_tokens = options.prefix_len > 0 && counter ? counter->count(prefix) : options.prefix_len;
   std::vector<PromptSpec> prompts;
   prompts.reserve(options.count);
   for (size_t i = 0; i < options.count; ++i) {
     PromptSpec spec;
-    int input_len = draw_length(rng, options.input_len, options.range_ratio);
+    const int input_len = draw_length(rng, options.input_len, options.range_ratio);
     spec.max_tokens = draw_length(rng, options.output_len, options.range_ratio);
-    spec.expected_prompt_tokens = input_len;
-    // A few spare words in case some merge or split differently under the real tokenizer.
-    int words = counter ? input_len + input_len / 4 + 8 : input_len;
-    spec.prompt.reserve(static_cast<size_t>(words) * 6);
-    for (int w = 0; w < words; ++w) {
-      if (w) spec.prompt.push_back(' ');
-      spec.prompt += kOneTokenWords[word(rng)];
-    }
-    if (counter) {
-      spec.prompt = counter->truncate(spec.prompt, input_len);
-      spec.expected_prompt_tokens = counter->count(spec.prompt);
-    }
+    spec.prompt = prefix + random_text(rng, input_len, counter);
+    spec.expected_prompt_tokens = counter ? counter->count(spec.prompt) : prefix_tokens + input_len;
     prompts.push_back(std::move(spec));
   }
   return prompts;

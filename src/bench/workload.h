@@ -28,12 +28,15 @@ struct RandomWorkloadOptions {
   double range_ratio = 0.0;  // lengths drawn uniformly from [len * (1 - r), len * (1 + r)]
   size_t count = 1000;
   uint64_t seed = 0;
+  // vLLM's --random-prefix-len: every prompt starts with the same random text of this many
+  // tokens (a shared system prompt, for prefix-cache benchmarks), then its own input_len tokens.
+  int prefix_len = 0;
 };
 
 // Without a tokenizer the prompt is a sequence of common one-token English words, so its
 // length in tokens is approximately `input_len` (within a few percent for BPE vocabularies,
 // plus the chat template's own tokens). Reports say so. With a `counter` the text is cut to
-// exactly `input_len` tokens of that tokenizer.
+// exactly `input_len` tokens of that tokenizer (the shared prefix likewise `prefix_len`).
 std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options, const TokenCounter* counter = nullptr);
 
 // One JSON object per line (or a JSON array of objects). Recognised fields, first match wins:

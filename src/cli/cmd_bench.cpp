@@ -80,6 +80,10 @@ int run_bench(int argc, char** argv) {
   app.add_option("--random-range-ratio", options.random_range_ratio,
                  "lengths are drawn uniformly from [len*(1-r), len*(1+r)], 0 <= r < 1")
       ->capture_default_str();
+  app.add_option("--random-prefix-len", options.random_prefix_len,
+                 "--dataset random: every prompt starts with the same random text of this many tokens (a shared "
+                 "system prompt, to measure prefix caching), then its own --random-input-len tokens")
+      ->capture_default_str();
   app.add_flag("--ignore-eos", options.ignore_eos,
                "ask the server to generate exactly max_tokens (vLLM's ignore_eos; others may ignore it)");
   app.add_option("--tokenizer", options.tokenizer_dir,

@@ -39,6 +39,27 @@ TEST(Workload, RandomLengthsStayInRangeAndWordsMatchTheLength) {
   for (const PromptSpec& p : fixed) EXPECT_EQ(word_count(p.prompt), 64u);
 }
 
+TEST(Workload, RandomPrefixIsSharedAndCountedInTheLength) {
+  RandomWorkloadOptions o{16, 4, 0.0, 5, 3};
+  o.prefix_len = 40;
+  auto prompts = random_workload(o);
+  ASSERT_EQ(prompts.size(), 5u);
+  for (const PromptSpec& p : prompts) {
+    EXPECT_EQ(word_count(p.prompt), 56u);
+    EXPECT_EQ(p.expected_prompt_tokens, 56);
+    std::istringstream a(prompts[0].prompt), b(p.prompt);
+    std::string wa, wb;
+    for (int i = 0; i < 40; ++i) {  // the first 40 words are the same in every prompt
+      a >> wa;
+      b >> wb;
+      EXPECT_EQ(wa, wb) << "word " << i;
+    }
+  }
+  EXPECT_NE(prompts[0].prompt, prompts[1].prompt);  // the tails differ
+  o.prefix_len = -1;
+  EXPECT_THROW(random_workload(o), Error);
+}
+
 TEST(Workload, JsonlPromptsShareGptAndLimits) {
   std::string path = ::testing::TempDir() + "/bench_workload_test.jsonl";
   {
