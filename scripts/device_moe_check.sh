@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The mixture-of-experts checks on one H200, in one call (issue 16), with the dense build
-# before the MoE work beside it for a same-run comparison. Needs two bundles carried:
+# The mixture-of-experts (issue 16) and hybrid (issue 17) checks on one H200, in one call, with
+# the dense build before the MoE work beside it for a same-run comparison. Needs two bundles carried:
 #   scripts/bundle.sh --build-dir build/cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
 #   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
-# PARTS (default all): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
+# PARTS (default all but fixtures_bf16): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
+#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; fixtures_bf16 (transformers' bf16 error per
+#   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -18,10 +20,11 @@ BASE=""
 if [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
-PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan} "
+PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 MOE=configs/qwen3-30b-a3b
+HYB=configs/qwen3.5-35b-a3b
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 rate() { grep -o 'decode [0-9.]* tok/s' "$1" | awk '{print $2}'; }
 
@@ -139,6 +142,70 @@ if part plan; then
     timeout 180 $B/tessera generate --model $m --load-format dummy --device cuda --max-model-len 4096 \
       --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_$n.log"
     grep -E 'KV cache size|Maximum concurrency|Planned' "$L/plan_serve_$n.log"
+  done
+fi
+if part fixtures_bf16; then
+  echo "== transformers in bf16 against each fixture's fp32 reference (the bf16 noise floor)"
+  timeout 300 python3 tools/fixture_bf16_spread.py --fixtures tests/fixtures/models --write 2>&1 | tee "$L/bf16_spread.log"
+  tar czf "$OUT/fixture_refs.tar.gz" tests/fixtures/models/*/reference.json
+fi
+
+if part hybrid_decode; then
+  echo "== hybrid decode, Qwen3.5-35B-A3B shape, bf16 dummy: batch 1 and 8 (512-token prompts, 128 new tokens)"
+  for bs in 1 8; do
+    args=()
+    for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
+    gen $B hybrid_decode_b$bs $HYB "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    per=$(rate "$L/hybrid_decode_b$bs.log")
+    python3 tools/decode_ceiling.py $HYB ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
+  done
+  grep -E 'state slot|KV cache size|Maximum concurrency' "$L/hybrid_decode_b1.log" | head -4
+fi
+
+if part hybrid_prefill; then
+  echo "== hybrid prefill, one 8192-token prompt after a warm-up"
+  P8K=$(prompt_ids 8192 104729); P8K2=$(prompt_ids 8192 7907)
+  gen $B hybrid_prefill $HYB --prompt-ids "$P8K" --prompt-ids "$P8K2" --max-tokens 1 --max-num-seqs 1 \
+    --max-num-batched-tokens 8192 --no-enable-prefix-caching
+  PS=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])" "$L/hybrid_prefill.json")
+  printf 'hybrid_prefill_8192_s %.4f\n' "$PS"
+  python3 tools/decode_ceiling.py $HYB --prefill-tokens 8192 --prefill-s "$PS" ${GT:+--gemm-tflops $GT} | grep prefill_
+fi
+
+serve_hybrid() {  # serve_hybrid PORT LOGNAME [ARGS...]: starts tessera serve on the hybrid model, waits for /health
+  local port=$1 log=$2; shift 2
+  $B/tessera serve $HYB --load-format dummy --device cuda --tokenizer $TOK --port "$port" "$@" > "$L/$log.log" 2>&1 &
+  SP=$!
+  for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+  grep -E 'state slot|KV cache size|Maximum concurrency|weights take' "$L/$log.log" | head -5
+}
+
+if part hybrid_serve; then
+  echo "== hybrid serving: c 1,5,10,20 (40 requests) and 64,256 (256 requests), max_tokens 256, --ignore-eos"
+  serve_hybrid 8013 hybrid_serve --max-model-len 40960 --max-num-seqs 256
+  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8013 --concurrency 1,5,10,20 --requests-per-level 40 \
+    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
+    --json "$L/hybrid_bench_low.json" 2>/dev/null | tail -12
+  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8013 --concurrency 64,256 --requests-per-level 256 \
+    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
+    --json "$L/hybrid_bench_high.json" 2>/dev/null | tail -10
+  echo "-- one 32,768-token prompt"
+  timeout 180 $B/tessera bench --base-url http://127.0.0.1:8013 --dataset random --random-input-len 32768 \
+    --random-output-len 256 --num-prompts 2 --max-concurrency 1 --ignore-eos --tokenizer $TOK \
+    --json "$L/hybrid_bench_32k.json" 2>/dev/null | tail -10
+  kill $SP; wait $SP 2>/dev/null
+fi
+
+if part hybrid_prefix; then
+  echo "== hybrid prefix caching: 64 requests sharing a 2,000-token prefix (+64 own tokens, 32 new), concurrency 8"
+  for pc in on off; do
+    flag=--enable-prefix-caching; [ $pc = off ] && flag=--no-enable-prefix-caching
+    serve_hybrid 8014 hybrid_prefix_$pc --max-model-len 8192 --max-num-seqs 64 $flag
+    timeout 180 $B/tessera bench --base-url http://127.0.0.1:8014 --dataset random --random-prefix-len 2000 \
+      --random-input-len 64 --random-output-len 32 --num-prompts 64 --max-concurrency 8 --ignore-eos \
+      --tokenizer $TOK --json "$L/hybrid_prefix_$pc.json" 2>/dev/null | grep -iE 'ttft|request throughput' | head -4
+    echo "prefix caching $pc: $(curl -s http://127.0.0.1:8014/metrics | grep -E '^[a-z:_]*(prefix_cache_hit_tokens_total|prompt_tokens_total)' | tr '\n' ' ')"
+    kill $SP; wait $SP 2>/dev/null
   done
 fi
 tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"
