@@ -6,7 +6,7 @@
 //   server -> client  kAuthOk        HMAC(token, "tessera-server" | cn | sn)      (or kReject)
 //
 // The client checks the server's proof too, so a stranger posing as the head cannot
-// collect fingerprints or hand out step plans. Fresh nonces on both sides defeat replay.
+// collect fingerprints or hand out jobs. Fresh nonces on both sides defeat replay.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -137,22 +137,6 @@ ClusterStatus decode_cluster_status(std::span<const uint8_t> p) {
   return m;
 }
 
-std::vector<uint8_t> encode(const StepPlanMessage& m) {
-  WireWriter w;
-  w.u64(m.step);
-  w.bytes(m.payload);
-  return w.take();
-}
-
-StepPlanMessage decode_step_plan(std::span<const uint8_t> p) {
-  WireReader r(p, "step plan");
-  StepPlanMessage m;
-  m.step = r.u64();
-  m.payload = r.bytes();
-  r.expect_end();
-  return m;
-}
-
 std::vector<uint8_t> encode(const RankFailure& m) {
   WireWriter w;
   w.i32(m.node_rank);
@@ -356,9 +340,6 @@ void decode_any(MessageType type, std::span<const uint8_t> payload) {
       return;
     case MessageType::kStatusReply:
       decode_cluster_status(payload);
-      return;
-    case MessageType::kStepPlan:
-      decode_step_plan(payload);
       return;
     case MessageType::kRankFailed:
       decode_rank_failure(payload);

@@ -53,11 +53,6 @@ struct ClusterStatus {
   std::vector<NodeStatus> nodes;
 };
 
-struct StepPlanMessage {
-  uint64_t step = 0;
-  std::vector<uint8_t> payload;  // the engine's encoding
-};
-
 struct RankFailure {
   int32_t node_rank = -1;
   int32_t first_rank = -1;
@@ -95,7 +90,6 @@ inline constexpr size_t kMaxStoreValue = 1 << 20;
 std::vector<uint8_t> encode(const JoinRequest& m);
 std::vector<uint8_t> encode(const ClusterTable& m);
 std::vector<uint8_t> encode(const ClusterStatus& m);
-std::vector<uint8_t> encode(const StepPlanMessage& m);
 std::vector<uint8_t> encode(const RankFailure& m);
 std::vector<uint8_t> encode(const StoreEntry& m);
 std::vector<uint8_t> encode(const JobStart& m);
@@ -108,7 +102,6 @@ std::vector<uint8_t> encode_store_value(bool found, std::span<const uint8_t> val
 JoinRequest decode_join(std::span<const uint8_t> p);
 ClusterTable decode_cluster_table(std::span<const uint8_t> p);
 ClusterStatus decode_cluster_status(std::span<const uint8_t> p);
-StepPlanMessage decode_step_plan(std::span<const uint8_t> p);
 RankFailure decode_rank_failure(std::span<const uint8_t> p);
 StoreEntry decode_store_entry(std::span<const uint8_t> p);
 JobStart decode_job_start(std::span<const uint8_t> p);

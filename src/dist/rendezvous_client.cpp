@@ -107,15 +107,6 @@ void RendezvousClient::run() {
           decode_u64(f->payload);
           last_echo = Clock::now();
           break;
-        case MessageType::kStepPlan: {
-          StepPlanMessage plan = decode_step_plan(f->payload);
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            plans_.push_back(std::move(plan));
-          }
-          changed_.notify_all();
-          break;
-        }
         case MessageType::kRankFailed:
           record_failure(decode_rank_failure(f->payload));
           break;
@@ -138,18 +129,6 @@ void RendezvousClient::run() {
   } catch (const Error& e) {
     if (!stopping_) record_failure({0, 0, 0, fmt::format("lost {}: {}", head, e.what())});
   }
-}
-
-std::optional<StepPlanMessage> RendezvousClient::wait_step_plan(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait_for(lock, timeout, [&] { return !plans_.empty() || failure_.has_value(); });
-  if (!plans_.empty()) {
-    StepPlanMessage p = std::move(plans_.front());
-    plans_.pop_front();
-    return p;
-  }
-  if (failure_) fail(ErrorKind::kNetwork, "{}", failure_->reason);
-  return std::nullopt;
 }
 
 std::optional<JobStart> RendezvousClient::wait_job(std::chrono::milliseconds timeout) {

@@ -2,7 +2,7 @@
 // (retrying until it is up), authenticates, sends the join with this node's fingerprint
 // and waits for the cluster table, all within join_timeout. Afterwards one background
 // thread (owned and joined by this object) sends heartbeats, watches the head's echoes,
-// queues step plans and records failure notices.
+// queues jobs and records failure notices.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -42,9 +42,6 @@ class RendezvousClient {
   int node_rank() const { return node_rank_; }
   // A persistent cluster's node: the next job the head forwarded; nullopt on timeout.
   std::optional<JobStart> wait_job(std::chrono::milliseconds timeout);
-  // The next step plan; nullopt on timeout. Throws Error(kNetwork) once the head is gone or a
-  // failure was announced (naming the node and ranks).
-  std::optional<StepPlanMessage> wait_step_plan(std::chrono::milliseconds timeout);
   std::optional<RankFailure> failure() const;
   // Called from the background thread.
   void set_on_failure(std::function<void(const RankFailure&)> callback);
@@ -62,7 +59,6 @@ class RendezvousClient {
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<StepPlanMessage> plans_;
   std::deque<JobStart> jobs_;
   int node_rank_ = -1;
   std::optional<RankFailure> failure_;

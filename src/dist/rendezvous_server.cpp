@@ -553,25 +553,6 @@ void RendezvousServer::fire_failures(const std::vector<RankFailure>& fired) {
   }
 }
 
-void RendezvousServer::broadcast_step_plan(const StepPlanMessage& plan) {
-  std::vector<uint8_t> payload = encode(plan);
-  std::vector<std::pair<int, std::shared_ptr<Connection>>> targets;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t r = 1; r < nodes_.size(); ++r)
-      if (nodes_[r].alive && nodes_[r].welcomed && nodes_[r].connection)
-        targets.emplace_back(static_cast<int>(r), nodes_[r].connection);
-  }
-  for (auto& [rank, c] : targets) {
-    try {
-      send_to(c, MessageType::kStepPlan, payload);
-    } catch (const Error& e) {
-      TLOG_WARN("step plan {} to node {} failed: {}", plan.step, rank, e.what());
-      c->socket.shutdown();  // its connection thread reports the failure
-    }
-  }
-}
-
 void RendezvousServer::announce_failure(const RankFailure& failure) {
   std::vector<uint8_t> payload = encode(failure);
   std::vector<std::shared_ptr<Connection>> targets;

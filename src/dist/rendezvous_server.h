@@ -1,7 +1,7 @@
 // The head's side of the control channel: one listening socket on the chosen interface.
 // It authenticates every connection, admits nodes whose fingerprint matches the head's,
 // forms the cluster table, tracks heartbeats, serves the bootstrap key-value store and
-// status queries, and pushes step plans and failure notices to the nodes.
+// status queries, and pushes jobs and failure notices to the nodes.
 //
 // Threads (all owned and joined by this object): one accept thread, one thread per
 // connection (bounded by max_connections), one monitor thread for heartbeat deadlines.
@@ -57,8 +57,6 @@ class RendezvousServer {
   ClusterTable wait_for_nodes();
   ClusterStatus status() const;
 
-  // Sends the plan to every joined, live node. A node whose socket fails is marked failed.
-  void broadcast_step_plan(const StepPlanMessage& plan);
   // Tells every live node that ranks are gone (also done automatically on a missed heartbeat).
   void announce_failure(const RankFailure& failure);
   // Called (from a server thread) when a joined node dies or misses heartbeats.

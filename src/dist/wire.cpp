@@ -38,8 +38,6 @@ const char* message_type_name(MessageType t) {
       return "status-query";
     case MessageType::kStatusReply:
       return "status-reply";
-    case MessageType::kStepPlan:
-      return "step-plan";
     case MessageType::kRankFailed:
       return "rank-failed";
     case MessageType::kStoreSet:

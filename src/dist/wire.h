@@ -27,20 +27,20 @@ inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Before a peer has authenticated it may send only small frames (no memory to exhaust).
 inline constexpr uint32_t kMaxUnauthenticatedFrame = 4 * 1024;
-// After authentication: large enough for a step plan of a big batch, small enough to allocate.
+// After authentication: large enough for a cluster table or a job, small enough to allocate.
 inline constexpr uint32_t kMaxFrame = 64 * 1024 * 1024;
 
 enum class MessageType : uint8_t {
-  kChallenge = 1,       // server -> client: nonce
-  kAuthResponse = 2,    // client -> server: client nonce, HMAC
-  kAuthOk = 3,          // server -> client: HMAC proving the server knows the token too
-  kJoin = 4,            // node -> head: node rank, fingerprint
-  kWelcome = 5,         // head -> node: the cluster table, once every node joined
-  kReject = 6,          // either way: a reason, then the connection closes
-  kHeartbeat = 7,       // node -> head, echoed back
-  kStatusQuery = 8,     // anyone authenticated -> head
-  kStatusReply = 9,     // head -> asker
-  kStepPlan = 10,       // head -> nodes: opaque bytes the engine defines
+  kChallenge = 1,     // server -> client: nonce
+  kAuthResponse = 2,  // client -> server: client nonce, HMAC
+  kAuthOk = 3,        // server -> client: HMAC proving the server knows the token too
+  kJoin = 4,          // node -> head: node rank, fingerprint
+  kWelcome = 5,       // head -> node: the cluster table, once every node joined
+  kReject = 6,        // either way: a reason, then the connection closes
+  kHeartbeat = 7,     // node -> head, echoed back
+  kStatusQuery = 8,   // anyone authenticated -> head
+  kStatusReply = 9,   // head -> asker
+  // 10 was the step plan over the control channel; step plans travel on the world group now.
   kRankFailed = 11,     // head -> nodes: a node/rank is gone
   kStoreSet = 12,       // rank -> head: key, value
   kStoreGet = 13,       // rank -> head: key

@@ -297,24 +297,6 @@ TEST(Rendezvous, SilentNodeMissesHeartbeats) {
   c.server->set_on_node_failure(nullptr);
 }
 
-TEST(Rendezvous, StepPlansReachEveryNode) {
-  Cluster c(3);
-  auto f1 = c.join_async(1, 3, node_fp(c, 1));
-  auto f2 = c.join_async(2, 3, node_fp(c, 1));
-  c.server->wait_for_nodes();
-  auto n1 = f1.get(), n2 = f2.get();
-  for (uint64_t step = 0; step < 20; ++step) c.server->broadcast_step_plan({step, std::vector<uint8_t>(step * 100, 3)});
-  for (uint64_t step = 0; step < 20; ++step) {
-    for (auto* n : {n1.get(), n2.get()}) {
-      std::optional<StepPlanMessage> p = n->wait_step_plan(milliseconds(2000));
-      ASSERT_TRUE(p);
-      EXPECT_EQ(p->step, step);
-      EXPECT_EQ(p->payload.size(), step * 100);
-    }
-  }
-  EXPECT_FALSE(n1->wait_step_plan(milliseconds(50)));
-}
-
 TEST(Rendezvous, NnodesAndRankZeroChecked) {
   Cluster c(2, milliseconds(2000));
   EXPECT_THAT([&] { RendezvousClient bad(c.client_options(1, 3, node_fp(c))); },
