@@ -141,7 +141,7 @@ def build(rng):
                     themes = [t for t in ZH_THEMES if t in poem_text]
                     rng.shuffle(themes)
                     answer = "\n".join(lines)
-                    for t in themes[:3]:
+                    for t in themes[:6]:
                         ex.append({"source": "fortunes-zh/" + fn, "kind": "chat",
                                    "messages": chat(rng.choice(ZH_PROMPTS).format(t=t, form=form), answer)})
                     ex.append({"source": "fortunes-zh/" + fn, "kind": "chat",
