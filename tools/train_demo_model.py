@@ -10,8 +10,9 @@ Needs torch, transformers (with qwen3_5_moe_text), tokenizers, safetensors; no n
 
 On the device (the corpus is committed, so nothing needs carrying; tools/README.md has the details):
 
-    python3 tools/train_demo_model.py --out /tmp/demo --minutes 6 2>&1 | tee $OUT/train.log; \
-      cp /tmp/demo/eval.json $OUT/; tar czf - -C /tmp demo | split -b 15M - $OUT/demo-model.tgz.part-
+    set -o pipefail; python3 tools/train_demo_model.py --out /tmp/tessera-demo --minutes 6 2>&1 | \
+      tee $OUT/train.log; rc=$?; cp /tmp/tessera-demo/eval.json /tmp/tessera-demo/README.md $OUT/; \
+      tar czf - -C /tmp tessera-demo | split -b 15M - $OUT/tessera-demo.tgz.part-; exit $rc
 
 Written to --out (a normal HF model directory): config.json (with mtp_num_hidden_layers: 1),
 model.safetensors (bf16, main weights as transformers saves them plus the MTP head under mtp.*),
@@ -34,6 +35,7 @@ import random
 import re
 import sys
 import time
+import unicodedata
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 THINK = ["<think>", "</think>"]
@@ -46,7 +48,7 @@ CHAT_TEMPLATE = (
     "{%- if message['role'] == 'assistant' %}"
     "{%- set content = message['content'] %}"
     "{%- if '</think>' in content %}"
-    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
     "{%- else %}"
@@ -108,8 +110,8 @@ def train_tokenizer(rows, vocab_size, out):
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
 
     def texts():  # contents only: the ChatML markup is special tokens and "\n"
         for r in rows:
@@ -339,7 +341,6 @@ def save_model(model, mtp, full_idx, out):
     with open(os.path.join(out, "config.json")) as f:
         c = json.load(f)
     c["mtp_num_hidden_layers"] = 1
-    c["mtp_use_dedicated_embeddings"] = False
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
     return os.path.getsize(path), per_expert
@@ -387,18 +388,34 @@ def evaluate(out, heldout_rows, args, device):
     mtp, full_idx = load_mtp(model, os.path.join(out, "model.safetensors"))
     mtp.to(device=device, dtype=torch.float32).eval()
     lkw = LayerKwargs(model.model.layers[full_idx])
-    ev = {"transformers_class": type(model).__name__, "tokenizer_class": type(tok).__name__}
+    ev = {"transformers_class": type(model).__name__, "tokenizer_class": type(tok).__name__, "errors": []}
+
+    def error(msg):  # recorded, not fatal: the trained model is already saved and the rest is still worth having
+        log("ERROR:", msg)
+        ev["errors"].append(msg)
 
     # chat template: Jinja (transformers) == the Python rendering the training used
     msgs = [{"role": "user", "content": POEM_PROMPT}]
     for think in (False, True):
         j = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=think)
         if j != render_chat(msgs, True, think):
-            sys.exit("train_demo_model.py: chat template renders {!r}, training used {!r}".format(
-                j, render_chat(msgs, True, think)))
+            error("chat template (enable_thinking={}) renders {!r}, training used {!r}".format(
+                think, j, render_chat(msgs, True, think)))
     full = msgs + [{"role": "assistant", "content": "x"}]
     if tok.apply_chat_template(full, tokenize=False) != render_chat(full):
-        sys.exit("train_demo_model.py: chat template differs from the training rendering on an assistant turn")
+        error("chat template differs from the training rendering on an assistant turn")
+    # transformers' tokenizer == the tokenizers one the training used; decoding round-trips
+    from tokenizers import Tokenizer
+    raw = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    for r in heldout_rows[:100]:
+        text = doc_text(r)
+        a = tok(text, add_special_tokens=False)["input_ids"]
+        if a != raw.encode(text, add_special_tokens=False).ids:
+            error("transformers tokenizes held-out {} differently from tokenizers".format(r["id"]))
+            break
+        if tok.decode(a) != unicodedata.normalize("NFC", text):
+            error("decode(encode(text)) != text for held-out {}".format(r["id"]))
+            break
 
     # held-out perplexity (fp32 compute on the bf16 weights), each text scored alone, from token 1 on
     texts = [doc_text(r) for r in heldout_rows]
@@ -684,10 +701,13 @@ def main():
     summary = {k: ev[k] for k in ("mtp_acceptance",)}
     summary["perplexity"] = ev["heldout"]["perplexity"]
     summary["poem_samples_4x5"] = ev["poem"]["samples_4x5"]
+    summary["errors"] = ev["errors"]
     log("eval:", json.dumps(summary, ensure_ascii=False))
     log("poem greedy:", json.dumps(ev["poem"]["greedy"], ensure_ascii=False))
     log("quote greedy:", json.dumps(ev["quote"]["greedy"], ensure_ascii=False))
     log("done in {:.1f} s; files: {}".format(time.time() - t_start, sorted(os.listdir(args.out))))
+    if ev["errors"]:
+        sys.exit("train_demo_model.py: {} evaluation error(s), see eval.json".format(len(ev["errors"])))
 
 
 if __name__ == "__main__":
