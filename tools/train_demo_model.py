@@ -462,7 +462,9 @@ def evaluate(out, heldout_rows, args, device):
                                     add_generation_prompt=True, enable_thinking=thinking)
         x = tok(p, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
         torch.manual_seed(seed)
-        kw = dict(do_sample=True, temperature=0.7, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
+        # plain temperature sampling: top_k = vocabulary (the directory's generation_config says 20)
+        kw = dict(do_sample=True, temperature=0.7, top_p=1.0, top_k=model.config.vocab_size) if sample else \
+            dict(do_sample=False)
         with torch.no_grad():
             y = model.generate(x, max_new_tokens=args.gen_tokens, eos_token_id=stop, pad_token_id=stop[1], **kw)
         return tok.decode(y[0, x.shape[1]:], skip_special_tokens=True)
