@@ -141,7 +141,13 @@ def train_tokenizer(rows, vocab_size, out):
 
 # ---------------------------------------------------------------- model
 def check_transformers():
-    import transformers
+    try:
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as e:
+        sys.exit("train_demo_model.py: {} — run it where torch, transformers (with Qwen3.5), tokenizers, "
+                 "safetensors and numpy are installed (the GPU machine)".format(e))
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     cls = getattr(transformers, "Qwen3_5MoeForCausalLM", None)
     if "qwen3_5_moe_text" not in CONFIG_MAPPING or cls is None:
