@@ -473,8 +473,9 @@ class CudaBackend final : public Backend {
   // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
   void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, bool only_single,
                         const QkvPrologueArgs* fused) {
-    const int splits =
-        decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
+    const int splits = std::min(
+        decode_max_splits_,
+        decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount));
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
@@ -934,6 +935,12 @@ class CudaBackend final : public Backend {
   int* dev_err_ = nullptr;
   // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
   bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
+  // TESSERA_DECODE_MAX_SPLITS=N: at most N key slices per (token, head) in decode attention
+  // (1: no merge kernel; A/B runs of the split heuristic, e.g. short contexts at batch 1).
+  int decode_max_splits_ = [] {
+    const char* e = std::getenv("TESSERA_DECODE_MAX_SPLITS");
+    return e ? std::max(1, std::atoi(e)) : 1 << 30;
+  }();
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging
