@@ -504,9 +504,11 @@ __global__ void __launch_bounds__(kFusedWarps * 32)
 // write, no y workspace and no combine kernel. The slots are visited in a fixed order and the
 // lane sums reduced in a fixed tree, so results are deterministic; a token with no local expert
 // gets a zero row.
+// 12 loads in flight per lane in 77 registers: 3 blocks an SM (24 loads took 165 registers, one
+// block an SM; the gate_up kernel, 16 loads and 4 pairs a pass, spills when held to 3 blocks).
 constexpr int kDownUnroll = 12;
 
-__global__ void __launch_bounds__(kFusedWarps * 32)
+__global__ void __launch_bounds__(kFusedWarps * 32, 3)
     moe_down_combine_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                             const int32_t* __restrict__ ids, const float* __restrict__ weights, int T, int k,
                             int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
