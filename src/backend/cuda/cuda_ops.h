@@ -194,7 +194,8 @@ struct MoeArgs {
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
 // Decode, fused (moe.cu says how): gate_up + SiLU*up in one persistent grid of at most one
 // wave (num_sms x resident blocks), then, for T <= combine_max_tokens, down with the weighted
-// combine in the same kernel (two launches, y unused); above it the down GEMV and combine above.
+// combine in the same kernel (two launches, y unused); above it a persistent down GEMV into y,
+// then the combine.
 void launch_moe_decode_fused(const MoeArgs& a, void* act, void* y, int num_sms, int combine_max_tokens, cudaStream_t s);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].

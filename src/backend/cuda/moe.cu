@@ -383,70 +383,83 @@ __global__ void __launch_bounds__(32)
   }
 }
 
+constexpr int kFusedWarps = 8;
+static_assert(kFusedWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
+
+// The step's distinct local experts ranked by their first pair, each one's pairs listed
+// contiguously (counts, a scan, then each pair in its place; the order within an expert
+// varies, each pair's result is computed alone). Every thread of the block calls it; it waits
+// for the kernels before (PDL). Returns the number of distinct local experts.
+struct ExpertLists {
+  int rank_of[kMoeMaxExperts];        // local expert -> its first pair, then its rank
+  int expert_of[kMoeDecodeMaxPairs];  // rank -> local expert
+  int count[kMoeDecodeMaxPairs];      // rank -> pairs routed to it
+  int offset[kMoeDecodeMaxPairs];     // rank -> its first entry in list
+  int list[kMoeDecodeMaxPairs];       // pairs grouped by rank
+  int warp_firsts[kFusedWarps];
+};
+
+__device__ int list_pairs_by_expert(ExpertLists& L, const int32_t* __restrict__ ids, int P, int expert_begin,
+                                    int E_local) {
+  const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
+  for (int e = q; e < E_local; e += blockDim.x) L.rank_of[e] = 0x7fffffff;
+  L.count[q] = 0;
+  pdl_wait();  // ids (and the inputs the caller reads next) come from the kernels before
+  const int e_q = q < P ? ids[q] - expert_begin : -1;
+  const bool local_q = q < P && e_q >= 0 && e_q < E_local;
+  __syncthreads();
+  if (local_q) atomicMin(&L.rank_of[e_q], q);
+  __syncthreads();
+  const bool is_first = local_q && L.rank_of[e_q] == q;
+  const unsigned ballot = __ballot_sync(0xffffffffu, is_first);
+  if (lane == 0) L.warp_firsts[warp] = __popc(ballot);
+  __syncthreads();
+  int rank = __popc(ballot & ((1u << lane) - 1u)), distinct = 0;
+#pragma unroll
+  for (int v = 0; v < kFusedWarps; ++v) {
+    rank += v < warp ? L.warp_firsts[v] : 0;
+    distinct += L.warp_firsts[v];
+  }
+  if (is_first) {  // every read of rank_of as "first pair" happened before the barrier above
+    L.rank_of[e_q] = rank;
+    L.expert_of[rank] = e_q;
+  }
+  __syncthreads();
+  int r_q = 0, slot = 0;
+  if (local_q) {
+    r_q = L.rank_of[e_q];
+    slot = atomicAdd(&L.count[r_q], 1);
+  }
+  __syncthreads();
+  int listed = 0;
+  L.offset[q] = block_exclusive_scan(L.count[q], &listed);
+  __syncthreads();
+  if (local_q) L.list[L.offset[r_q] + slot] = q;
+  __syncthreads();
+  return distinct;
+}
+
 // gate_up, persistent: a grid of at most one wave (blocks resident on every SM at once), each
 // warp looping over units (expert rank r, intermediate index i) with a stride of all warps of
 // the grid. moe_gemv_kernel<true> launched a block per (8 rows, expert slot): 768 blocks at
 // Qwen3-30B-A3B batch 1, at ~2 resident per SM (its registers) three waves, each paying the
-// routing prologue, one load round trip and the reductions in turn. Here every block ranks the
-// distinct local experts once (as there: by their first pair) and lists each one's pairs
-// (counts, a scan, then the pairs in place), so a warp finds any unit's expert and pairs in
+// routing prologue, one load round trip and the reductions in turn. Here every block lists the
+// pairs by expert once (list_pairs_by_expert), so a warp finds any unit's expert and pairs in
 // shared memory. Per unit: rows i (gate) and I + i (up) of expert r's gate_up, kGemvM pairs a
 // pass, 16-byte non-allocating loads, 8 x 2 of them in flight per lane; act[pair, i] = silu(g)*u.
-constexpr int kFusedWarps = 8;
-static_assert(kFusedWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
-
 __global__ void __launch_bounds__(kFusedWarps * 32)
     moe_gate_up_persistent_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                   const int32_t* __restrict__ ids, int P, int k, int expert_begin, int E_local, int H,
                                   int I, __nv_bfloat16* __restrict__ act) {
   constexpr int kUnroll = 8;
-  __shared__ int rank_of[kMoeMaxExperts];        // local expert -> its first pair, then its rank
-  __shared__ int expert_of[kMoeDecodeMaxPairs];  // rank -> local expert
-  __shared__ int count[kMoeDecodeMaxPairs];      // rank -> pairs routed to it
-  __shared__ int offset[kMoeDecodeMaxPairs];     // rank -> its first entry in list
-  __shared__ int list[kMoeDecodeMaxPairs];       // pairs grouped by rank
-  __shared__ int warp_firsts[kFusedWarps];
-  const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
-  for (int e = q; e < E_local; e += blockDim.x) rank_of[e] = 0x7fffffff;
-  count[q] = 0;
-  pdl_wait();  // ids and x come from the kernels before
-  const int e_q = q < P ? ids[q] - expert_begin : -1;
-  const bool local_q = q < P && e_q >= 0 && e_q < E_local;
-  __syncthreads();
-  if (local_q) atomicMin(&rank_of[e_q], q);
-  __syncthreads();
-  const bool is_first = local_q && rank_of[e_q] == q;
-  const unsigned ballot = __ballot_sync(0xffffffffu, is_first);
-  if (lane == 0) warp_firsts[warp] = __popc(ballot);
-  __syncthreads();
-  int rank = __popc(ballot & ((1u << lane) - 1u)), distinct = 0;
-#pragma unroll
-  for (int v = 0; v < kFusedWarps; ++v) {
-    rank += v < warp ? warp_firsts[v] : 0;
-    distinct += warp_firsts[v];
-  }
-  if (is_first) {  // every read of rank_of as "first pair" happened before the barrier above
-    rank_of[e_q] = rank;
-    expert_of[rank] = e_q;
-  }
-  __syncthreads();
-  int r_q = 0, slot = 0;
-  if (local_q) {
-    r_q = rank_of[e_q];
-    slot = atomicAdd(&count[r_q], 1);  // order within an expert varies; each pair's row is alone
-  }
-  __syncthreads();
-  int listed = 0;
-  offset[q] = block_exclusive_scan(count[q], &listed);
-  __syncthreads();
-  if (local_q) list[offset[r_q] + slot] = q;
-  __syncthreads();
-
+  __shared__ ExpertLists L;
+  const int distinct = list_pairs_by_expert(L, ids, P, expert_begin, E_local);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int chunks = H / 8;
   const int units = distinct * I;
   for (int u = blockIdx.x * kFusedWarps + warp; u < units; u += gridDim.x * kFusedWarps) {
     const int r = u / I, i = u - r * I;
-    const int e = expert_of[r], n = count[r], o = offset[r];
+    const int e = L.expert_of[r], n = L.count[r], o = L.offset[r];
     const uint4* wg = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * 2 * I + i) * H);
     const uint4* wu = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * 2 * I + I + i) * H);
     for (int pass = 0; pass < n; pass += kGemvM) {
@@ -455,7 +468,7 @@ __global__ void __launch_bounds__(kFusedWarps * 32)
 #pragma unroll
       for (int m = 0; m < kGemvM; ++m) {
         use[m] = pass + m < n;
-        const int pq = list[o + (use[m] ? pass + m : pass)];
+        const int pq = L.list[o + (use[m] ? pass + m : pass)];
         xr[m] = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pq / k) * H);
       }
       float ag[kGemvM], au[kGemvM];
@@ -488,7 +501,81 @@ __global__ void __launch_bounds__(kFusedWarps * 32)
         if (!use[m]) continue;  // uniform over the warp
         const float sg = warp_sum(ag[m]), su = warp_sum(au[m]);
         if (lane == 0)
-          act[static_cast<int64_t>(list[o + pass + m]) * I + i] = __float2bfloat16_rn(sg / (1.0f + __expf(-sg)) * su);
+          act[static_cast<int64_t>(L.list[o + pass + m]) * I + i] = __float2bfloat16_rn(sg / (1.0f + __expf(-sg)) * su);
+      }
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// down without the combine (T above TESSERA_MOE_FUSED_COMBINE_MAX_T, where tokens share
+// experts often): persistent like the gate_up kernel, a unit is (expert rank r, 4 rows h of
+// down[e]), each expert's rows read once per 4 of its pairs; y[pair, h] for the combine.
+__global__ void __launch_bounds__(kFusedWarps * 32)
+    moe_down_persistent_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                               const int32_t* __restrict__ ids, int P, int expert_begin, int E_local, int H, int I,
+                               __nv_bfloat16* __restrict__ y) {
+  constexpr int kRows = 4, kUnroll = 4;
+  __shared__ ExpertLists L;
+  const int distinct = list_pairs_by_expert(L, ids, P, expert_begin, E_local);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups = (H + kRows - 1) / kRows, chunks = I / 8;
+  const int units = distinct * groups;
+  for (int u = blockIdx.x * kFusedWarps + warp; u < units; u += gridDim.x * kFusedWarps) {
+    const int r = u / groups, h0 = (u - r * groups) * kRows;
+    const int e = L.expert_of[r], n = L.count[r], o = L.offset[r];
+    const uint4* wr[kRows];
+    bool row_ok[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      row_ok[rr] = h0 + rr < H;
+      wr[rr] = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * H + (row_ok[rr] ? h0 + rr : h0)) * I);
+    }
+    for (int pass = 0; pass < n; pass += kGemvM) {
+      const uint4* xr[kGemvM];
+      bool use[kGemvM];
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        use[m] = pass + m < n;
+        xr[m] = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(L.list[o + (use[m] ? pass + m : pass)]) * I);
+      }
+      float acc[kRows][kGemvM];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr)
+#pragma unroll
+        for (int m = 0; m < kGemvM; ++m) acc[rr][m] = 0.0f;
+      for (int base = lane; base < chunks; base += 32 * kUnroll) {
+        uint4 wv[kRows][kUnroll];
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v)
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr)
+            if (base + 32 * v < chunks) wv[rr][v] = load_stream(wr[rr] + base + 32 * v);
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v) {
+          const int c = base + 32 * v;
+          if (c < chunks) {
+#pragma unroll
+            for (int m = 0; m < kGemvM; ++m)
+              if (use[m]) {
+                const uint4 xv = __ldg(xr[m] + c);
+#pragma unroll
+                for (int rr = 0; rr < kRows; ++rr) acc[rr][m] += dot8(wv[rr][v], xv);
+              }
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        if (!use[m]) continue;  // uniform over the warp
+        float sum[kRows];
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr) sum[rr] = warp_sum(acc[rr][m]);
+        if (lane != 0) continue;
+        const int64_t pq = L.list[o + pass + m];
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr)
+          if (row_ok[rr]) y[pq * H + h0 + rr] = __float2bfloat16_rn(sum[rr]);
       }
     }
   }
@@ -646,8 +733,12 @@ void launch_moe_decode_fused(const MoeArgs& a, void* act, void* y, int num_sms, 
   TCUDA_LAUNCH_CHECK();
   if (a.T > combine_max_tokens) {  // tokens share experts often: read each expert's down rows once
     auto* yb = static_cast<__nv_bfloat16*>(y);
-    launch_pdl(moe_gemv_kernel<false>, dim3(ceil_div(a.H, kGemvWarps * 4), slots), kGemvWarps * 32, 0, s,
-               static_cast<const __nv_bfloat16*>(actb), static_cast<const __nv_bfloat16*>(a.down), a.ids, P, a.k,
+    static const int down_gemv_resident = resident_blocks(moe_down_persistent_kernel);
+    const auto down_gemv_grid = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(down_gemv_resident * one_wave,
+                                               ceil_div(static_cast<int64_t>(slots) * ceil_div(a.H, 4), kFusedWarps))));
+    launch_pdl(moe_down_persistent_kernel, down_gemv_grid, kFusedWarps * 32, 0, s,
+               static_cast<const __nv_bfloat16*>(actb), static_cast<const __nv_bfloat16*>(a.down), a.ids, P,
                a.expert_begin, a.E_local, a.H, a.I, yb);
     TCUDA_LAUNCH_CHECK();
     launch_moe_combine(a, yb, nullptr, s);
