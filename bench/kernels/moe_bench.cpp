@@ -9,6 +9,8 @@
 //   prefill: active FLOPs = T * k * 6 * H * I, TFLOP/s and % of the GEMM rate.
 // path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
 // TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
+// TESSERA_MOE_FUSED_DECODE=0: the decode path before the fused kernels (path "gemv" then, "fused"
+// with the default), for a same-run comparison.
 // First checks both paths against the CPU backend on a smaller expert count.
 //   moe_bench [--quick]
 #include <cstring>
@@ -23,6 +25,8 @@ using namespace tessera;
 using namespace tessera::bench;
 
 namespace {
+
+const char* decode_path() { return env_switch("TESSERA_MOE_FUSED_DECODE", true) ? "fused" : "gemv"; }
 
 constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8, kLayers = 4;
 
@@ -61,10 +65,10 @@ int run(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   auto gpu = make_cuda_backend(0);
   std::printf("device: %s\n", gpu->name().c_str());
-  for (int64_t T : {3, 300}) {
+  for (int64_t T : {1, 3, 16, 300}) {
     const double err = check(*gpu, T);
     std::printf("check: moe_experts T=%ld (%s path), 16 experts, vs CPU: rel_err %.2e %s\n", long(T),
-                env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256 ? "gemv" : "gemm", err,
+                env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256 ? decode_path() : "gemm", err,
                 err < 1e-2 ? "OK" : "FAIL");
     if (!(err < 1e-2)) return 1;
   }
@@ -151,7 +155,7 @@ int run(int argc, char** argv) {
     }
     const double graph_gbs = decode ? bytes / (graph_ms * 1e-3) / 1e9 : 0;
     std::printf("%-8s %6ld %9.1f %10.1f %10.1f %9.1f %7.0f %9.0f%% %9.1f %6.0f%% %9.1f %6.0f%%\n",
-                gemv ? "gemv" : "gemm", long(T), distinct, bytes / 1e6, topk_ms * 1e3, ms * 1e3, gbs,
+                gemv ? decode_path() : "gemm", long(T), distinct, bytes / 1e6, topk_ms * 1e3, ms * 1e3, gbs,
                 100.0 * gbs / copy_gbs, graph_ms * 1e3, decode ? 100.0 * graph_gbs / copy_gbs : 0.0, tflops,
                 100.0 * tflops / gemm_tflops);
     gpu->reset_scratch();

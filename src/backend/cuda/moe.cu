@@ -317,6 +317,364 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
   pdl_launch_dependents();
 }
 
+// ---------------------------------------------------------------- fused decode path
+// TESSERA_MOE_FUSED_DECODE (default on) selects these; =0 keeps the kernels above.
+//
+// Top-k, one warp (one block of 32 threads) per token, the row held in registers: each lane
+// loads its kPer logits once, computes the probabilities once (the kernel above recomputes
+// expf over the row in every one of the k rounds), and marks taken experts in registers. The
+// same float operations in the same order as moe_topk_kernel, so the same ids and weights.
+template <int kPer>
+__global__ void __launch_bounds__(32)
+    moe_topk_regs_kernel(const float* __restrict__ logits, int E, int k, bool renormalize, int32_t* __restrict__ ids,
+                         float* __restrict__ weights) {
+  pdl_wait();
+  const int lane = threadIdx.x, t = blockIdx.x;
+  const float* row = logits + static_cast<int64_t>(t) * E;
+  float p[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int b = 0; b < kPer; ++b) {
+    const int i = lane + 32 * b;
+    p[b] = i < E ? row[i] : -INFINITY;
+    mx = fmaxf(mx, p[b]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int b = 0; b < kPer; ++b)
+    if (lane + 32 * b < E) sum += expf(p[b] - mx);
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int b = 0; b < kPer; ++b) p[b] = lane + 32 * b < E ? expf(p[b] - mx) / sum : -2.0f;  // -2: never picked
+  float mine_p = 0.0f, picked = 0.0f;
+  int mine_id = 0;
+  for (int j = 0; j < k; ++j) {
+    float best = -1.0f;
+    int best_id = 0x7fffffff;
+#pragma unroll
+    for (int b = 0; b < kPer; ++b)
+      if (p[b] > best) {  // ascending ids: strict > keeps the lower id on ties
+        best = p[b];
+        best_id = lane + 32 * b;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kPer; ++b)
+      if (best_id == lane + 32 * b) p[b] = -2.0f;  // taken
+    if (lane == j) {
+      mine_p = best;
+      mine_id = best_id;
+    }
+    picked += best;
+  }
+  pdl_launch_dependents();
+  if (lane < k) {
+    ids[static_cast<int64_t>(t) * k + lane] = mine_id;
+    weights[static_cast<int64_t>(t) * k + lane] = renormalize ? mine_p / picked : mine_p;
+  }
+}
+
+constexpr int kFusedWarps = 8;
+static_assert(kFusedWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
+
+// The step's distinct local experts ranked by their first pair, each one's pairs listed
+// contiguously (counts, a scan, then each pair in its place; the order within an expert
+// varies, each pair's result is computed alone). Every thread of the block calls it; it waits
+// for the kernels before (PDL). Returns the number of distinct local experts.
+struct ExpertLists {
+  int rank_of[kMoeMaxExperts];        // local expert -> its first pair, then its rank
+  int expert_of[kMoeDecodeMaxPairs];  // rank -> local expert
+  int count[kMoeDecodeMaxPairs];      // rank -> pairs routed to it
+  int offset[kMoeDecodeMaxPairs];     // rank -> its first entry in list
+  int list[kMoeDecodeMaxPairs];       // pairs grouped by rank
+  int warp_firsts[kFusedWarps];
+};
+
+__device__ int list_pairs_by_expert(ExpertLists& L, const int32_t* __restrict__ ids, int P, int expert_begin,
+                                    int E_local) {
+  const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
+  for (int e = q; e < E_local; e += blockDim.x) L.rank_of[e] = 0x7fffffff;
+  L.count[q] = 0;
+  pdl_wait();  // ids (and the inputs the caller reads next) come from the kernels before
+  const int e_q = q < P ? ids[q] - expert_begin : -1;
+  const bool local_q = q < P && e_q >= 0 && e_q < E_local;
+  __syncthreads();
+  if (local_q) atomicMin(&L.rank_of[e_q], q);
+  __syncthreads();
+  const bool is_first = local_q && L.rank_of[e_q] == q;
+  const unsigned ballot = __ballot_sync(0xffffffffu, is_first);
+  if (lane == 0) L.warp_firsts[warp] = __popc(ballot);
+  __syncthreads();
+  int rank = __popc(ballot & ((1u << lane) - 1u)), distinct = 0;
+#pragma unroll
+  for (int v = 0; v < kFusedWarps; ++v) {
+    rank += v < warp ? L.warp_firsts[v] : 0;
+    distinct += L.warp_firsts[v];
+  }
+  if (is_first) {  // every read of rank_of as "first pair" happened before the barrier above
+    L.rank_of[e_q] = rank;
+    L.expert_of[rank] = e_q;
+  }
+  __syncthreads();
+  int r_q = 0, slot = 0;
+  if (local_q) {
+    r_q = L.rank_of[e_q];
+    slot = atomicAdd(&L.count[r_q], 1);
+  }
+  __syncthreads();
+  int listed = 0;
+  L.offset[q] = block_exclusive_scan(L.count[q], &listed);
+  __syncthreads();
+  if (local_q) L.list[L.offset[r_q] + slot] = q;
+  __syncthreads();
+  return distinct;
+}
+
+// gate_up, persistent: a grid of at most one wave (blocks resident on every SM at once), each
+// warp looping over units (expert rank r, intermediate index i) with a stride of all warps of
+// the grid. moe_gemv_kernel<true> launched a block per (8 rows, expert slot): 768 blocks at
+// Qwen3-30B-A3B batch 1, at ~2 resident per SM (its registers) three waves, each paying the
+// routing prologue, one load round trip and the reductions in turn. Here every block lists the
+// pairs by expert once (list_pairs_by_expert), so a warp finds any unit's expert and pairs in
+// shared memory. Per unit: rows i (gate) and I + i (up) of expert r's gate_up, kGemvM pairs a
+// pass, 16-byte non-allocating loads, 8 x 2 of them in flight per lane; act[pair, i] = silu(g)*u.
+__global__ void __launch_bounds__(kFusedWarps * 32)
+    moe_gate_up_persistent_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                  const int32_t* __restrict__ ids, int P, int k, int expert_begin, int E_local, int H,
+                                  int I, __nv_bfloat16* __restrict__ act) {
+  constexpr int kUnroll = 8;
+  __shared__ ExpertLists L;
+  const int distinct = list_pairs_by_expert(L, ids, P, expert_begin, E_local);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int chunks = H / 8;
+  const int units = distinct * I;
+  for (int u = blockIdx.x * kFusedWarps + warp; u < units; u += gridDim.x * kFusedWarps) {
+    const int r = u / I, i = u - r * I;
+    const int e = L.expert_of[r], n = L.count[r], o = L.offset[r];
+    const uint4* wg = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * 2 * I + i) * H);
+    const uint4* wu = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * 2 * I + I + i) * H);
+    for (int pass = 0; pass < n; pass += kGemvM) {
+      const uint4* xr[kGemvM];
+      bool use[kGemvM];
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        use[m] = pass + m < n;
+        const int pq = L.list[o + (use[m] ? pass + m : pass)];
+        xr[m] = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pq / k) * H);
+      }
+      float ag[kGemvM], au[kGemvM];
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) ag[m] = au[m] = 0.0f;
+      for (int base = lane; base < chunks; base += 32 * kUnroll) {
+        uint4 g[kUnroll], up[kUnroll];
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v)
+          if (base + 32 * v < chunks) {
+            g[v] = load_stream(wg + base + 32 * v);
+            up[v] = load_stream(wu + base + 32 * v);
+          }
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v) {
+          const int c = base + 32 * v;
+          if (c < chunks) {
+#pragma unroll
+            for (int m = 0; m < kGemvM; ++m)
+              if (use[m]) {
+                const uint4 xv = __ldg(xr[m] + c);
+                ag[m] += dot8(g[v], xv);
+                au[m] += dot8(up[v], xv);
+              }
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        if (!use[m]) continue;  // uniform over the warp
+        const float sg = warp_sum(ag[m]), su = warp_sum(au[m]);
+        if (lane == 0)
+          act[static_cast<int64_t>(L.list[o + pass + m]) * I + i] = __float2bfloat16_rn(sg / (1.0f + __expf(-sg)) * su);
+      }
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// down without the combine (T above TESSERA_MOE_FUSED_COMBINE_MAX_T, where tokens share
+// experts often): persistent like the gate_up kernel, a unit is (expert rank r, 4 rows h of
+// down[e]), each expert's rows read once per 4 of its pairs; y[pair, h] for the combine.
+__global__ void __launch_bounds__(kFusedWarps * 32)
+    moe_down_persistent_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                               const int32_t* __restrict__ ids, int P, int expert_begin, int E_local, int H, int I,
+                               __nv_bfloat16* __restrict__ y) {
+  constexpr int kRows = 4, kUnroll = 4;
+  __shared__ ExpertLists L;
+  const int distinct = list_pairs_by_expert(L, ids, P, expert_begin, E_local);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups = (H + kRows - 1) / kRows, chunks = I / 8;
+  const int units = distinct * groups;
+  for (int u = blockIdx.x * kFusedWarps + warp; u < units; u += gridDim.x * kFusedWarps) {
+    const int r = u / groups, h0 = (u - r * groups) * kRows;
+    const int e = L.expert_of[r], n = L.count[r], o = L.offset[r];
+    const uint4* wr[kRows];
+    bool row_ok[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      row_ok[rr] = h0 + rr < H;
+      wr[rr] = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(e) * H + (row_ok[rr] ? h0 + rr : h0)) * I);
+    }
+    for (int pass = 0; pass < n; pass += kGemvM) {
+      const uint4* xr[kGemvM];
+      bool use[kGemvM];
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        use[m] = pass + m < n;
+        xr[m] = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(L.list[o + (use[m] ? pass + m : pass)]) * I);
+      }
+      float acc[kRows][kGemvM];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr)
+#pragma unroll
+        for (int m = 0; m < kGemvM; ++m) acc[rr][m] = 0.0f;
+      for (int base = lane; base < chunks; base += 32 * kUnroll) {
+        uint4 wv[kRows][kUnroll];
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v)
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr)
+            if (base + 32 * v < chunks) wv[rr][v] = load_stream(wr[rr] + base + 32 * v);
+#pragma unroll
+        for (int v = 0; v < kUnroll; ++v) {
+          const int c = base + 32 * v;
+          if (c < chunks) {
+#pragma unroll
+            for (int m = 0; m < kGemvM; ++m)
+              if (use[m]) {
+                const uint4 xv = __ldg(xr[m] + c);
+#pragma unroll
+                for (int rr = 0; rr < kRows; ++rr) acc[rr][m] += dot8(wv[rr][v], xv);
+              }
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvM; ++m) {
+        if (!use[m]) continue;  // uniform over the warp
+        float sum[kRows];
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr) sum[rr] = warp_sum(acc[rr][m]);
+        if (lane != 0) continue;
+        const int64_t pq = L.list[o + pass + m];
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr)
+          if (row_ok[rr]) y[pq * H + h0 + rr] = __float2bfloat16_rn(sum[rr]);
+      }
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// down with the combine fused, persistent like the gate_up kernel: a warp per unit (token t,
+// output row h), t varying fastest so that the warps of one block read row h of the same
+// experts when tokens share them (the second read hits L2). The warp streams row h of each of
+// the token's local experts (their k * I / 8 chunks flattened over the lanes, kUnroll loads in
+// flight per lane across experts) against act[pair], scales each by the pair's routing weight
+// and sums them in f32: out[t, h] = sum_j w[t, j] * (down[e_j, h, :] . act[t * k + j, :]), one
+// write, no y workspace and no combine kernel. The slots are visited in a fixed order and the
+// lane sums reduced in a fixed tree, so results are deterministic; a token with no local expert
+// gets a zero row.
+// 12 loads in flight per lane in 77 registers: 3 blocks an SM (24 loads took 165 registers, one
+// block an SM; the gate_up kernel, 16 loads and 4 pairs a pass, spills when held to 3 blocks).
+constexpr int kDownUnroll = 12;
+
+__global__ void __launch_bounds__(kFusedWarps * 32, 3)
+    moe_down_combine_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                            const int32_t* __restrict__ ids, const float* __restrict__ weights, int T, int k,
+                            int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+  __shared__ int s_expert[kMoeDecodeMaxPairs];  // [t * k + slot]: the token's local experts in slot order
+  __shared__ int s_pair[kMoeDecodeMaxPairs];
+  __shared__ float s_weight[kMoeDecodeMaxPairs];
+  __shared__ int s_n[kMoeDecodeMaxPairs];  // [t]: local experts of token t
+  __shared__ unsigned char s_local[kMoeDecodeMaxPairs];
+  const int q = threadIdx.x, warp = q >> 5, lane = q & 31, P = T * k;
+  pdl_wait();  // ids, weights and act come from the kernels before
+  int e_q = -1;
+  float w_q = 0.0f;
+  if (q < P) {
+    e_q = ids[q] - expert_begin;
+    w_q = weights[q];
+  }
+  const bool local_q = q < P && e_q >= 0 && e_q < E_local;
+  s_local[q] = local_q;
+  __syncthreads();
+  if (local_q) {
+    const int t = q / k, j = q - t * k;
+    int slot = 0;
+    for (int jj = 0; jj < j; ++jj) slot += s_local[t * k + jj];
+    s_expert[t * k + slot] = e_q;
+    s_pair[t * k + slot] = q;
+    s_weight[t * k + slot] = w_q;
+  }
+  if (q < T) {
+    int n = 0;
+    for (int jj = 0; jj < k; ++jj) n += s_local[q * k + jj];
+    s_n[q] = n;
+  }
+  __syncthreads();
+
+  const int chunks = I / 8;
+  const int units = T * H;
+  for (int u = blockIdx.x * kFusedWarps + warp; u < units; u += gridDim.x * kFusedWarps) {
+    const int t = u % T, h = u / T;
+    const int s0 = t * k, total = s_n[t] * chunks;
+    float acc = 0.0f;
+    for (int f0 = lane; f0 < total; f0 += 32 * kDownUnroll) {
+      uint4 wv[kDownUnroll];
+#pragma unroll
+      for (int v = 0; v < kDownUnroll; ++v) {
+        const int f = f0 + 32 * v;
+        if (f < total) {
+          const int s = f / chunks, c = f - s * chunks;
+          wv[v] = load_stream(reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(s_expert[s0 + s]) * H + h) *
+                                                                     static_cast<int64_t>(I)) +
+                              c);
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < kDownUnroll; ++v) {
+        const int f = f0 + 32 * v;
+        if (f < total) {
+          const int s = f / chunks, c = f - s * chunks;
+          const uint4 av = __ldg(reinterpret_cast<const uint4*>(act + static_cast<int64_t>(s_pair[s0 + s]) * I) + c);
+          acc = fmaf(s_weight[s0 + s], dot8(wv[v], av), acc);
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[static_cast<int64_t>(t) * H + h] = __float2bfloat16_rn(acc);
+  }
+  pdl_launch_dependents();
+}
+
+// Blocks of `kernel` (kFusedWarps warps) resident on one SM, asked once per kernel.
+template <typename K>
+int resident_blocks(K kernel) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFusedWarps * 32, 0) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();
+    n = 1;
+  }
+  return n;
+}
+
 }  // namespace
 
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
@@ -341,6 +699,58 @@ void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s) {
              a.expert_begin, a.E_local, a.H, a.I, yb);
   TCUDA_LAUNCH_CHECK();
   launch_moe_combine(a, yb, nullptr, s);
+}
+
+bool launch_moe_topk_regs(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
+                          cudaStream_t s) {
+  if (T == 0) return true;
+  if (T > 0x7fffffff || E > 256) return false;
+  const unsigned grid = static_cast<unsigned>(T);
+  if (E <= 32)
+    launch_pdl(moe_topk_regs_kernel<1>, grid, 32, 0, s, logits, E, k, renormalize, ids, weights);
+  else if (E <= 64)
+    launch_pdl(moe_topk_regs_kernel<2>, grid, 32, 0, s, logits, E, k, renormalize, ids, weights);
+  else if (E <= 128)
+    launch_pdl(moe_topk_regs_kernel<4>, grid, 32, 0, s, logits, E, k, renormalize, ids, weights);
+  else
+    launch_pdl(moe_topk_regs_kernel<8>, grid, 32, 0, s, logits, E, k, renormalize, ids, weights);
+  TCUDA_LAUNCH_CHECK();
+  return true;
+}
+
+void launch_moe_decode_fused(const MoeArgs& a, void* act, void* y, int num_sms, int combine_max_tokens,
+                             cudaStream_t s) {
+  const int P = a.T * a.k;
+  const auto* x = static_cast<const __nv_bfloat16*>(a.x);
+  auto* actb = static_cast<__nv_bfloat16*>(act);
+  const int slots = std::min(P, a.E_local);  // at most this many distinct local experts
+  static const int gate_up_resident = resident_blocks(moe_gate_up_persistent_kernel);
+  const int64_t one_wave = static_cast<int64_t>(std::max(num_sms, 1));
+  const auto gate_up_grid = static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(gate_up_resident * one_wave, ceil_div(static_cast<int64_t>(slots) * a.I, kFusedWarps))));
+  launch_pdl(moe_gate_up_persistent_kernel, gate_up_grid, kFusedWarps * 32, 0, s, x,
+             static_cast<const __nv_bfloat16*>(a.gate_up), a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, actb);
+  TCUDA_LAUNCH_CHECK();
+  if (a.T > combine_max_tokens) {  // tokens share experts often: read each expert's down rows once
+    auto* yb = static_cast<__nv_bfloat16*>(y);
+    static const int down_gemv_resident = resident_blocks(moe_down_persistent_kernel);
+    const auto down_gemv_grid = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(down_gemv_resident * one_wave,
+                                               ceil_div(static_cast<int64_t>(slots) * ceil_div(a.H, 4), kFusedWarps))));
+    launch_pdl(moe_down_persistent_kernel, down_gemv_grid, kFusedWarps * 32, 0, s,
+               static_cast<const __nv_bfloat16*>(actb), static_cast<const __nv_bfloat16*>(a.down), a.ids, P,
+               a.expert_begin, a.E_local, a.H, a.I, yb);
+    TCUDA_LAUNCH_CHECK();
+    launch_moe_combine(a, yb, nullptr, s);
+    return;
+  }
+  static const int down_resident = resident_blocks(moe_down_combine_kernel);
+  const auto down_grid = static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(down_resident * one_wave, ceil_div(static_cast<int64_t>(a.T) * a.H, kFusedWarps))));
+  launch_pdl(moe_down_combine_kernel, down_grid, kFusedWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(actb),
+             static_cast<const __nv_bfloat16*>(a.down), a.ids, a.weights, a.T, a.k, a.expert_begin, a.E_local, a.H, a.I,
+             static_cast<__nv_bfloat16*>(a.out));
+  TCUDA_LAUNCH_CHECK();
 }
 
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
