@@ -144,7 +144,8 @@ TEST(ChatTemplateThreads, ConcurrentRendersAgree) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
-INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture, ::testing::Values("qwen3", "llama3_1", "deepseek_v3", "qwen3_5"));
+INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture,
+                         ::testing::Values("qwen3", "llama3_1", "deepseek_v3", "qwen3_5"));
 
 }  // namespace
 }  // namespace tessera::tokenizer
