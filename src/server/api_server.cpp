@@ -21,6 +21,7 @@
 #include "core/version.h"
 #include "server/parsers/chat_output_parser.h"
 #include "server/responses_api.h"
+#include "server/text_only.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -881,6 +882,8 @@ struct ApiServer::Impl {
         for (size_t k = 0; k < c->size(); ++k) {
           const ojson& part = (*c)[k];
           auto type = part.is_object() ? part.find("type") : part.end();
+          if (type != part.end() && type->is_string() && media_kind(type->get<std::string>()))
+            bad(text_only_message(fmt::format("messages[{}].content[{}]", i, k), type->get<std::string>()), "messages");
           if (type != part.end() && type->is_string() && *type == "text") {
             auto text = part.find("text");
             if (text == part.end() || !text->is_string())
@@ -1072,6 +1075,8 @@ struct ApiServer::Impl {
         if (!b.contains("text") || !b["text"].is_string()) bad(fmt::format("{}: a text block needs 'text'", where));
         if (!s.empty()) s += "\n";
         s += b["text"].get<std::string>();
+      } else if (b["type"].is_string() && media_kind(b["type"].get<std::string>())) {
+        bad(text_only_message(where, b["type"].get<std::string>()), "messages");
       } else {
         bad(fmt::format("{}: content blocks of type {} are not supported here", where, b["type"].dump()));
       }
@@ -1167,6 +1172,8 @@ struct ApiServer::Impl {
           reasoning += b.value("thinking", "");
         } else if (type == "redacted_thinking") {
           // nothing to render
+        } else if (media_kind(type)) {
+          bad(text_only_message(where + ".content", type), "messages");
         } else {
           bad(fmt::format("{}: content blocks of type '{}' are not supported", where, type), "messages");
         }

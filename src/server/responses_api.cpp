@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "server/text_only.h"
 
 namespace tessera::server {
 
@@ -53,6 +54,8 @@ std::string content_text(const ojson& content, const std::string& where) {
       s += t->get<std::string>();
     } else if (type == "refusal") {
       s += string_member(p, "refusal");
+    } else if (media_kind(type)) {
+      refuse(text_only_message(fmt::format("{}.content[{}]", where, i), type));
     } else {
       refuse(fmt::format("{}.content[{}]: content parts of type '{}' are not supported by this server (text only)",
                          where, i, type));
