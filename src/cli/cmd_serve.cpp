@@ -188,17 +188,8 @@ server::GenerationDefaults read_generation_config(const fs::path& dir, std::vect
   return d;
 }
 
-}  // namespace
-
-int run_serve(int argc, char** argv) {
-  CLI::App app{
-      "OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
-      "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
-      "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
-      "--load-format dummy",
-      "tessera serve"};
-  app.allow_extras();
-  EngineFlags ef;
+// The flags of tessera serve beyond the engine's (add_engine_flags), the cluster's and the worker's.
+struct ServeFlags {
   std::string host = "0.0.0.0", api_key, tokenizer_dir, chat_template, tool_call_parser, reasoning_parser;
   std::string generation_config = "auto";
   std::string uvicorn_log_level = "info";
@@ -208,56 +199,53 @@ int run_serve(int argc, char** argv) {
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
        disable_access_log = false, language_model_only = false;
+};
+
+void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
   app.add_option("model,--model", ef.model, "model directory (config.json + safetensors)")->required();
-  app.add_option("--host", host, "address to listen on")->capture_default_str();
-  app.add_option("--port", port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
-  app.add_option("--served-model-name", served_model_names,
+  app.add_option("--host", sf.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", sf.port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
+  app.add_option("--served-model-name", sf.served_model_names,
                  "model name(s) the API answers to (default: the model path); the first is reported");
-  app.add_option("--api-key", api_key,
+  app.add_option("--api-key", sf.api_key,
                  "require this key (Authorization: Bearer, or x-api-key); several comma-separated; "
                  "default from $TESSERA_API_KEY or $VLLM_API_KEY");
-  app.add_option("--tokenizer", tokenizer_dir, "directory with tokenizer.json (default: the model directory)");
-  app.add_option("--chat-template", chat_template, "chat template file (or inline Jinja) overriding the model's");
-  app.add_flag("--enable-auto-tool-choice", enable_auto_tool_choice, "let the model call tools (tool_choice auto)");
-  app.add_option("--tool-call-parser", tool_call_parser, "hermes | qwen3_coder (aliases qwen3, qwen3_xml)");
-  app.add_option("--reasoning-parser", reasoning_parser, "qwen3 | deepseek_r1");
-  app.add_option("--generation-config", generation_config,
+  app.add_option("--tokenizer", sf.tokenizer_dir, "directory with tokenizer.json (default: the model directory)");
+  app.add_option("--chat-template", sf.chat_template, "chat template file (or inline Jinja) overriding the model's");
+  app.add_flag("--enable-auto-tool-choice", sf.enable_auto_tool_choice, "let the model call tools (tool_choice auto)");
+  app.add_option("--tool-call-parser", sf.tool_call_parser, "hermes | qwen3_coder (aliases qwen3, qwen3_xml)");
+  app.add_option("--reasoning-parser", sf.reasoning_parser, "qwen3 | deepseek_r1");
+  app.add_option("--generation-config", sf.generation_config,
                  "auto: sampling defaults from the model's generation_config.json; vllm: none; or a directory")
       ->capture_default_str();
-  app.add_flag("--trust-remote-code", trust_remote_code, "accepted for vLLM compatibility; no effect");
-  app.add_option("--max-waiting-requests", max_waiting_requests,
+  app.add_flag("--trust-remote-code", sf.trust_remote_code, "accepted for vLLM compatibility; no effect");
+  app.add_option("--max-waiting-requests", sf.max_waiting_requests,
                  "requests that may wait for a batch slot; beyond it the server answers 429 with Retry-After")
       ->capture_default_str();
-  app.add_option("--uvicorn-log-level", uvicorn_log_level,
+  app.add_option("--uvicorn-log-level", sf.uvicorn_log_level,
                  "level of the HTTP server's log: critical, error, warning, info, debug, trace (the per-request "
                  "access lines are info: warning and above turn them off)")
       ->capture_default_str();
-  app.add_flag("--disable-log-requests", disable_log_requests, "no log line per request");
-  app.add_flag("--language-model-only", language_model_only,
+  app.add_flag("--disable-log-requests", sf.disable_log_requests, "no log line per request");
+  app.add_flag("--language-model-only", sf.language_model_only,
                "accepted for vLLM compatibility: tessera loads only a checkpoint's language model (text in, text "
-               "out) anyway");
-  app.add_flag("--disable-uvicorn-access-log", disable_access_log, "no access log line per request");
-  app.add_option("--max-request-body-bytes", max_body, "largest request body; larger ones get 413")
+               "out) anyway; the vision tower of multimodal checkpoints is never loaded");
+  app.add_flag("--disable-uvicorn-access-log", sf.disable_access_log, "no access log line per request");
+  app.add_option("--max-request-body-bytes", sf.max_body, "largest request body; larger ones get 413")
       ->capture_default_str();
-  app.add_option("--http-threads", http_threads, "I/O threads of the HTTP server (default: min(4, cores))");
-  app.add_option("--http-read-timeout", read_timeout,
+  app.add_option("--http-threads", sf.http_threads, "I/O threads of the HTTP server (default: min(4, cores))");
+  app.add_option("--http-read-timeout", sf.read_timeout,
                  "seconds to receive a whole request, and the idle keep-alive limit (slow clients are closed)")
       ->capture_default_str();
-  app.add_option("--http-write-timeout", write_timeout, "seconds for one write to a client before it is dropped")
+  app.add_option("--http-write-timeout", sf.write_timeout, "seconds for one write to a client before it is dropped")
       ->capture_default_str();
-  app.add_option("--drain-timeout", drain_timeout,
+  app.add_option("--drain-timeout", sf.drain_timeout,
                  "on SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are aborted")
       ->capture_default_str();
-  add_engine_flags(app, ef);
-  ClusterFlags cf;
-  add_cluster_flags(app, cf);
-  WorkerFlags wf;
-  add_worker_flags(app, wf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+}
+
+// Arguments CLI11 left over: a vLLM flag tessera lacks is named as such, anything else is an error.
+void reject_extras(const CLI::App& app) {
   for (const auto& extra : app.remaining()) {
     if (extra.empty() || extra[0] != '-') continue;
     std::string name = extra.substr(0, extra.find('='));
@@ -267,31 +255,26 @@ int run_serve(int argc, char** argv) {
   }
   if (!app.remaining().empty())
     fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
-  // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
-  if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
-  (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
-  const dist::LaunchFacts facts = resolve_cluster(ef, cf);
-  if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
-    if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
-    auto session = start_node_session(ef, cf, facts);
-    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
-  }
+}
+
+// The head's own checks (after the engine's and the cluster's), then the defaults that depend on others.
+void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
-  if (!tool_call_parser.empty()) (void)server::make_tool_parser(tool_call_parser);
-  if (!reasoning_parser.empty()) (void)server::make_reasoning_parser(reasoning_parser);
-  if (enable_auto_tool_choice && tool_call_parser.empty())
+  if (!sf.tool_call_parser.empty()) (void)server::make_tool_parser(sf.tool_call_parser);
+  if (!sf.reasoning_parser.empty()) (void)server::make_reasoning_parser(sf.reasoning_parser);
+  if (sf.enable_auto_tool_choice && sf.tool_call_parser.empty())
     fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
-  if (max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
-  if (port < 0 || port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a port number", port);
+  if (sf.max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
+  if (sf.port < 0 || sf.port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a port number", sf.port);
   static const std::set<std::string> kUvicornLevels = {"critical", "error", "warning", "info", "debug", "trace"};
-  if (!kUvicornLevels.count(uvicorn_log_level))
+  if (!kUvicornLevels.count(sf.uvicorn_log_level))
     fail(ErrorKind::kInvalidArgument, "--uvicorn-log-level {}: not one of critical, error, warning, info, debug, trace",
-         uvicorn_log_level);
-  if (language_model_only)
+         sf.uvicorn_log_level);
+  if (sf.language_model_only)
     TLOG_INFO(
         "--language-model-only: tessera loads only the language model of a checkpoint (text in, text out); vision "
         "and audio encoders are never loaded, with or without this flag");
-  if (trust_remote_code)
+  if (sf.trust_remote_code)
     TLOG_INFO(
         "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
         "code from the checkpoint");
@@ -299,148 +282,172 @@ int run_serve(int argc, char** argv) {
     fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
          ef.model);
   plan_or_fail(ef);  // an impossible configuration fails here, before the tokenizer and any weight
-  if (api_key.empty()) {
+  if (sf.api_key.empty()) {
     if (const char* e = std::getenv("TESSERA_API_KEY"))
-      api_key = e;
+      sf.api_key = e;
     else if (const char* v = std::getenv("VLLM_API_KEY"))
-      api_key = v;
+      sf.api_key = v;
   }
-  if (served_model_names.empty()) served_model_names.push_back(ef.model);
-  if (tokenizer_dir.empty()) tokenizer_dir = ef.model;
+  if (sf.served_model_names.empty()) sf.served_model_names.push_back(ef.model);
+  if (sf.tokenizer_dir.empty()) sf.tokenizer_dir = ef.model;
+}
 
-  TLOG_INFO(
-      "tessera serve {} ({}): model={} served-model-name={} tokenizer={} host={} port={} max-model-len={} "
-      "max-num-seqs={} load-format={} device={} kv-cache-dtype={} prefix-caching={} api-key={}",
-      TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT, ef.model, fmt::join(served_model_names, ","), tokenizer_dir, host,
-      port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"), ef.max_num_seqs,
-      ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching, api_key.empty() ? "none" : "set");
-
-  // Text side first: a missing tokenizer should fail before minutes of weight loading.
-  if (!fs::exists(fs::path(tokenizer_dir) / "tokenizer.json"))
-    fail(ErrorKind::kNotFound, "{}: no tokenizer.json; pass --tokenizer DIR", tokenizer_dir);
-  auto tok = tokenizer::Tokenizer::from_dir(tokenizer_dir);
+// What the API needs besides the engine: tokenizer, chat template, generation defaults (and extra eos ids).
+struct TextSide {
+  std::unique_ptr<tokenizer::Tokenizer> tok;
   std::optional<tokenizer::ChatTemplate> tmpl;
-  if (!chat_template.empty() && !fs::exists(chat_template) &&
-      (chat_template.find("{%") != std::string::npos || chat_template.find("{{") != std::string::npos)) {
-    std::string cfg;
-    if (std::ifstream in(fs::path(tokenizer_dir) / "tokenizer_config.json"); in)
-      cfg.assign(std::istreambuf_iterator<char>(in), {});
-    tmpl.emplace(tokenizer::ChatTemplate::from_source(chat_template, cfg));
-  } else if (!chat_template.empty()) {
-    if (!fs::exists(chat_template)) fail(ErrorKind::kNotFound, "--chat-template {}: no such file", chat_template);
-    tmpl.emplace(tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, fs::path(chat_template)));
-  } else {
-    try {
-      tmpl.emplace(tokenizer::ChatTemplate::from_model_dir(tokenizer_dir));
-    } catch (const Error& e) {
-      TLOG_WARN(
-          "no chat template ({}); /v1/chat/completions and /v1/messages will answer 400 until one is given "
-          "with --chat-template",
-          e.what());
-    }
-  }
-  std::vector<int32_t> extra_eos;
   server::GenerationDefaults defaults;
-  if (generation_config == "auto")
-    defaults = read_generation_config(ef.model, &extra_eos);
-  else if (generation_config != "vllm") {
-    if (!fs::is_directory(generation_config))
-      fail(ErrorKind::kNotFound, "--generation-config {}: not a directory (auto, vllm or a directory)",
-           generation_config);
-    defaults = read_generation_config(generation_config, &extra_eos);
-  }
+  std::vector<int32_t> extra_eos;
+};
 
-  // TP x PP > 1: this process is rank 0; the launcher spawns and supervises this node's other
-  // ranks. Several nodes: the session (the head's control channel) outlives the launcher.
+std::optional<tokenizer::ChatTemplate> load_chat_template(const ServeFlags& sf) {
+  const std::string& flag = sf.chat_template;
+  if (!flag.empty() && !fs::exists(flag) &&
+      (flag.find("{%") != std::string::npos || flag.find("{{") != std::string::npos)) {
+    std::string cfg;
+    if (std::ifstream in(fs::path(sf.tokenizer_dir) / "tokenizer_config.json"); in)
+      cfg.assign(std::istreambuf_iterator<char>(in), {});
+    return tokenizer::ChatTemplate::from_source(flag, cfg);
+  }
+  if (!flag.empty()) {
+    if (!fs::exists(flag)) fail(ErrorKind::kNotFound, "--chat-template {}: no such file", flag);
+    return tokenizer::ChatTemplate::from_model_dir(sf.tokenizer_dir, fs::path(flag));
+  }
+  try {
+    return tokenizer::ChatTemplate::from_model_dir(sf.tokenizer_dir);
+  } catch (const Error& e) {
+    TLOG_WARN(
+        "no chat template ({}); /v1/chat/completions and /v1/messages will answer 400 until one is given "
+        "with --chat-template",
+        e.what());
+  }
+  return std::nullopt;
+}
+
+TextSide load_text_side(const EngineFlags& ef, const ServeFlags& sf) {
+  if (!fs::exists(fs::path(sf.tokenizer_dir) / "tokenizer.json"))
+    fail(ErrorKind::kNotFound, "{}: no tokenizer.json; pass --tokenizer DIR", sf.tokenizer_dir);
+  TextSide t;
+  t.tok = tokenizer::Tokenizer::from_dir(sf.tokenizer_dir);
+  t.tmpl = load_chat_template(sf);
+  if (sf.generation_config == "auto") {
+    t.defaults = read_generation_config(ef.model, &t.extra_eos);
+  } else if (sf.generation_config != "vllm") {
+    if (!fs::is_directory(sf.generation_config))
+      fail(ErrorKind::kNotFound, "--generation-config {}: not a directory (auto, vllm or a directory)",
+           sf.generation_config);
+    t.defaults = read_generation_config(sf.generation_config, &t.extra_eos);
+  }
+  return t;
+}
+
+// Build the engine: rank 0 of TP x PP (the launcher spawns and supervises this node's other ranks;
+// several nodes: the session, the head's control channel, outlives the launcher) behind the AsyncEngine.
+std::unique_ptr<AsyncEngine> build_engine(const EngineFlags& ef, const ClusterFlags& cf, const dist::LaunchFacts& facts,
+                                          const ServeFlags& sf, const TextSide& text, int argc, char** argv,
+                                          HeadEngine& head) {
   std::unique_ptr<dist::NodeSession> session = start_node_session(ef, cf, facts);
-  HeadEngine head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
+  head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
   std::unique_ptr<LLMEngine>& llm = head.llm;
-  RankLauncher* launcher = head.launcher.get();
-  if (!extra_eos.empty()) {
+  if (!text.extra_eos.empty()) {
     std::vector<int32_t> eos = llm->eos_token_ids();
-    for (int32_t id : extra_eos)
+    for (int32_t id : text.extra_eos)
       if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
     llm->set_eos_token_ids(eos);
   }
   AsyncEngineOptions aeo;
-  aeo.max_waiting_requests = max_waiting_requests;
-  AsyncEngine engine(std::move(llm), tok.get(), aeo);
+  aeo.max_waiting_requests = sf.max_waiting_requests;
+  return std::make_unique<AsyncEngine>(std::move(llm), text.tok.get(), aeo);
+}
 
-  server::Metrics metrics(served_model_names.front());
+// Build the API: the protocol options and the HTTP front end's.
+server::ApiOptions api_options(const EngineFlags& ef, const ServeFlags& sf, const TextSide& text) {
   server::ApiOptions ao;
-  ao.served_model_names = served_model_names;
+  ao.served_model_names = sf.served_model_names;
   ao.model_path = ef.model;
-  ao.api_keys = split_keys(api_key);
-  ao.defaults = defaults;
-  ao.enable_auto_tool_choice = enable_auto_tool_choice;
-  ao.tool_call_parser = tool_call_parser;
-  ao.reasoning_parser = reasoning_parser;
-  server::ApiServer api(ao, engine, *tok, tmpl ? &*tmpl : nullptr, metrics);
+  ao.api_keys = split_keys(sf.api_key);
+  ao.defaults = text.defaults;
+  ao.enable_auto_tool_choice = sf.enable_auto_tool_choice;
+  ao.tool_call_parser = sf.tool_call_parser;
+  ao.reasoning_parser = sf.reasoning_parser;
+  return ao;
+}
 
+server::HttpServerOptions http_options(const ServeFlags& sf) {
   server::HttpServerOptions ho;
-  ho.host = host;
-  ho.port = port;
+  ho.host = sf.host;
+  ho.port = sf.port;
   ho.threads =
-      http_threads > 0 ? http_threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
-  ho.max_body_bytes = max_body;
-  ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(read_timeout * 1000));
-  ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(write_timeout * 1000));
-  // One line per request unless turned off: by --disable-uvicorn-access-log, by
-  // --disable-log-requests, or by an HTTP log level above info (uvicorn's access log is info).
-  const bool access_log = !disable_access_log && !disable_log_requests &&
-                          (uvicorn_log_level == "info" || uvicorn_log_level == "debug" || uvicorn_log_level == "trace");
-  server::HttpServer http(
-      ho,
-      [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
-        if (access_log) ex = server::with_access_log(r, std::move(ex));
-        api.handle(std::move(r), std::move(ex));
-      },
-      &server::ApiServer::error_body);
-  // From here SIGINT/SIGTERM drain instead of killing. A handler (not a signal mask) because threads
-  // started before main (OpenBLAS's pool) would otherwise take the signal with its default action.
+      sf.http_threads > 0 ? sf.http_threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  ho.max_body_bytes = sf.max_body;
+  ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(sf.read_timeout * 1000));
+  ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(sf.write_timeout * 1000));
+  return ho;
+}
+
+// One line per request unless turned off: by --disable-uvicorn-access-log, by --disable-log-requests, or by
+// an HTTP log level above info (uvicorn's access log is info).
+bool access_log_on(const ServeFlags& sf) {
+  return !sf.disable_access_log && !sf.disable_log_requests &&
+         (sf.uvicorn_log_level == "info" || sf.uvicorn_log_level == "debug" || sf.uvicorn_log_level == "trace");
+}
+
+// From here SIGINT/SIGTERM drain instead of killing. A handler (not a signal mask) because threads started
+// before main (OpenBLAS's pool) would otherwise take the signal with its default action.
+void install_signal_handlers() {
   if (pipe(g_signal_pipe) != 0) fail(ErrorKind::kInternal, "pipe() failed");
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Rank processes: a dead rank (or a lost node) ends the server with a non-zero exit. The watcher turns
+// /health to 503 at once and wakes the main thread with kRankFailed.
+constexpr unsigned char kRankFailed = 0xff;
+
+std::thread watch_ranks(RankLauncher& launcher, AsyncEngine& engine, server::ApiServer& api,
+                        const std::atomic<bool>& stop, std::string& failure) {
+  return std::thread([&] {
+    while (!stop) {
+      std::string what = launcher.failure();
+      if (what.empty()) {
+        AsyncEngineStats st = engine.stats();
+        if (!st.alive) {
+          // A collective can fail before the supervisor has reaped the rank that caused
+          // it: the rank's own fate ("rank 1 (pid N) was killed by signal 9") says more.
+          what = launcher.wait_failure(std::chrono::milliseconds(500));
+          if (what.empty()) what = "the engine failed: " + st.fatal_error;
+        }
+      }
+      if (!what.empty()) {
+        api.set_draining();  // /health: 503
+        failure = what;
+        [[maybe_unused]] auto n = write(g_signal_pipe[1], &kRankFailed, 1);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+}
+
+// Serve until SIGINT/SIGTERM (drain, then 0) or a failed rank (throws).
+int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEngine& engine, RankLauncher* launcher,
+                       const ServeFlags& sf) {
+  install_signal_handlers();
   http.start();
-  TLOG_INFO("Starting tessera API server on http://{}:{}", host, http.port());
+  TLOG_INFO("Starting tessera API server on http://{}:{}", sf.host, http.port());
   TLOG_INFO(
       "Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /v1/responses /tokenize "
       "/detokenize "
       "/health /version /metrics");
   TLOG_INFO("Application startup complete.");
 
-  // Rank processes: a dead rank (or a lost node) ends the server with a non-zero exit. The
-  // watcher turns /health to 503 at once and wakes the main thread with kRankFailed.
-  constexpr unsigned char kRankFailed = 0xff;
   std::atomic<bool> watch_stop{false};
   std::string job_failure;
   std::thread watcher;
-  if (launcher) {
-    watcher = std::thread([&] {
-      while (!watch_stop) {
-        std::string what = launcher->failure();
-        if (what.empty()) {
-          AsyncEngineStats st = engine.stats();
-          if (!st.alive) {
-            // A collective can fail before the supervisor has reaped the rank that caused
-            // it: the rank's own fate ("rank 1 (pid N) was killed by signal 9") says more.
-            what = launcher->wait_failure(std::chrono::milliseconds(500));
-            if (what.empty()) what = "the engine failed: " + st.fatal_error;
-          }
-        }
-        if (!what.empty()) {
-          api.set_draining();  // /health: 503
-          job_failure = what;
-          [[maybe_unused]] auto n = write(g_signal_pipe[1], &kRankFailed, 1);
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
+  if (launcher) watcher = watch_ranks(*launcher, engine, api, watch_stop, job_failure);
 
   unsigned char sig = 0;
   while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
@@ -457,16 +464,76 @@ int run_serve(int argc, char** argv) {
   watch_stop = true;
   if (watcher.joinable()) watcher.join();
   TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", drain_timeout);
+            sig == SIGINT ? "SIGINT" : "SIGTERM", sf.drain_timeout);
   api.set_draining();
   http.stop_accepting();
-  engine.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout * 1000)));
+  engine.drain(std::chrono::milliseconds(static_cast<int64_t>(sf.drain_timeout * 1000)));
   // The last outputs are posted to connection strands; let them reach the sockets.
   for (int i = 0; i < 200 && api.active_requests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   http.stop();
   TLOG_INFO("Shutdown complete.");
   return 0;
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  CLI::App app{
+      "OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
+      "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
+      "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
+      "--load-format dummy",
+      "tessera serve"};
+  app.allow_extras();
+  EngineFlags ef;
+  ServeFlags sf;
+  add_serve_flags(app, ef, sf);
+  add_engine_flags(app, ef);
+  ClusterFlags cf;
+  add_cluster_flags(app, cf);
+  WorkerFlags wf;
+  add_worker_flags(app, wf);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  reject_extras(app);
+  // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
+  if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
+  (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
+  const dist::LaunchFacts facts = resolve_cluster(ef, cf);
+  if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
+    if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
+    auto session = start_node_session(ef, cf, facts);
+    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
+  }
+  check_serve_flags(ef, sf);
+
+  TLOG_INFO(
+      "tessera serve {} ({}): model={} served-model-name={} tokenizer={} host={} port={} max-model-len={} "
+      "max-num-seqs={} load-format={} device={} kv-cache-dtype={} prefix-caching={} api-key={}",
+      TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT, ef.model, fmt::join(sf.served_model_names, ","), sf.tokenizer_dir,
+      sf.host, sf.port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"), ef.max_num_seqs,
+      ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching, sf.api_key.empty() ? "none" : "set");
+
+  // Text side first: a missing tokenizer should fail before minutes of weight loading.
+  TextSide text = load_text_side(ef, sf);
+  HeadEngine head;
+  std::unique_ptr<AsyncEngine> engine = build_engine(ef, cf, facts, sf, text, argc, argv, head);
+
+  server::Metrics metrics(sf.served_model_names.front());
+  server::ApiServer api(api_options(ef, sf, text), *engine, *text.tok, text.tmpl ? &*text.tmpl : nullptr, metrics);
+  const bool access_log = access_log_on(sf);
+  server::HttpServer http(
+      http_options(sf),
+      [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
+        if (access_log) ex = server::with_access_log(r, std::move(ex));
+        api.handle(std::move(r), std::move(ex));
+      },
+      &server::ApiServer::error_body);
+  return serve_until_signal(http, api, *engine, head.launcher.get(), sf);
 }
 
 }  // namespace tessera::cli

