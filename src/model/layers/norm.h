@@ -1,4 +1,6 @@
-// RMSNorm over the last dimension, replicated on every rank.
+// RMSNorm over the last dimension, replicated on every rank. Zero-centred (Qwen3-Next,
+// Qwen3.5: the checkpoint holds w and the norm scales by 1 + w) stores 1 + w at load, so the
+// same kernels run both.
 #pragma once
 #include <string>
 
@@ -12,6 +14,11 @@ class RmsNorm {
   RmsNorm(BlockContext& ctx, const std::string& name, int64_t dim)
       : backend_(&ctx.backend),
         weight_(&ctx.weights.declare(name, {dim}, ParallelStyle::kReplicated, DummyInit::kOnes)),
+        eps_(static_cast<float>(ctx.config.rms_norm_eps)) {}
+  RmsNorm(BlockContext& ctx, const std::string& name, int64_t dim, bool zero_centred)
+      : backend_(&ctx.backend),
+        weight_(zero_centred ? &ctx.weights.declare_offset(name, {dim}, 1.0f)
+                             : &ctx.weights.declare(name, {dim}, ParallelStyle::kReplicated, DummyInit::kOnes)),
         eps_(static_cast<float>(ctx.config.rms_norm_eps)) {}
   const Tensor& weight() const { return *weight_; }
   float eps() const { return eps_; }
