@@ -175,8 +175,6 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
   // describes other maths.
   if (!get_or<bool>(source, t, "attn_output_gate", true))
     fail(ErrorKind::kUnsupported, "{}: attn_output_gate=false is not supported (hybrid models gate attention)", source);
-  if (const std::string act = get_or<std::string>(source, t, "linear_attn_activation", "silu"); act != "silu")
-    fail(ErrorKind::kUnsupported, "{}: linear_attn_activation '{}' is not supported (supported: silu)", source, act);
 }
 
 }  // namespace
