@@ -129,9 +129,16 @@ const Tensor& WeightStore::declare_row_blocks(const std::string& label, std::vec
   return entries_.back().tensor;
 }
 
-const Tensor& WeightStore::declare_offset(const std::string& name, Shape shape, float offset) {
+const Tensor& WeightStore::declare_f32(const std::string& name, Shape full_shape, ParallelStyle style) {
+  const Tensor& t = declare(name, full_shape, style);
+  entries_.back().f32 = true;
+  return t;
+}
+
+const Tensor& WeightStore::declare_offset(const std::string& name, Shape shape, float offset, bool f32) {
   Entry e = make_entry(name, shape, shape, ParallelStyle::kReplicated, DummyInit::kOnes);
   e.offset = offset;
+  e.f32 = f32;
   entries_.push_back(std::move(e));
   return entries_.back().tensor;
 }
@@ -171,7 +178,7 @@ const Tensor& WeightStore::declare_tied(const std::string& alias, const std::str
 size_t WeightStore::param_bytes(DType dtype) const {
   size_t n = 0;
   for (const auto& e : entries_)
-    if (e.tied_to.empty()) n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(dtype);
+    if (e.tied_to.empty()) n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(e.f32 ? DType::kF32 : dtype);
   return n;
 }
 
@@ -360,11 +367,12 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
   Stager stager(backend);
   for (auto& e : entries_) {
     if (!e.tied_to.empty()) continue;
-    e.tensor = backend.alloc(e.local_shape, dt);
+    const DType edt = e.f32 ? DType::kF32 : dt;
+    e.tensor = backend.alloc(e.local_shape, edt);
     if (e.style == ParallelStyle::kExpert)
-      load_experts(e, ckpt, dt, stager);
+      load_experts(e, ckpt, edt, stager);
     else
-      load_entry(e, ckpt, dt, stager);
+      load_entry(e, ckpt, edt, stager);
     bytes += e.tensor.nbytes();
     if (progress) progress(++done, entries_.size(), bytes);
   }
@@ -379,7 +387,7 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
   for (auto& e : entries_) {
     ++i;
     if (!e.tied_to.empty()) continue;
-    e.tensor = backend.alloc(e.local_shape, dt);
+    e.tensor = backend.alloc(e.local_shape, e.f32 ? DType::kF32 : dt);
     if (e.offset != 0.0f)
       backend.fill(e.tensor, e.offset);
     else if (e.init == DummyInit::kOnes)

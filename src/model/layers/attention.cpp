@@ -64,6 +64,7 @@ Attention::Attention(BlockContext& ctx, const std::string& p, const AttentionOpt
     v_bias_ = &kv_param(p + "v_proj.bias", {kv_rows});
   }
   if (options.qk_norm && options.zero_centred_qk_norm) {
+    // 1 + w in the compute dtype: the fused qkv prologue takes bf16 norm weights on GPU.
     q_norm_ = &w.declare_offset(p + "q_norm.weight", {D}, 1.0f);
     k_norm_ = &w.declare_offset(p + "k_norm.weight", {D}, 1.0f);
   } else if (options.qk_norm) {

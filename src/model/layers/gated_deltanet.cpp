@@ -56,8 +56,8 @@ GatedDeltaNet::GatedDeltaNet(BlockContext& ctx, const std::string& p, GdnLayout 
                                         {cw, conv, Hk * Dk + k0 * Dk, hk_ * Dk},
                                         {cw, conv, 2 * Hk * Dk + v0 * Dv, hv_ * Dv}},
                                        {conv_channels_, kernel_});
-  A_log_ = &w.declare(p + "A_log", {Hv}, ParallelStyle::kColumn);
-  dt_bias_ = &w.declare(p + "dt_bias", {Hv}, ParallelStyle::kColumn);
+  A_log_ = &w.declare_f32(p + "A_log", {Hv}, ParallelStyle::kColumn);
+  dt_bias_ = &w.declare_f32(p + "dt_bias", {Hv}, ParallelStyle::kColumn);
   // The gated norm scales by w itself (not 1 + w).
   norm_ = &w.declare(p + "norm.weight", {Dv}, ParallelStyle::kReplicated, DummyInit::kOnes);
   out_proj_ = RowParallelLinear(ctx, p + "out_proj.weight", H, Hv * Dv);
