@@ -80,6 +80,37 @@ inline std::vector<std::string> all_supported_fixture_names() {
   return names;
 }
 
+// Every layer's cache as the engine lays it out: paged K/V of num_blocks blocks of 16 tokens
+// for attention layers; for Gated DeltaNet layers `slots` state slots (conv state in the
+// compute dtype, the recurrent state in f32, the engine's defaults). A vector entry of the
+// other kind stays undefined; the state vectors are empty for models without state layers.
+inline KvCache alloc_test_cache(Backend& be, const std::vector<LayerCacheSpec>& specs, int num_blocks, DType kv_dtype,
+                                int slots) {
+  KvCache c;
+  c.block_size = 16;
+  c.num_blocks = num_blocks;
+  c.dtype = kv_dtype;
+  bool states = false;
+  for (const auto& s : specs) {
+    const bool state = s.kind == CacheKind::kStateSlot;
+    states = states || state;
+    c.k.push_back(state ? Tensor() : be.alloc({num_blocks, 16, s.num_kv_heads, s.head_dim}, kv_dtype));
+    c.v.push_back(state ? Tensor() : be.alloc({num_blocks, 16, s.num_kv_heads, s.head_dim}, kv_dtype));
+    c.conv_state.push_back(state ? be.alloc({slots, s.conv_state_shape[0], s.conv_state_shape[1]}, be.compute_dtype())
+                                 : Tensor());
+    c.ssm_state.push_back(
+        state ? be.alloc({slots, s.ssm_state_shape[0], s.ssm_state_shape[1], s.ssm_state_shape[2]}, DType::kF32)
+              : Tensor());
+  }
+  if (states) {
+    c.num_state_slots = slots;
+  } else {
+    c.conv_state.clear();
+    c.ssm_state.clear();
+  }
+  return c;
+}
+
 inline nlohmann::json load_reference(const std::string& name) {
   std::ifstream f(fixtures_dir() + "/" + name + "/reference.json");
   return nlohmann::json::parse(f);

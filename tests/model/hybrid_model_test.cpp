@@ -83,20 +83,7 @@ std::vector<float> tp_prefill_logits(const std::string& name, const std::vector<
   Checkpoint ckpt(cfg.model_dir);
   model->weights().load(ckpt, *be);
   const int blocks = 24;
-  KvCache cache;
-  cache.num_blocks = blocks;
-  cache.dtype = be->compute_dtype();
-  for (const auto& s : model->cache_specs()) {
-    const bool state = s.kind == CacheKind::kStateSlot;
-    cache.k.push_back(state ? Tensor() : be->alloc({blocks, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
-    cache.v.push_back(state ? Tensor() : be->alloc({blocks, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
-    cache.conv_state.push_back(state ? be->alloc({1, s.conv_state_shape[0], s.conv_state_shape[1]}, be->compute_dtype())
-                                     : Tensor());
-    cache.ssm_state.push_back(
-        state ? be->alloc({1, s.ssm_state_shape[0], s.ssm_state_shape[1], s.ssm_state_shape[2]}, DType::kF32)
-              : Tensor());
-  }
-  cache.num_state_slots = 1;
+  KvCache cache = testing::alloc_test_cache(*be, model->cache_specs(), blocks, be->compute_dtype(), 1);
   const int n = static_cast<int>(tokens.size());
   Tensor logits;
   for (int start = 0; start < n; start += 128) {
@@ -166,20 +153,7 @@ TEST(HybridDummyWeights, RunFromTheConfigAlone) {
   ModelConfig cfg = load_model_config(fixtures_dir() + "/qwen3_5_moe_vl_tiny");
   auto model = create_model(cfg, ModelOptions{}, *be);
   model->weights().load_dummy(*be, 5);
-  KvCache cache;
-  cache.num_blocks = 1;
-  cache.dtype = be->compute_dtype();
-  for (const auto& s : model->cache_specs()) {
-    const bool state = s.kind == CacheKind::kStateSlot;
-    cache.k.push_back(state ? Tensor() : be->alloc({1, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
-    cache.v.push_back(state ? Tensor() : be->alloc({1, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
-    cache.conv_state.push_back(state ? be->alloc({1, s.conv_state_shape[0], s.conv_state_shape[1]}, cache.dtype)
-                                     : Tensor());
-    cache.ssm_state.push_back(
-        state ? be->alloc({1, s.ssm_state_shape[0], s.ssm_state_shape[1], s.ssm_state_shape[2]}, DType::kF32)
-              : Tensor());
-  }
-  cache.num_state_slots = 1;
+  KvCache cache = testing::alloc_test_cache(*be, model->cache_specs(), 1, be->compute_dtype(), 1);
   ModelInput in;
   for (int i = 0; i < 7; ++i) {
     in.token_ids.push_back(3 + 11 * i);

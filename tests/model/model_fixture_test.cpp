@@ -38,33 +38,8 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = kBlocks, 
   l->model = create_model(cfg, ModelOptions{}, l->backend);
   Checkpoint ckpt(cfg.model_dir);
   l->model->weights().load(ckpt, l->backend);
-  l->cache.block_size = 16;
-  l->cache.num_blocks = num_blocks;
-  const DType dt = kv_dtype.value_or(l->backend.compute_dtype());
-  l->cache.dtype = dt;
-  bool states = false;
-  for (const auto& spec : l->model->cache_specs()) {
-    if (spec.kind == CacheKind::kStateSlot) {
-      states = true;
-      l->cache.k.emplace_back();
-      l->cache.v.emplace_back();
-      Shape conv{slots, spec.conv_state_shape[0], spec.conv_state_shape[1]};
-      Shape ssm{slots, spec.ssm_state_shape[0], spec.ssm_state_shape[1], spec.ssm_state_shape[2]};
-      l->cache.conv_state.push_back(l->backend.alloc(conv, l->backend.compute_dtype()));
-      l->cache.ssm_state.push_back(l->backend.alloc(ssm, DType::kF32));
-      continue;
-    }
-    l->cache.k.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
-    l->cache.v.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
-    l->cache.conv_state.emplace_back();
-    l->cache.ssm_state.emplace_back();
-  }
-  if (states) {
-    l->cache.num_state_slots = slots;
-  } else {
-    l->cache.conv_state.clear();
-    l->cache.ssm_state.clear();
-  }
+  l->cache = testing::alloc_test_cache(l->backend, l->model->cache_specs(), num_blocks,
+                                       kv_dtype.value_or(l->backend.compute_dtype()), slots);
   return l;
 }
 
