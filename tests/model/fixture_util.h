@@ -50,12 +50,65 @@ inline bool fixture_supported(const std::string& name) {
   }
 }
 
-// The fixtures of supported families (what the model and engine tests run).
+// Whether the fixture is a hybrid model (Gated DeltaNet layers with per-sequence state slots).
+inline bool fixture_is_hybrid(const std::string& name) {
+  return load_model_config(fixtures_dir() + "/" + name).is_hybrid();
+}
+
+// The fixtures of supported families whose layers all use the paged KV cache (what the
+// engine tests run until the engine allocates state slots).
 inline std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& n : all_fixture_names())
+    if (fixture_supported(n) && !fixture_is_hybrid(n)) names.push_back(n);
+  return names;
+}
+
+// The supported hybrid fixtures (Qwen3-Next, Qwen3.5).
+inline std::vector<std::string> hybrid_fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& n : all_fixture_names())
+    if (fixture_supported(n) && fixture_is_hybrid(n)) names.push_back(n);
+  return names;
+}
+
+// Every supported fixture (what the model tests run).
+inline std::vector<std::string> all_supported_fixture_names() {
   std::vector<std::string> names;
   for (const auto& n : all_fixture_names())
     if (fixture_supported(n)) names.push_back(n);
   return names;
+}
+
+// Every layer's cache as the engine lays it out: paged K/V of num_blocks blocks of 16 tokens
+// for attention layers; for Gated DeltaNet layers `slots` state slots (conv state in the
+// compute dtype, the recurrent state in f32, the engine's defaults). A vector entry of the
+// other kind stays undefined; the state vectors are empty for models without state layers.
+inline KvCache alloc_test_cache(Backend& be, const std::vector<LayerCacheSpec>& specs, int num_blocks, DType kv_dtype,
+                                int slots) {
+  KvCache c;
+  c.block_size = 16;
+  c.num_blocks = num_blocks;
+  c.dtype = kv_dtype;
+  bool states = false;
+  for (const auto& s : specs) {
+    const bool state = s.kind == CacheKind::kStateSlot;
+    states = states || state;
+    c.k.push_back(state ? Tensor() : be.alloc({num_blocks, 16, s.num_kv_heads, s.head_dim}, kv_dtype));
+    c.v.push_back(state ? Tensor() : be.alloc({num_blocks, 16, s.num_kv_heads, s.head_dim}, kv_dtype));
+    c.conv_state.push_back(state ? be.alloc({slots, s.conv_state_shape[0], s.conv_state_shape[1]}, be.compute_dtype())
+                                 : Tensor());
+    c.ssm_state.push_back(
+        state ? be.alloc({slots, s.ssm_state_shape[0], s.ssm_state_shape[1], s.ssm_state_shape[2]}, DType::kF32)
+              : Tensor());
+  }
+  if (states) {
+    c.num_state_slots = slots;
+  } else {
+    c.conv_state.clear();
+    c.ssm_state.clear();
+  }
+  return c;
 }
 
 inline nlohmann::json load_reference(const std::string& name) {
