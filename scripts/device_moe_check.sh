@@ -11,6 +11,7 @@
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
+export TESSERA_TEST_FIXTURES=$PWD/tests/fixtures/models  # the test binaries were built in another tree
 OUT=${OUT:-/tmp/out}
 L=/tmp/moe_logs  # everything here; $OUT gets one archive (the tool brings back at most 8 files)
 mkdir -p "$OUT" "$L"
@@ -63,10 +64,6 @@ GT=$(awk '/gemm_TFLOPs/{print $2}' "$L/copy.log" 2>/dev/null)
 if part kernels; then
   echo "== MoE kernel benchmark"
   for k in $B/moe_bench $B/kernels/moe_bench; do [ -x "$k" ] && timeout 180 "$k" 2>&1 | tee "$L/moe_bench.log" | tail -30; done
-  echo "== the same with TESSERA_MOE_FUSED_DECODE=0 (the decode path before the fused kernels)"
-  for k in $B/moe_bench $B/kernels/moe_bench; do
-    [ -x "$k" ] && TESSERA_MOE_FUSED_DECODE=0 timeout 180 "$k" 2>&1 | tee "$L/moe_bench_old.log" | grep -E 'check|gemv|fused'
-  done
   echo "== gated delta rule kernel benchmark"
   [ -x $B/gdr_bench ] && timeout 180 $B/gdr_bench 2>&1 | tee "$L/gdr_bench.log" | tail -25
 fi
@@ -100,20 +97,6 @@ if part moe_decode; then
     per=$(rate "$L/moe_decode_b$bs.log")
     python3 tools/decode_ceiling.py $MOE ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
   done
-  # MOE_AB=1 (default): the same batch sizes with the decode path before the fused kernels, and
-  # batch 1 with decode attention in one slice per head (no merge kernel).
-  if [ "${MOE_AB:-1}" = 1 ]; then
-    for bs in 1 8 32; do
-      args=()
-      for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-      TESSERA_MOE_FUSED_DECODE=0 gen $B moe_decode_b${bs}_old $MOE "${args[@]}" --max-tokens 128 --ignore-eos \
-        --max-num-seqs $bs
-    done
-    for sp in 1 4; do
-      TESSERA_DECODE_MAX_SPLITS=$sp gen $B moe_decode_b1_splits$sp $MOE --prompt-ids "$(prompt_ids 512 7921)" \
-        --max-tokens 128 --ignore-eos --max-num-seqs 1
-    done
-  fi
 fi
 
 if part moe_prefill; then

@@ -50,12 +50,16 @@ def main():
         with open(ref_path) as f:
             ref = json.load(f)
         errs = []
-        for c in ref["cases"]:
-            with torch.no_grad():
-                lg = model(torch.tensor([c["prompt_ids"]], device=device)).logits[0, -1].float().cpu()
-            err = float((lg - torch.tensor(c["last_logits"])).abs().max())
-            errs.append(err)
-            c["bf16_last_logits_err"] = err
+        try:
+            for c in ref["cases"]:
+                with torch.no_grad():
+                    lg = model(torch.tensor([c["prompt_ids"]], device=device)).logits[0, -1].float().cpu()
+                err = float((lg - torch.tensor(c["last_logits"])).abs().max())
+                errs.append(err)
+                c["bf16_last_logits_err"] = err
+        except Exception as e:  # e.g. transformers' FP8 forward needs the absent `kernels` package
+            print(f"{name}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:120]})", flush=True)
+            continue
         print(f"{name}: bf16 last-logit error per prompt " +
               ", ".join(f"{len(c['prompt_ids'])} tok {e:.3f}" for c, e in zip(ref["cases"], errs)), flush=True)
         if args.write:

@@ -9,8 +9,6 @@
 //   prefill: active FLOPs = T * k * 6 * H * I, TFLOP/s and % of the GEMM rate.
 // path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
 // TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
-// TESSERA_MOE_FUSED_DECODE=0: the decode path before the fused kernels (path "gemv" then, "fused"
-// with the default), for a same-run comparison.
 // First checks both paths against the CPU backend on a smaller expert count.
 //   moe_bench [--quick]
 #include <cstring>
@@ -26,7 +24,7 @@ using namespace tessera::bench;
 
 namespace {
 
-const char* decode_path() { return env_switch("TESSERA_MOE_FUSED_DECODE", true) ? "fused" : "gemv"; }
+const char* decode_path() { return "gemv"; }
 
 constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8, kLayers = 4;
 

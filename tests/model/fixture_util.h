@@ -26,7 +26,12 @@ inline std::unique_ptr<Backend> make_test_backend() {
   return make_backend(o);
 }
 
-inline std::string fixtures_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models"; }
+// TESSERA_TEST_FIXTURES overrides the source tree's folder (a test binary run from a bundle on
+// another machine, where the tree sits elsewhere).
+inline std::string fixtures_dir() {
+  const char* d = std::getenv("TESSERA_TEST_FIXTURES");
+  return d && *d ? std::string(d) : std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models";
+}
 
 inline std::vector<std::string> all_fixture_names() {
   std::vector<std::string> names;

@@ -95,7 +95,10 @@ int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_eleme
 class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 // Logits within logit_tol of transformers' at the prompt's last position, then greedy tokens
-// identical except where the reference's own margin is within close_call.
+// identical except where the reference's own margin is within close_call. A backend computing
+// in bf16 gets at least twice the error transformers itself makes in bf16 on that prompt
+// (`bf16_last_logits_err`, measured by tools/fixture_bf16_spread.py): tiny random MoE models can
+// flip a near-tied router choice in bf16, which no bf16 implementation can avoid.
 // The prompt is prefilled in steps of `chunk` tokens (0: one step), the state and KV cache
 // carried from one step to the next.
 void check_against_reference(const std::string& name, std::optional<DType> kv_dtype, double logit_tol,
@@ -116,9 +119,13 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
     std::vector<float> got = to_host(l->backend, logits);
     auto want = c["last_logits"].get<std::vector<float>>();
     ASSERT_EQ(got.size(), want.size());
+    const double bf16_noise = l->backend.compute_dtype() == DType::kBF16 && c.contains("bf16_last_logits_err")
+                                  ? 2.0 * c["bf16_last_logits_err"].get<double>()
+                                  : 0.0;
+    const double tol = std::max(logit_tol, bf16_noise), close = std::max(close_call, bf16_noise);
     float max_err = 0;
     for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    EXPECT_LT(max_err, logit_tol) << name << " prompt length " << prompt_len;
+    EXPECT_LT(max_err, tol) << name << " prompt length " << prompt_len;
     if (getenv("TESSERA_TEST_VERBOSE")) printf("%s len %d max_err %g\n", name.c_str(), prompt_len, max_err);
 
     // Greedy decode through the KV cache, one token per step.
@@ -139,8 +146,8 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
     size_t compared = 0;
     for (size_t i = 0; i < greedy.size(); ++i, ++compared) {
       if (out[i] == greedy[i]) continue;
-      ASSERT_LE(margins[i], close_call) << name << " prompt length " << prompt_len << " step " << i << ": got "
-                                        << out[i] << ", transformers " << greedy[i];
+      ASSERT_LE(margins[i], close) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
+                                   << ", transformers " << greedy[i];
       break;
     }
     compared_total += compared;

@@ -473,9 +473,8 @@ class CudaBackend final : public Backend {
   // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
   void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, bool only_single,
                         const QkvPrologueArgs* fused) {
-    const int splits = std::min(
-        decode_max_splits_,
-        decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount));
+    const int splits =
+        decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
@@ -555,9 +554,6 @@ class CudaBackend final : public Backend {
     need_cuda(topk_ids, "moe_topk");
     need_cuda(topk_weights, "moe_topk");
     bind();
-    if (moe_fused_decode_ && launch_moe_topk_regs(router_logits.data<float>(), T, static_cast<int>(E), k, renormalize,
-                                                  topk_ids.data<int32_t>(), topk_weights.data<float>(), stream_))
-      return;
     launch_moe_topk(router_logits.data<float>(), T, static_cast<int>(E), k, renormalize, topk_ids.data<int32_t>(),
                     topk_weights.data<float>(), stream_);
   }
@@ -608,11 +604,6 @@ class CudaBackend final : public Backend {
     const int64_t P = T * k;
     Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
     if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
-      if (moe_fused_decode_) {
-        launch_moe_decode_fused(a, act.raw(), y.raw(), props_.multiProcessorCount, moe_fused_combine_max_tokens_,
-                                stream_);
-        return;
-      }
       launch_moe_decode(a, act.raw(), y.raw(), stream_);
       return;
     }
@@ -935,12 +926,6 @@ class CudaBackend final : public Backend {
   int* dev_err_ = nullptr;
   // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
   bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
-  // TESSERA_DECODE_MAX_SPLITS=N: at most N key slices per (token, head) in decode attention
-  // (1: no merge kernel; A/B runs of the split heuristic, e.g. short contexts at batch 1).
-  int decode_max_splits_ = [] {
-    const char* e = std::getenv("TESSERA_DECODE_MAX_SPLITS");
-    return e ? std::max(1, std::atoi(e)) : 1 << 30;
-  }();
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging
@@ -957,15 +942,6 @@ class CudaBackend final : public Backend {
   bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
   // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
   bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
-  // TESSERA_MOE_FUSED_DECODE=0: the decode path before the fused kernels (top-k with a block of
-  // 4 warps, the gate_up and down GEMVs with a block per expert slot, a separate combine).
-  bool moe_fused_decode_ = env_switch("TESSERA_MOE_FUSED_DECODE", true);
-  // Decode batches up to this many tokens fuse the combine into the down GEMV (each token
-  // reads its own experts' rows); larger ones read each expert's rows once and combine after.
-  int moe_fused_combine_max_tokens_ = [] {
-    const char* e = std::getenv("TESSERA_MOE_FUSED_COMBINE_MAX_T");
-    return e ? std::atoi(e) : 16;
-  }();
   bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
   size_t capture_chunks_ = 0;
 };

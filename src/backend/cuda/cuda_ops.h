@@ -171,7 +171,7 @@ bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M
                  cudaStream_t s);
 
 // ---- mixture of experts (moe.cu, moe_gemm.cu; Backend::moe_* say what they compute) ----
-// Router softmax + top-k, one warp per row: E <= kMoeMaxExperts, k <= 32.
+// Router softmax + top-k: E <= kMoeMaxExperts, k <= 32 (launch_moe_topk_regs when E <= 256).
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
                      cudaStream_t s);
 // The same, one warp per token with the row in registers (E <= 256; false: not launched).
@@ -192,11 +192,6 @@ struct MoeArgs {
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
 // with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
-// Decode, fused (moe.cu says how): gate_up + SiLU*up in one persistent grid of at most one
-// wave (num_sms x resident blocks), then, for T <= combine_max_tokens, down with the weighted
-// combine in the same kernel (two launches, y unused); above it a persistent down GEMV into y,
-// then the combine.
-void launch_moe_decode_fused(const MoeArgs& a, void* act, void* y, int num_sms, int combine_max_tokens, cudaStream_t s);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
 struct MoePrefillWorkspace {
