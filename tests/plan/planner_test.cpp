@@ -119,6 +119,64 @@ TEST(KvBudget, BlocksFromMemoryCappedBySequencesAndCpu) {
   EXPECT_EQ(plan_kv_budget(in, fp).budget, kCpuKvCacheCap);
 }
 
+TEST(KvBudget, StateSlotsComeOffTheTopAndMaxNumSeqsIsClampedWhenTheyDoNotFit) {
+  CacheFootprint fp;
+  fp.kv_bytes_per_block = 1 << 20;
+  fp.state_bytes_per_seq = 1 << 20;  // 1 MiB of linear-attention state per sequence
+  fp.state_layers = 3;
+  KvBudgetInputs in;
+  in.total = 1000ull << 20;
+  in.utilization = 1.0;
+  in.block_size = 16;
+  in.max_num_seqs = 100;
+  in.max_model_len = 160;  // 10 blocks per sequence
+  in.extra_state_slots = 25;
+  KvBudget b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 125);
+  EXPECT_EQ(b.max_num_seqs, 100);
+  EXPECT_EQ(b.state_bytes, 125u << 20);
+  EXPECT_EQ(b.num_blocks, 875);
+  // 60 MiB: one sequence's KV (10 blocks) leaves 50 slots; sequences get all but the
+  // checkpoints' one.
+  in.total = 60ull << 20;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 50);
+  EXPECT_EQ(b.max_num_seqs, 49);
+  EXPECT_EQ(b.num_blocks, 10);
+  in.extra_state_slots = 0;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.max_num_seqs, 50);
+  // --num-gpu-blocks-override: every slot asked for.
+  in.num_blocks_override = 7;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 100);
+  EXPECT_EQ(b.num_blocks, 7);
+  // No paged layer on this rank: blocks cost nothing here; 60 slots fit.
+  in.num_blocks_override = 0;
+  fp.kv_bytes_per_block = 0;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.max_num_seqs, 60);
+  EXPECT_EQ(b.num_blocks, 600);  // max_num_seqs x max_model_len
+}
+
+TEST(KvBudget, MambaCacheDtypeFlags) {
+  StateDtypes d = parse_mamba_cache_dtypes("auto", "auto", DType::kBF16);
+  EXPECT_EQ(d.conv, DType::kBF16);
+  EXPECT_EQ(d.ssm, DType::kF32) << "the recurrent state is float32 by default";
+  d = parse_mamba_cache_dtypes("auto", "bfloat16", DType::kBF16);
+  EXPECT_EQ(d.ssm, DType::kBF16);
+  d = parse_mamba_cache_dtypes("float32", "auto", DType::kBF16);
+  EXPECT_EQ(d.conv, DType::kF32);
+  EXPECT_EQ(d.ssm, DType::kF32);
+  d = parse_mamba_cache_dtypes("bfloat16", "auto", DType::kF32);
+  EXPECT_EQ(d.ssm, DType::kBF16) << "auto follows --mamba-cache-dtype when it is set";
+  EXPECT_THROW(parse_mamba_cache_dtypes("fp8", "auto", DType::kBF16), Error);
+  EXPECT_THROW(parse_mamba_cache_dtypes("auto", "float16", DType::kBF16), Error);
+  EXPECT_EQ(checkpoint_state_slots(256, true), 64);
+  EXPECT_EQ(checkpoint_state_slots(2, true), 1);
+  EXPECT_EQ(checkpoint_state_slots(256, false), 0);
+}
+
 TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
   PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
   in.max_model_len = 40960;
