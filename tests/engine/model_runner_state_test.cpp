@@ -14,7 +14,7 @@ namespace {
 // One attention layer and one linear-attention layer; forward() reports what it was given.
 class FakeHybridModel : public Model {
  public:
-  explicit FakeHybridModel(Backend& be) : be_(be) { config_.vocab_size = 8; }
+  explicit FakeHybridModel(Backend& be) : be_(be), weights_(ParallelContext{}) { config_.vocab_size = 8; }
   const ModelConfig& config() const override { return config_; }
   std::vector<LayerCacheSpec> cache_specs() const override {
     LayerCacheSpec attn{CacheKind::kPagedKv, 2, 4, {}, {}};
