@@ -80,6 +80,8 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
   if (r.contains("attention_factor") && !r["attention_factor"].is_null())
     s.attention_factor = get_or<double>(source, r, "attention_factor", 1.0);
   s.truncate = get_or<bool>(source, r, "truncate", true);
+  // mrope_section / mrope_interleaved (Qwen3.5's multimodal rope) need no handling: a text
+  // token has the same position in every section, which is the plain rope.
   return s;
 }
 
@@ -131,7 +133,55 @@ MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& 
   return m;
 }
 
+// layer_types (or the older full_attention_interval) and the Gated DeltaNet shape of the
+// hybrid families; nothing for the other models.
+void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfig& c) {
+  if (auto it = t.find("layer_types"); it != t.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int>(it->size()) != c.num_layers)
+      fail(ErrorKind::kCorrupt, "{}: layer_types must list one type per layer ({} layers): {}", source, c.num_layers,
+           it->dump());
+    for (const auto& v : *it) {
+      const std::string type = v.is_string() ? v.get<std::string>() : v.dump();
+      if (type == "full_attention")
+        c.layer_types.push_back(LayerType::kFullAttention);
+      else if (type == "linear_attention")
+        c.layer_types.push_back(LayerType::kLinearAttention);
+      else
+        fail(ErrorKind::kUnsupported,
+             "{}: layer_types entry '{}' is not supported (supported: full_attention, linear_attention)", source, type);
+    }
+  } else if (const int interval = get_or<int>(source, t, "full_attention_interval", 0); interval != 0) {
+    if (interval < 1) fail(ErrorKind::kCorrupt, "{}: full_attention_interval must be positive", source);
+    for (int i = 0; i < c.num_layers; ++i)
+      c.layer_types.push_back((i + 1) % interval == 0 ? LayerType::kFullAttention : LayerType::kLinearAttention);
+  }
+  if (!c.is_hybrid()) return;
+  LinearAttnConfig& l = c.linear;
+  l.conv_kernel = get_or<int>(source, t, "linear_conv_kernel_dim", 0);
+  l.key_head_dim = get_or<int>(source, t, "linear_key_head_dim", 0);
+  l.value_head_dim = get_or<int>(source, t, "linear_value_head_dim", 0);
+  l.num_key_heads = get_or<int>(source, t, "linear_num_key_heads", 0);
+  l.num_value_heads = get_or<int>(source, t, "linear_num_value_heads", 0);
+  if (l.conv_kernel < 2 || l.key_head_dim <= 0 || l.value_head_dim <= 0 || l.num_key_heads <= 0 ||
+      l.num_value_heads <= 0)
+    fail(ErrorKind::kCorrupt,
+         "{}: linear-attention layers need linear_conv_kernel_dim >= 2 and positive linear_key_head_dim, "
+         "linear_value_head_dim, linear_num_key_heads and linear_num_value_heads",
+         source);
+  if (l.num_value_heads % l.num_key_heads != 0)
+    fail(ErrorKind::kCorrupt, "{}: linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})", source,
+         l.num_value_heads, l.num_key_heads);
+  // Qwen3-Next / Qwen3.5 attention always gates its output; a config that turns it off
+  // describes other maths.
+  if (!get_or<bool>(source, t, "attn_output_gate", true))
+    fail(ErrorKind::kUnsupported, "{}: attn_output_gate=false is not supported (hybrid models gate attention)", source);
+}
+
 }  // namespace
+
+bool ModelConfig::is_hybrid() const {
+  return std::find(layer_types.begin(), layer_types.end(), LayerType::kLinearAttention) != layer_types.end();
+}
 
 bool MoeConfig::is_moe_layer(int layer) const {
   if (num_experts <= 0) return false;
@@ -144,7 +194,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   if (!j.is_object()) fail(ErrorKind::kCorrupt, "{}: is not a JSON object", source);
   c.raw = j;
   // Multimodal wrappers (Qwen3.5) keep the language model under text_config.
-  const nlohmann::json& t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
+  c.nested_text_config = j.contains("text_config") && j["text_config"].is_object();
+  const nlohmann::json& t = c.nested_text_config ? j["text_config"] : j;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
     if (!j["architectures"][0].is_string())
       fail(ErrorKind::kCorrupt, "{}: 'architectures' must list class names ({})", source, j["architectures"].dump());
@@ -185,7 +236,10 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     c.rope_theta = get_or<double>(source, t, "rope_theta", 10000.0);
     if (t.contains("rope_scaling") && t["rope_scaling"].is_object()) c.rope = parse_rope(t["rope_scaling"], source);
   }
+  // A wrapper's own dtype is the checkpoint's (its text_config may say float32).
   std::string dt = get_or<std::string>(source, t, "torch_dtype", get_or<std::string>(source, t, "dtype", "bfloat16"));
+  if (c.nested_text_config)
+    dt = get_or<std::string>(source, j, "torch_dtype", get_or<std::string>(source, j, "dtype", dt));
   if (auto d = dtype_from_name(dt)) c.dtype = *d;
   std::string act = get_or<std::string>(source, t, "hidden_act", "silu");
   if (act != "silu")
@@ -202,6 +256,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source, method);
   }
   c.moe = parse_moe(t, c.num_layers, source);
+  parse_hybrid(t, source, c);
   if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
   c.eos_token_ids = int_or_list(t, "eos_token_id");
   return c;

@@ -43,6 +43,15 @@ struct MoeConfig {
   bool is_moe_layer(int layer) const;
 };
 
+// Hybrid models (Qwen3-Next, Qwen3.5): which layers are Gated DeltaNet (linear attention)
+// and the shape of those layers. Empty layer_types: every layer is full attention.
+enum class LayerType { kFullAttention, kLinearAttention };
+struct LinearAttnConfig {
+  int conv_kernel = 0;                       // linear_conv_kernel_dim
+  int key_head_dim = 0, value_head_dim = 0;  // linear_key_head_dim, linear_value_head_dim
+  int num_key_heads = 0, num_value_heads = 0;
+};
+
 struct ModelConfig {
   std::string model_dir;
   std::string architecture;  // "Qwen3ForCausalLM"
@@ -66,6 +75,16 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;  // config's, then generation_config's
   GenerationDefaults generation;
   MoeConfig moe;
+  // One entry per layer when the config has layer_types or full_attention_interval.
+  std::vector<LayerType> layer_types;
+  LinearAttnConfig linear;
+  bool is_linear_layer(int layer) const {
+    return !layer_types.empty() && layer_types[static_cast<size_t>(layer)] == LayerType::kLinearAttention;
+  }
+  bool is_hybrid() const;
+  // Multimodal wrappers (Qwen3_5MoeForConditionalGeneration) hold the language model under
+  // text_config and its weights under "model.language_model."; the others under "model.".
+  bool nested_text_config = false;
   nlohmann::json raw;  // the whole config.json, for architectures with extra fields
 };
 

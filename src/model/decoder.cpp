@@ -49,21 +49,28 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
   BlockContext ctx{config_, backend_, weights_, comm_};
   const int64_t H = c.hidden_size;
   spec.attention.qkv_bias = spec.attention.qkv_bias || c.attention_bias;
-  if (comm_.first_stage()) embed_.emplace(ctx, "model.embed_tokens.weight", c.vocab_size, H);
+  const bool zc = spec.zero_centred_norms;
+  const std::string model = c.nested_text_config ? "model.language_model." : "model.";
+  if (comm_.first_stage()) embed_.emplace(ctx, model + "embed_tokens.weight", c.vocab_size, H);
   layers_.reserve(static_cast<size_t>(layer_range_.size()));
   for (int i = layer_range_.begin; i < layer_range_.end; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = model + "layers." + std::to_string(i) + ".";
     Layer L;
-    L.input_norm = RmsNorm(ctx, p + "input_layernorm.weight", H);
-    L.attention = std::make_unique<Attention>(ctx, p + "self_attn.", spec.attention);
-    L.post_attention_norm = RmsNorm(ctx, p + "post_attention_layernorm.weight", H);
+    L.input_norm = RmsNorm(ctx, p + "input_layernorm.weight", H, zc);
+    if (c.is_linear_layer(i)) {
+      L.linear_attention = std::make_unique<GatedDeltaNet>(ctx, p + "linear_attn.", spec.linear_attention);
+      has_state_layers_ = true;
+    } else {
+      L.attention = std::make_unique<Attention>(ctx, p + "self_attn.", spec.attention);
+    }
+    L.post_attention_norm = RmsNorm(ctx, p + "post_attention_layernorm.weight", H, zc);
     L.feed_forward = spec.feed_forward ? spec.feed_forward(ctx, i, p + "mlp.")
                                        : std::make_unique<SwiGluMlp>(ctx, p + "mlp.", c.intermediate_size);
     layers_.push_back(std::move(L));
   }
   if (comm_.last_stage()) {
-    final_norm_ = RmsNorm(ctx, "model.norm.weight", H);
-    lm_head_.emplace(ctx, "lm_head.weight", c.vocab_size, H, c.tie_word_embeddings, "model.embed_tokens.weight",
+    final_norm_ = RmsNorm(ctx, model + "norm.weight", H, zc);
+    lm_head_.emplace(ctx, "lm_head.weight", c.vocab_size, H, c.tie_word_embeddings, model + "embed_tokens.weight",
                      comm_.first_stage());
   }
   max_positions_ = mo.max_positions > 0 ? mo.max_positions : c.max_position_embeddings;
@@ -72,8 +79,17 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
 
 std::vector<LayerCacheSpec> DecoderModel::cache_specs() const {
   std::vector<LayerCacheSpec> specs;
-  for (const auto& L : layers_)
-    specs.push_back(LayerCacheSpec{CacheKind::kPagedKv, L.attention->local_kv_heads(), config_.head_dim});
+  for (const auto& L : layers_) {
+    if (L.linear_attention) {
+      specs.push_back(L.linear_attention->cache_spec());
+      continue;
+    }
+    LayerCacheSpec s;
+    s.kind = CacheKind::kPagedKv;
+    s.num_kv_heads = L.attention->local_kv_heads();
+    s.head_dim = config_.head_dim;
+    specs.push_back(s);
+  }
   return specs;
 }
 
@@ -89,6 +105,12 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
   TESSERA_CHECK(T > 0 && in.positions.numel() == T, "forward: {} tokens, {} positions", T, in.positions.numel());
   TESSERA_CHECK(cache.k.size() == layers_.size(), "forward: a cache for {} layers, this stage has {}", cache.k.size(),
                 layers_.size());
+  if (has_state_layers_)
+    TESSERA_CHECK(
+        cache.conv_state.size() == layers_.size() && cache.ssm_state.size() == layers_.size() && in.linear.num_seqs > 0,
+        "forward: a hybrid model needs state caches for its {} layers ({} given) and the step's "
+        "linear-attention metadata",
+        layers_.size(), cache.conv_state.size());
   const DType dt = be.compute_dtype();
 
   // h holds each layer's normed input (and, in between, the feed-forward output that the
@@ -109,7 +131,11 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
       L.input_norm.forward(residual, h);
     else
       L.input_norm.add_forward(h, residual);
-    L.attention->forward(h, o, in.positions, in.attention, rope_, cache.k[i], cache.v[i], cache.k_scale, cache.v_scale);
+    if (L.linear_attention)
+      L.linear_attention->forward(h, o, in.linear, cache.conv_state[i], cache.ssm_state[i]);
+    else
+      L.attention->forward(h, o, in.positions, in.attention, rope_, cache.k[i], cache.v[i], cache.k_scale,
+                           cache.v_scale);
     L.post_attention_norm.add_forward(o, residual);
     L.feed_forward->forward(o, h);
     be.scratch_rewind(mark);

@@ -1,8 +1,11 @@
-// The decoder every family composes: an embedding, layers of pre-norm attention and a
-// feed-forward block (a dense SwiGLU MLP or a mixture of experts, chosen per layer by the
-// family), a final norm and the lm_head, with pipeline stages owning a contiguous range of
-// layers. A family file (llama.cpp, qwen2.cpp, qwen3.cpp, qwen2_moe.cpp, qwen3_moe.cpp) sets
-// the attention options and the feed-forward factory.
+// The decoder every family composes: an embedding, layers of a pre-norm token mixer (self-
+// attention, or in hybrid models a Gated DeltaNet on the layers config.layer_types marks
+// linear_attention) and a feed-forward block (a dense SwiGLU MLP or a mixture of experts,
+// chosen per layer by the family), a final norm and the lm_head, with pipeline stages owning
+// a contiguous range of layers. A family file (llama.cpp, qwen2.cpp, qwen3.cpp,
+// qwen2_moe.cpp, qwen3_moe.cpp, qwen3_next.cpp, qwen3_5.cpp) sets the options and the
+// feed-forward factory. Weights live under "model." ("model.language_model." for a
+// multimodal wrapper's text model, whose other weights are never read) and "lm_head.".
 #pragma once
 #include <functional>
 #include <memory>
@@ -11,6 +14,7 @@
 
 #include "model/layers/attention.h"
 #include "model/layers/embedding.h"
+#include "model/layers/gated_deltanet.h"
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
 #include "model/layers/norm.h"
@@ -23,6 +27,10 @@ struct DecoderSpec {
   // The feed-forward block of global layer `layer`, declared under `prefix`
   // ("model.layers.3.mlp."). Empty: a SwiGLU MLP of intermediate_size.
   std::function<std::unique_ptr<FeedForward>(BlockContext& ctx, int layer, const std::string& prefix)> feed_forward;
+  // The layer, final and q/k norms scale by 1 + w (Qwen3-Next, Qwen3.5).
+  bool zero_centred_norms = false;
+  // The checkpoint layout of the Gated DeltaNet layers (config.is_linear_layer).
+  GdnLayout linear_attention = GdnLayout::kSeparate;
 };
 
 // A dense MLP of intermediate_size, or (config.moe.is_moe_layer) a MoE block with `moe`'s
@@ -46,7 +54,8 @@ class DecoderModel : public Model {
  private:
   struct Layer {
     RmsNorm input_norm;
-    std::unique_ptr<Attention> attention;
+    std::unique_ptr<Attention> attention;             // full-attention layers
+    std::unique_ptr<GatedDeltaNet> linear_attention;  // linear-attention layers
     RmsNorm post_attention_norm;
     std::unique_ptr<FeedForward> feed_forward;
   };
@@ -63,6 +72,7 @@ class DecoderModel : public Model {
   std::optional<ParallelLmHead> lm_head_;        // last stage only
   RopeTable rope_;
   int max_positions_;
+  bool has_state_layers_ = false;  // this stage holds Gated DeltaNet layers
 };
 
 }  // namespace tessera

@@ -26,7 +26,7 @@ StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int 
   s.logits_indices = be.scratch({n}, DType::kI32);
   if (n > 0) be.copy_from_host(s.logits_indices, in.logits_indices.data());
   s.attention = upload_attention_metadata(be, in.attention);
-  if (!in.linear.state_slots.empty()) s.linear = upload_linear_attn_metadata(be, in.linear);
+  if (!in.linear.query_start_loc.empty()) s.linear = upload_linear_attn_metadata(be, in.linear);
   return s;
 }
 

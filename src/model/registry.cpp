@@ -12,8 +12,16 @@ struct Entry {
 };
 // One line per architecture.
 constexpr Entry kArchitectures[] = {
-    {"LlamaForCausalLM", make_llama},        {"Qwen2ForCausalLM", make_qwen2},        {"Qwen3ForCausalLM", make_qwen3},
-    {"Qwen2MoeForCausalLM", make_qwen2_moe}, {"Qwen3MoeForCausalLM", make_qwen3_moe},
+    {"LlamaForCausalLM", make_llama},
+    {"Qwen2ForCausalLM", make_qwen2},
+    {"Qwen3ForCausalLM", make_qwen3},
+    {"Qwen2MoeForCausalLM", make_qwen2_moe},
+    {"Qwen3MoeForCausalLM", make_qwen3_moe},
+    {"Qwen3NextForCausalLM", make_qwen3_next},
+    {"Qwen3_5MoeForCausalLM", make_qwen3_5_moe},
+    {"Qwen3_5MoeForConditionalGeneration", make_qwen3_5_moe},
+    {"Qwen3_5ForCausalLM", make_qwen3_5},
+    {"Qwen3_5ForConditionalGeneration", make_qwen3_5},
 };
 }  // namespace
 

@@ -18,5 +18,8 @@ std::unique_ptr<Model> make_qwen2(const ModelConfig&, const ModelOptions&, Backe
 std::unique_ptr<Model> make_qwen3(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen2_moe(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen3_moe(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_qwen3_next(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_qwen3_5_moe(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_qwen3_5(const ModelConfig&, const ModelOptions&, Backend&);
 
 }  // namespace tessera

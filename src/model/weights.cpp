@@ -113,6 +113,36 @@ const Tensor& WeightStore::declare_row_block(const std::string& name, Shape full
   return entries_.back().tensor;
 }
 
+const Tensor& WeightStore::declare_row_blocks(const std::string& label, std::vector<RowBlock> blocks,
+                                              Shape local_shape) {
+  int64_t elems = 0;
+  for (const auto& b : blocks) {
+    TESSERA_CHECK(b.full_shape.ndim() >= 1 && b.row_begin >= 0 && b.rows > 0 && b.row_begin + b.rows <= b.full_shape[0],
+                  "{}: rows [{}, {}) of {} {}", label, b.row_begin, b.row_begin + b.rows, b.name, b.full_shape.str());
+    elems += b.rows * (b.full_shape.numel() / b.full_shape[0]);
+  }
+  TESSERA_CHECK(elems == local_shape.numel(), "{}: row blocks of {} elements for a {} parameter", label, elems,
+                local_shape.str());
+  Entry e = make_entry(label, local_shape, local_shape, ParallelStyle::kReplicated, DummyInit::kUniform);
+  e.blocks = std::move(blocks);
+  entries_.push_back(std::move(e));
+  return entries_.back().tensor;
+}
+
+const Tensor& WeightStore::declare_f32(const std::string& name, Shape full_shape, ParallelStyle style) {
+  const Tensor& t = declare(name, full_shape, style);
+  entries_.back().f32 = true;
+  return t;
+}
+
+const Tensor& WeightStore::declare_offset(const std::string& name, Shape shape, float offset, bool f32) {
+  Entry e = make_entry(name, shape, shape, ParallelStyle::kReplicated, DummyInit::kOnes);
+  e.offset = offset;
+  e.f32 = f32;
+  entries_.push_back(std::move(e));
+  return entries_.back().tensor;
+}
+
 WeightStore::Experts WeightStore::declare_experts(const std::string& prefix, int64_t num_experts, int64_t intermediate,
                                                   int64_t hidden) {
   TESSERA_CHECK(num_experts > 0 && intermediate > 0 && hidden > 0, "{}: {} experts of {} x {}", prefix, num_experts,
@@ -148,7 +178,7 @@ const Tensor& WeightStore::declare_tied(const std::string& alias, const std::str
 size_t WeightStore::param_bytes(DType dtype) const {
   size_t n = 0;
   for (const auto& e : entries_)
-    if (e.tied_to.empty()) n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(dtype);
+    if (e.tied_to.empty()) n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(e.f32 ? DType::kF32 : dtype);
   return n;
 }
 
@@ -232,7 +262,25 @@ class WeightStore::Stager {
 void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager) {
   const size_t ds = dtype_size(dt);
   char* dst = stager.take(e.tensor.nbytes());
-  if (!e.parts.empty()) {  // stacked column-parallel parts (gate + up, q + k + v)
+  if (!e.blocks.empty()) {  // row blocks of one or more tensors, in order
+    size_t offset = 0;
+    for (const auto& b : e.blocks) {
+      CheckpointTensor src = ckpt.get(b.name);
+      check_shape(src, b.full_shape);
+      Matrix m = matrix_of(src);
+      const int64_t per_row = m.rows / b.full_shape[0];
+      copy_block(m, b.row_begin * per_row, b.rows * per_row, 0, m.cols, dt, dst + offset);
+      offset += static_cast<size_t>(b.rows * per_row * m.cols) * ds;
+    }
+  } else if (e.offset != 0.0f) {  // checkpoint + offset, added in f32
+    CheckpointTensor src = ckpt.get(e.name);
+    check_shape(src, e.full_shape);
+    Matrix m = matrix_of(src);
+    std::vector<float> f(static_cast<size_t>(m.rows * m.cols));
+    copy_block(m, 0, m.rows, 0, m.cols, DType::kF32, reinterpret_cast<char*>(f.data()));
+    for (float& x : f) x += e.offset;
+    convert_host(f.data(), DType::kF32, dst, dt, f.size());
+  } else if (!e.parts.empty()) {  // stacked column-parallel parts (gate + up, q + k + v)
     size_t offset = 0;
     for (const auto& p : e.parts) {
       CheckpointTensor src = ckpt.get(p.name);
@@ -319,11 +367,12 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
   Stager stager(backend);
   for (auto& e : entries_) {
     if (!e.tied_to.empty()) continue;
-    e.tensor = backend.alloc(e.local_shape, dt);
+    const DType edt = e.f32 ? DType::kF32 : dt;
+    e.tensor = backend.alloc(e.local_shape, edt);
     if (e.style == ParallelStyle::kExpert)
-      load_experts(e, ckpt, dt, stager);
+      load_experts(e, ckpt, edt, stager);
     else
-      load_entry(e, ckpt, dt, stager);
+      load_entry(e, ckpt, edt, stager);
     bytes += e.tensor.nbytes();
     if (progress) progress(++done, entries_.size(), bytes);
   }
@@ -338,8 +387,10 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
   for (auto& e : entries_) {
     ++i;
     if (!e.tied_to.empty()) continue;
-    e.tensor = backend.alloc(e.local_shape, dt);
-    if (e.init == DummyInit::kOnes)
+    e.tensor = backend.alloc(e.local_shape, e.f32 ? DType::kF32 : dt);
+    if (e.offset != 0.0f)
+      backend.fill(e.tensor, e.offset);
+    else if (e.init == DummyInit::kOnes)
       backend.fill(e.tensor, 1.0f);
     else
       backend.fill_random(e.tensor, seed * 1000003ull + i, -0.05f, 0.05f);

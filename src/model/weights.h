@@ -63,6 +63,25 @@ class WeightStore {
   // Rows [row_begin, row_begin + rows) of a checkpoint tensor, whatever the TP rank
   // (KV heads replicated when --tensor-parallel-size exceeds num_key_value_heads).
   const Tensor& declare_row_block(const std::string& name, Shape full_shape, int64_t row_begin, int64_t rows);
+  // Whole dim-0 rows [row_begin, row_begin + rows) of checkpoint tensor `name` (of shape
+  // `full_shape`), one piece of a parameter assembled by declare_row_blocks.
+  struct RowBlock {
+    std::string name;
+    Shape full_shape;
+    int64_t row_begin, rows;
+  };
+  // A parameter of shape `local_shape` whose rows are `blocks` in order: a rank's slice of
+  // several parts (q | k | v | z of a Gated DeltaNet projection), or rows regrouped from an
+  // interleaved checkpoint layout. The caller picks the rows for its TP rank.
+  const Tensor& declare_row_blocks(const std::string& label, std::vector<RowBlock> blocks, Shape local_shape);
+  // A replicated parameter stored as checkpoint + `offset` (the (1 + w) zero-centred RMSNorm
+  // weights of Qwen3-Next / Qwen3.5, added in f32 before the conversion to the compute
+  // dtype, or kept in f32 with `f32`: the layer norms, whose kernels take f32 weights, so
+  // 1 + w is not rounded to bf16); dummy weights are `offset` + 0.
+  const Tensor& declare_offset(const std::string& name, Shape shape, float offset, bool f32 = false);
+  // A parameter kept in f32 whatever the compute dtype (Gated DeltaNet's A_log and dt_bias,
+  // whose rounding to bf16 would compound in the recurrent state's decay over many tokens).
+  const Tensor& declare_f32(const std::string& name, Shape full_shape, ParallelStyle style);
   // A MoE layer's experts under `prefix` ("model.layers.3.mlp.experts"), stacked:
   // gate_up [E_local, 2 * I_local, H] (each expert's gate rows, then its up rows) and
   // down [E_local, H, I_local]. Read from per-expert tensors (prefix.{e}.gate_proj.weight,
@@ -85,7 +104,7 @@ class WeightStore {
   void load(const Checkpoint& ckpt, Backend& backend, const Progress& progress = nullptr);
   void load_dummy(Backend& backend, uint64_t seed, const Progress& progress = nullptr);
 
-  size_t param_bytes(DType dtype) const;  // bytes this rank holds, stored in `dtype`
+  size_t param_bytes(DType dtype) const;  // bytes this rank holds, stored in `dtype` (f32 ones in f32)
   size_t count() const { return entries_.size(); }
 
  private:
@@ -93,7 +112,10 @@ class WeightStore {
     std::string name;
     Shape full_shape, local_shape;
     ParallelStyle style = ParallelStyle::kReplicated;
-    std::vector<Part> parts;  // stacked parameters
+    std::vector<Part> parts;       // stacked parameters
+    std::vector<RowBlock> blocks;  // declare_row_blocks
+    float offset = 0.0f;           // declare_offset
+    bool f32 = false;              // declare_f32: stored in f32, not the compute dtype
     DummyInit init = DummyInit::kUniform;
     std::string tied_to;
     Tensor tensor;

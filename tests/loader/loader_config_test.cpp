@@ -301,6 +301,79 @@ TEST(ModelConfig, BadOrUnsupportedMixtureOfExpertsFieldsFail) {
   EXPECT_NO_THROW(parse(with("routed_scaling_factor", 1.0)));
 }
 
+json hybrid_config() {
+  json j = base_config();
+  j["architectures"] = {"Qwen3NextForCausalLM"};
+  j["num_hidden_layers"] = 4;
+  j["layer_types"] = {"linear_attention", "linear_attention", "linear_attention", "full_attention"};
+  j["linear_conv_kernel_dim"] = 4;
+  j["linear_key_head_dim"] = 16;
+  j["linear_value_head_dim"] = 32;
+  j["linear_num_key_heads"] = 2;
+  j["linear_num_value_heads"] = 6;
+  return j;
+}
+
+TEST(ModelConfig, HybridLayerTypesAndLinearAttentionShape) {
+  ModelConfig c = parse(hybrid_config());
+  ASSERT_EQ(c.layer_types.size(), 4u);
+  EXPECT_TRUE(c.is_hybrid());
+  EXPECT_TRUE(c.is_linear_layer(0));
+  EXPECT_FALSE(c.is_linear_layer(3));
+  EXPECT_EQ(c.linear.conv_kernel, 4);
+  EXPECT_EQ(c.linear.key_head_dim, 16);
+  EXPECT_EQ(c.linear.value_head_dim, 32);
+  EXPECT_EQ(c.linear.num_key_heads, 2);
+  EXPECT_EQ(c.linear.num_value_heads, 6);
+  EXPECT_FALSE(parse(base_config()).is_hybrid());
+
+  // The older spelling: every full_attention_interval-th layer is full attention.
+  json j = hybrid_config();
+  j.erase("layer_types");
+  j["num_hidden_layers"] = 8;
+  j["full_attention_interval"] = 4;
+  c = parse(j);
+  ASSERT_EQ(c.layer_types.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(c.is_linear_layer(i), (i + 1) % 4 != 0) << i;
+}
+
+TEST(ModelConfig, HybridWrapperKeepsItsOwnDtypeAndMropeIsPlainRopeForText) {
+  json j = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+            {"model_type", "qwen3_5_moe"},
+            {"dtype", "bfloat16"},
+            {"text_config", hybrid_config()}};
+  j["text_config"]["dtype"] = "float32";
+  j["text_config"]["rope_parameters"] = {{"rope_type", "default"},
+                                         {"rope_theta", 1e7},
+                                         {"partial_rotary_factor", 0.25},
+                                         {"mrope_section", {11, 11, 10}},
+                                         {"mrope_interleaved", true}};
+  ModelConfig c = parse(j);
+  EXPECT_TRUE(c.nested_text_config);
+  EXPECT_EQ(c.dtype, DType::kBF16);
+  EXPECT_DOUBLE_EQ(c.partial_rotary_factor, 0.25);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(c.layer_types.size(), 4u);
+}
+
+TEST(ModelConfig, BadOrUnsupportedHybridFieldsFailNamingThem) {
+  json j = hybrid_config();
+  j["layer_types"][1] = "sliding_attention";
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("sliding_attention"), std::string::npos);
+  j = hybrid_config();
+  j["layer_types"] = {"linear_attention", "full_attention"};
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("layer_types"), std::string::npos);
+  j = hybrid_config();
+  j.erase("linear_key_head_dim");
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("linear_key_head_dim"), std::string::npos);
+  j = hybrid_config();
+  j["linear_num_value_heads"] = 5;
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("linear_num_value_heads"), std::string::npos);
+  j = hybrid_config();
+  j["attn_output_gate"] = false;
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("attn_output_gate"), std::string::npos);
+}
+
 TEST(ModelConfig, ConfigThatIsNotAnObject) {
   error_of(json::array({1, 2}), ErrorKind::kCorrupt);
   error_of(json("text"), ErrorKind::kCorrupt);

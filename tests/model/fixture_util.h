@@ -50,8 +50,30 @@ inline bool fixture_supported(const std::string& name) {
   }
 }
 
-// The fixtures of supported families (what the model and engine tests run).
+// Whether the fixture is a hybrid model (Gated DeltaNet layers with per-sequence state slots).
+inline bool fixture_is_hybrid(const std::string& name) {
+  return load_model_config(fixtures_dir() + "/" + name).is_hybrid();
+}
+
+// The fixtures of supported families whose layers all use the paged KV cache (what the
+// engine tests run until the engine allocates state slots).
 inline std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& n : all_fixture_names())
+    if (fixture_supported(n) && !fixture_is_hybrid(n)) names.push_back(n);
+  return names;
+}
+
+// The supported hybrid fixtures (Qwen3-Next, Qwen3.5).
+inline std::vector<std::string> hybrid_fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& n : all_fixture_names())
+    if (fixture_supported(n) && fixture_is_hybrid(n)) names.push_back(n);
+  return names;
+}
+
+// Every supported fixture (what the model tests run).
+inline std::vector<std::string> all_supported_fixture_names() {
   std::vector<std::string> names;
   for (const auto& n : all_fixture_names())
     if (fixture_supported(n)) names.push_back(n);

@@ -13,8 +13,9 @@
 namespace tessera {
 namespace {
 
-using testing::fixture_names;
+using testing::all_supported_fixture_names;
 using testing::fixtures_dir;
+using testing::hybrid_fixture_names;
 using testing::load_reference;
 
 struct Loaded {
@@ -24,7 +25,14 @@ struct Loaded {
   KvCache cache;
 };
 
-std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = 16, std::optional<DType> kv_dtype = {}) {
+// KV blocks of 16 tokens: enough for the longest prompt (300) and its greedy tokens.
+constexpr int kBlocks = 24;
+
+// The cache every layer declares: paged K/V for attention layers; for Gated DeltaNet layers
+// `slots` state slots (conv state in the compute dtype, the recurrent state in f32, as the
+// engine's defaults).
+std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = kBlocks, std::optional<DType> kv_dtype = {},
+                             int slots = 4) {
   auto l = std::make_unique<Loaded>();
   ModelConfig cfg = load_model_config(fixtures_dir() + "/" + name);
   l->model = create_model(cfg, ModelOptions{}, l->backend);
@@ -32,29 +40,72 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = 16, std::
   l->model->weights().load(ckpt, l->backend);
   l->cache.block_size = 16;
   l->cache.num_blocks = num_blocks;
+  const DType dt = kv_dtype.value_or(l->backend.compute_dtype());
+  l->cache.dtype = dt;
+  bool states = false;
   for (const auto& spec : l->model->cache_specs()) {
-    const DType dt = kv_dtype.value_or(l->backend.compute_dtype());
-    l->cache.dtype = dt;
+    if (spec.kind == CacheKind::kStateSlot) {
+      states = true;
+      l->cache.k.emplace_back();
+      l->cache.v.emplace_back();
+      Shape conv{slots, spec.conv_state_shape[0], spec.conv_state_shape[1]};
+      Shape ssm{slots, spec.ssm_state_shape[0], spec.ssm_state_shape[1], spec.ssm_state_shape[2]};
+      l->cache.conv_state.push_back(l->backend.alloc(conv, l->backend.compute_dtype()));
+      l->cache.ssm_state.push_back(l->backend.alloc(ssm, DType::kF32));
+      continue;
+    }
     l->cache.k.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
     l->cache.v.push_back(l->backend.alloc({num_blocks, 16, spec.num_kv_heads, spec.head_dim}, dt));
+    l->cache.conv_state.emplace_back();
+    l->cache.ssm_state.emplace_back();
+  }
+  if (states) {
+    l->cache.num_state_slots = slots;
+  } else {
+    l->cache.conv_state.clear();
+    l->cache.ssm_state.clear();
   }
   return l;
 }
 
-// One sequence occupying blocks 0..n-1 in order: run tokens [start, start+len).
-ModelInput single_sequence_step(const std::vector<int32_t>& all_tokens, int start, int len, int num_blocks) {
+// One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
+// blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
+// `slot` (continued when the step starts after position 0).
+struct SeqPart {
+  const std::vector<int32_t>* tokens;
+  int start, len;
+  int first_block, num_blocks;
+  int slot;
+};
+
+ModelInput step_of(const std::vector<SeqPart>& seqs) {
   ModelInput in;
-  for (int i = start; i < start + len; ++i) {
-    in.token_ids.push_back(all_tokens[i]);
-    in.positions.push_back(i);
-    in.attention.slot_mapping.push_back(i);  // block i/16, offset i%16 with the identity block table
+  in.attention.query_start_loc = {0};
+  in.linear.query_start_loc = {0};
+  int max_blocks = 0;
+  for (const auto& s : seqs) max_blocks = std::max(max_blocks, s.num_blocks);
+  in.attention.max_blocks_per_seq = max_blocks;
+  for (const auto& s : seqs) {
+    for (int i = s.start; i < s.start + s.len; ++i) {
+      in.token_ids.push_back((*s.tokens)[i]);
+      in.positions.push_back(i);
+      in.attention.slot_mapping.push_back((s.first_block + i / 16) * 16 + i % 16);
+    }
+    const int end = static_cast<int>(in.token_ids.size());
+    in.attention.query_start_loc.push_back(end);
+    in.attention.seq_lens.push_back(s.start + s.len);
+    for (int b = 0; b < max_blocks; ++b) in.attention.block_tables.push_back(b < s.num_blocks ? s.first_block + b : 0);
+    in.linear.query_start_loc.push_back(end);
+    in.linear.state_slots.push_back(s.slot);
+    in.linear.has_initial_state.push_back(s.start > 0 ? 1 : 0);
+    in.logits_indices.push_back(end - 1);
   }
-  in.attention.query_start_loc = {0, len};
-  in.attention.seq_lens = {start + len};
-  in.attention.max_blocks_per_seq = num_blocks;
-  for (int b = 0; b < num_blocks; ++b) in.attention.block_tables.push_back(b);
-  in.logits_indices = {len - 1};
   return in;
+}
+
+// One sequence occupying blocks 0..n-1 in order and state slot 0: run tokens [start, start+len).
+ModelInput single_sequence_step(const std::vector<int32_t>& all_tokens, int start, int len, int num_blocks) {
+  return step_of({SeqPart{&all_tokens, start, len, 0, num_blocks, 0}});
 }
 
 std::vector<float> to_host(Backend& be, const Tensor& t) {
@@ -70,15 +121,23 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 // Logits within logit_tol of transformers' at the prompt's last position, then greedy tokens
 // identical except where the reference's own margin is within close_call.
+// The prompt is prefilled in steps of `chunk` tokens (0: one step), the state and KV cache
+// carried from one step to the next.
 void check_against_reference(const std::string& name, std::optional<DType> kv_dtype, double logit_tol,
-                             double close_call) {
+                             double close_call, int chunk = 0) {
   auto ref = load_reference(name);
   size_t compared_total = 0;
   for (const auto& c : ref["cases"]) {
-    auto l = load(name, 16, kv_dtype);
+    auto l = load(name, kBlocks, kv_dtype);
     std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
     const int prompt_len = static_cast<int>(tokens.size());
-    Tensor logits = l->model->forward(single_sequence_step(tokens, 0, prompt_len, 16), l->cache);
+    const int step = chunk > 0 ? chunk : prompt_len;
+    Tensor logits;
+    for (int start = 0; start < prompt_len; start += step) {
+      l->backend.reset_scratch();
+      logits =
+          l->model->forward(single_sequence_step(tokens, start, std::min(step, prompt_len - start), kBlocks), l->cache);
+    }
     std::vector<float> got = to_host(l->backend, logits);
     auto want = c["last_logits"].get<std::vector<float>>();
     ASSERT_EQ(got.size(), want.size());
@@ -95,7 +154,8 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
       out.push_back(next);
       tokens.push_back(next);
       l->backend.reset_scratch();
-      Tensor lg = l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, 16), l->cache);
+      Tensor lg =
+          l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, kBlocks), l->cache);
       next = argmax(to_host(l->backend, lg));
     }
     // At a step the reference itself calls within close_call the other token may win; from
@@ -130,22 +190,98 @@ TEST_P(FixtureTest, Fp8KvCacheStaysWithinFp8Tolerance) {
   check_against_reference(GetParam(), DType::kF8E4M3, cuda ? 0.6 : 0.5, 0.3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(all_supported_fixture_names()),
                          [](const auto& info) { return info.param; });
 
-// Fixtures of families not supported yet (Qwen3-Next, Qwen3.5, FP8 checkpoints) are refused
-// with kUnsupported naming what is missing, at config parsing or model creation; every
-// Qwen2-MoE / Qwen3-MoE fixture runs.
+class HybridFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+// Prefill in steps of 32 tokens (the 300-token prompt crosses 10 steps and several 64-token
+// chunks of the gated delta rule): each step continues from the slot's conv and recurrent
+// state, and the logits and greedy tokens are transformers' as with one prefill step.
+TEST_P(HybridFixtureTest, ChunkedPrefillCarriesTheState) {
+  const bool cuda = testing::testing_on_cuda();
+  check_against_reference(GetParam(), std::nullopt, cuda ? 0.15 : 2e-3, cuda ? 0.05 : 1e-3, 32);
+}
+
+// Two sequences in one step, in state slots 3 and 1 and their own KV blocks: a 33-token
+// prompt and the 300-token one (whose first 40 tokens ran in an earlier step alone, so one
+// sequence continues from its state while the other starts from zeros); each gets its own
+// reference logits. Then one decode step of both gives each one's first greedy token.
+TEST_P(HybridFixtureTest, TwoSequencesInOneStepKeepTheirOwnSlots) {
+  const std::string name = GetParam();
+  auto ref = load_reference(name);
+  const auto& cases = ref["cases"];
+  ASSERT_GE(cases.size(), 4u);
+  const auto& ca = cases[2];
+  const auto& cb = cases[3];
+  std::vector<int32_t> a = ca["prompt_ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> b = cb["prompt_ids"].get<std::vector<int32_t>>();
+  const int la = static_cast<int>(a.size()), lb = static_cast<int>(b.size());
+  ASSERT_LT(la + 1, 4 * 16);
+  auto l = load(name, 4 + 21);
+  // Sequence a: blocks [0, 4), slot 3. Sequence b: blocks [4, 25), slot 1.
+  l->model->forward(step_of({SeqPart{&b, 0, 40, 4, 21, 1}}), l->cache);
+  l->backend.reset_scratch();
+  Tensor logits =
+      l->model->forward(step_of({SeqPart{&a, 0, la, 0, 4, 3}, SeqPart{&b, 40, lb - 40, 4, 21, 1}}), l->cache);
+  std::vector<float> got = to_host(l->backend, logits);
+  const auto want_a = ca["last_logits"].get<std::vector<float>>(), want_b = cb["last_logits"].get<std::vector<float>>();
+  const size_t V = want_a.size();
+  ASSERT_EQ(got.size(), 2 * V);
+  const double tol = testing::testing_on_cuda() ? 0.15 : 2e-3;
+  float err_a = 0, err_b = 0;
+  for (size_t i = 0; i < V; ++i) {
+    err_a = std::max(err_a, std::fabs(got[i] - want_a[i]));
+    err_b = std::max(err_b, std::fabs(got[V + i] - want_b[i]));
+  }
+  EXPECT_LT(err_a, tol) << name << ": the 33-token prompt";
+  EXPECT_LT(err_b, tol) << name << ": the 300-token prompt, continued from its slot";
+
+  const std::vector<float> ga(got.begin(), got.begin() + static_cast<long>(V)),
+      gb(got.begin() + static_cast<long>(V), got.end());
+  a.push_back(argmax(ga));
+  b.push_back(argmax(gb));
+  l->backend.reset_scratch();
+  logits = l->model->forward(step_of({SeqPart{&a, la, 1, 0, 4, 3}, SeqPart{&b, lb, 1, 4, 21, 1}}), l->cache);
+  got = to_host(l->backend, logits);
+  const std::vector<float> da(got.begin(), got.begin() + static_cast<long>(V)),
+      db(got.begin() + static_cast<long>(V), got.end());
+  const double close_call = testing::testing_on_cuda() ? 0.05 : 1e-3;
+  for (int k = 0; k < 2; ++k) {
+    const auto& c = k == 0 ? ca : cb;
+    const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+    const auto margins = c["margins"].get<std::vector<double>>();
+    const int first = k == 0 ? a.back() : b.back(), second = argmax(k == 0 ? da : db);
+    if (first != greedy[0]) {
+      EXPECT_LE(margins[0], close_call) << name << " sequence " << k << " first token";
+      continue;
+    }
+    if (margins[1] > close_call) {
+      EXPECT_EQ(second, greedy[1]) << name << " sequence " << k << " decode step";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HybridFixtureTest, ::testing::ValuesIn(hybrid_fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+// Every hybrid fixture (Qwen3-Next, Qwen3.5 MoE text, the multimodal wrapper, dense) runs.
+TEST(ModelRegistry, HybridFixturesRun) { EXPECT_GE(hybrid_fixture_names().size(), 4u); }
+
+// Fixtures of families not supported yet (FP8 checkpoints) are refused with kUnsupported
+// naming what is missing, at config parsing or model creation; every Qwen2-MoE / Qwen3-MoE
+// fixture runs.
 TEST(ModelRegistry, FixturesOfUnsupportedFamiliesAreRefusedClearly) {
   CpuBackend be;
   size_t moe = 0;
   for (const auto& name : testing::all_fixture_names()) {
-    const bool qwen_moe = name.rfind("qwen3_moe_", 0) == 0 || name.rfind("qwen2_moe_", 0) == 0;
+    const bool qwen_moe = name.rfind("qwen3_moe_", 0) == 0 || name.rfind("qwen2_moe_", 0) == 0 ||
+                          name.rfind("qwen3_next", 0) == 0 || name.rfind("qwen3_5_", 0) == 0;
     if (testing::fixture_supported(name)) {
       moe += qwen_moe;
       continue;
     }
-    EXPECT_FALSE(qwen_moe) << name << " is a MoE family tessera runs";
+    EXPECT_FALSE(qwen_moe && name.find("fp8") == std::string::npos) << name << " is a MoE family tessera runs";
     try {
       ModelConfig cfg = load_model_config(fixtures_dir() + "/" + name);
       create_model(cfg, ModelOptions{}, be);
@@ -155,7 +291,7 @@ TEST(ModelRegistry, FixturesOfUnsupportedFamiliesAreRefusedClearly) {
       EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << name << ": " << e.what();
     }
   }
-  EXPECT_GE(moe, 5u) << "the Qwen2-MoE and Qwen3-MoE fixtures";
+  EXPECT_GE(moe, 9u) << "the Qwen2-MoE, Qwen3-MoE, Qwen3-Next and Qwen3.5 fixtures";
 }
 
 TEST(ModelRegistry, UnknownArchitectureListsSupportedOnes) {

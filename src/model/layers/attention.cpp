@@ -32,7 +32,24 @@ Attention::Attention(BlockContext& ctx, const std::string& p, const AttentionOpt
     return w.declare_row_block(name, shape, kv_head * D, D);
   };
   const bool bias = options.qkv_bias;
-  if (!bias && !replicate_kv) {
+  if (options.output_gate) {
+    // q_proj rows are [Hq, 2, D]: each head's query, then its gate. This rank's heads'
+    // query rows, k and v rows go into one fused projection; the gate rows into another.
+    if (bias) fail(ErrorKind::kUnsupported, "{}: gated attention with a qkv bias is not supported", p);
+    const Shape q_full{2 * q_rows, H}, kv_full{kv_rows, H};
+    const int64_t h0 = static_cast<int64_t>(ctx.comm.tp_rank()) * local_heads_;
+    const int64_t k0 = replicate_kv ? kv_head * D : static_cast<int64_t>(ctx.comm.tp_rank()) * local_kv_heads_ * D;
+    const int64_t kv_local = static_cast<int64_t>(local_kv_heads_) * D;
+    std::vector<WeightStore::RowBlock> qkv, gate;
+    for (int64_t h = h0; h < h0 + local_heads_; ++h) {
+      qkv.push_back({p + "q_proj.weight", q_full, 2 * h * D, D});
+      gate.push_back({p + "q_proj.weight", q_full, 2 * h * D + D, D});
+    }
+    qkv.push_back({p + "k_proj.weight", kv_full, k0, kv_local});
+    qkv.push_back({p + "v_proj.weight", kv_full, k0, kv_local});
+    qkv_ = &w.declare_row_blocks(p + "qkv_proj", std::move(qkv), {(local_heads_ + 2 * local_kv_heads_) * D, H});
+    gate_ = &w.declare_row_blocks(p + "gate_proj", std::move(gate), {local_heads_ * D, H});
+  } else if (!bias && !replicate_kv) {
     qkv_ = &w.declare_stacked(
         p + "qkv_proj", {{p + "q_proj.weight", q_rows}, {p + "k_proj.weight", kv_rows}, {p + "v_proj.weight", kv_rows}},
         H);
@@ -46,7 +63,11 @@ Attention::Attention(BlockContext& ctx, const std::string& p, const AttentionOpt
     k_bias_ = &kv_param(p + "k_proj.bias", {kv_rows});
     v_bias_ = &kv_param(p + "v_proj.bias", {kv_rows});
   }
-  if (options.qk_norm) {
+  if (options.qk_norm && options.zero_centred_qk_norm) {
+    // 1 + w in the compute dtype: the fused qkv prologue takes bf16 norm weights on GPU.
+    q_norm_ = &w.declare_offset(p + "q_norm.weight", {D}, 1.0f);
+    k_norm_ = &w.declare_offset(p + "k_norm.weight", {D}, 1.0f);
+  } else if (options.qk_norm) {
     q_norm_ = &w.declare(p + "q_norm.weight", {D}, ParallelStyle::kReplicated, DummyInit::kOnes);
     k_norm_ = &w.declare(p + "k_norm.weight", {D}, ParallelStyle::kReplicated, DummyInit::kOnes);
   }
@@ -81,6 +102,11 @@ void Attention::forward(const Tensor& h, const Tensor& out, const Tensor& positi
     be.rope(q, k, positions, rope);
     be.write_kv(k, v, k_cache, v_cache, meta, k_scale, v_scale);
     be.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, attn);
+  }
+  if (gate_) {
+    Tensor gate = be.scratch({T, local_heads_ * D}, dt);
+    be.linear(h, *gate_, nullptr, gate);
+    be.sigmoid_mul(attn.view({T, local_heads_ * D}), gate, attn.view({T, local_heads_ * D}));
   }
   o_proj_.forward(attn.view({T, local_heads_ * D}), out);
 }

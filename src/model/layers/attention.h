@@ -1,8 +1,9 @@
 // Self-attention with rotary embeddings over the paged KV cache: GQA (KV heads split across
 // TP ranks, or replicated when TP is a multiple of them, as vLLM does), optional qkv bias
 // (Qwen2) and per-head q/k RMSNorm (Qwen3), and a row-parallel o_proj. Partial rotary
-// embeddings come from the rope table (rotary_dim below head_dim); gated attention
-// (Qwen3-Next / Qwen3.5: a sigmoid gate on the output, from q_proj) is the next option here.
+// embeddings come from the rope table (rotary_dim below head_dim). Gated attention
+// (Qwen3-Next / Qwen3.5): q_proj yields each head's query and then its gate ([Hq, 2, D] rows);
+// the output is attention * sigmoid(gate) before o_proj, and the q/k norms are zero-centred.
 #pragma once
 #include <string>
 
@@ -11,8 +12,10 @@
 namespace tessera {
 
 struct AttentionOptions {
-  bool qkv_bias = false;  // Qwen2
-  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before rope
+  bool qkv_bias = false;              // Qwen2
+  bool qk_norm = false;               // Qwen3: RMSNorm over each head of q and k before rope
+  bool output_gate = false;           // Qwen3-Next / Qwen3.5 (no qkv bias)
+  bool zero_centred_qk_norm = false;  // the q/k norms scale by 1 + w
 };
 
 class Attention {
@@ -31,7 +34,8 @@ class Attention {
   int64_t head_dim_;
   float eps_;
   int local_heads_, local_kv_heads_;
-  const Tensor* qkv_ = nullptr;  // q, k, v stacked (no bias, KV heads split): one GEMM
+  const Tensor* qkv_ = nullptr;   // q, k, v stacked (no bias): one GEMM
+  const Tensor* gate_ = nullptr;  // output_gate: this rank's gate rows of q_proj
   const Tensor *q_proj_ = nullptr, *k_proj_ = nullptr, *v_proj_ = nullptr;
   const Tensor *q_bias_ = nullptr, *k_bias_ = nullptr, *v_bias_ = nullptr;
   const Tensor *q_norm_ = nullptr, *k_norm_ = nullptr;

@@ -1,0 +1,219 @@
+// Hybrid models (Qwen3-Next, Qwen3.5) beyond the fixture checks: tensor parallelism of the
+// Gated DeltaNet and gated attention layers (two ranks in two threads of this process, over a
+// host communicator, give transformers' logits), and the released models' configs (declared
+// from config.json alone: per-rank state shapes, parameter counts; nothing allocated).
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "fixture_util.h"
+#include "loader/checkpoint.h"
+#include "model/registry.h"
+
+namespace tessera {
+namespace {
+
+using testing::fixtures_dir;
+
+// The collectives a model calls, between threads of this process on host (CPU backend)
+// tensors of f32: each rank publishes its tensor, waits for the others, then reads theirs.
+struct Rendezvous {
+  explicit Rendezvous(int n) : size(n), sync(n), tensors(static_cast<size_t>(n)) {}
+  int size;
+  std::barrier<> sync;
+  std::vector<Tensor> tensors;
+};
+
+class ThreadComm : public dist::Communicator {
+ public:
+  ThreadComm(Rendezvous& r, int rank) : r_(r) {
+    info_.name = "tp";
+    for (int i = 0; i < r.size; ++i) info_.world_ranks.push_back(i);
+    info_.rank = rank;
+  }
+  const dist::GroupInfo& group() const override { return info_; }
+  std::string backend() const override { return "threads"; }
+  void all_reduce(const Tensor& t, dist::ReduceOp) override {
+    TESSERA_CHECK(t.dtype() == DType::kF32, "ThreadComm: f32 only");
+    r_.tensors[static_cast<size_t>(rank())] = t;
+    r_.sync.arrive_and_wait();
+    std::vector<float> sum(static_cast<size_t>(t.numel()), 0.0f);
+    for (const Tensor& o : r_.tensors)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += o.data<float>()[i];
+    r_.sync.arrive_and_wait();  // everyone has read every input
+    std::memcpy(t.data<float>(), sum.data(), sum.size() * 4);
+  }
+  void gather(const Tensor& in, const Tensor& out, int root) override {
+    r_.tensors[static_cast<size_t>(rank())] = in;
+    r_.sync.arrive_and_wait();
+    if (rank() == root)
+      for (int i = 0; i < size(); ++i)
+        std::memcpy(static_cast<char*>(out.data<char>()) + static_cast<size_t>(i) * in.nbytes(),
+                    r_.tensors[static_cast<size_t>(i)].data<char>(), in.nbytes());
+    r_.sync.arrive_and_wait();
+  }
+  void all_gather(const Tensor&, const Tensor&) override { fail(ErrorKind::kInternal, "ThreadComm: all_gather"); }
+  void broadcast(const Tensor&, int) override { fail(ErrorKind::kInternal, "ThreadComm: broadcast"); }
+  void send(const Tensor&, int) override { fail(ErrorKind::kInternal, "ThreadComm: send"); }
+  void recv(const Tensor&, int) override { fail(ErrorKind::kInternal, "ThreadComm: recv"); }
+  void barrier() override { r_.sync.arrive_and_wait(); }
+
+ private:
+  Rendezvous& r_;
+  dist::GroupInfo info_;
+};
+
+// A 300-token prompt prefilled in steps of 128 tokens on TP rank `rank` of `tp`; rank 0
+// returns the last position's logits.
+std::vector<float> tp_prefill_logits(const std::string& name, const std::vector<int32_t>& tokens, int rank, int tp,
+                                     dist::Communicator* comm) {
+  auto be = make_backend({});
+  ModelConfig cfg = load_model_config(fixtures_dir() + "/" + name);
+  ModelOptions mo;
+  mo.parallel.tp_rank = rank;
+  mo.parallel.tp_size = tp;
+  mo.runtime.tp = comm;
+  auto model = create_model(cfg, mo, *be);
+  Checkpoint ckpt(cfg.model_dir);
+  model->weights().load(ckpt, *be);
+  const int blocks = 24;
+  KvCache cache;
+  cache.num_blocks = blocks;
+  cache.dtype = be->compute_dtype();
+  for (const auto& s : model->cache_specs()) {
+    const bool state = s.kind == CacheKind::kStateSlot;
+    cache.k.push_back(state ? Tensor() : be->alloc({blocks, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
+    cache.v.push_back(state ? Tensor() : be->alloc({blocks, 16, s.num_kv_heads, s.head_dim}, cache.dtype));
+    cache.conv_state.push_back(state ? be->alloc({1, s.conv_state_shape[0], s.conv_state_shape[1]}, be->compute_dtype())
+                                     : Tensor());
+    cache.ssm_state.push_back(
+        state ? be->alloc({1, s.ssm_state_shape[0], s.ssm_state_shape[1], s.ssm_state_shape[2]}, DType::kF32)
+              : Tensor());
+  }
+  cache.num_state_slots = 1;
+  const int n = static_cast<int>(tokens.size());
+  Tensor logits;
+  for (int start = 0; start < n; start += 128) {
+    const int len = std::min(128, n - start);
+    ModelInput in;
+    for (int i = start; i < start + len; ++i) {
+      in.token_ids.push_back(tokens[static_cast<size_t>(i)]);
+      in.positions.push_back(i);
+      in.attention.slot_mapping.push_back(i);
+    }
+    in.attention.query_start_loc = {0, len};
+    in.attention.seq_lens = {start + len};
+    in.attention.max_blocks_per_seq = blocks;
+    for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
+    in.linear = {{0, len}, {0}, {start > 0 ? 1 : 0}};
+    in.logits_indices = {len - 1};
+    be->reset_scratch();
+    logits = model->forward(in, cache);
+  }
+  if (!model->returns_logits()) return {};
+  std::vector<float> v(static_cast<size_t>(logits.numel()));
+  be->copy_to_host(v.data(), logits);
+  be->synchronize();
+  return v;
+}
+
+class HybridTensorParallel : public ::testing::TestWithParam<std::string> {};
+
+// TP 2: each rank holds one of the two key heads and two of the four value heads of every
+// Gated DeltaNet layer (its slice of q, k, v, z, b, a, of the conv channels and of the
+// states), half the attention heads, half of every MLP / expert; the logits are
+// transformers'.
+TEST_P(HybridTensorParallel, TwoRanksGiveTheReferenceLogits) {
+  const std::string name = GetParam();
+  auto ref = testing::load_reference(name);
+  const auto& c = ref["cases"][3];
+  const auto tokens = c["prompt_ids"].get<std::vector<int32_t>>();
+  Rendezvous rv(2);
+  ThreadComm c0(rv, 0), c1(rv, 1);
+  std::vector<float> got;
+  std::string err1;
+  std::thread t1([&] {
+    try {
+      tp_prefill_logits(name, tokens, 1, 2, &c1);
+    } catch (const std::exception& e) {
+      err1 = e.what();
+    }
+  });
+  got = tp_prefill_logits(name, tokens, 0, 2, &c0);
+  t1.join();
+  ASSERT_TRUE(err1.empty()) << err1;
+  const auto want = c["last_logits"].get<std::vector<float>>();
+  ASSERT_EQ(got.size(), want.size());
+  float max_err = 0;
+  for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+  EXPECT_LT(max_err, 2e-3) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HybridTensorParallel,
+                         ::testing::Values("qwen3_next_tiny", "qwen3_5_moe_vl_tiny", "qwen3_5_dense_tiny"),
+                         [](const auto& i) { return std::string(i.param); });
+
+// The released models' configs (configs/), declared at TP 1 and TP 2: which layers hold state
+// slots and their per-rank shapes, and the parameter count of the checkpoint.
+struct Released {
+  const char* dir;
+  int layers, linear_layers;
+  int64_t conv_channels, value_heads;  // at TP 1
+  double params_b;                     // billions, from the model's name
+};
+
+class ReleasedConfig : public ::testing::TestWithParam<Released> {};
+
+TEST_P(ReleasedConfig, DeclaresStateSlotsAndShapesPerRank) {
+  const Released r = GetParam();
+  ModelConfig cfg = load_model_config(std::string(TESSERA_SOURCE_DIR) + "/configs/" + r.dir);
+  for (int tp : {1, 2}) {
+    auto be = make_backend({});
+    Rendezvous rv(tp);
+    ThreadComm comm(rv, 0);
+    ModelOptions mo;
+    mo.parallel.tp_size = tp;
+    mo.runtime.tp = tp > 1 ? &comm : nullptr;
+    auto model = create_model(cfg, mo, *be);
+    const auto specs = model->cache_specs();
+    ASSERT_EQ(static_cast<int>(specs.size()), r.layers);
+    int linear = 0;
+    for (int i = 0; i < r.layers; ++i) {
+      const auto& s = specs[static_cast<size_t>(i)];
+      if ((i + 1) % 4 == 0) {
+        EXPECT_EQ(s.kind, CacheKind::kPagedKv) << r.dir << " layer " << i;
+        EXPECT_EQ(s.head_dim, 256);
+        EXPECT_EQ(s.num_kv_heads, 2 / tp);
+        continue;
+      }
+      ++linear;
+      ASSERT_EQ(s.kind, CacheKind::kStateSlot) << r.dir << " layer " << i;
+      EXPECT_EQ(s.conv_state_shape, (Shape{3, r.conv_channels / tp}));
+      EXPECT_EQ(s.ssm_state_shape, (Shape{r.value_heads / tp, 128, 128}));
+    }
+    EXPECT_EQ(linear, r.linear_layers);
+    if (tp == 1) {
+      const double params = static_cast<double>(model->weights().param_bytes(DType::kBF16)) / 2 / 1e9;
+      EXPECT_NEAR(params, r.params_b, 0.05 * r.params_b) << r.dir;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ReleasedConfig,
+                         ::testing::Values(Released{"qwen3-next-80b-a3b", 48, 36, 2 * 16 * 128 + 32 * 128, 32, 80},
+                                           Released{"qwen3.5-35b-a3b", 40, 30, 2 * 16 * 128 + 32 * 128, 32, 35},
+                                           Released{"qwen3.5-122b-a10b", 48, 36, 2 * 16 * 128 + 64 * 128, 64, 122}),
+                         [](const auto& i) {
+                           std::string n = i.param.dir;
+                           for (char& ch : n)
+                             if (ch == '-' || ch == '.') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace tessera
