@@ -177,6 +177,39 @@ TEST(KvBudget, MambaCacheDtypeFlags) {
   EXPECT_EQ(checkpoint_state_slots(256, false), 0);
 }
 
+// Qwen3.5-35B-A3B: 30 Gated DeltaNet layers of 16 key / 32 value heads of 128, conv kernel 4.
+// Per sequence: a conv state [3, 8192] in bf16 and a recurrent state [32, 128, 128] in f32
+// per layer; max_num_seqs slots plus a quarter for prefix-cache checkpoints.
+TEST(Planner, HybridModelsReserveStateSlotsAndLowerMaxNumSeqsWhenTheyDoNotFit) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-35b-a3b";
+  PlanInputs in = inputs(dir, 141 * kGiB);
+  in.max_model_len = 32768;
+  Plan p = make_plan(in);
+  const size_t per_layer = 3 * 8192 * 2 + 32 * 128 * 128 * 4;
+  EXPECT_EQ(p.stages[0].cache.state_layers, 30);
+  EXPECT_EQ(p.stages[0].cache.paged_layers, 10);
+  EXPECT_EQ(p.stages[0].cache.state_bytes_per_seq, 30 * per_layer);
+  EXPECT_EQ(p.num_state_slots, 256 + 64);
+  EXPECT_EQ(p.max_num_seqs, 256);
+  EXPECT_EQ(p.stages[0].kv.state_bytes, 320 * 30 * per_layer);
+  EXPECT_TRUE(p.fits) << p.verdict;
+  // The recurrent state in bf16 halves most of it.
+  in.mamba_ssm_cache_dtype = "bfloat16";
+  EXPECT_EQ(make_plan(in).stages[0].cache.state_bytes_per_seq, 30 * (3 * 8192 * 2 + 32 * 128 * 128 * 2));
+  in.mamba_ssm_cache_dtype = "auto";
+  // 4096 sequences' states (about 250 GiB) cannot fit: fewer, and the report says so.
+  in.max_num_seqs = 4096;
+  p = make_plan(in);
+  EXPECT_TRUE(p.fits) << p.verdict;
+  EXPECT_LT(p.max_num_seqs, 4096);
+  EXPECT_GT(p.max_num_seqs, 256);
+  EXPECT_NE(render_text(p).find("--max-num-seqs 4096 is lowered to"), std::string::npos) << render_text(p);
+  in.enable_prefix_caching = false;
+  EXPECT_EQ(make_plan(inputs(dir, 141 * kGiB)).num_state_slots, 320);
+  in.max_num_seqs = 8;
+  EXPECT_EQ(make_plan(in).num_state_slots, 8) << "no checkpoint slots without prefix caching";
+}
+
 TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
   PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
   in.max_model_len = 40960;
