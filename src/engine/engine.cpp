@@ -100,10 +100,11 @@ void LLMEngine::plan_kv_cache() {
   TLOG_INFO("KV cache size: {} tokens", with_thousands(tokens));
   double concurrency = static_cast<double>(tokens) / max_len;
   if (hybrid) {
+    const int for_seqs = std::min(budget.num_state_slots, config_.scheduler.max_num_seqs);
     TLOG_INFO(
-        "Linear-attention state slots: {} ({} for --max-num-seqs, the rest for prefix-cache checkpoints; {} layers, "
-        "{:.2f} MiB per sequence, {:.2f} MiB in all; conv state {}, recurrent state {})",
-        budget.num_state_slots, std::min(budget.num_state_slots, config_.scheduler.max_num_seqs), fp.state_layers,
+        "Linear-attention state slots: {} ({} for --max-num-seqs, {} for prefix-cache checkpoints; {} layers, {:.2f} "
+        "MiB per sequence, {:.2f} MiB in all; conv state {}, recurrent state {})",
+        budget.num_state_slots, for_seqs, budget.num_state_slots - for_seqs, fp.state_layers,
         fp.state_bytes_per_seq / 1048576.0, budget.state_bytes / 1048576.0, dtype_name(sdt.conv), dtype_name(sdt.ssm));
     concurrency = std::min(concurrency, static_cast<double>(config_.scheduler.max_num_seqs));
   }
