@@ -18,7 +18,7 @@ int32_t StateSlotPool::evict_lru() {
   return slot;
 }
 
-std::optional<int32_t> StateSlotPool::allocate() {
+std::optional<int32_t> StateSlotPool::take_slot(State as) {
   int32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
@@ -28,9 +28,11 @@ std::optional<int32_t> StateSlotPool::allocate() {
   } else {
     return std::nullopt;
   }
-  state_[slot] = State::kHeld;
+  state_[slot] = as;
   return slot;
 }
+
+std::optional<int32_t> StateSlotPool::allocate() { return take_slot(State::kHeld); }
 
 void StateSlotPool::release(int32_t slot) {
   TESSERA_CHECK(slot >= 0 && slot < num_slots() && state_[slot] == State::kHeld,
@@ -53,18 +55,10 @@ void StateSlotPool::touch_checkpoint(uint64_t hash) {
 
 std::optional<int32_t> StateSlotPool::add_checkpoint(uint64_t hash) {
   if (checkpoints_.count(hash)) return std::nullopt;
-  int32_t slot;
-  if (!free_.empty()) {
-    slot = free_.back();
-    free_.pop_back();
-  } else if (!lru_.empty()) {
-    slot = evict_lru();
-  } else {
-    return std::nullopt;
-  }
-  state_[slot] = State::kCheckpoint;
+  auto slot = take_slot(State::kCheckpoint);
+  if (!slot) return std::nullopt;
   lru_.push_back(hash);
-  checkpoints_.emplace(hash, Checkpoint{slot, std::prev(lru_.end())});
+  checkpoints_.emplace(hash, Checkpoint{*slot, std::prev(lru_.end())});
   return slot;
 }
 

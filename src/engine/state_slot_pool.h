@@ -42,6 +42,8 @@ class StateSlotPool {
  private:
   enum class State : uint8_t { kFree, kHeld, kCheckpoint };
   int32_t evict_lru();
+  // A free slot, else the least recently used checkpoint's; marked `as`.
+  std::optional<int32_t> take_slot(State as);
   std::vector<State> state_;
   std::vector<int32_t> free_;  // a stack: the most recently freed slot is reused first
   std::list<uint64_t> lru_;    // checkpoint hashes, least recently used first
