@@ -52,9 +52,15 @@ nlohmann::json to_json(const plan::Plan& p) {
                            {"state_bytes_per_sequence", s.cache.state_bytes_per_seq},
                            {"paged_layers", s.cache.paged_layers},
                            {"state_layers", s.cache.state_layers},
-                           {"num_blocks", s.kv.num_blocks}});
+                           {"num_blocks", s.kv.num_blocks},
+                           {"num_state_slots", s.kv.num_state_slots},
+                           {"state_bytes", s.kv.state_bytes}});
   }
   j["num_blocks"] = p.num_blocks;
+  j["num_state_slots"] = p.num_state_slots;
+  j["effective_max_num_seqs"] = p.max_num_seqs;
+  j["conv_state_dtype"] = dtype_name(p.conv_state_dtype);
+  j["ssm_state_dtype"] = dtype_name(p.ssm_state_dtype);
   j["kv_tokens"] = p.kv_tokens;
   j["max_concurrency"] = p.max_concurrency;
   j["fits"] = p.fits;

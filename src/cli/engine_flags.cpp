@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/memory_plan.h"
 
 namespace tessera::cli {
 
@@ -28,6 +29,14 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                  "wins)");
   app.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "auto (model dtype), bfloat16, fp8 (e4m3: twice the tokens), fp8_e5m2, float32")
+      ->capture_default_str();
+  app.add_option("--mamba-cache-dtype", f.mamba_cache_dtype,
+                 "linear-attention (Qwen3.5 / Qwen3-Next) state slots: dtype of the conv state, and of the recurrent "
+                 "state unless --mamba-ssm-cache-dtype is given: auto (the model dtype), float32, bfloat16")
+      ->capture_default_str();
+  app.add_option("--mamba-ssm-cache-dtype", f.mamba_ssm_cache_dtype,
+                 "dtype of the linear-attention recurrent state: auto (--mamba-cache-dtype when set, else float32), "
+                 "float32, bfloat16 (half the bytes per sequence)")
       ->capture_default_str();
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "reuse the KV cache of shared prompt prefixes (default on)");
@@ -103,6 +112,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
          "generate runs them)");
   if (!(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1))
     fail(ErrorKind::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1], got {}", f.gpu_memory_utilization);
+  (void)parse_mamba_cache_dtypes(f.mamba_cache_dtype, f.mamba_ssm_cache_dtype, DType::kBF16);  // names checked
   EngineConfig c;
   c.scheduler.max_num_seqs = f.max_num_seqs;
   c.scheduler.max_num_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : 8192;
@@ -112,6 +122,8 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.num_blocks_override = f.num_gpu_blocks_override;
   c.gpu_memory_utilization = f.gpu_memory_utilization;
   c.kv_cache_dtype = f.kv_cache_dtype;
+  c.mamba_cache_dtype = f.mamba_cache_dtype;
+  c.mamba_ssm_cache_dtype = f.mamba_ssm_cache_dtype;
   c.enable_prefix_caching = f.enable_prefix_caching;
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;

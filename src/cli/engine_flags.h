@@ -22,6 +22,7 @@ struct EngineFlags {
   int num_gpu_blocks_override = 0;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
+  std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   uint64_t seed = 0;

@@ -20,6 +20,9 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.block_size = f.block_size;
   in.gpu_memory_utilization = f.gpu_memory_utilization;
   in.kv_cache_dtype = f.kv_cache_dtype;
+  in.mamba_cache_dtype = f.mamba_cache_dtype;
+  in.mamba_ssm_cache_dtype = f.mamba_ssm_cache_dtype;
+  in.enable_prefix_caching = f.enable_prefix_caching;
   in.enforce_eager = f.enforce_eager;
   in.disable_custom_all_reduce = f.disable_custom_all_reduce;
   in.num_gpu_blocks_override = f.num_gpu_blocks_override;

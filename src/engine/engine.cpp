@@ -39,10 +39,11 @@ LLMEngine::~LLMEngine() = default;
 void LLMEngine::plan_kv_cache() {
   const auto specs = executor_->cache_specs();
   const DType dt = parse_kv_cache_dtype(config_.kv_cache_dtype, backend_.compute_dtype());
+  const StateDtypes sdt =
+      parse_mamba_cache_dtypes(config_.mamba_cache_dtype, config_.mamba_ssm_cache_dtype, backend_.compute_dtype());
   const int bs = config_.block_size;
-  const CacheFootprint fp = cache_footprint(specs, dt, bs);
-  if (fp.state_layers > 0)
-    fail(ErrorKind::kUnsupported, "layer cache kind 'state slot' (linear attention) is not implemented yet");
+  const CacheFootprint fp = cache_footprint(specs, dt, bs, sdt.conv, sdt.ssm);
+  const bool hybrid = fp.state_layers > 0;
   const size_t bytes_per_block = fp.kv_bytes_per_block;
   KvBudgetInputs in;
   const size_t real_total = backend_.total_memory(), free = backend_.free_memory();
@@ -56,13 +57,24 @@ void LLMEngine::plan_kv_cache() {
   in.block_size = bs;
   in.max_num_seqs = config_.scheduler.max_num_seqs;
   in.max_model_len = config_.scheduler.max_model_len;
+  if (hybrid) in.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, config_.enable_prefix_caching);
   const KvBudget budget = plan_kv_budget(in, fp);
   if (config_.num_blocks_override <= 0 && config_.kv_cache_memory_bytes == 0)
     TLOG_INFO(
         "Memory: {:.2f} GiB total, {:.2f} GiB in use (weights included), {:.2f} GiB reserved for activations and "
-        "graphs, gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache",
+        "graphs, gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache{}",
         in.total / 1073741824.0, in.used / 1073741824.0, in.reserved / 1073741824.0, config_.gpu_memory_utilization,
-        budget.budget / 1073741824.0);
+        budget.budget / 1073741824.0, hybrid ? " and the state slots" : "");
+  if (hybrid && budget.max_num_seqs < config_.scheduler.max_num_seqs) {
+    TLOG_WARN(
+        "--max-num-seqs {} lowered to {}: the memory left for the cache holds {} linear-attention state slots of "
+        "{:.2f} "
+        "MiB next to the KV cache of one --max-model-len {} sequence (raise --gpu-memory-utilization, lower "
+        "--max-model-len, or set --mamba-ssm-cache-dtype bfloat16 for more)",
+        config_.scheduler.max_num_seqs, budget.max_num_seqs, budget.num_state_slots, fp.state_bytes_per_seq / 1048576.0,
+        config_.scheduler.max_model_len);
+    config_.scheduler.max_num_seqs = budget.max_num_seqs;
+  }
   const int num_blocks = budget.num_blocks;
   const int max_len = config_.scheduler.max_model_len;
   if (static_cast<int64_t>(num_blocks) * bs < max_len)
@@ -76,14 +88,27 @@ void LLMEngine::plan_kv_cache() {
   init.dtype = dt;
   init.max_model_len = max_len;
   init.max_graph_batch = config_.enforce_eager ? 0 : std::min(config_.scheduler.max_num_seqs, 256);
+  init.num_state_slots = budget.num_state_slots;
+  init.conv_dtype = sdt.conv;
+  init.ssm_dtype = sdt.ssm;
   executor_->init_kv_cache(init);
-  cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching);
+  cache_manager_ =
+      std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching, budget.num_state_slots);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
             dtype_name(dt));
   TLOG_INFO("KV cache size: {} tokens", with_thousands(tokens));
-  TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_thousands(max_len),
-            static_cast<double>(tokens) / max_len);
+  double concurrency = static_cast<double>(tokens) / max_len;
+  if (hybrid) {
+    const int for_seqs = std::min(budget.num_state_slots, config_.scheduler.max_num_seqs);
+    TLOG_INFO(
+        "Linear-attention state slots: {} ({} for --max-num-seqs, {} for prefix-cache checkpoints; {} layers, {:.2f} "
+        "MiB per sequence, {:.2f} MiB in all; conv state {}, recurrent state {})",
+        budget.num_state_slots, for_seqs, budget.num_state_slots - for_seqs, fp.state_layers,
+        fp.state_bytes_per_seq / 1048576.0, budget.state_bytes / 1048576.0, dtype_name(sdt.conv), dtype_name(sdt.ssm));
+    concurrency = std::min(concurrency, static_cast<double>(config_.scheduler.max_num_seqs));
+  }
+  TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_thousands(max_len), concurrency);
   if (config_.planned_blocks > 0)
     TLOG_INFO(
         "Planned before loading: {} blocks with {:.2f} GiB in use; measured: {} blocks with {:.2f} GiB ({:+.1f}%)",
@@ -164,6 +189,7 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
   in.attention.block_size = bs;
   in.attention.max_blocks_per_seq = max_blocks;
   in.attention.query_start_loc.push_back(0);
+  const bool hybrid = cache_manager_->has_state_slots();
   for (const auto& s : sched.scheduled) {
     const Request& r = *s.request;
     const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
@@ -176,10 +202,18 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
     in.attention.seq_lens.push_back(end);
     for (int b = 0; b < max_blocks; ++b)
       in.attention.block_tables.push_back(b < static_cast<int>(r.block_ids.size()) ? r.block_ids[b] : 0);
+    if (hybrid) {
+      in.linear.state_slots.push_back(s.state_slot);
+      in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);
+    }
     if (end == r.num_tokens()) {  // caught up: the last position's logits give the next token
       in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
       sampled.push_back(s.request);
     }
+  }
+  if (hybrid) {
+    in.linear.query_start_loc = in.attention.query_start_loc;
+    in.state_copies = sched.state_copies;
   }
   return in;
 }

@@ -26,6 +26,8 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.9;
   size_t kv_cache_memory_bytes = 0;     // explicit KV budget; 0 = plan from memory
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 (e4m3) | fp8_e5m2 | f32
+  // Linear-attention state slots (engine/memory_plan.h, parse_mamba_cache_dtypes).
+  std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
   bool enforce_eager = false;  // no CUDA graphs

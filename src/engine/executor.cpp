@@ -96,11 +96,28 @@ KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& s
   kv.dtype = init.dtype;
   kv.k_scale = init.k_scale;
   kv.v_scale = init.v_scale;
+  kv.num_state_slots = init.num_state_slots;
+  // Row `slot` of a state tensor is one sequence's state: [num_state_slots, ...shape].
+  auto slots_of = [&](const Shape& per_seq) {
+    Shape sh{init.num_state_slots};
+    for (int i = 0; i < per_seq.ndim(); ++i) sh.push_back(per_seq[i]);
+    return sh;
+  };
   for (const auto& s : specs) {
-    if (s.kind != CacheKind::kPagedKv)
-      fail(ErrorKind::kUnsupported, "layer cache kind 'state slot' (linear attention) is not implemented yet");
-    kv.k.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
-    kv.v.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
+    if (s.kind == CacheKind::kPagedKv) {
+      kv.k.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
+      kv.v.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
+      kv.conv_state.emplace_back();
+      kv.ssm_state.emplace_back();
+      continue;
+    }
+    if (init.num_state_slots <= 0)
+      fail(ErrorKind::kInvalidArgument,
+           "the model has linear-attention layers but the cache was planned without state slots");
+    kv.k.emplace_back();
+    kv.v.emplace_back();
+    kv.conv_state.push_back(backend.alloc(slots_of(s.conv_state_shape), init.conv_dtype));
+    kv.ssm_state.push_back(backend.alloc(slots_of(s.ssm_state_shape), init.ssm_dtype));
   }
   return kv;
 }
@@ -258,6 +275,7 @@ void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, 
       case PlanKind::kInitCache:
         runner.init_cache(plan.cache);
         limits.num_blocks = plan.cache.num_blocks;
+        limits.num_state_slots = plan.cache.num_state_slots;
         break;
       case PlanKind::kStep: {
         if (!runner.cache_ready()) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");

@@ -32,6 +32,7 @@ class KvBlockPool {
   void register_full_block(int32_t block, uint64_t hash);
 
   int ref_count(int32_t block) const { return blocks_[block].refs; }
+  bool prefix_caching() const { return prefix_caching_; }
   bool all_free() const { return num_free() == num_blocks(); }
   uint64_t evictions() const { return evictions_; }
 

@@ -2,15 +2,28 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace tessera {
 
-KvCacheManager::KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching)
-    : block_size_(block_size), pool_(num_blocks, enable_prefix_caching) {}
+KvCacheManager::KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots)
+    : block_size_(block_size), pool_(num_blocks, enable_prefix_caching), slots_(num_state_slots) {}
+
+uint64_t KvCacheManager::prefix_hash(const Request& r, int num_blocks) const {
+  uint64_t h = 0;
+  std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
+  for (int b = 0; b < num_blocks; ++b) {
+    for (int i = 0; i < block_size_; ++i) tokens[i] = r.token_at(b * block_size_ + i);
+    h = hash_block(h, tokens.data(), block_size_);
+  }
+  return h;
+}
 
 std::vector<int32_t> KvCacheManager::find_cached_prefix(const Request& r) const {
   std::vector<int32_t> hits;
   const int max_blocks = (r.num_tokens() - 1) / block_size_;
   uint64_t h = 0;
+  size_t with_state = 0;  // hybrid: hits up to the last checkpointed block
   std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
   for (int b = 0; b < max_blocks; ++b) {
     for (int i = 0; i < block_size_; ++i) tokens[i] = r.token_at(b * block_size_ + i);
@@ -18,7 +31,9 @@ std::vector<int32_t> KvCacheManager::find_cached_prefix(const Request& r) const 
     auto hit = pool_.lookup(h);
     if (!hit) break;
     hits.push_back(*hit);
+    if (has_state_slots() && slots_.checkpoint(h)) with_state = hits.size();
   }
+  if (has_state_slots()) hits.resize(with_state);
   return hits;
 }
 
@@ -33,6 +48,23 @@ bool KvCacheManager::allocate(Request& r, int num_new_tokens, const std::vector<
   for (int32_t b : cached)
     if (pool_.ref_count(b) == 0) ++cached_in_free;
   if (new_blocks > pool_.num_free() - cached_in_free) return false;
+  const bool need_slot = has_state_slots() && r.state_slot < 0;
+  if (need_slot && slots_.num_available() == 0) return false;
+  std::optional<int32_t> restore;
+  uint64_t restore_hash = 0;
+  if (has_state_slots() && !cached.empty()) {
+    restore_hash = prefix_hash(r, static_cast<int>(cached.size()));
+    restore = slots_.checkpoint(restore_hash);
+    TESSERA_CHECK(restore.has_value(), "prefix hit of {} blocks without a state checkpoint", cached.size());
+    // Most recently used first, so the slot taken below evicts another checkpoint (or, when
+    // it is the only one, takes this one over: its state is then already in place).
+    slots_.touch_checkpoint(restore_hash);
+  }
+  if (need_slot) r.state_slot = *slots_.allocate();
+  if (restore && *restore != r.state_slot) {
+    copies_.push_back(*restore);
+    copies_.push_back(r.state_slot);
+  }
   if (!cached.empty()) {
     pool_.touch(cached);
     r.block_ids.insert(r.block_ids.end(), cached.begin(), cached.end());
@@ -41,6 +73,11 @@ bool KvCacheManager::allocate(Request& r, int num_new_tokens, const std::vector<
   auto fresh = pool_.allocate(new_blocks);
   r.block_ids.insert(r.block_ids.end(), fresh.begin(), fresh.end());
   return true;
+}
+
+int KvCacheManager::checkpoint_boundary(const Request& r) const {
+  if (!has_state_slots() || !pool_.prefix_caching() || r.prompt.empty()) return 0;
+  return (static_cast<int>(r.prompt.size()) - 1) / block_size_ * block_size_;
 }
 
 void KvCacheManager::commit_computed(Request& r) {
@@ -54,6 +91,14 @@ void KvCacheManager::commit_computed(Request& r) {
     r.block_hashes.push_back(h);
     pool_.register_full_block(r.block_ids[b], h);
   }
+  const int boundary = checkpoint_boundary(r);
+  if (boundary > 0 && r.num_computed_tokens == boundary && r.state_slot >= 0) {
+    const uint64_t h = r.block_hashes[static_cast<size_t>(boundary / block_size_ - 1)];
+    if (auto slot = slots_.add_checkpoint(h)) {
+      copies_.push_back(r.state_slot);
+      copies_.push_back(*slot);
+    }
+  }
 }
 
 void KvCacheManager::free(Request& r) {
@@ -62,6 +107,10 @@ void KvCacheManager::free(Request& r) {
   r.block_ids.clear();
   r.block_hashes.clear();
   r.num_computed_tokens = 0;
+  if (r.state_slot >= 0) slots_.release(r.state_slot);
+  r.state_slot = -1;
 }
+
+std::vector<int32_t> KvCacheManager::take_state_copies() { return std::exchange(copies_, {}); }
 
 }  // namespace tessera

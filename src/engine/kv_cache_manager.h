@@ -1,36 +1,62 @@
-// Maps requests to KV blocks: prefix-cache hits at admission, new blocks as tokens
-// are scheduled, full blocks registered for reuse as they complete.
+// The cache coordinator (vLLM v1's KVCacheCoordinator): one manager per cache type behind
+// one interface, and a request's allocation is all-or-nothing across them.
+// - Paged KV (attention layers): prefix-cache hits at admission, new blocks as tokens are
+//   scheduled, full blocks registered for reuse as they complete.
+// - State slots (linear-attention layers of hybrid models): one slot per running sequence,
+//   taken at admission, kept across chunked-prefill steps and decode, given back on finish,
+//   abort or preemption (a preempted sequence recomputes from scratch). With prefix caching,
+//   a prompt's prefill stops once at its last full-block boundary and the state there is
+//   copied into a checkpoint slot keyed by that block's hash; a later prefix hit is taken only
+//   up to a checkpointed block, whose state is copied into the new sequence's slot.
+// State copies are queued as (src, dst) slot pairs and applied by the ModelRunner before the
+// next forward, in order.
 #pragma once
 #include <vector>
 
 #include "engine/kv_block_pool.h"
 #include "engine/request.h"
+#include "engine/state_slot_pool.h"
 
 namespace tessera {
 
 class KvCacheManager {
  public:
-  KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching);
+  // num_state_slots > 0: the model has linear-attention layers (a hybrid model).
+  KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots = 0);
 
   int block_size() const { return block_size_; }
   KvBlockPool& pool() { return pool_; }
   const KvBlockPool& pool() const { return pool_; }
+  bool has_state_slots() const { return slots_.num_slots() > 0; }
+  const StateSlotPool& state_slots() const { return slots_; }
 
   // For a request not yet holding blocks: the cached blocks of its longest cached
-  // prefix (never the whole prompt: the last token must be computed to get logits).
+  // prefix (never the whole prompt: the last token must be computed to get logits). With
+  // state slots: only up to the last block that has a checkpoint.
   std::vector<int32_t> find_cached_prefix(const Request& r) const;
   // Makes room for num_new_tokens more tokens after r.num_computed_tokens, first taking
-  // `cached` (from find_cached_prefix) as already computed. False if it does not fit
-  // (nothing changes then).
+  // `cached` (from find_cached_prefix) as already computed; gives r a state slot if it needs
+  // one (and queues the restore of the checkpoint `cached` ends at). False if it does not
+  // fit (nothing changes then).
   bool allocate(Request& r, int num_new_tokens, const std::vector<int32_t>& cached = {});
-  // After a step: registers blocks that are now completely computed.
+  // Hybrid models with prefix caching: the position where r's prefill stops for a checkpoint
+  // (its prompt's last full-block boundary that a later prefix hit can end at); 0 = none.
+  int checkpoint_boundary(const Request& r) const;
+  // After a step: registers blocks that are now completely computed; a request that just
+  // reached its checkpoint boundary has its state saved (a queued copy).
   void commit_computed(Request& r);
-  // Returns every block of r to the pool.
+  // Returns every block and the state slot of r.
   void free(Request& r);
+  // The state copies queued since the last call, (src, dst) pairs flattened.
+  std::vector<int32_t> take_state_copies();
 
  private:
+  uint64_t prefix_hash(const Request& r, int num_blocks) const;  // chained hash of the first blocks
+
   int block_size_;
   KvBlockPool pool_;
+  StateSlotPool slots_;
+  std::vector<int32_t> copies_;
 };
 
 }  // namespace tessera

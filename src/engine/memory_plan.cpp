@@ -20,6 +20,26 @@ DType parse_kv_cache_dtype(const std::string& s, DType compute) {
        s);
 }
 
+StateDtypes parse_mamba_cache_dtypes(const std::string& cache, const std::string& ssm, DType compute) {
+  auto parse = [](const std::string& v, const char* flag) -> DType {
+    if (v == "float32" || v == "f32" || v == "float") return DType::kF32;
+    if (v == "bfloat16" || v == "bf16") return DType::kBF16;
+    fail(ErrorKind::kInvalidArgument, "{} {} is not supported (auto, float32, bfloat16)", flag, v);
+  };
+  StateDtypes d;
+  d.conv = cache == "auto" ? compute : parse(cache, "--mamba-cache-dtype");
+  if (d.conv != DType::kF32 && d.conv != DType::kBF16) d.conv = DType::kF32;  // e.g. an f16 compute dtype
+  if (ssm != "auto")
+    d.ssm = parse(ssm, "--mamba-ssm-cache-dtype");
+  else
+    d.ssm = cache == "auto" ? DType::kF32 : d.conv;
+  return d;
+}
+
+int checkpoint_state_slots(int max_num_seqs, bool enable_prefix_caching) {
+  return enable_prefix_caching ? std::max(1, max_num_seqs / 4) : 0;
+}
+
 CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType dt, int bs, DType conv_dt,
                                DType ssm_dt) {
   CacheFootprint f;
@@ -39,7 +59,7 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
   KvBudget b;
   const int bs = std::max(1, in.block_size);
   b.usable = static_cast<size_t>(in.utilization * static_cast<double>(in.total));
-  b.state_bytes = fp.state_bytes_per_seq * static_cast<size_t>(std::max(0, in.max_num_seqs));
+  b.max_num_seqs = std::max(1, in.max_num_seqs);
   if (in.explicit_budget > 0) {
     b.budget = in.explicit_budget;
   } else {
@@ -47,15 +67,41 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
     b.budget = b.usable > taken ? b.usable - taken : 0;
     if (in.cpu) b.budget = std::min(b.budget, kCpuKvCacheCap);
   }
+  const int64_t seq_blocks = (static_cast<int64_t>(std::max(1, in.max_model_len)) + bs - 1) / bs;
+  if (fp.state_bytes_per_seq > 0) {
+    const int64_t want = static_cast<int64_t>(b.max_num_seqs) + std::max(0, in.extra_state_slots);
+    int64_t slots = want;
+    if (in.num_blocks_override <= 0) {
+      // Leave the KV of one max_model_len sequence next to the slots (at most half the budget:
+      // when even that does not fit, the engine's own check says so).
+      const size_t one_seq = std::min(static_cast<size_t>(seq_blocks) * fp.kv_bytes_per_block, b.budget / 2);
+      const int64_t fit =
+          b.budget > one_seq ? static_cast<int64_t>((b.budget - one_seq) / fp.state_bytes_per_seq) : int64_t{0};
+      if (fit < want) {  // sequences first; checkpoints keep at least one slot of their own
+        slots = std::max<int64_t>(1, fit);
+        const int64_t extra =
+            in.extra_state_slots > 0
+                ? std::max<int64_t>(1, std::min<int64_t>(in.extra_state_slots, slots - b.max_num_seqs))
+                : 0;
+        b.max_num_seqs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b.max_num_seqs, slots - extra)));
+      }
+    }
+    b.num_state_slots = static_cast<int>(std::min<int64_t>(slots, int64_t{1} << 30));
+    b.state_bytes = fp.state_bytes_per_seq * static_cast<size_t>(b.num_state_slots);
+  }
   if (in.num_blocks_override > 0) {
     b.num_blocks = in.num_blocks_override;
     return b;
   }
-  if (fp.kv_bytes_per_block == 0) return b;  // state slots only
+  // No mix of requests can hold more than max_num_seqs full-length sequences.
+  const int64_t useful = (static_cast<int64_t>(b.max_num_seqs) * in.max_model_len + bs - 1) / bs;
+  if (fp.kv_bytes_per_block == 0) {  // no paged layer here: blocks are free on this rank
+    b.num_blocks = static_cast<int>(std::min<int64_t>(useful, int64_t{1} << 30));
+    b.capped_by_seqs = true;
+    return b;
+  }
   const size_t for_blocks = b.budget > b.state_bytes ? b.budget - b.state_bytes : 0;
   int64_t blocks = static_cast<int64_t>(std::min<size_t>(for_blocks / fp.kv_bytes_per_block, size_t{1} << 30));
-  // No mix of requests can hold more than max_num_seqs full-length sequences.
-  const int64_t useful = (static_cast<int64_t>(in.max_num_seqs) * in.max_model_len + bs - 1) / bs;
   if (blocks > useful) {
     blocks = useful;
     b.capped_by_seqs = true;

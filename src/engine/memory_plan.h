@@ -15,6 +15,21 @@ namespace tessera {
 // float32. Anything else fails naming the choices.
 DType parse_kv_cache_dtype(const std::string& name, DType compute);
 
+// --mamba-cache-dtype and --mamba-ssm-cache-dtype (vLLM's flags) give the dtypes of the
+// linear-attention state slots: the conv state takes --mamba-cache-dtype (auto: the compute
+// dtype); the recurrent state takes --mamba-ssm-cache-dtype, whose auto is --mamba-cache-dtype
+// when that is set and float32 otherwise (the recurrence accumulates over the whole sequence).
+// Choices: auto, float32, bfloat16; anything else fails naming them.
+struct StateDtypes {
+  DType conv = DType::kF32, ssm = DType::kF32;
+};
+StateDtypes parse_mamba_cache_dtypes(const std::string& mamba_cache_dtype, const std::string& mamba_ssm_cache_dtype,
+                                     DType compute);
+
+// State slots kept for prefix-cache checkpoints of hybrid models, beyond one per sequence:
+// a quarter of max_num_seqs (at least 1) with prefix caching on, else none.
+int checkpoint_state_slots(int max_num_seqs, bool enable_prefix_caching);
+
 // What one rank's cache costs, from its layers' declarations.
 struct CacheFootprint {
   int paged_layers = 0, state_layers = 0;
@@ -43,12 +58,17 @@ struct KvBudgetInputs {
   int block_size = 16;
   int max_num_seqs = 1;
   int max_model_len = 1;
+  int extra_state_slots = 0;  // state slots beyond one per sequence (prefix-cache checkpoints)
 };
 
 struct KvBudget {
-  size_t usable = 0;       // utilization x total
-  size_t budget = 0;       // what is left for the cache (KV blocks + state slots)
-  size_t state_bytes = 0;  // max_num_seqs state slots
+  size_t usable = 0;        // utilization x total
+  size_t budget = 0;        // what is left for the cache (KV blocks + state slots)
+  size_t state_bytes = 0;   // num_state_slots state slots
+  int num_state_slots = 0;  // 0 without kStateSlot layers
+  // max_num_seqs, or fewer when the memory cannot hold that many state slots next to the KV of
+  // one max_model_len sequence (the engine clamps --max-num-seqs to it; vLLM fails instead).
+  int max_num_seqs = 0;
   int num_blocks = 0;
   bool capped_by_seqs = false;  // more memory than max_num_seqs x max_model_len tokens need
   int64_t tokens(int block_size) const { return static_cast<int64_t>(num_blocks) * block_size; }
@@ -57,9 +77,12 @@ struct KvBudget {
   }
 };
 
-// Blocks = (utilization x total - used - reserved - state slots) / bytes per block, capped at
-// what max_num_seqs full-length sequences can use. With a zero-byte footprint (no paged layer)
-// the cache is only the state slots.
+// State slots = max_num_seqs + extra_state_slots, each state_bytes_per_seq, taken off the top;
+// when they would leave less than one max_model_len sequence of KV (or half the budget, if
+// that is less), fewer slots (and sequences, in proportion) are planned. Blocks = (utilization x total - used -
+// reserved - state slots) / bytes per block, capped at what max_num_seqs full-length sequences can use. Without a paged
+// layer on this rank the blocks cost nothing here: that cap.
+// --num-gpu-blocks-override: that many blocks and every slot asked for.
 KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp);
 
 std::string format_gib(size_t bytes);   // "12.34 GiB"

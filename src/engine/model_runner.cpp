@@ -42,7 +42,7 @@ void ModelRunner::init_cache(const CacheInit& init) {
   // Each step rewrites tokens, positions, seq_lens, slots and block tables with one copy.
   const int64_t B = buckets_.back();
   auto seg = [](int64_t n) { return (n + 63) / 64 * 64; };
-  const int64_t step_ints = 4 * seg(B) + B * max_blocks_;
+  const int64_t step_ints = 6 * seg(B) + B * max_blocks_;
   Tensor buf = backend_.alloc({seg(B + 1) + seg(B) + step_ints}, DType::kI32);
   int64_t off = 0;
   auto take = [&](int64_t n, int64_t stride) {
@@ -57,6 +57,8 @@ void ModelRunner::init_cache(const CacheInit& init) {
   g_positions_ = take(B, seg(B));
   g_seq_lens_ = take(B, seg(B));
   g_slots_ = take(B, seg(B));
+  g_state_slots_ = take(B, seg(B));
+  g_has_initial_ = take(B, seg(B));
   g_block_tables_ = take(B * max_blocks_, B * max_blocks_);
   std::vector<int32_t> iota(static_cast<size_t>(B + 1));
   std::iota(iota.begin(), iota.end(), 0);
@@ -77,10 +79,13 @@ int ModelRunner::bucket_for(int batch) const {
 StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size());
-  // h_step_ mirrors g_step_: tokens, positions, seq_lens, slots (stride seg), block tables.
+  // h_step_ mirrors g_step_: tokens, positions, seq_lens, slots, state slots, has-initial-state
+  // flags (stride seg), block tables.
   const size_t stride = static_cast<size_t>(g_positions_.offset_bytes() - g_tokens_.offset_bytes()) / 4;
   int32_t* tok = h_step_.data();
-  int32_t *pos = tok + stride, *lens = pos + stride, *slots = lens + stride, *tables = slots + stride;
+  int32_t *pos = tok + stride, *lens = pos + stride, *slots = lens + stride, *state_slots = slots + stride,
+          *has_init = state_slots + stride, *tables = has_init + stride;
+  const bool linear = !in.linear.state_slots.empty();
   const int w = std::min(a.max_blocks_per_seq, max_blocks_);
   std::fill_n(tables, static_cast<size_t>(b) * max_blocks_, 0);
   for (int s = 0; s < b; ++s) {
@@ -89,6 +94,8 @@ StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
     pos[s] = real ? in.positions[s] : 0;
     lens[s] = real ? a.seq_lens[s] : 1;
     slots[s] = real ? a.slot_mapping[s] : -1;
+    state_slots[s] = real && linear ? in.linear.state_slots[s] : -1;
+    has_init[s] = real && linear ? in.linear.has_initial_state[s] : 0;
     if (real)
       std::copy_n(a.block_tables.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
                   tables + static_cast<ptrdiff_t>(s) * max_blocks_);
@@ -111,7 +118,34 @@ StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   m.seq_lens = g_seq_lens_.rows(0, b);
   m.block_tables = g_block_tables_.rows(0, static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
   m.slot_mapping = g_slots_.rows(0, b);
+  if (linear) {
+    LinearAttnMetadata& l = si.linear;
+    l.num_seqs = b;
+    l.num_tokens = b;
+    l.max_query_len = 1;
+    l.query_start_loc = g_qsl_.rows(0, b + 1);
+    l.state_slots = g_state_slots_.rows(0, b);
+    l.has_initial_state = g_has_initial_.rows(0, b);
+    // Host copies for this step's eager run (a replay reads the device buffers only).
+    l.host_query_start_loc.resize(static_cast<size_t>(b) + 1);
+    std::iota(l.host_query_start_loc.begin(), l.host_query_start_loc.end(), 0);
+    l.host_state_slots.assign(state_slots, state_slots + b);
+    l.host_has_initial_state.assign(has_init, has_init + b);
+  }
   return si;
+}
+
+void ModelRunner::apply_state_copies(const std::vector<int32_t>& pairs) {
+  TESSERA_CHECK(pairs.size() % 2 == 0, "state copies must be (src, dst) pairs");
+  for (size_t i = 0; i < pairs.size(); i += 2) {
+    const int32_t src = pairs[i], dst = pairs[i + 1];
+    TESSERA_CHECK(src >= 0 && dst >= 0 && src < kv_.num_state_slots && dst < kv_.num_state_slots,
+                  "state copy {} -> {} outside the {} slots", src, dst, kv_.num_state_slots);
+    if (src == dst) continue;
+    for (const std::vector<Tensor>* states : {&kv_.conv_state, &kv_.ssm_state})
+      for (const Tensor& t : *states)
+        if (t.defined()) backend_.copy(t.rows(dst, dst + 1), t.rows(src, src + 1));
+  }
 }
 
 namespace {
@@ -123,10 +157,12 @@ Tensor logits_rows(const Tensor& logits, int S) { return logits.ndim() == 0 ? lo
 Tensor ModelRunner::run(const ModelInput& in) {
   TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
   backend_.reset_scratch();
+  if (!in.state_copies.empty()) apply_state_copies(in.state_copies);
   const int S = static_cast<int>(in.attention.seq_lens.size());
   const bool decode = graphs_enabled_ && S > 0 && static_cast<int>(in.token_ids.size()) == S &&
                       in.logits_indices.size() == static_cast<size_t>(S) &&
-                      in.attention.max_blocks_per_seq <= max_blocks_;
+                      in.attention.max_blocks_per_seq <= max_blocks_ &&
+                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S));
   const int b = decode ? bucket_for(S) : 0;
   if (b == 0) return model_.forward(in, kv_);
   for (int s = 0; s < S; ++s)

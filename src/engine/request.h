@@ -41,6 +41,7 @@ struct Request {
   int num_cached_tokens = 0;    // of the prompt, found in the prefix cache at admission
   std::vector<int32_t> block_ids;
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
+  int32_t state_slot = -1;             // hybrid models: the linear-attention state slot held
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
   uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)

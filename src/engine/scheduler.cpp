@@ -27,6 +27,11 @@ void Scheduler::preempt(Request* r) {
   waiting_.push_front(r);
 }
 
+int Scheduler::cut_at_checkpoint(const Request& r, int start, int num_new) const {
+  const int boundary = cache_.checkpoint_boundary(r);
+  return start < boundary && start + num_new > boundary ? boundary - start : num_new;
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;
@@ -36,6 +41,7 @@ SchedulerOutput Scheduler::schedule() {
     Request* r = running_[i];
     int num_new = std::min(r->num_tokens() - r->num_computed_tokens, budget);
     num_new = std::min(num_new, config_.max_model_len - r->num_computed_tokens);
+    num_new = cut_at_checkpoint(*r, r->num_computed_tokens, num_new);
     if (num_new <= 0) {
       ++i;
       continue;
@@ -51,7 +57,7 @@ SchedulerOutput Scheduler::schedule() {
       fits = cache_.allocate(*r, num_new);
     }
     if (!fits) break;  // r itself was preempted
-    out.scheduled.push_back({r, num_new});
+    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0});
     budget -= num_new;
     ++i;
   }
@@ -66,14 +72,17 @@ SchedulerOutput Scheduler::schedule() {
     int num_new = r->num_tokens() - r->num_computed_tokens - cached_tokens;
     if (!config_.enable_chunked_prefill && num_new > budget) break;
     num_new = std::min(num_new, budget);
+    num_new = cut_at_checkpoint(*r, r->num_computed_tokens + cached_tokens, num_new);
     if (!cache_.allocate(*r, num_new, cached)) break;
     if (r->status == RequestStatus::kWaiting) r->num_cached_tokens = cached_tokens;
     waiting_.pop_front();
     r->status = RequestStatus::kRunning;
     running_.push_back(r);
-    out.scheduled.push_back({r, num_new});
+    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0});
     budget -= num_new;
   }
+  // (Copies wait for a step that runs: a step with nothing scheduled never reaches the model.)
+  if (!out.scheduled.empty()) out.state_copies = cache_.take_state_copies();
   return out;
 }
 

@@ -2,7 +2,10 @@
 // computed and tokens known; each step lets running requests catch up first, then
 // admits waiting ones, within a token budget (chunked prefill) and a sequence cap.
 // When blocks run out, the most recently admitted running request is preempted
-// (its blocks freed; it is recomputed later from its prompt and output so far).
+// (its blocks and state slot freed; it is recomputed later from its prompt and output so far).
+// Hybrid models: a sequence is admitted only with a state slot; with prefix caching its
+// prefill stops once at the prompt's last full-block boundary (the checkpoint a later prefix
+// hit restores; see KvCacheManager).
 #pragma once
 #include <deque>
 #include <memory>
@@ -23,11 +26,17 @@ struct SchedulerConfig {
 struct ScheduledRequest {
   Request* request;
   int num_new_tokens;
+  // Hybrid models: the sequence's state slot, and whether this step continues from the state
+  // in it (the sequence has computed tokens before this step, or restores a prefix-cache
+  // checkpoint into it); -1 / false for other models.
+  int32_t state_slot = -1;
+  bool has_initial_state = false;
 };
 
 struct SchedulerOutput {
   std::vector<ScheduledRequest> scheduled;  // running ones first, in running order
   std::vector<Request*> preempted;
+  std::vector<int32_t> state_copies;  // (src, dst) slot pairs to copy before the step, in order
   int num_tokens() const {
     int n = 0;
     for (const auto& s : scheduled) n += s.num_new_tokens;
@@ -54,6 +63,8 @@ class Scheduler {
 
  private:
   void preempt(Request* r);
+  // num_new for r, starting at `start` computed tokens, cut at its checkpoint boundary.
+  int cut_at_checkpoint(const Request& r, int start, int num_new) const;
   SchedulerConfig config_;
   KvCacheManager& cache_;
   std::deque<Request*> waiting_;

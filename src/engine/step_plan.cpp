@@ -1,5 +1,6 @@
 #include "engine/step_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -10,7 +11,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 2;
+constexpr uint8_t kPlanVersion = 3;
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -75,6 +76,10 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.array(in.attention.block_tables);
       w.array(in.attention.slot_mapping);
       w.array(in.logits_indices);
+      w.array(in.linear.query_start_loc);
+      w.array(in.linear.state_slots);
+      w.array(in.linear.has_initial_state);
+      w.array(in.state_copies);
       w.put<uint32_t>(static_cast<uint32_t>(p.sampling.rows.size()));
       for (const SamplingRow& s : p.sampling.rows) {
         w.put<float>(s.temperature);
@@ -95,6 +100,9 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.put<float>(p.cache.v_scale);
       w.put<int32_t>(p.cache.max_model_len);
       w.put<int32_t>(p.cache.max_graph_batch);
+      w.put<int32_t>(p.cache.num_state_slots);
+      w.put<uint8_t>(static_cast<uint8_t>(p.cache.conv_dtype));
+      w.put<uint8_t>(static_cast<uint8_t>(p.cache.ssm_dtype));
       break;
     case PlanKind::kShutdown:
     case PlanKind::kKeepalive:
@@ -128,6 +136,11 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       a.block_tables = r.array("block_tables", 1u << 28);
       a.slot_mapping = r.array("slot_mapping", cap);
       in.logits_indices = r.array("logits_indices", cap);
+      LinearAttnLayout& l = in.linear;
+      l.query_start_loc = r.array("linear query_start_loc", cap + 1);
+      l.state_slots = r.array("state_slots", cap);
+      l.has_initial_state = r.array("has_initial_state", cap);
+      in.state_copies = r.array("state_copies", 2 * cap);
       const uint32_t nrows = r.get<uint32_t>("sampling rows");
       constexpr size_t kRowBytes = 4 * 4 + 2 * 8;
       check(nrows == in.logits_indices.size() && nrows <= r.left() / kRowBytes, "sampling rows count");
@@ -165,6 +178,25 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       for (int32_t t : in.token_ids) check(t >= 0 && (lim.vocab_size == 0 || t < lim.vocab_size), "token id range");
       for (int32_t t : in.positions) check(t >= 0, "negative position");
       for (int32_t i : in.logits_indices) check(i >= 0 && static_cast<size_t>(i) < T, "logits index range");
+      // The linear layout: absent, or one entry per sequence with the same query ranges.
+      if (!l.state_slots.empty() || !l.query_start_loc.empty() || !l.has_initial_state.empty()) {
+        check(l.state_slots.size() == S && l.has_initial_state.size() == S && l.query_start_loc == a.query_start_loc,
+              "linear-attention layout does not match the sequences");
+        for (int32_t h : l.has_initial_state) check(h == 0 || h == 1, "has_initial_state is not 0 or 1");
+        std::vector<int32_t> used;
+        for (int32_t slot : l.state_slots) {
+          check(slot >= -1, "negative state slot");
+          if (slot >= 0) used.push_back(slot);
+        }
+        std::sort(used.begin(), used.end());
+        check(std::adjacent_find(used.begin(), used.end()) == used.end(), "two sequences share a state slot");
+      }
+      check(in.state_copies.size() % 2 == 0, "state copies are not pairs");
+      for (int32_t c : in.state_copies) check(c >= 0, "negative state slot in a copy");
+      if (lim.num_state_slots > 0) {
+        for (int32_t slot : l.state_slots) check(slot < lim.num_state_slots, "state slot beyond the cache");
+        for (int32_t c : in.state_copies) check(c < lim.num_state_slots, "state slot beyond the cache");
+      }
       if (lim.num_blocks > 0) {
         for (int32_t b : a.block_tables) check(b >= 0 && b < lim.num_blocks, "block id beyond the cache");
         const int64_t slots = static_cast<int64_t>(lim.num_blocks) * a.block_size;
@@ -181,7 +213,14 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       p.cache.v_scale = r.get<float>("v_scale");
       p.cache.max_model_len = r.get<int32_t>("max_model_len");
       p.cache.max_graph_batch = r.get<int32_t>("max_graph_batch");
+      p.cache.num_state_slots = r.get<int32_t>("num_state_slots");
+      const uint8_t conv_dt = r.get<uint8_t>("conv state dtype"), ssm_dt = r.get<uint8_t>("ssm state dtype");
       check(r.left() == 0, "trailing bytes");
+      check(p.cache.num_state_slots >= 0 && p.cache.num_state_slots <= (1 << 24), "state slot count");
+      for (uint8_t d : {conv_dt, ssm_dt})
+        check(d == static_cast<uint8_t>(DType::kF32) || d == static_cast<uint8_t>(DType::kBF16), "state dtype");
+      p.cache.conv_dtype = static_cast<DType>(conv_dt);
+      p.cache.ssm_dtype = static_cast<DType>(ssm_dt);
       check(p.cache.max_model_len >= 0 && p.cache.max_graph_batch >= 0 && p.cache.max_graph_batch <= 4096,
             "graph sizes");
       check(p.cache.num_blocks > 0 && p.cache.block_size > 0 && p.cache.block_size <= 4096, "cache size");

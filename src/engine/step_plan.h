@@ -4,15 +4,19 @@
 // limits the receiving rank knows (vocabulary, cache blocks), so a damaged plan is refused
 // with Error(kCorrupt) before anything is allocated or indexed.
 //
-//   u32 magic 0x504c5354 ("TSLP"), u8 version 2, u8 kind, u16 reserved (0)
+//   u32 magic 0x504c5354 ("TSLP"), u8 version 3, u8 kind, u16 reserved (0)
 //   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
 //                       then 7 arrays (u32 count + count x i32): token_ids, positions,
 //                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices,
+//                       then 4 arrays of the linear-attention layout (empty for models without
+//                       state slots): linear query_start_loc, state_slots, has_initial_state,
+//                       state_copies (src, dst pairs),
 //                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
 //                       then the host_rows array (ascending logits-row numbers)
 //   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
-//                       i32 max_model_len, i32 max_graph_batch
+//                       i32 max_model_len, i32 max_graph_batch, i32 num_state_slots,
+//                       u8 conv state dtype, u8 ssm state dtype
 //   kind 3 shutdown:    nothing
 //   kind 4 keepalive:   nothing (the head is idle)
 // All integers little-endian; trailing bytes are an error.
@@ -34,6 +38,10 @@ struct CacheInit {
   float k_scale = 1.0f, v_scale = 1.0f;
   int max_model_len = 0;    // positions a step may reach (sizes the graph inputs)
   int max_graph_batch = 0;  // decode batches up to this replay CUDA graphs; 0 = never (--enforce-eager)
+  // kStateSlot layers (linear attention): slots per layer and the dtypes of the conv and
+  // recurrent states (--mamba-cache-dtype, --mamba-ssm-cache-dtype).
+  int num_state_slots = 0;
+  DType conv_dtype = DType::kF32, ssm_dtype = DType::kF32;
 };
 
 // How the rank that holds a step's logits turns them into tokens: one SamplingRow per logits
@@ -62,7 +70,8 @@ struct StepPlan {
 // What the receiver knows, to bound-check indices. 0 = unchecked.
 struct PlanLimits {
   int vocab_size = 0;
-  int num_blocks = 0;  // the cache this rank allocated
+  int num_blocks = 0;       // the cache this rank allocated
+  int num_state_slots = 0;  // its state slots (0: unchecked, like the other limits)
   size_t max_tokens = 1u << 24;
 };
 

@@ -59,6 +59,10 @@ struct ModelInput {
   // Models with kStateSlot layers: each sequence's state slot and whether it continues from
   // the slot's state (same sequence order as `attention`); empty for the other models.
   LinearAttnLayout linear;
+  // State-slot copies to make before the forward, as (src slot, dst slot) pairs flattened:
+  // every kStateSlot layer's conv and recurrent state rows (prefix-cache checkpoints saved
+  // and restored). The engine's ModelRunner applies them; forward() never sees them.
+  std::vector<int32_t> state_copies;
 };
 
 // One step's inputs on the model's device: what forward() uploads from a ModelInput, and

@@ -64,6 +64,11 @@ class MetaBackend : public Backend {
   void moe_experts(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int,
                    const Tensor&) override {}
   void sigmoid_mul(const Tensor&, const Tensor&, const Tensor&) override {}
+  void causal_conv1d(const Tensor&, int64_t, const Tensor&, const Tensor&, const LinearAttnMetadata&,
+                     const Tensor&) override {}
+  void gated_delta_rule(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
+                        const LinearAttnMetadata&, const Tensor&) override {}
+  void gated_rms_norm(const Tensor&, const Tensor&, int64_t, const Tensor&, float, const Tensor&) override {}
   void gather_rows(const Tensor&, const Tensor&, const Tensor&) override {}
   void cast(const Tensor&, const Tensor&) override {}
   void embedding_slice(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "engine/executor.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"
 #include "plan/meta_backend.h"
@@ -49,7 +50,7 @@ std::string gib1(size_t b) { return fmt::format("{:.1f} GiB", static_cast<double
 // One step of `tokens` tokens over `seqs` sequences of at most `max_len` tokens each, run on
 // the meta backend: the activation arena's peak for that step.
 size_t step_activation_peak(Model& model, MetaBackend& be, const std::vector<LayerCacheSpec>& specs, int tokens,
-                            int seqs, int context, int block_size) {
+                            int seqs, int context, int block_size, StateDtypes state_dtypes) {
   seqs = std::max(1, std::min(seqs, tokens));
   ModelInput in;
   const int vocab = model.config().vocab_size;
@@ -76,14 +77,23 @@ size_t step_activation_peak(Model& model, MetaBackend& be, const std::vector<Lay
   (void)vocab;
   // The cache's tensors come from a second meta backend: they are not activations.
   MetaBackend cache_be({be.device().type, be.compute_dtype(), 256, 0});
-  KvCache cache;
-  cache.block_size = block_size;
-  cache.num_blocks = max_blocks;
-  for (const auto& s : specs) {
-    if (s.kind != CacheKind::kPagedKv) continue;
-    cache.k.push_back(cache_be.alloc({max_blocks, block_size, s.num_kv_heads, s.head_dim}, be.compute_dtype()));
-    cache.v.push_back(cache_be.alloc({max_blocks, block_size, s.num_kv_heads, s.head_dim}, be.compute_dtype()));
+  CacheInit init;
+  init.num_blocks = std::max(1, max_blocks);
+  init.block_size = block_size;
+  init.dtype = be.compute_dtype();
+  init.conv_dtype = state_dtypes.conv;
+  init.ssm_dtype = state_dtypes.ssm;
+  const bool linear =
+      std::any_of(specs.begin(), specs.end(), [](const LayerCacheSpec& s) { return s.kind == CacheKind::kStateSlot; });
+  if (linear) {
+    init.num_state_slots = seqs;
+    in.linear.query_start_loc = a.query_start_loc;
+    for (int s = 0; s < seqs; ++s) {
+      in.linear.state_slots.push_back(s);
+      in.linear.has_initial_state.push_back(1);
+    }
   }
+  KvCache cache = allocate_kv_cache(cache_be, specs, init);
   be.reset_scratch();
   be.reset_peak();
   (void)model.forward(in, cache);
@@ -225,6 +235,9 @@ Plan compute(const PlanInputs& in) {
   const bool cuda = in.target.device == DeviceType::kCUDA;
   p.compute_dtype = cuda ? DType::kBF16 : DType::kF32;  // what each backend computes and loads in
   p.kv_dtype = parse_kv_cache_dtype(in.kv_cache_dtype, p.compute_dtype);
+  const StateDtypes sdt = parse_mamba_cache_dtypes(in.mamba_cache_dtype, in.mamba_ssm_cache_dtype, p.compute_dtype);
+  p.conv_state_dtype = sdt.conv;
+  p.ssm_state_dtype = sdt.ssm;
   if (in.load_format != "dummy") {
     bool any = false;
     for (const auto& e : fs::directory_iterator(in.model_dir))
@@ -250,15 +263,15 @@ Plan compute(const PlanInputs& in) {
     s.weight_tensors = sm.model->weights().count();
     s.other_bytes = model_allocs;
     const auto specs = sm.model->cache_specs();
-    s.cache = cache_footprint(specs, p.kv_dtype, in.block_size);
+    s.cache = cache_footprint(specs, p.kv_dtype, in.block_size, sdt.conv, sdt.ssm);
     // Activations: a full prefill step, and the largest decode step (graphs replay inside the arena).
     const int prefill_tokens = std::min<int64_t>(batched, static_cast<int64_t>(in.max_num_seqs) * p.max_model_len);
     size_t act =
         step_activation_peak(*sm.model, *sm.backend, specs, prefill_tokens, std::min(in.max_num_seqs, prefill_tokens),
-                             std::min(batched, p.max_model_len), in.block_size);
+                             std::min(batched, p.max_model_len), in.block_size, sdt);
     const int decode_batch = std::min(in.max_num_seqs, 256);
     act = std::max(act, step_activation_peak(*sm.model, *sm.backend, specs, decode_batch, decode_batch, p.max_model_len,
-                                             in.block_size));
+                                             in.block_size, sdt));
     if (cuda) act = std::max(act, kCudaMinScratch);
     s.activation_bytes = act;
     // Runtime and communicators.
@@ -284,6 +297,8 @@ Plan compute(const PlanInputs& in) {
     kin.block_size = in.block_size;
     kin.max_num_seqs = in.max_num_seqs;
     kin.max_model_len = p.max_model_len;
+    if (s.cache.state_layers > 0)
+      kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
     s.kv = plan_kv_budget(kin, s.cache);
     (void)graph_batch;
     p.stages.push_back(s);
@@ -292,6 +307,9 @@ Plan compute(const PlanInputs& in) {
   p.num_blocks = p.stages.front().kv.num_blocks;
   p.kv_tokens = static_cast<int64_t>(p.num_blocks) * in.block_size;
   p.max_concurrency = static_cast<double>(p.kv_tokens) / p.max_model_len;
+  p.num_state_slots = p.stages.front().kv.num_state_slots;
+  p.max_num_seqs = p.stages.front().kv.max_num_seqs;
+  if (p.num_state_slots > 0) p.max_concurrency = std::min(p.max_concurrency, static_cast<double>(p.max_num_seqs));
   // Every stage must hold its weights and activations, and stage 0's block count (the engine
   // allocates that many on every stage).
   bool stages_hold = true;
@@ -516,10 +534,23 @@ std::string render_text(const Plan& p) {
   row("state bytes per sequence",
       [](const StagePlan& s) { return with_thousands(static_cast<int64_t>(s.cache.state_bytes_per_seq)); });
   row("KV blocks (own budget)", [](const StagePlan& s) { return with_thousands(s.kv.num_blocks); });
+  if (p.num_state_slots > 0) {
+    row("state slots", [](const StagePlan& s) { return with_thousands(s.kv.num_state_slots); });
+    row("state slots' memory", [](const StagePlan& s) { return gib(s.kv.state_bytes); });
+  }
   o += "\n";
   o += fmt::format("KV cache   {} blocks of {} = {} tokens per rank{}\n", with_thousands(p.num_blocks), in.block_size,
                    with_thousands(p.kv_tokens),
                    p.stages.front().kv.capped_by_seqs ? " (capped at --max-num-seqs x --max-model-len)" : "");
+  if (p.num_state_slots > 0)
+    o += fmt::format(
+        "state      {} linear-attention state slots per rank ({} for sequences, the rest for prefix-cache "
+        "checkpoints; conv state {}, recurrent state {}){}\n",
+        with_thousands(p.num_state_slots), std::min(p.num_state_slots, p.max_num_seqs), dtype_name(p.conv_state_dtype),
+        dtype_name(p.ssm_state_dtype),
+        p.max_num_seqs < in.max_num_seqs
+            ? fmt::format("; --max-num-seqs {} is lowered to {} at startup", in.max_num_seqs, p.max_num_seqs)
+            : std::string());
   o += fmt::format("concurrency {:.2f} sequences of {} tokens at once\n", p.max_concurrency,
                    with_thousands(p.max_model_len));
   bool est = false;

@@ -59,6 +59,8 @@ struct PlanInputs {
   int block_size = 16;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
+  std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";  // linear-attention state slots
+  bool enable_prefix_caching = true;  // hybrid models keep checkpoint state slots for it
   bool enforce_eager = false;
   bool disable_custom_all_reduce = false;
   int num_gpu_blocks_override = 0;
@@ -91,6 +93,11 @@ struct Plan {
   size_t checkpoint_tensors = 0;
   std::vector<StagePlan> stages;
   int num_blocks = 0;  // what the engine allocates on every stage (planned from stage 0, as it does)
+  // Hybrid models: state slots per rank (sequences + prefix-cache checkpoints), their dtypes,
+  // and --max-num-seqs after the engine's clamp (= the flag when the slots fit).
+  int num_state_slots = 0;
+  int max_num_seqs = 0;
+  DType conv_state_dtype = DType::kF32, ssm_state_dtype = DType::kF32;
   int64_t kv_tokens = 0;
   double max_concurrency = 0;
   // Verdict: fits (serve will start), and whether max_num_seqs full-length sequences fit at once.

@@ -206,7 +206,58 @@ TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
   EXPECT_NE(diff.run_all()["x"], a["x"]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixtureTest, ::testing::ValuesIn(testing::fixture_names()),
+// Every supported fixture, the hybrid ones (linear-attention state slots) included.
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixtureTest, ::testing::ValuesIn(testing::all_supported_fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+class HybridEngineTest : public ::testing::TestWithParam<std::string> {};
+
+// The reference prompts (1 to 300 tokens) together through the engine with a 32-token step
+// budget: every prefill runs in chunks that continue from the sequence's state slot, batched
+// with the others' chunks and decodes; the greedy tokens are transformers' (up to a step the
+// reference itself calls within 1e-3 on CPU).
+TEST_P(HybridEngineTest, ChunkedPrefillOf32TokensGivesTheReferenceTokens) {
+  const auto ref = testing::load_reference(GetParam());
+  auto owned = testing::make_test_backend();
+  LoadOptions lo;
+  lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
+  EngineConfig ec;
+  ec.num_blocks_override = 128;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 32;
+  ec.scheduler.max_model_len = 512;
+  LLMEngine engine(load_model(lo, *owned), *owned, ec);
+  ASSERT_TRUE(engine.cache_manager().has_state_slots());
+  std::map<std::string, std::vector<int32_t>> want;
+  std::map<std::string, std::vector<double>> margins;
+  int i = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::string id = std::to_string(i++);
+    want[id] = c["greedy"].get<std::vector<int32_t>>();
+    margins[id] = c["margins"].get<std::vector<double>>();
+    ASSERT_TRUE(engine.add_request(id, c["prompt_ids"].get<std::vector<int32_t>>(), greedy(want[id].size())).ok());
+  }
+  std::map<std::string, std::vector<int32_t>> got;
+  while (engine.has_unfinished())
+    for (const auto& o : engine.step())
+      got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  EXPECT_TRUE(engine.cache_manager().pool().all_free());
+  EXPECT_EQ(engine.cache_manager().state_slots().num_held(), 0) << "state slots leaked";
+  const double close_call = testing::testing_on_cuda() ? 0.05 : 1e-3;
+  size_t compared = 0;
+  for (const auto& [id, w] : want) {
+    const auto& g = got[id];
+    ASSERT_EQ(g.size(), w.size()) << id;
+    for (size_t k = 0; k < w.size(); ++k, ++compared) {
+      if (g[k] == w[k]) continue;
+      EXPECT_LE(margins[id][k], close_call) << "prompt " << id << " step " << k << ": " << g[k] << " vs " << w[k];
+      break;
+    }
+  }
+  EXPECT_GE(compared, 8u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineTest, ::testing::ValuesIn(testing::hybrid_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 TEST(Engine, RejectsBadRequestsWithoutSideEffects) {

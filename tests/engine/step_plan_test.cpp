@@ -72,6 +72,66 @@ TEST(StepPlan, RoundTrip) {
   EXPECT_EQ(decode_step_plan(encode_step_plan(s), {}).kind, PlanKind::kShutdown);
 }
 
+// A hybrid model's step: the linear-attention layout and state copies travel too.
+StepPlan hybrid_plan() {
+  StepPlan p = sample_plan();
+  p.input.linear.query_start_loc = p.input.attention.query_start_loc;
+  p.input.linear.state_slots = {3, 0};
+  p.input.linear.has_initial_state = {0, 1};
+  p.input.state_copies = {1, 0, 2, 3};
+  return p;
+}
+
+TEST(StepPlan, LinearAttentionLayoutAndStateSlotsRoundTrip) {
+  StepPlan p = hybrid_plan();
+  PlanLimits lim{256, 4};
+  lim.num_state_slots = 4;
+  StepPlan q = decode_step_plan(encode_step_plan(p), lim);
+  EXPECT_EQ(q.input.linear.query_start_loc, p.input.linear.query_start_loc);
+  EXPECT_EQ(q.input.linear.state_slots, p.input.linear.state_slots);
+  EXPECT_EQ(q.input.linear.has_initial_state, p.input.linear.has_initial_state);
+  EXPECT_EQ(q.input.state_copies, p.input.state_copies);
+  EXPECT_EQ(q.input.token_ids, p.input.token_ids);
+  EXPECT_TRUE(decode_step_plan(encode_step_plan(sample_plan()), lim).input.linear.state_slots.empty());
+
+  StepPlan init;
+  init.kind = PlanKind::kInitCache;
+  init.cache.num_blocks = 10;
+  init.cache.num_state_slots = 80;
+  init.cache.conv_dtype = DType::kBF16;
+  init.cache.ssm_dtype = DType::kF32;
+  StepPlan j = decode_step_plan(encode_step_plan(init), {});
+  EXPECT_EQ(j.cache.num_state_slots, 80);
+  EXPECT_EQ(j.cache.conv_dtype, DType::kBF16);
+  EXPECT_EQ(j.cache.ssm_dtype, DType::kF32);
+  init.cache.ssm_dtype = DType::kI32;
+  EXPECT_THROW(decode_step_plan(encode_step_plan(init), {}), Error);
+  init.cache.ssm_dtype = DType::kF32;
+  init.cache.num_state_slots = -1;
+  EXPECT_THROW(decode_step_plan(encode_step_plan(init), {}), Error);
+}
+
+TEST(StepPlan, RefusesBadLinearAttentionLayouts) {
+  PlanLimits lim{256, 4};
+  lim.num_state_slots = 4;
+  auto refused = [&](auto damage) {
+    StepPlan p = hybrid_plan();
+    damage(p.input);
+    EXPECT_THROW(decode_step_plan(encode_step_plan(p), lim), Error);
+  };
+  refused([](ModelInput& in) { in.linear.state_slots = {4, 0}; });         // beyond the slots
+  refused([](ModelInput& in) { in.linear.state_slots = {1, 1}; });         // shared
+  refused([](ModelInput& in) { in.linear.state_slots = {-2, 0}; });        // negative
+  refused([](ModelInput& in) { in.linear.state_slots.pop_back(); });       // not one per sequence
+  refused([](ModelInput& in) { in.linear.has_initial_state = {0, 2}; });   // not a flag
+  refused([](ModelInput& in) { in.linear.query_start_loc = {0, 2, 4}; });  // other ranges than attention's
+  refused([](ModelInput& in) { in.state_copies = {1, 0, 2}; });            // not pairs
+  refused([](ModelInput& in) { in.state_copies = {1, 9}; });               // beyond the slots
+  StepPlan pad = hybrid_plan();
+  pad.input.linear.state_slots = {-1, -1};  // padding sequences may both be -1
+  EXPECT_NO_THROW(decode_step_plan(encode_step_plan(pad), lim));
+}
+
 TEST(StepPlan, RefusesIndicesBeyondWhatTheRankHas) {
   StepPlan p = sample_plan();
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{8, 4}), Error);    // token 8 >= vocab 8

@@ -171,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                                            // Mixture of experts: TP over each expert's intermediate dimension,
                                            // --enable-expert-parallel, and pipeline stages.
                                            Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true},
-                                           Case{"gen:qwen3_moe", 1, 2}, Case{"gen:qwen2_moe", 2, 2, true}),
+                                           Case{"gen:qwen3_moe", 1, 2}, Case{"gen:qwen2_moe", 2, 2, true},
+                                           // Hybrid models: state slots on every rank (TP splits the
+                                           // linear-attention heads; PP stage 0 holds only linear layers).
+                                           Case{"qwen3_next_tiny", 2, 1}, Case{"qwen3_next_tiny", 1, 2},
+                                           Case{"qwen3_5_moe_text_tiny", 2, 2}),
                          [](const auto& i) {
                            std::string m = i.param.model;
                            if (tessera::testing::is_generated_model(m)) m = "gen_" + m.substr(4);

@@ -119,6 +119,97 @@ TEST(KvBudget, BlocksFromMemoryCappedBySequencesAndCpu) {
   EXPECT_EQ(plan_kv_budget(in, fp).budget, kCpuKvCacheCap);
 }
 
+TEST(KvBudget, StateSlotsComeOffTheTopAndMaxNumSeqsIsClampedWhenTheyDoNotFit) {
+  CacheFootprint fp;
+  fp.kv_bytes_per_block = 1 << 20;
+  fp.state_bytes_per_seq = 1 << 20;  // 1 MiB of linear-attention state per sequence
+  fp.state_layers = 3;
+  KvBudgetInputs in;
+  in.total = 1000ull << 20;
+  in.utilization = 1.0;
+  in.block_size = 16;
+  in.max_num_seqs = 100;
+  in.max_model_len = 160;  // 10 blocks per sequence
+  in.extra_state_slots = 25;
+  KvBudget b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 125);
+  EXPECT_EQ(b.max_num_seqs, 100);
+  EXPECT_EQ(b.state_bytes, 125u << 20);
+  EXPECT_EQ(b.num_blocks, 875);
+  // 60 MiB: one sequence's KV (10 blocks) leaves 50 slots; sequences get all but the
+  // checkpoints' one.
+  in.total = 60ull << 20;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 50);
+  EXPECT_EQ(b.max_num_seqs, 49);
+  EXPECT_EQ(b.num_blocks, 10);
+  in.extra_state_slots = 0;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.max_num_seqs, 50);
+  // --num-gpu-blocks-override: every slot asked for.
+  in.num_blocks_override = 7;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.num_state_slots, 100);
+  EXPECT_EQ(b.num_blocks, 7);
+  // No paged layer on this rank: blocks cost nothing here; 60 slots fit.
+  in.num_blocks_override = 0;
+  fp.kv_bytes_per_block = 0;
+  b = plan_kv_budget(in, fp);
+  EXPECT_EQ(b.max_num_seqs, 60);
+  EXPECT_EQ(b.num_blocks, 600);  // max_num_seqs x max_model_len
+}
+
+TEST(KvBudget, MambaCacheDtypeFlags) {
+  StateDtypes d = parse_mamba_cache_dtypes("auto", "auto", DType::kBF16);
+  EXPECT_EQ(d.conv, DType::kBF16);
+  EXPECT_EQ(d.ssm, DType::kF32) << "the recurrent state is float32 by default";
+  d = parse_mamba_cache_dtypes("auto", "bfloat16", DType::kBF16);
+  EXPECT_EQ(d.ssm, DType::kBF16);
+  d = parse_mamba_cache_dtypes("float32", "auto", DType::kBF16);
+  EXPECT_EQ(d.conv, DType::kF32);
+  EXPECT_EQ(d.ssm, DType::kF32);
+  d = parse_mamba_cache_dtypes("bfloat16", "auto", DType::kF32);
+  EXPECT_EQ(d.ssm, DType::kBF16) << "auto follows --mamba-cache-dtype when it is set";
+  EXPECT_THROW(parse_mamba_cache_dtypes("fp8", "auto", DType::kBF16), Error);
+  EXPECT_THROW(parse_mamba_cache_dtypes("auto", "float16", DType::kBF16), Error);
+  EXPECT_EQ(checkpoint_state_slots(256, true), 64);
+  EXPECT_EQ(checkpoint_state_slots(2, true), 1);
+  EXPECT_EQ(checkpoint_state_slots(256, false), 0);
+}
+
+// Qwen3.5-35B-A3B: 30 Gated DeltaNet layers of 16 key / 32 value heads of 128, conv kernel 4.
+// Per sequence: a conv state [3, 8192] in bf16 and a recurrent state [32, 128, 128] in f32
+// per layer; max_num_seqs slots plus a quarter for prefix-cache checkpoints.
+TEST(Planner, HybridModelsReserveStateSlotsAndLowerMaxNumSeqsWhenTheyDoNotFit) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-35b-a3b";
+  PlanInputs in = inputs(dir, 141 * kGiB);
+  in.max_model_len = 32768;
+  Plan p = make_plan(in);
+  const size_t per_layer = 3 * 8192 * 2 + 32 * 128 * 128 * 4;
+  EXPECT_EQ(p.stages[0].cache.state_layers, 30);
+  EXPECT_EQ(p.stages[0].cache.paged_layers, 10);
+  EXPECT_EQ(p.stages[0].cache.state_bytes_per_seq, 30 * per_layer);
+  EXPECT_EQ(p.num_state_slots, 256 + 64);
+  EXPECT_EQ(p.max_num_seqs, 256);
+  EXPECT_EQ(p.stages[0].kv.state_bytes, 320 * 30 * per_layer);
+  EXPECT_TRUE(p.fits) << p.verdict;
+  // The recurrent state in bf16 halves most of it.
+  in.mamba_ssm_cache_dtype = "bfloat16";
+  EXPECT_EQ(make_plan(in).stages[0].cache.state_bytes_per_seq, 30 * (3 * 8192 * 2 + 32 * 128 * 128 * 2));
+  in.mamba_ssm_cache_dtype = "auto";
+  // 4096 sequences' states (about 250 GiB) cannot fit: fewer, and the report says so.
+  in.max_num_seqs = 4096;
+  p = make_plan(in);
+  EXPECT_TRUE(p.fits) << p.verdict;
+  EXPECT_LT(p.max_num_seqs, 4096);
+  EXPECT_GT(p.max_num_seqs, 256);
+  EXPECT_NE(render_text(p).find("--max-num-seqs 4096 is lowered to"), std::string::npos) << render_text(p);
+  in.enable_prefix_caching = false;
+  EXPECT_EQ(make_plan(inputs(dir, 141 * kGiB)).num_state_slots, 320);
+  in.max_num_seqs = 8;
+  EXPECT_EQ(make_plan(in).num_state_slots, 8) << "no checkpoint slots without prefix caching";
+}
+
 TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
   PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
   in.max_model_len = 40960;
