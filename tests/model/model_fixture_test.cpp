@@ -70,9 +70,31 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 // Logits within logit_tol of transformers' at the prompt's last position, then greedy tokens
 // identical except where the reference's own margin is within close_call.
+// The largest standard deviation of the reference's last logits over the fixture's prompts.
+double logit_spread(const nlohmann::json& ref) {
+  double spread = 0;
+  for (const auto& c : ref["cases"]) {
+    auto v = c["last_logits"].get<std::vector<double>>();
+    double mean = 0, sq = 0;
+    for (double x : v) mean += x;
+    mean /= static_cast<double>(v.size());
+    for (double x : v) sq += (x - mean) * (x - mean);
+    spread = std::max(spread, std::sqrt(sq / static_cast<double>(v.size())));
+  }
+  return spread;
+}
+
 void check_against_reference(const std::string& name, std::optional<DType> kv_dtype, double logit_tol,
                              double close_call) {
   auto ref = load_reference(name);
+  if (kv_dtype) {
+    // A relative error per cached value moves the logits in proportion to their scale: the
+    // fp8 bounds below were measured on logits of std <= 1.35 and widen for wider ones
+    // (qwen3_dense_fp8: std 2.45).
+    const double factor = std::max(1.0, logit_spread(ref) / 1.35);
+    logit_tol *= factor;
+    close_call *= factor;
+  }
   size_t compared_total = 0;
   for (const auto& c : ref["cases"]) {
     auto l = load(name, 16, kv_dtype);
