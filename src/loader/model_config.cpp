@@ -210,7 +210,9 @@ bool QuantConfig::excluded(const std::string& name) const {
 }
 
 QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string& source) {
-  if (!q.is_object()) fail(ErrorKind::kCorrupt, "{}: quantization_config must be an object (got {})", source, q.dump());
+  if (!q.is_object())
+    fail(ErrorKind::kUnsupported,
+         "{}: quantization_config {} is not supported (supported: an object with quant_method fp8)", source, q.dump());
   const std::string method = get_or<std::string>(source, q, "quant_method", "");
   if (method != "fp8")
     fail(ErrorKind::kUnsupported,

@@ -67,6 +67,13 @@ class SafetensorsWriter {
     }
     header_[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
   }
+  // A tensor of any safetensors dtype ("F8_E4M3", "F32") from its raw little-endian bytes.
+  void add_raw(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* bytes,
+               size_t n) {
+    const size_t begin = data_.size();
+    data_.append(static_cast<const char*>(bytes), n);
+    header_[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
+  }
   void write(const std::filesystem::path& p) const {
     std::string h = header_.dump();
     uint64_t len = h.size();
