@@ -118,7 +118,8 @@ TEST(Fp8Weights, EveryParallelStyleGetsItsBytesAndItsScaleBlocks) {
       const Tensor& c = w.declare("a.col_proj.weight", {384, 256}, ParallelStyle::kColumn);
       const Tensor& r = w.declare("a.row_proj.weight", {256, 512}, ParallelStyle::kRow);
       const Tensor& e = w.declare("a.edge_proj.weight", {200, 130}, ParallelStyle::kReplicated);
-      const Tensor& s = w.declare_stacked("a.qk_proj.weight", {{"a.q_proj.weight", 256}, {"a.k_proj.weight", 128}}, 256);
+      const Tensor& s =
+          w.declare_stacked("a.qk_proj.weight", {{"a.q_proj.weight", 256}, {"a.k_proj.weight", 128}}, 256);
       const Tensor& n = w.declare("a.norm.weight", {256}, ParallelStyle::kReplicated);
       if (tp == 2) {  // 384 rows over 2 ranks: 192, not whole blocks
         EXPECT_NE(load_error(w, ckpt, *be, ErrorKind::kInvalidArgument).find("a.col_proj.weight"), std::string::npos);
@@ -294,8 +295,8 @@ TEST(Fp8Weights, ExpertsInBothLayoutsAndEverySplit) {
           const int64_t ge = s.expert_begin + j;
           for (int64_t r = 0; r < 2 * Il; ++r)
             for (int64_t c = 0; c < H; ++c) {
-              const float want = r < Il ? gate[ge].value(0, s.inter_begin + r, c)
-                                        : up[ge].value(0, s.inter_begin + r - Il, c);
+              const float want =
+                  r < Il ? gate[ge].value(0, s.inter_begin + r, c) : up[ge].value(0, s.inter_begin + r - Il, c);
               ASSERT_EQ(gv[static_cast<size_t>((j * 2 * Il + r) * H + c)], want) << d << " " << r << "," << c;
             }
           for (int64_t r = 0; r < H; ++r)
