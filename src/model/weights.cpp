@@ -553,7 +553,9 @@ void WeightStore::check_fp8_shard(const Entry& e) const {
 }
 
 void WeightStore::load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager) {
-  check_fp8_shard(e);
+  // Checkpoint scales cover the full tensor's blocks, so a shard must not cut one; quantising
+  // while loading makes blocks over this rank's own slice and has no such limit.
+  if (f == Format::kFp8Checkpoint) check_fp8_shard(e);
   Tensor w = backend.alloc(e.local_shape, DType::kF8E4M3);
   Tensor s = backend.alloc(block_scale_shape(e.local_shape), DType::kF32);
   const bool experts = e.style == ParallelStyle::kExpert;
@@ -630,8 +632,7 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
     if (!e.tied_to.empty()) continue;
     if (fp8_candidate(e)) {
       // FP8 values spread over e4m3's range with one scale, so that the weights are uniform in
-      // [-0.05, 0.05] like the bf16 dummies.
-      check_fp8_shard(e);
+      // [-0.05, 0.05] like the bf16 dummies. Blocks are over this rank's slice (no shard limit).
       Tensor w = backend.alloc(e.local_shape, DType::kF8E4M3);
       Tensor s = backend.alloc(block_scale_shape(e.local_shape), DType::kF32);
       backend.fill_random(w, seed * 1000003ull + i, -448.0f, 448.0f);

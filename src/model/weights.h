@@ -69,9 +69,10 @@ class WeightStore {
   //    below are quantised while loading (scale = amax / 448 per 128 x 128 block);
   //  - load_dummy(): the candidates, as FP8 with scales, when the config is quantised.
   // Candidates: 2-D projections whose checkpoint names end in "proj.weight" and every layer's
-  // experts, unless modules_to_not_convert names them. Tensor-parallel shards of an FP8
-  // weight must start and end on 128-row/column block edges: declare-time shapes are checked
-  // at load, and the error names the layer and the --tensor-parallel-size values that work.
+  // experts, unless modules_to_not_convert names them. Tensor-parallel shards of a checkpoint's
+  // FP8 weight must start and end on 128-row/column block edges (its scales cover the full
+  // tensor's blocks): checked at load, the error names the layer and the --tensor-parallel-size
+  // values that work. Quantising while loading (and dummies) makes blocks over each rank's slice.
   void set_quantization(const QuantConfig& q) { quant_ = q; }
   const QuantConfig& quantization() const { return quant_; }
 
