@@ -20,18 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TinyModel;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "tessera-moe-XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = testing::TempDir;
 
 constexpr int64_t kE = 4, kI = 8, kH = 16;
 

@@ -53,6 +53,22 @@ inline uint16_t to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// A fresh directory under the system's temporary one, removed with its contents at scope end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "tessera-test-XXXXXX").string();
+    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 class SafetensorsWriter {
  public:
   void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
