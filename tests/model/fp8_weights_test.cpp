@@ -386,28 +386,8 @@ std::vector<float> fixture_logits(const std::string& name, const ModelOptions& m
     model->weights().load(ckpt, *be);
   }
   *fp8_bytes = model->weights().fp8_bytes();
-  auto ref = testing::load_reference(name);
-  auto ids = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
-  const int n = static_cast<int>(ids.size()), blocks = (n + 15) / 16;
-  KvCache cache;
-  cache.num_blocks = blocks;
-  for (const auto& spec : model->cache_specs()) {
-    cache.k.push_back(be->alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    cache.v.push_back(be->alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-  }
-  ModelInput in;
-  for (int i = 0; i < n; ++i) {
-    in.token_ids.push_back(ids[i]);
-    in.positions.push_back(i);
-    in.attention.slot_mapping.push_back(i);
-  }
-  in.attention.query_start_loc = {0, n};
-  in.attention.seq_lens = {n};
-  in.attention.max_blocks_per_seq = blocks;
-  for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
-  in.logits_indices = {n - 1};
-  Tensor lg = model->forward(in, cache);
-  return std::vector<float>(lg.data<float>(), lg.data<float>() + lg.numel());
+  auto ids = testing::load_reference(name)["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  return testing::prefill_logits(*model, *be, ids, {static_cast<int32_t>(ids.size()) - 1});
 }
 
 // --quantization fp8 on a bf16 fixture: the projections load as FP8 and the logits stay near
