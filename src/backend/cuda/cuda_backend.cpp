@@ -335,7 +335,7 @@ class CudaBackend final : public Backend {
     if (use_gemv_ && M <= kMaxFp8GemvRows &&
         launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
       return;
-    if (!fp8_dequant_only_ && K % 128 == 0) {
+    if (!fp8_dequant_only_ && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
       const size_t mark = scratch_mark();
       Tensor xq = scratch({M, K}, DType::kF8E4M3);
       Tensor xs = scratch({K / 128, M}, DType::kF32);
