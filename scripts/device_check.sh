@@ -40,6 +40,7 @@ run gemm_bench "$B/gemm_bench" $q
 run attention_bench "$B/attention_bench" $q
 run moe_bench "$B/moe_bench" $q
 [ -x "$B/gdr_bench" ] && run gdr_bench "$B/gdr_bench" $q
+[ -x "$B/fp8_gemm_bench" ] && run fp8_gemm_bench "$B/fp8_gemm_bench" $q
 
 # Model level (needs bundle/tessera, i.e. scripts/bundle.sh --with-tests): a Qwen3-8B
 # shape with dummy weights. Decode: batch 1, 512-token prompt, 256 new tokens, against
@@ -72,6 +73,7 @@ fi
   echo; echo "## attention"; cat "$OUT/attention_bench.log"
   echo; echo "## mixture of experts"; cat "$OUT/moe_bench.log"
   [ -f "$OUT/gdr_bench.log" ] && { echo; echo "## gated delta rule"; cat "$OUT/gdr_bench.log"; }
+  [ -f "$OUT/fp8_gemm_bench.log" ] && { echo; echo "## FP8 block-scaled linear"; cat "$OUT/fp8_gemm_bench.log"; }
   [ -f "$OUT/model.txt" ] && { echo; echo "## model (Qwen3-8B shape, dummy weights)"; cat "$OUT/model.txt"; }
 } > "$OUT/summary.txt"
 tail -n 80 "$OUT/summary.txt"

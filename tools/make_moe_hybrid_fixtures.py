@@ -13,8 +13,9 @@ per prompt), with longer prompts: up to 200 tokens for MoE, 300 for the hybrids 
     3-D tensors (mlp.experts.gate_up_proj [E, 2I, H], gate rows first; mlp.experts.down_proj
     [E, H, I]) as transformers 5 holds them; same reference.
   - *_fp8: fine-grained FP8 (e4m3, 128x128 blocks, weight_scale_inv) checkpoints; the reference
-    is the fp32 forward on the dequantised weights (transformers' FP8 forward needs the
-    `kernels` package, absent there).
+    is the fp32 forward on the weights dequantised from the quantised model in memory (every fp8
+    parameter times its _scale_inv sibling, per 128x128 block), loaded strictly into an fp32 model
+    (transformers' FP8 forward needs the `kernels` package, absent there).
 A fixture whose config transformers rejects is reported and skipped; the others go on.
 """
 import argparse
@@ -198,28 +199,49 @@ def fuse_experts(src, dst):
         json.dump(ref, f)
 
 
-def dequantized_state(d):
-    """fp32 state dict from an FP8 block-scaled checkpoint: w = fp8 * scale_inv per 128x128 block."""
-    from safetensors.torch import load_file
-    t = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            t.update(load_file(os.path.join(d, fn)))
-    out = {}
-    for k, v in t.items():
-        if k.endswith("_scale_inv"):
+def dequantize_blocks(w, s, block):
+    """w (fp8, [..., R, C]) times its scale_inv s: one scale per block[0] x block[1] block of the last two
+    dimensions ([..., ceil(R/b0), ceil(C/b1)]), or fewer elements broadcast (per tensor [1], per expert
+    [E, 1, 1] or [E])."""
+    w, s = w.float(), s.float()
+    rows, cols = w.shape[-2], w.shape[-1]
+    if s.dim() >= 2 and s.shape[-2] == -(-rows // block[0]) and s.shape[-1] == -(-cols // block[1]) \
+            and s.shape[:-2] == w.shape[:-2]:
+        s = torch.repeat_interleave(s, block[0], dim=-2)[..., :rows, :]
+        s = torch.repeat_interleave(s, block[1], dim=-1)[..., :cols]
+        return w * s
+    if s.numel() == 1:
+        return w * s.reshape(())
+    lead = w.shape[:-2]
+    if s.numel() == torch.Size(lead).numel():  # one scale per expert
+        return w * s.reshape(*lead, 1, 1)
+    raise ValueError(f"scale {tuple(s.shape)} does not fit weight {tuple(w.shape)} with blocks {block}")
+
+
+def dequantized_state(q, block):
+    """fp32 state dict of the in-memory FP8 model `q`, keyed as the unquantised model's parameters:
+    every fp8 parameter P (FP8Linear .weight, FP8Expert .gate_up_proj / .down_proj / per-projection ones)
+    is multiplied by its sibling P_scale_inv ("weight_scale_inv" for "weight") per 128x128 block.
+
+    Reading the model rather than the saved files keeps the parameter names the reference model expects
+    (save_pretrained may write another layout, e.g. per-expert tensors for fused experts, which made the
+    file-based dequantisation fail for qwen3_5_moe_text_fp8), and every scale is found or named."""
+    params = dict(q.named_parameters())
+    params.update(dict(q.named_buffers()))
+    out, missing = {}, []
+    for k, v in params.items():
+        if k.endswith("_scale_inv") or k.endswith("activation_scale") or k.endswith("input_scale"):
             continue
         if v.dtype != torch.float8_e4m3fn:
-            out[k] = v.float()
+            out[k] = v.detach().float().cpu()
             continue
-        s, w = t[k + "_scale_inv"].float(), v.float()
-        if s.dim() < w.dim():  # fewer scale dims than the weight (e.g. 1-D per expert): broadcast
-            s = s.reshape(*s.shape, *([1] * (w.dim() - s.dim())))
-            out[k] = w * s
+        sk = k + "_scale_inv"
+        if sk not in params:
+            missing.append(sk)
             continue
-        bs = 128
-        rows = torch.repeat_interleave(s, bs, dim=-2)[..., : w.shape[-2], :]
-        out[k] = w * torch.repeat_interleave(rows, bs, dim=-1)[..., : w.shape[-1]]
+        out[k] = dequantize_blocks(v.detach().cpu(), params[sk].detach().cpu(), block)
+    if missing:
+        raise KeyError("FP8 parameters without scales: " + ", ".join(missing[:8]))
     return out
 
 
@@ -237,15 +259,33 @@ def make_fp8(name, mtype, cfg, lengths, d, seed, i):
     q.generation_config.save_pretrained(d)
     shutil.rmtree(tmp)
     ref_model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager").eval()
-    state = dequantized_state(d)
+    qc = q.config.quantization_config
+    block = qc.get("weight_block_size") if isinstance(qc, dict) else getattr(qc, "weight_block_size", None)
+    state = dequantized_state(q, tuple(block or (128, 128)))
     missing, unexpected = ref_model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "rotary" not in m and "inv_freq" not in m]
-    if missing:
-        print(name, "WARNING missing in dequantised state:", missing[:8], file=sys.stderr)
-    if unexpected:
-        print(name, "WARNING unexpected:", unexpected[:8], file=sys.stderr)
+    if missing or unexpected:  # a reference on partly random weights would be wrong: stop here
+        raise RuntimeError(f"{name}: dequantised state does not match the model: missing {missing[:8]}, "
+                           f"unexpected {unexpected[:8]}")
+    check_saved_scales(d)
     return write_reference(d, name, ref_model, lengths, 99 + i,
                            {"reference_forward": "fp32 on weights dequantised from the FP8 checkpoint"})
+
+
+def check_saved_scales(d):
+    """Every F8_E4M3 tensor the checkpoint holds has its _scale_inv beside it (what tessera loads)."""
+    from safetensors import safe_open
+    names, fp8 = set(), []
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(d, fn), "pt") as f:
+                for k in f.keys():
+                    names.add(k)
+                    if f.get_slice(k).get_dtype() == "F8_E4M3":
+                        fp8.append(k)
+    lost = [k for k in fp8 if k + "_scale_inv" not in names]
+    if lost:
+        raise RuntimeError(f"{d}: FP8 tensors saved without scales: {lost[:8]}")
 
 
 def list_tensors(d):

@@ -63,6 +63,43 @@ Tensor Tensor::reinterpret(DType dtype, Shape shape) const {
   return Tensor(storage_, offset_, shape, dtype);
 }
 
+Shape block_scale_shape(const Shape& s) {
+  TESSERA_CHECK(s.ndim() >= 2, "a block-scaled tensor has at least 2 dimensions, not {}", s.str());
+  Shape out = s;
+  out[-2] = (s[-2] + Tensor::kScaleBlock - 1) / Tensor::kScaleBlock;
+  out[-1] = (s[-1] + Tensor::kScaleBlock - 1) / Tensor::kScaleBlock;
+  return out;
+}
+
+Tensor Tensor::with_block_scale(Tensor scale) const {
+  TESSERA_CHECK(scale.dtype() == DType::kF32 && scale.shape() == block_scale_shape(shape_),
+                "block scales of {} must be f32{}, not {}", str(), block_scale_shape(shape_).str(), scale.str());
+  Tensor t = *this;
+  t.block_scale_ = std::make_shared<const Tensor>(std::move(scale));
+  return t;
+}
+
+Tensor dequantize_block_scaled_host(const Tensor& w) {
+  TESSERA_CHECK(w.block_scaled() && w.dtype() == DType::kF8E4M3 && w.device().type == DeviceType::kCPU,
+                "dequantize_block_scaled_host: {} is not a host FP8 block-scaled tensor", w.str());
+  const Tensor& s = *w.block_scale();
+  const int64_t R = w.dim(-2), C = w.dim(-1), mats = w.numel() / (R * C);
+  const int64_t rb = s.dim(-2), cb = s.dim(-1);
+  Tensor out = host_empty(w.shape(), DType::kF32);
+  const uint8_t* q = w.data<uint8_t>();
+  const float* sc = s.data<float>();
+  float* o = out.data<float>();
+  float lut[256];
+  for (int v = 0; v < 256; ++v) lut[v] = fp8e4m3_to_f32(static_cast<uint8_t>(v));
+  for (int64_t m = 0; m < mats; ++m)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* srow = sc + (m * rb + r / Tensor::kScaleBlock) * cb;
+      const int64_t base = (m * R + r) * C;
+      for (int64_t c = 0; c < C; ++c) o[base + c] = lut[q[base + c]] * srow[c / Tensor::kScaleBlock];
+    }
+  return out;
+}
+
 std::string Tensor::str() const { return std::string(dtype_name(dtype_)) + shape_.str(); }
 
 Tensor host_empty(Shape shape, DType dtype) {

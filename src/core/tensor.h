@@ -92,12 +92,31 @@ class Tensor {
   Tensor reinterpret(DType dtype, Shape shape) const;
   std::string str() const;  // "bf16[2, 3]"
 
+  // Block-scaled quantised weights (FP8 e4m3): an f32 tensor of one scale per kScaleBlock x
+  // kScaleBlock block of the last two dimensions, [..., ceil(rows / 128), ceil(cols / 128)]
+  // (the leading dimensions, e.g. experts, as the tensor's): the value of element [.., r, c]
+  // is data[.., r, c] * scale[.., r / 128, c / 128]. Undefined for plain tensors. Travels with
+  // copies of this Tensor; view/rows/reinterpret drop it (they describe other bytes).
+  static constexpr int64_t kScaleBlock = 128;
+  const Tensor* block_scale() const { return block_scale_.get(); }
+  bool block_scaled() const { return block_scale_ != nullptr; }
+  // This tensor carrying `scale` (shape checked against the rule above).
+  Tensor with_block_scale(Tensor scale) const;
+
  private:
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;
   Shape shape_;
   DType dtype_ = DType::kF32;
+  std::shared_ptr<const Tensor> block_scale_;
 };
+
+// The scale shape of a block-scaled tensor of shape `s` (see Tensor::block_scale).
+Shape block_scale_shape(const Shape& s);
+
+// The f32 values of a block-scaled host tensor (FP8 with Tensor::block_scale), w = fp8 * scale
+// per 128 x 128 block of the last two dimensions: the exact reference the backends check against.
+Tensor dequantize_block_scaled_host(const Tensor& w);
 
 // Host tensor helpers (CPU memory, 64-byte aligned). Used by tests, the loader and
 // the CPU backend; never by model code, which allocates through its Backend.

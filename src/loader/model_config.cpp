@@ -248,18 +248,103 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     fail(ErrorKind::kUnsupported, "{}: mlp_bias=true is not supported", source);
   if (get_or<bool>(source, t, "use_sliding_window", false))
     fail(ErrorKind::kUnsupported, "{}: use_sliding_window=true is not supported yet", source);
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-    const auto& q = j["quantization_config"];
-    std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
-                             ? q["quant_method"].get<std::string>()
-                             : std::string("unknown method");
-    fail(ErrorKind::kUnsupported, "{}: quantized checkpoints ({}) are not supported yet", source, method);
-  }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    c.quant = parse_quantization_config(j["quantization_config"], source);
   c.moe = parse_moe(t, c.num_layers, source);
   parse_hybrid(t, source, c);
   if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
   c.eos_token_ids = int_or_list(t, "eos_token_id");
   return c;
+}
+
+bool QuantConfig::excluded(const std::string& name) const {
+  for (const auto& m : modules_to_not_convert)
+    if (!m.empty() && name.compare(0, m.size(), m) == 0 && (name.size() == m.size() || name[m.size()] == '.'))
+      return true;
+  return false;
+}
+
+QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string& source) {
+  if (!q.is_object())
+    fail(ErrorKind::kUnsupported,
+         "{}: quantization_config {} is not supported (supported: an object with quant_method fp8)", source, q.dump());
+  const std::string method = get_or<std::string>(source, q, "quant_method", "");
+  if (method != "fp8")
+    fail(ErrorKind::kUnsupported,
+         "{}: quantization_config.quant_method '{}' is not supported (supported: fp8 with weight_block_size [128, "
+         "128])",
+         source, method.empty() ? "(missing)" : method);
+  QuantConfig qc;
+  qc.method = QuantConfig::Method::kFp8Block;
+  qc.from_checkpoint = true;
+  auto names = [&](const char* key) {
+    auto it = q.find(key);
+    if (it == q.end() || it->is_null()) return;
+    if (!it->is_array())
+      fail(ErrorKind::kCorrupt, "{}: quantization_config.{} must be a list of module names (got {})", source, key,
+           it->dump());
+    for (const auto& v : *it) {
+      if (!v.is_string())
+        fail(ErrorKind::kCorrupt, "{}: quantization_config.{} must be a list of module names (got {})", source, key,
+             v.dump());
+      qc.modules_to_not_convert.push_back(v.get<std::string>());
+    }
+  };
+  for (const auto& [key, v] : q.items()) {
+    if (key == "quant_method") continue;
+    if (key == "fmt") {
+      const std::string fmt = get_or<std::string>(source, q, "fmt", "e4m3");
+      if (fmt != "e4m3")
+        fail(ErrorKind::kUnsupported, "{}: quantization_config.fmt '{}' is not supported (supported: e4m3)", source,
+             fmt);
+    } else if (key == "activation_scheme") {
+      const std::string a = get_or<std::string>(source, q, "activation_scheme", "dynamic");
+      if (a != "dynamic")
+        fail(ErrorKind::kUnsupported,
+             "{}: quantization_config.activation_scheme '{}' is not supported (supported: dynamic; static "
+             "activation scales are not implemented)",
+             source, a);
+    } else if (key == "weight_block_size") {
+      if (v.is_null()) continue;  // checked below
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+        fail(ErrorKind::kCorrupt, "{}: quantization_config.weight_block_size must be [rows, cols] (got {})", source,
+             v.dump());
+      qc.block_n = v[0].get<int>();
+      qc.block_k = v[1].get<int>();
+    } else if (key == "modules_to_not_convert" || key == "ignored_layers") {
+      names(key.c_str());
+    } else if (key == "scale_fmt") {
+      const std::string f = get_or<std::string>(source, q, "scale_fmt", "float");
+      if (f != "float")
+        fail(ErrorKind::kUnsupported,
+             "{}: quantization_config.scale_fmt '{}' is not supported (supported: float32 scales)", source, f);
+    } else if (key == "dequantize") {
+      if (get_or<bool>(source, q, "dequantize", false))
+        fail(ErrorKind::kUnsupported,
+             "{}: quantization_config.dequantize=true is not supported (tessera keeps FP8 weights as FP8)", source);
+    } else if (key == "modules_to_convert") {
+      if (!v.is_null())
+        fail(ErrorKind::kUnsupported,
+             "{}: quantization_config.modules_to_convert is not supported (list the unquantised modules in "
+             "modules_to_not_convert instead)",
+             source);
+    } else {
+      fail(ErrorKind::kUnsupported,
+           "{}: quantization_config.{} is not supported (known fields: quant_method, fmt, activation_scheme, "
+           "weight_block_size, modules_to_not_convert, ignored_layers, scale_fmt)",
+           source, key);
+    }
+  }
+  if (!q.contains("weight_block_size") || q["weight_block_size"].is_null())
+    fail(ErrorKind::kUnsupported,
+         "{}: quantization_config without weight_block_size (per-tensor FP8) is not supported (supported: "
+         "weight_block_size [128, 128])",
+         source);
+  if (qc.block_n != 128 || qc.block_k != 128)
+    fail(ErrorKind::kUnsupported,
+         "{}: quantization_config.weight_block_size [{}, {}] is not supported (supported: [128, 128])", source,
+         qc.block_n, qc.block_k);
+  return qc;
 }
 
 ModelConfig load_model_config(const std::string& model_dir) {

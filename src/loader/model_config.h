@@ -52,6 +52,30 @@ struct LinearAttnConfig {
   int num_key_heads = 0, num_value_heads = 0;
 };
 
+// Block-scaled FP8 weights (quantization_config with quant_method "fp8", as transformers'
+// fine-grained FP8, DeepSeek-V3 and the Qwen FP8 releases write it): every quantised linear
+// weight W [N, K] is stored as e4m3 with a float32 `weight_scale_inv` [ceil(N/128), ceil(K/128)],
+// W[n, k] = fp8[n, k] * scale_inv[n / 128, k / 128]; activations are quantised dynamically (per
+// token, per 128 columns) by the kernels that want FP8 inputs.
+struct QuantConfig {
+  enum class Method { kNone, kFp8Block } method = Method::kNone;
+  int block_n = 128, block_k = 128;  // weight_block_size (only [128, 128])
+  // modules_to_not_convert / ignored_layers: module paths ("lm_head", "model.layers.0.mlp.gate")
+  // whose weights stay unquantised; a name matches a parameter equal to it or a prefix of it
+  // ending at a '.'.
+  std::vector<std::string> modules_to_not_convert;
+  // True when the checkpoint itself holds FP8 weights (its config has the block); false when
+  // --quantization fp8 quantises a bf16 checkpoint while loading.
+  bool from_checkpoint = false;
+  bool fp8() const { return method == Method::kFp8Block; }
+  // Whether the parameter `name` ("model.layers.0.mlp.gate.weight") is left unquantised.
+  bool excluded(const std::string& name) const;
+};
+
+// Parses a config.json quantization_config; anything but block-scaled dynamic e4m3 FP8 fails
+// with kUnsupported naming the field.
+QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string& source);
+
 struct ModelConfig {
   std::string model_dir;
   std::string architecture;  // "Qwen3ForCausalLM"
@@ -85,6 +109,7 @@ struct ModelConfig {
   // Multimodal wrappers (Qwen3_5MoeForConditionalGeneration) hold the language model under
   // text_config and its weights under "model.language_model."; the others under "model.".
   bool nested_text_config = false;
+  QuantConfig quant;
   nlohmann::json raw;  // the whole config.json, for architectures with extra fields
 };
 

@@ -45,6 +45,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
       comm_(backend, mo.parallel, mo.runtime),
       weights_(mo.parallel) {
   const ModelConfig& c = config_;
+  weights_.set_quantization(weight_quantization(c, mo));
   layer_range_ = pipeline_layer_range(c.num_layers, pc_.pp_rank, pc_.pp_size);
   BlockContext ctx{config_, backend_, weights_, comm_};
   const int64_t H = c.hidden_size;

@@ -30,4 +30,16 @@ StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int 
   return s;
 }
 
+QuantConfig weight_quantization(const ModelConfig& config, const ModelOptions& options) {
+  QuantConfig q = config.quant;
+  if (options.quantization.empty()) return q;
+  if (options.quantization != "fp8")
+    fail(ErrorKind::kUnsupported, "--quantization {} is not supported (supported: fp8)", options.quantization);
+  if (!q.fp8()) {
+    q.method = QuantConfig::Method::kFp8Block;
+    q.from_checkpoint = false;
+  }
+  return q;
+}
+
 }  // namespace tessera

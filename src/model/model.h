@@ -100,7 +100,14 @@ struct ModelOptions {
   int max_positions = 0;  // rotary table length; 0 = config.max_position_embeddings
   ParallelContext parallel;
   ParallelRuntime runtime;
+  // --quantization (vLLM's flag): "" (the checkpoint's own format) or "fp8" (block-scaled FP8
+  // weights; a bf16 checkpoint is quantised while loading).
+  std::string quantization;
 };
+
+// The weight format a model's WeightStore loads: the checkpoint's quantization_config, or FP8
+// quantisation at load when --quantization fp8 names it for an unquantised checkpoint.
+QuantConfig weight_quantization(const ModelConfig& config, const ModelOptions& options);
 
 class Model {
  public:

@@ -1,9 +1,11 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "loader/checkpoint.h"
 
 namespace tessera {
@@ -177,9 +179,44 @@ const Tensor& WeightStore::declare_tied(const std::string& alias, const std::str
 
 size_t WeightStore::param_bytes(DType dtype) const {
   size_t n = 0;
-  for (const auto& e : entries_)
-    if (e.tied_to.empty()) n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(e.f32 ? DType::kF32 : dtype);
+  for (const auto& e : entries_) {
+    if (!e.tied_to.empty()) continue;
+    if (e.tensor.defined())
+      n += e.tensor.nbytes() + (e.tensor.block_scaled() ? e.tensor.block_scale()->nbytes() : 0);
+    else
+      n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(e.f32 ? DType::kF32 : dtype);
+  }
   return n;
+}
+
+size_t WeightStore::fp8_bytes() const {
+  size_t n = 0;
+  for (const auto& e : entries_)
+    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.block_scaled()) n += e.tensor.nbytes();
+  return n;
+}
+
+size_t WeightStore::fp8_scale_bytes() const {
+  size_t n = 0;
+  for (const auto& e : entries_)
+    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.block_scaled()) n += e.tensor.block_scale()->nbytes();
+  return n;
+}
+
+void quantize_fp8_blocks(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scale) {
+  constexpr int64_t B = Tensor::kScaleBlock;
+  const int64_t cb = (cols + B - 1) / B;
+  for (int64_t r0 = 0; r0 < rows; r0 += B)
+    for (int64_t c0 = 0; c0 < cols; c0 += B) {
+      const int64_t r1 = std::min(rows, r0 + B), c1 = std::min(cols, c0 + B);
+      float amax = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(src[r * cols + c]));
+      const float s = amax > 0 ? amax / 448.0f : 1.0f;
+      scale[(r0 / B) * cb + c0 / B] = s;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) dst[r * cols + c] = f32_to_fp8e4m3(src[r * cols + c] / s);
+    }
 }
 
 namespace {
@@ -259,9 +296,8 @@ class WeightStore::Stager {
   size_t used_ = 0;
 };
 
-void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager) {
+void WeightStore::fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst) const {
   const size_t ds = dtype_size(dt);
-  char* dst = stager.take(e.tensor.nbytes());
   if (!e.blocks.empty()) {  // row blocks of one or more tensors, in order
     size_t offset = 0;
     for (const auto& b : e.blocks) {
@@ -272,7 +308,9 @@ void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager&
       copy_block(m, b.row_begin * per_row, b.rows * per_row, 0, m.cols, dt, dst + offset);
       offset += static_cast<size_t>(b.rows * per_row * m.cols) * ds;
     }
-  } else if (e.offset != 0.0f) {  // checkpoint + offset, added in f32
+    return;
+  }
+  if (e.offset != 0.0f) {  // checkpoint + offset, added in f32
     CheckpointTensor src = ckpt.get(e.name);
     check_shape(src, e.full_shape);
     Matrix m = matrix_of(src);
@@ -280,7 +318,9 @@ void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager&
     copy_block(m, 0, m.rows, 0, m.cols, DType::kF32, reinterpret_cast<char*>(f.data()));
     for (float& x : f) x += e.offset;
     convert_host(f.data(), DType::kF32, dst, dt, f.size());
-  } else if (!e.parts.empty()) {  // stacked column-parallel parts (gate + up, q + k + v)
+    return;
+  }
+  if (!e.parts.empty()) {  // stacked column-parallel parts (gate + up, q + k + v)
     size_t offset = 0;
     for (const auto& p : e.parts) {
       CheckpointTensor src = ckpt.get(p.name);
@@ -289,35 +329,40 @@ void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager&
       copy_block(matrix_of(src), pc_.tp_rank * local, local, 0, e.full_shape[1], dt, dst + offset);
       offset += static_cast<size_t>(local * e.full_shape[1]) * ds;
     }
-  } else {
-    CheckpointTensor src = ckpt.get(e.name);
-    check_shape(src, e.full_shape);
-    Matrix m = matrix_of(src);
-    // Matrix rows per dim-0 index (1 for 1-D and 2-D tensors).
-    const int64_t per_row = m.rows / e.full_shape[0];
-    if (e.row_begin >= 0) {  // a fixed block of whole rows
-      copy_block(m, e.row_begin * per_row, e.local_shape[0] * per_row, 0, m.cols, dt, dst);
-    } else if (e.style == ParallelStyle::kRow && pc_.tp_size > 1) {
-      const int64_t cols = e.local_shape[-1];
-      copy_block(m, 0, m.rows, pc_.tp_rank * cols, cols, dt, dst);
-    } else if (e.style == ParallelStyle::kVocab) {
-      // Rows past the vocabulary (padding to a multiple of the TP size) stay zero.
-      const int64_t per = e.local_shape[0], begin = pc_.tp_rank * per;
-      const int64_t have = std::clamp<int64_t>(e.full_shape[0] - begin, 0, per);
-      const size_t row_bytes = e.tensor.nbytes() / static_cast<size_t>(per);
-      if (have > 0) copy_block(m, begin * per_row, have * per_row, 0, m.cols, dt, dst);
-      std::memset(dst + static_cast<size_t>(have) * row_bytes, 0, static_cast<size_t>(per - have) * row_bytes);
-    } else if (e.style == ParallelStyle::kColumn) {
-      const int64_t rows = e.local_shape[0] * per_row;
-      copy_block(m, pc_.tp_rank * rows, rows, 0, m.cols, dt, dst);
-    } else {
-      copy_block(m, 0, m.rows, 0, m.cols, dt, dst);
-    }
+    return;
   }
+  CheckpointTensor src = ckpt.get(e.name);
+  check_shape(src, e.full_shape);
+  Matrix m = matrix_of(src);
+  // Matrix rows per dim-0 index (1 for 1-D and 2-D tensors).
+  const int64_t per_row = m.rows / e.full_shape[0];
+  if (e.row_begin >= 0) {  // a fixed block of whole rows
+    copy_block(m, e.row_begin * per_row, e.local_shape[0] * per_row, 0, m.cols, dt, dst);
+  } else if (e.style == ParallelStyle::kRow && pc_.tp_size > 1) {
+    const int64_t cols = e.local_shape[-1];
+    copy_block(m, 0, m.rows, pc_.tp_rank * cols, cols, dt, dst);
+  } else if (e.style == ParallelStyle::kVocab) {
+    // Rows past the vocabulary (padding to a multiple of the TP size) stay zero.
+    const int64_t per = e.local_shape[0], begin = pc_.tp_rank * per;
+    const int64_t have = std::clamp<int64_t>(e.full_shape[0] - begin, 0, per);
+    const size_t row_bytes = static_cast<size_t>(e.local_shape.numel() / per) * ds;
+    if (have > 0) copy_block(m, begin * per_row, have * per_row, 0, m.cols, dt, dst);
+    std::memset(dst + static_cast<size_t>(have) * row_bytes, 0, static_cast<size_t>(per - have) * row_bytes);
+  } else if (e.style == ParallelStyle::kColumn) {
+    const int64_t rows = e.local_shape[0] * per_row;
+    copy_block(m, pc_.tp_rank * rows, rows, 0, m.cols, dt, dst);
+  } else {
+    copy_block(m, 0, m.rows, 0, m.cols, dt, dst);
+  }
+}
+
+void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager) {
+  char* dst = stager.take(e.tensor.nbytes());
+  fill_entry(e, ckpt, dt, dst);
   stager.upload(e.tensor, dst);
 }
 
-void WeightStore::load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager) {
+void WeightStore::fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst) const {
   const ExpertShard& s = e.expert;
   const bool gate_up = e.expert_part == Entry::ExpertPart::kGateUp;
   const int64_t I = s.intermediate, H = gate_up ? e.full_shape[2] : e.full_shape[1];
@@ -331,34 +376,289 @@ void WeightStore::load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stage
     fused_src = ckpt.get(e.name);
     check_shape(fused_src, e.full_shape);
   }
-  // One expert at a time: [2 * Il, H] or [H, Il], contiguous in the stacked tensor.
-  for (int64_t j = 0; j < s.local_experts; ++j) {
-    const int64_t ge = s.expert_begin + j;
+  // One expert: [2 * Il, H] or [H, Il], contiguous in the stacked tensor.
+  const int64_t ge = s.expert_begin + j;
+  if (gate_up) {
+    const size_t half = static_cast<size_t>(Il * H) * ds;
+    if (fused) {
+      Matrix m = matrix_of(fused_src);  // [E * 2I, H]
+      copy_block(m, ge * 2 * I + i0, Il, 0, H, dt, dst);
+      copy_block(m, ge * 2 * I + I + i0, Il, 0, H, dt, dst + half);
+    } else {
+      const std::string p = prefix + "." + std::to_string(ge) + ".";
+      CheckpointTensor g = ckpt.get(p + "gate_proj.weight"), u = ckpt.get(p + "up_proj.weight");
+      check_shape(g, Shape{I, H});
+      check_shape(u, Shape{I, H});
+      copy_block(matrix_of(g), i0, Il, 0, H, dt, dst);
+      copy_block(matrix_of(u), i0, Il, 0, H, dt, dst + half);
+    }
+  } else if (fused) {
+    copy_block(matrix_of(fused_src), ge * H, H, i0, Il, dt, dst);  // [E * H, I]
+  } else {
+    CheckpointTensor d = ckpt.get(prefix + "." + std::to_string(ge) + ".down_proj.weight");
+    check_shape(d, Shape{H, I});
+    copy_block(matrix_of(d), 0, H, i0, Il, dt, dst);
+  }
+}
+
+void WeightStore::load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager) {
+  for (int64_t j = 0; j < e.expert.local_experts; ++j) {
     Tensor dst_t = rows_of(e.tensor, j, 1);
     char* dst = stager.take(dst_t.nbytes());
-    if (gate_up) {
-      const size_t half = static_cast<size_t>(Il * H) * ds;
-      if (fused) {
-        Matrix m = matrix_of(fused_src);  // [E * 2I, H]
-        copy_block(m, ge * 2 * I + i0, Il, 0, H, dt, dst);
-        copy_block(m, ge * 2 * I + I + i0, Il, 0, H, dt, dst + half);
-      } else {
-        const std::string p = prefix + "." + std::to_string(ge) + ".";
-        CheckpointTensor g = ckpt.get(p + "gate_proj.weight"), u = ckpt.get(p + "up_proj.weight");
-        check_shape(g, Shape{I, H});
-        check_shape(u, Shape{I, H});
-        copy_block(matrix_of(g), i0, Il, 0, H, dt, dst);
-        copy_block(matrix_of(u), i0, Il, 0, H, dt, dst + half);
-      }
-    } else if (fused) {
-      copy_block(matrix_of(fused_src), ge * H, H, i0, Il, dt, dst);  // [E * H, I]
-    } else {
-      CheckpointTensor d = ckpt.get(prefix + "." + std::to_string(ge) + ".down_proj.weight");
-      check_shape(d, Shape{H, I});
-      copy_block(matrix_of(d), 0, H, i0, Il, dt, dst);
-    }
+    fill_expert(e, ckpt, j, dt, dst);
     stager.upload(dst_t, dst);
   }
+}
+
+// ---- FP8 block-scaled weights ----
+
+namespace {
+
+constexpr int64_t kBlock = Tensor::kScaleBlock;
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The checkpoint's scale tensor for weight `name`: "x.weight" -> "x.weight_scale_inv",
+// fused experts "x.gate_up_proj" -> "x.gate_up_proj_scale_inv".
+std::string scale_name(const std::string& name) { return name + "_scale_inv"; }
+
+// The --tensor-parallel-size values (up to 64) that split `dim` into whole 128-blocks.
+std::string tp_sizes_that_work(int64_t dim) {
+  std::string out = "1";
+  for (int t = 2; t <= 64; t *= 2)
+    if (dim % t == 0 && (dim / t) % kBlock == 0) out += ", " + std::to_string(t);
+  return out;
+}
+
+}  // namespace
+
+void WeightStore::fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char* dst) const {
+  const DType f32 = DType::kF32;
+  const int tp = pc_.tp_size;
+  if (!e.parts.empty()) {
+    const int64_t kb = cdiv(e.full_shape[1], kBlock);
+    size_t offset = 0;
+    for (const auto& p : e.parts) {
+      CheckpointTensor src = ckpt.get(scale_name(p.name));
+      check_shape(src, Shape{cdiv(p.rows, kBlock), kb});
+      const int64_t local = p.rows / tp, nb = cdiv(local, kBlock);
+      copy_block(matrix_of(src), pc_.tp_rank * local / kBlock, nb, 0, kb, f32, dst + offset);
+      offset += static_cast<size_t>(nb * kb) * sizeof(float);
+    }
+    return;
+  }
+  CheckpointTensor src = ckpt.get(scale_name(e.name));
+  check_shape(src, block_scale_shape(e.full_shape));
+  Matrix m = matrix_of(src);
+  if (e.row_begin >= 0) {
+    copy_block(m, e.row_begin / kBlock, cdiv(e.local_shape[0], kBlock), 0, m.cols, f32, dst);
+  } else if (e.style == ParallelStyle::kRow && tp > 1) {
+    const int64_t cols = e.local_shape[-1];
+    copy_block(m, 0, m.rows, pc_.tp_rank * cols / kBlock, cdiv(cols, kBlock), f32, dst);
+  } else if (e.style == ParallelStyle::kColumn || e.style == ParallelStyle::kVocab) {
+    const int64_t rows = e.local_shape[0];
+    copy_block(m, pc_.tp_rank * rows / kBlock, cdiv(rows, kBlock), 0, m.cols, f32, dst);
+  } else {
+    copy_block(m, 0, m.rows, 0, m.cols, f32, dst);
+  }
+}
+
+void WeightStore::fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int64_t j, char* dst) const {
+  const ExpertShard& s = e.expert;
+  const DType f32 = DType::kF32;
+  const bool gate_up = e.expert_part == Entry::ExpertPart::kGateUp;
+  const int64_t E = s.num_experts, I = s.intermediate, H = gate_up ? e.full_shape[2] : e.full_shape[1];
+  const int64_t Il = s.local_intermediate, i0b = s.inter_begin / kBlock, Hb = cdiv(H, kBlock);
+  const int64_t ge = s.expert_begin + j;
+  const std::string prefix = e.name.substr(0, e.name.rfind('.'));
+  const bool fused = ckpt.contains(e.name);
+  if (gate_up) {
+    const int64_t Ilb = Il / kBlock;  // whole blocks (check_fp8_shard)
+    const size_t half = static_cast<size_t>(Ilb * Hb) * sizeof(float);
+    if (fused) {
+      CheckpointTensor src = ckpt.get(scale_name(e.name));
+      const int64_t rb = cdiv(2 * I, kBlock);
+      check_shape(src, Shape{E, rb, Hb});
+      Matrix m = matrix_of(src);  // [E * rb, Hb]
+      copy_block(m, ge * rb + i0b, Ilb, 0, Hb, f32, dst);
+      copy_block(m, ge * rb + I / kBlock + i0b, Ilb, 0, Hb, f32, dst + half);
+    } else {
+      const std::string p = prefix + "." + std::to_string(ge) + ".";
+      CheckpointTensor g = ckpt.get(p + "gate_proj.weight_scale_inv"), u = ckpt.get(p + "up_proj.weight_scale_inv");
+      check_shape(g, Shape{cdiv(I, kBlock), Hb});
+      check_shape(u, Shape{cdiv(I, kBlock), Hb});
+      copy_block(matrix_of(g), i0b, Ilb, 0, Hb, f32, dst);
+      copy_block(matrix_of(u), i0b, Ilb, 0, Hb, f32, dst + half);
+    }
+  } else if (fused) {
+    CheckpointTensor src = ckpt.get(scale_name(e.name));
+    check_shape(src, Shape{E, Hb, cdiv(I, kBlock)});
+    copy_block(matrix_of(src), ge * Hb, Hb, i0b, cdiv(Il, kBlock), f32, dst);  // [E * Hb, Ib]
+  } else {
+    CheckpointTensor d = ckpt.get(prefix + "." + std::to_string(ge) + ".down_proj.weight_scale_inv");
+    check_shape(d, Shape{Hb, cdiv(I, kBlock)});
+    copy_block(matrix_of(d), 0, Hb, i0b, cdiv(Il, kBlock), f32, dst);
+  }
+}
+
+bool WeightStore::fp8_candidate(const Entry& e) const {
+  if (!quant_.fp8() || !e.tied_to.empty() || e.local_shape.ndim() < 2 || !e.blocks.empty() || e.offset != 0.0f || e.f32)
+    return false;
+  if (e.style == ParallelStyle::kExpert) return !quant_.excluded(e.name.substr(0, e.name.rfind('.')));
+  if (e.local_shape.ndim() != 2) return false;
+  auto ok = [&](const std::string& n) {
+    const std::string suffix = "proj.weight";
+    return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+           !quant_.excluded(n);
+  };
+  if (e.parts.empty()) return ok(e.name);
+  for (const auto& p : e.parts)
+    if (!ok(p.name)) return false;
+  return true;
+}
+
+WeightStore::Format WeightStore::format_of(const Entry& e, const Checkpoint& ckpt) const {
+  if (!e.blocks.empty() || e.offset != 0.0f || e.f32) {  // assembled, offset or f32 parameters: never FP8
+    for (const auto& b : e.blocks)
+      if (ckpt.get(b.name).info->dtype == DType::kF8E4M3)
+        fail(ErrorKind::kUnsupported,
+             "{}: tensor '{}' is FP8; FP8 weights of assembled parameters (the Gated DeltaNet input projections of "
+             "Qwen3-Next / Qwen3.5) are not supported yet: use the bf16 checkpoint",
+             ckpt.get(b.name).file->path(), b.name);
+    return Format::kPlain;
+  }
+  std::string name = e.parts.empty() ? e.name : e.parts[0].name;
+  if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {
+    const std::string prefix = e.name.substr(0, e.name.rfind('.')) + "." + std::to_string(e.expert.expert_begin);
+    name = prefix + (e.expert_part == Entry::ExpertPart::kGateUp ? ".gate_proj.weight" : ".down_proj.weight");
+  }
+  const DType src = ckpt.get(name).info->dtype;
+  if (src == DType::kF8E5M2)
+    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
+         ckpt.get(name).file->path(), name);
+  if (src != DType::kF8E4M3) {
+    if (quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e)) return Format::kFp8Quantise;
+    return Format::kPlain;
+  }
+  if (!quant_.fp8())
+    fail(ErrorKind::kCorrupt,
+         "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
+         "quant_method fp8 and weight_block_size [128, 128])",
+         ckpt.get(name).file->path(), name);
+  if (e.local_shape.ndim() < 2 || !e.tied_to.empty())
+    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
+         ckpt.get(name).file->path(), name, e.full_shape.str());
+  for (const auto& p : e.parts)
+    if (ckpt.get(p.name).info->dtype != DType::kF8E4M3)
+      fail(ErrorKind::kCorrupt, "{} and {} are stacked into one weight but only the first is FP8", name, p.name);
+  if (!ckpt.contains(scale_name(name)))
+    fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(name).file->path(), name,
+         scale_name(name));
+  return Format::kFp8Checkpoint;
+}
+
+void WeightStore::check_fp8_shard(const Entry& e) const {
+  const int tp = pc_.tp_size;
+  auto split = [&](const std::string& what, int64_t dim) {
+    if (tp > 1 && (dim % tp != 0 || (dim / tp) % kBlock != 0))
+      fail(ErrorKind::kInvalidArgument,
+           "{}: FP8 block-scaled weight: {} ({}) split over --tensor-parallel-size {} is not a whole number of "
+           "128-wide scale blocks per rank; tensor-parallel sizes that work for this layer: {}",
+           e.name, what, dim, tp, tp_sizes_that_work(dim));
+  };
+  if (e.style == ParallelStyle::kExpert) {
+    const ExpertShard& s = e.expert;
+    if (s.local_intermediate % kBlock == 0) return;
+    if (tp > 1 && !pc_.expert_parallel)
+      fail(ErrorKind::kInvalidArgument,
+           "{}: FP8 experts: moe_intermediate_size ({}) split over --tensor-parallel-size {} is {} rows per rank, "
+           "not a multiple of the 128-row scale blocks; tensor-parallel sizes that work: {} (or "
+           "--enable-expert-parallel, which keeps experts whole)",
+           e.name, s.intermediate, tp, s.local_intermediate, tp_sizes_that_work(s.intermediate));
+    fail(ErrorKind::kUnsupported,
+         "{}: FP8 experts need moe_intermediate_size ({}) to be a multiple of 128 (gate and up rows are stacked "
+         "block by block)",
+         e.name, s.intermediate);
+  }
+  if (!e.parts.empty()) {
+    for (size_t i = 0; i < e.parts.size(); ++i) {
+      const Part& p = e.parts[i];
+      split(p.name + " rows", p.rows);
+      if (i + 1 < e.parts.size() && (p.rows / tp) % kBlock != 0)
+        fail(ErrorKind::kUnsupported,
+             "{}: FP8 weight {} ({} rows per rank) is stacked before {}: only the last stacked part may end inside "
+             "a 128-row scale block",
+             e.name, p.name, p.rows / tp, e.parts[i + 1].name);
+    }
+    return;
+  }
+  if (e.row_begin >= 0) {
+    const int64_t end = e.row_begin + e.local_shape[0];
+    if (e.row_begin % kBlock != 0 || (end % kBlock != 0 && end != e.full_shape[0]))
+      fail(ErrorKind::kInvalidArgument,
+           "{}: FP8 block-scaled weight: this rank reads rows [{}, {}) (key/value heads replicated over "
+           "--tensor-parallel-size {}), which are not on 128-row scale block edges; use a tensor-parallel size of "
+           "at most the number of key/value heads",
+           e.name, e.row_begin, end, tp);
+    return;
+  }
+  switch (e.style) {
+    case ParallelStyle::kColumn:
+    case ParallelStyle::kVocab:
+      split("output features", e.full_shape[0]);
+      break;
+    case ParallelStyle::kRow:
+      split("input features", e.full_shape[1]);
+      break;
+    default:
+      break;
+  }
+}
+
+void WeightStore::load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager) {
+  // Checkpoint scales cover the full tensor's blocks, so a shard must not cut one; quantising
+  // while loading makes blocks over this rank's own slice and has no such limit.
+  if (f == Format::kFp8Checkpoint) check_fp8_shard(e);
+  Tensor w = backend.alloc(e.local_shape, DType::kF8E4M3);
+  Tensor s = backend.alloc(block_scale_shape(e.local_shape), DType::kF32);
+  const bool experts = e.style == ParallelStyle::kExpert;
+  const int64_t units = experts ? e.local_shape[0] : 1;
+  std::vector<float> wide;
+  for (int64_t j = 0; j < units; ++j) {
+    const Tensor wd = experts ? rows_of(w, j, 1) : w, sd = experts ? rows_of(s, j, 1) : s;
+    // One region for both, so that a wrap of the staging buffer cannot separate them.
+    char* wdst = stager.take(wd.nbytes() + sd.nbytes());
+    char* sdst = wdst + wd.nbytes();
+    if (f == Format::kFp8Checkpoint) {
+      if (experts) {
+        fill_expert(e, ckpt, j, DType::kF8E4M3, wdst);
+        fill_expert_scale(e, ckpt, j, sdst);
+      } else {
+        fill_entry(e, ckpt, DType::kF8E4M3, wdst);
+        fill_entry_scale(e, ckpt, sdst);
+      }
+    } else {
+      wide.resize(static_cast<size_t>(wd.numel()));
+      char* wide_bytes = reinterpret_cast<char*>(wide.data());
+      if (experts)
+        fill_expert(e, ckpt, j, DType::kF32, wide_bytes);
+      else
+        fill_entry(e, ckpt, DType::kF32, wide_bytes);
+      quantize_fp8_blocks(wide.data(), wd.dim(-2), wd.dim(-1), reinterpret_cast<uint8_t*>(wdst),
+                          reinterpret_cast<float*>(sdst));
+    }
+    stager.upload(wd, wdst);
+    stager.upload(sd, sdst);
+  }
+  e.tensor = w.with_block_scale(s);
+}
+
+void WeightStore::log_summary(const Backend& backend) const {
+  const size_t fp8 = fp8_bytes();
+  if (fp8 == 0) return;
+  const size_t scales = fp8_scale_bytes(), total = param_bytes(backend.compute_dtype());
+  TLOG_INFO("Weights: {:.2f} GiB FP8 (e4m3) + {:.1f} MiB block scales (128x128, f32), {:.2f} GiB in {}",
+            fp8 / 1073741824.0, scales / 1048576.0, (total - fp8 - scales) / 1073741824.0,
+            dtype_name(backend.compute_dtype()));
 }
 
 void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress& progress) {
@@ -368,17 +668,23 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
   for (auto& e : entries_) {
     if (!e.tied_to.empty()) continue;
     const DType edt = e.f32 ? DType::kF32 : dt;
-    e.tensor = backend.alloc(e.local_shape, edt);
-    if (e.style == ParallelStyle::kExpert)
-      load_experts(e, ckpt, edt, stager);
-    else
-      load_entry(e, ckpt, edt, stager);
+    const Format f = format_of(e, ckpt);
+    if (f != Format::kPlain) {
+      load_fp8(e, ckpt, f, backend, stager);
+    } else {
+      e.tensor = backend.alloc(e.local_shape, edt);
+      if (e.style == ParallelStyle::kExpert)
+        load_experts(e, ckpt, edt, stager);
+      else
+        load_entry(e, ckpt, edt, stager);
+    }
     bytes += e.tensor.nbytes();
     if (progress) progress(++done, entries_.size(), bytes);
   }
   backend.synchronize();
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
+  log_summary(backend);
 }
 
 void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& progress) {
@@ -387,6 +693,18 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
   for (auto& e : entries_) {
     ++i;
     if (!e.tied_to.empty()) continue;
+    if (fp8_candidate(e)) {
+      // FP8 values spread over e4m3's range with one scale, so that the weights are uniform in
+      // [-0.05, 0.05] like the bf16 dummies. Blocks are over this rank's slice (no shard limit).
+      Tensor w = backend.alloc(e.local_shape, DType::kF8E4M3);
+      Tensor s = backend.alloc(block_scale_shape(e.local_shape), DType::kF32);
+      backend.fill_random(w, seed * 1000003ull + i, -448.0f, 448.0f);
+      backend.fill(s, 0.05f / 448.0f);
+      e.tensor = w.with_block_scale(s);
+      bytes += e.tensor.nbytes();
+      if (progress) progress(++done, entries_.size(), bytes);
+      continue;
+    }
     e.tensor = backend.alloc(e.local_shape, e.f32 ? DType::kF32 : dt);
     if (e.offset != 0.0f)
       backend.fill(e.tensor, e.offset);
@@ -400,6 +718,7 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
   backend.synchronize();
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
+  log_summary(backend);
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "loader/model_config.h"
 
 namespace tessera {
 
@@ -45,6 +46,11 @@ ExpertShard expert_shard(const ParallelContext& pc, int64_t num_experts, int64_t
 
 enum class DummyInit { kUniform, kOnes };
 
+// Quantises a row-major f32 matrix [rows, cols] to e4m3 per 128 x 128 block (edge blocks
+// partial): scale[rb, cb] = amax / 448 (1 for an all-zero block), dst = fp8(src / scale),
+// scale f32 [ceil(rows / 128), ceil(cols / 128)]. What --quantization fp8 does while loading.
+void quantize_fp8_blocks(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scale);
+
 class WeightStore {
  public:
   struct Part {
@@ -53,6 +59,22 @@ class WeightStore {
   };
 
   explicit WeightStore(ParallelContext pc) : pc_(pc) {}
+
+  // Block-scaled FP8 (QuantConfig): linear weights are held as e4m3 tensors carrying their
+  // f32 block scales (Tensor::block_scale), which the backend's linear and moe_experts ops
+  // dispatch on; model code sees the same `const Tensor&`. Which weights are FP8:
+  //  - load(): those the checkpoint stores as F8_E4M3 with a `<name>_scale_inv` beside them
+  //    (weight_scale_inv for `.weight` tensors, gate_up_proj_scale_inv for fused experts);
+  //    with from_checkpoint == false (--quantization fp8 on a bf16 checkpoint) the candidates
+  //    below are quantised while loading (scale = amax / 448 per 128 x 128 block);
+  //  - load_dummy(): the candidates, as FP8 with scales, when the config is quantised.
+  // Candidates: 2-D projections whose checkpoint names end in "proj.weight" and every layer's
+  // experts, unless modules_to_not_convert names them. Tensor-parallel shards of a checkpoint's
+  // FP8 weight must start and end on 128-row/column block edges (its scales cover the full
+  // tensor's blocks): checked at load, the error names the layer and the --tensor-parallel-size
+  // values that work. Quantising while loading (and dummies) makes blocks over each rank's slice.
+  void set_quantization(const QuantConfig& q) { quant_ = q; }
+  const QuantConfig& quantization() const { return quant_; }
 
   // A parameter read from one checkpoint tensor. The returned reference is stable.
   const Tensor& declare(const std::string& name, Shape full_shape, ParallelStyle style,
@@ -104,7 +126,12 @@ class WeightStore {
   void load(const Checkpoint& ckpt, Backend& backend, const Progress& progress = nullptr);
   void load_dummy(Backend& backend, uint64_t seed, const Progress& progress = nullptr);
 
-  size_t param_bytes(DType dtype) const;  // bytes this rank holds, stored in `dtype` (f32 ones in f32)
+  // Bytes this rank holds: loaded tensors (FP8 ones with their scales) at their size, the
+  // others as if stored in `dtype` (f32 ones in f32).
+  size_t param_bytes(DType dtype) const;
+  // Of those, the FP8 weights and their f32 block scales (0 before load and without FP8).
+  size_t fp8_bytes() const;
+  size_t fp8_scale_bytes() const;
   size_t count() const { return entries_.size(); }
 
  private:
@@ -124,13 +151,26 @@ class WeightStore {
     ExpertShard expert;  // kExpert: which experts and which intermediate slice
   };
   class Stager;
+  // Host images of this rank's slice: the weight converted to `dt`, or (fill_*_scale) its f32
+  // block scales read from the checkpoint's `_scale_inv` tensors.
+  void fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst) const;
+  void fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char* dst) const;
+  void fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst) const;
+  void fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int64_t j, char* dst) const;
   void load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
   void load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
+  enum class Format { kPlain, kFp8Checkpoint, kFp8Quantise };
+  Format format_of(const Entry& e, const Checkpoint& ckpt) const;
+  bool fp8_candidate(const Entry& e) const;
+  void check_fp8_shard(const Entry& e) const;
+  void load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager);
+  void log_summary(const Backend& backend) const;
   static Entry make_entry(const std::string& name, Shape full, Shape local, ParallelStyle style, DummyInit init);
   Shape local_shape(const Shape& full, ParallelStyle style, const std::string& name) const;
   Entry& find(const std::string& name);
   std::deque<Entry> entries_;
   ParallelContext pc_;
+  QuantConfig quant_;
 };
 
 }  // namespace tessera

@@ -341,6 +341,54 @@ TEST_F(CudaOps, Linear) {
   }
 }
 
+// FP8 block-scaled weights (e4m3 with one f32 scale per 128 x 128 block) against the CPU's
+// dequantising reference. M <= 16 runs the FP8 GEMV (bf16 activations: bf16-level error); above,
+// activations are quantised to e4m3 per token and 128 columns (3 mantissa bits, rounding up to
+// 1/16 per element, ~2-3% on these sums) for cuBLASLt's block-scaled GEMM, or (K/128 not a
+// multiple of 4, K % 128 != 0) the weight is dequantised to bf16 for the bf16 GEMM.
+TEST_F(CudaOps, Fp8BlockScaledLinear) {
+  struct Case {
+    int64_t T, K, N;
+    bool bias;
+    DType out;
+  };
+  for (Case c : std::vector<Case>{{1, 512, 256, false, DType::kBF16},
+                                  {2, 4096, 1024, false, DType::kBF16},
+                                  {3, 384, 200, true, DType::kF32},
+                                  {5, 2048, 4096, false, DType::kBF16},
+                                  {8, 256, 8192, false, DType::kF32},
+                                  {16, 4096, 384, false, DType::kBF16},
+                                  {17, 512, 256, false, DType::kBF16},
+                                  {64, 4096, 1024, true, DType::kBF16},
+                                  {300, 2048, 640, false, DType::kF32},
+                                  {33, 384, 200, false, DType::kBF16},
+                                  {9, 208, 130, false, DType::kF32}}) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::vector<uint8_t> q(static_cast<size_t>(c.N * c.K));
+    for (auto& b : q) {
+      do b = static_cast<uint8_t>(byte(rng_));
+      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
+    }
+    const Shape ss = block_scale_shape({c.N, c.K});
+    auto scales = rand(ss.numel(), 1e-4f, 4e-4f);
+    auto x = rand(c.T * c.K), b = rand(c.N);
+    auto make = [&](Backend& be) {
+      Tensor w = be.alloc({c.N, c.K}, DType::kF8E4M3), s = be.alloc(ss, DType::kF32);
+      be.copy_from_host(w, q.data());
+      be.copy_from_host(s, scales.data());
+      return w.with_block_scale(s);
+    };
+    Tensor out = gpu_out({c.T, c.N}, c.out);
+    Tensor gb = on_gpu(b, {c.N}), cb = on_cpu(b, {c.N});
+    gpu().linear(on_gpu(x, {c.T, c.K}), make(gpu()), c.bias ? &gb : nullptr, out);
+    Tensor ref = cpu().alloc({c.T, c.N}, DType::kF32);
+    cpu().linear(on_cpu(x, {c.T, c.K}), make(cpu()), c.bias ? &cb : nullptr, ref);
+    const double tol = c.T <= 16 ? 1e-2 : 5e-2;
+    EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), tol)
+        << "T=" << c.T << " K=" << c.K << " N=" << c.N << " out " << dtype_name(c.out);
+  }
+}
+
 TEST_F(CudaOps, SiluMulAndAdd) {
   for (int64_t T : {1, 7, 33}) {
     for (int64_t I : {64, 100, 12288}) {

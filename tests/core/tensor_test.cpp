@@ -113,6 +113,31 @@ TEST(Tensor, WrapKeepsOwnerAliveUntilLastView) {
   EXPECT_TRUE(watch.expired()) << "and release it with the last view";
 }
 
+TEST(Tensor, BlockScalesTravelWithTheTensorAndDequantiseExactly) {
+  EXPECT_EQ(block_scale_shape({200, 130}), (Shape{2, 2}));
+  EXPECT_EQ(block_scale_shape({3, 256, 128}), (Shape{3, 2, 1}));
+  Tensor w = host_empty({2, 130, 129}, DType::kF8E4M3), s = host_empty({2, 2, 2}, DType::kF32);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<uint8_t>()[i] = f32_to_fp8e4m3(static_cast<float>(i % 17) - 8);
+  for (int64_t i = 0; i < s.numel(); ++i) s.data<float>()[i] = 0.5f * static_cast<float>(i + 1);
+  EXPECT_THROW(w.with_block_scale(host_empty({2, 1, 2}, DType::kF32)), Error);
+  EXPECT_THROW(w.with_block_scale(host_empty({2, 2, 2}, DType::kBF16)), Error);
+  const Tensor q = w.with_block_scale(s);
+  EXPECT_FALSE(w.block_scaled());
+  const Tensor copy = q;  // copies carry the scales; views describe other bytes and drop them
+  ASSERT_TRUE(copy.block_scaled());
+  EXPECT_EQ(copy.block_scale()->raw(), s.raw());
+  EXPECT_FALSE(q.view({260, 129}).block_scaled());
+  const Tensor f = dequantize_block_scaled_host(q);
+  for (int64_t e = 0; e < 2; ++e)
+    for (int64_t r = 0; r < 130; ++r)
+      for (int64_t c = 0; c < 129; ++c) {
+        const int64_t i = (e * 130 + r) * 129 + c;
+        const float want = (static_cast<float>(i % 17) - 8) * s.data<float>()[(e * 2 + r / 128) * 2 + c / 128];
+        ASSERT_EQ(f.data<float>()[i], want) << e << "," << r << "," << c;
+      }
+  EXPECT_THROW(dequantize_block_scaled_host(w), Error);
+}
+
 TEST(Device, Names) {
   EXPECT_EQ(Device{}.str(), "cpu");
   EXPECT_EQ((Device{DeviceType::kCUDA, 3}.str()), "cuda:3");

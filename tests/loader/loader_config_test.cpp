@@ -174,16 +174,64 @@ TEST(ModelConfig, UnsupportedHiddenActFails) {
   EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("gelu_pytorch_tanh"), std::string::npos);
 }
 
-TEST(ModelConfig, QuantizationConfigFails) {
+json fp8_block() {
+  return json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                         "weight_block_size": [128, 128],
+                         "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]})");
+}
+
+TEST(ModelConfig, BlockScaledFp8QuantizationIsParsed) {
   json j = base_config();
-  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
-  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("fp8"), std::string::npos);
+  j["quantization_config"] = fp8_block();
+  ModelConfig c = parse(j);
+  EXPECT_TRUE(c.quant.fp8());
+  EXPECT_TRUE(c.quant.from_checkpoint);
+  EXPECT_EQ(c.quant.block_n, 128);
+  EXPECT_EQ(c.quant.block_k, 128);
+  EXPECT_TRUE(c.quant.excluded("lm_head.weight"));
+  EXPECT_TRUE(c.quant.excluded("model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(c.quant.excluded("model.layers.0.mlp.gate_proj.weight"));  // a prefix only at a '.'
+  EXPECT_FALSE(c.quant.excluded("model.layers.10.mlp.gate.weight"));
+  // transformers' own spelling (fine-grained FP8), with ignored_layers (llm-compressor's name).
+  j["quantization_config"] = json::parse(R"({"quant_method": "fp8", "activation_scheme": "dynamic",
+      "dequantize": false, "modules_to_convert": null, "modules_to_not_convert": null, "scale_fmt": "float",
+      "weight_block_size": [128, 128], "ignored_layers": ["model.layers.1.self_attn"]})");
+  c = parse(j);
+  EXPECT_TRUE(c.quant.excluded("model.layers.1.self_attn.q_proj.weight"));
+  j = base_config();
+  EXPECT_FALSE(parse(j).quant.fp8());
+  j["quantization_config"] = nullptr;  // null is the same as absent
+  EXPECT_FALSE(parse(j).quant.fp8());
+}
+
+TEST(ModelConfig, OtherQuantizationIsRefusedNamingTheField) {
+  auto refused = [](const char* field, const json& value) {
+    json j = base_config();
+    j["quantization_config"] = fp8_block();
+    if (value.is_null())
+      j["quantization_config"].erase(field);
+    else
+      j["quantization_config"][field] = value;
+    std::string m = error_of(j, ErrorKind::kUnsupported);
+    EXPECT_NE(m.find(field), std::string::npos) << m;
+  };
+  refused("quant_method", "awq");
+  refused("fmt", "e5m2");
+  refused("activation_scheme", "static");
+  refused("weight_block_size", json::array({64, 64}));
+  refused("weight_block_size", nullptr);  // per-tensor FP8
+  refused("scale_fmt", "ue8m0");
+  refused("dequantize", true);
+  refused("modules_to_convert", json::array({"q_proj"}));
+  refused("kv_cache_scheme", json::object({{"num_bits", 8}}));
+  json j = base_config();
   j["quantization_config"] = {{"bits", 4}};
-  error_of(j, ErrorKind::kUnsupported);
+  EXPECT_NE(error_of(j, ErrorKind::kUnsupported).find("quant_method"), std::string::npos);
   j["quantization_config"] = "gptq";  // not an object: still refused, still a tessera::Error
   error_of(j, ErrorKind::kUnsupported);
-  j["quantization_config"] = nullptr;  // null is the same as absent
-  EXPECT_NO_THROW(parse(j));
+  j["quantization_config"] = fp8_block();
+  j["quantization_config"]["modules_to_not_convert"] = "lm_head";  // not a list
+  error_of(j, ErrorKind::kCorrupt);
 }
 
 TEST(ModelConfig, OtherRefusedFeatures) {

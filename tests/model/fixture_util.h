@@ -121,4 +121,33 @@ inline nlohmann::json load_reference(const std::string& name) {
   return nlohmann::json::parse(f);
 }
 
+// f32 logits of rows `rows` after one prefill of `ids` (a single sequence) through a fresh f32
+// cache on `be`.
+inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::vector<int32_t>& ids,
+                                         std::vector<int32_t> rows) {
+  const int n = static_cast<int>(ids.size()), blocks = (n + 15) / 16;
+  KvCache cache;
+  cache.num_blocks = blocks;
+  for (const auto& spec : model.cache_specs()) {
+    cache.k.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+    cache.v.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
+  }
+  ModelInput in;
+  for (int i = 0; i < n; ++i) {
+    in.token_ids.push_back(ids[i]);
+    in.positions.push_back(i);
+    in.attention.slot_mapping.push_back(i);
+  }
+  in.attention.query_start_loc = {0, n};
+  in.attention.seq_lens = {n};
+  in.attention.max_blocks_per_seq = blocks;
+  for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
+  in.logits_indices = std::move(rows);
+  Tensor lg = model.forward(in, cache);
+  std::vector<float> v(static_cast<size_t>(lg.numel()));
+  be.copy_to_host(v.data(), lg);
+  be.synchronize();
+  return v;
+}
+
 }  // namespace tessera::testing

@@ -94,6 +94,20 @@ int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_eleme
 
 class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
+// The largest standard deviation of the reference's last logits over the fixture's prompts.
+double logit_spread(const nlohmann::json& ref) {
+  double spread = 0;
+  for (const auto& c : ref["cases"]) {
+    auto v = c["last_logits"].get<std::vector<double>>();
+    double mean = 0, sq = 0;
+    for (double x : v) mean += x;
+    mean /= static_cast<double>(v.size());
+    for (double x : v) sq += (x - mean) * (x - mean);
+    spread = std::max(spread, std::sqrt(sq / static_cast<double>(v.size())));
+  }
+  return spread;
+}
+
 // Logits within logit_tol of transformers' at the prompt's last position, then greedy tokens
 // identical except where the reference's own margin is within close_call. A backend computing
 // in bf16 gets at least twice the error transformers itself makes in bf16 on that prompt
@@ -104,6 +118,14 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {};
 void check_against_reference(const std::string& name, std::optional<DType> kv_dtype, double logit_tol,
                              double close_call, int chunk = 0) {
   auto ref = load_reference(name);
+  if (kv_dtype) {
+    // A relative error per cached value moves the logits in proportion to their scale: the
+    // fp8 bounds below were measured on logits of std <= 1.35 and widen for wider ones
+    // (qwen3_dense_fp8: std 2.45).
+    const double factor = std::max(1.0, logit_spread(ref) / 1.35);
+    logit_tol *= factor;
+    close_call *= factor;
+  }
   size_t compared_total = 0;
   for (const auto& c : ref["cases"]) {
     auto l = load(name, kBlocks, kv_dtype);

@@ -20,18 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TinyModel;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "tessera-moe-XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = testing::TempDir;
 
 constexpr int64_t kE = 4, kI = 8, kH = 16;
 
@@ -263,25 +252,9 @@ TEST(WeightLoading, SynchronisesOncePerStagingBufferNotPerTensor) {
 
 // One prefill of `n` tokens (ids (17 * i + 3) % 256) through a fresh cache; f32 logits of rows `rows`.
 std::vector<float> prefill_logits(Model& model, Backend& be, int n, std::vector<int32_t> rows) {
-  const int blocks = (n + 15) / 16;
-  KvCache cache;
-  cache.num_blocks = blocks;
-  for (const auto& spec : model.cache_specs()) {
-    cache.k.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    cache.v.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-  }
-  ModelInput in;
-  for (int i = 0; i < n; ++i) {
-    in.token_ids.push_back((17 * i + 3) % 256);
-    in.positions.push_back(i);
-    in.attention.slot_mapping.push_back(i);
-  }
-  in.attention.query_start_loc = {0, n};
-  in.attention.seq_lens = {n};
-  in.attention.max_blocks_per_seq = blocks;
-  for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
-  in.logits_indices = std::move(rows);
-  return host(be, model.forward(in, cache));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back((17 * i + 3) % 256);
+  return testing::prefill_logits(model, be, ids, std::move(rows));
 }
 
 // The same expert numbers in the two checkpoint layouts give the same model.

@@ -53,6 +53,22 @@ inline uint16_t to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// A fresh directory under the system's temporary one, removed with its contents at scope end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "tessera-test-XXXXXX").string();
+    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 class SafetensorsWriter {
  public:
   void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
@@ -66,6 +82,13 @@ class SafetensorsWriter {
       std::memcpy(data_.data() + begin + 2 * i, &b, 2);
     }
     header_[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
+  }
+  // A tensor of any safetensors dtype ("F8_E4M3", "F32") from its raw little-endian bytes.
+  void add_raw(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* bytes,
+               size_t n) {
+    const size_t begin = data_.size();
+    data_.append(static_cast<const char*>(bytes), n);
+    header_[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
   }
   void write(const std::filesystem::path& p) const {
     std::string h = header_.dump();

@@ -259,6 +259,10 @@ void CpuBackend::add_rms_norm(const Tensor& x, const Tensor& residual, const Ten
 }
 
 void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) {
+  if (w.block_scaled()) {  // FP8 weights: the reference dequantises them (w = fp8 * block scale)
+    linear(x, dequantize_block_scaled_host(w), bias, out);
+    return;
+  }
   require_f32(x, "linear");
   require_f32(w, "linear");
   int64_t K = w.dim(1), N = w.dim(0), M = x.numel() / K;

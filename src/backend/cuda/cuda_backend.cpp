@@ -112,6 +112,8 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
     gemm_ = std::make_unique<Gemm>(index_);
     use_gemv_ = env_switch("TESSERA_CUDA_GEMV", true);
+    const char* fp8_gemm = std::getenv("TESSERA_FP8_GEMM");
+    fp8_dequant_only_ = fp8_gemm && std::string(fp8_gemm) == "dequant";
     gdr_chunked_enabled_ = env_switch("TESSERA_GDR_CHUNKED", true);
     size_t mb = 256;
     if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
@@ -321,8 +323,53 @@ class CudaBackend final : public Backend {
     launch_add_rms_norm(x.raw(), residual.raw(), x.dtype(), w.raw(), w.dtype(), x.numel() / D, D, eps, stream_);
   }
 
+  // FP8 block-scaled weights (Tensor::block_scale): the FP8 GEMV for M <= 16; above, the
+  // activations are quantised per token and 128 columns and cuBLASLt's block-scaled FP8 GEMM
+  // runs (Hopper); where it has no algorithm (shape, GPU), the weight is dequantised to bf16 in
+  // scratch and the bf16 GEMM runs. TESSERA_FP8_GEMM=dequant forces that fallback.
+  void linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, int64_t M, int64_t N, int64_t K) {
+    const Tensor& sc = *w.block_scale();
+    CUDA_REQUIRE(w.dtype() == DType::kF8E4M3 && sc.dtype() == DType::kF32 && act(sc), "linear",
+                 "FP8 weights must be e4m3 with f32 block scales, got " + w.str() + " scales " + sc.str());
+    const auto* wscale = sc.data<float>();
+    if (use_gemv_ && M <= kMaxFp8GemvRows &&
+        launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
+      return;
+    if (!fp8_dequant_only_ && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
+      const size_t mark = scratch_mark();
+      Tensor xq = scratch({M, K}, DType::kF8E4M3);
+      Tensor xs = scratch({K / 128, M}, DType::kF32);
+      launch_quantize_act_fp8(x.raw(), xq.raw(), xs.data<float>(), M, K, stream_);
+      const bool done =
+          gemm_->run_fp8_block(xq.raw(), xs.data<float>(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_);
+      scratch_rewind(mark);
+      if (done) return;
+    }
+    const size_t mark = scratch_mark();
+    Tensor wb = scratch({N, K}, DType::kBF16);
+    launch_dequant_fp8(w.raw(), wscale, wb.raw(), N, K, stream_);
+    gemm_->run(x.raw(), wb.raw(), out.raw(), out.dtype(), M, N, K, stream_);
+    scratch_rewind(mark);
+  }
+
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
     CUDA_REQUIRE(w.ndim() == 2, "linear", "weight must be 2-D, got " + w.str());
+    if (w.block_scaled()) {
+      const int64_t N = w.dim(0), K = w.dim(1), M = K ? x.numel() / K : 0;
+      CUDA_REQUIRE(x.dtype() == DType::kBF16 && x.numel() == M * K && out.numel() == M * N &&
+                       (out.dtype() == DType::kBF16 || out.dtype() == DType::kF32),
+                   "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
+      need_cuda(x, "linear");
+      need_cuda(w, "linear");
+      need_cuda(out, "linear");
+      bind();
+      linear_fp8(x, w, out, M, N, K);
+      if (bias) {
+        CUDA_REQUIRE(bias->numel() == N && act(*bias), "linear", "bias must have N elements, got " + bias->str());
+        launch_add_bias(out.raw(), out.dtype(), bias->raw(), bias->dtype(), M, N, stream_);
+      }
+      return;
+    }
     int64_t N = w.dim(0), K = w.dim(1);
     int64_t M = K ? x.numel() / K : 0;
     CUDA_REQUIRE(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16, "linear",
@@ -565,6 +612,10 @@ class CudaBackend final : public Backend {
                    const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
     CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
                  "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
+    if (gate_up.block_scaled() || down.block_scaled())
+      fail(ErrorKind::kUnsupported,
+           "moe_experts: FP8 experts are not implemented on CUDA yet (the dense FP8 linear is); serve this model "
+           "from its bf16 checkpoint, or on the CPU backend");
     const int64_t T = x.dim(0), H = x.dim(1), E_local = gate_up.dim(0), I = gate_up.dim(1) / 2;
     CUDA_REQUIRE(x.dtype() == DType::kBF16 && gate_up.dtype() == DType::kBF16 && down.dtype() == DType::kBF16 &&
                      out.dtype() == DType::kBF16,
@@ -939,7 +990,8 @@ class CudaBackend final : public Backend {
   size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
   std::vector<Mark> marks_;
   bool capturing_ = false;
-  bool use_gemv_ = true;  // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  bool use_gemv_ = true;           // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
+  bool fp8_dequant_only_ = false;  // TESSERA_FP8_GEMM=dequant: FP8 prefill through bf16 copies
   // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
   bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
   bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too

@@ -170,6 +170,19 @@ constexpr int64_t kMaxGemvRows = 4;  // measured: at M = 8 x's reloads make cuBL
 bool launch_gemv(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, int num_sms,
                  cudaStream_t s);
 
+// ---- FP8 block-scaled linear (fp8_gemm.cu, gemm.cpp): w e4m3 [N, K] with f32 scales
+// [ceil(N/128), ceil(K/128)] (Tensor::block_scale) ----
+constexpr int64_t kMaxFp8GemvRows = 16;
+// out[M,N] = x[M,K] @ dequant(w)^T for M <= kMaxFp8GemvRows, bf16 x (16-byte aligned, K % 16 == 0),
+// bf16 or f32 out; the scales applied in the dot product. Returns false (nothing queued) otherwise.
+bool launch_fp8_gemv(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
+                     int64_t K, cudaStream_t s);
+// Per-token activation quantisation (K % 128 == 0): q e4m3 [M, K], scale f32 [K/128][M] (M-major),
+// scale = amax / 448 of each 128 columns of a row (1 for all-zero ones), q = x / scale.
+void launch_quantize_act_fp8(const void* x, void* q, float* scale, int64_t M, int64_t K, cudaStream_t s);
+// out bf16 [N, K] = dequant(w): the prefill fallback where cuBLASLt has no block-scaled algorithm.
+void launch_dequant_fp8(const void* w, const float* scale, void* out, int64_t N, int64_t K, cudaStream_t s);
+
 // ---- mixture of experts (moe.cu, moe_gemm.cu; Backend::moe_* say what they compute) ----
 // Router softmax + top-k: E <= kMoeMaxExperts, k <= 32 (launch_moe_topk_regs when E <= 256).
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
@@ -214,6 +227,17 @@ class Gemm {
   ~Gemm();
   // out[M,N] = x[M,K] @ w[N,K]^T; x, w bf16; out bf16 or f32.
   void run(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, cudaStream_t s);
+  // The block-scaled FP8 product on Hopper (cuBLAS >= 12.9, sm_90): out[M,N] = (xq * x_scale) @
+  // (w * w_scale)^T with xq e4m3 [M,K] and x_scale f32 [K/128][M] (launch_quantize_act_fp8: the
+  // VEC128_32F mode), w e4m3 [N,K] with w_scale f32 [N/128][K/128] (BLK128x128_32F). Needs
+  // K % 128 == 0 and (K/128) % 4 == 0 (16-byte scale rows). Returns false, queuing nothing, when
+  // cuBLASLt has no algorithm for it (other GPUs, older cuBLAS): the caller falls back.
+  bool run_fp8_block(const void* xq, const float* x_scale, const void* w, const float* w_scale, void* out, DType out_t,
+                     int64_t M, int64_t N, int64_t K, cudaStream_t s);
+  // Per-tensor-scaled FP8 (the dense FP8 rate the block-scaled GEMM is compared with in
+  // bench/kernels/fp8_gemm_bench): out = a_scale * b_scale * xq @ w^T, scales f32 on the device.
+  bool run_fp8_tensor(const void* xq, const float* x_scale, const void* w, const float* w_scale, void* out, DType out_t,
+                      int64_t M, int64_t N, int64_t K, cudaStream_t s);
 
  private:
   struct Impl;

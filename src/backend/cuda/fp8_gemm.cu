@@ -1,0 +1,202 @@
+// FP8 block-scaled linear kernels (weights e4m3 [N, K] with f32 scales [ceil(N/128), ceil(K/128)],
+// w[n, k] = fp8[n, k] * scale[n / 128, k / 128]; see Tensor::block_scale):
+//  - the decode GEMV: a stream over the FP8 weights (half the bytes of bf16), one warp per
+//    output row, 16 weights per 16-byte load, the block scale applied once per 128 columns of
+//    the dot product; x (M <= 16 bf16 rows) stays in L1/L2;
+//  - per-token activation quantisation for the prefill GEMM (one e4m3 value per element and one
+//    f32 scale per 128 columns, amax / 448, stored [K/128][M] as cuBLASLt's VEC128_32F wants);
+//  - a dequantising copy to bf16 (the prefill fallback where cuBLASLt has no block-scaled
+//    algorithm for the shape).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/gemv_kernel.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kBlock = 128;
+constexpr int kWarps = 8;
+
+// 4 e4m3 values (one 32-bit word) to floats.
+__device__ __forceinline__ void fp8x4_to_float(uint32_t v, float (&f)[4]) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+// sum_i w[i] * x[i] over 16 weights (one uint4 of e4m3) and 16 bf16 activations (two uint4).
+__device__ __forceinline__ float dot16(const uint4& w, const uint4& x0, const uint4& x1) {
+  float f[4], s = 0.0f;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    fp8x4_to_float(ws[q], f);
+    s = fmaf(f[0], lo(xs[2 * q]), s);
+    s = fmaf(f[1], hi(xs[2 * q]), s);
+    s = fmaf(f[2], lo(xs[2 * q + 1]), s);
+    s = fmaf(f[3], hi(xs[2 * q + 1]), s);
+  }
+  return s;
+}
+
+// One warp per output row. The row's K/16 chunks go to the lanes in order, so a lane's chunk
+// c lies in scale block c / 8; each 16-byte chunk's partial dot is scaled on the spot (one
+// FMA per 16 weights), which is exact w.r.t. the blocks and needs no per-block bookkeeping.
+template <int M, typename OutT>
+__global__ void __launch_bounds__(kWarps * 32)
+    fp8_gemv_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ scale,
+                    OutT* __restrict__ out, int rows_m, int N, int K) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarps + warp;
+  const int chunks = K / 16;
+  const int kb = (K + kBlock - 1) / kBlock;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  pdl_wait();
+  if (row < N) {
+    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * K);
+    const float* sr = scale + static_cast<int64_t>(row / kBlock) * kb;
+    const uint4* xr = reinterpret_cast<const uint4*>(x);
+    constexpr int kUnroll = 4;
+    int c = lane;
+    for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+      uint4 wv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int cc = c + 32 * u;
+        const float s = __ldg(sr + cc / 8);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          if (m < rows_m) {
+            const uint4* xm = xr + static_cast<int64_t>(m) * (K / 8) + 2 * cc;
+            acc[m] = fmaf(s, dot16(wv[u], __ldg(xm), __ldg(xm + 1)), acc[m]);
+          }
+      }
+    }
+    for (; c < chunks; c += 32) {
+      const uint4 wv = load_stream(wr + c);
+      const float s = __ldg(sr + c / 8);
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (m < rows_m) {
+          const uint4* xm = xr + static_cast<int64_t>(m) * (K / 8) + 2 * c;
+          acc[m] = fmaf(s, dot16(wv, __ldg(xm), __ldg(xm + 1)), acc[m]);
+        }
+    }
+  }
+  pdl_launch_dependents();
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (row < N && lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (m < rows_m) out[static_cast<int64_t>(m) * N + row] = from_float<OutT>(acc[m]);
+  }
+}
+
+template <int M>
+void launch_gemv_m(const void* x, const void* w, const float* scale, void* out, DType out_t, int rows_m, int N, int K,
+                   cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>((N + kWarps - 1) / kWarps);
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  if (out_t == DType::kF32)
+    launch_pdl(fp8_gemv_kernel<M, float>, grid, kWarps * 32, 0, s, xb, wb, scale, static_cast<float*>(out), rows_m, N,
+               K);
+  else
+    launch_pdl(fp8_gemv_kernel<M, __nv_bfloat16>, grid, kWarps * 32, 0, s, xb, wb, scale,
+               static_cast<__nv_bfloat16*>(out), rows_m, N, K);
+}
+
+// One warp per (token, 128-column block): 4 values per lane, amax over the warp.
+__global__ void quantize_act_kernel(const __nv_bfloat16* __restrict__ x, __nv_fp8_e4m3* __restrict__ q,
+                                    float* __restrict__ scale, int M, int K) {
+  const int kb = K / kBlock;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (item >= static_cast<int64_t>(M) * kb) return;
+  const int m = static_cast<int>(item / kb), b = static_cast<int>(item % kb);
+  const int64_t base = static_cast<int64_t>(m) * K + b * kBlock + lane * 4;
+  float v[4], amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = __bfloat162float(x[base + i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = warp_max(amax);
+  const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+  const float inv = 1.0f / s;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[base + i] = __nv_fp8_e4m3(v[i] * inv);
+  if (lane == 0) scale[static_cast<int64_t>(b) * M + m] = s;  // [K/128][M]: M-major (VEC128_32F)
+}
+
+__global__ void dequant_kernel(const uint8_t* __restrict__ w, const float* __restrict__ scale,
+                               __nv_bfloat16* __restrict__ out, int64_t N, int K) {
+  const int kb = (K + kBlock - 1) / kBlock;
+  const int64_t n = static_cast<int64_t>(N) * K;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / K;
+    const int c = static_cast<int>(i % K);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(w[i]), __NV_E4M3);
+    out[i] =
+        __float2bfloat16(__half2float(*reinterpret_cast<const __half*>(&h)) * scale[(r / kBlock) * kb + c / kBlock]);
+  }
+}
+
+}  // namespace
+
+bool launch_fp8_gemv(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
+                     int64_t K, cudaStream_t s) {
+  if (M < 1 || M > kMaxFp8GemvRows || K % 16 != 0 || N > (int64_t{1} << 30) || K > (int64_t{1} << 28)) return false;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0) return false;
+  if (out_t != DType::kF32 && out_t != DType::kBF16) return false;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  if (m == 1)
+    launch_gemv_m<1>(x, w, scale, out, out_t, m, n, k, s);
+  else if (m == 2)
+    launch_gemv_m<2>(x, w, scale, out, out_t, m, n, k, s);
+  else if (m <= 4)
+    launch_gemv_m<4>(x, w, scale, out, out_t, m, n, k, s);
+  else if (m <= 8)
+    launch_gemv_m<8>(x, w, scale, out, out_t, m, n, k, s);
+  else
+    launch_gemv_m<16>(x, w, scale, out, out_t, m, n, k, s);
+  TCUDA_LAUNCH_CHECK();
+  return true;
+}
+
+void launch_quantize_act_fp8(const void* x, void* q, float* scale, int64_t M, int64_t K, cudaStream_t s) {
+  const int64_t items = M * (K / kBlock);
+  if (items == 0) return;
+  constexpr int kThreads = 256;
+  const unsigned grid = static_cast<unsigned>((items + kThreads / 32 - 1) / (kThreads / 32));
+  quantize_act_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_fp8_e4m3*>(q),
+                                                scale, static_cast<int>(M), static_cast<int>(K));
+  TCUDA_LAUNCH_CHECK();
+}
+
+void launch_dequant_fp8(const void* w, const float* scale, void* out, int64_t N, int64_t K, cudaStream_t s) {
+  if (N * K == 0) return;
+  const int64_t blocks = std::min<int64_t>((N * K + 255) / 256, 65535);
+  dequant_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(
+      static_cast<const uint8_t*>(w), scale, static_cast<__nv_bfloat16*>(out), N, static_cast<int>(K));
+  TCUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tessera::cuda
