@@ -37,9 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {"--quantization",
-                                              "-q",
-                                              "--dtype",
+const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--enable-lora",
                                               "--lora-modules",
                                               "--max-lora-rank",

@@ -10,6 +10,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_option("--load-format", f.load_format,
                  "auto|safetensors: read the checkpoint; dummy: random weights from config.json alone (benchmarks)")
       ->capture_default_str();
+  app.add_option("--quantization,-q", f.quantization,
+                 "fp8: store the weights of a bf16 checkpoint as FP8 e4m3 with one scale per 128x128 block "
+                 "(quantised while loading; a checkpoint with an FP8 quantization_config needs no flag)")
+      ->check(CLI::IsMember({"fp8"}));
   app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
       ->capture_default_str();
   app.add_option("--max-model-len", f.max_model_len,
@@ -134,6 +138,7 @@ LoadOptions load_options(const EngineFlags& f) {
   LoadOptions o;
   o.model_dir = f.model;
   o.load_format = f.load_format;
+  o.quantization = f.quantization;
   o.max_model_len = f.max_model_len;
   o.seed = f.seed;
   o.parallel.expert_parallel = f.enable_expert_parallel;

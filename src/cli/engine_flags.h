@@ -14,6 +14,7 @@ namespace tessera::cli {
 struct EngineFlags {
   std::string model;
   std::string load_format = "auto";
+  std::string quantization;  // --quantization / -q
   std::string device = "auto";
   int max_model_len = 0;
   int max_num_seqs = 256;

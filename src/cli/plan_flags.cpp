@@ -27,6 +27,7 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.disable_custom_all_reduce = f.disable_custom_all_reduce;
   in.num_gpu_blocks_override = f.num_gpu_blocks_override;
   in.load_format = f.load_format;
+  in.quantization = f.quantization;
   return in;
 }
 

@@ -32,6 +32,7 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   mo.max_positions = o.max_model_len > 0 ? o.max_model_len : config.max_position_embeddings;
   mo.parallel = o.parallel;
   mo.runtime = o.runtime;
+  mo.quantization = o.quantization;
   auto model = create_model(config, mo, backend);
   WeightStore& w = model->weights();
   auto start = std::chrono::steady_clock::now();

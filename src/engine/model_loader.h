@@ -15,6 +15,7 @@ struct LoadOptions {
   ParallelContext parallel;
   ParallelRuntime runtime;  // this rank's TP/PP communicators (TP/PP > 1)
   uint64_t seed = 0;
+  std::string quantization;  // --quantization: "" (the checkpoint's format) or "fp8"
 };
 
 std::unique_ptr<Model> load_model(const LoadOptions& options, Backend& backend);

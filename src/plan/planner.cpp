@@ -119,6 +119,7 @@ StageModel build_stage(const ModelConfig& config, const PlanInputs& in, int max_
   mo.parallel.pp_size = in.pipeline_parallel_size;
   mo.parallel.pp_rank = pp_rank;
   mo.parallel.expert_parallel = in.enable_expert_parallel;
+  mo.quantization = in.quantization;
   if (in.tensor_parallel_size > 1) {
     s.tp = std::make_unique<MetaCommunicator>("tp", in.tensor_parallel_size, 0);
     mo.runtime.tp = s.tp.get();

@@ -65,6 +65,7 @@ struct PlanInputs {
   bool disable_custom_all_reduce = false;
   int num_gpu_blocks_override = 0;
   std::string load_format = "auto";
+  std::string quantization;  // --quantization
   Target target;
 };
 

@@ -28,10 +28,11 @@ struct RunResult {
   std::string out, err;
 };
 
-RunResult run_generate(const fs::path& model_dir, const fs::path& scratch) {
+RunResult run_generate(const fs::path& model_dir, const fs::path& scratch, const std::vector<std::string>& extra = {}) {
   const fs::path out = scratch / "stdout.txt", err = scratch / "stderr.txt";
   std::vector<std::string> args = {TESSERA_BIN,    "generate", "--model",      model_dir.string(),
                                    "--prompt-ids", "1,2,3",    "--max-tokens", "4"};
+  args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -282,6 +283,21 @@ TEST(CliFaultsControl, IntactCopiesGenerate) {
     EXPECT_TRUE(error_lines(r.err).empty()) << r.err;
     EXPECT_FALSE(r.out.empty());
   }
+}
+
+// --quantization fp8 (vLLM's flag) stores a bf16 checkpoint's projections as FP8 blocks while
+// loading and says so; another method is refused naming the one that exists.
+TEST(CliQuantization, Fp8QuantisesWhileLoadingAndOthersAreRefused) {
+  TempDir tmp;
+  fs::path dir = copy_fixture(kSingle, tmp.path());
+  RunResult r = run_generate(dir, tmp.path(), {"--quantization", "fp8"});
+  ASSERT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("FP8 (e4m3)"), std::string::npos) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  r = run_generate(dir, tmp.path(), {"-q", "awq"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("fp8"), std::string::npos) << r.err;
 }
 
 }  // namespace
