@@ -110,7 +110,7 @@ timeout 180 $B/tessera generate --model configs/qwen3-8b --load-format dummy --d
 
 fi
 if part serve; then
-echo "== serving: tessera bench, seed protocol"
+echo "== serving: tessera bench, the 256-token serving run (c 1,5,10,20 x 40 and 64,256 x 256 requests, max_tokens 256, --ignore-eos)"
 $B/tessera serve configs/qwen3-8b --load-format dummy --device cuda --tokenizer $TOK --port 8011 \
   --max-model-len 4096 --max-num-seqs 256 > "$OUT/serve.log" 2>&1 &
 SP=$!

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmarks on 2 GPUs (issue 9): the seed protocol against `tessera serve` on the
+# Serving benchmarks on 2 GPUs (issue 9): the 256-token serving run (docs/performance.md) against `tessera serve` on the
 # Qwen3-8B shape (dummy bf16) at TP=2 (TP=1 figures come from scripts/device_model_check.sh),
 # then over sockets only (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo, imitated
 # Ethernet between machines) TP=2 against PP=2.
