@@ -66,11 +66,13 @@ if part kernels; then
   for k in $B/moe_bench $B/kernels/moe_bench; do [ -x "$k" ] && timeout 180 "$k" 2>&1 | tee "$L/moe_bench.log" | tail -30; done
   echo "== gated delta rule kernel benchmark"
   [ -x $B/gdr_bench ] && timeout 180 $B/gdr_bench 2>&1 | tee "$L/gdr_bench.log" | tail -25
+  echo "== FP8 block-scaled linear against cuBLASLt per-tensor FP8"
+  [ -x $B/fp8_gemm_bench ] && timeout 180 $B/fp8_gemm_bench 2>&1 | tee "$L/fp8_gemm_bench.log" | tail -40
 fi
 
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
   local bin=$1 name=$2 model=$3; shift 3
-  timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len 8192 \
+  timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len "${MAXLEN:-8192}" \
     --json "$@" > "$L/$name.json" 2> "$L/$name.log"
   echo "$name: $(grep -E 'Processed' "$L/$name.log" | sed 's/.*prompts in/prompts in/')"
 }
@@ -86,6 +88,16 @@ if part dense; then
     python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('prefill_4096_s', round(r[1]['first_token_at_s'] - r[0]['first_token_at_s'], 4))" "$L/dense_prefill_$which.json"
     python3 tools/decode_ceiling.py configs/qwen3-8b ${CB:+--copy-gbps $CB} --tok-s "$(rate "$L/dense_decode_$which.log")" | tail -2
   done
+fi
+
+if part fp8; then
+  echo "== dense Qwen3-8B shape with --quantization fp8: decode batch 1 and prefill 4096 (compare with the dense part)"
+  gen $B fp8_decode configs/qwen3-8b --quantization fp8 --prompt-ids "$P512" --max-tokens 256 --ignore-eos
+  gen $B fp8_prefill configs/qwen3-8b --quantization fp8 --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 \
+    --max-num-seqs 1 --max-num-batched-tokens 4096 --no-enable-prefix-caching
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('fp8_prefill_4096_s', round(r[1]['first_token_at_s'] - r[0]['first_token_at_s'], 4))" "$L/fp8_prefill.json"
+  grep -E 'FP8|Weights' "$L/fp8_decode.log" | head -3
+  python3 tools/decode_ceiling.py configs/qwen3-8b --dtype-bytes 1 ${CB:+--copy-gbps $CB} --tok-s "$(rate "$L/fp8_decode.log")" | tail -2
 fi
 
 if part moe_decode; then
@@ -136,7 +148,7 @@ fi
 
 if part plan; then
   echo "== tessera plan vs what serve allocates (same flags, this H200)"
-  for m in configs/qwen3-8b $MOE; do
+  for m in configs/qwen3-8b $MOE $HYB; do
     n=$(basename $m)
     timeout 120 $B/tessera plan $m --load-format dummy --device cuda --max-model-len 4096 --max-num-seqs 256 \
       > "$L/plan_$n.txt" 2>&1; echo "plan $n rc=$?"; grep -iE 'KV|token|fit' "$L/plan_$n.txt" | head -4
@@ -166,7 +178,7 @@ fi
 if part hybrid_prefill; then
   echo "== hybrid prefill, one 8192-token prompt after a warm-up"
   P8K=$(prompt_ids 8192 104729); P8K2=$(prompt_ids 8192 7907)
-  gen $B hybrid_prefill $HYB --prompt-ids "$P8K" --prompt-ids "$P8K2" --max-tokens 1 --max-num-seqs 1 \
+  MAXLEN=16384 gen $B hybrid_prefill $HYB --prompt-ids "$P8K" --prompt-ids "$P8K2" --max-tokens 1 --max-num-seqs 1 \
     --max-num-batched-tokens 8192 --no-enable-prefix-caching
   PS=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(r[1]['first_token_at_s'] - r[0]['first_token_at_s'])" "$L/hybrid_prefill.json")
   printf 'hybrid_prefill_8192_s %.4f\n' "$PS"
@@ -180,6 +192,13 @@ serve_hybrid() {  # serve_hybrid PORT LOGNAME [ARGS...]: starts tessera serve on
   for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   grep -E 'state slot|KV cache size|Maximum concurrency|weights take' "$L/$log.log" | head -5
 }
+
+if part hybrid_diag; then
+  echo "== hybrid fixtures on CUDA, per prompt (TESSERA_TEST_VERBOSE): whole prefill, 32-token chunks"
+  TESSERA_TEST_VERBOSE=1 TESSERA_TEST_DEVICE=cuda timeout 120 $B/model_fixture_test \
+    --gtest_filter='*LastLogits*qwen3_next*:*Chunked*qwen3_next*:*LastLogits*qwen2_moe*:*LastLogits*qwen3_5_moe_text*' 2>&1 |
+    grep -E 'max_err|Failure|actual|prompt length|OK \]|FAILED  \]' | head -40
+fi
 
 if part hybrid_serve; then
   echo "== hybrid serving: c 1,5,10,20 (40 requests) and 64,256 (256 requests), max_tokens 256, --ignore-eos"
