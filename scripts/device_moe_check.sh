@@ -228,4 +228,12 @@ if part hybrid_prefix; then
     kill $SP; wait $SP 2>/dev/null
   done
 fi
+if part plan_fp8; then
+  echo "== tessera plan vs what serve allocates, FP8 weights (--quantization fp8, Qwen3-8B shape)"
+  timeout 120 $B/tessera plan configs/qwen3-8b --quantization fp8 --load-format dummy --device cuda --max-model-len 4096 \
+    --max-num-seqs 256 > "$L/plan_fp8.txt" 2>&1; echo "plan fp8 rc=$?"; grep -iE 'weights|KV|token|fit' "$L/plan_fp8.txt" | head -6
+  timeout 180 $B/tessera generate --model configs/qwen3-8b --quantization fp8 --load-format dummy --device cuda \
+    --max-model-len 4096 --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_fp8.log"
+  grep -E 'KV cache size|Maximum concurrency|Planned|FP8' "$L/plan_serve_fp8.log"
+fi
 tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"
