@@ -362,7 +362,17 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
                                   {64, 4096, 1024, true, DType::kBF16},
                                   {300, 2048, 640, false, DType::kF32},
                                   {33, 384, 200, false, DType::kBF16},
-                                  {9, 208, 130, false, DType::kF32}}) {
+                                  {9, 208, 130, false, DType::kF32},
+                                  // The GEMV's tiles (16 rows, 64-column groups, 128-wide scale
+                                  // blocks) with N and K off every multiple, for M = 1 .. 16.
+                                  {1, 208, 130, false, DType::kBF16},
+                                  {2, 336, 77, false, DType::kF32},
+                                  {3, 1040, 1000, true, DType::kBF16},
+                                  {4, 1040, 1000, false, DType::kF32},
+                                  {8, 144, 19, true, DType::kBF16},
+                                  {12, 80, 33, false, DType::kF32},
+                                  {16, 400, 250, false, DType::kF32},
+                                  {16, 3088, 1030, true, DType::kBF16}}) {
     std::uniform_int_distribution<int> byte(0, 255);
     std::vector<uint8_t> q(static_cast<size_t>(c.N * c.K));
     for (auto& b : q) {
