@@ -19,7 +19,7 @@ uint64_t KvCacheManager::prefix_hash(const Request& r, int num_blocks) const {
   return h;
 }
 
-std::vector<int32_t> KvCacheManager::find_cached_prefix(const Request& r) const {
+std::vector<int32_t> KvCacheManager::find_cached_prefix(const Request& r, int* kv_matched_tokens) const {
   std::vector<int32_t> hits;
   const int max_blocks = (r.num_tokens() - 1) / block_size_;
   uint64_t h = 0;
@@ -33,6 +33,7 @@ std::vector<int32_t> KvCacheManager::find_cached_prefix(const Request& r) const 
     hits.push_back(*hit);
     if (has_state_slots() && slots_.checkpoint(h)) with_state = hits.size();
   }
+  if (kv_matched_tokens) *kv_matched_tokens = static_cast<int>(hits.size()) * block_size_;
   if (has_state_slots()) hits.resize(with_state);
   return hits;
 }
@@ -80,6 +81,13 @@ int KvCacheManager::checkpoint_boundary(const Request& r) const {
   return (static_cast<int>(r.prompt.size()) - 1) / block_size_ * block_size_;
 }
 
+int KvCacheManager::next_checkpoint(const Request& r, int start) const {
+  const int last = checkpoint_boundary(r);
+  if (last == 0) return 0;
+  if (r.shared_prefix_end > start && r.shared_prefix_end < last) return r.shared_prefix_end;
+  return last > start ? last : 0;
+}
+
 void KvCacheManager::commit_computed(Request& r) {
   const int full = r.num_computed_tokens / block_size_;
   std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
@@ -91,8 +99,9 @@ void KvCacheManager::commit_computed(Request& r) {
     r.block_hashes.push_back(h);
     pool_.register_full_block(r.block_ids[b], h);
   }
-  const int boundary = checkpoint_boundary(r);
-  if (boundary > 0 && r.num_computed_tokens == boundary && r.state_slot >= 0) {
+  const int boundary = r.num_computed_tokens;
+  const bool at_checkpoint = boundary == checkpoint_boundary(r) || boundary == r.shared_prefix_end;
+  if (boundary > 0 && at_checkpoint && r.state_slot >= 0) {
     const uint64_t h = r.block_hashes[static_cast<size_t>(boundary / block_size_ - 1)];
     if (auto slot = slots_.add_checkpoint(h)) {
       copies_.push_back(r.state_slot);
@@ -107,6 +116,7 @@ void KvCacheManager::free(Request& r) {
   r.block_ids.clear();
   r.block_hashes.clear();
   r.num_computed_tokens = 0;
+  r.shared_prefix_end = 0;
   if (r.state_slot >= 0) slots_.release(r.state_slot);
   r.state_slot = -1;
 }

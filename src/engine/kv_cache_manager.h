@@ -5,9 +5,12 @@
 // - State slots (linear-attention layers of hybrid models): one slot per running sequence,
 //   taken at admission, kept across chunked-prefill steps and decode, given back on finish,
 //   abort or preemption (a preempted sequence recomputes from scratch). With prefix caching,
-//   a prompt's prefill stops once at its last full-block boundary and the state there is
-//   copied into a checkpoint slot keyed by that block's hash; a later prefix hit is taken only
-//   up to a checkpointed block, whose state is copied into the new sequence's slot.
+//   a prompt's prefill stops at up to two block boundaries and the state there is copied into
+//   a checkpoint slot keyed by that block's hash: where its KV match in the cache ended at
+//   admission, past its last checkpointed block (the prefix it shares with earlier prompts,
+//   SGLang/vLLM-style), and its last full-block boundary (a later identical prompt or
+//   continuation). A later prefix hit is taken only up to a checkpointed block, whose state is
+//   copied into the new sequence's slot.
 // State copies are queued as (src, dst) slot pairs and applied by the ModelRunner before the
 // next forward, in order.
 #pragma once
@@ -32,8 +35,9 @@ class KvCacheManager {
 
   // For a request not yet holding blocks: the cached blocks of its longest cached
   // prefix (never the whole prompt: the last token must be computed to get logits). With
-  // state slots: only up to the last block that has a checkpoint.
-  std::vector<int32_t> find_cached_prefix(const Request& r) const;
+  // state slots: only up to the last block that has a checkpoint; `kv_matched_tokens` (if
+  // given) gets the tokens of the KV match before that cut.
+  std::vector<int32_t> find_cached_prefix(const Request& r, int* kv_matched_tokens = nullptr) const;
   // Makes room for num_new_tokens more tokens after r.num_computed_tokens, first taking
   // `cached` (from find_cached_prefix) as already computed; gives r a state slot if it needs
   // one (and queues the restore of the checkpoint `cached` ends at). False if it does not
@@ -42,8 +46,11 @@ class KvCacheManager {
   // Hybrid models with prefix caching: the position where r's prefill stops for a checkpoint
   // (its prompt's last full-block boundary that a later prefix hit can end at); 0 = none.
   int checkpoint_boundary(const Request& r) const;
+  // The first position after `start` where r's prefill stops for a checkpoint: its
+  // shared_prefix_end or its checkpoint_boundary; 0 = none.
+  int next_checkpoint(const Request& r, int start) const;
   // After a step: registers blocks that are now completely computed; a request that just
-  // reached its checkpoint boundary has its state saved (a queued copy).
+  // reached one of its checkpoint positions has its state saved (a queued copy).
   void commit_computed(Request& r);
   // Returns every block and the state slot of r.
   void free(Request& r);

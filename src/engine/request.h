@@ -42,6 +42,11 @@ struct Request {
   std::vector<int32_t> block_ids;
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
   int32_t state_slot = -1;             // hybrid models: the linear-attention state slot held
+  // Hybrid models with prefix caching: where the prompt's match in the prefix cache's KV blocks
+  // ended at admission when it went past the last state checkpoint (a prefix shared with an
+  // earlier prompt, e.g. a system prompt); the prefill stops there once to checkpoint the
+  // state, so later prompts sharing that prefix hit. 0 = none.
+  int shared_prefix_end = 0;
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
   uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)

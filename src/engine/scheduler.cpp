@@ -28,8 +28,8 @@ void Scheduler::preempt(Request* r) {
 }
 
 int Scheduler::cut_at_checkpoint(const Request& r, int start, int num_new) const {
-  const int boundary = cache_.checkpoint_boundary(r);
-  return start < boundary && start + num_new > boundary ? boundary - start : num_new;
+  const int boundary = cache_.next_checkpoint(r, start);
+  return boundary > 0 && start + num_new > boundary ? boundary - start : num_new;
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -67,7 +67,14 @@ SchedulerOutput Scheduler::schedule() {
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
     std::vector<int32_t> cached;
-    if (r->num_computed_tokens == 0 && r->block_ids.empty()) cached = cache_.find_cached_prefix(*r);
+    if (r->num_computed_tokens == 0 && r->block_ids.empty()) {
+      int kv_matched = 0;
+      cached = cache_.find_cached_prefix(*r, &kv_matched);
+      // Hybrid: KV blocks match past the last checkpoint (a prefix shared with an earlier
+      // prompt): the prefill stops there first and checkpoints the state for later prompts.
+      const int hit = static_cast<int>(cached.size()) * cache_.block_size();
+      r->shared_prefix_end = kv_matched > hit ? kv_matched : 0;
+    }
     const int cached_tokens = static_cast<int>(cached.size()) * cache_.block_size();
     int num_new = r->num_tokens() - r->num_computed_tokens - cached_tokens;
     if (!config_.enable_chunked_prefill && num_new > budget) break;

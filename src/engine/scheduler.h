@@ -4,8 +4,9 @@
 // When blocks run out, the most recently admitted running request is preempted
 // (its blocks and state slot freed; it is recomputed later from its prompt and output so far).
 // Hybrid models: a sequence is admitted only with a state slot; with prefix caching its
-// prefill stops once at the prompt's last full-block boundary (the checkpoint a later prefix
-// hit restores; see KvCacheManager).
+// prefill stops where its KV match in the prefix cache ended at admission (past its last
+// checkpointed block) and at the prompt's last full-block boundary: the checkpoints a later
+// prefix hit restores (see KvCacheManager).
 #pragma once
 #include <deque>
 #include <memory>
@@ -63,7 +64,7 @@ class Scheduler {
 
  private:
   void preempt(Request* r);
-  // num_new for r, starting at `start` computed tokens, cut at its checkpoint boundary.
+  // num_new for r, starting at `start` computed tokens, cut at its next checkpoint position.
   int cut_at_checkpoint(const Request& r, int start, int num_new) const;
   SchedulerConfig config_;
   KvCacheManager& cache_;

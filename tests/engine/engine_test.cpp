@@ -257,6 +257,39 @@ TEST_P(HybridEngineTest, ChunkedPrefillOf32TokensGivesTheReferenceTokens) {
   EXPECT_GE(compared, 8u);
 }
 
+// Three prompts share a 48-token prefix (a system prompt) and have 20-token tails, so each
+// prompt's last full block (64) is its own. The first finds nothing cached; the second finds
+// the shared KV blocks without a state checkpoint, so no hit, but its prefill stops at 48 and
+// checkpoints the state there; the third hits those three blocks. Tokens as without caching.
+TEST_P(HybridEngineTest, SharedPrefixIsCheckpointedWhereThePromptsDiverge) {
+  std::mt19937 g(23);
+  const std::vector<int32_t> shared = random_prompt(g, 48);
+  std::map<std::string, std::vector<int32_t>> prompts;
+  for (const char* id : {"a", "b", "c"}) {
+    auto tail = random_prompt(g, 20);
+    prompts[id] = shared;
+    prompts[id].insert(prompts[id].end(), tail.begin(), tail.end());
+  }
+  Harness cold(GetParam(), 64, 64, 512, /*prefix=*/false);
+  std::map<std::string, std::vector<int32_t>> want, got;
+  for (const auto& [id, p] : prompts) {
+    ASSERT_TRUE(cold.engine->add_request(id, p, greedy(8)).ok());
+    want[id] = cold.run_all()[id];
+  }
+  Harness h(GetParam(), 64);
+  ASSERT_TRUE(h.engine->cache_manager().has_state_slots());
+  std::map<std::string, int> cached;
+  for (const auto& [id, p] : prompts) {
+    ASSERT_TRUE(h.engine->add_request(id, p, greedy(8)).ok());
+    got[id] = h.run_all(&cached)[id];
+  }
+  EXPECT_EQ(cached["a"], 0);
+  EXPECT_EQ(cached["b"], 0) << "the shared blocks have no state checkpoint yet";
+  EXPECT_EQ(cached["c"], 48) << "b checkpointed the state where the prompts diverge";
+  EXPECT_EQ(h.engine->cache_manager().state_slots().num_held(), 0) << "state slots leaked";
+  expect_same_or_close_call(want, got, cold.margins, h.margins);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineTest, ::testing::ValuesIn(testing::hybrid_fixture_names()),
                          [](const auto& info) { return info.param; });
 

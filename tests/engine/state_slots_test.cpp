@@ -195,6 +195,60 @@ TEST(StateSlotScheduler, PrefixHitsOnlyAtCheckpointsAndRestoreTheState) {
   EXPECT_EQ(cache.state_slots().num_held(), 0);
 }
 
+// b shares only a's first block: its KV matches there but a checkpointed only its last full
+// block (8), so b gets no hit; its prefill stops at 4 (the shared prefix's end) and at 8 (its
+// own last full block), saving the state at both. c, sharing the same first block, hits it.
+TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEnds) {
+  KvCacheManager cache(64, 4, /*prefix=*/true, 6);
+  Scheduler s(config(8, 100), cache);
+  auto a = make_request("a", 11);
+  s.add(a.get());
+  while (a->num_computed_tokens < 11) {
+    SchedulerOutput out = s.schedule();
+    s.on_step_done(out);
+  }
+  EXPECT_EQ(cache.state_slots().num_checkpoints(), 1);
+
+  auto b = make_request("b", 11);
+  for (int i = 4; i < 11; ++i) b->prompt[i] = 100 + i;
+  int kv_matched = 0;
+  EXPECT_TRUE(cache.find_cached_prefix(*b, &kv_matched).empty()) << "no checkpoint at block 1";
+  EXPECT_EQ(kv_matched, 4);
+  s.add(b.get());
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(b->num_cached_tokens, 0);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "the first chunk ends where the KV match ended";
+  s.on_step_done(out);
+  out = s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "then at b's last full-block boundary (8)";
+  ASSERT_EQ(out.state_copies.size(), 2u) << "the state at token 4 is saved";
+  EXPECT_EQ(out.state_copies[0], b->state_slot);
+  const int32_t shared_checkpoint = out.state_copies[1];
+  s.on_step_done(out);
+  out = s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 3);
+  EXPECT_EQ(out.state_copies.size(), 2u) << "the state at token 8 is saved";
+  s.on_step_done(out);
+  EXPECT_EQ(cache.state_slots().num_checkpoints(), 3);
+
+  auto c = make_request("c", 9);
+  for (int i = 4; i < 9; ++i) c->prompt[i] = 200 + i;
+  s.add(c.get());
+  out = s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(c->num_cached_tokens, 4);
+  EXPECT_EQ(c->shared_prefix_end, 0) << "the KV match ends at the checkpoint";
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "from the hit to c's last full block (8)";
+  EXPECT_EQ(out.state_copies, (std::vector<int32_t>{shared_checkpoint, c->state_slot}));
+  s.remove(a.get());
+  s.remove(b.get());
+  s.remove(c.get());
+  EXPECT_EQ(cache.state_slots().num_held(), 0);
+}
+
 TEST(StateSlotScheduler, ModelsWithoutStateLayersGetNoSlots) {
   KvCacheManager cache(16, 4, true);
   Scheduler s(config(8, 100), cache);
