@@ -96,7 +96,10 @@ if part fp8; then
   gen $B fp8_prefill configs/qwen3-8b --quantization fp8 --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 \
     --max-num-seqs 1 --max-num-batched-tokens 4096 --no-enable-prefix-caching
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('fp8_prefill_4096_s', round(r[1]['first_token_at_s'] - r[0]['first_token_at_s'], 4))" "$L/fp8_prefill.json"
-  grep -E 'FP8|Weights' "$L/fp8_decode.log" | head -3
+  grep -E 'FP8|Weights' "$L/fp8_decode.log" | head -1
+  args=(); for i in $(seq 1 8); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
+  gen $B fp8_decode_b8 configs/qwen3-8b --quantization fp8 "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs 8
+  gen $B bf16_decode_b8 configs/qwen3-8b "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs 8
   python3 tools/decode_ceiling.py configs/qwen3-8b --dtype-bytes 1 ${CB:+--copy-gbps $CB} --tok-s "$(rate "$L/fp8_decode.log")" | tail -2
 fi
 
