@@ -427,6 +427,9 @@ void advise(Plan& p) {
   if (s0.cache.state_layers > 0 && in.max_num_seqs > 1) {
     std::optional<Plan> best;
     int lo = 1, hi = in.max_num_seqs - 1;
+    // S sequences of max_model_len need S x their KV out of the cache budget, state aside.
+    const size_t seq_kv = s0.cache.kv_bytes_per_token(in.block_size) * static_cast<size_t>(p.max_model_len);
+    if (seq_kv > 0) hi = static_cast<int>(std::min<size_t>(static_cast<size_t>(hi), s0.kv.budget / seq_kv));
     while (lo <= hi) {
       const int mid = lo + (hi - lo) / 2;
       PlanInputs f = in;
