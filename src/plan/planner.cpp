@@ -262,6 +262,7 @@ Plan compute(const PlanInputs& in) {
     sm.model->weights().load_dummy(*sm.backend, 0);  // allocates every parameter as load() would
     s.weight_bytes = sm.backend->allocated_bytes() - model_allocs;
     s.weight_tensors = sm.model->weights().count();
+    s.fp8_weight_bytes = sm.model->weights().fp8_bytes() + sm.model->weights().fp8_scale_bytes();
     s.other_bytes = model_allocs;
     const auto specs = sm.model->cache_specs();
     s.cache = cache_footprint(specs, p.kv_dtype, in.block_size, sdt.conv, sdt.ssm);
@@ -339,11 +340,13 @@ std::optional<Plan> try_plan(PlanInputs in) {
   }
 }
 
-// The smallest TP (above the current one, at most the GPUs the target has or 8 per node x
-// nodes) that makes `ok` true.
+// The smallest TP (above the current one) that makes `ok` true: within the GPUs of a cluster
+// (--nodes N > 1 x --gpus-per-node G, all there is), else within one node of up to 8 GPUs
+// (serve plans with gpus_per_node = its own TP x PP, not the machine's GPU count).
 std::optional<Plan> larger_tp(const PlanInputs& in, bool (*ok)(const Plan&)) {
-  const int gpus = in.target.gpus_per_node > 0 ? in.target.gpus_per_node * in.target.nodes : 8;
-  for (int tp = in.tensor_parallel_size * 2; tp * in.pipeline_parallel_size <= std::max(gpus, 8); tp *= 2) {
+  const int gpus = in.target.gpus_per_node > 0 ? in.target.gpus_per_node * std::max(1, in.target.nodes) : 8;
+  const int limit = in.target.nodes > 1 ? gpus : std::max(gpus, 8);
+  for (int tp = in.tensor_parallel_size * 2; tp * in.pipeline_parallel_size <= limit; tp *= 2) {
     PlanInputs t = in;
     t.tensor_parallel_size = tp;
     if (auto p = try_plan(t); p && ok(*p)) return p;
@@ -408,10 +411,42 @@ void advise(Plan& p) {
     return;
   }
   // 2. Not even one sequence of max_model_len, or fewer than max_num_seqs at once.
-  const int len = fitting_len(p.kv_tokens, in.max_num_seqs, in.block_size);
   std::vector<std::string> fixes;
-  if (len > 0 && len < p.max_model_len)
-    fixes.push_back(fmt::format("at --max-num-seqs {} lower it to {}", in.max_num_seqs, len));
+  // The longest --max-model-len that gives --max-num-seqs sequences, offered only when the
+  // re-plan confirms it (a hybrid model's state slots grow into what a shorter length frees).
+  const int len = fitting_len(p.kv_tokens, in.max_num_seqs, in.block_size);
+  if (len > 0 && len < p.max_model_len) {
+    PlanInputs l = in;
+    l.max_model_len = len;
+    if (auto q = try_plan(l); q && q->full_concurrency)
+      fixes.push_back(fmt::format("at --max-num-seqs {} lower it to {}", in.max_num_seqs, len));
+  }
+  // Hybrid models: every --max-num-seqs sequence holds a linear-attention state slot, and the
+  // slots come off the cache before the KV blocks, so fewer sequences give each one more KV.
+  // The largest --max-num-seqs whose sequences all fit at --max-model-len (re-planned).
+  if (s0.cache.state_layers > 0 && in.max_num_seqs > 1) {
+    std::optional<Plan> best;
+    int lo = 1, hi = in.max_num_seqs - 1;
+    // S sequences of max_model_len need S x their KV out of the cache budget, state aside.
+    const size_t seq_kv = s0.cache.kv_bytes_per_token(in.block_size) * static_cast<size_t>(p.max_model_len);
+    if (seq_kv > 0) hi = static_cast<int>(std::min<size_t>(static_cast<size_t>(hi), s0.kv.budget / seq_kv));
+    while (lo <= hi) {
+      const int mid = lo + (hi - lo) / 2;
+      PlanInputs f = in;
+      f.max_num_seqs = mid;
+      if (auto q = try_plan(f); q && q->full_concurrency) {
+        best = std::move(q);
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    if (best)
+      fixes.push_back(
+          fmt::format("lower --max-num-seqs to {} ({} state slots, {} KV tokens: {} sequences of {} at once)",
+                      best->in.max_num_seqs, best->num_state_slots, with_thousands(best->kv_tokens),
+                      best->in.max_num_seqs, p.max_model_len));
+  }
   if (!fp8) {
     PlanInputs f = in;
     f.kv_cache_dtype = "fp8";
@@ -426,7 +461,8 @@ void advise(Plan& p) {
       "tokens ({:.2f} sequences)",
       p.max_model_len, gib1(per_seq), kvname, with_thousands(p.kv_tokens), p.max_concurrency);
   if (!p.fits) {
-    p.flag_to_change = "--max-model-len";
+    p.flag_to_change = fixes.empty() || fixes.front().find("--max-num-seqs to") == std::string::npos ? "--max-model-len"
+                                                                                                     : "--max-num-seqs";
     if (fixes.empty()) fixes.push_back("use more GPUs or raise --gpu-memory-utilization");
     p.verdict = "does not fit: " + head + "; " + fmt::format("{}", fmt::join(fixes, ", or "));
   } else {
@@ -509,7 +545,10 @@ std::string render_text(const Plan& p) {
       "flags      --tensor-parallel-size {} --pipeline-parallel-size {} --max-model-len {} --max-num-seqs {} "
       "--max-num-batched-tokens {} --gpu-memory-utilization {:.2f} --kv-cache-dtype {} ({}), weights in {}\n\n",
       in.tensor_parallel_size, in.pipeline_parallel_size, p.max_model_len, in.max_num_seqs, in.max_num_batched_tokens,
-      in.gpu_memory_utilization, in.kv_cache_dtype, dtype_name(p.kv_dtype), dtype_name(p.compute_dtype));
+      in.gpu_memory_utilization, in.kv_cache_dtype, dtype_name(p.kv_dtype),
+      p.stages.front().fp8_weight_bytes > 0
+          ? fmt::format("fp8_e4m3 with 128x128 f32 block scales (the rest {})", dtype_name(p.compute_dtype))
+          : std::string(dtype_name(p.compute_dtype)));
   o += fmt::format("{:<30}", "per rank");
   for (const auto& s : p.stages)
     o += fmt::format("{:>20}", fmt::format("stage {} (L{}-{})", s.pp_rank, s.layers.begin, s.layers.end - 1));
@@ -520,6 +559,8 @@ std::string render_text(const Plan& p) {
     o += "\n";
   };
   row("weights", [](const StagePlan& s) { return gib(s.weight_bytes); });
+  if (p.stages.front().fp8_weight_bytes > 0)
+    row("  of which FP8 (with scales)", [](const StagePlan& s) { return gib(s.fp8_weight_bytes); });
   row("other model buffers (rope)", [](const StagePlan& s) { return gib(s.other_bytes); });
   row("runtime (context, others)",
       [](const StagePlan& s) { return gib(s.runtime_bytes) + (s.runtime_estimated ? "*" : ""); });

@@ -73,7 +73,8 @@ struct PlanInputs {
 struct StagePlan {
   int pp_rank = 0;
   LayerRange layers;
-  size_t weight_bytes = 0;  // declared parameters, as the loader places them
+  size_t weight_bytes = 0;      // declared parameters, as the loader places them
+  size_t fp8_weight_bytes = 0;  // of weight_bytes: block-scaled FP8 weights with their f32 scales
   size_t weight_tensors = 0;
   size_t other_bytes = 0;        // other buffers the model allocates (rotary table)
   size_t runtime_bytes = 0;      // in use before loading (context, other processes)

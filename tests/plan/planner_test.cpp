@@ -261,6 +261,81 @@ TEST(Planner, GpuTableAndSizes) {
 
 // What the engine allocates from the same memory: the engine runs on a meta backend that
 // reports `total` bytes, with the weights loaded on it, and must get the planned block count.
+// The seeds' model, Qwen3.5-122B-A10B-FP8 (configs/qwen3.5-122b-a10b-fp8): the projections and
+// experts are FP8 (one byte per weight plus an f32 scale per 128 x 128 block), so a rank holds
+// about half the bf16 release's bytes, and the report says the weights are FP8.
+const std::string kFlagshipFp8 = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-122b-a10b-fp8";
+
+TEST(Planner, Fp8CheckpointConfigCountsItsProjectionsAtOneByte) {
+  PlanInputs in = inputs(kFlagshipFp8, 32607ull << 20, 8);  // seed 000: TP 8 over RTX 5090 D
+  in.target.baseline_used = std::nullopt;
+  in.target.nodes = 2;
+  in.target.gpus_per_node = 4;
+  in.max_model_len = 262144;
+  in.max_num_seqs = 8;
+  in.gpu_memory_utilization = 0.85;
+  in.kv_cache_dtype = "fp8";
+  Plan p = make_plan(in);
+  const StagePlan& s = p.stages[0];
+  PlanInputs bf16 = in;
+  bf16.model_dir = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-122b-a10b";
+  bf16.target.memory_bytes = size_t{1} << 40;  // only its weights are compared
+  bf16.max_model_len = 4096;
+  const size_t wide = make_plan(bf16).stages[0].weight_bytes;
+  EXPECT_GT(s.fp8_weight_bytes, s.weight_bytes * 9 / 10) << "experts and projections are FP8";
+  EXPECT_LT(s.weight_bytes, wide * 55 / 100);
+  EXPECT_GT(s.weight_bytes, wide * 45 / 100);
+  // 12 full-attention layers, 2 KV heads replicated over TP 8 (one per rank) of 256, fp8.
+  EXPECT_EQ(s.cache.kv_bytes_per_token(in.block_size), 12u * 2 * 1 * 256 * 1);
+  EXPECT_EQ(s.cache.state_layers, 36);
+  EXPECT_EQ(p.num_state_slots, 8 + 2);
+  EXPECT_NE(render_text(p).find("weights in fp8_e4m3"), std::string::npos) << render_text(p);
+}
+
+// A hybrid model's state slots come off the cache first, so at a long --max-model-len the lever
+// is --max-num-seqs: the advice names the largest value whose sequences all fit, re-planned,
+// and never a --max-model-len that the re-plan does not confirm.
+TEST(Planner, HybridAdviceLowersMaxNumSeqsAndEveryOfferedLengthFits) {
+  PlanInputs in = inputs(kFlagshipFp8, 143771ull << 20);  // the flagship on one H200
+  in.target.baseline_used = std::nullopt;
+  in.max_model_len = 262144;
+  in.gpu_memory_utilization = 0.95;
+  in.kv_cache_dtype = "fp8";
+  Plan p = make_plan(in);
+  ASSERT_TRUE(p.fits) << p.verdict;
+  ASSERT_FALSE(p.full_concurrency);
+  auto pos = p.verdict.find("lower --max-num-seqs to ");
+  ASSERT_NE(pos, std::string::npos) << p.verdict;
+  const int seqs = std::stoi(p.verdict.substr(pos + 24));
+  PlanInputs fewer = in;
+  fewer.max_num_seqs = seqs;
+  EXPECT_TRUE(make_plan(fewer).full_concurrency) << make_plan(fewer).verdict;
+  fewer.max_num_seqs = seqs + 1;
+  EXPECT_FALSE(make_plan(fewer).full_concurrency) << "the largest such --max-num-seqs";
+  if (auto l = p.verdict.find("lower it to "); l != std::string::npos) {
+    PlanInputs shorter = in;
+    shorter.max_model_len = std::stoi(p.verdict.substr(l + 12));
+    EXPECT_TRUE(make_plan(shorter).full_concurrency) << p.verdict;
+  }
+}
+
+// The advice never names more GPUs than the target has (seed 003: two GB10, one GPU each).
+TEST(Planner, AdviceStaysWithinTheTargetsGpus) {
+  PlanInputs in = inputs(kFlagshipFp8, size_t{128} * 1000 * 1000 * 1000, 2);
+  in.target.baseline_used = std::nullopt;
+  in.target.unified = true;
+  in.target.nodes = 2;
+  in.target.gpus_per_node = 1;
+  in.max_model_len = 2048;
+  in.gpu_memory_utilization = 0.60;
+  in.enforce_eager = true;
+  Plan p = make_plan(in);
+  ASSERT_TRUE(p.fits) << p.verdict;
+  EXPECT_FALSE(p.full_concurrency);
+  EXPECT_EQ(p.verdict.find("--tensor-parallel-size 4"), std::string::npos) << p.verdict;
+  EXPECT_NE(p.verdict.find("lower --max-num-seqs to "), std::string::npos) << p.verdict;
+}
+
 TEST(Planner, AgreesWithTheEngineOnTheSameMemory) {
   const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_gqa4_hd32";
   const size_t total = 300ull << 20;  // 270 MiB usable: 256 MiB of activation arena, ~14 MiB of cache
