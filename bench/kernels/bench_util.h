@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <vector>
 
@@ -17,6 +18,16 @@
 #include "core/dtype.h"
 
 namespace tessera::bench {
+
+// A benchmark's main(): runs `run`, turning an exception into "error: ..." on stderr and exit 1.
+inline int run_main(int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
 
 // Median milliseconds of `iters` runs of f(i), each bracketed by CUDA events.
 template <typename F>

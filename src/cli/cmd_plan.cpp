@@ -1,6 +1,7 @@
 // tessera plan MODEL [the serve flags]: will it fit, and with how many KV tokens? Weights per
 // rank as the loader places them, KV bytes per token and block, activations, communicators;
 // the verdict says what to change, with numbers. No GPU needed, no weight read.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -29,7 +30,11 @@ nlohmann::json to_json(const plan::Plan& p) {
   j["max_model_len"] = p.max_model_len;
   j["max_num_seqs"] = in.max_num_seqs;
   j["gpu_memory_utilization"] = in.gpu_memory_utilization;
-  j["weight_dtype"] = dtype_name(p.compute_dtype);
+  const bool fp8 = std::any_of(p.stages.begin(), p.stages.end(), [](const auto& s) { return s.fp8_weight_bytes > 0; });
+  // Weights: block-scaled FP8 where the model holds any (the rest, e.g. norms and embeddings, in
+  // the compute dtype), else the compute dtype.
+  j["weight_dtype"] = fp8 ? "fp8_e4m3 (block 128x128) + " + std::string(dtype_name(p.compute_dtype))
+                          : std::string(dtype_name(p.compute_dtype));
   j["kv_cache_dtype"] = dtype_name(p.kv_dtype);
   j["block_size"] = in.block_size;
   j["checkpoint_bytes"] = p.checkpoint_bytes;
@@ -38,6 +43,7 @@ nlohmann::json to_json(const plan::Plan& p) {
     j["stages"].push_back({{"pp_rank", s.pp_rank},
                            {"layers", {s.layers.begin, s.layers.end}},
                            {"weight_bytes", s.weight_bytes},
+                           {"fp8_weight_bytes", s.fp8_weight_bytes},
                            {"weight_tensors", s.weight_tensors},
                            {"other_model_bytes", s.other_bytes},
                            {"runtime_bytes", s.runtime_bytes},

@@ -593,10 +593,11 @@ class CudaBackend final : public Backend {
     CUDA_REQUIRE(topk_ids.dtype() == DType::kI32 && topk_ids.numel() == T * k && topk_weights.dtype() == DType::kF32 &&
                      topk_weights.numel() == T * k,
                  "moe_topk", "outputs " + topk_ids.str() + ", " + topk_weights.str() + " for " + router_logits.str());
-    if (k < 1 || k > 32 || k > E || E > kMoeMaxExperts)
+    if (k < 1 || k > 32 || k > E || E > kMoeMaxExperts || T >= (int64_t{1} << 31))
       fail(ErrorKind::kUnsupported,
-           "CUDA moe_topk takes up to {} experts and k from 1 to min(32, experts), not E={} k={}", kMoeMaxExperts, E,
-           k);
+           "CUDA moe_topk takes up to {} experts, k from 1 to min(32, experts) and fewer than 2^31 tokens, not E={} "
+           "k={} T={}",
+           kMoeMaxExperts, E, k, T);
     need_cuda(router_logits, "moe_topk");
     need_cuda(topk_ids, "moe_topk");
     need_cuda(topk_weights, "moe_topk");

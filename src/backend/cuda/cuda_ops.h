@@ -184,12 +184,10 @@ void launch_quantize_act_fp8(const void* x, void* q, float* scale, int64_t M, in
 void launch_dequant_fp8(const void* w, const float* scale, void* out, int64_t N, int64_t K, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu, moe_gemm.cu; Backend::moe_* say what they compute) ----
-// Router softmax + top-k: E <= kMoeMaxExperts, k <= 32 (launch_moe_topk_regs when E <= 256).
+// Router softmax + top-k, one warp per token with the row in registers: E <= kMoeMaxExperts,
+// k <= 32, T < 2^31.
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
                      cudaStream_t s);
-// The same, one warp per token with the row in registers (E <= 256; false: not launched).
-bool launch_moe_topk_regs(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
-                          cudaStream_t s);
 constexpr int kMoeMaxExperts = 1024;     // experts per rank (one routing block counts them)
 constexpr int kMoeDecodeMaxPairs = 256;  // T * k up to this: the decode (grouped GEMV) path
 constexpr int kMoeTileM = 128;           // rows of a grouped-GEMM tile (routing counts tiles of this)
