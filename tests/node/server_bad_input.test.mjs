@@ -12,8 +12,20 @@ const MODEL = 'qwen3-tiny';
 const auth = { 'content-type': 'application/json', authorization: `Bearer ${KEY}` };
 const msgs = [{ role: 'user', content: 'hi' }];
 
+// A pooled keep-alive connection that sat idle past the server's 2 s read timeout (the slow
+// cases wait that long) is closed by the server; a request that fails on it at the socket,
+// before any response, is sent once more on a new connection, as HTTP clients do.
+const closedSocket = (e) => e instanceof TypeError && ['UND_ERR_SOCKET', 'ECONNRESET'].includes(e.cause?.code);
+
 async function send(path, body, { method = 'POST', headers = auth, raw = false } = {}) {
-  const r = await fetch(`${URL}${path}`, { method, headers, body: raw ? body : body === undefined ? undefined : JSON.stringify(body) });
+  const init = { method, headers, body: raw ? body : body === undefined ? undefined : JSON.stringify(body) };
+  let r;
+  try {
+    r = await fetch(`${URL}${path}`, init);
+  } catch (e) {
+    if (!closedSocket(e)) throw e;
+    r = await fetch(`${URL}${path}`, init);
+  }
   const text = await r.text();
   let json = null;
   try { json = JSON.parse(text); } catch { /* not JSON */ }
@@ -50,13 +62,12 @@ function assertOpenAIError(res, status, pattern) {
   if (pattern) assert.match(res.json.error.message, pattern);
 }
 
-// A pooled keep-alive connection may be closed by the server's read timeout just as it is
-// reused (the slow cases wait as long as that timeout): an idempotent GET is retried once,
-// as HTTP clients do.
+// GET /health, retried once like send() when the pooled connection was closed.
 async function getHealth() {
   try {
     return await fetch(`${URL}/health`);
   } catch (e) {
+    if (!closedSocket(e)) throw e;
     return await fetch(`${URL}/health`);
   }
 }
