@@ -793,10 +793,10 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
   }
 }
 
-// The register top-k (a warp per token, up to 256 experts) against the CPU: E from 8 to 256,
-// k = 1 and 8, renormalised, and a row of ties (lower ids win).
+// The register top-k (a warp per token) against the CPU: E from 8 to 1024 (every kPer of the
+// kernel), k = 1 and 8, renormalised, and a row of ties (lower ids win).
 TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
-  for (int64_t E : {8, 33, 128, 256})
+  for (int64_t E : {8, 33, 128, 256, 300, 1024})
     for (int k : {1, 8}) {
       const int64_t T = 19;
       auto logits = rand(T * E, -4, 4);
