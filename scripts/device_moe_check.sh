@@ -77,6 +77,17 @@ gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
   echo "$name: $(grep -E 'Processed' "$L/$name.log" | sed 's/.*prompts in/prompts in/')"
 }
 
+decode_batches() {  # decode_batches NAME MODEL BATCH...: 512-token prompts, 128 new tokens, against the ceiling
+  local name=$1 model=$2 bs i per args; shift 2
+  for bs in "$@"; do
+    args=()
+    for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
+    gen $B ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    per=$(rate "$L/${name}_b$bs.log")
+    python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
+  done
+}
+
 if part dense; then
   echo "== dense Qwen3-8B shape: decode batch 1 (512-token prompt, 256 new) and prefill 4096, this build vs the base"
   for which in new base; do
@@ -105,13 +116,7 @@ fi
 
 if part moe_decode; then
   echo "== MoE decode, Qwen3-30B-A3B shape, bf16 dummy: batch 1, 8, 32 (512-token prompts, 128 new tokens)"
-  for bs in 1 8 32; do
-    args=()
-    for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-    gen $B moe_decode_b$bs $MOE "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
-    per=$(rate "$L/moe_decode_b$bs.log")
-    python3 tools/decode_ceiling.py $MOE ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
-  done
+  decode_batches moe_decode $MOE 1 8 32
 fi
 
 if part moe_prefill; then
@@ -168,13 +173,7 @@ fi
 
 if part hybrid_decode; then
   echo "== hybrid decode, Qwen3.5-35B-A3B shape, bf16 dummy: batch 1 and 8 (512-token prompts, 128 new tokens)"
-  for bs in 1 8; do
-    args=()
-    for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-    gen $B hybrid_decode_b$bs $HYB "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
-    per=$(rate "$L/hybrid_decode_b$bs.log")
-    python3 tools/decode_ceiling.py $HYB ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
-  done
+  decode_batches hybrid_decode $HYB 1 8
   grep -E 'state slot|KV cache size|Maximum concurrency' "$L/hybrid_decode_b1.log" | head -4
 fi
 
