@@ -223,7 +223,6 @@ std::vector<RequestOutput> LLMEngine::step() {
   timer_.start();
   SchedulerOutput sched = scheduler_->schedule();
   timer_.mark(0, "schedule");
-  stats_.num_preemptions += sched.preempted.size();
   if (sched.scheduled.empty()) return out;
   ++stats_.steps;
   for (const auto& s : sched.scheduled) {

@@ -270,8 +270,6 @@ void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, 
     switch (plan.kind) {
       case PlanKind::kShutdown:
         return;
-      case PlanKind::kKeepalive:
-        break;
       case PlanKind::kInitCache:
         runner.init_cache(plan.cache);
         limits.num_blocks = plan.cache.num_blocks;

@@ -105,7 +105,6 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.put<uint8_t>(static_cast<uint8_t>(p.cache.ssm_dtype));
       break;
     case PlanKind::kShutdown:
-    case PlanKind::kKeepalive:
       break;
   }
   return std::move(w.out);
@@ -229,7 +228,6 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       break;
     }
     case static_cast<uint8_t>(PlanKind::kShutdown):
-    case static_cast<uint8_t>(PlanKind::kKeepalive):
       p.kind = static_cast<PlanKind>(kind);
       check(r.left() == 0, "trailing bytes");
       break;

@@ -18,7 +18,6 @@
 //                       i32 max_model_len, i32 max_graph_batch, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype
 //   kind 3 shutdown:    nothing
-//   kind 4 keepalive:   nothing (the head is idle)
 // All integers little-endian; trailing bytes are an error.
 #pragma once
 #include <cstdint>
@@ -29,7 +28,7 @@
 
 namespace tessera {
 
-enum class PlanKind : uint8_t { kStep = 1, kInitCache = 2, kShutdown = 3, kKeepalive = 4 };
+enum class PlanKind : uint8_t { kStep = 1, kInitCache = 2, kShutdown = 3 };
 
 struct CacheInit {
   int num_blocks = 0;
