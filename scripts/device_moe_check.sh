@@ -138,20 +138,29 @@ if part moe_trace; then
   fi
 fi
 
+serve_model() {  # serve_model MODEL PORT LOGNAME [ARGS...]: starts tessera serve (dummy weights), waits for /health
+  local model=$1 port=$2 log=$3; shift 3
+  $B/tessera serve $model --load-format dummy --device cuda --tokenizer $TOK --port "$port" "$@" > "$L/$log.log" 2>&1 &
+  SP=$!
+  for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+  grep -E 'state slot|KV cache size|Maximum concurrency|weights take|Planned' "$L/$log.log" | head -5
+}
+
+bench_256() {  # bench_256 PORT NAME: the 256-token serving run, c 1,5,10,20 x 40 and 64,256 x 256 requests
+  local port=$1 name=$2 levels
+  for levels in "1,5,10,20 40 low" "64,256 256 high"; do
+    set -- $levels
+    timeout 240 $B/tessera bench --base-url "http://127.0.0.1:$port" --concurrency "$1" --requests-per-level "$2" \
+      --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
+      --json "$L/${name}_$3.json" 2>/dev/null | tail -12
+  done
+}
+
 if part moe_serve; then
   echo "== MoE serving: tessera bench, c 1,5,10,20 (40 requests) and 64,256 (256 requests), max_tokens 256, --ignore-eos"
-  $B/tessera serve $MOE --load-format dummy --device cuda --tokenizer $TOK --port 8012 \
-    --max-model-len 4096 --max-num-seqs 256 > "$L/moe_serve.log" 2>&1 &
-  SP=$!
-  for i in $(seq 1 180); do curl -sf http://127.0.0.1:8012/health >/dev/null && break; sleep 1; done
-  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8012 --concurrency 1,5,10,20 --requests-per-level 40 \
-    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
-    --json "$L/moe_bench_low.json" 2>/dev/null | tail -12
-  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8012 --concurrency 64,256 --requests-per-level 256 \
-    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
-    --json "$L/moe_bench_high.json" 2>/dev/null | tail -10
+  serve_model $MOE 8012 moe_serve --max-model-len 4096 --max-num-seqs 256
+  bench_256 8012 moe_bench
   kill $SP; wait $SP 2>/dev/null
-  grep -E 'KV cache size|Maximum concurrency|weights take|Planned' "$L/moe_serve.log"
 fi
 
 if part plan; then
@@ -187,13 +196,6 @@ if part hybrid_prefill; then
   python3 tools/decode_ceiling.py $HYB --prefill-tokens 8192 --prefill-s "$PS" ${GT:+--gemm-tflops $GT} | grep prefill_
 fi
 
-serve_hybrid() {  # serve_hybrid PORT LOGNAME [ARGS...]: starts tessera serve on the hybrid model, waits for /health
-  local port=$1 log=$2; shift 2
-  $B/tessera serve $HYB --load-format dummy --device cuda --tokenizer $TOK --port "$port" "$@" > "$L/$log.log" 2>&1 &
-  SP=$!
-  for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
-  grep -E 'state slot|KV cache size|Maximum concurrency|weights take' "$L/$log.log" | head -5
-}
 
 if part hybrid_diag; then
   echo "== hybrid fixtures on CUDA, per prompt (TESSERA_TEST_VERBOSE): whole prefill, 32-token chunks"
@@ -204,13 +206,8 @@ fi
 
 if part hybrid_serve; then
   echo "== hybrid serving: c 1,5,10,20 (40 requests) and 64,256 (256 requests), max_tokens 256, --ignore-eos"
-  serve_hybrid 8013 hybrid_serve --max-model-len 40960 --max-num-seqs 256
-  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8013 --concurrency 1,5,10,20 --requests-per-level 40 \
-    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
-    --json "$L/hybrid_bench_low.json" 2>/dev/null | tail -12
-  timeout 240 $B/tessera bench --base-url http://127.0.0.1:8013 --concurrency 64,256 --requests-per-level 256 \
-    --max-tokens 256 --temperature 0 --ignore-eos --prompt "Explain parallel computing in one sentence." \
-    --json "$L/hybrid_bench_high.json" 2>/dev/null | tail -10
+  serve_model $HYB 8013 hybrid_serve --max-model-len 40960 --max-num-seqs 256
+  bench_256 8013 hybrid_bench
   echo "-- one 32,768-token prompt"
   timeout 180 $B/tessera bench --base-url http://127.0.0.1:8013 --dataset random --random-input-len 32768 \
     --random-output-len 256 --num-prompts 2 --max-concurrency 1 --ignore-eos --tokenizer $TOK \
@@ -222,7 +219,7 @@ if part hybrid_prefix; then
   echo "== hybrid prefix caching: 64 requests sharing a 2,000-token prefix (+64 own tokens, 32 new), concurrency 8"
   for pc in on off; do
     flag=--enable-prefix-caching; [ $pc = off ] && flag=--no-enable-prefix-caching
-    serve_hybrid 8014 hybrid_prefix_$pc --max-model-len 8192 --max-num-seqs 64 $flag
+    serve_model $HYB 8014 hybrid_prefix_$pc --max-model-len 8192 --max-num-seqs 64 $flag
     timeout 180 $B/tessera bench --base-url http://127.0.0.1:8014 --dataset random --random-prefix-len 2000 \
       --random-input-len 64 --random-output-len 32 --num-prompts 64 --max-concurrency 8 --ignore-eos \
       --tokenizer $TOK --json "$L/hybrid_prefix_$pc.json" 2>/dev/null | grep -iE 'ttft|request throughput' | head -4
