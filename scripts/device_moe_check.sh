@@ -6,7 +6,8 @@
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
 # PARTS (default all but fixtures_bf16): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
-#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; fixtures_bf16 (transformers' bf16 error per
+#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; flagship (issue 18's serve command and the seeds'
+#   bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
@@ -234,5 +235,21 @@ if part plan_fp8; then
   timeout 180 $B/tessera generate --model configs/qwen3-8b --quantization fp8 --load-format dummy --device cuda \
     --max-model-len 4096 --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_fp8.log"
   grep -E 'KV cache size|Maximum concurrency|Planned|FP8' "$L/plan_serve_fp8.log"
+fi
+if part flagship; then
+  # Issue 18: the seeds' model on one H200 with the issue's command (dummy FP8 weights, the Qwen3 tokenizer).
+  FL=configs/qwen3.5-122b-a10b-fp8
+  echo "== flagship: decode batch 1 and 20 (512-token prompts, 128 new), FP8 dummy"
+  MAXLEN=4096 decode_batches flagship_decode $FL 1 20
+  grep -E 'FP8|weights take|state slot|KV cache size' "$L/flagship_decode_b1.log" | head -4
+  echo "== flagship serve: $FL --language-model-only --kv-cache-dtype fp8 --max-model-len 262144 --gpu-memory-utilization 0.95"
+  serve_model $FL 8015 flagship_serve --language-model-only --kv-cache-dtype fp8 --max-model-len 262144 \
+    --gpu-memory-utilization 0.95
+  echo "-- seed-003 protocol (tessera bench defaults: c 1,5,10,20; 40 requests; max_tokens 64; temperature 0)"
+  timeout 300 $B/tessera bench --base-url http://127.0.0.1:8015 --json "$L/flagship_seed003.json" 2>/dev/null | tail -12
+  echo "-- seed-000 protocol (random dataset, 100 prompts, request rate 8; vLLM's random defaults 1024 in / 128 out)"
+  timeout 300 $B/tessera bench --base-url http://127.0.0.1:8015 --dataset random --num-prompts 100 --request-rate 8 \
+    --tokenizer $TOK --json "$L/flagship_seed000.json" 2>/dev/null | tail -14
+  kill $SP; wait $SP 2>/dev/null
 fi
 tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"
