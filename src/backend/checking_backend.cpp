@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <string_view>
 #include <tuple>
 
 #include "core/dtype.h"
@@ -36,6 +38,10 @@ std::string index_str(const Shape& s, int64_t flat) {
   std::string out = "[";
   for (size_t i = 0; i < idx.size(); ++i) out += (i ? ", " : "") + std::to_string(idx[i]);
   return out + "]";
+}
+
+uint64_t hash_bytes(const void* p, size_t n) {
+  return std::hash<std::string_view>{}(std::string_view(static_cast<const char*>(p), n));
 }
 
 std::string fmt_g(double v) {
@@ -78,9 +84,13 @@ class CheckingBackend::Op {
 
   // A host f32 copy of a float tensor (block-scaled FP8 dequantised), integers as they are.
   // Aliases (the same bytes passed twice, e.g. an in-place output) map to one host tensor.
-  Tensor in(const Tensor& t) { return mirror(t, true); }
+  Tensor in(const Tensor& t) { return mirror(t, true, true); }
+  // An output's host copy (its contents before the op: ops that write only some rows), not
+  // verified as an input (its old bytes are dead).
+  Tensor out(const Tensor& t) { return mirror(t, true, false); }
+  Tensor out_keep(const Tensor& t) { return mirror(t, false, false); }
   // A host copy in t's own dtype (KV caches, linear-attention states).
-  Tensor keep(const Tensor& t) { return mirror(t, false); }
+  Tensor keep(const Tensor& t) { return mirror(t, false, true); }
   const Tensor* opt(const Tensor* t, Tensor& holder) {
     if (!t) return nullptr;
     holder = in(*t);
@@ -148,7 +158,9 @@ class CheckingBackend::Op {
   void check(const std::string& output, const Tensor& p, const Tensor& r, double tol = -1) {
     if (tol < 0)
       tol = is_fp8(p.dtype()) ? std::max(cb_.options_.rel_tol, cb_.options_.fp8_rel_tol) : cb_.options_.rel_tol;
-    const std::vector<float> got = host_f32(download(p)), want = host_f32(r);
+    const Tensor got_raw = download(p);
+    cb_.note_written(p.raw(), p.nbytes(), hash_bytes(got_raw.raw(), got_raw.nbytes()), written_by(output));
+    const std::vector<float> got = host_f32(got_raw), want = host_f32(r);
     TESSERA_CHECK(got.size() == want.size(), "checking backend: {} {} has {} values, the reference {}", name_, output,
                   got.size(), want.size());
     double scale = 0, max_abs = 0;
@@ -194,6 +206,7 @@ class CheckingBackend::Op {
   void check_topk(const Tensor& p_ids, const Tensor& r_ids, const Tensor& logits_host, int k) {
     const std::vector<float> logits = host_f32(logits_host);
     const Tensor pid_h = download(p_ids);
+    cb_.note_written(p_ids.raw(), p_ids.nbytes(), hash_bytes(pid_h.raw(), pid_h.nbytes()), written_by("topk_ids"));
     const int32_t* pid = pid_h.data<int32_t>();
     const int32_t* rid = r_ids.data<int32_t>();
     const int64_t T = p_ids.dim(0), E = logits_host.dim(1);
@@ -242,6 +255,27 @@ class CheckingBackend::Op {
   }
 
  private:
+  std::string written_by(const std::string& output) const {
+    return "op #" + std::to_string(index_) + " " + name_ + " (" + output + ") of step " + std::to_string(cb_.step_) +
+           (cb_.context_.empty() ? "" : " [" + cb_.context_ + "]");
+  }
+
+  // Whether t's bytes are what the last tracked write left there; records the op if not.
+  void verify_unchanged(const Tensor& t, const Tensor& host_raw) {
+    const auto it = cb_.written_.find(reinterpret_cast<uintptr_t>(t.raw()));
+    if (it == cb_.written_.end() || it->second.bytes != t.nbytes()) return;
+    const uint64_t h = hash_bytes(host_raw.raw(), host_raw.nbytes());
+    if (h == it->second.hash) return;
+    OpMismatch m = base("clobbered input");
+    m.rel = m.max_abs = std::numeric_limits<double>::infinity();
+    m.numel = t.numel();
+    m.note = "the input " + t.str() + " changed since " + it->second.by +
+             " wrote it, and no op, upload or copy wrote it since: something overwrote it behind the ops' backs "
+             "(scratch handed out twice, an out-of-bounds write, another sequence's state slot)";
+    it->second.hash = h;  // reported once
+    cb_.record(std::move(m));
+  }
+
   OpMismatch base(const std::string& output) const {
     OpMismatch m;
     m.step = cb_.step_;
@@ -270,11 +304,12 @@ class CheckingBackend::Op {
     return h;
   }
 
-  Tensor mirror(const Tensor& t, bool to_f32) {
+  Tensor mirror(const Tensor& t, bool to_f32, bool verify) {
     const auto key = std::make_tuple(t.raw(), t.nbytes(), to_f32);
     for (const auto& [k, h] : memo_)
       if (k == key) return h.numel() == t.numel() ? h.view(t.shape()) : h;
     Tensor h = download(t);
+    if (verify) verify_unchanged(t, h);
     if (to_f32 && t.block_scaled()) {
       Tensor scale = download(*t.block_scale());
       h = dequantize_block_scaled_host(h.with_block_scale(scale));
@@ -331,6 +366,42 @@ void CheckingBackend::reset_scratch() {
   mixers_in_step_ = 0;
 }
 
+void CheckingBackend::note_written(const void* p, size_t n, uint64_t hash, std::string by) {
+  forget(p, n);
+  if (n > 0) written_[reinterpret_cast<uintptr_t>(p)] = Written{n, hash, std::move(by)};
+}
+
+void CheckingBackend::forget(const void* p, size_t n) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = b + n;
+  for (auto it = written_.begin(); it != written_.end() && it->first < e;)
+    it = it->first + it->second.bytes > b ? written_.erase(it) : std::next(it);
+}
+
+void CheckingBackend::copy_from_host(const Tensor& dst, const void* src) {
+  primary_.copy_from_host(dst, src);
+  note_written(dst.raw(), dst.nbytes(), hash_bytes(src, dst.nbytes()), "an upload (copy_from_host) of " + dst.str());
+}
+
+void CheckingBackend::copy(const Tensor& dst, const Tensor& src) {
+  primary_.copy(dst, src);
+  forget(dst.raw(), dst.nbytes());
+}
+
+void CheckingBackend::fill_random(const Tensor& dst, uint64_t seed, float low, float high) {
+  primary_.fill_random(dst, seed, low, high);
+  forget(dst.raw(), dst.nbytes());
+}
+
+void CheckingBackend::fill(const Tensor& dst, float value) {
+  primary_.fill(dst, value);
+  forget(dst.raw(), dst.nbytes());
+}
+
+void CheckingBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) {
+  primary_.sample(logits, rows, out);
+  forget(out.raw(), out.nbytes());
+}
+
 void CheckingBackend::record(OpMismatch m) {
   stats_[m.op].mismatches++;
   if (options_.log && static_cast<int>(mismatches_.size()) < options_.max_printed) {
@@ -360,6 +431,7 @@ void CheckingBackend::print_summary() const {
 }
 
 void CheckingBackend::clear() {
+  written_.clear();
   mismatches_.clear();
   stats_.clear();
   ops_checked_ = 0;
@@ -370,7 +442,7 @@ void CheckingBackend::clear() {
 void CheckingBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
   Op op(*this, "embedding");
   op.operand("ids", ids), op.operand("table", table), op.operand("out", out);
-  Tensor r_ids = op.in(ids), r_table = op.in(table), r_out = op.in(out);
+  Tensor r_ids = op.in(ids), r_table = op.in(table), r_out = op.out(out);
   primary_.embedding(ids, table, out);
   reference_.embedding(r_ids, r_table, r_out);
   op.check("out", out, r_out);
@@ -379,7 +451,7 @@ void CheckingBackend::embedding(const Tensor& ids, const Tensor& table, const Te
 void CheckingBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
   Op op(*this, "rms_norm");
   op.operand("x", x), op.operand("w", w), op.operand("out", out);
-  Tensor r_x = op.in(x), r_w = op.in(w), r_out = op.in(out);
+  Tensor r_x = op.in(x), r_w = op.in(w), r_out = op.out(out);
   primary_.rms_norm(x, w, eps, out);
   reference_.rms_norm(r_x, r_w, eps, r_out);
   op.check("out", out, r_out);
@@ -399,7 +471,7 @@ void CheckingBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bia
   Op op(*this, "linear");
   op.operand("x", x), op.operand("w", w), op.operand("out", out);
   if (bias) op.operand("bias", *bias);
-  Tensor r_x = op.in(x), r_w = op.in(w), r_out = op.in(out), r_bias;
+  Tensor r_x = op.in(x), r_w = op.in(w), r_out = op.out(out), r_bias;
   const Tensor* rb = op.opt(bias, r_bias);
   primary_.linear(x, w, bias, out);
   reference_.linear(r_x, r_w, rb, r_out);
@@ -409,7 +481,7 @@ void CheckingBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bia
 void CheckingBackend::silu_mul(const Tensor& gate_up, const Tensor& out) {
   Op op(*this, "silu_mul");
   op.operand("gate_up", gate_up), op.operand("out", out);
-  Tensor r_gu = op.in(gate_up), r_out = op.in(out);
+  Tensor r_gu = op.in(gate_up), r_out = op.out(out);
   primary_.silu_mul(gate_up, out);
   reference_.silu_mul(r_gu, r_out);
   op.check("out", out, r_out);
@@ -418,7 +490,7 @@ void CheckingBackend::silu_mul(const Tensor& gate_up, const Tensor& out) {
 void CheckingBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
   Op op(*this, "add");
   op.operand("a", a), op.operand("b", b), op.operand("out", out);
-  Tensor r_a = op.in(a), r_b = op.in(b), r_out = op.in(out);
+  Tensor r_a = op.in(a), r_b = op.in(b), r_out = op.out(out);
   primary_.add(a, b, out);
   reference_.add(r_a, r_b, r_out);
   op.check("out", out, r_out);
@@ -456,7 +528,7 @@ void CheckingBackend::qkv_prologue(const Tensor& qkv, const Tensor* q_norm, cons
   op.operand("qkv", qkv), op.operand("k_cache", k_cache), op.operand("q_out", q_out);
   op.operand(std::string("qk_norm ") + (q_norm ? "yes" : "no") + ", rotary_dim " + std::to_string(table.rotary_dim));
   Tensor r_qkv = op.in(qkv), r_qn, r_kn, r_pos = op.in(positions), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache),
-         r_q = op.in(q_out);
+         r_q = op.out(q_out);
   const Tensor *qn = op.opt(q_norm, r_qn), *kn = op.opt(k_norm, r_kn);
   RopeTable r_table = op.rope(table);
   AttentionMetadata r_meta = op.attn(meta);
@@ -472,7 +544,7 @@ void CheckingBackend::paged_attention(const Tensor& q, const Tensor& k_cache, co
                                       const Tensor& out) {
   Op op(*this, "paged_attention");
   op.operand("q", q), op.operand("k_cache", k_cache), op.operand("out", out);
-  Tensor r_q = op.in(q), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache), r_out = op.in(out);
+  Tensor r_q = op.in(q), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache), r_out = op.out(out);
   AttentionMetadata r_meta = op.attn(meta);
   primary_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
   reference_.paged_attention(r_q, r_kc, r_vc, r_meta, scale, k_scale, v_scale, r_out);
@@ -487,7 +559,7 @@ void CheckingBackend::qkv_attention(const Tensor& qkv, const Tensor* q_norm, con
   op.operand("qkv", qkv), op.operand("k_cache", k_cache), op.operand("out", out);
   op.operand(std::string("qk_norm ") + (q_norm ? "yes" : "no") + ", rotary_dim " + std::to_string(table.rotary_dim));
   Tensor r_qkv = op.in(qkv), r_qn, r_kn, r_pos = op.in(positions), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache),
-         r_out = op.in(out);
+         r_out = op.out(out);
   const Tensor *qn = op.opt(q_norm, r_qn), *kn = op.opt(k_norm, r_kn);
   RopeTable r_table = op.rope(table);
   AttentionMetadata r_meta = op.attn(meta);
@@ -506,7 +578,7 @@ void CheckingBackend::moe_topk(const Tensor& router_logits, int k, bool renormal
   Op op(*this, "moe_topk");
   op.operand("router_logits", router_logits), op.operand("k " + std::to_string(k));
   op.operand(renormalize ? "renormalize" : "no renormalize");
-  Tensor r_logits = op.in(router_logits), r_ids = op.in(topk_ids), r_w = op.in(topk_weights);
+  Tensor r_logits = op.in(router_logits), r_ids = op.out(topk_ids), r_w = op.out(topk_weights);
   primary_.moe_topk(router_logits, k, renormalize, topk_ids, topk_weights);
   reference_.moe_topk(r_logits, k, renormalize, r_ids, r_w);
   op.check_topk(topk_ids, r_ids, r_logits, k);
@@ -520,7 +592,7 @@ void CheckingBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const 
   op.operand("x", x), op.operand("gate_up", gate_up), op.operand("down", down), op.operand("topk_ids", topk_ids);
   op.operand("expert_begin " + std::to_string(expert_begin));
   Tensor r_x = op.in(x), r_gu = op.in(gate_up), r_down = op.in(down), r_ids = op.in(topk_ids),
-         r_w = op.in(topk_weights), r_out = op.in(out);
+         r_w = op.in(topk_weights), r_out = op.out(out);
   primary_.moe_experts(x, gate_up, down, topk_ids, topk_weights, expert_begin, out);
   reference_.moe_experts(r_x, r_gu, r_down, r_ids, r_w, expert_begin, r_out);
   op.check("out", out, r_out);
@@ -529,7 +601,7 @@ void CheckingBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const 
 void CheckingBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
   Op op(*this, "sigmoid_mul");
   op.operand("x", x), op.operand("gate", gate), op.operand("out", out);
-  Tensor r_x = op.in(x), r_gate = op.in(gate), r_out = op.in(out);
+  Tensor r_x = op.in(x), r_gate = op.in(gate), r_out = op.out(out);
   primary_.sigmoid_mul(x, gate, out);
   reference_.sigmoid_mul(r_x, r_gate, r_out);
   op.check("out", out, r_out);
@@ -540,7 +612,7 @@ void CheckingBackend::causal_conv1d(const Tensor& x, int64_t x_col, const Tensor
   Op op(*this, "causal_conv1d");
   op.operand("x", x), op.operand("x_col " + std::to_string(x_col)), op.operand("weight", weight);
   op.operand("conv_state", conv_state), op.operand("out", out);
-  Tensor r_x = op.in(x), r_w = op.in(weight), r_state = op.keep(conv_state), r_out = op.in(out);
+  Tensor r_x = op.in(x), r_w = op.in(weight), r_state = op.keep(conv_state), r_out = op.out(out);
   LinearAttnMetadata r_meta = op.lin(meta);
   primary_.causal_conv1d(x, x_col, weight, conv_state, meta, out);
   reference_.causal_conv1d(r_x, x_col, r_w, r_state, r_meta, r_out);
@@ -555,7 +627,7 @@ void CheckingBackend::gated_delta_rule(const Tensor& qkv, const Tensor& ba, int6
   op.operand("qkv", qkv), op.operand("ba", ba), op.operand("ba_col " + std::to_string(ba_col));
   op.operand("state", state), op.operand("out", out);
   Tensor r_qkv = op.in(qkv), r_ba = op.in(ba), r_alog = op.in(A_log), r_dt = op.in(dt_bias), r_state = op.keep(state),
-         r_out = op.in(out);
+         r_out = op.out(out);
   LinearAttnMetadata r_meta = op.lin(meta);
   primary_.gated_delta_rule(qkv, ba, ba_col, A_log, dt_bias, state, meta, out);
   reference_.gated_delta_rule(r_qkv, r_ba, ba_col, r_alog, r_dt, r_state, r_meta, r_out);
@@ -567,7 +639,7 @@ void CheckingBackend::gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z
                                      const Tensor& out) {
   Op op(*this, "gated_rms_norm");
   op.operand("x", x), op.operand("z", z), op.operand("z_col " + std::to_string(z_col)), op.operand("out", out);
-  Tensor r_x = op.in(x), r_z = op.in(z), r_w = op.in(w), r_out = op.in(out);
+  Tensor r_x = op.in(x), r_z = op.in(z), r_w = op.in(w), r_out = op.out(out);
   primary_.gated_rms_norm(x, z, z_col, w, eps, out);
   reference_.gated_rms_norm(r_x, r_z, z_col, r_w, eps, r_out);
   op.check("out", out, r_out);
@@ -576,7 +648,7 @@ void CheckingBackend::gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z
 void CheckingBackend::gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) {
   Op op(*this, "gather_rows");
   op.operand("x", x), op.operand("indices", indices), op.operand("out", out);
-  Tensor r_x = op.in(x), r_idx = op.in(indices), r_out = op.in(out);
+  Tensor r_x = op.in(x), r_idx = op.in(indices), r_out = op.out(out);
   primary_.gather_rows(x, indices, out);
   reference_.gather_rows(r_x, r_idx, r_out);
   op.check("out", out, r_out);
@@ -585,7 +657,7 @@ void CheckingBackend::gather_rows(const Tensor& x, const Tensor& indices, const 
 void CheckingBackend::cast(const Tensor& src, const Tensor& dst) {
   Op op(*this, "cast");
   op.operand("src", src), op.operand("dst", dst);
-  Tensor r_src = op.in(src), r_dst = op.keep(dst);
+  Tensor r_src = op.in(src), r_dst = op.out_keep(dst);
   primary_.cast(src, dst);
   reference_.cast(r_src, r_dst);
   op.check("dst", dst, r_dst);
@@ -594,7 +666,7 @@ void CheckingBackend::cast(const Tensor& src, const Tensor& dst) {
 void CheckingBackend::embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) {
   Op op(*this, "embedding_slice");
   op.operand("ids", ids), op.operand("table", table), op.operand("begin " + std::to_string(begin));
-  Tensor r_ids = op.in(ids), r_table = op.in(table), r_out = op.in(out);
+  Tensor r_ids = op.in(ids), r_table = op.in(table), r_out = op.out(out);
   primary_.embedding_slice(ids, table, begin, out);
   reference_.embedding_slice(r_ids, r_table, begin, r_out);
   op.check("out", out, r_out);

@@ -107,8 +107,16 @@ class CheckingBackend final : public ForwardingBackend {
   void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override;
   void cast(const Tensor& src, const Tensor& dst) override;
   void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override;
-  // Sampling draws at random: forwarded (ForwardingBackend), not checked; so are transfers,
-  // fills and memory.
+  // Sampling draws at random: forwarded, not checked. Transfers and fills are forwarded and
+  // tracked: each op's inputs are compared with what the last op, upload or copy that wrote
+  // those bytes left there, so a buffer that changes behind the ops' backs (scratch handed out
+  // twice, an out-of-bounds write of a kernel, a state slot written by another sequence) is
+  // recorded as the output "clobbered input" of the op that reads it.
+  void copy_from_host(const Tensor& dst, const void* src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill_random(const Tensor& dst, uint64_t seed, float low, float high) override;
+  void fill(const Tensor& dst, float value) override;
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override;
 
  private:
   class Op;
@@ -119,6 +127,16 @@ class CheckingBackend final : public ForwardingBackend {
     std::string worst_where;
   };
   void record(OpMismatch m);
+  // The bytes [p, p + n) now hold contents of this hash, written by `by`; entries overlapping
+  // them are dropped (a partial write makes an overlapping buffer's hash unknown).
+  void note_written(const void* p, size_t n, uint64_t hash, std::string by);
+  void forget(const void* p, size_t n);
+  struct Written {
+    size_t bytes = 0;
+    uint64_t hash = 0;
+    std::string by;
+  };
+  std::map<uintptr_t, Written> written_;
 
   Backend& primary_;
   Backend& reference_;

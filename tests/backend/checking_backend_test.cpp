@@ -230,6 +230,39 @@ TEST_F(CheckingBackendTest, LinearAttentionStateIsCompared) {
   EXPECT_NE(check_.mismatches()[0].shapes.find("has_initial_state 1"), std::string::npos);
 }
 
+// A buffer that changes between the op that wrote it and the op that reads it (here a stray
+// host write into the primary's memory) is recorded against the reader, naming the writer;
+// outputs, in-place updates, uploads and fills are not.
+TEST_F(CheckingBackendTest, InputsChangedBehindTheOpsBacksAreRecorded) {
+  Tensor x = check_.alloc({6, 16}, DType::kF32);
+  std::vector<float> host(96);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 0.01f * static_cast<float>(i) - 0.3f;
+  check_.copy_from_host(x, host.data());
+  Tensor w = rand({16}), h = check_.alloc({6, 16}, DType::kF32), res = rand({6, 16});
+  check_.rms_norm(x, w, 1e-6f, h);
+  check_.add_rms_norm(h, res, w, 1e-6f);  // in place: h and res rewritten by an op
+  check_.rms_norm(h, w, 1e-6f, h);        // in place again
+  Tensor lin = check_.alloc({6, 4}, DType::kF32);
+  check_.linear(h, rand({4, 16}), nullptr, lin);
+  check_.fill(lin, 0);
+  check_.add(lin, lin, lin);
+  EXPECT_TRUE(check_.mismatches().empty()) << check_.mismatches().front().str();
+
+  h.data<float>()[17] += 1;  // behind the ops' backs
+  check_.linear(h, rand({4, 16}), nullptr, lin);
+  ASSERT_EQ(check_.mismatches().size(), 1u) << check_.summary();
+  const OpMismatch& m = check_.mismatches()[0];
+  EXPECT_EQ(m.op, "linear");
+  EXPECT_EQ(m.output, "clobbered input");
+  EXPECT_NE(m.note.find("op #2 rms_norm (out)"), std::string::npos) << m.note;
+  // Reported once; an upload makes the contents known again.
+  check_.linear(h, rand({4, 16}), nullptr, lin);
+  x.data<float>()[0] = 5;
+  check_.copy_from_host(x, host.data());
+  check_.rms_norm(x, w, 1e-6f, h);
+  EXPECT_EQ(check_.mismatches().size(), 1u) << check_.summary();
+}
+
 TEST(CheckingBackend, RefusesANonCpuReference) {
   CpuBackend cpu;
   struct NotCpu : ForwardingBackend {

@@ -129,7 +129,7 @@ struct CaseResult {
 // One reference case: the prompt prefilled in steps of `chunk` tokens (0: one step), then
 // one decode step per reference greedy token, each feeding the reference's token.
 CaseResult run_case(const std::string& name, size_t index, const nlohmann::json& c, Backend& be, CheckingBackend* check,
-                    Loaded& l, int chunk) {
+                    Loaded& l, int chunk, const std::string& tag = "[case]") {
   std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
   const int len = static_cast<int>(tokens.size());
   const int step = chunk > 0 ? chunk : len;
@@ -150,8 +150,8 @@ CaseResult run_case(const std::string& name, size_t index, const nlohmann::json&
   const double bf16 = c.value("bf16_last_logits_err", 0.0);
   const auto greedy = c["greedy"].get<std::vector<int32_t>>();
   const auto margins = c["margins"].get<std::vector<double>>();
-  std::printf("[case] %s: last-logits max err %.4g (transformers' own bf16 err %.4g; the fixture test allows %.4g)\n",
-              label.c_str(), r.last_logits_err, bf16, std::max(0.15, 2 * bf16));
+  std::printf("%s %s: last-logits max err %.4g (transformers' own bf16 err %.4g; the fixture test allows %.4g)\n",
+              tag.c_str(), label.c_str(), r.last_logits_err, bf16, std::max(0.15, 2 * bf16));
   std::string wrong;
   int next = argmax(got);
   float gap = top2_gap(got);
@@ -174,7 +174,7 @@ CaseResult run_case(const std::string& name, size_t index, const nlohmann::json&
     next = argmax(lg);
     gap = top2_gap(lg);
   }
-  std::printf("[case] %s: greedy (teacher-forced) %s\n", label.c_str(),
+  std::printf("%s %s: greedy (teacher-forced) %s\n", tag.c_str(), label.c_str(),
               wrong.empty() ? "matches the reference at every step" : ("differs at" + wrong).c_str());
   return r;
 }
@@ -211,80 +211,96 @@ TEST_P(ModelCheck, EveryOpMatchesTheCpuInPrefillChunksOf32) {
   check_fixture(32);
 }
 
-// The same prompts on plain CUDA (no checking, the kernels as the fixture tests run them):
-// where the end-to-end numbers are when nothing is synchronised between ops.
-TEST_P(ModelCheck, PlainCudaEndToEnd) {
+// The same prompts on plain CUDA (no checking, no synchronisation between ops), once with the
+// defaults and once with each kernel-path switch of the CUDA backend off (read when a backend
+// is made): the switch whose line matches the reference where the default does not names the
+// kernel path at fault. (TESSERA_PDL and TESSERA_DECODE_PRELOAD are read once per process: run
+// the binary again with TESSERA_PDL=0 for programmatic dependent launch.)
+TEST_P(ModelCheck, PlainCudaWithEachKernelPathSwitchedOff) {
   const std::string name = GetParam();
   const auto ref = testing::load_reference(name);
-  auto cuda = make_cuda();
-  Loaded l = load(name, *cuda);
-  std::printf("[plain] %s on CUDA without checking\n", name.c_str());
-  for (size_t i = 0; i < ref["cases"].size(); ++i)
-    if (case_selected(i)) run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0);
+  const std::vector<const char*> switches = {nullptr, "TESSERA_CUDA_GEMV", "TESSERA_MOE_GEMV", "TESSERA_GDR_CHUNKED",
+                                             "TESSERA_FUSED_DECODE_ATTN"};
+  for (const char* sw : switches) {
+    std::string saved;
+    const bool had = sw && std::getenv(sw);
+    if (had) saved = std::getenv(sw);
+    if (sw) setenv(sw, "0", 1);
+    {
+      auto cuda = make_cuda();
+      Loaded l = load(name, *cuda);
+      const std::string how = sw ? std::string(sw) + "=0" : "defaults";
+      for (size_t i = 0; i < ref["cases"].size(); ++i)
+        if (case_selected(i)) run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0, "[plain " + how + "]");
+    }
+    if (sw) had ? setenv(sw, saved.c_str(), 1) : unsetenv(sw);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelCheck, ::testing::ValuesIn(check_fixtures()),
                          [](const auto& info) { return info.param; });
 
-// HybridEngineTest.ChunkedPrefillOf32TokensGivesTheReferenceTokens, run three ways.
+// HybridEngineTest.ChunkedPrefillOf32TokensGivesTheReferenceTokens (every prompt together, a
+// 32-token step budget) on `be`: prints where each request's tokens leave the reference and
+// returns how many leave it at a step the reference does not call close (0.05).
+int run_engine(const std::string& fixture, Backend& be, bool eager, const std::string& how) {
+  const auto ref = testing::load_reference(fixture);
+  LoadOptions lo;
+  lo.model_dir = testing::fixtures_dir() + "/" + fixture;
+  EngineConfig ec;
+  ec.num_blocks_override = 128;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 32;
+  ec.scheduler.max_model_len = 512;
+  ec.enforce_eager = eager;
+  LLMEngine engine(load_model(lo, be), be, ec);
+  std::map<std::string, std::vector<int32_t>> want, got;
+  std::map<std::string, std::vector<double>> margins;
+  int i = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::string id = std::to_string(i++);
+    want[id] = c["greedy"].get<std::vector<int32_t>>();
+    margins[id] = c["margins"].get<std::vector<double>>();
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = static_cast<int>(want[id].size());
+    p.ignore_eos = true;
+    EXPECT_TRUE(engine.add_request(id, c["prompt_ids"].get<std::vector<int32_t>>(), p).ok());
+  }
+  int steps = 0;
+  while (engine.has_unfinished()) {
+    ++steps;
+    for (const auto& o : engine.step())
+      got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  int bad = 0;
+  for (const auto& [id, w] : want) {
+    const auto& g = got[id];
+    std::string verdict = "matches the reference";
+    for (size_t k = 0; k < w.size() && k < g.size(); ++k) {
+      if (g[k] == w[k]) continue;
+      const bool close = margins[id][k] <= 0.05;
+      bad += !close;
+      verdict = "leaves the reference at token " + std::to_string(k) + " (" + std::to_string(g[k]) + " vs " +
+                std::to_string(w[k]) + ", reference margin " + std::to_string(margins[id][k]) +
+                (close ? ", a close call)" : ", NOT a close call)");
+      break;
+    }
+    std::printf("[engine] %s %s request %s (prompt len %zu): %s\n", fixture.c_str(), how.c_str(), id.c_str(),
+                ref["cases"][std::stoul(id)]["prompt_ids"].size(), verdict.c_str());
+  }
+  std::printf("[engine] %s %s: %d steps, %d requests off the reference\n", fixture.c_str(), how.c_str(), steps, bad);
+  return bad;
+}
+
+// That case run three ways.
 class EngineCheck : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!have_cuda()) GTEST_SKIP() << "no CUDA device on this machine";
     if (!testing::fixture_is_hybrid(GetParam())) GTEST_SKIP() << "not a hybrid fixture";
   }
-  // The requests' tokens; prints where each leaves the reference. Returns the number of
-  // requests that leave it at a step the reference does not call close (0.05).
-  int run(Backend& be, bool eager, const std::string& how) {
-    const auto ref = testing::load_reference(GetParam());
-    LoadOptions lo;
-    lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
-    EngineConfig ec;
-    ec.num_blocks_override = 128;
-    ec.scheduler.max_num_seqs = 8;
-    ec.scheduler.max_num_batched_tokens = 32;
-    ec.scheduler.max_model_len = 512;
-    ec.enforce_eager = eager;
-    LLMEngine engine(load_model(lo, be), be, ec);
-    std::map<std::string, std::vector<int32_t>> want, got;
-    std::map<std::string, std::vector<double>> margins;
-    int i = 0;
-    for (const auto& c : ref["cases"]) {
-      const std::string id = std::to_string(i++);
-      want[id] = c["greedy"].get<std::vector<int32_t>>();
-      margins[id] = c["margins"].get<std::vector<double>>();
-      SamplingParams p;
-      p.temperature = 0;
-      p.max_tokens = static_cast<int>(want[id].size());
-      p.ignore_eos = true;
-      EXPECT_TRUE(engine.add_request(id, c["prompt_ids"].get<std::vector<int32_t>>(), p).ok());
-    }
-    int steps = 0;
-    while (engine.has_unfinished()) {
-      ++steps;
-      for (const auto& o : engine.step())
-        got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }
-    int bad = 0;
-    for (const auto& [id, w] : want) {
-      const auto& g = got[id];
-      std::string verdict = "matches the reference";
-      for (size_t k = 0; k < w.size() && k < g.size(); ++k) {
-        if (g[k] == w[k]) continue;
-        const bool close = margins[id][k] <= 0.05;
-        bad += !close;
-        verdict = "leaves the reference at token " + std::to_string(k) + " (" + std::to_string(g[k]) + " vs " +
-                  std::to_string(w[k]) + ", reference margin " + std::to_string(margins[id][k]) +
-                  (close ? ", a close call)" : ", NOT a close call)");
-        break;
-      }
-      std::printf("[engine] %s %s request %s (prompt len %zu): %s\n", GetParam().c_str(), how.c_str(), id.c_str(),
-                  ref["cases"][std::stoul(id)]["prompt_ids"].size(), verdict.c_str());
-    }
-    std::printf("[engine] %s %s: %d steps, %d requests off the reference\n", GetParam().c_str(), how.c_str(), steps,
-                bad);
-    return bad;
-  }
+  int run(Backend& be, bool eager, const std::string& how) { return run_engine(GetParam(), be, eager, how); }
 };
 
 TEST_P(EngineCheck, ChunkedPrefillOf32TokensCheckedOpByOp) {
@@ -377,6 +393,18 @@ TEST_P(ModelCheckSelfTest, FindsTheFaultyOpInItsLayer) {
   EXPECT_EQ(m.worst_at.rfind("[6, ", 0), 0u) << m.worst_at;  // the last token's row
   EXPECT_NEAR(m.max_abs, 0.5, 1e-4);
   EXPECT_GT(r.last_logits_err, 0.0f) << "the fault reaches the logits";
+}
+
+// The engine's chunked hybrid case through the checking backend on the CPU: state slots,
+// prefix-free chunking and decode batches record nothing (no false alarms for the GPU run).
+TEST(ModelCheckSelfTest, EngineCaseRecordsNothingOnTheCpu) {
+  CpuBackend primary, cpu;
+  CheckOptions o;
+  o.log = nullptr;
+  CheckingBackend check(primary, cpu, o);
+  EXPECT_EQ(run_engine("qwen3_next_tiny", check, true, "checking backend on the CPU"), 0);
+  EXPECT_TRUE(check.mismatches().empty()) << check.mismatches().front().str();
+  EXPECT_GT(check.ops_checked(), 1000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelCheckSelfTest,
