@@ -114,14 +114,19 @@ class CheckingBackend::Op {
     r.max_query_len = m.max_query_len;
     r.max_seq_len = m.max_seq_len;
     r.block_size = m.block_size;
-    r.max_blocks_per_seq = m.max_blocks_per_seq;
     const int64_t S = m.num_seqs;
+    // The table's width as the device tensor has it (what the CUDA kernels index by).
+    const int64_t W = m.block_tables.defined() && S > 0 ? m.block_tables.numel() / S : m.max_blocks_per_seq;
+    r.max_blocks_per_seq = static_cast<int>(W);
+    if (W != m.max_blocks_per_seq)
+      operand("block table width " + std::to_string(W) + " (the field says " + std::to_string(m.max_blocks_per_seq) +
+              ")");
     index(m.query_start_loc, m.host_query_start_loc, S + 1, "query_start_loc", r.query_start_loc,
           r.host_query_start_loc);
     index(m.seq_lens, m.host_seq_lens, S, "seq_lens", r.seq_lens, r.host_seq_lens);
-    index(m.block_tables, m.host_block_tables, S * m.max_blocks_per_seq, "block_tables", r.block_tables,
-          r.host_block_tables);
-    r.block_tables = r.block_tables.view({S, m.max_blocks_per_seq});
+    index(m.block_tables, W == m.max_blocks_per_seq ? m.host_block_tables : std::vector<int32_t>{}, S * W,
+          "block_tables", r.block_tables, r.host_block_tables);
+    r.block_tables = r.block_tables.view({S, W});
     index(m.slot_mapping, m.host_slot_mapping, m.num_tokens, "slot_mapping", r.slot_mapping, r.host_slot_mapping);
     std::string lens;
     for (size_t s = 0; s < r.host_seq_lens.size() && s < 8; ++s)
