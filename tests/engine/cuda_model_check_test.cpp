@@ -180,6 +180,7 @@ CaseResult run_case(const std::string& name, size_t index, const nlohmann::json&
     next = argmax(lg);
     gap = top2_gap(lg);
   }
+  if (!wrong.empty()) wrong.pop_back();  // the last ';'
   std::printf("%s %s: greedy (teacher-forced) %s; %s\n", tag.c_str(), label.c_str(),
               wrong.empty() ? "matches the reference at every step" : ("differs at" + wrong).c_str(),
               r.within_bounds ? "within the fixture test's bounds" : "OUTSIDE the fixture test's bounds");
