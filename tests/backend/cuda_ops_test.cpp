@@ -107,6 +107,8 @@ class CudaOps : public ::testing::Test {
     return t;
   }
   std::vector<float> from_gpu(const Tensor& t) { return download(gpu(), t); }
+  // The GPU tensor's bytes into a CPU tensor of the same shape and dtype.
+  void copy_to_cpu(const Tensor& g, const Tensor& c) { gpu().copy_to_host(c.raw(), g); }
   static std::vector<float> from_cpu(const Tensor& t) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
     convert_host(t.raw(), t.dtype(), v.data(), DType::kF32, v.size());
@@ -329,7 +331,18 @@ TEST_F(CudaOps, Linear) {
                                   {5, 256, 8192, false, DType::kBF16},
                                   {6, 4096, 1, false, DType::kF32},
                                   {8, 8, 5, false, DType::kBF16},
-                                  {8, 4096, 151936 / 16, false, DType::kF32}}) {
+                                  {8, 4096, 151936 / 16, false, DType::kF32},
+                                  // the tiny fixtures (hidden 64): the shared expert's gate (one
+                                  // bf16 column), routers (f32, 8 or 60 experts), the lm_head
+                                  {1, 64, 1, false, DType::kBF16},
+                                  {7, 64, 1, false, DType::kBF16},
+                                  {33, 64, 1, false, DType::kBF16},
+                                  {300, 64, 1, false, DType::kBF16},
+                                  {7, 64, 8, false, DType::kF32},
+                                  {300, 64, 8, false, DType::kF32},
+                                  {33, 64, 60, false, DType::kF32},
+                                  {300, 64, 256, false, DType::kF32},
+                                  {7, 64, 96, true, DType::kBF16}}) {
     auto x = rand(c.T * c.K), w = rand(c.N * c.K, -0.1f, 0.1f), b = rand(c.N);
     Tensor out = gpu_out({c.T, c.N}, c.out);
     Tensor gb = on_gpu(b, {c.N}), cb = on_cpu(b, {c.N});
@@ -724,6 +737,192 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGatedDeltaRule,
                                            GdrCase{2, 2, 64, 32, DType::kBF16, "recurrent 64x32"},
                                            GdrCase{1, 2, 256, 40, DType::kF32, "recurrent 256x40"}));
 
+// One 300-token sequence through causal_conv1d and the gated delta rule in one step, and in
+// steps of 32 tokens that continue from the slot's state (the engine's chunked prefill, issue
+// 17): the outputs of the two runs and the final states agree with each other and with the CPU
+// in one step. Fixture dims (recurrent kernel) and 128 x 128 (chunked kernel).
+TEST_F(CudaOps, LinearAttentionStateCarriedOverStepsOf32EqualsOneStep) {
+  struct Dims {
+    int Hk, Hv, Dk, Dv;
+  };
+  for (Dims d : {Dims{2, 4, 16, 16}, Dims{2, 4, 128, 128}})
+    for (DType conv_t : {DType::kBF16, DType::kF32}) {
+      const int L = 300, K = 4, C = 2 * d.Hk * d.Dk + d.Hv * d.Dv, slots = 3, slot = 1;
+      const int x_col = 8, X = x_col + C + 2 * d.Hv + 8, ba_col = x_col + C;  // [pad | qkv | b a | pad]
+      std::vector<float> x = rand(int64_t{L} * X, -2, 2), w = rand(int64_t{C} * K, -0.6f, 0.6f);
+      std::vector<float> alog = rand(d.Hv, -2.0f, 0.5f), dtb = rand(d.Hv, -1.0f, 1.0f);
+      Tensor gx = on_gpu(x, {L, X}), gw = on_gpu(w, {C, K}), ga = on_gpu(alog, {d.Hv}, DType::kF32),
+             gd = on_gpu(dtb, {d.Hv}, DType::kF32);
+      const Shape css{slots, K - 1, C}, sss{slots, d.Hv, d.Dk, d.Dv};
+      // Run `steps` (token counts) of the sequence on `be`; returns the conv and gdr outputs
+      // of every token and the final states.
+      struct Result {
+        std::vector<float> conv, out, conv_state, state;
+      };
+      auto run = [&](Backend& be, bool gpu_side, const std::vector<int>& steps) {
+        Tensor cs = be.alloc(css, conv_t), ss = be.alloc(sss, DType::kF32);
+        be.fill(cs, 0.0f);
+        be.fill(ss, 0.0f);
+        Tensor xx = gpu_side ? gx : on_cpu(x, {L, X}), ww = gpu_side ? gw : on_cpu(w, {C, K});
+        Tensor aa = gpu_side ? ga : on_cpu(alog, {d.Hv}), dd = gpu_side ? gd : on_cpu(dtb, {d.Hv});
+        const DType act = gpu_side ? DType::kBF16 : DType::kF32;
+        Tensor conv = be.alloc({L, C}, act), out = be.alloc({L, d.Hv, d.Dv}, act);
+        int start = 0;
+        for (int n : steps) {
+          LinearAttnLayout l;
+          l.query_start_loc = {0, n};
+          l.state_slots = {slot};
+          l.has_initial_state = {start > 0 ? 1 : 0};
+          LinearAttnMetadata m = upload_linear_attn_metadata(be, l);
+          Tensor xs = xx.rows(start, start + n), cv = conv.rows(start, start + n);
+          be.causal_conv1d(xs, x_col, ww, cs, m, cv);
+          be.gated_delta_rule(cv, xs, ba_col, aa, dd, ss, m, out.rows(start, start + n));
+          start += n;
+        }
+        be.synchronize();
+        Result r;
+        r.conv = download(be, conv);
+        r.out = download(be, out);
+        r.conv_state = download(be, cs.rows(slot, slot + 1));
+        r.state = download(be, ss.rows(slot, slot + 1));
+        return r;
+      };
+      std::vector<int> of32;
+      for (int start = 0; start < L; start += 32) of32.push_back(std::min(32, L - start));
+      const Result cpu_one = run(cpu(), false, {L}), one = run(gpu(), true, {L}), chunked = run(gpu(), true, of32);
+      const std::string what = "Dk=" + std::to_string(d.Dk) + " Dv=" + std::to_string(d.Dv) + " conv state " +
+                               std::string(dtype_name(conv_t));
+      EXPECT_LT(rel_err(one.conv, cpu_one.conv), 1e-2) << what << ": conv, one step";
+      EXPECT_LT(rel_err(chunked.conv, cpu_one.conv), 1e-2) << what << ": conv, steps of 32";
+      EXPECT_EQ(chunked.conv_state, one.conv_state) << what << ": conv state";
+      EXPECT_LT(rel_err(one.out, cpu_one.out), 2e-2) << what << ": gdr, one step";
+      EXPECT_LT(rel_err(chunked.out, cpu_one.out), 2e-2) << what << ": gdr, steps of 32";
+      EXPECT_LT(rel_err(chunked.state, cpu_one.state), 2e-2) << what << ": state after steps of 32";
+      EXPECT_LT(rel_err(one.state, cpu_one.state), 2e-2) << what << ": state after one step";
+      // Per 32-token step: where the two runs part, if they do.
+      for (int start = 0; start < L; start += 32) {
+        const size_t row = static_cast<size_t>(d.Hv) * d.Dv, n = static_cast<size_t>(std::min(32, L - start)) * row;
+        const std::vector<float> a(chunked.out.begin() + start * row, chunked.out.begin() + start * row + n),
+            b(cpu_one.out.begin() + start * row, cpu_one.out.begin() + start * row + n);
+        EXPECT_LT(rel_err(a, b), 3e-2) << what << ": gdr output of tokens [" << start << ", " << start + 32 << ")";
+      }
+    }
+}
+
+// The shared expert of the MoE fixtures at their shapes: gate_up, silu_mul, down, its one-column
+// sigmoid gate (linear to [T, 1] bf16, then sigmoid_mul per row, in place) and the add to the
+// routed experts' output, every step against the CPU on the GPU's inputs.
+TEST_F(CudaOps, SharedExpertWithSigmoidGateAtFixtureShapes) {
+  const int64_t H = 64, I = 48;
+  for (int64_t T : {1, 7, 33, 300}) {
+    auto x = rand(T * H), gu_w = rand(2 * I * H, -0.2f, 0.2f), dn_w = rand(H * I, -0.2f, 0.2f),
+         g_w = rand(H, -0.3f, 0.3f), routed = rand(T * H);
+    Tensor gx = on_gpu(x, {T, H}), gu = gpu_out({T, 2 * I}), act = gpu_out({T, I}), sh = gpu_out({T, H}),
+           gate = gpu_out({T, 1}), out = on_gpu(routed, {T, H});
+    gpu().linear(gx, on_gpu(gu_w, {2 * I, H}), nullptr, gu);
+    gpu().silu_mul(gu, act);
+    gpu().linear(act, on_gpu(dn_w, {H, I}), nullptr, sh);
+    gpu().linear(gx, on_gpu(g_w, {1, H}), nullptr, gate);
+    const std::vector<float> sh_before = from_gpu(sh), gate_v = from_gpu(gate);
+    gpu().sigmoid_mul(sh, gate, sh);
+    const std::vector<float> sh_gated = from_gpu(sh);
+    gpu().add(out, sh, out);
+    // The CPU on the GPU's intermediate values, step by step.
+    Tensor c_gu = cpu().alloc({T, 2 * I}, DType::kF32), c_act = cpu().alloc({T, I}, DType::kF32);
+    Tensor c_sh = cpu().alloc({T, H}, DType::kF32), c_gate = cpu().alloc({T, 1}, DType::kF32);
+    cpu().linear(on_cpu(x, {T, H}), on_cpu(gu_w, {2 * I, H}), nullptr, c_gu);
+    EXPECT_LT(rel_err(from_gpu(gu), from_cpu(c_gu)), 1e-2) << "gate_up T=" << T;
+    cpu().silu_mul(on_cpu(from_gpu(gu), {T, 2 * I}), c_act);
+    EXPECT_LT(rel_err(from_gpu(act), from_cpu(c_act)), 1e-2) << "silu_mul T=" << T;
+    cpu().linear(on_cpu(from_gpu(act), {T, I}), on_cpu(dn_w, {H, I}), nullptr, c_sh);
+    EXPECT_LT(rel_err(sh_before, from_cpu(c_sh)), 1e-2) << "down T=" << T;
+    cpu().linear(on_cpu(x, {T, H}), on_cpu(g_w, {1, H}), nullptr, c_gate);
+    EXPECT_LT(rel_err(gate_v, from_cpu(c_gate)), 1e-2) << "the [T, 1] gate T=" << T;
+    Tensor c_shb = on_cpu(sh_before, {T, H});
+    cpu().sigmoid_mul(c_shb, on_cpu(gate_v, {T, 1}), c_shb);
+    EXPECT_LT(rel_err(sh_gated, from_cpu(c_shb)), 1e-2) << "sigmoid_mul per row T=" << T;
+    Tensor c_out = on_cpu(routed, {T, H});
+    cpu().add(c_out, on_cpu(sh_gated, {T, H}), c_out);
+    EXPECT_LT(rel_err(from_gpu(out), from_cpu(c_out)), 1e-2) << "add T=" << T;
+    gpu().reset_scratch();
+  }
+}
+
+// Ties between some experts only (not a whole row): the two largest tied, the k-th and the
+// (k+1)-th tied, ties in the middle; both backends take the lower id.
+TEST_F(CudaOps, MoeTopkPartialTiesGoToTheLowerId) {
+  for (int64_t E : {8, 60})
+    for (int k : {2, 4, 8}) {
+      const int64_t T = 5;
+      auto logits = rand(T * E, -4, 0);
+      float* r0 = &logits[0];  // experts 6 and 1 tied at the top
+      r0[6] = r0[1] = 2.0f;
+      float* r1 = &logits[E];  // experts 0 .. k-2 clear winners; k-1 ties with E-1 for the last place
+      for (int i = 0; i < k - 1; ++i) r1[i] = 3.0f + i;
+      r1[k - 1] = r1[E - 1] = 1.0f;
+      float* r2 = &logits[2 * E];  // three-way tie below the top
+      r2[E - 1] = 5.0f;
+      r2[2] = r2[4] = r2[5] = 1.5f;
+      Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+      cpu().moe_topk(on_cpu(logits, {T, E}), k, true, cids, cw);
+      Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu_out({T, k}, DType::kF32);
+      gpu().moe_topk(on_gpu(logits, {T, E}, DType::kF32), k, true, ids, w);
+      std::vector<int32_t> got(static_cast<size_t>(T * k));
+      gpu().copy_to_host(got.data(), ids);
+      const std::string what = "E=" + std::to_string(E) + " k=" + std::to_string(k);
+      EXPECT_EQ(got, std::vector<int32_t>(cids.data<int32_t>(), cids.data<int32_t>() + T * k)) << what;
+      EXPECT_EQ(got[0], 1) << what << ": the lower of the tied top experts first";
+      EXPECT_LT(rel_err(from_gpu(w), from_cpu(cw)), 1e-5) << what;
+    }
+}
+
+// Qwen3-Next / Qwen3.5 tiny attention through qkv_attention: head_dim 32, a quarter of it rotated
+// (neox), q/k norms, 2 kv heads for 4 query heads; a 300-token prefill then decode steps up to
+// position 309 (the fixture's greedy steps), against the CPU with the same cache contents.
+TEST_F(CudaOps, QkvAttentionHeadDim32PartialRotaryOverLongContext) {
+  const int Hq = 4, Hk = 2, D = 32, rd = 8, bs = 16, blocks = 24, max_pos = 512;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<float> cs = rope_cos_sin(max_pos, rd), qn = rand(D, 0.8f, 1.2f), kn = rand(D, 0.8f, 1.2f);
+  RopeTable gt{on_gpu(cs, {max_pos, rd}, DType::kF32), rd, true}, ct{on_cpu(cs, {max_pos, rd}), rd, true};
+  Tensor gqn = on_gpu(qn, {D}), gkn = on_gpu(kn, {D}), cqn = on_cpu(qn, {D}), ckn = on_cpu(kn, {D});
+  const Shape cache{blocks, bs, Hk, D};
+  Tensor gkc = gpu().alloc(cache, DType::kBF16), gvc = gpu().alloc(cache, DType::kBF16);
+  Tensor ckc = cpu().alloc(cache, DType::kBF16), cvc = cpu().alloc(cache, DType::kBF16);
+  for (const Tensor& t : {gkc, gvc}) gpu().fill(t, 0.0f);
+  std::memset(ckc.raw(), 0, ckc.nbytes());
+  std::memset(cvc.raw(), 0, cvc.nbytes());
+  int pos = 0;
+  for (int n : {300, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    AttentionLayout lay;
+    lay.query_start_loc = {0, n};
+    lay.seq_lens = {pos + n};
+    lay.max_blocks_per_seq = blocks;
+    for (int b = 0; b < blocks; ++b) lay.block_tables.push_back(blocks - 1 - b);  // blocks in reverse
+    std::vector<int32_t> positions;
+    for (int i = pos; i < pos + n; ++i) {
+      positions.push_back(i);
+      lay.slot_mapping.push_back(lay.block_tables[i / bs] * bs + i % bs);
+    }
+    auto qkv = rand(int64_t{n} * (Hq + 2 * Hk) * D, -2.0f, 2.0f);
+    Tensor gout = gpu_out({n, Hq, D}), cout = cpu().alloc({n, Hq, D}, DType::kF32);
+    gpu().qkv_attention(on_gpu(qkv, {n, (Hq + 2 * Hk) * D}), &gqn, &gkn, 1e-6f, on_gpu_i32(positions, {n}), gt, gkc,
+                        gvc, upload_attention_metadata(gpu(), lay), scale, 1.0f, 1.0f, gout);
+    // The CPU starts from the GPU's cache (bf16, exact; it holds this step's keys too, which the
+    // CPU writes again), so each step is checked on its own.
+    copy_to_cpu(gkc, ckc);
+    copy_to_cpu(gvc, cvc);
+    cpu().qkv_attention(on_cpu(qkv, {n, (Hq + 2 * Hk) * D}), &cqn, &ckn, 1e-6f, on_cpu_i32(positions, {n}), ct, ckc,
+                        cvc, upload_attention_metadata(cpu(), lay), scale, 1.0f, 1.0f, cout);
+    EXPECT_LT(rel_err(from_gpu(gout), from_cpu(cout)), 1e-2) << "tokens [" << pos << ", " << pos + n << ")";
+    // The new keys and values: the CPU wrote them into its copy of the GPU's cache.
+    EXPECT_LT(rel_err(from_gpu(gkc), from_cpu(ckc)), 1e-2) << "k cache after position " << pos + n - 1;
+    EXPECT_LT(rel_err(from_gpu(gvc), from_cpu(cvc)), 1e-2) << "v cache after position " << pos + n - 1;
+    pos += n;
+    gpu().reset_scratch();
+    cpu().reset_scratch();
+  }
+}
+
 // ---------------------------------------------------------------- paged KV write + attention
 // ---- mixture of experts: each op against CpuBackend on the same (bf16-rounded) inputs ----
 
@@ -758,13 +957,28 @@ struct MoeCase {
 // pass, and expert-parallel slices (expert_begin > 0) with tokens routed only elsewhere.
 TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
   const MoeCase cases[] = {
-      {1, 8, 2, 256, 128, 8, 0, true},       {1, 64, 8, 512, 96, 64, 0, true},
-      {3, 64, 8, 264, 96, 64, 0, false},     {32, 8, 2, 256, 64, 8, 0, true},
+      {1, 8, 2, 256, 128, 8, 0, true},
+      {1, 64, 8, 512, 96, 64, 0, true},
+      {3, 64, 8, 264, 96, 64, 0, false},
+      {32, 8, 2, 256, 64, 8, 0, true},
       {32, 128, 8, 512, 128, 128, 0, true},  // 256 pairs: decode
       {33, 128, 8, 512, 128, 128, 0, true},  // 264 pairs: prefill
-      {64, 64, 8, 264, 96, 64, 0, true},     {300, 8, 4, 256, 192, 8, 0, false},
-      {300, 128, 8, 512, 128, 128, 0, true}, {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel
-      {300, 64, 8, 256, 128, 16, 48, false}, {200, 32, 4, 256, 64, 8, 0, true}};
+      {64, 64, 8, 264, 96, 64, 0, true},
+      {300, 8, 4, 256, 192, 8, 0, false},
+      {300, 128, 8, 512, 128, 128, 0, true},
+      {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel
+      {300, 64, 8, 256, 128, 16, 48, false},
+      {200, 32, 4, 256, 64, 8, 0, true},
+      // the tiny fixtures' dims (hidden 64, intermediate 32): decode, 7-, 33- and 300-token prompts
+      {1, 8, 2, 64, 32, 8, 0, true},
+      {7, 8, 2, 64, 32, 8, 0, false},
+      {33, 8, 2, 64, 32, 8, 0, true},
+      {300, 8, 2, 64, 32, 8, 0, true},
+      {300, 8, 2, 64, 32, 8, 0, false},
+      {7, 60, 4, 64, 48, 60, 0, false},
+      {300, 60, 4, 64, 48, 60, 0, false},
+      {300, 60, 8, 64, 32, 60, 0, true},
+      {129, 8, 2, 64, 32, 8, 0, true}};  // 258 pairs: the prefill path just above the decode one
   for (const MoeCase& c : cases) {
     const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
     auto x = rand(T * H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
@@ -980,6 +1194,23 @@ std::vector<AttnCase> attention_cases() {
       cases.push_back({256, g, c, mixed, "mixed"});
       cases.push_back({256, g, c, short_prefill, "short-prefill"});
     }
+  // The fixtures' head dims (Qwen3-Next / Qwen3.5 tiny: 32, Qwen2-MoE / Qwen3-MoE tiny: 16) run
+  // the generic kernel: contexts of 300 to 1000 keys (several 128-key chunks of its online
+  // softmax, lengths that are not multiples of the chunk or the block), prefill and decode.
+  const std::vector<SeqSpec> long_prefill = {{0, 300}, {0, 1000}, {37, 263}};
+  const std::vector<SeqSpec> long_decode = {{299, 1}, {300, 1}, {309, 1}, {511, 1}, {999, 1}};
+  for (int D : {16, 32})
+    for (int g : {1, 2}) {
+      cases.push_back({D, g, DType::kBF16, decode, "decode"});
+      cases.push_back({D, g, DType::kBF16, prefill, "prefill+prefix"});
+      cases.push_back({D, g, DType::kBF16, mixed, "mixed"});
+      cases.push_back({D, g, DType::kBF16, long_prefill, "long-prefill"});
+      cases.push_back({D, g, DType::kBF16, long_decode, "long-decode"});
+    }
+  for (int D : {64, 256}) {
+    cases.push_back({D, 2, DType::kBF16, long_prefill, "long-prefill"});
+    cases.push_back({D, 2, DType::kBF16, long_decode, "long-decode"});
+  }
   return cases;
 }
 

@@ -150,4 +150,39 @@ inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::v
   return v;
 }
 
+// One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
+// blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
+// `slot` (continued when the step starts after position 0).
+struct SeqPart {
+  const std::vector<int32_t>* tokens;
+  int start, len;
+  int first_block, num_blocks;
+  int slot;
+};
+
+inline ModelInput step_of(const std::vector<SeqPart>& seqs) {
+  ModelInput in;
+  in.attention.query_start_loc = {0};
+  in.linear.query_start_loc = {0};
+  int max_blocks = 0;
+  for (const auto& s : seqs) max_blocks = std::max(max_blocks, s.num_blocks);
+  in.attention.max_blocks_per_seq = max_blocks;
+  for (const auto& s : seqs) {
+    for (int i = s.start; i < s.start + s.len; ++i) {
+      in.token_ids.push_back((*s.tokens)[i]);
+      in.positions.push_back(i);
+      in.attention.slot_mapping.push_back((s.first_block + i / 16) * 16 + i % 16);
+    }
+    const int end = static_cast<int>(in.token_ids.size());
+    in.attention.query_start_loc.push_back(end);
+    in.attention.seq_lens.push_back(s.start + s.len);
+    for (int b = 0; b < max_blocks; ++b) in.attention.block_tables.push_back(b < s.num_blocks ? s.first_block + b : 0);
+    in.linear.query_start_loc.push_back(end);
+    in.linear.state_slots.push_back(s.slot);
+    in.linear.has_initial_state.push_back(s.start > 0 ? 1 : 0);
+    in.logits_indices.push_back(end - 1);
+  }
+  return in;
+}
+
 }  // namespace tessera::testing

@@ -17,6 +17,8 @@ using testing::all_supported_fixture_names;
 using testing::fixtures_dir;
 using testing::hybrid_fixture_names;
 using testing::load_reference;
+using testing::SeqPart;
+using testing::step_of;
 
 struct Loaded {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
@@ -41,41 +43,6 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = kBlocks, 
   l->cache = testing::alloc_test_cache(l->backend, l->model->cache_specs(), num_blocks,
                                        kv_dtype.value_or(l->backend.compute_dtype()), slots);
   return l;
-}
-
-// One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
-// blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
-// `slot` (continued when the step starts after position 0).
-struct SeqPart {
-  const std::vector<int32_t>* tokens;
-  int start, len;
-  int first_block, num_blocks;
-  int slot;
-};
-
-ModelInput step_of(const std::vector<SeqPart>& seqs) {
-  ModelInput in;
-  in.attention.query_start_loc = {0};
-  in.linear.query_start_loc = {0};
-  int max_blocks = 0;
-  for (const auto& s : seqs) max_blocks = std::max(max_blocks, s.num_blocks);
-  in.attention.max_blocks_per_seq = max_blocks;
-  for (const auto& s : seqs) {
-    for (int i = s.start; i < s.start + s.len; ++i) {
-      in.token_ids.push_back((*s.tokens)[i]);
-      in.positions.push_back(i);
-      in.attention.slot_mapping.push_back((s.first_block + i / 16) * 16 + i % 16);
-    }
-    const int end = static_cast<int>(in.token_ids.size());
-    in.attention.query_start_loc.push_back(end);
-    in.attention.seq_lens.push_back(s.start + s.len);
-    for (int b = 0; b < max_blocks; ++b) in.attention.block_tables.push_back(b < s.num_blocks ? s.first_block + b : 0);
-    in.linear.query_start_loc.push_back(end);
-    in.linear.state_slots.push_back(s.slot);
-    in.linear.has_initial_state.push_back(s.start > 0 ? 1 : 0);
-    in.logits_indices.push_back(end - 1);
-  }
-  return in;
 }
 
 // One sequence occupying blocks 0..n-1 in order and state slot 0: run tokens [start, start+len).
