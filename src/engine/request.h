@@ -32,6 +32,7 @@ inline const char* finish_reason_name(FinishReason r) {
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;
+  int rank = 0;  // 1 + the number of tokens more likely than `token` (vLLM's Logprob.rank)
   std::vector<std::pair<int32_t, float>> top;  // best first
 };
 

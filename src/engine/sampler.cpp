@@ -61,6 +61,7 @@ TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k
   TokenLogprob lp;
   lp.token = token;
   lp.logprob = logits[token] - lse;
+  lp.rank = 1 + static_cast<int>(std::count_if(logits, logits + vocab, [&](float v) { return v > logits[token]; }));
   if (k > 0) {
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);

@@ -15,8 +15,6 @@ Status validate_sampling_params(const SamplingParams& p, int vocab, const Sampli
   if (!(p.repetition_penalty > 0 && p.repetition_penalty <= 10)) return bad("repetition_penalty must be in (0, 10]");
   if (!(std::fabs(p.presence_penalty) <= 2)) return bad("presence_penalty must be in [-2, 2]");
   if (!(std::fabs(p.frequency_penalty) <= 2)) return bad("frequency_penalty must be in [-2, 2]");
-  if (p.prompt_logprobs > lim.max_logprobs)
-    return bad(fmt::format("prompt_logprobs must be at most {}, got {}", lim.max_logprobs, p.prompt_logprobs));
   if (p.max_tokens < 1 && !(p.max_tokens == 0 && p.prompt_logprobs >= 0))
     return bad(
         fmt::format("max_tokens must be at least 1, got {} (0 only when scoring the prompt: prompt_logprobs, "
@@ -25,6 +23,8 @@ Status validate_sampling_params(const SamplingParams& p, int vocab, const Sampli
   if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) return bad("min_tokens must be between 0 and max_tokens");
   if (p.logprobs > lim.max_logprobs)
     return bad(fmt::format("logprobs must be at most {}, got {}", lim.max_logprobs, p.logprobs));
+  if (p.prompt_logprobs > lim.max_logprobs)
+    return bad(fmt::format("prompt_logprobs must be at most {}, got {}", lim.max_logprobs, p.prompt_logprobs));
   if (static_cast<int>(p.stop.size()) > lim.max_stop) return bad(fmt::format("at most {} stop strings", lim.max_stop));
   for (const auto& s : p.stop) {
     if (s.empty()) return bad("stop strings must not be empty");

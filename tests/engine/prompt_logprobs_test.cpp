@@ -55,6 +55,7 @@ std::vector<float> full_forward_logits(Model& model, Backend& be, const std::vec
 
 struct Reference {
   std::vector<float> logprob;               // of prompt[p + 1] at position p
+  std::vector<int> rank;                    // its rank there (1 = the most likely)
   std::vector<std::vector<int32_t>> top;    // the 3 best ids at position p
   std::vector<std::vector<float>> top_lps;  // and their logprobs
 };
@@ -67,6 +68,8 @@ Reference reference(const std::vector<float>& logits, int vocab, const std::vect
     for (int i = 0; i < vocab; ++i) sum += std::exp(row[i] - mx);
     const double lse = mx + std::log(sum);
     ref.logprob.push_back(static_cast<float>(row[prompt[p + 1]] - lse));
+    ref.rank.push_back(
+        1 + static_cast<int>(std::count_if(row, row + vocab, [&](float v) { return v > row[prompt[p + 1]]; })));
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(), [&](int a, int b) { return row[a] > row[b]; });
@@ -77,6 +80,18 @@ Reference reference(const std::vector<float>& logits, int vocab, const std::vect
   return ref;
 }
 
+LoadOptions fixture(const std::string& name) {
+  LoadOptions lo;
+  lo.model_dir = testing::fixtures_dir() + "/" + name;
+  return lo;
+}
+
+// The reference entries of `prompt` from a model loaded for the purpose (and freed after).
+Reference reference(const LoadOptions& lo, Backend& be, const std::vector<int32_t>& prompt) {
+  auto model = load_model(lo, be);
+  return reference(full_forward_logits(*model, be, prompt), model->config().vocab_size, prompt);
+}
+
 void expect_matches(const Reference& ref, const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& got,
                     const std::string& what) {
   const float tol = testing::testing_on_cuda() ? 0.1f : 1e-3f;
@@ -84,6 +99,7 @@ void expect_matches(const Reference& ref, const std::vector<int32_t>& prompt, co
   for (size_t p = 0; p < got.size(); ++p) {
     EXPECT_EQ(got[p].token, prompt[p + 1]) << what << " position " << p;
     EXPECT_NEAR(got[p].logprob, ref.logprob[p], tol) << what << " position " << p;
+    if (!testing::testing_on_cuda()) EXPECT_EQ(got[p].rank, ref.rank[p]) << what << " position " << p;
     ASSERT_EQ(got[p].top.size(), 3u) << what;
     for (int k = 0; k < 3; ++k) {
       EXPECT_NEAR(got[p].top[k].second, ref.top_lps[p][k], tol) << what << " position " << p << " top " << k;
@@ -139,14 +155,10 @@ class PromptLogprobsTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(PromptLogprobsTest, EqualAFullForwardInChunksWithPrefixCachingOn) {
   auto owned = testing::make_test_backend();
   Backend& be = *owned;
-  LoadOptions lo;
-  lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
+  const LoadOptions lo = fixture(GetParam());
   std::mt19937 g(7);
   const std::vector<int32_t> prompt = random_prompt(g, 45);
-  auto direct = load_model(lo, be);
-  const int vocab = direct->config().vocab_size;
-  const Reference ref = reference(full_forward_logits(*direct, be, prompt), vocab, prompt);
-  direct.reset();
+  const Reference ref = reference(lo, be, prompt);
 
   EngineConfig ec;
   ec.num_blocks_override = 64;
@@ -184,14 +196,10 @@ TEST_P(PromptLogprobsTest, EqualAFullForwardInChunksWithPrefixCachingOn) {
 TEST_P(PromptLogprobsTest, SurvivePreemption) {
   auto owned = testing::make_test_backend();
   Backend& be = *owned;
-  LoadOptions lo;
-  lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
+  const LoadOptions lo = fixture(GetParam());
   std::mt19937 g(11);
   const std::vector<int32_t> a = random_prompt(g, 45), b = random_prompt(g, 45);
-  auto direct = load_model(lo, be);
-  const int vocab = direct->config().vocab_size;
-  const Reference ref = reference(full_forward_logits(*direct, be, b), vocab, b);
-  direct.reset();
+  const Reference ref = reference(lo, be, b);
 
   EngineConfig ec;
   ec.num_blocks_override = 7;  // 112 tokens: both prompts (6 blocks) fit, their outputs do not
