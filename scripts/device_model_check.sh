@@ -46,8 +46,8 @@ echo "prompt_logprobs_test rc=$?"
 grep -E '^\[  (PASSED|FAILED)' "$OUT/prompt_logprobs_cuda.log" | head -20
 for q in "" fp8; do
   log="$OUT/demo_score${q:+_$q}.log"
-  timeout 300 $B/tessera generate --score models/tessera-demo/heldout_texts.jsonl --max-model-len 1025 \
-    ${q:+--quantization $q} > "$log" 2>&1
+  timeout 300 $B/tessera generate --model models/tessera-demo --score models/tessera-demo/heldout_texts.jsonl \
+    --max-model-len 1025 ${q:+--quantization $q} > "$log" 2>&1
   echo "demo score ${q:-bf16} rc=$?: $(tail -1 "$log")"
 done
 fi
