@@ -346,7 +346,7 @@ int run_generate(int argc, char** argv) {
       cut += j.truncated;
       nlohmann::json o = score_json(n, nll);
       if (as_json) {
-        o["text"] = i + 1;
+        o["index"] = i + 1;  // the text's line in FILE (non-empty lines counted)
         if (j.truncated) o["truncated"] = true;
         os << o.dump() << "\n";
       } else {
