@@ -4,6 +4,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/async_engine.h"
+#include "loader/model_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -44,12 +46,47 @@ struct Job {
   std::string prompt_text;          // text prompts, before tokenization
   nlohmann::ordered_json messages;  // chat prompts, before the chat template
   std::vector<int32_t> output;
-  std::vector<TokenLogprob> logprobs;  // when the request asked for them
+  std::vector<TokenLogprob> logprobs;         // when the request asked for them
+  std::vector<TokenLogprob> prompt_logprobs;  // --score: every prompt token's from the second on
+  bool truncated = false;                     // --score: the text was cut to --max-model-len - 1 tokens
   std::string text;
   std::string finish_reason;
   std::chrono::steady_clock::time_point first_token, last_token;
   bool done = false;
 };
+
+// --score FILE: the texts to score, one per line: JSONL objects with "text", or plain text.
+std::vector<std::string> read_score_texts(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) fail(ErrorKind::kNotFound, "{}: cannot open --score file", file);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) lines.push_back(line);
+  }
+  if (lines.empty()) fail(ErrorKind::kInvalidArgument, "{}: no text to score (one text per non-empty line)", file);
+  // JSONL when the first line is a JSON object; then every line must be one with a string "text".
+  nlohmann::json first = nlohmann::json::parse(lines[0], nullptr, /*allow_exceptions=*/false);
+  if (!first.is_object()) return lines;
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    nlohmann::json j = nlohmann::json::parse(lines[i], nullptr, false);
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
+      fail(ErrorKind::kInvalidArgument, "{}: line {} is not a JSON object with a string \"text\" (JSONL input)", file,
+           i + 1);
+    texts.push_back(j["text"].get<std::string>());
+  }
+  return texts;
+}
+
+// Mean NLL and perplexity of `tokens` scored tokens whose NLLs sum to `nll` (nan when there is none).
+nlohmann::json score_json(size_t tokens, double nll) {
+  nlohmann::json o{{"tokens", tokens}, {"nll_sum", nll}};
+  o["mean_nll"] = tokens ? nll / static_cast<double>(tokens) : std::nan("");
+  o["perplexity"] = tokens ? std::exp(nll / static_cast<double>(tokens)) : std::nan("");
+  return o;
+}
 
 }  // namespace
 
@@ -57,7 +94,8 @@ int run_generate(int argc, char** argv) {
   CLI::App app{
       "Generate from prompts offline, through the same engine as `tessera serve`.\n"
       "  tessera generate --model DIR --prompt-ids 1,2,3 --max-tokens 16\n"
-      "  tessera generate --model DIR --input prompts.jsonl --output out.jsonl",
+      "  tessera generate --model DIR --input prompts.jsonl --output out.jsonl\n"
+      "  tessera generate --model DIR --score texts.jsonl   (perplexity of each text and of all)",
       "tessera generate"};
   EngineFlags ef;
   std::vector<std::string> prompt_ids;
@@ -68,7 +106,9 @@ int run_generate(int argc, char** argv) {
   std::vector<std::string> prompts;
   std::string tokenizer_dir, chat_template_file;
   bool chat = false;
-  app.add_option("--model,model", ef.model, "model directory (config.json + safetensors)")->required();
+  app.add_option("--model,model", ef.model,
+                 "model directory (config.json + safetensors); default: the demo model shipped in the repository, "
+                 "models/tessera-demo");
   app.add_option("--prompt-ids", prompt_ids, "a prompt as comma-separated token ids; repeat for several prompts");
   app.add_option("--prompt", prompts, "a text prompt (needs a tokenizer); repeat for several prompts");
   app.add_flag("--chat", chat, "treat each --prompt as a user message and apply the model's chat template");
@@ -78,6 +118,12 @@ int run_generate(int argc, char** argv) {
                  "JSONL file: one {\"prompt_ids\": [...]}, {\"prompt\": \"...\"} or {\"messages\": [...]} per line, "
                  "plus OpenAI sampling fields (max_tokens, temperature, top_p, seed, stop, ...)");
   app.add_option("--output", output, "JSONL file for the results, in input order (default: stdout)");
+  std::string score_file;
+  app.add_option("--score", score_file,
+                 "score texts instead of generating: FILE holds one text per line (JSONL with \"text\", or plain "
+                 "text); prints each text's scored tokens (all but the first), mean NLL and perplexity, then the "
+                 "total over all texts. Each text is tokenized alone (the tokenizer's special tokens added, as for "
+                 "--prompt) and cut to --max-model-len - 1 tokens");
   app.add_option("--max-tokens", sp.max_tokens, "tokens to generate per prompt")->capture_default_str();
   app.add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();
   app.add_option("--top-p", sp.top_p, "nucleus sampling mass")->capture_default_str();
@@ -100,6 +146,7 @@ int run_generate(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (ef.model.empty()) ef.model = default_model_dir("generate");
   // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   // Several nodes: a node other than the head only runs its ranks (the head has the prompts).
@@ -163,7 +210,19 @@ int run_generate(int argc, char** argv) {
       jobs.push_back(std::move(job));
     }
   }
-  if (jobs.empty()) fail(ErrorKind::kInvalidArgument, "no prompts: pass --prompt, --prompt-ids or --input");
+  if (!score_file.empty()) {
+    if (!jobs.empty())
+      fail(ErrorKind::kInvalidArgument, "--score scores a file's texts; drop --prompt, --prompt-ids, --input");
+    for (auto& text : read_score_texts(score_file)) {
+      Job job;
+      job.params.temperature = 0;
+      job.params.max_tokens = 0;       // generate nothing
+      job.params.prompt_logprobs = 0;  // the logprob of every prompt token
+      job.prompt_text = std::move(text);
+      jobs.push_back(std::move(job));
+    }
+  }
+  if (jobs.empty()) fail(ErrorKind::kInvalidArgument, "no prompts: pass --prompt, --prompt-ids, --input or --score");
 
   // The tokenizer: needed for text prompts and text output; optional for token ids.
   std::unique_ptr<tokenizer::Tokenizer> tok;
@@ -185,6 +244,16 @@ int run_generate(int argc, char** argv) {
       j.prompt_text = tmpl->render(req);
     }
     if (!j.prompt_text.empty()) j.prompt = tok->encode(j.prompt_text, /*add_special_tokens=*/j.messages.is_null());
+  }
+  if (!score_file.empty()) {
+    const int max_len = ef.max_model_len > 0 ? ef.max_model_len : load_model_config(ef.model).max_position_embeddings;
+    for (auto& j : jobs) {
+      if (j.prompt.empty()) fail(ErrorKind::kInvalidArgument, "{}: a text encodes to no tokens", score_file);
+      if (static_cast<int>(j.prompt.size()) > max_len - 1) {
+        j.prompt.resize(static_cast<size_t>(max_len - 1));
+        j.truncated = true;
+      }
+    }
   }
 
   // TP x PP > 1: this process is rank 0; the launcher spawns and supervises the others.
@@ -213,6 +282,7 @@ int run_generate(int argc, char** argv) {
       if (!d.token_ids.empty()) job.last_token = now;
       job.output.insert(job.output.end(), d.token_ids.begin(), d.token_ids.end());
       job.logprobs.insert(job.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      job.prompt_logprobs.insert(job.prompt_logprobs.end(), d.prompt_logprobs.begin(), d.prompt_logprobs.end());
       job.text += d.text;
       if (d.finished) {
         job.finish_reason =
@@ -252,6 +322,49 @@ int run_generate(int argc, char** argv) {
       "Processed {} prompts in {:.2f} s: input {:.1f} tok/s, output {:.1f} tok/s; decode {:.2f} tok/s per "
       "sequence",
       jobs.size(), total, total_in / total, total_out / total, decode_rates ? decode_rate_sum / decode_rates : 0.0);
+
+  if (!score_file.empty()) {
+    std::ofstream file;
+    if (!output.empty()) {
+      file.open(output);
+      if (!file) fail(ErrorKind::kNotFound, "{}: cannot write --output file", output);
+    }
+    std::ostream& os = output.empty() ? std::cout : file;
+    const bool as_json = json_out || !output.empty();
+    size_t all_tokens = 0, cut = 0;
+    double all_nll = 0;
+    if (!as_json) os << fmt::format("{:>6} {:>8} {:>10} {:>12}\n", "text", "tokens", "mean_nll", "perplexity");
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& j = jobs[i];
+      if (j.finish_reason != "length")
+        fail(ErrorKind::kInternal, "text {}: scoring failed ({})", i + 1, j.finish_reason);
+      double nll = 0;
+      for (const TokenLogprob& lp : j.prompt_logprobs) nll -= lp.logprob;
+      const size_t n = j.prompt_logprobs.size();
+      all_tokens += n;
+      all_nll += nll;
+      cut += j.truncated;
+      nlohmann::json o = score_json(n, nll);
+      if (as_json) {
+        o["index"] = i + 1;  // the text's line in FILE (non-empty lines counted)
+        if (j.truncated) o["truncated"] = true;
+        os << o.dump() << "\n";
+      } else {
+        os << fmt::format("{:>6} {:>8} {:>10.4f} {:>12.4f}{}\n", i + 1, n, o["mean_nll"].get<double>(),
+                          o["perplexity"].get<double>(), j.truncated ? "  (cut)" : "");
+      }
+    }
+    nlohmann::json total = score_json(all_tokens, all_nll);
+    total["texts"] = jobs.size();
+    total["truncated"] = cut;
+    if (as_json)
+      os << nlohmann::json{{"total", total}}.dump() << "\n";
+    else
+      os << fmt::format("total: {} texts, {} tokens scored, mean NLL {:.6f}, perplexity {:.4f}{}\n", jobs.size(),
+                        all_tokens, total["mean_nll"].get<double>(), total["perplexity"].get<double>(),
+                        cut ? fmt::format(" ({} texts cut to --max-model-len - 1 tokens)", cut) : "");
+    return 0;
+  }
 
   std::ofstream file;
   if (!output.empty()) {

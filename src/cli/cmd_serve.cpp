@@ -200,7 +200,9 @@ struct ServeFlags {
 };
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
-  app.add_option("model,--model", ef.model, "model directory (config.json + safetensors)")->required();
+  app.add_option("model,--model", ef.model,
+                 "model directory (config.json + safetensors); default: the demo model shipped in the repository, "
+                 "models/tessera-demo (served as tessera-demo)");
   app.add_option("--host", sf.host, "address to listen on")->capture_default_str();
   app.add_option("--port", sf.port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
   app.add_option("--served-model-name", sf.served_model_names,
@@ -479,6 +481,7 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
 int run_serve(int argc, char** argv) {
   CLI::App app{
       "OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
+      "  tessera serve            (the demo model in the repository, models/tessera-demo)\n"
       "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
       "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
       "--load-format dummy",
@@ -498,6 +501,10 @@ int run_serve(int argc, char** argv) {
     return app.exit(e);
   }
   reject_extras(app);
+  if (ef.model.empty()) {
+    ef.model = default_model_dir("serve");
+    if (sf.served_model_names.empty()) sf.served_model_names.push_back(kDemoModelName);
+  }
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts

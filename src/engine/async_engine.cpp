@@ -282,6 +282,7 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     d.index = index;
     d.token_ids = o.new_token_ids;
     d.logprobs = std::move(o.logprobs);
+    d.prompt_logprobs = std::move(o.prompt_logprobs);
     d.prompt_tokens = o.num_prompt_tokens;
     d.completion_tokens = o.num_output_tokens;
     d.cached_tokens = o.num_cached_tokens;

@@ -43,6 +43,8 @@ struct StreamDelta {
   std::vector<int32_t> token_ids;
   std::string text;  // new text; stop strings are cut (or kept with include_stop_str_in_output)
   std::vector<TokenLogprob> logprobs;
+  // prompt_logprobs >= 0: once, with the sequence's first delta (one entry per prompt token from the second on).
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_string;            // the stop string that finished it, if any

@@ -180,7 +180,8 @@ void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   retire(r);
 }
 
-ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const {
+ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
+                                  std::vector<Request*>& scored) const {
   ModelInput in;
   const int bs = config_.block_size;
   int max_blocks = 0;
@@ -191,8 +192,9 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
   in.attention.query_start_loc.push_back(0);
   const bool hybrid = cache_manager_->has_state_slots();
   for (const auto& s : sched.scheduled) {
-    const Request& r = *s.request;
+    Request& r = *s.request;
     const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
+    const int row0 = static_cast<int>(in.token_ids.size());  // the row of position `begin`
     for (int i = begin; i < end; ++i) {
       in.token_ids.push_back(r.token_at(i));
       in.positions.push_back(i);
@@ -206,9 +208,20 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Requ
       in.linear.state_slots.push_back(s.state_slot);
       in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);
     }
+    // Prompt logprobs: the logits of every prompt position in this chunk not scored yet (the scheduler
+    // bounded how many).
+    if (r.wants_prompt_logprobs())
+      for (int p = std::max(begin, r.prompt_logprob_next()); p < std::min(end, r.prompt_logprob_end()); ++p) {
+        in.logits_indices.push_back(row0 + p - begin);
+        rows.push_back({&r, p});
+      }
     if (end == r.num_tokens()) {  // caught up: the last position's logits give the next token
+      if (r.output.empty() && r.params.max_tokens == 0) {
+        scored.push_back(&r);  // scoring only: nothing to generate
+        continue;
+      }
       in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
-      sampled.push_back(s.request);
+      rows.push_back({&r, -1});
     }
   }
   if (hybrid) {
@@ -232,15 +245,16 @@ std::vector<RequestOutput> LLMEngine::step() {
       stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
     }
   }
-  std::vector<Request*> sampled;
-  ModelInput in = build_input(sched, sampled);
+  std::vector<LogitsRow> rows;
+  std::vector<Request*> scored;
+  ModelInput in = build_input(sched, rows, scored);
   const int vocab = executor_->model_config().vocab_size;
   StepSampling sampling;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    const Request& r = *sampled[i];
-    if (needs_host_sampling(r)) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Request& r = *rows[i].request;
+    if (rows[i].prompt_pos >= 0 || needs_host_sampling(r)) {
       sampling.host_rows.push_back(static_cast<int32_t>(i));
-      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row
+      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row or scores the prompt
     } else {
       sampling.rows.push_back(sampling_row(r));
     }
@@ -255,25 +269,38 @@ std::vector<RequestOutput> LLMEngine::step() {
   timer_.mark(2, "execute");
   scheduler_->on_step_done(sched);
 
-  size_t next_host = 0;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Request* r = sampled[i];
-    SampleResult res;
-    if (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i)) {
-      res = sampler_.sample(step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab), vocab, *r, eos_ids_);
-      ++next_host;
-    } else {
-      res.token = step_out_.tokens[i];
-    }
-    r->output.push_back(res.token);
-    ++stats_.generation_tokens;
+  auto output_of = [&](Request* r) {
     RequestOutput o;
     o.request_id = r->id;
+    o.num_prompt_tokens = static_cast<int>(r->prompt.size());
+    o.num_cached_tokens = r->num_cached_tokens;
+    return o;
+  };
+  size_t next_host = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Request* r = rows[i].request;
+    const bool host = next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i);
+    float* logits = host ? step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab) : nullptr;
+    if (host) ++next_host;
+    if (rows[i].prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
+      const int p = rows[i].prompt_pos;
+      TESSERA_CHECK(p == r->prompt_logprob_next(), "prompt logprobs of {} out of order", r->id);
+      r->prompt_logprobs.push_back(token_logprobs(logits, vocab, r->prompt[p + 1], r->params.prompt_logprobs));
+      ++r->prompt_logprobs_done;
+      continue;
+    }
+    SampleResult res;
+    if (host)
+      res = sampler_.sample(logits, vocab, *r, eos_ids_);
+    else
+      res.token = step_out_.tokens[i];
+    RequestOutput o = output_of(r);
+    if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
+    r->output.push_back(res.token);
+    ++stats_.generation_tokens;
     o.new_token_ids.push_back(res.token);
     if (res.logprob) o.logprobs.push_back(*res.logprob);
-    o.num_prompt_tokens = static_cast<int>(r->prompt.size());
     o.num_output_tokens = static_cast<int>(r->output.size());
-    o.num_cached_tokens = r->num_cached_tokens;
     FinishReason reason = FinishReason::kNone;
     const SamplingParams& p = r->params;
     const bool min_reached = static_cast<int>(r->output.size()) > p.min_tokens;
@@ -293,6 +320,15 @@ std::vector<RequestOutput> LLMEngine::step() {
       o.stop_token = r->stop_token;
       retire(r);
     }
+    out.push_back(std::move(o));
+  }
+  // max_tokens 0: the prompt is scored; the request ends there ("length", as vLLM reports it).
+  for (Request* r : scored) {
+    RequestOutput o = output_of(r);
+    o.prompt_logprobs = std::move(r->prompt_logprobs);
+    o.finished = true;
+    o.finish_reason = FinishReason::kLength;
+    retire(r);
     out.push_back(std::move(o));
   }
   timer_.mark(3, "outputs");

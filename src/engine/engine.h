@@ -46,6 +46,8 @@ struct RequestOutput {
   std::string request_id;
   std::vector<int32_t> new_token_ids;
   std::vector<TokenLogprob> logprobs;  // one per new token when asked for
+  // prompt_logprobs >= 0: with the request's first output, one entry per prompt token from the second on.
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;
@@ -91,8 +93,16 @@ class LLMEngine {
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
  private:
+  // One logits row of a step: the request's next token (prompt_pos -1), or a prompt position whose
+  // logits give the logprob of the prompt token after it (prompt_logprobs).
+  struct LogitsRow {
+    Request* request;
+    int prompt_pos = -1;
+  };
   void plan_kv_cache();
-  ModelInput build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const;
+  // `rows`: what each logits row is for; `scored`: requests with max_tokens 0 whose prompt is done.
+  ModelInput build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
+                         std::vector<Request*>& scored) const;
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
   // Frees the request's blocks and forgets it (the pointer dangles afterwards).
   void retire(Request* r);

@@ -15,10 +15,16 @@ Status validate_sampling_params(const SamplingParams& p, int vocab, const Sampli
   if (!(p.repetition_penalty > 0 && p.repetition_penalty <= 10)) return bad("repetition_penalty must be in (0, 10]");
   if (!(std::fabs(p.presence_penalty) <= 2)) return bad("presence_penalty must be in [-2, 2]");
   if (!(std::fabs(p.frequency_penalty) <= 2)) return bad("frequency_penalty must be in [-2, 2]");
-  if (p.max_tokens < 1) return bad(fmt::format("max_tokens must be at least 1, got {}", p.max_tokens));
+  if (p.max_tokens < 1 && !(p.max_tokens == 0 && p.prompt_logprobs >= 0))
+    return bad(
+        fmt::format("max_tokens must be at least 1, got {} (0 only when scoring the prompt: prompt_logprobs, "
+                    "or echo with /v1/completions)",
+                    p.max_tokens));
   if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) return bad("min_tokens must be between 0 and max_tokens");
   if (p.logprobs > lim.max_logprobs)
     return bad(fmt::format("logprobs must be at most {}, got {}", lim.max_logprobs, p.logprobs));
+  if (p.prompt_logprobs > lim.max_logprobs)
+    return bad(fmt::format("prompt_logprobs must be at most {}, got {}", lim.max_logprobs, p.prompt_logprobs));
   if (static_cast<int>(p.stop.size()) > lim.max_stop) return bad(fmt::format("at most {} stop strings", lim.max_stop));
   for (const auto& s : p.stop) {
     if (s.empty()) return bad("stop strings must not be empty");
@@ -102,7 +108,7 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
             read_number(j, "repetition_penalty", p.repetition_penalty, err) && read_number(j, "n", p.n, err) &&
             read_number(j, "min_tokens", p.min_tokens, err);
   if (!ok) return bad(err);
-  if (max_tokens < 1 || max_tokens > (1 << 30)) return bad("'max_tokens' must be a positive integer");
+  if (max_tokens < 0 || max_tokens > (1 << 30)) return bad("'max_tokens' must be a non-negative integer");
   p.max_tokens = static_cast<int>(max_tokens);
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     int64_t seed = 0;  // vLLM: a signed 64-bit integer
@@ -158,6 +164,12 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
       p.logprobs = v;
     } else
       return bad("'logprobs' must be a boolean or an integer");
+  }
+  if (auto it = j.find("prompt_logprobs"); it != j.end() && !it->is_null()) {
+    int v = 0;
+    if (!read_number(j, "prompt_logprobs", v, err)) return bad(err);
+    if (v < 0) return bad(fmt::format("'prompt_logprobs' must be a non-negative integer, got {}", v));
+    p.prompt_logprobs = v;
   }
   if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return bad("'logit_bias' must be an object mapping token ids to biases");

@@ -24,9 +24,12 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings (applied by the output processor)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int max_tokens = 16;
+  int max_tokens = 16;  // 0 only with prompt_logprobs: score the prompt, generate nothing
   int min_tokens = 0;
   int logprobs = -1;  // -1: none; k >= 0: the sampled token's logprob and the top k
+  // vLLM's prompt_logprobs. -1: none; k >= 0: the logprob of every prompt token after the first (from
+  // the logits of the position before it, as the model saw the prompt) and the top k there.
+  int prompt_logprobs = -1;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
 };
@@ -54,6 +57,7 @@ namespace tessera {
 // Reads OpenAI / vLLM field names (max_tokens or max_completion_tokens, temperature,
 // top_p, top_k, min_p, presence/frequency/repetition_penalty, seed, stop (string or
 // list), stop_token_ids, ignore_eos, min_tokens, n, logprobs (bool or int) +
-// top_logprobs, logit_bias {"id": bias}) over `p`. Wrong types fail with the field name.
+// top_logprobs, prompt_logprobs (int), logit_bias {"id": bias}) over `p`. Wrong types fail with the
+// field name. max_tokens 0 is read (validate_sampling_params allows it only with prompt_logprobs).
 Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);
 }  // namespace tessera

@@ -138,6 +138,7 @@ struct ApiServer::Impl {
                                                     "stop_token_ids",
                                                     "logprobs",
                                                     "top_logprobs",
+                                                    "prompt_logprobs",
                                                     "logit_bias"};
 
   void read_params(const ojson& body, Prepared& pr) {
@@ -151,6 +152,9 @@ struct ApiServer::Impl {
     if (const ojson* bo = field(body, "best_of"); bo && !(bo->is_number_integer() && *bo == 1))
       bad("'best_of' is not supported; use 'n' for several completions", "best_of");
     pr.max_tokens_given = field(body, "max_tokens") || field(body, "max_completion_tokens");
+    // vLLM's rule: prompt logprobs are not streamed.
+    if (pr.params.prompt_logprobs > 0 && get_bool(body, "stream", false))
+      bad("'prompt_logprobs' are not available when 'stream' is true", "prompt_logprobs");
     if (pr.params.n < 1 || pr.params.n > opt.max_n)
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");
   }
@@ -186,6 +190,7 @@ struct ApiServer::Impl {
     const size_t P = pr.prompts.size();
     g->n = pr.params.n;
     g->logprobs = pr.params.logprobs;
+    if (g->echo && g->logprobs >= 0) g->prompt_ids = pr.prompts;
     g->stop_token_ids = pr.params.stop_token_ids;
     g->prompt_tokens.assign(P, 0);
     g->prompt_texts = pr.prompt_texts;
@@ -254,6 +259,7 @@ struct ApiServer::Impl {
       if (d.finish_reason != FinishReason::kError) c.text += d.text;
       c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
       if (g.logprobs >= 0) c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      if (!d.prompt_logprobs.empty()) c.prompt_logprobs = d.prompt_logprobs;
       if (d.finished) {
         c.done = true;
         c.finish_reason = finish_reason_name(d.finish_reason);
@@ -472,6 +478,7 @@ struct ApiServer::Impl {
     pr.prompts.push_back(tok.encode(prompt, add_special));
     pr.prompt_texts.push_back(std::move(prompt));
     auto g = new_gen(std::move(writer), ex, body);
+    g->prompt_logprobs = pr.params.prompt_logprobs;
     add_parsers(*g, body, plan, pr.params.n);
     start_generation(g, pr);
   }
@@ -537,6 +544,13 @@ struct ApiServer::Impl {
       bad(fmt::format("n x prompts must be at most {}", opt.max_prompts), "n");
     auto g = new_gen(completion_writer(text), ex, body);
     g->echo = echo;
+    // vLLM: with echo, logprobs covers the prompt too (the prompt_logprobs the engine computes), and
+    // max_tokens 0 returns the prompt alone (lm-evaluation-harness scores text this way).
+    g->prompt_logprobs = pr.params.prompt_logprobs;
+    if (echo && pr.params.logprobs >= 0 && pr.params.prompt_logprobs < 0)
+      g->prompt_logprobs = pr.params.prompt_logprobs = pr.params.logprobs;
+    if (echo && pr.max_tokens_given && pr.params.max_tokens == 0 && pr.params.prompt_logprobs < 0)
+      pr.params.prompt_logprobs = 0;  // the engine scores the prompt (not reported) and generates nothing
     start_generation(g, pr);
   }
 
