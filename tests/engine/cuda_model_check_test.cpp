@@ -127,26 +127,66 @@ struct CaseResult {
   // The fixture test's bounds on CUDA: logits within max(0.15, 2 x transformers' bf16 error),
   // argmax different only where the reference's margin is within max(0.05, that error).
   bool within_bounds = true;
+  float max_shadow_diff = 0;  // largest max |logits - the CPU shadow's| over the steps
+};
+
+// The same steps on the CPU backend (f32) in lockstep with the checked run: per step, how far
+// the logits are from the CPU's, beside the smallest router top-k gap of the step.
+struct Shadow {
+  Backend* be;
+  Loaded* l;
 };
 
 // One reference case: the prompt prefilled in steps of `chunk` tokens (0: one step), then
 // one decode step per reference greedy token, each feeding the reference's token.
 CaseResult run_case(const std::string& name, size_t index, const nlohmann::json& c, Backend& be, CheckingBackend* check,
-                    Loaded& l, int chunk, const std::string& tag = "[case]") {
+                    Loaded& l, int chunk, const std::string& tag = "[case]", Shadow* shadow = nullptr) {
+  std::string diffs, gaps;
+  float shadow_diff = 0;
+  // One forward on `be` (and on the shadow); the step's smallest router gap is folded into *gap.
+  auto forward = [&](const ModelInput& in, CheckingBackend::TopkGap* gap) {
+    be.reset_scratch();
+    Tensor lg = l.model->forward(in, l.cache);
+    if (check) {
+      const CheckingBackend::TopkGap g = check->take_min_topk_gap();
+      if (g.gap >= 0 && (gap->gap < 0 || g.gap < gap->gap)) *gap = g;
+    }
+    std::vector<float> got = to_host(be, lg);
+    if (shadow) {
+      shadow->be->reset_scratch();
+      const std::vector<float> ref = to_host(*shadow->be, shadow->l->model->forward(in, shadow->l->cache));
+      float d = 0;
+      for (size_t i = 0; i < got.size() && i < ref.size(); ++i) d = std::max(d, std::fabs(got[i] - ref[i]));
+      shadow_diff = d;
+    }
+    return got;
+  };
+  auto note_step = [&](const CheckingBackend::TopkGap& gap) {
+    char buf[64];
+    if (shadow) {
+      std::snprintf(buf, sizeof buf, " %.2g", shadow_diff);
+      diffs += buf;
+    }
+    if (gap.gap >= 0) {
+      std::snprintf(buf, sizeof buf, " %.2g@L%d", gap.gap, gap.layer);
+      gaps += buf;
+    }
+  };
   std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
   const int len = static_cast<int>(tokens.size());
   const int step = chunk > 0 ? chunk : len;
   const std::string label = name + " prompt " + std::to_string(index) + " (len " + std::to_string(len) + ")";
-  Tensor logits;
+  std::vector<float> got;
+  CheckingBackend::TopkGap prefill_gap;
   for (int start = 0; start < len; start += step) {
     const int n = std::min(step, len - start);
     if (check)
       check->set_context(label + " prefill tokens [" + std::to_string(start) + ", " + std::to_string(start + n) + ")");
-    be.reset_scratch();
-    logits = l.model->forward(testing::step_of({testing::SeqPart{&tokens, start, n, 0, kBlocks, 0}}), l.cache);
+    got = forward(testing::step_of({testing::SeqPart{&tokens, start, n, 0, kBlocks, 0}}), &prefill_gap);
   }
+  note_step(prefill_gap);
   CaseResult r;
-  const std::vector<float> got = to_host(be, logits);
+  r.max_shadow_diff = shadow_diff;
   const auto want = c["last_logits"].get<std::vector<float>>();
   for (size_t i = 0; i < got.size() && i < want.size(); ++i)
     r.last_logits_err = std::max(r.last_logits_err, std::fabs(got[i] - want[i]));
@@ -174,12 +214,20 @@ CaseResult run_case(const std::string& name, size_t index, const nlohmann::json&
     const int pos = static_cast<int>(tokens.size()) - 1;
     if (check)
       check->set_context(label + " decode step " + std::to_string(s + 1) + " (position " + std::to_string(pos) + ")");
-    be.reset_scratch();
+    CheckingBackend::TopkGap router_gap;
     const std::vector<float> lg =
-        to_host(be, l.model->forward(testing::step_of({testing::SeqPart{&tokens, pos, 1, 0, kBlocks, 0}}), l.cache));
+        forward(testing::step_of({testing::SeqPart{&tokens, pos, 1, 0, kBlocks, 0}}), &router_gap);
+    note_step(router_gap);
+    r.max_shadow_diff = std::max(r.max_shadow_diff, shadow_diff);
     next = argmax(lg);
     gap = top2_gap(lg);
   }
+  if (shadow)
+    std::printf("%s %s: per step (prefill, then decode 1, 2, ..): logits max |this - CPU f32|%s\n", tag.c_str(),
+                label.c_str(), diffs.c_str());
+  if (!gaps.empty())
+    std::printf("%s %s: per step: smallest router top-k logit gap @ layer%s\n", tag.c_str(), label.c_str(),
+                gaps.c_str());
   if (!wrong.empty()) wrong.pop_back();  // the last ';'
   std::printf("%s %s: greedy (teacher-forced) %s; %s\n", tag.c_str(), label.c_str(),
               wrong.empty() ? "matches the reference at every step" : ("differs at" + wrong).c_str(),
@@ -202,11 +250,14 @@ class ModelCheck : public ::testing::TestWithParam<std::string> {
     CpuBackend cpu;
     CheckingBackend check(*cuda, cpu, check_options());
     Loaded l = load(name, check);
+    CpuBackend shadow_be;
+    Loaded shadow_l = load(name, shadow_be);
+    Shadow shadow{&shadow_be, &shadow_l};
     std::printf("[check] %s: CUDA checked against the CPU op by op, prefill %s\n", name.c_str(),
                 chunk > 0 ? ("in steps of " + std::to_string(chunk) + " tokens").c_str() : "in one step");
     for (size_t i = 0; i < ref["cases"].size(); ++i)
       if (case_selected(i))
-        EXPECT_TRUE(run_case(name, i, ref["cases"][i], check, &check, l, chunk).within_bounds)
+        EXPECT_TRUE(run_case(name, i, ref["cases"][i], check, &check, l, chunk, "[case]", &shadow).within_bounds)
             << name << " prompt " << i << " through the checking backend (eager, synchronised after every op)";
     check.print_summary();
     EXPECT_TRUE(check.mismatches().empty())
@@ -384,18 +435,22 @@ TEST_P(ModelCheckSelfTest, FindsTheFaultyOpInItsLayer) {
   CheckOptions o;
   o.log = nullptr;
   {
-    CpuBackend primary, cpu;
+    CpuBackend primary, cpu, shadow_be;
     CheckingBackend check(primary, cpu, o);
-    Loaded l = load(p.fixture, check);
-    run_case(p.fixture, 1, c, check, &check, l, 0);
+    Loaded l = load(p.fixture, check), shadow_l = load(p.fixture, shadow_be);
+    Shadow shadow{&shadow_be, &shadow_l};
+    const CaseResult r = run_case(p.fixture, 1, c, check, &check, l, 0, "[selftest]", &shadow);
     EXPECT_TRUE(check.mismatches().empty()) << check.mismatches().front().str();
     EXPECT_GT(check.ops_checked(), 100);
+    EXPECT_EQ(r.max_shadow_diff, 0.0f) << "the CPU against its CPU shadow";
   }
-  CpuBackend primary, cpu;
+  CpuBackend primary, cpu, shadow_be;
   FaultyBackend faulty(primary, p.op, p.call);
   CheckingBackend check(faulty, cpu, o);
-  Loaded l = load(p.fixture, check);
-  const CaseResult r = run_case(p.fixture, 1, c, check, &check, l, 0);
+  Loaded l = load(p.fixture, check), shadow_l = load(p.fixture, shadow_be);
+  Shadow shadow{&shadow_be, &shadow_l};
+  const CaseResult r = run_case(p.fixture, 1, c, check, &check, l, 0, "[selftest]", &shadow);
+  EXPECT_GT(r.max_shadow_diff, 0.0f) << "the fault moves the logits away from the shadow's";
   ASSERT_EQ(check.mismatches().size(), 1u) << check.summary();
   const OpMismatch& m = check.mismatches()[0];
   EXPECT_EQ(m.op, p.op);
