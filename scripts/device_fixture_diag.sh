@@ -32,6 +32,8 @@ echo "=== per-op summaries and first mismatches"
 grep -E "^\[check\]" "$OUT/model_check.log" | grep -v MISMATCH | head -150
 echo "=== end to end through the checking backend"
 grep -E "^\[case\]" "$OUT/model_check.log" | head -80
+echo "=== the same prompts on the CPU: bf16 activations, and one near-tied router choice flipped (no GPU involved)"
+grep -E "^\[bf16-cpu\]|^\[flip\]" "$OUT/model_check.log" | head -60
 echo "=== plain CUDA, defaults and each kernel path off"
 grep -E "^\[plain" "$OUT/model_check.log" | head -200
 echo "=== plain CUDA with TESSERA_PDL=0"

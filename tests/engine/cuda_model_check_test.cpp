@@ -28,11 +28,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "backend/checking_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/forwarding_backend.h"
+#include "core/dtype.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "fixture_util.h"
@@ -391,6 +393,227 @@ TEST_P(EngineCheck, ChunkedPrefillOf32TokensEagerAndWithGraphs) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineCheck, ::testing::ValuesIn(check_fixtures()),
                          [](const auto& info) { return info.param; });
+
+// ---------------------------------------------------------------- kernel or bf16? (on the CPU)
+// Two CPU experiments that tell a CUDA kernel bug from what bf16 activations do to these tiny
+// random MoE models, whose routers have near ties (top-k logit gaps of 0.01): no GPU needed.
+
+// Rounds every float operand an op reads to bf16 in place, as CUDA stores activations, KV
+// caches and conv states; keeps f32 where CUDA does (router logits into moe_topk, top-k weights,
+// the recurrent state, norm weights). The math stays the CPU's f32.
+class Bf16ActivationsBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  static void round(const Tensor& t) {
+    if (!t.defined() || t.dtype() != DType::kF32) return;
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+  }
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    round(table);
+    inner().embedding(ids, table, out);
+  }
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+    round(x);
+    inner().rms_norm(x, w, eps, out);
+  }
+  void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
+    round(x);
+    round(residual);
+    inner().add_rms_norm(x, residual, w, eps);
+    round(residual);
+  }
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
+    round(x);
+    round(w);
+    if (bias) round(*bias);
+    inner().linear(x, w, bias, out);
+  }
+  void silu_mul(const Tensor& gate_up, const Tensor& out) override {
+    round(gate_up);
+    inner().silu_mul(gate_up, out);
+  }
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    round(a);
+    round(b);
+    inner().add(a, b, out);
+  }
+  void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) override {
+    round(q);
+    round(k);
+    inner().rope(q, k, positions, table);
+    round(q);
+    round(k);
+  }
+  void write_kv(const Tensor& k, const Tensor& v, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m,
+                float ks, float vs) override {
+    round(k);
+    round(v);
+    inner().write_kv(k, v, kc, vc, m, ks, vs);
+  }
+  void paged_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m, float scale,
+                       float ks, float vs, const Tensor& out) override {
+    round(q);
+    round(kc);
+    round(vc);
+    inner().paged_attention(q, kc, vc, m, scale, ks, vs, out);
+  }
+  void qkv_attention(const Tensor& qkv, const Tensor* qn, const Tensor* kn, float eps, const Tensor& positions,
+                     const RopeTable& table, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m,
+                     float scale, float ks, float vs, const Tensor& out) override {
+    round(qkv);
+    if (qn) round(*qn);  // bf16 (1 + w) on CUDA
+    if (kn) round(*kn);
+    Tensor q = scratch(out.shape(), out.dtype());
+    inner().qkv_prologue(qkv, qn, kn, eps, positions, table, kc, vc, m, ks, vs, q);
+    paged_attention(q, kc, vc, m, scale, ks, vs, out);
+  }
+  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& ids, const Tensor& w,
+                   int begin, const Tensor& out) override {
+    round(x);
+    round(gate_up);
+    round(down);
+    inner().moe_experts(x, gate_up, down, ids, w, begin, out);
+  }
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
+    round(x);
+    round(gate);
+    inner().sigmoid_mul(x, gate, out);
+  }
+  void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& w, const Tensor& state, const LinearAttnMetadata& m,
+                     const Tensor& out) override {
+    round(x);
+    round(state);
+    inner().causal_conv1d(x, x_col, w, state, m, out);
+  }
+  void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,
+                        const Tensor& state, const LinearAttnMetadata& m, const Tensor& out) override {
+    round(qkv);
+    round(ba);
+    inner().gated_delta_rule(qkv, ba, ba_col, A_log, dt_bias, state, m, out);
+  }
+  void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,
+                      const Tensor& out) override {
+    round(x);
+    round(z);
+    inner().gated_rms_norm(x, z, z_col, w, eps, out);
+  }
+  void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
+    round(x);
+    inner().gather_rows(x, indices, out);
+  }
+};
+
+// The f32 CPU run with one router decision changed: in the `flip_call`-th moe_topk call (the
+// MoE block of that rank in the step), the token whose k-th and (k+1)-th largest logits are
+// closest takes the (k+1)-th expert instead of the k-th (weights recomputed as the op does).
+class RouterFlipBackend final : public ForwardingBackend {
+ public:
+  RouterFlipBackend(Backend& inner, int flip_call) : ForwardingBackend(inner), flip_call_(flip_call) {}
+  int flipped_token = -1;
+  double flipped_gap = 0;
+  void moe_topk(const Tensor& logits, int k, bool renormalize, const Tensor& ids, const Tensor& w) override {
+    inner().moe_topk(logits, k, renormalize, ids, w);
+    if (calls_++ != flip_call_) return;
+    const int64_t T = logits.dim(0), E = logits.dim(1);
+    if (k >= E) return;
+    int next = -1;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = logits.data<float>() + t * E;
+      std::vector<int> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return r[a] > r[b]; });
+      const double gap = static_cast<double>(r[order[k - 1]]) - r[order[k]];
+      if (flipped_token < 0 || gap < flipped_gap) {
+        flipped_gap = gap;
+        flipped_token = static_cast<int>(t);
+        next = order[k];
+      }
+    }
+    const float* r = logits.data<float>() + static_cast<int64_t>(flipped_token) * E;
+    const float mx = *std::max_element(r, r + E);
+    double sum = 0, picked = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(r[e] - mx);
+    int32_t* id = ids.data<int32_t>() + static_cast<int64_t>(flipped_token) * k;
+    float* wt = w.data<float>() + static_cast<int64_t>(flipped_token) * k;
+    id[k - 1] = next;
+    for (int j = 0; j < k; ++j) picked += wt[j] = static_cast<float>(std::exp(r[id[j]] - mx) / sum);
+    if (renormalize)
+      for (int j = 0; j < k; ++j) wt[j] = static_cast<float>(wt[j] / picked);
+  }
+
+ private:
+  int flip_call_, calls_ = 0;
+};
+
+// The prompts the experiments run: the issues' cases (qwen3_next_tiny's 300-token prompt,
+// the 7-token prompts of qwen3_5_moe_text_tiny and qwen2_moe_shared, qwen3_moe_e8_k2_norm's
+// 33-token prompt), or every selected prompt of the selected fixtures when
+// TESSERA_CHECK_FIXTURES or TESSERA_CHECK_PROMPTS is set.
+std::vector<std::pair<std::string, size_t>> experiment_cases() {
+  std::vector<std::pair<std::string, size_t>> cases;
+  if (!std::getenv("TESSERA_CHECK_FIXTURES") && !std::getenv("TESSERA_CHECK_PROMPTS"))
+    return {{"qwen3_next_tiny", 3}, {"qwen3_5_moe_text_tiny", 1}, {"qwen2_moe_shared", 1}, {"qwen3_moe_e8_k2_norm", 2}};
+  for (const std::string& name : check_fixtures()) {
+    const size_t n = testing::load_reference(name)["cases"].size();
+    for (size_t i = 0; i < n; ++i)
+      if (case_selected(i)) cases.emplace_back(name, i);
+  }
+  return cases;
+}
+
+// Each prompt of the fixtures with bf16 activations on the CPU: a prompt that leaves the fixture
+// test's bounds here as on CUDA does so without any CUDA kernel (`[bf16-cpu]` lines).
+TEST(KernelOrBf16, ActivationsRoundedToBf16OnTheCpu) {
+  for (const auto& [name, i] : experiment_cases()) {
+    const auto ref = testing::load_reference(name);
+    CpuBackend cpu;
+    Bf16ActivationsBackend be(cpu);
+    Loaded l = load(name, be);
+    const CaseResult r = run_case(name, i, ref["cases"][i], be, nullptr, l, 0, "[bf16-cpu]");
+    EXPECT_GT(r.last_logits_err, 0.0f) << name << " prompt " << i << ": the rounding must change something";
+  }
+}
+
+// Each prompt's prefill in f32 on the CPU with the nearest router tie of one MoE block flipped
+// (`[flip]` lines): a last-logits error equal to CUDA's is one near-tied expert choice that bf16
+// rounding upstream flipped, not a wrong kernel.
+TEST(KernelOrBf16, OneNearTiedRouterChoiceFlippedOnTheCpu) {
+  for (const auto& [name, i] : experiment_cases()) {
+    const auto ref = testing::load_reference(name);
+    const ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + name);
+    if (cfg.moe.num_experts == 0) continue;
+    {
+      const auto& c = ref["cases"][i];
+      std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
+      const int len = static_cast<int>(tokens.size());
+      const auto want = c["last_logits"].get<std::vector<float>>();
+      std::string line;
+      float largest = 0;
+      for (int call = 0; call < cfg.num_layers; ++call) {
+        CpuBackend cpu;
+        RouterFlipBackend be(cpu, call);
+        Loaded l = load(name, be);
+        be.reset_scratch();
+        const std::vector<float> got = to_host(
+            be, l.model->forward(testing::step_of({testing::SeqPart{&tokens, 0, len, 0, kBlocks, 0}}), l.cache));
+        if (be.flipped_token < 0) break;  // fewer MoE blocks than layers
+        float err = 0;
+        for (size_t v = 0; v < got.size() && v < want.size(); ++v) err = std::max(err, std::fabs(got[v] - want[v]));
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " MoE block %d (token %d, logit gap %.3g): %.3g;", call, be.flipped_token,
+                      be.flipped_gap, err);
+        line += buf;
+        largest = std::max(largest, err);
+      }
+      // A flip in the last MoE block changes only its token's row; earlier ones reach the logits.
+      EXPECT_GT(largest, 1e-3f) << name << " prompt " << i << ": no flip changed the last logits";
+      if (!line.empty()) line.pop_back();
+      std::printf("[flip] %s prompt %zu (len %d): last-logits error with the nearest router tie flipped in%s\n",
+                  name.c_str(), i, len, line.c_str());
+    }
+  }
+}
 
 // ---------------------------------------------------------------- the tool itself, on the CPU
 
