@@ -33,7 +33,9 @@ grep -E "^\[check\]" "$OUT/model_check.log" | grep -v MISMATCH | head -150
 echo "=== end to end through the checking backend"
 grep -E "^\[case\]" "$OUT/model_check.log" | head -80
 echo "=== the same prompts on the CPU: bf16 activations, and one near-tied router choice flipped (no GPU involved)"
-grep -E "^\[bf16-cpu\]|^\[flip\]" "$OUT/model_check.log" | head -60
+grep -E "^\[bf16-cpu\]|^\[flip\]|^\[replay-bf16-cpu\]" "$OUT/model_check.log" | head -60
+echo "=== CUDA against the CPU in f32 given CUDA's routing (compare with the [replay-bf16-cpu] lines)"
+grep -E "^\[replay\]" "$OUT/model_check.log" | head -40
 echo "=== plain CUDA, defaults and each kernel path off"
 grep -E "^\[plain" "$OUT/model_check.log" | head -200
 echo "=== plain CUDA with TESSERA_PDL=0"
