@@ -215,6 +215,14 @@ class CheckingBackend::Op {
     const int32_t* pid = pid_h.data<int32_t>();
     const int32_t* rid = r_ids.data<int32_t>();
     const int64_t T = p_ids.dim(0), E = logits_host.dim(1);
+    for (int64_t t = 0; t < T && k < E; ++t) {
+      std::vector<float> row(logits.begin() + t * E, logits.begin() + (t + 1) * E);
+      std::nth_element(row.begin(), row.begin() + k, row.end(), std::greater<float>());
+      const float kth_plus_1 = row[static_cast<size_t>(k)];
+      const float kth = *std::min_element(row.begin(), row.begin() + k);
+      const double gap = static_cast<double>(kth) - kth_plus_1;
+      if (cb_.min_topk_gap_.gap < 0 || gap < cb_.min_topk_gap_.gap) cb_.min_topk_gap_ = {gap, layer_};
+    }
     int64_t bad_rows = 0, tie_rows = 0, near_rows = 0, first_bad = -1;
     std::string detail;
     for (int64_t t = 0; t < T; ++t) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -68,6 +69,14 @@ class CheckingBackend final : public ForwardingBackend {
   void print_summary() const;
   // Forgets the recorded mismatches and statistics (the step counter keeps counting).
   void clear();
+  // The smallest gap between the k-th and the (k+1)-th largest router logit of any token in the
+  // moe_topk calls since the last call of this function (a near tie that bf16 rounding upstream
+  // can flip), and the layer it was in; gap < 0 when there was no moe_topk call.
+  struct TopkGap {
+    double gap = -1;
+    int layer = -1;
+  };
+  TopkGap take_min_topk_gap() { return std::exchange(min_topk_gap_, TopkGap{}); }
 
   std::string name() const override { return "checking(" + primary_.name() + ")"; }
   // Eager only: every op must be checked as it runs.
@@ -137,6 +146,7 @@ class CheckingBackend final : public ForwardingBackend {
     std::string by;
   };
   std::map<uintptr_t, Written> written_;
+  TopkGap min_topk_gap_;
 
   Backend& primary_;
   Backend& reference_;
