@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampling_params.h"
+#include "server/sampling_params_json.h"
 
-namespace tessera {
+namespace tessera::server {
 namespace {
 
 using nlohmann::json;
@@ -86,4 +86,4 @@ TEST(SamplingParamsJson, SeedIsASigned64BitInteger) {
 }
 
 }  // namespace
-}  // namespace tessera
+}  // namespace tessera::server
