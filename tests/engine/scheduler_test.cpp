@@ -4,32 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <numeric>
 
 #include "engine/kv_cache_manager.h"
 #include "engine/scheduler.h"
+#include "scheduler_util.h"
 
 namespace tessera {
 namespace {
 
 constexpr int kBs = 4;
 
-std::unique_ptr<Request> make(const std::string& id, int len, int first = 1) {
-  auto r = std::make_unique<Request>();
-  r->id = id;
-  r->prompt.resize(static_cast<size_t>(len));
-  std::iota(r->prompt.begin(), r->prompt.end(), first);
-  return r;
-}
-
-SchedulerConfig config(int max_num_seqs, int budget, bool chunked = true, int max_model_len = 256) {
-  SchedulerConfig c;
-  c.max_num_seqs = max_num_seqs;
-  c.max_num_batched_tokens = budget;
-  c.max_model_len = max_model_len;
-  c.enable_chunked_prefill = chunked;
-  return c;
-}
+std::unique_ptr<Request> make(const std::string& id, int len) { return testing::make_request(id, len); }
+using testing::scheduler_config;
 
 // (request id, new tokens) of each scheduled request, in order.
 std::vector<std::pair<std::string, int>> plan(const SchedulerOutput& out) {
@@ -49,7 +35,7 @@ void run_step(Scheduler& s, const SchedulerOutput& out) {
 
 TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceCap) {
   KvCacheManager cache(64, kBs, /*prefix=*/false);
-  Scheduler s(config(2, 1000), cache);
+  Scheduler s(scheduler_config(2, 1000), cache);
   auto a = make("a", 5), b = make("b", 6), c = make("c", 7);
   s.add(a.get());
   s.add(b.get());
@@ -76,7 +62,7 @@ TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceCap) {
 
 TEST(Scheduler, ChunkedPrefillSplitsAPromptAcrossStepsWithinTheBudget) {
   KvCacheManager cache(64, kBs, /*prefix=*/false);
-  Scheduler s(config(8, 10), cache);
+  Scheduler s(scheduler_config(8, 10), cache);
   auto a = make("a", 8), b = make("b", 8), c = make("c", 3);
   s.add(a.get());
   s.add(b.get());
@@ -94,7 +80,7 @@ TEST(Scheduler, ChunkedPrefillSplitsAPromptAcrossStepsWithinTheBudget) {
 
 TEST(Scheduler, WithoutChunkedPrefillAPromptWaitsForRoomAndBlocksTheQueue) {
   KvCacheManager cache(64, kBs, /*prefix=*/false);
-  Scheduler s(config(8, 10, /*chunked=*/false), cache);
+  Scheduler s(scheduler_config(8, 10, /*chunked=*/false), cache);
   auto a = make("a", 8), b = make("b", 8), c = make("c", 1);
   s.add(a.get());
   s.add(b.get());
@@ -107,7 +93,7 @@ TEST(Scheduler, WithoutChunkedPrefillAPromptWaitsForRoomAndBlocksTheQueue) {
 
 TEST(Scheduler, PreemptsTheLastAdmittedRequestAndReadmitsItFirst) {
   KvCacheManager cache(4, kBs, /*prefix=*/false);  // 16 tokens in all
-  Scheduler s(config(2, 1000), cache);
+  Scheduler s(scheduler_config(2, 1000), cache);
   auto a = make("a", 8), b = make("b", 7), c = make("c", 2);
   s.add(a.get());
   s.add(b.get());
@@ -140,7 +126,7 @@ TEST(Scheduler, PreemptsTheLastAdmittedRequestAndReadmitsItFirst) {
 
 TEST(Scheduler, ARunningRequestWithoutRoomPreemptsItselfWhenItIsTheLast) {
   KvCacheManager cache(4, kBs, /*prefix=*/false);
-  Scheduler s(config(4, 1000), cache);
+  Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 6), b = make("b", 8);
   s.add(a.get());
   s.add(b.get());
@@ -156,7 +142,7 @@ TEST(Scheduler, ARunningRequestWithoutRoomPreemptsItselfWhenItIsTheLast) {
 
 TEST(Scheduler, AdmissionStopsWhenBlocksRunOutWithoutPreempting) {
   KvCacheManager cache(3, kBs, /*prefix=*/false);
-  Scheduler s(config(4, 1000), cache);
+  Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 8), b = make("b", 8);
   s.add(a.get());
   s.add(b.get());
@@ -169,7 +155,7 @@ TEST(Scheduler, AdmissionStopsWhenBlocksRunOutWithoutPreempting) {
 
 TEST(Scheduler, APrefixHitIsComputedOnlyPastTheCachedBlocks) {
   KvCacheManager cache(16, kBs, /*prefix=*/true);
-  Scheduler s(config(4, 1000), cache);
+  Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 10);
   s.add(a.get());
   run_step(s, s.schedule());
@@ -183,7 +169,7 @@ TEST(Scheduler, APrefixHitIsComputedOnlyPastTheCachedBlocks) {
 
 TEST(Scheduler, NoRequestIsScheduledPastMaxModelLen) {
   KvCacheManager cache(64, kBs, /*prefix=*/false);
-  Scheduler s(config(4, 1000, true, /*max_model_len=*/10), cache);
+  Scheduler s(scheduler_config(4, 1000, true, /*max_model_len=*/10), cache);
   auto a = make("a", 9);
   s.add(a.get());
   run_step(s, s.schedule());  // 9 computed, 1 sampled: 10 tokens
@@ -195,7 +181,7 @@ TEST(Scheduler, NoRequestIsScheduledPastMaxModelLen) {
 
 TEST(Scheduler, RemovingARequestFreesItsBlocksWhereverItIs) {
   KvCacheManager cache(8, kBs, /*prefix=*/false);
-  Scheduler s(config(1, 1000), cache);
+  Scheduler s(scheduler_config(1, 1000), cache);
   auto a = make("a", 8), b = make("b", 8);
   s.add(a.get());
   s.add(b.get());
