@@ -1,4 +1,5 @@
 // tessera generate: offline generation through the engine (vLLM's offline mode).
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "core/logging.h"
 #include "engine/async_engine.h"
 #include "loader/model_config.h"
+#include "server/sampling_params_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -205,7 +207,7 @@ int run_generate(int argc, char** argv) {
         fail(ErrorKind::kInvalidArgument, "{}:{}: each line needs prompt_ids, prompt (text) or messages", input,
              lineno);
       }
-      if (Status s = sampling_params_from_json(j, job.params); !s.ok())
+      if (Status s = server::sampling_params_from_json(j, job.params); !s.ok())
         fail(ErrorKind::kInvalidArgument, "{}:{}: {}", input, lineno, s.message());
       jobs.push_back(std::move(job));
     }
@@ -273,6 +275,11 @@ int run_generate(int argc, char** argv) {
   size_t remaining = jobs.size();
   auto t0 = clock::now();
   for (size_t i = 0; i < jobs.size(); ++i) {
+    // --max-tokens is a limit here: a prompt with less room left in max_model_len generates up
+    // to max_model_len (finish reason length) rather than being refused, as before the engine
+    // checked prompt + max_tokens at its front door.
+    const int room = engine.max_model_len() - static_cast<int>(jobs[i].prompt.size());
+    if (room > 0) jobs[i].params.max_tokens = std::min(jobs[i].params.max_tokens, room);
     GenerationRequest req{std::to_string(i), jobs[i].prompt, jobs[i].params};
     SubmitResult r = engine.submit(std::move(req), [&, i](const StreamDelta& d) {
       std::lock_guard<std::mutex> lk(mu);

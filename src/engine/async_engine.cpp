@@ -41,18 +41,12 @@ AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tok
 AsyncEngine::~AsyncEngine() { drain(std::chrono::milliseconds(0)); }
 
 SubmitResult AsyncEngine::check(const GenerationRequest& request) const {
-  if (request.prompt_ids.empty()) return {SubmitError::kInvalid, "the prompt is empty"};
-  if (static_cast<int>(request.prompt_ids.size()) + 1 > max_model_len_)
-    return {SubmitError::kInvalid,
-            fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens "
-                        "and at least 1 more is needed for the output. Please reduce the length of the input.",
-                        max_model_len_, request.prompt_ids.size())};
-  for (int32_t t : request.prompt_ids)
-    if (t < 0 || t >= vocab_size_)
-      return {SubmitError::kInvalid, fmt::format("token id {} is outside the vocabulary (0..{})", t, vocab_size_ - 1)};
-  if (Status s = validate_sampling_params(request.params, vocab_size_); !s.ok())
-    return {SubmitError::kInvalid, s.message()};
-  return {};
+  SubmitResult r;
+  if (Status s = validate_request(request.prompt_ids, request.params, max_model_len_, vocab_size_, &r.param); !s.ok()) {
+    r.error = SubmitError::kInvalid;
+    r.message = s.message();
+  }
+  return r;
 }
 
 SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {

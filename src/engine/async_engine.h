@@ -66,6 +66,8 @@ enum class SubmitError { kNone, kInvalid, kOverloaded, kDraining, kDead };
 struct SubmitResult {
   SubmitError error = SubmitError::kNone;
   std::string message;
+  // kInvalid: the request field at fault ("prompt", "max_tokens"; "" for others), as validate_request says.
+  std::string param;
   bool ok() const { return error == SubmitError::kNone; }
 };
 
@@ -99,7 +101,8 @@ class AsyncEngine : public EngineClient {
   AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options = {});
   ~AsyncEngine() override;  // drains with a zero timeout
 
-  // Validates (prompt length, sampling ranges) without touching engine state, then queues.
+  // Validates each request (validate_request: the engine's one check of prompt, length and sampling
+  // ranges) without touching engine state, then queues.
   SubmitResult submit(GenerationRequest request, OutputCallback on_output);
   SubmitResult submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) override;
   void abort(const std::string& id) override;

@@ -117,19 +117,9 @@ void LLMEngine::plan_kv_cache() {
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
-  const ModelConfig& mc = executor_->model_config();
-  if (Status s = validate_sampling_params(params, mc.vocab_size); !s.ok()) return s;
-  if (prompt.empty()) return Status(ErrorKind::kInvalidArgument, "the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= mc.vocab_size)
-      return Status(ErrorKind::kInvalidArgument,
-                    fmt::format("prompt token {} is outside the vocabulary (0..{})", t, mc.vocab_size - 1));
-  const int max_len = max_model_len();
-  if (static_cast<int>(prompt.size()) + 1 > max_len)
-    return Status(ErrorKind::kInvalidArgument,
-                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens in "
-                              "the prompt and at least 1 to generate. Please reduce the length of the prompt.",
-                              max_len, prompt.size()));
+  // Validated at the front door (AsyncEngine::submit); a request that reaches here invalid is a bug.
+  if (Status s = validate_request(prompt, params, max_model_len(), executor_->model_config().vocab_size); !s.ok())
+    fail(ErrorKind::kInternal, "LLMEngine::add_request got an unvalidated request {}: {}", id, s.message());
   for (int i = 0; i < params.n; ++i) {
     std::string child = i == 0 ? id : id + "#" + std::to_string(i);
     if (requests_.count(child)) return Status(ErrorKind::kInvalidArgument, "duplicate request id " + child);

@@ -72,8 +72,10 @@ class LLMEngine {
   LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config);
   ~LLMEngine();
 
-  // Validates and queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ...
-  // that share the prompt's cached blocks. Fails (no side effects) on bad input.
+  // Queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ... that share the
+  // prompt's cached blocks. The request must pass validate_request (AsyncEngine::submit checks
+  // it; an invalid one here throws an internal Error); a sequence id already in use fails (no
+  // side effects).
   Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params);
   // Finishes the request (and, unless only_this_sequence, its n siblings "<id>#k") with
   // reason abort; frees its blocks. No-op if unknown.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include "server/parsers/chat_output_parser.h"
 #include "server/protocol_writers.h"
 #include "server/responses_api.h"
+#include "server/sampling_params_json.h"
 #include "server/text_only.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -108,16 +110,18 @@ struct ApiServer::Impl {
     // 32000) is lowered to that room and to the generation config's max_new_tokens, as vLLM's get_max_tokens
     // does, instead of refused.
     bool clamp_max_tokens = false;
+    // The body field that holds the prompt (the error `param` when the engine refuses the prompt).
+    std::string prompt_param = "messages";
   };
 
   SamplingParams base_params() const {
     SamplingParams p;
     const auto& d = opt.defaults;
-    if (d.temperature) p.temperature = *d.temperature;
-    if (d.top_p) p.top_p = *d.top_p;
+    if (d.temperature) p.temperature = static_cast<float>(*d.temperature);
+    if (d.top_p) p.top_p = static_cast<float>(*d.top_p);
     if (d.top_k) p.top_k = *d.top_k;
-    if (d.min_p) p.min_p = *d.min_p;
-    if (d.repetition_penalty) p.repetition_penalty = *d.repetition_penalty;
+    if (d.min_p) p.min_p = static_cast<float>(*d.min_p);
+    if (d.repetition_penalty) p.repetition_penalty = static_cast<float>(*d.repetition_penalty);
     return p;
   }
 
@@ -159,29 +163,20 @@ struct ApiServer::Impl {
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");
   }
 
-  // vLLM's context-length checks, with its wording.
+  // The max_tokens a prompt of prompt_len tokens runs with: the one asked for, lowered to the room left in
+  // the context when the protocol clamps (Anthropic, Responses), or the default (the room left, or the
+  // endpoint's or the generation config's). Whether it fits is the engine's to say (validate_request:
+  // vLLM's context-length errors, 400).
   void fit_max_tokens(const Prepared& pr, size_t prompt_len, SamplingParams& p) {
-    const int L = engine.max_model_len();
-    const int P = static_cast<int>(prompt_len);
-    if (P >= L)
-      bad(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
-                      "Please reduce the length of the input messages.",
-                      L, P),
-          "messages");
+    const int room = engine.max_model_len() - static_cast<int>(prompt_len);
     if (pr.max_tokens_given && pr.clamp_max_tokens) {
-      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, L - P));
-      if (opt.defaults.max_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_tokens));
+      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, room));
+      if (opt.defaults.max_new_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_new_tokens));
     } else if (pr.max_tokens_given) {
-      if (P + pr.params.max_tokens > L)
-        bad(fmt::format("'max_tokens' or 'max_completion_tokens' is too large: {}. This model's maximum context length "
-                        "is {} tokens and your request has {} input tokens ({} > {} - {}).",
-                        pr.params.max_tokens, L, P, pr.params.max_tokens, L, P),
-            "max_tokens");
       p.max_tokens = pr.params.max_tokens;
     } else {
-      int room = L - P;
       int def = pr.default_max_tokens > 0 ? pr.default_max_tokens : room;
-      if (opt.defaults.max_tokens && pr.default_max_tokens <= 0) def = *opt.defaults.max_tokens;
+      if (opt.defaults.max_new_tokens && pr.default_max_tokens <= 0) def = *opt.defaults.max_new_tokens;
       p.max_tokens = std::max(1, std::min(def, room));
     }
   }
@@ -221,7 +216,7 @@ struct ApiServer::Impl {
       metrics.request_rejected();
       switch (r.error) {
         case SubmitError::kInvalid:
-          bad(r.message);
+          bad(r.message, r.param == "prompt" ? pr.prompt_param : r.param);
         case SubmitError::kOverloaded:
           throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
         case SubmitError::kDraining:
@@ -491,6 +486,7 @@ struct ApiServer::Impl {
     Prepared pr;
     read_params(body, pr);
     pr.default_max_tokens = 16;  // vLLM's and OpenAI's default for /v1/completions
+    pr.prompt_param = "prompt";
     const bool add_special = get_bool(body, "add_special_tokens", true);
     const bool echo = get_bool(body, "echo", false);
     auto add_text = [&](const ojson& s) {
@@ -503,12 +499,13 @@ struct ApiServer::Impl {
       std::vector<int32_t> ids;
       for (const auto& t : arr) {
         if (!t.is_number_integer()) bad("'prompt' token ids must be integers", "prompt");
-        int64_t v = t.get<int64_t>();
-        if (v < 0 || v >= engine.vocab_size())
-          bad(fmt::format("token id {} is outside the vocabulary (0..{})", v, engine.vocab_size() - 1), "prompt");
+        // Only the narrowing is checked here; the vocabulary is the engine's to check (validate_request).
+        const int64_t v = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                              ? INT64_MAX
+                              : t.get<int64_t>();
+        if (v < INT32_MIN || v > INT32_MAX) bad("'prompt' token ids must be 32-bit integers", "prompt");
         ids.push_back(static_cast<int32_t>(v));
       }
-      if (ids.empty()) bad("a prompt must not be empty", "prompt");
       if (echo)
         pr.prompt_texts.push_back(tok.decode(ids, false));
       else
@@ -538,8 +535,6 @@ struct ApiServer::Impl {
     } else {
       bad("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt");
     }
-    for (const auto& p : pr.prompts)
-      if (p.empty()) bad("a prompt encodes to no tokens; send some text", "prompt");
     if (pr.params.n * static_cast<int>(pr.prompts.size()) > opt.max_prompts)
       bad(fmt::format("n x prompts must be at most {}", opt.max_prompts), "n");
     auto g = new_gen(completion_writer(text), ex, body);

@@ -293,18 +293,28 @@ TEST_P(HybridEngineTest, SharedPrefixIsCheckpointedWhereThePromptsDiverge) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineTest, ::testing::ValuesIn(testing::hybrid_fixture_names()),
                          [](const auto& info) { return info.param; });
 
-TEST(Engine, RejectsBadRequestsWithoutSideEffects) {
+TEST(Engine, AnUnvalidatedRequestIsAnInternalErrorWithoutSideEffects) {
+  // Requests are validated once, at AsyncEngine::submit (validate_request); the engine asserts it.
   Harness h("qwen3_gqa4_hd32", 32);
   SamplingParams p = greedy(4);
-  EXPECT_FALSE(h.engine->add_request("a", {}, p).ok());
-  EXPECT_FALSE(h.engine->add_request("a", {1, 999}, p).ok());
-  std::vector<int32_t> long_prompt(200, 5);
-  Status s = h.engine->add_request("a", long_prompt, p);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("maximum context length is 128"), std::string::npos) << s.message();
+  auto expect_internal = [&](std::vector<int32_t> prompt, const SamplingParams& sp) {
+    try {
+      (void)h.engine->add_request("a", std::move(prompt), sp);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInternal) << e.what();
+    }
+  };
+  expect_internal({}, p);
+  expect_internal({1, 999}, p);
+  expect_internal(std::vector<int32_t>(200, 5), p);
+  expect_internal(std::vector<int32_t>(125, 5), p);  // 125 + 4 > 128
   p.n = 100;
-  EXPECT_FALSE(h.engine->add_request("a", {1, 2}, p).ok());
+  expect_internal({1, 2}, p);
   EXPECT_FALSE(h.engine->has_unfinished());
+  // A sequence id in use is the engine's state, not validation: a Status.
+  ASSERT_TRUE(h.engine->add_request("a", {1, 2}, greedy(4)).ok());
+  EXPECT_FALSE(h.engine->add_request("a", {1, 2}, greedy(4)).ok());
 }
 
 TEST(Engine, AbortFreesBlocksAndNGivesSeveralSequences) {

@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampling_params.h"
+#include "server/sampling_params_json.h"
 
-namespace tessera {
+namespace tessera::server {
 namespace {
 
 using nlohmann::json;
@@ -104,4 +104,4 @@ TEST(SamplingParamsJson, PromptLogprobsAndMaxTokensZero) {
 }
 
 }  // namespace
-}  // namespace tessera
+}  // namespace tessera::server
