@@ -539,37 +539,8 @@ TEST(Fp8Model, HybridMoeFixtureQuantisedWhileLoadingKeepsItsLogitsClose) {
   const std::string name = "qwen3_5_moe_text_tiny";
   ModelOptions mo;
   mo.quantization = "fp8";
-  auto be = make_backend({});
-  ModelConfig cfg = load_model_config(testing::fixtures_dir() + "/" + name);
-  // The last logits of one prefill of the fixture's first prompt (state slot 0, paged KV).
-  auto logits = [&](Model& model) {
-    const auto ids = testing::load_reference(name)["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
-    const int n = static_cast<int>(ids.size()), blocks = (n + 15) / 16;
-    KvCache cache = testing::alloc_test_cache(*be, model.cache_specs(), blocks, DType::kF32, 1);
-    ModelInput in;
-    for (int i = 0; i < n; ++i) {
-      in.token_ids.push_back(ids[static_cast<size_t>(i)]);
-      in.positions.push_back(i);
-      in.attention.slot_mapping.push_back(i);
-    }
-    in.attention.query_start_loc = {0, n};
-    in.attention.seq_lens = {n};
-    in.attention.max_blocks_per_seq = blocks;
-    for (int b = 0; b < blocks; ++b) in.attention.block_tables.push_back(b);
-    in.linear = {{0, n}, {0}, {0}};
-    in.logits_indices = {n - 1};
-    be->reset_scratch();
-    Tensor lg = model.forward(in, cache);
-    std::vector<float> v(static_cast<size_t>(lg.numel()));
-    be->copy_to_host(v.data(), lg);
-    be->synchronize();
-    return v;
-  };
-  auto model = create_model(cfg, mo, *be);
-  Checkpoint ckpt(cfg.model_dir);
-  model->weights().load(ckpt, *be);
-  const size_t fp8 = model->weights().fp8_bytes();
-  const auto got = logits(*model);
+  size_t fp8 = 0;
+  const auto got = fixture_logits(name, mo, false, &fp8);
   // Per layer (H 64): GDN q|k|v|z 192 rows and out_proj [64, 64]; attention q|k|v 256 rows,
   // gate 128 rows, o_proj [64, 128]; 8 experts of gate_up [64, 64] and down [64, 32]; the
   // shared expert's gate_up [96, 64] and down [64, 48]. 3 GDN layers and 1 attention layer.
@@ -583,15 +554,10 @@ TEST(Fp8Model, HybridMoeFixtureQuantisedWhileLoadingKeepsItsLogitsClose) {
   EXPECT_GT(max_err, 1e-4f) << "weights were not quantised";
   std::printf("%s --quantization fp8: max |logit error| %.4f\n", name.c_str(), max_err);
 
-  // A quantised config (FP8 checkpoint's quantization_config) with dummy weights.
-  ModelConfig qcfg = cfg;
-  qcfg.quant.method = QuantConfig::Method::kFp8Block;
-  qcfg.quant.from_checkpoint = true;
-  qcfg.quant.modules_to_not_convert = {"lm_head", "model.layers.0.linear_attn.in_proj_a"};
-  auto dummy = create_model(qcfg, ModelOptions{}, *be);
-  dummy->weights().load_dummy(*be, 3);
-  EXPECT_EQ(dummy->weights().fp8_bytes(), fp8);
-  for (float v : logits(*dummy)) ASSERT_TRUE(std::isfinite(v));
+  // --load-format dummy with the same options: the same FP8 weights, and they run.
+  size_t dummy_fp8 = 0;
+  for (float v : fixture_logits(name, mo, true, &dummy_fp8)) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(dummy_fp8, fp8);
 }
 
 }  // namespace
