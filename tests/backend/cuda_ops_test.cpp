@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/attention_metadata.h"
@@ -844,9 +847,14 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
     be.copy_from_host(s, h.scale.data());
     return w.with_block_scale(s);
   };
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<Fp8Host, Fp8Host>> weights;  // by (E_local, H, I)
   for (const MoeCase& c : cases) {
     const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
-    const Fp8Host gu = make_fp8({EL, 2 * I, H}), dn = make_fp8({EL, H, I});
+    auto it = weights.find({EL, H, I});
+    if (it == weights.end())
+      it = weights.emplace(std::make_tuple(EL, H, I), std::make_pair(make_fp8({EL, 2 * I, H}), make_fp8({EL, H, I})))
+               .first;
+    const Fp8Host &gu = it->second.first, &dn = it->second.second;
     auto x = rand(T * H);
     auto logits = rand(T * c.E, -3, 3);
     Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
