@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/attention_metadata.h"
@@ -1007,6 +1010,109 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
   }
 }
 
+// Random e4m3 bytes (NaN codes skipped) and f32 block scales for a block-scaled weight.
+struct Fp8Host {
+  Shape shape, scale_shape;
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+};
+
+// FP8 block-scaled experts (e4m3, one f32 scale per 128 x 128 block of each expert's matrix, as
+// the Qwen3.5 FP8 checkpoints) against the CPU's dequantising reference, on both CUDA paths:
+// decode (T * k <= 256: the grouped GEMVs dequantising in registers) and prefill (the grouped
+// GEMM dequantising each weight tile to bf16 in shared memory). Shapes: the flagship's experts
+// (H 3072, I 1024, 256 experts, top-8) as an expert-parallel slice of 16 experts, a 64-expert
+// layer at H 2048 / I 768, and sizes off every tile and block multiple (H 528, I 144: partial
+// 64-deep k steps, partial scale blocks, up rows starting inside a gate block). Tolerance as
+// the bf16 experts: the decode path is exact up to bf16 activations, the prefill path rounds
+// each dequantised weight to bf16 (2^-9 relative).
+TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
+  const MoeCase cases[] = {
+      // decode: T * k = 8, 32, 128 pairs
+      {1, 64, 8, 2048, 768, 64, 0, true},
+      {4, 64, 8, 2048, 768, 64, 0, true},
+      {16, 64, 8, 2048, 768, 64, 0, true},
+      {3, 64, 8, 528, 144, 64, 0, false},
+      {1, 256, 8, 3072, 1024, 16, 0, true},     // flagship shape, experts 0..15 of 256
+      {16, 256, 8, 3072, 1024, 16, 128, true},  // experts 128..143
+      {32, 256, 8, 3072, 1024, 16, 240, true},  // 256 pairs: the last decode size
+      // prefill
+      {33, 64, 8, 528, 144, 64, 0, true},  // 264 pairs
+      {300, 64, 8, 2048, 768, 64, 0, true},
+      {1000, 64, 8, 1024, 512, 64, 0, false},
+      {300, 256, 8, 3072, 1024, 16, 64, true},  // expert parallel, experts 64..79
+  };
+  auto make_fp8 = [&](Shape shape) {
+    Fp8Host h;
+    h.shape = shape;
+    h.scale_shape = block_scale_shape(shape);
+    std::uniform_int_distribution<int> byte(0, 255);
+    h.q.resize(static_cast<size_t>(shape.numel()));
+    for (auto& b : h.q) {
+      do b = static_cast<uint8_t>(byte(rng_));
+      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
+    }
+    h.scale = rand(h.scale_shape.numel(), 1e-4f, 4e-4f);
+    return h;
+  };
+  auto put = [](Backend& be, const Fp8Host& h) {
+    Tensor w = be.alloc(h.shape, DType::kF8E4M3), s = be.alloc(h.scale_shape, DType::kF32);
+    be.copy_from_host(w, h.q.data());
+    be.copy_from_host(s, h.scale.data());
+    return w.with_block_scale(s);
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<Fp8Host, Fp8Host>> weights;  // by (E_local, H, I)
+  for (const MoeCase& c : cases) {
+    const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
+    auto it = weights.find({EL, H, I});
+    if (it == weights.end())
+      it = weights.emplace(std::make_tuple(EL, H, I), std::make_pair(make_fp8({EL, 2 * I, H}), make_fp8({EL, H, I})))
+               .first;
+    const Fp8Host &gu = it->second.first, &dn = it->second.second;
+    auto x = rand(T * H);
+    auto logits = rand(T * c.E, -3, 3);
+    Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+    cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+    int32_t* idp = cids.data<int32_t>();
+    if (EL < c.E) {
+      // A slice of the experts: route the first 3 slots of every token to local experts (so
+      // the slice has work), except token 1, whose experts are all elsewhere (a zero row).
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          if (t == 1)
+            idp[t * k + j] = static_cast<int32_t>(c.begin > 0 ? j % c.begin : c.begin + EL + j % (c.E - EL));
+          else if (j < 3)
+            idp[t * k + j] = static_cast<int32_t>(c.begin + (t * 3 + j) % EL);
+        }
+      // distinct ids within a token (the router never repeats one): slots 3.. keep their
+      // top-k ids unless they collide with the forced ones
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 3; j < k && t != 1; ++j)
+          for (int64_t i = 0; i < 3; ++i)
+            if (idp[t * k + j] == idp[t * k + i]) idp[t * k + j] = static_cast<int32_t>((c.begin + EL + j) % c.E);
+    }
+    std::vector<int32_t> ids(idp, idp + T * k);
+    std::vector<float> w = from_cpu(cw);
+    Tensor ref = cpu().alloc({T, H}, DType::kF32);
+    cpu().moe_experts(on_cpu(x, {T, H}), put(cpu(), gu), put(cpu(), dn), cids, cw, static_cast<int>(c.begin), ref);
+    Tensor out = gpu_out({T, H});
+    gpu().moe_experts(on_gpu(x, {T, H}), put(gpu(), gu), put(gpu(), dn), on_gpu_i32(ids, {T, k}),
+                      on_gpu(w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
+    const std::string what = "FP8 moe_experts T=" + std::to_string(T) + " E=" + std::to_string(c.E) +
+                             " k=" + std::to_string(k) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
+                             " experts [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + EL) + ") (" +
+                             (T * k <= 256 ? "decode" : "prefill") + " path)";
+    const auto got = from_gpu(out), want = from_cpu(ref);
+    EXPECT_LT(rel_err(got, want), 1e-2) << what;
+    if (EL < c.E && T > 1) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << what << ": a token routed only to other ranks";
+    }
+    gpu().synchronize();
+    gpu().reset_scratch();
+    cpu().reset_scratch();
+  }
+}
+
 // The register top-k (a warp per token) against the CPU: E from 8 to 1024 (every kPer of the
 // kernel), k = 1 and 8, renormalised, and a row of ties (lower ids win).
 TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
@@ -1031,45 +1137,57 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
 }
 
 // Routing results never go to the host: top-k and both expert paths replay in a graph.
+// FP8 experts (e4m3 with block scales) too.
 TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {
   const int64_t E = 32, k = 4, H = 256, I = 64;
-  Tensor gu = on_gpu(rand(E * 2 * I * H, -0.1f, 0.1f), {E, 2 * I, H}),
-         dn = on_gpu(rand(E * H * I, -0.1f, 0.1f), {E, H, I});
-  for (int64_t T : {4, 100}) {
-    Tensor x = gpu().alloc({T, H}, DType::kBF16), logits = gpu().alloc({T, E}, DType::kF32);
-    Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu().alloc({T, k}, DType::kF32);
-    Tensor out = gpu().alloc({T, H}, DType::kBF16);
-    auto step = [&] {
-      gpu().moe_topk(logits, static_cast<int>(k), true, ids, w);
-      gpu().moe_experts(x, gu, dn, ids, w, 0, out);
-    };
-    auto write = [&](const Tensor& t, const std::vector<float>& v) {
-      std::vector<uint8_t> bytes(t.nbytes());
-      convert_host(v.data(), DType::kF32, bytes.data(), t.dtype(), v.size());
-      gpu().copy_from_host(t, bytes.data());
-    };
-    std::vector<std::vector<float>> xs = {rand(T * H), rand(T * H)}, ls = {rand(T * E, -3, 3), rand(T * E, -3, 3)};
-    std::vector<std::vector<float>> refs;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      write(x, xs[i]);
-      write(logits, ls[i]);
+  for (bool fp8 : {false, true})
+    for (int64_t T : {4, 100}) {
+      Tensor gu = on_gpu(rand(E * 2 * I * H, -0.1f, 0.1f), {E, 2 * I, H}),
+             dn = on_gpu(rand(E * H * I, -0.1f, 0.1f), {E, H, I});
+      if (fp8) {
+        auto to_fp8 = [&](Shape shape) {
+          Tensor q = gpu().alloc(shape, DType::kF8E4M3), s = gpu().alloc(block_scale_shape(shape), DType::kF32);
+          gpu().fill_random(q, 7 + shape.numel(), -448.0f, 448.0f);
+          gpu().fill_random(s, 11 + shape.numel(), 1e-4f, 4e-4f);
+          return q.with_block_scale(s);
+        };
+        gu = to_fp8({E, 2 * I, H});
+        dn = to_fp8({E, H, I});
+      }
+      Tensor x = gpu().alloc({T, H}, DType::kBF16), logits = gpu().alloc({T, E}, DType::kF32);
+      Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu().alloc({T, k}, DType::kF32);
+      Tensor out = gpu().alloc({T, H}, DType::kBF16);
+      auto step = [&] {
+        gpu().moe_topk(logits, static_cast<int>(k), true, ids, w);
+        gpu().moe_experts(x, gu, dn, ids, w, 0, out);
+      };
+      auto write = [&](const Tensor& t, const std::vector<float>& v) {
+        std::vector<uint8_t> bytes(t.nbytes());
+        convert_host(v.data(), DType::kF32, bytes.data(), t.dtype(), v.size());
+        gpu().copy_from_host(t, bytes.data());
+      };
+      std::vector<std::vector<float>> xs = {rand(T * H), rand(T * H)}, ls = {rand(T * E, -3, 3), rand(T * E, -3, 3)};
+      std::vector<std::vector<float>> refs;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        write(x, xs[i]);
+        write(logits, ls[i]);
+        gpu().reset_scratch();
+        step();
+        refs.push_back(from_gpu(out));
+      }
       gpu().reset_scratch();
+      gpu().begin_capture();
       step();
-      refs.push_back(from_gpu(out));
+      std::unique_ptr<CapturedGraph> g = gpu().end_capture();
+      ASSERT_TRUE(g);
+      for (size_t i = 0; i < xs.size(); ++i) {
+        write(x, xs[i]);
+        write(logits, ls[i]);
+        gpu().fill(out, NAN);
+        gpu().replay(*g);
+        EXPECT_EQ(rel_err(from_gpu(out), refs[i]), 0.0) << "T=" << T << " input " << i << (fp8 ? " FP8 experts" : "");
+      }
     }
-    gpu().reset_scratch();
-    gpu().begin_capture();
-    step();
-    std::unique_ptr<CapturedGraph> g = gpu().end_capture();
-    ASSERT_TRUE(g);
-    for (size_t i = 0; i < xs.size(); ++i) {
-      write(x, xs[i]);
-      write(logits, ls[i]);
-      gpu().fill(out, NAN);
-      gpu().replay(*g);
-      EXPECT_EQ(rel_err(from_gpu(out), refs[i]), 0.0) << "T=" << T << " input " << i;
-    }
-  }
 }
 
 TEST_F(CudaOps, SigmoidMulElementwiseAndPerRow) {

@@ -608,19 +608,30 @@ class CudaBackend final : public Backend {
 
   // Decode (T * k <= kMoeDecodeMaxPairs): grouped GEMVs reading each selected expert once.
   // Prefill: routing, permutation and tile offsets on the device, grouped GEMMs on tensor cores.
+  // FP8 block-scaled experts take the same two paths (dequantised in registers / shared memory).
   // Neither reads the routing on the host, so both run inside captured graphs.
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                    const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
     CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
                  "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
-    if (gate_up.block_scaled() || down.block_scaled())
-      fail(ErrorKind::kUnsupported,
-           "moe_experts: FP8 experts are not implemented on CUDA yet (the dense FP8 linear is); serve this model "
-           "from its bf16 checkpoint, or on the CPU backend");
     const int64_t T = x.dim(0), H = x.dim(1), E_local = gate_up.dim(0), I = gate_up.dim(1) / 2;
-    CUDA_REQUIRE(x.dtype() == DType::kBF16 && gate_up.dtype() == DType::kBF16 && down.dtype() == DType::kBF16 &&
-                     out.dtype() == DType::kBF16,
-                 "moe_experts", "expects bf16 x, weights and out, got " + x.str() + ", " + gate_up.str());
+    // FP8 experts: e4m3 with f32 scales per 128 x 128 block (Tensor::block_scale), both matrices.
+    const bool fp8 = gate_up.block_scaled();
+    CUDA_REQUIRE(
+        down.block_scaled() == fp8, "moe_experts",
+        "gate_up and down must both be FP8 block-scaled or both bf16, got " + gate_up.str() + " and " + down.str());
+    const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
+    CUDA_REQUIRE(
+        x.dtype() == DType::kBF16 && gate_up.dtype() == wt && down.dtype() == wt && out.dtype() == DType::kBF16,
+        "moe_experts",
+        "expects bf16 x and out with bf16 or block-scaled e4m3 weights, got " + x.str() + ", " + gate_up.str() + ", " +
+            down.str());
+    if (fp8)
+      CUDA_REQUIRE(gate_up.block_scale()->dtype() == DType::kF32 && down.block_scale()->dtype() == DType::kF32 &&
+                       gate_up.block_scale()->ndim() == 3 && down.block_scale()->ndim() == 3,
+                   "moe_experts",
+                   "FP8 experts need f32 block scales, got " + gate_up.block_scale()->str() + " and " +
+                       down.block_scale()->str());
     CUDA_REQUIRE(gate_up.dim(1) == 2 * I && gate_up.dim(2) == H && down.dim(0) == E_local && down.dim(1) == H &&
                      down.dim(2) == I && out.numel() == T * H,
                  "moe_experts",
@@ -633,11 +644,12 @@ class CudaBackend final : public Backend {
     const bool aligned = ((reinterpret_cast<uintptr_t>(x.raw()) | reinterpret_cast<uintptr_t>(gate_up.raw()) |
                            reinterpret_cast<uintptr_t>(down.raw()) | reinterpret_cast<uintptr_t>(out.raw())) &
                           15) == 0;
-    if (H % 8 != 0 || I % 8 != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
+    const int64_t mult = fp8 ? 16 : 8;  // 16-byte loads of the weights: 8 bf16 or 16 e4m3
+    if (H % mult != 0 || I % mult != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
       fail(ErrorKind::kUnsupported,
-           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of 8, 16-byte aligned tensors and "
-           "at most {} experts per rank (got H={}, I={}, {} experts)",
-           kMoeMaxExperts, H, I, E_local);
+           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of {} ({} experts), 16-byte "
+           "aligned tensors and at most {} experts per rank (got H={}, I={}, {} experts)",
+           mult, fp8 ? "FP8" : "bf16", kMoeMaxExperts, H, I, E_local);
     for (const Tensor* t : {&x, &gate_up, &down, &topk_ids, &topk_weights, &out}) need_cuda(*t, "moe_experts");
     bind();
     MoeArgs a{};
@@ -653,6 +665,12 @@ class CudaBackend final : public Backend {
     a.I = static_cast<int>(I);
     a.E_local = static_cast<int>(E_local);
     a.expert_begin = expert_begin;
+    if (fp8) {
+      need_cuda(*gate_up.block_scale(), "moe_experts");
+      need_cuda(*down.block_scale(), "moe_experts");
+      a.gate_up_scale = gate_up.block_scale()->data<float>();
+      a.down_scale = down.block_scale()->data<float>();
+    }
     const int64_t P = T * k;
     Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
     if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {

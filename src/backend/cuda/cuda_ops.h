@@ -192,16 +192,22 @@ constexpr int kMoeMaxExperts = 1024;     // experts per rank (one routing block 
 constexpr int kMoeDecodeMaxPairs = 256;  // T * k up to this: the decode (grouped GEMV) path
 constexpr int kMoeTileM = 128;           // rows of a grouped-GEMM tile (routing counts tiles of this)
 struct MoeArgs {
-  const void* x;         // bf16 [T, H]
-  const void* gate_up;   // bf16 [E_local, 2I, H]
-  const void* down;      // bf16 [E_local, H, I]
+  const void* x;        // bf16 [T, H]
+  const void* gate_up;  // bf16 [E_local, 2I, H], or e4m3 with gate_up_scale
+  const void* down;     // bf16 [E_local, H, I], or e4m3 with down_scale
+  // FP8 experts (both or neither): f32 scales per 128 x 128 block of each expert's matrix,
+  // [E_local, ceil(2I / 128), ceil(H / 128)] and [E_local, ceil(H / 128), ceil(I / 128)]
+  // (Tensor::block_scale); H and I multiples of 16. Null: bf16 experts.
+  const float* gate_up_scale = nullptr;
+  const float* down_scale = nullptr;
   const int32_t* ids;    // [T, k]
   const float* weights;  // [T, k]
   void* out;             // bf16 [T, H]
   int T, k, H, I, E_local, expert_begin;
 };
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
-// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens).
+// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens),
+// FP8 ones dequantised in registers (f32 accumulation).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
@@ -210,6 +216,8 @@ struct MoePrefillWorkspace {
   void *act, *y;
 };
 // Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
+// FP8 experts: each weight tile is dequantised to bf16 in shared memory (fp8 * block scale,
+// rounded to bf16) and runs the same bf16 tensor-core GEMM.
 void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s);
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);
