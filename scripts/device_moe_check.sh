@@ -5,8 +5,9 @@
 #   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
-# PARTS (default all but fixtures_bf16): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
-#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; fixtures_bf16 (transformers' bf16 error per
+# PARTS (default all but fixtures_bf16): tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve
+#   plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; moe_variants: the MoE decode kernel variants side by
+#   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
@@ -21,7 +22,7 @@ BASE=""
 if [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
-PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
+PARTS=" ${PARTS:-tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 MOE=configs/qwen3-30b-a3b
@@ -68,6 +69,14 @@ if part kernels; then
   [ -x $B/gdr_bench ] && timeout 180 $B/gdr_bench 2>&1 | tee "$L/gdr_bench.log" | tail -25
   echo "== FP8 block-scaled linear against cuBLASLt per-tensor FP8"
   [ -x $B/fp8_gemm_bench ] && timeout 180 $B/fp8_gemm_bench 2>&1 | tee "$L/fp8_gemm_bench.log" | tail -40
+fi
+
+if part moe_variants; then
+  echo "== MoE decode kernel variants (moe_bench --variants)"
+  for k in $B/moe_bench $B/kernels/moe_bench; do
+    [ -x "$k" ] && timeout 300 "$k" --variants 2>&1 | tee "$L/moe_variants.log" | grep -v '^check:' | tail -14
+  done
+  grep -E 'FAIL|error' "$L/moe_variants.log" | head -5
 fi
 
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]

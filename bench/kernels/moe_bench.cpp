@@ -10,10 +10,14 @@
 // path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
 // TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
 // First checks both paths against the CPU backend on a smaller expert count.
-//   moe_bench [--quick]
+// Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
+// backend of its own, checked against the CPU, then microseconds per layer (router top-k + experts,
+// as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32.
+//   moe_bench [--quick] [--variants]   (--variants: the checks, the copy figure and that table only)
 #include <cstring>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "bench_util.h"
@@ -24,7 +28,7 @@ using namespace tessera::bench;
 
 namespace {
 
-const char* decode_path() { return "gemv"; }
+const char* decode_path() { return cuda_moe_decode_name(CudaOptions{}.moe_decode); }
 
 constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8, kLayers = 4;
 
@@ -57,10 +61,108 @@ double check(Backend& gpu, int64_t T) {
   return err;
 }
 
+// The decode variants side by side: per variant a backend, its CPU check, 4 layers of weights,
+// then per T the graph-replayed microseconds per layer (moe_topk + moe_experts).
+void decode_variants(double copy_gbs, bool quick) {
+  const std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32};
+  std::vector<std::vector<double>> us;  // [variant][T]
+  std::vector<double> distinct_of_T(Ts.size(), 0.0);
+  for (CudaMoeDecode v : kAllCudaMoeDecode) {
+    auto gpu = make_cuda_backend(0, CudaOptions{v});
+    for (int64_t T : {1, 3, 16}) {
+      const double err = check(*gpu, T);
+      std::printf("check: %s T=%ld vs CPU: rel_err %.2e %s\n", cuda_moe_decode_name(v), long(T), err,
+                  err < 1e-2 ? "OK" : "FAIL");
+      if (!(err < 1e-2)) throw std::runtime_error("moe_experts does not match the CPU backend");
+    }
+    std::vector<Tensor> gate_up, down;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      gate_up.push_back(gpu->alloc({kE, 2 * kI, kH}, DType::kBF16));
+      down.push_back(gpu->alloc({kE, kH, kI}, DType::kBF16));
+      gpu->fill_random(gate_up.back(), 100 + l, -0.05f, 0.05f);
+      gpu->fill_random(down.back(), 200 + l, -0.05f, 0.05f);
+    }
+    us.emplace_back();
+    for (size_t ti = 0; ti < Ts.size(); ++ti) {
+      const int64_t T = Ts[ti];
+      Tensor x = gpu->alloc({T, kH}, DType::kBF16), out = gpu->alloc({T, kH}, DType::kBF16);
+      gpu->fill_random(x, 7, -1, 1);
+      std::vector<Tensor> logits, ids, w;
+      double distinct = 0;
+      for (int64_t l = 0; l < kLayers; ++l) {
+        logits.push_back(gpu->alloc({T, kE}, DType::kF32));
+        gpu->fill_random(logits.back(), 300 + 10 * T + l, -4, 4);
+        ids.push_back(gpu->alloc({T, kK}, DType::kI32));
+        w.push_back(gpu->alloc({T, kK}, DType::kF32));
+        gpu->moe_topk(logits[l], static_cast<int>(kK), true, ids[l], w[l]);
+        std::vector<int32_t> h(static_cast<size_t>(T * kK));
+        gpu->copy_to_host(h.data(), ids[l]);
+        distinct += static_cast<double>(std::set<int32_t>(h.begin(), h.end()).size()) / kLayers;
+      }
+      distinct_of_T[ti] = distinct;
+      auto layers = [&] {
+        for (int64_t l = 0; l < kLayers; ++l) {
+          const size_t mark = gpu->scratch_mark();
+          gpu->moe_topk(logits[l], static_cast<int>(kK), true, ids[l], w[l]);
+          gpu->moe_experts(x, gate_up[l], down[l], ids[l], w[l], 0, out);
+          gpu->scratch_rewind(mark);
+        }
+      };
+      gpu->reset_scratch();
+      layers();  // sizes the scratch arena before capture
+      gpu->synchronize();
+      gpu->reset_scratch();
+      gpu->begin_capture();
+      layers();
+      std::unique_ptr<CapturedGraph> g = gpu->end_capture();
+      const double ms = time_ms(
+                            *gpu, [&](int) { gpu->replay(*g); }, 5, quick ? 20 : 100) /
+                        kLayers;
+      gpu->synchronize();  // a device error (the fused kernel's barrier) shows here
+      us.back().push_back(ms * 1e3);
+      g.reset();
+      gpu->reset_scratch();
+    }
+  }
+  const double expert_bytes = 3.0 * kH * kI * 2;
+  std::printf(
+      "\nMoE decode variants, us per layer (moe_topk + moe_experts) in a captured graph of %ld layers; "
+      "%%copy = distinct experts' bytes per second over the copy figure (%.0f GB/s)\n",
+      long(kLayers), copy_gbs);
+  std::printf("%6s %9s %9s", "T", "experts", "MB/layer");
+  for (CudaMoeDecode v : kAllCudaMoeDecode) std::printf(" %14s %6s", cuda_moe_decode_name(v), "%copy");
+  std::printf("\n");
+  for (size_t ti = 0; ti < Ts.size(); ++ti) {
+    const double bytes = distinct_of_T[ti] * expert_bytes;
+    std::printf("%6ld %9.1f %9.1f", long(Ts[ti]), distinct_of_T[ti], bytes / 1e6);
+    for (size_t vi = 0; vi < us.size(); ++vi)
+      std::printf(" %14.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
+    std::printf("\n");
+  }
+  std::printf("(default: %s)\n", decode_path());
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, variants_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--variants") == 0)
+      variants_only = true;
+    else
+      throw std::runtime_error(std::string("unknown argument ") + argv[i] + " (moe_bench [--quick] [--variants])");
+  }
+  if (variants_only) {
+    std::unique_ptr<Backend> probe = make_cuda_backend(0);
+    std::printf("device: %s\n", probe->name().c_str());
+    const double copy_gbs = copy_bandwidth_gbs(*probe);
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+    probe.reset();
+    decode_variants(copy_gbs, quick);
+    return 0;
+  }
   auto gpu = make_cuda_backend(0);
   std::printf("device: %s\n", gpu->name().c_str());
   for (int64_t T : {1, 3, 16, 300}) {
@@ -163,6 +265,10 @@ int run(int argc, char** argv) {
       "the copy figure (read + write); %%gemm: active FLOP/s over the 8192^3 cuBLASLt rate; graph_us: per layer, "
       "replaying a captured graph of the %ld layers.\n",
       long(kLayers), long(kLayers));
+  gate_up.clear();
+  down.clear();
+  gpu.reset();
+  decode_variants(copy_gbs, quick);
   return 0;
 }
 

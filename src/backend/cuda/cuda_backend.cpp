@@ -85,6 +85,9 @@ const char* device_error_text(int code) {
       return "a position beyond the rotary table (raise max_position_embeddings or lower --max-model-len)";
     case kErrKvSlot:
       return "a KV slot outside the cache";
+    case kErrMoeGridBarrier:
+      return "the fused MoE decode kernel's grid barrier timed out (not all of its blocks became resident); build "
+             "the backend with CudaOptions::moe_decode = CudaMoeDecode::kSplit and report the GPU model";
     default:
       return "unknown device error";
   }
@@ -92,7 +95,7 @@ const char* device_error_text(int code) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_index) : index_(device_index) {
+  CudaBackend(int device_index, const CudaOptions& options) : index_(device_index), options_(options) {
     int count = 0;
     TCUDA_CHECK(cudaGetDeviceCount(&count));
     if (device_index < 0 || device_index >= count)
@@ -107,6 +110,9 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TCUDA_CHECK(cudaMalloc(&dev_err_, sizeof(int)));
     TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
+    // The fused MoE decode kernel's barrier and counters: zero now, left zero by every launch.
+    TCUDA_CHECK(cudaMalloc(&moe_sync_, kMoeSyncInts * sizeof(unsigned)));
+    TCUDA_CHECK(cudaMemsetAsync(moe_sync_, 0, kMoeSyncInts * sizeof(unsigned), stream_));
     TCUDA_CHECK(cudaMallocHost(&upload_ring_, kUploadRingBytes));
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
@@ -131,6 +137,7 @@ class CudaBackend final : public Backend {
     chunks_.clear();
     gemm_.reset();
     cudaFree(dev_err_);
+    cudaFree(moe_sync_);
     cudaFreeHost(upload_ring_);
     cudaFreeHost(download_);
     cudaFreeHost(host_err_);
@@ -656,7 +663,11 @@ class CudaBackend final : public Backend {
     const int64_t P = T * k;
     Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
     if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
-      launch_moe_decode(a, act.raw(), y.raw(), stream_);
+      if (options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts)
+        launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, options_.moe_decode,
+                                props_.multiProcessorCount, stream_);
+      else
+        launch_moe_decode(a, act.raw(), y.raw(), stream_);
       return;
     }
     Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
@@ -973,9 +984,12 @@ class CudaBackend final : public Backend {
   }
 
   int index_;
+  CudaOptions options_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   int* dev_err_ = nullptr;
+  static constexpr int64_t kMoeSyncInts = 2 + 16384;  // the fused MoE decode path up to H = 65536
+  unsigned* moe_sync_ = nullptr;
   // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
   bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
   int* host_err_ = nullptr;
@@ -1010,7 +1024,9 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  return std::make_unique<CudaBackend>(device_index, options);
+}
 
 void* cuda_backend_stream(Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
