@@ -11,8 +11,8 @@
 // TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
 // First checks both paths against the CPU backend on a smaller expert count.
 // Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
-// backend of its own, checked against the CPU, then microseconds per layer (router top-k + experts,
-// as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32.
+// backend of its own, checked against the CPU, then microseconds per layer (moe_topk_experts: router
+// top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32.
 //   moe_bench [--quick] [--variants]   (--variants: the checks, the copy figure and that table only)
 #include <cstring>
 #include <memory>
@@ -62,7 +62,7 @@ double check(Backend& gpu, int64_t T) {
 }
 
 // The decode variants side by side: per variant a backend, its CPU check, 4 layers of weights,
-// then per T the graph-replayed microseconds per layer (moe_topk + moe_experts).
+// then per T the graph-replayed microseconds per layer (moe_topk_experts).
 void decode_variants(double copy_gbs, bool quick) {
   const std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32};
   std::vector<std::vector<double>> us;  // [variant][T]
@@ -103,8 +103,7 @@ void decode_variants(double copy_gbs, bool quick) {
       auto layers = [&] {
         for (int64_t l = 0; l < kLayers; ++l) {
           const size_t mark = gpu->scratch_mark();
-          gpu->moe_topk(logits[l], static_cast<int>(kK), true, ids[l], w[l]);
-          gpu->moe_experts(x, gate_up[l], down[l], ids[l], w[l], 0, out);
+          gpu->moe_topk_experts(logits[l], static_cast<int>(kK), true, x, gate_up[l], down[l], ids[l], w[l], 0, out);
           gpu->scratch_rewind(mark);
         }
       };
@@ -126,7 +125,7 @@ void decode_variants(double copy_gbs, bool quick) {
   }
   const double expert_bytes = 3.0 * kH * kI * 2;
   std::printf(
-      "\nMoE decode variants, us per layer (moe_topk + moe_experts) in a captured graph of %ld layers; "
+      "\nMoE decode variants, us per layer (moe_topk_experts) in a captured graph of %ld layers; "
       "%%copy = distinct experts' bytes per second over the copy figure (%.0f GB/s)\n",
       long(kLayers), copy_gbs);
   std::printf("%6s %9s %9s", "T", "experts", "MB/layer");

@@ -164,6 +164,14 @@ class Backend {
   // No host synchronisation on the routing results (decode steps run inside captured graphs).
   virtual void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                            const Tensor& topk_weights, int expert_begin, const Tensor& out) = 0;
+  // moe_topk of router_logits into topk_ids / topk_weights, then moe_experts with them: one call,
+  // so that a backend may fold the routing into the expert kernels (CUDA decode: CudaMoeDecode).
+  virtual void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x,
+                                const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                                const Tensor& topk_weights, int expert_begin, const Tensor& out) {
+    moe_topk(router_logits, k, renormalize, topk_ids, topk_weights);
+    moe_experts(x, gate_up, down, topk_ids, topk_weights, expert_begin, out);
+  }
   // out = x * sigmoid(gate). gate has x's shape, or [T, 1] (one gate per row, broadcast over the
   // row: the shared expert's gate). Gated attention uses the elementwise form. out may alias x.
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;

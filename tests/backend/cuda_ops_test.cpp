@@ -821,6 +821,8 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
 // ranks and a rank that gets no pair at all, each launched twice in a row and then replayed three
 // times from a captured graph (the fused kernel's barrier and counters must be back at zero after
 // every launch, and a barrier that did not complete would raise a device error at synchronize).
+// Then moe_topk_experts from the router logits (the fused variants fold the top-k in): the same
+// ids and weights as the CPU's moe_topk and the same output.
 TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
   const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true},  // Qwen3-30B-A3B's expert shape
                            {1, 8, 2, 256, 128, 8, 0, true},    {3, 64, 8, 264, 96, 64, 0, false},
@@ -838,6 +840,10 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
       auto logits = rand(T * c.E, -3, 3);
       Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
       cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+      const std::vector<int32_t> topk_ids(cids.data<int32_t>(), cids.data<int32_t>() + T * k);
+      Tensor ref_topk = cpu().alloc({T, H}, DType::kF32);
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref_topk);
       int32_t* idp = cids.data<int32_t>();
       if (c.begin == 48)  // no pair on this rank
         for (int64_t p = 0; p < T * k; ++p) idp[p] = static_cast<int32_t>(p % c.begin);
@@ -876,6 +882,21 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
       }
       g.reset();
       be->reset_scratch();
+      Tensor glogits = upload(*be, logits, {T, c.E}, DType::kF32);
+      Tensor tids = be->alloc({T, k}, DType::kI32), tw = be->alloc({T, k}, DType::kF32);
+      for (int rep = 0; rep < 2; ++rep) {
+        be->fill(out, NAN);
+        be->fill(tw, NAN);
+        be->moe_topk_experts(glogits, static_cast<int>(k), c.renormalize, gx, ggu, gdn, tids, tw,
+                             static_cast<int>(c.begin), out);
+        be->synchronize();
+        std::vector<int32_t> got_ids(static_cast<size_t>(T * k));
+        be->copy_to_host(got_ids.data(), tids);
+        EXPECT_EQ(got_ids, topk_ids) << what << " moe_topk_experts " << rep;
+        EXPECT_LT(rel_err(download(*be, tw), from_cpu(cw)), 1e-5) << what << " moe_topk_experts " << rep;
+        EXPECT_LT(rel_err(download(*be, out), from_cpu(ref_topk)), 1e-2) << what << " moe_topk_experts " << rep;
+        be->reset_scratch();
+      }
     }
   }
 }

@@ -618,6 +618,35 @@ class CudaBackend final : public Backend {
   // Neither reads the routing on the host, so both run inside captured graphs.
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                    const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, nullptr);
+  }
+
+  // The fused decode variants fold the top-k into their kernel (CudaMoeDecode); otherwise (and
+  // where that kernel does not apply) moe_topk, then moe_experts.
+  void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
+                        const Tensor& down, const Tensor& topk_ids, const Tensor& topk_weights, int expert_begin,
+                        const Tensor& out) override {
+    const bool fold = options_.moe_decode != CudaMoeDecode::kSplit && moe_gemv_ && router_logits.ndim() == 2 &&
+                      router_logits.dtype() == DType::kF32 && x.ndim() == 2 && router_logits.dim(0) == x.dim(0) &&
+                      x.dim(0) * k <= kMoeDecodeMaxPairs && topk_ids.numel() == x.dim(0) * k &&
+                      topk_weights.numel() == x.dim(0) * k && topk_ids.dtype() == DType::kI32 &&
+                      topk_weights.dtype() == DType::kF32 &&
+                      moe_decode_fused_topk_supported(static_cast<int>(router_logits.dim(1)), k) &&
+                      !gate_up.block_scaled() && !down.block_scaled();
+    if (!fold) {
+      Backend::moe_topk_experts(router_logits, k, renormalize, x, gate_up, down, topk_ids, topk_weights, expert_begin,
+                                out);
+      return;
+    }
+    need_cuda(router_logits, "moe_topk_experts");
+    const MoeFusedTopk topk{router_logits.data<float>(), static_cast<int>(router_logits.dim(1)), renormalize};
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, &topk);
+  }
+
+  // moe_experts; with `fold`, the routing is computed from its logits into topk_ids / topk_weights
+  // first (inside the fused decode kernel, or by the top-k kernel on the other paths).
+  void moe_experts_impl(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                        const Tensor& topk_weights, int expert_begin, const Tensor& out, const MoeFusedTopk* fold) {
     CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
                  "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
     if (gate_up.block_scaled() || down.block_scaled())
@@ -637,6 +666,7 @@ class CudaBackend final : public Backend {
                  "moe_experts", "routing " + topk_ids.str() + ", " + topk_weights.str() + " for " + x.str());
     if (T == 0) return;
     const int64_t k = topk_ids.dim(1);
+    if (fold) CUDA_REQUIRE(topk_ids.dim(1) == topk_weights.dim(1), "moe_topk_experts", "routing " + topk_ids.str());
     const bool aligned = ((reinterpret_cast<uintptr_t>(x.raw()) | reinterpret_cast<uintptr_t>(gate_up.raw()) |
                            reinterpret_cast<uintptr_t>(down.raw()) | reinterpret_cast<uintptr_t>(out.raw())) &
                           15) == 0;
@@ -662,12 +692,17 @@ class CudaBackend final : public Backend {
     a.expert_begin = expert_begin;
     const int64_t P = T * k;
     Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
-    if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
-      if (options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts)
-        launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, options_.moe_decode,
-                                props_.multiProcessorCount, stream_);
-      else
-        launch_moe_decode(a, act.raw(), y.raw(), stream_);
+    const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
+    if (decode && options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts) {
+      launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, options_.moe_decode,
+                              props_.multiProcessorCount, stream_, fold);
+      return;
+    }
+    if (fold)
+      launch_moe_topk(fold->logits, T, fold->E, static_cast<int>(k), fold->renormalize, topk_ids.data<int32_t>(),
+                      topk_weights.data<float>(), stream_);
+    if (decode) {
+      launch_moe_decode(a, act.raw(), y.raw(), stream_);
       return;
     }
     Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);

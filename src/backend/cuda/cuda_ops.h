@@ -214,8 +214,16 @@ struct MoeDecodeWorkspace {
   int* err;
 };
 int64_t moe_decode_sync_ints(int64_t H);
+// The router's top-k folded into the decode kernels (Backend::moe_topk_experts): a.ids and
+// a.weights are then outputs (written as moe_topk writes them). E <= 256, k <= min(E, 32).
+struct MoeFusedTopk {
+  const float* logits;  // f32 [T, E]
+  int E;
+  bool renormalize;
+};
+bool moe_decode_fused_topk_supported(int E, int k);
 void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
-                             cudaStream_t s);
+                             cudaStream_t s, const MoeFusedTopk* fold = nullptr);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
 struct MoePrefillWorkspace {

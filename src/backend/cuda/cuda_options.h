@@ -9,13 +9,16 @@ namespace tessera {
 // How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
 enum class CudaMoeDecode {
   kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
-  kFused,                 // one persistent kernel: gate_up, grid barrier, down (its first loads issued
-                          // before the barrier), combine by the last warp of each row group
+                          // (after the top-k kernel)
+  kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
+                          // barrier, down (its first loads issued before the barrier), combine by the
+                          // last warp of each row group
+  kFusedTopkKernel,       // kFused with the top-k as its own kernel before it
   kFusedNoPrefetch,       // kFused without the down loads before the barrier
-  kFusedSeparateCombine,  // kFused's gate_up and down, then the combine kernel of kSplit
+  kFusedSeparateCombine,  // kFused's top-k, gate_up and down, then the combine kernel of kSplit
 };
 inline constexpr CudaMoeDecode kAllCudaMoeDecode[] = {CudaMoeDecode::kSplit, CudaMoeDecode::kFused,
-                                                      CudaMoeDecode::kFusedNoPrefetch,
+                                                      CudaMoeDecode::kFusedTopkKernel, CudaMoeDecode::kFusedNoPrefetch,
                                                       CudaMoeDecode::kFusedSeparateCombine};
 inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
   switch (v) {
@@ -23,6 +26,8 @@ inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
       return "split";
     case CudaMoeDecode::kFused:
       return "fused";
+    case CudaMoeDecode::kFusedTopkKernel:
+      return "fused_topk_kern";
     case CudaMoeDecode::kFusedNoPrefetch:
       return "fused_nopre";
     case CudaMoeDecode::kFusedSeparateCombine:

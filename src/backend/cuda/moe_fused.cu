@@ -1,6 +1,6 @@
-// Mixture-of-experts decode in one persistent kernel (CudaMoeDecode::kFused*): the gate_up
-// grouped GEMV, the down grouped GEMV and (kCombine) the weighted combine, separated by one
-// grid-wide barrier instead of kernel boundaries. The three-kernel path (moe.cu,
+// Mixture-of-experts decode in one persistent kernel (CudaMoeDecode::kFused*): (kTopk) the
+// router's top-k, the gate_up grouped GEMV, the down grouped GEMV and (kCombine) the weighted
+// combine, separated by one grid-wide barrier instead of kernel boundaries. The three-kernel path (moe.cu,
 // launch_moe_decode) pays each kernel's ramp (launch, prologue, first load round trip) and drain
 // (the last blocks streaming while the rest of the GPU idles) in turn; here the down weights of
 // every warp's first unit are loaded before the barrier (they do not depend on the gate_up
@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
+#include "backend/cuda/moe_topk.cuh"
 
 namespace tessera::cuda {
 
@@ -61,15 +62,14 @@ __device__ int fused_block_scan(int v, int* warp_tot) {
 }
 
 // The step's distinct local experts ranked by their first pair and each one's pairs listed
-// contiguously (the order within an expert varies; each pair's result is computed alone). Every
-// block computes the same lists. Waits for the kernels before (PDL). Returns the number of
-// distinct local experts.
-__device__ int fused_list_pairs(FusedLists& L, const int32_t* __restrict__ ids, int P, int expert_begin, int E_local) {
+// contiguously (the order within an expert varies; each pair's result is computed alone), from
+// the routing in shared memory (s_ids). Every block computes the same lists. Returns the number
+// of distinct local experts.
+__device__ int fused_list_pairs(FusedLists& L, const int* s_ids, int P, int expert_begin, int E_local) {
   const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
   for (int e = q; e < E_local; e += kFThreads) L.rank_of[e] = 0x7fffffff;
   L.count[q] = 0;
-  pdl_wait();  // ids, weights and x come from the kernels before
-  const int e_q = q < P ? ids[q] - expert_begin : -1;
+  const int e_q = q < P ? s_ids[q] - expert_begin : -1;
   const bool local_q = q < P && e_q >= 0 && e_q < E_local;
   __syncthreads();
   if (local_q) atomicMin(&L.rank_of[e_q], q);
@@ -141,17 +141,48 @@ __device__ void fused_grid_barrier(unsigned* sync, int* err) {
   __syncthreads();
 }
 
-template <bool kPrefetch, bool kCombine>
+// The router's top-k folded into the kernel (kTopk): every block computes the routing of every
+// token itself (a warp per token, warp_topk: the same bits as moe_topk), block 0 also writes it
+// to ids / weights. Otherwise ids / weights are inputs.
+constexpr int kFTopkPer = 8;  // experts per lane: E <= 256
+struct FusedTopk {
+  const float* logits;  // f32 [T, E]
+  int E;
+  bool renormalize;
+};
+
+template <bool kPrefetch, bool kCombine, bool kTopk>
 __global__ void __launch_bounds__(kFThreads, 2)
     moe_fused_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate_up,
-                            const __nv_bfloat16* __restrict__ down, const int32_t* __restrict__ ids,
-                            const float* __restrict__ weights, int T, int k, int expert_begin, int E_local, int H,
-                            int I, __nv_bfloat16* act, __nv_bfloat16* y, __nv_bfloat16* __restrict__ out,
-                            unsigned* sync, int* err) {
+                            const __nv_bfloat16* __restrict__ down, int32_t* ids, float* weights, FusedTopk topk, int T,
+                            int k, int expert_begin, int E_local, int H, int I, __nv_bfloat16* act, __nv_bfloat16* y,
+                            __nv_bfloat16* __restrict__ out, unsigned* sync, int* err) {
   __shared__ FusedLists L;
+  __shared__ int s_ids[kMoeDecodeMaxPairs];
+  __shared__ float s_w[kMoeDecodeMaxPairs];
   const int P = T * k;
-  const int distinct = fused_list_pairs(L, ids, P, expert_begin, E_local);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  pdl_wait();  // the routing (or the logits) and x come from the kernels before
+  if (kTopk) {
+    for (int t = warp; t < T; t += kFWarps) {
+      int id;
+      float wt;
+      warp_topk<kFTopkPer>(topk.logits + static_cast<int64_t>(t) * topk.E, topk.E, k, topk.renormalize, &id, &wt);
+      if (lane < k) {
+        s_ids[t * k + lane] = id;
+        s_w[t * k + lane] = wt;
+        if (blockIdx.x == 0) {
+          ids[t * k + lane] = id;
+          weights[t * k + lane] = wt;
+        }
+      }
+    }
+  } else if (threadIdx.x < P) {
+    s_ids[threadIdx.x] = ids[threadIdx.x];
+    s_w[threadIdx.x] = weights[threadIdx.x];
+  }
+  __syncthreads();
+  const int distinct = fused_list_pairs(L, s_ids, P, expert_begin, E_local);
   if (distinct == 0) {  // no pair on this rank's experts: zeros (every block takes this branch)
     if (kCombine)
       for (int64_t i = blockIdx.x * int64_t(kFThreads) + threadIdx.x; i < int64_t(T) * H; i += gridDim.x * kFThreads)
@@ -320,9 +351,9 @@ __global__ void __launch_bounds__(kFThreads, 2)
       if (h >= H) continue;
       float s = 0.0f;
       for (int j = 0; j < k; ++j) {
-        const int pair = t * k + j, e = ids[pair] - expert_begin;
+        const int pair = t * k + j, e = s_ids[pair] - expert_begin;
         if (e < 0 || e >= E_local) continue;
-        s += weights[pair] * __bfloat162float(__ldcg(y + static_cast<int64_t>(pair) * H + h));
+        s += s_w[pair] * __bfloat162float(__ldcg(y + static_cast<int64_t>(pair) * H + h));
       }
       out[static_cast<int64_t>(t) * H + h] = __float2bfloat16_rn(s);
     }
@@ -330,9 +361,9 @@ __global__ void __launch_bounds__(kFThreads, 2)
   pdl_launch_dependents();
 }
 
-template <bool kPrefetch, bool kCombine>
-void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, int num_sms, cudaStream_t s) {
-  auto kernel = moe_fused_decode_kernel<kPrefetch, kCombine>;
+template <bool kPrefetch, bool kCombine, bool kTopk>
+void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, const FusedTopk& topk, int num_sms, cudaStream_t s) {
+  auto kernel = moe_fused_decode_kernel<kPrefetch, kCombine, kTopk>;
   static const int resident = [&] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFThreads, 0) != cudaSuccess || n < 1) {
@@ -346,9 +377,10 @@ void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, int num_sms, c
   const auto grid = static_cast<unsigned>(std::max<int64_t>(
       1, std::min<int64_t>(int64_t{resident} * std::max(num_sms, 1), ceil_div(warps_wanted, kFWarps))));
   launch_pdl(kernel, grid, kFThreads, 0, s, static_cast<const __nv_bfloat16*>(a.x),
-             static_cast<const __nv_bfloat16*>(a.gate_up), static_cast<const __nv_bfloat16*>(a.down), a.ids, a.weights,
-             a.T, a.k, a.expert_begin, a.E_local, a.H, a.I, static_cast<__nv_bfloat16*>(ws.act),
-             static_cast<__nv_bfloat16*>(ws.y), static_cast<__nv_bfloat16*>(a.out), ws.sync, ws.err);
+             static_cast<const __nv_bfloat16*>(a.gate_up), static_cast<const __nv_bfloat16*>(a.down),
+             const_cast<int32_t*>(a.ids), const_cast<float*>(a.weights), topk, a.T, a.k, a.expert_begin, a.E_local, a.H,
+             a.I, static_cast<__nv_bfloat16*>(ws.act), static_cast<__nv_bfloat16*>(ws.y),
+             static_cast<__nv_bfloat16*>(a.out), ws.sync, ws.err);
   TCUDA_LAUNCH_CHECK();
   if (!kCombine) launch_moe_combine(a, ws.y, nullptr, s);
 }
@@ -357,18 +389,37 @@ void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, int num_sms, c
 
 int64_t moe_decode_sync_ints(int64_t H) { return kBarrierInts + (H + kDnRows - 1) / kDnRows; }
 
+bool moe_decode_fused_topk_supported(int E, int k) { return E >= k && E <= 32 * kFTopkPer && k >= 1 && k <= 32; }
+
 void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
-                             cudaStream_t s) {
+                             cudaStream_t s, const MoeFusedTopk* fold) {
+  const FusedTopk topk{fold ? fold->logits : nullptr, fold ? fold->E : 0, fold && fold->renormalize};
+  if (fold && kind != CudaMoeDecode::kFusedTopkKernel) {
+    switch (kind) {
+      case CudaMoeDecode::kFusedNoPrefetch:
+        launch_fused<false, true, true>(a, ws, topk, num_sms, s);
+        return;
+      case CudaMoeDecode::kFusedSeparateCombine:
+        launch_fused<true, false, true>(a, ws, topk, num_sms, s);
+        return;
+      default:
+        launch_fused<true, true, true>(a, ws, topk, num_sms, s);
+        return;
+    }
+  }
+  if (fold)  // kFusedTopkKernel: the top-k kernel, then the fused kernel on its routing
+    launch_moe_topk(fold->logits, a.T, fold->E, a.k, fold->renormalize, const_cast<int32_t*>(a.ids),
+                    const_cast<float*>(a.weights), s);
   switch (kind) {
     case CudaMoeDecode::kFusedNoPrefetch:
-      launch_fused<false, true>(a, ws, num_sms, s);
-      break;
+      launch_fused<false, true, false>(a, ws, topk, num_sms, s);
+      return;
     case CudaMoeDecode::kFusedSeparateCombine:
-      launch_fused<true, false>(a, ws, num_sms, s);
-      break;
+      launch_fused<true, false, false>(a, ws, topk, num_sms, s);
+      return;
     default:
-      launch_fused<true, true>(a, ws, num_sms, s);
-      break;
+      launch_fused<true, true, false>(a, ws, topk, num_sms, s);
+      return;
   }
 }
 

@@ -27,9 +27,8 @@ void MoeBlock::forward(const Tensor& x, const Tensor& out) {
   be.linear(x, *router_, nullptr, logits);
   Tensor ids = be.scratch({T, k}, DType::kI32);
   Tensor weights = be.scratch({T, k}, DType::kF32);
-  be.moe_topk(logits, k, options_.renormalize, ids, weights);
-  be.moe_experts(x, *experts_.gate_up, *experts_.down, ids, weights, static_cast<int>(experts_.shard.expert_begin),
-                 out);
+  be.moe_topk_experts(logits, k, options_.renormalize, x, *experts_.gate_up, *experts_.down, ids, weights,
+                      static_cast<int>(experts_.shard.expert_begin), out);
   if (shared_) {
     Tensor shared = be.scratch(out.shape(), out.dtype());
     shared_->forward_partial(x, shared);
