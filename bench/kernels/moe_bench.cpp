@@ -12,7 +12,8 @@
 // First checks both paths against the CPU backend on a smaller expert count.
 // Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
 // backend of its own, checked against the CPU, then microseconds per layer (moe_topk_experts: router
-// top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32.
+// top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32,
+// for the Qwen3-30B-A3B shape and the Qwen3.5-35B-A3B one (256 experts of I 512, a gated shared expert).
 //   moe_bench [--quick] [--variants]   (--variants: the checks, the copy figure and that table only)
 #include <cstring>
 #include <memory>
@@ -61,9 +62,17 @@ double check(Backend& gpu, int64_t T) {
   return err;
 }
 
+// A model's MoE layer shape for the variant table: routed experts and an optional shared expert
+// (its intermediate size; gated by sigmoid(gate . x) when `shared_gate`).
+struct MoeShape {
+  const char* name;
+  int64_t H, I, E, k, shared_I;
+  bool shared_gate;
+};
+
 // The decode variants side by side: per variant a backend, its CPU check, 4 layers of weights,
-// then per T the graph-replayed microseconds per layer (moe_topk_experts).
-void decode_variants(double copy_gbs, bool quick) {
+// then per T the graph-replayed microseconds per layer (moe_topk_experts, the shared expert too).
+void decode_variants(const MoeShape& m, double copy_gbs, bool quick) {
   const std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32};
   std::vector<std::vector<double>> us;  // [variant][T]
   std::vector<double> distinct_of_T(Ts.size(), 0.0);
@@ -75,27 +84,35 @@ void decode_variants(double copy_gbs, bool quick) {
                   err < 1e-2 ? "OK" : "FAIL");
       if (!(err < 1e-2)) throw std::runtime_error("moe_experts does not match the CPU backend");
     }
-    std::vector<Tensor> gate_up, down;
+    std::vector<Tensor> gate_up, down, sgu, sdn, sg;
     for (int64_t l = 0; l < kLayers; ++l) {
-      gate_up.push_back(gpu->alloc({kE, 2 * kI, kH}, DType::kBF16));
-      down.push_back(gpu->alloc({kE, kH, kI}, DType::kBF16));
+      gate_up.push_back(gpu->alloc({m.E, 2 * m.I, m.H}, DType::kBF16));
+      down.push_back(gpu->alloc({m.E, m.H, m.I}, DType::kBF16));
       gpu->fill_random(gate_up.back(), 100 + l, -0.05f, 0.05f);
       gpu->fill_random(down.back(), 200 + l, -0.05f, 0.05f);
+      if (m.shared_I > 0) {
+        sgu.push_back(gpu->alloc({2 * m.shared_I, m.H}, DType::kBF16));
+        sdn.push_back(gpu->alloc({m.H, m.shared_I}, DType::kBF16));
+        sg.push_back(gpu->alloc({1, m.H}, DType::kBF16));
+        gpu->fill_random(sgu.back(), 400 + l, -0.05f, 0.05f);
+        gpu->fill_random(sdn.back(), 500 + l, -0.05f, 0.05f);
+        gpu->fill_random(sg.back(), 600 + l, -0.05f, 0.05f);
+      }
     }
     us.emplace_back();
     for (size_t ti = 0; ti < Ts.size(); ++ti) {
       const int64_t T = Ts[ti];
-      Tensor x = gpu->alloc({T, kH}, DType::kBF16), out = gpu->alloc({T, kH}, DType::kBF16);
+      Tensor x = gpu->alloc({T, m.H}, DType::kBF16), out = gpu->alloc({T, m.H}, DType::kBF16);
       gpu->fill_random(x, 7, -1, 1);
       std::vector<Tensor> logits, ids, w;
       double distinct = 0;
       for (int64_t l = 0; l < kLayers; ++l) {
-        logits.push_back(gpu->alloc({T, kE}, DType::kF32));
+        logits.push_back(gpu->alloc({T, m.E}, DType::kF32));
         gpu->fill_random(logits.back(), 300 + 10 * T + l, -4, 4);
-        ids.push_back(gpu->alloc({T, kK}, DType::kI32));
-        w.push_back(gpu->alloc({T, kK}, DType::kF32));
-        gpu->moe_topk(logits[l], static_cast<int>(kK), true, ids[l], w[l]);
-        std::vector<int32_t> h(static_cast<size_t>(T * kK));
+        ids.push_back(gpu->alloc({T, m.k}, DType::kI32));
+        w.push_back(gpu->alloc({T, m.k}, DType::kF32));
+        gpu->moe_topk(logits[l], static_cast<int>(m.k), true, ids[l], w[l]);
+        std::vector<int32_t> h(static_cast<size_t>(T * m.k));
         gpu->copy_to_host(h.data(), ids[l]);
         distinct += static_cast<double>(std::set<int32_t>(h.begin(), h.end()).size()) / kLayers;
       }
@@ -103,7 +120,10 @@ void decode_variants(double copy_gbs, bool quick) {
       auto layers = [&] {
         for (int64_t l = 0; l < kLayers; ++l) {
           const size_t mark = gpu->scratch_mark();
-          gpu->moe_topk_experts(logits[l], static_cast<int>(kK), true, x, gate_up[l], down[l], ids[l], w[l], 0, out);
+          Backend::MoeSharedExpert shared{};
+          if (m.shared_I > 0) shared = {&sgu[l], &sdn[l], m.shared_gate ? &sg[l] : nullptr};
+          gpu->moe_topk_experts(logits[l], static_cast<int>(m.k), true, x, gate_up[l], down[l], ids[l], w[l], 0, out,
+                                m.shared_I > 0 ? &shared : nullptr);
           gpu->scratch_rewind(mark);
         }
       };
@@ -123,22 +143,29 @@ void decode_variants(double copy_gbs, bool quick) {
       gpu->reset_scratch();
     }
   }
-  const double expert_bytes = 3.0 * kH * kI * 2;
+  const double expert_bytes = 3.0 * m.H * m.I * 2, shared_bytes = 3.0 * m.H * m.shared_I * 2;
   std::printf(
-      "\nMoE decode variants, us per layer (moe_topk_experts) in a captured graph of %ld layers; "
-      "%%copy = distinct experts' bytes per second over the copy figure (%.0f GB/s)\n",
+      "\n%s MoE decode variants (H %ld, I %ld, %ld experts, top-%ld, shared expert I %ld%s): us per layer of "
+      "moe_topk_experts in a captured graph of %ld layers; %%copy = bytes of the distinct experts (and the shared one) "
+      "per second over the copy figure (%.0f GB/s)\n",
+      m.name, long(m.H), long(m.I), long(m.E), long(m.k), long(m.shared_I), m.shared_gate ? ", gated" : "",
       long(kLayers), copy_gbs);
   std::printf("%6s %9s %9s", "T", "experts", "MB/layer");
-  for (CudaMoeDecode v : kAllCudaMoeDecode) std::printf(" %14s %6s", cuda_moe_decode_name(v), "%copy");
+  for (CudaMoeDecode v : kAllCudaMoeDecode) std::printf(" %15s %6s", cuda_moe_decode_name(v), "%copy");
   std::printf("\n");
   for (size_t ti = 0; ti < Ts.size(); ++ti) {
-    const double bytes = distinct_of_T[ti] * expert_bytes;
+    const double bytes = distinct_of_T[ti] * expert_bytes + shared_bytes;
     std::printf("%6ld %9.1f %9.1f", long(Ts[ti]), distinct_of_T[ti], bytes / 1e6);
     for (size_t vi = 0; vi < us.size(); ++vi)
-      std::printf(" %14.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
+      std::printf(" %15.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
     std::printf("\n");
   }
   std::printf("(default: %s)\n", decode_path());
+}
+
+void all_decode_variants(double copy_gbs, bool quick) {
+  decode_variants({"Qwen3-30B-A3B", kH, kI, kE, kK, 0, false}, copy_gbs, quick);
+  decode_variants({"Qwen3.5-35B-A3B", 2048, 512, 256, 8, 512, true}, copy_gbs, quick);
 }
 
 }  // namespace
@@ -159,7 +186,7 @@ int run(int argc, char** argv) {
     const double copy_gbs = copy_bandwidth_gbs(*probe);
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
     probe.reset();
-    decode_variants(copy_gbs, quick);
+    all_decode_variants(copy_gbs, quick);
     return 0;
   }
   auto gpu = make_cuda_backend(0);
@@ -267,7 +294,7 @@ int run(int argc, char** argv) {
   gate_up.clear();
   down.clear();
   gpu.reset();
-  decode_variants(copy_gbs, quick);
+  all_decode_variants(copy_gbs, quick);
   return 0;
 }
 

@@ -822,7 +822,9 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
 // times from a captured graph (the fused kernel's barrier and counters must be back at zero after
 // every launch, and a barrier that did not complete would raise a device error at synchronize).
 // Then moe_topk_experts from the router logits (the fused variants fold the top-k in): the same
-// ids and weights as the CPU's moe_topk and the same output.
+// ids and weights as the CPU's moe_topk and the same output, without a shared expert and with one
+// (folded into the fused kernel where it has the routed experts' I; gated or not), against the
+// CPU's moe_topk, moe_experts and shared-expert ops.
 TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
   const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true},  // Qwen3-30B-A3B's expert shape
                            {1, 8, 2, 256, 128, 8, 0, true},    {3, 64, 8, 264, 96, 64, 0, false},
@@ -884,18 +886,34 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
       be->reset_scratch();
       Tensor glogits = upload(*be, logits, {T, c.E}, DType::kF32);
       Tensor tids = be->alloc({T, k}, DType::kI32), tw = be->alloc({T, k}, DType::kF32);
-      for (int rep = 0; rep < 2; ++rep) {
-        be->fill(out, NAN);
-        be->fill(tw, NAN);
-        be->moe_topk_experts(glogits, static_cast<int>(k), c.renormalize, gx, ggu, gdn, tids, tw,
-                             static_cast<int>(c.begin), out);
-        be->synchronize();
-        std::vector<int32_t> got_ids(static_cast<size_t>(T * k));
-        be->copy_to_host(got_ids.data(), tids);
-        EXPECT_EQ(got_ids, topk_ids) << what << " moe_topk_experts " << rep;
-        EXPECT_LT(rel_err(download(*be, tw), from_cpu(cw)), 1e-5) << what << " moe_topk_experts " << rep;
-        EXPECT_LT(rel_err(download(*be, out), from_cpu(ref_topk)), 1e-2) << what << " moe_topk_experts " << rep;
-        be->reset_scratch();
+      // shared expert: 0 none, 1 the routed I, 2 the routed I and gated, 3 another I (gated)
+      for (int sh = 0; sh < 4; ++sh) {
+        const int64_t SI = sh == 3 ? I + 8 : I;
+        auto sgu = rand(2 * SI * H, -0.1f, 0.1f), sdn = rand(H * SI, -0.1f, 0.1f), sg = rand(H, -0.2f, 0.2f);
+        Tensor cgu = on_cpu(sgu, {2 * SI, H}), cdn = on_cpu(sdn, {H, SI}), cg = on_cpu(sg, {1, H});
+        Tensor ggu2 = upload(*be, sgu, {2 * SI, H}), gdn2 = upload(*be, sdn, {H, SI}), gg = upload(*be, sg, {1, H});
+        const Backend::MoeSharedExpert cshared{&cgu, &cdn, sh >= 2 ? &cg : nullptr};
+        const Backend::MoeSharedExpert gshared{&ggu2, &gdn2, sh >= 2 ? &gg : nullptr};
+        Tensor cref = cpu().alloc({T, H}, DType::kF32), ctids = cpu().alloc({T, k}, DType::kI32),
+               ctw = cpu().alloc({T, k}, DType::kF32);
+        cpu().moe_topk_experts(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, on_cpu(x, {T, H}),
+                               on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), ctids, ctw,
+                               static_cast<int>(c.begin), cref, sh > 0 ? &cshared : nullptr);
+        const std::string swhat = what + " moe_topk_experts, shared expert case " + std::to_string(sh);
+        for (int rep = 0; rep < 2; ++rep) {
+          be->fill(out, NAN);
+          be->fill(tw, NAN);
+          be->moe_topk_experts(glogits, static_cast<int>(k), c.renormalize, gx, ggu, gdn, tids, tw,
+                               static_cast<int>(c.begin), out, sh > 0 ? &gshared : nullptr);
+          be->synchronize();
+          std::vector<int32_t> got_ids(static_cast<size_t>(T * k));
+          be->copy_to_host(got_ids.data(), tids);
+          EXPECT_EQ(got_ids, topk_ids) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, tw), from_cpu(cw)), 1e-5) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, out), sh == 0 ? from_cpu(ref_topk) : from_cpu(cref)), 1e-2)
+              << swhat << " " << rep;
+          be->reset_scratch();
+        }
       }
     }
   }

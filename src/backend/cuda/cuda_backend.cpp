@@ -618,14 +618,15 @@ class CudaBackend final : public Backend {
   // Neither reads the routing on the host, so both run inside captured graphs.
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                    const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
-    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, nullptr);
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, nullptr, nullptr);
   }
 
-  // The fused decode variants fold the top-k into their kernel (CudaMoeDecode); otherwise (and
-  // where that kernel does not apply) moe_topk, then moe_experts.
+  // The fused decode variants fold the top-k and the shared expert into their kernel
+  // (CudaMoeDecode); otherwise (and where that kernel does not apply) moe_topk, moe_experts and
+  // the shared expert's ops.
   void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
                         const Tensor& down, const Tensor& topk_ids, const Tensor& topk_weights, int expert_begin,
-                        const Tensor& out) override {
+                        const Tensor& out, const MoeSharedExpert* shared) override {
     const bool fold = options_.moe_decode != CudaMoeDecode::kSplit && moe_gemv_ && router_logits.ndim() == 2 &&
                       router_logits.dtype() == DType::kF32 && x.ndim() == 2 && router_logits.dim(0) == x.dim(0) &&
                       x.dim(0) * k <= kMoeDecodeMaxPairs && topk_ids.numel() == x.dim(0) * k &&
@@ -635,18 +636,31 @@ class CudaBackend final : public Backend {
                       !gate_up.block_scaled() && !down.block_scaled();
     if (!fold) {
       Backend::moe_topk_experts(router_logits, k, renormalize, x, gate_up, down, topk_ids, topk_weights, expert_begin,
-                                out);
+                                out, shared);
       return;
     }
     need_cuda(router_logits, "moe_topk_experts");
     const MoeFusedTopk topk{router_logits.data<float>(), static_cast<int>(router_logits.dim(1)), renormalize};
-    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, &topk);
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, &topk, shared);
+  }
+
+  // Whether the fused decode kernel can take this shared expert: bf16, the routed experts' I,
+  // 16-byte aligned, on this device.
+  static bool fusable_shared(const MoeSharedExpert& s, int64_t H, int64_t I) {
+    auto ok = [](const Tensor& t) {
+      return t.dtype() == DType::kBF16 && !t.block_scaled() && t.device().type == DeviceType::kCUDA &&
+             reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
+    };
+    return s.gate_up && s.down && ok(*s.gate_up) && ok(*s.down) && s.gate_up->ndim() == 2 &&
+           s.gate_up->dim(0) == 2 * I && s.gate_up->dim(1) == H && s.down->ndim() == 2 && s.down->dim(0) == H &&
+           s.down->dim(1) == I && (!s.gate || (ok(*s.gate) && s.gate->numel() == H));
   }
 
   // moe_experts; with `fold`, the routing is computed from its logits into topk_ids / topk_weights
   // first (inside the fused decode kernel, or by the top-k kernel on the other paths).
   void moe_experts_impl(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
-                        const Tensor& topk_weights, int expert_begin, const Tensor& out, const MoeFusedTopk* fold) {
+                        const Tensor& topk_weights, int expert_begin, const Tensor& out, const MoeFusedTopk* fold,
+                        const MoeSharedExpert* shared) {
     CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
                  "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
     if (gate_up.block_scaled() || down.block_scaled())
@@ -691,11 +705,20 @@ class CudaBackend final : public Backend {
     a.E_local = static_cast<int>(E_local);
     a.expert_begin = expert_begin;
     const int64_t P = T * k;
-    Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
     const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
-    if (decode && options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts) {
+    const bool fused =
+        decode && options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts;
+    const bool fold_shared = fused && shared && fusable_shared(*shared, H, I) &&
+                             moe_decode_fused_shared_supported(options_.moe_decode, a.T, a.k);
+    const int64_t rows = P + (fold_shared ? T : 0);  // the shared expert's pairs after the routed ones
+    Tensor act = scratch({rows, I}, DType::kBF16), y = scratch({rows, H}, DType::kBF16);
+    if (fused) {
+      const MoeFusedShared sh{fold_shared ? shared->gate_up->raw() : nullptr,
+                              fold_shared ? shared->down->raw() : nullptr,
+                              fold_shared && shared->gate ? shared->gate->raw() : nullptr};
       launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, options_.moe_decode,
-                              props_.multiProcessorCount, stream_, fold);
+                              props_.multiProcessorCount, stream_, fold, fold_shared ? &sh : nullptr);
+      if (shared && !fold_shared) moe_shared_expert_add(x, *shared, out);
       return;
     }
     if (fold)
@@ -703,12 +726,13 @@ class CudaBackend final : public Backend {
                       topk_weights.data<float>(), stream_);
     if (decode) {
       launch_moe_decode(a, act.raw(), y.raw(), stream_);
-      return;
+    } else {
+      Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
+      int32_t* r = route.data<int32_t>();
+      MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
+      launch_moe_prefill(a, ws, stream_);
     }
-    Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
-    int32_t* r = route.data<int32_t>();
-    MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
-    launch_moe_prefill(a, ws, stream_);
+    if (shared) moe_shared_expert_add(x, *shared, out);
   }
 
   void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {

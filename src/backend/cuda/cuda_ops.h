@@ -222,8 +222,15 @@ struct MoeFusedTopk {
   bool renormalize;
 };
 bool moe_decode_fused_topk_supported(int E, int k);
+// A shared expert folded into the fused kernel (Backend::MoeSharedExpert): bf16 gate_up [2I, H] and
+// down [H, I] with the routed experts' I, gate [1, H] or null. With it, act and y hold T*k + T rows.
+struct MoeFusedShared {
+  const void *gate_up, *down, *gate;
+};
+bool moe_decode_fused_shared_supported(CudaMoeDecode kind, int T, int k);
 void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
-                             cudaStream_t s, const MoeFusedTopk* fold = nullptr);
+                             cudaStream_t s, const MoeFusedTopk* fold = nullptr,
+                             const MoeFusedShared* shared = nullptr);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
 struct MoePrefillWorkspace {

@@ -151,15 +151,26 @@ struct FusedTopk {
   bool renormalize;
 };
 
+// The shared expert folded in (gate_up not null; kCombine only): one more rank in the lists,
+// after the routed experts, with every token as a pair (virtual pairs P + t, their act and y rows
+// after the routed pairs'), scaled in the combine by g_t = sigmoid(bf16(gate . x[t])) or 1.
+struct FusedShared {
+  const __nv_bfloat16* gate_up;  // [2I, H]
+  const __nv_bfloat16* down;     // [H, I]
+  const __nv_bfloat16* gate;     // [1, H] or null
+};
+
 template <bool kPrefetch, bool kCombine, bool kTopk>
 __global__ void __launch_bounds__(kFThreads, 2)
     moe_fused_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate_up,
-                            const __nv_bfloat16* __restrict__ down, int32_t* ids, float* weights, FusedTopk topk, int T,
-                            int k, int expert_begin, int E_local, int H, int I, __nv_bfloat16* act, __nv_bfloat16* y,
-                            __nv_bfloat16* __restrict__ out, unsigned* sync, int* err) {
+                            const __nv_bfloat16* __restrict__ down, int32_t* ids, float* weights, FusedTopk topk,
+                            FusedShared shared, int T, int k, int expert_begin, int E_local, int H, int I,
+                            __nv_bfloat16* act, __nv_bfloat16* y, __nv_bfloat16* __restrict__ out, unsigned* sync,
+                            int* err) {
   __shared__ FusedLists L;
   __shared__ int s_ids[kMoeDecodeMaxPairs];
   __shared__ float s_w[kMoeDecodeMaxPairs];
+  __shared__ float s_gate[kMoeDecodeMaxPairs];  // g_t of the shared expert
   const int P = T * k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   pdl_wait();  // the routing (or the logits) and x come from the kernels before
@@ -182,7 +193,32 @@ __global__ void __launch_bounds__(kFThreads, 2)
     s_w[threadIdx.x] = weights[threadIdx.x];
   }
   __syncthreads();
-  const int distinct = fused_list_pairs(L, s_ids, P, expert_begin, E_local);
+  const int routed = fused_list_pairs(L, s_ids, P, expert_begin, E_local);
+  const bool has_shared = kCombine && shared.gate_up != nullptr;  // T * (k + 1) <= 256: checked by the host
+  if (has_shared) {
+    // The shared expert as rank `routed`: its pairs are the tokens, listed after the routed pairs.
+    const int first = routed > 0 ? L.offset[routed - 1] + L.count[routed - 1] : 0;
+    for (int t = threadIdx.x; t < T; t += kFThreads) L.list[first + t] = P + t;
+    if (threadIdx.x == 0) {
+      L.expert_of[routed] = -1;
+      L.count[routed] = T;
+      L.offset[routed] = first;
+    }
+    for (int t = warp; t < T; t += kFWarps) {
+      float g = 1.0f;
+      if (shared.gate) {
+        const uint4* gr = reinterpret_cast<const uint4*>(shared.gate);
+        const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * H);
+        float d = 0.0f;
+        for (int c = lane; c < H / 8; c += 32) d += dot8(__ldg(gr + c), __ldg(xr + c));
+        d = __bfloat162float(__float2bfloat16_rn(warp_sum(d)));  // the gate linear's bf16 output
+        g = 1.0f / (1.0f + __expf(-d));
+      }
+      if (lane == 0) s_gate[t] = g;
+    }
+    __syncthreads();
+  }
+  const int distinct = routed + (has_shared ? 1 : 0);  // ranks of the lists
   if (distinct == 0) {  // no pair on this rank's experts: zeros (every block takes this branch)
     if (kCombine)
       for (int64_t i = blockIdx.x * int64_t(kFThreads) + threadIdx.x; i < int64_t(T) * H; i += gridDim.x * kFThreads)
@@ -198,8 +234,9 @@ __global__ void __launch_bounds__(kFThreads, 2)
     for (int u = gwarp; u < units; u += nwarps) {
       const int r = u / I, i = u - r * I;
       const int e = L.expert_of[r], n = L.count[r], o = L.offset[r];
-      const uint4* wg = reinterpret_cast<const uint4*>(gate_up + (static_cast<int64_t>(e) * 2 * I + i) * H);
-      const uint4* wu = reinterpret_cast<const uint4*>(gate_up + (static_cast<int64_t>(e) * 2 * I + I + i) * H);
+      const __nv_bfloat16* base = e >= 0 ? gate_up + static_cast<int64_t>(e) * 2 * I * H : shared.gate_up;
+      const uint4* wg = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(i) * H);
+      const uint4* wu = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(I + i) * H);
       for (int pass = 0; pass < n; pass += kFM) {
         const uint4* xr[kFM];
         bool use[kFM];
@@ -207,7 +244,7 @@ __global__ void __launch_bounds__(kFThreads, 2)
         for (int m = 0; m < kFM; ++m) {
           use[m] = pass + m < n;
           const int pq = L.list[o + (use[m] ? pass + m : pass)];
-          xr[m] = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pq / k) * H);
+          xr[m] = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(pq < P ? pq / k : pq - P) * H);
         }
         float ag[kFM], au[kFM];
 #pragma unroll
@@ -256,10 +293,11 @@ __global__ void __launch_bounds__(kFThreads, 2)
     r = u / groups;
     h0 = (u - r * groups) * kDnRows;
     const int e = L.expert_of[r];
+    const __nv_bfloat16* base = e >= 0 ? down + static_cast<int64_t>(e) * H * I : shared.down;
 #pragma unroll
     for (int rr = 0; rr < kDnRows; ++rr) {
       row_ok[rr] = h0 + rr < H;
-      wr[rr] = reinterpret_cast<const uint4*>(down + (static_cast<int64_t>(e) * H + (row_ok[rr] ? h0 + rr : h0)) * I);
+      wr[rr] = reinterpret_cast<const uint4*>(base + static_cast<int64_t>(row_ok[rr] ? h0 + rr : h0) * I);
     }
   };
   if (kPrefetch && gwarp < units) {
@@ -355,6 +393,7 @@ __global__ void __launch_bounds__(kFThreads, 2)
         if (e < 0 || e >= E_local) continue;
         s += s_w[pair] * __bfloat162float(__ldcg(y + static_cast<int64_t>(pair) * H + h));
       }
+      if (has_shared) s += s_gate[t] * __bfloat162float(__ldcg(y + static_cast<int64_t>(P + t) * H + h));
       out[static_cast<int64_t>(t) * H + h] = __float2bfloat16_rn(s);
     }
   }
@@ -362,7 +401,8 @@ __global__ void __launch_bounds__(kFThreads, 2)
 }
 
 template <bool kPrefetch, bool kCombine, bool kTopk>
-void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, const FusedTopk& topk, int num_sms, cudaStream_t s) {
+void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, const FusedTopk& topk, const FusedShared& shared,
+                  int num_sms, cudaStream_t s) {
   auto kernel = moe_fused_decode_kernel<kPrefetch, kCombine, kTopk>;
   static const int resident = [&] {
     int n = 0;
@@ -372,14 +412,14 @@ void launch_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, const FusedTop
     }
     return n;
   }();
-  const int64_t slots = std::min(a.T * a.k, a.E_local);  // at most this many distinct local experts
+  const int64_t slots = std::min(a.T * a.k, a.E_local) + (shared.gate_up ? 1 : 0);  // ranks at most
   const int64_t warps_wanted = std::max(slots * a.I, slots * ceil_div(a.H, kDnRows));
   const auto grid = static_cast<unsigned>(std::max<int64_t>(
       1, std::min<int64_t>(int64_t{resident} * std::max(num_sms, 1), ceil_div(warps_wanted, kFWarps))));
   launch_pdl(kernel, grid, kFThreads, 0, s, static_cast<const __nv_bfloat16*>(a.x),
              static_cast<const __nv_bfloat16*>(a.gate_up), static_cast<const __nv_bfloat16*>(a.down),
-             const_cast<int32_t*>(a.ids), const_cast<float*>(a.weights), topk, a.T, a.k, a.expert_begin, a.E_local, a.H,
-             a.I, static_cast<__nv_bfloat16*>(ws.act), static_cast<__nv_bfloat16*>(ws.y),
+             const_cast<int32_t*>(a.ids), const_cast<float*>(a.weights), topk, shared, a.T, a.k, a.expert_begin,
+             a.E_local, a.H, a.I, static_cast<__nv_bfloat16*>(ws.act), static_cast<__nv_bfloat16*>(ws.y),
              static_cast<__nv_bfloat16*>(a.out), ws.sync, ws.err);
   TCUDA_LAUNCH_CHECK();
   if (!kCombine) launch_moe_combine(a, ws.y, nullptr, s);
@@ -391,19 +431,27 @@ int64_t moe_decode_sync_ints(int64_t H) { return kBarrierInts + (H + kDnRows - 1
 
 bool moe_decode_fused_topk_supported(int E, int k) { return E >= k && E <= 32 * kFTopkPer && k >= 1 && k <= 32; }
 
+bool moe_decode_fused_shared_supported(CudaMoeDecode kind, int T, int k) {
+  return kind != CudaMoeDecode::kSplit && kind != CudaMoeDecode::kFusedSeparateCombine &&
+         static_cast<int64_t>(T) * (k + 1) <= kMoeDecodeMaxPairs;
+}
+
 void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
-                             cudaStream_t s, const MoeFusedTopk* fold) {
+                             cudaStream_t s, const MoeFusedTopk* fold, const MoeFusedShared* shared) {
   const FusedTopk topk{fold ? fold->logits : nullptr, fold ? fold->E : 0, fold && fold->renormalize};
+  const FusedShared sh{shared ? static_cast<const __nv_bfloat16*>(shared->gate_up) : nullptr,
+                       shared ? static_cast<const __nv_bfloat16*>(shared->down) : nullptr,
+                       shared ? static_cast<const __nv_bfloat16*>(shared->gate) : nullptr};
   if (fold && kind != CudaMoeDecode::kFusedTopkKernel) {
     switch (kind) {
       case CudaMoeDecode::kFusedNoPrefetch:
-        launch_fused<false, true, true>(a, ws, topk, num_sms, s);
+        launch_fused<false, true, true>(a, ws, topk, sh, num_sms, s);
         return;
       case CudaMoeDecode::kFusedSeparateCombine:
-        launch_fused<true, false, true>(a, ws, topk, num_sms, s);
+        launch_fused<true, false, true>(a, ws, topk, sh, num_sms, s);
         return;
       default:
-        launch_fused<true, true, true>(a, ws, topk, num_sms, s);
+        launch_fused<true, true, true>(a, ws, topk, sh, num_sms, s);
         return;
     }
   }
@@ -412,13 +460,13 @@ void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, Cud
                     const_cast<float*>(a.weights), s);
   switch (kind) {
     case CudaMoeDecode::kFusedNoPrefetch:
-      launch_fused<false, true, false>(a, ws, topk, num_sms, s);
+      launch_fused<false, true, false>(a, ws, topk, sh, num_sms, s);
       return;
     case CudaMoeDecode::kFusedSeparateCombine:
-      launch_fused<true, false, false>(a, ws, topk, num_sms, s);
+      launch_fused<true, false, false>(a, ws, topk, sh, num_sms, s);
       return;
     default:
-      launch_fused<true, true, false>(a, ws, topk, num_sms, s);
+      launch_fused<true, true, false>(a, ws, topk, sh, num_sms, s);
       return;
   }
 }
