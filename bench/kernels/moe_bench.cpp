@@ -15,9 +15,15 @@
 // First checks both paths and both formats against the CPU backend on 16 experts.
 //   moe_bench [--quick] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]
 // (default: both models, both formats).
+// Decode variants: // Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
+// backend of its own, checked against the CPU, then microseconds per layer (moe_topk_experts: router
+// top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32,
+// for the Qwen3-30B-A3B shape and the Qwen3.5-35B-A3B one (256 experts of I 512, a gated shared expert).
+//   moe_bench [--quick] [--variants]   (--variants: the checks, the copy figure and that table only)
 #include <cstring>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "bench_util.h"
@@ -28,7 +34,7 @@ using namespace tessera::bench;
 
 namespace {
 
-const char* decode_path() { return "gemv"; }
+const char* decode_path() { return cuda_moe_decode_name(CudaOptions{}.moe_decode); }
 
 constexpr int64_t kK = 8, kLayers = 4;
 
@@ -187,23 +193,141 @@ bool bench_model(Backend& gpu, const Shape3& m, bool fp8, bool quick, double cop
   return true;
 }
 
+// A model's MoE layer shape for the variant table: routed experts and an optional shared expert
+// (its intermediate size; gated by sigmoid(gate . x) when `shared_gate`).
+struct MoeShape {
+  const char* name;
+  int64_t H, I, E, k, shared_I;
+  bool shared_gate;
+};
+
+// The decode variants side by side: per variant a backend, its CPU check, 4 layers of weights,
+// then per T the graph-replayed microseconds per layer (moe_topk_experts, the shared expert too).
+void decode_variants(const MoeShape& m, double copy_gbs, bool quick) {
+  const std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32};
+  std::vector<std::vector<double>> us;  // [variant][T]
+  std::vector<double> distinct_of_T(Ts.size(), 0.0);
+  for (CudaMoeDecode v : kAllCudaMoeDecode) {
+    auto gpu = make_cuda_backend(0, CudaOptions{v});
+    for (int64_t T : {1, 3, 16}) {
+      const double err = check(*gpu, kModels[0], false, T);
+      std::printf("check: %s T=%ld vs CPU: rel_err %.2e %s\n", cuda_moe_decode_name(v), long(T), err,
+                  err < 1e-2 ? "OK" : "FAIL");
+      if (!(err < 1e-2)) throw std::runtime_error("moe_experts does not match the CPU backend");
+    }
+    std::vector<Tensor> gate_up, down, sgu, sdn, sg;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      gate_up.push_back(gpu->alloc({m.E, 2 * m.I, m.H}, DType::kBF16));
+      down.push_back(gpu->alloc({m.E, m.H, m.I}, DType::kBF16));
+      gpu->fill_random(gate_up.back(), 100 + l, -0.05f, 0.05f);
+      gpu->fill_random(down.back(), 200 + l, -0.05f, 0.05f);
+      if (m.shared_I > 0) {
+        sgu.push_back(gpu->alloc({2 * m.shared_I, m.H}, DType::kBF16));
+        sdn.push_back(gpu->alloc({m.H, m.shared_I}, DType::kBF16));
+        sg.push_back(gpu->alloc({1, m.H}, DType::kBF16));
+        gpu->fill_random(sgu.back(), 400 + l, -0.05f, 0.05f);
+        gpu->fill_random(sdn.back(), 500 + l, -0.05f, 0.05f);
+        gpu->fill_random(sg.back(), 600 + l, -0.05f, 0.05f);
+      }
+    }
+    us.emplace_back();
+    for (size_t ti = 0; ti < Ts.size(); ++ti) {
+      const int64_t T = Ts[ti];
+      Tensor x = gpu->alloc({T, m.H}, DType::kBF16), out = gpu->alloc({T, m.H}, DType::kBF16);
+      gpu->fill_random(x, 7, -1, 1);
+      std::vector<Tensor> logits, ids, w;
+      double distinct = 0;
+      for (int64_t l = 0; l < kLayers; ++l) {
+        logits.push_back(gpu->alloc({T, m.E}, DType::kF32));
+        gpu->fill_random(logits.back(), 300 + 10 * T + l, -4, 4);
+        ids.push_back(gpu->alloc({T, m.k}, DType::kI32));
+        w.push_back(gpu->alloc({T, m.k}, DType::kF32));
+        gpu->moe_topk(logits[l], static_cast<int>(m.k), true, ids[l], w[l]);
+        std::vector<int32_t> h(static_cast<size_t>(T * m.k));
+        gpu->copy_to_host(h.data(), ids[l]);
+        distinct += static_cast<double>(std::set<int32_t>(h.begin(), h.end()).size()) / kLayers;
+      }
+      distinct_of_T[ti] = distinct;
+      auto layers = [&] {
+        for (int64_t l = 0; l < kLayers; ++l) {
+          const size_t mark = gpu->scratch_mark();
+          Backend::MoeSharedExpert shared{};
+          if (m.shared_I > 0) shared = {&sgu[l], &sdn[l], m.shared_gate ? &sg[l] : nullptr};
+          gpu->moe_topk_experts(logits[l], static_cast<int>(m.k), true, x, gate_up[l], down[l], ids[l], w[l], 0, out,
+                                m.shared_I > 0 ? &shared : nullptr);
+          gpu->scratch_rewind(mark);
+        }
+      };
+      gpu->reset_scratch();
+      layers();  // sizes the scratch arena before capture
+      gpu->synchronize();
+      gpu->reset_scratch();
+      gpu->begin_capture();
+      layers();
+      std::unique_ptr<CapturedGraph> g = gpu->end_capture();
+      const double ms = time_ms(
+                            *gpu, [&](int) { gpu->replay(*g); }, 5, quick ? 20 : 100) /
+                        kLayers;
+      gpu->synchronize();  // a device error (the fused kernel's barrier) shows here
+      us.back().push_back(ms * 1e3);
+      g.reset();
+      gpu->reset_scratch();
+    }
+  }
+  const double expert_bytes = 3.0 * m.H * m.I * 2, shared_bytes = 3.0 * m.H * m.shared_I * 2;
+  std::printf(
+      "\n%s MoE decode variants (H %ld, I %ld, %ld experts, top-%ld, shared expert I %ld%s): us per layer of "
+      "moe_topk_experts in a captured graph of %ld layers; %%copy = bytes of the distinct experts (and the shared one) "
+      "per second over the copy figure (%.0f GB/s)\n",
+      m.name, long(m.H), long(m.I), long(m.E), long(m.k), long(m.shared_I), m.shared_gate ? ", gated" : "",
+      long(kLayers), copy_gbs);
+  std::printf("%6s %9s %9s", "T", "experts", "MB/layer");
+  for (CudaMoeDecode v : kAllCudaMoeDecode) std::printf(" %15s %6s", cuda_moe_decode_name(v), "%copy");
+  std::printf("\n");
+  for (size_t ti = 0; ti < Ts.size(); ++ti) {
+    const double bytes = distinct_of_T[ti] * expert_bytes + shared_bytes;
+    std::printf("%6ld %9.1f %9.1f", long(Ts[ti]), distinct_of_T[ti], bytes / 1e6);
+    for (size_t vi = 0; vi < us.size(); ++vi)
+      std::printf(" %15.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
+    std::printf("\n");
+  }
+  std::printf("(default: %s)\n", decode_path());
+}
+
+void all_decode_variants(double copy_gbs, bool quick) {
+  decode_variants({"Qwen3-30B-A3B", 2048, 768, 128, kK, 0, false}, copy_gbs, quick);
+  decode_variants({"Qwen3.5-35B-A3B", 2048, 512, 256, 8, 512, true}, copy_gbs, quick);
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, variants_only = false;
   std::string only_model, only_dtype;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
+    } else if (a == "--variants") {
+      variants_only = true;
     } else if (a == "--model" && i + 1 < argc) {
       only_model = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
       only_dtype = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: moe_bench [--quick] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n");
+      std::fprintf(stderr,
+                   "usage: moe_bench [--quick] [--variants] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n");
       return 2;
     }
+  }
+  if (variants_only) {
+    std::unique_ptr<Backend> probe = make_cuda_backend(0);
+    std::printf("device: %s\n", probe->name().c_str());
+    const double copy_gbs = copy_bandwidth_gbs(*probe);
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+    probe.reset();
+    all_decode_variants(copy_gbs, quick);
+    return 0;
   }
   auto gpu = make_cuda_backend(0);
   std::printf("device: %s\n", gpu->name().c_str());
@@ -242,6 +366,10 @@ int run(int argc, char** argv) {
       "%%gemm: active FLOP/s over the 8192^3 bf16 cuBLASLt rate; graph_us: per layer, replaying a captured graph of "
       "the %ld layers.\n",
       long(kLayers), long(kLayers));
+  gate_up.clear();
+  down.clear();
+  gpu.reset();
+  all_decode_variants(copy_gbs, quick);
   return 0;
 }
 

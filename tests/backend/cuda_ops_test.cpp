@@ -1136,6 +1136,109 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
     }
 }
 
+// Every decode variant of moe_experts (cuda_options.h; the backend's default is one of them)
+// against the CPU: a few decode shapes, expert-parallel slices with a token routed only to other
+// ranks and a rank that gets no pair at all, each launched twice in a row and then replayed three
+// times from a captured graph (the fused kernel's barrier and counters must be back at zero after
+// every launch, and a barrier that did not complete would raise a device error at synchronize).
+// Then moe_topk_experts from the router logits (the fused variants fold the top-k in): the same
+// ids and weights as the CPU's moe_topk and the same output, without a shared expert and with one
+// (folded into the fused kernel where it has the routed experts' I; gated or not), against the
+// CPU's moe_topk, moe_experts and shared-expert ops.
+TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
+  const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true},  // Qwen3-30B-A3B's expert shape
+                           {1, 8, 2, 256, 128, 8, 0, true},    {3, 64, 8, 264, 96, 64, 0, false},
+                           {8, 64, 8, 512, 136, 64, 0, true},  {32, 128, 8, 512, 128, 128, 0, true},  // 256 pairs
+                           {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel, token 1 elsewhere
+                           {2, 64, 4, 256, 64, 16, 48, true}};  // expert parallel, every pair elsewhere
+  for (CudaMoeDecode variant : kAllCudaMoeDecode) {
+    std::unique_ptr<Backend> be = make_cuda_backend(0, CudaOptions{variant});
+    for (const MoeCase& c : cases) {
+      const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
+      const std::string what = std::string(cuda_moe_decode_name(variant)) + " T=" + std::to_string(T) +
+                               " E=" + std::to_string(c.E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
+                               " local " + std::to_string(EL) + " from " + std::to_string(c.begin);
+      auto x = rand(T * H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
+      auto logits = rand(T * c.E, -3, 3);
+      Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+      cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+      const std::vector<int32_t> topk_ids(cids.data<int32_t>(), cids.data<int32_t>() + T * k);
+      Tensor ref_topk = cpu().alloc({T, H}, DType::kF32);
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref_topk);
+      int32_t* idp = cids.data<int32_t>();
+      if (c.begin == 48)  // no pair on this rank
+        for (int64_t p = 0; p < T * k; ++p) idp[p] = static_cast<int32_t>(p % c.begin);
+      else if (EL < c.E && T > 1)  // token 1's experts all on other ranks: a zero row
+        for (int64_t j = 0; j < k; ++j) idp[k + j] = static_cast<int32_t>(j % c.begin);
+      std::vector<int32_t> ids(idp, idp + T * k);
+      Tensor ref = cpu().alloc({T, H}, DType::kF32);
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref);
+      const std::vector<float> want = from_cpu(ref);
+      Tensor gx = upload(*be, x, {T, H}), ggu = upload(*be, gu, {EL, 2 * I, H}), gdn = upload(*be, dn, {EL, H, I});
+      Tensor gids = upload_i32(*be, ids, {T, k}), gw = upload(*be, from_cpu(cw), {T, k}, DType::kF32);
+      Tensor out = be->alloc({T, H}, DType::kBF16);
+      auto run = [&] { be->moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
+      for (int rep = 0; rep < 2; ++rep) {
+        be->fill(out, NAN);
+        run();
+        be->synchronize();
+        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " launch " << rep;
+        be->reset_scratch();
+      }
+      be->begin_capture();
+      run();
+      std::unique_ptr<CapturedGraph> g = be->end_capture();
+      ASSERT_TRUE(g) << what;
+      for (int rep = 0; rep < 3; ++rep) {
+        be->fill(out, NAN);
+        be->replay(*g);
+        be->synchronize();
+        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " replay " << rep;
+      }
+      if (EL < c.E && T > 1) {
+        const std::vector<float> got = download(*be, out);
+        const int64_t t0 = c.begin == 48 ? 0 : 1, t1 = c.begin == 48 ? T : 2;
+        for (int64_t i = t0 * H; i < t1 * H; ++i) ASSERT_EQ(got[i], 0.0f) << what << ": a token routed elsewhere";
+      }
+      g.reset();
+      be->reset_scratch();
+      Tensor glogits = upload(*be, logits, {T, c.E}, DType::kF32);
+      Tensor tids = be->alloc({T, k}, DType::kI32), tw = be->alloc({T, k}, DType::kF32);
+      // shared expert: 0 none, 1 the routed I, 2 the routed I and gated, 3 another I (gated)
+      for (int sh = 0; sh < 4; ++sh) {
+        const int64_t SI = sh == 3 ? I + 8 : I;
+        auto sgu = rand(2 * SI * H, -0.1f, 0.1f), sdn = rand(H * SI, -0.1f, 0.1f), sg = rand(H, -0.2f, 0.2f);
+        Tensor cgu = on_cpu(sgu, {2 * SI, H}), cdn = on_cpu(sdn, {H, SI}), cg = on_cpu(sg, {1, H});
+        Tensor ggu2 = upload(*be, sgu, {2 * SI, H}), gdn2 = upload(*be, sdn, {H, SI}), gg = upload(*be, sg, {1, H});
+        const Backend::MoeSharedExpert cshared{&cgu, &cdn, sh >= 2 ? &cg : nullptr};
+        const Backend::MoeSharedExpert gshared{&ggu2, &gdn2, sh >= 2 ? &gg : nullptr};
+        Tensor cref = cpu().alloc({T, H}, DType::kF32), ctids = cpu().alloc({T, k}, DType::kI32),
+               ctw = cpu().alloc({T, k}, DType::kF32);
+        cpu().moe_topk_experts(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, on_cpu(x, {T, H}),
+                               on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), ctids, ctw,
+                               static_cast<int>(c.begin), cref, sh > 0 ? &cshared : nullptr);
+        const std::string swhat = what + " moe_topk_experts, shared expert case " + std::to_string(sh);
+        for (int rep = 0; rep < 2; ++rep) {
+          be->fill(out, NAN);
+          be->fill(tw, NAN);
+          be->moe_topk_experts(glogits, static_cast<int>(k), c.renormalize, gx, ggu, gdn, tids, tw,
+                               static_cast<int>(c.begin), out, sh > 0 ? &gshared : nullptr);
+          be->synchronize();
+          std::vector<int32_t> got_ids(static_cast<size_t>(T * k));
+          be->copy_to_host(got_ids.data(), tids);
+          EXPECT_EQ(got_ids, topk_ids) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, tw), from_cpu(cw)), 1e-5) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, out), sh == 0 ? from_cpu(ref_topk) : from_cpu(cref)), 1e-2)
+              << swhat << " " << rep;
+          be->reset_scratch();
+        }
+      }
+    }
+  }
+}
+
 // Routing results never go to the host: top-k and both expert paths replay in a graph.
 // FP8 experts (e4m3 with block scales) too.
 TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_options.h"
 #include "core/dtype.h"
 
 namespace tessera::cuda {
@@ -36,6 +37,7 @@ enum DeviceError : int {
   kErrGatherIndex = 2,
   kErrRopePosition = 3,
   kErrKvSlot = 4,
+  kErrMoeGridBarrier = 5,
 };
 
 inline bool is_float_dtype(DType t) {
@@ -209,6 +211,32 @@ struct MoeArgs {
 // with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens),
 // FP8 ones dequantised in registers (f32 accumulation).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
+// Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
+// sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
+// (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).
+struct MoeDecodeWorkspace {
+  void *act, *y;  // bf16 [T*k, I] and [T*k, H]
+  unsigned* sync;
+  int* err;
+};
+int64_t moe_decode_sync_ints(int64_t H);
+// The router's top-k folded into the decode kernels (Backend::moe_topk_experts): a.ids and
+// a.weights are then outputs (written as moe_topk writes them). E <= 256, k <= min(E, 32).
+struct MoeFusedTopk {
+  const float* logits;  // f32 [T, E]
+  int E;
+  bool renormalize;
+};
+bool moe_decode_fused_topk_supported(int E, int k);
+// A shared expert folded into the fused kernel (Backend::MoeSharedExpert): bf16 gate_up [2I, H] and
+// down [H, I] with the routed experts' I, gate [1, H] or null. With it, act and y hold T*k + T rows.
+struct MoeFusedShared {
+  const void *gate_up, *down, *gate;
+};
+bool moe_decode_fused_shared_supported(CudaMoeDecode kind, int T, int k);
+void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
+                             cudaStream_t s, const MoeFusedTopk* fold = nullptr,
+                             const MoeFusedShared* shared = nullptr);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
 struct MoePrefillWorkspace {

@@ -11,6 +11,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/fp8_utils.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
+#include "backend/cuda/moe_topk.cuh"
 
 namespace tessera::cuda {
 
@@ -347,56 +348,13 @@ __global__ void __launch_bounds__(32)
                          float* __restrict__ weights) {
   pdl_wait();
   const int lane = threadIdx.x, t = blockIdx.x;
-  const float* row = logits + static_cast<int64_t>(t) * E;
-  float p[kPer];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int b = 0; b < kPer; ++b) {
-    const int i = lane + 32 * b;
-    p[b] = i < E ? row[i] : -INFINITY;
-    mx = fmaxf(mx, p[b]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.0f;
-#pragma unroll
-  for (int b = 0; b < kPer; ++b)
-    if (lane + 32 * b < E) sum += expf(p[b] - mx);
-  sum = warp_sum(sum);
-#pragma unroll
-  for (int b = 0; b < kPer; ++b) p[b] = lane + 32 * b < E ? expf(p[b] - mx) / sum : -2.0f;  // -2: never picked
-  float mine_p = 0.0f, picked = 0.0f;
-  int mine_id = 0;
-  for (int j = 0; j < k; ++j) {
-    float best = -1.0f;
-    int best_id = 0x7fffffff;
-#pragma unroll
-    for (int b = 0; b < kPer; ++b)
-      if (p[b] > best) {  // ascending ids: strict > keeps the lower id on ties
-        best = p[b];
-        best_id = lane + 32 * b;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (ob > best || (ob == best && oi < best_id)) {
-        best = ob;
-        best_id = oi;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kPer; ++b)
-      if (best_id == lane + 32 * b) p[b] = -2.0f;  // taken
-    if (lane == j) {
-      mine_p = best;
-      mine_id = best_id;
-    }
-    picked += best;
-  }
+  int id;
+  float weight;
+  warp_topk<kPer>(logits + static_cast<int64_t>(t) * E, E, k, renormalize, &id, &weight);
   pdl_launch_dependents();
   if (lane < k) {
-    ids[static_cast<int64_t>(t) * k + lane] = mine_id;
-    weights[static_cast<int64_t>(t) * k + lane] = renormalize ? mine_p / picked : mine_p;
+    ids[static_cast<int64_t>(t) * k + lane] = id;
+    weights[static_cast<int64_t>(t) * k + lane] = weight;
   }
 }
 
