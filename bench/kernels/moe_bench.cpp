@@ -315,8 +315,9 @@ int run(int argc, char** argv) {
     } else if (a == "--dtype" && i + 1 < argc) {
       only_dtype = argv[++i];
     } else {
-      std::fprintf(stderr,
-                   "usage: moe_bench [--quick] [--variants] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n");
+      std::fprintf(
+          stderr,
+          "usage: moe_bench [--quick] [--variants] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n");
       return 2;
     }
   }

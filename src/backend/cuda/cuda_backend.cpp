@@ -724,8 +724,8 @@ class CudaBackend final : public Backend {
     }
     const int64_t P = T * k;
     const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
-    const bool fused =
-        decode && options_.moe_decode != CudaMoeDecode::kSplit && moe_decode_sync_ints(H) <= kMoeSyncInts;
+    const bool fused = decode && !fp8 && options_.moe_decode != CudaMoeDecode::kSplit &&
+                       moe_decode_sync_ints(H) <= kMoeSyncInts;  // the fused kernel reads bf16 experts
     const bool fold_shared = fused && shared && fusable_shared(*shared, H, I) &&
                              moe_decode_fused_shared_supported(options_.moe_decode, a.T, a.k);
     const int64_t rows = P + (fold_shared ? T : 0);  // the shared expert's pairs after the routed ones
