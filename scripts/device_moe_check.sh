@@ -2,12 +2,14 @@
 # The mixture-of-experts (issue 16) and hybrid (issue 17) checks on one H200, in one call, with
 # the dense build before the MoE work beside it for a same-run comparison. Needs two bundles carried:
 #   scripts/bundle.sh --build-dir build/cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
-#   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
+#   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional; the dense part,
+#   and moe_decode / hybrid_decode at batch 1 and 8, run it too: e.g. main's build beside a kernel branch)
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
-# PARTS (default all but fixtures_bf16): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
-#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; flagship (issue 18's serve command and the seeds'
-#   bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
+# PARTS (default all but fixtures_bf16): tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve
+#   plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; moe_variants: the MoE decode kernel variants side by
+#   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); flagship (issue 18's
+#   serve command and the seeds' bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
@@ -22,7 +24,7 @@ BASE=""
 if [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
-PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
+PARTS=" ${PARTS:-tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 MOE=configs/qwen3-30b-a3b
@@ -71,6 +73,14 @@ if part kernels; then
   [ -x $B/fp8_gemm_bench ] && timeout 180 $B/fp8_gemm_bench 2>&1 | tee "$L/fp8_gemm_bench.log" | tail -40
 fi
 
+if part moe_variants; then
+  echo "== MoE decode kernel variants (moe_bench --variants)"
+  for k in $B/moe_bench $B/kernels/moe_bench; do
+    [ -x "$k" ] && timeout 300 "$k" --variants 2>&1 | tee "$L/moe_variants.log" | grep -v '^check:' | tail -14
+  done
+  grep -E 'FAIL|error' "$L/moe_variants.log" | head -5
+fi
+
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
   local bin=$1 name=$2 model=$3; shift 3
   timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len "${MAXLEN:-8192}" \
@@ -79,11 +89,12 @@ gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
 }
 
 decode_batches() {  # decode_batches NAME MODEL BATCH...: 512-token prompts, 128 new tokens, against the ceiling
+  # (the bundle in $DB, default this build's)
   local name=$1 model=$2 bs i per args; shift 2
   for bs in "$@"; do
     args=()
     for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-    gen $B ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    gen ${DB:-$B} ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
     per=$(rate "$L/${name}_b$bs.log")
     python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
   done
@@ -118,6 +129,8 @@ fi
 if part moe_decode; then
   echo "== MoE decode, Qwen3-30B-A3B shape, bf16 dummy: batch 1, 8, 32 (512-token prompts, 128 new tokens)"
   decode_batches moe_decode $MOE 1 8 32
+  # the base bundle (bundle/base.tar.xz, e.g. main's build) at batch 1 and 8 in the same run, when carried
+  [ -n "$BASE" ] && { echo "-- base build"; DB=$BASE decode_batches moe_decode_base $MOE 1 8; }
 fi
 
 if part moe_prefill; then
@@ -184,6 +197,7 @@ fi
 if part hybrid_decode; then
   echo "== hybrid decode, Qwen3.5-35B-A3B shape, bf16 dummy: batch 1 and 8 (512-token prompts, 128 new tokens)"
   decode_batches hybrid_decode $HYB 1 8
+  [ -n "$BASE" ] && { echo "-- base build"; DB=$BASE decode_batches hybrid_decode_base $HYB 1 8; }
   grep -E 'state slot|KV cache size|Maximum concurrency' "$L/hybrid_decode_b1.log" | head -4
 fi
 

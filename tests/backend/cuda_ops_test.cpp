@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/attention_metadata.h"
@@ -887,6 +890,109 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
   }
 }
 
+// Random e4m3 bytes (NaN codes skipped) and f32 block scales for a block-scaled weight.
+struct Fp8Host {
+  Shape shape, scale_shape;
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+};
+
+// FP8 block-scaled experts (e4m3, one f32 scale per 128 x 128 block of each expert's matrix, as
+// the Qwen3.5 FP8 checkpoints) against the CPU's dequantising reference, on both CUDA paths:
+// decode (T * k <= 256: the grouped GEMVs dequantising in registers) and prefill (the grouped
+// GEMM dequantising each weight tile to bf16 in shared memory). Shapes: the flagship's experts
+// (H 3072, I 1024, 256 experts, top-8) as an expert-parallel slice of 16 experts, a 64-expert
+// layer at H 2048 / I 768, and sizes off every tile and block multiple (H 528, I 144: partial
+// 64-deep k steps, partial scale blocks, up rows starting inside a gate block). Tolerance as
+// the bf16 experts: the decode path is exact up to bf16 activations, the prefill path rounds
+// each dequantised weight to bf16 (2^-9 relative).
+TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
+  const MoeCase cases[] = {
+      // decode: T * k = 8, 32, 128 pairs
+      {1, 64, 8, 2048, 768, 64, 0, true},
+      {4, 64, 8, 2048, 768, 64, 0, true},
+      {16, 64, 8, 2048, 768, 64, 0, true},
+      {3, 64, 8, 528, 144, 64, 0, false},
+      {1, 256, 8, 3072, 1024, 16, 0, true},     // flagship shape, experts 0..15 of 256
+      {16, 256, 8, 3072, 1024, 16, 128, true},  // experts 128..143
+      {32, 256, 8, 3072, 1024, 16, 240, true},  // 256 pairs: the last decode size
+      // prefill
+      {33, 64, 8, 528, 144, 64, 0, true},  // 264 pairs
+      {300, 64, 8, 2048, 768, 64, 0, true},
+      {1000, 64, 8, 1024, 512, 64, 0, false},
+      {300, 256, 8, 3072, 1024, 16, 64, true},  // expert parallel, experts 64..79
+  };
+  auto make_fp8 = [&](Shape shape) {
+    Fp8Host h;
+    h.shape = shape;
+    h.scale_shape = block_scale_shape(shape);
+    std::uniform_int_distribution<int> byte(0, 255);
+    h.q.resize(static_cast<size_t>(shape.numel()));
+    for (auto& b : h.q) {
+      do b = static_cast<uint8_t>(byte(rng_));
+      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
+    }
+    h.scale = rand(h.scale_shape.numel(), 1e-4f, 4e-4f);
+    return h;
+  };
+  auto put = [](Backend& be, const Fp8Host& h) {
+    Tensor w = be.alloc(h.shape, DType::kF8E4M3), s = be.alloc(h.scale_shape, DType::kF32);
+    be.copy_from_host(w, h.q.data());
+    be.copy_from_host(s, h.scale.data());
+    return w.with_block_scale(s);
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<Fp8Host, Fp8Host>> weights;  // by (E_local, H, I)
+  for (const MoeCase& c : cases) {
+    const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
+    auto it = weights.find({EL, H, I});
+    if (it == weights.end())
+      it = weights.emplace(std::make_tuple(EL, H, I), std::make_pair(make_fp8({EL, 2 * I, H}), make_fp8({EL, H, I})))
+               .first;
+    const Fp8Host &gu = it->second.first, &dn = it->second.second;
+    auto x = rand(T * H);
+    auto logits = rand(T * c.E, -3, 3);
+    Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+    cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+    int32_t* idp = cids.data<int32_t>();
+    if (EL < c.E) {
+      // A slice of the experts: route the first 3 slots of every token to local experts (so
+      // the slice has work), except token 1, whose experts are all elsewhere (a zero row).
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          if (t == 1)
+            idp[t * k + j] = static_cast<int32_t>(c.begin > 0 ? j % c.begin : c.begin + EL + j % (c.E - EL));
+          else if (j < 3)
+            idp[t * k + j] = static_cast<int32_t>(c.begin + (t * 3 + j) % EL);
+        }
+      // distinct ids within a token (the router never repeats one): slots 3.. keep their
+      // top-k ids unless they collide with the forced ones
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 3; j < k && t != 1; ++j)
+          for (int64_t i = 0; i < 3; ++i)
+            if (idp[t * k + j] == idp[t * k + i]) idp[t * k + j] = static_cast<int32_t>((c.begin + EL + j) % c.E);
+    }
+    std::vector<int32_t> ids(idp, idp + T * k);
+    std::vector<float> w = from_cpu(cw);
+    Tensor ref = cpu().alloc({T, H}, DType::kF32);
+    cpu().moe_experts(on_cpu(x, {T, H}), put(cpu(), gu), put(cpu(), dn), cids, cw, static_cast<int>(c.begin), ref);
+    Tensor out = gpu_out({T, H});
+    gpu().moe_experts(on_gpu(x, {T, H}), put(gpu(), gu), put(gpu(), dn), on_gpu_i32(ids, {T, k}),
+                      on_gpu(w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
+    const std::string what = "FP8 moe_experts T=" + std::to_string(T) + " E=" + std::to_string(c.E) +
+                             " k=" + std::to_string(k) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
+                             " experts [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + EL) + ") (" +
+                             (T * k <= 256 ? "decode" : "prefill") + " path)";
+    const auto got = from_gpu(out), want = from_cpu(ref);
+    EXPECT_LT(rel_err(got, want), 1e-2) << what;
+    if (EL < c.E && T > 1) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << what << ": a token routed only to other ranks";
+    }
+    gpu().synchronize();
+    gpu().reset_scratch();
+    cpu().reset_scratch();
+  }
+}
+
 // The register top-k (a warp per token) against the CPU: E from 8 to 1024 (every kPer of the
 // kernel), k = 1 and 8, renormalised, and a row of ties (lower ids win).
 TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
@@ -910,46 +1016,161 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
     }
 }
 
-// Routing results never go to the host: top-k and both expert paths replay in a graph.
-TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {
-  const int64_t E = 32, k = 4, H = 256, I = 64;
-  Tensor gu = on_gpu(rand(E * 2 * I * H, -0.1f, 0.1f), {E, 2 * I, H}),
-         dn = on_gpu(rand(E * H * I, -0.1f, 0.1f), {E, H, I});
-  for (int64_t T : {4, 100}) {
-    Tensor x = gpu().alloc({T, H}, DType::kBF16), logits = gpu().alloc({T, E}, DType::kF32);
-    Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu().alloc({T, k}, DType::kF32);
-    Tensor out = gpu().alloc({T, H}, DType::kBF16);
-    auto step = [&] {
-      gpu().moe_topk(logits, static_cast<int>(k), true, ids, w);
-      gpu().moe_experts(x, gu, dn, ids, w, 0, out);
-    };
-    auto write = [&](const Tensor& t, const std::vector<float>& v) {
-      std::vector<uint8_t> bytes(t.nbytes());
-      convert_host(v.data(), DType::kF32, bytes.data(), t.dtype(), v.size());
-      gpu().copy_from_host(t, bytes.data());
-    };
-    std::vector<std::vector<float>> xs = {rand(T * H), rand(T * H)}, ls = {rand(T * E, -3, 3), rand(T * E, -3, 3)};
-    std::vector<std::vector<float>> refs;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      write(x, xs[i]);
-      write(logits, ls[i]);
-      gpu().reset_scratch();
-      step();
-      refs.push_back(from_gpu(out));
-    }
-    gpu().reset_scratch();
-    gpu().begin_capture();
-    step();
-    std::unique_ptr<CapturedGraph> g = gpu().end_capture();
-    ASSERT_TRUE(g);
-    for (size_t i = 0; i < xs.size(); ++i) {
-      write(x, xs[i]);
-      write(logits, ls[i]);
-      gpu().fill(out, NAN);
-      gpu().replay(*g);
-      EXPECT_EQ(rel_err(from_gpu(out), refs[i]), 0.0) << "T=" << T << " input " << i;
+// Every decode variant of moe_experts (cuda_options.h; the backend's default is one of them)
+// against the CPU: a few decode shapes, expert-parallel slices with a token routed only to other
+// ranks and a rank that gets no pair at all, each launched twice in a row and then replayed three
+// times from a captured graph (the fused kernel's barrier and counters must be back at zero after
+// every launch, and a barrier that did not complete would raise a device error at synchronize).
+// Then moe_topk_experts from the router logits (the fused variants fold the top-k in): the same
+// ids and weights as the CPU's moe_topk and the same output, without a shared expert and with one
+// (folded into the fused kernel where it has the routed experts' I; gated or not), against the
+// CPU's moe_topk, moe_experts and shared-expert ops.
+TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
+  const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true},  // Qwen3-30B-A3B's expert shape
+                           {1, 8, 2, 256, 128, 8, 0, true},    {3, 64, 8, 264, 96, 64, 0, false},
+                           {8, 64, 8, 512, 136, 64, 0, true},  {32, 128, 8, 512, 128, 128, 0, true},  // 256 pairs
+                           {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel, token 1 elsewhere
+                           {2, 64, 4, 256, 64, 16, 48, true}};  // expert parallel, every pair elsewhere
+  for (CudaMoeDecode variant : kAllCudaMoeDecode) {
+    std::unique_ptr<Backend> be = make_cuda_backend(0, CudaOptions{variant});
+    for (const MoeCase& c : cases) {
+      const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
+      const std::string what = std::string(cuda_moe_decode_name(variant)) + " T=" + std::to_string(T) +
+                               " E=" + std::to_string(c.E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
+                               " local " + std::to_string(EL) + " from " + std::to_string(c.begin);
+      auto x = rand(T * H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
+      auto logits = rand(T * c.E, -3, 3);
+      Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+      cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+      const std::vector<int32_t> topk_ids(cids.data<int32_t>(), cids.data<int32_t>() + T * k);
+      Tensor ref_topk = cpu().alloc({T, H}, DType::kF32);
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref_topk);
+      int32_t* idp = cids.data<int32_t>();
+      if (c.begin == 48)  // no pair on this rank
+        for (int64_t p = 0; p < T * k; ++p) idp[p] = static_cast<int32_t>(p % c.begin);
+      else if (EL < c.E && T > 1)  // token 1's experts all on other ranks: a zero row
+        for (int64_t j = 0; j < k; ++j) idp[k + j] = static_cast<int32_t>(j % c.begin);
+      std::vector<int32_t> ids(idp, idp + T * k);
+      Tensor ref = cpu().alloc({T, H}, DType::kF32);
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref);
+      const std::vector<float> want = from_cpu(ref);
+      Tensor gx = upload(*be, x, {T, H}), ggu = upload(*be, gu, {EL, 2 * I, H}), gdn = upload(*be, dn, {EL, H, I});
+      Tensor gids = upload_i32(*be, ids, {T, k}), gw = upload(*be, from_cpu(cw), {T, k}, DType::kF32);
+      Tensor out = be->alloc({T, H}, DType::kBF16);
+      auto run = [&] { be->moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
+      for (int rep = 0; rep < 2; ++rep) {
+        be->fill(out, NAN);
+        run();
+        be->synchronize();
+        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " launch " << rep;
+        be->reset_scratch();
+      }
+      be->begin_capture();
+      run();
+      std::unique_ptr<CapturedGraph> g = be->end_capture();
+      ASSERT_TRUE(g) << what;
+      for (int rep = 0; rep < 3; ++rep) {
+        be->fill(out, NAN);
+        be->replay(*g);
+        be->synchronize();
+        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " replay " << rep;
+      }
+      if (EL < c.E && T > 1) {
+        const std::vector<float> got = download(*be, out);
+        const int64_t t0 = c.begin == 48 ? 0 : 1, t1 = c.begin == 48 ? T : 2;
+        for (int64_t i = t0 * H; i < t1 * H; ++i) ASSERT_EQ(got[i], 0.0f) << what << ": a token routed elsewhere";
+      }
+      g.reset();
+      be->reset_scratch();
+      Tensor glogits = upload(*be, logits, {T, c.E}, DType::kF32);
+      Tensor tids = be->alloc({T, k}, DType::kI32), tw = be->alloc({T, k}, DType::kF32);
+      // shared expert: 0 none, 1 the routed I, 2 the routed I and gated, 3 another I (gated)
+      for (int sh = 0; sh < 4; ++sh) {
+        const int64_t SI = sh == 3 ? I + 8 : I;
+        auto sgu = rand(2 * SI * H, -0.1f, 0.1f), sdn = rand(H * SI, -0.1f, 0.1f), sg = rand(H, -0.2f, 0.2f);
+        Tensor cgu = on_cpu(sgu, {2 * SI, H}), cdn = on_cpu(sdn, {H, SI}), cg = on_cpu(sg, {1, H});
+        Tensor ggu2 = upload(*be, sgu, {2 * SI, H}), gdn2 = upload(*be, sdn, {H, SI}), gg = upload(*be, sg, {1, H});
+        const Backend::MoeSharedExpert cshared{&cgu, &cdn, sh >= 2 ? &cg : nullptr};
+        const Backend::MoeSharedExpert gshared{&ggu2, &gdn2, sh >= 2 ? &gg : nullptr};
+        Tensor cref = cpu().alloc({T, H}, DType::kF32), ctids = cpu().alloc({T, k}, DType::kI32),
+               ctw = cpu().alloc({T, k}, DType::kF32);
+        cpu().moe_topk_experts(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, on_cpu(x, {T, H}),
+                               on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), ctids, ctw,
+                               static_cast<int>(c.begin), cref, sh > 0 ? &cshared : nullptr);
+        const std::string swhat = what + " moe_topk_experts, shared expert case " + std::to_string(sh);
+        for (int rep = 0; rep < 2; ++rep) {
+          be->fill(out, NAN);
+          be->fill(tw, NAN);
+          be->moe_topk_experts(glogits, static_cast<int>(k), c.renormalize, gx, ggu, gdn, tids, tw,
+                               static_cast<int>(c.begin), out, sh > 0 ? &gshared : nullptr);
+          be->synchronize();
+          std::vector<int32_t> got_ids(static_cast<size_t>(T * k));
+          be->copy_to_host(got_ids.data(), tids);
+          EXPECT_EQ(got_ids, topk_ids) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, tw), from_cpu(cw)), 1e-5) << swhat << " " << rep;
+          EXPECT_LT(rel_err(download(*be, out), sh == 0 ? from_cpu(ref_topk) : from_cpu(cref)), 1e-2)
+              << swhat << " " << rep;
+          be->reset_scratch();
+        }
+      }
     }
   }
+}
+
+// Routing results never go to the host: top-k and both expert paths replay in a graph.
+// FP8 experts (e4m3 with block scales) too.
+TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {
+  const int64_t E = 32, k = 4, H = 256, I = 64;
+  for (bool fp8 : {false, true})
+    for (int64_t T : {4, 100}) {
+      Tensor gu = on_gpu(rand(E * 2 * I * H, -0.1f, 0.1f), {E, 2 * I, H}),
+             dn = on_gpu(rand(E * H * I, -0.1f, 0.1f), {E, H, I});
+      if (fp8) {
+        auto to_fp8 = [&](Shape shape) {
+          Tensor q = gpu().alloc(shape, DType::kF8E4M3), s = gpu().alloc(block_scale_shape(shape), DType::kF32);
+          gpu().fill_random(q, 7 + shape.numel(), -448.0f, 448.0f);
+          gpu().fill_random(s, 11 + shape.numel(), 1e-4f, 4e-4f);
+          return q.with_block_scale(s);
+        };
+        gu = to_fp8({E, 2 * I, H});
+        dn = to_fp8({E, H, I});
+      }
+      Tensor x = gpu().alloc({T, H}, DType::kBF16), logits = gpu().alloc({T, E}, DType::kF32);
+      Tensor ids = gpu().alloc({T, k}, DType::kI32), w = gpu().alloc({T, k}, DType::kF32);
+      Tensor out = gpu().alloc({T, H}, DType::kBF16);
+      auto step = [&] {
+        gpu().moe_topk(logits, static_cast<int>(k), true, ids, w);
+        gpu().moe_experts(x, gu, dn, ids, w, 0, out);
+      };
+      auto write = [&](const Tensor& t, const std::vector<float>& v) {
+        std::vector<uint8_t> bytes(t.nbytes());
+        convert_host(v.data(), DType::kF32, bytes.data(), t.dtype(), v.size());
+        gpu().copy_from_host(t, bytes.data());
+      };
+      std::vector<std::vector<float>> xs = {rand(T * H), rand(T * H)}, ls = {rand(T * E, -3, 3), rand(T * E, -3, 3)};
+      std::vector<std::vector<float>> refs;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        write(x, xs[i]);
+        write(logits, ls[i]);
+        gpu().reset_scratch();
+        step();
+        refs.push_back(from_gpu(out));
+      }
+      gpu().reset_scratch();
+      gpu().begin_capture();
+      step();
+      std::unique_ptr<CapturedGraph> g = gpu().end_capture();
+      ASSERT_TRUE(g);
+      for (size_t i = 0; i < xs.size(); ++i) {
+        write(x, xs[i]);
+        write(logits, ls[i]);
+        gpu().fill(out, NAN);
+        gpu().replay(*g);
+        EXPECT_EQ(rel_err(from_gpu(out), refs[i]), 0.0) << "T=" << T << " input " << i << (fp8 ? " FP8 experts" : "");
+      }
+    }
 }
 
 struct SeqSpec {

@@ -122,17 +122,13 @@ inline nlohmann::json load_reference(const std::string& name) {
 }
 
 // f32 logits of rows `rows` after one prefill of `ids` (a single sequence) through a fresh f32
-// cache on `be`.
+// cache on `be` (hybrid models: state slot 0, starting from zeros).
 inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::vector<int32_t>& ids,
                                          std::vector<int32_t> rows) {
   const int n = static_cast<int>(ids.size()), blocks = (n + 15) / 16;
-  KvCache cache;
-  cache.num_blocks = blocks;
-  for (const auto& spec : model.cache_specs()) {
-    cache.k.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    cache.v.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-  }
+  KvCache cache = alloc_test_cache(be, model.cache_specs(), blocks, DType::kF32, 1);
   ModelInput in;
+  if (!cache.conv_state.empty()) in.linear = {{0, n}, {0}, {0}};
   for (int i = 0; i < n; ++i) {
     in.token_ids.push_back(ids[i]);
     in.positions.push_back(i);

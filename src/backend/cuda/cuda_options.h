@@ -1,0 +1,43 @@
+// Kernel choices of the CUDA backend that stay selectable, for benchmarks and tests that run
+// the variants side by side (bench/kernels/moe_bench, cuda_ops_test). The defaults are the
+// production choice. No environment variable reaches these: callers pass CudaOptions to
+// make_cuda_backend. Plain C++ (no CUDA headers): host code and kernels both include it.
+#pragma once
+
+namespace tessera {
+
+// How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
+enum class CudaMoeDecode {
+  kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
+                          // (after the top-k kernel)
+  kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
+                          // barrier, down (its first loads issued before the barrier), combine by the
+                          // last warp of each row group
+  kFusedTopkKernel,       // kFused with the top-k as its own kernel before it
+  kFusedNoPrefetch,       // kFused without the down loads before the barrier
+  kFusedSeparateCombine,  // kFused's top-k, gate_up and down, then the combine kernel of kSplit
+};
+inline constexpr CudaMoeDecode kAllCudaMoeDecode[] = {CudaMoeDecode::kSplit, CudaMoeDecode::kFused,
+                                                      CudaMoeDecode::kFusedTopkKernel, CudaMoeDecode::kFusedNoPrefetch,
+                                                      CudaMoeDecode::kFusedSeparateCombine};
+inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
+  switch (v) {
+    case CudaMoeDecode::kSplit:
+      return "split";
+    case CudaMoeDecode::kFused:
+      return "fused";
+    case CudaMoeDecode::kFusedTopkKernel:
+      return "fused_topk_kern";
+    case CudaMoeDecode::kFusedNoPrefetch:
+      return "fused_nopre";
+    case CudaMoeDecode::kFusedSeparateCombine:
+      return "fused_sepcomb";
+  }
+  return "?";
+}
+
+struct CudaOptions {
+  CudaMoeDecode moe_decode = CudaMoeDecode::kFused;
+};
+
+}  // namespace tessera
