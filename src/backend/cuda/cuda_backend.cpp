@@ -625,14 +625,20 @@ class CudaBackend final : public Backend {
   // The fused decode variants fold the top-k and the shared expert into their kernel
   // (CudaMoeDecode); otherwise (and where that kernel does not apply) moe_topk, moe_experts and
   // the shared expert's ops.
+  // The decode variant of a T-token call (CudaOptions::moe_decode; kAuto picks by the measured rule).
+  CudaMoeDecode moe_decode_for(int64_t T, bool shared) const {
+    if (options_.moe_decode != CudaMoeDecode::kAuto) return options_.moe_decode;
+    return shared && T <= 2 ? CudaMoeDecode::kFusedTopkKernel : CudaMoeDecode::kSplit;
+  }
+
   void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
                         const Tensor& down, const Tensor& topk_ids, const Tensor& topk_weights, int expert_begin,
                         const Tensor& out, const MoeSharedExpert* shared) override {
-    const bool fold = options_.moe_decode != CudaMoeDecode::kSplit && moe_gemv_ && router_logits.ndim() == 2 &&
-                      router_logits.dtype() == DType::kF32 && x.ndim() == 2 && router_logits.dim(0) == x.dim(0) &&
-                      x.dim(0) * k <= kMoeDecodeMaxPairs && topk_ids.numel() == x.dim(0) * k &&
-                      topk_weights.numel() == x.dim(0) * k && topk_ids.dtype() == DType::kI32 &&
-                      topk_weights.dtype() == DType::kF32 &&
+    const bool fold = moe_decode_for(x.ndim() == 2 ? x.dim(0) : 0, shared != nullptr) != CudaMoeDecode::kSplit &&
+                      moe_gemv_ && router_logits.ndim() == 2 && router_logits.dtype() == DType::kF32 && x.ndim() == 2 &&
+                      router_logits.dim(0) == x.dim(0) && x.dim(0) * k <= kMoeDecodeMaxPairs &&
+                      topk_ids.numel() == x.dim(0) * k && topk_weights.numel() == x.dim(0) * k &&
+                      topk_ids.dtype() == DType::kI32 && topk_weights.dtype() == DType::kF32 &&
                       moe_decode_fused_topk_supported(static_cast<int>(router_logits.dim(1)), k) &&
                       !gate_up.block_scaled() && !down.block_scaled();
     if (!fold) {
@@ -724,17 +730,18 @@ class CudaBackend final : public Backend {
     }
     const int64_t P = T * k;
     const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
-    const bool fused = decode && !fp8 && options_.moe_decode != CudaMoeDecode::kSplit &&
+    const CudaMoeDecode variant = moe_decode_for(T, shared != nullptr);
+    const bool fused = decode && !fp8 && variant != CudaMoeDecode::kSplit &&
                        moe_decode_sync_ints(H) <= kMoeSyncInts;  // the fused kernel reads bf16 experts
-    const bool fold_shared = fused && shared && fusable_shared(*shared, H, I) &&
-                             moe_decode_fused_shared_supported(options_.moe_decode, a.T, a.k);
+    const bool fold_shared =
+        fused && shared && fusable_shared(*shared, H, I) && moe_decode_fused_shared_supported(variant, a.T, a.k);
     const int64_t rows = P + (fold_shared ? T : 0);  // the shared expert's pairs after the routed ones
     Tensor act = scratch({rows, I}, DType::kBF16), y = scratch({rows, H}, DType::kBF16);
     if (fused) {
       const MoeFusedShared sh{fold_shared ? shared->gate_up->raw() : nullptr,
                               fold_shared ? shared->down->raw() : nullptr,
                               fold_shared && shared->gate ? shared->gate->raw() : nullptr};
-      launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, options_.moe_decode,
+      launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, variant,
                               props_.multiProcessorCount, stream_, fold, fold_shared ? &sh : nullptr);
       if (shared && !fold_shared) moe_shared_expert_add(x, *shared, out);
       return;

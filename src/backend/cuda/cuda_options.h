@@ -8,6 +8,10 @@ namespace tessera {
 
 // How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
 enum class CudaMoeDecode {
+  kAuto,                  // production: kFusedTopkKernel for T <= 2 with a shared expert to fold (Qwen3.5 /
+                          // Qwen3-Next), kSplit otherwise (moe_bench --variants on the H200, 2026-12-01: at T = 1
+                          // 33.8 against 40.2 us a layer for the Qwen3.5-35B-A3B shape, but 37.6 against 34.6 for
+                          // Qwen3-30B-A3B's, and kSplit ahead from T = 4 on for both)
   kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
                           // (after the top-k kernel)
   kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
@@ -22,6 +26,8 @@ inline constexpr CudaMoeDecode kAllCudaMoeDecode[] = {CudaMoeDecode::kSplit, Cud
                                                       CudaMoeDecode::kFusedSeparateCombine};
 inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
   switch (v) {
+    case CudaMoeDecode::kAuto:
+      return "auto";
     case CudaMoeDecode::kSplit:
       return "split";
     case CudaMoeDecode::kFused:
@@ -37,7 +43,7 @@ inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
 }
 
 struct CudaOptions {
-  CudaMoeDecode moe_decode = CudaMoeDecode::kFused;
+  CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
 };
 
 }  // namespace tessera
