@@ -392,6 +392,8 @@ TEST(Bf16Rule, AFarTopkChoiceIsRejected) {
     FarTopkBackend be(bf16, 0);
     const CaseVerdict v = check_case(name, load_reference(name)["cases"][i], be, true, std::nullopt, 0.15, 0.05, 0);
     EXPECT_FALSE(v.ok) << name << " case " << i << " accepted with a far top-k choice: " << v.detail;
+    // Refused by the top-k check itself, not only by the logits it moves.
+    EXPECT_EQ(v.detail.find(" 0 choices not the top-k"), std::string::npos) << v.detail;
   }
 }
 
