@@ -34,6 +34,7 @@
 #include "backend/checking_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/forwarding_backend.h"
+#include "bf16_emulation.h"
 #include "core/dtype.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -43,6 +44,10 @@
 
 namespace tessera {
 namespace {
+
+using testing::Bf16ActivationsBackend;
+using testing::RoutingRecorder;
+using testing::RoutingReplay;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -418,112 +423,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineCheck, ::testing::ValuesIn(check_fixtur
 // Two CPU experiments that tell a CUDA kernel bug from what bf16 activations do to these tiny
 // random MoE models, whose routers have near ties (top-k logit gaps of 0.01): no GPU needed.
 
-// Rounds every float operand an op reads to bf16 in place, as CUDA stores activations, KV
-// caches and conv states; keeps f32 where CUDA does (router logits into moe_topk, top-k weights,
-// the recurrent state, norm weights). The math stays the CPU's f32.
-class Bf16ActivationsBackend final : public ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  static void round(const Tensor& t) {
-    if (!t.defined() || t.dtype() != DType::kF32) return;
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
-  }
-  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
-    round(table);
-    inner().embedding(ids, table, out);
-  }
-  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-    round(x);
-    inner().rms_norm(x, w, eps, out);
-  }
-  void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
-    round(x);
-    round(residual);
-    inner().add_rms_norm(x, residual, w, eps);
-    round(residual);
-  }
-  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
-    round(x);
-    round(w);
-    if (bias) round(*bias);
-    inner().linear(x, w, bias, out);
-  }
-  void silu_mul(const Tensor& gate_up, const Tensor& out) override {
-    round(gate_up);
-    inner().silu_mul(gate_up, out);
-  }
-  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    round(a);
-    round(b);
-    inner().add(a, b, out);
-  }
-  void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const RopeTable& table) override {
-    round(q);
-    round(k);
-    inner().rope(q, k, positions, table);
-    round(q);
-    round(k);
-  }
-  void write_kv(const Tensor& k, const Tensor& v, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m,
-                float ks, float vs) override {
-    round(k);
-    round(v);
-    inner().write_kv(k, v, kc, vc, m, ks, vs);
-  }
-  void paged_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m, float scale,
-                       float ks, float vs, const Tensor& out) override {
-    round(q);
-    round(kc);
-    round(vc);
-    inner().paged_attention(q, kc, vc, m, scale, ks, vs, out);
-  }
-  void qkv_attention(const Tensor& qkv, const Tensor* qn, const Tensor* kn, float eps, const Tensor& positions,
-                     const RopeTable& table, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m,
-                     float scale, float ks, float vs, const Tensor& out) override {
-    round(qkv);
-    if (qn) round(*qn);  // bf16 (1 + w) on CUDA
-    if (kn) round(*kn);
-    Tensor q = scratch(out.shape(), out.dtype());
-    inner().qkv_prologue(qkv, qn, kn, eps, positions, table, kc, vc, m, ks, vs, q);
-    paged_attention(q, kc, vc, m, scale, ks, vs, out);
-  }
-  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& ids, const Tensor& w,
-                   int begin, const Tensor& out) override {
-    round(x);
-    round(gate_up);
-    round(down);
-    inner().moe_experts(x, gate_up, down, ids, w, begin, out);
-  }
-  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
-    round(x);
-    round(gate);
-    inner().sigmoid_mul(x, gate, out);
-  }
-  void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& w, const Tensor& state, const LinearAttnMetadata& m,
-                     const Tensor& out) override {
-    round(x);
-    round(state);
-    inner().causal_conv1d(x, x_col, w, state, m, out);
-  }
-  void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,
-                        const Tensor& state, const LinearAttnMetadata& m, const Tensor& out) override {
-    round(qkv);
-    round(ba);
-    inner().gated_delta_rule(qkv, ba, ba_col, A_log, dt_bias, state, m, out);
-  }
-  void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,
-                      const Tensor& out) override {
-    round(x);
-    round(z);
-    inner().gated_rms_norm(x, z, z_col, w, eps, out);
-  }
-  void gather_rows(const Tensor& x, const Tensor& indices, const Tensor& out) override {
-    round(x);
-    inner().gather_rows(x, indices, out);
-  }
-};
-
 // The f32 CPU run with one router decision changed: in the `flip_call`-th moe_topk call (the
 // MoE block of that rank in the step), the token whose k-th and (k+1)-th largest logits are
 // closest takes the (k+1)-th expert instead of the k-th (weights recomputed as the op does).
@@ -639,55 +538,8 @@ TEST(KernelOrBf16, OneNearTiedRouterChoiceFlippedOnTheCpu) {
 // CPU run of the same steps (RoutingReplay: the recorded experts, weighted by the CPU's own
 // probabilities for them). With the routing equal, what is left between the two runs is the
 // kernels' arithmetic, so a bf16 backend must come within the fixture test's logit bound of the
-// CPU at every step however many near ties it flipped.
-class RoutingRecorder final : public ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  std::vector<std::vector<int32_t>> routes;
-  void moe_topk(const Tensor& logits, int k, bool renormalize, const Tensor& ids, const Tensor& w) override {
-    inner().moe_topk(logits, k, renormalize, ids, w);
-    std::vector<int32_t> h(static_cast<size_t>(ids.numel()));
-    inner().copy_to_host(h.data(), ids);
-    routes.push_back(std::move(h));
-  }
-};
-
-class RoutingReplay final : public ForwardingBackend {
- public:
-  RoutingReplay(Backend& inner, const std::vector<std::vector<int32_t>>& routes)
-      : ForwardingBackend(inner), routes_(routes) {}
-  int differing_rows = 0;  // rows where the recorded experts are not the CPU's own choice
-  void moe_topk(const Tensor& logits, int k, bool renormalize, const Tensor& ids, const Tensor& w) override {
-    inner().moe_topk(logits, k, renormalize, ids, w);
-    TESSERA_CHECK(next_ < routes_.size(), "routing replay: more moe_topk calls than recorded");
-    const std::vector<int32_t>& route = routes_[next_++];
-    const int64_t T = logits.dim(0), E = logits.dim(1);
-    TESSERA_CHECK(static_cast<int64_t>(route.size()) == T * k, "routing replay: the recorded call has other shapes");
-    for (int64_t t = 0; t < T; ++t) {
-      const float* r = logits.data<float>() + t * E;
-      int32_t* id = ids.data<int32_t>() + t * k;
-      float* wt = w.data<float>() + t * k;
-      std::vector<int32_t> mine(id, id + k), theirs(route.begin() + t * k, route.begin() + (t + 1) * k);
-      std::sort(mine.begin(), mine.end());
-      std::sort(theirs.begin(), theirs.end());
-      if (mine == theirs) continue;
-      ++differing_rows;
-      const float mx = *std::max_element(r, r + E);
-      double sum = 0, picked = 0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(r[e] - mx);
-      for (int j = 0; j < k; ++j) {
-        id[j] = route[static_cast<size_t>(t * k + j)];
-        picked += wt[j] = static_cast<float>(std::exp(r[id[j]] - mx) / sum);
-      }
-      if (renormalize)
-        for (int j = 0; j < k; ++j) wt[j] = static_cast<float>(wt[j] / picked);
-    }
-  }
-
- private:
-  const std::vector<std::vector<int32_t>>& routes_;
-  size_t next_ = 0;
-};
+// CPU at every step however many near ties it flipped. (The classes: bf16_emulation.h, shared with
+// model_fixture_test's bf16 rule.)
 
 // One case through `primary` (recording its routing) and the CPU in f32 (replaying it), step by
 // step: the prefill, then the reference's tokens teacher-forced. Prints `tag` lines; returns the
