@@ -518,6 +518,30 @@ void moe_cases(Cases& cases) {
     };
     c.tol_f32 = 1e-4;
     cases.push_back(std::move(c));
+    if (s.E_local != s.E) continue;
+    // moe_topk_experts: the routing from the router logits and the experts in one call (no shared expert).
+    auto logits = std::make_shared<std::vector<float>>(r.uniform(s.T * s.E, -3, 3));
+    std::vector<int32_t> ids2;
+    std::vector<double> wd2;
+    moe_topk_ref(dbl(*logits), static_cast<int>(s.E), static_cast<int>(s.k), true, ids2, wd2);
+    OpCase t;
+    t.op = "moe_topk_experts";
+    t.name = fmt::format("moe_topk_experts T{} E{} k{} H{} I{}", s.T, s.E, s.k, s.H, s.I);
+    t.run = [=](Backend& be) {
+      Tensor o = poisoned(be, {s.T, s.H}, be.compute_dtype());
+      Tensor ids_t = be.alloc({s.T, s.k}, DType::kI32), w_t = be.alloc({s.T, s.k}, DType::kF32);
+      be.moe_topk_experts(up(be, *logits, {s.T, s.E}, DType::kF32), static_cast<int>(s.k), true,
+                          act(be, *x, {s.T, s.H}), act(be, *gu, {s.E, 2 * s.I, s.H}), act(be, *dn, {s.E, s.H, s.I}),
+                          ids_t, w_t, 0, o, nullptr);
+      return Outputs{out("out", down(be, o))};
+    };
+    t.reference = [=] {
+      return Outputs{out(
+          "out", moe_experts_ref(dbl(*x), dbl(*gu), dbl(*dn), ids2, wd2, static_cast<int>(s.T), static_cast<int>(s.H),
+                                 static_cast<int>(s.I), static_cast<int>(s.E), static_cast<int>(s.k), 0))};
+    };
+    t.tol_f32 = 1e-4;
+    cases.push_back(std::move(t));
   }
 }
 
