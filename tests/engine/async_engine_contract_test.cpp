@@ -257,8 +257,12 @@ TEST(AsyncEngineContract, AFailedStepEndsEverySequenceOnceAndTheEngineRefusesMor
     EXPECT_EQ(h.get(k).reason, FinishReason::kError) << k;
     EXPECT_NE(h.get(k).text.find("injected step failure"), std::string::npos) << k;
   }
-  const AsyncEngineStats st = h.engine->stats();
-  EXPECT_FALSE(st.alive);
+  // The engine thread marks itself dead right after it delivers the error finishes: wait for it
+  // (at most 2 s), then every submission is refused.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (h.engine->stats().alive && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(h.engine->stats().alive);
   SubmitResult r = h.submit("late", prompt(5), Harness::params(3));
   EXPECT_EQ(r.error, SubmitError::kDead);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
