@@ -123,6 +123,16 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
+// The largest logit minus the runner-up.
+float top2_gap(const std::vector<float>& logits) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : logits) {
+    if (x > a) b = a, a = x;
+    else if (x > b) b = x;
+  }
+  return a - b;
+}
+
 // Whether `token` is among the n largest of `logits` (vLLM's check_logprobs_close: a token in
 // the other side's top-n logprobs).
 bool in_top_n(const std::vector<float>& logits, int token, int n) {
@@ -442,8 +452,18 @@ TEST_P(HybridFixtureTest, ChunkedPrefillCarriesTheState) {
 
 // Two sequences in one step, in state slots 3 and 1 and their own KV blocks: a 33-token
 // prompt and the 300-token one (whose first 40 tokens ran in an earlier step alone, so one
-// sequence continues from its state while the other starts from zeros); each gets its own
-// reference logits. Then one decode step of both gives each one's first greedy token.
+// sequence continues from its state while the other starts from zeros). Then one decode step
+// of both. Each sequence must get what it gets alone in its slot:
+//  - CPU (f32): transformers' last logits (2e-3) and first two greedy tokens (close calls 1e-3);
+//  - CUDA (bf16): the same backend's logits for the sequence run alone, within twice the error
+//    transformers itself makes in bf16 on that prompt (at least 0.15), and the same decode
+//    token unless the solo run called it within that noise. (Against transformers a bf16
+//    backend may part at a near tie: FixtureTest holds the solo runs to the reference with the
+//    bf16 rule; this test is about slots, which a mix-up breaks by far more than the noise.)
+struct TwoSeqLogits {
+  std::vector<float> prefill, decode;  // each sequence's row of V, a then b where both ran
+};
+
 TEST_P(HybridFixtureTest, TwoSequencesInOneStepKeepTheirOwnSlots) {
   const std::string name = GetParam();
   auto ref = load_reference(name);
@@ -451,51 +471,73 @@ TEST_P(HybridFixtureTest, TwoSequencesInOneStepKeepTheirOwnSlots) {
   ASSERT_GE(cases.size(), 4u);
   const auto& ca = cases[2];
   const auto& cb = cases[3];
-  std::vector<int32_t> a = ca["prompt_ids"].get<std::vector<int32_t>>();
-  std::vector<int32_t> b = cb["prompt_ids"].get<std::vector<int32_t>>();
-  const int la = static_cast<int>(a.size()), lb = static_cast<int>(b.size());
+  const std::vector<int32_t> pa = ca["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> pb = cb["prompt_ids"].get<std::vector<int32_t>>();
+  const int la = static_cast<int>(pa.size()), lb = static_cast<int>(pb.size());
   ASSERT_LT(la + 1, 4 * 16);
-  auto l = load(name, 4 + 21);
-  // Sequence a: blocks [0, 4), slot 3. Sequence b: blocks [4, 25), slot 1.
-  l->model->forward(step_of({SeqPart{&b, 0, 40, 4, 21, 1}}), l->cache);
-  l->backend.reset_scratch();
-  Tensor logits =
-      l->model->forward(step_of({SeqPart{&a, 0, la, 0, 4, 3}, SeqPart{&b, 40, lb - 40, 4, 21, 1}}), l->cache);
-  std::vector<float> got = to_host(l->backend, logits);
-  const auto want_a = ca["last_logits"].get<std::vector<float>>(), want_b = cb["last_logits"].get<std::vector<float>>();
-  const size_t V = want_a.size();
-  ASSERT_EQ(got.size(), 2 * V);
-  const double tol = testing::testing_on_cuda() ? 0.15 : 2e-3;
-  float err_a = 0, err_b = 0;
-  for (size_t i = 0; i < V; ++i) {
-    err_a = std::max(err_a, std::fabs(got[i] - want_a[i]));
-    err_b = std::max(err_b, std::fabs(got[V + i] - want_b[i]));
-  }
-  EXPECT_LT(err_a, tol) << name << ": the 33-token prompt";
-  EXPECT_LT(err_b, tol) << name << ": the 300-token prompt, continued from its slot";
-
-  const std::vector<float> ga(got.begin(), got.begin() + static_cast<long>(V)),
-      gb(got.begin() + static_cast<long>(V), got.end());
-  a.push_back(argmax(ga));
-  b.push_back(argmax(gb));
-  l->backend.reset_scratch();
-  logits = l->model->forward(step_of({SeqPart{&a, la, 1, 0, 4, 3}, SeqPart{&b, lb, 1, 4, 21, 1}}), l->cache);
-  got = to_host(l->backend, logits);
-  const std::vector<float> da(got.begin(), got.begin() + static_cast<long>(V)),
-      db(got.begin() + static_cast<long>(V), got.end());
-  const double close_call = testing::testing_on_cuda() ? 0.05 : 1e-3;
+  const size_t V = ca["last_logits"].size();
+  // Sequence a: blocks [0, 4), slot 3. Sequence b: blocks [4, 25), slot 1. `which`: 1 a alone,
+  // 2 b alone, 3 both; returns [prefill a][prefill b] and [decode a][decode b] of those that ran.
+  auto run = [&](int which) {
+    auto l = load(name, 4 + 21);
+    std::vector<int32_t> a = pa, b = pb;
+    const bool with_a = which & 1, with_b = which & 2;
+    if (with_b) l->model->forward(step_of({SeqPart{&b, 0, 40, 4, 21, 1}}), l->cache);
+    l->backend.reset_scratch();
+    std::vector<SeqPart> step;
+    if (with_a) step.push_back(SeqPart{&a, 0, la, 0, 4, 3});
+    if (with_b) step.push_back(SeqPart{&b, 40, lb - 40, 4, 21, 1});
+    TwoSeqLogits r;
+    r.prefill = to_host(l->backend, l->model->forward(step_of(step), l->cache));
+    size_t row = 0;
+    if (with_a) a.push_back(argmax(std::vector<float>(r.prefill.begin(), r.prefill.begin() + V))), ++row;
+    if (with_b) b.push_back(argmax(std::vector<float>(r.prefill.begin() + row * V, r.prefill.begin() + (row + 1) * V)));
+    step.clear();
+    if (with_a) step.push_back(SeqPart{&a, la, 1, 0, 4, 3});
+    if (with_b) step.push_back(SeqPart{&b, lb, 1, 4, 21, 1});
+    l->backend.reset_scratch();
+    r.decode = to_host(l->backend, l->model->forward(step_of(step), l->cache));
+    return r;
+  };
+  auto row = [&](const std::vector<float>& v, size_t k) {
+    return std::vector<float>(v.begin() + static_cast<long>(k * V), v.begin() + static_cast<long>((k + 1) * V));
+  };
+  const TwoSeqLogits both = run(3);
+  ASSERT_EQ(both.prefill.size(), 2 * V);
+  ASSERT_EQ(both.decode.size(), 2 * V);
+  const bool cuda = testing::testing_on_cuda();
   for (int k = 0; k < 2; ++k) {
     const auto& c = k == 0 ? ca : cb;
-    const auto greedy = c["greedy"].get<std::vector<int32_t>>();
-    const auto margins = c["margins"].get<std::vector<double>>();
-    const int first = k == 0 ? a.back() : b.back(), second = argmax(k == 0 ? da : db);
-    if (first != greedy[0]) {
-      EXPECT_LE(margins[0], close_call) << name << " sequence " << k << " first token";
-      continue;
+    const char* what = k == 0 ? "the 33-token prompt" : "the 300-token prompt, continued from its slot";
+    const std::vector<float> got_prefill = row(both.prefill, k), got_decode = row(both.decode, k);
+    std::vector<float> want_prefill, want_decode;
+    int want_first, want_second;
+    double tol, close;
+    if (!cuda) {
+      want_prefill = c["last_logits"].get<std::vector<float>>();
+      const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+      const auto margins = c["margins"].get<std::vector<double>>();
+      want_first = greedy[0], want_second = greedy[1];
+      tol = 2e-3, close = 1e-3;
+      if (argmax(got_prefill) != want_first) {
+        EXPECT_LE(margins[0], close) << name << ": " << what << ", first token";
+        continue;
+      }
+      if (margins[1] > close) EXPECT_EQ(argmax(got_decode), want_second) << name << ": " << what << ", decode step";
+    } else {
+      const TwoSeqLogits alone = run(k == 0 ? 1 : 2);
+      want_prefill = alone.prefill, want_decode = alone.decode;
+      const double noise = 2.0 * c.value("bf16_last_logits_err", 0.0);
+      tol = std::max(0.15, noise), close = std::max(0.05, noise);
+      want_first = argmax(want_prefill);
+      if (argmax(got_prefill) != want_first) {
+        EXPECT_LE(top2_gap(want_prefill), close) << name << ": " << what << ", first token";
+        continue;
+      }
+      if (top2_gap(want_decode) > close)
+        EXPECT_EQ(argmax(got_decode), argmax(want_decode)) << name << ": " << what << ", decode step";
     }
-    if (margins[1] > close_call) {
-      EXPECT_EQ(second, greedy[1]) << name << " sequence " << k << " decode step";
-    }
+    EXPECT_LT(max_abs_diff(got_prefill, want_prefill), tol) << name << ": " << what << ", last prefill logits";
   }
 }
 
