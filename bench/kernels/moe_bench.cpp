@@ -367,9 +367,7 @@ int run(int argc, char** argv) {
       "%%gemm: active FLOP/s over the 8192^3 bf16 cuBLASLt rate; graph_us: per layer, replaying a captured graph of "
       "the %ld layers.\n",
       long(kLayers), long(kLayers));
-  gate_up.clear();
-  down.clear();
-  gpu.reset();
+  gpu.reset();  // the variants make backends of their own
   all_decode_variants(copy_gbs, quick);
   return 0;
 }
