@@ -15,7 +15,7 @@
 // First checks both paths and both formats against the CPU backend on 16 experts.
 //   moe_bench [--quick] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]
 // (default: both models, both formats).
-// Decode variants: // Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
+// Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
 // backend of its own, checked against the CPU, then microseconds per layer (moe_topk_experts: router
 // top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32,
 // for the Qwen3-30B-A3B shape and the Qwen3.5-35B-A3B one (256 experts of I 512, a gated shared expert).

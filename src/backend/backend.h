@@ -140,7 +140,7 @@ class Backend {
                                const Tensor& out) = 0;
   // The attention of a fused QKV projection: qkv_prologue into a q of out's shape, then
   // paged_attention of that q into out. A backend may do both in one pass (CUDA, for steps
-  // where every sequence has one query token; TESSERA_FUSED_DECODE_ATTN=0 keeps two kernels).
+  // where every sequence has one query token; CudaOptions::fused_decode_attention = false keeps two kernels).
   virtual void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                              const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
                              const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,

@@ -127,6 +127,12 @@ class AsyncEngine : public EngineClient {
   // Engine thread: `count` sequences of `group` stopped waiting (first token, finished, aborted, refused).
   void leave_waiting(uint64_t group, int count);
   void loop();
+  // Engine thread: hands a submitted request to the engine (or refuses it with its last delta).
+  void admit(Pending& pending, bool draining);
+  // Engine thread: aborts a tracked request, with a last delta for each unfinished sequence.
+  void abort_tracked(const std::string& id);
+  // Engine thread, after a failed step: a last delta for every request, queued ones too.
+  void fail_everything(const std::string& what);
   void handle_outputs(std::vector<RequestOutput>& outs);
 
   std::unique_ptr<LLMEngine> engine_;

@@ -691,25 +691,33 @@ struct ApiServer::Impl {
     return std::nullopt;
   }
 
-  // The POST routes, with the parsed body.
+  void chat_completions(const ojson& body, const std::shared_ptr<Exchange>& ex) { chat(body, ex, chat_writer(text)); }
+
+  // The POST routes: path, whether it generates (refused while draining), the handler.
+  struct PostRoute {
+    const char* path;
+    bool generates;
+    void (Impl::*serve)(const ojson& body, const std::shared_ptr<Exchange>& ex);
+  };
+
+  // A POST route, with the parsed body.
   void serve_post(const std::string& path, const ojson& body, const std::shared_ptr<Exchange>& ex) {
-    const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
-                           path == "/v1/responses";
-    if (generates && owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
-    if (path == "/v1/chat/completions")
-      chat(body, ex, chat_writer(text));
-    else if (path == "/v1/completions")
-      completions(body, ex);
-    else if (path == "/v1/messages")
-      messages(body, ex);
-    else if (path == "/v1/responses")
-      responses(body, ex);
-    else if (path == "/v1/messages/count_tokens")
-      count_tokens(body, ex);
-    else if (path == "/tokenize")
-      tokenize(body, ex);
-    else if (path == "/detokenize")
-      detokenize(body, ex);
+    static constexpr PostRoute kPostRoutes[] = {
+        {"/v1/chat/completions", true, &Impl::chat_completions},
+        {"/v1/completions", true, &Impl::completions},
+        {"/v1/messages", true, &Impl::messages},
+        {"/v1/responses", true, &Impl::responses},
+        {"/v1/messages/count_tokens", false, &Impl::count_tokens},
+        {"/tokenize", false, &Impl::tokenize},
+        {"/detokenize", false, &Impl::detokenize},
+    };
+    for (const PostRoute& r : kPostRoutes) {
+      if (path != r.path) continue;
+      if (r.generates && owner->draining_)
+        throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
+      (this->*r.serve)(body, ex);
+      return;
+    }
   }
 
   void handle(HttpRequest&& r, const std::shared_ptr<Exchange>& ex) {

@@ -155,8 +155,7 @@ class CompletionWriter final : public OpenAIWriter {
   }
 
  private:
-  const char* chunk_object() const override { return "text_completion"; }
-
+  // A chunk's choice: the new text, and its logprobs at their offset in the choice's text.
   bool fill_choice(Gen& g, size_t ci, const StreamDelta& d, const std::vector<TokenLogprob>& lps, bool has_text,
                    ojson& choice) override {
     Choice& c = g.choices[ci];
@@ -174,6 +173,8 @@ class CompletionWriter final : public OpenAIWriter {
         g.logprobs >= 0 && !lps.empty() ? text_.completion_logprobs(lps, g.logprobs, offset) : ojson(nullptr);
     return true;
   }
+
+  const char* chunk_object() const override { return "text_completion"; }
 };
 
 }  // namespace

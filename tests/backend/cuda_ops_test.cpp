@@ -393,16 +393,15 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
   }
 }
 
-// The fused decode kernel (the default; TESSERA_FUSED_DECODE_ATTN=0 turns it off): prologue and
-// decode attention in one kernel. On decode steps it must give exactly what qkv_prologue then
-// paged_attention give: the same output bits and the same cache bits (the newest key and value
-// are written by the fused kernel).
+// The fused decode kernel (the default; CudaOptions::fused_decode_attention = false turns
+// it off): prologue and decode attention in one kernel. On decode steps it must give exactly what
+// qkv_prologue then paged_attention give: the same output bits and the same cache bits (the
+// newest key and value are written by the fused kernel).
 TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
-  setenv("TESSERA_FUSED_DECODE_ATTN", "0", 1);
-  std::unique_ptr<Backend> two_ops = make_cuda_backend(0);
-  setenv("TESSERA_FUSED_DECODE_ATTN", "1", 1);
+  CudaOptions unfused;
+  unfused.fused_decode_attention = false;
+  std::unique_ptr<Backend> two_ops = make_cuda_backend(0, unfused);
   std::unique_ptr<Backend> fused = make_cuda_backend(0);
-  unsetenv("TESSERA_FUSED_DECODE_ATTN");
   const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
     for (int D : {128, 64, 256})  // 256 with 64 rotary dims (neox): Qwen3-Next / Qwen3.5

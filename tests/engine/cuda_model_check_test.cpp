@@ -32,6 +32,9 @@
 #include <sstream>
 
 #include "backend/checking_backend.h"
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "backend/cpu/cpu_backend.h"
 #include "backend/forwarding_backend.h"
 #include "bf16_emulation.h"
@@ -282,32 +285,63 @@ TEST_P(ModelCheck, EveryOpMatchesTheCpuInPrefillChunksOf32) {
   check_fixture(32);
 }
 
+// One way to run the CUDA backend with a kernel path off: an environment switch read when a
+// backend is made, or a CudaOptions field (the label names which).
+struct KernelPathOff {
+  const char* label;
+  const char* env;  // set to "0" while the backend is made; nullptr: none
+#ifdef TESSERA_HAVE_CUDA
+  void (*set)(CudaOptions&);  // nullptr: the defaults
+#endif
+};
+
+std::unique_ptr<Backend> make_cuda_with(const KernelPathOff& off) {
+#ifdef TESSERA_HAVE_CUDA
+  CudaOptions options;
+  if (off.set) off.set(options);
+  return make_cuda_backend(0, options);
+#else
+  (void)off;
+  return make_cuda();
+#endif
+}
+
 // The same prompts on plain CUDA (no checking, no synchronisation between ops), once with the
-// defaults and once with each kernel-path switch of the CUDA backend off (read when a backend
-// is made): the switch whose line matches the reference where the default does not names the
-// kernel path at fault. (TESSERA_PDL and TESSERA_DECODE_PRELOAD are read once per process: run
-// the binary again with TESSERA_PDL=0 for programmatic dependent launch.)
+// defaults and once with each kernel path of the CUDA backend off: the variant whose line
+// matches the reference where the default does not names the kernel path at fault.
+// (TESSERA_PDL is read once per process: run the binary again with TESSERA_PDL=0 for
+// programmatic dependent launch.)
 TEST_P(ModelCheck, PlainCudaWithEachKernelPathSwitchedOff) {
   const std::string name = GetParam();
   const auto ref = testing::load_reference(name);
-  const std::vector<const char*> switches = {nullptr, "TESSERA_CUDA_GEMV", "TESSERA_MOE_GEMV", "TESSERA_GDR_CHUNKED",
-                                             "TESSERA_FUSED_DECODE_ATTN"};
-  for (const char* sw : switches) {
+#ifdef TESSERA_HAVE_CUDA
+  const std::vector<KernelPathOff> variants = {
+      {"defaults", nullptr, nullptr},
+      {"TESSERA_MOE_GEMV=0", "TESSERA_MOE_GEMV", nullptr},
+      {"moe_decode=split", nullptr, [](CudaOptions& o) { o.moe_decode = CudaMoeDecode::kSplit; }},
+      {"chunked_gated_delta=false", nullptr, [](CudaOptions& o) { o.chunked_gated_delta = false; }},
+      {"fused_decode_attention=false", nullptr, [](CudaOptions& o) { o.fused_decode_attention = false; }},
+  };
+#else
+  const std::vector<KernelPathOff> variants = {{"defaults", nullptr}};
+#endif
+  for (const KernelPathOff& v : variants) {
     std::string saved;
-    const bool had = sw && std::getenv(sw);
-    if (had) saved = std::getenv(sw);
-    if (sw) setenv(sw, "0", 1);
+    const bool had = v.env && std::getenv(v.env);
+    if (had) saved = std::getenv(v.env);
+    if (v.env) setenv(v.env, "0", 1);
     {
-      auto cuda = make_cuda();
+      auto cuda = make_cuda_with(v);
       Loaded l = load(name, *cuda);
-      const std::string how = sw ? std::string(sw) + "=0" : "defaults";
+      const bool defaults = &v == &variants.front();
       for (size_t i = 0; i < ref["cases"].size(); ++i) {
         if (!case_selected(i)) continue;
-        const CaseResult r = run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0, "[plain " + how + "]");
-        if (!sw) EXPECT_TRUE(r.within_bounds) << name << " prompt " << i << " on plain CUDA";
+        const CaseResult r =
+            run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0, std::string("[plain ") + v.label + "]");
+        if (defaults) EXPECT_TRUE(r.within_bounds) << name << " prompt " << i << " on plain CUDA";
       }
     }
-    if (sw) had ? setenv(sw, saved.c_str(), 1) : unsetenv(sw);
+    if (v.env) had ? setenv(v.env, saved.c_str(), 1) : unsetenv(v.env);
   }
 }
 

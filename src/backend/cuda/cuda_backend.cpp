@@ -117,13 +117,7 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
     gemm_ = std::make_unique<Gemm>(index_);
-    use_gemv_ = env_switch("TESSERA_CUDA_GEMV", true);
-    const char* fp8_gemm = std::getenv("TESSERA_FP8_GEMM");
-    fp8_dequant_only_ = fp8_gemm && std::string(fp8_gemm) == "dequant";
-    gdr_chunked_enabled_ = env_switch("TESSERA_GDR_CHUNKED", true);
-    size_t mb = 256;
-    if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
-    initial_scratch_ = mb << 20;
+    initial_scratch_ = std::max<size_t>(16, options_.initial_scratch_mib) << 20;
     TCUDA_CHECK(cudaStreamSynchronize(stream_));
     TLOG_INFO("CUDA device {}: {}, {} SMs, {:.1f} GiB, compute capability {}.{}", index_, props_.name,
               props_.multiProcessorCount, props_.totalGlobalMem / 1073741824.0, props_.major, props_.minor);
@@ -333,16 +327,15 @@ class CudaBackend final : public Backend {
   // FP8 block-scaled weights (Tensor::block_scale): the FP8 GEMV for M <= 16; above, the
   // activations are quantised per token and 128 columns and cuBLASLt's block-scaled FP8 GEMM
   // runs (Hopper); where it has no algorithm (shape, GPU), the weight is dequantised to bf16 in
-  // scratch and the bf16 GEMM runs. TESSERA_FP8_GEMM=dequant forces that fallback.
+  // scratch and the bf16 GEMM runs. CudaOptions::fp8_gemm_dequant forces that fallback.
   void linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, int64_t M, int64_t N, int64_t K) {
     const Tensor& sc = *w.block_scale();
     CUDA_REQUIRE(w.dtype() == DType::kF8E4M3 && sc.dtype() == DType::kF32 && act(sc), "linear",
                  "FP8 weights must be e4m3 with f32 block scales, got " + w.str() + " scales " + sc.str());
     const auto* wscale = sc.data<float>();
-    if (use_gemv_ && M <= kMaxFp8GemvRows &&
-        launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
+    if (M <= kMaxFp8GemvRows && launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
       return;
-    if (!fp8_dequant_only_ && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
+    if (!options_.fp8_gemm_dequant && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
       const size_t mark = scratch_mark();
       Tensor xq = scratch({M, K}, DType::kF8E4M3);
       Tensor xs = scratch({K / 128, M}, DType::kF32);
@@ -388,7 +381,7 @@ class CudaBackend final : public Backend {
     need_cuda(w, "linear");
     need_cuda(out, "linear");
     bind();
-    if (!(use_gemv_ && M <= kMaxGemvRows &&
+    if (!(M <= kMaxGemvRows &&
           launch_gemv(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, props_.multiProcessorCount, stream_)))
       gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
     if (bias) {
@@ -501,8 +494,8 @@ class CudaBackend final : public Backend {
                      const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
                      const Tensor& out) override {
     const int D = out.ndim() == 3 ? static_cast<int>(out.dim(2)) : 0;
-    const bool fused = fused_decode_attn_ && meta.max_query_len == 1 && out.ndim() == 3 && out.dim(0) > 0 &&
-                       meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
+    const bool fused = options_.fused_decode_attention && meta.max_query_len == 1 && out.ndim() == 3 &&
+                       out.dim(0) > 0 && meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
     if (!fused) {
       Backend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
                              v_scale, out);
@@ -532,7 +525,7 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, meta.max_seq_len, only_single, ws, fused, stream_);
+    launch_decode_attention(a, splits, only_single, ws, fused, stream_);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).
@@ -846,9 +839,10 @@ class CudaBackend final : public Backend {
     a.Dv = static_cast<int>(Dv);
     a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
     // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
-    // (TESSERA_GDR_CHUNKED=0 keeps the recurrent kernel, which walks the tokens one by one).
-    const bool chunked =
-        meta.max_query_len > 1 && gdr_chunked_enabled_ && gdr_chunked_supported(a.Dk, a.Dv) && meta.num_seqs > 0;
+    // (CudaOptions::chunked_gated_delta = false keeps the recurrent kernel, which walks
+    // the tokens one by one).
+    const bool chunked = meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) &&
+                         meta.num_seqs > 0;
     if (chunked) {
       std::vector<int32_t> chunks, seq_chunks = {0};
       for (int s = 0; s < meta.num_seqs; ++s) {
@@ -1074,8 +1068,6 @@ class CudaBackend final : public Backend {
   int* dev_err_ = nullptr;
   static constexpr int64_t kMoeSyncInts = 2 + 16384;  // the fused MoE decode path up to H = 65536
   unsigned* moe_sync_ = nullptr;
-  // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
-  bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging
@@ -1089,11 +1081,8 @@ class CudaBackend final : public Backend {
   size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
   std::vector<Mark> marks_;
   bool capturing_ = false;
-  bool use_gemv_ = true;           // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
-  bool fp8_dequant_only_ = false;  // TESSERA_FP8_GEMM=dequant: FP8 prefill through bf16 copies
   // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
   bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
-  bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
   size_t capture_chunks_ = 0;
 };
 

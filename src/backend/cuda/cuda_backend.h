@@ -1,5 +1,6 @@
 // The CUDA backend's entry points. Everything else of it stays in src/backend/cuda/.
 #pragma once
+#include <cstddef>
 #include <memory>
 
 #include "backend/backend.h"

@@ -112,8 +112,8 @@ bool prefill_attention_supported(int D, DType cache_dtype);
 // prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
 // has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single_query,
-                             float* workspace, const QkvPrologueArgs* fused, cudaStream_t s);
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
+                             const QkvPrologueArgs* fused, cudaStream_t s);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);

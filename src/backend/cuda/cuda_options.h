@@ -3,6 +3,7 @@
 // production choice. No environment variable reaches these: callers pass CudaOptions to
 // make_cuda_backend. Plain C++ (no CUDA headers): host code and kernels both include it.
 #pragma once
+#include <cstddef>
 
 namespace tessera {
 
@@ -44,6 +45,17 @@ inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
 
 struct CudaOptions {
   CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
+  // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
+  // attention kernel; false: two kernels (the op test compares both).
+  bool fused_decode_attention = true;
+  // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
+  // dims allow; false: the recurrent kernel, token by token.
+  bool chunked_gated_delta = true;
+  // FP8 linear layers above the GEMV size through a dequantised bf16 weight copy instead of
+  // cuBLASLt's block-scaled FP8 GEMM (the fallback where that has no algorithm).
+  bool fp8_gemm_dequant = false;
+  // The scratch arena's first chunk (it grows on demand); at least 16.
+  size_t initial_scratch_mib = 256;
 };
 
 }  // namespace tessera
