@@ -205,6 +205,11 @@ def dequantize_blocks(w, s, block):
     [E, 1, 1] or [E])."""
     w, s = w.float(), s.float()
     rows, cols = w.shape[-2], w.shape[-1]
+    blocks = (*w.shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
+    if s.shape != blocks and s.numel() == torch.Size(blocks).numel() and s.shape[:len(lead := w.shape[:-2])] == lead:
+        # the same blocks in another shape: size-1 dims dropped or the last two flattened (transformers
+        # loads per-expert scales [1, 2] + [1, 2] of a gate/up pair as [4] per expert), row-major as the blocks
+        s = s.reshape(blocks)
     if s.dim() >= 2 and s.shape[-2] == -(-rows // block[0]) and s.shape[-1] == -(-cols // block[1]) \
             and s.shape[:-2] == w.shape[:-2]:
         s = torch.repeat_interleave(s, block[0], dim=-2)[..., :rows, :]

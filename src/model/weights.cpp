@@ -260,19 +260,19 @@ void check_shape(const CheckpointTensor& t, const Shape& want) {
 }
 
 // The block scales of a weight as a matrix of want's shape ([rows, cols], or [E, rows, cols] read
-// as [E * rows, cols]). A checkpoint may store them with leading size-1 dims dropped: transformers'
-// FP8 quantizer saves the [1, n] scales of an expert projection of at most 128 rows as [n] (and
-// vLLM loads them by broadcasting); any other shape is corrupt.
+// as [E * rows, cols]). A checkpoint may store them with size-1 dims dropped: transformers' FP8
+// quantizer saves the [1, n] and [n, 1] scales of expert projections of at most 128 rows or
+// columns as [n] (vLLM loads them by broadcasting). Dropping size-1 dims leaves the data where it
+// was; any other shape is corrupt.
 Matrix scale_matrix(const CheckpointTensor& t, const Shape& want) {
+  auto squeezed = [](const Shape& s) {
+    std::vector<int64_t> d;
+    for (int i = 0; i < s.ndim(); ++i)
+      if (s[i] != 1) d.push_back(s[i]);
+    return d;
+  };
   const Shape& have = t.info->shape;
-  int lead = 0;
-  while (lead < want.ndim() - 1 && want[lead] == 1) ++lead;
-  bool ok = have == want;
-  for (int drop = 1; !ok && drop <= lead; ++drop) {
-    ok = have.ndim() == want.ndim() - drop;
-    for (int i = 0; ok && i < have.ndim(); ++i) ok = have[i] == want[i + drop];
-  }
-  if (!ok) check_shape(t, want);  // names both shapes
+  if (!(have == want) && squeezed(have) != squeezed(want)) check_shape(t, want);  // names both shapes
   Matrix m = matrix_of(t);
   m.cols = want[-1];
   m.rows = 1;
