@@ -221,6 +221,32 @@ TEST(Fp8Weights, BadScalesAndMissingConfigAreClearErrors) {
   }
 }
 
+// transformers' FP8 quantizer saves the [1, 2] scales of a 128 x 256 projection and the [2, 1]
+// of a 256 x 128 one as [2]: both load with their blocks where they were; a [2] for a weight
+// whose scales are [2, 2] stays corrupt (BadScalesAndMissingConfigAreClearErrors).
+TEST(Fp8Weights, ScalesSavedWithoutTheirSizeOneDimsLoad) {
+  auto be = make_backend({});
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{128, 256}, std::vector<int64_t>{256, 128}}) {
+    TempDir dir;
+    Fp8Matrix w8 = make_fp8(shape, 3);
+    const Fp8Matrix full = w8;
+    w8.scale_shape = {2};
+    testing::SafetensorsWriter st;
+    add(st, "x.down_proj.weight", w8);
+    st.write(dir.path / "model.safetensors");
+    Checkpoint ckpt(dir.path.string());
+    WeightStore w(ParallelContext{});
+    w.set_quantization(fp8_config());
+    const Tensor& t = w.declare("x.down_proj.weight", Shape{shape[0], shape[1]}, ParallelStyle::kReplicated);
+    w.load(ckpt, *be);
+    ASSERT_TRUE(t.block_scaled());
+    EXPECT_EQ(t.block_scale()->shape(), block_scale_shape(t.shape()));
+    const auto v = values(t);
+    for (int64_t i = 0; i < shape[0]; ++i)
+      for (int64_t j = 0; j < shape[1]; ++j) ASSERT_EQ(v[i * shape[1] + j], full.value(0, i, j)) << i << "," << j;
+  }
+}
+
 // Experts E=2, I=256, H=128 as per-expert tensors and as transformers 5's fused 3-D tensors
 // (gate_up_proj [E, 2I, H] with gate_up_proj_scale_inv [E, 2I/128, H/128]): the same stacked
 // values, for TP 1, TP 2 (each expert's intermediate halves) and expert parallelism.
