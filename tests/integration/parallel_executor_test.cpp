@@ -1,10 +1,10 @@
 // Tensor and pipeline parallelism at the executor level: TP x PP rank processes (fork), each
 // with a Worker (Gloo over 127.0.0.1 through the head's store), rank 0 driving a
 // MultiprocExecutor and the others Worker::run_step_loop. The logits of every step (a two-sequence prefill, then
-// decodes of both) must match the single-process LocalExecutor within 1e-4, and each step's
-// greedy token must be its token (unless the reference's top two are within 1e-3). Hybrid
-// models keep each sequence's linear-attention state in its own slot on every rank; FP8
-// checkpoints load the same e4m3 bytes and 128 x 128 block scales on every split.
+// decodes of both) must match the single-process LocalExecutor within 1e-4 (5e-4 for the hybrid FP8 model), and each
+// step's greedy token must be its token (unless the reference's top two are within 1e-3). Hybrid models keep each
+// sequence's linear-attention state in its own slot on every rank; FP8 checkpoints load the same e4m3 bytes and 128 x
+// 128 block scales on every split.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +37,9 @@ struct Case {
   std::string fixture;  // a fixture's name, or "gen:<key>" (tiny_checkpoint.h)
   int tp, pp;
   bool ep = false;  // --enable-expert-parallel
+  // Largest |logit - one process's| (f32 sums in another order: measured 3e-6 .. 1e-5 for
+  // most; the hybrid FP8 model's 512-wide sums and recurrent state reach 1.1e-4 on logits of 7).
+  float tolerance = 1e-4f;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -237,7 +240,7 @@ TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
     size_t at = 0;
     for (size_t i = 0; i < n; ++i)
       if (float d = std::fabs(got[i] - want[s][i]); !(d <= worst)) worst = d, at = i;
-    EXPECT_LE(worst, 1e-4f) << "step " << s << " element " << at << ": " << got[at] << " vs " << want[s][at];
+    EXPECT_LE(worst, c.tolerance) << "step " << s << " element " << at << ": " << got[at] << " vs " << want[s][at];
     // Greedy choice per sequence is the same, unless the reference's top two are within 1e-3
     // (the margin rule: f32 sums in another order may then swap them).
     const size_t V = n / 2;
@@ -277,7 +280,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // models whose TP 2 shards are whole blocks (dense, and FP8 experts).
                       Case{"qwen3_dense_fp8", 1, 2}, Case{"gen:qwen3_fp8", 2, 1}, Case{"gen:qwen3_fp8", 2, 2},
                       Case{"gen:qwen3_moe_fp8", 2, 1}, Case{"gen:qwen3_moe_fp8", 2, 1, true},
-                      Case{"gen:qwen3_moe_fp8", 1, 2}),
+                      Case{"gen:qwen3_moe_fp8", 1, 2},
+                      // Hybrid FP8 (the flagship's kind: Gated DeltaNet, gated attention and experts
+                      // in block-scaled FP8): TP 2, EP 2, PP 2.
+                      Case{"gen:qwen3_5_moe_fp8", 2, 1, false, 5e-4f}, Case{"gen:qwen3_5_moe_fp8", 2, 1, true, 5e-4f},
+                      Case{"gen:qwen3_5_moe_fp8", 1, 2}),
     case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {

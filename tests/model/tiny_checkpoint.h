@@ -25,7 +25,9 @@
 namespace tessera::testing {
 
 struct TinyModel {
-  std::string architecture = "Qwen3ForCausalLM";  // Qwen3ForCausalLM | Qwen3MoeForCausalLM | Qwen2MoeForCausalLM
+  // Qwen3ForCausalLM | Qwen3MoeForCausalLM | Qwen2MoeForCausalLM | Qwen3_5MoeForCausalLM (hybrid:
+  // every fourth layer gated full attention, the others Gated DeltaNet; MoE with a shared expert)
+  std::string architecture = "Qwen3ForCausalLM";
   int hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, vocab = 777, intermediate = 96;
   bool tie_word_embeddings = false;
   // Mixture of experts (the MoE architectures)
@@ -37,6 +39,10 @@ struct TinyModel {
   // checkpoints: every attention, MLP and expert projection is e4m3 with a weight_scale_inv
   // per 128 x 128 block; embeddings, norms, the router and lm_head stay bf16.
   bool fp8 = false;
+  // Gated DeltaNet (Qwen3_5MoeForCausalLM): key and value heads, one head size for both.
+  int linear_key_heads = 2, linear_value_heads = 4, linear_head_dim = 16;
+  bool is_hybrid() const { return architecture == "Qwen3_5MoeForCausalLM"; }
+  bool is_linear_layer(int i) const { return is_hybrid() && (i + 1) % 4 != 0; }
   bool is_moe_layer(int i) const {
     for (int l : mlp_only_layers)
       if (l == i) return false;
@@ -139,11 +145,13 @@ class SafetensorsWriter {
 // Writes `m` into `dir` (created): config.json and model.safetensors.
 inline void write_tiny_model(const TinyModel& m, const std::filesystem::path& dir, uint32_t seed = 1) {
   std::filesystem::create_directories(dir);
-  const bool moe = m.architecture != "Qwen3ForCausalLM", qwen2 = m.architecture == "Qwen2MoeForCausalLM";
+  const bool moe = m.architecture != "Qwen3ForCausalLM", qwen2 = m.architecture == "Qwen2MoeForCausalLM",
+             hybrid = m.is_hybrid();
   nlohmann::json c = {{"architectures", {m.architecture}},
-                      {"model_type", qwen2 ? "qwen2_moe"
-                                     : moe ? "qwen3_moe"
-                                           : "qwen3"},
+                      {"model_type", hybrid  ? "qwen3_5_moe_text"
+                                     : qwen2 ? "qwen2_moe"
+                                     : moe   ? "qwen3_moe"
+                                             : "qwen3"},
                       {"hidden_size", m.hidden},
                       {"intermediate_size", m.intermediate},
                       {"num_hidden_layers", m.layers},
@@ -166,13 +174,30 @@ inline void write_tiny_model(const TinyModel& m, const std::filesystem::path& di
     c["norm_topk_prob"] = m.norm_topk_prob;
     c["decoder_sparse_step"] = m.decoder_sparse_step;
     c["mlp_only_layers"] = m.mlp_only_layers;
-    if (qwen2) c["shared_expert_intermediate_size"] = m.shared_intermediate;
+    if (qwen2 || hybrid) c["shared_expert_intermediate_size"] = m.shared_intermediate;
+  }
+  if (hybrid) {
+    nlohmann::json types = nlohmann::json::array();
+    for (int i = 0; i < m.layers; ++i) types.push_back(m.is_linear_layer(i) ? "linear_attention" : "full_attention");
+    c["layer_types"] = types;
+    c["linear_conv_kernel_dim"] = 4;
+    c["linear_num_key_heads"] = m.linear_key_heads;
+    c["linear_num_value_heads"] = m.linear_value_heads;
+    c["linear_key_head_dim"] = m.linear_head_dim;
+    c["linear_value_head_dim"] = m.linear_head_dim;
+    c["partial_rotary_factor"] = 0.25;
+    c["rope_parameters"] = {{"partial_rotary_factor", 0.25}, {"rope_theta", 10000.0}, {"rope_type", "default"}};
   }
   if (m.fp8) {
     if (m.fused_experts) throw std::runtime_error("write_tiny_model: FP8 is written for per-expert tensors only");
     nlohmann::json keep = {"lm_head", "model.embed_tokens"};
-    for (int i = 0; i < m.layers; ++i)
-      if (m.is_moe_layer(i)) keep.push_back("model.layers." + std::to_string(i) + ".mlp.gate");
+    for (int i = 0; i < m.layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      if (m.is_moe_layer(i)) keep.push_back(p + "mlp.gate");
+      if (m.is_moe_layer(i) && m.shared_intermediate > 0) keep.push_back(p + "mlp.shared_expert_gate");
+      if (m.is_linear_layer(i))
+        for (const char* n : {"conv1d", "in_proj_a", "in_proj_b"}) keep.push_back(p + "linear_attn." + n);
+    }
     c["quantization_config"] = {{"quant_method", "fp8"},
                                 {"activation_scheme", "dynamic"},
                                 {"weight_block_size", {128, 128}},
@@ -201,11 +226,28 @@ inline void write_tiny_model(const TinyModel& m, const std::filesystem::path& di
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add(p + "input_layernorm.weight", {H}, 0.2f, 1.0f);
     add(p + "post_attention_layernorm.weight", {H}, 0.2f, 1.0f);
-    add_proj(p + "self_attn.q_proj.weight", {m.heads * D, H}, 0.25f);
-    add_proj(p + "self_attn.k_proj.weight", {m.kv_heads * D, H}, 0.25f);
-    add_proj(p + "self_attn.v_proj.weight", {m.kv_heads * D, H}, 0.25f);
-    add_proj(p + "self_attn.o_proj.weight", {H, m.heads * D}, 0.25f);
-    if (qwen2) {
+    if (m.is_linear_layer(i)) {  // Gated DeltaNet: q | k | v and z projections, conv, decay, gated norm
+      const int64_t Hk = m.linear_key_heads, Hv = m.linear_value_heads, Dl = m.linear_head_dim;
+      const std::string a = p + "linear_attn.";
+      add_proj(a + "in_proj_qkv.weight", {2 * Hk * Dl + Hv * Dl, H}, 0.25f);
+      add_proj(a + "in_proj_z.weight", {Hv * Dl, H}, 0.25f);
+      add(a + "in_proj_b.weight", {Hv, H}, 0.25f);
+      add(a + "in_proj_a.weight", {Hv, H}, 0.25f);
+      add(a + "conv1d.weight", {2 * Hk * Dl + Hv * Dl, 1, 4}, 0.5f);
+      add(a + "A_log", {Hv}, 0.5f);
+      add(a + "dt_bias", {Hv}, 0.5f);
+      add(a + "norm.weight", {Dl}, 0.2f, 1.0f);
+      add_proj(a + "out_proj.weight", {H, Hv * Dl}, 0.25f);
+    } else {
+      // Gated attention (hybrid): q_proj rows are [heads, 2, D], each head's query then its gate.
+      add_proj(p + "self_attn.q_proj.weight", {(hybrid ? 2 : 1) * m.heads * D, H}, 0.25f);
+      add_proj(p + "self_attn.k_proj.weight", {m.kv_heads * D, H}, 0.25f);
+      add_proj(p + "self_attn.v_proj.weight", {m.kv_heads * D, H}, 0.25f);
+      add_proj(p + "self_attn.o_proj.weight", {H, m.heads * D}, 0.25f);
+    }
+    if (m.is_linear_layer(i)) {
+      // no q / k norms or biases
+    } else if (qwen2) {
       add(p + "self_attn.q_proj.bias", {m.heads * D}, 0.1f);
       add(p + "self_attn.k_proj.bias", {m.kv_heads * D}, 0.1f);
       add(p + "self_attn.v_proj.bias", {m.kv_heads * D}, 0.1f);
@@ -258,6 +300,9 @@ namespace tessera::testing {
 //                  of 128, intermediate 512 (every TP 2 shard is whole 128 x 128 blocks)
 //   qwen3_moe_fp8  Qwen3-MoE, block-scaled FP8 like qwen3_fp8, 8 experts top-2 of
 //                  intermediate 256 (TP 2: 128 rows per rank), layer 0 dense
+//   qwen3_5_moe_fp8  Qwen3.5-MoE (hybrid), block-scaled FP8, 4 layers (3 Gated DeltaNet of 2
+//                  key / 4 value heads of 128, then gated attention as qwen3_fp8), 8 experts
+//                  top-2 and a shared expert, both of intermediate 256
 inline bool is_generated_model(const std::string& name) { return name.rfind("gen:", 0) == 0; }
 
 inline TinyModel generated_model_spec(const std::string& key) {
@@ -278,6 +323,23 @@ inline TinyModel generated_model_spec(const std::string& key) {
     m.top_k = 2;
     m.moe_intermediate = 256;
     m.mlp_only_layers = {0};
+    return m;
+  }
+  if (key == "qwen3_5_moe_fp8") {
+    m.architecture = "Qwen3_5MoeForCausalLM";
+    m.fp8 = true;
+    m.layers = 4;
+    m.hidden = 256;
+    m.heads = 4;
+    m.kv_heads = 2;
+    m.head_dim = 128;
+    m.linear_key_heads = 2;
+    m.linear_value_heads = 4;
+    m.linear_head_dim = 128;
+    m.experts = 8;
+    m.top_k = 2;
+    m.moe_intermediate = 256;
+    m.shared_intermediate = 256;
     return m;
   }
   m.experts = 8;
