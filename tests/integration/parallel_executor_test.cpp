@@ -284,7 +284,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // Hybrid FP8 (the flagship's kind: Gated DeltaNet, gated attention and experts
                       // in block-scaled FP8): TP 2, EP 2, PP 2.
                       Case{"gen:qwen3_5_moe_fp8", 2, 1, false, 5e-4f}, Case{"gen:qwen3_5_moe_fp8", 2, 1, true, 5e-4f},
-                      Case{"gen:qwen3_5_moe_fp8", 1, 2}),
+                      Case{"gen:qwen3_5_moe_fp8", 1, 2},
+                      // TP 4 over a hybrid with 4 key heads and 2 KV heads: one key head per rank,
+                      // the gated attention's KV heads replicated (each rank loads the one its
+                      // query head reads).
+                      Case{"gen:qwen3_5_moe_kh4", 4, 1}, Case{"gen:qwen3_5_moe_kh4", 4, 1, true}),
     case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {

@@ -303,6 +303,8 @@ namespace tessera::testing {
 //   qwen3_5_moe_fp8  Qwen3.5-MoE (hybrid), block-scaled FP8, 4 layers (3 Gated DeltaNet of 2
 //                  key / 4 value heads of 128, then gated attention as qwen3_fp8), 8 experts
 //                  top-2 and a shared expert, both of intermediate 256
+//   qwen3_5_moe_kh4  Qwen3.5-MoE (hybrid), bf16, small: 4 Gated DeltaNet key heads (TP 4
+//                  splits them) and 2 KV heads (TP 4 replicates them), 8 experts top-2
 inline bool is_generated_model(const std::string& name) { return name.rfind("gen:", 0) == 0; }
 
 inline TinyModel generated_model_spec(const std::string& key) {
@@ -345,6 +347,15 @@ inline TinyModel generated_model_spec(const std::string& key) {
   m.experts = 8;
   m.top_k = 2;
   m.moe_intermediate = 32;
+  if (key == "qwen3_5_moe_kh4") {
+    m.architecture = "Qwen3_5MoeForCausalLM";
+    m.layers = 4;
+    m.linear_key_heads = 4;
+    m.linear_value_heads = 8;
+    m.linear_head_dim = 16;
+    m.shared_intermediate = 48;
+    return m;
+  }
   if (key == "qwen3_moe") {
     m.architecture = "Qwen3MoeForCausalLM";
     m.mlp_only_layers = {0};
