@@ -27,7 +27,33 @@ def load(d, device):
     cls = AutoModelForCausalLM
     if any(a.endswith("ForConditionalGeneration") for a in (cfg.architectures or [])):
         cls = transformers.AutoModelForImageTextToText
+    qc = getattr(cfg, "quantization_config", None)
+    qc = qc if isinstance(qc, dict) else (qc.to_dict() if qc is not None else None)
+    if qc and qc.get("quant_method") == "fp8":
+        return load_fp8_dequantised(d, cfg, qc, device)
     return cls.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager").to(device).eval()
+
+
+def load_fp8_dequantised(d, cfg, qc, device):
+    """An FP8 fixture in bf16: the checkpoint's weights dequantised (each FP8 tensor times its
+    _scale_inv per block, as the fixture maker's fp32 reference is built) into the unquantised model
+    in bfloat16. transformers' own FP8 forward needs the `kernels` package, absent here; this is the
+    bf16 noise of the model the reference computes in fp32."""
+    import copy
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_moe_hybrid_fixtures import dequantized_state
+    q = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    block = tuple(qc.get("weight_block_size") or (128, 128))
+    state = dequantized_state(q, block)
+    plain = copy.deepcopy(cfg)
+    del plain.quantization_config
+    m = AutoModelForCausalLM.from_config(plain, torch_dtype=torch.float32, attn_implementation="eager")
+    missing, unexpected = m.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary" not in k and "inv_freq" not in k]
+    if missing or [k for k in unexpected if "rotary" not in k and "inv_freq" not in k]:
+        raise RuntimeError(f"dequantised state does not match the model: missing {missing[:4]}")
+    return m.to(torch.bfloat16).to(device).eval()
 
 
 def main():

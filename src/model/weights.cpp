@@ -259,6 +259,27 @@ void check_shape(const CheckpointTensor& t, const Shape& want) {
          t.info->shape.str(), want.str());
 }
 
+// The block scales of a weight as a matrix of want's shape ([rows, cols], or [E, rows, cols] read
+// as [E * rows, cols]). A checkpoint may store them with leading size-1 dims dropped: transformers'
+// FP8 quantizer saves the [1, n] scales of an expert projection of at most 128 rows as [n] (and
+// vLLM loads them by broadcasting); any other shape is corrupt.
+Matrix scale_matrix(const CheckpointTensor& t, const Shape& want) {
+  const Shape& have = t.info->shape;
+  int lead = 0;
+  while (lead < want.ndim() - 1 && want[lead] == 1) ++lead;
+  bool ok = have == want;
+  for (int drop = 1; !ok && drop <= lead; ++drop) {
+    ok = have.ndim() == want.ndim() - drop;
+    for (int i = 0; ok && i < have.ndim(); ++i) ok = have[i] == want[i + drop];
+  }
+  if (!ok) check_shape(t, want);  // names both shapes
+  Matrix m = matrix_of(t);
+  m.cols = want[-1];
+  m.rows = 1;
+  for (int i = 0; i + 1 < want.ndim(); ++i) m.rows *= want[i];
+  return m;
+}
+
 // A view of `rows` dim-0 rows of `t` starting at `row` (t contiguous).
 Tensor rows_of(const Tensor& t, int64_t row, int64_t rows) {
   Shape s = t.shape();
@@ -438,8 +459,7 @@ void WeightStore::fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char*
     size_t offset = 0;
     for (const auto& b : e.blocks) {
       CheckpointTensor src = ckpt.get(scale_name(b.name));
-      check_shape(src, block_scale_shape(b.full_shape));
-      Matrix m = matrix_of(src);
+      Matrix m = scale_matrix(src, block_scale_shape(b.full_shape));
       const int64_t nb = cdiv(b.rows, kBlock);
       copy_block(m, b.row_begin / kBlock, nb, 0, m.cols, f32, dst + offset);
       offset += static_cast<size_t>(nb * m.cols) * sizeof(float);
@@ -451,16 +471,15 @@ void WeightStore::fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char*
     size_t offset = 0;
     for (const auto& p : e.parts) {
       CheckpointTensor src = ckpt.get(scale_name(p.name));
-      check_shape(src, Shape{cdiv(p.rows, kBlock), kb});
+      const Matrix m = scale_matrix(src, Shape{cdiv(p.rows, kBlock), kb});
       const int64_t local = p.rows / tp, nb = cdiv(local, kBlock);
-      copy_block(matrix_of(src), pc_.tp_rank * local / kBlock, nb, 0, kb, f32, dst + offset);
+      copy_block(m, pc_.tp_rank * local / kBlock, nb, 0, kb, f32, dst + offset);
       offset += static_cast<size_t>(nb * kb) * sizeof(float);
     }
     return;
   }
   CheckpointTensor src = ckpt.get(scale_name(e.name));
-  check_shape(src, block_scale_shape(e.full_shape));
-  Matrix m = matrix_of(src);
+  Matrix m = scale_matrix(src, block_scale_shape(e.full_shape));
   if (e.row_begin >= 0) {
     copy_block(m, e.row_begin / kBlock, cdiv(e.local_shape[0], kBlock), 0, m.cols, f32, dst);
   } else if (e.style == ParallelStyle::kRow && tp > 1) {
@@ -489,26 +508,22 @@ void WeightStore::fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int6
     if (fused) {
       CheckpointTensor src = ckpt.get(scale_name(e.name));
       const int64_t rb = cdiv(2 * I, kBlock);
-      check_shape(src, Shape{E, rb, Hb});
-      Matrix m = matrix_of(src);  // [E * rb, Hb]
+      Matrix m = scale_matrix(src, Shape{E, rb, Hb});  // [E * rb, Hb]
       copy_block(m, ge * rb + i0b, Ilb, 0, Hb, f32, dst);
       copy_block(m, ge * rb + I / kBlock + i0b, Ilb, 0, Hb, f32, dst + half);
     } else {
       const std::string p = prefix + "." + std::to_string(ge) + ".";
       CheckpointTensor g = ckpt.get(p + "gate_proj.weight_scale_inv"), u = ckpt.get(p + "up_proj.weight_scale_inv");
-      check_shape(g, Shape{cdiv(I, kBlock), Hb});
-      check_shape(u, Shape{cdiv(I, kBlock), Hb});
-      copy_block(matrix_of(g), i0b, Ilb, 0, Hb, f32, dst);
-      copy_block(matrix_of(u), i0b, Ilb, 0, Hb, f32, dst + half);
+      copy_block(scale_matrix(g, Shape{cdiv(I, kBlock), Hb}), i0b, Ilb, 0, Hb, f32, dst);
+      copy_block(scale_matrix(u, Shape{cdiv(I, kBlock), Hb}), i0b, Ilb, 0, Hb, f32, dst + half);
     }
   } else if (fused) {
     CheckpointTensor src = ckpt.get(scale_name(e.name));
-    check_shape(src, Shape{E, Hb, cdiv(I, kBlock)});
-    copy_block(matrix_of(src), ge * Hb, Hb, i0b, cdiv(Il, kBlock), f32, dst);  // [E * Hb, Ib]
+    copy_block(scale_matrix(src, Shape{E, Hb, cdiv(I, kBlock)}), ge * Hb, Hb, i0b, cdiv(Il, kBlock), f32,
+               dst);  // [E * Hb, Ib]
   } else {
     CheckpointTensor d = ckpt.get(prefix + "." + std::to_string(ge) + ".down_proj.weight_scale_inv");
-    check_shape(d, Shape{Hb, cdiv(I, kBlock)});
-    copy_block(matrix_of(d), 0, Hb, i0b, cdiv(Il, kBlock), f32, dst);
+    copy_block(scale_matrix(d, Shape{Hb, cdiv(I, kBlock)}), 0, Hb, i0b, cdiv(Il, kBlock), f32, dst);
   }
 }
 

@@ -240,10 +240,10 @@ TEST_P(HybridEngineTest, ChunkedPrefillOf32TokensGivesTheReferenceTokens) {
     EXPECT_TRUE(engine.cache_manager().has_state_slots());
     int i = 0;
     for (const auto& c : ref["cases"])
-      EXPECT_TRUE(engine
-                      .add_request(std::to_string(i++), c["prompt_ids"].get<std::vector<int32_t>>(),
-                                   greedy(c["greedy"].size()))
-                      .ok());
+      EXPECT_TRUE(
+          engine
+              .add_request(std::to_string(i++), c["prompt_ids"].get<std::vector<int32_t>>(), greedy(c["greedy"].size()))
+              .ok());
     Run r;
     while (engine.has_unfinished())
       for (const auto& o : engine.step()) {

@@ -127,8 +127,10 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 float top2_gap(const std::vector<float>& logits) {
   float a = -INFINITY, b = -INFINITY;
   for (float x : logits) {
-    if (x > a) b = a, a = x;
-    else if (x > b) b = x;
+    if (x > a)
+      b = a, a = x;
+    else if (x > b)
+      b = x;
   }
   return a - b;
 }
