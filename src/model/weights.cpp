@@ -260,23 +260,27 @@ void check_shape(const CheckpointTensor& t, const Shape& want) {
 }
 
 // The block scales of a weight as a matrix of want's shape ([rows, cols], or [E, rows, cols] read
-// as [E * rows, cols]). A checkpoint may store them with leading size-1 dims dropped: transformers'
-// FP8 quantizer saves the [1, n] scales of an expert projection of at most 128 rows as [n] (and
-// vLLM loads them by broadcasting); any other shape is corrupt.
+// as [E * rows, cols]). A checkpoint may store them with size-1 dims dropped (the same bytes):
+// transformers' FP8 quantizer saves the scales of an expert projection whose rows or columns fit
+// one block, [1, n] (gate / up, vLLM loads them by broadcasting) or [n, 1] (down), as [n]; any
+// other shape is corrupt.
 Matrix scale_matrix(const CheckpointTensor& t, const Shape& want) {
   const Shape& have = t.info->shape;
-  int lead = 0;
-  while (lead < want.ndim() - 1 && want[lead] == 1) ++lead;
-  bool ok = have == want;
-  for (int drop = 1; !ok && drop <= lead; ++drop) {
-    ok = have.ndim() == want.ndim() - drop;
-    for (int i = 0; ok && i < have.ndim(); ++i) ok = have[i] == want[i + drop];
+  int i = 0, j = 0;  // have's dims must be want's in order, leaving out only size-1 ones
+  while (j < want.ndim()) {
+    if (i < have.ndim() && have[i] == want[j])
+      ++i, ++j;
+    else if (want[j] == 1)
+      ++j;
+    else
+      break;
   }
+  const bool ok = i == have.ndim() && j == want.ndim();
   if (!ok) check_shape(t, want);  // names both shapes
   Matrix m = matrix_of(t);
   m.cols = want[-1];
   m.rows = 1;
-  for (int i = 0; i + 1 < want.ndim(); ++i) m.rows *= want[i];
+  for (int d = 0; d + 1 < want.ndim(); ++d) m.rows *= want[d];
   return m;
 }
 

@@ -278,9 +278,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Block-scaled FP8 checkpoints: PP of the fixture (TP 2 would cut its 128-row
                       // blocks: refused, see Fp8Model in fp8_weights_test), TP / EP / PP of generated
                       // models whose TP 2 shards are whole blocks (dense, and FP8 experts).
-                      Case{"qwen3_dense_fp8", 1, 2}, Case{"gen:qwen3_fp8", 2, 1}, Case{"gen:qwen3_fp8", 2, 2},
-                      Case{"gen:qwen3_moe_fp8", 2, 1}, Case{"gen:qwen3_moe_fp8", 2, 1, true},
-                      Case{"gen:qwen3_moe_fp8", 1, 2},
+                      Case{"qwen3_dense_fp8", 1, 2}, Case{"qwen3_5_moe_text_fp8", 1, 2}, Case{"gen:qwen3_fp8", 2, 1},
+                      Case{"gen:qwen3_fp8", 2, 2}, Case{"gen:qwen3_moe_fp8", 2, 1},
+                      Case{"gen:qwen3_moe_fp8", 2, 1, true}, Case{"gen:qwen3_moe_fp8", 1, 2},
                       // Hybrid FP8 (the flagship's kind: Gated DeltaNet, gated attention and experts
                       // in block-scaled FP8): TP 2, EP 2, PP 2.
                       Case{"gen:qwen3_5_moe_fp8", 2, 1, false, 5e-4f}, Case{"gen:qwen3_5_moe_fp8", 2, 1, true, 5e-4f},

@@ -181,8 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                                            // Block-scaled FP8 checkpoints: the fixture by layers (TP 2
                                            // would cut its scale blocks: refused below), a generated one
                                            // whose TP 2 shards are whole blocks, its experts split and whole.
-                                           Case{"qwen3_dense_fp8", 1, 2}, Case{"gen:qwen3_moe_fp8", 2, 1},
-                                           Case{"gen:qwen3_moe_fp8", 2, 1, true},
+                                           Case{"qwen3_dense_fp8", 1, 2}, Case{"qwen3_5_moe_text_fp8", 1, 2},
+                                           Case{"gen:qwen3_moe_fp8", 2, 1}, Case{"gen:qwen3_moe_fp8", 2, 1, true},
                                            // Hybrid FP8 (the flagship's kind): TP 2 over Gated DeltaNet heads,
                                            // gated attention and experts, all in whole scale blocks.
                                            Case{"gen:qwen3_5_moe_fp8", 2, 1}),
@@ -207,7 +207,8 @@ TEST(ParallelGenerateRefusals, Fp8ShardsThatCutAScaleBlockNameTheFlag) {
   EXPECT_TRUE(token_ids(r.out).empty()) << r.out;
 }
 
-// The hybrid fixtures' Gated DeltaNet has 2 key heads: TP 4 is refused before any rank starts.
+// The hybrid fixtures' Gated DeltaNet has 2 key heads (qwen3_5_moe_text_fp8's one): TP 4
+// (TP 2) is refused before any rank starts, with or without expert parallelism.
 TEST(ParallelGenerateRefusals, HybridTensorParallelBeyondTheKeyHeadsNamesTheFlag) {
   RunResult r = run(generate_args("qwen3_next_tiny", 4, 1, true));
   EXPECT_EQ(r.code, 1) << r.err;
@@ -215,6 +216,12 @@ TEST(ParallelGenerateRefusals, HybridTensorParallelBeyondTheKeyHeadsNamesTheFlag
             std::string::npos)
       << r.err;
   EXPECT_EQ(r.err.find("rank processes"), std::string::npos) << r.err;
+  r = run(generate_args("qwen3_5_moe_text_fp8", 2, 1, true));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--tensor-parallel-size 2; tensor-parallel sizes that work for this model: 1 (use "
+                       "--pipeline-parallel-size"),
+            std::string::npos)
+      << r.err;
 }
 
 std::vector<pid_t> children_of(pid_t pid) {
