@@ -312,7 +312,8 @@ inline TinyModel generated_model_spec(const std::string& key) {
   m.layers = 3;
   if (key == "vocab777") return m;
   m.vocab = 300;
-  if (key == "qwen3_fp8" || key == "qwen3_moe_fp8") {
+  if (key == "qwen3_fp8" || key == "qwen3_moe_fp8" || key == "qwen3_5_moe_fp8") {
+    // Every TP 2 shard whole 128 x 128 blocks: 4 query and 2 KV heads of 128, experts of 256.
     m.fp8 = true;
     m.hidden = 256;
     m.heads = 4;
@@ -320,27 +321,17 @@ inline TinyModel generated_model_spec(const std::string& key) {
     m.head_dim = 128;
     m.intermediate = 512;
     if (key == "qwen3_fp8") return m;
-    m.architecture = "Qwen3MoeForCausalLM";
     m.experts = 8;
     m.top_k = 2;
     m.moe_intermediate = 256;
-    m.mlp_only_layers = {0};
-    return m;
-  }
-  if (key == "qwen3_5_moe_fp8") {
+    if (key == "qwen3_moe_fp8") {
+      m.architecture = "Qwen3MoeForCausalLM";
+      m.mlp_only_layers = {0};
+      return m;
+    }
     m.architecture = "Qwen3_5MoeForCausalLM";
-    m.fp8 = true;
     m.layers = 4;
-    m.hidden = 256;
-    m.heads = 4;
-    m.kv_heads = 2;
-    m.head_dim = 128;
-    m.linear_key_heads = 2;
-    m.linear_value_heads = 4;
-    m.linear_head_dim = 128;
-    m.experts = 8;
-    m.top_k = 2;
-    m.moe_intermediate = 256;
+    m.linear_head_dim = 128;  // 2 key and 4 value heads
     m.shared_intermediate = 256;
     return m;
   }
