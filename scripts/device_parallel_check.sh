@@ -13,7 +13,11 @@
 #     Then again over sockets only (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo).
 #  2. nccl_two_rank_test (blocking mode, as before).
 #  3. Fixture models: `tessera generate --device cuda` greedy token ids at TP=2 / PP=2 (and
-#     TP=2 x PP=2 with 4 GPUs) equal to TP=1 on CUDA; TP=2 also over sockets only.
+#     TP=2 x PP=2 with 4 GPUs) equal to TP=1 on CUDA; TP=2 also over sockets only. Dense,
+#     mixture-of-experts (TP=2, EP=2: TP=2 with --enable-expert-parallel, PP=2), hybrid
+#     (Gated DeltaNet state slots) and FP8 fixtures (qwen3_dense_fp8 by layers: its 128-row
+#     k_proj cannot split into whole scale blocks; qwen3_5_moe_text_fp8 by layers when present:
+#     its one Gated DeltaNet key head cannot be split).
 #  4. A worker killed with SIGKILL mid-generation: the head exits non-zero naming rank 1
 #     within 30 s.
 #  5. A worker stopped with SIGSTOP (stuck peer, still connected): the NCCL watchdog aborts
@@ -61,9 +65,10 @@ fi
 echo "== 3. fixture models: greedy ids at TP/PP vs TP=1 (all on CUDA)"
 gen() {  # gen MODEL TP PP OUTFILE [env...]
   local m=$1 tp=$2 pp=$3 o=$4; shift 4
+  # shellcheck disable=SC2086  # $EXTRA: flags of the case (--enable-expert-parallel) or none
   env "$@" timeout 180 "$B/tessera" generate --model "$FIX/$m" --device cuda --json --ignore-eos --max-tokens 24 \
     --prompt-ids 39,7,201,5,88 --prompt-ids 12,240,1,66,3,9,100,101,102,103,104,105,106,107,108,109,110 \
-    --prompt-ids 250 --logprobs 2 --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" > "$o.json" 2> "$o.log"
+    --prompt-ids 250 --logprobs 2 --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" $EXTRA > "$o.json" 2> "$o.log"
 }
 compare() {  # compare REF.json GOT.json -> prints a summary, exit 0 when equal up to bf16 close calls
   python3 - "$1" "$2" <<'PY'
@@ -95,16 +100,24 @@ print("; ".join(bad + notes) if bad or notes else f"{compared} tokens equal")
 sys.exit(1 if bad or compared < 36 else 0)
 PY
 }
+# MODEL:TP:PP[:ep]
 CASES="llama_gqa2:2:1 qwen2_gqa2_untied:2:1 qwen2_gqa2_untied:1:2 qwen3_gqa4_hd32:2:1 qwen3_gqa4_hd32:1:2 qwen3_mqa_untied_sharded:2:1"
-[ "$NGPU" -ge 4 ] && CASES="$CASES qwen2_gqa2_untied:2:2 qwen3_gqa4_hd32:2:2"
+CASES="$CASES qwen3_moe_e8_k2_norm:2:1 qwen3_moe_e8_k2_norm:2:1:ep qwen3_moe_e8_k2_norm:1:2 qwen2_moe_shared:2:1:ep"
+CASES="$CASES qwen3_next_tiny:2:1 qwen3_next_tiny:2:1:ep qwen3_next_tiny:1:2 qwen3_5_moe_text_tiny:2:1"
+CASES="$CASES qwen3_dense_fp8:1:2"
+[ -d "$FIX/qwen3_5_moe_text_fp8" ] && CASES="$CASES qwen3_5_moe_text_fp8:1:2"
+[ "$NGPU" -ge 4 ] && CASES="$CASES qwen2_gqa2_untied:2:2 qwen3_gqa4_hd32:2:2 qwen3_5_moe_text_tiny:2:2:ep"
 declare -A ref_done=()
+EXTRA=""
 for c in $CASES; do
-  IFS=: read -r m tp pp <<< "$c"
+  IFS=: read -r m tp pp ep <<< "$c"
+  EXTRA=""
   if [ -z "${ref_done[$m]:-}" ]; then
     gen "$m" 1 1 "$OUT/ref_$m" || echo "  (TP=1 reference of $m failed: $(tail -1 "$OUT/ref_$m.log"))"
     ref_done[$m]=1
   fi
-  name="fixture_${m}_tp${tp}_pp${pp}"
+  [ "${ep:-}" = ep ] && EXTRA=--enable-expert-parallel
+  name="fixture_${m}_tp${tp}_pp${pp}${ep:+_$ep}"
   if gen "$m" "$tp" "$pp" "$OUT/$name"; then
     detail=$(compare "$OUT/ref_$m.json" "$OUT/$name.json"); ok=$?
   else
@@ -112,6 +125,7 @@ for c in $CASES; do
   fi
   result "$name" $ok "$detail"
 done
+EXTRA=""
 m=llama_gqa2; name="fixture_${m}_tp2_sockets"
 if gen "$m" 2 1 "$OUT/$name" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo; then
   detail=$(compare "$OUT/ref_$m.json" "$OUT/$name.json"); ok=$?

@@ -260,23 +260,27 @@ void check_shape(const CheckpointTensor& t, const Shape& want) {
 }
 
 // The block scales of a weight as a matrix of want's shape ([rows, cols], or [E, rows, cols] read
-// as [E * rows, cols]). A checkpoint may store them with size-1 dims dropped: transformers' FP8
-// quantizer saves the [1, n] and [n, 1] scales of expert projections of at most 128 rows or
-// columns as [n] (vLLM loads them by broadcasting). Dropping size-1 dims leaves the data where it
-// was; any other shape is corrupt.
+// as [E * rows, cols]). A checkpoint may store them with size-1 dims dropped (the same bytes):
+// transformers' FP8 quantizer saves the scales of an expert projection whose rows or columns fit
+// one block, [1, n] (gate / up, vLLM loads them by broadcasting) or [n, 1] (down), as [n]; any
+// other shape is corrupt.
 Matrix scale_matrix(const CheckpointTensor& t, const Shape& want) {
-  auto squeezed = [](const Shape& s) {
-    std::vector<int64_t> d;
-    for (int i = 0; i < s.ndim(); ++i)
-      if (s[i] != 1) d.push_back(s[i]);
-    return d;
-  };
   const Shape& have = t.info->shape;
-  if (!(have == want) && squeezed(have) != squeezed(want)) check_shape(t, want);  // names both shapes
+  int i = 0, j = 0;  // have's dims must be want's in order, leaving out only size-1 ones
+  while (j < want.ndim()) {
+    if (i < have.ndim() && have[i] == want[j])
+      ++i, ++j;
+    else if (want[j] == 1)
+      ++j;
+    else
+      break;
+  }
+  const bool ok = i == have.ndim() && j == want.ndim();
+  if (!ok) check_shape(t, want);  // names both shapes
   Matrix m = matrix_of(t);
   m.cols = want[-1];
   m.rows = 1;
-  for (int i = 0; i + 1 < want.ndim(); ++i) m.rows *= want[i];
+  for (int d = 0; d + 1 < want.ndim(); ++d) m.rows *= want[d];
   return m;
 }
 

@@ -103,9 +103,14 @@ void expect_matches(const Reference& ref, const std::vector<int32_t>& prompt, co
     ASSERT_EQ(got[p].top.size(), 3u) << what;
     for (int k = 0; k < 3; ++k) {
       EXPECT_NEAR(got[p].top[k].second, ref.top_lps[p][k], tol) << what << " position " << p << " top " << k;
-      // Ids may swap between near-ties (bf16 on CUDA); on the CPU they are the reference's.
-      if (!testing::testing_on_cuda())
-        EXPECT_EQ(got[p].top[k].first, ref.top[p][k]) << what << " position " << p << " top " << k;
+      // Ids may swap between near-ties (bf16 on CUDA); on the CPU they are the reference's unless
+      // the reference's own top entries are within 1e-4 (f32 sums of a chunked prefill).
+      if (testing::testing_on_cuda() || got[p].top[k].first == ref.top[p][k]) continue;
+      bool tie = false;
+      for (int j = 0; j < 3; ++j)
+        tie |= ref.top[p][j] == got[p].top[k].first && std::fabs(ref.top_lps[p][j] - ref.top_lps[p][k]) < 1e-4f;
+      EXPECT_TRUE(tie) << what << " position " << p << " top " << k << ": id " << got[p].top[k].first
+                       << ", the reference's " << ref.top[p][k] << " (logprob " << ref.top_lps[p][k] << ")";
     }
   }
 }

@@ -1,14 +1,19 @@
 // Tensor and pipeline parallelism at the executor level: TP x PP rank processes (fork), each
 // with a Worker (Gloo over 127.0.0.1 through the head's store), rank 0 driving a
 // MultiprocExecutor and the others Worker::run_step_loop. The logits of every step (a two-sequence prefill, then
-// decodes of both) must match the single-process LocalExecutor within 1e-4.
+// decodes of both) must match the single-process LocalExecutor within 1e-4 (5e-4 for the hybrid FP8 model), and each
+// step's greedy token must be its token (unless the reference's top two are within 1e-3). Hybrid models keep each
+// sequence's linear-attention state in its own slot on every rank; FP8 checkpoints load the same e4m3 bytes and 128 x
+// 128 block scales on every split.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "core/error.h"
@@ -32,6 +37,9 @@ struct Case {
   std::string fixture;  // a fixture's name, or "gen:<key>" (tiny_checkpoint.h)
   int tp, pp;
   bool ep = false;  // --enable-expert-parallel
+  // Largest |logit - one process's| (f32 sums in another order: measured 3e-6 .. 1e-5 for
+  // most; the hybrid FP8 model's 512-wide sums and recurrent state reach 1.1e-4 on logits of 7).
+  float tolerance = 1e-4f;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -45,13 +53,23 @@ std::string model_dir(const std::string& fixture) {
                                               : testing::fixtures_dir() + "/" + fixture;
 }
 
-// Two sequences: A (blocks 0..3) and B (blocks 4..7); a prefill of both, then decodes.
-std::vector<ModelInput> make_steps() {
+// Whether the model has linear-attention (kStateSlot) layers: its steps then carry each
+// sequence's state slot, and its cache has a slot per sequence.
+bool has_state_slots(const std::string& fixture) {
+  const ModelConfig cfg = load_model_config(model_dir(fixture));
+  for (int l = 0; l < cfg.num_layers; ++l)
+    if (cfg.is_linear_layer(l)) return true;
+  return false;
+}
+
+// Two sequences: A (blocks 0..3, state slot 0) and B (blocks 4..7, state slot 1); a prefill
+// of both, then decodes.
+std::vector<ModelInput> make_steps(bool state_slots) {
   const std::vector<int32_t> a{39, 7, 201, 5, 88, 13, 250, 64, 3, 17, 99, 141, 2, 77, 180, 33, 9},  // 17: two blocks
       b{12, 240, 1, 66};
   const std::vector<int32_t> decode_a{44, 255, 0, 128}, decode_b{7, 7, 190, 31};
   std::vector<ModelInput> steps;
-  auto add_seq = [](ModelInput& in, const std::vector<int32_t>& toks, int start, int first_block) {
+  auto add_seq = [state_slots](ModelInput& in, const std::vector<int32_t>& toks, int start, int first_block) {
     for (size_t i = 0; i < toks.size(); ++i) {
       int pos = start + static_cast<int>(i);
       in.token_ids.push_back(toks[i]);
@@ -62,6 +80,11 @@ std::vector<ModelInput> make_steps() {
     in.attention.seq_lens.push_back(start + static_cast<int>(toks.size()));
     for (int blk = 0; blk < 4; ++blk) in.attention.block_tables.push_back(first_block + blk);
     in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
+    if (!state_slots) return;
+    if (in.linear.query_start_loc.empty()) in.linear.query_start_loc.push_back(0);
+    in.linear.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
+    in.linear.state_slots.push_back(first_block / 4);
+    in.linear.has_initial_state.push_back(start > 0 ? 1 : 0);
   };
   auto fresh = [] {
     ModelInput in;
@@ -90,11 +113,12 @@ std::unique_ptr<Backend> one_thread_backend() {
   return make_backend(o);
 }
 
-CacheInit cache_init() {
+CacheInit cache_init(bool state_slots) {
   CacheInit c;
   c.num_blocks = kBlocks;
   c.block_size = kBlockSize;
   c.dtype = DType::kF32;
+  c.num_state_slots = state_slots ? 2 : 0;
   return c;
 }
 
@@ -113,9 +137,10 @@ std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   Checkpoint ckpt(cfg.model_dir);
   model->weights().load(ckpt, *backend);
   LocalExecutor ex(std::move(model), *backend);
-  ex.init_kv_cache(cache_init());
+  const bool slots = has_state_slots(fixture);
+  ex.init_kv_cache(cache_init(slots));
   std::vector<std::vector<float>> out;
-  for (const auto& in : make_steps()) {
+  for (const auto& in : make_steps(slots)) {
     StepOutput so;
     ex.execute(in, all_rows_to_host(in), so);
     out.push_back(so.host_logits);
@@ -140,9 +165,10 @@ int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_pat
     return 0;
   }
   MultiprocExecutor ex(std::move(worker));
-  ex.init_kv_cache(cache_init());
+  const bool slots = has_state_slots(c.fixture);
+  ex.init_kv_cache(cache_init(slots));
   std::ofstream f(out_path, std::ios::binary);
-  for (const auto& in : make_steps()) {
+  for (const auto& in : make_steps(slots)) {
     StepOutput so;
     ex.execute(in, all_rows_to_host(in), so);
     const std::vector<float>& logits = so.host_logits;
@@ -214,12 +240,17 @@ TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
     size_t at = 0;
     for (size_t i = 0; i < n; ++i)
       if (float d = std::fabs(got[i] - want[s][i]); !(d <= worst)) worst = d, at = i;
-    EXPECT_LE(worst, 1e-4f) << "step " << s << " element " << at << ": " << got[at] << " vs " << want[s][at];
-    // Greedy choice per sequence is the same.
+    EXPECT_LE(worst, c.tolerance) << "step " << s << " element " << at << ": " << got[at] << " vs " << want[s][at];
+    // Greedy choice per sequence is the same, unless the reference's top two are within 1e-3
+    // (the margin rule: f32 sums in another order may then swap them).
     const size_t V = n / 2;
     for (size_t q = 0; q < 2; ++q) {
+      const auto w0 = want[s].begin() + static_cast<std::ptrdiff_t>(q * V);
+      std::vector<float> top(w0, w0 + static_cast<std::ptrdiff_t>(V));
+      std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+      if (top[0] - top[1] < 1e-3f) continue;
       auto g = std::max_element(got.begin() + q * V, got.begin() + (q + 1) * V) - got.begin();
-      auto w = std::max_element(want[s].begin() + q * V, want[s].begin() + (q + 1) * V) - want[s].begin();
+      auto w = std::max_element(w0, w0 + static_cast<std::ptrdiff_t>(V)) - want[s].begin();
       EXPECT_EQ(g, w) << "step " << s << " sequence " << q;
     }
   }
@@ -237,7 +268,27 @@ INSTANTIATE_TEST_SUITE_P(
                       // experts, PP splits the layers (a dense layer, then MoE layers).
                       Case{"gen:qwen3_moe", 2, 1}, Case{"gen:qwen3_moe", 2, 1, true}, Case{"gen:qwen3_moe", 1, 2},
                       Case{"gen:qwen2_moe", 2, 1}, Case{"gen:qwen2_moe", 2, 1, true}, Case{"gen:qwen2_moe", 2, 2, true},
-                      Case{"qwen3_moe_sparse2_mlponly", 2, 2, true}, Case{"qwen2_moe_shared", 2, 1}),
+                      Case{"qwen3_moe_sparse2_mlponly", 2, 2, true}, Case{"qwen2_moe_shared", 2, 1},
+                      // Hybrid (Gated DeltaNet + gated attention, state slots): TP splits the key
+                      // and value heads, their conv channels and states; EP the MoE layers'
+                      // experts; PP puts three linear-attention layers on stage 0.
+                      Case{"qwen3_next_tiny", 2, 1}, Case{"qwen3_next_tiny", 2, 1, true}, Case{"qwen3_next_tiny", 1, 2},
+                      Case{"qwen3_5_dense_tiny", 2, 1}, Case{"qwen3_5_dense_tiny", 1, 2},
+                      Case{"qwen3_5_moe_text_tiny", 2, 2, true},
+                      // Block-scaled FP8 checkpoints: PP of the fixture (TP 2 would cut its 128-row
+                      // blocks: refused, see Fp8Model in fp8_weights_test), TP / EP / PP of generated
+                      // models whose TP 2 shards are whole blocks (dense, and FP8 experts).
+                      Case{"qwen3_dense_fp8", 1, 2}, Case{"qwen3_5_moe_text_fp8", 1, 2}, Case{"gen:qwen3_fp8", 2, 1},
+                      Case{"gen:qwen3_fp8", 2, 2}, Case{"gen:qwen3_moe_fp8", 2, 1},
+                      Case{"gen:qwen3_moe_fp8", 2, 1, true}, Case{"gen:qwen3_moe_fp8", 1, 2},
+                      // Hybrid FP8 (the flagship's kind: Gated DeltaNet, gated attention and experts
+                      // in block-scaled FP8): TP 2, EP 2, PP 2.
+                      Case{"gen:qwen3_5_moe_fp8", 2, 1, false, 5e-4f}, Case{"gen:qwen3_5_moe_fp8", 2, 1, true, 5e-4f},
+                      Case{"gen:qwen3_5_moe_fp8", 1, 2},
+                      // TP 4 over a hybrid with 4 key heads and 2 KV heads: one key head per rank,
+                      // the gated attention's KV heads replicated (each rank loads the one its
+                      // query head reads).
+                      Case{"gen:qwen3_5_moe_kh4", 4, 1}, Case{"gen:qwen3_5_moe_kh4", 4, 1, true}),
     case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {

@@ -129,8 +129,10 @@ TEST_P(ParallelGenerate, GreedyTokensMatchOneRank) {
   // The generated MoE models have 8 experts: the flag reaches the model (the head's rank 0
   // logs its part; the workers run the head's command line).
   if (c.model.find("_moe") != std::string::npos && c.tp == 2) {
-    const std::string want_line =
-        c.ep ? "TP rank 0 holds experts [0, 4) of 8" : "TP rank 0 holds intermediate rows [0, 16)";
+    const std::string want_line = c.ep ? "TP rank 0 holds experts [0, 4) of 8"
+                                  : c.model.find("fp8") != std::string::npos
+                                      ? "TP rank 0 holds intermediate rows [0, 128)"
+                                      : "TP rank 0 holds intermediate rows [0, 16)";
     EXPECT_NE(par.err.find(want_line), std::string::npos) << par.err;
   }
 }
@@ -175,13 +177,52 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                                            // Hybrid models: state slots on every rank (TP splits the
                                            // linear-attention heads; PP stage 0 holds only linear layers).
                                            Case{"qwen3_next_tiny", 2, 1}, Case{"qwen3_next_tiny", 1, 2},
-                                           Case{"qwen3_5_moe_text_tiny", 2, 2}),
+                                           Case{"qwen3_next_tiny", 2, 1, true}, Case{"qwen3_5_moe_text_tiny", 2, 2},
+                                           // Block-scaled FP8 checkpoints: the fixture by layers (TP 2
+                                           // would cut its scale blocks: refused below), a generated one
+                                           // whose TP 2 shards are whole blocks, its experts split and whole.
+                                           Case{"qwen3_dense_fp8", 1, 2}, Case{"qwen3_5_moe_text_fp8", 1, 2},
+                                           Case{"gen:qwen3_moe_fp8", 2, 1}, Case{"gen:qwen3_moe_fp8", 2, 1, true},
+                                           // Hybrid FP8 (the flagship's kind): TP 2 over Gated DeltaNet heads,
+                                           // gated attention and experts, all in whole scale blocks.
+                                           Case{"gen:qwen3_5_moe_fp8", 2, 1}),
                          [](const auto& i) {
                            std::string m = i.param.model;
                            if (tessera::testing::is_generated_model(m)) m = "gen_" + m.substr(4);
                            return m + "_tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) +
                                   (i.param.ep ? "_ep" : "");
                          });
+
+// qwen3_dense_fp8 at TP 2 would give each rank 64 of k_proj's 128 rows, half a scale block:
+// refused while loading, naming the flag and the sizes that work, within seconds.
+TEST(ParallelGenerateRefusals, Fp8ShardsThatCutAScaleBlockNameTheFlag) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = run(generate_args("qwen3_dense_fp8", 2, 1));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("split over --tensor-parallel-size 2 is not a whole number of 128-wide scale blocks per rank; "
+                       "tensor-parallel sizes that work for this layer: 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(token_ids(r.out).empty()) << r.out;
+}
+
+// The hybrid fixtures' Gated DeltaNet has 2 key heads (qwen3_5_moe_text_fp8's one): TP 4
+// (TP 2) is refused before any rank starts, with or without expert parallelism.
+TEST(ParallelGenerateRefusals, HybridTensorParallelBeyondTheKeyHeadsNamesTheFlag) {
+  RunResult r = run(generate_args("qwen3_next_tiny", 4, 1, true));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--tensor-parallel-size 4; tensor-parallel sizes that work for this model: 1, 2"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("rank processes"), std::string::npos) << r.err;
+  r = run(generate_args("qwen3_5_moe_text_fp8", 2, 1, true));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--tensor-parallel-size 2; tensor-parallel sizes that work for this model: 1 (use "
+                       "--pipeline-parallel-size"),
+            std::string::npos)
+      << r.err;
+}
 
 std::vector<pid_t> children_of(pid_t pid) {
   std::vector<pid_t> kids;

@@ -334,6 +334,67 @@ TEST(Fp8Weights, ExpertsInBothLayoutsAndEverySplit) {
 
 // --quantization fp8 on a bf16 checkpoint: projections become FP8 blocks within e4m3's
 // rounding (2^-4 of the block's largest value), norms, the router and excluded modules stay.
+// Experts of I = 128 rows (H = 256): transformers saves gate / up scales [1, 2] and down scales
+// [2, 1] as [2] (qwen3_5_moe_text_fp8 does); both load, whole and split by experts. Scales in
+// the other order ([1, 2] for down's [2, 1]) are corrupt.
+TEST(Fp8Weights, ExpertScalesWithoutTheirSizeOneDimsLoad) {
+  constexpr int64_t E = 2, I = 128, H = 256;
+  std::vector<Fp8Matrix> gate, up, down;
+  auto write = [&](const fs::path& dir, std::vector<int64_t> down_scale_shape) {
+    testing::SafetensorsWriter st;
+    for (int e = 0; e < E; ++e) {
+      const std::string p = "l.experts." + std::to_string(e) + ".";
+      Fp8Matrix g = gate[e], u = up[e], d = down[e];
+      g.scale_shape = u.scale_shape = {2};
+      d.scale_shape = down_scale_shape;
+      add(st, p + "gate_proj.weight", g);
+      add(st, p + "up_proj.weight", u);
+      add(st, p + "down_proj.weight", d);
+    }
+    st.write(dir / "model.safetensors");
+  };
+  for (int e = 0; e < E; ++e) {
+    gate.push_back(make_fp8({I, H}, 40 + e));
+    up.push_back(make_fp8({I, H}, 50 + e));
+    down.push_back(make_fp8({H, I}, 60 + e));
+  }
+  ASSERT_EQ(down[0].scale_shape, (std::vector<int64_t>{2, 1}));
+  TempDir squeezed, swapped;
+  write(squeezed.path, {2});
+  write(swapped.path, {1, 2});
+  auto be = make_backend({});
+  Checkpoint ckpt(squeezed.path.string());
+  for (int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      ParallelContext pc{rank, tp};
+      pc.expert_parallel = tp > 1;
+      WeightStore w(pc);
+      w.set_quantization(fp8_config());
+      const auto ex = w.declare_experts("l.experts", E, I, H);
+      w.load(ckpt, *be);
+      const ExpertShard& s = ex.shard;
+      const auto gv = values(*ex.gate_up), dv = values(*ex.down);
+      for (int64_t j = 0; j < s.local_experts; ++j) {
+        const int64_t ge = s.expert_begin + j;
+        for (int64_t r = 0; r < 2 * I; ++r)
+          for (int64_t c = 0; c < H; ++c)
+            ASSERT_EQ(gv[static_cast<size_t>((j * 2 * I + r) * H + c)],
+                      r < I ? gate[ge].value(0, r, c) : up[ge].value(0, r - I, c))
+                << r << "," << c;
+        for (int64_t r = 0; r < H; ++r)
+          for (int64_t c = 0; c < I; ++c)
+            ASSERT_EQ(dv[static_cast<size_t>((j * H + r) * I + c)], down[ge].value(0, r, c)) << r << "," << c;
+      }
+    }
+  }
+  Checkpoint bad(swapped.path.string());
+  WeightStore w(ParallelContext{});
+  w.set_quantization(fp8_config());
+  w.declare_experts("l.experts", E, I, H);
+  const std::string m = load_error(w, bad, *be, ErrorKind::kCorrupt);
+  EXPECT_NE(m.find("down_proj.weight_scale_inv"), std::string::npos) << m;
+}
+
 TEST(Fp8Weights, QuantizationFlagQuantisesABf16CheckpointWhileLoading) {
   TempDir dir;
   const auto pv = testing::tiny_values(1, "p", 256 * 160, 0.1f);

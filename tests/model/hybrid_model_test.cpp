@@ -146,6 +146,29 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HybridTensorParallel,
                          ::testing::Values("qwen3_next_tiny", "qwen3_5_moe_vl_tiny", "qwen3_5_dense_tiny"),
                          [](const auto& i) { return std::string(i.param); });
 
+// TP 4 over 2 key heads: a Gated DeltaNet is split by whole key heads (with their value
+// heads, conv channels and states), so the model is refused before any weight is read,
+// naming the flag, the sizes that work and pipeline parallelism as the way to more GPUs.
+TEST(HybridTensorParallelLimits, MoreRanksThanKeyHeadsNamesTheSizesThatWork) {
+  auto be = make_backend({});
+  ModelConfig cfg = load_model_config(fixtures_dir() + "/qwen3_next_tiny");
+  Rendezvous rv(4);
+  ThreadComm comm(rv, 0);
+  ModelOptions mo;
+  mo.parallel.tp_size = 4;
+  mo.runtime.tp = &comm;
+  try {
+    create_model(cfg, mo, *be);
+    FAIL() << "TP 4 over 2 key heads was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << m;
+    EXPECT_NE(m.find("--tensor-parallel-size 4"), std::string::npos) << m;
+    EXPECT_NE(m.find("sizes that work for this model: 1, 2 "), std::string::npos) << m;
+    EXPECT_NE(m.find("--pipeline-parallel-size"), std::string::npos) << m;
+  }
+}
+
 // --load-format dummy: a hybrid model from its config.json alone (the GDN weights, the f32
 // A_log / dt_bias and the 1 + w norms get dummy values) runs and gives finite, varied logits.
 TEST(HybridDummyWeights, RunFromTheConfigAlone) {

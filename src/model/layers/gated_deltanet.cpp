@@ -1,5 +1,8 @@
 #include "model/layers/gated_deltanet.h"
 
+#include <numeric>
+#include <string>
+
 #include "core/error.h"
 
 namespace tessera {
@@ -8,11 +11,19 @@ GatedDeltaNet::GatedDeltaNet(BlockContext& ctx, const std::string& p, GdnLayout 
     : backend_(ctx.backend), eps_(static_cast<float>(ctx.config.rms_norm_eps)) {
   const LinearAttnConfig& l = ctx.config.linear;
   const int tp = ctx.comm.tp_size(), r = ctx.comm.tp_rank();
-  if (l.num_key_heads % tp != 0 || l.num_value_heads % tp != 0)
+  if (l.num_key_heads % tp != 0 || l.num_value_heads % tp != 0) {
+    // Each rank owns whole key heads with their value heads (and those heads' conv channels
+    // and recurrent states), as vLLM splits a Gated DeltaNet: nothing to replicate.
+    std::string work;
+    for (int t = 1; t <= std::gcd(l.num_key_heads, l.num_value_heads); ++t)
+      if (l.num_key_heads % t == 0 && l.num_value_heads % t == 0)
+        work += (work.empty() ? "" : ", ") + std::to_string(t);
     fail(ErrorKind::kUnsupported,
          "linear_num_key_heads ({}) and linear_num_value_heads ({}) must both be divisible by "
-         "--tensor-parallel-size {}",
-         l.num_key_heads, l.num_value_heads, tp);
+         "--tensor-parallel-size {}; tensor-parallel sizes that work for this model: {} (use "
+         "--pipeline-parallel-size to spread its layers over more GPUs)",
+         l.num_key_heads, l.num_value_heads, tp, work);
+  }
   const int64_t H = ctx.config.hidden_size, Hk = l.num_key_heads, Hv = l.num_value_heads;
   dk_ = l.key_head_dim;
   dv_ = l.value_head_dim;
