@@ -32,10 +32,13 @@ struct EngineFlags {
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool enable_expert_parallel = false;
-  std::string gpu_memory;  // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
+  std::string speculative_config;  // --speculative-config: vLLM's JSON object ("" = off)
+  std::string gpu_memory;          // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
+// --speculative-config's JSON ("" = off), validated; fails naming the bad field.
+SpeculativeConfig parse_speculative_config(const std::string& text);
 
 // Several nodes (vLLM / torchrun names) and the executor backend. Every node runs the same
 // command with its own --node-rank; under mpirun, Slurm or a LeaderWorkerSet the launcher's

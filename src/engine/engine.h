@@ -2,6 +2,7 @@
 // request by one step per call. Single-threaded by contract: one thread (the engine
 // loop) calls everything here; front ends talk to it through their own queues.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <random>
@@ -15,6 +16,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_decode.h"
 #include "model/model.h"
 
 namespace tessera {
@@ -30,7 +32,8 @@ struct EngineConfig {
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
-  bool enforce_eager = false;  // no CUDA graphs
+  bool enforce_eager = false;     // no CUDA graphs
+  SpeculativeConfig speculative;  // --speculative-config (off by default)
   // Memory planning (engine/memory_plan.h). device_memory: plan as if the device had this many
   // bytes (--gpu-memory; 0 = what it reports). reserved_bytes: memory the activation arena and
   // graphs will take after the cache is allocated (from `tessera plan`'s arithmetic).
@@ -60,6 +63,8 @@ struct EngineStats {
   uint64_t num_preemptions = 0;
   uint64_t prompt_tokens = 0, generation_tokens = 0, prefix_cache_hit_tokens = 0;
   uint64_t steps = 0;
+  SpecDecodeStats spec;            // speculative decoding (all zero when off)
+  int num_speculative_tokens = 0;  // k; 0 when speculative decoding is off
 };
 
 class LLMEngine {
@@ -87,12 +92,24 @@ class LLMEngine {
   int kv_capacity_tokens() const { return num_blocks() * config_.block_size; }
   const KvCacheManager& cache_manager() const { return *cache_manager_; }
   EngineStats stats() const;
+  // Replaces the proposer --speculative-config chose (a custom proposer; tests). Needs
+  // speculative decoding on (its num_speculative_tokens bounds the drafts).
+  void set_proposer(std::unique_ptr<Proposer> p);
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
  private:
   void plan_kv_cache();
-  ModelInput build_input(const SchedulerOutput& sched, std::vector<Request*>& sampled) const;
+  // A sequence whose logits are wanted this step: rows [first_row, first_row + 1 + drafts)
+  // (its drafts' positions and the one after them).
+  struct Sampled {
+    Request* request;
+    int first_row;
+    int drafts;
+  };
+  ModelInput build_input(const SchedulerOutput& sched, std::vector<Sampled>& sampled) const;
+  // Speculative decoding: drafts for the sequences that will decode next step.
+  void propose_drafts(const std::vector<Request*>& decoding);
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
   // Frees the request's blocks and forgets it (the pointer dangles afterwards).
   void retire(Request* r);
@@ -109,7 +126,11 @@ class LLMEngine {
   EngineStats stats_;
   PhaseTimer timer_{"engine step (TESSERA_STEP_TIMING)"};
   StepOutput step_out_;
-  std::mt19937_64 seed_rng_;  // sample seeds of requests that bring none
+  std::mt19937_64 seed_rng_;            // sample seeds of requests that bring none
+  std::unique_ptr<Proposer> proposer_;  // speculative decoding; null when off
+  // The periodic "SpecDecoding metrics" log line: the counts and time of the last one.
+  SpecDecodeStats spec_logged_;
+  std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace tessera

@@ -11,7 +11,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 3;
+constexpr uint8_t kPlanVersion = 4;
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -79,6 +79,7 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       w.array(in.linear.query_start_loc);
       w.array(in.linear.state_slots);
       w.array(in.linear.has_initial_state);
+      w.array(in.linear.token_state_slots);
       w.array(in.state_copies);
       w.put<uint32_t>(static_cast<uint32_t>(p.sampling.rows.size()));
       for (const SamplingRow& s : p.sampling.rows) {
@@ -139,6 +140,7 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
       l.query_start_loc = r.array("linear query_start_loc", cap + 1);
       l.state_slots = r.array("state_slots", cap);
       l.has_initial_state = r.array("has_initial_state", cap);
+      l.token_state_slots = r.array("token_state_slots", cap);
       in.state_copies = r.array("state_copies", 2 * cap);
       const uint32_t nrows = r.get<uint32_t>("sampling rows");
       constexpr size_t kRowBytes = 4 * 4 + 2 * 8;
@@ -190,10 +192,14 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
         std::sort(used.begin(), used.end());
         check(std::adjacent_find(used.begin(), used.end()) == used.end(), "two sequences share a state slot");
       }
+      check(l.token_state_slots.empty() || (l.token_state_slots.size() == T && !l.state_slots.empty()),
+            "token_state_slots is not one per token");
+      for (int32_t slot : l.token_state_slots) check(slot >= -1, "negative token state slot");
       check(in.state_copies.size() % 2 == 0, "state copies are not pairs");
       for (int32_t c : in.state_copies) check(c >= 0, "negative state slot in a copy");
       if (lim.num_state_slots > 0) {
         for (int32_t slot : l.state_slots) check(slot < lim.num_state_slots, "state slot beyond the cache");
+        for (int32_t slot : l.token_state_slots) check(slot < lim.num_state_slots, "token state slot beyond the cache");
         for (int32_t c : in.state_copies) check(c < lim.num_state_slots, "state slot beyond the cache");
       }
       if (lim.num_blocks > 0) {
