@@ -55,6 +55,7 @@ BINS=()
 [ "$WITH_TESSERA" = 1 ] && BINS+=("$BUILD/bin/tessera")
 if [ "$WITH_TESTS" = 1 ]; then
   for b in "$BUILD/tests/backend/cuda_ops_test" "$BUILD/tests/model/model_fixture_test" "$BUILD/tests/engine/engine_test" \
+           "$BUILD/tests/engine/cuda_model_check_test" "$BUILD/tests/engine/prompt_logprobs_test" \
            "$BUILD/tests/dist/custom_all_reduce_test" "$BUILD"/bin/kernels/*_bench "$BUILD"/bin/kernels/libtessera_ktrace.so; do
     [ -x "$b" ] && BINS+=("$b")
   done

@@ -30,4 +30,3 @@ variant eager_car --enforce-eager
 variant graph_nccl --disable-custom-all-reduce
 variant default
 NCCL_GRAPH_REGISTER=0 variant graphs_noregister --disable-custom-all-reduce
-TESSERA_TP_GRAPHS=0 variant tp_graphs_off

@@ -12,9 +12,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
-# PARTS: which sections to run (default all): tests ceil decode fp8 prefill serve
-# DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_FUSED_DECODE_ATTN=0 TESSERA_PDL=0").
-PARTS=" ${PARTS:-tests ceil decode fp8 prefill serve} "
+# PARTS: which sections to run (default all): tests demo ceil decode fp8 prefill serve
+# DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_PDL=0 TESSERA_MOE_GEMV=0").
+PARTS=" ${PARTS:-tests demo ceil decode fp8 prefill serve} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 # The generated ids of a `generate --json` output's first request.
 first_ids() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['token_ids'])" "$1"; }
@@ -37,6 +37,19 @@ grep -E 'PASSED|FAILED|Failure' -A3 "$OUT/fixture_cuda.log" | grep -v '^--' | he
 TESSERA_TEST_DEVICE=cuda timeout 240 $B/engine_test > "$OUT/engine_cuda.log" 2>&1; echo "engine_test rc=$?"
 grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -20
 
+fi
+if part demo; then
+echo "== the demo model (models/tessera-demo) on CUDA: prompt logprobs vs a full forward; held-out perplexity"
+echo "   (transformers on the H200: 1064.7710, eval.json; tessera CPU: 1064.94; the target is within 0.5%)"
+TESSERA_TEST_DEVICE=cuda timeout 120 $B/prompt_logprobs_test > "$OUT/prompt_logprobs_cuda.log" 2>&1
+echo "prompt_logprobs_test rc=$?"
+grep -E '^\[  (PASSED|FAILED)' "$OUT/prompt_logprobs_cuda.log" | head -20
+for q in "" fp8; do
+  log="$OUT/demo_score${q:+_$q}.log"
+  timeout 300 $B/tessera generate --model models/tessera-demo --score models/tessera-demo/heldout_texts.jsonl \
+    --max-model-len 1025 ${q:+--quantization $q} > "$log" 2>&1
+  echo "demo score ${q:-bf16} rc=$?: $(tail -1 "$log")"
+done
 fi
 if part ceil; then
 echo "== copy bandwidth (ceiling) in this run"

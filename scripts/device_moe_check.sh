@@ -2,11 +2,14 @@
 # The mixture-of-experts (issue 16) and hybrid (issue 17) checks on one H200, in one call, with
 # the dense build before the MoE work beside it for a same-run comparison. Needs two bundles carried:
 #   scripts/bundle.sh --build-dir build/cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
-#   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional)
+#   scripts/bundle.sh --build-dir <older build> --out /tmp/base --tar bundle/base.tar.xz   (optional; the dense part,
+#   and moe_decode / hybrid_decode at batch 1 and 8, run it too: e.g. main's build beside a kernel branch)
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   command: bash scripts/device_moe_check.sh
-# PARTS (default all but fixtures_bf16): tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan
-#   hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; fixtures_bf16 (transformers' bf16 error per
+# PARTS (default all but fixtures_bf16): tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve
+#   plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; moe_variants: the MoE decode kernel variants side by
+#   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); flagship (issue 18's
+#   serve command and the seeds' bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
@@ -21,7 +24,7 @@ BASE=""
 if [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
-PARTS=" ${PARTS:-tests ceil kernels dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
+PARTS=" ${PARTS:-tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 MOE=configs/qwen3-30b-a3b
@@ -70,6 +73,14 @@ if part kernels; then
   [ -x $B/fp8_gemm_bench ] && timeout 180 $B/fp8_gemm_bench 2>&1 | tee "$L/fp8_gemm_bench.log" | tail -40
 fi
 
+if part moe_variants; then
+  echo "== MoE decode kernel variants (moe_bench --variants)"
+  for k in $B/moe_bench $B/kernels/moe_bench; do
+    [ -x "$k" ] && timeout 300 "$k" --variants 2>&1 | tee "$L/moe_variants.log" | grep -v '^check:' | tail -14
+  done
+  grep -E 'FAIL|error' "$L/moe_variants.log" | head -5
+fi
+
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
   local bin=$1 name=$2 model=$3; shift 3
   timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len "${MAXLEN:-8192}" \
@@ -78,13 +89,19 @@ gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
 }
 
 decode_batches() {  # decode_batches NAME MODEL BATCH...: 512-token prompts, 128 new tokens, against the ceiling
+  # (the bundle in $DB, default this build's)
   local name=$1 model=$2 bs i per args; shift 2
   for bs in "$@"; do
     args=()
     for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-    gen $B ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    gen ${DB:-$B} ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
     per=$(rate "$L/${name}_b$bs.log")
-    python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --batch $bs --tok-s "$(python3 -c "print($per * $bs)")" | tail -3
+    # batch 1 against the one-token ceiling; batch B's aggregate against its distinct-expert ceiling
+    if [ "$bs" = 1 ]; then
+      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --tok-s "$per" | tail -2
+    else
+      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --batch $bs --batch-tok-s "$(python3 -c "print($per * $bs)")" | tail -1
+    fi
   done
 }
 
@@ -117,6 +134,8 @@ fi
 if part moe_decode; then
   echo "== MoE decode, Qwen3-30B-A3B shape, bf16 dummy: batch 1, 8, 32 (512-token prompts, 128 new tokens)"
   decode_batches moe_decode $MOE 1 8 32
+  # the base bundle (bundle/base.tar.xz, e.g. main's build) at batch 1 and 8 in the same run, when carried
+  [ -n "$BASE" ] && { echo "-- base build"; DB=$BASE decode_batches moe_decode_base $MOE 1 8; }
 fi
 
 if part moe_prefill; then
@@ -183,6 +202,7 @@ fi
 if part hybrid_decode; then
   echo "== hybrid decode, Qwen3.5-35B-A3B shape, bf16 dummy: batch 1 and 8 (512-token prompts, 128 new tokens)"
   decode_batches hybrid_decode $HYB 1 8
+  [ -n "$BASE" ] && { echo "-- base build"; DB=$BASE decode_batches hybrid_decode_base $HYB 1 8; }
   grep -E 'state slot|KV cache size|Maximum concurrency' "$L/hybrid_decode_b1.log" | head -4
 fi
 
@@ -234,5 +254,21 @@ if part plan_fp8; then
   timeout 180 $B/tessera generate --model configs/qwen3-8b --quantization fp8 --load-format dummy --device cuda \
     --max-model-len 4096 --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_fp8.log"
   grep -E 'KV cache size|Maximum concurrency|Planned|FP8' "$L/plan_serve_fp8.log"
+fi
+if part flagship; then
+  # Issue 18: the seeds' model on one H200 with the issue's command (dummy FP8 weights, the Qwen3 tokenizer).
+  FL=configs/qwen3.5-122b-a10b-fp8
+  echo "== flagship: decode batch 1 and 20 (512-token prompts, 128 new), FP8 dummy"
+  MAXLEN=4096 decode_batches flagship_decode $FL 1 20
+  grep -E 'FP8|weights take|state slot|KV cache size' "$L/flagship_decode_b1.log" | head -4
+  echo "== flagship serve: $FL --language-model-only --kv-cache-dtype fp8 --max-model-len 262144 --gpu-memory-utilization 0.95"
+  serve_model $FL 8015 flagship_serve --language-model-only --kv-cache-dtype fp8 --max-model-len 262144 \
+    --gpu-memory-utilization 0.95
+  echo "-- seed-003 protocol (tessera bench defaults: c 1,5,10,20; 40 requests; max_tokens 64; temperature 0)"
+  timeout 300 $B/tessera bench --base-url http://127.0.0.1:8015 --json "$L/flagship_seed003.json" 2>/dev/null | tail -12
+  echo "-- seed-000 protocol (random dataset, 100 prompts, request rate 8; vLLM's random defaults 1024 in / 128 out)"
+  timeout 300 $B/tessera bench --base-url http://127.0.0.1:8015 --dataset random --num-prompts 100 --request-rate 8 \
+    --tokenizer $TOK --json "$L/flagship_seed000.json" 2>/dev/null | tail -14
+  kill $SP; wait $SP 2>/dev/null
 fi
 tar czf "$OUT/moe_logs.tar.gz" -C "$L" . && ls -la "$OUT"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Checks that C++/CUDA sources follow .clang-format; changes nothing.
+# Checks that C++/CUDA sources follow .clang-format, and that no function in src/ is over 120
+# lines (scripts/function_lengths.py; CUDA __global__ kernels exempt); changes nothing.
 #   scripts/format_check.sh            # the whole tree: src/ tests/ bench/
 #   scripts/format_check.sh FILE...    # only these files
-# Fix a file with: clang-format -i FILE
+# Fix a file with: clang-format -i FILE; split a long function into named pieces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The version CI pins (Debian 12's clang-format-14); another version may format differently.
@@ -33,3 +34,9 @@ if [ "$bad" -gt 0 ]; then
   exit 1
 fi
 echo "format_check: ${#files[@]} files formatted"
+src_files=()
+for f in "${files[@]}"; do [[ "$f" == src/* ]] && src_files+=("$f"); done
+if [ ${#src_files[@]} -gt 0 ]; then
+  python3 scripts/function_lengths.py --max 120 "${src_files[@]}"
+  echo "format_check: no function in ${#src_files[@]} src/ files is over 120 lines"
+fi

@@ -12,7 +12,8 @@ ONLY=${2:-}
 CC_BIN=${CC_FUZZ:-clang-14}
 CXX_BIN=${CXX_FUZZ:-clang++-14}
 command -v "$CXX_BIN" >/dev/null || { echo "fuzz.sh: needs $CXX_BIN (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC_BIN" \
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_COMPILER="$CC_BIN" \
   -DCMAKE_CXX_COMPILER="$CXX_BIN" -DTESSERA_FUZZ=ON -DTESSERA_TESTS=ON >/dev/null
 TOKENIZER=.npm-pkgs/tokenizer-qwen3/package/models
 TARGETS=()

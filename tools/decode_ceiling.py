@@ -24,13 +24,19 @@ ap.add_argument("--tok-s", type=float, help="a measured decode rate (batch 1) to
 ap.add_argument("--batch", type=int, nargs="*", default=[], help="decode batch sizes to give the ceiling of")
 ap.add_argument("--batch-tok-s", type=float, nargs="*", default=[], help="measured tok/s at each --batch")
 ap.add_argument("--dtype-bytes", type=int, default=2)
+ap.add_argument("--fp8", action="store_true", help="FP8 linear weights (--quantization fp8); implied by an fp8 "
+                "quantization_config: projections and experts 1 byte (+ f32 scales per 128x128 block), routers, gates, "
+                "embeddings, lm_head, conv1d and norms at --dtype-bytes")
 ap.add_argument("--ssm-state-bytes", type=int, default=4, help="bytes per recurrent-state element (f32: 4, bf16: 2)")
 ap.add_argument("--prefill-tokens", type=int)
 ap.add_argument("--prefill-s", type=float)
 ap.add_argument("--gemm-tflops", type=float)
 a = ap.parse_args()
 c = json.load(open(os.path.join(a.config, "config.json")))
+q = c.get("quantization_config") or c.get("text_config", {}).get("quantization_config") or {}
 c = c.get("text_config", c)
+fp8 = a.fp8 or q.get("quant_method") == "fp8"
+LB = (1 + 4 / 128**2) if fp8 else a.dtype_bytes  # bytes per linear weight (FP8: plus the block scales)
 H, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
 nh = c["num_attention_heads"]
 nkv = c.get("num_key_value_heads", nh)
@@ -63,6 +69,7 @@ if hybrid:
     C = 2 * Hk * Dk + Hv * Dv
     # in_proj (q k v z b a), conv1d, A_log + dt_bias, gated norm, out_proj
     gdn = H * (C + Hv * Dv + 2 * Hv) + C * Kc + 2 * Hv + Dv + Hv * Dv * H
+    gdn_lin = H * (C + Hv * Dv) + Hv * Dv * H  # in_proj_qkv, in_proj_z, out_proj (FP8 in the released checkpoints)
     state_bytes = linear_layers * ((Kc - 1) * C * a.dtype_bytes + Hv * Dk * Dv * a.ssm_state_bytes)
 if c.get("attention_bias") or c.get("model_type") in ("qwen2", "qwen2_moe"):
     small += nh * D + 2 * nkv * D
@@ -72,29 +79,36 @@ moe_fixed = E * H + (3 * H * Is + H if Is else 0)  # router, shared expert and i
 # shared experts, norms, final norm, lm_head (or the tied table), one embedding row.
 attn_layers = L - linear_layers
 fixed = attn_layers * (attn + small) + linear_layers * (gdn + 2 * H if hybrid else 0) + dense_layers * 3 * H * I + moe_layers * moe_fixed + H + V * H + H
+# of which linear weights (FP8 when quantised): projections, dense MLPs, shared experts
+fixed_lin = attn_layers * attn + linear_layers * (gdn_lin if hybrid else 0) + dense_layers * 3 * H * I + moe_layers * (3 * H * Is if Is else 0)
 total = fixed + moe_layers * E * expert
-gb = lambda params: params * a.dtype_bytes / 1e9
+
+def gb(params, experts=0.0):
+    """GB of `params` fixed parameters (of which fixed_lin linear) plus `experts` routed experts' weights."""
+    lin = fixed_lin if params == fixed else 0
+    return ((params - lin) * a.dtype_bytes + lin * LB + experts * expert * LB) / 1e9
 
 def distinct_experts(batch):
     return E * (1 - (1 - k / E) ** batch) if E else 0.0
 
-step1 = fixed + moe_layers * k * expert
+step1_experts = moe_layers * k
 state_gb = 2 * state_bytes / 1e9  # read and written once per decode token
-print(f"decode_bytes_per_token_GB {gb(step1) + state_gb:.2f}")
+step1 = gb(fixed, step1_experts)
+print(f"decode_bytes_per_token_GB {step1 + state_gb:.2f}" + (" (FP8 linear weights)" if fp8 else ""))
 if hybrid:
     print(f"hybrid: {linear_layers} of {L} layers linear attention; state {state_bytes / 2**20:.1f} MiB per sequence,"
-          f" read + written {state_gb:.3f} GB per token; weights {gb(step1):.2f} GB per token")
+          f" read + written {state_gb:.3f} GB per token; weights {step1:.2f} GB per token")
 if E:
     print(f"moe: {moe_layers} of {L} layers sparse, {E} experts top-{k} of {Im}"
-          + (f", shared expert {Is}" if Is else "") + f"; weights {gb(total):.2f} GB in all, {gb(step1):.2f} GB active")
+          + (f", shared expert {Is}" if Is else "") + f"; weights {gb(fixed, moe_layers * E):.2f} GB in all, {step1:.2f} GB active")
 if a.copy_gbps:
-    ceiling = a.copy_gbps / (gb(step1) + state_gb)
+    ceiling = a.copy_gbps / (step1 + state_gb)
     print(f"decode_ceiling_tok_s {ceiling:.1f} (copy {a.copy_gbps:.0f} GB/s)")
     if a.tok_s:
         print(f"decode_share_of_ceiling {100 * a.tok_s / ceiling:.1f}% ({a.tok_s:.1f} tok/s)")
 for n, B in enumerate(a.batch):
     d = distinct_experts(B) if E else 0.0
-    step_gb = gb(fixed + moe_layers * d * expert) + B * state_gb
+    step_gb = gb(fixed, moe_layers * d) + B * state_gb
     line = f"decode_batch_{B}: {d:.1f} distinct experts per layer, {step_gb:.2f} GB per step"
     if a.copy_gbps:
         ceiling = B * a.copy_gbps / step_gb

@@ -245,6 +245,24 @@ def dequantized_state(q, block):
     return out
 
 
+def release_fp8_exclusions(mtype, cfg):
+    """What the released Qwen3.5 FP8 checkpoints keep in bf16 (their quantization_config's
+    modules_to_not_convert, e.g. Qwen3.5-122B-A10B-FP8): lm_head, the embedding and, per layer,
+    the Gated DeltaNet's conv1d / in_proj_a / in_proj_b, the router and the shared expert's gate.
+    Without the list transformers would quantise in_proj_a / in_proj_b (a few rows each, not whole
+    128-row blocks), which tessera refuses as the release never has them in FP8. None: transformers'
+    default (lm_head)."""
+    if not mtype.startswith("qwen3_5"):
+        return None
+    names = ["lm_head", "model.embed_tokens"]
+    for layer, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{layer}."
+        if kind == "linear_attention":
+            names += [p + "linear_attn." + m for m in ("conv1d", "in_proj_a", "in_proj_b")]
+        names += [p + "mlp.gate", p + "mlp.shared_expert_gate"]
+    return names
+
+
 def make_fp8(name, mtype, cfg, lengths, d, seed, i):
     from transformers import FineGrainedFP8Config
     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager")
@@ -253,8 +271,9 @@ def make_fp8(name, mtype, cfg, lengths, d, seed, i):
     tmp = d + "_bf16_tmp"
     os.makedirs(tmp, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    q = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16,
-                                             quantization_config=FineGrainedFP8Config(weight_block_size=(128, 128)))
+    qcfg = FineGrainedFP8Config(weight_block_size=(128, 128),
+                                modules_to_not_convert=release_fp8_exclusions(mtype, cfg))
+    q = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16, quantization_config=qcfg)
     q.save_pretrained(d, safe_serialization=True)
     q.generation_config.save_pretrained(d)
     shutil.rmtree(tmp)
@@ -264,6 +283,7 @@ def make_fp8(name, mtype, cfg, lengths, d, seed, i):
     state = dequantized_state(q, tuple(block or (128, 128)))
     missing, unexpected = ref_model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "rotary" not in m and "inv_freq" not in m]
+    unexpected = [u for u in unexpected if "rotary" not in u and "inv_freq" not in u]  # buffers, not weights
     if missing or unexpected:  # a reference on partly random weights would be wrong: stop here
         raise RuntimeError(f"{name}: dequantised state does not match the model: missing {missing[:8]}, "
                            f"unexpected {unexpected[:8]}")

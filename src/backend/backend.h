@@ -146,7 +146,7 @@ class Backend {
                                const Tensor& out) = 0;
   // The attention of a fused QKV projection: qkv_prologue into a q of out's shape, then
   // paged_attention of that q into out. A backend may do both in one pass (CUDA, for steps
-  // where every sequence has one query token; TESSERA_FUSED_DECODE_ATTN=0 keeps two kernels).
+  // where every sequence has one query token; CudaOptions::fused_decode_attention = false keeps two kernels).
   virtual void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                              const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
                              const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,
@@ -170,6 +170,43 @@ class Backend {
   // No host synchronisation on the routing results (decode steps run inside captured graphs).
   virtual void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                            const Tensor& topk_weights, int expert_begin, const Tensor& out) = 0;
+  // A shared expert every token goes through (Qwen2-MoE, Qwen3.5): gate_up [2Is, H] (gate rows,
+  // then up rows), down [H, Is], gate [1, H] or null; it adds
+  //   g_t * down @ (silu(gate_up[:Is] @ x[t]) * gate_up[Is:] @ x[t]),  g_t = sigmoid(gate . x[t]) or 1.
+  struct MoeSharedExpert {
+    const Tensor* gate_up;
+    const Tensor* down;
+    const Tensor* gate;
+  };
+  // moe_topk of router_logits into topk_ids / topk_weights, then moe_experts with them, then (when
+  // `shared` is not null) the shared expert added to out: one call, so that a backend may fold the
+  // routing and the shared expert into the expert kernels (CUDA decode: CudaMoeDecode).
+  virtual void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x,
+                                const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                                const Tensor& topk_weights, int expert_begin, const Tensor& out,
+                                const MoeSharedExpert* shared) {
+    moe_topk(router_logits, k, renormalize, topk_ids, topk_weights);
+    moe_experts(x, gate_up, down, topk_ids, topk_weights, expert_begin, out);
+    if (shared) moe_shared_expert_add(x, *shared, out);
+  }
+  // out += the shared expert of x (MoeSharedExpert), with linear, silu_mul, sigmoid_mul and add.
+  void moe_shared_expert_add(const Tensor& x, const MoeSharedExpert& shared, const Tensor& out) {
+    const int64_t T = x.dim(0), I = shared.down->dim(1);
+    Tensor gate_up = scratch({T, 2 * I}, compute_dtype());
+    linear(x, *shared.gate_up, nullptr, gate_up);
+    Tensor act = scratch({T, I}, compute_dtype());
+    silu_mul(gate_up, act);
+    Tensor y = scratch(out.shape(), out.dtype());
+    linear(act, *shared.down, nullptr, y);
+    if (shared.gate) {
+      // The gate is computed from the whole x on every rank, so scaling each rank's partial
+      // sum by it scales their total.
+      Tensor g = scratch({T, 1}, compute_dtype());
+      linear(x, *shared.gate, nullptr, g);
+      sigmoid_mul(y, g, y);
+    }
+    add(out, y, out);
+  }
   // out = x * sigmoid(gate). gate has x's shape, or [T, 1] (one gate per row, broadcast over the
   // row: the shared expert's gate). Gated attention uses the elementwise form. out may alias x.
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;

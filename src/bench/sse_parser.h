@@ -24,7 +24,6 @@ class SseParser {
   // omit the final blank line are common enough to tolerate).
   void finish();
   // Bytes received that do not belong to a complete line yet.
-  size_t pending_bytes() const { return line_.size(); }
 
  private:
   void handle_line(std::string_view line);

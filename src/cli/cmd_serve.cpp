@@ -1,4 +1,5 @@
 // tessera serve MODEL: the OpenAI- and Anthropic-compatible HTTP server, with `vllm serve`'s flags.
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -150,39 +151,21 @@ std::vector<std::string> split_keys(const std::string& s) {
   return out;
 }
 
-// vLLM's --generation-config auto: sampling defaults from generation_config.json.
-server::GenerationDefaults read_generation_config(const fs::path& dir, std::vector<int32_t>* eos_ids) {
-  server::GenerationDefaults d;
-  const fs::path file = dir / "generation_config.json";
-  if (!fs::exists(file)) return d;
-  nlohmann::json j;
-  try {
-    std::ifstream in(file);
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail(ErrorKind::kCorrupt, "{}: not valid JSON ({})", file.string(), e.what());
-  }
-  auto num = [&](const char* k, auto& out) {
-    if (auto it = j.find(k); it != j.end() && it->is_number()) out = it->template get<std::decay_t<decltype(*out)>>();
-  };
-  num("temperature", d.temperature);
-  num("top_p", d.top_p);
-  num("top_k", d.top_k);
-  num("min_p", d.min_p);
-  num("repetition_penalty", d.repetition_penalty);
-  num("max_new_tokens", d.max_tokens);
-  if (auto it = j.find("eos_token_id"); it != j.end()) {
-    if (it->is_number_integer())
-      eos_ids->push_back(it->get<int32_t>());
-    else if (it->is_array())
-      for (const auto& v : *it)
-        if (v.is_number_integer()) eos_ids->push_back(v.get<int32_t>());
-  }
-  if (d.temperature || d.top_p || d.top_k || d.min_p || d.repetition_penalty)
+// vLLM's --generation-config auto (or DIR): sampling defaults from DIR/generation_config.json.
+GenerationDefaults read_generation_config(const std::string& dir) {
+  GenerationDefaults d = load_generation_config(dir);
+  if (d.sets_sampling()) {
+    std::vector<std::string> set;
+    if (d.temperature) set.push_back(fmt::format("temperature={}", *d.temperature));
+    if (d.top_p) set.push_back(fmt::format("top_p={}", *d.top_p));
+    if (d.top_k) set.push_back(fmt::format("top_k={}", *d.top_k));
+    if (d.min_p) set.push_back(fmt::format("min_p={}", *d.min_p));
+    if (d.repetition_penalty) set.push_back(fmt::format("repetition_penalty={}", *d.repetition_penalty));
     TLOG_INFO(
         "Default sampling parameters have been overridden by the model's generation_config.json ({}). "
         "Relaunch with `--generation-config vllm` to use tessera's defaults instead.",
-        j.dump());
+        fmt::join(set, ", "));
+  }
   return d;
 }
 
@@ -200,7 +183,9 @@ struct ServeFlags {
 };
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
-  app.add_option("model,--model", ef.model, "model directory (config.json + safetensors)")->required();
+  app.add_option("model,--model", ef.model,
+                 "model directory (config.json + safetensors); default: the demo model shipped in the repository, "
+                 "models/tessera-demo (served as tessera-demo)");
   app.add_option("--host", sf.host, "address to listen on")->capture_default_str();
   app.add_option("--port", sf.port, "port to listen on (0: any free port, logged at startup)")->capture_default_str();
   app.add_option("--served-model-name", sf.served_model_names,
@@ -290,12 +275,11 @@ void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
   if (sf.tokenizer_dir.empty()) sf.tokenizer_dir = ef.model;
 }
 
-// What the API needs besides the engine: tokenizer, chat template, generation defaults (and extra eos ids).
+// What the API needs besides the engine: tokenizer, chat template, generation defaults (with their eos ids).
 struct TextSide {
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::optional<tokenizer::ChatTemplate> tmpl;
-  server::GenerationDefaults defaults;
-  std::vector<int32_t> extra_eos;
+  GenerationDefaults defaults;
 };
 
 std::optional<tokenizer::ChatTemplate> load_chat_template(const ServeFlags& sf) {
@@ -329,12 +313,12 @@ TextSide load_text_side(const EngineFlags& ef, const ServeFlags& sf) {
   t.tok = tokenizer::Tokenizer::from_dir(sf.tokenizer_dir);
   t.tmpl = load_chat_template(sf);
   if (sf.generation_config == "auto") {
-    t.defaults = read_generation_config(ef.model, &t.extra_eos);
+    t.defaults = read_generation_config(ef.model);
   } else if (sf.generation_config != "vllm") {
     if (!fs::is_directory(sf.generation_config))
       fail(ErrorKind::kNotFound, "--generation-config {}: not a directory (auto, vllm or a directory)",
            sf.generation_config);
-    t.defaults = read_generation_config(sf.generation_config, &t.extra_eos);
+    t.defaults = read_generation_config(sf.generation_config);
   }
   return t;
 }
@@ -347,9 +331,10 @@ std::unique_ptr<AsyncEngine> build_engine(const EngineFlags& ef, const ClusterFl
   std::unique_ptr<dist::NodeSession> session = start_node_session(ef, cf, facts);
   head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
   std::unique_ptr<LLMEngine>& llm = head.llm;
-  if (!text.extra_eos.empty()) {
+  // The model's own generation_config.json eos ids are in its ModelConfig already; another directory's are added.
+  if (!text.defaults.eos_token_ids.empty()) {
     std::vector<int32_t> eos = llm->eos_token_ids();
-    for (int32_t id : text.extra_eos)
+    for (int32_t id : text.defaults.eos_token_ids)
       if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
     llm->set_eos_token_ids(eos);
   }
@@ -479,6 +464,7 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
 int run_serve(int argc, char** argv) {
   CLI::App app{
       "OpenAI- and Anthropic-compatible HTTP server (flags as `vllm serve`).\n"
+      "  tessera serve            (the demo model in the repository, models/tessera-demo)\n"
       "  tessera serve Qwen/Qwen3-8B-dir --port 8000 --api-key KEY\n"
       "  tessera serve configs/qwen3-tiny --tokenizer .npm-pkgs/tokenizer-qwen3/package/models "
       "--load-format dummy",
@@ -498,6 +484,10 @@ int run_serve(int argc, char** argv) {
     return app.exit(e);
   }
   reject_extras(app);
+  if (ef.model.empty()) {
+    ef.model = default_model_dir("serve");
+    if (sf.served_model_names.empty()) sf.served_model_names.push_back(kDemoModelName);
+  }
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts

@@ -1,12 +1,38 @@
 #include "cli/engine_flags.h"
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/memory_plan.h"
 
 namespace tessera::cli {
+
+std::string default_model_dir(const char* verb) {
+  namespace fs = std::filesystem;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) fail(ErrorKind::kInternal, "cannot find this binary (/proc/self/exe): {}", std::strerror(errno));
+  exe[n] = 0;
+  std::vector<std::string> tried;
+  fs::path dir = fs::path(exe).parent_path();
+  for (int up = 0; up < 5 && !dir.empty(); ++up) {
+    const fs::path cand = dir / "models" / kDemoModelName;
+    tried.push_back(cand.string());
+    if (fs::exists(cand / "config.json")) return cand.lexically_normal().string();
+    if (dir == dir.parent_path()) break;
+    dir = dir.parent_path();
+  }
+  fail(ErrorKind::kNotFound,
+       "no MODEL given, and the demo model models/{} was not found beside this binary ({}); pass a model directory "
+       "(tessera {} DIR), or run the binary built in a tessera checkout, which ships models/{}",
+       kDemoModelName, fmt::join(tried, ", "), verb, kDemoModelName);
+}
 
 void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_option("--load-format", f.load_format,

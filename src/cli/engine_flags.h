@@ -40,6 +40,13 @@ void add_engine_flags(CLI::App& app, EngineFlags& f);
 // --speculative-config's JSON ("" = off), validated; fails naming the bad field.
 SpeculativeConfig parse_speculative_config(const std::string& text);
 
+// The model a verb runs when none is given (vLLM's `vllm serve` has a default model too): the demo model
+// shipped in the repository, models/tessera-demo, looked up beside the binary and in its parent folders
+// (build/cpu/bin/tessera finds the source tree's; a bundle or install may carry models/ next to it).
+inline constexpr const char* kDemoModelName = "tessera-demo";
+// The demo model's directory, or Error(kNotFound) naming where it looked and what to do.
+std::string default_model_dir(const char* verb);
+
 // Several nodes (vLLM / torchrun names) and the executor backend. Every node runs the same
 // command with its own --node-rank; under mpirun, Slurm or a LeaderWorkerSet the launcher's
 // environment supplies them (dist/launch_env.h).

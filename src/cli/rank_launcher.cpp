@@ -12,20 +12,14 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/control_store.h"
 #include "dist/crypto.h"
-#include "dist/custom_all_reduce_communicator.h"
-#include "dist/gloo_communicator.h"
-#include "dist/process_groups.h"
 #include "dist/rank_gpus.h"
 #include "dist/rendezvous_server.h"
 #include "engine/model_loader.h"
+#include "engine/worker.h"
 
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#endif
-#ifdef TESSERA_HAVE_NCCL
-#include "dist/nccl_communicator.h"
 #endif
 
 extern char** environ;
@@ -35,10 +29,6 @@ namespace tessera::cli {
 namespace {
 
 constexpr const char* kTokenEnv = "TESSERA_RANK_TOKEN";
-constexpr std::chrono::milliseconds kCollectiveTimeout{std::chrono::seconds(30)};
-// The world group carries the step plans: workers wait on it for as long as the head is
-// idle, so its limit is only a backstop (the head supervises them; PDEATHSIG ends them).
-constexpr std::chrono::milliseconds kPlanWaitTimeout{std::chrono::hours(24 * 30)};
 
 std::string hex(const std::array<uint8_t, 32>& b) {
   static const char* d = "0123456789abcdef";
@@ -58,10 +48,6 @@ std::string describe_exit(int status) {
 }
 
 dist::ParallelLayout layout_of(const EngineFlags& f) { return {f.tensor_parallel_size, f.pipeline_parallel_size}; }
-
-// A CUDA rank whose data plane failed is done: its watchdog ends it this long after the
-// abort if its thread is waiting elsewhere (the next step plan) and never sees the error.
-constexpr std::chrono::milliseconds kExitAfterDataPlaneFailure{std::chrono::seconds(3)};
 
 std::string layout_name(const EngineFlags& f) {
   return fmt::format("tensor parallel {} x pipeline parallel {}", f.tensor_parallel_size, f.pipeline_parallel_size);
@@ -95,70 +81,21 @@ std::string describe_rank_processes(const EngineFlags& f, int world, int local_r
                      rank_gpus(f, local_ranks).list());
 }
 
-// Every rank creates the groups in the same order: world (plans), tp, pp. The world group
-// carries host bytes (step plans) over Gloo; the tp and pp groups carry the backend's
-// tensors: Gloo for CPU ranks, NCCL on the backend's stream for CUDA ranks.
-// `store_host:port` is the head's control channel; Gloo binds `bind_ip` (this node's NIC).
-std::unique_ptr<dist::ProcessGroups> join_groups(const EngineFlags& f, Backend& backend, int rank,
-                                                 const std::string& store_host, uint16_t port, const std::string& token,
-                                                 const std::string& bind_ip, const dist::RankNamer& namer = {}) {
-  const bool local = bind_ip == "127.0.0.1";
-  auto store = std::make_shared<dist::ControlStoreClient>(
-      dist::HeadAddress{store_host, port, token, local ? "" : bind_ip}, rank, std::chrono::seconds(60));
-  dist::GlooOptions o;
-  o.store = store;
-  o.ip = bind_ip;
+// What a rank's Worker needs from the flags: the layout, the model, the groups' store.
+WorkerOptions worker_options(const EngineFlags& f, int rank, const std::string& store_host, uint16_t port,
+                             const std::string& token, const std::string& bind_ip, const dist::RankNamer& namer = {}) {
+  WorkerOptions o;
+  o.rank = rank;
+  o.layout = layout_of(f);
+  o.enable_expert_parallel = f.enable_expert_parallel;
+  o.disable_custom_all_reduce = f.disable_custom_all_reduce;
+  o.load = load_options(f);
+  o.store_host = store_host;
+  o.store_port = port;
+  o.token = token;
+  o.bind_ip = bind_ip;
   o.namer = namer;
-  o.timeout = kPlanWaitTimeout;
-  dist::GlooCommunicatorFactory plan_factory(o);
-  dist::ParallelLayout layout = layout_of(f);
-  auto g = std::make_unique<dist::ProcessGroups>();
-  g->world = plan_factory.create(layout.world_group(rank));
-  if (backend.device().type == DeviceType::kCUDA) {
-#ifdef TESSERA_HAVE_NCCL
-    dist::NcclOptions n;
-    n.store = store;
-    n.device_index = backend.device().index;
-    n.timeout = kCollectiveTimeout;
-    n.namer = namer;
-    n.stream = cuda_backend_stream(backend);  // stream-ordered: no host wait per collective
-    n.exit_after_failure = kExitAfterDataPlaneFailure;
-    dist::NcclCommunicatorFactory data_factory(n);  // sets NCCL_NVLS_ENABLE=0
-    g->tp = data_factory.create(layout.tp_group(rank));
-    g->pp = data_factory.create(layout.pp_group(rank));
-    // Small TP all-reduces (decode) through the one-shot kernel over CUDA IPC when every rank
-    // of the group is on this host with peer access; NCCL otherwise and for the rest.
-    dist::CustomAllReduceConfig car;
-    car.disable = f.disable_custom_all_reduce;
-    car.store = store;
-    car.device_index = n.device_index;
-    car.stream = n.stream;
-    car.timeout = kCollectiveTimeout;
-    car.namer = namer;
-    g->tp = dist::with_custom_all_reduce(std::move(g->tp), car);
-    return g;
-#else
-    fail(ErrorKind::kUnsupported, "CUDA rank processes need NCCL: rebuild with -DTESSERA_CUDA=ON");
-#endif
-  }
-  o.timeout = kCollectiveTimeout;
-  dist::GlooCommunicatorFactory data_factory(o);
-  g->tp = data_factory.create(layout.tp_group(rank));
-  g->pp = data_factory.create(layout.pp_group(rank));
-  return g;
-}
-
-ParallelContext context_of(const EngineFlags& f, int rank) {
-  dist::ParallelLayout l = layout_of(f);
-  return {l.tp_rank(rank), l.tensor_parallel, l.pp_rank(rank), l.pipeline_parallel, f.enable_expert_parallel};
-}
-
-std::unique_ptr<Model> load_shard(const EngineFlags& f, int rank, dist::ProcessGroups& g, Backend& backend) {
-  LoadOptions lo = load_options(f);
-  lo.parallel = context_of(f, rank);
-  lo.runtime.tp = g.tp.get();
-  lo.runtime.pp = g.pp.get();
-  return load_model(lo, backend);
+  return o;
 }
 
 }  // namespace
@@ -350,10 +287,10 @@ void RankLauncher::supervise() {
 
 std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
   if (placement_.first_rank != 0) fail(ErrorKind::kInternal, "make_executor: only the head node runs rank 0");
-  auto groups = join_groups(flags_, backend, 0, placement_.store_host, placement_.store_port, token_,
-                            placement_.bind_ip, placement_.namer);
-  auto model = load_shard(flags_, 0, *groups, backend);
-  return std::make_unique<MultiprocExecutor>(std::move(model), backend, context_of(flags_, 0), std::move(groups));
+  return std::make_unique<MultiprocExecutor>(
+      std::make_unique<Worker>(worker_options(flags_, 0, placement_.store_host, placement_.store_port, token_,
+                                              placement_.bind_ip, placement_.namer),
+                               backend));
 }
 
 int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
@@ -380,13 +317,13 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
     const bool one_node = w.worker_local_ranks <= 0;  // local rank = world rank
     auto backend = make_rank_backend(f, one_node ? world : w.worker_local_ranks,
                                      one_node ? w.worker_rank : w.worker_rank - w.worker_first_rank);
-    auto groups = join_groups(f, *backend, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port),
-                              tok, w.worker_bind_ip);
-    auto model = load_shard(f, w.worker_rank, *groups, *backend);
+    Worker worker(worker_options(f, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
+                                 w.worker_bind_ip),
+                  *backend);
     try {
-      run_worker_loop(*model, *backend, context_of(f, w.worker_rank), *groups);
+      worker.run_step_loop();
     } catch (const std::exception& e) {
-      die(e.what());  // before the destructors of groups and backend run
+      die(e.what());  // before the destructors of the worker's groups and the backend run
     }
   } catch (const Error& e) {
     fail(e.kind(), "rank {}: {}", w.worker_rank, e.what());

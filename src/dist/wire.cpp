@@ -132,6 +132,17 @@ void WireWriter::u32(uint32_t v) {
 void WireWriter::u64(uint64_t v) {
   for (int i = 0; i < 8; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
+void WireWriter::f32(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  u32(bits);
+}
+void WireWriter::i32s(std::span<const int32_t> v) {
+  u32(static_cast<uint32_t>(v.size()));
+  const size_t at = out_.size();
+  out_.resize(at + 4 * v.size());
+  for (size_t i = 0; i < v.size(); ++i) store_u32(out_.data() + at + 4 * i, static_cast<uint32_t>(v[i]));
+}
 void WireWriter::str(const std::string& s) {
   u32(static_cast<uint32_t>(s.size()));
   raw(s.data(), s.size());
@@ -169,6 +180,23 @@ uint64_t WireReader::u64() {
   uint64_t lo = u32();
   uint64_t hi = u32();
   return lo | hi << 32;
+}
+float WireReader::f32() {
+  const uint32_t bits = u32();
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+std::vector<int32_t> WireReader::i32s(const char* field, uint32_t max_count) {
+  const uint32_t n = u32();
+  if (n > max_count || n > remaining() / 4)
+    fail(ErrorKind::kCorrupt, "{}: {} claims {} entries, {} bytes remain (limit {})", what_, field, n, remaining(),
+         max_count);
+  std::vector<int32_t> v(n);
+  const uint8_t* p = in_.data() + pos_;
+  for (uint32_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(load_u32(p + 4 * static_cast<size_t>(i)));
+  pos_ += 4 * static_cast<size_t>(n);
+  return v;
 }
 std::string WireReader::str(size_t max_len) {
   uint32_t n = u32();

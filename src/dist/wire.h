@@ -87,6 +87,8 @@ class WireWriter {
   void u64(uint64_t v);
   void i32(int32_t v) { u32(static_cast<uint32_t>(v)); }
   void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
+  void f32(float v);
+  void i32s(std::span<const int32_t> v);   // u32 count + the values
   void str(const std::string& s);          // u32 length + bytes
   void bytes(std::span<const uint8_t> b);  // u32 length + bytes
   void raw(const void* data, size_t n);    // no length prefix
@@ -107,6 +109,10 @@ class WireReader {
   uint64_t u64();
   int32_t i32() { return static_cast<int32_t>(u32()); }
   int64_t i64() { return static_cast<int64_t>(u64()); }
+  float f32();
+  // What WireWriter::i32s wrote; `field` names the array in the error when the count is over
+  // `max_count` or more than the bytes left.
+  std::vector<int32_t> i32s(const char* field, uint32_t max_count);
   std::string str(size_t max_len = 1 << 20);
   std::vector<uint8_t> bytes(size_t max_len = kMaxFrame);
   void raw(void* data, size_t n);

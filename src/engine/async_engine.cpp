@@ -41,18 +41,12 @@ AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tok
 AsyncEngine::~AsyncEngine() { drain(std::chrono::milliseconds(0)); }
 
 SubmitResult AsyncEngine::check(const GenerationRequest& request) const {
-  if (request.prompt_ids.empty()) return {SubmitError::kInvalid, "the prompt is empty"};
-  if (static_cast<int>(request.prompt_ids.size()) + 1 > max_model_len_)
-    return {SubmitError::kInvalid,
-            fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens "
-                        "and at least 1 more is needed for the output. Please reduce the length of the input.",
-                        max_model_len_, request.prompt_ids.size())};
-  for (int32_t t : request.prompt_ids)
-    if (t < 0 || t >= vocab_size_)
-      return {SubmitError::kInvalid, fmt::format("token id {} is outside the vocabulary (0..{})", t, vocab_size_ - 1)};
-  if (Status s = validate_sampling_params(request.params, vocab_size_); !s.ok())
-    return {SubmitError::kInvalid, s.message()};
-  return {};
+  SubmitResult r;
+  if (Status s = validate_request(request.prompt_ids, request.params, max_model_len_, vocab_size_, &r.param); !s.ok()) {
+    r.error = SubmitError::kInvalid;
+    r.message = s.message();
+  }
+  return r;
 }
 
 SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_output) {
@@ -132,6 +126,21 @@ std::string sequence_id(const std::string& request, int index) {
 }
 }  // namespace
 
+namespace {
+
+// The last delta of a request (or of its sequence `index`).
+StreamDelta finished_delta(const std::string& id, FinishReason reason, std::string text = {}, int index = 0) {
+  StreamDelta d;
+  d.request_id = id;
+  d.index = index;
+  d.finished = true;
+  d.finish_reason = reason;
+  d.text = std::move(text);
+  return d;
+}
+
+}  // namespace
+
 void AsyncEngine::loop() {
   for (;;) {
     std::deque<Pending> incoming;
@@ -149,117 +158,17 @@ void AsyncEngine::loop() {
     }
     // Count every unit's sequences first: a refused entry of a unit must not end the unit's wait early.
     for (const auto& p : incoming) group_waiting_[p.group] += std::max(1, p.request.params.n);
-    for (auto& [req, cb, group] : incoming) {
-      const std::string id = req.id;
-      const int n = std::max(1, req.params.n);
-      if (tracked_.count(id)) {
-        StreamDelta d;
-        d.request_id = id;
-        d.finished = true;
-        d.finish_reason = FinishReason::kError;
-        d.text = "duplicate request id " + id;
-        leave_waiting(group, n);
-        cb(d);
-        continue;
-      }
-      if (draining) {  // accepted just before the drain began: refuse cleanly
-        StreamDelta d;
-        d.request_id = id;
-        d.finished = true;
-        d.finish_reason = FinishReason::kAbort;
-        leave_waiting(group, n);
-        cb(d);
-        continue;
-      }
-      Status s = engine_->add_request(id, req.prompt_ids, req.params);
-      if (!s.ok()) {
-        StreamDelta d;
-        d.request_id = id;
-        d.finished = true;
-        d.finish_reason = FinishReason::kError;
-        d.text = s.message();
-        leave_waiting(group, n);
-        cb(d);
-        continue;
-      }
-      auto t = std::make_unique<Tracked>();
-      t->request = std::move(req);
-      t->callback = std::move(cb);
-      t->submitted = Clock::now();
-      t->group = group;
-      t->seqs.resize(static_cast<size_t>(t->request.params.n));
-      t->remaining = t->request.params.n;
-      for (int i = 0; i < t->request.params.n; ++i) {
-        if (tok_) {
-          tokenizer::DetokenizerOptions o;
-          o.skip_special_tokens = t->request.params.skip_special_tokens;
-          o.stop_strings = t->request.params.stop;
-          o.include_stop_string_in_output = t->request.params.include_stop_str_in_output;
-          t->seqs[i].detok = std::make_unique<tokenizer::StreamingDetokenizer>(*tok_, o);
-        }
-        seq_owner_[sequence_id(id, i)] = {t.get(), i};
-      }
-      tracked_.emplace(id, std::move(t));
-    }
+    for (Pending& p : incoming) admit(p, draining);
     if (drain_expired) {
       for (auto& [id, t] : tracked_) aborts.push_back(id);
     }
-    for (const auto& id : aborts) {
-      auto it = tracked_.find(id);
-      if (it == tracked_.end()) continue;
-      Tracked* t = it->second.get();
-      engine_->abort(id);
-      for (size_t i = 0; i < t->seqs.size(); ++i) {
-        if (t->seqs[i].waiting) {
-          t->seqs[i].waiting = false;
-          leave_waiting(t->group, 1);
-        }
-        if (t->seqs[i].done) continue;
-        StreamDelta d;
-        d.request_id = id;
-        d.index = static_cast<int>(i);
-        d.finished = true;
-        d.finish_reason = FinishReason::kAbort;
-        d.prompt_tokens = static_cast<int>(t->request.prompt_ids.size());
-        t->callback(d);
-        seq_owner_.erase(sequence_id(id, static_cast<int>(i)));
-      }
-      tracked_.erase(it);
-    }
+    for (const auto& id : aborts) abort_tracked(id);
     if (engine_->has_unfinished()) {
       try {
         auto outs = engine_->step();
         handle_outputs(outs);
       } catch (const std::exception& e) {
-        // A failed step leaves the device state unknown: fail every request and stop.
-        TLOG_ERROR("engine step failed: {}; failing all requests", e.what());
-        for (auto& [id, t] : tracked_)
-          for (size_t i = 0; i < t->seqs.size(); ++i)
-            if (!t->seqs[i].done) {
-              StreamDelta d;
-              d.request_id = id;
-              d.index = static_cast<int>(i);
-              d.finished = true;
-              d.finish_reason = FinishReason::kError;
-              d.text = std::string("engine error: ") + e.what();
-              t->callback(d);
-            }
-        tracked_.clear();
-        seq_owner_.clear();
-        group_waiting_.clear();
-        std::lock_guard<std::mutex> lk(mu_);
-        waiting_groups_ = 0;
-        snapshot_.alive = false;
-        snapshot_.fatal_error = e.what();
-        for (auto& [req, cb, group] : pending_) {
-          StreamDelta d;
-          d.request_id = req.id;
-          d.finished = true;
-          d.finish_reason = FinishReason::kError;
-          d.text = snapshot_.fatal_error;
-          cb(d);
-        }
-        pending_.clear();
+        fail_everything(e.what());
         return;
       }
     }
@@ -267,6 +176,75 @@ void AsyncEngine::loop() {
     snapshot_.engine = engine_->stats();
     if (draining_ && tracked_.empty() && pending_.empty() && !engine_->has_unfinished()) return;
   }
+}
+
+void AsyncEngine::admit(Pending& p, bool draining) {
+  GenerationRequest& req = p.request;
+  const std::string id = req.id;
+  const int n = std::max(1, req.params.n);
+  auto refuse = [&](FinishReason reason, std::string text) {
+    leave_waiting(p.group, n);
+    p.callback(finished_delta(id, reason, std::move(text)));
+  };
+  if (tracked_.count(id)) return refuse(FinishReason::kError, "duplicate request id " + id);
+  if (draining) return refuse(FinishReason::kAbort, {});  // accepted just before the drain began: refuse cleanly
+  Status s = engine_->add_request(id, req.prompt_ids, req.params);
+  if (!s.ok()) return refuse(FinishReason::kError, s.message());
+  auto t = std::make_unique<Tracked>();
+  t->request = std::move(req);
+  t->callback = std::move(p.callback);
+  t->submitted = Clock::now();
+  t->group = p.group;
+  t->seqs.resize(static_cast<size_t>(t->request.params.n));
+  t->remaining = t->request.params.n;
+  for (int i = 0; i < t->request.params.n; ++i) {
+    if (tok_) {
+      tokenizer::DetokenizerOptions o;
+      o.skip_special_tokens = t->request.params.skip_special_tokens;
+      o.stop_strings = t->request.params.stop;
+      o.include_stop_string_in_output = t->request.params.include_stop_str_in_output;
+      t->seqs[i].detok = std::make_unique<tokenizer::StreamingDetokenizer>(*tok_, o);
+    }
+    seq_owner_[sequence_id(id, i)] = {t.get(), i};
+  }
+  tracked_.emplace(id, std::move(t));
+}
+
+void AsyncEngine::abort_tracked(const std::string& id) {
+  auto it = tracked_.find(id);
+  if (it == tracked_.end()) return;
+  Tracked* t = it->second.get();
+  engine_->abort(id);
+  for (size_t i = 0; i < t->seqs.size(); ++i) {
+    if (t->seqs[i].waiting) {
+      t->seqs[i].waiting = false;
+      leave_waiting(t->group, 1);
+    }
+    if (t->seqs[i].done) continue;
+    StreamDelta d = finished_delta(id, FinishReason::kAbort, {}, static_cast<int>(i));
+    d.prompt_tokens = static_cast<int>(t->request.prompt_ids.size());
+    t->callback(d);
+    seq_owner_.erase(sequence_id(id, static_cast<int>(i)));
+  }
+  tracked_.erase(it);
+}
+
+void AsyncEngine::fail_everything(const std::string& what) {
+  // A failed step leaves the device state unknown: fail every request and stop.
+  TLOG_ERROR("engine step failed: {}; failing all requests", what);
+  for (auto& [id, t] : tracked_)
+    for (size_t i = 0; i < t->seqs.size(); ++i)
+      if (!t->seqs[i].done)
+        t->callback(finished_delta(id, FinishReason::kError, "engine error: " + what, static_cast<int>(i)));
+  tracked_.clear();
+  seq_owner_.clear();
+  group_waiting_.clear();
+  std::lock_guard<std::mutex> lk(mu_);
+  waiting_groups_ = 0;
+  snapshot_.alive = false;
+  snapshot_.fatal_error = what;
+  for (auto& [req, cb, group] : pending_) cb(finished_delta(req.id, FinishReason::kError, snapshot_.fatal_error));
+  pending_.clear();
 }
 
 void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
@@ -282,6 +260,7 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     d.index = index;
     d.token_ids = o.new_token_ids;
     d.logprobs = std::move(o.logprobs);
+    d.prompt_logprobs = std::move(o.prompt_logprobs);
     d.prompt_tokens = o.num_prompt_tokens;
     d.completion_tokens = o.num_output_tokens;
     d.cached_tokens = o.num_cached_tokens;

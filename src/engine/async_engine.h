@@ -43,6 +43,8 @@ struct StreamDelta {
   std::vector<int32_t> token_ids;
   std::string text;  // new text; stop strings are cut (or kept with include_stop_str_in_output)
   std::vector<TokenLogprob> logprobs;
+  // prompt_logprobs >= 0: once, with the sequence's first delta (one entry per prompt token from the second on).
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_string;            // the stop string that finished it, if any
@@ -64,6 +66,8 @@ enum class SubmitError { kNone, kInvalid, kOverloaded, kDraining, kDead };
 struct SubmitResult {
   SubmitError error = SubmitError::kNone;
   std::string message;
+  // kInvalid: the request field at fault ("prompt", "max_tokens"; "" for others), as validate_request says.
+  std::string param;
   bool ok() const { return error == SubmitError::kNone; }
 };
 
@@ -97,7 +101,8 @@ class AsyncEngine : public EngineClient {
   AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tokenizer* tok, AsyncEngineOptions options = {});
   ~AsyncEngine() override;  // drains with a zero timeout
 
-  // Validates (prompt length, sampling ranges) without touching engine state, then queues.
+  // Validates each request (validate_request: the engine's one check of prompt, length and sampling
+  // ranges) without touching engine state, then queues.
   SubmitResult submit(GenerationRequest request, OutputCallback on_output);
   SubmitResult submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) override;
   void abort(const std::string& id) override;
@@ -122,6 +127,12 @@ class AsyncEngine : public EngineClient {
   // Engine thread: `count` sequences of `group` stopped waiting (first token, finished, aborted, refused).
   void leave_waiting(uint64_t group, int count);
   void loop();
+  // Engine thread: hands a submitted request to the engine (or refuses it with its last delta).
+  void admit(Pending& pending, bool draining);
+  // Engine thread: aborts a tracked request, with a last delta for each unfinished sequence.
+  void abort_tracked(const std::string& id);
+  // Engine thread, after a failed step: a last delta for every request, queued ones too.
+  void fail_everything(const std::string& what);
   void handle_outputs(std::vector<RequestOutput>& outs);
 
   std::unique_ptr<LLMEngine> engine_;

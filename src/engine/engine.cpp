@@ -30,25 +30,26 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
          "enable chunked prefill",
          config_.scheduler.max_num_batched_tokens, config_.scheduler.max_model_len);
   eos_ids_.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
-  config_.speculative = validate_speculative_config(config_.speculative);
-  const SpeculativeConfig& sc = config_.speculative;
-  if (sc.enabled()) {
-    if (sc.method == "mtp")
-      fail(ErrorKind::kUnsupported,
-           "--speculative-config method 'mtp' is not built yet; use {{\"method\": \"ngram\", ...}} or run without "
-           "--speculative-config");
-    if (mc.is_hybrid() && !backend_.supports_token_state_slots())
-      fail(ErrorKind::kUnsupported,
-           "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "
-           "each draft token, which it does not do yet (the CPU backend does); run without --speculative-config",
-           backend_.name());
-  }
+  init_speculative();
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
-  if (sc.enabled()) {
-    proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
-    TLOG_INFO("Speculative decoding: {}; verification steps run eagerly (no CUDA graph)", describe(sc));
-  }
+}
+
+void LLMEngine::init_speculative() {
+  config_.speculative = validate_speculative_config(config_.speculative);
+  const SpeculativeConfig& sc = config_.speculative;
+  if (!sc.enabled()) return;
+  if (sc.method == "mtp")
+    fail(ErrorKind::kUnsupported,
+         "--speculative-config method 'mtp' is not built yet; use {{\"method\": \"ngram\", ...}} or run without "
+         "--speculative-config");
+  if (executor_->model_config().is_hybrid() && !backend_.supports_token_state_slots())
+    fail(ErrorKind::kUnsupported,
+         "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "
+         "each draft token, which it does not do yet (the CPU backend does); run without --speculative-config",
+         backend_.name());
+  proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
+  TLOG_INFO("Speculative decoding: {}; verification steps run eagerly (no CUDA graph)", describe(sc));
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -139,19 +140,9 @@ void LLMEngine::plan_kv_cache() {
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
-  const ModelConfig& mc = executor_->model_config();
-  if (Status s = validate_sampling_params(params, mc.vocab_size); !s.ok()) return s;
-  if (prompt.empty()) return Status(ErrorKind::kInvalidArgument, "the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= mc.vocab_size)
-      return Status(ErrorKind::kInvalidArgument,
-                    fmt::format("prompt token {} is outside the vocabulary (0..{})", t, mc.vocab_size - 1));
-  const int max_len = max_model_len();
-  if (static_cast<int>(prompt.size()) + 1 > max_len)
-    return Status(ErrorKind::kInvalidArgument,
-                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens in "
-                              "the prompt and at least 1 to generate. Please reduce the length of the prompt.",
-                              max_len, prompt.size()));
+  // Validated at the front door (AsyncEngine::submit); a request that reaches here invalid is a bug.
+  if (Status s = validate_request(prompt, params, max_model_len(), executor_->model_config().vocab_size); !s.ok())
+    fail(ErrorKind::kInternal, "LLMEngine::add_request got an unvalidated request {}: {}", id, s.message());
   for (int i = 0; i < params.n; ++i) {
     std::string child = i == 0 ? id : id + "#" + std::to_string(i);
     if (requests_.count(child)) return Status(ErrorKind::kInvalidArgument, "duplicate request id " + child);
@@ -202,7 +193,8 @@ void LLMEngine::finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   retire(r);
 }
 
-ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Sampled>& sampled) const {
+ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
+                                  std::vector<Request*>& scored) const {
   ModelInput in;
   const int bs = config_.block_size;
   int max_blocks = 0;
@@ -215,8 +207,9 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Samp
   bool spec_step = false;
   for (const auto& s : sched.scheduled) spec_step = spec_step || s.num_draft_tokens > 0;
   for (const auto& s : sched.scheduled) {
-    const Request& r = *s.request;
+    Request& r = *s.request;
     const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
+    const int row0 = static_cast<int>(in.token_ids.size());  // the row of position `begin`
     for (int i = begin; i < end; ++i) {
       in.token_ids.push_back(r.token_at(i));
       in.positions.push_back(i);
@@ -229,24 +222,27 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Samp
     if (hybrid) {
       in.linear.state_slots.push_back(s.state_slot);
       in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);
-      if (spec_step) {
-        // The state after each token of a verification chunk goes to its own slot (the one
-        // after the last accepted token is kept); other sequences' after their last token, as
-        // without speculation, in place.
-        for (int i = begin; i < end; ++i) {
-          const int j = i - (end - 1 - s.num_draft_tokens);
-          in.linear.token_state_slots.push_back(s.num_draft_tokens > 0 ? cache_manager_->draft_state_slot(r, j)
-                                                : i == end - 1         ? s.state_slot
-                                                                       : -1);
-        }
-      }
+      if (spec_step) add_token_state_slots(s, in.linear);
     }
+    // Prompt logprobs: the logits of every prompt position in this chunk not scored yet (the scheduler
+    // bounded how many).
+    if (r.wants_prompt_logprobs())
+      for (int p = std::max(begin, r.prompt_logprob_next()); p < std::min(end, r.prompt_logprob_end()); ++p) {
+        in.logits_indices.push_back(row0 + p - begin);
+        rows.push_back({&r, p});
+      }
     if (end == r.num_tokens() + s.num_draft_tokens) {
       // Caught up: the last position's logits give the next token; with drafts, each draft's
       // position's too (the token the target samples there, to compare with the next draft).
-      const int rows = 1 + s.num_draft_tokens, T = static_cast<int>(in.token_ids.size());
-      sampled.push_back({s.request, static_cast<int>(in.logits_indices.size()), s.num_draft_tokens});
-      for (int j = rows; j >= 1; --j) in.logits_indices.push_back(T - j);
+      if (r.output.empty() && r.params.max_tokens == 0) {
+        scored.push_back(&r);  // scoring only: nothing to generate
+        continue;
+      }
+      const int T = static_cast<int>(in.token_ids.size());
+      for (int j = 0; j <= s.num_draft_tokens; ++j) {
+        in.logits_indices.push_back(T - 1 - s.num_draft_tokens + j);
+        rows.push_back({&r, -1, j, s.num_draft_tokens});
+      }
     }
   }
   if (hybrid) {
@@ -254,6 +250,36 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Samp
     in.state_copies = sched.state_copies;
   }
   return in;
+}
+
+void LLMEngine::add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const {
+  // The state after each token of a verification chunk goes to its own slot (the one after the
+  // last accepted token is kept); other sequences' after their last token, as without
+  // speculation, in place.
+  const Request& r = *s.request;
+  const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
+  for (int i = begin; i < end; ++i) {
+    const int j = i - (end - 1 - s.num_draft_tokens);
+    linear.token_state_slots.push_back(s.num_draft_tokens > 0 ? cache_manager_->draft_state_slot(r, j)
+                                       : i == end - 1         ? s.state_slot
+                                                              : -1);
+  }
+}
+
+StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
+  StepSampling sampling;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Request& r = *rows[i].request;
+    // (min_tokens: if a sequence's row 0 needs the host, so may its later ones; the host samples them all.)
+    if (rows[i].prompt_pos >= 0 || needs_host_sampling(r)) {
+      sampling.host_rows.push_back(static_cast<int32_t>(i));
+      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row or scores the prompt
+    } else {
+      sampling.rows.push_back(sampling_row(r));
+      sampling.rows.back().position += static_cast<uint64_t>(rows[i].draft);  // output position of the row's token
+    }
+  }
+  return sampling;
 }
 
 std::vector<RequestOutput> LLMEngine::step() {
@@ -270,25 +296,11 @@ std::vector<RequestOutput> LLMEngine::step() {
       stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
     }
   }
-  std::vector<Sampled> sampled;
-  ModelInput in = build_input(sched, sampled);
+  std::vector<LogitsRow> rows;
+  std::vector<Request*> scored;
+  ModelInput in = build_input(sched, rows, scored);
   const int vocab = executor_->model_config().vocab_size;
-  StepSampling sampling;
-  for (const Sampled& sm : sampled) {
-    const Request& r = *sm.request;
-    // (min_tokens: if row 0 needs the host, so may the later ones; the host samples them all.)
-    const bool host = needs_host_sampling(r);
-    const SamplingRow row = sampling_row(r);
-    for (int j = 0; j <= sm.drafts; ++j) {
-      if (host) {
-        sampling.host_rows.push_back(static_cast<int32_t>(sampling.rows.size()));
-        sampling.rows.emplace_back();  // greedy (cheap); the host samples this row
-      } else {
-        sampling.rows.push_back(row);
-        sampling.rows.back().position += static_cast<uint64_t>(j);  // output position of row j's token
-      }
-    }
-  }
+  StepSampling sampling = step_sampling(rows);
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
   if (in.logits_indices.empty()) {
     in.logits_indices.push_back(0);
@@ -299,77 +311,118 @@ std::vector<RequestOutput> LLMEngine::step() {
   timer_.mark(2, "execute");
   scheduler_->on_step_done(sched);
 
-  // Each sequence takes the target's token at its first row; with drafts, while that token
-  // equals the draft at the same position, the next row's token too (spec_decode.h).
   size_t next_host = 0;
   std::vector<Request*> decoding;
-  for (const Sampled& sm : sampled) {
-    Request* r = sm.request;
-    RequestOutput o;
-    o.request_id = r->id;
-    FinishReason reason = FinishReason::kNone;
-    int accepted = 0;
-    const int end_row = sm.first_row + sm.drafts + 1;
-    for (int row = sm.first_row; row < end_row; ++row) {
-      SampleResult res;
-      if (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == row) {
-        // The host sampler sees the tokens accepted so far (penalties, min_tokens, position).
-        res =
-            sampler_.sample(step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab), vocab, *r, eos_ids_);
-        ++next_host;
-      } else {
-        res.token = step_out_.tokens[row];
-      }
-      r->output.push_back(res.token);
-      ++stats_.generation_tokens;
-      o.new_token_ids.push_back(res.token);
-      if (res.logprob) o.logprobs.push_back(*res.logprob);
-      const SamplingParams& p = r->params;
-      const bool min_reached = static_cast<int>(r->output.size()) > p.min_tokens;
-      if (!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), res.token) != eos_ids_.end()) {
-        reason = FinishReason::kStop;
-        r->stop_token = res.token;
-      } else if (min_reached &&
-                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) != p.stop_token_ids.end()) {
-        reason = FinishReason::kStop;
-        r->stop_token = res.token;
-      } else if (static_cast<int>(r->output.size()) >= p.max_tokens || r->num_tokens() >= max_model_len()) {
-        reason = FinishReason::kLength;
-      }
-      if (reason != FinishReason::kNone) break;
-      const int j = row - sm.first_row;
-      if (j == sm.drafts || res.token != r->spec_tokens[static_cast<size_t>(j)]) break;
-      ++accepted;  // draft j was right: row j + 1's token follows it
+  for (size_t i = 0; i < rows.size();) {
+    const LogitsRow& row = rows[i];
+    if (row.prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
+      Request* r = row.request;
+      const float* logits = host_logits(sampling, next_host, static_cast<int>(i));
+      TESSERA_CHECK(logits && row.prompt_pos == r->prompt_logprob_next(), "prompt logprobs of {} out of order", r->id);
+      r->prompt_logprobs.push_back(
+          token_logprobs(logits, vocab, r->prompt[row.prompt_pos + 1], r->params.prompt_logprobs));
+      ++r->prompt_logprobs_done;
+      ++i;
+      continue;
     }
-    while (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] < end_row) ++next_host;
-    stats_.spec.add(sm.drafts, accepted);
-    o.num_prompt_tokens = static_cast<int>(r->prompt.size());
-    o.num_output_tokens = static_cast<int>(r->output.size());
-    o.num_cached_tokens = r->num_cached_tokens;
-    if (reason != FinishReason::kNone) {
-      o.finished = true;
-      o.finish_reason = reason;
-      o.stop_token = r->stop_token;
-      retire(r);
-    } else {
-      scheduler_->accept_drafts(*r, accepted);
-      decoding.push_back(r);
-    }
+    Request* r = row.request;  // dangles once take_tokens retires it
+    if (take_tokens(rows, static_cast<int>(i), sampling, next_host, out)) decoding.push_back(r);
+    i += 1 + static_cast<size_t>(row.drafts);
+  }
+  // max_tokens 0: the prompt is scored; the request ends there ("length", as vLLM reports it).
+  for (Request* r : scored) {
+    RequestOutput o = output_of(*r);
+    o.prompt_logprobs = std::move(r->prompt_logprobs);
+    o.finished = true;
+    o.finish_reason = FinishReason::kLength;
+    retire(r);
     out.push_back(std::move(o));
   }
-  if (proposer_ && !decoding.empty()) propose_drafts(decoding);
-  if (proposer_) {  // vLLM's periodic line, every 10 s while drafts are verified
-    const auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - spec_logged_at_).count();
-    if (secs >= 10 && stats_.spec.num_drafts > spec_logged_.num_drafts) {
-      TLOG_INFO("{}", spec_decode_log_line(stats_.spec, spec_logged_, secs));
-      spec_logged_ = stats_.spec;
-      spec_logged_at_ = now;
-    }
+  if (proposer_) {
+    if (!decoding.empty()) propose_drafts(decoding);
+    log_spec_decode();
   }
   timer_.mark(3, "outputs");
   timer_.pass_done();
   return out;
+}
+
+float* LLMEngine::host_logits(const StepSampling& sampling, size_t& next_host, int row) {
+  if (next_host >= sampling.host_rows.size() || sampling.host_rows[next_host] != row) return nullptr;
+  const size_t vocab = static_cast<size_t>(executor_->model_config().vocab_size);
+  return step_out_.host_logits.data() + next_host++ * vocab;
+}
+
+RequestOutput LLMEngine::output_of(const Request& r) const {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int>(r.prompt.size());
+  o.num_output_tokens = static_cast<int>(r.output.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  return o;
+}
+
+FinishReason LLMEngine::finish_reason_after(Request& r, int32_t token) const {
+  const SamplingParams& p = r.params;
+  const bool min_reached = static_cast<int>(r.output.size()) > p.min_tokens;
+  if ((!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) ||
+      (min_reached && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end())) {
+    r.stop_token = token;
+    return FinishReason::kStop;
+  }
+  if (static_cast<int>(r.output.size()) >= p.max_tokens || r.num_tokens() >= max_model_len())
+    return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling,
+                            size_t& next_host, std::vector<RequestOutput>& out) {
+  Request* r = rows[static_cast<size_t>(first)].request;
+  const int drafts = rows[static_cast<size_t>(first)].drafts, vocab = executor_->model_config().vocab_size;
+  RequestOutput o = output_of(*r);
+  if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
+  FinishReason reason = FinishReason::kNone;
+  int accepted = 0;
+  for (int j = 0; j <= drafts; ++j) {
+    SampleResult res;
+    // The host sampler sees the tokens accepted so far (penalties, min_tokens, position).
+    if (float* logits = host_logits(sampling, next_host, first + j))
+      res = sampler_.sample(logits, vocab, *r, eos_ids_);
+    else
+      res.token = step_out_.tokens[static_cast<size_t>(first + j)];
+    r->output.push_back(res.token);
+    ++stats_.generation_tokens;
+    o.new_token_ids.push_back(res.token);
+    if (res.logprob) o.logprobs.push_back(*res.logprob);
+    reason = finish_reason_after(*r, res.token);
+    if (reason != FinishReason::kNone || j == drafts || res.token != r->spec_tokens[static_cast<size_t>(j)]) break;
+    ++accepted;  // draft j was right: row j + 1's token follows it
+  }
+  // The rows after a rejected draft are not used.
+  while (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] <= first + drafts) ++next_host;
+  stats_.spec.add(drafts, accepted);
+  o.num_output_tokens = static_cast<int>(r->output.size());
+  const bool goes_on = reason == FinishReason::kNone;
+  if (goes_on) {
+    scheduler_->accept_drafts(*r, accepted);
+  } else {
+    o.finished = true;
+    o.finish_reason = reason;
+    o.stop_token = r->stop_token;
+    retire(r);
+  }
+  out.push_back(std::move(o));
+  return goes_on;
+}
+
+void LLMEngine::log_spec_decode() {
+  const auto now = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(now - spec_logged_at_).count();
+  if (secs >= 10 && stats_.spec.num_drafts > spec_logged_.num_drafts) {
+    TLOG_INFO("{}", spec_decode_log_line(stats_.spec, spec_logged_, secs));
+    spec_logged_ = stats_.spec;
+    spec_logged_at_ = now;
+  }
 }
 
 void LLMEngine::set_proposer(std::unique_ptr<Proposer> p) {

@@ -49,6 +49,8 @@ struct RequestOutput {
   std::string request_id;
   std::vector<int32_t> new_token_ids;
   std::vector<TokenLogprob> logprobs;  // one per new token when asked for
+  // prompt_logprobs >= 0: with the request's first output, one entry per prompt token from the second on.
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;
@@ -75,8 +77,10 @@ class LLMEngine {
   LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config);
   ~LLMEngine();
 
-  // Validates and queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ...
-  // that share the prompt's cached blocks. Fails (no side effects) on bad input.
+  // Queues a request; with n > 1 it becomes n sequences "<id>", "<id>#1", ... that share the
+  // prompt's cached blocks. The request must pass validate_request (AsyncEngine::submit checks
+  // it; an invalid one here throws an internal Error); a sequence id already in use fails (no
+  // side effects).
   Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params);
   // Finishes the request (and, unless only_this_sequence, its n siblings "<id>#k") with
   // reason abort; frees its blocks. No-op if unknown.
@@ -99,17 +103,40 @@ class LLMEngine {
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
  private:
-  void plan_kv_cache();
-  // A sequence whose logits are wanted this step: rows [first_row, first_row + 1 + drafts)
-  // (its drafts' positions and the one after them).
-  struct Sampled {
+  // One logits row of a step: a prompt position whose logits give the logprob of the prompt token
+  // after it (prompt_logprobs; prompt_pos >= 0), or row `draft` of a sequence's next tokens
+  // (prompt_pos -1): row 0 follows its last token, row j >= 1 its draft j - 1 (speculative
+  // decoding: a sequence with `drafts` drafts has rows 0..drafts, consecutive).
+  struct LogitsRow {
     Request* request;
-    int first_row;
-    int drafts;
+    int prompt_pos = -1;
+    int draft = 0;
+    int drafts = 0;
   };
-  ModelInput build_input(const SchedulerOutput& sched, std::vector<Sampled>& sampled) const;
+  void plan_kv_cache();
+  // Fails (kUnsupported) on a speculative decoding setup tessera cannot run; sets up the proposer.
+  void init_speculative();
+  // `rows`: what each logits row is for; `scored`: requests with max_tokens 0 whose prompt is done.
+  ModelInput build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
+                         std::vector<Request*>& scored) const;
+  // Hybrid models in a step with drafts: the slot that keeps the state after each new token of s.
+  void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
+  // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
+  static StepSampling step_sampling(const std::vector<LogitsRow>& rows);
+  // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
+  float* host_logits(const StepSampling& sampling, size_t& next_host, int row);
+  // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
+  // token equals the draft at its position, the next row's (spec_decode.h). Appends the
+  // request's output; returns false when it finished (it is retired).
+  bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
+                   std::vector<RequestOutput>& out);
+  // Why r stops after taking `token` (kNone: it goes on).
+  FinishReason finish_reason_after(Request& r, int32_t token) const;
+  RequestOutput output_of(const Request& r) const;
   // Speculative decoding: drafts for the sequences that will decode next step.
   void propose_drafts(const std::vector<Request*>& decoding);
+  // vLLM's periodic SpecDecoding log line, every 10 s while drafts are verified.
+  void log_spec_decode();
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
   // Frees the request's blocks and forgets it (the pointer dangles afterwards).
   void retire(Request* r);

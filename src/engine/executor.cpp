@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "dist/communicator.h"
 #include "dist/process_groups.h"
+#include "engine/worker.h"
 
 namespace tessera {
 
@@ -31,27 +32,6 @@ void check_sampling(const Tensor& logits, const StepSampling& sampling) {
                 "step: {} sampling rows for logits {}", sampling.rows.size(), logits.defined() ? logits.str() : "none");
 }
 
-// The step's token ids (i32 [n]) and host rows ([h, V], undefined when none), on the device.
-std::pair<Tensor, Tensor> sample_on_device(Backend& be, const Tensor& logits, const StepSampling& sampling) {
-  check_sampling(logits, sampling);
-  Tensor ids = be.scratch({logits.dim(0)}, DType::kI32);
-  be.sample(logits, sampling.rows, ids);
-  return {ids, gather_host_rows(be, logits, sampling.host_rows)};
-}
-
-// Sends a tensor this rank computed to `peer` over `comm`: as it is when the communicator
-// takes device tensors or the tensor is host memory, else through a host copy.
-void send_tensor(Backend& be, dist::Communicator& comm, const Tensor& t, int peer) {
-  if (comm.stream_ordered() || t.device().type == DeviceType::kCPU) {
-    if (!comm.stream_ordered()) be.synchronize();
-    comm.send(t, peer);
-    return;
-  }
-  Tensor host = host_empty(t.shape(), t.dtype());
-  be.copy_to_host(host.raw(), t);
-  comm.send(host, peer);
-}
-
 // Receives into host memory `dst` (nbytes of it) from `peer`.
 void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype, void* dst, int peer) {
   if (comm.stream_ordered()) {
@@ -65,19 +45,14 @@ void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype
   std::memcpy(dst, host.raw(), host.nbytes());
 }
 
-// The TP and PP groups (what a step's collectives and graphs use).
-std::vector<dist::Communicator*> data_groups(dist::ProcessGroups& g) {
-  std::vector<dist::Communicator*> v;
-  if (g.tp) v.push_back(g.tp.get());
-  if (g.pp) v.push_back(g.pp.get());
-  return v;
-}
-
-void raise_if_failed(dist::ProcessGroups& g) {
-  for (dist::Communicator* c : data_groups(g)) c->raise_if_failed();
-}
-
 }  // namespace
+
+std::pair<Tensor, Tensor> sample_on_device(Backend& be, const Tensor& logits, const StepSampling& sampling) {
+  check_sampling(logits, sampling);
+  Tensor ids = be.scratch({logits.dim(0)}, DType::kI32);
+  be.sample(logits, sampling.rows, ids);
+  return {ids, gather_host_rows(be, logits, sampling.host_rows)};
+}
 
 void sample_logits(Backend& be, const Tensor& logits, const StepSampling& sampling, StepOutput& out) {
   const auto [ids, rows] = sample_on_device(be, logits, sampling);
@@ -175,16 +150,8 @@ std::vector<uint8_t> receive_plan_bytes(dist::ProcessGroups& groups) {
 
 // ---------------------------------------------------------------- multiprocess (rank 0)
 
-MultiprocExecutor::MultiprocExecutor(std::unique_ptr<Model> model, Backend& backend, ParallelContext pc,
-                                     std::unique_ptr<dist::ProcessGroups> groups, std::shared_ptr<void> keep_alive)
-    : model_(std::move(model)),
-      backend_(backend),
-      pc_(pc),
-      groups_(std::move(groups)),
-      keep_alive_(std::move(keep_alive)),
-      runner_(*model_, backend) {
-  TESSERA_CHECK(groups_ && groups_->world && groups_->world->rank() == 0, "the multiprocess executor runs on rank 0");
-  runner_.watch(data_groups(*groups_));
+MultiprocExecutor::MultiprocExecutor(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {
+  TESSERA_CHECK(worker_ && worker_->groups().world->rank() == 0, "the multiprocess executor runs on rank 0");
 }
 
 MultiprocExecutor::~MultiprocExecutor() {
@@ -205,7 +172,7 @@ void MultiprocExecutor::shutdown() {
 
 void MultiprocExecutor::broadcast(const StepPlan& plan) {
   try {
-    broadcast_plan_bytes(*groups_, encode_step_plan(plan));
+    broadcast_plan_bytes(worker_->groups(), encode_step_plan(plan));
   } catch (...) {
     broken_ = true;
     throw;
@@ -217,7 +184,7 @@ void MultiprocExecutor::init_kv_cache(const CacheInit& init) {
   p.kind = PlanKind::kInitCache;
   p.cache = init;
   broadcast(p);
-  runner_.init_cache(init);
+  worker_->init_cache(init);
 }
 
 void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
@@ -229,27 +196,13 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
   p.sampling = sampling;
   broadcast(p);
   try {
-    Tensor logits = runner_.run(input);
-    if (pc_.pp_size == 1) {
-      sample_logits(backend_, logits, sampling, out);
-      raise_if_failed(*groups_);  // an aborted collective leaves garbage behind a clean sync
-      return;
-    }
-    // The last stage's TP rank 0 samples and sends the tokens, then the host rows, back over
-    // this shard's pipeline group.
-    const int64_t n = static_cast<int64_t>(sampling.rows.size()), V = model_->config().vocab_size;
-    const int64_t h = static_cast<int64_t>(sampling.host_rows.size());
-    dist::Communicator& pp = *groups_->pp;
-    out.tokens.resize(static_cast<size_t>(n));
-    recv_tensor(backend_, pp, {n}, DType::kI32, out.tokens.data(), pc_.pp_size - 1);
-    out.host_logits.resize(static_cast<size_t>(h * V));
-    if (h > 0) recv_tensor(backend_, pp, {h, V}, DType::kF32, out.host_logits.data(), pc_.pp_size - 1);
-    raise_if_failed(*groups_);
+    run_and_collect(input, sampling, out);
+    worker_->raise_if_failed();  // an aborted collective leaves garbage behind a clean sync
   } catch (const Error& e) {
     broken_ = true;
     // A collective that timed out surfaces first as a failed kernel or stream sync; the
     // communicator knows which peer it waited for, so its error is the one to report.
-    if (e.kind() != ErrorKind::kNetwork) raise_if_failed(*groups_);
+    if (e.kind() != ErrorKind::kNetwork) worker_->raise_if_failed();
     throw;
   } catch (...) {
     broken_ = true;
@@ -257,37 +210,23 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
   }
 }
 
-// ---------------------------------------------------------------- worker ranks
-
-void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, dist::ProcessGroups& groups) {
-  ModelRunner runner(model, backend);
-  runner.watch(data_groups(groups));
-  PlanLimits limits;
-  limits.vocab_size = model.config().vocab_size;
-  const bool sends_tokens = pc.pp_size > 1 && model.returns_logits();
-  for (;;) {
-    StepPlan plan = decode_step_plan(receive_plan_bytes(groups), limits);
-    switch (plan.kind) {
-      case PlanKind::kShutdown:
-        return;
-      case PlanKind::kInitCache:
-        runner.init_cache(plan.cache);
-        limits.num_blocks = plan.cache.num_blocks;
-        limits.num_state_slots = plan.cache.num_state_slots;
-        break;
-      case PlanKind::kStep: {
-        if (!runner.cache_ready()) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");
-        Tensor logits = runner.run(plan.input);
-        if (sends_tokens) {
-          const auto [ids, rows] = sample_on_device(backend, logits, plan.sampling);
-          send_tensor(backend, *groups.pp, ids, 0);
-          if (rows.defined()) send_tensor(backend, *groups.pp, rows, 0);
-        }
-        raise_if_failed(groups);
-        break;
-      }
-    }
+void MultiprocExecutor::run_and_collect(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
+  Tensor logits = worker_->run(input);
+  const ParallelContext& pc = worker_->context();
+  Backend& be = worker_->backend();
+  if (pc.pp_size == 1) {
+    sample_logits(be, logits, sampling, out);
+    return;
   }
+  // The last stage's TP rank 0 samples and sends the tokens, then the host rows, back over
+  // this shard's pipeline group.
+  const int64_t n = static_cast<int64_t>(sampling.rows.size()), V = worker_->model_config().vocab_size;
+  const int64_t h = static_cast<int64_t>(sampling.host_rows.size());
+  dist::Communicator& pp = *worker_->groups().pp;
+  out.tokens.resize(static_cast<size_t>(n));
+  recv_tensor(be, pp, {n}, DType::kI32, out.tokens.data(), pc.pp_size - 1);
+  out.host_logits.resize(static_cast<size_t>(h * V));
+  if (h > 0) recv_tensor(be, pp, {h, V}, DType::kF32, out.host_logits.data(), pc.pp_size - 1);
 }
 
 }  // namespace tessera

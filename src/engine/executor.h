@@ -3,17 +3,20 @@
 // LocalExecutor: the model lives in this process (TP = PP = 1), as before.
 // MultiprocExecutor: rank 0 of a TP x PP world of rank processes (docs/distributed.md,
 // "Execution"). Each step rank 0 encodes the ModelInput as a step plan (step_plan.h),
-// broadcasts it over the world group, runs its own shard; the last pipeline stage's TP rank
-// 0 sends the logits back to rank 0, which samples. Worker ranks run `run_worker_loop`.
+// broadcasts it over the world group, runs its own shard (its Worker, engine/worker.h); with
+// a pipeline, the last stage's TP rank 0 samples and sends the tokens back to rank 0. The
+// other ranks' Workers run `Worker::run_step_loop`.
 //
 // Threads: an executor is used by the engine thread only (like the model and backend).
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/phase_timer.h"
 #include "engine/model_runner.h"
 #include "engine/step_plan.h"
+#include "engine/worker.h"
 #include "model/model.h"
 
 namespace tessera {
@@ -38,6 +41,9 @@ class Executor {
 
 // Samples `logits` [n, V] on `backend` into out.tokens and copies the host rows to out.host_logits.
 void sample_logits(Backend& backend, const Tensor& logits, const StepSampling& sampling, StepOutput& out);
+// The same on the device only: the token ids (i32 [n]) and the host rows ([h, V], undefined
+// when there are none), in scratch memory.
+std::pair<Tensor, Tensor> sample_on_device(Backend& backend, const Tensor& logits, const StepSampling& sampling);
 
 // Allocates `init` for `specs` on `backend` (shared by both executors and the workers).
 KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& specs, const CacheInit& init);
@@ -60,15 +66,13 @@ class LocalExecutor : public Executor {
 
 class MultiprocExecutor : public Executor {
  public:
-  // `model` is rank 0's shard, built with groups.tp / groups.pp in its ParallelRuntime;
-  // `groups.world` carries the plans. `keep_alive` outlives the groups (their store).
-  MultiprocExecutor(std::unique_ptr<Model> model, Backend& backend, ParallelContext pc,
-                    std::unique_ptr<dist::ProcessGroups> groups, std::shared_ptr<void> keep_alive = nullptr);
+  // `worker` is rank 0's (its groups joined, its shard loaded); its world group carries the plans.
+  explicit MultiprocExecutor(std::unique_ptr<Worker> worker);
   // Sends the shutdown plan (best effort: a broken world is left to the launcher).
   ~MultiprocExecutor() override;
-  const ModelConfig& model_config() const override { return model_->config(); }
-  std::vector<LayerCacheSpec> cache_specs() const override { return model_->cache_specs(); }
-  Backend& backend() override { return backend_; }
+  const ModelConfig& model_config() const override { return worker_->model_config(); }
+  std::vector<LayerCacheSpec> cache_specs() const override { return worker_->cache_specs(); }
+  Backend& backend() override { return worker_->backend(); }
   void init_kv_cache(const CacheInit& init) override;
   void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
   // Ends the workers' loops; idempotent.
@@ -76,20 +80,13 @@ class MultiprocExecutor : public Executor {
 
  private:
   void broadcast(const StepPlan& plan);
+  // Runs rank 0's part of the step; with a pipeline, receives the tokens from the last stage.
+  void run_and_collect(const ModelInput& input, const StepSampling& sampling, StepOutput& out);
 
-  std::unique_ptr<Model> model_;
-  Backend& backend_;
-  ParallelContext pc_;
-  std::unique_ptr<dist::ProcessGroups> groups_;
-  std::shared_ptr<void> keep_alive_;
-  ModelRunner runner_;
+  std::unique_ptr<Worker> worker_;
   uint64_t step_ = 0;
   bool shut_down_ = false, broken_ = false;
 };
-
-// A worker rank (world rank > 0): receives plans from rank 0 and runs its shard until the
-// shutdown plan. Throws Error on a damaged plan or a communicator failure.
-void run_worker_loop(Model& model, Backend& backend, const ParallelContext& pc, dist::ProcessGroups& groups);
 
 // Plan transport over the world group (broadcast from rank 0): a fixed 4 KiB first message
 // (u32 length + the plan's first bytes), then the rest when the plan is larger.

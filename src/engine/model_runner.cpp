@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/communicator.h"
@@ -22,53 +21,51 @@ void ModelRunner::init_cache(const CacheInit& init) {
       init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
   graphs_.clear();
   buckets_.clear();
-  // Tensor-parallel ranks capture their collectives (NCCL, custom all-reduce) into the
-  // graphs too; TESSERA_TP_GRAPHS=0 keeps them eager (--enforce-eager turns graphs off
-  // everywhere).
-  bool sharded = false;
-  for (dist::Communicator* c : watched_) sharded = sharded || c->size() > 1;
-  if (graphs_enabled_ && sharded && !env_switch("TESSERA_TP_GRAPHS", true)) {
-    TLOG_INFO("CUDA graphs: off for tensor-parallel ranks (TESSERA_TP_GRAPHS=0)");
-    graphs_enabled_ = false;
-  }
   if (!graphs_enabled_) return;
   for (int b : {1, 2, 4})
     if (b <= init.max_graph_batch) buckets_.push_back(b);
   for (int b = 8; b < init.max_graph_batch + 8; b += 8) buckets_.push_back(std::min(b, init.max_graph_batch));
   buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
   max_blocks_ = (max_model_len_ + init.block_size - 1) / init.block_size;
-  // One device buffer for every graph input (256-byte aligned segments of B = the largest
-  // bucket). The rows 0..B of query_start_loc and logits_indices never change: written once.
-  // Each step rewrites tokens, positions, seq_lens, slots and block tables with one copy.
-  const int64_t B = buckets_.back();
-  auto seg = [](int64_t n) { return (n + 63) / 64 * 64; };
-  const int64_t step_ints = 6 * seg(B) + B * max_blocks_;
-  Tensor buf = backend_.alloc({seg(B + 1) + seg(B) + step_ints}, DType::kI32);
-  int64_t off = 0;
-  auto take = [&](int64_t n, int64_t stride) {
-    Tensor t = buf.rows(off, off + n);
-    off += stride;
-    return t;
-  };
-  g_qsl_ = take(B + 1, seg(B + 1));
-  g_logits_idx_ = take(B, seg(B));
-  g_step_ = buf.rows(off, off + step_ints);
-  g_tokens_ = take(B, seg(B));
-  g_positions_ = take(B, seg(B));
-  g_seq_lens_ = take(B, seg(B));
-  g_slots_ = take(B, seg(B));
-  g_state_slots_ = take(B, seg(B));
-  g_has_initial_ = take(B, seg(B));
-  g_block_tables_ = take(B * max_blocks_, B * max_blocks_);
-  std::vector<int32_t> iota(static_cast<size_t>(B + 1));
-  std::iota(iota.begin(), iota.end(), 0);
-  backend_.copy_from_host(g_qsl_, iota.data());
-  backend_.copy_from_host(g_logits_idx_, iota.data());
-  h_step_.assign(static_cast<size_t>(step_ints), 0);
+  layout_graph_inputs(buckets_.back());
   TLOG_INFO(
       "CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
       "--enforce-eager turns them off",
       buckets_.back(), buckets_.size());
+}
+
+namespace {
+
+// Entries of a graph input array at bucket `b` (block tables: per row).
+int64_t graph_rows(const StepArray& f, int64_t b) { return f.extent == StepExtent::kSeqsPlusOne ? b + 1 : b; }
+
+}  // namespace
+
+void ModelRunner::layout_graph_inputs(int64_t B) {
+  // 256-byte aligned segments for B = the largest bucket: first the arrays written once
+  // (kIota), then the ones every step rewrites (per-row arrays, then block tables), so one
+  // host-to-device copy of a prefix of the second part updates a step.
+  auto seg = [](int64_t n) { return (n + 63) / 64 * 64; };
+  graph_offset_.assign(kStepArrays.size(), -1);
+  int64_t off = 0;
+  for (GraphInput pass : {GraphInput::kIota, GraphInput::kPerRow, GraphInput::kBlockTable}) {
+    if (pass == GraphInput::kPerRow) step_begin_ = off;
+    for (size_t i = 0; i < kStepArrays.size(); ++i) {
+      const StepArray& f = kStepArrays[i];
+      if (f.graph != pass) continue;
+      graph_offset_[i] = off;
+      off += pass == GraphInput::kBlockTable ? B * max_blocks_ : seg(graph_rows(f, B));
+    }
+  }
+  graph_buf_ = backend_.alloc({off}, DType::kI32);
+  std::vector<int32_t> iota(static_cast<size_t>(B + 1));
+  std::iota(iota.begin(), iota.end(), 0);
+  for (size_t i = 0; i < kStepArrays.size(); ++i)
+    if (kStepArrays[i].graph == GraphInput::kIota) {
+      const int64_t at = graph_offset_[i];
+      backend_.copy_from_host(graph_buf_.rows(at, at + graph_rows(kStepArrays[i], B)), iota.data());
+    }
+  h_step_.assign(static_cast<size_t>(off - step_begin_), 0);
 }
 
 int ModelRunner::bucket_for(int batch) const {
@@ -79,34 +76,50 @@ int ModelRunner::bucket_for(int batch) const {
 StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size());
-  // h_step_ mirrors g_step_: tokens, positions, seq_lens, slots, state slots, has-initial-state
-  // flags (stride seg), block tables.
-  const size_t stride = static_cast<size_t>(g_positions_.offset_bytes() - g_tokens_.offset_bytes()) / 4;
-  int32_t* tok = h_step_.data();
-  int32_t *pos = tok + stride, *lens = pos + stride, *slots = lens + stride, *state_slots = slots + stride,
-          *has_init = state_slots + stride, *tables = has_init + stride;
-  const bool linear = !in.linear.state_slots.empty();
   const int w = std::min(a.max_blocks_per_seq, max_blocks_);
-  std::fill_n(tables, static_cast<size_t>(b) * max_blocks_, 0);
-  for (int s = 0; s < b; ++s) {
-    const bool real = s < S;  // padding rows: token 0 at position 0, one cached key, no KV write
-    tok[s] = real ? in.token_ids[s] : 0;
-    pos[s] = real ? in.positions[s] : 0;
-    lens[s] = real ? a.seq_lens[s] : 1;
-    slots[s] = real ? a.slot_mapping[s] : -1;
-    state_slots[s] = real && linear ? in.linear.state_slots[s] : -1;
-    has_init[s] = real && linear ? in.linear.has_initial_state[s] : 0;
-    if (real)
-      std::copy_n(a.block_tables.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
-                  tables + static_cast<ptrdiff_t>(s) * max_blocks_);
+  // The rewritten arrays into their host mirror: real rows, then padding rows.
+  int64_t used = 0;
+  for (size_t i = 0; i < kStepArrays.size(); ++i) {
+    const StepArray& f = kStepArrays[i];
+    if (f.graph != GraphInput::kPerRow && f.graph != GraphInput::kBlockTable) continue;
+    const std::vector<int32_t>& src = host_array(f, in);
+    int32_t* dst = h_step_.data() + (graph_offset_[i] - step_begin_);
+    if (f.graph == GraphInput::kPerRow) {
+      for (int s = 0; s < b; ++s) dst[s] = s < S && !src.empty() ? src[static_cast<size_t>(s)] : f.pad;
+      used = std::max(used, graph_offset_[i] - step_begin_ + b);
+      continue;
+    }
+    std::fill_n(dst, static_cast<size_t>(b) * max_blocks_, 0);
+    for (int s = 0; s < S; ++s)
+      std::copy_n(src.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
+                  dst + static_cast<ptrdiff_t>(s) * max_blocks_);
+    used = std::max(used, graph_offset_[i] - step_begin_ + static_cast<int64_t>(b) * max_blocks_);
   }
-  const int64_t used = static_cast<int64_t>(tables - tok) + static_cast<int64_t>(b) * max_blocks_;
-  backend_.copy_from_host(g_step_.rows(0, used), h_step_.data());
+  backend_.copy_from_host(graph_buf_.rows(step_begin_, step_begin_ + used), h_step_.data());
 
+  // The step's views of the buffer, and host copies of the per-row and once-written arrays
+  // (the block tables' host copy stays empty: no backend reads it on a decode step).
   StepInputs si;
-  si.token_ids = g_tokens_.rows(0, b);
-  si.positions = g_positions_.rows(0, b);
-  si.logits_indices = g_logits_idx_.rows(0, b);
+  for (size_t i = 0; i < kStepArrays.size(); ++i) {
+    const StepArray& f = kStepArrays[i];
+    if (!f.device || graph_offset_[i] < 0 || (f.optional && host_array(f, in).empty())) continue;
+    const int64_t at = graph_offset_[i];
+    if (f.graph == GraphInput::kBlockTable) {
+      *f.device(si) = graph_buf_.rows(at, at + static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
+      continue;
+    }
+    const int64_t n = graph_rows(f, b);
+    *f.device(si) = graph_buf_.rows(at, at + n);
+    if (!f.host_copy) continue;
+    std::vector<int32_t>& host = *f.host_copy(si);
+    if (f.graph == GraphInput::kIota) {
+      host.resize(static_cast<size_t>(n));
+      std::iota(host.begin(), host.end(), 0);
+    } else {
+      const int32_t* mirror = h_step_.data() + (at - step_begin_);
+      host.assign(mirror, mirror + n);
+    }
+  }
   AttentionMetadata& m = si.attention;
   m.num_seqs = b;
   m.num_tokens = b;
@@ -114,23 +127,10 @@ StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
   m.max_seq_len = max_model_len_;  // any length up to it; kernels read the real ones
   m.block_size = a.block_size;
   m.max_blocks_per_seq = max_blocks_;
-  m.query_start_loc = g_qsl_.rows(0, b + 1);
-  m.seq_lens = g_seq_lens_.rows(0, b);
-  m.block_tables = g_block_tables_.rows(0, static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
-  m.slot_mapping = g_slots_.rows(0, b);
-  if (linear) {
-    LinearAttnMetadata& l = si.linear;
-    l.num_seqs = b;
-    l.num_tokens = b;
-    l.max_query_len = 1;
-    l.query_start_loc = g_qsl_.rows(0, b + 1);
-    l.state_slots = g_state_slots_.rows(0, b);
-    l.has_initial_state = g_has_initial_.rows(0, b);
-    // Host copies for this step's eager run (a replay reads the device buffers only).
-    l.host_query_start_loc.resize(static_cast<size_t>(b) + 1);
-    std::iota(l.host_query_start_loc.begin(), l.host_query_start_loc.end(), 0);
-    l.host_state_slots.assign(state_slots, state_slots + b);
-    l.host_has_initial_state.assign(has_init, has_init + b);
+  if (!in.linear.state_slots.empty()) {
+    si.linear.num_seqs = b;
+    si.linear.num_tokens = b;
+    si.linear.max_query_len = 1;
   }
   return si;
 }
@@ -162,7 +162,8 @@ Tensor ModelRunner::run(const ModelInput& in) {
   const bool decode = graphs_enabled_ && S > 0 && static_cast<int>(in.token_ids.size()) == S &&
                       in.logits_indices.size() == static_cast<size_t>(S) &&
                       in.attention.max_blocks_per_seq <= max_blocks_ &&
-                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S));
+                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S)) &&
+                      in.linear.token_state_slots.empty();
   const int b = decode ? bucket_for(S) : 0;
   if (b == 0) return model_.forward(in, kv_);
   for (int s = 0; s < S; ++s)

@@ -4,11 +4,10 @@
 //
 // A step is "graphable" when every sequence brings exactly one new token (pure decode), the
 // batch fits the largest bucket, and the model says its forward is graph-safe. The batch is
-// padded to the next bucket (1, 2, 4, 8, 16, 24, ... every 8 up to max_graph_batch); padded
-// rows write no KV (slot -1) and read one cached key of block 0, and their logits are not
-// used. Hybrid models' decode graphs also read each sequence's state slot and has-initial-state
-// flag from the buffers (padding rows: slot -1, which the linear-attention ops skip).
-// Inputs live in fixed device buffers that each step rewrites before the replay. The
+// padded to the next bucket (1, 2, 4, 8, 16, 24, ... every 8 up to max_graph_batch); a
+// padding row holds each array's `pad` (kStepArrays in model/step_inputs.h: no KV write, one
+// cached key of block 0, no state slot), and its logits are not used. Inputs live in one
+// fixed device buffer laid out from kStepArrays, which each step rewrites before the replay. The
 // first step of a bucket runs eagerly over those buffers (its result is the step's result),
 // then the bucket is captured for the next time. Every rank of a TP group takes the same
 // decisions from the same plan, so their graphs (with the collectives inside) pair up.
@@ -34,7 +33,6 @@ class ModelRunner {
   bool cache_ready() const { return kv_.num_blocks > 0; }
   // The step's logits (undefined on ranks that do not return them), valid until the next run.
   Tensor run(const ModelInput& input);
-  int graphs_captured() const { return static_cast<int>(graphs_.size()); }
   const KvCache& cache() const { return kv_; }
   // Communicators whose collectives run inside the graphs: a replay is put under their
   // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
@@ -47,6 +45,8 @@ class ModelRunner {
     size_t scratch_bytes = 0;
   };
   int bucket_for(int batch) const;  // 0: no bucket
+  // Lays out the graph input buffer for buckets up to `B` from kStepArrays.
+  void layout_graph_inputs(int64_t B);
   StepInputs fill_graph_inputs(const ModelInput& input, int bucket);
   // Copies the (src, dst) state-slot pairs of every linear-attention layer, in order.
   void apply_state_copies(const std::vector<int32_t>& pairs);
@@ -58,10 +58,12 @@ class ModelRunner {
   bool graphs_enabled_ = false;
   std::vector<int> buckets_;
   int max_blocks_ = 0;  // block-table width of the graph inputs
-  // Graph inputs: views into one device buffer; g_step_ is the part each step rewrites, from
-  // its host mirror h_step_ (no allocation per step).
-  Tensor g_qsl_, g_logits_idx_, g_step_, g_tokens_, g_positions_, g_seq_lens_, g_slots_, g_state_slots_, g_has_initial_,
-      g_block_tables_;
+  // Graph inputs: one device buffer, where kStepArrays[i] starts at graph_offset_[i] (i32
+  // entries; -1: not a graph input). The arrays a step rewrites lie in [step_begin_, end)
+  // and are filled in their host mirror h_step_ first (no allocation per step).
+  Tensor graph_buf_;
+  std::vector<int64_t> graph_offset_;
+  int64_t step_begin_ = 0;
   std::vector<int32_t> h_step_;
   std::map<int, Graph> graphs_;
   std::vector<dist::Communicator*> watched_;

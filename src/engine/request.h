@@ -28,6 +28,14 @@ inline const char* finish_reason_name(FinishReason r) {
   return "";
 }
 
+// A token's logprob and the k most likely tokens at its position (best first).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  int rank = 0;  // 1 + the number of tokens more likely than `token` (vLLM's Logprob.rank)
+  std::vector<std::pair<int32_t, float>> top;  // best first
+};
+
 struct Request {
   std::string id;
   std::vector<int32_t> prompt;
@@ -53,11 +61,23 @@ struct Request {
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
   uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)
+  // params.prompt_logprobs >= 0: the entries so far, one per prompt token from the second on; position p's
+  // logits give entry p (the logprob of prompt[p + 1]). Handed out with the request's first output;
+  // prompt_logprobs_done counts them, so a prefill recomputed after preemption asks only for the
+  // positions not done yet.
+  std::vector<TokenLogprob> prompt_logprobs;
+  int prompt_logprobs_done = 0;
   // Speculative decoding: draft tokens proposed after its last output token, verified by the
   // next step (positions num_tokens() ..); cleared when verified or the request is preempted.
   std::vector<int32_t> spec_tokens;
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
+  // The next prompt position whose logits are still wanted for prompt_logprobs; the end of that range
+  // (prompt.size() - 1: the last prompt position's logits give the first output token, not a prompt
+  // logprob). next == end: none wanted.
+  int prompt_logprob_next() const { return prompt_logprobs_done; }
+  int prompt_logprob_end() const { return params.prompt_logprobs >= 0 ? static_cast<int>(prompt.size()) - 1 : 0; }
+  bool wants_prompt_logprobs() const { return prompt_logprob_next() < prompt_logprob_end(); }
   // Token i of prompt + output, then the drafts (i >= num_tokens()).
   int32_t token_at(int i) const {
     const int p = static_cast<int>(prompt.size()), o = static_cast<int>(output.size());

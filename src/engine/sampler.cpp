@@ -51,7 +51,9 @@ void apply_penalties(float* logits, int vocab, const Request& r, std::vector<int
   }
 }
 
-TokenLogprob logprobs_of(const float* logits, int vocab, int32_t token, int k) {
+}  // namespace
+
+TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k) {
   float mx = *std::max_element(logits, logits + vocab);
   double sum = 0;
   for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
@@ -59,6 +61,7 @@ TokenLogprob logprobs_of(const float* logits, int vocab, int32_t token, int k) {
   TokenLogprob lp;
   lp.token = token;
   lp.logprob = logits[token] - lse;
+  lp.rank = 1 + static_cast<int>(std::count_if(logits, logits + vocab, [&](float v) { return v > logits[token]; }));
   if (k > 0) {
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);
@@ -69,8 +72,6 @@ TokenLogprob logprobs_of(const float* logits, int vocab, int32_t token, int k) {
   }
   return lp;
 }
-
-}  // namespace
 
 SampleResult Sampler::sample(float* logits, int vocab, const Request& r, const std::vector<int32_t>& eos_ids) {
   const SamplingParams& p = r.params;
@@ -85,7 +86,7 @@ SampleResult Sampler::sample(float* logits, int vocab, const Request& r, const s
   apply_penalties(logits, vocab, r, seen_);
   SampleResult res;
   res.token = sample_row_host(logits, vocab, sampling_row(r));
-  if (p.logprobs >= 0) res.logprob = logprobs_of(logits, vocab, res.token, p.logprobs);
+  if (p.logprobs >= 0) res.logprob = token_logprobs(logits, vocab, res.token, p.logprobs);
   return res;
 }
 

@@ -13,12 +13,6 @@
 
 namespace tessera {
 
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // best first
-};
-
 struct SampleResult {
   int32_t token = 0;
   std::optional<TokenLogprob> logprob;
@@ -28,6 +22,8 @@ struct SampleResult {
 SamplingRow sampling_row(const Request& r);
 // Whether r's next token needs its logits on the host (see above).
 bool needs_host_sampling(const Request& r);
+// log_softmax(logits)[token] and the k best (ties: lower id first) of one row of raw logits.
+TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k);
 
 class Sampler {
  public:

@@ -24,9 +24,12 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings (applied by the output processor)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int max_tokens = 16;
+  int max_tokens = 16;  // 0 only with prompt_logprobs: score the prompt, generate nothing
   int min_tokens = 0;
   int logprobs = -1;  // -1: none; k >= 0: the sampled token's logprob and the top k
+  // vLLM's prompt_logprobs. -1: none; k >= 0: the logprob of every prompt token after the first (from
+  // the logits of the position before it, as the model saw the prompt) and the top k there.
+  int prompt_logprobs = -1;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
 };
@@ -46,14 +49,12 @@ struct SamplingLimits {
 // Checks ranges; the message names the field and the allowed range.
 Status validate_sampling_params(const SamplingParams& p, int vocab_size, const SamplingLimits& limits = {});
 
-}  // namespace tessera
+// The one validation of a generation request, at the engine's front door (AsyncEngine::submit;
+// LLMEngine::add_request asserts it): a non-empty prompt of token ids inside the vocabulary, the
+// prompt plus max_tokens within max_model_len, sampling parameters in range (above). Messages are
+// vLLM's; `param`, when given, gets the request field at fault: "prompt", "max_tokens", or "" (a
+// sampling parameter, named in the message).
+Status validate_request(const std::vector<int32_t>& prompt, const SamplingParams& p, int max_model_len, int vocab_size,
+                        std::string* param = nullptr);
 
-#include <nlohmann/json_fwd.hpp>
-
-namespace tessera {
-// Reads OpenAI / vLLM field names (max_tokens or max_completion_tokens, temperature,
-// top_p, top_k, min_p, presence/frequency/repetition_penalty, seed, stop (string or
-// list), stop_token_ids, ignore_eos, min_tokens, n, logprobs (bool or int) +
-// top_logprobs, logit_bias {"id": bias}) over `p`. Wrong types fail with the field name.
-Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);
 }  // namespace tessera

@@ -33,9 +33,20 @@ int Scheduler::cut_at_checkpoint(const Request& r, int start, int num_new) const
   return boundary > 0 && start + num_new > boundary ? boundary - start : num_new;
 }
 
+int Scheduler::cut_at_prompt_logprob_rows(const Request& r, int start, int num_new, int& rows_left) {
+  if (!r.wants_prompt_logprobs() || num_new <= 0) return num_new;
+  // Positions [max(start, next), end) of this chunk want rows; the chunk may reach that far plus rows_left.
+  const int first = std::max(start, r.prompt_logprob_next()), end = r.prompt_logprob_end();
+  const int limit = first + std::max(rows_left, 0);
+  if (limit < end) num_new = std::min(num_new, limit - start);
+  rows_left -= std::max(0, std::min(start + num_new, end) - first);
+  return num_new;
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;
+  int logprob_rows = config_.max_prompt_logprob_rows;
 
   // 1. Running requests catch up (decode: one token; unfinished chunked prefill: more).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -44,6 +55,8 @@ SchedulerOutput Scheduler::schedule() {
     int num_new = std::min(with_drafts - r->num_computed_tokens, budget);
     num_new = std::min(num_new, config_.max_model_len - r->num_computed_tokens);
     num_new = cut_at_checkpoint(*r, r->num_computed_tokens, num_new);
+    int rows_left = logprob_rows;
+    num_new = cut_at_prompt_logprob_rows(*r, r->num_computed_tokens, num_new, rows_left);
     if (num_new <= 0) {
       ++i;
       continue;
@@ -59,6 +72,7 @@ SchedulerOutput Scheduler::schedule() {
       fits = cache_.allocate(*r, num_new);
     }
     if (!fits) break;  // r itself was preempted
+    logprob_rows = rows_left;
     // Drafts past the budget or max_model_len are dropped.
     const int drafts = std::max(0, r->num_computed_tokens + num_new - r->num_tokens());
     r->spec_tokens.resize(static_cast<size_t>(drafts));
@@ -72,7 +86,8 @@ SchedulerOutput Scheduler::schedule() {
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
     std::vector<int32_t> cached;
-    if (r->num_computed_tokens == 0 && r->block_ids.empty()) {
+    // Prompt logprobs need the logits of every prompt position: no prefix-cache hit (vLLM does the same).
+    if (r->num_computed_tokens == 0 && r->block_ids.empty() && r->params.prompt_logprobs < 0) {
       int kv_matched = 0;
       cached = cache_.find_cached_prefix(*r, &kv_matched);
       // Hybrid: KV blocks match past the last checkpoint (a prefix shared with an earlier
@@ -85,7 +100,11 @@ SchedulerOutput Scheduler::schedule() {
     if (!config_.enable_chunked_prefill && num_new > budget) break;
     num_new = std::min(num_new, budget);
     num_new = cut_at_checkpoint(*r, r->num_computed_tokens + cached_tokens, num_new);
+    int rows_left = logprob_rows;
+    num_new = cut_at_prompt_logprob_rows(*r, r->num_computed_tokens + cached_tokens, num_new, rows_left);
+    if (num_new <= 0) break;  // no prompt-logprob rows left this step: it waits (FCFS)
     if (!cache_.allocate(*r, num_new, cached)) break;
+    logprob_rows = rows_left;
     if (r->status == RequestStatus::kWaiting) r->num_cached_tokens = cached_tokens;
     waiting_.pop_front();
     r->status = RequestStatus::kRunning;

@@ -7,6 +7,9 @@
 // prefill stops where its KV match in the prefix cache ended at admission (past its last
 // checkpointed block) and at the prompt's last full-block boundary: the checkpoints a later
 // prefix hit restores (see KvCacheManager).
+// Requests that want prompt logprobs never take a prefix-cache hit (every prompt position's logits
+// are needed), and their prefill chunks are cut so that a step carries at most
+// max_prompt_logprob_rows prompt positions whose logits go to the host.
 #pragma once
 #include <deque>
 #include <memory>
@@ -22,6 +25,8 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 8192;
   int max_model_len = 4096;
   bool enable_chunked_prefill = true;
+  // Prompt-logprob logits rows ([rows, vocab] f32, copied to the host) per step, over all requests.
+  int max_prompt_logprob_rows = 256;
 };
 
 struct ScheduledRequest {
@@ -73,6 +78,9 @@ class Scheduler {
   void preempt(Request* r);
   // num_new for r, starting at `start` computed tokens, cut at its next checkpoint position.
   int cut_at_checkpoint(const Request& r, int start, int num_new) const;
+  // num_new for r, starting at `start`, cut so that its prompt-logprob rows fit `rows_left` (which it
+  // then takes them from).
+  static int cut_at_prompt_logprob_rows(const Request& r, int start, int num_new, int& rows_left);
   SchedulerConfig config_;
   KvCacheManager& cache_;
   std::deque<Request*> waiting_;

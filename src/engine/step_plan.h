@@ -6,12 +6,12 @@
 //
 //   u32 magic 0x504c5354 ("TSLP"), u8 version 4, u8 kind, u16 reserved (0)
 //   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
-//                       then 7 arrays (u32 count + count x i32): token_ids, positions,
+//                       then every array of kStepArrays (model/step_inputs.h), in its order,
+//                       as u32 count + count x i32 (today: token_ids, positions,
 //                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices,
-//                       then 5 arrays of the linear-attention layout (empty for models without
-//                       state slots): linear query_start_loc, state_slots, has_initial_state,
-//                       token_state_slots (speculative decoding; else empty), state_copies
-//                       (src, dst pairs),
+//                       and, empty for models without state slots, linear query_start_loc,
+//                       state_slots, has_initial_state, token_state_slots (speculative
+//                       decoding; else empty), state_copies as (src, dst) pairs),
 //                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
 //                       then the host_rows array (ascending logits-row numbers)
@@ -19,7 +19,8 @@
 //                       i32 max_model_len, i32 max_graph_batch, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype
 //   kind 3 shutdown:    nothing
-// All integers little-endian; trailing bytes are an error.
+// All integers little-endian, written and read with dist::WireWriter / WireReader; trailing
+// bytes are an error.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -13,7 +13,6 @@ namespace tessera {
 struct CheckpointTensor {
   const TensorInfo* info = nullptr;
   std::shared_ptr<SafetensorsFile> file;
-  Tensor host_view() const { return file->view(*info, file); }
 };
 
 class Checkpoint {

@@ -347,25 +347,36 @@ QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string
   return qc;
 }
 
+GenerationDefaults load_generation_config(const std::string& dir) {
+  GenerationDefaults d;
+  const fs::path file = fs::path(dir) / "generation_config.json";
+  if (!fs::exists(file)) return d;
+  const nlohmann::json g = read_json(file);
+  if (!g.is_object()) fail(ErrorKind::kCorrupt, "{}: not a JSON object", file.string());
+  auto real = [&](const char* key, std::optional<double>& out) {
+    if (auto it = g.find(key); it != g.end() && it->is_number()) out = it->get<double>();
+  };
+  auto integer = [&](const char* key, std::optional<int>& out) {
+    if (auto it = g.find(key); it != g.end() && it->is_number_integer()) out = it->get<int>();
+  };
+  real("temperature", d.temperature);
+  real("top_p", d.top_p);
+  real("min_p", d.min_p);
+  real("repetition_penalty", d.repetition_penalty);
+  integer("top_k", d.top_k);
+  integer("max_new_tokens", d.max_new_tokens);
+  d.eos_token_ids = int_or_list(g, "eos_token_id");
+  return d;
+}
+
 ModelConfig load_model_config(const std::string& model_dir) {
   fs::path dir(model_dir);
   if (!fs::is_directory(dir)) fail(ErrorKind::kNotFound, "{}: model directory not found", model_dir);
   ModelConfig c = parse_model_config(read_json(dir / "config.json"), (dir / "config.json").string());
   c.model_dir = model_dir;
-  fs::path gen = dir / "generation_config.json";
-  if (fs::exists(gen)) {
-    nlohmann::json g = read_json(gen);
-    if (g.contains("temperature") && g["temperature"].is_number())
-      c.generation.temperature = g["temperature"].get<double>();
-    if (g.contains("top_p") && g["top_p"].is_number()) c.generation.top_p = g["top_p"].get<double>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) c.generation.top_k = g["top_k"].get<int>();
-    if (g.contains("repetition_penalty") && g["repetition_penalty"].is_number())
-      c.generation.repetition_penalty = g["repetition_penalty"].get<double>();
-    c.generation.eos_token_ids = int_or_list(g, "eos_token_id");
-    for (int e : c.generation.eos_token_ids)
-      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), e) == c.eos_token_ids.end())
-        c.eos_token_ids.push_back(e);
-  }
+  for (int e : load_generation_config(model_dir).eos_token_ids)
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), e) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(e);
   return c;
 }
 

@@ -23,10 +23,15 @@ struct RopeScaling {
   bool truncate = true;                                  // yarn
 };
 
+// What a model's generation_config.json sets (vLLM's --generation-config): sampling defaults
+// (max_new_tokens is the default max_tokens) and end-of-sequence ids. Fields of the wrong type
+// are ignored, as absent ones.
 struct GenerationDefaults {
-  std::optional<double> temperature, top_p, repetition_penalty;
-  std::optional<int> top_k;
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k, max_new_tokens;
   std::vector<int> eos_token_ids;
+  // Whether it changes any sampling parameter (what vLLM logs at startup).
+  bool sets_sampling() const { return temperature || top_p || top_k || min_p || repetition_penalty; }
 };
 
 // Mixture-of-experts fields (Qwen2-MoE / Qwen3-MoE names). num_experts == 0: a dense model.
@@ -97,7 +102,6 @@ struct ModelConfig {
   DType dtype = DType::kBF16;  // checkpoint dtype
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;  // config's, then generation_config's
-  GenerationDefaults generation;
   MoeConfig moe;
   // One entry per layer when the config has layer_types or full_attention_interval.
   std::vector<LayerType> layer_types;
@@ -113,8 +117,10 @@ struct ModelConfig {
   nlohmann::json raw;  // the whole config.json, for architectures with extra fields
 };
 
-// Reads DIR/config.json (and generation_config.json when present). Throws Error.
+// Reads DIR/config.json (and the eos ids of generation_config.json when present). Throws Error.
 ModelConfig load_model_config(const std::string& model_dir);
+// Reads DIR/generation_config.json; no file gives empty defaults. Throws Error (kCorrupt) on bad JSON.
+GenerationDefaults load_generation_config(const std::string& dir);
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source);
 
 }  // namespace tessera

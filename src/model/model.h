@@ -8,6 +8,7 @@
 #include "backend/attention_metadata.h"
 #include "backend/backend.h"
 #include "loader/model_config.h"
+#include "model/step_inputs.h"
 #include "model/weights.h"
 
 namespace tessera {
@@ -49,37 +50,6 @@ struct KvCache {
   std::vector<Tensor> conv_state;  // kStateSlot layers: [num_state_slots, K-1, C]
   std::vector<Tensor> ssm_state;   // kStateSlot layers: [num_state_slots, Hv, Dk, Dv]
 };
-
-// One step's work: the tokens of every scheduled sequence, flattened.
-struct ModelInput {
-  std::vector<int32_t> token_ids;       // T
-  std::vector<int32_t> positions;       // T
-  AttentionLayout attention;            // per-sequence layout over the paged cache
-  std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
-  // Models with kStateSlot layers: each sequence's state slot and whether it continues from
-  // the slot's state (same sequence order as `attention`); empty for the other models.
-  LinearAttnLayout linear;
-  // State-slot copies to make before the forward, as (src slot, dst slot) pairs flattened:
-  // every kStateSlot layer's conv and recurrent state rows (prefix-cache checkpoints saved
-  // and restored). The engine's ModelRunner applies them; forward() never sees them.
-  std::vector<int32_t> state_copies;
-};
-
-// One step's inputs on the model's device: what forward() uploads from a ModelInput, and
-// what a captured graph reads (the engine's ModelRunner keeps them in fixed buffers).
-struct StepInputs {
-  Tensor token_ids;       // i32 [T]
-  Tensor positions;       // i32 [T]
-  Tensor logits_indices;  // i32 [n]
-  AttentionMetadata attention;
-  LinearAttnMetadata linear;  // num_seqs == 0 for models without kStateSlot layers
-};
-
-// Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
-// Error(kInvalidArgument) naming the bad value.
-void check_step_input(const ModelInput& in, int vocab, int max_positions);
-// Checks `in`, then uploads it into `backend`'s scratch memory.
-StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int vocab, int max_positions);
 
 // The data-plane groups a sharded model talks through (owned by the executor). The model
 // only calls collectives on them; it never starts processes or opens connections.

@@ -434,6 +434,18 @@ std::string tp_sizes_that_work(int64_t dim) {
 void WeightStore::fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char* dst) const {
   const DType f32 = DType::kF32;
   const int tp = pc_.tp_size;
+  if (!e.blocks.empty()) {  // each piece's scale rows, in order (pieces on block edges: check_fp8_shard)
+    size_t offset = 0;
+    for (const auto& b : e.blocks) {
+      CheckpointTensor src = ckpt.get(scale_name(b.name));
+      check_shape(src, block_scale_shape(b.full_shape));
+      Matrix m = matrix_of(src);
+      const int64_t nb = cdiv(b.rows, kBlock);
+      copy_block(m, b.row_begin / kBlock, nb, 0, m.cols, f32, dst + offset);
+      offset += static_cast<size_t>(nb * m.cols) * sizeof(float);
+    }
+    return;
+  }
   if (!e.parts.empty()) {
     const int64_t kb = cdiv(e.full_shape[1], kBlock);
     size_t offset = 0;
@@ -501,15 +513,27 @@ void WeightStore::fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int6
 }
 
 bool WeightStore::fp8_candidate(const Entry& e) const {
-  if (!quant_.fp8() || !e.tied_to.empty() || e.local_shape.ndim() < 2 || !e.blocks.empty() || e.offset != 0.0f || e.f32)
-    return false;
+  if (!quant_.fp8() || !e.tied_to.empty() || e.local_shape.ndim() < 2 || e.offset != 0.0f || e.f32) return false;
   if (e.style == ParallelStyle::kExpert) return !quant_.excluded(e.name.substr(0, e.name.rfind('.')));
   if (e.local_shape.ndim() != 2) return false;
+  // Linear projections: "...proj.weight" (q_proj, gate_proj, out_proj...) and the Gated
+  // DeltaNet input projections in_proj_qkv, in_proj_z, in_proj_qkvz, unless
+  // modules_to_not_convert names them. Never in_proj_b / in_proj_a / in_proj_ba (the decay and
+  // beta gates, a few rows each): the released FP8 checkpoints keep them in bf16.
   auto ok = [&](const std::string& n) {
     const std::string suffix = "proj.weight";
-    return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-           !quant_.excluded(n);
+    auto ends_with = [&](const std::string& x) {
+      return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+    };
+    const bool proj = ends_with(suffix) || ends_with(".in_proj_qkv.weight") || ends_with(".in_proj_z.weight") ||
+                      ends_with(".in_proj_qkvz.weight");
+    return proj && !quant_.excluded(n);
   };
+  if (!e.blocks.empty()) {  // every piece a 2-D projection weight
+    for (const auto& b : e.blocks)
+      if (b.full_shape.ndim() != 2 || !ok(b.name)) return false;
+    return true;
+  }
   if (e.parts.empty()) return ok(e.name);
   for (const auto& p : e.parts)
     if (!ok(p.name)) return false;
@@ -517,14 +541,48 @@ bool WeightStore::fp8_candidate(const Entry& e) const {
 }
 
 WeightStore::Format WeightStore::format_of(const Entry& e, const Checkpoint& ckpt) const {
-  if (!e.blocks.empty() || e.offset != 0.0f || e.f32) {  // assembled, offset or f32 parameters: never FP8
-    for (const auto& b : e.blocks)
-      if (ckpt.get(b.name).info->dtype == DType::kF8E4M3)
-        fail(ErrorKind::kUnsupported,
-             "{}: tensor '{}' is FP8; FP8 weights of assembled parameters (the Gated DeltaNet input projections of "
-             "Qwen3-Next / Qwen3.5) are not supported yet: use the bf16 checkpoint",
+  if (e.offset != 0.0f || e.f32) return Format::kPlain;  // offset or f32 parameters: never FP8
+  if (!e.blocks.empty()) {
+    // Assembled from row blocks: FP8 when every piece is (their bytes and scale rows are
+    // concatenated: check_fp8_shard wants whole 128-row blocks), plain when none is.
+    size_t n_fp8 = 0;
+    for (const auto& b : e.blocks) {
+      const DType bt = ckpt.get(b.name).info->dtype;
+      if (bt == DType::kF8E5M2)
+        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
              ckpt.get(b.name).file->path(), b.name);
-    return Format::kPlain;
+      n_fp8 += bt == DType::kF8E4M3;
+    }
+    if (n_fp8 == 0)
+      return quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e) ? Format::kFp8Quantise : Format::kPlain;
+    if (n_fp8 != e.blocks.size()) {
+      const auto fp8_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
+        return ckpt.get(b.name).info->dtype == DType::kF8E4M3;
+      });
+      const auto plain_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
+        return ckpt.get(b.name).info->dtype != DType::kF8E4M3;
+      });
+      fail(ErrorKind::kUnsupported,
+           "{}: parameter {} is assembled from '{}' (FP8) and '{}' ({}); tessera needs the pieces of one "
+           "parameter all FP8 or all unquantised (list the module in modules_to_not_convert, or use the bf16 "
+           "checkpoint)",
+           ckpt.get(fp8_it->name).file->path(), e.name, fp8_it->name, plain_it->name,
+           dtype_name(ckpt.get(plain_it->name).info->dtype));
+    }
+    if (!quant_.fp8())
+      fail(ErrorKind::kCorrupt,
+           "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
+           "quant_method fp8 and weight_block_size [128, 128])",
+           ckpt.get(e.blocks[0].name).file->path(), e.blocks[0].name);
+    for (const auto& b : e.blocks) {
+      if (b.full_shape.ndim() != 2 || e.local_shape.ndim() != 2)
+        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
+             ckpt.get(b.name).file->path(), b.name, b.full_shape.str());
+      if (!ckpt.contains(scale_name(b.name)))
+        fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(b.name).file->path(),
+             b.name, scale_name(b.name));
+    }
+    return Format::kFp8Checkpoint;
   }
   std::string name = e.parts.empty() ? e.name : e.parts[0].name;
   if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {
@@ -578,6 +636,24 @@ void WeightStore::check_fp8_shard(const Entry& e) const {
          "{}: FP8 experts need moe_intermediate_size ({}) to be a multiple of 128 (gate and up rows are stacked "
          "block by block)",
          e.name, s.intermediate);
+  }
+  if (!e.blocks.empty()) {
+    // Concatenated pieces keep their scale rows only when each starts on a 128-row block edge
+    // and all but the last end on one (the last may end with its tensor's partial block).
+    for (size_t i = 0; i < e.blocks.size(); ++i) {
+      const RowBlock& b = e.blocks[i];
+      const int64_t end = b.row_begin + b.rows;
+      const bool last = i + 1 == e.blocks.size();
+      if (b.row_begin % kBlock != 0 || (end % kBlock != 0 && !(last && end == b.full_shape[0])))
+        fail(ErrorKind::kUnsupported,
+             "{}: FP8 block-scaled weight: this rank's parameter is assembled from rows [{}, {}) of '{}', which "
+             "do not start and end on 128-row scale block edges (the pieces' scales cannot be concatenated); "
+             "{}",
+             e.name, b.row_begin, end, b.name,
+             tp > 1 ? "try a smaller --tensor-parallel-size, or serve the bf16 checkpoint"
+                    : "serve the bf16 checkpoint, or list the module in modules_to_not_convert");
+    }
+    return;
   }
   if (!e.parts.empty()) {
     for (size_t i = 0; i < e.parts.size(); ++i) {

@@ -582,6 +582,104 @@ double all_reduce_busbw(const std::shared_ptr<dist::ControlStoreClient>& store, 
   return 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / secs / 1e9;
 }
 
+// The head's checks of every link (reachability, latency, one TCP stream) and of the
+// all-reduce's bus bandwidth `bw` (or its error).
+std::vector<Check> link_checks(const std::vector<NodeFacts>& all, const std::vector<PairResult>& pairs, double bw,
+                               const std::string& err, const DoctorOptions& o) {
+  std::vector<Check> checks;
+  auto who = [&](int r) { return node_name(all[static_cast<size_t>(r)]); };
+  for (const auto& p : pairs) {
+    const NodeFacts& to = all[static_cast<size_t>(p.to)];
+    const std::string name = fmt::format("{} -> {}", who(p.from), who(p.to));
+    if (!p.reachable) {
+      checks.push_back(
+          {"", name + " port " + std::to_string(to.probe_port), Status::kFail,
+           fmt::format("an ephemeral port, as NCCL and Gloo use: {}", p.error),
+           fmt::format("open TCP between the nodes on {}: nft add rule inet filter input ip saddr {} accept (or ufw "
+                       "allow from {}); a firewall that only opens the control port breaks NCCL and Gloo",
+                       to.nic, all[static_cast<size_t>(p.from)].ip, all[static_cast<size_t>(p.from)].ip)});
+      continue;
+    }
+    if (!p.error.empty()) {
+      checks.push_back({"", name, Status::kFail, p.error, "check the link between these nodes"});
+      continue;
+    }
+    const bool lat_ok = p.rtt_ms < o.max_latency_ms;
+    checks.push_back({"", name + " latency", lat_ok ? Status::kOk : Status::kFail,
+                      fmt::format("{:.3f} ms round trip (rule: < {} ms)", p.rtt_ms, o.max_latency_ms),
+                      lat_ok ? "" : "use a direct high-speed link between the nodes (not the management network)"});
+    const bool bw_ok = p.gbps >= o.min_bandwidth_gbps;
+    checks.push_back({"", name + " TCP stream", bw_ok ? Status::kOk : Status::kFail,
+                      fmt::format("{:.2f} Gb/s over one connection (rule: >= {} Gb/s)", p.gbps, o.min_bandwidth_gbps),
+                      bw_ok ? "" : "use the fast NIC (--nic), check its link speed (ethtool) and MTU"});
+  }
+  if (!err.empty())
+    checks.push_back({"", "all-reduce (Gloo)", Status::kFail, err, "fix the unreachable ports above first"});
+  else
+    checks.push_back({"", "all-reduce (Gloo)", bw >= o.min_bandwidth_gbps ? Status::kOk : Status::kFail,
+                      fmt::format("bus bandwidth {:.2f} Gb/s, {} MiB f32 over {} nodes (rule: >= {} Gb/s)", bw,
+                                  o.all_reduce_bytes >> 20, o.nnodes, o.min_bandwidth_gbps),
+                      bw >= o.min_bandwidth_gbps ? "" : "use the fast NIC (--nic); keep TP inside nodes"});
+  return checks;
+}
+
+// Every node learns whether every node reached every other (then the all-reduce is tried).
+bool every_node_reaches(dist::ControlStoreClient& store, const std::vector<PairResult>& mine, const DoctorOptions& o) {
+  bool all_reach = true;
+  for (const auto& p : mine) all_reach &= p.reachable;
+  store.set("doctor/reach/" + std::to_string(o.node_rank), as_span(all_reach ? "1" : "0"));
+  bool everyone = true;
+  for (int r = 0; r < o.nnodes; ++r) {
+    auto v = store.wait_get("doctor/reach/" + std::to_string(r), o.join_timeout, fmt::format("node {}", r));
+    everyone &= !v.empty() && v[0] == '1';
+  }
+  return everyone;
+}
+
+// The doctor's own rendezvous: the head serves the control port (and waits for every node),
+// the others join it. The fingerprint never refuses: the doctor compares versions and model
+// files itself, to name every difference.
+void join_doctor_rendezvous(const DoctorOptions& o, const NodeFacts& me, bool is_head, dist::HeadAddress& head,
+                            std::unique_ptr<dist::RendezvousServer>& server,
+                            std::unique_ptr<dist::RendezvousClient>& client) {
+  dist::NodeFingerprint neutral;
+  neutral.version = "tessera doctor";
+  neutral.hostname = me.hostname;
+  neutral.nic = me.nic;
+  neutral.ip = me.ip;
+  if (is_head) {
+    dist::RendezvousServerOptions so;
+    so.bind_ip = me.ip;
+    so.port = o.master_port;
+    so.token = o.token;
+    so.nnodes = o.nnodes;
+    so.head_fingerprint = neutral;
+    so.join_timeout = o.join_timeout;
+    server = std::make_unique<dist::RendezvousServer>(so);
+    head.host = me.ip;
+    server->wait_for_nodes();
+    return;
+  }
+  dist::RendezvousClientOptions co;
+  co.head = head;
+  co.node_rank = o.node_rank;
+  co.nnodes = o.nnodes;
+  co.fingerprint = neutral;
+  co.join_timeout = o.join_timeout;
+  client = std::make_unique<dist::RendezvousClient>(co);
+}
+
+// Lets the other nodes read the verdict before the head's control channel closes (10 s at most).
+void wait_for_nodes_to_leave(dist::RendezvousServer& server) {
+  auto deadline = dist::Clock::now() + 10s;
+  while (dist::Clock::now() < deadline) {
+    bool others_gone = true;
+    for (const auto& n : server.status().nodes) others_gone &= n.node_rank == 0 || !n.alive;
+    if (others_gone) break;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 }  // namespace
 
 Report run_doctor(const DoctorOptions& o) {
@@ -616,35 +714,11 @@ Report run_doctor(const DoctorOptions& o) {
   me.probe_port = probe_server->port();
   // 2. The rendezvous (the control port), with a fingerprint that never refuses: the doctor
   // compares versions and model files itself, to name every difference.
-  dist::NodeFingerprint neutral;
-  neutral.version = "tessera doctor";
-  neutral.hostname = me.hostname;
-  neutral.nic = me.nic;
-  neutral.ip = me.ip;
   std::unique_ptr<dist::RendezvousServer> server;
   std::unique_ptr<dist::RendezvousClient> client;
   dist::HeadAddress head{o.master_addr, o.master_port, o.token, me.ip};
   try {
-    if (rep.is_head) {
-      dist::RendezvousServerOptions so;
-      so.bind_ip = me.ip;
-      so.port = o.master_port;
-      so.token = o.token;
-      so.nnodes = o.nnodes;
-      so.head_fingerprint = neutral;
-      so.join_timeout = o.join_timeout;
-      server = std::make_unique<dist::RendezvousServer>(so);
-      head.host = me.ip;
-      server->wait_for_nodes();
-    } else {
-      dist::RendezvousClientOptions co;
-      co.head = head;
-      co.node_rank = o.node_rank;
-      co.nnodes = o.nnodes;
-      co.fingerprint = neutral;
-      co.join_timeout = o.join_timeout;
-      client = std::make_unique<dist::RendezvousClient>(co);
-    }
+    join_doctor_rendezvous(o, me, rep.is_head, head, server, client);
   } catch (const Error& e) {
     auto local = local_checks(me, o);
     rep.checks.insert(rep.checks.end(), local.begin(), local.end());
@@ -675,14 +749,7 @@ Report run_doctor(const DoctorOptions& o) {
     for (int r = 0; r < o.nnodes; ++r)
       store->wait_get("doctor/probed/" + std::to_string(r), o.join_timeout, fmt::format("node {}'s probes", r));
     // Every node decides the same way whether the data plane can be tried: all probes passed.
-    bool all_reach = true;
-    for (const auto& p : mine) all_reach &= p.reachable;
-    store->set("doctor/reach/" + std::to_string(o.node_rank), as_span(all_reach ? "1" : "0"));
-    bool everyone = true;
-    for (int r = 0; r < o.nnodes; ++r) {
-      auto v = store->wait_get("doctor/reach/" + std::to_string(r), o.join_timeout, fmt::format("node {}", r));
-      everyone &= !v.empty() && v[0] == '1';
-    }
+    const bool everyone = every_node_reaches(*store, mine, o);
     double busbw = -1;
     std::string ar_error = everyone ? "" : "skipped: some node cannot reach another";
     if (everyone) try {
@@ -723,51 +790,11 @@ Report run_doctor(const DoctorOptions& o) {
     }
     auto cmp = compare_nodes(all);
     rep.checks.insert(rep.checks.end(), cmp.begin(), cmp.end());
-    auto who = [&](int r) { return node_name(all[static_cast<size_t>(r)]); };
-    for (const auto& p : pairs) {
-      const NodeFacts& to = all[static_cast<size_t>(p.to)];
-      const std::string name = fmt::format("{} -> {}", who(p.from), who(p.to));
-      if (!p.reachable) {
-        rep.checks.push_back(
-            {"", name + " port " + std::to_string(to.probe_port), Status::kFail,
-             fmt::format("an ephemeral port, as NCCL and Gloo use: {}", p.error),
-             fmt::format("open TCP between the nodes on {}: nft add rule inet filter input ip saddr {} accept (or ufw "
-                         "allow from {}); a firewall that only opens the control port breaks NCCL and Gloo",
-                         to.nic, all[static_cast<size_t>(p.from)].ip, all[static_cast<size_t>(p.from)].ip)});
-        continue;
-      }
-      if (!p.error.empty()) {
-        rep.checks.push_back({"", name, Status::kFail, p.error, "check the link between these nodes"});
-        continue;
-      }
-      const bool lat_ok = p.rtt_ms < o.max_latency_ms;
-      rep.checks.push_back(
-          {"", name + " latency", lat_ok ? Status::kOk : Status::kFail,
-           fmt::format("{:.3f} ms round trip (rule: < {} ms)", p.rtt_ms, o.max_latency_ms),
-           lat_ok ? "" : "use a direct high-speed link between the nodes (not the management network)"});
-      const bool bw_ok = p.gbps >= o.min_bandwidth_gbps;
-      rep.checks.push_back(
-          {"", name + " TCP stream", bw_ok ? Status::kOk : Status::kFail,
-           fmt::format("{:.2f} Gb/s over one connection (rule: >= {} Gb/s)", p.gbps, o.min_bandwidth_gbps),
-           bw_ok ? "" : "use the fast NIC (--nic), check its link speed (ethtool) and MTU"});
-    }
     const auto& [bw, err] = allreduce[0];
-    if (!err.empty())
-      rep.checks.push_back({"", "all-reduce (Gloo)", Status::kFail, err, "fix the unreachable ports above first"});
-    else
-      rep.checks.push_back({"", "all-reduce (Gloo)", bw >= o.min_bandwidth_gbps ? Status::kOk : Status::kFail,
-                            fmt::format("bus bandwidth {:.2f} Gb/s, {} MiB f32 over {} nodes (rule: >= {} Gb/s)", bw,
-                                        o.all_reduce_bytes >> 20, o.nnodes, o.min_bandwidth_gbps),
-                            bw >= o.min_bandwidth_gbps ? "" : "use the fast NIC (--nic); keep TP inside nodes"});
+    const std::vector<Check> links = link_checks(all, pairs, bw, err, o);
+    rep.checks.insert(rep.checks.end(), links.begin(), links.end());
     store->set("doctor/verdict", as_span(rep.ok() ? "1" : "0"));
-    // Let the other nodes read the verdict before the control channel closes.
-    auto deadline = dist::Clock::now() + 10s;
-    while (dist::Clock::now() < deadline) {
-      bool others_gone = true;
-      for (const auto& n : server->status().nodes) others_gone &= n.node_rank == 0 || !n.alive;
-      if (others_gone) break;
-      std::this_thread::sleep_for(20ms);
-    }
+    wait_for_nodes_to_leave(*server);
   } catch (const Error& e) {
     auto local = local_checks(me, o);
     rep.checks.insert(rep.checks.end(), local.begin(), local.end());

@@ -18,7 +18,6 @@ size_t MetaBackend::align(size_t n) const {
 Tensor MetaBackend::alloc(Shape shape, DType dtype) {
   const size_t bytes = std::max(align(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), opts_.alloc_align);
   allocated_ += bytes;
-  ++allocations_;
   return Tensor(std::make_shared<Storage>(nullptr, bytes, Device{opts_.device, 0}, Storage::Release{}), 0, shape,
                 dtype);
 }

@@ -23,8 +23,7 @@ class MetaBackend : public Backend {
   explicit MetaBackend(MetaBackendOptions o);
 
   size_t allocated_bytes() const { return allocated_; }  // every alloc so far (aligned)
-  size_t allocations() const { return allocations_; }
-  size_t scratch_peak() const { return high_water_; }  // largest scratch in use since reset_peak
+  size_t scratch_peak() const { return high_water_; }    // largest scratch in use since reset_peak
   void reset_peak() { high_water_ = in_use_; }
 
   Device device() const override { return {opts_.device, 0}; }
@@ -78,7 +77,7 @@ class MetaBackend : public Backend {
   size_t align(size_t n) const;
   MetaBackendOptions opts_;
   std::shared_ptr<Storage> arena_;  // one null storage all scratch views point into
-  size_t allocated_ = 0, allocations_ = 0;
+  size_t allocated_ = 0;
   size_t in_use_ = 0, high_water_ = 0;
   std::vector<size_t> marks_;
 };

@@ -16,57 +16,38 @@ std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_ha
 
 namespace {
 
-const char* openai_error_type(int status) {
-  switch (status) {
-    case 400:
-      return "BadRequestError";
-    case 401:
-      return "AuthenticationError";
-    case 404:
-      return "NotFoundError";
-    case 405:
-      return "MethodNotAllowedError";
-    case 413:
-      return "RequestTooLargeError";
-    case 417:
-    case 422:
-      return "UnprocessableEntityError";
-    case 429:
-      return "RateLimitError";
-    case 431:
-      return "RequestHeaderFieldsTooLargeError";
-    case 503:
-      return "ServiceUnavailableError";
-    default:
-      return status >= 500 ? "InternalServerError" : "BadRequestError";
-  }
-}
+// An HTTP status's error type in OpenAI's terms (its Python SDK's exception names) and in
+// Anthropic's.
+struct ErrorTypes {
+  int status;
+  const char* openai;
+  const char* anthropic;
+};
+constexpr ErrorTypes kErrorTypes[] = {
+    {400, "BadRequestError", "invalid_request_error"},
+    {401, "AuthenticationError", "authentication_error"},
+    {403, "BadRequestError", "permission_error"},
+    {404, "NotFoundError", "not_found_error"},
+    {405, "MethodNotAllowedError", "invalid_request_error"},
+    {413, "RequestTooLargeError", "request_too_large"},
+    {417, "UnprocessableEntityError", "invalid_request_error"},
+    {422, "UnprocessableEntityError", "invalid_request_error"},
+    {429, "RateLimitError", "rate_limit_error"},
+    {431, "RequestHeaderFieldsTooLargeError", "invalid_request_error"},
+    {503, "ServiceUnavailableError", "overloaded_error"},
+};
 
-const char* anthropic_error_type(int status) {
-  switch (status) {
-    case 400:
-      return "invalid_request_error";
-    case 401:
-      return "authentication_error";
-    case 403:
-      return "permission_error";
-    case 404:
-      return "not_found_error";
-    case 413:
-      return "request_too_large";
-    case 429:
-      return "rate_limit_error";
-    case 503:
-      return "overloaded_error";
-    default:
-      return status >= 500 ? "api_error" : "invalid_request_error";
-  }
+ErrorTypes error_types(int status) {
+  for (const ErrorTypes& t : kErrorTypes)
+    if (t.status == status) return t;
+  if (status >= 500) return {status, "InternalServerError", "api_error"};
+  return {status, "BadRequestError", "invalid_request_error"};
 }
 
 }  // namespace
 
 ojson openai_error(int status, const std::string& message, const std::string& param) {
-  ojson e{{"message", message}, {"type", openai_error_type(status)}, {"param", nullptr}, {"code", status}};
+  ojson e{{"message", message}, {"type", error_types(status).openai}, {"param", nullptr}, {"code", status}};
   if (!param.empty()) e["param"] = param;
   if (status == 401) {
     e["type"] = "invalid_request_error";
@@ -76,7 +57,7 @@ ojson openai_error(int status, const std::string& message, const std::string& pa
 }
 
 ojson anthropic_error(int status, const std::string& message) {
-  return ojson{{"type", "error"}, {"error", {{"type", anthropic_error_type(status)}, {"message", message}}}};
+  return ojson{{"type", "error"}, {"error", {{"type", error_types(status).anthropic}, {"message", message}}}};
 }
 
 std::string random_hex(int n) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include "server/parsers/chat_output_parser.h"
 #include "server/protocol_writers.h"
 #include "server/responses_api.h"
+#include "server/sampling_params_json.h"
 #include "server/text_only.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -108,16 +110,18 @@ struct ApiServer::Impl {
     // 32000) is lowered to that room and to the generation config's max_new_tokens, as vLLM's get_max_tokens
     // does, instead of refused.
     bool clamp_max_tokens = false;
+    // The body field that holds the prompt (the error `param` when the engine refuses the prompt).
+    std::string prompt_param = "messages";
   };
 
   SamplingParams base_params() const {
     SamplingParams p;
     const auto& d = opt.defaults;
-    if (d.temperature) p.temperature = *d.temperature;
-    if (d.top_p) p.top_p = *d.top_p;
+    if (d.temperature) p.temperature = static_cast<float>(*d.temperature);
+    if (d.top_p) p.top_p = static_cast<float>(*d.top_p);
     if (d.top_k) p.top_k = *d.top_k;
-    if (d.min_p) p.min_p = *d.min_p;
-    if (d.repetition_penalty) p.repetition_penalty = *d.repetition_penalty;
+    if (d.min_p) p.min_p = static_cast<float>(*d.min_p);
+    if (d.repetition_penalty) p.repetition_penalty = static_cast<float>(*d.repetition_penalty);
     return p;
   }
 
@@ -138,6 +142,7 @@ struct ApiServer::Impl {
                                                     "stop_token_ids",
                                                     "logprobs",
                                                     "top_logprobs",
+                                                    "prompt_logprobs",
                                                     "logit_bias"};
 
   void read_params(const ojson& body, Prepared& pr) {
@@ -151,33 +156,27 @@ struct ApiServer::Impl {
     if (const ojson* bo = field(body, "best_of"); bo && !(bo->is_number_integer() && *bo == 1))
       bad("'best_of' is not supported; use 'n' for several completions", "best_of");
     pr.max_tokens_given = field(body, "max_tokens") || field(body, "max_completion_tokens");
+    // vLLM's rule: prompt logprobs are not streamed.
+    if (pr.params.prompt_logprobs > 0 && get_bool(body, "stream", false))
+      bad("'prompt_logprobs' are not available when 'stream' is true", "prompt_logprobs");
     if (pr.params.n < 1 || pr.params.n > opt.max_n)
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");
   }
 
-  // vLLM's context-length checks, with its wording.
+  // The max_tokens a prompt of prompt_len tokens runs with: the one asked for, lowered to the room left in
+  // the context when the protocol clamps (Anthropic, Responses), or the default (the room left, or the
+  // endpoint's or the generation config's). Whether it fits is the engine's to say (validate_request:
+  // vLLM's context-length errors, 400).
   void fit_max_tokens(const Prepared& pr, size_t prompt_len, SamplingParams& p) {
-    const int L = engine.max_model_len();
-    const int P = static_cast<int>(prompt_len);
-    if (P >= L)
-      bad(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
-                      "Please reduce the length of the input messages.",
-                      L, P),
-          "messages");
+    const int room = engine.max_model_len() - static_cast<int>(prompt_len);
     if (pr.max_tokens_given && pr.clamp_max_tokens) {
-      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, L - P));
-      if (opt.defaults.max_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_tokens));
+      p.max_tokens = std::max(1, std::min(pr.params.max_tokens, room));
+      if (opt.defaults.max_new_tokens) p.max_tokens = std::max(1, std::min(p.max_tokens, *opt.defaults.max_new_tokens));
     } else if (pr.max_tokens_given) {
-      if (P + pr.params.max_tokens > L)
-        bad(fmt::format("'max_tokens' or 'max_completion_tokens' is too large: {}. This model's maximum context length "
-                        "is {} tokens and your request has {} input tokens ({} > {} - {}).",
-                        pr.params.max_tokens, L, P, pr.params.max_tokens, L, P),
-            "max_tokens");
       p.max_tokens = pr.params.max_tokens;
     } else {
-      int room = L - P;
       int def = pr.default_max_tokens > 0 ? pr.default_max_tokens : room;
-      if (opt.defaults.max_tokens && pr.default_max_tokens <= 0) def = *opt.defaults.max_tokens;
+      if (opt.defaults.max_new_tokens && pr.default_max_tokens <= 0) def = *opt.defaults.max_new_tokens;
       p.max_tokens = std::max(1, std::min(def, room));
     }
   }
@@ -186,6 +185,7 @@ struct ApiServer::Impl {
     const size_t P = pr.prompts.size();
     g->n = pr.params.n;
     g->logprobs = pr.params.logprobs;
+    if (g->echo && g->logprobs >= 0) g->prompt_ids = pr.prompts;
     g->stop_token_ids = pr.params.stop_token_ids;
     g->prompt_tokens.assign(P, 0);
     g->prompt_texts = pr.prompt_texts;
@@ -216,7 +216,7 @@ struct ApiServer::Impl {
       metrics.request_rejected();
       switch (r.error) {
         case SubmitError::kInvalid:
-          bad(r.message);
+          bad(r.message, r.param == "prompt" ? pr.prompt_param : r.param);
         case SubmitError::kOverloaded:
           throw ApiError{429, r.message, {}, {{"Retry-After", std::to_string(opt.retry_after_seconds)}}};
         case SubmitError::kDraining:
@@ -254,6 +254,7 @@ struct ApiServer::Impl {
       if (d.finish_reason != FinishReason::kError) c.text += d.text;
       c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
       if (g.logprobs >= 0) c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      if (!d.prompt_logprobs.empty()) c.prompt_logprobs = d.prompt_logprobs;
       if (d.finished) {
         c.done = true;
         c.finish_reason = finish_reason_name(d.finish_reason);
@@ -472,6 +473,7 @@ struct ApiServer::Impl {
     pr.prompts.push_back(tok.encode(prompt, add_special));
     pr.prompt_texts.push_back(std::move(prompt));
     auto g = new_gen(std::move(writer), ex, body);
+    g->prompt_logprobs = pr.params.prompt_logprobs;
     add_parsers(*g, body, plan, pr.params.n);
     start_generation(g, pr);
   }
@@ -484,6 +486,7 @@ struct ApiServer::Impl {
     Prepared pr;
     read_params(body, pr);
     pr.default_max_tokens = 16;  // vLLM's and OpenAI's default for /v1/completions
+    pr.prompt_param = "prompt";
     const bool add_special = get_bool(body, "add_special_tokens", true);
     const bool echo = get_bool(body, "echo", false);
     auto add_text = [&](const ojson& s) {
@@ -496,12 +499,13 @@ struct ApiServer::Impl {
       std::vector<int32_t> ids;
       for (const auto& t : arr) {
         if (!t.is_number_integer()) bad("'prompt' token ids must be integers", "prompt");
-        int64_t v = t.get<int64_t>();
-        if (v < 0 || v >= engine.vocab_size())
-          bad(fmt::format("token id {} is outside the vocabulary (0..{})", v, engine.vocab_size() - 1), "prompt");
+        // Only the narrowing is checked here; the vocabulary is the engine's to check (validate_request).
+        const int64_t v = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                              ? INT64_MAX
+                              : t.get<int64_t>();
+        if (v < INT32_MIN || v > INT32_MAX) bad("'prompt' token ids must be 32-bit integers", "prompt");
         ids.push_back(static_cast<int32_t>(v));
       }
-      if (ids.empty()) bad("a prompt must not be empty", "prompt");
       if (echo)
         pr.prompt_texts.push_back(tok.decode(ids, false));
       else
@@ -531,12 +535,17 @@ struct ApiServer::Impl {
     } else {
       bad("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt");
     }
-    for (const auto& p : pr.prompts)
-      if (p.empty()) bad("a prompt encodes to no tokens; send some text", "prompt");
     if (pr.params.n * static_cast<int>(pr.prompts.size()) > opt.max_prompts)
       bad(fmt::format("n x prompts must be at most {}", opt.max_prompts), "n");
     auto g = new_gen(completion_writer(text), ex, body);
     g->echo = echo;
+    // vLLM: with echo, logprobs covers the prompt too (the prompt_logprobs the engine computes), and
+    // max_tokens 0 returns the prompt alone (lm-evaluation-harness scores text this way).
+    g->prompt_logprobs = pr.params.prompt_logprobs;
+    if (echo && pr.params.logprobs >= 0 && pr.params.prompt_logprobs < 0)
+      g->prompt_logprobs = pr.params.prompt_logprobs = pr.params.logprobs;
+    if (echo && pr.max_tokens_given && pr.params.max_tokens == 0 && pr.params.prompt_logprobs < 0)
+      pr.params.prompt_logprobs = 0;  // the engine scores the prompt (not reported) and generates nothing
     start_generation(g, pr);
   }
 
@@ -682,25 +691,33 @@ struct ApiServer::Impl {
     return std::nullopt;
   }
 
-  // The POST routes, with the parsed body.
+  void chat_completions(const ojson& body, const std::shared_ptr<Exchange>& ex) { chat(body, ex, chat_writer(text)); }
+
+  // The POST routes: path, whether it generates (refused while draining), the handler.
+  struct PostRoute {
+    const char* path;
+    bool generates;
+    void (Impl::*serve)(const ojson& body, const std::shared_ptr<Exchange>& ex);
+  };
+
+  // A POST route, with the parsed body.
   void serve_post(const std::string& path, const ojson& body, const std::shared_ptr<Exchange>& ex) {
-    const bool generates = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
-                           path == "/v1/responses";
-    if (generates && owner->draining_) throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
-    if (path == "/v1/chat/completions")
-      chat(body, ex, chat_writer(text));
-    else if (path == "/v1/completions")
-      completions(body, ex);
-    else if (path == "/v1/messages")
-      messages(body, ex);
-    else if (path == "/v1/responses")
-      responses(body, ex);
-    else if (path == "/v1/messages/count_tokens")
-      count_tokens(body, ex);
-    else if (path == "/tokenize")
-      tokenize(body, ex);
-    else if (path == "/detokenize")
-      detokenize(body, ex);
+    static constexpr PostRoute kPostRoutes[] = {
+        {"/v1/chat/completions", true, &Impl::chat_completions},
+        {"/v1/completions", true, &Impl::completions},
+        {"/v1/messages", true, &Impl::messages},
+        {"/v1/responses", true, &Impl::responses},
+        {"/v1/messages/count_tokens", false, &Impl::count_tokens},
+        {"/tokenize", false, &Impl::tokenize},
+        {"/detokenize", false, &Impl::detokenize},
+    };
+    for (const PostRoute& r : kPostRoutes) {
+      if (path != r.path) continue;
+      if (r.generates && owner->draining_)
+        throw ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}};
+      (this->*r.serve)(body, ex);
+      return;
+    }
   }
 
   void handle(HttpRequest&& r, const std::shared_ptr<Exchange>& ex) {

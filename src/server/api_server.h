@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/async_engine.h"
+#include "loader/model_config.h"
 #include "server/http_types.h"
 #include "server/metrics.h"
 
@@ -20,16 +21,11 @@ class ChatTemplate;
 
 namespace tessera::server {
 
-// Sampling defaults from generation_config.json (vLLM's --generation-config auto).
-struct GenerationDefaults {
-  std::optional<float> temperature, top_p, min_p, repetition_penalty;
-  std::optional<int> top_k, max_tokens;
-};
-
 struct ApiOptions {
   std::vector<std::string> served_model_names;  // the first is reported; any is accepted as "model"
   std::string model_path;
   std::vector<std::string> api_keys;  // empty: no auth
+  // Sampling defaults from generation_config.json (vLLM's --generation-config; load_generation_config).
   GenerationDefaults defaults;
   bool enable_auto_tool_choice = false;
   std::string tool_call_parser, reasoning_parser;

@@ -72,20 +72,66 @@ ojson TokenText::chat_logprobs(const std::vector<TokenLogprob>& lps, int top) co
   return ojson{{"content", content}};
 }
 
-ojson TokenText::completion_logprobs(const std::vector<TokenLogprob>& lps, int top, size_t text_offset) const {
+namespace {
+// The four parallel arrays of completions' logprobs, filled token by token.
+struct CompletionLogprobs {
   ojson tokens = ojson::array(), token_lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
-  for (const auto& lp : lps) {
-    std::string s = token_string(lp.token);
-    tokens.push_back(s);
-    token_lps.push_back(finite_logprob(lp.logprob));
-    ojson t = ojson::object();
-    for (size_t i = 0; i < lp.top.size() && static_cast<int>(i) < top; ++i)
-      t[token_string(lp.top[i].first)] = finite_logprob(lp.top[i].second);
-    tops.push_back(t);
-    offsets.push_back(text_offset);
-    text_offset += s.size();
+  size_t offset = 0;
+
+  void add(const std::string& token, ojson logprob, ojson top) {
+    tokens.push_back(token);
+    token_lps.push_back(std::move(logprob));
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += token.size();
   }
-  return ojson{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  void add(const TokenText& text, const std::vector<TokenLogprob>& lps, int top) {
+    for (const auto& lp : lps) {
+      ojson t = ojson::object();
+      for (size_t i = 0; i < lp.top.size() && static_cast<int>(i) < top; ++i)
+        t[text.token_string(lp.top[i].first)] = finite_logprob(lp.top[i].second);
+      add(text.token_string(lp.token), finite_logprob(lp.logprob), std::move(t));
+    }
+  }
+  ojson json() const {
+    return ojson{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+};
+}  // namespace
+
+ojson TokenText::completion_logprobs(const std::vector<TokenLogprob>& lps, int top, size_t text_offset) const {
+  CompletionLogprobs out;
+  out.offset = text_offset;
+  out.add(*this, lps, top);
+  return out.json();
+}
+
+ojson TokenText::echo_logprobs(const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& prompt_lps,
+                               const std::vector<TokenLogprob>& lps, int top) const {
+  CompletionLogprobs out;
+  if (!prompt.empty()) out.add(token_string(prompt[0]), nullptr, nullptr);
+  out.add(*this, prompt_lps, top);
+  out.add(*this, lps, top);
+  return out.json();
+}
+
+ojson TokenText::prompt_logprobs(const std::vector<TokenLogprob>& prompt_lps, int top) const {
+  ojson out = ojson::array();
+  out.push_back(nullptr);
+  for (const auto& lp : prompt_lps) {
+    ojson entry = ojson::object();
+    entry[std::to_string(lp.token)] = {
+        {"logprob", finite_logprob(lp.logprob)}, {"rank", lp.rank}, {"decoded_token", token_string(lp.token)}};
+    for (size_t i = 0; i < lp.top.size() && static_cast<int>(i) < top; ++i) {
+      const std::string key = std::to_string(lp.top[i].first);
+      if (entry.contains(key)) continue;
+      entry[key] = {{"logprob", finite_logprob(lp.top[i].second)},
+                    {"rank", static_cast<int>(i) + 1},
+                    {"decoded_token", token_string(lp.top[i].first)}};
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 }  // namespace tessera::server::api

@@ -27,6 +27,8 @@ struct Choice {
   std::string text;
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;  // when the engine scored the prompt (from its second token on)
+  bool echoed = false;                        // streamed completions with echo + logprobs: the prompt went out
   std::string finish_reason;
   ojson stop_reason = nullptr;
   std::string stop_string;
@@ -45,10 +47,14 @@ struct Gen {
   int64_t created = 0;
   int n = 1;
   int logprobs = -1;
+  // What the client gets back as vLLM's prompt_logprobs (-1: no such field): its prompt_logprobs, or
+  // /v1/completions' logprobs with echo. The engine may score the prompt for echo alone (max_tokens 0).
+  int prompt_logprobs = -1;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> engine_ids;
   std::vector<int> prompt_tokens;
   std::vector<std::string> prompt_texts;
+  std::vector<std::vector<int32_t>> prompt_ids;  // kept for echo with logprobs
   int cached_tokens = 0;
   std::vector<Choice> choices;
   int remaining = 0;
@@ -83,6 +89,13 @@ class TokenText {
   ojson chat_logprobs(const std::vector<TokenLogprob>& lps, int top) const;
   // choices[].logprobs of completions (tokens, token_logprobs, top_logprobs, text_offset).
   ojson completion_logprobs(const std::vector<TokenLogprob>& lps, int top, size_t text_offset) const;
+  // The same with echo: the prompt's tokens first (the first with null logprobs, as OpenAI and vLLM
+  // report it; the others from `prompt_lps`), then the output's; text offsets from 0.
+  ojson echo_logprobs(const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& prompt_lps,
+                      const std::vector<TokenLogprob>& lps, int top) const;
+  // vLLM's prompt_logprobs: null for the first prompt token, then per token an object keyed by token id
+  // with {logprob, rank, decoded_token} for the prompt token and the `top` most likely ones.
+  ojson prompt_logprobs(const std::vector<TokenLogprob>& prompt_lps, int top) const;
   const tokenizer::Tokenizer& tokenizer() const { return tok_; }
 
  private:

@@ -94,7 +94,10 @@ class ChatWriter final : public OpenAIWriter {
                          {"finish_reason", finish},
                          {"stop_reason", c.stop_reason}});
     }
-    return body(g, "chat.completion", choices);
+    ojson b = body(g, "chat.completion", choices);
+    if (g.prompt_logprobs >= 0 && !g.choices.empty())
+      b["prompt_logprobs"] = text_.prompt_logprobs(g.choices[0].prompt_logprobs, g.prompt_logprobs);
+    return b;
   }
 
  private:
@@ -122,9 +125,10 @@ class CompletionWriter final : public OpenAIWriter {
   using OpenAIWriter::OpenAIWriter;
   const char* id_prefix() const override { return "cmpl-"; }
 
-  // With echo, each choice's prompt first.
+  // With echo, each choice's prompt first (with logprobs: in the choice's first chunk, which brings the
+  // prompt's logprobs).
   std::string begin_stream(Gen& g) override {
-    if (!g.echo) return {};
+    if (!g.echo || g.logprobs >= 0) return {};
     return first_chunks(g, "text", [&g](size_t c) { return ojson(g.prompt_texts[c / static_cast<size_t>(g.n)]); });
   }
 
@@ -132,29 +136,45 @@ class CompletionWriter final : public OpenAIWriter {
     ojson choices = ojson::array();
     for (size_t i = 0; i < g.choices.size(); ++i) {
       const Choice& c = g.choices[i];
-      std::string prefix = g.echo ? g.prompt_texts[i / static_cast<size_t>(g.n)] : std::string();
-      choices.push_back({{"index", i},
-                         {"text", prefix + c.text},
-                         {"logprobs", g.logprobs >= 0 ? text_.completion_logprobs(c.logprobs, g.logprobs, prefix.size())
-                                                      : ojson(nullptr)},
-                         {"finish_reason", c.finish_reason},
-                         {"stop_reason", c.stop_reason}});
+      const size_t p = i / static_cast<size_t>(g.n);
+      std::string prefix = g.echo ? g.prompt_texts[p] : std::string();
+      ojson logprobs = nullptr;
+      if (g.logprobs >= 0)
+        logprobs = g.echo ? text_.echo_logprobs(g.prompt_ids[p], c.prompt_logprobs, c.logprobs, g.logprobs)
+                          : text_.completion_logprobs(c.logprobs, g.logprobs, 0);
+      ojson choice{{"index", i},
+                   {"text", prefix + c.text},
+                   {"logprobs", logprobs},
+                   {"finish_reason", c.finish_reason},
+                   {"stop_reason", c.stop_reason}};
+      if (g.prompt_logprobs >= 0)
+        choice["prompt_logprobs"] = text_.prompt_logprobs(c.prompt_logprobs, g.prompt_logprobs);
+      choices.push_back(std::move(choice));
     }
     return body(g, "text_completion", choices);
   }
 
  private:
-  const char* chunk_object() const override { return "text_completion"; }
-
+  // A chunk's choice: the new text, and its logprobs at their offset in the choice's text.
   bool fill_choice(Gen& g, size_t ci, const StreamDelta& d, const std::vector<TokenLogprob>& lps, bool has_text,
                    ojson& choice) override {
-    const Choice& c = g.choices[ci];
-    choice["text"] = has_text ? d.text : "";
-    size_t offset = c.text.size() - (has_text ? d.text.size() : 0);
+    Choice& c = g.choices[ci];
+    const size_t p = ci / static_cast<size_t>(g.n);
+    const std::string text = has_text ? d.text : "";
+    if (g.echo && g.logprobs >= 0 && !c.echoed) {  // the prompt, its logprobs, then this delta's
+      c.echoed = true;
+      choice["text"] = g.prompt_texts[p] + text;
+      choice["logprobs"] = text_.echo_logprobs(g.prompt_ids[p], c.prompt_logprobs, lps, g.logprobs);
+      return true;
+    }
+    choice["text"] = text;
+    size_t offset = (g.echo ? g.prompt_texts[p].size() : 0) + c.text.size() - text.size();
     choice["logprobs"] =
         g.logprobs >= 0 && !lps.empty() ? text_.completion_logprobs(lps, g.logprobs, offset) : ojson(nullptr);
     return true;
   }
+
+  const char* chunk_object() const override { return "text_completion"; }
 };
 
 }  // namespace

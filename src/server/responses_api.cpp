@@ -401,27 +401,23 @@ std::string ResponseBuilder::close_open() {
   cur.json["status"] = "completed";
   const std::string id = cur.json["id"].get<std::string>();
   std::string out;
+  // A text part ends with two events: its text (with `extra` fields), then the part.
+  auto part_done = [&](const char* text_event, const char* part_event, const char* index_key, const ojson& part,
+                       const ojson& extra) {
+    ojson text{{"item_id", id}, {"output_index", index}, {index_key, 0}, {"text", part["text"]}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) text[it.key()] = it.value();
+    out += event(text_event, text);
+    out += event(part_event, {{"item_id", id}, {"output_index", index}, {index_key, 0}, {"part", part}});
+  };
   if (cur.type == "message") {
-    const ojson& part = cur.json["content"][0];
-    out += event("response.output_text.done", {{"item_id", id},
-                                               {"output_index", index},
-                                               {"content_index", 0},
-                                               {"text", part["text"]},
-                                               {"logprobs", ojson::array()}});
-    out += event("response.content_part.done",
-                 {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+    part_done("response.output_text.done", "response.content_part.done", "content_index", cur.json["content"][0],
+              {{"logprobs", ojson::array()}});
   } else if (cur.type == "reasoning" && summary_) {
-    const ojson& part = cur.json["summary"][0];
-    out += event("response.reasoning_summary_text.done",
-                 {{"item_id", id}, {"output_index", index}, {"summary_index", 0}, {"text", part["text"]}});
-    out += event("response.reasoning_summary_part.done",
-                 {{"item_id", id}, {"output_index", index}, {"summary_index", 0}, {"part", part}});
+    part_done("response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "summary_index",
+              cur.json["summary"][0], ojson::object());
   } else if (cur.type == "reasoning") {
-    const ojson& part = cur.json["content"][0];
-    out += event("response.reasoning_text.done",
-                 {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"text", part["text"]}});
-    out += event("response.content_part.done",
-                 {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+    part_done("response.reasoning_text.done", "response.content_part.done", "content_index", cur.json["content"][0],
+              ojson::object());
   } else if (cur.type == "function_call") {
     out += event(
         "response.function_call_arguments.done",

@@ -1,18 +1,25 @@
-// Every CpuBackend op against a plain double-precision reference written here.
-// Inputs are random and fresh each run (the seed is printed on failure); outputs are
-// poisoned with NaN before each op so that an unwritten element cannot pass.
+// CpuBackend: the op table (op_table.h) against plain double-precision references
+// (op_reference.h), and the checks that are the CPU backend's own: paged attention over fp8 and
+// bf16 caches with scales, random shapes for gather, cast, MoE routing with ties and expert
+// parallelism, the scratch arena, bad ids and shapes. Inputs here are random and fresh each run
+// (the seed is printed on failure); outputs are poisoned with NaN before each op so that an
+// unwritten element cannot pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "backend/attention_metadata.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "op_reference.h"
+#include "op_table.h"
 
 namespace tessera {
 namespace {
@@ -72,168 +79,22 @@ class CpuOps : public ::testing::Test {
   CpuBackend be_;
 };
 
-TEST_F(CpuOps, Embedding) {
-  const int V = randint(5, 300), H = randint(1, 70), T = randint(1, 40);
+// Value checks of every op are the op table's (op_table.h, CpuOpTable below); these are the CPU
+// backend's refusals of bad ids and shapes.
+TEST_F(CpuOps, OpsRefuseBadIdsAndShapes) {
+  const int V = 9, H = 4;
   Tensor table = rand_f32({V, H});
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (auto& id : ids) id = randint(0, V - 1);
-  ids[0] = V - 1;
-  if (T > 1) ids[1] = 0;
-  Tensor out = poisoned({T, H});
-  be_.embedding(i32(ids), table, out);
-  std::vector<double> want;
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h) want.push_back(table.data<float>()[ids[t] * H + h]);
-  expect_close(out, want, 0, 0, "embedding");
   EXPECT_THROW(be_.embedding(i32({V}), table, poisoned({1, H})), Error);
   EXPECT_THROW(be_.embedding(i32({-1}), table, poisoned({1, H})), Error);
-}
-
-std::vector<double> rms_norm_ref(const std::vector<double>& x, const std::vector<double>& w, double eps) {
-  const size_t D = w.size();
-  std::vector<double> out(x.size());
-  for (size_t r = 0; r < x.size() / D; ++r) {
-    double ss = 0;
-    for (size_t i = 0; i < D; ++i) ss += x[r * D + i] * x[r * D + i];
-    double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
-    for (size_t i = 0; i < D; ++i) out[r * D + i] = x[r * D + i] * inv * w[i];
-  }
-  return out;
-}
-
-TEST_F(CpuOps, RmsNorm) {
-  for (int rep = 0; rep < 4; ++rep) {
-    const int T = randint(1, 50), D = randint(1, 200);
-    const float eps = rep % 2 ? 1e-6f : 1e-5f;
-    Tensor x = rand_f32({T, D}, -3, 3), w = rand_f32({D}, 0.5f, 1.5f);
-    if (rep == 3) std::fill_n(x.data<float>(), D, 0.0f);  // an all-zero row: eps keeps it finite
-    Tensor out = poisoned({T, D});
-    be_.rms_norm(x, w, eps, out);
-    auto want = rms_norm_ref(vec(x), vec(w), eps);
-    expect_close(out, want, 1e-6, 1e-5, "rms_norm");
-    // In place, over the rows of a 3-d tensor (as q_norm/k_norm use it).
-    const int H = randint(1, 4);
-    Tensor q = rand_f32({T, H, D});
-    auto want_q = rms_norm_ref(vec(q), vec(w), eps);
-    be_.rms_norm(q, w, eps, q);
-    expect_close(q, want_q, 1e-6, 1e-5, "rms_norm in place");
-  }
-}
-
-TEST_F(CpuOps, AddRmsNorm) {
-  const int T = randint(1, 40), D = randint(2, 150);
-  Tensor x = rand_f32({T, D}), r = rand_f32({T, D}), w = rand_f32({D}, 0.5f, 1.5f);
-  auto xv = vec(x), rv = vec(r);
-  for (size_t i = 0; i < rv.size(); ++i) rv[i] += xv[i];
-  auto want = rms_norm_ref(rv, vec(w), 1e-6);
-  be_.add_rms_norm(x, r, w, 1e-6f);
-  expect_close(r, rv, 1e-6, 1e-6, "add_rms_norm residual");
-  expect_close(x, want, 1e-6, 1e-5, "add_rms_norm output");
-}
-
-TEST_F(CpuOps, Linear) {
-  for (int rep = 0; rep < 6; ++rep) {
-    const int M = rep == 0 ? 1 : randint(1, 40), K = randint(1, 130), N = randint(1, 90);
-    Tensor x = rand_f32({M, K}), w = rand_f32({N, K}), b = rand_f32({N});
-    const bool with_bias = rep % 2 == 1;
-    Tensor out = poisoned({M, N});
-    be_.linear(x, w, with_bias ? &b : nullptr, out);
-    std::vector<double> want(static_cast<size_t>(M) * N);
-    auto xv = vec(x), wv = vec(w), bv = vec(b);
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) {
-        double s = with_bias ? bv[n] : 0.0;
-        for (int k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
-        want[static_cast<size_t>(m) * N + n] = s;
-      }
-    expect_close(out, want, 1e-5 * std::sqrt(K) + 1e-6, 1e-5, with_bias ? "linear + bias" : "linear");
-  }
-  // Rows of a 3-d input flatten into M (as the attention projections use it).
-  Tensor x3 = rand_f32({3, 2, 8}), w = rand_f32({5, 8}), out = poisoned({6, 5});
-  be_.linear(x3, w, nullptr, out);
-  auto xv = vec(x3), wv = vec(w);
-  std::vector<double> want(30);
-  for (int m = 0; m < 6; ++m)
-    for (int n = 0; n < 5; ++n)
-      for (int k = 0; k < 8; ++k) want[m * 5 + n] += xv[m * 8 + k] * wv[n * 8 + k];
-  expect_close(out, want, 1e-5, 1e-5, "linear 3-d");
-  EXPECT_THROW(be_.linear(rand_f32({2, 7}), w, nullptr, poisoned({2, 5})), Error);
-}
-
-TEST_F(CpuOps, SiluMulAndAdd) {
-  const int T = randint(1, 30), I = randint(1, 100);
-  Tensor gu = rand_f32({T, 2 * I}, -8, 8), out = poisoned({T, I});
-  be_.silu_mul(gu, out);
-  auto g = vec(gu);
-  std::vector<double> want;
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < I; ++i) {
-      double a = g[t * 2 * I + i], u = g[t * 2 * I + I + i];
-      want.push_back(a / (1 + std::exp(-a)) * u);
-    }
-  expect_close(out, want, 1e-6, 1e-5, "silu_mul");
-
-  Tensor a = rand_f32({T, I}), b = rand_f32({T, I}), sum = poisoned({T, I});
-  be_.add(a, b, sum);
-  auto av = vec(a), bv = vec(b);
-  for (size_t i = 0; i < av.size(); ++i) av[i] += bv[i];
-  expect_close(sum, av, 1e-7, 1e-7, "add");
-}
-
-// cos/sin table as the model builds it: [max_pos, rotary_dim], cos of each frequency then sin.
-RopeTable make_table(int max_pos, int rd, double theta, bool neox) {
-  RopeTable t;
-  t.rotary_dim = rd;
-  t.neox_style = neox;
-  t.cos_sin = host_empty({max_pos, rd}, DType::kF32);
-  for (int p = 0; p < max_pos; ++p)
-    for (int i = 0; i < rd / 2; ++i) {
-      double a = p * std::pow(theta, -2.0 * i / rd);
-      t.cos_sin.data<float>()[p * rd + i] = static_cast<float>(std::cos(a));
-      t.cos_sin.data<float>()[p * rd + rd / 2 + i] = static_cast<float>(std::sin(a));
-    }
-  return t;
-}
-
-// HF rotate_half (neox) or GPT-J pairs (interleaved) on the first rd dims of each head.
-std::vector<double> rope_ref(std::vector<double> x, int H, int D, const std::vector<int32_t>& pos, int rd, double theta,
-                             bool neox) {
-  for (size_t t = 0; t < pos.size(); ++t)
-    for (int h = 0; h < H; ++h) {
-      double* v = x.data() + (t * H + h) * D;
-      for (int i = 0; i < rd / 2; ++i) {
-        double a = pos[t] * std::pow(theta, -2.0 * i / rd), c = std::cos(a), s = std::sin(a);
-        int i1 = neox ? i : 2 * i, i2 = neox ? i + rd / 2 : 2 * i + 1;
-        double x1 = v[i1], x2 = v[i2];
-        v[i1] = x1 * c - x2 * s;
-        v[i2] = x2 * c + x1 * s;
-      }
-    }
-  return x;
-}
-
-TEST_F(CpuOps, RopeNeoxAndInterleavedWithPartialRotaryDim) {
-  for (bool neox : {true, false})
-    for (int variant = 0; variant < 3; ++variant) {
-      SCOPED_TRACE(std::string(neox ? "neox" : "interleaved") + " variant " + std::to_string(variant));
-      const int D = 2 * randint(2, 32);
-      const int rd = variant == 0 ? D : variant == 1 ? D / 2 - (D / 2) % 2 : 2;  // full, half, minimal
-      const int T = randint(1, 20), Hq = randint(1, 6), Hk = randint(1, 3), max_pos = 300;
-      const double theta = variant == 2 ? 500000.0 : 10000.0;
-      RopeTable table = make_table(max_pos, rd, theta, neox);
-      Tensor q = rand_f32({T, Hq, D}), k = rand_f32({T, Hk, D});
-      std::vector<int32_t> pos(static_cast<size_t>(T));
-      for (auto& p : pos) p = randint(0, max_pos - 1);  // unsorted, with repeats, like a batch
-      auto want_q = rope_ref(vec(q), Hq, D, pos, rd, theta, neox);
-      auto want_k = rope_ref(vec(k), Hk, D, pos, rd, theta, neox);
-      be_.rope(q, k, i32(pos), table);
-      expect_close(q, want_q, 2e-5, 1e-5, "rope q");  // positions up to 300: table angle error ~1e-5
-      expect_close(k, want_k, 2e-5, 1e-5, "rope k");
-    }
-  RopeTable table = make_table(8, 4, 10000.0, true);
+  EXPECT_THROW(be_.linear(rand_f32({2, 7}), rand_f32({5, 8}), nullptr, poisoned({2, 5})), Error);
+  RopeTable rope;
+  rope.rotary_dim = 4;
+  rope.cos_sin = rand_f32({8, 4});
   Tensor q = rand_f32({1, 1, 4}), k = rand_f32({1, 1, 4});
-  EXPECT_THROW(be_.rope(q, k, i32({8}), table), Error);
-  EXPECT_THROW(be_.rope(q, k, i32({-1}), table), Error);
+  EXPECT_THROW(be_.rope(q, k, i32({8}), rope), Error);
+  EXPECT_THROW(be_.rope(q, k, i32({-1}), rope), Error);
+  Tensor x = rand_f32({3, H});
+  EXPECT_THROW(be_.sigmoid_mul(x, rand_f32({4, 1}), x), Error);
 }
 
 // ---- paged KV cache ----
@@ -517,23 +378,36 @@ TEST_F(CpuOps, Copies) {
 
 TEST_F(CpuOps, EmptyBatchesAreNoOps) {
   // A step where no sequence wants logits (a middle prefill chunk) hands the backend
-  // zero-row tensors and empty host vectors, whose data() may be null.
+  // zero-row tensors and empty host vectors, whose data() may be null. Every op must accept
+  // them, write nothing (a zero-row scratch tensor shares its address with the next scratch
+  // allocation: the canary after them must stay intact) and leave its inputs alone.
   const int H = 8, V = 16;
   std::vector<int32_t> none;
   Tensor idx = be_.scratch({0}, DType::kI32);
-  be_.copy_from_host(idx, none.data());
-  std::vector<float> sink;
-  be_.copy_to_host(sink.data(), be_.scratch({0, H}, DType::kF32));
-  Tensor x = rand_f32({3, H});
   Tensor rows = be_.scratch({0, H}, DType::kF32);
-  be_.gather_rows(x, idx, rows);
-  Tensor w = rand_f32({V, H});
-  be_.linear(rows, w, nullptr, be_.scratch({0, V}, DType::kF32));
-  be_.embedding(idx, w, be_.scratch({0, H}, DType::kF32));
-  be_.rms_norm(rows, rand_f32({H}), 1e-6f, rows);
-  be_.silu_mul(be_.scratch({0, 2 * H}, DType::kF32), rows);
-  be_.cast(rows, be_.scratch({0, H}, DType::kBF16));
-  SUCCEED();
+  Tensor logits = be_.scratch({0, V}, DType::kF32);
+  Tensor emb = be_.scratch({0, H}, DType::kF32);
+  Tensor gate_up = be_.scratch({0, 2 * H}, DType::kF32);
+  Tensor narrow = be_.scratch({0, H}, DType::kBF16);
+  Tensor canary = be_.scratch({64}, DType::kF32);
+  std::fill_n(canary.data<float>(), 64, 1234.5f);
+  Tensor x = rand_f32({3, H}), w = rand_f32({V, H}), g = rand_f32({H});
+  const std::vector<double> x0 = vec(x), w0 = vec(w), g0 = vec(g);
+  std::vector<float> sink;
+  EXPECT_NO_THROW(be_.copy_from_host(idx, none.data()));
+  EXPECT_NO_THROW(be_.copy_to_host(sink.data(), rows));
+  EXPECT_NO_THROW(be_.gather_rows(x, idx, rows));
+  EXPECT_NO_THROW(be_.linear(rows, w, nullptr, logits));
+  EXPECT_NO_THROW(be_.embedding(idx, w, emb));
+  EXPECT_NO_THROW(be_.rms_norm(rows, g, 1e-6f, rows));
+  EXPECT_NO_THROW(be_.silu_mul(gate_up, rows));
+  EXPECT_NO_THROW(be_.cast(rows, narrow));
+  EXPECT_NO_THROW(be_.sample(logits, {}, idx));
+  be_.synchronize();
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(canary.data<float>()[i], 1234.5f) << "an op on zero rows wrote element " << i;
+  EXPECT_EQ(vec(x), x0);
+  EXPECT_EQ(vec(w), w0);
+  EXPECT_EQ(vec(g), g0);
 }
 
 TEST_F(CpuOps, ScratchArenaAcrossResets) {
@@ -612,57 +486,6 @@ TEST_F(CpuOps, ScratchFromAnEarlierStepStaysValidMemory) {
 
 // ---- mixture of experts ----
 
-// Softmax in double, then the k largest (ties to the lower id), renormalized on request.
-void moe_topk_ref(const std::vector<double>& logits, int E, int k, bool renormalize, std::vector<int32_t>& ids,
-                  std::vector<double>& weights) {
-  const size_t T = logits.size() / E;
-  ids.clear();
-  weights.clear();
-  for (size_t t = 0; t < T; ++t) {
-    const double* row = logits.data() + t * E;
-    double mx = *std::max_element(row, row + E), sum = 0;
-    std::vector<double> p(static_cast<size_t>(E));
-    for (int i = 0; i < E; ++i) sum += p[i] = std::exp(row[i] - mx);
-    for (auto& v : p) v /= sum;
-    std::vector<int32_t> order(static_cast<size_t>(E));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-    double picked = 0;
-    for (int j = 0; j < k; ++j) picked += p[order[j]];
-    for (int j = 0; j < k; ++j) {
-      ids.push_back(order[j]);
-      weights.push_back(renormalize ? p[order[j]] / picked : p[order[j]]);
-    }
-  }
-}
-
-// out[t] = sum_j w[t,j] * down[e] @ (silu(gate[e] @ x[t]) * up[e] @ x[t]) over the local experts.
-std::vector<double> moe_experts_ref(const std::vector<double>& x, const std::vector<double>& gate_up,
-                                    const std::vector<double>& down, const std::vector<int32_t>& ids,
-                                    const std::vector<double>& w, int T, int H, int I, int E_local, int k,
-                                    int expert_begin) {
-  std::vector<double> out(static_cast<size_t>(T) * H, 0.0), act(static_cast<size_t>(I));
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < k; ++j) {
-      const int e = ids[t * k + j] - expert_begin;
-      if (e < 0 || e >= E_local) continue;
-      for (int i = 0; i < I; ++i) {
-        double g = 0, u = 0;
-        for (int h = 0; h < H; ++h) {
-          g += gate_up[(static_cast<size_t>(e) * 2 * I + i) * H + h] * x[t * H + h];
-          u += gate_up[(static_cast<size_t>(e) * 2 * I + I + i) * H + h] * x[t * H + h];
-        }
-        act[i] = g / (1 + std::exp(-g)) * u;
-      }
-      for (int h = 0; h < H; ++h) {
-        double y = 0;
-        for (int i = 0; i < I; ++i) y += down[(static_cast<size_t>(e) * H + h) * I + i] * act[i];
-        out[t * H + h] += w[t * k + j] * y;
-      }
-    }
-  return out;
-}
-
 TEST_F(CpuOps, MoeTopkSoftmaxTiesAndRenormalize) {
   for (int rep = 0; rep < 24; ++rep) {
     const int E = randint(8, 64), k = std::min(E, 1 + rep % 8), T = randint(1, 40);
@@ -676,7 +499,7 @@ TEST_F(CpuOps, MoeTopkSoftmaxTiesAndRenormalize) {
     be_.moe_topk(logits, k, renormalize, ids, w);
     std::vector<int32_t> want_ids;
     std::vector<double> want_w;
-    moe_topk_ref(vec(logits), E, k, renormalize, want_ids, want_w);
+    optest::moe_topk_ref(vec(logits), E, k, renormalize, want_ids, want_w);
     const std::string what =
         "moe_topk E=" + std::to_string(E) + " k=" + std::to_string(k) + (renormalize ? " renormalized" : "");
     ASSERT_EQ(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + T * k), want_ids) << what;
@@ -704,7 +527,7 @@ TEST_F(CpuOps, MoeExpertsRoutesGroupsAndCombines) {
     std::vector<int32_t> idv(ids.data<int32_t>(), ids.data<int32_t>() + T * k);
     Tensor out = poisoned({T, H});
     be_.moe_experts(x, gate_up, down, ids, w, begin, out);
-    auto want = moe_experts_ref(vec(x), vec(gate_up), vec(down), idv, vec(w), T, H, I, E_local, k, begin);
+    auto want = optest::moe_experts_ref(vec(x), vec(gate_up), vec(down), idv, vec(w), T, H, I, E_local, k, begin);
     expect_close(out, want, 1e-5, 1e-4,
                  "moe_experts E=" + std::to_string(E) + " local " + std::to_string(E_local) + " from " +
                      std::to_string(begin) + " k=" + std::to_string(k) + " T=" + std::to_string(T));
@@ -719,22 +542,49 @@ TEST_F(CpuOps, MoeExpertsRoutesGroupsAndCombines) {
                Error);
 }
 
-TEST_F(CpuOps, SigmoidMulElementwiseAndPerRow) {
-  const int T = randint(1, 30), D = randint(1, 100);
-  Tensor x = rand_f32({T, D}, -4, 4), g = rand_f32({T, D}, -8, 8), out = poisoned({T, D});
-  be_.sigmoid_mul(x, g, out);
-  auto xv = vec(x), gv = vec(g);
-  std::vector<double> want(xv.size());
-  for (size_t i = 0; i < xv.size(); ++i) want[i] = xv[i] / (1 + std::exp(-gv[i]));
-  expect_close(out, want, 1e-6, 1e-5, "sigmoid_mul elementwise");
+// ---- the op table, on the CPU backend against the plain references ----
 
-  Tensor gr = rand_f32({T, 1}, -8, 8);
-  auto grv = vec(gr);
-  for (int t = 0; t < T; ++t)
-    for (int d = 0; d < D; ++d) want[t * D + d] = xv[t * D + d] / (1 + std::exp(-grv[t]));
-  be_.sigmoid_mul(x, gr, x);  // in place
-  expect_close(x, want, 1e-6, 1e-5, "sigmoid_mul per row, in place");
-  EXPECT_THROW(be_.sigmoid_mul(x, rand_f32({T + 1, 1}), x), Error);
+class CpuOpTable : public ::testing::TestWithParam<optest::OpCase> {};
+
+TEST_P(CpuOpTable, MatchesTheReference) {
+  const optest::OpCase& c = GetParam();
+  CpuBackend be;
+  EXPECT_EQ(optest::compare(c.run(be), c.reference(), c.tolerance(be)), "") << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CpuOpTable, ::testing::ValuesIn(optest::op_cases()),
+                         [](const auto& info) { return optest::test_name(info.param.name); });
+
+// A Backend op declared without a case in the table fails here (and a case of an op the interface
+// no longer declares).
+TEST(OpTable, EveryBackendOpHasACase) {
+  std::ifstream f(TESSERA_SOURCE_DIR "/src/backend/backend.h");
+  ASSERT_TRUE(f) << "src/backend/backend.h not found";
+  std::stringstream header;
+  header << f.rdbuf();
+  const std::vector<std::string> declared = optest::declared_backend_ops(header.str());
+  ASSERT_GE(declared.size(), 20u) << "backend.h's ops were not found; has its '// ---- ops' line moved?";
+  std::set<std::string> covered;
+  for (const auto& c : optest::op_cases()) covered.insert(c.op);
+  for (const auto& op : declared)
+    EXPECT_EQ(covered.count(op), 1u) << "Backend::" << op << " has no case in tests/backend/op_table.cpp";
+  for (const auto& op : covered)
+    EXPECT_NE(std::find(declared.begin(), declared.end(), op), declared.end())
+        << "the table checks " << op << ", which backend.h does not declare";
+}
+
+TEST(OpTable, DeclaredOpsAreTheVirtualMembersAfterTheOpsLine) {
+  const std::string header = R"(class Backend {
+  virtual Tensor alloc(Shape shape, DType dtype) = 0;
+  // ---- ops; shapes in comments
+  virtual void embedding(const Tensor& ids, const Tensor& table,
+                         const Tensor& out) = 0;
+  // ---- mixture of experts ----
+  virtual std::unique_ptr<CapturedGraph> odd_one(int x) { return nullptr; }
+  void not_virtual();
+};
+virtual void after_the_class();)";
+  EXPECT_EQ(optest::declared_backend_ops(header), (std::vector<std::string>{"embedding", "odd_one"}));
 }
 
 }  // namespace

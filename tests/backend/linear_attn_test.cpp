@@ -1,6 +1,6 @@
-// CpuBackend's linear-attention ops (causal_conv1d, gated_delta_rule, gated_rms_norm) against a
-// plain double-precision reference written here from transformers' Qwen3NextGatedDeltaNet
-// (torch_causal_conv1d_update, torch_recurrent_gated_delta_rule, Qwen3NextRMSNormGated), and
+// CpuBackend's linear-attention ops (causal_conv1d, gated_delta_rule, gated_rms_norm) against the
+// plain double-precision references of op_reference.h (from transformers' Qwen3NextGatedDeltaNet:
+// torch_causal_conv1d_update, torch_recurrent_gated_delta_rule, Qwen3NextRMSNormGated), and
 // against themselves: a prefill split into chunks that continue from the state, and decode steps
 // after a prefill, must give the outputs and states of one prefill of the whole sequence.
 #include <gtest/gtest.h>
@@ -14,14 +14,14 @@
 #include "backend/attention_metadata.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "op_reference.h"
 
 namespace tessera {
 namespace {
 
-struct Dims {
-  int Hk, Hv, Dk, Dv;
-  int C() const { return 2 * Hk * Dk + Hv * Dv; }
-};
+using Dims = optest::GdrDims;
+using optest::ref_conv;
+using optest::ref_gdr;
 
 class LinearAttn : public ::testing::Test {
  protected:
@@ -72,55 +72,6 @@ class LinearAttn : public ::testing::Test {
     l.state_slots.assign(slots.begin(), slots.end());
     l.has_initial_state.assign(init.begin(), init.end());
     return upload_linear_attn_metadata(be_, std::move(l));
-  }
-
-  // ---- double-precision references ----
-  // Conv over one sequence: hist (K-1 rows of C, oldest first) is updated to the last K-1 inputs.
-  static void ref_conv(const std::vector<double>& x, int X, int x_col, int t0, int t1, const std::vector<double>& w,
-                       int C, int K, std::vector<double>& hist, std::vector<double>& out) {
-    for (int t = t0; t < t1; ++t) {
-      std::vector<double> row(static_cast<size_t>(C));
-      for (int c = 0; c < C; ++c) row[c] = x[static_cast<size_t>(t) * X + x_col + c];
-      for (int c = 0; c < C; ++c) {
-        double acc = w[static_cast<size_t>(c) * K + K - 1] * row[c];
-        for (int j = 0; j < K - 1; ++j) acc += w[static_cast<size_t>(c) * K + j] * hist[static_cast<size_t>(j) * C + c];
-        out[static_cast<size_t>(t) * C + c] = acc / (1.0 + std::exp(-acc));
-      }
-      hist.erase(hist.begin(), hist.begin() + C);
-      hist.insert(hist.end(), row.begin(), row.end());
-    }
-  }
-  // The recurrent gated delta rule over tokens [t0, t1) for value head h; S [Dk*Dv] in place.
-  static void ref_gdr(const Dims& d, const std::vector<double>& qkv, const std::vector<double>& ba, int X, int ba_col,
-                      const std::vector<double>& alog, const std::vector<double>& dtb, int t0, int t1, int h,
-                      std::vector<double>& S, std::vector<double>& out) {
-    const int C = d.C(), kh = h / (d.Hv / d.Hk);
-    for (int t = t0; t < t1; ++t) {
-      const double* row = qkv.data() + static_cast<size_t>(t) * C;
-      std::vector<double> q(row + kh * d.Dk, row + (kh + 1) * d.Dk);
-      std::vector<double> k(row + d.Hk * d.Dk + kh * d.Dk, row + d.Hk * d.Dk + (kh + 1) * d.Dk);
-      const double* v = row + 2 * d.Hk * d.Dk + h * d.Dv;
-      double sq = 0, sk = 0;
-      for (int i = 0; i < d.Dk; ++i) sq += q[i] * q[i], sk += k[i] * k[i];
-      for (int i = 0; i < d.Dk; ++i) q[i] = q[i] / std::sqrt(sq + 1e-6) / std::sqrt(static_cast<double>(d.Dk));
-      for (int i = 0; i < d.Dk; ++i) k[i] = k[i] / std::sqrt(sk + 1e-6);
-      const double b = ba[static_cast<size_t>(t) * X + ba_col + h],
-                   a = ba[static_cast<size_t>(t) * X + ba_col + d.Hv + h];
-      const double sp = a + dtb[h] > 20 ? a + dtb[h] : std::log1p(std::exp(a + dtb[h]));
-      const double g = -std::exp(alog[h]) * sp, beta = 1.0 / (1.0 + std::exp(-b));
-      for (double& s : S) s *= std::exp(g);
-      for (int j = 0; j < d.Dv; ++j) {
-        double mem = 0;
-        for (int i = 0; i < d.Dk; ++i) mem += S[static_cast<size_t>(i) * d.Dv + j] * k[i];
-        const double delta = (v[j] - mem) * beta;
-        for (int i = 0; i < d.Dk; ++i) S[static_cast<size_t>(i) * d.Dv + j] += k[i] * delta;
-      }
-      for (int j = 0; j < d.Dv; ++j) {
-        double o = 0;
-        for (int i = 0; i < d.Dk; ++i) o += S[static_cast<size_t>(i) * d.Dv + j] * q[i];
-        out[(static_cast<size_t>(t) * d.Hv + h) * d.Dv + j] = o;
-      }
-    }
   }
 
   // Random gated-delta-rule inputs for T tokens; A_log and dt_bias put the decay per token in

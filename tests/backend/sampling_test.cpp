@@ -123,23 +123,98 @@ TEST(Sampling, ADrawDependsOnSeedAndPositionOnly) {
   EXPECT_GT(by_seed.size(), 10u);
 }
 
+// The CPU backend's sample() against properties computed here from the logits alone (not
+// against sample_row_host, which it calls): each row is sampled from its own logits with its
+// own controls, so a wrong row offset, a row's controls applied to another, or a filter that
+// is not applied shows up.
 TEST(Sampling, CpuBackendSamplesEveryRowByTheRule) {
   auto be = make_backend({DeviceType::kCPU, 0, 1});
-  const int64_t n = 9, V = 333;
-  Tensor logits = be->alloc({n, V}, DType::kF32);
+  const int64_t n = 12, V = 333;
   std::mt19937 rng(5);
   std::normal_distribution<float> d(0, 2);
-  for (int64_t i = 0; i < n * V; ++i) logits.data<float>()[i] = d(rng);
+  std::vector<float> host(static_cast<size_t>(n * V));
+  for (float& v : host) v = d(rng);
+  // Rows 9..11: one token far above the rest (at a different id in each row), drawn at
+  // temperature 1 it is taken with probability ~1 - V * e^-40.
+  for (int64_t i = 9; i < n; ++i) host[static_cast<size_t>(i * V + 17 * i)] = 60.0f;
   std::vector<SamplingRow> rows;
   for (int i = 0; i < n; ++i) {
-    SamplingRow r = drawn(i == 0 ? 0.0f : 0.8f, i % 3 == 1 ? 20 : 0, i % 2 ? 0.9f : 1.0f);
+    SamplingRow r;
     r.seed = static_cast<uint64_t>(i);
+    r.position = static_cast<uint64_t>(3 * i);
+    switch (i % 4) {
+      case 0:
+        r.temperature = 0.0f;
+        break;  // greedy
+      case 1:
+        r = drawn(0.8f, 5);
+        r.seed = i;
+        break;  // top-k 5
+      case 2:
+        r = drawn(1.0f, 0, 0.5f);
+        r.seed = i;
+        break;  // top-p 0.5
+      default:
+        r = drawn(1.0f, 0, 1.0f, 0.5f);
+        r.seed = i;
+        break;  // min-p 0.5
+    }
+    if (i >= 9) r = drawn(1.0f);
     rows.push_back(r);
   }
-  Tensor out = be->alloc({n}, DType::kI32);
-  be->sample(logits, rows, out);
-  for (int64_t i = 0; i < n; ++i)
-    EXPECT_EQ(out.data<int32_t>()[i], sample_row_host(logits.data<float>() + i * V, V, rows[static_cast<size_t>(i)]));
+  auto sample = [&](const std::vector<float>& logits, const std::vector<SamplingRow>& rs) {
+    Tensor t = be->alloc({n, V}, DType::kF32);
+    std::copy(logits.begin(), logits.end(), t.data<float>());
+    Tensor out = be->alloc({n}, DType::kI32);
+    std::fill_n(out.data<int32_t>(), n, -1);
+    be->sample(t, rs, out);
+    return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + n);
+  };
+  const std::vector<int32_t> got = sample(host, rows);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = host.data() + i * V;
+    const int32_t tok = got[static_cast<size_t>(i)];
+    ASSERT_TRUE(tok >= 0 && tok < V) << "row " << i << ": " << tok;
+    const SamplingRow& r = rows[static_cast<size_t>(i)];
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+    const int rank = static_cast<int>(std::find(order.begin(), order.end(), tok) - order.begin());
+    if (i >= 9) {
+      EXPECT_EQ(tok, 17 * i) << "row " << i << " did not take its own dominant token";
+    } else if (r.temperature == 0.0f) {
+      EXPECT_EQ(tok, order[0]) << "greedy row " << i;
+    } else if (r.top_k > 0) {
+      EXPECT_LT(rank, r.top_k) << "top-k row " << i;
+    } else if (r.top_p < 1.0f) {
+      const auto p = softmax(std::vector<float>(x, x + V), r.temperature);
+      double mass = 0;  // the nucleus: the smallest prefix by probability whose mass reaches top_p
+      int keep = 0;
+      while (mass < r.top_p) mass += p[static_cast<size_t>(order[static_cast<size_t>(keep++)])];
+      EXPECT_LT(rank, keep) << "top-p row " << i;
+    } else {
+      const auto p = softmax(std::vector<float>(x, x + V), r.temperature);
+      EXPECT_GE(p[static_cast<size_t>(tok)], r.min_p * p[static_cast<size_t>(order[0])]) << "min-p row " << i;
+    }
+  }
+  // The rows in reverse order (logits and controls together) give the same tokens, reversed.
+  std::vector<float> rev_host(host.size());
+  std::vector<SamplingRow> rev_rows(rows.rbegin(), rows.rend());
+  for (int64_t i = 0; i < n; ++i) std::copy_n(host.data() + (n - 1 - i) * V, V, rev_host.data() + i * V);
+  std::vector<int32_t> rev = sample(rev_host, rev_rows);
+  std::reverse(rev.begin(), rev.end());
+  EXPECT_EQ(rev, got);
+  // Other seeds draw other tokens for the drawn rows (and the same for the greedy ones).
+  std::vector<SamplingRow> reseeded = rows;
+  for (auto& r : reseeded) r.seed += 1000;
+  std::vector<int32_t> other = sample(host, reseeded);
+  int differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[static_cast<size_t>(i)].temperature == 0.0f)
+      EXPECT_EQ(other[static_cast<size_t>(i)], got[static_cast<size_t>(i)]);
+    differ += other[static_cast<size_t>(i)] != got[static_cast<size_t>(i)];
+  }
+  EXPECT_GT(differ, 0) << "the seed does not reach the draw";
 }
 
 }  // namespace

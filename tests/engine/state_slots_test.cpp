@@ -8,6 +8,7 @@
 #include "engine/kv_cache_manager.h"
 #include "engine/scheduler.h"
 #include "engine/state_slot_pool.h"
+#include "scheduler_util.h"
 
 namespace tessera {
 namespace {
@@ -44,21 +45,8 @@ TEST(StateSlotPool, SequencesTakeFreeSlotsThenEvictTheOldestCheckpoint) {
   EXPECT_THROW(p.release(*a), Error) << "released twice";
 }
 
-std::unique_ptr<Request> make_request(const std::string& id, int len, int first = 1) {
-  auto r = std::make_unique<Request>();
-  r->id = id;
-  r->prompt.resize(static_cast<size_t>(len));
-  std::iota(r->prompt.begin(), r->prompt.end(), first);
-  return r;
-}
-
-SchedulerConfig config(int max_num_seqs, int budget) {
-  SchedulerConfig c;
-  c.max_num_seqs = max_num_seqs;
-  c.max_num_batched_tokens = budget;
-  c.max_model_len = 256;
-  return c;
-}
+using testing::make_request;
+SchedulerConfig config(int max_num_seqs, int budget) { return testing::scheduler_config(max_num_seqs, budget); }
 
 TEST(StateSlotScheduler, AdmissionIsLimitedBySlotsAndFinishingFreesOne) {
   KvCacheManager cache(64, 4, /*prefix=*/false, /*num_state_slots=*/2);

@@ -1,7 +1,7 @@
-// Tensor and pipeline parallelism at the executor level: TP x PP rank processes (fork),
-// Gloo over 127.0.0.1 through the head's store, rank 0 driving a MultiprocExecutor and the
-// others run_worker_loop. The logits of every step (a two-sequence prefill, then decodes of
-// both) must match the single-process LocalExecutor within 1e-4.
+// Tensor and pipeline parallelism at the executor level: TP x PP rank processes (fork), each
+// with a Worker (Gloo over 127.0.0.1 through the head's store), rank 0 driving a
+// MultiprocExecutor and the others Worker::run_step_loop. The logits of every step (a two-sequence prefill, then
+// decodes of both) must match the single-process LocalExecutor within 1e-4.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,11 +12,9 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/control_store.h"
-#include "dist/gloo_communicator.h"
-#include "dist/process_groups.h"
 #include "dist/rendezvous_server.h"
 #include "engine/executor.h"
+#include "engine/worker.h"
 #include "fixture_util.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"
@@ -125,31 +123,23 @@ std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   return out;
 }
 
-// One rank process; rank 0 writes each step's logits to `out_path`.
+// One rank process (its Worker joins the groups through the head's store and loads its
+// shard); rank 0 writes each step's logits to `out_path`.
 int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
   auto backend = one_thread_backend();
-  dist::ParallelLayout layout{c.tp, c.pp};
-  auto store = std::make_shared<dist::ControlStoreClient>(dist::HeadAddress{"127.0.0.1", port, kToken, ""}, rank,
-                                                          milliseconds(20000));
-  dist::GlooOptions o;
-  o.store = store;
-  o.ip = "127.0.0.1";
-  o.timeout = milliseconds(30000);
-  dist::GlooCommunicatorFactory factory(o);
-  auto groups = std::make_unique<dist::ProcessGroups>(dist::create_process_groups(factory, layout, rank));
-  ParallelContext pc{layout.tp_rank(rank), c.tp, layout.pp_rank(rank), c.pp, c.ep};
-  ModelConfig cfg = load_model_config(model_dir(c.fixture));
-  ModelOptions mo;
-  mo.parallel = pc;
-  mo.runtime = {groups->tp.get(), groups->pp.get()};
-  auto model = create_model(cfg, mo, *backend);
-  Checkpoint ckpt(cfg.model_dir);
-  model->weights().load(ckpt, *backend);
+  WorkerOptions o;
+  o.rank = rank;
+  o.layout = {c.tp, c.pp};
+  o.enable_expert_parallel = c.ep;
+  o.load.model_dir = model_dir(c.fixture);
+  o.store_port = port;
+  o.token = kToken;
+  auto worker = std::make_unique<Worker>(o, *backend);
   if (rank != 0) {
-    run_worker_loop(*model, *backend, pc, *groups);
+    worker->run_step_loop();
     return 0;
   }
-  MultiprocExecutor ex(std::move(model), *backend, pc, std::move(groups));
+  MultiprocExecutor ex(std::move(worker));
   ex.init_kv_cache(cache_init());
   std::ofstream f(out_path, std::ios::binary);
   for (const auto& in : make_steps()) {

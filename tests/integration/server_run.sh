@@ -11,7 +11,7 @@ EXTRA=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do EXTRA+=("$1"); shift; done
 shift
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-TOK="$ROOT/.npm-pkgs/tokenizer-qwen3/package/models"
+TOK="${TESSERA_TEST_TOKENIZER:-$ROOT/.npm-pkgs/tokenizer-qwen3/package/models}"
 if [ ! -f "$TOK/tokenizer.json" ]; then
   echo "SKIP: $TOK/tokenizer.json missing (run scripts/fetch_test_data.sh)"; exit 77
 fi
@@ -22,8 +22,9 @@ WORK="$(mktemp -d /tmp/tessera-server-test.XXXXXX)"
 LOG="$WORK/server.log"
 : >"$LOG"
 export TESSERA_API_KEY="${TESSERA_API_KEY:-test-key-123}"
-# TESSERA_TEST_MODEL / TESSERA_TEST_MAX_MODEL_LEN / TESSERA_TEST_LOAD_FORMAT: another model directory,
-# context and load format (tool_model_run.sh's hand-set weights and the agents' long context);
+# TESSERA_TEST_MODEL / TESSERA_TEST_MAX_MODEL_LEN / TESSERA_TEST_LOAD_FORMAT / TESSERA_TEST_TOKENIZER: another
+# model directory, context, load format and tokenizer (tool_model_run.sh's hand-set weights, the agents' long
+# context, the demo model with its own tokenizer);
 # TESSERA_TEST_ACCESS_LOG=1 keeps the access log (one line per request with its status).
 MODEL="${TESSERA_TEST_MODEL:-$ROOT/configs/qwen3-tiny}"
 ACCESS=(--disable-uvicorn-access-log)

@@ -147,12 +147,14 @@ TEST(ModelConfig, EosListsMergeWithGenerationConfig) {
                       R"({"eos_token_id": [4, 7], "temperature": 0.6, "top_p": 0.95, "top_k": 20})");
   ModelConfig c = load_model_config(tmp.path().string());
   EXPECT_EQ(c.eos_token_ids, std::vector<int>({3, 4, 7}));
-  EXPECT_EQ(c.generation.eos_token_ids, std::vector<int>({4, 7}));
-  ASSERT_TRUE(c.generation.temperature && c.generation.top_p && c.generation.top_k);
-  EXPECT_DOUBLE_EQ(*c.generation.temperature, 0.6);
-  EXPECT_DOUBLE_EQ(*c.generation.top_p, 0.95);
-  EXPECT_EQ(*c.generation.top_k, 20);
-  EXPECT_FALSE(c.generation.repetition_penalty.has_value());
+  const GenerationDefaults g = load_generation_config(tmp.path().string());
+  EXPECT_EQ(g.eos_token_ids, std::vector<int>({4, 7}));
+  ASSERT_TRUE(g.temperature && g.top_p && g.top_k);
+  EXPECT_DOUBLE_EQ(*g.temperature, 0.6);
+  EXPECT_DOUBLE_EQ(*g.top_p, 0.95);
+  EXPECT_EQ(*g.top_k, 20);
+  EXPECT_FALSE(g.repetition_penalty.has_value());
+  EXPECT_TRUE(g.sets_sampling());
   EXPECT_EQ(c.model_dir, tmp.path().string());
 
   // A single int in generation_config, none in config.json.
@@ -165,7 +167,28 @@ TEST(ModelConfig, EosListsMergeWithGenerationConfig) {
   std::filesystem::remove(tmp.path() / "generation_config.json");
   ModelConfig none = load_model_config(tmp.path().string());
   EXPECT_TRUE(none.eos_token_ids.empty());
-  EXPECT_FALSE(none.generation.temperature.has_value());
+  EXPECT_FALSE(load_generation_config(tmp.path().string()).temperature.has_value());
+}
+
+TEST(ModelConfig, GenerationConfigDefaultsAreReadOnceWithTheirTypes) {
+  testing::TempDir tmp;
+  // vLLM's --generation-config reads these; a field of the wrong type is ignored.
+  testing::write_file(tmp.path() / "generation_config.json",
+                      R"({"temperature": 0.7, "top_p": "0.9", "min_p": 0.05, "repetition_penalty": 1.05,
+                          "top_k": 2.5, "max_new_tokens": 512, "do_sample": true})");
+  GenerationDefaults g = load_generation_config(tmp.path().string());
+  EXPECT_DOUBLE_EQ(*g.temperature, 0.7);
+  EXPECT_FALSE(g.top_p.has_value());
+  EXPECT_DOUBLE_EQ(*g.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(*g.repetition_penalty, 1.05);
+  EXPECT_FALSE(g.top_k.has_value());
+  EXPECT_EQ(g.max_new_tokens, 512);
+  EXPECT_TRUE(g.eos_token_ids.empty());
+  testing::write_file(tmp.path() / "generation_config.json", R"({"max_new_tokens": 64})");
+  g = load_generation_config(tmp.path().string());
+  EXPECT_FALSE(g.sets_sampling()) << "max_new_tokens alone is not logged as an override";
+  testing::write_file(tmp.path() / "generation_config.json", "{not json");
+  EXPECT_THROW(load_generation_config(tmp.path().string()), Error);
 }
 
 TEST(ModelConfig, UnsupportedHiddenActFails) {

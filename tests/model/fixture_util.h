@@ -122,17 +122,13 @@ inline nlohmann::json load_reference(const std::string& name) {
 }
 
 // f32 logits of rows `rows` after one prefill of `ids` (a single sequence) through a fresh f32
-// cache on `be`.
+// cache on `be` (hybrid models: state slot 0, starting from zeros).
 inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::vector<int32_t>& ids,
                                          std::vector<int32_t> rows) {
   const int n = static_cast<int>(ids.size()), blocks = (n + 15) / 16;
-  KvCache cache;
-  cache.num_blocks = blocks;
-  for (const auto& spec : model.cache_specs()) {
-    cache.k.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-    cache.v.push_back(be.alloc({blocks, 16, spec.num_kv_heads, spec.head_dim}, DType::kF32));
-  }
+  KvCache cache = alloc_test_cache(be, model.cache_specs(), blocks, DType::kF32, 1);
   ModelInput in;
+  if (!cache.conv_state.empty()) in.linear = {{0, n}, {0}, {0}};
   for (int i = 0; i < n; ++i) {
     in.token_ids.push_back(ids[i]);
     in.positions.push_back(i);
@@ -148,6 +144,41 @@ inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::v
   be.copy_to_host(v.data(), lg);
   be.synchronize();
   return v;
+}
+
+// One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
+// blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
+// `slot` (continued when the step starts after position 0).
+struct SeqPart {
+  const std::vector<int32_t>* tokens;
+  int start, len;
+  int first_block, num_blocks;
+  int slot;
+};
+
+inline ModelInput step_of(const std::vector<SeqPart>& seqs) {
+  ModelInput in;
+  in.attention.query_start_loc = {0};
+  in.linear.query_start_loc = {0};
+  int max_blocks = 0;
+  for (const auto& s : seqs) max_blocks = std::max(max_blocks, s.num_blocks);
+  in.attention.max_blocks_per_seq = max_blocks;
+  for (const auto& s : seqs) {
+    for (int i = s.start; i < s.start + s.len; ++i) {
+      in.token_ids.push_back((*s.tokens)[i]);
+      in.positions.push_back(i);
+      in.attention.slot_mapping.push_back((s.first_block + i / 16) * 16 + i % 16);
+    }
+    const int end = static_cast<int>(in.token_ids.size());
+    in.attention.query_start_loc.push_back(end);
+    in.attention.seq_lens.push_back(s.start + s.len);
+    for (int b = 0; b < max_blocks; ++b) in.attention.block_tables.push_back(b < s.num_blocks ? s.first_block + b : 0);
+    in.linear.query_start_loc.push_back(end);
+    in.linear.state_slots.push_back(s.slot);
+    in.linear.has_initial_state.push_back(s.start > 0 ? 1 : 0);
+    in.logits_indices.push_back(end - 1);
+  }
+  return in;
 }
 
 }  // namespace tessera::testing

@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/forwarding_backend.h"
+#include "bf16_emulation.h"
 #include "core/error.h"
 #include "fixture_util.h"
 #include "loader/checkpoint.h"
@@ -17,6 +20,8 @@ using testing::all_supported_fixture_names;
 using testing::fixtures_dir;
 using testing::hybrid_fixture_names;
 using testing::load_reference;
+using testing::SeqPart;
+using testing::step_of;
 
 struct Loaded {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
@@ -41,41 +46,6 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = kBlocks, 
   l->cache = testing::alloc_test_cache(l->backend, l->model->cache_specs(), num_blocks,
                                        kv_dtype.value_or(l->backend.compute_dtype()), slots);
   return l;
-}
-
-// One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
-// blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
-// `slot` (continued when the step starts after position 0).
-struct SeqPart {
-  const std::vector<int32_t>* tokens;
-  int start, len;
-  int first_block, num_blocks;
-  int slot;
-};
-
-ModelInput step_of(const std::vector<SeqPart>& seqs) {
-  ModelInput in;
-  in.attention.query_start_loc = {0};
-  in.linear.query_start_loc = {0};
-  int max_blocks = 0;
-  for (const auto& s : seqs) max_blocks = std::max(max_blocks, s.num_blocks);
-  in.attention.max_blocks_per_seq = max_blocks;
-  for (const auto& s : seqs) {
-    for (int i = s.start; i < s.start + s.len; ++i) {
-      in.token_ids.push_back((*s.tokens)[i]);
-      in.positions.push_back(i);
-      in.attention.slot_mapping.push_back((s.first_block + i / 16) * 16 + i % 16);
-    }
-    const int end = static_cast<int>(in.token_ids.size());
-    in.attention.query_start_loc.push_back(end);
-    in.attention.seq_lens.push_back(s.start + s.len);
-    for (int b = 0; b < max_blocks; ++b) in.attention.block_tables.push_back(b < s.num_blocks ? s.first_block + b : 0);
-    in.linear.query_start_loc.push_back(end);
-    in.linear.state_slots.push_back(s.slot);
-    in.linear.has_initial_state.push_back(s.start > 0 ? 1 : 0);
-    in.logits_indices.push_back(end - 1);
-  }
-  return in;
 }
 
 // One sequence occupying blocks 0..n-1 in order and state slot 0: run tokens [start, start+len).
@@ -108,13 +78,197 @@ double logit_spread(const nlohmann::json& ref) {
   return spread;
 }
 
-// Logits within logit_tol of transformers' at the prompt's last position, then greedy tokens
-// identical except where the reference's own margin is within close_call. A backend computing
-// in bf16 gets at least twice the error transformers itself makes in bf16 on that prompt
-// (`bf16_last_logits_err`, measured by tools/fixture_bf16_spread.py): tiny random MoE models can
-// flip a near-tied router choice in bf16, which no bf16 implementation can avoid.
-// The prompt is prefilled in steps of `chunk` tokens (0: one step), the state and KV cache
-// carried from one step to the next.
+// A model and its cache on any backend (a decorator over the test backend included).
+struct OnBackend {
+  std::unique_ptr<Model> model;
+  KvCache cache;
+};
+OnBackend load_on(const std::string& name, Backend& be, std::optional<DType> kv_dtype) {
+  OnBackend l;
+  ModelConfig cfg = load_model_config(fixtures_dir() + "/" + name);
+  l.model = create_model(cfg, ModelOptions{}, be);
+  Checkpoint ckpt(cfg.model_dir);
+  l.model->weights().load(ckpt, be);
+  l.cache = testing::alloc_test_cache(be, l.model->cache_specs(), kBlocks, kv_dtype.value_or(be.compute_dtype()), 4);
+  return l;
+}
+
+// The prompt prefilled in steps of `chunk` tokens (0: one step), then greedy decode: the logits
+// of the prefill's last position and of every decode step, on each of `runs` in lockstep; the
+// tokens fed back are run 0's argmax (the backend under test, free-running as a server would).
+std::vector<std::vector<std::vector<float>>> run_lockstep(const std::vector<std::pair<Backend*, OnBackend*>>& runs,
+                                                          std::vector<int32_t> tokens, int steps, int chunk) {
+  std::vector<std::vector<std::vector<float>>> out(runs.size());
+  auto forward = [&](const ModelInput& in) {
+    for (size_t r = 0; r < runs.size(); ++r) {
+      runs[r].first->reset_scratch();
+      out[r].push_back(to_host(*runs[r].first, runs[r].second->model->forward(in, runs[r].second->cache)));
+    }
+  };
+  const int len = static_cast<int>(tokens.size()), step = chunk > 0 ? chunk : len;
+  for (int start = 0; start < len; start += step) {
+    for (auto& o : out) o.clear();  // only the last prefill step's logits are kept
+    forward(single_sequence_step(tokens, start, std::min(step, len - start), kBlocks));
+  }
+  for (int s = 0; s < steps; ++s) {
+    tokens.push_back(argmax(out[0].back()));
+    forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, kBlocks));
+  }
+  return out;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+// The largest logit minus the runner-up.
+float top2_gap(const std::vector<float>& logits) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : logits) {
+    if (x > a)
+      b = a, a = x;
+    else if (x > b)
+      b = x;
+  }
+  return a - b;
+}
+
+// Whether `token` is among the n largest of `logits` (vLLM's check_logprobs_close: a token in
+// the other side's top-n logprobs).
+bool in_top_n(const std::vector<float>& logits, int token, int n) {
+  int above = 0;
+  for (float x : logits) above += x > logits[static_cast<size_t>(token)];
+  return above < n;
+}
+
+// vLLM's usual number of logprobs compared at a greedy divergence.
+constexpr int kTopN = 5;
+
+struct CaseVerdict {
+  bool ok = false;
+  std::string rule;    // which rule accepted the case ("" when none did)
+  std::string detail;  // what was measured, for the line printed and the failure message
+  size_t compared = 0;
+};
+
+// The reference rule: logits within `tol` of transformers' at the prompt's last position, then
+// greedy tokens identical except where the reference's own margin is within `close` (from there
+// the continuations legitimately diverge).
+CaseVerdict reference_rule(const nlohmann::json& c, const std::vector<std::vector<float>>& logits, double tol,
+                           double close) {
+  CaseVerdict v;
+  const auto want = c["last_logits"].get<std::vector<float>>();
+  const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+  const auto margins = c["margins"].get<std::vector<double>>();
+  EXPECT_EQ(logits[0].size(), want.size());
+  const float err = max_abs_diff(logits[0], want);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "last-logits err %.4g (tol %.4g)", err, tol);
+  v.detail = buf;
+  v.ok = err < tol;
+  for (size_t i = 0; i < greedy.size(); ++i, ++v.compared) {
+    const int got = argmax(logits[i]);
+    if (got == greedy[i]) continue;
+    std::snprintf(buf, sizeof buf, "; greedy step %zu: %d, transformers %d (reference margin %.3g, close %.3g)", i, got,
+                  greedy[i], margins[i], close);
+    v.detail += buf;
+    v.ok = v.ok && margins[i] <= close;
+    break;
+  }
+  if (v.ok) v.rule = "reference rule";
+  return v;
+}
+
+// The bf16 rule, for a bf16 backend on a MoE model where the reference rule fails: the case is
+// accepted only when the backend's departure from transformers is demonstrated to be a router
+// near tie decided the other way, and the backend otherwise computes what the CPU computes:
+//  - routing: the backend's top-k choices are imposed on an f32 CPU run of the same steps
+//    (RoutingReplay); at least one token row must be re-routed (a near tie decided the other way
+//    by the backend's own router logits), and every recorded choice must be the top-k of the
+//    backend's own router logits: a choice its own logits do not support is a wrong top-k kernel,
+//    which the replay would otherwise impose on the CPU run too;
+//  - logits: at the prompt's last position within `tol` (the reference rule's bf16 tolerance) of
+//    that CPU run, which is the f32 model given the backend's decisions;
+//  - greedy (vLLM's check_logprobs_close): tokens equal to transformers' until the first
+//    difference, where the backend's token must be in the reference's top-5 (the plain f32 CPU
+//    run on the same context, which the CPU test holds to transformers' logits) and the
+//    reference's token in the backend's top-5; the sequence is not compared after it.
+CaseVerdict bf16_rule(const std::string& name, const nlohmann::json& c, Backend& primary, std::optional<DType> kv_dtype,
+                      double tol, int chunk) {
+  testing::RoutingRecorder rec(primary);
+  CpuBackend replay_cpu, plain;
+  testing::RoutingReplay replay(replay_cpu, rec.routes);
+  OnBackend lp = load_on(name, rec, kv_dtype), lr = load_on(name, replay, kv_dtype),
+            lf = load_on(name, plain, kv_dtype);
+  const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+  const auto logits = run_lockstep({{&rec, &lp}, {&replay, &lr}, {&plain, &lf}},
+                                   c["prompt_ids"].get<std::vector<int32_t>>(), static_cast<int>(greedy.size()), chunk);
+  CaseVerdict v;
+  const float replay_err = max_abs_diff(logits[0][0], logits[1][0]);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%d token rows re-routed against the f32 CPU's choice (largest CPU router-logit gap crossed %.3g), "
+                "%d choices not the top-k of the backend's own router logits; last logits %.4g from the f32 CPU "
+                "given the same routing (tol %.4g)",
+                replay.differing_rows, replay.max_rerouted_gap, rec.inconsistent_rows, replay_err, tol);
+  v.detail = buf;
+  const bool near_tie = replay.differing_rows > 0 && rec.inconsistent_rows == 0;
+  v.ok = near_tie && replay_err < tol;
+  for (size_t i = 0; i < greedy.size(); ++i, ++v.compared) {
+    const std::vector<float>& mine = logits[0][i];
+    const std::vector<float>& ref = logits[2][i];
+    const int got = argmax(mine);
+    if (got == greedy[i]) continue;
+    const bool ok = in_top_n(ref, got, kTopN) && in_top_n(mine, greedy[i], kTopN);
+    std::snprintf(buf, sizeof buf, "; greedy step %zu: %d, transformers %d, %s each other's top-%d", i, got, greedy[i],
+                  ok ? "in" : "NOT in", kTopN);
+    v.detail += buf;
+    v.ok = v.ok && ok;
+    break;
+  }
+  if (v.ok) v.rule = "bf16 rule (routing replay + top-5 greedy), NOT an exact match";
+  return v;
+}
+
+// One reference case on `be`: the reference rule, then (a bf16 backend on a MoE model only) the
+// bf16 rule. Prints which rule accepted the case, or why none did.
+CaseVerdict check_case(const std::string& name, const nlohmann::json& c, Backend& be, bool bf16,
+                       std::optional<DType> kv_dtype, double logit_tol, double close_call, int chunk) {
+  const double bf16_noise =
+      bf16 && c.contains("bf16_last_logits_err") ? 2.0 * c["bf16_last_logits_err"].get<double>() : 0.0;
+  const double tol = std::max(logit_tol, bf16_noise), close = std::max(close_call, bf16_noise);
+  const int steps = static_cast<int>(c["greedy"].size());
+  CaseVerdict v;
+  {
+    OnBackend l = load_on(name, be, kv_dtype);
+    v = reference_rule(c, run_lockstep({{&be, &l}}, c["prompt_ids"].get<std::vector<int32_t>>(), steps, chunk)[0], tol,
+                       close);
+  }
+  const bool moe = load_model_config(fixtures_dir() + "/" + name).moe.num_experts > 0;
+  std::string why_not;
+  if (!v.ok && bf16 && moe) {
+    const CaseVerdict relaxed = bf16_rule(name, c, be, kv_dtype, tol, chunk);
+    v.detail += " | bf16 rule: " + relaxed.detail;
+    if (relaxed.ok) {
+      v.ok = true;
+      v.rule = relaxed.rule;
+      v.compared = relaxed.compared;
+    }
+  } else if (!v.ok) {
+    v.detail += bf16 ? " | bf16 rule: not applicable (no MoE router)" : " | bf16 rule: not applicable (f32 backend)";
+  }
+  std::printf("[fixture-rule] %s prompt length %zu%s: %s: %s\n", name.c_str(), c["prompt_ids"].size(),
+              kv_dtype ? " (fp8 KV)" : "", v.ok ? ("accepted by the " + v.rule).c_str() : "REJECTED", v.detail.c_str());
+  return v;
+}
+
+// Every case of the fixture on the test backend (CPU: f32 with 1e-3 close calls; CUDA: bf16). A
+// backend computing in bf16 gets at least twice the error transformers itself makes in bf16 on
+// that prompt (`bf16_last_logits_err`, measured by tools/fixture_bf16_spread.py), and on MoE
+// models the bf16 rule where the reference rule fails (check_case). The prompt is prefilled in
+// steps of `chunk` tokens (0: one step), the state and KV cache carried from one step to the next.
 void check_against_reference(const std::string& name, std::optional<DType> kv_dtype, double logit_tol,
                              double close_call, int chunk = 0) {
   auto ref = load_reference(name);
@@ -126,53 +280,13 @@ void check_against_reference(const std::string& name, std::optional<DType> kv_dt
     logit_tol *= factor;
     close_call *= factor;
   }
+  auto be = testing::make_test_backend();
+  const bool bf16 = be->compute_dtype() == DType::kBF16;
   size_t compared_total = 0;
   for (const auto& c : ref["cases"]) {
-    auto l = load(name, kBlocks, kv_dtype);
-    std::vector<int32_t> tokens = c["prompt_ids"].get<std::vector<int32_t>>();
-    const int prompt_len = static_cast<int>(tokens.size());
-    const int step = chunk > 0 ? chunk : prompt_len;
-    Tensor logits;
-    for (int start = 0; start < prompt_len; start += step) {
-      l->backend.reset_scratch();
-      logits =
-          l->model->forward(single_sequence_step(tokens, start, std::min(step, prompt_len - start), kBlocks), l->cache);
-    }
-    std::vector<float> got = to_host(l->backend, logits);
-    auto want = c["last_logits"].get<std::vector<float>>();
-    ASSERT_EQ(got.size(), want.size());
-    const double bf16_noise = l->backend.compute_dtype() == DType::kBF16 && c.contains("bf16_last_logits_err")
-                                  ? 2.0 * c["bf16_last_logits_err"].get<double>()
-                                  : 0.0;
-    const double tol = std::max(logit_tol, bf16_noise), close = std::max(close_call, bf16_noise);
-    float max_err = 0;
-    for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    EXPECT_LT(max_err, tol) << name << " prompt length " << prompt_len;
-    if (getenv("TESSERA_TEST_VERBOSE")) printf("%s len %d max_err %g\n", name.c_str(), prompt_len, max_err);
-
-    // Greedy decode through the KV cache, one token per step.
-    auto greedy = c["greedy"].get<std::vector<int32_t>>();
-    std::vector<int32_t> out;
-    int next = argmax(got);
-    for (size_t step = 0; step < greedy.size(); ++step) {
-      out.push_back(next);
-      tokens.push_back(next);
-      l->backend.reset_scratch();
-      Tensor lg =
-          l->model->forward(single_sequence_step(tokens, static_cast<int>(tokens.size()) - 1, 1, kBlocks), l->cache);
-      next = argmax(to_host(l->backend, lg));
-    }
-    // At a step the reference itself calls within close_call the other token may win; from
-    // there the continuations legitimately diverge.
-    auto margins = c["margins"].get<std::vector<double>>();
-    size_t compared = 0;
-    for (size_t i = 0; i < greedy.size(); ++i, ++compared) {
-      if (out[i] == greedy[i]) continue;
-      ASSERT_LE(margins[i], close) << name << " prompt length " << prompt_len << " step " << i << ": got " << out[i]
-                                   << ", transformers " << greedy[i];
-      break;
-    }
-    compared_total += compared;
+    const CaseVerdict v = check_case(name, c, *be, bf16, kv_dtype, logit_tol, close_call, chunk);
+    EXPECT_TRUE(v.ok) << name << " prompt length " << c["prompt_ids"].size() << ": " << v.detail;
+    compared_total += v.compared;
   }
   // With bf16 a close call can come at the first step of a prompt; over the fixture's three
   // prompts enough steps must still be compared for the test to mean something.
@@ -197,6 +311,137 @@ TEST_P(FixtureTest, Fp8KvCacheStaysWithinFp8Tolerance) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(all_supported_fixture_names()),
                          [](const auto& info) { return info.param; });
 
+// ---- the bf16 rule on the CPU: bf16 activations (Bf16ActivationsBackend) stand in for CUDA.
+
+// The issue 16/17 cases that fail the reference rule on the H200 (fixture, case index).
+const std::vector<std::pair<std::string, size_t>> kIssueCases = {
+    {"qwen2_moe_shared", 1}, {"qwen3_5_moe_text_tiny", 1}, {"qwen3_moe_e8_k2_norm", 2}, {"qwen3_next_tiny", 3}};
+
+// Every issue case with bf16 activations on the CPU is accepted, by the reference rule or, where
+// bf16 rounding flips a near-tied router choice as on the H200 (qwen3_5_moe_text_tiny's 7-token
+// prompt: last logits 0.99 from transformers'), by the bf16 rule.
+TEST(Bf16Rule, Bf16ActivationsOnTheCpuPassTheIssueCases) {
+  int by_bf16_rule = 0;
+  for (const auto& [name, i] : kIssueCases) {
+    CpuBackend cpu;
+    testing::Bf16ActivationsBackend be(cpu);
+    const CaseVerdict v = check_case(name, load_reference(name)["cases"][i], be, true, std::nullopt, 0.15, 0.05, 0);
+    EXPECT_TRUE(v.ok) << name << " case " << i << ": " << v.detail;
+    by_bf16_rule += v.rule.rfind("bf16 rule", 0) == 0;
+  }
+  EXPECT_GE(by_bf16_rule, 1) << "no issue case needed the bf16 rule: the stand-in does not reproduce the H200";
+}
+
+// A kernel fault: the n-th moe_experts call of every step computes experts a and b with each
+// other's weights (a wrong expert offset), everything else bf16 as above.
+class SwappedExpertsBackend final : public ForwardingBackend {
+ public:
+  SwappedExpertsBackend(Backend& inner, int call, int a, int b) : ForwardingBackend(inner), call_(call), a_(a), b_(b) {}
+  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& ids, const Tensor& w,
+                   int begin, const Tensor& out) override {
+    const bool fault = calls_++ == call_;
+    int32_t* id = ids.data<int32_t>();
+    std::vector<int32_t> saved(id, id + ids.numel());
+    if (fault)
+      for (int64_t i = 0; i < ids.numel(); ++i) id[i] = id[i] == a_ ? b_ : id[i] == b_ ? a_ : id[i];
+    inner().moe_experts(x, gate_up, down, ids, w, begin, out);
+    std::copy(saved.begin(), saved.end(), id);
+  }
+
+  void reset_scratch() override {
+    calls_ = 0;
+    ForwardingBackend::reset_scratch();
+  }
+
+ private:
+  int call_, a_, b_, calls_ = 0;
+};
+
+// A top-k fault: in the n-th moe_topk call of every step every row's last expert is replaced by the expert of
+// the lowest router logit (a far choice, not a near tie; weights as the op computes them).
+class FarTopkBackend final : public ForwardingBackend {
+ public:
+  FarTopkBackend(Backend& inner, int call) : ForwardingBackend(inner), call_(call) {}
+  void moe_topk(const Tensor& logits, int k, bool renormalize, const Tensor& ids, const Tensor& w) override {
+    inner().moe_topk(logits, k, renormalize, ids, w);
+    if (calls_++ != call_) return;
+    const int64_t T = logits.dim(0), E = logits.dim(1);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = logits.data<float>() + t * E;
+      ids.data<int32_t>()[t * k + k - 1] = static_cast<int32_t>(std::min_element(r, r + E) - r);
+    }
+  }
+
+  void reset_scratch() override {
+    calls_ = 0;
+    ForwardingBackend::reset_scratch();
+  }
+
+ private:
+  int call_, calls_ = 0;
+};
+
+// The bf16 rule still fails a real kernel bug on the issue cases it would otherwise accept: two
+// experts swapped in the first MoE block of the prefill.
+TEST(Bf16Rule, SwappedExpertsAreRejected) {
+  for (const auto& [name, i] : kIssueCases) {
+    CpuBackend cpu;
+    testing::Bf16ActivationsBackend bf16(cpu);
+    const auto ref = load_reference(name);
+    const auto& c = ref["cases"][i];
+    SwappedExpertsBackend be(bf16, 0, 0, 1);
+    const CaseVerdict v = check_case(name, c, be, true, std::nullopt, 0.15, 0.05, 0);
+    EXPECT_FALSE(v.ok) << name << " case " << i << " accepted with two experts swapped: " << v.detail;
+  }
+}
+
+// A top-k kernel choosing a far expert is not a near tie: the routing replay refuses it (the
+// bf16 rule would otherwise impose the wrong choice on the CPU run too).
+TEST(Bf16Rule, AFarTopkChoiceIsRejected) {
+  for (const auto& [name, i] : kIssueCases) {
+    CpuBackend cpu;
+    testing::Bf16ActivationsBackend bf16(cpu);
+    FarTopkBackend be(bf16, 0);
+    const CaseVerdict v = check_case(name, load_reference(name)["cases"][i], be, true, std::nullopt, 0.15, 0.05, 0);
+    EXPECT_FALSE(v.ok) << name << " case " << i << " accepted with a far top-k choice: " << v.detail;
+    // Refused by the top-k check itself, not only by the logits it moves.
+    EXPECT_EQ(v.detail.find(" 0 choices not the top-k"), std::string::npos) << v.detail;
+  }
+}
+
+// Dense fixtures keep the reference rule: a bf16 backend whose logits leave transformers' (the
+// n-th linear of every step, layer 0's down projection, 50% off) gets no second rule.
+class ScaledLinearBackend final : public ForwardingBackend {
+ public:
+  ScaledLinearBackend(Backend& inner, int call, float factor) : ForwardingBackend(inner), call_(call), f_(factor) {}
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override {
+    inner().linear(x, w, bias, out);
+    if (calls_++ != call_) return;
+    float* p = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] *= f_;
+  }
+
+  void reset_scratch() override {
+    calls_ = 0;
+    ForwardingBackend::reset_scratch();
+  }
+
+ private:
+  int call_;
+  float f_;
+  int calls_ = 0;
+};
+
+TEST(Bf16Rule, DenseFixturesKeepTheReferenceRule) {
+  CpuBackend cpu;
+  testing::Bf16ActivationsBackend bf16(cpu);
+  ScaledLinearBackend be(bf16, 3, 1.5f);
+  const CaseVerdict v = check_case("qwen3_gqa4_hd32", load_reference("qwen3_gqa4_hd32")["cases"][1], be, true,
+                                   std::nullopt, 0.15, 0.05, 0);
+  EXPECT_FALSE(v.ok) << v.detail;
+  EXPECT_NE(v.detail.find("not applicable (no MoE router)"), std::string::npos) << v.detail;
+}
+
 class HybridFixtureTest : public ::testing::TestWithParam<std::string> {};
 
 // Prefill in steps of 32 tokens (the 300-token prompt crosses 10 steps and several 64-token
@@ -209,8 +454,18 @@ TEST_P(HybridFixtureTest, ChunkedPrefillCarriesTheState) {
 
 // Two sequences in one step, in state slots 3 and 1 and their own KV blocks: a 33-token
 // prompt and the 300-token one (whose first 40 tokens ran in an earlier step alone, so one
-// sequence continues from its state while the other starts from zeros); each gets its own
-// reference logits. Then one decode step of both gives each one's first greedy token.
+// sequence continues from its state while the other starts from zeros). Then one decode step
+// of both. Each sequence must get what it gets alone in its slot:
+//  - CPU (f32): transformers' last logits (2e-3) and first two greedy tokens (close calls 1e-3);
+//  - CUDA (bf16): the same backend's logits for the sequence run alone, within twice the error
+//    transformers itself makes in bf16 on that prompt (at least 0.15), and the same decode
+//    token unless the solo run called it within that noise. (Against transformers a bf16
+//    backend may part at a near tie: FixtureTest holds the solo runs to the reference with the
+//    bf16 rule; this test is about slots, which a mix-up breaks by far more than the noise.)
+struct TwoSeqLogits {
+  std::vector<float> prefill, decode;  // each sequence's row of V, a then b where both ran
+};
+
 TEST_P(HybridFixtureTest, TwoSequencesInOneStepKeepTheirOwnSlots) {
   const std::string name = GetParam();
   auto ref = load_reference(name);
@@ -218,51 +473,73 @@ TEST_P(HybridFixtureTest, TwoSequencesInOneStepKeepTheirOwnSlots) {
   ASSERT_GE(cases.size(), 4u);
   const auto& ca = cases[2];
   const auto& cb = cases[3];
-  std::vector<int32_t> a = ca["prompt_ids"].get<std::vector<int32_t>>();
-  std::vector<int32_t> b = cb["prompt_ids"].get<std::vector<int32_t>>();
-  const int la = static_cast<int>(a.size()), lb = static_cast<int>(b.size());
+  const std::vector<int32_t> pa = ca["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> pb = cb["prompt_ids"].get<std::vector<int32_t>>();
+  const int la = static_cast<int>(pa.size()), lb = static_cast<int>(pb.size());
   ASSERT_LT(la + 1, 4 * 16);
-  auto l = load(name, 4 + 21);
-  // Sequence a: blocks [0, 4), slot 3. Sequence b: blocks [4, 25), slot 1.
-  l->model->forward(step_of({SeqPart{&b, 0, 40, 4, 21, 1}}), l->cache);
-  l->backend.reset_scratch();
-  Tensor logits =
-      l->model->forward(step_of({SeqPart{&a, 0, la, 0, 4, 3}, SeqPart{&b, 40, lb - 40, 4, 21, 1}}), l->cache);
-  std::vector<float> got = to_host(l->backend, logits);
-  const auto want_a = ca["last_logits"].get<std::vector<float>>(), want_b = cb["last_logits"].get<std::vector<float>>();
-  const size_t V = want_a.size();
-  ASSERT_EQ(got.size(), 2 * V);
-  const double tol = testing::testing_on_cuda() ? 0.15 : 2e-3;
-  float err_a = 0, err_b = 0;
-  for (size_t i = 0; i < V; ++i) {
-    err_a = std::max(err_a, std::fabs(got[i] - want_a[i]));
-    err_b = std::max(err_b, std::fabs(got[V + i] - want_b[i]));
-  }
-  EXPECT_LT(err_a, tol) << name << ": the 33-token prompt";
-  EXPECT_LT(err_b, tol) << name << ": the 300-token prompt, continued from its slot";
-
-  const std::vector<float> ga(got.begin(), got.begin() + static_cast<long>(V)),
-      gb(got.begin() + static_cast<long>(V), got.end());
-  a.push_back(argmax(ga));
-  b.push_back(argmax(gb));
-  l->backend.reset_scratch();
-  logits = l->model->forward(step_of({SeqPart{&a, la, 1, 0, 4, 3}, SeqPart{&b, lb, 1, 4, 21, 1}}), l->cache);
-  got = to_host(l->backend, logits);
-  const std::vector<float> da(got.begin(), got.begin() + static_cast<long>(V)),
-      db(got.begin() + static_cast<long>(V), got.end());
-  const double close_call = testing::testing_on_cuda() ? 0.05 : 1e-3;
+  const size_t V = ca["last_logits"].size();
+  // Sequence a: blocks [0, 4), slot 3. Sequence b: blocks [4, 25), slot 1. `which`: 1 a alone,
+  // 2 b alone, 3 both; returns [prefill a][prefill b] and [decode a][decode b] of those that ran.
+  auto run = [&](int which) {
+    auto l = load(name, 4 + 21);
+    std::vector<int32_t> a = pa, b = pb;
+    const bool with_a = which & 1, with_b = which & 2;
+    if (with_b) l->model->forward(step_of({SeqPart{&b, 0, 40, 4, 21, 1}}), l->cache);
+    l->backend.reset_scratch();
+    std::vector<SeqPart> step;
+    if (with_a) step.push_back(SeqPart{&a, 0, la, 0, 4, 3});
+    if (with_b) step.push_back(SeqPart{&b, 40, lb - 40, 4, 21, 1});
+    TwoSeqLogits r;
+    r.prefill = to_host(l->backend, l->model->forward(step_of(step), l->cache));
+    size_t row = 0;
+    if (with_a) a.push_back(argmax(std::vector<float>(r.prefill.begin(), r.prefill.begin() + V))), ++row;
+    if (with_b) b.push_back(argmax(std::vector<float>(r.prefill.begin() + row * V, r.prefill.begin() + (row + 1) * V)));
+    step.clear();
+    if (with_a) step.push_back(SeqPart{&a, la, 1, 0, 4, 3});
+    if (with_b) step.push_back(SeqPart{&b, lb, 1, 4, 21, 1});
+    l->backend.reset_scratch();
+    r.decode = to_host(l->backend, l->model->forward(step_of(step), l->cache));
+    return r;
+  };
+  auto row = [&](const std::vector<float>& v, size_t k) {
+    return std::vector<float>(v.begin() + static_cast<long>(k * V), v.begin() + static_cast<long>((k + 1) * V));
+  };
+  const TwoSeqLogits both = run(3);
+  ASSERT_EQ(both.prefill.size(), 2 * V);
+  ASSERT_EQ(both.decode.size(), 2 * V);
+  const bool cuda = testing::testing_on_cuda();
   for (int k = 0; k < 2; ++k) {
     const auto& c = k == 0 ? ca : cb;
-    const auto greedy = c["greedy"].get<std::vector<int32_t>>();
-    const auto margins = c["margins"].get<std::vector<double>>();
-    const int first = k == 0 ? a.back() : b.back(), second = argmax(k == 0 ? da : db);
-    if (first != greedy[0]) {
-      EXPECT_LE(margins[0], close_call) << name << " sequence " << k << " first token";
-      continue;
+    const char* what = k == 0 ? "the 33-token prompt" : "the 300-token prompt, continued from its slot";
+    const std::vector<float> got_prefill = row(both.prefill, k), got_decode = row(both.decode, k);
+    std::vector<float> want_prefill, want_decode;
+    int want_first, want_second;
+    double tol, close;
+    if (!cuda) {
+      want_prefill = c["last_logits"].get<std::vector<float>>();
+      const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+      const auto margins = c["margins"].get<std::vector<double>>();
+      want_first = greedy[0], want_second = greedy[1];
+      tol = 2e-3, close = 1e-3;
+      if (argmax(got_prefill) != want_first) {
+        EXPECT_LE(margins[0], close) << name << ": " << what << ", first token";
+        continue;
+      }
+      if (margins[1] > close) EXPECT_EQ(argmax(got_decode), want_second) << name << ": " << what << ", decode step";
+    } else {
+      const TwoSeqLogits alone = run(k == 0 ? 1 : 2);
+      want_prefill = alone.prefill, want_decode = alone.decode;
+      const double noise = 2.0 * c.value("bf16_last_logits_err", 0.0);
+      tol = std::max(0.15, noise), close = std::max(0.05, noise);
+      want_first = argmax(want_prefill);
+      if (argmax(got_prefill) != want_first) {
+        EXPECT_LE(top2_gap(want_prefill), close) << name << ": " << what << ", first token";
+        continue;
+      }
+      if (top2_gap(want_decode) > close)
+        EXPECT_EQ(argmax(got_decode), argmax(want_decode)) << name << ": " << what << ", decode step";
     }
-    if (margins[1] > close_call) {
-      EXPECT_EQ(second, greedy[1]) << name << " sequence " << k << " decode step";
-    }
+    EXPECT_LT(max_abs_diff(got_prefill, want_prefill), tol) << name << ": " << what << ", last prefill logits";
   }
 }
 

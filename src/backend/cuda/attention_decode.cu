@@ -8,7 +8,6 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/qkv_head.cuh"
-#include "core/env.h"
 
 namespace tessera::cuda {
 
@@ -33,7 +32,7 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
 // slice holds the newest key writes that key and value into the cache before reading it.
 template <int D, typename CT, int GC, bool kFused, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_attention_kernel(PagedAttentionArgs a, int part, int num_splits, bool only_single, float* __restrict__ ws,
+    decode_attention_kernel(PagedAttentionArgs a, int num_splits, bool only_single, float* __restrict__ ws,
                             QkvPrologueArgs pro) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
   // 16-key tile and every q value it reads from shared memory serves kKpl keys.
@@ -54,9 +53,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
-  // part <= 0: slices sized from this sequence's own length (a captured graph's launch
-  // serves any lengths).
-  if (part <= 0) part = split_part(a.seq_lens[s], num_splits);
+  // Slices sized from this sequence's own length (a captured graph's launch serves any lengths).
+  const int part = split_part(a.seq_lens[s], num_splits);
   const int start = split * part, end = min(start + part, kv_len);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const CT* kc = static_cast<const CT*>(a.k_cache);
@@ -315,13 +313,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // Merges the slices of one (token, head); only the slices that hold keys are read.
 template <int D>
-__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int part, bool only_single,
+__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool only_single,
                                      const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
-  if (part <= 0) part = split_part(a.seq_lens[s], num_splits);
+  const int part = split_part(a.seq_lens[s], num_splits);
   const int used = min(num_splits, (kv_len + part - 1) / part);
   pdl_wait();  // launched with PDL (device_utils.cuh)
   if (only_single && qlen != 1) return;
@@ -340,27 +338,27 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int p
 }
 
 template <int D, typename CT, bool kFused, bool kPre>
-void decode_launch(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
-                   const QkvPrologueArgs& pro, cudaStream_t s) {
+void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
+                   cudaStream_t s) {
   const int group = a.Hq / a.Hk;
   const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
-                 only_single, ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
+                 ws, pro);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
-                 only_single, ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
+                 ws, pro);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
-                 only_single, ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
+                 ws, pro);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, part, num_splits,
-                 only_single, ws, pro);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
+                 ws, pro);
       break;
   }
 }
@@ -370,27 +368,26 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, int part, bool o
 constexpr int kPreloadMaxTokens = 8;
 
 template <int D, typename CT, bool kFused>
-void decode_t(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
-              const QkvPrologueArgs& pro, cudaStream_t s) {
-  static const bool preload = env_switch("TESSERA_DECODE_PRELOAD", true);  // =0: no loads before the PDL wait
-  if (kFused && preload && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, part, only_single, ws, pro, s);
+void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
+              cudaStream_t s) {
+  if (kFused && a.num_tokens <= kPreloadMaxTokens)
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, part, only_single, ws, pro, s);
+    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
-    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, part, only_single, ws);
+    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, only_single, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }
 
 template <int D, typename CT>
-void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int part, bool only_single, float* ws,
+void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
                      const QkvPrologueArgs* fused, cudaStream_t s) {
   if (fused)
-    decode_t<D, CT, true>(a, num_splits, part, only_single, ws, *fused, s);
+    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, s);
   else
-    decode_t<D, CT, false>(a, num_splits, part, only_single, ws, QkvPrologueArgs{}, s);
+    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, s);
 }
 
 }  // namespace
@@ -406,21 +403,19 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
   return std::clamp(want, 1, std::min(most, 64));
 }
 
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single, float* ws,
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
                              const QkvPrologueArgs* fused, cudaStream_t s) {
   if (a.num_tokens == 0) return;
-  (void)max_seq_len;
-  const int part = 0;  // per sequence, in the kernel
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
-        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
-    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
-        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   } else {
-    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, part, only_single, ws, fused, s)
-        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, part, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   }
 }
 

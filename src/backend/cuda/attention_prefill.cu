@@ -284,26 +284,16 @@ void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single,
   TCUDA_LAUNCH_CHECK();
 }
 
-int env_int(const char* name) {
-  const char* e = std::getenv(name);
-  return e ? std::atoi(e) : 0;
-}
-
-// Two row fragments per warp (128 query rows a block) where there are enough rows.
-// Tuning switches: TESSERA_PREFILL_RF=1|2, TESSERA_PREFILL_BN=32|64.
+// Two row fragments per warp (128 query rows a block) where there are enough rows, 64-key
+// tiles (measured: docs/performance.md).
 template <int D, typename CT>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
   if constexpr (D == 256) {  // one row fragment a warp (its output alone is 128 registers), 32-key tiles
     prefill_t<D, CT, 1, 32>(a, max_query_len, skip_single, s);
+  } else if (max_query_len > 64) {
+    prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
   } else {
-    static const int forced_rf = env_int("TESSERA_PREFILL_RF"), forced_bn = env_int("TESSERA_PREFILL_BN");
-    const bool two = forced_rf ? forced_rf == 2 : max_query_len > 64;
-    const bool narrow = forced_bn == 32;
-    if (two)
-      narrow ? prefill_t<D, CT, 2, 32>(a, max_query_len, skip_single, s)
-             : prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
-    else
-      prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
+    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
   }
 }
 

@@ -85,6 +85,9 @@ const char* device_error_text(int code) {
       return "a position beyond the rotary table (raise max_position_embeddings or lower --max-model-len)";
     case kErrKvSlot:
       return "a KV slot outside the cache";
+    case kErrMoeGridBarrier:
+      return "the fused MoE decode kernel's grid barrier timed out (not all of its blocks became resident); build "
+             "the backend with CudaOptions::moe_decode = CudaMoeDecode::kSplit and report the GPU model";
     default:
       return "unknown device error";
   }
@@ -92,7 +95,7 @@ const char* device_error_text(int code) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_index) : index_(device_index) {
+  CudaBackend(int device_index, const CudaOptions& options) : index_(device_index), options_(options) {
     int count = 0;
     TCUDA_CHECK(cudaGetDeviceCount(&count));
     if (device_index < 0 || device_index >= count)
@@ -107,17 +110,14 @@ class CudaBackend final : public Backend {
     TCUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TCUDA_CHECK(cudaMalloc(&dev_err_, sizeof(int)));
     TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));
+    // The fused MoE decode kernel's barrier and counters: zero now, left zero by every launch.
+    TCUDA_CHECK(cudaMalloc(&moe_sync_, kMoeSyncInts * sizeof(unsigned)));
+    TCUDA_CHECK(cudaMemsetAsync(moe_sync_, 0, kMoeSyncInts * sizeof(unsigned), stream_));
     TCUDA_CHECK(cudaMallocHost(&upload_ring_, kUploadRingBytes));
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
     gemm_ = std::make_unique<Gemm>(index_);
-    use_gemv_ = env_switch("TESSERA_CUDA_GEMV", true);
-    const char* fp8_gemm = std::getenv("TESSERA_FP8_GEMM");
-    fp8_dequant_only_ = fp8_gemm && std::string(fp8_gemm) == "dequant";
-    gdr_chunked_enabled_ = env_switch("TESSERA_GDR_CHUNKED", true);
-    size_t mb = 256;
-    if (const char* e = std::getenv("TESSERA_CUDA_SCRATCH_MB")) mb = std::max(16L, std::atol(e));
-    initial_scratch_ = mb << 20;
+    initial_scratch_ = std::max<size_t>(16, options_.initial_scratch_mib) << 20;
     TCUDA_CHECK(cudaStreamSynchronize(stream_));
     TLOG_INFO("CUDA device {}: {}, {} SMs, {:.1f} GiB, compute capability {}.{}", index_, props_.name,
               props_.multiProcessorCount, props_.totalGlobalMem / 1073741824.0, props_.major, props_.minor);
@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
     chunks_.clear();
     gemm_.reset();
     cudaFree(dev_err_);
+    cudaFree(moe_sync_);
     cudaFreeHost(upload_ring_);
     cudaFreeHost(download_);
     cudaFreeHost(host_err_);
@@ -326,16 +327,15 @@ class CudaBackend final : public Backend {
   // FP8 block-scaled weights (Tensor::block_scale): the FP8 GEMV for M <= 16; above, the
   // activations are quantised per token and 128 columns and cuBLASLt's block-scaled FP8 GEMM
   // runs (Hopper); where it has no algorithm (shape, GPU), the weight is dequantised to bf16 in
-  // scratch and the bf16 GEMM runs. TESSERA_FP8_GEMM=dequant forces that fallback.
+  // scratch and the bf16 GEMM runs. CudaOptions::fp8_gemm_dequant forces that fallback.
   void linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, int64_t M, int64_t N, int64_t K) {
     const Tensor& sc = *w.block_scale();
     CUDA_REQUIRE(w.dtype() == DType::kF8E4M3 && sc.dtype() == DType::kF32 && act(sc), "linear",
                  "FP8 weights must be e4m3 with f32 block scales, got " + w.str() + " scales " + sc.str());
     const auto* wscale = sc.data<float>();
-    if (use_gemv_ && M <= kMaxFp8GemvRows &&
-        launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
+    if (M <= kMaxFp8GemvRows && launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
       return;
-    if (!fp8_dequant_only_ && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
+    if (!options_.fp8_gemm_dequant && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
       const size_t mark = scratch_mark();
       Tensor xq = scratch({M, K}, DType::kF8E4M3);
       Tensor xs = scratch({K / 128, M}, DType::kF32);
@@ -381,7 +381,7 @@ class CudaBackend final : public Backend {
     need_cuda(w, "linear");
     need_cuda(out, "linear");
     bind();
-    if (!(use_gemv_ && M <= kMaxGemvRows &&
+    if (!(M <= kMaxGemvRows &&
           launch_gemv(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, props_.multiProcessorCount, stream_)))
       gemm_->run(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, stream_);
     if (bias) {
@@ -494,8 +494,8 @@ class CudaBackend final : public Backend {
                      const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
                      const Tensor& out) override {
     const int D = out.ndim() == 3 ? static_cast<int>(out.dim(2)) : 0;
-    const bool fused = fused_decode_attn_ && meta.max_query_len == 1 && out.ndim() == 3 && out.dim(0) > 0 &&
-                       meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
+    const bool fused = options_.fused_decode_attention && meta.max_query_len == 1 && out.ndim() == 3 &&
+                       out.dim(0) > 0 && meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
     if (!fused) {
       Backend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
                              v_scale, out);
@@ -525,7 +525,7 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, meta.max_seq_len, only_single, ws, fused, stream_);
+    launch_decode_attention(a, splits, only_single, ws, fused, stream_);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).
@@ -608,19 +608,79 @@ class CudaBackend final : public Backend {
 
   // Decode (T * k <= kMoeDecodeMaxPairs): grouped GEMVs reading each selected expert once.
   // Prefill: routing, permutation and tile offsets on the device, grouped GEMMs on tensor cores.
+  // FP8 block-scaled experts take the same two paths (dequantised in registers / shared memory).
   // Neither reads the routing on the host, so both run inside captured graphs.
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                    const Tensor& topk_weights, int expert_begin, const Tensor& out) override {
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, nullptr, nullptr);
+  }
+
+  // The fused decode variants fold the top-k and the shared expert into their kernel
+  // (CudaMoeDecode); otherwise (and where that kernel does not apply) moe_topk, moe_experts and
+  // the shared expert's ops.
+  // The decode variant of a T-token call (CudaOptions::moe_decode; kAuto picks by the measured rule).
+  CudaMoeDecode moe_decode_for(int64_t T, bool shared) const {
+    if (options_.moe_decode != CudaMoeDecode::kAuto) return options_.moe_decode;
+    return shared && T <= 2 ? CudaMoeDecode::kFusedTopkKernel : CudaMoeDecode::kSplit;
+  }
+
+  void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
+                        const Tensor& down, const Tensor& topk_ids, const Tensor& topk_weights, int expert_begin,
+                        const Tensor& out, const MoeSharedExpert* shared) override {
+    const bool fold = moe_decode_for(x.ndim() == 2 ? x.dim(0) : 0, shared != nullptr) != CudaMoeDecode::kSplit &&
+                      moe_gemv_ && router_logits.ndim() == 2 && router_logits.dtype() == DType::kF32 && x.ndim() == 2 &&
+                      router_logits.dim(0) == x.dim(0) && x.dim(0) * k <= kMoeDecodeMaxPairs &&
+                      topk_ids.numel() == x.dim(0) * k && topk_weights.numel() == x.dim(0) * k &&
+                      topk_ids.dtype() == DType::kI32 && topk_weights.dtype() == DType::kF32 &&
+                      moe_decode_fused_topk_supported(static_cast<int>(router_logits.dim(1)), k) &&
+                      !gate_up.block_scaled() && !down.block_scaled();
+    if (!fold) {
+      Backend::moe_topk_experts(router_logits, k, renormalize, x, gate_up, down, topk_ids, topk_weights, expert_begin,
+                                out, shared);
+      return;
+    }
+    need_cuda(router_logits, "moe_topk_experts");
+    const MoeFusedTopk topk{router_logits.data<float>(), static_cast<int>(router_logits.dim(1)), renormalize};
+    moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, &topk, shared);
+  }
+
+  // Whether the fused decode kernel can take this shared expert: bf16, the routed experts' I,
+  // 16-byte aligned, on this device.
+  static bool fusable_shared(const MoeSharedExpert& s, int64_t H, int64_t I) {
+    auto ok = [](const Tensor& t) {
+      return t.dtype() == DType::kBF16 && !t.block_scaled() && t.device().type == DeviceType::kCUDA &&
+             reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
+    };
+    return s.gate_up && s.down && ok(*s.gate_up) && ok(*s.down) && s.gate_up->ndim() == 2 &&
+           s.gate_up->dim(0) == 2 * I && s.gate_up->dim(1) == H && s.down->ndim() == 2 && s.down->dim(0) == H &&
+           s.down->dim(1) == I && (!s.gate || (ok(*s.gate) && s.gate->numel() == H));
+  }
+
+  // moe_experts; with `fold`, the routing is computed from its logits into topk_ids / topk_weights
+  // first (inside the fused decode kernel, or by the top-k kernel on the other paths).
+  void moe_experts_impl(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                        const Tensor& topk_weights, int expert_begin, const Tensor& out, const MoeFusedTopk* fold,
+                        const MoeSharedExpert* shared) {
     CUDA_REQUIRE(x.ndim() == 2 && gate_up.ndim() == 3 && down.ndim() == 3, "moe_experts",
                  "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
-    if (gate_up.block_scaled() || down.block_scaled())
-      fail(ErrorKind::kUnsupported,
-           "moe_experts: FP8 experts are not implemented on CUDA yet (the dense FP8 linear is); serve this model "
-           "from its bf16 checkpoint, or on the CPU backend");
     const int64_t T = x.dim(0), H = x.dim(1), E_local = gate_up.dim(0), I = gate_up.dim(1) / 2;
-    CUDA_REQUIRE(x.dtype() == DType::kBF16 && gate_up.dtype() == DType::kBF16 && down.dtype() == DType::kBF16 &&
-                     out.dtype() == DType::kBF16,
-                 "moe_experts", "expects bf16 x, weights and out, got " + x.str() + ", " + gate_up.str());
+    // FP8 experts: e4m3 with f32 scales per 128 x 128 block (Tensor::block_scale), both matrices.
+    const bool fp8 = gate_up.block_scaled();
+    CUDA_REQUIRE(
+        down.block_scaled() == fp8, "moe_experts",
+        "gate_up and down must both be FP8 block-scaled or both bf16, got " + gate_up.str() + " and " + down.str());
+    const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
+    CUDA_REQUIRE(
+        x.dtype() == DType::kBF16 && gate_up.dtype() == wt && down.dtype() == wt && out.dtype() == DType::kBF16,
+        "moe_experts",
+        "expects bf16 x and out with bf16 or block-scaled e4m3 weights, got " + x.str() + ", " + gate_up.str() + ", " +
+            down.str());
+    if (fp8)
+      CUDA_REQUIRE(gate_up.block_scale()->dtype() == DType::kF32 && down.block_scale()->dtype() == DType::kF32 &&
+                       gate_up.block_scale()->ndim() == 3 && down.block_scale()->ndim() == 3,
+                   "moe_experts",
+                   "FP8 experts need f32 block scales, got " + gate_up.block_scale()->str() + " and " +
+                       down.block_scale()->str());
     CUDA_REQUIRE(gate_up.dim(1) == 2 * I && gate_up.dim(2) == H && down.dim(0) == E_local && down.dim(1) == H &&
                      down.dim(2) == I && out.numel() == T * H,
                  "moe_experts",
@@ -630,14 +690,16 @@ class CudaBackend final : public Backend {
                  "moe_experts", "routing " + topk_ids.str() + ", " + topk_weights.str() + " for " + x.str());
     if (T == 0) return;
     const int64_t k = topk_ids.dim(1);
+    if (fold) CUDA_REQUIRE(topk_ids.dim(1) == topk_weights.dim(1), "moe_topk_experts", "routing " + topk_ids.str());
     const bool aligned = ((reinterpret_cast<uintptr_t>(x.raw()) | reinterpret_cast<uintptr_t>(gate_up.raw()) |
                            reinterpret_cast<uintptr_t>(down.raw()) | reinterpret_cast<uintptr_t>(out.raw())) &
                           15) == 0;
-    if (H % 8 != 0 || I % 8 != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
+    const int64_t mult = fp8 ? 16 : 8;  // 16-byte loads of the weights: 8 bf16 or 16 e4m3
+    if (H % mult != 0 || I % mult != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
       fail(ErrorKind::kUnsupported,
-           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of 8, 16-byte aligned tensors and "
-           "at most {} experts per rank (got H={}, I={}, {} experts)",
-           kMoeMaxExperts, H, I, E_local);
+           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of {} ({} experts), 16-byte "
+           "aligned tensors and at most {} experts per rank (got H={}, I={}, {} experts)",
+           mult, fp8 ? "FP8" : "bf16", kMoeMaxExperts, H, I, E_local);
     for (const Tensor* t : {&x, &gate_up, &down, &topk_ids, &topk_weights, &out}) need_cuda(*t, "moe_experts");
     bind();
     MoeArgs a{};
@@ -653,16 +715,42 @@ class CudaBackend final : public Backend {
     a.I = static_cast<int>(I);
     a.E_local = static_cast<int>(E_local);
     a.expert_begin = expert_begin;
+    if (fp8) {
+      need_cuda(*gate_up.block_scale(), "moe_experts");
+      need_cuda(*down.block_scale(), "moe_experts");
+      a.gate_up_scale = gate_up.block_scale()->data<float>();
+      a.down_scale = down.block_scale()->data<float>();
+    }
     const int64_t P = T * k;
-    Tensor act = scratch({P, I}, DType::kBF16), y = scratch({P, H}, DType::kBF16);
-    if (moe_gemv_ && P <= kMoeDecodeMaxPairs) {
-      launch_moe_decode(a, act.raw(), y.raw(), stream_);
+    const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
+    const CudaMoeDecode variant = moe_decode_for(T, shared != nullptr);
+    const bool fused = decode && !fp8 && variant != CudaMoeDecode::kSplit &&
+                       moe_decode_sync_ints(H) <= kMoeSyncInts;  // the fused kernel reads bf16 experts
+    const bool fold_shared =
+        fused && shared && fusable_shared(*shared, H, I) && moe_decode_fused_shared_supported(variant, a.T, a.k);
+    const int64_t rows = P + (fold_shared ? T : 0);  // the shared expert's pairs after the routed ones
+    Tensor act = scratch({rows, I}, DType::kBF16), y = scratch({rows, H}, DType::kBF16);
+    if (fused) {
+      const MoeFusedShared sh{fold_shared ? shared->gate_up->raw() : nullptr,
+                              fold_shared ? shared->down->raw() : nullptr,
+                              fold_shared && shared->gate ? shared->gate->raw() : nullptr};
+      launch_moe_decode_fused(a, MoeDecodeWorkspace{act.raw(), y.raw(), moe_sync_, dev_err_}, variant,
+                              props_.multiProcessorCount, stream_, fold, fold_shared ? &sh : nullptr);
+      if (shared && !fold_shared) moe_shared_expert_add(x, *shared, out);
       return;
     }
-    Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
-    int32_t* r = route.data<int32_t>();
-    MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
-    launch_moe_prefill(a, ws, stream_);
+    if (fold)
+      launch_moe_topk(fold->logits, T, fold->E, static_cast<int>(k), fold->renormalize, topk_ids.data<int32_t>(),
+                      topk_weights.data<float>(), stream_);
+    if (decode) {
+      launch_moe_decode(a, act.raw(), y.raw(), stream_);
+    } else {
+      Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
+      int32_t* r = route.data<int32_t>();
+      MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
+      launch_moe_prefill(a, ws, stream_);
+    }
+    if (shared) moe_shared_expert_add(x, *shared, out);
   }
 
   void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
@@ -754,9 +842,10 @@ class CudaBackend final : public Backend {
     a.Dv = static_cast<int>(Dv);
     a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
     // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
-    // (TESSERA_GDR_CHUNKED=0 keeps the recurrent kernel, which walks the tokens one by one).
-    // (Per-token states, speculative decoding: the recurrent kernel, which keeps them.)
-    const bool chunked = meta.max_query_len > 1 && gdr_chunked_enabled_ && gdr_chunked_supported(a.Dk, a.Dv) &&
+    // (CudaOptions::chunked_gated_delta = false keeps the recurrent kernel, which walks
+    // the tokens one by one). (Per-token states, speculative decoding: the recurrent kernel,
+    // which keeps them.)
+    const bool chunked = meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) &&
                          meta.num_seqs > 0 && a.token_slots == nullptr;
     if (chunked) {
       std::vector<int32_t> chunks, seq_chunks = {0};
@@ -977,11 +1066,12 @@ class CudaBackend final : public Backend {
   }
 
   int index_;
+  CudaOptions options_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   int* dev_err_ = nullptr;
-  // Prologue and decode attention in one kernel; TESSERA_FUSED_DECODE_ATTN=0: two.
-  bool fused_decode_attn_ = env_switch("TESSERA_FUSED_DECODE_ATTN", true);
+  static constexpr int64_t kMoeSyncInts = 2 + 16384;  // the fused MoE decode path up to H = 65536
+  unsigned* moe_sync_ = nullptr;
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging
@@ -995,11 +1085,8 @@ class CudaBackend final : public Backend {
   size_t used_ = 0, in_use_ = 0, high_water_ = 0, initial_scratch_ = 0;
   std::vector<Mark> marks_;
   bool capturing_ = false;
-  bool use_gemv_ = true;           // TESSERA_CUDA_GEMV=0: cuBLASLt for decode GEMMs too (A/B runs)
-  bool fp8_dequant_only_ = false;  // TESSERA_FP8_GEMM=dequant: FP8 prefill through bf16 copies
   // TESSERA_MOE_GEMV=0: the grouped-GEMM (prefill) path of moe_experts at every T (A/B runs).
   bool moe_gemv_ = env_switch("TESSERA_MOE_GEMV", true);
-  bool gdr_chunked_enabled_ = true;  // TESSERA_GDR_CHUNKED=0: the recurrent kernel for prefill too
   size_t capture_chunks_ = 0;
 };
 
@@ -1014,7 +1101,9 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  return std::make_unique<CudaBackend>(device_index, options);
+}
 
 void* cuda_backend_stream(Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);

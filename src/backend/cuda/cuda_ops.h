@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_options.h"
 #include "core/dtype.h"
 
 namespace tessera::cuda {
@@ -36,6 +37,7 @@ enum DeviceError : int {
   kErrGatherIndex = 2,
   kErrRopePosition = 3,
   kErrKvSlot = 4,
+  kErrMoeGridBarrier = 5,
 };
 
 inline bool is_float_dtype(DType t) {
@@ -110,8 +112,8 @@ bool prefill_attention_supported(int D, DType cache_dtype);
 // prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
 // has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_seq_len, bool only_single_query,
-                             float* workspace, const QkvPrologueArgs* fused, cudaStream_t s);
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
+                             const QkvPrologueArgs* fused, cudaStream_t s);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
@@ -197,17 +199,49 @@ constexpr int kMoeMaxExperts = 1024;     // experts per rank (one routing block 
 constexpr int kMoeDecodeMaxPairs = 256;  // T * k up to this: the decode (grouped GEMV) path
 constexpr int kMoeTileM = 128;           // rows of a grouped-GEMM tile (routing counts tiles of this)
 struct MoeArgs {
-  const void* x;         // bf16 [T, H]
-  const void* gate_up;   // bf16 [E_local, 2I, H]
-  const void* down;      // bf16 [E_local, H, I]
+  const void* x;        // bf16 [T, H]
+  const void* gate_up;  // bf16 [E_local, 2I, H], or e4m3 with gate_up_scale
+  const void* down;     // bf16 [E_local, H, I], or e4m3 with down_scale
+  // FP8 experts (both or neither): f32 scales per 128 x 128 block of each expert's matrix,
+  // [E_local, ceil(2I / 128), ceil(H / 128)] and [E_local, ceil(H / 128), ceil(I / 128)]
+  // (Tensor::block_scale); H and I multiples of 16. Null: bf16 experts.
+  const float* gate_up_scale = nullptr;
+  const float* down_scale = nullptr;
   const int32_t* ids;    // [T, k]
   const float* weights;  // [T, k]
   void* out;             // bf16 [T, H]
   int T, k, H, I, E_local, expert_begin;
 };
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
-// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens).
+// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens),
+// FP8 ones dequantised in registers (f32 accumulation).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
+// Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
+// sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
+// (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).
+struct MoeDecodeWorkspace {
+  void *act, *y;  // bf16 [T*k, I] and [T*k, H]
+  unsigned* sync;
+  int* err;
+};
+int64_t moe_decode_sync_ints(int64_t H);
+// The router's top-k folded into the decode kernels (Backend::moe_topk_experts): a.ids and
+// a.weights are then outputs (written as moe_topk writes them). E <= 256, k <= min(E, 32).
+struct MoeFusedTopk {
+  const float* logits;  // f32 [T, E]
+  int E;
+  bool renormalize;
+};
+bool moe_decode_fused_topk_supported(int E, int k);
+// A shared expert folded into the fused kernel (Backend::MoeSharedExpert): bf16 gate_up [2I, H] and
+// down [H, I] with the routed experts' I, gate [1, H] or null. With it, act and y hold T*k + T rows.
+struct MoeFusedShared {
+  const void *gate_up, *down, *gate;
+};
+bool moe_decode_fused_shared_supported(CudaMoeDecode kind, int T, int k);
+void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
+                             cudaStream_t s, const MoeFusedTopk* fold = nullptr,
+                             const MoeFusedShared* shared = nullptr);
 // Prefill workspace (i32 unless said): expert_offsets and tile_offsets [E_local + 1],
 // sorted_pair and pair_pos [T*k]; act bf16 [T*k, I]; y bf16 [T*k, H].
 struct MoePrefillWorkspace {
@@ -215,6 +249,8 @@ struct MoePrefillWorkspace {
   void *act, *y;
 };
 // Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
+// FP8 experts: each weight tile is dequantised to bf16 in shared memory (fp8 * block scale,
+// rounded to bf16) and runs the same bf16 tensor-core GEMM.
 void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s);
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);

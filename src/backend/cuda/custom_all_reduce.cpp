@@ -109,6 +109,120 @@ uint32_t mark_of(int from, int to) {
   return 0xA11D0000u | static_cast<uint32_t>(from << 8) | static_cast<uint32_t>(to);
 }
 
+// Round 1 on this rank: the shared buffer (flags, then two halves of `half` bytes) allocated,
+// its token written and exported for IPC, the mapped failure record; `me` filled (ok = 1).
+// What failed, or "" (what was made is the caller's to free, as `base` and `failure_host`).
+std::string export_buffer(int rank, int device, size_t half, int blocks_option, PeerInfo& me, char*& base,
+                          car::FailureRecord*& failure_host, car::FailureRecord*& failure_dev) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    return cuda_why(e, "cudaSetDevice");
+  }
+  int sms = 0;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
+    return cuda_why(e, "cudaDeviceGetAttribute");
+  }
+  me.blocks = std::min({blocks_option > 0 ? blocks_option : car::kDefaultBlocks, sms, car::kMaxBlocks});
+  if ((e = cudaDeviceGetPCIBusId(me.bus_id, sizeof me.bus_id, device)) != cudaSuccess) {
+    return cuda_why(e, "cudaDeviceGetPCIBusId");
+  }
+  void* p = nullptr;
+  if ((e = cudaMalloc(&p, car::kFlagsBytes + 2 * half)) != cudaSuccess) {
+    return cuda_why(e, "cudaMalloc of the shared buffer") + fmt::format(" ({} bytes)", car::kFlagsBytes + 2 * half);
+  }
+  base = static_cast<char*>(p);
+  uint32_t token = token_of(rank);
+  if ((e = cudaMemset(p, 0, car::kFlagsBytes)) != cudaSuccess ||
+      (e = cudaMemcpy(&reinterpret_cast<car::Flags*>(p)->token, &token, 4, cudaMemcpyHostToDevice)) != cudaSuccess ||
+      (e = cudaDeviceSynchronize()) != cudaSuccess) {
+    return cuda_why(e, "initialising the shared buffer");
+  }
+  if ((e = cudaIpcGetMemHandle(&me.handle, p)) != cudaSuccess) {
+    return cuda_why(e, "cudaIpcGetMemHandle");
+  }
+  void* mapped = nullptr;
+  if ((e = cudaHostAlloc(&mapped, sizeof(car::FailureRecord), cudaHostAllocMapped)) != cudaSuccess) {
+    return cuda_why(e, "cudaHostAlloc");
+  }
+  failure_host = static_cast<car::FailureRecord*>(mapped);
+  std::memset(mapped, 0, sizeof(car::FailureRecord));
+  void* dev = nullptr;
+  if ((e = cudaHostGetDevicePointer(&dev, mapped, 0)) != cudaSuccess) {
+    return cuda_why(e, "cudaHostGetDevicePointer");
+  }
+  failure_dev = static_cast<car::FailureRecord*>(dev);
+  me.ok = 1;
+  return "";
+}
+
+// What round 2 learnt of the links.
+struct PeerLinks {
+  bool all_nvlink = true, any_unknown = false;
+};
+
+// Round 2 on this rank: P2P checks against every peer, their buffers opened through IPC (into
+// `peer_bases`, marked in `opened`), each peer's token read and this rank's mark written there.
+Verdict open_peers(int rank, int device, const std::vector<PeerInfo>& all, const PeerInfo& me,
+                   std::vector<char*>& peer_bases, std::vector<bool>& opened, PeerLinks& links) {
+  Verdict v2;
+  v2.ok = 1;
+  for (int r = 0; r < static_cast<int>(all.size()) && v2.ok; ++r) {
+    if (r == rank) continue;
+    const PeerInfo& p = all[static_cast<size_t>(r)];
+    int peer_dev = -1;
+    if (cudaDeviceGetByPCIBusId(&peer_dev, p.bus_id) != cudaSuccess) {
+      cudaGetLastError();
+      links.any_unknown = true;  // not visible in this process: IPC may still work; the read/write check decides
+    } else if (peer_dev == device) {
+      v2.ok = 0;
+      set_reason(v2.reason, fmt::format("ranks {} and {} share GPU {}", rank, r, p.bus_id));
+      break;
+    } else {
+      int can = 0;
+      cudaDeviceCanAccessPeer(&can, device, peer_dev);
+      if (!can) {
+        v2.ok = 0;
+        set_reason(v2.reason,
+                   fmt::format("GPU {} cannot access GPU {} (rank {}) peer-to-peer", me.bus_id, p.bus_id, r));
+        break;
+      }
+      int atomics = 0;
+      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer_dev);
+      if (!atomics) links.all_nvlink = false;
+    }
+    void* q = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&q, p.handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      v2.ok = 0;
+      set_reason(v2.reason,
+                 cuda_why(e, "cudaIpcOpenMemHandle") + fmt::format(" (rank {}'s buffer, GPU {})", r, p.bus_id));
+      break;
+    }
+    peer_bases[static_cast<size_t>(r)] = static_cast<char*>(q);
+    opened[static_cast<size_t>(r)] = true;
+    auto* theirs = reinterpret_cast<car::Flags*>(q);
+    uint32_t token = 0, mark = mark_of(rank, r);
+    if ((e = cudaMemcpy(&token, &theirs->token, 4, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+        (e = cudaMemcpy(&theirs->marks[rank], &mark, 4, cudaMemcpyHostToDevice)) != cudaSuccess) {
+      v2.ok = 0;
+      set_reason(v2.reason, cuda_why(e, "P2P copy through the IPC mapping") + fmt::format(" (rank {})", r));
+      break;
+    }
+    if (token != token_of(r)) {
+      v2.ok = 0;
+      set_reason(v2.reason, fmt::format("reading rank {}'s buffer gave {:#x}, not {:#x}: P2P reads do not work between "
+                                        "GPU {} and GPU {}",
+                                        r, token, token_of(r), me.bus_id, p.bus_id));
+      break;
+    }
+  }
+  if (v2.ok && cudaDeviceSynchronize() != cudaSuccess) {
+    v2.ok = 0;
+    set_reason(v2.reason, cuda_why(cudaErrorUnknown, "cudaDeviceSynchronize after the P2P check"));
+  }
+  return v2;
+}
+
 }  // namespace
 
 struct CustomAllReduce::Impl {
@@ -180,56 +294,9 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   me.world = world;
   me.max_bytes = max_bytes;
   gethostname(me.host, sizeof me.host - 1);
-  std::string why;
-  do {
-    cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) {
-      why = cuda_why(e, "cudaSetDevice");
-      break;
-    }
-    int sms = 0;
-    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
-      why = cuda_why(e, "cudaDeviceGetAttribute");
-      break;
-    }
-    me.blocks = std::min({options.blocks > 0 ? options.blocks : car::kDefaultBlocks, sms, car::kMaxBlocks});
-    if ((e = cudaDeviceGetPCIBusId(me.bus_id, sizeof me.bus_id, device)) != cudaSuccess) {
-      why = cuda_why(e, "cudaDeviceGetPCIBusId");
-      break;
-    }
-    void* p = nullptr;
-    if ((e = cudaMalloc(&p, car::kFlagsBytes + 2 * half)) != cudaSuccess) {
-      why = cuda_why(e, "cudaMalloc of the shared buffer") + fmt::format(" ({} bytes)", car::kFlagsBytes + 2 * half);
-      break;
-    }
-    impl->base = static_cast<char*>(p);
-    impl->peer_bases[static_cast<size_t>(rank)] = impl->base;
-    uint32_t token = token_of(rank);
-    if ((e = cudaMemset(p, 0, car::kFlagsBytes)) != cudaSuccess ||
-        (e = cudaMemcpy(&reinterpret_cast<car::Flags*>(p)->token, &token, 4, cudaMemcpyHostToDevice)) != cudaSuccess ||
-        (e = cudaDeviceSynchronize()) != cudaSuccess) {
-      why = cuda_why(e, "initialising the shared buffer");
-      break;
-    }
-    if ((e = cudaIpcGetMemHandle(&me.handle, p)) != cudaSuccess) {
-      why = cuda_why(e, "cudaIpcGetMemHandle");
-      break;
-    }
-    void* mapped = nullptr;
-    if ((e = cudaHostAlloc(&mapped, sizeof(car::FailureRecord), cudaHostAllocMapped)) != cudaSuccess) {
-      why = cuda_why(e, "cudaHostAlloc");
-      break;
-    }
-    impl->failure_host = static_cast<car::FailureRecord*>(mapped);
-    std::memset(mapped, 0, sizeof(car::FailureRecord));
-    void* dev = nullptr;
-    if ((e = cudaHostGetDevicePointer(&dev, mapped, 0)) != cudaSuccess) {
-      why = cuda_why(e, "cudaHostGetDevicePointer");
-      break;
-    }
-    impl->failure_dev = static_cast<car::FailureRecord*>(dev);
-    me.ok = 1;
-  } while (false);
+  const std::string why =
+      export_buffer(rank, device, half, options.blocks, me, impl->base, impl->failure_host, impl->failure_dev);
+  impl->peer_bases[static_cast<size_t>(rank)] = impl->base;
   if (!me.ok) set_reason(me.reason, why);
   std::vector<PeerInfo> all = exchange(all_gather, me, world, "handles");
   for (int r = 0; r < world && me.ok; ++r) {
@@ -249,65 +316,11 @@ std::unique_ptr<CustomAllReduce> CustomAllReduce::create(int rank, int world, in
   if (std::string f = first_failure(all); !f.empty()) return disabled(f);
 
   // ---- round 2: P2P checks, open the peers' buffers, read their token, write my mark ----
-  Verdict v2;
-  v2.ok = 1;
-  bool all_nvlink = true, any_unknown = false;
+  PeerLinks links;
+  Verdict v2 = open_peers(rank, device, all, me, impl->peer_bases, impl->opened, links);
+  const bool all_nvlink = links.all_nvlink, any_unknown = links.any_unknown;
   int blocks = car::kMaxBlocks;
   for (const PeerInfo& p : all) blocks = std::min(blocks, static_cast<int>(p.blocks));
-  for (int r = 0; r < world && v2.ok; ++r) {
-    if (r == rank) continue;
-    const PeerInfo& p = all[static_cast<size_t>(r)];
-    int peer_dev = -1;
-    if (cudaDeviceGetByPCIBusId(&peer_dev, p.bus_id) != cudaSuccess) {
-      cudaGetLastError();
-      any_unknown = true;  // not visible in this process: IPC may still work; the read/write check decides
-    } else if (peer_dev == device) {
-      v2.ok = 0;
-      set_reason(v2.reason, fmt::format("ranks {} and {} share GPU {}", rank, r, p.bus_id));
-      break;
-    } else {
-      int can = 0;
-      cudaDeviceCanAccessPeer(&can, device, peer_dev);
-      if (!can) {
-        v2.ok = 0;
-        set_reason(v2.reason,
-                   fmt::format("GPU {} cannot access GPU {} (rank {}) peer-to-peer", me.bus_id, p.bus_id, r));
-        break;
-      }
-      int atomics = 0;
-      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer_dev);
-      if (!atomics) all_nvlink = false;
-    }
-    void* q = nullptr;
-    cudaError_t e = cudaIpcOpenMemHandle(&q, p.handle, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      v2.ok = 0;
-      set_reason(v2.reason,
-                 cuda_why(e, "cudaIpcOpenMemHandle") + fmt::format(" (rank {}'s buffer, GPU {})", r, p.bus_id));
-      break;
-    }
-    impl->peer_bases[static_cast<size_t>(r)] = static_cast<char*>(q);
-    impl->opened[static_cast<size_t>(r)] = true;
-    auto* theirs = reinterpret_cast<car::Flags*>(q);
-    uint32_t token = 0, mark = mark_of(rank, r);
-    if ((e = cudaMemcpy(&token, &theirs->token, 4, cudaMemcpyDeviceToHost)) != cudaSuccess ||
-        (e = cudaMemcpy(&theirs->marks[rank], &mark, 4, cudaMemcpyHostToDevice)) != cudaSuccess) {
-      v2.ok = 0;
-      set_reason(v2.reason, cuda_why(e, "P2P copy through the IPC mapping") + fmt::format(" (rank {})", r));
-      break;
-    }
-    if (token != token_of(r)) {
-      v2.ok = 0;
-      set_reason(v2.reason, fmt::format("reading rank {}'s buffer gave {:#x}, not {:#x}: P2P reads do not work between "
-                                        "GPU {} and GPU {}",
-                                        r, token, token_of(r), me.bus_id, p.bus_id));
-      break;
-    }
-  }
-  if (v2.ok && cudaDeviceSynchronize() != cudaSuccess) {
-    v2.ok = 0;
-    set_reason(v2.reason, cuda_why(cudaErrorUnknown, "cudaDeviceSynchronize after the P2P check"));
-  }
   if (v2.ok && world > 2 && (!all_nvlink || any_unknown) && !options.allow_pcie_beyond_two) {
     v2.ok = 0;
     set_reason(v2.reason, any_unknown

@@ -2,27 +2,22 @@
 // Row-major x and w are column-major x^T [K,M] and w^T [K,N], so cuBLASLt computes
 // D[N,M] = op(w^T)=T applied to A, times B = x^T; D is out^T in column-major, i.e.
 // out row-major. The descriptors and the algorithm are cached per shape. The
-// algorithm is cuBLASLt's first heuristic choice; TESSERA_GEMM_AUTOTUNE=1 instead
-// times its top 16 candidates once per shape on the real buffers (L2 flushed before
-// each run). Measured on H200 (2026-11-29, Qwen3-8B shapes): autotuning gained 2-6%
-// at M >= 2048 and 820 vs 787 TFLOP/s at 8192^3, but lost 3-8% at decode shapes
-// (M <= 64) and costs ~100 ms of first-use time per large shape, so it is off.
-// The timing synchronizes the stream: warm shapes up before capturing CUDA graphs.
+// algorithm is cuBLASLt's first heuristic choice. Timing its top 16 candidates per shape
+// (measured on H200, 2026-11-29, Qwen3-8B shapes) gained 2-6% at M >= 2048 but lost 3-8% at
+// decode shapes and cost ~100 ms of first use per large shape, so it was removed.
+
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "backend/cuda/cuda_ops.h"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace tessera::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{64} << 20;
-constexpr size_t kFlushBytes = size_t{96} << 20;  // more than the 60 MB L2
-constexpr int kCandidates = 16;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -117,52 +112,22 @@ struct Gemm::Impl {
   }
   std::mutex mu;
 
-  void* flush = nullptr;
-  cudaEvent_t ev[2] = {nullptr, nullptr};
-  bool autotune = false;
-
-  // Fastest candidate on these buffers (min of 3 cold-L2 runs); res[0] if none times.
-  cublasLtMatmulAlgo_t pick(const Plan& p, const cublasLtMatmulHeuristicResult_t* res, int n, const void* x,
-                            const void* w, void* out, cudaStream_t s) {
-    float alpha = 1.0f, beta = 0.0f, best = 1e30f;
-    cublasLtMatmulAlgo_t algo = res[0].algo;
-    for (int i = 0; i < n; ++i) {
-      if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > kWorkspaceBytes) continue;
-      float t_min = 1e30f;
-      bool ok = true;
-      for (int rep = 0; rep < 3 && ok; ++rep) {
-        TCUDA_CHECK(cudaMemsetAsync(flush, rep, kFlushBytes, s));
-        TCUDA_CHECK(cudaEventRecord(ev[0], s));
-        ok = cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &res[i].algo, workspace,
-                            kWorkspaceBytes, s) == CUBLAS_STATUS_SUCCESS;
-        TCUDA_CHECK(cudaEventRecord(ev[1], s));
-        TCUDA_CHECK(cudaEventSynchronize(ev[1]));
-        float ms = 0;
-        TCUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-        t_min = std::min(t_min, ms);
-      }
-      if (ok && t_min < best) {
-        best = t_min;
-        algo = res[i].algo;
-      }
-    }
-    return algo;
-  }
-
-  Plan& plan(int64_t M, int64_t N, int64_t K, DType out_t, const void* x, const void* w, void* out, cudaStream_t s) {
+  // cuBLASLt's first heuristic choice (timing its top candidates gained nothing measurable:
+  // docs/performance.md).
+  Plan& plan(int64_t M, int64_t N, int64_t K, DType out_t) {
     auto key = std::make_tuple(M, N, K, static_cast<int>(out_t));
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan p = make_plan(CUDA_R_16BF, out_t, M, N, K);
-    cublasLtMatmulHeuristicResult_t res[kCandidates];
+    cublasLtMatmulHeuristicResult_t res[1];
     int n = 0;
-    cublasStatus_t st = heuristic(handle, p, kCandidates, res, &n);
+    cublasStatus_t st = heuristic(handle, p, 1, res, &n);
     if (st != CUBLAS_STATUS_SUCCESS || n == 0)
       fail(ErrorKind::kUnsupported,
            "cuBLASLt has no bf16 GEMM for x[{},{}] @ w[{},{}]^T (status {}); dimensions that are multiples of 8 are "
            "needed for tensor cores",
            M, K, N, K, static_cast<int>(st));
-    p.algo = autotune && n > 1 ? pick(p, res, n, x, w, out, s) : res[0].algo;
+    p.algo = res[0].algo;
     return plans.emplace(key, p).first->second;
   }
 };
@@ -170,21 +135,12 @@ struct Gemm::Impl {
 Gemm::Gemm(int device) : impl_(new Impl) {
   TCUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   TCUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
-  impl_->autotune = env_switch("TESSERA_GEMM_AUTOTUNE", false);
-  if (impl_->autotune) {
-    TCUDA_CHECK(cudaMalloc(&impl_->flush, kFlushBytes));
-    TCUDA_CHECK(cudaEventCreate(&impl_->ev[0]));
-    TCUDA_CHECK(cudaEventCreate(&impl_->ev[1]));
-  }
 }
 
 Gemm::~Gemm() {
   for (auto& [k, f] : impl_->fp8_plans) destroy(f.p);
   for (auto& [k, p] : impl_->plans) destroy(p);
   cudaFree(impl_->workspace);
-  if (impl_->flush) cudaFree(impl_->flush);
-  for (cudaEvent_t e : impl_->ev)
-    if (e) cudaEventDestroy(e);
   cublasLtDestroy(impl_->handle);
   delete impl_;
 }
@@ -192,7 +148,7 @@ Gemm::~Gemm() {
 void Gemm::run(const void* x, const void* w, void* out, DType out_t, int64_t M, int64_t N, int64_t K, cudaStream_t s) {
   if (M == 0 || N == 0) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Plan& p = impl_->plan(M, N, K, out_t, x, w, out, s);
+  Plan& p = impl_->plan(M, N, K, out_t);
   float alpha = 1.0f, beta = 0.0f;
   TCUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
                                impl_->workspace, kWorkspaceBytes, s));

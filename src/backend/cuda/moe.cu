@@ -9,7 +9,9 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/fp8_utils.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
+#include "backend/cuda/moe_topk.cuh"
 
 namespace tessera::cuda {
 
@@ -27,63 +29,117 @@ namespace {
 //     y[pair, h] (the routing weight is applied by the combine).
 constexpr int kGemvWarps = 8;
 constexpr int kGemvM = 4;  // pairs per pass over the weights
+static_assert(kGemvWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    moe_gemv_kernel(const __nv_bfloat16* __restrict__ in, const __nv_bfloat16* __restrict__ w,
-                    const int32_t* __restrict__ ids, int P, int k, int expert_begin, int E_local, int H, int I,
-                    __nv_bfloat16* __restrict__ out) {
-  constexpr int kRows = kGateUp ? 2 : 4;
-  constexpr int kUnroll = kGateUp ? 8 : 4;
-  static_assert(kGemvWarps * 32 == kMoeDecodeMaxPairs, "a thread per pair");
-  __shared__ int first[kMoeMaxExperts];  // lowest pair routed to each local expert
-  __shared__ int list[kMoeDecodeMaxPairs];
-  __shared__ int warp_firsts[kGemvWarps];
-  __shared__ int list_n, block_id;
-  for (int x = threadIdx.x; x < E_local; x += blockDim.x) first[x] = 0x7fffffff;
-  if (threadIdx.x == 0) list_n = 0;
+// Shared memory of a decode block's routing (moe_decode_route).
+struct DecodeRouteSmem {
+  int first[kMoeMaxExperts];  // lowest pair routed to each local expert
+  int list[kMoeDecodeMaxPairs];
+  int warp_firsts[kGemvWarps];
+  int list_n, block_id;
+};
+
+// The routing preamble of a decode block: which local expert block y serves (the one of rank
+// blockIdx.y among the step's distinct local experts, ranked by their first pair), and the
+// pairs routed to it (r.list[0 .. *n), in any order: each pair's result is computed alone).
+// Returns false (the block has nothing to do) when there are fewer distinct experts than
+// blocks. Thread q reads pair q's expert: the only global load before the weights stream.
+__device__ __forceinline__ bool moe_decode_route(DecodeRouteSmem& r, const int32_t* __restrict__ ids, int P,
+                                                 int expert_begin, int E_local, int* e_out, int* n_out) {
+  for (int x = threadIdx.x; x < E_local; x += blockDim.x) r.first[x] = 0x7fffffff;
+  if (threadIdx.x == 0) r.list_n = 0;
   const int q = threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  pdl_wait();  // ids and `in` come from the kernels before
-  // Thread q reads pair q's expert: the only global load before the weights stream.
+  pdl_wait();  // ids and the kernel's input come from the kernels before
   const int id_q = q < P ? ids[q] : -1;
   const bool local_q = q < P && id_q - expert_begin >= 0 && id_q - expert_begin < E_local;
   __syncthreads();
-  if (local_q) atomicMin(&first[id_q - expert_begin], q);
+  if (local_q) atomicMin(&r.first[id_q - expert_begin], q);
   __syncthreads();
-  // Rank the distinct local experts by their first pair; block y serves the one of rank y.
-  const bool is_first = local_q && first[id_q - expert_begin] == q;
+  const bool is_first = local_q && r.first[id_q - expert_begin] == q;
   const unsigned ballot = __ballot_sync(0xffffffffu, is_first);
-  if (lane == 0) warp_firsts[warp] = __popc(ballot);
+  if (lane == 0) r.warp_firsts[warp] = __popc(ballot);
   __syncthreads();
   int rank = __popc(ballot & ((1u << lane) - 1u)), distinct = 0;
 #pragma unroll
   for (int v = 0; v < kGemvWarps; ++v) {
-    rank += v < warp ? warp_firsts[v] : 0;
-    distinct += warp_firsts[v];
+    rank += v < warp ? r.warp_firsts[v] : 0;
+    distinct += r.warp_firsts[v];
   }
-  if (static_cast<int>(blockIdx.y) >= distinct) return;  // fewer distinct experts than blocks
-  if (is_first && rank == static_cast<int>(blockIdx.y)) block_id = id_q;
+  if (static_cast<int>(blockIdx.y) >= distinct) return false;  // uniform over the block
+  if (is_first && rank == static_cast<int>(blockIdx.y)) r.block_id = id_q;
   __syncthreads();
-  const int id = block_id, e = id - expert_begin;
-  // The pairs routed to this expert, in any order (each pair's result is computed alone).
-  if (id_q == id) list[atomicAdd(&list_n, 1)] = q;
+  const int id = r.block_id;
+  if (id_q == id) r.list[atomicAdd(&r.list_n, 1)] = q;
   __syncthreads();
-  const int n = list_n;
+  *e_out = id - expert_begin;
+  *n_out = r.list_n;
+  return true;
+}
+
+// 16 e4m3 weights (one uint4) to floats.
+__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float (&f)[16]) {
+  const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float g[4];
+    fp8x4_to_float(ws[q], g);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[4 * q + i] = g[i];
+  }
+}
+
+// sum_i f[i] * x[i] over 16 floats and 16 bf16 activations (two uint4).
+__device__ __forceinline__ float dot16f(const float (&f)[16], const uint4& x0, const uint4& x1) {
+  const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  float s = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    s = fmaf(f[2 * q], lo(xs[q]), s);
+    s = fmaf(f[2 * q + 1], hi(xs[q]), s);
+  }
+  return s;
+}
+
+// kFp8: the weights are e4m3 with f32 scales per 128 x 128 block of each expert's matrix
+// (scale [E_local, ceil(rows / 128), ceil(K / 128)]); a 16-byte load is 16 weights, widened
+// to f32 once per load and multiplied with every pair's x; each load's partial dot gets its
+// block's scale with one FMA (16 columns never straddle a 128-column block). Half the bytes
+// of bf16, so half the unroll keeps the same bytes in flight.
+template <bool kGateUp, bool kFp8>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    moe_gemv_kernel(const __nv_bfloat16* __restrict__ in, const void* __restrict__ w_raw,
+                    const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k, int expert_begin,
+                    int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+  constexpr int kRows = kGateUp ? 2 : 4;
+  constexpr int kUnroll = (kGateUp ? 8 : 4) / (kFp8 ? 2 : 1);
+  constexpr int kPerChunk = kFp8 ? 16 : 8;  // weights per 16-byte load
+  constexpr int kWeightBytes = kFp8 ? 1 : 2;
+  __shared__ DecodeRouteSmem route;
+  int e = 0, n = 0;
+  if (!moe_decode_route(route, ids, P, expert_begin, E_local, &e, &n)) return;
+  const int* list = route.list;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // This warp's rows and the length K of each row (and of each input vector).
   const int K = kGateUp ? H : I;
   const int N_out = kGateUp ? I : H;
   const int r0 = (blockIdx.x * kGemvWarps + warp) * (kGateUp ? 1 : kRows);
   if (r0 >= N_out) return;
   const int64_t expert_rows = kGateUp ? 2 * static_cast<int64_t>(I) : H;
+  const int kb = (K + 127) / 128;                        // scale blocks per row
+  const int64_t scale_rows = (expert_rows + 127) / 128;  // scale block rows per expert
+  const auto* w = static_cast<const char*>(w_raw);
   const uint4* wr[kRows];
+  const float* sr[kRows];
   bool row_ok[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = kGateUp ? (r == 0 ? r0 : I + r0) : r0 + r;
     row_ok[r] = kGateUp || r0 + r < N_out;
-    wr[r] = reinterpret_cast<const uint4*>(w + (e * expert_rows + (row_ok[r] ? row : r0)) * K);
+    const int64_t rr = row_ok[r] ? row : r0;
+    wr[r] = reinterpret_cast<const uint4*>(w + (e * expert_rows + rr) * K * kWeightBytes);
+    sr[r] = kFp8 ? scale + (e * scale_rows + rr / 128) * kb : nullptr;
   }
-  const int chunks = K / 8;
+  const int chunks = K / kPerChunk;
   for (int pass = 0; pass < n; pass += kGemvM) {
     const uint4* xr[kGemvM];
     bool use[kGemvM];
@@ -108,7 +164,25 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int c = base + 32 * u;
-        if (c < chunks) {
+        if (c >= chunks) continue;
+        if constexpr (kFp8) {
+          uint4 x0[kGemvM], x1[kGemvM];
+#pragma unroll
+          for (int m = 0; m < kGemvM; ++m)
+            if (use[m]) {
+              x0[m] = __ldg(xr[m] + 2 * c);
+              x1[m] = __ldg(xr[m] + 2 * c + 1);
+            }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const float sc = __ldg(sr[r] + c / 8);  // columns 16c .. 16c + 15: block 16c / 128
+            float f[16];
+            fp8x16_to_float(wv[r][u], f);
+#pragma unroll
+            for (int m = 0; m < kGemvM; ++m)
+              if (use[m]) acc[r][m] = fmaf(sc, dot16f(f, x0[m], x1[m]), acc[r][m]);
+          }
+        } else {
 #pragma unroll
           for (int m = 0; m < kGemvM; ++m)
             if (use[m]) {
@@ -274,74 +348,39 @@ __global__ void __launch_bounds__(32)
                          float* __restrict__ weights) {
   pdl_wait();
   const int lane = threadIdx.x, t = blockIdx.x;
-  const float* row = logits + static_cast<int64_t>(t) * E;
-  float p[kPer];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int b = 0; b < kPer; ++b) {
-    const int i = lane + 32 * b;
-    p[b] = i < E ? row[i] : -INFINITY;
-    mx = fmaxf(mx, p[b]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.0f;
-#pragma unroll
-  for (int b = 0; b < kPer; ++b)
-    if (lane + 32 * b < E) sum += expf(p[b] - mx);
-  sum = warp_sum(sum);
-#pragma unroll
-  for (int b = 0; b < kPer; ++b) p[b] = lane + 32 * b < E ? expf(p[b] - mx) / sum : -2.0f;  // -2: never picked
-  float mine_p = 0.0f, picked = 0.0f;
-  int mine_id = 0;
-  for (int j = 0; j < k; ++j) {
-    float best = -1.0f;
-    int best_id = 0x7fffffff;
-#pragma unroll
-    for (int b = 0; b < kPer; ++b)
-      if (p[b] > best) {  // ascending ids: strict > keeps the lower id on ties
-        best = p[b];
-        best_id = lane + 32 * b;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (ob > best || (ob == best && oi < best_id)) {
-        best = ob;
-        best_id = oi;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kPer; ++b)
-      if (best_id == lane + 32 * b) p[b] = -2.0f;  // taken
-    if (lane == j) {
-      mine_p = best;
-      mine_id = best_id;
-    }
-    picked += best;
-  }
+  int id;
+  float weight;
+  warp_topk<kPer>(logits + static_cast<int64_t>(t) * E, E, k, renormalize, &id, &weight);
   pdl_launch_dependents();
   if (lane < k) {
-    ids[static_cast<int64_t>(t) * k + lane] = mine_id;
-    weights[static_cast<int64_t>(t) * k + lane] = renormalize ? mine_p / picked : mine_p;
+    ids[static_cast<int64_t>(t) * k + lane] = id;
+    weights[static_cast<int64_t>(t) * k + lane] = weight;
   }
+}
+
+template <bool kFp8>
+void launch_moe_decode_gemvs(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s) {
+  const int P = a.T * a.k;
+  const auto* x = static_cast<const __nv_bfloat16*>(a.x);
+  const int slots = std::min(P, a.E_local);  // at most this many distinct local experts
+  launch_pdl(moe_gemv_kernel<true, kFp8>, dim3(ceil_div(a.I, kGemvWarps), slots), kGemvWarps * 32, 0, s, x, a.gate_up,
+             a.gate_up_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, act);
+  TCUDA_LAUNCH_CHECK();
+  launch_pdl(moe_gemv_kernel<false, kFp8>, dim3(ceil_div(a.H, kGemvWarps * 4), slots), kGemvWarps * 32, 0, s,
+             static_cast<const __nv_bfloat16*>(act), a.down, a.down_scale, a.ids, P, a.k, a.expert_begin, a.E_local,
+             a.H, a.I, y);
+  TCUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s) {
-  const int P = a.T * a.k;
-  const auto* x = static_cast<const __nv_bfloat16*>(a.x);
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* yb = static_cast<__nv_bfloat16*>(y);
-  const int slots = std::min(P, a.E_local);  // at most this many distinct local experts
-  launch_pdl(moe_gemv_kernel<true>, dim3(ceil_div(a.I, kGemvWarps), slots), kGemvWarps * 32, 0, s, x,
-             static_cast<const __nv_bfloat16*>(a.gate_up), a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, actb);
-  TCUDA_LAUNCH_CHECK();
-  launch_pdl(moe_gemv_kernel<false>, dim3(ceil_div(a.H, kGemvWarps * 4), slots), kGemvWarps * 32, 0, s,
-             static_cast<const __nv_bfloat16*>(actb), static_cast<const __nv_bfloat16*>(a.down), a.ids, P, a.k,
-             a.expert_begin, a.E_local, a.H, a.I, yb);
-  TCUDA_LAUNCH_CHECK();
+  if (a.gate_up_scale)
+    launch_moe_decode_gemvs<true>(a, actb, yb, s);
+  else
+    launch_moe_decode_gemvs<false>(a, actb, yb, s);
   launch_moe_combine(a, yb, nullptr, s);
 }
 

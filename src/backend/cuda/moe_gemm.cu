@@ -15,6 +15,11 @@
 //     block owns BN / 2 intermediate columns: its B tile interleaves 8 gate rows and the same 8
 //     up rows, so each thread holds gate and up of the same outputs and writes silu(gate) * up.
 //   down: A = act (rows already in expert order), B = down[e]; y[row, :] bf16.
+// FP8 experts (kFp8): the pipeline stages hold B as e4m3 (BN rows of 64 bytes, half the bytes of
+// bf16); each k step, every thread widens the 16-byte chunks it copied itself to bf16 times
+// their 128 x 128 block's scale (rounded to bf16, the dequantised weight) into one bf16 B tile
+// in the layout above, and the same ldmatrix / mma.sync loop runs on it. A 64-deep k step lies
+// in one 128-column scale block, so a chunk needs one scale. 160 KiB of shared memory.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +27,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/fp8_utils.cuh"
 #include "backend/cuda/mma_utils.cuh"
 
 namespace tessera::cuda {
@@ -35,10 +41,17 @@ constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copi
 constexpr int kStageElems = (BM + BN) * BK;
 constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
 static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
+// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the dequantised bf16 B
+// tile follows the stages.
+constexpr int kStageBytes8 = BM * BK * 2 + BN * BK;
+constexpr int kB8Loads = BN * (BK / 16) / kThreads;  // 16-byte e4m3 chunks of B a thread copies per stage
+constexpr size_t kSmemBytes8 = size_t{kStages} * kStageBytes8 + size_t{BN} * BK * sizeof(__nv_bfloat16);
+static_assert(kStageBytes8 % 128 == 0 && kB8Loads * kThreads == BN * (BK / 16), "FP8 stage layout");
 
 struct GemmArgs {
   const __nv_bfloat16* a;  // gate_up: x [T, K]; down: act [rows, K]
-  const __nv_bfloat16* w;  // [E_local, w_rows, K]
+  const __nv_bfloat16* w;  // [E_local, w_rows, K] (kFp8: e4m3 bytes)
+  const float* scale;      // kFp8: [E_local, ceil(w_rows / 128), ceil(K / 128)]
   __nv_bfloat16* out;      // gate_up: act [rows, N]; down: y [rows, N]
   const int32_t* sorted_pair;
   const int32_t* expert_offsets;
@@ -49,10 +62,15 @@ struct GemmArgs {
 // Element offset of (row, 16-byte chunk) in a [rows][BK] tile with swizzled chunks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kFp8>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_kernel(const GemmArgs g) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  // Stage base (A tile) in bf16 elements, and the B tile the MMAs read.
+  auto stage_a = [&](int stage) {
+    return kFp8 ? reinterpret_cast<__nv_bfloat16*>(smem_raw + stage * kStageBytes8) : smem + stage * kStageElems;
+  };
+  __nv_bfloat16* const b_dq = reinterpret_cast<__nv_bfloat16*>(smem_raw + kStages * kStageBytes8);  // kFp8 only
 
   const int slot = blockIdx.x;
   if (slot >= g.tile_offsets[g.E_local]) return;
@@ -92,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   // columns n0 + (f / 2) * 8 .., gate when f is even), so a thread's rows are column
   // b_col0 + 16 i of the gate (or the up) half.
   const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(N) : N;
-  const __nv_bfloat16* w = g.w + static_cast<int64_t>(e) * w_rows * K;
+  const __nv_bfloat16* w = kFp8 ? g.w : g.w + static_cast<int64_t>(e) * w_rows * K;  // bf16 path only
   int b_col0, b_step;
   const __nv_bfloat16* b_base;
   if (kGateUp) {
@@ -106,10 +124,39 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     b_base = w;
   }
 
+  // FP8: a thread copies (and later dequantises) B tile rows tid / 4 + 64 i, 16-byte chunk
+  // tid % 4 (16 columns); the tile row's weight row follows the same gate / up interleave.
+  const int b8_chunk = tid & 3;
+  const uint8_t* b8_src[kB8Loads];
+  const float* b8_scale[kB8Loads];
+  bool b8_ok[kB8Loads];
+  const int kb = (K + 127) / 128;
+  if constexpr (kFp8) {
+    const auto* w8 = reinterpret_cast<const uint8_t*>(g.w) + static_cast<int64_t>(e) * w_rows * K;
+    const float* sc = g.scale + static_cast<int64_t>(e) * ((w_rows + 127) / 128) * kb;
+#pragma unroll
+    for (int i = 0; i < kB8Loads; ++i) {
+      const int r = (tid >> 2) + 64 * i;
+      int col;
+      int64_t wrow;
+      if (kGateUp) {
+        const int f = r >> 3;
+        col = blockIdx.y * (BN / 2) + (f >> 1) * 8 + (r & 7);
+        wrow = ((f & 1) ? static_cast<int64_t>(N) : 0) + col;
+      } else {
+        col = blockIdx.y * BN + r;
+        wrow = col;
+      }
+      b8_ok[i] = col < N;
+      if (!b8_ok[i]) wrow = 0;
+      b8_src[i] = w8 + wrow * K + 16 * b8_chunk;
+      b8_scale[i] = sc + (wrow / 128) * kb;
+    }
+  }
+
   const int k_tiles = (K + BK - 1) / BK;
   auto load_stage = [&](int stage, int kt) {
-    __nv_bfloat16* sa = smem + stage * kStageElems;
-    __nv_bfloat16* sb = sa + BM * BK;
+    __nv_bfloat16* sa = stage_a(stage);
     const int kc = kt * BK + ld_chunk * 8;
     const bool k_ok = kc < K;
 #pragma unroll
@@ -117,12 +164,45 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
       const bool ao = a_ok[i] && k_ok;
       cp_async16_zfill(sa + swz((tid >> 3) + 32 * i, ld_chunk), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
     }
+    if constexpr (kFp8) {
+      uint8_t* sb8 = reinterpret_cast<uint8_t*>(sa + BM * BK);
+      const int kc8 = kt * BK + 16 * b8_chunk;
 #pragma unroll
-    for (int i = 0; i < kBLoads; ++i) {
-      const int col = b_col0 + b_step * i;
-      const bool bo = col < N && k_ok;
-      cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, ld_chunk), bo ? b_base + static_cast<int64_t>(col) * K + kc : g.w,
-                       bo ? 16 : 0);
+      for (int i = 0; i < kB8Loads; ++i) {
+        const bool bo = b8_ok[i] && kc8 < K;  // K % 16 == 0: a chunk is all in or all out
+        cp_async16_zfill(sb8 + ((tid >> 2) + 64 * i) * BK + 16 * b8_chunk,
+                         bo ? static_cast<const void*>(b8_src[i] + kt * BK) : g.w, bo ? 16 : 0);
+      }
+    } else {
+      __nv_bfloat16* sb = sa + BM * BK;
+#pragma unroll
+      for (int i = 0; i < kBLoads; ++i) {
+        const int col = b_col0 + b_step * i;
+        const bool bo = col < N && k_ok;
+        cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, ld_chunk),
+                         bo ? b_base + static_cast<int64_t>(col) * K + kc : g.w, bo ? 16 : 0);
+      }
+    }
+  };
+  // FP8: this thread's e4m3 chunks of stage `stage` (k step kt) times their scales into b_dq.
+  auto dequant_stage = [&](int stage, int kt) {
+    const uint8_t* sb8 = reinterpret_cast<const uint8_t*>(stage_a(stage) + BM * BK);
+#pragma unroll
+    for (int i = 0; i < kB8Loads; ++i) {
+      const int r = (tid >> 2) + 64 * i;
+      const uint4 v = *reinterpret_cast<const uint4*>(sb8 + r * BK + 16 * b8_chunk);
+      const float sc = __ldg(b8_scale[i] + (kt * BK) / 128);
+      uint4 lo8, hi8;
+      lo8.x = fp8x2_to_bf16x2_scaled(v.x, sc);
+      lo8.y = fp8x2_to_bf16x2_scaled(v.x >> 16, sc);
+      lo8.z = fp8x2_to_bf16x2_scaled(v.y, sc);
+      lo8.w = fp8x2_to_bf16x2_scaled(v.y >> 16, sc);
+      hi8.x = fp8x2_to_bf16x2_scaled(v.z, sc);
+      hi8.y = fp8x2_to_bf16x2_scaled(v.z >> 16, sc);
+      hi8.z = fp8x2_to_bf16x2_scaled(v.w, sc);
+      hi8.w = fp8x2_to_bf16x2_scaled(v.w >> 16, sc);
+      *reinterpret_cast<uint4*>(b_dq + swz(r, 2 * b8_chunk)) = lo8;
+      *reinterpret_cast<uint4*>(b_dq + swz(r, 2 * b8_chunk + 1)) = hi8;
     }
   };
 
@@ -147,8 +227,15 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     if (next < k_tiles) load_stage(next % kStages, next);
     cp_async_commit();
 
-    const __nv_bfloat16* sa = smem + (kt % kStages) * kStageElems;
+    const __nv_bfloat16* sa = stage_a(kt % kStages);
     const __nv_bfloat16* sb = sa + BM * BK;
+    if constexpr (kFp8) {
+      // Every warp finished the previous step's MMAs on b_dq (the barrier above); the chunks
+      // read are this thread's own copies, complete after its cp_async_wait.
+      dequant_stage(kt % kStages, kt);
+      __syncthreads();
+      sb = b_dq;
+    }
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t af[4][4], bf[kNFrags][2];
@@ -209,20 +296,21 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     }
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kFp8>
 void launch_gemm(const GemmArgs& g, int max_tiles, cudaStream_t s) {
+  constexpr size_t smem_bytes = kFp8 ? kSmemBytes8 : kSmemBytes;
   // More than 48 KiB of dynamic shared memory needs an opt-in, once per device.
   static std::atomic<uint64_t> configured{0};
   int dev = 0;
   TCUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(configured.load(std::memory_order_acquire) & bit)) {
-    TCUDA_CHECK(cudaFuncSetAttribute(moe_grouped_gemm_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
+    TCUDA_CHECK(cudaFuncSetAttribute(moe_grouped_gemm_kernel<kGateUp, kFp8>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int col_tiles = ceil_div(g.N, kGateUp ? BN / 2 : BN);
-  moe_grouped_gemm_kernel<kGateUp><<<dim3(max_tiles, col_tiles), kThreads, kSmemBytes, s>>>(g);
+  moe_grouped_gemm_kernel<kGateUp, kFp8><<<dim3(max_tiles, col_tiles), kThreads, smem_bytes, s>>>(g);
   TCUDA_LAUNCH_CHECK();
 }
 
@@ -239,18 +327,27 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStr
   g.tile_offsets = ws.tile_offsets;
   g.E_local = a.E_local;
   g.k = a.k;
+  const bool fp8 = a.gate_up_scale != nullptr;
   g.a = static_cast<const __nv_bfloat16*>(a.x);
   g.w = static_cast<const __nv_bfloat16*>(a.gate_up);
+  g.scale = a.gate_up_scale;
   g.out = static_cast<__nv_bfloat16*>(ws.act);
   g.K = a.H;
   g.N = a.I;
-  launch_gemm<true>(g, max_tiles, s);
+  if (fp8)
+    launch_gemm<true, true>(g, max_tiles, s);
+  else
+    launch_gemm<true, false>(g, max_tiles, s);
   g.a = static_cast<const __nv_bfloat16*>(ws.act);
   g.w = static_cast<const __nv_bfloat16*>(a.down);
+  g.scale = a.down_scale;
   g.out = static_cast<__nv_bfloat16*>(ws.y);
   g.K = a.I;
   g.N = a.H;
-  launch_gemm<false>(g, max_tiles, s);
+  if (fp8)
+    launch_gemm<false, true>(g, max_tiles, s);
+  else
+    launch_gemm<false, false>(g, max_tiles, s);
   launch_moe_combine(a, ws.y, ws.pair_pos, s);
 }
 

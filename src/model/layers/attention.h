@@ -22,7 +22,6 @@ class Attention {
  public:
   // Declares prefix + "q_proj.weight", ... ("model.layers.3.self_attn.").
   Attention(BlockContext& ctx, const std::string& prefix, const AttentionOptions& options);
-  int local_heads() const { return local_heads_; }
   int local_kv_heads() const { return local_kv_heads_; }
   // out[T,H] (complete on every rank) from the normed h[T,H]; this step's K and V go into
   // the layer's caches.

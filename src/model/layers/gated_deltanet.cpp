@@ -47,7 +47,18 @@ GatedDeltaNet::GatedDeltaNet(BlockContext& ctx, const std::string& p, GdnLayout 
     for (int64_t kh = k0; kh < k0 + hk_; ++kh) rows.push_back({wba, ba, kh * 2 * ratio + ratio, ratio});
   }
   WeightStore& w = ctx.weights;
-  in_proj_ = &w.declare_row_blocks(p + "in_proj", std::move(rows), {conv_channels_ + hv_ * Dv + 2 * hv_, H});
+  if (w.quantization().fp8()) {
+    // FP8 checkpoints keep in_proj_b / in_proj_a (or in_proj_ba) unquantised and their rows
+    // are not whole 128-row scale blocks: q | k | v | z and b | a become two parameters, the
+    // first FP8 where the checkpoint (or the quantisation) makes it so.
+    std::vector<Block> ba(std::make_move_iterator(rows.end() - 2 * (layout == GdnLayout::kSeparate ? 1 : hk_)),
+                          std::make_move_iterator(rows.end()));
+    rows.resize(rows.size() - ba.size());
+    in_proj_ = &w.declare_row_blocks(p + "in_proj_qkvz", std::move(rows), {conv_channels_ + hv_ * Dv, H});
+    in_proj_ba_ = &w.declare_row_blocks(p + "in_proj_ba", std::move(ba), {2 * hv_, H});
+  } else {
+    in_proj_ = &w.declare_row_blocks(p + "in_proj", std::move(rows), {conv_channels_ + hv_ * Dv + 2 * hv_, H});
+  }
   // conv1d.weight [C, 1, K], channels q | k | v like in_proj_qkv: this rank's channels of each.
   const Shape conv{2 * Hk * Dk + Hv * Dv, 1, kernel_};
   const std::string cw = p + "conv1d.weight";
@@ -81,12 +92,19 @@ void GatedDeltaNet::forward(const Tensor& h, const Tensor& out, const LinearAttn
                 meta.num_tokens, meta.num_seqs, T);
   TESSERA_CHECK(conv_state.defined() && ssm_state.defined(), "linear attention: the layer's state cache is missing");
   const DType dt = be.compute_dtype();
-  Tensor proj = be.scratch({T, C + Z + 2 * hv_}, dt);  // [q k v | z | b a]
+  Tensor proj = be.scratch({T, C + Z + (in_proj_ba_ ? 0 : 2 * hv_)}, dt);  // [q k v | z | b a]
   be.linear(h, *in_proj_, nullptr, proj);
+  Tensor ba = proj;  // b | a at column ba_col
+  int64_t ba_col = C + Z;
+  if (in_proj_ba_) {
+    ba = be.scratch({T, 2 * hv_}, dt);
+    be.linear(h, *in_proj_ba_, nullptr, ba);
+    ba_col = 0;
+  }
   Tensor qkv = be.scratch({T, C}, dt);
   be.causal_conv1d(proj, 0, *conv_weight_, conv_state, meta, qkv);
   Tensor core = be.scratch({T, hv_, dv_}, dt);
-  be.gated_delta_rule(qkv, proj, C + Z, *A_log_, *dt_bias_, ssm_state, meta, core);
+  be.gated_delta_rule(qkv, ba, ba_col, *A_log_, *dt_bias_, ssm_state, meta, core);
   be.gated_rms_norm(core, proj, C, *norm_, eps_, core);
   out_proj_.forward(core.view({T, hv_ * dv_}), out);
 }

@@ -6,6 +6,8 @@
 // in_proj_qkvz / in_proj_ba, which interleave the parts per key head (rows regrouped at
 // load). TP: each rank owns Hk/tp key heads and the Hv/tp value heads that read them, a
 // matching slice of every part and of the conv channels; its states are that rank's heads.
+// With FP8 weights (a quantised config) b | a is a second, unquantised projection: FP8
+// checkpoints keep in_proj_b / in_proj_a in bf16, and their rows are not whole scale blocks.
 #pragma once
 #include <string>
 
@@ -34,9 +36,11 @@ class GatedDeltaNet {
  private:
   Backend& backend_;
   float eps_;
-  int64_t hk_, hv_, dk_, dv_, kernel_;   // this rank's heads
-  int64_t conv_channels_;                // 2 * hk * dk + hv * dv
-  const Tensor* in_proj_ = nullptr;      // [C + hv*dv + 2*hv, H]
+  int64_t hk_, hv_, dk_, dv_, kernel_;  // this rank's heads
+  int64_t conv_channels_;               // 2 * hk * dk + hv * dv
+  // [C + hv*dv + 2*hv, H]; with FP8 weights two parameters: [C + hv*dv, H] and in_proj_ba_ [2*hv, H].
+  const Tensor* in_proj_ = nullptr;
+  const Tensor* in_proj_ba_ = nullptr;
   const Tensor* conv_weight_ = nullptr;  // [C, K]
   const Tensor *A_log_ = nullptr, *dt_bias_ = nullptr, *norm_ = nullptr;
   RowParallelLinear out_proj_;

@@ -16,6 +16,7 @@ class RowParallelLinear {
         comm_(&ctx.comm),
         weight_(&ctx.weights.declare(name, {out_features, in_features}, ParallelStyle::kRow)) {}
   int64_t local_in_features() const { return weight_->dim(1); }
+  const Tensor& weight() const { return *weight_; }
   // out[T, out_features] = x[T, local_in] @ w_local^T, summed over the TP ranks.
   void forward(const Tensor& x, const Tensor& out) const {
     forward_partial(x, out);

@@ -15,6 +15,9 @@ class SwiGluMlp : public FeedForward {
   void forward(const Tensor& x, const Tensor& out) override;
   // This rank's partial sum of the down projection (before the TP all-reduce).
   void forward_partial(const Tensor& x, const Tensor& out) const;
+  // This rank's weights: gate_up [2I, H] (gate rows, then up rows) and down [H, I].
+  const Tensor& gate_up_weight() const { return *gate_up_; }
+  const Tensor& down_weight() const { return down_.weight(); }
 
  private:
   Backend* backend_ = nullptr;

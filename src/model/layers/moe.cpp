@@ -27,21 +27,10 @@ void MoeBlock::forward(const Tensor& x, const Tensor& out) {
   be.linear(x, *router_, nullptr, logits);
   Tensor ids = be.scratch({T, k}, DType::kI32);
   Tensor weights = be.scratch({T, k}, DType::kF32);
-  be.moe_topk(logits, k, options_.renormalize, ids, weights);
-  be.moe_experts(x, *experts_.gate_up, *experts_.down, ids, weights, static_cast<int>(experts_.shard.expert_begin),
-                 out);
-  if (shared_) {
-    Tensor shared = be.scratch(out.shape(), out.dtype());
-    shared_->forward_partial(x, shared);
-    if (shared_gate_) {
-      // The gate is computed from the whole x on every rank, so scaling each rank's partial
-      // sum by it scales their total.
-      Tensor gate = be.scratch({T, 1}, be.compute_dtype());
-      be.linear(x, *shared_gate_, nullptr, gate);
-      be.sigmoid_mul(shared, gate, shared);
-    }
-    be.add(out, shared, out);
-  }
+  Backend::MoeSharedExpert shared{};
+  if (shared_) shared = {&shared_->gate_up_weight(), &shared_->down_weight(), shared_gate_};
+  be.moe_topk_experts(logits, k, options_.renormalize, x, *experts_.gate_up, *experts_.down, ids, weights,
+                      static_cast<int>(experts_.shard.expert_begin), out, shared_ ? &shared : nullptr);
   comm_.all_reduce(out);
 }
 

@@ -2,9 +2,9 @@
 // Qwen3-Next / Qwen3.5): a replicated router linear gives f32 logits [T, E]; moe_topk picks
 // k experts per token (softmax in f32, renormalised when norm_topk_prob); moe_experts runs
 // this rank's experts (each expert's intermediate slice under TP, whole experts under
-// expert parallelism). An optional shared expert (a SwiGLU MLP every token goes through),
-// scaled by sigmoid(shared_expert_gate(x)), is added. The ranks' partial sums meet in one
-// all-reduce at the end.
+// expert parallelism); both through Backend::moe_topk_experts, which a backend may fuse. An optional shared expert (a
+// SwiGLU MLP every token goes through), scaled by sigmoid(shared_expert_gate(x)), is added. The ranks' partial sums
+// meet in one all-reduce at the end.
 #pragma once
 #include <optional>
 #include <string>

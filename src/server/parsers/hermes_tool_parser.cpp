@@ -53,12 +53,16 @@ class TopLevelObjectScan {
   enum class Kind { kString, kContainer, kScalar };
   static constexpr size_t kNone = static_cast<size_t>(-1);
 
+  // Past white space, `want` moves on to `next`; anything else makes the text no call.
+  void expect(char c, char want, Phase next) {
+    if (!is_space(c)) phase_ = c == want ? next : Phase::kBad;
+  }
+
   void step(const std::string& body, size_t pos) {
     char c = body[pos];
     switch (phase_) {
       case Phase::kBefore:
-        if (is_space(c)) return;
-        phase_ = c == '{' ? Phase::kExpectKey : Phase::kBad;
+        expect(c, '{', Phase::kExpectKey);
         return;
       case Phase::kExpectKey:
         if (is_space(c)) return;
@@ -81,8 +85,7 @@ class TopLevelObjectScan {
         }
         return;
       case Phase::kColon:
-        if (is_space(c)) return;
-        phase_ = c == ':' ? Phase::kValue : Phase::kBad;
+        expect(c, ':', Phase::kValue);
         return;
       case Phase::kValue:
         if (is_space(c)) return;
@@ -346,10 +349,7 @@ class HermesToolParser final : public ToolParser {
   std::string body_;
   std::string held_;  // text from the first <tool_call> on, until a call is sent
   TopLevelObjectScan scan_;
-  bool call_sent_ = false;
-  bool call_dropped_ = false;
-  bool any_call_sent_ = false;
-  bool saw_invalid_block_ = false;
+  bool call_sent_ = false, call_dropped_ = false, any_call_sent_ = false, saw_invalid_block_ = false;
   size_t args_sent_ = 0;
 };
 

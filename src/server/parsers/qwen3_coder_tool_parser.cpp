@@ -59,24 +59,26 @@ bool valid_function_name(std::string_view name) {
   return true;
 }
 
-bool parse_integer(std::string_view s, nlohmann::json* out) {
+// `s`, trimmed and without a leading '+', read whole as a T; false when it is not one.
+template <typename T>
+bool parse_whole(std::string_view s, T* v) {
   s = trim(s);
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
   if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_integer(std::string_view s, nlohmann::json* out) {
   int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size()) return false;
+  if (!parse_whole(s, &v)) return false;
   *out = v;
   return true;
 }
 
 bool parse_number(std::string_view s, nlohmann::json* out) {
-  s = trim(s);
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  if (s.empty()) return false;
   double v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v)) return false;
+  if (!parse_whole(s, &v) || !std::isfinite(v)) return false;
   // vLLM: a float with no fractional part becomes an int ("5.0" -> 5).
   if (v == std::floor(v) && std::fabs(v) < 9.0e15) {
     *out = static_cast<int64_t>(v);
@@ -250,25 +252,8 @@ class Qwen3CoderToolParser final : public ToolParser {
     size_t i = 0;
     for (;;) {
       char c;
-      if (!queue_.empty()) {
-        c = queue_.front();
-        queue_.pop_front();
-      } else if (i < input.size()) {
-        c = input[i++];
-      } else {
-        return;
-      }
-      events.clear();
-      scanner_.feed(c, events);
-      for (size_t k = 0; k < events.size(); ++k) {
-        if (!handle(events[k])) continue;
-        std::string replay = std::move(replay_);
-        for (size_t j = k + 1; j < events.size(); ++j)
-          replay += events[j].tag >= 0 ? scanner_.tag(events[j].tag) : std::string(1, events[j].byte);
-        replay += scanner_.take_pending();
-        queue_.insert(queue_.begin(), replay.begin(), replay.end());
-        break;
-      }
+      if (!next_byte(queue_, input, i, c)) return;
+      scanner_.feed_or_replay(c, events, replay_, queue_, [this](const ScanEvent& e) { return handle(e); });
     }
   }
 

@@ -88,38 +88,20 @@ class ThinkReasoningParser final : public ReasoningParser {
     std::vector<ScanEvent> events;
     size_t i = 0;
     for (;;) {
-      char c;
-      if (!queue_.empty()) {
-        c = queue_.front();
-        queue_.pop_front();
-      } else if (i < input.size()) {
-        if (state_ == State::kContent) {
-          // Past the reasoning nothing is parsed; the scanner may still hold a tag prefix.
-          content_.append(scanner_.take_pending());
-          content_.append(input.substr(i));
-          return;
-        }
-        c = input[i++];
-      } else {
+      if (queue_.empty() && i < input.size() && state_ == State::kContent) {
+        // Past the reasoning nothing is parsed; the scanner may still hold a tag prefix.
+        content_.append(scanner_.take_pending());
+        content_.append(input.substr(i));
         return;
       }
+      char c;
+      if (!next_byte(queue_, input, i, c)) return;
       if (state_ == State::kContent) {
         content_.append(scanner_.take_pending());
         content_.push_back_char(c);
         continue;
       }
-      events.clear();
-      scanner_.feed(c, events);
-      for (size_t k = 0; k < events.size(); ++k) {
-        if (!handle(events[k])) continue;
-        // Re-scan: the bytes after an unconfirmed <tool_call>, then the rest of this step.
-        std::string replay = std::move(replay_);
-        for (size_t j = k + 1; j < events.size(); ++j)
-          replay += events[j].tag >= 0 ? scanner_.tag(events[j].tag) : std::string(1, events[j].byte);
-        replay += scanner_.take_pending();
-        queue_.insert(queue_.begin(), replay.begin(), replay.end());
-        break;
-      }
+      scanner_.feed_or_replay(c, events, replay_, queue_, [this](const ScanEvent& e) { return handle(e); });
     }
   }
 

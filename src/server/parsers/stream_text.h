@@ -30,6 +30,25 @@ class TagScanner {
   // The held bytes (a proper prefix of some tag), removed from the scanner.
   std::string take_pending();
   const std::string& tag(int i) const { return tags_[static_cast<size_t>(i)]; }
+  // Feeds `c` and hands each settled event to `handle` (into `events`, reused). When `handle`
+  // returns true (it changed state, so what follows must be scanned again), the rest is not
+  // handled: `replay` (emptied), the events after that one and the held bytes go back to the
+  // front of `queue`, to be fed again.
+  template <typename Queue, typename Handle>
+  void feed_or_replay(char c, std::vector<ScanEvent>& events, std::string& replay, Queue& queue, Handle&& handle) {
+    events.clear();
+    feed(c, events);
+    for (size_t k = 0; k < events.size(); ++k) {
+      if (!handle(events[k])) continue;
+      std::string again = std::move(replay);
+      replay.clear();
+      for (size_t j = k + 1; j < events.size(); ++j)
+        again += events[j].tag >= 0 ? tag(events[j].tag) : std::string(1, events[j].byte);
+      again += take_pending();
+      queue.insert(queue.begin(), again.begin(), again.end());
+      return;
+    }
+  }
 
  private:
   bool is_tag_prefix(std::string_view s, int* exact) const;
@@ -38,6 +57,20 @@ class TagScanner {
   std::array<bool, 256> first_bytes_{};
   std::string pending_;
 };
+
+// The next byte to scan into `c`: one handed back for a second look (the front of `queue`)
+// first, then `input[i++]`; false when both are used up.
+template <typename Queue>
+bool next_byte(Queue& queue, std::string_view input, size_t& i, char& c) {
+  if (!queue.empty()) {
+    c = queue.front();
+    queue.pop_front();
+    return true;
+  }
+  if (i >= input.size()) return false;
+  c = input[i++];
+  return true;
+}
 
 // Holds back an incomplete UTF-8 sequence at the end of a stream fragment so that every
 // fragment handed out is whole UTF-8 (when the input is). Concatenating all take() results

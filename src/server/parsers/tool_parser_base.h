@@ -38,7 +38,6 @@ class ToolDeltaSink {
     add_args(args_.flush());
     open_ = false;
   }
-  bool call_open() const { return open_; }
   int calls_started() const { return next_index_; }
 
   ToolStreamDelta take(bool final) {

@@ -1,6 +1,7 @@
 // Jinja2's builtin filters as chat templates use them, plus transformers' own tojson (json.dumps with
 // ensure_ascii=False and Python's separators, instead of Jinja2's HTML-safe one).
 #include <fmt/format.h>
+#include <optional>
 
 #include <algorithm>
 #include <cmath>
@@ -156,9 +157,9 @@ Value min_max(const Value& sequence, const Args& args, bool want_max) {
   return items[best];
 }
 
-}  // namespace
-
-Value call_filter(std::string_view name, const Value& value, const Args& args, const RenderLimits& limits) {
+// Filters of strings (and of any value printed as one); nullopt: not one of them.
+std::optional<Value> text_filter(std::string_view name, const Value& value, const Args& args,
+                                 const RenderLimits& limits) {
   if (name == "tojson") {
     JsonDumpOptions options;
     options.ensure_ascii = truthy(arg(args, 0, "ensure_ascii", Value(false)));
@@ -183,6 +184,114 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     if (!text.empty()) text[0] = to_upper(text[0]);
     return Value(utf8_encode(text));
   }
+  if (name == "replace") {
+    std::string text = python_str(value);
+    std::string old_text = python_str(arg(args, 0, "old", Value("")));
+    std::string new_text = python_str(arg(args, 1, "new", Value("")));
+    Value count_value = arg(args, 2, "count", Value(None{}));
+    int64_t count = count_value.is_number() ? count_value.as_int() : -1;
+    std::string out;
+    if (old_text.empty()) {
+      // Python inserts the replacement between every character.
+      std::u32string chars = utf8_decode(text);
+      for (size_t i = 0; i <= chars.size(); ++i) {
+        if (count < 0 || static_cast<int64_t>(i) < count) out += new_text;
+        if (i < chars.size()) utf8_append(out, chars[i]);
+      }
+      return Value(std::move(out));
+    }
+    size_t start = 0;
+    for (int64_t done = 0; count < 0 || done < count; ++done) {
+      size_t found = text.find(old_text, start);
+      if (found == std::string::npos) break;
+      out.append(text, start, found - start);
+      out += new_text;
+      start = found + old_text.size();
+      if (out.size() > limits.max_output_bytes) throw ValueError("replace result exceeds the output size limit");
+    }
+    out.append(text, start, std::string::npos);
+    return Value(std::move(out));
+  }
+  if (name == "indent") {
+    if (!value.is_string())
+      throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
+    return Value(do_indent(value.as_string(), args));
+  }
+  if (name == "center") {
+    std::string text = python_str(value);
+    int64_t width = int_arg(args, 0, "width", 80);
+    int64_t length = static_cast<int64_t>(utf8_length(text));
+    if (width <= length) return Value(text);
+    int64_t left = (width - length) / 2 + ((width - length) % 2 & width % 2);
+    return Value(std::string(left, ' ') + text + std::string(width - length - left, ' '));
+  }
+  if (name == "wordcount") {
+    std::string text = python_str(value);
+    int64_t words = 0;
+    bool in_word = false;
+    for (char c : text) {
+      bool word = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
+      if (word && !in_word) ++words;
+      in_word = word;
+    }
+    return Value(words);
+  }
+  if (name == "format") {
+    return Value(python_percent_format(python_str(value), Value::tuple(args.positional)));
+  }
+  if (name == "pprint") return Value(python_repr(value));
+
+  return std::nullopt;
+}
+
+// Filters that make or take numbers; nullopt: not one of them.
+std::optional<Value> number_filter(std::string_view name, const Value& value, const Args& args) {
+  if ((name == "int" || name == "float") && value.is_undefined()) throw_undefined(value);  // int(Undefined) fails
+  if (name == "int") {
+    int64_t fallback = int_arg(args, 0, "default", 0);
+    if (value.is_number()) return Value(value.is_float() ? static_cast<int64_t>(value.as_float()) : value.as_int());
+    if (value.is_string()) {
+      std::string text = python_strip(value.as_string(), Value(None{}), true, true);
+      char* end = nullptr;
+      long long parsed = std::strtoll(text.c_str(), &end, static_cast<int>(int_arg(args, 1, "base", 10)));
+      if (!text.empty() && end == text.c_str() + text.size()) return Value(static_cast<int64_t>(parsed));
+      double f = std::strtod(text.c_str(), &end);
+      if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(f)) return Value(static_cast<int64_t>(f));
+    }
+    return Value(fallback);
+  }
+  if (name == "float") {
+    Value fallback = arg(args, 0, "default", Value(0.0));
+    if (value.is_number()) return Value(value.as_float());
+    if (value.is_string()) {
+      std::string text = python_strip(value.as_string(), Value(None{}), true, true);
+      char* end = nullptr;
+      double f = std::strtod(text.c_str(), &end);
+      if (!text.empty() && end == text.c_str() + text.size()) return Value(f);
+    }
+    return fallback;
+  }
+  if (name == "abs") {
+    if (value.is_float()) return Value(std::fabs(value.as_float()));
+    if (value.is_number()) return Value(std::abs(value.as_int()));
+    throw ValueError("bad operand type for abs(): '" + type_name(value) + "'");
+  }
+  if (name == "round") {
+    if (!value.is_number()) throw ValueError("type " + type_name(value) + " doesn't define __round__ method");
+    int64_t precision = int_arg(args, 0, "precision", 0);
+    std::string method = python_str(arg(args, 1, "method", Value("common")));
+    double scale = std::pow(10.0, static_cast<double>(precision));
+    if (method == "ceil") return Value(std::ceil(value.as_float() * scale) / scale);
+    if (method == "floor") return Value(std::floor(value.as_float() * scale) / scale);
+    if (!value.is_float()) return Value(value.as_int());  // Python: round(3, 0) is the int 3
+    return Value(python_round(value.as_float(), precision));
+  }
+  return std::nullopt;
+}
+
+// Filters of sequences and mappings; nullopt: not one of them.
+std::optional<Value> sequence_filter(std::string_view name, const Value& value, const Args& args,
+                                     const RenderLimits& limits) {
   if (name == "length" || name == "count") {
     if (value.is_undefined()) return Value(0);
     if (value.is_string()) return Value(static_cast<int64_t>(utf8_length(value.as_string())));
@@ -238,98 +347,22 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (name == "reject") return select(value, args, false, false);
   if (name == "selectattr") return select(value, args, true, true);
   if (name == "rejectattr") return select(value, args, false, true);
-  if ((name == "int" || name == "float") && value.is_undefined()) throw_undefined(value);  // int(Undefined) fails
-  if (name == "int") {
-    int64_t fallback = int_arg(args, 0, "default", 0);
-    if (value.is_number()) return Value(value.is_float() ? static_cast<int64_t>(value.as_float()) : value.as_int());
-    if (value.is_string()) {
-      std::string text = python_strip(value.as_string(), Value(None{}), true, true);
-      char* end = nullptr;
-      long long parsed = std::strtoll(text.c_str(), &end, static_cast<int>(int_arg(args, 1, "base", 10)));
-      if (!text.empty() && end == text.c_str() + text.size()) return Value(static_cast<int64_t>(parsed));
-      double f = std::strtod(text.c_str(), &end);
-      if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(f)) return Value(static_cast<int64_t>(f));
+  if (name == "sum") {
+    Value attribute = arg(args, 0, "attribute", Value());
+    Value total = arg(args, 1, "start", Value(0));
+    for (const Value& item : iterate(value)) {
+      total = binary_operation("+", total, attribute.is_undefined() ? item : lookup_attribute(item, attribute),
+                               limits.max_output_bytes);
     }
-    return Value(fallback);
+    return total;
   }
-  if (name == "float") {
-    Value fallback = arg(args, 0, "default", Value(0.0));
-    if (value.is_number()) return Value(value.as_float());
-    if (value.is_string()) {
-      std::string text = python_strip(value.as_string(), Value(None{}), true, true);
-      char* end = nullptr;
-      double f = std::strtod(text.c_str(), &end);
-      if (!text.empty() && end == text.c_str() + text.size()) return Value(f);
-    }
-    return fallback;
-  }
-  if (name == "abs") {
-    if (value.is_float()) return Value(std::fabs(value.as_float()));
-    if (value.is_number()) return Value(std::abs(value.as_int()));
-    throw ValueError("bad operand type for abs(): '" + type_name(value) + "'");
-  }
-  if (name == "round") {
-    if (!value.is_number()) throw ValueError("type " + type_name(value) + " doesn't define __round__ method");
-    int64_t precision = int_arg(args, 0, "precision", 0);
-    std::string method = python_str(arg(args, 1, "method", Value("common")));
-    double scale = std::pow(10.0, static_cast<double>(precision));
-    if (method == "ceil") return Value(std::ceil(value.as_float() * scale) / scale);
-    if (method == "floor") return Value(std::floor(value.as_float() * scale) / scale);
-    if (!value.is_float()) return Value(value.as_int());  // Python: round(3, 0) is the int 3
-    return Value(python_round(value.as_float(), precision));
-  }
-  if (name == "replace") {
-    std::string text = python_str(value);
-    std::string old_text = python_str(arg(args, 0, "old", Value("")));
-    std::string new_text = python_str(arg(args, 1, "new", Value("")));
-    Value count_value = arg(args, 2, "count", Value(None{}));
-    int64_t count = count_value.is_number() ? count_value.as_int() : -1;
-    std::string out;
-    if (old_text.empty()) {
-      // Python inserts the replacement between every character.
-      std::u32string chars = utf8_decode(text);
-      for (size_t i = 0; i <= chars.size(); ++i) {
-        if (count < 0 || static_cast<int64_t>(i) < count) out += new_text;
-        if (i < chars.size()) utf8_append(out, chars[i]);
-      }
-      return Value(std::move(out));
-    }
-    size_t start = 0;
-    for (int64_t done = 0; count < 0 || done < count; ++done) {
-      size_t found = text.find(old_text, start);
-      if (found == std::string::npos) break;
-      out.append(text, start, found - start);
-      out += new_text;
-      start = found + old_text.size();
-      if (out.size() > limits.max_output_bytes) throw ValueError("replace result exceeds the output size limit");
-    }
-    out.append(text, start, std::string::npos);
-    return Value(std::move(out));
-  }
-  if (name == "indent") {
-    if (!value.is_string())
-      throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
-    return Value(do_indent(value.as_string(), args));
-  }
-  if (name == "center") {
-    std::string text = python_str(value);
-    int64_t width = int_arg(args, 0, "width", 80);
-    int64_t length = static_cast<int64_t>(utf8_length(text));
-    if (width <= length) return Value(text);
-    int64_t left = (width - length) / 2 + ((width - length) % 2 & width % 2);
-    return Value(std::string(left, ' ') + text + std::string(width - length - left, ' '));
-  }
-  if (name == "wordcount") {
-    std::string text = python_str(value);
-    int64_t words = 0;
-    bool in_word = false;
-    for (char c : text) {
-      bool word = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
-      if (word && !in_word) ++words;
-      in_word = word;
-    }
-    return Value(words);
-  }
+  if (name == "attr") return get_attribute(value, python_str(arg(args, 0, "name", Value(""))));
+
+  return std::nullopt;
+}
+
+// Filters that order, pick or pair up the items of a sequence or mapping; nullopt: not one of them.
+std::optional<Value> ordering_filter(std::string_view name, const Value& value, const Args& args) {
   if (name == "items") {
     if (value.is_undefined()) return Value(List{});
     if (!value.is_dict()) throw ValueError("items filter needs a mapping, got " + type_name(value));
@@ -386,22 +419,18 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
     std::reverse(items.begin(), items.end());
     return Value(std::move(items));
   }
-  if (name == "sum") {
-    Value attribute = arg(args, 0, "attribute", Value());
-    Value total = arg(args, 1, "start", Value(0));
-    for (const Value& item : iterate(value)) {
-      total = binary_operation("+", total, attribute.is_undefined() ? item : lookup_attribute(item, attribute),
-                               limits.max_output_bytes);
-    }
-    return total;
-  }
   if (name == "min") return min_max(value, args, false);
   if (name == "max") return min_max(value, args, true);
-  if (name == "attr") return get_attribute(value, python_str(arg(args, 0, "name", Value(""))));
-  if (name == "format") {
-    return Value(python_percent_format(python_str(value), Value::tuple(args.positional)));
-  }
-  if (name == "pprint") return Value(python_repr(value));
+  return std::nullopt;
+}
+
+}  // namespace
+
+Value call_filter(std::string_view name, const Value& value, const Args& args, const RenderLimits& limits) {
+  if (std::optional<Value> v = text_filter(name, value, args, limits)) return *std::move(v);
+  if (std::optional<Value> v = number_filter(name, value, args)) return *std::move(v);
+  if (std::optional<Value> v = sequence_filter(name, value, args, limits)) return *std::move(v);
+  if (std::optional<Value> v = ordering_filter(name, value, args)) return *std::move(v);
   throw ValueError("no filter named '" + std::string(name) + "'");
 }
 

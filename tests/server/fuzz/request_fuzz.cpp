@@ -97,7 +97,7 @@ class StubEngine : public EngineClient {
       d.token_ids = {9707, 11, 1879};
       d.text = "<think>why</think>Hello <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
       if (o.params.logprobs >= 0)
-        for (int32_t t : d.token_ids) d.logprobs.push_back(TokenLogprob{t, -0.5f, {{t, -0.5f}, {13, -2.0f}}});
+        for (int32_t t : d.token_ids) d.logprobs.push_back(TokenLogprob{t, -0.5f, 1, {{t, -0.5f}, {13, -2.0f}}});
       d.finished = true;
       d.finish_reason = FinishReason::kStop;
       d.prompt_tokens = 5;

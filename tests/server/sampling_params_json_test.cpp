@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampling_params.h"
+#include "server/sampling_params_json.h"
 
-namespace tessera {
+namespace tessera::server {
 namespace {
 
 using nlohmann::json;
@@ -85,5 +85,23 @@ TEST(SamplingParamsJson, SeedIsASigned64BitInteger) {
   ASSERT_TRUE(read(R"({"seed": 9223372036854775807})", &p).ok());
 }
 
+// vLLM's prompt_logprobs: a non-negative integer; max_tokens 0 is read (validate_sampling_params allows it
+// only with prompt_logprobs).
+TEST(SamplingParamsJson, PromptLogprobsAndMaxTokensZero) {
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"prompt_logprobs": 3, "max_tokens": 0})", &p).ok());
+  EXPECT_EQ(p.prompt_logprobs, 3);
+  EXPECT_EQ(p.max_tokens, 0);
+  EXPECT_TRUE(validate_sampling_params(p, 100).ok());
+  ASSERT_TRUE(read(R"({"prompt_logprobs": null})", &p).ok());
+  EXPECT_EQ(p.prompt_logprobs, -1);
+  expect_refused(R"({"prompt_logprobs": -1})", "'prompt_logprobs' must be a non-negative integer");
+  expect_refused(R"({"prompt_logprobs": "2"})", "prompt_logprobs");
+  expect_refused(R"({"prompt_logprobs": 4294967296})", "prompt_logprobs");
+  expect_refused(R"({"max_tokens": -1})", "max_tokens");
+  ASSERT_TRUE(read(R"({"max_tokens": 0})", &p).ok());
+  EXPECT_FALSE(validate_sampling_params(p, 100).ok()) << "max_tokens 0 without prompt_logprobs";
+}
+
 }  // namespace
-}  // namespace tessera
+}  // namespace tessera::server

@@ -1,0 +1,61 @@
+// Kernel choices of the CUDA backend that stay selectable, for benchmarks and tests that run
+// the variants side by side (bench/kernels/moe_bench, cuda_ops_test). The defaults are the
+// production choice. No environment variable reaches these: callers pass CudaOptions to
+// make_cuda_backend. Plain C++ (no CUDA headers): host code and kernels both include it.
+#pragma once
+#include <cstddef>
+
+namespace tessera {
+
+// How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
+enum class CudaMoeDecode {
+  kAuto,                  // production: kFusedTopkKernel for T <= 2 with a shared expert to fold (Qwen3.5 /
+                          // Qwen3-Next), kSplit otherwise (moe_bench --variants on the H200, 2026-12-01: at T = 1
+                          // 33.8 against 40.2 us a layer for the Qwen3.5-35B-A3B shape, but 37.6 against 34.6 for
+                          // Qwen3-30B-A3B's, and kSplit ahead from T = 4 on for both)
+  kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
+                          // (after the top-k kernel)
+  kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
+                          // barrier, down (its first loads issued before the barrier), combine by the
+                          // last warp of each row group
+  kFusedTopkKernel,       // kFused with the top-k as its own kernel before it
+  kFusedNoPrefetch,       // kFused without the down loads before the barrier
+  kFusedSeparateCombine,  // kFused's top-k, gate_up and down, then the combine kernel of kSplit
+};
+inline constexpr CudaMoeDecode kAllCudaMoeDecode[] = {CudaMoeDecode::kSplit, CudaMoeDecode::kFused,
+                                                      CudaMoeDecode::kFusedTopkKernel, CudaMoeDecode::kFusedNoPrefetch,
+                                                      CudaMoeDecode::kFusedSeparateCombine};
+inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
+  switch (v) {
+    case CudaMoeDecode::kAuto:
+      return "auto";
+    case CudaMoeDecode::kSplit:
+      return "split";
+    case CudaMoeDecode::kFused:
+      return "fused";
+    case CudaMoeDecode::kFusedTopkKernel:
+      return "fused_topk_kern";
+    case CudaMoeDecode::kFusedNoPrefetch:
+      return "fused_nopre";
+    case CudaMoeDecode::kFusedSeparateCombine:
+      return "fused_sepcomb";
+  }
+  return "?";
+}
+
+struct CudaOptions {
+  CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
+  // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
+  // attention kernel; false: two kernels (the op test compares both).
+  bool fused_decode_attention = true;
+  // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
+  // dims allow; false: the recurrent kernel, token by token.
+  bool chunked_gated_delta = true;
+  // FP8 linear layers above the GEMV size through a dequantised bf16 weight copy instead of
+  // cuBLASLt's block-scaled FP8 GEMM (the fallback where that has no algorithm).
+  bool fp8_gemm_dequant = false;
+  // The scratch arena's first chunk (it grows on demand); at least 16.
+  size_t initial_scratch_mib = 256;
+};
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+// One step's inputs, declared once (docs/engine.md, "Step inputs"). Every per-step array of a
+// ModelInput is one row of kStepArrays, and the three places that move a step's data derive
+// from that list: the step plan (engine/step_plan.cpp) writes and reads the arrays in this
+// order, upload_step_inputs copies them to the device for an eager forward, and the engine's
+// ModelRunner lays out its CUDA graph input buffer and fills it from them. A new per-step
+// field is a member of ModelInput (and StepInputs, when the forward reads it on the device)
+// and a row here.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "backend/backend.h"
+
+namespace tessera {
+
+// One step's work: the tokens of every scheduled sequence, flattened.
+struct ModelInput {
+  std::vector<int32_t> token_ids;       // T
+  std::vector<int32_t> positions;       // T
+  AttentionLayout attention;            // per-sequence layout over the paged cache
+  std::vector<int32_t> logits_indices;  // token rows whose next-token logits are wanted
+  // Models with kStateSlot layers: each sequence's state slot and whether it continues from
+  // the slot's state (same sequence order as `attention`); empty for the other models.
+  LinearAttnLayout linear;
+  // State-slot copies to make before the forward, as (src slot, dst slot) pairs flattened:
+  // every kStateSlot layer's conv and recurrent state rows (prefix-cache checkpoints saved
+  // and restored). The engine's ModelRunner applies them; forward() never sees them.
+  std::vector<int32_t> state_copies;
+};
+
+// One step's inputs on the model's device: what forward() uploads from a ModelInput, and
+// what a captured graph reads (the engine's ModelRunner keeps them in fixed buffers).
+struct StepInputs {
+  Tensor token_ids;       // i32 [T]
+  Tensor positions;       // i32 [T]
+  Tensor logits_indices;  // i32 [n]
+  AttentionMetadata attention;
+  LinearAttnMetadata linear;  // num_seqs == 0 for models without kStateSlot layers
+};
+
+// How many entries an array has, in the step's T tokens, S sequences (seq_lens) and the
+// attention layout's max_blocks_per_seq.
+enum class StepExtent : uint8_t {
+  kTokens,       // T
+  kSeqs,         // S
+  kSeqsPlusOne,  // S + 1 (query start offsets)
+  kBlockTable,   // S x max_blocks_per_seq
+  kAnyCount,     // a count of its own (logits rows)
+  kPairs,        // an even count of its own (state copies)
+};
+
+// What a decode graph's input buffer holds for an array. A graphed step is pure decode: one
+// token per sequence, a logits row each, so T = S = n = the bucket B.
+enum class GraphInput : uint8_t {
+  kPerRow,      // B entries, rewritten every step; a padding row holds `pad`
+  kBlockTable,  // B x the buffer's block-table width, rewritten every step; padding rows 0
+  kIota,        // 0, 1, 2, ...: written once (a decode step's query starts and logits rows)
+  kNone,        // not read by the forward (state copies, applied before it)
+};
+
+struct StepArray {
+  const char* name;
+  StepExtent extent;
+  bool optional;  // empty for models that do not use it (the linear-attention layout)
+  GraphInput graph;
+  int32_t pad;  // GraphInput::kPerRow: a padding row's value
+  std::vector<int32_t>& (*host)(ModelInput&);
+  Tensor* (*device)(StepInputs&);                   // nullptr: not a device input
+  std::vector<int32_t>* (*host_copy)(StepInputs&);  // nullptr: the backends keep no host copy
+};
+
+// The per-step arrays, in step-plan order.
+extern const std::array<StepArray, 12> kStepArrays;
+
+inline const std::vector<int32_t>& host_array(const StepArray& a, const ModelInput& in) {
+  return a.host(const_cast<ModelInput&>(in));
+}
+
+// "" when every array of `in` has the length its extent says (optional ones may be empty,
+// the linear-attention layout is all there or all absent) and the query starts run from 0 to
+// T; else what is wrong.
+std::string step_input_layout_error(const ModelInput& in);
+
+// Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
+// Error(kInvalidArgument) naming the bad value.
+void check_step_input(const ModelInput& in, int vocab, int max_positions);
+// Checks `in`, then uploads every device array of kStepArrays into `backend`'s scratch memory.
+StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int vocab, int max_positions);
+
+}  // namespace tessera
