@@ -100,6 +100,9 @@ class Backend {
   // Ends the capture; on failure the stream is back to normal and the Error says why.
   virtual std::unique_ptr<CapturedGraph> end_capture() { return nullptr; }
   virtual void replay(const CapturedGraph& graph) { (void)graph; }
+  // Whether causal_conv1d and gated_delta_rule honour LinearAttnMetadata::token_state_slots
+  // (speculative decoding on hybrid models needs it).
+  virtual bool supports_token_state_slots() const { return false; }
   // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
   virtual size_t free_memory() const = 0;
   virtual size_t total_memory() const = 0;
@@ -225,10 +228,7 @@ class Backend {
   // bf16, read and written in their dtype; the math is f32. CUDA limits: conv kernel size 4;
   // key head dims 16, 32, 64, 128, 256; the chunked prefill needs Dk = Dv = 128 (else the
   // recurrent kernel walks the tokens).
-  //
-  // Whether causal_conv1d and gated_delta_rule honour LinearAttnMetadata::token_state_slots
-  // (speculative decoding on hybrid models needs it).
-  virtual bool supports_token_state_slots() const { return false; }
+  // LinearAttnMetadata::token_state_slots: see supports_token_state_slots.
   // Causal depthwise conv1d (kernel K) with SiLU over each sequence's tokens:
   //   out[t, c] = silu(sum_{j<K} weight[c, j] * in[p - (K-1) + j, c]),  p = t's index in its sequence,
   // where in[i] = x[row i of the sequence, x_col + c] for i >= 0 and, for i < 0, the slot's conv

@@ -173,7 +173,9 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs a method ('ngram' or 'mtp'), got: {}", text);
   if (c.num_speculative_tokens <= 0)
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs num_speculative_tokens >= 1, got: {}", text);
-  return validate_speculative_config(c);
+  c = validate_speculative_config(c);
+  require_runnable(c);
+  return c;
 }
 
 EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }

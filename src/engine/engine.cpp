@@ -39,10 +39,7 @@ void LLMEngine::init_speculative() {
   config_.speculative = validate_speculative_config(config_.speculative);
   const SpeculativeConfig& sc = config_.speculative;
   if (!sc.enabled()) return;
-  if (sc.method == "mtp")
-    fail(ErrorKind::kUnsupported,
-         "--speculative-config method 'mtp' is not built yet; use {{\"method\": \"ngram\", ...}} or run without "
-         "--speculative-config");
+  require_runnable(sc);
   if (executor_->model_config().is_hybrid() && !backend_.supports_token_state_slots())
     fail(ErrorKind::kUnsupported,
          "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "

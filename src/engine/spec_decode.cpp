@@ -36,6 +36,13 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
   return c;
 }
 
+void require_runnable(const SpeculativeConfig& c) {
+  if (c.enabled() && c.method == "mtp")
+    fail(ErrorKind::kUnsupported,
+         "--speculative-config method 'mtp' is not built yet; use {{\"method\": \"ngram\", ...}} or run without "
+         "--speculative-config");
+}
+
 std::string describe(const SpeculativeConfig& c) {
   if (!c.enabled()) return "off";
   if (c.method == "ngram")

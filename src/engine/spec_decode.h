@@ -34,6 +34,9 @@ struct SpeculativeConfig {
 // them given: the other takes its value); fails (kInvalidArgument) on a method tessera does
 // not run or on bad sizes, naming the field and what works.
 SpeculativeConfig validate_speculative_config(SpeculativeConfig c);
+// Fails (kUnsupported) on a method tessera parses but does not run yet ('mtp'), saying what works;
+// the CLI calls it before anything starts, the engine again at construction.
+void require_runnable(const SpeculativeConfig& c);
 // "ngram (k=3, prompt_lookup 2..5)" for the startup log.
 std::string describe(const SpeculativeConfig& c);
 
