@@ -58,6 +58,12 @@ LinearAttnMetadata upload_linear_attn_metadata(Backend& be, LinearAttnLayout lay
   m.host_query_start_loc = std::move(layout.query_start_loc);
   m.host_state_slots = std::move(layout.state_slots);
   m.host_has_initial_state = std::move(layout.has_initial_state);
+  if (!layout.token_state_slots.empty()) {
+    TESSERA_CHECK(static_cast<int>(layout.token_state_slots.size()) == m.num_tokens,
+                  "token_state_slots must have one entry per token");
+    m.token_state_slots = upload_i32(be, layout.token_state_slots, {m.num_tokens});
+    m.host_token_state_slots = std::move(layout.token_state_slots);
+  }
   return m;
 }
 

@@ -23,6 +23,7 @@ struct LinearAttnLayout {
   std::vector<int32_t> query_start_loc;    // S+1
   std::vector<int32_t> state_slots;        // S (< 0: padding sequence)
   std::vector<int32_t> has_initial_state;  // S (0 or 1)
+  std::vector<int32_t> token_state_slots;  // T, or empty (LinearAttnMetadata::token_state_slots)
 };
 
 // Builds the metadata in `backend`'s scratch memory (valid until reset_scratch).

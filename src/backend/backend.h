@@ -48,7 +48,13 @@ struct LinearAttnMetadata {
   Tensor query_start_loc;    // i32 [S+1]: sequence s owns tokens [qsl[s], qsl[s+1]) of this step
   Tensor state_slots;        // i32 [S]: the sequence's state slot; < 0 = a padding sequence
   Tensor has_initial_state;  // i32 [S]: 1 = continue from the slot's state, 0 = start from zeros
-  std::vector<int32_t> host_query_start_loc, host_state_slots, host_has_initial_state;
+  // Speculative decoding (undefined / empty otherwise): i32 [T], the slot that receives the
+  // state after token t (conv and recurrent), -1 = none. When given, the state is written only
+  // there (not back into state_slots[s]): a verification chunk keeps the state after each of
+  // its tokens, and the engine keeps the one after the last accepted token. A slot here may be
+  // the sequence's own state_slots[s] (its state is read before any write).
+  Tensor token_state_slots;
+  std::vector<int32_t> host_query_start_loc, host_state_slots, host_has_initial_state, host_token_state_slots;
 };
 
 // Rotary embedding table: for each position, cos then sin of each frequency
@@ -94,6 +100,9 @@ class Backend {
   // Ends the capture; on failure the stream is back to normal and the Error says why.
   virtual std::unique_ptr<CapturedGraph> end_capture() { return nullptr; }
   virtual void replay(const CapturedGraph& graph) { (void)graph; }
+  // Whether causal_conv1d and gated_delta_rule honour LinearAttnMetadata::token_state_slots
+  // (speculative decoding on hybrid models needs it).
+  virtual bool supports_token_state_slots() const { return false; }
   // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
   virtual size_t free_memory() const = 0;
   virtual size_t total_memory() const = 0;
@@ -219,7 +228,7 @@ class Backend {
   // bf16, read and written in their dtype; the math is f32. CUDA limits: conv kernel size 4;
   // key head dims 16, 32, 64, 128, 256; the chunked prefill needs Dk = Dv = 128 (else the
   // recurrent kernel walks the tokens).
-  //
+  // LinearAttnMetadata::token_state_slots: see supports_token_state_slots.
   // Causal depthwise conv1d (kernel K) with SiLU over each sequence's tokens:
   //   out[t, c] = silu(sum_{j<K} weight[c, j] * in[p - (K-1) + j, c]),  p = t's index in its sequence,
   // where in[i] = x[row i of the sequence, x_col + c] for i >= 0 and, for i < 0, the slot's conv

@@ -149,6 +149,11 @@ class CheckingBackend::Op {
     index(m.state_slots, m.host_state_slots, S, "state_slots", r.state_slots, r.host_state_slots);
     index(m.has_initial_state, m.host_has_initial_state, S, "has_initial_state", r.has_initial_state,
           r.host_has_initial_state);
+    if (m.token_state_slots.defined() || !m.host_token_state_slots.empty()) {
+      index(m.token_state_slots, m.host_token_state_slots, m.num_tokens, "token_state_slots", r.token_state_slots,
+            r.host_token_state_slots);
+      operand("token_state_slots");
+    }
     std::string init, qsl;
     for (size_t s = 0; s < r.host_has_initial_state.size() && s < 8; ++s)
       init += (s ? "," : "") + std::to_string(r.host_has_initial_state[s]);

@@ -81,6 +81,9 @@ class CheckingBackend final : public ForwardingBackend {
   std::string name() const override { return "checking(" + primary_.name() + ")"; }
   // Eager only: every op must be checked as it runs.
   bool supports_graphs() const override { return false; }
+  bool supports_token_state_slots() const override {
+    return primary_.supports_token_state_slots() && reference_.supports_token_state_slots();
+  }
   void begin_capture() override { fail(ErrorKind::kUnsupported, "the checking backend runs eagerly (no graphs)"); }
   void reset_scratch() override;
 

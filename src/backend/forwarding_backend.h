@@ -24,6 +24,7 @@ class ForwardingBackend : public Backend {
   void scratch_rewind(size_t mark) override { inner_.scratch_rewind(mark); }
   size_t scratch_in_use() const override { return inner_.scratch_in_use(); }
   bool supports_graphs() const override { return inner_.supports_graphs(); }
+  bool supports_token_state_slots() const override { return inner_.supports_token_state_slots(); }
   void begin_capture() override { inner_.begin_capture(); }
   std::unique_ptr<CapturedGraph> end_capture() override { return inner_.end_capture(); }
   void replay(const CapturedGraph& graph) override { inner_.replay(graph); }

@@ -1,6 +1,7 @@
 #include "cli/engine_flags.h"
 
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -81,6 +82,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_flag("--enforce-eager", f.enforce_eager,
                "never replay CUDA graphs (decode batches up to min(--max-num-seqs, 256) are captured on first use "
                "otherwise)");
+  app.add_option("--speculative-config", f.speculative_config,
+                 "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} (prompt lookup; greedy output unchanged, "
+                 "sampled output keeps its distribution and seeds)");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
@@ -132,6 +137,47 @@ std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
   return make_backend(o);
 }
 
+SpeculativeConfig parse_speculative_config(const std::string& text) {
+  SpeculativeConfig c;
+  if (text.empty()) return c;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kInvalidArgument, "--speculative-config is not valid JSON ({}): {}", e.what(), text);
+  }
+  if (!j.is_object()) fail(ErrorKind::kInvalidArgument, "--speculative-config must be a JSON object, got: {}", text);
+  auto get_int = [&](const char* key, int& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_number_integer())
+      fail(ErrorKind::kInvalidArgument, "--speculative-config: {} must be an integer, got {}", key, it->dump());
+    out = it->get<int>();
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "method" && k != "num_speculative_tokens" && k != "prompt_lookup_max" && k != "prompt_lookup_min")
+      fail(ErrorKind::kInvalidArgument,
+           "--speculative-config: field '{}' is not supported (tessera reads method, num_speculative_tokens, "
+           "prompt_lookup_max, prompt_lookup_min)",
+           k);
+  }
+  if (auto m = j.find("method"); m != j.end()) {
+    if (!m->is_string()) fail(ErrorKind::kInvalidArgument, "--speculative-config: method must be a string");
+    c.method = m->get<std::string>();
+  }
+  get_int("num_speculative_tokens", c.num_speculative_tokens);
+  get_int("prompt_lookup_max", c.prompt_lookup_max);
+  get_int("prompt_lookup_min", c.prompt_lookup_min);
+  if (c.method.empty())
+    fail(ErrorKind::kInvalidArgument, "--speculative-config needs a method ('ngram' or 'mtp'), got: {}", text);
+  if (c.num_speculative_tokens <= 0)
+    fail(ErrorKind::kInvalidArgument, "--speculative-config needs num_speculative_tokens >= 1, got: {}", text);
+  c = validate_speculative_config(c);
+  require_runnable(c);
+  return c;
+}
+
 EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }
 
 EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
@@ -158,6 +204,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.enable_prefix_caching = f.enable_prefix_caching;
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;
+  c.speculative = parse_speculative_config(f.speculative_config);
   return c;
 }
 

@@ -32,10 +32,13 @@ struct EngineFlags {
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool enable_expert_parallel = false;
-  std::string gpu_memory;  // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
+  std::string speculative_config;  // --speculative-config: vLLM's JSON object ("" = off)
+  std::string gpu_memory;          // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
 };
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
+// --speculative-config's JSON ("" = off), validated; fails naming the bad field.
+SpeculativeConfig parse_speculative_config(const std::string& text);
 
 // The model a verb runs when none is given (vLLM's `vllm serve` has a default model too): the demo model
 // shipped in the repository, models/tessera-demo, looked up beside the binary and in its parent folders

@@ -28,6 +28,8 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.num_gpu_blocks_override = f.num_gpu_blocks_override;
   in.load_format = f.load_format;
   in.quantization = f.quantization;
+  const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
+  in.state_slots_per_seq = spec.enabled() ? 1 + spec.num_speculative_tokens : 1;
   return in;
 }
 

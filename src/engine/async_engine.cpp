@@ -270,12 +270,18 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     }
     bool stopped_by_string = false;
     if (seq.detok) {
-      for (int32_t tok : o.new_token_ids) {
-        auto r = seq.detok->push(tok);
+      for (size_t i = 0; i < o.new_token_ids.size(); ++i) {
+        auto r = seq.detok->push(o.new_token_ids[i]);
         d.text += r.text;
         if (r.stopped) {
           stopped_by_string = true;
           d.stop_string = r.stop_string;
+          // Several tokens in one step (speculative decoding): the ones after the stop string
+          // are not part of the output.
+          const size_t keep = i + 1, extra = o.new_token_ids.size() - keep;
+          d.token_ids.resize(keep);
+          if (d.logprobs.size() > keep) d.logprobs.resize(keep);
+          d.completion_tokens -= static_cast<int>(extra);
           break;
         }
       }

@@ -30,8 +30,23 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
          "enable chunked prefill",
          config_.scheduler.max_num_batched_tokens, config_.scheduler.max_model_len);
   eos_ids_.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+  init_speculative();
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
+}
+
+void LLMEngine::init_speculative() {
+  config_.speculative = validate_speculative_config(config_.speculative);
+  const SpeculativeConfig& sc = config_.speculative;
+  if (!sc.enabled()) return;
+  require_runnable(sc);
+  if (executor_->model_config().is_hybrid() && !backend_.supports_token_state_slots())
+    fail(ErrorKind::kUnsupported,
+         "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "
+         "each draft token, which it does not do yet (the CPU backend does); run without --speculative-config",
+         backend_.name());
+  proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
+  TLOG_INFO("Speculative decoding: {}; verification steps run eagerly (no CUDA graph)", describe(sc));
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -58,6 +73,9 @@ void LLMEngine::plan_kv_cache() {
   in.max_num_seqs = config_.scheduler.max_num_seqs;
   in.max_model_len = config_.scheduler.max_model_len;
   if (hybrid) in.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, config_.enable_prefix_caching);
+  // Speculative decoding keeps the state after each of a sequence's k drafts: 1 + k slots each.
+  const int slots_per_seq = config_.speculative.enabled() ? 1 + config_.speculative.num_speculative_tokens : 1;
+  in.state_slots_per_seq = slots_per_seq;
   const KvBudget budget = plan_kv_budget(in, fp);
   if (config_.num_blocks_override <= 0 && config_.kv_cache_memory_bytes == 0)
     TLOG_INFO(
@@ -92,20 +110,22 @@ void LLMEngine::plan_kv_cache() {
   init.conv_dtype = sdt.conv;
   init.ssm_dtype = sdt.ssm;
   executor_->init_kv_cache(init);
-  cache_manager_ =
-      std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching, budget.num_state_slots);
+  cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching,
+                                                    budget.num_state_slots, hybrid ? slots_per_seq : 1);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
             dtype_name(dt));
   TLOG_INFO("KV cache size: {} tokens", with_thousands(tokens));
   double concurrency = static_cast<double>(tokens) / max_len;
   if (hybrid) {
-    const int for_seqs = std::min(budget.num_state_slots, config_.scheduler.max_num_seqs);
+    const int for_seqs = std::min(budget.num_state_slots, config_.scheduler.max_num_seqs * slots_per_seq);
     TLOG_INFO(
-        "Linear-attention state slots: {} ({} for --max-num-seqs, {} for prefix-cache checkpoints; {} layers, {:.2f} "
-        "MiB per sequence, {:.2f} MiB in all; conv state {}, recurrent state {})",
-        budget.num_state_slots, for_seqs, budget.num_state_slots - for_seqs, fp.state_layers,
-        fp.state_bytes_per_seq / 1048576.0, budget.state_bytes / 1048576.0, dtype_name(sdt.conv), dtype_name(sdt.ssm));
+        "Linear-attention state slots: {} ({} for --max-num-seqs{}, {} for prefix-cache checkpoints; {} layers, {:.2f} "
+        "MiB per slot, {:.2f} MiB in all; conv state {}, recurrent state {})",
+        budget.num_state_slots, for_seqs,
+        slots_per_seq > 1 ? fmt::format(", {} per sequence for speculative decoding", slots_per_seq) : "",
+        budget.num_state_slots - for_seqs, fp.state_layers, fp.state_bytes_per_seq / 1048576.0,
+        budget.state_bytes / 1048576.0, dtype_name(sdt.conv), dtype_name(sdt.ssm));
     concurrency = std::min(concurrency, static_cast<double>(config_.scheduler.max_num_seqs));
   }
   TLOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", with_thousands(max_len), concurrency);
@@ -181,6 +201,8 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
   in.attention.max_blocks_per_seq = max_blocks;
   in.attention.query_start_loc.push_back(0);
   const bool hybrid = cache_manager_->has_state_slots();
+  bool spec_step = false;
+  for (const auto& s : sched.scheduled) spec_step = spec_step || s.num_draft_tokens > 0;
   for (const auto& s : sched.scheduled) {
     Request& r = *s.request;
     const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
@@ -197,6 +219,7 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
     if (hybrid) {
       in.linear.state_slots.push_back(s.state_slot);
       in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);
+      if (spec_step) add_token_state_slots(s, in.linear);
     }
     // Prompt logprobs: the logits of every prompt position in this chunk not scored yet (the scheduler
     // bounded how many).
@@ -205,13 +228,18 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
         in.logits_indices.push_back(row0 + p - begin);
         rows.push_back({&r, p});
       }
-    if (end == r.num_tokens()) {  // caught up: the last position's logits give the next token
+    if (end == r.num_tokens() + s.num_draft_tokens) {
+      // Caught up: the last position's logits give the next token; with drafts, each draft's
+      // position's too (the token the target samples there, to compare with the next draft).
       if (r.output.empty() && r.params.max_tokens == 0) {
         scored.push_back(&r);  // scoring only: nothing to generate
         continue;
       }
-      in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
-      rows.push_back({&r, -1});
+      const int T = static_cast<int>(in.token_ids.size());
+      for (int j = 0; j <= s.num_draft_tokens; ++j) {
+        in.logits_indices.push_back(T - 1 - s.num_draft_tokens + j);
+        rows.push_back({&r, -1, j, s.num_draft_tokens});
+      }
     }
   }
   if (hybrid) {
@@ -219,6 +247,36 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
     in.state_copies = sched.state_copies;
   }
   return in;
+}
+
+void LLMEngine::add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const {
+  // The state after each token of a verification chunk goes to its own slot (the one after the
+  // last accepted token is kept); other sequences' after their last token, as without
+  // speculation, in place.
+  const Request& r = *s.request;
+  const int begin = r.num_computed_tokens, end = begin + s.num_new_tokens;
+  for (int i = begin; i < end; ++i) {
+    const int j = i - (end - 1 - s.num_draft_tokens);
+    linear.token_state_slots.push_back(s.num_draft_tokens > 0 ? cache_manager_->draft_state_slot(r, j)
+                                       : i == end - 1         ? s.state_slot
+                                                              : -1);
+  }
+}
+
+StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
+  StepSampling sampling;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Request& r = *rows[i].request;
+    // (min_tokens: if a sequence's row 0 needs the host, so may its later ones; the host samples them all.)
+    if (rows[i].prompt_pos >= 0 || needs_host_sampling(r)) {
+      sampling.host_rows.push_back(static_cast<int32_t>(i));
+      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row or scores the prompt
+    } else {
+      sampling.rows.push_back(sampling_row(r));
+      sampling.rows.back().position += static_cast<uint64_t>(rows[i].draft);  // output position of the row's token
+    }
+  }
+  return sampling;
 }
 
 std::vector<RequestOutput> LLMEngine::step() {
@@ -239,16 +297,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<Request*> scored;
   ModelInput in = build_input(sched, rows, scored);
   const int vocab = executor_->model_config().vocab_size;
-  StepSampling sampling;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Request& r = *rows[i].request;
-    if (rows[i].prompt_pos >= 0 || needs_host_sampling(r)) {
-      sampling.host_rows.push_back(static_cast<int32_t>(i));
-      sampling.rows.emplace_back();  // greedy (cheap); the host samples this row or scores the prompt
-    } else {
-      sampling.rows.push_back(sampling_row(r));
-    }
-  }
+  StepSampling sampling = step_sampling(rows);
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
   if (in.logits_indices.empty()) {
     in.logits_indices.push_back(0);
@@ -259,71 +308,140 @@ std::vector<RequestOutput> LLMEngine::step() {
   timer_.mark(2, "execute");
   scheduler_->on_step_done(sched);
 
-  auto output_of = [&](Request* r) {
-    RequestOutput o;
-    o.request_id = r->id;
-    o.num_prompt_tokens = static_cast<int>(r->prompt.size());
-    o.num_cached_tokens = r->num_cached_tokens;
-    return o;
-  };
   size_t next_host = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Request* r = rows[i].request;
-    const bool host = next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i);
-    float* logits = host ? step_out_.host_logits.data() + next_host * static_cast<size_t>(vocab) : nullptr;
-    if (host) ++next_host;
-    if (rows[i].prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
-      const int p = rows[i].prompt_pos;
-      TESSERA_CHECK(p == r->prompt_logprob_next(), "prompt logprobs of {} out of order", r->id);
-      r->prompt_logprobs.push_back(token_logprobs(logits, vocab, r->prompt[p + 1], r->params.prompt_logprobs));
+  std::vector<Request*> decoding;
+  for (size_t i = 0; i < rows.size();) {
+    const LogitsRow& row = rows[i];
+    if (row.prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
+      Request* r = row.request;
+      const float* logits = host_logits(sampling, next_host, static_cast<int>(i));
+      TESSERA_CHECK(logits && row.prompt_pos == r->prompt_logprob_next(), "prompt logprobs of {} out of order", r->id);
+      r->prompt_logprobs.push_back(
+          token_logprobs(logits, vocab, r->prompt[row.prompt_pos + 1], r->params.prompt_logprobs));
       ++r->prompt_logprobs_done;
+      ++i;
       continue;
     }
-    SampleResult res;
-    if (host)
-      res = sampler_.sample(logits, vocab, *r, eos_ids_);
-    else
-      res.token = step_out_.tokens[i];
-    RequestOutput o = output_of(r);
-    if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
-    r->output.push_back(res.token);
-    ++stats_.generation_tokens;
-    o.new_token_ids.push_back(res.token);
-    if (res.logprob) o.logprobs.push_back(*res.logprob);
-    o.num_output_tokens = static_cast<int>(r->output.size());
-    FinishReason reason = FinishReason::kNone;
-    const SamplingParams& p = r->params;
-    const bool min_reached = static_cast<int>(r->output.size()) > p.min_tokens;
-    if (!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), res.token) != eos_ids_.end()) {
-      reason = FinishReason::kStop;
-      r->stop_token = res.token;
-    } else if (min_reached &&
-               std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), res.token) != p.stop_token_ids.end()) {
-      reason = FinishReason::kStop;
-      r->stop_token = res.token;
-    } else if (static_cast<int>(r->output.size()) >= p.max_tokens || r->num_tokens() >= max_model_len()) {
-      reason = FinishReason::kLength;
-    }
-    if (reason != FinishReason::kNone) {
-      o.finished = true;
-      o.finish_reason = reason;
-      o.stop_token = r->stop_token;
-      retire(r);
-    }
-    out.push_back(std::move(o));
+    Request* r = row.request;  // dangles once take_tokens retires it
+    if (take_tokens(rows, static_cast<int>(i), sampling, next_host, out)) decoding.push_back(r);
+    i += 1 + static_cast<size_t>(row.drafts);
   }
   // max_tokens 0: the prompt is scored; the request ends there ("length", as vLLM reports it).
   for (Request* r : scored) {
-    RequestOutput o = output_of(r);
+    RequestOutput o = output_of(*r);
     o.prompt_logprobs = std::move(r->prompt_logprobs);
     o.finished = true;
     o.finish_reason = FinishReason::kLength;
     retire(r);
     out.push_back(std::move(o));
   }
+  if (proposer_) {
+    if (!decoding.empty()) propose_drafts(decoding);
+    log_spec_decode();
+  }
   timer_.mark(3, "outputs");
   timer_.pass_done();
   return out;
+}
+
+float* LLMEngine::host_logits(const StepSampling& sampling, size_t& next_host, int row) {
+  if (next_host >= sampling.host_rows.size() || sampling.host_rows[next_host] != row) return nullptr;
+  const size_t vocab = static_cast<size_t>(executor_->model_config().vocab_size);
+  return step_out_.host_logits.data() + next_host++ * vocab;
+}
+
+RequestOutput LLMEngine::output_of(const Request& r) const {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.num_prompt_tokens = static_cast<int>(r.prompt.size());
+  o.num_output_tokens = static_cast<int>(r.output.size());
+  o.num_cached_tokens = r.num_cached_tokens;
+  return o;
+}
+
+FinishReason LLMEngine::finish_reason_after(Request& r, int32_t token) const {
+  const SamplingParams& p = r.params;
+  const bool min_reached = static_cast<int>(r.output.size()) > p.min_tokens;
+  if ((!p.ignore_eos && min_reached && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) ||
+      (min_reached && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end())) {
+    r.stop_token = token;
+    return FinishReason::kStop;
+  }
+  if (static_cast<int>(r.output.size()) >= p.max_tokens || r.num_tokens() >= max_model_len())
+    return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling,
+                            size_t& next_host, std::vector<RequestOutput>& out) {
+  Request* r = rows[static_cast<size_t>(first)].request;
+  const int drafts = rows[static_cast<size_t>(first)].drafts, vocab = executor_->model_config().vocab_size;
+  RequestOutput o = output_of(*r);
+  if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
+  FinishReason reason = FinishReason::kNone;
+  int accepted = 0;
+  for (int j = 0; j <= drafts; ++j) {
+    SampleResult res;
+    // The host sampler sees the tokens accepted so far (penalties, min_tokens, position).
+    if (float* logits = host_logits(sampling, next_host, first + j))
+      res = sampler_.sample(logits, vocab, *r, eos_ids_);
+    else
+      res.token = step_out_.tokens[static_cast<size_t>(first + j)];
+    r->output.push_back(res.token);
+    ++stats_.generation_tokens;
+    o.new_token_ids.push_back(res.token);
+    if (res.logprob) o.logprobs.push_back(*res.logprob);
+    reason = finish_reason_after(*r, res.token);
+    if (reason != FinishReason::kNone || j == drafts || res.token != r->spec_tokens[static_cast<size_t>(j)]) break;
+    ++accepted;  // draft j was right: row j + 1's token follows it
+  }
+  // The rows after a rejected draft are not used.
+  while (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] <= first + drafts) ++next_host;
+  stats_.spec.add(drafts, accepted);
+  o.num_output_tokens = static_cast<int>(r->output.size());
+  const bool goes_on = reason == FinishReason::kNone;
+  if (goes_on) {
+    scheduler_->accept_drafts(*r, accepted);
+  } else {
+    o.finished = true;
+    o.finish_reason = reason;
+    o.stop_token = r->stop_token;
+    retire(r);
+  }
+  out.push_back(std::move(o));
+  return goes_on;
+}
+
+void LLMEngine::log_spec_decode() {
+  const auto now = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(now - spec_logged_at_).count();
+  if (secs >= 10 && stats_.spec.num_drafts > spec_logged_.num_drafts) {
+    TLOG_INFO("{}", spec_decode_log_line(stats_.spec, spec_logged_, secs));
+    spec_logged_ = stats_.spec;
+    spec_logged_at_ = now;
+  }
+}
+
+void LLMEngine::set_proposer(std::unique_ptr<Proposer> p) {
+  TESSERA_CHECK(config_.speculative.enabled(), "set_proposer without --speculative-config");
+  proposer_ = std::move(p);
+}
+
+void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
+  // At most k, and no more than the request can still take: max_tokens (the step adds up to
+  // drafts + 1 tokens) and max_model_len (the drafts' positions must exist).
+  std::vector<int> room;
+  room.reserve(decoding.size());
+  for (const Request* r : decoding) {
+    int k = config_.speculative.num_speculative_tokens;
+    k = std::min(k, r->params.max_tokens - static_cast<int>(r->output.size()) - 1);
+    k = std::min(k, max_model_len() - r->num_tokens());
+    room.push_back(std::max(0, k));
+  }
+  proposer_->propose(decoding, room);
+  for (size_t i = 0; i < decoding.size(); ++i)
+    TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",
+                  decoding[i]->spec_tokens.size(), room[i]);
 }
 
 EngineStats LLMEngine::stats() const {
@@ -332,6 +450,7 @@ EngineStats LLMEngine::stats() const {
   s.num_waiting = scheduler_->num_waiting();
   s.kv_cache_usage = cache_manager_->pool().usage();
   s.num_preemptions = scheduler_->num_preemptions();
+  s.num_speculative_tokens = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
   return s;
 }
 

@@ -2,6 +2,7 @@
 // request by one step per call. Single-threaded by contract: one thread (the engine
 // loop) calls everything here; front ends talk to it through their own queues.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <random>
@@ -15,6 +16,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_decode.h"
 #include "model/model.h"
 
 namespace tessera {
@@ -30,7 +32,8 @@ struct EngineConfig {
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
-  bool enforce_eager = false;  // no CUDA graphs
+  bool enforce_eager = false;     // no CUDA graphs
+  SpeculativeConfig speculative;  // --speculative-config (off by default)
   // Memory planning (engine/memory_plan.h). device_memory: plan as if the device had this many
   // bytes (--gpu-memory; 0 = what it reports). reserved_bytes: memory the activation arena and
   // graphs will take after the cache is allocated (from `tessera plan`'s arithmetic).
@@ -62,6 +65,8 @@ struct EngineStats {
   uint64_t num_preemptions = 0;
   uint64_t prompt_tokens = 0, generation_tokens = 0, prefix_cache_hit_tokens = 0;
   uint64_t steps = 0;
+  SpecDecodeStats spec;            // speculative decoding (all zero when off)
+  int num_speculative_tokens = 0;  // k; 0 when speculative decoding is off
 };
 
 class LLMEngine {
@@ -91,20 +96,47 @@ class LLMEngine {
   int kv_capacity_tokens() const { return num_blocks() * config_.block_size; }
   const KvCacheManager& cache_manager() const { return *cache_manager_; }
   EngineStats stats() const;
+  // Replaces the proposer --speculative-config chose (a custom proposer; tests). Needs
+  // speculative decoding on (its num_speculative_tokens bounds the drafts).
+  void set_proposer(std::unique_ptr<Proposer> p);
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
  private:
-  // One logits row of a step: the request's next token (prompt_pos -1), or a prompt position whose
-  // logits give the logprob of the prompt token after it (prompt_logprobs).
+  // One logits row of a step: a prompt position whose logits give the logprob of the prompt token
+  // after it (prompt_logprobs; prompt_pos >= 0), or row `draft` of a sequence's next tokens
+  // (prompt_pos -1): row 0 follows its last token, row j >= 1 its draft j - 1 (speculative
+  // decoding: a sequence with `drafts` drafts has rows 0..drafts, consecutive).
   struct LogitsRow {
     Request* request;
     int prompt_pos = -1;
+    int draft = 0;
+    int drafts = 0;
   };
   void plan_kv_cache();
+  // Fails (kUnsupported) on a speculative decoding setup tessera cannot run; sets up the proposer.
+  void init_speculative();
   // `rows`: what each logits row is for; `scored`: requests with max_tokens 0 whose prompt is done.
   ModelInput build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
                          std::vector<Request*>& scored) const;
+  // Hybrid models in a step with drafts: the slot that keeps the state after each new token of s.
+  void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
+  // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
+  static StepSampling step_sampling(const std::vector<LogitsRow>& rows);
+  // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
+  float* host_logits(const StepSampling& sampling, size_t& next_host, int row);
+  // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
+  // token equals the draft at its position, the next row's (spec_decode.h). Appends the
+  // request's output; returns false when it finished (it is retired).
+  bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
+                   std::vector<RequestOutput>& out);
+  // Why r stops after taking `token` (kNone: it goes on).
+  FinishReason finish_reason_after(Request& r, int32_t token) const;
+  RequestOutput output_of(const Request& r) const;
+  // Speculative decoding: drafts for the sequences that will decode next step.
+  void propose_drafts(const std::vector<Request*>& decoding);
+  // vLLM's periodic SpecDecoding log line, every 10 s while drafts are verified.
+  void log_spec_decode();
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
   // Frees the request's blocks and forgets it (the pointer dangles afterwards).
   void retire(Request* r);
@@ -121,7 +153,11 @@ class LLMEngine {
   EngineStats stats_;
   PhaseTimer timer_{"engine step (TESSERA_STEP_TIMING)"};
   StepOutput step_out_;
-  std::mt19937_64 seed_rng_;  // sample seeds of requests that bring none
+  std::mt19937_64 seed_rng_;            // sample seeds of requests that bring none
+  std::unique_ptr<Proposer> proposer_;  // speculative decoding; null when off
+  // The periodic "SpecDecoding metrics" log line: the counts and time of the last one.
+  SpecDecodeStats spec_logged_;
+  std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace tessera

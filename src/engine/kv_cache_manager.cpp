@@ -6,8 +6,12 @@
 
 namespace tessera {
 
-KvCacheManager::KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots)
-    : block_size_(block_size), pool_(num_blocks, enable_prefix_caching), slots_(num_state_slots) {}
+KvCacheManager::KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots,
+                               int slots_per_seq)
+    : block_size_(block_size),
+      slots_per_seq_(std::max(1, slots_per_seq)),
+      pool_(num_blocks, enable_prefix_caching),
+      slots_(num_state_slots) {}
 
 uint64_t KvCacheManager::prefix_hash(const Request& r, int num_blocks) const {
   uint64_t h = 0;
@@ -50,7 +54,7 @@ bool KvCacheManager::allocate(Request& r, int num_new_tokens, const std::vector<
     if (pool_.ref_count(b) == 0) ++cached_in_free;
   if (new_blocks > pool_.num_free() - cached_in_free) return false;
   const bool need_slot = has_state_slots() && r.state_slot < 0;
-  if (need_slot && slots_.num_available() == 0) return false;
+  if (need_slot && slots_.num_available() < slots_per_seq_) return false;
   std::optional<int32_t> restore;
   uint64_t restore_hash = 0;
   if (has_state_slots() && !cached.empty()) {
@@ -66,6 +70,10 @@ bool KvCacheManager::allocate(Request& r, int num_new_tokens, const std::vector<
     copies_.push_back(*restore);
     copies_.push_back(r.state_slot);
   }
+  // (A draft slot may evict the restored checkpoint: the copy above runs before any step
+  // writes a draft slot.)
+  if (need_slot)
+    for (int i = 1; i < slots_per_seq_; ++i) r.draft_state_slots.push_back(*slots_.allocate());
   if (!cached.empty()) {
     pool_.touch(cached);
     r.block_ids.insert(r.block_ids.end(), cached.begin(), cached.end());
@@ -119,6 +127,19 @@ void KvCacheManager::free(Request& r) {
   r.shared_prefix_end = 0;
   if (r.state_slot >= 0) slots_.release(r.state_slot);
   r.state_slot = -1;
+  for (int32_t s : r.draft_state_slots) slots_.release(s);
+  r.draft_state_slots.clear();
+}
+
+int32_t KvCacheManager::draft_state_slot(const Request& r, int j) const {
+  TESSERA_CHECK(j >= 0 && j <= static_cast<int>(r.draft_state_slots.size()) && r.state_slot >= 0,
+                "draft state slot {} of a request holding {}", j, r.draft_state_slots.size());
+  return j == 0 ? r.state_slot : r.draft_state_slots[static_cast<size_t>(j - 1)];
+}
+
+void KvCacheManager::accept_draft_states(Request& r, int accepted) {
+  if (accepted <= 0 || r.state_slot < 0) return;
+  std::swap(r.state_slot, r.draft_state_slots.at(static_cast<size_t>(accepted - 1)));
 }
 
 std::vector<int32_t> KvCacheManager::take_state_copies() { return std::exchange(copies_, {}); }

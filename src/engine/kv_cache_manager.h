@@ -24,8 +24,10 @@ namespace tessera {
 
 class KvCacheManager {
  public:
-  // num_state_slots > 0: the model has linear-attention layers (a hybrid model).
-  KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots = 0);
+  // num_state_slots > 0: the model has linear-attention layers (a hybrid model). A sequence
+  // holds slots_per_seq of them (1 + k with speculative decoding: Request::draft_state_slots).
+  KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_state_slots = 0,
+                 int slots_per_seq = 1);
 
   int block_size() const { return block_size_; }
   KvBlockPool& pool() { return pool_; }
@@ -54,6 +56,12 @@ class KvCacheManager {
   void commit_computed(Request& r);
   // Returns every block and the state slot of r.
   void free(Request& r);
+  // Speculative decoding on hybrid models: the slot that keeps the state after token j of r's
+  // verification chunk (j = 0: the last token, j >= 1: draft j - 1's position); and, once
+  // `accepted` drafts were accepted, makes the slot holding the state after the last accepted
+  // token r's state slot.
+  int32_t draft_state_slot(const Request& r, int j) const;
+  void accept_draft_states(Request& r, int accepted);
   // The state copies queued since the last call, (src, dst) pairs flattened.
   std::vector<int32_t> take_state_copies();
 
@@ -61,6 +69,7 @@ class KvCacheManager {
   uint64_t prefix_hash(const Request& r, int num_blocks) const;  // chained hash of the first blocks
 
   int block_size_;
+  int slots_per_seq_;
   KvBlockPool pool_;
   StateSlotPool slots_;
   std::vector<int32_t> copies_;

@@ -69,7 +69,8 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
   }
   const int64_t seq_blocks = (static_cast<int64_t>(std::max(1, in.max_model_len)) + bs - 1) / bs;
   if (fp.state_bytes_per_seq > 0) {
-    const int64_t want = static_cast<int64_t>(b.max_num_seqs) + std::max(0, in.extra_state_slots);
+    const int64_t per = std::max(1, in.state_slots_per_seq);
+    const int64_t want = static_cast<int64_t>(b.max_num_seqs) * per + std::max(0, in.extra_state_slots);
     int64_t slots = want;
     if (in.num_blocks_override <= 0) {
       // Leave the KV of one max_model_len sequence next to the slots (at most half the budget:
@@ -78,12 +79,14 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
       const int64_t fit =
           b.budget > one_seq ? static_cast<int64_t>((b.budget - one_seq) / fp.state_bytes_per_seq) : int64_t{0};
       if (fit < want) {  // sequences first; checkpoints keep at least one slot of their own
-        slots = std::max<int64_t>(1, fit);
+        slots = std::max<int64_t>(per, fit);
         const int64_t extra =
             in.extra_state_slots > 0
-                ? std::max<int64_t>(1, std::min<int64_t>(in.extra_state_slots, slots - b.max_num_seqs))
+                ? std::max<int64_t>(1, std::min<int64_t>(in.extra_state_slots, slots - b.max_num_seqs * per))
                 : 0;
-        b.max_num_seqs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b.max_num_seqs, slots - extra)));
+        b.max_num_seqs =
+            static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b.max_num_seqs, (slots - extra) / per)));
+        slots = static_cast<int64_t>(b.max_num_seqs) * per + extra;
       }
     }
     b.num_state_slots = static_cast<int>(std::min<int64_t>(slots, int64_t{1} << 30));

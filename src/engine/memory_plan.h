@@ -58,7 +58,8 @@ struct KvBudgetInputs {
   int block_size = 16;
   int max_num_seqs = 1;
   int max_model_len = 1;
-  int extra_state_slots = 0;  // state slots beyond one per sequence (prefix-cache checkpoints)
+  int extra_state_slots = 0;    // state slots beyond those of the sequences (prefix-cache checkpoints)
+  int state_slots_per_seq = 1;  // 1 + k with speculative decoding (the state after each draft)
 };
 
 struct KvBudget {
@@ -77,7 +78,7 @@ struct KvBudget {
   }
 };
 
-// State slots = max_num_seqs + extra_state_slots, each state_bytes_per_seq, taken off the top;
+// State slots = max_num_seqs x state_slots_per_seq + extra_state_slots, each state_bytes_per_seq, taken off the top;
 // when they would leave less than one max_model_len sequence of KV (or half the budget, if
 // that is less), fewer slots (and sequences, in proportion) are planned. Blocks = (utilization x total - used -
 // reserved - state slots) / bytes per block, capped at what max_num_seqs full-length sequences can use. Without a paged

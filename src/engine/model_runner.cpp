@@ -162,7 +162,8 @@ Tensor ModelRunner::run(const ModelInput& in) {
   const bool decode = graphs_enabled_ && S > 0 && static_cast<int>(in.token_ids.size()) == S &&
                       in.logits_indices.size() == static_cast<size_t>(S) &&
                       in.attention.max_blocks_per_seq <= max_blocks_ &&
-                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S));
+                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S)) &&
+                      in.linear.token_state_slots.empty();
   const int b = decode ? bucket_for(S) : 0;
   if (b == 0) return model_.forward(in, kv_);
   for (int s = 0; s < S; ++s)

@@ -50,6 +50,9 @@ struct Request {
   std::vector<int32_t> block_ids;
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
   int32_t state_slot = -1;             // hybrid models: the linear-attention state slot held
+  // Hybrid models with speculative decoding: k more slots, where a verification step keeps the
+  // state after each draft; the one after the last accepted token becomes state_slot.
+  std::vector<int32_t> draft_state_slots;
   // Hybrid models with prefix caching: where the prompt's match in the prefix cache's KV blocks
   // ended at admission when it went past the last state checkpoint (a prefix shared with an
   // earlier prompt, e.g. a system prompt); the prefill stops there once to checkpoint the
@@ -64,6 +67,9 @@ struct Request {
   // positions not done yet.
   std::vector<TokenLogprob> prompt_logprobs;
   int prompt_logprobs_done = 0;
+  // Speculative decoding: draft tokens proposed after its last output token, verified by the
+  // next step (positions num_tokens() ..); cleared when verified or the request is preempted.
+  std::vector<int32_t> spec_tokens;
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
   // The next prompt position whose logits are still wanted for prompt_logprobs; the end of that range
@@ -72,7 +78,11 @@ struct Request {
   int prompt_logprob_next() const { return prompt_logprobs_done; }
   int prompt_logprob_end() const { return params.prompt_logprobs >= 0 ? static_cast<int>(prompt.size()) - 1 : 0; }
   bool wants_prompt_logprobs() const { return prompt_logprob_next() < prompt_logprob_end(); }
-  int32_t token_at(int i) const { return i < static_cast<int>(prompt.size()) ? prompt[i] : output[i - prompt.size()]; }
+  // Token i of prompt + output, then the drafts (i >= num_tokens()).
+  int32_t token_at(int i) const {
+    const int p = static_cast<int>(prompt.size()), o = static_cast<int>(output.size());
+    return i < p ? prompt[i] : i < p + o ? output[i - p] : spec_tokens[static_cast<size_t>(i - p - o)];
+  }
 };
 
 }  // namespace tessera

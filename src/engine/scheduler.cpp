@@ -21,6 +21,7 @@ void Scheduler::remove(Request* r) {
 
 void Scheduler::preempt(Request* r) {
   cache_.free(*r);
+  r->spec_tokens.clear();
   r->status = RequestStatus::kPreempted;
   ++r->num_preemptions;
   ++num_preemptions_;
@@ -50,7 +51,8 @@ SchedulerOutput Scheduler::schedule() {
   // 1. Running requests catch up (decode: one token; unfinished chunked prefill: more).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
-    int num_new = std::min(r->num_tokens() - r->num_computed_tokens, budget);
+    const int with_drafts = r->num_tokens() + static_cast<int>(r->spec_tokens.size());
+    int num_new = std::min(with_drafts - r->num_computed_tokens, budget);
     num_new = std::min(num_new, config_.max_model_len - r->num_computed_tokens);
     num_new = cut_at_checkpoint(*r, r->num_computed_tokens, num_new);
     int rows_left = logprob_rows;
@@ -71,7 +73,10 @@ SchedulerOutput Scheduler::schedule() {
     }
     if (!fits) break;  // r itself was preempted
     logprob_rows = rows_left;
-    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0});
+    // Drafts past the budget or max_model_len are dropped.
+    const int drafts = std::max(0, r->num_computed_tokens + num_new - r->num_tokens());
+    r->spec_tokens.resize(static_cast<size_t>(drafts));
+    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0, drafts});
     budget -= num_new;
     ++i;
   }
@@ -114,9 +119,17 @@ SchedulerOutput Scheduler::schedule() {
 
 void Scheduler::on_step_done(const SchedulerOutput& out) {
   for (const auto& s : out.scheduled) {
-    s.request->num_computed_tokens += s.num_new_tokens;
+    s.request->num_computed_tokens += s.num_new_tokens - s.num_draft_tokens;
     cache_.commit_computed(*s.request);
   }
+}
+
+void Scheduler::accept_drafts(Request& r, int accepted) {
+  r.spec_tokens.clear();
+  if (accepted <= 0) return;
+  r.num_computed_tokens += accepted;
+  cache_.accept_draft_states(r, accepted);
+  cache_.commit_computed(r);
 }
 
 }  // namespace tessera

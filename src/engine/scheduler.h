@@ -31,12 +31,15 @@ struct SchedulerConfig {
 
 struct ScheduledRequest {
   Request* request;
-  int num_new_tokens;
+  int num_new_tokens;  // includes num_draft_tokens
   // Hybrid models: the sequence's state slot, and whether this step continues from the state
   // in it (the sequence has computed tokens before this step, or restores a prefix-cache
   // checkpoint into it); -1 / false for other models.
   int32_t state_slot = -1;
   bool has_initial_state = false;
+  // Speculative decoding: the last num_draft_tokens of the new tokens are r->spec_tokens (the
+  // drafts this step verifies; drafts that did not fit the budget or max_model_len were dropped).
+  int num_draft_tokens = 0;
 };
 
 struct SchedulerOutput {
@@ -58,8 +61,12 @@ class Scheduler {
   // Removes a request wherever it is and frees its blocks.
   void remove(Request* r);
   SchedulerOutput schedule();
-  // After the step ran: every scheduled request computed its new tokens.
+  // After the step ran: every scheduled request computed its new tokens (drafts excepted:
+  // they count once verified, accept_drafts).
   void on_step_done(const SchedulerOutput& out);
+  // After verification: the first `accepted` drafts of r were right (their KV stays; the
+  // rejected ones' is overwritten later), and r's drafts are consumed.
+  void accept_drafts(Request& r, int accepted);
 
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }

@@ -11,7 +11,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 3;
+constexpr uint8_t kPlanVersion = 4;
 constexpr size_t kSamplingRowBytes = 4 * 4 + 2 * 8;
 
 void check(bool ok, const char* what) {
@@ -120,9 +120,11 @@ void check_state_slots(const ModelInput& in, const PlanLimits& lim) {
     std::sort(used.begin(), used.end());
     check(std::adjacent_find(used.begin(), used.end()) == used.end(), "two sequences share a state slot");
   }
+  for (int32_t slot : l.token_state_slots) check(slot >= -1, "negative token state slot");
   for (int32_t c : in.state_copies) check(c >= 0, "negative state slot in a copy");
   if (lim.num_state_slots > 0) {
     for (int32_t slot : l.state_slots) check(slot < lim.num_state_slots, "state slot beyond the cache");
+    for (int32_t slot : l.token_state_slots) check(slot < lim.num_state_slots, "token state slot beyond the cache");
     for (int32_t c : in.state_copies) check(c < lim.num_state_slots, "state slot beyond the cache");
   }
 }

@@ -4,13 +4,14 @@
 // limits the receiving rank knows (vocabulary, cache blocks), so a damaged plan is refused
 // with Error(kCorrupt) before anything is allocated or indexed.
 //
-//   u32 magic 0x504c5354 ("TSLP"), u8 version 3, u8 kind, u16 reserved (0)
+//   u32 magic 0x504c5354 ("TSLP"), u8 version 4, u8 kind, u16 reserved (0)
 //   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
 //                       then every array of kStepArrays (model/step_inputs.h), in its order,
 //                       as u32 count + count x i32 (today: token_ids, positions,
 //                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices,
 //                       and, empty for models without state slots, linear query_start_loc,
-//                       state_slots, has_initial_state, state_copies as (src, dst) pairs),
+//                       state_slots, has_initial_state, token_state_slots (speculative
+//                       decoding; else empty), state_copies as (src, dst) pairs),
 //                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
 //                       then the host_rows array (ascending logits-row numbers)

@@ -11,7 +11,7 @@ using HostArray = std::vector<int32_t>;
 }  // namespace
 
 // clang-format off
-const std::array<StepArray, 11> kStepArrays = {{
+const std::array<StepArray, 12> kStepArrays = {{
     {"token_ids", StepExtent::kTokens, false, GraphInput::kPerRow, 0,
      [](ModelInput& in) -> HostArray& { return in.token_ids; },
      [](StepInputs& s) { return &s.token_ids; }, nullptr},
@@ -52,6 +52,11 @@ const std::array<StepArray, 11> kStepArrays = {{
      [](ModelInput& in) -> HostArray& { return in.linear.has_initial_state; },
      [](StepInputs& s) { return &s.linear.has_initial_state; },
      [](StepInputs& s) { return &s.linear.host_has_initial_state; }},
+    // Speculative decoding's verification steps (never graphed: they are not pure decode).
+    {"token_state_slots", StepExtent::kTokens, true, GraphInput::kNone, -1,
+     [](ModelInput& in) -> HostArray& { return in.linear.token_state_slots; },
+     [](StepInputs& s) { return &s.linear.token_state_slots; },
+     [](StepInputs& s) { return &s.linear.host_token_state_slots; }},
     {"state_copies", StepExtent::kPairs, true, GraphInput::kNone, 0,
      [](ModelInput& in) -> HostArray& { return in.state_copies; }, nullptr, nullptr},
 }};
@@ -88,7 +93,8 @@ std::string step_input_layout_error(const ModelInput& in) {
       return fmt::format("{} has {} entries for {} tokens of {} sequences, not {}", f.name, v.size(), T, S, want);
   }
   const LinearAttnLayout& l = in.linear;
-  if (l.query_start_loc.empty() != l.state_slots.empty() || l.state_slots.empty() != l.has_initial_state.empty())
+  if (l.query_start_loc.empty() != l.state_slots.empty() || l.state_slots.empty() != l.has_initial_state.empty() ||
+      (!l.token_state_slots.empty() && l.state_slots.empty()))
     return "the linear-attention layout is incomplete";
   if (a.query_start_loc.front() != 0 || static_cast<size_t>(a.query_start_loc.back()) != T)
     return "query_start_loc does not run from 0 to the token count";

@@ -73,7 +73,7 @@ struct StepArray {
 };
 
 // The per-step arrays, in step-plan order.
-extern const std::array<StepArray, 11> kStepArrays;
+extern const std::array<StepArray, 12> kStepArrays;
 
 inline const std::vector<int32_t>& host_array(const StepArray& a, const ModelInput& in) {
   return a.host(const_cast<ModelInput&>(in));

@@ -301,6 +301,7 @@ Plan compute(const PlanInputs& in) {
     kin.max_model_len = p.max_model_len;
     if (s.cache.state_layers > 0)
       kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
+    kin.state_slots_per_seq = in.state_slots_per_seq;
     s.kv = plan_kv_budget(kin, s.cache);
     (void)graph_batch;
     p.stages.push_back(s);

@@ -84,6 +84,19 @@ std::string Metrics::render(const AsyncEngineStats& s) const {
           static_cast<double>(s.engine.prefix_cache_hit_tokens));
   counter("num_preemptions_total", "Cumulative number of preemptions from the engine.",
           static_cast<double>(s.engine.num_preemptions));
+  if (s.engine.num_speculative_tokens > 0) {  // vLLM's spec_decode_* counters
+    const SpecDecodeStats& sd = s.engine.spec;
+    counter("spec_decode_num_drafts_total", "Number of spec decoding drafts (sequences with drafts verified).",
+            static_cast<double>(sd.num_drafts));
+    counter("spec_decode_num_draft_tokens_total", "Number of draft tokens.", static_cast<double>(sd.num_draft_tokens));
+    counter("spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+            static_cast<double>(sd.num_accepted_tokens));
+    o += "# HELP tessera:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.\n"
+         "# TYPE tessera:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (int i = 0; i < s.engine.num_speculative_tokens; ++i)
+      o += fmt::format("tessera:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", labels_, i,
+                       i < static_cast<int>(sd.accepted_per_pos.size()) ? sd.accepted_per_pos[i] : 0);
+  }
   o += "# HELP tessera:request_success_total Count of successfully processed requests.\n"
        "# TYPE tessera:request_success_total counter\n";
   for (int i = 0; i < 4; ++i)

@@ -4,6 +4,7 @@
 // nothing downstream of it is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -228,6 +229,35 @@ TEST_F(CheckingBackendTest, LinearAttentionStateIsCompared) {
   EXPECT_EQ(check_.mismatches()[0].output, "state");
   EXPECT_EQ(check_.mismatches()[0].worst_at, "[1, 1, 3, 9]");
   EXPECT_NE(check_.mismatches()[0].shapes.find("has_initial_state 1"), std::string::npos);
+}
+
+// Speculative decoding's per-token state slots reach the reference too (it keeps the state after
+// each token in the same slots as the primary, not in the sequence's own slot), and the checking
+// backend supports them when both backends do (the primary here is a ForwardingBackend).
+TEST_F(CheckingBackendTest, PerTokenStateSlotsReachTheReference) {
+  EXPECT_TRUE(check_.supports_token_state_slots());
+  const int Hk = 1, Hv = 2, Dk = 16, Dv = 16, C = 2 * Hk * Dk + Hv * Dv, T = 3;
+  Tensor state = check_.alloc({4, Hv, Dk, Dv}, DType::kF32);
+  check_.fill(state, 0);
+  LinearAttnLayout l;
+  l.query_start_loc = {0, T};
+  l.state_slots = {0};
+  l.has_initial_state = {0};
+  l.token_state_slots = {0, 2, 3};
+  LinearAttnMetadata meta = upload_linear_attn_metadata(check_, l);
+  Tensor qkv = rand({T, C}), ba = rand({T, 2 * Hv}), A_log = rand({Hv}), dt = rand({Hv});
+  Tensor out = check_.alloc({T, Hv, Dv}, DType::kF32);
+  check_.gated_delta_rule(qkv, ba, 0, A_log, dt, state, meta, out);
+  EXPECT_TRUE(check_.mismatches().empty()) << check_.summary();
+  std::vector<float> host(static_cast<size_t>(state.numel()));
+  check_.copy_to_host(host.data(), state);
+  const size_t slot = static_cast<size_t>(Hv) * Dk * Dv;
+  auto nonzero = [&](size_t s) {
+    return std::any_of(host.begin() + static_cast<ptrdiff_t>(s * slot),
+                       host.begin() + static_cast<ptrdiff_t>((s + 1) * slot), [](float v) { return v != 0; });
+  };
+  EXPECT_TRUE(nonzero(0) && nonzero(2) && nonzero(3)) << "a token's state was not kept in its slot";
+  EXPECT_FALSE(nonzero(1)) << "slot 1 is no token's";
 }
 
 // A buffer that changes between the op that wrote it and the op that reads it (here a stray

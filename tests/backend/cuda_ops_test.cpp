@@ -527,6 +527,7 @@ TEST_F(CudaOps, ScratchArenaGrowsAndRewinds) {
 // A step of sequences in state slots: both backends get the same layout and the same states.
 struct LinearStep {
   std::vector<int> lens, slots, init;
+  std::vector<int> token_slots = {};  // speculative decoding: the slot of the state after each token
 };
 LinearAttnLayout linear_layout(const LinearStep& st) {
   LinearAttnLayout l;
@@ -534,7 +535,18 @@ LinearAttnLayout linear_layout(const LinearStep& st) {
   for (int n : st.lens) l.query_start_loc.push_back(l.query_start_loc.back() + n);
   l.state_slots.assign(st.slots.begin(), st.slots.end());
   l.has_initial_state.assign(st.init.begin(), st.init.end());
+  l.token_state_slots.assign(st.token_slots.begin(), st.token_slots.end());
   return l;
+}
+
+// Token slots of a step whose first sequence is a verification chunk keeping the state after
+// its token j in group[j]; the other sequences' final states go to their own slots (in place).
+std::vector<int> token_slots(const std::vector<int>& group, const std::vector<int>& lens,
+                             const std::vector<int>& slots) {
+  std::vector<int> t(group);
+  for (size_t s = 1; s < lens.size(); ++s)
+    for (int i = 0; i < lens[s]; ++i) t.push_back(i == lens[s] - 1 ? slots[s] : -1);
+  return t;
 }
 
 TEST_F(CudaOps, CausalConv1dMatchesCpu) {
@@ -544,6 +556,9 @@ TEST_F(CudaOps, CausalConv1dMatchesCpu) {
       {{1, 1, 1, 1}, {3, 0, -1, 5}, {1, 1, 1, 0}},
       {{9, 2, 1, 0, 64}, {1, 4, 2, 0, 5}, {0, 1, 1, 1, 1}},
       {{300, 2, 70, 1, 5}, {2, 5, 0, -1, 4}, {1, 1, 0, 1, 1}},
+      // Speculative decoding: a 4-token verification chunk keeping each token's state (slots 1,
+      // 4, 5, 0) beside a long prefill (two kernels) and a decode step, which write in place.
+      {{4, 70, 1}, {1, 2, 3}, {1, 1, 1}, token_slots({1, 4, 5, 0}, {4, 70, 1}, {1, 2, 3})},
   };
   const int num_slots = 6, K = 4;
   for (DType sdt : {DType::kF32, DType::kBF16})
@@ -588,6 +603,10 @@ TEST_P(CudaGatedDeltaRule, PrefillThenDecodeMatchCpu) {
       {{1, 1, 1, 1, 1}, {3, 0, 6, 2, 5}, {1, 1, 1, 1, 1}},
       {{1, 1, 1, 1, 1, 1}, {3, 0, -1, 6, 2, 5}, {1, 1, 1, 1, 1, 1}},
       {{130, 1, 7}, {0, 3, 5}, {1, 1, 1}},  // a chunked prefill continuing from the state
+      // Speculative decoding: a 3-token verification chunk keeping each token's state (slots 3,
+      // 4, 7: the recurrent kernel for the whole step) beside a prefill and a decode step.
+      {{3, 100, 1}, {3, 0, 6}, {1, 1, 1}, token_slots({3, 4, 7}, {3, 100, 1}, {3, 0, 6})},
+      {{1, 1}, {7, 0}, {1, 1}},  // continuing from the kept state
   };
   std::vector<float> alog = rand(c.Hv, -2.0f, 0.5f), dtb = rand(c.Hv, -1.0f, 1.0f);
   Tensor ga = on_gpu(alog, {c.Hv}, DType::kF32), gd = on_gpu(dtb, {c.Hv}, DType::kF32);

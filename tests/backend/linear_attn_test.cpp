@@ -232,6 +232,58 @@ TEST_F(LinearAttn, DecodeBatchUpdatesEachSlotInPlace) {
   expect_close(vec(state), want_state, 1e-5, 1e-4, "decode state");
 }
 
+TEST_F(LinearAttn, TokenStateSlotsKeepTheStateAfterEachToken) {
+  // Speculative decoding: sequence A (slot 1) verifies 4 tokens after a prefill, keeping the state
+  // after token j in slot group[j] (group[0] is its own slot); sequence B (slot 2), a prefill in
+  // the same step, writes its final state in place. Reference: the same tokens one step at a time.
+  for (DType sdt : {DType::kF32, DType::kBF16}) {
+    const Dims d{1, 2, 16, 8};
+    const int C = d.C(), K = 4, P = 9, V = 4, B = 3, num_slots = 8;
+    const std::vector<int> group = {1, 5, 6, 3};
+    GdrInputs in = gdr_inputs(d, P + V + B);
+    Tensor x = rand_f32({P + V + B, C}), w = rand_f32({C, K}, -0.5f, 0.5f);
+    // Reference: A's prefill, then its V tokens as decode steps (snapshots after each), then B.
+    Tensor rconv = be_.alloc({num_slots, K - 1, C}, sdt), rstate = be_.alloc({num_slots, d.Hv, d.Dk, d.Dv}, sdt);
+    be_.fill(rconv, 0.0f), be_.fill(rstate, 0.0f);
+    Tensor rout = poisoned({P + V + B, d.Hv, d.Dv});
+    auto step = [&](Tensor& conv, Tensor& state, Tensor& out, int t, int n, int slot, int init) {
+      LinearAttnMetadata m = meta({n}, {slot}, {init});
+      Tensor co = be_.alloc({n, C}, DType::kF32);
+      be_.causal_conv1d(x.rows(t, t + n), 0, w, conv, m, co);
+      be_.gated_delta_rule(co, in.ba.rows(t, t + n), in.ba_col, in.alog, in.dtb, state, m, out.rows(t, t + n));
+    };
+    step(rconv, rstate, rout, 0, P, 1, 0);
+    Tensor conv = clone(rconv), state = clone(rstate);  // the state after the prefill
+    std::vector<std::vector<double>> want_conv, want_state;
+    for (int j = 0; j < V; ++j) {
+      step(rconv, rstate, rout, P + j, 1, 1, 1);
+      want_conv.push_back(vec(rconv.rows(1, 2)));
+      want_state.push_back(vec(rstate.rows(1, 2)));
+    }
+    step(rconv, rstate, rout, P + V, B, 2, 0);
+
+    LinearAttnLayout l;
+    l.query_start_loc = {0, V, V + B};
+    l.state_slots = {1, 2};
+    l.has_initial_state = {1, 0};
+    l.token_state_slots = {group[0], group[1], group[2], group[3], -1, -1, 2};
+    LinearAttnMetadata m = upload_linear_attn_metadata(be_, l);
+    Tensor co = be_.alloc({V + B, C}, DType::kF32), out = poisoned({V + B, d.Hv, d.Dv});
+    be_.causal_conv1d(x.rows(P, P + V + B), 0, w, conv, m, co);
+    be_.gated_delta_rule(co, in.ba.rows(P, P + V + B), in.ba_col, in.alog, in.dtb, state, m, out);
+    const double tol = sdt == DType::kBF16 ? 2e-2 : 1e-5;
+    expect_close(vec(out), vec(rout.rows(P, P + V + B)), tol, tol, "outputs");
+    for (int j = 0; j < V; ++j) {
+      expect_close(vec(conv.rows(group[j], group[j] + 1)), want_conv[j], 0, 0,
+                   "conv state after token " + std::to_string(j));
+      expect_close(vec(state.rows(group[j], group[j] + 1)), want_state[j], tol, tol,
+                   "recurrent state after token " + std::to_string(j));
+    }
+    expect_close(vec(conv.rows(2, 3)), vec(rconv.rows(2, 3)), 0, 0, "B's conv state in place");
+    expect_close(vec(state.rows(2, 3)), vec(rstate.rows(2, 3)), tol, tol, "B's state in place");
+  }
+}
+
 TEST_F(LinearAttn, GatedRmsNormReadsTheGateColumnsInPlace) {
   const int T = randint(1, 20), H = randint(1, 5), D = randint(1, 40) * 4;
   const int z_col = randint(0, 9), Z = z_col + H * D + randint(0, 5);

@@ -18,7 +18,8 @@ struct Harness {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
   Backend& backend = *owned;
   std::unique_ptr<LLMEngine> engine;
-  Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true) {
+  Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true,
+          SpeculativeConfig spec = {}) {
     LoadOptions lo;
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
     EngineConfig ec;
@@ -27,6 +28,7 @@ struct Harness {
     ec.scheduler.max_num_batched_tokens = budget;
     ec.scheduler.max_model_len = 128;
     ec.enable_prefix_caching = prefix;
+    ec.speculative = spec;
     engine = std::make_unique<LLMEngine>(load_model(lo, backend), backend, ec);
   }
   // Top-2 logprob margin of each generated token (requests that asked for logprobs).
@@ -207,6 +209,95 @@ TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
   EXPECT_NE(diff.run_all()["x"], a["x"]);
 }
 
+SpeculativeConfig ngram_spec(int k, int min_n = 1, int max_n = 3) {
+  SpeculativeConfig c;
+  c.method = "ngram";
+  c.num_speculative_tokens = k;
+  c.prompt_lookup_min = min_n;
+  c.prompt_lookup_max = max_n;
+  return c;
+}
+
+// Prompts that repeat themselves, so that prompt lookup finds drafts.
+std::vector<std::vector<int32_t>> repetitive_prompts(std::mt19937& g) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    auto base = random_prompt(g, 6 + 3 * i);
+    std::vector<int32_t> p = base;
+    p.insert(p.end(), base.begin(), base.end());
+    p.insert(p.end(), base.begin(), base.begin() + 2 + i % 3);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// Proposes each request's known greedy continuation, with every fourth output position's draft
+// wrong: drafts accepted 0..k at a time (prompt lookup finds few on some fixtures).
+class ContinuationProposer : public Proposer {
+ public:
+  explicit ContinuationProposer(std::map<std::string, std::vector<int32_t>> want) : want_(std::move(want)) {}
+  void propose(const std::vector<Request*>& rs, const std::vector<int>& room) override {
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto& w = want_.at(rs[i]->id);
+      rs[i]->spec_tokens.clear();
+      for (size_t p = rs[i]->output.size(); p < w.size() && rs[i]->spec_tokens.size() < static_cast<size_t>(room[i]);
+           ++p)
+        rs[i]->spec_tokens.push_back(p % 4 == 3 ? (w[p] + 1) % 200 : w[p]);
+    }
+  }
+
+ private:
+  std::map<std::string, std::vector<int32_t>> want_;
+};
+
+// Speculative decoding (k = 3) gives the tokens greedy decoding gives: plain rows, rows sampled
+// on the host (logprobs, penalties), a small step budget that drops some drafts, and preemption;
+// drafts from prompt lookup and drafts that are right up to a point. Hybrid models: the
+// linear-attention state after each draft is kept and the accepted one's continues, with prefix
+// caching (checkpoints) and chunked prefill.
+TEST_P(EngineFixtureTest, SpeculationKeepsGreedyOutput) {
+  if (testing::fixture_is_hybrid(GetParam()) && !testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  std::mt19937 g(17);
+  const auto prompts = repetitive_prompts(g);
+  auto params = [](size_t i) {
+    SamplingParams p = greedy(20 + static_cast<int>(i));
+    if (i % 3 == 1) p.logprobs = 2;
+    if (i % 3 == 2) p.repetition_penalty = 1.3f;
+    return p;
+  };
+  std::map<std::string, std::vector<int32_t>> want;
+  std::map<std::string, std::vector<float>> want_margins;
+  {
+    Harness h(GetParam(), 64);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_TRUE(h.engine->add_request(std::to_string(i), prompts[i], params(i)).ok());
+    want = h.run_all();
+    want_margins = h.margins;
+  }
+  for (bool ngram : {true, false})
+    for (auto [budget, blocks] : {std::pair{512, 64}, std::pair{9, 64}, std::pair{512, 12}}) {
+      if (ngram && blocks == 12) continue;
+      SCOPED_TRACE(std::string(ngram ? "ngram" : "continuation") + " drafts, budget " + std::to_string(budget) +
+                   ", blocks " + std::to_string(blocks));
+      Harness h(GetParam(), blocks, 64, budget, true, ngram_spec(3));
+      if (!ngram) h.engine->set_proposer(std::make_unique<ContinuationProposer>(want));
+      for (size_t i = 0; i < prompts.size(); ++i)
+        ASSERT_TRUE(h.engine->add_request(std::to_string(i), prompts[i], params(i)).ok());
+      auto got = h.run_all();
+      for (size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(got[std::to_string(i)].size(), static_cast<size_t>(20 + i)) << "max_tokens with several a step";
+      expect_same_or_close_call(want, got, want_margins, h.margins);
+      const SpecDecodeStats& st = h.engine->stats().spec;
+      EXPECT_GT(st.num_draft_tokens, 0u) << "no drafts were verified";
+      if (!ngram) {
+        EXPECT_GT(st.num_accepted_tokens, 0u) << "no draft was accepted";
+        EXPECT_LT(st.num_accepted_tokens, st.num_draft_tokens) << "no draft was rejected: the test misses that path";
+      }
+      if (blocks == 12) EXPECT_GT(h.engine->stats().num_preemptions, 0u) << "the pool was meant to force preemption";
+    }
+}
+
 // Every supported fixture, the hybrid ones (linear-attention state slots) included.
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixtureTest, ::testing::ValuesIn(testing::all_supported_fixture_names()),
                          [](const auto& info) { return info.param; });
@@ -384,6 +475,46 @@ TEST(Engine, StopsAtEosAndStopTokenIdsAndMaxTokens) {
   p.min_tokens = static_cast<int>(k) + 2;
   ASSERT_TRUE(h.engine->add_request("min", {5, 6, 7}, p).ok());
   EXPECT_GE(h.run_all()["min"].size(), k + 2);
+}
+
+// A stop token, EOS or max_tokens met among accepted drafts ends the sequence right there,
+// with one finished output.
+TEST(Engine, SpeculationStopsInsideAStepsTokens) {
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7};
+  Harness plain("llama_gqa2", 32);
+  SamplingParams p = greedy(16);
+  ASSERT_TRUE(plain.engine->add_request("x", prompt, p).ok());
+  const auto seq = plain.run_all()["x"];
+  ASSERT_EQ(seq.size(), 16u);
+  Harness h("llama_gqa2", 32, 64, 512, true, ngram_spec(4, 1, 2));
+  for (size_t k = 1; k < seq.size(); ++k) {
+    if (std::find(seq.begin(), seq.begin() + static_cast<ptrdiff_t>(k), seq[k]) !=
+        seq.begin() + static_cast<ptrdiff_t>(k))
+      continue;  // not its first occurrence
+    SamplingParams q = p;
+    q.stop_token_ids = {seq[k]};
+    ASSERT_TRUE(h.engine->add_request("s" + std::to_string(k), prompt, q).ok());
+  }
+  SamplingParams m = p;
+  m.max_tokens = 7;
+  ASSERT_TRUE(h.engine->add_request("max", prompt, m).ok());
+  std::map<std::string, int> finishes;
+  std::map<std::string, std::vector<int32_t>> got;
+  while (h.engine->has_unfinished())
+    for (const auto& o : h.engine->step()) {
+      got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) ++finishes[o.request_id];
+      EXPECT_EQ(o.num_output_tokens, static_cast<int>(got[o.request_id].size()));
+    }
+  EXPECT_GT(h.engine->stats().spec.num_accepted_tokens, 0u);
+  EXPECT_EQ(got["max"], std::vector<int32_t>(seq.begin(), seq.begin() + 7));
+  for (const auto& [id, toks] : got) {
+    EXPECT_EQ(finishes[id], 1) << id;
+    if (id == "max") continue;
+    const size_t k = std::stoul(id.substr(1));
+    EXPECT_EQ(toks, std::vector<int32_t>(seq.begin(), seq.begin() + static_cast<ptrdiff_t>(k) + 1)) << id;
+  }
+  EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
 }
 
 }  // namespace

@@ -122,18 +122,21 @@ struct Outputs {
   std::map<std::string, int> cached, prompt_logprob_deliveries;
 };
 
-void run_all(LLMEngine& engine, Outputs& run) {
-  while (engine.has_unfinished())
-    for (auto& o : engine.step()) {
-      auto& t = run.tokens[o.request_id];
-      t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (!o.prompt_logprobs.empty()) {
-        run.prompt_logprobs[o.request_id] = o.prompt_logprobs;
-        ++run.prompt_logprob_deliveries[o.request_id];
-      }
-      run.cached[o.request_id] = o.num_cached_tokens;
-      if (o.finished) run.finish[o.request_id] = o.finish_reason;
+void collect(const std::vector<RequestOutput>& outs, Outputs& run) {
+  for (const auto& o : outs) {
+    auto& t = run.tokens[o.request_id];
+    t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    if (!o.prompt_logprobs.empty()) {
+      run.prompt_logprobs[o.request_id] = o.prompt_logprobs;
+      ++run.prompt_logprob_deliveries[o.request_id];
     }
+    run.cached[o.request_id] = o.num_cached_tokens;
+    if (o.finished) run.finish[o.request_id] = o.finish_reason;
+  }
+}
+
+void run_all(LLMEngine& engine, Outputs& run) {
+  while (engine.has_unfinished()) collect(engine.step(), run);
   EXPECT_TRUE(engine.cache_manager().pool().all_free()) << "KV blocks leaked";
 }
 
@@ -221,6 +224,76 @@ TEST_P(PromptLogprobsTest, SurvivePreemption) {
   expect_matches(ref, b, run.prompt_logprobs["b"], "b");
   EXPECT_EQ(run.prompt_logprob_deliveries["b"], 1);
   EXPECT_EQ(run.tokens["b"].size(), 40u);
+}
+
+// Proposes one request's known continuation as its drafts (always right), nothing for the others.
+class KnownContinuation : public Proposer {
+ public:
+  KnownContinuation(std::string id, std::vector<int32_t> tokens) : id_(std::move(id)), tokens_(std::move(tokens)) {}
+  void propose(const std::vector<Request*>& rs, const std::vector<int>& room) override {
+    for (size_t i = 0; i < rs.size(); ++i) {
+      rs[i]->spec_tokens.clear();
+      if (rs[i]->id != id_) continue;
+      for (size_t p = rs[i]->output.size(); p < tokens_.size() && static_cast<int>(rs[i]->spec_tokens.size()) < room[i];
+           ++p)
+        rs[i]->spec_tokens.push_back(tokens_[p]);
+    }
+  }
+
+ private:
+  std::string id_;
+  std::vector<int32_t> tokens_;
+};
+
+// Speculative decoding next to prompt logprobs: one request verifies drafts ((k+1)-token chunks;
+// on hybrid models with a state slot per token) in the very steps that prefill another one scoring
+// its prompt in 7-row chunks. The scored entries are the full forward's, and both requests
+// generate what they generate without speculative decoding.
+TEST_P(PromptLogprobsTest, AlongsideSpeculativeDecodingInTheSameSteps) {
+  auto owned = testing::make_test_backend();
+  Backend& be = *owned;
+  if (testing::fixture_is_hybrid(GetParam()) && !be.supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  const LoadOptions lo = fixture(GetParam());
+  std::mt19937 g(5);
+  const std::vector<int32_t> spec_prompt = random_prompt(g, 10), prompt = random_prompt(g, 45);
+  const Reference ref = reference(lo, be, prompt);
+  EngineConfig ec;
+  ec.num_blocks_override = 64;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 16;
+  ec.scheduler.max_model_len = 128;
+  ec.scheduler.max_prompt_logprob_rows = 7;
+  Outputs plain;
+  {
+    LLMEngine engine(load_model(lo, be), be, ec);
+    ASSERT_TRUE(engine.add_request("spec", spec_prompt, greedy(40)).ok());
+    ASSERT_TRUE(engine.add_request("score", prompt, greedy(4)).ok());
+    run_all(engine, plain);
+  }
+  ec.speculative.method = "ngram";
+  ec.speculative.num_speculative_tokens = 3;
+  LLMEngine engine(load_model(lo, be), be, ec);
+  engine.set_proposer(std::make_unique<KnownContinuation>("spec", plain.tokens["spec"]));
+  Outputs run;
+  ASSERT_TRUE(engine.add_request("spec", spec_prompt, greedy(40)).ok());
+  while (run.tokens["spec"].empty()) collect(engine.step(), run);
+  ASSERT_TRUE(engine.add_request("score", prompt, greedy(4, 3)).ok());
+  int shared_steps = 0;  // steps that accepted drafts of "spec" while "score" was prefilling
+  while (engine.has_unfinished()) {
+    const bool prefilling = run.tokens["score"].empty();
+    const size_t before = run.tokens["spec"].size();
+    collect(engine.step(), run);
+    if (prefilling && run.tokens["spec"].size() > before + 1) ++shared_steps;
+  }
+  EXPECT_TRUE(engine.cache_manager().pool().all_free()) << "KV blocks leaked";
+  EXPECT_GT(shared_steps, 1) << "the test needs verification steps that also score prompt positions";
+  expect_matches(ref, prompt, run.prompt_logprobs["score"], "score");
+  EXPECT_EQ(run.prompt_logprob_deliveries["score"], 1);
+  EXPECT_EQ(run.tokens["spec"], plain.tokens["spec"]);
+  EXPECT_EQ(run.tokens["score"], plain.tokens["score"]);
+  EXPECT_TRUE(run.prompt_logprobs["spec"].empty());
+  EXPECT_GT(engine.stats().spec.num_accepted_tokens, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PromptLogprobsTest, ::testing::ValuesIn(fixtures()),

@@ -93,6 +93,13 @@ TEST(StepPlan, LinearAttentionLayoutAndStateSlotsRoundTrip) {
   EXPECT_EQ(q.input.state_copies, p.input.state_copies);
   EXPECT_EQ(q.input.token_ids, p.input.token_ids);
   EXPECT_TRUE(decode_step_plan(encode_step_plan(sample_plan()), lim).input.linear.state_slots.empty());
+  EXPECT_TRUE(q.input.linear.token_state_slots.empty());
+  // Speculative decoding: the slot each token's state goes to.
+  p.input.linear.token_state_slots.assign(p.input.token_ids.size(), -1);
+  p.input.linear.token_state_slots[0] = 2;
+  p.input.linear.token_state_slots.back() = 1;
+  EXPECT_EQ(decode_step_plan(encode_step_plan(p), lim).input.linear.token_state_slots,
+            p.input.linear.token_state_slots);
 
   StepPlan init;
   init.kind = PlanKind::kInitCache;
@@ -127,6 +134,9 @@ TEST(StepPlan, RefusesBadLinearAttentionLayouts) {
   refused([](ModelInput& in) { in.linear.query_start_loc = {0, 2, 4}; });  // other ranges than attention's
   refused([](ModelInput& in) { in.state_copies = {1, 0, 2}; });            // not pairs
   refused([](ModelInput& in) { in.state_copies = {1, 9}; });               // beyond the slots
+  refused([](ModelInput& in) { in.linear.token_state_slots = {1}; });      // not one per token
+  refused([](ModelInput& in) { in.linear.token_state_slots.assign(in.token_ids.size(), 7); });   // beyond
+  refused([](ModelInput& in) { in.linear.token_state_slots.assign(in.token_ids.size(), -3); });  // negative
   StepPlan pad = hybrid_plan();
   pad.input.linear.state_slots = {-1, -1};  // padding sequences may both be -1
   EXPECT_NO_THROW(decode_step_plan(encode_step_plan(pad), lim));

@@ -300,5 +300,35 @@ TEST(CliQuantization, Fp8QuantisesWhileLoadingAndOthersAreRefused) {
   EXPECT_NE(r.err.find("fp8"), std::string::npos) << r.err;
 }
 
+// --speculative-config (vLLM's JSON): ngram runs, says so and generates what plain decoding does;
+// a method, field or JSON it does not take is refused before loading, naming it.
+TEST(CliSpeculativeConfig, NgramRunsAndBadConfigsAreRefused) {
+  TempDir tmp;
+  fs::path dir = copy_fixture(kSingle, tmp.path());
+  RunResult plain = run_generate(dir, tmp.path(), {"--temperature", "0"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  RunResult r = run_generate(dir, tmp.path(),
+                             {"--temperature", "0", "--speculative-config",
+                              R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2})"});
+  ASSERT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("Speculative decoding: ngram (num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=2)"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  for (const auto& [cfg, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"method": "eagle", "num_speculative_tokens": 3})", "'eagle'"},
+           {R"({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1})",
+            "draft_tensor_parallel_size"},
+           {R"({"method": "ngram")", "not valid JSON"},
+           {R"({"method": "ngram"})", "num_speculative_tokens"},
+           {R"({"method": "mtp", "num_speculative_tokens": 2})", "'mtp' is not built yet"}}) {
+    RunResult bad = run_generate(dir, tmp.path(), {"--speculative-config", cfg});
+    EXPECT_NE(bad.exit_code, 0) << cfg;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << cfg << ": " << bad.err;
+  }
+}
+
 }  // namespace
 }  // namespace tessera

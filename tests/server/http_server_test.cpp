@@ -175,6 +175,19 @@ TEST(Metrics, RendersVllmNamesAndHistograms) {
   EXPECT_NE(t.find("tessera:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.25\"} 1\n"),
             std::string::npos);
   EXPECT_NE(t.find("tessera:time_per_output_token_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_EQ(t.find("spec_decode"), std::string::npos) << "no speculative-decoding metrics when it is off";
+  // Speculative decoding (k = 3): vLLM's spec_decode_* counters, one per-position series each.
+  s.engine.num_speculative_tokens = 3;
+  s.engine.spec.add(3, 2);
+  s.engine.spec.add(2, 0);
+  const std::string u = m.render(s);
+  EXPECT_NE(u.find("tessera:spec_decode_num_drafts_total{model_name=\"tiny\"} 2\n"), std::string::npos) << u;
+  EXPECT_NE(u.find("tessera:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 5\n"), std::string::npos);
+  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"1\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"2\"} 0\n"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ class CpuBackend final : public Backend {
                     const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                     float k_scale, float v_scale, const Tensor& q_out) override;
   // Linear attention (cpu_linear_attn.cpp).
+  bool supports_token_state_slots() const override { return true; }
   void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
                      const LinearAttnMetadata& meta, const Tensor& out) override;
   void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,

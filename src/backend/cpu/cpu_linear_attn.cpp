@@ -46,6 +46,21 @@ void check_meta(const LinearAttnMetadata& m, int64_t T, int64_t num_slots, const
     require(
         m.host_state_slots[s] < num_slots, op,
         "state slot " + std::to_string(m.host_state_slots[s]) + " outside the " + std::to_string(num_slots) + " slots");
+  require(m.host_token_state_slots.empty() || static_cast<int64_t>(m.host_token_state_slots.size()) == T, op,
+          "token_state_slots must have one entry per token");
+  for (int32_t slot : m.host_token_state_slots)
+    require(slot < num_slots, op,
+            "token state slot " + std::to_string(slot) + " outside the " + std::to_string(num_slots) + " slots");
+}
+
+// Whether sequence s keeps per-token states (token_state_slots) other than its final state in
+// its own slot (what a sequence without drafts in a speculative step asks for).
+bool per_token_states(const LinearAttnMetadata& m, int s) {
+  if (m.host_token_state_slots.empty()) return false;
+  const int32_t t0 = m.host_query_start_loc[s], t1 = m.host_query_start_loc[s + 1];
+  for (int32_t t = t0; t + 1 < t1; ++t)
+    if (m.host_token_state_slots[t] >= 0) return true;
+  return t1 > t0 && m.host_token_state_slots[t1 - 1] != m.host_state_slots[s];
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
@@ -188,6 +203,7 @@ void CpuBackend::causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& wei
         continue;
       }
       if (t1 == t0) continue;  // the state stays as it is
+      const bool per_token = per_token_states(meta, static_cast<int>(s));
       if (meta.host_has_initial_state[s])
         load_f32(conv_state, slot * Km1 * C, hist.data(), Km1 * C);
       else
@@ -203,8 +219,10 @@ void CpuBackend::causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& wei
         }
         std::memmove(hist.data(), hist.data() + C, static_cast<size_t>((Km1 - 1) * C) * 4);
         std::memcpy(hist.data() + (Km1 - 1) * C, xt, static_cast<size_t>(C) * 4);
+        if (per_token && meta.host_token_state_slots[t] >= 0)
+          store_f32(conv_state, meta.host_token_state_slots[t] * Km1 * C, hist.data(), Km1 * C);
       }
-      store_f32(conv_state, slot * Km1 * C, hist.data(), Km1 * C);
+      if (!per_token) store_f32(conv_state, slot * Km1 * C, hist.data(), Km1 * C);
     }
   });
 }
@@ -263,11 +281,21 @@ void CpuBackend::gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t b
         load_f32(state, soff, S.data(), Dk * Dv);
       else
         std::fill(S.begin(), S.end(), 0.0f);
-      if (L == 1)
-        gdr_recurrent(L, Dk, Dv, q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(), o.data());
-      else
-        gdr_chunked(L, Dk, Dv, q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(), o.data());
-      store_f32(state, soff, S.data(), Dk * Dv);
+      if (per_token_states(meta, static_cast<int>(s))) {
+        // Token by token, keeping the state after each token that names a slot.
+        for (int64_t i = 0; i < L; ++i) {
+          gdr_recurrent(1, Dk, Dv, q.data() + i * Dk, k.data() + i * Dk, v.data() + i * Dv, g.data() + i,
+                        beta.data() + i, S.data(), o.data() + i * Dv);
+          const int32_t ts = meta.host_token_state_slots[t0 + i];
+          if (ts >= 0) store_f32(state, (static_cast<int64_t>(ts) * Hv + h) * Dk * Dv, S.data(), Dk * Dv);
+        }
+      } else {
+        if (L == 1)
+          gdr_recurrent(L, Dk, Dv, q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(), o.data());
+        else
+          gdr_chunked(L, Dk, Dv, q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(), o.data());
+        store_f32(state, soff, S.data(), Dk * Dv);
+      }
       for (int64_t i = 0; i < L; ++i) std::memcpy(op + ((t0 + i) * Hv + h) * Dv, o.data() + i * Dv, Dv * 4);
     }
   });

@@ -773,6 +773,7 @@ class CudaBackend final : public Backend {
                  op, "metadata has " + std::to_string(m.num_tokens) + " tokens, the input " + std::to_string(T));
   }
 
+  bool supports_token_state_slots() const override { return true; }
   void causal_conv1d(const Tensor& x, int64_t x_col, const Tensor& weight, const Tensor& conv_state,
                      const LinearAttnMetadata& meta, const Tensor& out) override {
     CUDA_REQUIRE(x.ndim() == 2 && out.ndim() == 2 && x.dtype() == DType::kBF16 && out.dtype() == DType::kBF16,
@@ -793,8 +794,9 @@ class CudaBackend final : public Backend {
     bind();
     launch_causal_conv1d(x.raw(), X, x_col, weight.raw(), weight.dtype(), conv_state.raw(), conv_state.dtype(),
                          meta.query_start_loc.data<int32_t>(), meta.state_slots.data<int32_t>(),
-                         meta.has_initial_state.data<int32_t>(), out.raw(), static_cast<int>(C), meta.num_seqs,
-                         meta.max_query_len, stream_);
+                         meta.has_initial_state.data<int32_t>(),
+                         meta.token_state_slots.defined() ? meta.token_state_slots.data<int32_t>() : nullptr, out.raw(),
+                         static_cast<int>(C), meta.num_seqs, meta.max_query_len, stream_);
   }
 
   void gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_t ba_col, const Tensor& A_log, const Tensor& dt_bias,
@@ -831,6 +833,7 @@ class CudaBackend final : public Backend {
     a.qsl = meta.query_start_loc.data<int32_t>();
     a.slots = meta.state_slots.data<int32_t>();
     a.has_init = meta.has_initial_state.data<int32_t>();
+    a.token_slots = meta.token_state_slots.defined() ? meta.token_state_slots.data<int32_t>() : nullptr;
     a.out = out.raw();
     a.num_seqs = meta.num_seqs;
     a.Hk = static_cast<int>(Hk);
@@ -840,9 +843,10 @@ class CudaBackend final : public Backend {
     a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
     // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
     // (CudaOptions::chunked_gated_delta = false keeps the recurrent kernel, which walks
-    // the tokens one by one).
+    // the tokens one by one). (Per-token states, speculative decoding: the recurrent kernel,
+    // which keeps them.)
     const bool chunked = meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) &&
-                         meta.num_seqs > 0;
+                         meta.num_seqs > 0 && a.token_slots == nullptr;
     if (chunked) {
       std::vector<int32_t> chunks, seq_chunks = {0};
       for (int s = 0; s < meta.num_seqs; ++s) {

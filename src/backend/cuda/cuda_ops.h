@@ -124,10 +124,11 @@ void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
 // ---- linear attention, Gated DeltaNet (linear_attn.cu) ----
 // Causal depthwise conv1d (kernel 4) + SiLU, bf16 x/out, weight [C, 4] bf16 or f32, state
 // [num_slots, 3, C] f32 or bf16. max_query_len <= 64: one kernel (the decode step); longer:
-// a second kernel writes the conv states.
+// a second kernel writes the conv states. token_slots (speculative decoding, else null): [T], as
+// GatedDeltaRuleArgs::token_slots (a per-token sequence must be at most 64 tokens).
 void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w, DType wt, void* state, DType st,
-                          const int32_t* qsl, const int32_t* slots, const int32_t* has_init, void* out, int C, int S,
-                          int max_query_len, cudaStream_t s);
+                          const int32_t* qsl, const int32_t* slots, const int32_t* has_init, const int32_t* token_slots,
+                          void* out, int C, int S, int max_query_len, cudaStream_t s);
 // out[t, h] = rms_norm(x[t, h]) * w * silu(z[t, z_col + h*D ...]); bf16 x, z, out.
 void launch_gated_rms_norm(const void* x, const void* z, int64_t Z, int64_t z_col, const void* w, DType wt, void* out,
                            int64_t T, int H, int D, float eps, cudaStream_t s);
@@ -140,7 +141,11 @@ struct GatedDeltaRuleArgs {
   void* state;  // [num_slots, Hv, Dk, Dv] of state_t (f32 or bf16)
   DType state_t;
   const int32_t *qsl, *slots, *has_init;  // [S+1], [S], [S]
-  void* out;                              // bf16 [T, Hv, Dv]
+  // Speculative decoding (null otherwise): [T], the slot that gets the state after token t
+  // (-1 none). A sequence whose last token's entry is not its own slot writes only there
+  // (recurrent path only); the others write their final state in place as usual.
+  const int32_t* token_slots;
+  void* out;  // bf16 [T, Hv, Dv]
   int num_seqs, Hk, Hv, Dk, Dv;
   float scale;  // 1 / sqrt(Dk)
   // Chunked path only (gdr_carve_workspace fills the buffers):

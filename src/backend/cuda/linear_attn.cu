@@ -32,7 +32,8 @@ template <int K, typename SS>
 __global__ void __launch_bounds__(kConvThreads)
     conv1d_kernel(const bf16* __restrict__ x, int64_t X, int64_t x_col, const void* __restrict__ w, DType wt,
                   SS* __restrict__ state, const int32_t* __restrict__ qsl, const int32_t* __restrict__ slots,
-                  const int32_t* __restrict__ has_init, bf16* __restrict__ out, int C, bool update_state) {
+                  const int32_t* __restrict__ has_init, const int32_t* __restrict__ token_slots, bf16* __restrict__ out,
+                  int C, bool update_state) {
   pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
   pdl_wait();
   const int c = blockIdx.x * kConvThreads + threadIdx.x, s = blockIdx.z;
@@ -44,6 +45,9 @@ __global__ void __launch_bounds__(kConvThreads)
     for (int p = p0; p < p1; ++p) out[static_cast<int64_t>(t0 + p) * C + c] = __float2bfloat16_rn(0.0f);
     return;
   }
+  // Speculative decoding: the state after each token goes to token_slots[t] (a verification
+  // chunk is shorter than a segment, so this thread read the old state before writing any).
+  const bool per_token = token_slots != nullptr && token_slots[t0 + L - 1] != slot;
   float wv[K], win[K - 1];
 #pragma unroll
   for (int j = 0; j < K; ++j) wv[j] = load_as_float(w, wt, static_cast<int64_t>(c) * K + j);
@@ -65,8 +69,13 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
     for (int j = 0; j < K - 2; ++j) win[j] = win[j + 1];
     win[K - 2] = xv;
+    if (per_token && token_slots[t0 + p] >= 0) {
+      SS* dst = state + static_cast<int64_t>(token_slots[t0 + p]) * (K - 1) * C + c;
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) dst[static_cast<int64_t>(j) * C] = from_float<SS>(win[j]);
+    }
   }
-  if (update_state && p1 == L) {
+  if (update_state && p1 == L && !per_token) {
     SS* dst = state + static_cast<int64_t>(slot) * (K - 1) * C + c;
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) dst[static_cast<int64_t>(j) * C] = from_float<SS>(win[j]);
@@ -79,11 +88,13 @@ __global__ void __launch_bounds__(kConvThreads)
 template <int K, typename SS>
 __global__ void conv_state_update_kernel(const bf16* __restrict__ x, int64_t X, int64_t x_col, SS* __restrict__ state,
                                          const int32_t* __restrict__ qsl, const int32_t* __restrict__ slots,
-                                         const int32_t* __restrict__ has_init, int C) {
+                                         const int32_t* __restrict__ has_init, const int32_t* __restrict__ token_slots,
+                                         int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
   if (c >= C) return;
   const int t0 = qsl[s], L = qsl[s + 1] - t0, slot = slots[s];
   if (slot < 0 || L == 0) return;
+  if (token_slots != nullptr && token_slots[t0 + L - 1] != slot) return;  // per-token states (conv1d_kernel)
   SS* st = state + static_cast<int64_t>(slot) * (K - 1) * C + c;
   const bool init = has_init[s] != 0;
   for (int r = 0; r < K - 1; ++r) {
@@ -143,6 +154,9 @@ __global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a
     return;
   }
   if (t1 == t0) return;
+  // Speculative decoding: the state after each token goes to token_slots[t] (read first, in
+  // registers, so a token slot may be the sequence's own).
+  const bool per_token = a.token_slots != nullptr && a.token_slots[t1 - 1] != slot;
   SS* sp = static_cast<SS*>(a.state) + ((static_cast<int64_t>(slot) * a.Hv + h) * DK + warp * R) * a.Dv + v;
   float S[R];
   const bool init = a.has_init[s] != 0;
@@ -189,8 +203,14 @@ __global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a
     if (warp == 0 && vok)
       out[(static_cast<int64_t>(t) * a.Hv + h) * a.Dv + v] =
           __float2bfloat16_rn((red_q[0][lane] + red_q[1][lane] + red_q[2][lane] + red_q[3][lane]) * rq);
+    if (per_token && vok && a.token_slots[t] >= 0) {
+      SS* tp =
+          static_cast<SS*>(a.state) + ((static_cast<int64_t>(a.token_slots[t]) * a.Hv + h) * DK + warp * R) * a.Dv + v;
+#pragma unroll
+      for (int r = 0; r < R; ++r) tp[static_cast<int64_t>(r) * a.Dv] = from_float<SS>(S[r]);
+    }
   }
-  if (vok)
+  if (vok && !per_token)
 #pragma unroll
     for (int r = 0; r < R; ++r) sp[static_cast<int64_t>(r) * a.Dv] = from_float<SS>(S[r]);
 }
@@ -735,8 +755,8 @@ void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStre
 }
 
 void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w, DType wt, void* state, DType st,
-                          const int32_t* qsl, const int32_t* slots, const int32_t* has_init, void* out, int C, int S,
-                          int max_query_len, cudaStream_t s) {
+                          const int32_t* qsl, const int32_t* slots, const int32_t* has_init, const int32_t* token_slots,
+                          void* out, int C, int S, int max_query_len, cudaStream_t s) {
   if (S == 0 || C == 0) return;
   const int segs = std::max(1, ceil_div(max_query_len, kConvSeg));
   const bool one_pass = segs == 1;
@@ -745,19 +765,19 @@ void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w
   auto* ob = static_cast<bf16*>(out);
   if (st == DType::kF32)
     launch_pdl(conv1d_kernel<4, float>, grid, dim3(kConvThreads), 0, s, xb, X, x_col, w, wt, static_cast<float*>(state),
-               qsl, slots, has_init, ob, C, one_pass);
+               qsl, slots, has_init, token_slots, ob, C, one_pass);
   else
     launch_pdl(conv1d_kernel<4, bf16>, grid, dim3(kConvThreads), 0, s, xb, X, x_col, w, wt, static_cast<bf16*>(state),
-               qsl, slots, has_init, ob, C, one_pass);
+               qsl, slots, has_init, token_slots, ob, C, one_pass);
   TCUDA_LAUNCH_CHECK();
   if (one_pass) return;
   dim3 g2(ceil_div(C, 256), S);
   if (st == DType::kF32)
     conv_state_update_kernel<4, float>
-        <<<g2, 256, 0, s>>>(xb, X, x_col, static_cast<float*>(state), qsl, slots, has_init, C);
+        <<<g2, 256, 0, s>>>(xb, X, x_col, static_cast<float*>(state), qsl, slots, has_init, token_slots, C);
   else
     conv_state_update_kernel<4, bf16>
-        <<<g2, 256, 0, s>>>(xb, X, x_col, static_cast<bf16*>(state), qsl, slots, has_init, C);
+        <<<g2, 256, 0, s>>>(xb, X, x_col, static_cast<bf16*>(state), qsl, slots, has_init, token_slots, C);
   TCUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,87 @@
+// Speculative decoding (vLLM's --speculative-config): a proposer guesses the next k tokens of
+// a decoding sequence, the target model runs them as one (k+1)-token chunk of that sequence,
+// and the verification keeps the longest prefix of the guesses that the target's own sampled
+// tokens agree with, plus the target's token after it (engine.cpp, docs/engine.md).
+//
+// Drafts are point masses (the proposers pick one token per position, as vLLM v1's ngram and
+// MTP proposers do). Verification samples the target's token at each position with the
+// request's own sampling rule and keys (backend/sampling.h: seed, output position) and accepts
+// a draft iff it equals that token. For a point-mass draft q = 1[d] this is the standard
+// speculative rejection sampling: the draft is accepted with probability min(1, p(d)/q(d)) =
+// p(d), and on rejection the token is distributed as p restricted to tokens other than d,
+// renormalised, i.e. norm(max(0, p - q)). Since the draws are keyed by (seed, position), a
+// seeded request's tokens are the very tokens it gets without speculation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace tessera {
+
+struct SpeculativeConfig {
+  // "" (off), "ngram" or "mtp" (the aliases qwen3_next_mtp and qwen3_5_mtp are normalised to it).
+  std::string method;
+  int num_speculative_tokens = 0;
+  // ngram: the n-gram sizes tried, longest first.
+  int prompt_lookup_min = 0, prompt_lookup_max = 0;
+  bool enabled() const { return !method.empty() && num_speculative_tokens > 0; }
+};
+
+// Normalises aliases and fills vLLM's defaults (ngram without sizes: min = max = 5; one of
+// them given: the other takes its value); fails (kInvalidArgument) on a method tessera does
+// not run or on bad sizes, naming the field and what works.
+SpeculativeConfig validate_speculative_config(SpeculativeConfig c);
+// Fails (kUnsupported) on a method tessera parses but does not run yet ('mtp'), saying what works;
+// the CLI calls it before anything starts, the engine again at construction.
+void require_runnable(const SpeculativeConfig& c);
+// "ngram (k=3, prompt_lookup 2..5)" for the startup log.
+std::string describe(const SpeculativeConfig& c);
+
+// Proposes draft tokens for decoding sequences; an engine component (the target model's step
+// runs them). Implementations write r->spec_tokens.
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  // For each request: at most max_tokens[i] drafts that may follow its tokens so far.
+  virtual void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) = 0;
+};
+
+// Prompt lookup (vLLM's ngram): the last n tokens of the sequence (n from prompt_lookup_max
+// down to prompt_lookup_min) are looked up among its earlier tokens, prompt and output; at the
+// earliest earlier occurrence of the longest n that has one, the tokens that followed it are
+// proposed (up to k; fewer at the end of the sequence). No match: no drafts.
+class NgramProposer : public Proposer {
+ public:
+  NgramProposer(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {}
+  void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) override;
+  // The drafts for one token sequence (the algorithm above; exposed for tests).
+  std::vector<int32_t> propose_tokens(const std::vector<int32_t>& tokens, int k) const;
+
+ private:
+  int min_n_, max_n_;
+};
+
+// Counts for /metrics and the periodic log line (vLLM's spec_decode_* metrics).
+struct SpecDecodeStats {
+  uint64_t num_drafts = 0;                 // verification steps of a sequence with at least one draft
+  uint64_t num_draft_tokens = 0;           // drafts verified
+  uint64_t num_accepted_tokens = 0;        // drafts accepted
+  std::vector<uint64_t> accepted_per_pos;  // [k]: drafts accepted at position i
+  void add(int drafts, int accepted) {
+    if (drafts <= 0) return;
+    ++num_drafts;
+    num_draft_tokens += static_cast<uint64_t>(drafts);
+    num_accepted_tokens += static_cast<uint64_t>(accepted);
+    if (accepted_per_pos.size() < static_cast<size_t>(drafts)) accepted_per_pos.resize(static_cast<size_t>(drafts));
+    for (int i = 0; i < accepted; ++i) ++accepted_per_pos[static_cast<size_t>(i)];
+  }
+};
+
+// vLLM's "SpecDecoding metrics: Mean acceptance length: ..., Accepted throughput: ..." line
+// for the counts gained since `before`, over `seconds`.
+std::string spec_decode_log_line(const SpecDecodeStats& now, const SpecDecodeStats& before, double seconds);
+
+}  // namespace tessera
