@@ -21,7 +21,6 @@ TOK=${TOK:-.npm-pkgs/tokenizer-qwen3/package/models}
 ROUNDS=${ROUNDS:-1}
 [ -x "$PREV" ] || { echo "device_ab: PREV=$PREV is not an executable tessera" >&2; exit 2; }
 echo "A (previous): $PREV ($("$PREV" --version 2>/dev/null | head -1)); B (this): $B/tessera ($("$B/tessera" --version | head -1))"
-first_ids() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['token_ids'])" "$1"; }
 
 decode() {  # build-label binary model name
   local tag=$1 bin=$2 model=$3 name=$4

@@ -16,8 +16,6 @@ B=/tmp/bundle
 # DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_PDL=0 TESSERA_MOE_GEMV=0").
 PARTS=" ${PARTS:-tests demo ceil decode fp8 prefill serve} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-# The generated ids of a `generate --json` output's first request.
-first_ids() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['token_ids'])" "$1"; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 

@@ -48,9 +48,12 @@
 namespace tessera {
 namespace {
 
+using testing::argmax;
 using testing::Bf16ActivationsBackend;
 using testing::RoutingRecorder;
 using testing::RoutingReplay;
+using testing::to_host;
+using testing::top2_gap;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -88,29 +91,6 @@ std::unique_ptr<Backend> make_cuda() {
   BackendOptions o;
   o.type = DeviceType::kCUDA;
   return make_backend(o);
-}
-
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(v.data(), t);
-  be.synchronize();
-  return v;
-}
-
-int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
-
-// The gap between the largest and the second largest value.
-float top2_gap(const std::vector<float>& v) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float x : v) {
-    if (x > a) {
-      b = a;
-      a = x;
-    } else if (x > b) {
-      b = x;
-    }
-  }
-  return a - b;
 }
 
 constexpr int kBlocks = 24;  // 384 tokens: the longest prompt (300) and its 20 greedy tokens

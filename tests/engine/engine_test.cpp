@@ -3,8 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <optional>
+#include <memory>
 #include <random>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -19,14 +20,14 @@ struct Harness {
   Backend& backend = *owned;
   std::unique_ptr<LLMEngine> engine;
   Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true,
-          SpeculativeConfig spec = {}) {
+          SpeculativeConfig spec = {}, int max_model_len = 128) {
     LoadOptions lo;
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
     EngineConfig ec;
     ec.num_blocks_override = num_blocks;
     ec.scheduler.max_num_seqs = max_num_seqs;
     ec.scheduler.max_num_batched_tokens = budget;
-    ec.scheduler.max_model_len = 128;
+    ec.scheduler.max_model_len = max_model_len;
     ec.enable_prefix_caching = prefix;
     ec.speculative = spec;
     engine = std::make_unique<LLMEngine>(load_model(lo, backend), backend, ec);
@@ -314,56 +315,36 @@ class HybridEngineTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(HybridEngineTest, ChunkedPrefillOf32TokensGivesTheReferenceTokens) {
   const auto ref = testing::load_reference(GetParam());
   const bool cuda = testing::testing_on_cuda();
-  struct Run {
-    std::map<std::string, std::vector<int32_t>> tokens;
-    std::map<std::string, std::vector<float>> margins;
-  };
   auto run = [&](int budget) {
-    auto owned = testing::make_test_backend();
-    LoadOptions lo;
-    lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
-    EngineConfig ec;
-    ec.num_blocks_override = 128;
-    ec.scheduler.max_num_seqs = 8;
-    ec.scheduler.max_num_batched_tokens = budget;
-    ec.scheduler.max_model_len = 512;
-    LLMEngine engine(load_model(lo, *owned), *owned, ec);
-    EXPECT_TRUE(engine.cache_manager().has_state_slots());
+    auto h = std::make_unique<Harness>(GetParam(), 128, 8, budget, true, SpeculativeConfig{}, 512);
+    EXPECT_TRUE(h->engine->cache_manager().has_state_slots());
     int i = 0;
     for (const auto& c : ref["cases"])
-      EXPECT_TRUE(
-          engine
-              .add_request(std::to_string(i++), c["prompt_ids"].get<std::vector<int32_t>>(), greedy(c["greedy"].size()))
-              .ok());
-    Run r;
-    while (engine.has_unfinished())
-      for (const auto& o : engine.step()) {
-        auto& t = r.tokens[o.request_id];
-        t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-        for (const auto& lp : o.logprobs)
-          if (lp.top.size() >= 2) r.margins[o.request_id].push_back(lp.top[0].second - lp.top[1].second);
-      }
-    EXPECT_TRUE(engine.cache_manager().pool().all_free());
-    EXPECT_EQ(engine.cache_manager().state_slots().num_held(), 0) << "state slots leaked";
-    return r;
+      EXPECT_TRUE(h->engine
+                      ->add_request(std::to_string(i++), c["prompt_ids"].get<std::vector<int32_t>>(),
+                                    greedy(c["greedy"].size()))
+                      .ok());
+    auto tokens = h->run_all();
+    EXPECT_EQ(h->engine->cache_manager().state_slots().num_held(), 0) << "state slots leaked";
+    return std::make_pair(std::move(h), std::move(tokens));
   };
-  const Run got = run(32);
-  std::optional<Run> one_step;
+  const auto got = run(32);
+  decltype(run(0)) one_step;
   if (cuda) one_step = run(1024);
   size_t compared = 0;
   int i = 0;
   for (const auto& c : ref["cases"]) {
     const std::string id = std::to_string(i++);
-    const auto& g = got.tokens.at(id);
-    const auto want = cuda ? one_step->tokens.at(id) : c["greedy"].get<std::vector<int32_t>>();
+    const auto& g = got.second.at(id);
+    const auto want = cuda ? one_step.second.at(id) : c["greedy"].get<std::vector<int32_t>>();
     ASSERT_EQ(g.size(), want.size()) << id;
     const double close = cuda ? std::max(0.05, 2.0 * c.value("bf16_last_logits_err", 0.0)) : 1e-3;
     for (size_t k = 0; k < want.size(); ++k, ++compared) {
       if (g[k] == want[k]) continue;
       double m;
       if (cuda) {
-        const auto& a = one_step->margins.at(id);
-        const auto& b = got.margins.at(id);
+        const auto& a = one_step.first->margins.at(id);
+        const auto& b = got.first->margins.at(id);
         m = std::min(k < a.size() ? a[k] : 1e9f, k < b.size() ? b[k] : 1e9f);
       } else {
         m = c["margins"][k].get<double>();

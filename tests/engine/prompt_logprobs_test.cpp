@@ -157,6 +157,17 @@ std::vector<std::string> fixtures() {
 
 class PromptLogprobsTest : public ::testing::TestWithParam<std::string> {};
 
+// 16-token steps with at most 7 prompt-logprob rows each: a 45-token prompt is scored over several steps.
+EngineConfig chunked_scoring_config() {
+  EngineConfig ec;
+  ec.num_blocks_override = 64;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 16;
+  ec.scheduler.max_model_len = 128;
+  ec.scheduler.max_prompt_logprob_rows = 7;
+  return ec;
+}
+
 // A 45-token prompt, computed first by a plain request (so its blocks are in the prefix cache), then
 // scored by two requests at once (max_tokens 2 and 0) in 16-token chunks with at most 7 prompt-logprob
 // rows per step: each gets the full forward's 44 entries, once, and takes no prefix-cache hit.
@@ -168,12 +179,7 @@ TEST_P(PromptLogprobsTest, EqualAFullForwardInChunksWithPrefixCachingOn) {
   const std::vector<int32_t> prompt = random_prompt(g, 45);
   const Reference ref = reference(lo, be, prompt);
 
-  EngineConfig ec;
-  ec.num_blocks_override = 64;
-  ec.scheduler.max_num_seqs = 8;
-  ec.scheduler.max_num_batched_tokens = 16;
-  ec.scheduler.max_model_len = 128;
-  ec.scheduler.max_prompt_logprob_rows = 7;
+  EngineConfig ec = chunked_scoring_config();
   ec.enable_prefix_caching = true;
   LLMEngine engine(load_model(lo, be), be, ec);
   Outputs warm;
@@ -258,12 +264,7 @@ TEST_P(PromptLogprobsTest, AlongsideSpeculativeDecodingInTheSameSteps) {
   std::mt19937 g(5);
   const std::vector<int32_t> spec_prompt = random_prompt(g, 10), prompt = random_prompt(g, 45);
   const Reference ref = reference(lo, be, prompt);
-  EngineConfig ec;
-  ec.num_blocks_override = 64;
-  ec.scheduler.max_num_seqs = 8;
-  ec.scheduler.max_num_batched_tokens = 16;
-  ec.scheduler.max_model_len = 128;
-  ec.scheduler.max_prompt_logprob_rows = 7;
+  EngineConfig ec = chunked_scoring_config();
   Outputs plain;
   {
     LLMEngine engine(load_model(lo, be), be, ec);

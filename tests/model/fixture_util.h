@@ -1,5 +1,7 @@
 // Shared by model and engine tests: the tiny HF fixtures in tests/fixtures/models.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -149,6 +151,32 @@ inline std::vector<float> prefill_logits(Model& model, Backend& be, const std::v
 // One sequence's part of a step: tokens [start, start+len) of `all_tokens`, its KV in
 // blocks [first_block, first_block + num_blocks) in order, its linear-attention state in
 // `slot` (continued when the step starts after position 0).
+// A tensor's values on the host (f32), after the backend's queued work.
+inline std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t);
+  be.synchronize();
+  return v;
+}
+
+inline int argmax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The gap between the largest and the second largest value.
+inline float top2_gap(const std::vector<float>& v) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : v) {
+    if (x > a) {
+      b = a;
+      a = x;
+    } else if (x > b) {
+      b = x;
+    }
+  }
+  return a - b;
+}
+
 struct SeqPart {
   const std::vector<int32_t>* tokens;
   int start, len;

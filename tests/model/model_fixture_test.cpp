@@ -17,11 +17,14 @@ namespace tessera {
 namespace {
 
 using testing::all_supported_fixture_names;
+using testing::argmax;
 using testing::fixtures_dir;
 using testing::hybrid_fixture_names;
 using testing::load_reference;
 using testing::SeqPart;
 using testing::step_of;
+using testing::to_host;
+using testing::top2_gap;
 
 struct Loaded {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
@@ -52,15 +55,6 @@ std::unique_ptr<Loaded> load(const std::string& name, int num_blocks = kBlocks, 
 ModelInput single_sequence_step(const std::vector<int32_t>& all_tokens, int start, int len, int num_blocks) {
   return step_of({SeqPart{&all_tokens, start, len, 0, num_blocks, 0}});
 }
-
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(v.data(), t);
-  be.synchronize();
-  return v;
-}
-
-int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
@@ -121,18 +115,6 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float d = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
   return d;
-}
-
-// The largest logit minus the runner-up.
-float top2_gap(const std::vector<float>& logits) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float x : logits) {
-    if (x > a)
-      b = a, a = x;
-    else if (x > b)
-      b = x;
-  }
-  return a - b;
 }
 
 // Whether `token` is among the n largest of `logits` (vLLM's check_logprobs_close: a token in
