@@ -8,7 +8,8 @@
 #   command: bash scripts/device_moe_check.sh
 # PARTS (default all but fixtures_bf16): tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve
 #   plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix; moe_variants: the MoE decode kernel variants side by
-#   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); flagship (issue 18's
+#   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); flagship_decode (batch 1,
+#   with the base build too); flagship (issue 18's
 #   serve command and the seeds' bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
 set -u
@@ -255,6 +256,14 @@ if part plan_fp8; then
     --max-model-len 4096 --max-num-seqs 256 --prompt-ids 1,2,3 --max-tokens 2 > /dev/null 2> "$L/plan_serve_fp8.log"
   grep -E 'KV cache size|Maximum concurrency|Planned|FP8' "$L/plan_serve_fp8.log"
 fi
+if part flagship_decode; then
+  # The flagship's decode alone (no serve), this build and the base bundle's in the same run.
+  FL=configs/qwen3.5-122b-a10b-fp8
+  echo "== flagship: decode batch 1 (512-token prompt, 128 new), FP8 dummy"
+  MAXLEN=4096 decode_batches flagship_decode $FL 1
+  [ -n "$BASE" ] && { echo "-- base build"; MAXLEN=4096 DB=$BASE decode_batches flagship_decode_base $FL 1; }
+fi
+
 if part flagship; then
   # Issue 18: the seeds' model on one H200 with the issue's command (dummy FP8 weights, the Qwen3 tokenizer).
   FL=configs/qwen3.5-122b-a10b-fp8

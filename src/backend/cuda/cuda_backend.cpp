@@ -113,6 +113,8 @@ class CudaBackend final : public Backend {
     // The fused MoE decode kernel's barrier and counters: zero now, left zero by every launch.
     TCUDA_CHECK(cudaMalloc(&moe_sync_, kMoeSyncInts * sizeof(unsigned)));
     TCUDA_CHECK(cudaMemsetAsync(moe_sync_, 0, kMoeSyncInts * sizeof(unsigned), stream_));
+    TCUDA_CHECK(cudaMalloc(&attn_merge_, kDecodeMergeCounters * sizeof(unsigned)));
+    TCUDA_CHECK(cudaMemsetAsync(attn_merge_, 0, kDecodeMergeCounters * sizeof(unsigned), stream_));
     TCUDA_CHECK(cudaMallocHost(&upload_ring_, kUploadRingBytes));
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
@@ -132,6 +134,7 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     cudaFree(dev_err_);
     cudaFree(moe_sync_);
+    cudaFree(attn_merge_);
     cudaFreeHost(upload_ring_);
     cudaFreeHost(download_);
     cudaFreeHost(host_err_);
@@ -525,7 +528,9 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, only_single, ws, fused, stream_);
+    launch_decode_attention(a, splits, only_single, ws, fused,
+                            DecodeMergeCounters{attn_merge_, options_.decode_merge_kernel ? 0 : kDecodeMergeCounters},
+                            stream_);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).
@@ -1072,6 +1077,7 @@ class CudaBackend final : public Backend {
   int* dev_err_ = nullptr;
   static constexpr int64_t kMoeSyncInts = 2 + 16384;  // the fused MoE decode path up to H = 65536
   unsigned* moe_sync_ = nullptr;
+  unsigned* attn_merge_ = nullptr;  // decode attention's merge counters (launch_decode_attention)
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging
