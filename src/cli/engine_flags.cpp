@@ -179,7 +179,7 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
 
 EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }
 
-EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool planning) {
   if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
     fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
   if (!parallel_supported && (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1))
@@ -204,7 +204,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;
   c.speculative = parse_speculative_config(f.speculative_config);
-  require_runnable(c.speculative, f.tensor_parallel_size, f.pipeline_parallel_size);
+  if (!planning) require_runnable(c.speculative, f.tensor_parallel_size, f.pipeline_parallel_size);
   return c;
 }
 

@@ -71,7 +71,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     layers_.push_back(make_layer(i, model + "layers." + std::to_string(i) + ".", c.is_linear_layer(i)));
     has_state_layers_ = has_state_layers_ || c.is_linear_layer(i);
   }
-  if (mo.mtp) {
+  if (mo.mtp && comm_.last_stage()) {  // (vLLM too places the MTP layer on the last stage)
     const std::string where = c.model_dir.empty() ? std::string("config") : c.model_dir + "/config.json";
     if (!zc || c.num_mtp_layers <= 0)
       fail(ErrorKind::kUnsupported,
@@ -83,9 +83,6 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     if (c.num_mtp_layers != 1)
       fail(ErrorKind::kUnsupported, "{}: {} MTP layers; tessera runs checkpoints with one (mtp_num_hidden_layers 1)",
            where, c.num_mtp_layers);
-    if (pc_.pp_size > 1)
-      fail(ErrorKind::kUnsupported,
-           "--speculative-config method 'mtp' with --pipeline-parallel-size > 1 is not built yet; use ngram");
     Mtp m;
     m.pre_fc_norm_embedding = RmsNorm(ctx, "mtp.pre_fc_norm_embedding.weight", H, zc);
     m.pre_fc_norm_hidden = RmsNorm(ctx, "mtp.pre_fc_norm_hidden.weight", H, zc);
@@ -191,7 +188,8 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
 }
 
 Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) {
-  TESSERA_CHECK(mtp_.has_value(), "run_mtp on a model built without its MTP layer");
+  TESSERA_CHECK(mtp_.has_value() && embed_.has_value(),
+                "run_mtp needs the MTP layer and the embedding on this rank (one pipeline stage)");
   Backend& be = backend_;
   const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
   const size_t kv = layers_.size();
