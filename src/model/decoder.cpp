@@ -79,7 +79,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
            "Qwen3.5 with mtp.* weights); {} ({}) has {}; use {{\"method\": \"ngram\", ...}} or run without "
            "--speculative-config",
            where, c.architecture,
-           zc ? "no mtp_num_hidden_layers / num_nextn_predict_layers" : "no MTP layer in this model family");
+           zc ? "mtp_num_hidden_layers / num_nextn_predict_layers 0" : "no MTP layer in this model family");
     if (c.num_mtp_layers != 1)
       fail(ErrorKind::kUnsupported, "{}: {} MTP layers; tessera runs checkpoints with one (mtp_num_hidden_layers 1)",
            where, c.num_mtp_layers);
