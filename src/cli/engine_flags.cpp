@@ -84,8 +84,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                "otherwise)");
   app.add_option("--speculative-config", f.speculative_config,
                  "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
-                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} (prompt lookup; greedy output unchanged, "
-                 "sampled output keeps its distribution and seeds)");
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} (prompt lookup) or {\"method\": \"mtp\", "
+                 "\"num_speculative_tokens\": 2} (the checkpoint's multi-token-prediction layer, Qwen3-Next / "
+                 "Qwen3.5); greedy output unchanged, sampled output keeps its distribution and seeds");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
@@ -173,14 +174,12 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs a method ('ngram' or 'mtp'), got: {}", text);
   if (c.num_speculative_tokens <= 0)
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs num_speculative_tokens >= 1, got: {}", text);
-  c = validate_speculative_config(c);
-  require_runnable(c);
-  return c;
+  return validate_speculative_config(c);
 }
 
 EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }
 
-EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool planning) {
   if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
     fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
   if (!parallel_supported && (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1))
@@ -205,6 +204,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;
   c.speculative = parse_speculative_config(f.speculative_config);
+  if (!planning) require_runnable(c.speculative, f.tensor_parallel_size, f.pipeline_parallel_size);
   return c;
 }
 
@@ -216,6 +216,8 @@ LoadOptions load_options(const EngineFlags& f) {
   o.max_model_len = f.max_model_len;
   o.seed = f.seed;
   o.parallel.expert_parallel = f.enable_expert_parallel;
+  const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
+  o.mtp = spec.enabled() && spec.method == "mtp";
   return o;
 }
 

@@ -30,6 +30,7 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.quantization = f.quantization;
   const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
   in.state_slots_per_seq = spec.enabled() ? 1 + spec.num_speculative_tokens : 1;
+  in.mtp = spec.enabled() && spec.method == "mtp";
   return in;
 }
 

@@ -39,14 +39,23 @@ void LLMEngine::init_speculative() {
   config_.speculative = validate_speculative_config(config_.speculative);
   const SpeculativeConfig& sc = config_.speculative;
   if (!sc.enabled()) return;
-  require_runnable(sc);
   if (executor_->model_config().is_hybrid() && !backend_.supports_token_state_slots())
     fail(ErrorKind::kUnsupported,
          "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "
          "each draft token, which it does not do yet (the CPU backend does); run without --speculative-config",
          backend_.name());
-  proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
-  TLOG_INFO("Speculative decoding: {}; verification steps run eagerly (no CUDA graph)", describe(sc));
+  if (sc.method == "mtp") {
+    if (!executor_->supports_mtp())
+      fail(ErrorKind::kUnsupported,
+           "--speculative-config method 'mtp': the model was loaded without its multi-token-prediction layer (load "
+           "it with the MTP layer, as `tessera serve` does for this flag; more than one rank does not run it yet); "
+           "use {{\"method\": \"ngram\", ...}} or no --speculative-config");
+    proposer_ = std::make_unique<MtpProposer>(*executor_, config_.block_size);
+  } else {
+    proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
+  }
+  TLOG_INFO("Speculative decoding: {}; verification steps{} run eagerly (no CUDA graph)", describe(sc),
+            sc.method == "mtp" ? " and MTP draft passes" : "");
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -296,6 +305,18 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<LogitsRow> rows;
   std::vector<Request*> scored;
   ModelInput in = build_input(sched, rows, scored);
+  // What each sequence computes this step (a proposer may read the target's hidden states there).
+  std::vector<ComputedSpan> spans;
+  std::vector<bool> caught_up;
+  if (proposer_) {
+    int row = 0;
+    for (const auto& s : sched.scheduled) {
+      const Request& r = *s.request;
+      spans.push_back({s.request, r.num_computed_tokens, 0, row});
+      caught_up.push_back(r.num_computed_tokens + s.num_new_tokens == r.num_tokens() + s.num_draft_tokens);
+      row += s.num_new_tokens;
+    }
+  }
   const int vocab = executor_->model_config().vocab_size;
   StepSampling sampling = step_sampling(rows);
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
@@ -336,7 +357,16 @@ std::vector<RequestOutput> LLMEngine::step() {
     out.push_back(std::move(o));
   }
   if (proposer_) {
-    if (!decoding.empty()) propose_drafts(decoding);
+    // Sequences that go on: the decoding ones and those whose prefill continues (the others of
+    // the step were retired: their pointers dangle, so they are matched, not read).
+    std::vector<ComputedSpan> going_on;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (caught_up[i] && std::find(decoding.begin(), decoding.end(), spans[i].request) == decoding.end()) continue;
+      spans[i].end = spans[i].request->num_computed_tokens;
+      going_on.push_back(spans[i]);
+    }
+    proposer_->observe_step(going_on);
+    propose_drafts(decoding);
     log_spec_decode();
   }
   timer_.mark(3, "outputs");
@@ -438,6 +468,14 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
     k = std::min(k, max_model_len() - r->num_tokens());
     room.push_back(std::max(0, k));
   }
+  if (proposer_->needs_lookahead_slots())
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      // Draft j >= 2 is drafted at position num_tokens - 3 + j: blocks up to num_tokens + room - 2 positions.
+      Request& r = *decoding[i];
+      if (room[i] < 2 || cache_manager_->allocate(r, room[i] - 1)) continue;
+      const int held = static_cast<int>(r.block_ids.size()) * config_.block_size;
+      room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
+    }
   proposer_->propose(decoding, room);
   for (size_t i = 0; i < decoding.size(); ++i)
     TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",

@@ -113,6 +113,17 @@ void LocalExecutor::execute(const ModelInput& input, const StepSampling& samplin
   timer_.pass_done();
 }
 
+void Executor::propose_mtp(const MtpDraftInput&, std::vector<int32_t>&) {
+  fail(ErrorKind::kUnsupported, "this executor does not run the MTP layer (one rank only)");
+}
+
+void LocalExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
+  Tensor d = runner_.run_mtp(in);
+  drafts.resize(static_cast<size_t>(d.numel()));
+  if (d.numel() > 0) backend_.copy_to_host(drafts.data(), d);
+  backend_.synchronize();
+}
+
 // ---------------------------------------------------------------- plan transport
 
 void broadcast_plan_bytes(dist::ProcessGroups& groups, const std::vector<uint8_t>& bytes) {

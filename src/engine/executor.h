@@ -37,6 +37,12 @@ class Executor {
   // One step on every rank: the rank holding the logits samples them on its device as
   // `sampling` says; `out` gets a token per logits row and the host rows' logits.
   virtual void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) = 0;
+  // Speculative decoding with method mtp: whether the model's MTP layer runs here.
+  virtual bool supports_mtp() const { return false; }
+  // Runs the MTP passes of `in` after the last execute() (whose hidden states stayed on the
+  // device) and returns the greedy drafts: drafts[j * in.num_drafting + i] is draft j + 1 of
+  // drafting sequence i.
+  virtual void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts);
 };
 
 // Samples `logits` [n, V] on `backend` into out.tokens and copies the host rows to out.host_logits.
@@ -56,6 +62,8 @@ class LocalExecutor : public Executor {
   Backend& backend() override { return backend_; }
   void init_kv_cache(const CacheInit& init) override;
   void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
+  bool supports_mtp() const override { return model_->has_mtp(); }
+  void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) override;
 
  private:
   std::unique_ptr<Model> model_;

@@ -33,6 +33,7 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   mo.parallel = o.parallel;
   mo.runtime = o.runtime;
   mo.quantization = o.quantization;
+  mo.mtp = o.mtp;
   auto model = create_model(config, mo, backend);
   WeightStore& w = model->weights();
   auto start = std::chrono::steady_clock::now();
@@ -43,6 +44,14 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
     w.load_dummy(backend, o.seed, progress);
   } else if (o.load_format == "auto" || o.load_format == "safetensors") {
     Checkpoint ckpt(o.model_dir);
+    if (o.mtp)
+      for (const char* name : {"mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight"})
+        if (!ckpt.contains(name))
+          fail(ErrorKind::kNotFound,
+               "{}: --speculative-config method 'mtp' needs the checkpoint's multi-token-prediction weights, but "
+               "there is no tensor '{}' (config.json says mtp_num_hidden_layers / num_nextn_predict_layers {}); use a "
+               "checkpoint that has its mtp.* tensors, {{\"method\": \"ngram\", ...}}, or no --speculative-config",
+               o.model_dir, name, config.num_mtp_layers);
     w.load(ckpt, backend, progress);
   } else {
     fail(ErrorKind::kInvalidArgument, "--load-format {} is not supported (auto, safetensors, dummy)", o.load_format);

@@ -16,6 +16,9 @@ struct LoadOptions {
   ParallelRuntime runtime;  // this rank's TP/PP communicators (TP/PP > 1)
   uint64_t seed = 0;
   std::string quantization;  // --quantization: "" (the checkpoint's format) or "fp8"
+  // --speculative-config method mtp: build and load the checkpoint's MTP layer (mtp.* weights);
+  // a checkpoint without them fails here, naming what is missing.
+  bool mtp = false;
 };
 
 std::unique_ptr<Model> load_model(const LoadOptions& options, Backend& backend);

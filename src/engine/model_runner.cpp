@@ -21,6 +21,9 @@ void ModelRunner::init_cache(const CacheInit& init) {
       init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
   graphs_.clear();
   buckets_.clear();
+  hidden_ = Tensor();
+  hidden_rows_ = 0;
+  if (model_.has_mtp()) reserve_hidden(std::max(256, init.max_graph_batch));
   if (!graphs_enabled_) return;
   for (int b : {1, 2, 4})
     if (b <= init.max_graph_batch) buckets_.push_back(b);
@@ -164,13 +167,25 @@ Tensor ModelRunner::run(const ModelInput& in) {
                       in.attention.max_blocks_per_seq <= max_blocks_ &&
                       (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S)) &&
                       in.linear.token_state_slots.empty();
-  const int b = decode ? bucket_for(S) : 0;
-  if (b == 0) return model_.forward(in, kv_);
-  for (int s = 0; s < S; ++s)
-    if (in.logits_indices[s] != s) return model_.forward(in, kv_);
+  int b = decode ? bucket_for(S) : 0;
+  for (int s = 0; s < S && b > 0; ++s)
+    if (in.logits_indices[s] != s) b = 0;
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  if (b == 0) {
+    if (!model_.has_mtp()) return model_.forward(in, kv_);
+    reserve_hidden(T);
+    StepInputs si = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
+    si.hidden_states = hidden_.rows(0, T);
+    last_tokens_ = T;
+    return model_.run(si, kv_);
+  }
   check_step_input(in, model_.config().vocab_size, max_model_len_);
 
   StepInputs si = fill_graph_inputs(in, b);
+  if (model_.has_mtp()) {  // (reserved at init for every bucket: the graphs write into it)
+    si.hidden_states = hidden_.rows(0, b);
+    last_tokens_ = S;
+  }
   auto it = graphs_.find(b);
   if (it != graphs_.end()) {
     backend_.replay(*it->second.graph);
@@ -206,6 +221,55 @@ Tensor ModelRunner::run(const ModelInput& in) {
   // Keep later scratch clear of the eager logits (same arena offsets as the capture).
   backend_.scratch({static_cast<int64_t>(eager_bytes)}, DType::kU8);
   return logits_rows(logits, S);
+}
+
+void ModelRunner::reserve_hidden(int64_t rows) {
+  if (rows <= hidden_rows_) return;
+  hidden_rows_ = std::max<int64_t>(rows, 2 * hidden_rows_);
+  hidden_ = backend_.alloc({hidden_rows_, model_.config().hidden_size}, backend_.compute_dtype());
+  graphs_.clear();  // captured with the old buffer
+}
+
+Tensor ModelRunner::run_mtp(const MtpDraftInput& in) {
+  TESSERA_CHECK(model_.has_mtp() && cache_ready(), "MTP drafts from a model without its MTP layer");
+  const int64_t T = static_cast<int64_t>(in.prefill.token_ids.size()), S = in.num_drafting;
+  const int64_t H = model_.config().hidden_size;
+  TESSERA_CHECK(T > 0 && in.hidden_rows.size() == static_cast<size_t>(T), "MTP pass: {} tokens, {} hidden rows", T,
+                in.hidden_rows.size());
+  for (int32_t r : in.hidden_rows)
+    TESSERA_CHECK(r >= 0 && r < last_tokens_, "MTP pass: hidden row {} of a step of {} tokens", r, last_tokens_);
+  const int vocab = model_.config().vocab_size;
+  const DType dt = backend_.compute_dtype();
+  backend_.reset_scratch();  // the last step's results are on the host; its hidden states in hidden_
+  const int64_t passes = 1 + static_cast<int64_t>(in.chained.size());
+  Tensor drafts = backend_.scratch({std::max<int64_t>(1, passes * S)}, DType::kI32);
+  // Pass 1: every position the step computed, with the target's hidden states there.
+  Tensor rows = backend_.scratch({T}, DType::kI32);
+  backend_.copy_from_host(rows, in.hidden_rows.data());
+  Tensor hidden = backend_.scratch({T, H}, dt);
+  backend_.gather_rows(hidden_.rows(0, last_tokens_), rows, hidden);
+  StepInputs si = upload_step_inputs(backend_, in.prefill, vocab, max_model_len_);
+  Tensor out = backend_.scratch({T, H}, dt);
+  Tensor logits = model_.run_mtp(si, hidden, out, kv_);
+  if (S == 0) return drafts.rows(0, 0);
+  const std::vector<SamplingRow> greedy(static_cast<size_t>(S));
+  backend_.sample(logits, greedy, drafts.rows(0, S));
+  // Passes 2..k: each drafting sequence's last draft at the next position, with the MTP layer's
+  // own output hidden state (vLLM feeds its normed output back the same way).
+  Tensor prev = backend_.scratch({S, H}, dt);
+  backend_.gather_rows(out, si.logits_indices, prev);
+  for (size_t j = 0; j < in.chained.size(); ++j) {
+    const ModelInput& c = in.chained[j];
+    TESSERA_CHECK(static_cast<int64_t>(c.token_ids.size()) == S, "MTP pass {}: {} tokens for {} sequences", j + 2,
+                  c.token_ids.size(), S);
+    StepInputs cs = upload_step_inputs(backend_, c, vocab, max_model_len_);
+    cs.token_ids = drafts.rows(static_cast<int64_t>(j) * S, static_cast<int64_t>(j + 1) * S);
+    Tensor next = backend_.scratch({S, H}, dt);
+    Tensor lg = model_.run_mtp(cs, prev, next, kv_);
+    backend_.sample(lg, greedy, drafts.rows(static_cast<int64_t>(j + 1) * S, static_cast<int64_t>(j + 2) * S));
+    prev = next;
+  }
+  return drafts.rows(0, passes * S);
 }
 
 }  // namespace tessera

@@ -34,6 +34,10 @@ class ModelRunner {
   // The step's logits (undefined on ranks that do not return them), valid until the next run.
   Tensor run(const ModelInput& input);
   const KvCache& cache() const { return kv_; }
+  // Models with an MTP layer (Model::has_mtp): every run() keeps the step's final hidden states
+  // in a device buffer; this runs the MTP passes of `in` over them (MtpDraftInput) and returns
+  // the greedy drafts, i32 [passes x in.num_drafting] in scratch memory.
+  Tensor run_mtp(const MtpDraftInput& in);
   // Communicators whose collectives run inside the graphs: a replay is put under their
   // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
   void watch(std::vector<dist::Communicator*> comms) { watched_ = std::move(comms); }
@@ -66,6 +70,11 @@ class ModelRunner {
   int64_t step_begin_ = 0;
   std::vector<int32_t> h_step_;
   std::map<int, Graph> graphs_;
+  // Models with an MTP layer: the last run's final hidden states ([hidden_rows_, H]; growing it
+  // drops the captured graphs, which write into it).
+  Tensor hidden_;
+  int64_t hidden_rows_ = 0, last_tokens_ = 0;
+  void reserve_hidden(int64_t rows);
   std::vector<dist::Communicator*> watched_;
 };
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "engine/executor.h"
 
 namespace tessera {
 
@@ -36,10 +37,11 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
   return c;
 }
 
-void require_runnable(const SpeculativeConfig& c) {
-  if (c.enabled() && c.method == "mtp")
+void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int pipeline_parallel_size) {
+  if (c.enabled() && c.method == "mtp" && (tensor_parallel_size > 1 || pipeline_parallel_size > 1))
     fail(ErrorKind::kUnsupported,
-         "--speculative-config method 'mtp' is not built yet; use {{\"method\": \"ngram\", ...}} or run without "
+         "--speculative-config method 'mtp' with --tensor-parallel-size or --pipeline-parallel-size above 1 is not "
+         "built yet (the MTP layer runs on a single rank); use {{\"method\": \"ngram\", ...}}, one rank, or no "
          "--speculative-config");
 }
 
@@ -74,6 +76,85 @@ void NgramProposer::propose(const std::vector<Request*>& requests, const std::ve
     tokens.insert(tokens.end(), r.output.begin(), r.output.end());
     r.spec_tokens = propose_tokens(tokens, max_tokens[i]);
   }
+}
+
+void MtpProposer::propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) {
+  for (Request* r : requests) r->spec_tokens.clear();
+  if (spans_.empty()) return;
+  const int bs = block_size_;
+  auto slot_of = [bs](const Request& r, int p) { return r.block_ids[static_cast<size_t>(p / bs)] * bs + p % bs; };
+  // After a sequence's tokens: its query end, length and block table.
+  auto add_seq = [](ModelInput& in, const Request& r, int seq_len) {
+    in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
+    in.attention.seq_lens.push_back(seq_len);
+    for (int b = 0; b < in.attention.max_blocks_per_seq; ++b)
+      in.attention.block_tables.push_back(b < static_cast<int>(r.block_ids.size()) ? r.block_ids[b] : 0);
+  };
+  MtpDraftInput in;
+  ModelInput& pre = in.prefill;
+  pre.attention.block_size = bs;
+  pre.attention.query_start_loc.push_back(0);
+  for (const ComputedSpan& s : spans_)
+    pre.attention.max_blocks_per_seq =
+        std::max(pre.attention.max_blocks_per_seq, static_cast<int>(s.request->block_ids.size()));
+  std::vector<int> last_row(spans_.size());
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    const ComputedSpan& s = spans_[i];
+    const Request& r = *s.request;
+    for (int p = s.begin; p < s.end; ++p) {
+      pre.token_ids.push_back(r.token_at(p + 1));
+      pre.positions.push_back(p);
+      pre.attention.slot_mapping.push_back(slot_of(r, p));
+      in.hidden_rows.push_back(s.row0 + p - s.begin);
+    }
+    last_row[i] = static_cast<int>(pre.token_ids.size()) - 1;
+    add_seq(pre, r, s.end);
+  }
+  // The drafting sequences: those asked for drafts, each at the last position of its span.
+  std::vector<size_t> drafting;  // indices into requests
+  int passes = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (max_tokens[i] <= 0) continue;
+    const auto it =
+        std::find_if(spans_.begin(), spans_.end(), [&](const ComputedSpan& s) { return s.request == requests[i]; });
+    TESSERA_CHECK(it != spans_.end() && it->end == requests[i]->num_tokens() - 1,
+                  "MTP drafts for {}, which the last step did not bring up to its last token", requests[i]->id);
+    pre.logits_indices.push_back(last_row[static_cast<size_t>(it - spans_.begin())]);
+    drafting.push_back(i);
+    passes = std::max(passes, max_tokens[i]);
+  }
+  in.num_drafting = static_cast<int>(drafting.size());
+  if (pre.logits_indices.empty()) pre.logits_indices.push_back(0);  // (unused)
+  // Pass j + 1 (j >= 1) reads draft j at position num_tokens - 2 + j and writes its KV there.
+  int width = 0;
+  for (size_t i : drafting) width = std::max(width, static_cast<int>(requests[i]->block_ids.size()));
+  for (int j = 1; j < passes; ++j) {
+    ModelInput c;
+    c.attention.block_size = bs;
+    c.attention.max_blocks_per_seq = width;
+    c.attention.query_start_loc.push_back(0);
+    for (size_t k = 0; k < drafting.size(); ++k) {
+      const Request& r = *requests[drafting[k]];
+      const int m = max_tokens[drafting[k]];
+      const bool wanted = j < m;
+      const int pos = r.num_tokens() - 2 + (wanted ? j : m - 1);
+      c.token_ids.push_back(0);  // the previous pass's draft, on the device
+      c.positions.push_back(pos);
+      c.attention.slot_mapping.push_back(wanted ? slot_of(r, pos) : -1);
+      c.logits_indices.push_back(static_cast<int32_t>(k));
+      add_seq(c, r, pos + 1);
+    }
+    in.chained.push_back(std::move(c));
+  }
+  executor_.propose_mtp(in, drafts_);
+  const size_t S = drafting.size();
+  TESSERA_CHECK(drafts_.size() == S * static_cast<size_t>(std::max(passes, 1)) || S == 0, "MTP: {} drafts for {} x {}",
+                drafts_.size(), S, passes);
+  for (size_t k = 0; k < S; ++k) {
+    Request& r = *requests[drafting[k]];
+    for (int j = 0; j < max_tokens[drafting[k]]; ++j) r.spec_tokens.push_back(drafts_[static_cast<size_t>(j) * S + k]);
+  }
+  spans_.clear();
 }
 
 std::string spec_decode_log_line(const SpecDecodeStats& now, const SpecDecodeStats& before, double seconds) {

@@ -34,19 +34,60 @@ struct SpeculativeConfig {
 // them given: the other takes its value); fails (kInvalidArgument) on a method tessera does
 // not run or on bad sizes, naming the field and what works.
 SpeculativeConfig validate_speculative_config(SpeculativeConfig c);
-// Fails (kUnsupported) on a method tessera parses but does not run yet ('mtp'), saying what works;
-// the CLI calls it before anything starts, the engine again at construction.
-void require_runnable(const SpeculativeConfig& c);
+// Fails (kUnsupported) on a setup tessera parses but does not run yet ('mtp' with more than one
+// rank), saying what works; the CLI calls it before anything starts.
+void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int pipeline_parallel_size);
 // "ngram (k=3, prompt_lookup 2..5)" for the startup log.
 std::string describe(const SpeculativeConfig& c);
+
+class Executor;
+
+// What a step computed for one sequence that goes on: positions [begin, end) are now in its
+// cache (rejected drafts excluded), and position p's row in the step's tokens is row0 + p - begin.
+struct ComputedSpan {
+  Request* request;
+  int begin, end;
+  int row0;
+};
 
 // Proposes draft tokens for decoding sequences; an engine component (the target model's step
 // runs them). Implementations write r->spec_tokens.
 class Proposer {
  public:
   virtual ~Proposer() = default;
-  // For each request: at most max_tokens[i] drafts that may follow its tokens so far.
+  // After every step, before propose(): the sequences it computed that go on.
+  virtual void observe_step(const std::vector<ComputedSpan>& spans) { (void)spans; }
+  // Whether drafts need KV slots at the positions from the last token on before they are
+  // verified (MTP writes its own KV there while drafting): the engine then gives each request
+  // the blocks for max_tokens - 1 positions past its computed tokens, or lowers max_tokens to
+  // what its blocks hold.
+  virtual bool needs_lookahead_slots() const { return false; }
+  // For each request: at most max_tokens[i] drafts that may follow its tokens so far. Called
+  // after every step (requests may be empty).
   virtual void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) = 0;
+};
+
+// Multi-token prediction (vLLM's mtp method for Qwen3-Next / Qwen3.5): the checkpoint's MTP layer
+// (Model::run_mtp) drafts from the target's hidden states. After each step, one pass runs the
+// layer over every position the step computed (token after each position, the target's final
+// hidden state there), which writes the layer's KV for those positions (its cache holds every
+// position the target has, prompt included) and gives each decoding sequence its first draft
+// (greedy) at its last position; passes 2..k chain one token each on the previous draft and the
+// layer's own normed output hidden state, writing KV at the draft positions (overwritten by a
+// later pass once those positions are computed). The executor runs the passes on the device;
+// only the drafts come back.
+class MtpProposer : public Proposer {
+ public:
+  MtpProposer(Executor& executor, int block_size) : executor_(executor), block_size_(block_size) {}
+  void observe_step(const std::vector<ComputedSpan>& spans) override { spans_ = spans; }
+  bool needs_lookahead_slots() const override { return true; }
+  void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) override;
+
+ private:
+  Executor& executor_;
+  int block_size_;
+  std::vector<ComputedSpan> spans_;
+  std::vector<int32_t> drafts_;
 };
 
 // Prompt lookup (vLLM's ngram): the last n tokens of the sequence (n from prompt_lookup_max

@@ -60,6 +60,22 @@ struct StepOutput {
   std::vector<float> host_logits;
 };
 
+// Speculative decoding with method mtp (engine/spec_decode.h, MtpProposer): the MTP layer's
+// passes after a step, run by the rank that ran it (single rank only: not part of the plan).
+struct MtpDraftInput {
+  // One pass over every position the step computed (rejected drafts excluded), sequence by
+  // sequence: token_ids[i] is the token after positions[i], KV goes to the layer's slot of that
+  // position, and logits_indices names the last row of each sequence that gets drafts (its
+  // first draft; one unused row when none does).
+  ModelInput prefill;
+  std::vector<int32_t> hidden_rows;  // [T]: the row of the step's hidden states at each position
+  int num_drafting = 0;              // sequences that get drafts (their logits rows, in order)
+  // Passes 2..k, one token per drafting sequence (same order): positions, KV slots (-1: this
+  // sequence needs no more drafts), seq lens and block tables; the token ids (placeholders
+  // here) are the previous pass's drafts, and the hidden states its output, on the device.
+  std::vector<ModelInput> chained;
+};
+
 struct StepPlan {
   PlanKind kind = PlanKind::kStep;
   uint64_t step = 0;

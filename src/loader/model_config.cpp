@@ -252,6 +252,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     c.quant = parse_quantization_config(j["quantization_config"], source);
   c.moe = parse_moe(t, c.num_layers, source);
   parse_hybrid(t, source, c);
+  // Qwen3-Next / Qwen3.5 without the field: one, as vLLM's MTP models assume.
+  const bool mtp_family = c.model_type.rfind("qwen3_next", 0) == 0 || c.model_type.rfind("qwen3_5", 0) == 0;
+  c.num_mtp_layers = get_or<int>(source, t, "mtp_num_hidden_layers",
+                                 get_or<int>(source, t, "num_nextn_predict_layers", mtp_family ? 1 : 0));
+  if (c.num_mtp_layers < 0) fail(ErrorKind::kCorrupt, "{}: mtp_num_hidden_layers must not be negative", source);
   if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
   c.eos_token_ids = int_or_list(t, "eos_token_id");
   return c;

@@ -106,6 +106,11 @@ struct ModelConfig {
   // One entry per layer when the config has layer_types or full_attention_interval.
   std::vector<LayerType> layer_types;
   LinearAttnConfig linear;
+  // Multi-token-prediction layers the checkpoint holds under "mtp." (Qwen3.5's
+  // mtp_num_hidden_layers, Qwen3-Next's num_nextn_predict_layers; 1 when a config of those
+  // families does not say, as vLLM assumes; 0: none). Whether the tensors exist is checked when
+  // the layer is loaded.
+  int num_mtp_layers = 0;
   bool is_linear_layer(int layer) const {
     return !layer_types.empty() && layer_types[static_cast<size_t>(layer)] == LayerType::kLinearAttention;
   }

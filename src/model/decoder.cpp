@@ -54,20 +54,42 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
   const std::string model = c.nested_text_config ? "model.language_model." : "model.";
   if (comm_.first_stage()) embed_.emplace(ctx, model + "embed_tokens.weight", c.vocab_size, H);
   layers_.reserve(static_cast<size_t>(layer_range_.size()));
-  for (int i = layer_range_.begin; i < layer_range_.end; ++i) {
-    const std::string p = model + "layers." + std::to_string(i) + ".";
+  // Decoder layer `i` under `p` ("model.layers.3."); `linear`: a Gated DeltaNet token mixer.
+  auto make_layer = [&](int i, const std::string& p, bool linear) {
     Layer L;
     L.input_norm = RmsNorm(ctx, p + "input_layernorm.weight", H, zc);
-    if (c.is_linear_layer(i)) {
+    if (linear)
       L.linear_attention = std::make_unique<GatedDeltaNet>(ctx, p + "linear_attn.", spec.linear_attention);
-      has_state_layers_ = true;
-    } else {
+    else
       L.attention = std::make_unique<Attention>(ctx, p + "self_attn.", spec.attention);
-    }
     L.post_attention_norm = RmsNorm(ctx, p + "post_attention_layernorm.weight", H, zc);
     L.feed_forward = spec.feed_forward ? spec.feed_forward(ctx, i, p + "mlp.")
                                        : std::make_unique<SwiGluMlp>(ctx, p + "mlp.", c.intermediate_size);
-    layers_.push_back(std::move(L));
+    return L;
+  };
+  for (int i = layer_range_.begin; i < layer_range_.end; ++i) {
+    layers_.push_back(make_layer(i, model + "layers." + std::to_string(i) + ".", c.is_linear_layer(i)));
+    has_state_layers_ = has_state_layers_ || c.is_linear_layer(i);
+  }
+  if (mo.mtp && comm_.last_stage()) {  // (vLLM too places the MTP layer on the last stage)
+    const std::string where = c.model_dir.empty() ? std::string("config") : c.model_dir + "/config.json";
+    if (!zc || c.num_mtp_layers <= 0)
+      fail(ErrorKind::kUnsupported,
+           "--speculative-config method 'mtp' needs a checkpoint with a multi-token-prediction layer (Qwen3-Next or "
+           "Qwen3.5 with mtp.* weights); {} ({}) has {}; use {{\"method\": \"ngram\", ...}} or run without "
+           "--speculative-config",
+           where, c.architecture,
+           zc ? "mtp_num_hidden_layers / num_nextn_predict_layers 0" : "no MTP layer in this model family");
+    if (c.num_mtp_layers != 1)
+      fail(ErrorKind::kUnsupported, "{}: {} MTP layers; tessera runs checkpoints with one (mtp_num_hidden_layers 1)",
+           where, c.num_mtp_layers);
+    Mtp m;
+    m.pre_fc_norm_embedding = RmsNorm(ctx, "mtp.pre_fc_norm_embedding.weight", H, zc);
+    m.pre_fc_norm_hidden = RmsNorm(ctx, "mtp.pre_fc_norm_hidden.weight", H, zc);
+    m.fc = &weights_.declare("mtp.fc.weight", {H, 2 * H}, ParallelStyle::kReplicated);
+    m.layer = make_layer(0, "mtp.layers.0.", /*linear=*/false);
+    m.norm = RmsNorm(ctx, "mtp.norm.weight", H, zc);
+    mtp_.emplace(std::move(m));
   }
   if (comm_.last_stage()) {
     final_norm_ = RmsNorm(ctx, model + "norm.weight", H, zc);
@@ -91,6 +113,13 @@ std::vector<LayerCacheSpec> DecoderModel::cache_specs() const {
     s.head_dim = config_.head_dim;
     specs.push_back(s);
   }
+  if (mtp_) {
+    LayerCacheSpec s;
+    s.kind = CacheKind::kPagedKv;
+    s.num_kv_heads = mtp_->layer.attention->local_kv_heads();
+    s.head_dim = config_.head_dim;
+    specs.push_back(s);
+  }
   return specs;
 }
 
@@ -104,14 +133,15 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
   Backend& be = backend_;
   const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
   TESSERA_CHECK(T > 0 && in.positions.numel() == T, "forward: {} tokens, {} positions", T, in.positions.numel());
-  TESSERA_CHECK(cache.k.size() == layers_.size(), "forward: a cache for {} layers, this stage has {}", cache.k.size(),
-                layers_.size());
+  const size_t cache_layers = layers_.size() + (mtp_ ? 1 : 0);
+  TESSERA_CHECK(cache.k.size() == cache_layers, "forward: a cache for {} layers, this stage has {}", cache.k.size(),
+                cache_layers);
   if (has_state_layers_)
     TESSERA_CHECK(
-        cache.conv_state.size() == layers_.size() && cache.ssm_state.size() == layers_.size() && in.linear.num_seqs > 0,
+        cache.conv_state.size() == cache_layers && cache.ssm_state.size() == cache_layers && in.linear.num_seqs > 0,
         "forward: a hybrid model needs state caches for its {} layers ({} given) and the step's "
         "linear-attention metadata",
-        layers_.size(), cache.conv_state.size());
+        cache_layers, cache.conv_state.size());
   const DType dt = be.compute_dtype();
 
   // h holds each layer's normed input (and, in between, the feed-forward output that the
@@ -146,6 +176,56 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
     return Tensor();
   }
   final_norm_.add_forward(h, residual);
+  if (in.hidden_states.defined()) {
+    TESSERA_CHECK(in.hidden_states.dim(0) == T && in.hidden_states.dim(1) == H,
+                  "forward: hidden output {} for {} tokens", in.hidden_states.str(), T);
+    be.copy(in.hidden_states, h);
+  }
+  const int64_t n = in.logits_indices.numel();
+  Tensor rows = be.scratch({n, H}, dt);
+  be.gather_rows(h, in.logits_indices, rows);
+  return lm_head_->forward(rows);
+}
+
+Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) {
+  TESSERA_CHECK(mtp_.has_value() && embed_.has_value(),
+                "run_mtp needs the MTP layer and the embedding on this rank (one pipeline stage)");
+  Backend& be = backend_;
+  const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
+  const size_t kv = layers_.size();
+  TESSERA_CHECK(T > 0 && in.positions.numel() == T && hidden.ndim() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
+                "run_mtp: {} tokens, {} positions, hidden {}", T, in.positions.numel(), hidden.str());
+  TESSERA_CHECK(cache.k.size() == kv + 1, "run_mtp: a cache for {} layers, the model has {} and the MTP layer",
+                cache.k.size(), kv);
+  const DType dt = be.compute_dtype();
+  Mtp& m = *mtp_;
+  // fc's input row t is [normed embedding of x[t+1] | normed hidden[t]]: both normed into one
+  // [2T, H] block, then rows interleaved (t, T + t) into [T, 2H].
+  Tensor halves = be.scratch({2 * T, H}, dt);
+  embed_->forward(in.token_ids, halves.rows(0, T));
+  m.pre_fc_norm_embedding.forward(halves.rows(0, T), halves.rows(0, T));
+  m.pre_fc_norm_hidden.forward(hidden, halves.rows(T, 2 * T));
+  std::vector<int32_t> order(static_cast<size_t>(2 * T));
+  for (int64_t t = 0; t < T; ++t) {
+    order[static_cast<size_t>(2 * t)] = static_cast<int32_t>(t);
+    order[static_cast<size_t>(2 * t + 1)] = static_cast<int32_t>(T + t);
+  }
+  Tensor order_d = be.scratch({2 * T}, DType::kI32);
+  be.copy_from_host(order_d, order.data());
+  Tensor cat = be.scratch({T, 2 * H}, dt);
+  be.gather_rows(halves, order_d, cat.view({2 * T, H}));
+
+  Tensor act = be.scratch({2 * T, H}, dt);
+  Tensor residual = act.rows(0, T), h = act.rows(T, 2 * T);
+  Tensor o = be.scratch({T, H}, dt);
+  be.linear(cat, *m.fc, nullptr, residual);
+  Layer& L = m.layer;
+  L.input_norm.forward(residual, h);
+  L.attention->forward(h, o, in.positions, in.attention, rope_, cache.k[kv], cache.v[kv], cache.k_scale, cache.v_scale);
+  L.post_attention_norm.add_forward(o, residual);
+  L.feed_forward->forward(o, h);
+  m.norm.add_forward(h, residual);
+  if (hidden_out.defined()) be.copy(hidden_out, h);
   const int64_t n = in.logits_indices.numel();
   Tensor rows = be.scratch({n, H}, dt);
   be.gather_rows(h, in.logits_indices, rows);

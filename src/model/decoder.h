@@ -50,6 +50,8 @@ class DecoderModel : public Model {
   Tensor run(const StepInputs& input, KvCache& cache) override;
   bool graph_safe() const override { return comm_.graph_safe(); }
   bool returns_logits() const override;
+  bool has_mtp() const override { return mtp_.has_value(); }
+  Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) override;
 
  private:
   struct Layer {
@@ -58,6 +60,17 @@ class DecoderModel : public Model {
     std::unique_ptr<GatedDeltaNet> linear_attention;  // linear-attention layers
     RmsNorm post_attention_norm;
     std::unique_ptr<FeedForward> feed_forward;
+  };
+
+  // The multi-token-prediction layer (ModelOptions::mtp; vLLM's qwen3_next_mtp / qwen3_5_mtp),
+  // under "mtp.": at position t, h = fc([pre_fc_norm_embedding(embed(x[t+1])) |
+  // pre_fc_norm_hidden(hidden[t])]), then one full-attention decoder layer of the family's kind
+  // (mtp.layers.0, its feed-forward block chosen as for layer 0), then norm; the embedding and
+  // lm_head are the model's.
+  struct Mtp {
+    RmsNorm pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
+    const Tensor* fc = nullptr;  // [H, 2H], no bias: the embedding half's columns first
+    Layer layer;
   };
 
   ModelConfig config_;
@@ -73,6 +86,7 @@ class DecoderModel : public Model {
   RopeTable rope_;
   int max_positions_;
   bool has_state_layers_ = false;  // this stage holds Gated DeltaNet layers
+  std::optional<Mtp> mtp_;         // its KV is the cache's last layer
 };
 
 }  // namespace tessera

@@ -16,4 +16,8 @@ QuantConfig weight_quantization(const ModelConfig& config, const ModelOptions& o
   return q;
 }
 
+Tensor Model::run_mtp(const StepInputs&, const Tensor&, const Tensor&, KvCache&) {
+  fail(ErrorKind::kUnsupported, "{} has no multi-token-prediction layer", config().architecture);
+}
+
 }  // namespace tessera

@@ -73,6 +73,10 @@ struct ModelOptions {
   // --quantization (vLLM's flag): "" (the checkpoint's own format) or "fp8" (block-scaled FP8
   // weights; a bf16 checkpoint is quantised while loading).
   std::string quantization;
+  // Speculative decoding with method mtp: also build the checkpoint's multi-token-prediction
+  // layer (config.num_mtp_layers > 0, weights under "mtp."); without it those weights are never
+  // read.
+  bool mtp = false;
 };
 
 // The weight format a model's WeightStore loads: the checkpoint's quantization_config, or FP8
@@ -96,6 +100,18 @@ class Model {
   virtual bool graph_safe() const { return false; }
   // Whether forward() returns the logits on this rank.
   virtual bool returns_logits() const { return true; }
+
+  // Multi-token prediction (ModelOptions::mtp): whether this model holds an MTP layer. Its
+  // attention's paged KV is the last entry of cache_specs(); run() then writes the step's final
+  // hidden states (after the final norm) to StepInputs::hidden_states when that is defined.
+  virtual bool has_mtp() const { return false; }
+  // One pass of the MTP layer over `input`'s tokens: at row i, token_ids[i] is the token that
+  // follows position positions[i] and hidden[i] [H] the hidden state at that position (the
+  // target's after its final norm, or this layer's own output for a chained draft). Writes the
+  // layer's K/V at the input's slots, `hidden_out` [T, H] gets the layer's normed output, and
+  // the f32 logits [logits_indices.size(), vocab] (of the token after next) come back in scratch
+  // memory. Queues device work only.
+  virtual Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache);
 };
 
 }  // namespace tessera

@@ -39,6 +39,9 @@ struct StepInputs {
   Tensor logits_indices;  // i32 [n]
   AttentionMetadata attention;
   LinearAttnMetadata linear;  // num_seqs == 0 for models without kStateSlot layers
+  // An output, not an input: when defined ([T, H] in the compute dtype), a model with an MTP
+  // layer writes the step's final hidden states (after the final norm) here (Model::has_mtp).
+  Tensor hidden_states;
 };
 
 // How many entries an array has, in the step's T tokens, S sequences (seq_lens) and the

@@ -120,6 +120,7 @@ StageModel build_stage(const ModelConfig& config, const PlanInputs& in, int max_
   mo.parallel.pp_rank = pp_rank;
   mo.parallel.expert_parallel = in.enable_expert_parallel;
   mo.quantization = in.quantization;
+  mo.mtp = in.mtp;
   if (in.tensor_parallel_size > 1) {
     s.tp = std::make_unique<MetaCommunicator>("tp", in.tensor_parallel_size, 0);
     mo.runtime.tp = s.tp.get();

@@ -62,6 +62,7 @@ struct PlanInputs {
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";  // linear-attention state slots
   bool enable_prefix_caching = true;  // hybrid models keep checkpoint state slots for it
   int state_slots_per_seq = 1;        // hybrid models with speculative decoding: 1 + k
+  bool mtp = false;                   // speculative decoding with method mtp: the MTP layer's weights and KV
   bool enforce_eager = false;
   bool disable_custom_all_reduce = false;
   int num_gpu_blocks_override = 0;

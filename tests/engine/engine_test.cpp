@@ -19,10 +19,12 @@ struct Harness {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
   Backend& backend = *owned;
   std::unique_ptr<LLMEngine> engine;
+  Executor* executor = nullptr;  // the engine's
   Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true,
           SpeculativeConfig spec = {}, int max_model_len = 128) {
     LoadOptions lo;
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
+    lo.mtp = spec.enabled() && spec.method == "mtp";
     EngineConfig ec;
     ec.num_blocks_override = num_blocks;
     ec.scheduler.max_num_seqs = max_num_seqs;
@@ -30,7 +32,9 @@ struct Harness {
     ec.scheduler.max_model_len = max_model_len;
     ec.enable_prefix_caching = prefix;
     ec.speculative = spec;
-    engine = std::make_unique<LLMEngine>(load_model(lo, backend), backend, ec);
+    auto exec = std::make_unique<LocalExecutor>(load_model(lo, backend), backend);
+    executor = exec.get();
+    engine = std::make_unique<LLMEngine>(std::move(exec), ec);
   }
   // Top-2 logprob margin of each generated token (requests that asked for logprobs).
   std::map<std::string, std::vector<float>> margins;
@@ -387,6 +391,155 @@ TEST_P(HybridEngineTest, SharedPrefixIsCheckpointedWhereThePromptsDiverge) {
   EXPECT_EQ(cached["c"], 48) << "b checkpointed the state where the prompts diverge";
   EXPECT_EQ(h.engine->cache_manager().state_slots().num_held(), 0) << "state slots leaked";
   expect_same_or_close_call(want, got, cold.margins, h.margins);
+}
+
+SpeculativeConfig mtp_spec(int k) {
+  SpeculativeConfig c;
+  c.method = "mtp";
+  c.num_speculative_tokens = k;
+  return c;
+}
+
+// Speculative decoding with the checkpoint's MTP layer (random weights here: drafts of any
+// quality) gives the tokens greedy decoding gives, for k = 1, 2, 3: a batch with rows sampled on
+// the host, prompts prefilled in 32-token chunks (the MTP layer's KV written chunk by chunk),
+// preemption (recomputed from scratch, MTP KV included), and a second round of the same prompts
+// that hits the prefix cache (the MTP layer's KV of the cached blocks is reused).
+TEST_P(HybridEngineTest, MtpSpeculationKeepsGreedyOutput) {
+  if (!testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  std::mt19937 g(29);
+  auto prompts = repetitive_prompts(g);
+  prompts.push_back(random_prompt(g, 40));
+  auto params = [](size_t i) {
+    SamplingParams p = greedy(12 + static_cast<int>(i));
+    if (i % 3 == 1) p.logprobs = 2;
+    if (i % 3 == 2) p.repetition_penalty = 1.3f;
+    return p;
+  };
+  auto submit = [&](Harness& h, const std::string& round) {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_TRUE(h.engine->add_request(round + std::to_string(i), prompts[i], params(i)).ok());
+  };
+  std::map<std::string, std::vector<int32_t>> want;
+  std::map<std::string, std::vector<float>> want_margins;
+  {
+    Harness h(GetParam(), 64);
+    submit(h, "");
+    want = h.run_all();
+    want_margins = h.margins;
+  }
+  for (int k : {1, 2, 3})
+    for (auto [budget, blocks] : {std::pair{512, 64}, std::pair{32, 64}, std::pair{512, 14}}) {
+      SCOPED_TRACE("k " + std::to_string(k) + ", budget " + std::to_string(budget) + ", blocks " +
+                   std::to_string(blocks));
+      Harness h(GetParam(), blocks, 64, budget, true, mtp_spec(k));
+      submit(h, "");
+      const auto got = h.run_all();
+      expect_same_or_close_call(want, got, want_margins, h.margins);
+      const SpecDecodeStats& st = h.engine->stats().spec;
+      EXPECT_GT(st.num_draft_tokens, 0u) << "no MTP drafts were verified";
+      EXPECT_EQ(st.accepted_per_pos.size() <= static_cast<size_t>(k), true);
+      if (blocks == 14) EXPECT_GT(h.engine->stats().num_preemptions, 0u) << "the pool was meant to force preemption";
+      if (blocks != 64) continue;
+      // The same prompts again: their full blocks (and checkpointed states) are cached.
+      submit(h, "again-");
+      std::map<std::string, int> cached;
+      auto again = h.run_all(&cached);
+      std::map<std::string, std::vector<int32_t>> renamed;
+      int hits = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        renamed[std::to_string(i)] = again["again-" + std::to_string(i)];
+        hits += cached["again-" + std::to_string(i)] > 0;
+      }
+      EXPECT_GT(hits, 0) << "the second round was meant to hit the prefix cache";
+      if (!testing::testing_on_cuda()) EXPECT_EQ(want, renamed);
+    }
+}
+
+// Records the drafts of the proposer it wraps, by (request, tokens so far).
+class RecordingProposer : public Proposer {
+ public:
+  explicit RecordingProposer(std::unique_ptr<Proposer> inner) : inner_(std::move(inner)) {}
+  void observe_step(const std::vector<ComputedSpan>& spans) override { inner_->observe_step(spans); }
+  bool needs_lookahead_slots() const override { return inner_->needs_lookahead_slots(); }
+  void propose(const std::vector<Request*>& rs, const std::vector<int>& room) override {
+    inner_->propose(rs, room);
+    for (const Request* r : rs) drafts[{r->id, r->num_tokens()}] = r->spec_tokens;
+  }
+  std::map<std::pair<std::string, int>, std::vector<int32_t>> drafts;
+
+ private:
+  std::unique_ptr<Proposer> inner_;
+};
+
+// The MTP layer's drafts depend only on the tokens so far, not on how its KV cache was filled: a
+// sequence decoded with speculation (MTP KV written by each step's pass over the accepted
+// positions, draft positions overwritten later) drafts at each length what a fresh request gets
+// whose prompt is that sequence, prefilled in 8-token chunks (the whole context in the first
+// passes). CPU: the same drafts; CUDA (bf16, other GEMM shapes): most of them.
+TEST_P(HybridEngineTest, MtpDraftsDependOnlyOnTheTokens) {
+  if (!testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  constexpr int kK = 3, kMax = 24;
+  std::mt19937 g(31);
+  const std::vector<int32_t> prompt = random_prompt(g, 21);
+  Harness a(GetParam(), 64, 8, 512, false, mtp_spec(kK));
+  auto rec_a = std::make_unique<RecordingProposer>(std::make_unique<MtpProposer>(*a.executor, 16));
+  RecordingProposer& ra = *rec_a;
+  a.engine->set_proposer(std::move(rec_a));
+  ASSERT_TRUE(a.engine->add_request("a", prompt, greedy(kMax)).ok());
+  const std::vector<int32_t> out = a.run_all()["a"];
+  ASSERT_EQ(out.size(), static_cast<size_t>(kMax));
+  size_t compared = 0, same = 0;
+  for (const auto& [key, drafts] : ra.drafts) {
+    const int len = key.second, produced = len - static_cast<int>(prompt.size());
+    if (produced < 2 || drafts.empty()) continue;
+    // A fresh request whose prompt ends one token before `len`: its first step makes that token.
+    std::vector<int32_t> p = prompt;
+    p.insert(p.end(), out.begin(), out.begin() + produced - 1);
+    Harness b(GetParam(), 64, 8, 8, false, mtp_spec(kK));
+    auto rec_b = std::make_unique<RecordingProposer>(std::make_unique<MtpProposer>(*b.executor, 16));
+    RecordingProposer& rb = *rec_b;
+    b.engine->set_proposer(std::move(rec_b));
+    ASSERT_TRUE(b.engine->add_request("b", p, greedy(kMax - produced + 1)).ok());
+    while (!rb.drafts.count({"b", len}) && b.engine->has_unfinished()) b.engine->step();
+    b.engine->abort("b");
+    ASSERT_TRUE(rb.drafts.count({"b", len})) << "no drafts at length " << len;
+    const std::vector<int32_t>& fresh = rb.drafts[std::make_pair(std::string("b"), len)];
+    ++compared;
+    same += fresh == drafts;
+    if (!testing::testing_on_cuda()) EXPECT_EQ(fresh, drafts) << "drafts at length " << len;
+  }
+  EXPECT_GE(compared, 4u) << "too few speculative steps to compare";
+  EXPECT_GE(2 * same, compared);
+}
+
+// A checkpoint without MTP weights, asked for method mtp, fails at load naming what is missing.
+TEST(Engine, MtpWithoutMtpWeightsFailsNamingThem) {
+  auto backend = testing::make_test_backend();
+  LoadOptions lo;
+  lo.model_dir = testing::fixtures_dir() + "/qwen3_gqa4_hd32";
+  lo.mtp = true;
+  try {
+    (void)load_model(lo, *backend);
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multi-token-prediction"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ngram"), std::string::npos) << e.what();
+  }
+  // Without the MTP layer loaded, the engine refuses the method.
+  lo.mtp = false;
+  EngineConfig ec;
+  ec.num_blocks_override = 16;
+  ec.scheduler.max_model_len = 64;
+  ec.speculative = mtp_spec(2);
+  try {
+    LLMEngine engine(load_model(lo, *backend), *backend, ec);
+    FAIL() << "an engine with method mtp and no MTP layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multi-token-prediction"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineTest, ::testing::ValuesIn(testing::hybrid_fixture_names()),

@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -323,11 +324,42 @@ TEST(CliSpeculativeConfig, NgramRunsAndBadConfigsAreRefused) {
             "draft_tensor_parallel_size"},
            {R"({"method": "ngram")", "not valid JSON"},
            {R"({"method": "ngram"})", "num_speculative_tokens"},
-           {R"({"method": "mtp", "num_speculative_tokens": 2})", "'mtp' is not built yet"}}) {
+           // A Llama checkpoint has no multi-token-prediction layer: refused at load, pointing at ngram.
+           {R"({"method": "mtp", "num_speculative_tokens": 2})", "multi-token-prediction layer"}}) {
     RunResult bad = run_generate(dir, tmp.path(), {"--speculative-config", cfg});
     EXPECT_NE(bad.exit_code, 0) << cfg;
     EXPECT_NE(bad.err.find(says), std::string::npos) << cfg << ": " << bad.err;
   }
+}
+
+// --speculative-config method mtp on a hybrid checkpoint with an MTP layer: it runs, the startup
+// log names the method and k, and the tokens are plain greedy decoding's; with the checkpoint's
+// mtp.* tensors removed it fails at load naming the missing tensor and the way out (ngram).
+TEST(CliSpeculativeConfig, MtpRunsAndACheckpointWithoutItsTensorsIsRefused) {
+  TempDir tmp;
+  fs::path dir = copy_fixture("qwen3_next_tiny", tmp.path());
+  RunResult plain = run_generate(dir, tmp.path(), {"--temperature", "0"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  RunResult r = run_generate(
+      dir, tmp.path(),
+      {"--temperature", "0", "--speculative-config", R"({"method": "qwen3_next_mtp", "num_speculative_tokens": 2})"});
+  ASSERT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("Speculative decoding: mtp (num_speculative_tokens=2)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  // The same checkpoint with its mtp.* tensors renamed (xtp.*: the header keeps its length).
+  const fs::path st = dir / "model.safetensors";
+  std::string bytes = testing::read_file(st);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  for (size_t at = bytes.find("\"mtp.", 8); at != std::string::npos && at < 8 + n; at = bytes.find("\"mtp.", at))
+    bytes[at + 1] = 'x';
+  testing::write_file(st, bytes);
+  const fs::path& bare = dir;
+  RunResult bad =
+      run_generate(bare, tmp.path(), {"--speculative-config", R"({"method": "mtp", "num_speculative_tokens": 2})"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("mtp.fc.weight"), std::string::npos) << bad.err;
 }
 
 }  // namespace

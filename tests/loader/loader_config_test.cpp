@@ -137,6 +137,25 @@ TEST(ModelConfig, TextConfigOfMultimodalWrapper) {
   EXPECT_EQ(c.head_dim, 32);
 }
 
+// Multi-token-prediction layers: Qwen3.5's mtp_num_hidden_layers, Qwen3-Next's
+// num_nextn_predict_layers, 1 for those families when the config does not say (vLLM's default),
+// none for other families; a negative count is refused.
+TEST(ModelConfig, MtpLayers) {
+  json j = base_config();
+  EXPECT_EQ(parse(j).num_mtp_layers, 0);
+  j["model_type"] = "qwen3_next";
+  EXPECT_EQ(parse(j).num_mtp_layers, 1);
+  j["num_nextn_predict_layers"] = 0;
+  EXPECT_EQ(parse(j).num_mtp_layers, 0);
+  j.erase("num_nextn_predict_layers");
+  j["model_type"] = "qwen3_5_moe_text";
+  EXPECT_EQ(parse(j).num_mtp_layers, 1);
+  j["mtp_num_hidden_layers"] = 2;
+  EXPECT_EQ(parse(j).num_mtp_layers, 2);
+  j["mtp_num_hidden_layers"] = -1;
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("mtp_num_hidden_layers"), std::string::npos);
+}
+
 TEST(ModelConfig, EosListsMergeWithGenerationConfig) {
   testing::TempDir tmp;
   json j = base_config();

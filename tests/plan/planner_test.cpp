@@ -210,6 +210,30 @@ TEST(Planner, HybridModelsReserveStateSlotsAndLowerMaxNumSeqsWhenTheyDoNotFit) {
   EXPECT_EQ(make_plan(in).num_state_slots, 8) << "no checkpoint slots without prefix caching";
 }
 
+// --speculative-config method mtp: the plan counts the MTP layer's weights and its attention's own
+// paged KV (one more paged layer per block); a model family without an MTP layer is refused.
+TEST(Planner, MtpCountsItsLayerAndItsKv) {
+  PlanInputs in = inputs(std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-35b-a3b", 141 * kGiB);
+  const Plan base = make_plan(in);
+  in.mtp = true;
+  in.state_slots_per_seq = 3;
+  const Plan mtp = make_plan(in);
+  EXPECT_EQ(base.stages[0].cache.paged_layers, 10);
+  EXPECT_EQ(mtp.stages[0].cache.paged_layers, 11);
+  EXPECT_EQ(mtp.stages[0].cache.kv_bytes_per_block * 10, base.stages[0].cache.kv_bytes_per_block * 11);
+  // fc [H, 2H] alone is 2 x 2048^2 bf16 parameters; the layer's 256 experts far more.
+  EXPECT_GT(mtp.stages[0].weight_bytes, base.stages[0].weight_bytes + size_t{2} * 2048 * 2048 * 2);
+  EXPECT_LT(mtp.num_blocks, base.num_blocks);
+  PlanInputs dense = inputs(kQwen8b, 141 * kGiB);
+  dense.mtp = true;
+  try {
+    (void)make_plan(dense);
+    FAIL() << "planned MTP for a model without an MTP layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ngram"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
   PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
   in.max_model_len = 40960;
