@@ -9,6 +9,7 @@
 # sentence."). Generated ids of each decode are compared between the builds.
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   bash scripts/device_ab.sh     (bundle/bundle.tar.xz holds both: the previous binary as prev/tessera)
+#   SERVE=0: decode and prefill only.
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -64,7 +65,7 @@ for r in $(seq 1 "$ROUNDS"); do
     decode $tag "$bin" configs/qwen3-8b dense8b
     [ "${HYBRID:-0}" = 1 ] && decode $tag "$bin" configs/qwen3.5-35b-a3b hybrid35b
     prefill $tag "$bin"
-    serve $tag "$bin"
+    [ "${SERVE:-1}" = 1 ] && serve $tag "$bin"
   done
   for m in dense8b $([ "${HYBRID:-0}" = 1 ] && echo hybrid35b); do
     [ "$(first_ids "$OUT/${m}_A.json")" = "$(first_ids "$OUT/${m}_B.json")" ] \

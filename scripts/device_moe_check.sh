@@ -21,13 +21,13 @@ L=/tmp/moe_logs  # everything here; $OUT gets one archive (the tool brings back 
 mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
-BASE=""
-if [ -f bundle/base.tar.xz ]; then
+BASE=${BASE:-}  # or a folder holding an older build's tessera (e.g. the bundle's prev/)
+if [ -z "$BASE" ] && [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")
 fi
 PARTS=" ${PARTS:-tests ceil kernels moe_variants dense moe_decode moe_prefill moe_trace moe_serve plan hybrid_decode hybrid_prefill hybrid_serve hybrid_prefix} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-TOK=.npm-pkgs/tokenizer-qwen3/package/models
+TOK=${TOK:-.npm-pkgs/tokenizer-qwen3/package/models}
 MOE=configs/qwen3-30b-a3b
 HYB=configs/qwen3.5-35b-a3b
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
