@@ -219,12 +219,11 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
     for (int i = begin; i < end; ++i) {
       in.token_ids.push_back(r.token_at(i));
       in.positions.push_back(i);
-      in.attention.slot_mapping.push_back(r.block_ids[i / bs] * bs + i % bs);
+      in.attention.slot_mapping.push_back(r.kv_slot(i, bs));
     }
     in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
     in.attention.seq_lens.push_back(end);
-    for (int b = 0; b < max_blocks; ++b)
-      in.attention.block_tables.push_back(b < static_cast<int>(r.block_ids.size()) ? r.block_ids[b] : 0);
+    r.append_block_table(in.attention.block_tables, max_blocks);
     if (hybrid) {
       in.linear.state_slots.push_back(s.state_slot);
       in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);

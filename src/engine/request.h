@@ -48,6 +48,14 @@ struct Request {
   int num_computed_tokens = 0;  // tokens whose K/V are in the cache
   int num_cached_tokens = 0;    // of the prompt, found in the prefix cache at admission
   std::vector<int32_t> block_ids;
+  // The paged-KV slot of position p (block_size tokens a block).
+  int32_t kv_slot(int p, int block_size) const {
+    return block_ids[static_cast<size_t>(p / block_size)] * block_size + p % block_size;
+  }
+  // Appends this request's row of a step's block table: its blocks, padded with block 0 to `width`.
+  void append_block_table(std::vector<int32_t>& table, int width) const {
+    for (int b = 0; b < width; ++b) table.push_back(b < static_cast<int>(block_ids.size()) ? block_ids[b] : 0);
+  }
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
   int32_t state_slot = -1;             // hybrid models: the linear-attention state slot held
   // Hybrid models with speculative decoding: k more slots, where a verification step keeps the

@@ -82,13 +82,11 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
   for (Request* r : requests) r->spec_tokens.clear();
   if (spans_.empty()) return;
   const int bs = block_size_;
-  auto slot_of = [bs](const Request& r, int p) { return r.block_ids[static_cast<size_t>(p / bs)] * bs + p % bs; };
   // After a sequence's tokens: its query end, length and block table.
   auto add_seq = [](ModelInput& in, const Request& r, int seq_len) {
     in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
     in.attention.seq_lens.push_back(seq_len);
-    for (int b = 0; b < in.attention.max_blocks_per_seq; ++b)
-      in.attention.block_tables.push_back(b < static_cast<int>(r.block_ids.size()) ? r.block_ids[b] : 0);
+    r.append_block_table(in.attention.block_tables, in.attention.max_blocks_per_seq);
   };
   MtpDraftInput in;
   ModelInput& pre = in.prefill;
@@ -104,7 +102,7 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
     for (int p = s.begin; p < s.end; ++p) {
       pre.token_ids.push_back(r.token_at(p + 1));
       pre.positions.push_back(p);
-      pre.attention.slot_mapping.push_back(slot_of(r, p));
+      pre.attention.slot_mapping.push_back(r.kv_slot(p, bs));
       in.hidden_rows.push_back(s.row0 + p - s.begin);
     }
     last_row[i] = static_cast<int>(pre.token_ids.size()) - 1;
@@ -140,7 +138,7 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
       const int pos = r.num_tokens() - 2 + (wanted ? j : m - 1);
       c.token_ids.push_back(0);  // the previous pass's draft, on the device
       c.positions.push_back(pos);
-      c.attention.slot_mapping.push_back(wanted ? slot_of(r, pos) : -1);
+      c.attention.slot_mapping.push_back(wanted ? r.kv_slot(pos, bs) : -1);
       c.logits_indices.push_back(static_cast<int32_t>(k));
       add_seq(c, r, pos + 1);
     }
