@@ -4,9 +4,6 @@
 // all of a tile's K and V before using any: two lanes per key for Q.K (16-byte
 // loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
 // log2 domain (q pre-scaled by scale * k_scale * log2 e).
-// With a counter per (token, kv head, query-head chunk) (small batches), the last block of the
-// slices to finish merges them itself, so no second kernel runs: its launch and its wait on the
-// attention cost a decode step ~3 us a layer at batch 1 (Qwen3-30B-A3B on the H200).
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
@@ -19,60 +16,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kTile = 16;     // keys per warp step
 constexpr int kMaxGroup = 8;  // query heads per block
-
-// Merge the num_splits partial results of query head h (token t) in the workspace: what
-// decode_reduce_kernel does for one output element d, shared with the in-kernel merge so the
-// two give the same bits. Reads through L2 (__ldcg): other blocks wrote the rows.
-template <int D>
-__device__ __forceinline__ float merge_splits(const float* __restrict__ base, int used, int d) {
-  float mx = -INFINITY;
-  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, __ldcg(base + sp * (D + 2) + D));
-  float o = 0.0f, sum = 0.0f;
-  for (int sp = 0; sp < used; ++sp) {
-    const float* w = base + sp * (D + 2);
-    const float l = __ldcg(w + D + 1);
-    if (l == 0.0f) continue;
-    const float f = exp2f(__ldcg(w + D) - mx);
-    o += __ldcg(w + d) * f;
-    sum += l * f;
-  }
-  return o / sum;
-}
-
-__device__ __forceinline__ int split_part(int seq_len, int num_splits);
-
-// counters: the block that finishes last among the slices of (token blockIdx.z, block row
-// blockIdx.y) merges their rows of the workspace into the output of query heads h0 .. h0 + ng
-// (the other blocks' rows are visible after their fence and the ticket's atomic) and resets the
-// counter for the next launch. Every block of that (token, row) calls it, empty slices too. Not
-// inlined: the caller's registers stay as they were without it (the lengths are re-read here).
-template <int D>
-__device__ __noinline__ void merge_if_last(const int32_t* __restrict__ query_start_loc,
-                                           const int32_t* __restrict__ seq_lens, int num_seqs, int Hq, void* out_raw,
-                                           int num_splits, const float* __restrict__ ws,
-                                           unsigned* __restrict__ counters, int h0, int ng) {
-  __shared__ unsigned ticket;
-  const int t = blockIdx.z, tid = threadIdx.x;
-  __threadfence();
-  __syncthreads();
-  unsigned* ctr = counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
-  if (tid == 0) ticket = atomicAdd(ctr, 1u);
-  __syncthreads();
-  if (ticket != static_cast<unsigned>(num_splits - 1)) return;
-  __threadfence();
-  const int s = seq_of_token(query_start_loc, num_seqs, t);
-  const int q_begin = query_start_loc[s], qlen = query_start_loc[s + 1] - q_begin;
-  const int kv_len = seq_lens[s] - qlen + (t - q_begin) + 1;
-  const int part = split_part(seq_lens[s], num_splits);
-  const int used = min(num_splits, (kv_len + part - 1) / part);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(out_raw);
-  for (int i = tid; i < ng * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    const float* base = ws + (static_cast<int64_t>(t) * Hq + h0 + g) * num_splits * (D + 2);
-    out[(static_cast<int64_t>(t) * Hq + h0 + g) * D + d] = __float2bfloat16_rn(merge_splits<D>(base, used, d));
-  }
-  if (tid == 0) *ctr = 0u;
-}
 
 // Keys per split when the kernel sizes splits from the sequence's own length: whole
 // warp-tile rounds. The merge kernel recomputes it to skip the splits past the context.
@@ -90,7 +33,7 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
 template <int D, typename CT, int GC, bool kFused, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int num_splits, bool only_single, float* __restrict__ ws,
-                            unsigned* __restrict__ counters, QkvPrologueArgs pro) {
+                            QkvPrologueArgs pro) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
   // 16-key tile and every q value it reads from shared memory serves kKpl keys.
   // Measured on H200 (Qwen3-8B heads): 2 beats 4 at batch >= 64 (occupancy), 4 wins
@@ -164,8 +107,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       w[D] = -INFINITY;
       w[D + 1] = 0.0f;
     }
-    if (counters)
-      merge_if_last<D>(a.query_start_loc, a.seq_lens, a.num_seqs, a.Hq, a.out, num_splits, ws, counters, h0, ng);
     return;
   }
 
@@ -368,8 +309,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (num_splits > 1 && counters)
-    merge_if_last<D>(a.query_start_loc, a.seq_lens, a.num_seqs, a.Hq, a.out, num_splits, ws, counters, h0, ng);
 }
 
 // Merges the slices of one (token, head); only the slices that hold keys are read.
@@ -385,32 +324,41 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
   pdl_wait();  // launched with PDL (device_utils.cuh)
   if (only_single && qlen != 1) return;
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
-  static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] =
-      __float2bfloat16_rn(merge_splits<D>(base, used, d));
+  float mx = -INFINITY;
+  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, base[sp * (D + 2) + D]);
+  float o = 0.0f, sum = 0.0f;
+  for (int sp = 0; sp < used; ++sp) {
+    const float* w = base + sp * (D + 2);
+    if (w[D + 1] == 0.0f) continue;
+    const float f = exp2f(w[D] - mx);
+    o += w[d] * f;
+    sum += w[D + 1] * f;
+  }
+  static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
 }
 
 template <int D, typename CT, bool kFused, bool kPre>
-void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, unsigned* counters,
-                   const QkvPrologueArgs& pro, cudaStream_t s) {
+void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
+                   cudaStream_t s) {
   const int group = a.Hq / a.Hk;
   const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
       launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, counters, pro);
+                 ws, pro);
       break;
     case 2:
       launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, counters, pro);
+                 ws, pro);
       break;
     case 4:
       launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, counters, pro);
+                 ws, pro);
       break;
     default:
       launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, counters, pro);
+                 ws, pro);
       break;
   }
 }
@@ -420,26 +368,26 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single
 constexpr int kPreloadMaxTokens = 8;
 
 template <int D, typename CT, bool kFused>
-void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, unsigned* counters,
-              const QkvPrologueArgs& pro, cudaStream_t s) {
+void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
+              cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, counters, pro, s);
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, counters, pro, s);
+    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, s);
   TCUDA_LAUNCH_CHECK();
-  if (num_splits > 1 && counters == nullptr) {
+  if (num_splits > 1) {
     launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, only_single, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }
 
 template <int D, typename CT>
-void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, unsigned* counters,
+void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
                      const QkvPrologueArgs* fused, cudaStream_t s) {
   if (fused)
-    decode_t<D, CT, true>(a, num_splits, only_single, ws, counters, *fused, s);
+    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, s);
   else
-    decode_t<D, CT, false>(a, num_splits, only_single, ws, counters, QkvPrologueArgs{}, s);
+    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, s);
 }
 
 }  // namespace
@@ -456,24 +404,18 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                             const QkvPrologueArgs* fused, DecodeMergeCounters merge, cudaStream_t s) {
+                             const QkvPrologueArgs* fused, cudaStream_t s) {
   if (a.num_tokens == 0) return;
-  // The in-kernel merge where every (token, block row) has a counter; else the merge kernel.
-  const int group = a.Hq / a.Hk, rows = a.Hk * ((group + kMaxGroup - 1) / kMaxGroup);
-  unsigned* counters =
-      num_splits > 1 && merge.counters != nullptr && static_cast<int64_t>(a.num_tokens) * rows <= merge.capacity
-          ? merge.counters
-          : nullptr;
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, counters, fused, s)
-        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, counters, fused, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
-    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, counters, fused, s)
-        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, counters, fused, s);
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   } else {
-    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, counters, fused, s)
-        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, counters, fused, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
   }
 }
 

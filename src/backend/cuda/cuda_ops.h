@@ -111,17 +111,9 @@ bool prefill_attention_supported(int D, DType cache_dtype);
 // workspace: float[num_tokens * Hq * num_splits * (D + 2)]. fused: also do the attention
 // prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
 // has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
-// merge: zeroed counters (left zeroed by every launch) for the in-kernel merge of the slices, one
-// per (token, kv head, chunk of 8 query heads); a launch needing more than `capacity` of them
-// (large batches) merges in a second kernel instead. {nullptr, 0}: always the second kernel.
-struct DecodeMergeCounters {
-  unsigned* counters = nullptr;
-  int64_t capacity = 0;
-};
-constexpr int64_t kDecodeMergeCounters = 4096;
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
-                             const QkvPrologueArgs* fused, DecodeMergeCounters merge, cudaStream_t s);
+                             const QkvPrologueArgs* fused, cudaStream_t s);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);

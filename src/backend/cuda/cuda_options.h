@@ -48,9 +48,6 @@ struct CudaOptions {
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;
-  // Decode attention's key slices merged by a second kernel at every batch size; false: by the
-  // last slice's block where the batch is small (DecodeMergeCounters). The op test compares both.
-  bool decode_merge_kernel = false;
   // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
   // dims allow; false: the recurrent kernel, token by token.
   bool chunked_gated_delta = true;
