@@ -155,6 +155,12 @@ if part moe_trace; then
     CUDA_INJECTION64_PATH=$KT TESSERA_KTRACE=$L/moe_ktrace.csv gen $B moe_trace $MOE --prompt-ids "$P512" \
       --max-tokens 64 --ignore-eos --enforce-eager
     python3 bench/ktrace/ktrace_report.py $L/moe_ktrace.csv 2>&1 | tee "$L/moe_ktrace_report.txt" | head -40
+    if [ -n "$BASE" ]; then  # the same trace of the base build, for a per-kernel comparison
+      CUDA_INJECTION64_PATH=$KT TESSERA_KTRACE=$L/moe_ktrace_base.csv gen $BASE moe_trace_base $MOE --prompt-ids "$P512" \
+        --max-tokens 64 --ignore-eos --enforce-eager
+      python3 bench/ktrace/ktrace_report.py $L/moe_ktrace_base.csv > "$L/moe_ktrace_base_report.txt" 2>&1
+      echo "-- base build: $L/moe_ktrace_base_report.txt"
+    fi
   fi
 fi
 

@@ -9,6 +9,11 @@
 
 namespace tessera {
 
+void Backend::argmax(const Tensor& logits, const Tensor& out) {
+  TESSERA_CHECK(logits.ndim() == 2, "argmax of {}", logits.str());
+  sample(logits, std::vector<SamplingRow>(static_cast<size_t>(logits.dim(0))), out);
+}
+
 bool cuda_backend_available() {
 #ifdef TESSERA_HAVE_CUDA
   return cuda_device_count() > 0;

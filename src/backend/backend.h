@@ -276,6 +276,10 @@ class Backend {
   // SamplingRow says; rows has n entries. Every backend draws the same way (see
   // backend/sampling.h), up to float rounding.
   virtual void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) = 0;
+  // The greedy token of each row of logits [n, V] (f32) into out (i32 [n]): what sample() draws
+  // with temperature 0 (the lowest id among equal maxima). The CUDA backend reads nothing from
+  // the host here, so a captured graph may hold it (MTP drafting).
+  virtual void argmax(const Tensor& logits, const Tensor& out);
 };
 
 struct BackendOptions {

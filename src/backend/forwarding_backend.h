@@ -107,6 +107,7 @@ class ForwardingBackend : public Backend {
   void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) override {
     inner_.embedding_slice(ids, table, begin, out);
   }
+  void argmax(const Tensor& logits, const Tensor& out) override { inner_.argmax(logits, out); }
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override {
     inner_.sample(logits, rows, out);
   }

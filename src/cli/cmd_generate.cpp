@@ -451,7 +451,11 @@ int run_generate(int argc, char** argv) {
     if (!f.empty()) fail(ErrorKind::kNetwork, "{}{}", f, st.alive ? "" : " (" + st.fatal_error + ")");
     if (!st.alive) fail(ErrorKind::kNetwork, "{}", st.fatal_error);
   }
-  log_throughput(jobs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_throughput(jobs, seconds);
+  // Speculative decoding: the whole run's acceptance (vLLM's periodic line, over all steps).
+  if (const SpecDecodeStats spec = engine.stats().engine.spec; spec.num_drafts > 0)
+    TLOG_INFO("{}", spec_decode_log_line(spec, SpecDecodeStats{}, seconds));
   if (!g.score_file.empty())
     write_scores(g, jobs);
   else

@@ -86,7 +86,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                  "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} (prompt lookup) or {\"method\": \"mtp\", "
                  "\"num_speculative_tokens\": 2} (the checkpoint's multi-token-prediction layer, Qwen3-Next / "
-                 "Qwen3.5); greedy output unchanged, sampled output keeps its distribution and seeds");
+                 "Qwen3.5); \"disable_by_batch_size\": N drafts nothing while N or more sequences run; greedy "
+                 "output unchanged, sampled output keeps its distribution and seeds");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
@@ -157,10 +158,11 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
   };
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k != "method" && k != "num_speculative_tokens" && k != "prompt_lookup_max" && k != "prompt_lookup_min")
+    if (k != "method" && k != "num_speculative_tokens" && k != "prompt_lookup_max" && k != "prompt_lookup_min" &&
+        k != "disable_by_batch_size")
       fail(ErrorKind::kInvalidArgument,
            "--speculative-config: field '{}' is not supported (tessera reads method, num_speculative_tokens, "
-           "prompt_lookup_max, prompt_lookup_min)",
+           "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size)",
            k);
   }
   if (auto m = j.find("method"); m != j.end()) {
@@ -170,6 +172,7 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
   get_int("num_speculative_tokens", c.num_speculative_tokens);
   get_int("prompt_lookup_max", c.prompt_lookup_max);
   get_int("prompt_lookup_min", c.prompt_lookup_min);
+  get_int("disable_by_batch_size", c.disable_by_batch_size);
   if (c.method.empty())
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs a method ('ngram' or 'mtp'), got: {}", text);
   if (c.num_speculative_tokens <= 0)

@@ -54,8 +54,10 @@ void LLMEngine::init_speculative() {
   } else {
     proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
   }
-  TLOG_INFO("Speculative decoding: {}; verification steps{} run eagerly (no CUDA graph)", describe(sc),
-            sc.method == "mtp" ? " and MTP draft passes" : "");
+  TLOG_INFO(
+      "Speculative decoding: {}; verification steps whose sequences carry as many drafts{} replay CUDA graphs "
+      "unless --enforce-eager",
+      describe(sc), sc.method == "mtp" ? ", and the MTP draft passes after them," : "");
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -115,6 +117,7 @@ void LLMEngine::plan_kv_cache() {
   init.dtype = dt;
   init.max_model_len = max_len;
   init.max_graph_batch = config_.enforce_eager ? 0 : std::min(config_.scheduler.max_num_seqs, 256);
+  init.graph_query_len = 1 + (config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0);
   init.num_state_slots = budget.num_state_slots;
   init.conv_dtype = sdt.conv;
   init.ssm_dtype = sdt.ssm;
@@ -311,7 +314,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     int row = 0;
     for (const auto& s : sched.scheduled) {
       const Request& r = *s.request;
-      spans.push_back({s.request, r.num_computed_tokens, 0, row});
+      spans.push_back({s.request, r.num_computed_tokens, 0, row, s.num_new_tokens});
       caught_up.push_back(r.num_computed_tokens + s.num_new_tokens == r.num_tokens() + s.num_draft_tokens);
       row += s.num_new_tokens;
     }
@@ -461,8 +464,10 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
   // drafts + 1 tokens) and max_model_len (the drafts' positions must exist).
   std::vector<int> room;
   room.reserve(decoding.size());
+  const int limit = config_.speculative.disable_by_batch_size;
+  const bool off = limit > 0 && scheduler_->num_running() >= static_cast<size_t>(limit);
   for (const Request* r : decoding) {
-    int k = config_.speculative.num_speculative_tokens;
+    int k = off ? 0 : config_.speculative.num_speculative_tokens;
     k = std::min(k, r->params.max_tokens - static_cast<int>(r->output.size()) - 1);
     k = std::min(k, max_model_len() - r->num_tokens());
     room.push_back(std::max(0, k));

@@ -118,10 +118,17 @@ void Executor::propose_mtp(const MtpDraftInput&, std::vector<int32_t>&) {
 }
 
 void LocalExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
-  Tensor d = runner_.run_mtp(in);
-  drafts.resize(static_cast<size_t>(d.numel()));
-  if (d.numel() > 0) backend_.copy_to_host(drafts.data(), d);
+  const Tensor d = runner_.run_mtp(in);  // [passes, W]: the first num_drafting columns are drafts
+  drafts.clear();
+  if (d.numel() == 0 || in.num_drafting == 0) return;
+  std::vector<int32_t> all(static_cast<size_t>(d.numel()));
+  backend_.copy_to_host(all.data(), d);
   backend_.synchronize();
+  const size_t W = static_cast<size_t>(d.dim(1)), S = static_cast<size_t>(in.num_drafting);
+  TESSERA_CHECK(d.ndim() == 2 && W >= S, "MTP drafts {} for {} sequences", d.str(), S);
+  for (size_t j = 0; j < static_cast<size_t>(d.dim(0)); ++j)
+    drafts.insert(drafts.end(), all.begin() + static_cast<ptrdiff_t>(j * W),
+                  all.begin() + static_cast<ptrdiff_t>(j * W + S));
 }
 
 // ---------------------------------------------------------------- plan transport

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/communicator.h"
@@ -14,61 +16,106 @@ ModelRunner::ModelRunner(Model& model, Backend& backend) : model_(model), backen
 
 ModelRunner::~ModelRunner() = default;
 
+namespace {
+
+constexpr int kMtpMaxGraphBatch = 64;  // MTP drafting graphs up to this batch
+
+size_t table_index() {
+  for (size_t i = 0; i < kStepArrays.size(); ++i)
+    if (kStepArrays[i].graph == GraphInput::kBlockTable) return i;
+  return 0;
+}
+
+}  // namespace
+
 void ModelRunner::init_cache(const CacheInit& init) {
   kv_ = allocate_kv_cache(backend_, model_.cache_specs(), init);
   max_model_len_ = init.max_model_len;
   graphs_enabled_ =
       init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
   graphs_.clear();
+  eager_shapes_.clear();
+  mtp_graphs_.clear();
+  mtp_eager_.clear();
   buckets_.clear();
+  max_q_ = std::max(1, init.graph_query_len);
   hidden_ = Tensor();
   hidden_rows_ = 0;
-  if (model_.has_mtp()) reserve_hidden(std::max(256, init.max_graph_batch));
+  if (model_.has_mtp()) reserve_hidden(std::max(256, init.max_graph_batch) * max_q_);
   if (!graphs_enabled_) return;
   for (int b : {1, 2, 4})
     if (b <= init.max_graph_batch) buckets_.push_back(b);
   for (int b = 8; b < init.max_graph_batch + 8; b += 8) buckets_.push_back(std::min(b, init.max_graph_batch));
   buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
   max_blocks_ = (max_model_len_ + init.block_size - 1) / init.block_size;
-  layout_graph_inputs(buckets_.back());
+  // Step graphs: every array, block tables last (one host-to-device copy of a prefix a step).
+  const int64_t B = buckets_.back();
+  step_layout_ = GraphLayout{};
+  const int64_t end = lay_out_table(step_layout_, lay_out(step_layout_, 0, B, max_q_, true), B);
+  graph_buf_ = backend_.alloc({end}, DType::kI32);
+  h_step_.assign(static_cast<size_t>(end), 0);
+  // MTP drafting graphs, where speculation verifies drafts (graph_query_len > 1).
+  mtp_max_b_ = 0;
+  if (model_.has_mtp() && max_q_ > 1) {
+    mtp_max_b_ = std::min<int>(static_cast<int>(B), kMtpMaxGraphBatch);
+    const int64_t Bm = bucket_for(mtp_max_b_);
+    mtp_first_ = GraphLayout{};
+    mtp_first_.logits_per_seq = true;
+    int64_t off = lay_out(mtp_first_, 0, Bm, max_q_, true);
+    mtp_order_first_ = off;
+    off += 2 * Bm * max_q_;
+    mtp_order_chained_ = off;
+    off += 2 * Bm;
+    mtp_chained_.assign(static_cast<size_t>(max_q_ - 2), GraphLayout{});
+    for (GraphLayout& c : mtp_chained_) off = lay_out(c, off, Bm, 1, false);
+    off = lay_out_table(mtp_first_, off, Bm);
+    for (GraphLayout& c : mtp_chained_) c.offset[table_index()] = mtp_first_.offset[table_index()];
+    mtp_buf_ = backend_.alloc({off}, DType::kI32);
+    h_mtp_.assign(static_cast<size_t>(off), 0);
+  }
   TLOG_INFO(
-      "CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use); "
+      "CUDA graphs: decode batches up to {} replay captured graphs ({} sizes, captured on first use{}); "
       "--enforce-eager turns them off",
-      buckets_.back(), buckets_.size());
+      buckets_.back(), buckets_.size(),
+      max_q_ > 1 ? fmt::format(", and verification steps of up to {} tokens a sequence{}", max_q_,
+                               mtp_max_b_ > 0 ? fmt::format(", MTP drafting up to batch {}", mtp_max_b_) : "")
+                 : "");
 }
 
 namespace {
 
-// Entries of a graph input array at bucket `b` (block tables: per row).
-int64_t graph_rows(const StepArray& f, int64_t b) { return f.extent == StepExtent::kSeqsPlusOne ? b + 1 : b; }
+// Entries of a graph input array at bucket `b` of `q` tokens a sequence (not block tables).
+int64_t graph_rows(const StepArray& f, int64_t b, int64_t q, bool logits_per_seq) {
+  switch (f.extent) {
+    case StepExtent::kSeqsPlusOne:
+      return b + 1;
+    case StepExtent::kTokens:
+      return b * q;
+    case StepExtent::kAnyCount:
+      return logits_per_seq ? b : b * q;
+    default:
+      return b;
+  }
+}
 
 }  // namespace
 
-void ModelRunner::layout_graph_inputs(int64_t B) {
-  // 256-byte aligned segments for B = the largest bucket: first the arrays written once
-  // (kIota), then the ones every step rewrites (per-row arrays, then block tables), so one
-  // host-to-device copy of a prefix of the second part updates a step.
+int64_t ModelRunner::lay_out(GraphLayout& g, int64_t off, int64_t B, int64_t Q, bool with_tokens) const {
+  // 256-byte aligned segments.
   auto seg = [](int64_t n) { return (n + 63) / 64 * 64; };
-  graph_offset_.assign(kStepArrays.size(), -1);
-  int64_t off = 0;
-  for (GraphInput pass : {GraphInput::kIota, GraphInput::kPerRow, GraphInput::kBlockTable}) {
-    if (pass == GraphInput::kPerRow) step_begin_ = off;
-    for (size_t i = 0; i < kStepArrays.size(); ++i) {
-      const StepArray& f = kStepArrays[i];
-      if (f.graph != pass) continue;
-      graph_offset_[i] = off;
-      off += pass == GraphInput::kBlockTable ? B * max_blocks_ : seg(graph_rows(f, B));
-    }
+  g.offset.assign(kStepArrays.size(), -1);
+  for (size_t i = 0; i < kStepArrays.size(); ++i) {
+    const StepArray& f = kStepArrays[i];
+    if (f.graph == GraphInput::kNone || f.graph == GraphInput::kBlockTable || (!with_tokens && i == 0)) continue;
+    g.offset[i] = off;
+    off += seg(graph_rows(f, B, Q, g.logits_per_seq));
   }
-  graph_buf_ = backend_.alloc({off}, DType::kI32);
-  std::vector<int32_t> iota(static_cast<size_t>(B + 1));
-  std::iota(iota.begin(), iota.end(), 0);
-  for (size_t i = 0; i < kStepArrays.size(); ++i)
-    if (kStepArrays[i].graph == GraphInput::kIota) {
-      const int64_t at = graph_offset_[i];
-      backend_.copy_from_host(graph_buf_.rows(at, at + graph_rows(kStepArrays[i], B)), iota.data());
-    }
-  h_step_.assign(static_cast<size_t>(off - step_begin_), 0);
+  return off;
+}
+
+int64_t ModelRunner::lay_out_table(GraphLayout& g, int64_t off, int64_t B) const {
+  g.offset[table_index()] = off;
+  return off + B * max_blocks_;
 }
 
 int ModelRunner::bucket_for(int batch) const {
@@ -76,64 +123,83 @@ int ModelRunner::bucket_for(int batch) const {
   return it == buckets_.end() ? 0 : *it;
 }
 
-StepInputs ModelRunner::fill_graph_inputs(const ModelInput& in, int b) {
+int ModelRunner::graph_query_len(const ModelInput& in) const {
+  const AttentionLayout& a = in.attention;
+  const int S = static_cast<int>(a.seq_lens.size()), T = static_cast<int>(in.token_ids.size());
+  if (!graphs_enabled_ || S == 0 || T % S != 0 || T / S > max_q_ || a.max_blocks_per_seq > max_blocks_) return 0;
+  const int q = T / S;
+  const LinearAttnLayout& l = in.linear;
+  if (!(l.state_slots.empty() || l.state_slots.size() == static_cast<size_t>(S)) ||
+      !(l.token_state_slots.empty() || (q > 1 && l.token_state_slots.size() == static_cast<size_t>(T))))
+    return 0;
+  // Every sequence q tokens, every token's logits in order.
+  for (int s = 0; s <= S; ++s)
+    if (a.query_start_loc[static_cast<size_t>(s)] != s * q) return 0;
+  if (in.logits_indices.size() != static_cast<size_t>(q == 1 ? S : T)) return 0;
+  for (size_t r = 0; r < in.logits_indices.size(); ++r)
+    if (in.logits_indices[r] != static_cast<int32_t>(r)) return 0;
+  return q;
+}
+
+int64_t ModelRunner::fill(const GraphLayout& g, const ModelInput& in, int b, int q,
+                          std::vector<int32_t>& mirror) const {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size());
   const int w = std::min(a.max_blocks_per_seq, max_blocks_);
-  // The rewritten arrays into their host mirror: real rows, then padding rows.
   int64_t used = 0;
   for (size_t i = 0; i < kStepArrays.size(); ++i) {
     const StepArray& f = kStepArrays[i];
-    if (f.graph != GraphInput::kPerRow && f.graph != GraphInput::kBlockTable) continue;
+    if (g.offset[i] < 0) continue;
     const std::vector<int32_t>& src = host_array(f, in);
-    int32_t* dst = h_step_.data() + (graph_offset_[i] - step_begin_);
-    if (f.graph == GraphInput::kPerRow) {
-      for (int s = 0; s < b; ++s) dst[s] = s < S && !src.empty() ? src[static_cast<size_t>(s)] : f.pad;
-      used = std::max(used, graph_offset_[i] - step_begin_ + b);
-      continue;
+    int32_t* dst = mirror.data() + g.offset[i];
+    const bool table = f.graph == GraphInput::kBlockTable;
+    const int64_t n = table ? static_cast<int64_t>(b) * max_blocks_ : graph_rows(f, b, q, g.logits_per_seq);
+    used = std::max(used, g.offset[i] + n);
+    if (table) {
+      std::fill_n(dst, static_cast<size_t>(n), 0);
+      for (int s = 0; s < S; ++s)
+        std::copy_n(src.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
+                    dst + static_cast<ptrdiff_t>(s) * max_blocks_);
+    } else if (f.graph == GraphInput::kShape && !(g.logits_per_seq && f.extent == StepExtent::kAnyCount)) {
+      const int32_t step = f.extent == StepExtent::kSeqsPlusOne ? q : 1;  // query starts s * q; logits rows
+      for (int64_t r = 0; r < n; ++r) dst[r] = static_cast<int32_t>(r) * step;
+    } else {  // real rows, then padding rows
+      const int32_t pad = f.pad == kPadQueryLen ? q : f.pad;
+      const int64_t real = std::min<int64_t>(n, static_cast<int64_t>(src.size()));
+      std::copy_n(src.begin(), real, dst);
+      std::fill(dst + real, dst + n, f.graph == GraphInput::kShape ? 0 : pad);
     }
-    std::fill_n(dst, static_cast<size_t>(b) * max_blocks_, 0);
-    for (int s = 0; s < S; ++s)
-      std::copy_n(src.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
-                  dst + static_cast<ptrdiff_t>(s) * max_blocks_);
-    used = std::max(used, graph_offset_[i] - step_begin_ + static_cast<int64_t>(b) * max_blocks_);
   }
-  backend_.copy_from_host(graph_buf_.rows(step_begin_, step_begin_ + used), h_step_.data());
+  return used;
+}
 
-  // The step's views of the buffer, and host copies of the per-row and once-written arrays
-  // (the block tables' host copy stays empty: no backend reads it on a decode step).
+StepInputs ModelRunner::views(const GraphLayout& g, const ModelInput& in, int b, int q, const Tensor& buf,
+                              const std::vector<int32_t>& mirror) const {
+  // (The block tables' host copy stays empty: no backend reads it on a graphed step.)
   StepInputs si;
   for (size_t i = 0; i < kStepArrays.size(); ++i) {
     const StepArray& f = kStepArrays[i];
-    if (!f.device || graph_offset_[i] < 0 || (f.optional && host_array(f, in).empty())) continue;
-    const int64_t at = graph_offset_[i];
+    if (!f.device || g.offset[i] < 0 || (f.optional && host_array(f, in).empty())) continue;
+    const int64_t at = g.offset[i];
     if (f.graph == GraphInput::kBlockTable) {
-      *f.device(si) = graph_buf_.rows(at, at + static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
+      *f.device(si) = buf.rows(at, at + static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
       continue;
     }
-    const int64_t n = graph_rows(f, b);
-    *f.device(si) = graph_buf_.rows(at, at + n);
-    if (!f.host_copy) continue;
-    std::vector<int32_t>& host = *f.host_copy(si);
-    if (f.graph == GraphInput::kIota) {
-      host.resize(static_cast<size_t>(n));
-      std::iota(host.begin(), host.end(), 0);
-    } else {
-      const int32_t* mirror = h_step_.data() + (at - step_begin_);
-      host.assign(mirror, mirror + n);
-    }
+    const int64_t n = graph_rows(f, b, q, g.logits_per_seq);
+    *f.device(si) = buf.rows(at, at + n);
+    if (f.host_copy) f.host_copy(si)->assign(mirror.data() + at, mirror.data() + at + n);
   }
   AttentionMetadata& m = si.attention;
   m.num_seqs = b;
-  m.num_tokens = b;
-  m.max_query_len = 1;
+  m.num_tokens = b * q;
+  m.max_query_len = q;
   m.max_seq_len = max_model_len_;  // any length up to it; kernels read the real ones
-  m.block_size = a.block_size;
+  m.block_size = in.attention.block_size;
   m.max_blocks_per_seq = max_blocks_;
   if (!in.linear.state_slots.empty()) {
     si.linear.num_seqs = b;
-    si.linear.num_tokens = b;
-    si.linear.max_query_len = 1;
+    si.linear.num_tokens = b * q;
+    si.linear.max_query_len = q;
   }
   return si;
 }
@@ -152,57 +218,31 @@ void ModelRunner::apply_state_copies(const std::vector<int32_t>& pairs) {
 }
 
 namespace {
-// The first S rows of a bucket's logits; a rank that computes no logits (a TP rank other
+// The first n rows of a bucket's logits; a rank that computes no logits (a TP rank other
 // than the gather root, a PP stage before the last) has an empty tensor and keeps it.
-Tensor logits_rows(const Tensor& logits, int S) { return logits.ndim() == 0 ? logits : logits.rows(0, S); }
+Tensor logits_rows(const Tensor& logits, int n) { return logits.ndim() == 0 ? logits : logits.rows(0, n); }
 }  // namespace
 
-Tensor ModelRunner::run(const ModelInput& in) {
-  TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
-  backend_.reset_scratch();
-  if (!in.state_copies.empty()) apply_state_copies(in.state_copies);
-  const int S = static_cast<int>(in.attention.seq_lens.size());
-  const bool decode = graphs_enabled_ && S > 0 && static_cast<int>(in.token_ids.size()) == S &&
-                      in.logits_indices.size() == static_cast<size_t>(S) &&
-                      in.attention.max_blocks_per_seq <= max_blocks_ &&
-                      (in.linear.state_slots.empty() || in.linear.state_slots.size() == static_cast<size_t>(S)) &&
-                      in.linear.token_state_slots.empty();
-  int b = decode ? bucket_for(S) : 0;
-  for (int s = 0; s < S && b > 0; ++s)
-    if (in.logits_indices[s] != s) b = 0;
-  const int64_t T = static_cast<int64_t>(in.token_ids.size());
-  if (b == 0) {
-    if (!model_.has_mtp()) return model_.forward(in, kv_);
-    reserve_hidden(T);
-    StepInputs si = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
-    si.hidden_states = hidden_.rows(0, T);
-    last_tokens_ = T;
-    return model_.run(si, kv_);
-  }
-  check_step_input(in, model_.config().vocab_size, max_model_len_);
-
-  StepInputs si = fill_graph_inputs(in, b);
-  if (model_.has_mtp()) {  // (reserved at init for every bucket: the graphs write into it)
-    si.hidden_states = hidden_.rows(0, b);
-    last_tokens_ = S;
-  }
-  auto it = graphs_.find(b);
-  if (it != graphs_.end()) {
+template <typename Key, typename Body>
+Tensor ModelRunner::run_graph(std::map<Key, Graph>& graphs, std::set<Key>& eager, const Key& key, bool decode,
+                              Body body) {
+  auto it = graphs.find(key);
+  if (it != graphs.end()) {
     backend_.replay(*it->second.graph);
     for (dist::Communicator* c : watched_) c->watch_stream("decode graph replay");
     // Later scratch (sampling) must not overlap what the graph wrote.
     backend_.scratch({static_cast<int64_t>(it->second.scratch_bytes)}, DType::kU8);
-    return logits_rows(it->second.logits, S);
+    return it->second.out;
   }
-  // First time at this size: the eager run is this step's result; then capture.
-  Tensor logits = model_.run(si, kv_);
+  // First time at this shape: the eager run is this step's result; then capture.
+  Tensor out = body();
   const size_t eager_bytes = backend_.scratch_in_use();
   try {
-    backend_.reset_scratch();  // (may merge a grown arena; `logits` keeps its memory)
+    backend_.reset_scratch();  // (may merge a grown arena; `out` keeps its memory)
     Graph g;
     backend_.begin_capture();
     try {
-      g.logits = model_.run(si, kv_);
+      g.out = body();
     } catch (...) {
       try {
         backend_.end_capture();
@@ -212,15 +252,49 @@ Tensor ModelRunner::run(const ModelInput& in) {
     }
     g.graph = backend_.end_capture();
     g.scratch_bytes = std::max(backend_.scratch_in_use(), eager_bytes);
-    graphs_.emplace(b, std::move(g));
-    TLOG_DEBUG("captured the decode graph for batch size {}", b);
+    graphs.emplace(key, std::move(g));
   } catch (const Error& e) {
-    TLOG_WARN("CUDA graph capture for batch size {} failed ({}); running eagerly from now on", b, e.what());
-    graphs_enabled_ = false;
+    if (decode) {
+      TLOG_WARN("CUDA graph capture of a decode step failed ({}); running eagerly from now on", e.what());
+      graphs_enabled_ = false;
+    } else {
+      TLOG_WARN("CUDA graph capture of a speculative-decoding shape failed ({}); that shape runs eagerly from now on",
+                e.what());
+      eager.insert(key);
+    }
   }
-  // Keep later scratch clear of the eager logits (same arena offsets as the capture).
+  // Keep later scratch clear of the eager result (same arena offsets as the capture).
   backend_.scratch({static_cast<int64_t>(eager_bytes)}, DType::kU8);
-  return logits_rows(logits, S);
+  return out;
+}
+
+Tensor ModelRunner::run(const ModelInput& in) {
+  TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
+  backend_.reset_scratch();
+  if (!in.state_copies.empty()) apply_state_copies(in.state_copies);
+  const int S = static_cast<int>(in.attention.seq_lens.size());
+  const int q = graph_query_len(in);
+  const int b = q > 0 ? bucket_for(S) : 0;
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  const std::pair<int, int> shape{b, q};
+  if (b == 0 || eager_shapes_.count(shape)) {
+    if (!model_.has_mtp()) return model_.forward(in, kv_);
+    reserve_hidden(T);
+    StepInputs si = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
+    si.hidden_states = hidden_.rows(0, T);
+    last_tokens_ = T;
+    return model_.run(si, kv_);
+  }
+  check_step_input(in, model_.config().vocab_size, max_model_len_);
+  const int64_t used = fill(step_layout_, in, b, q, h_step_);
+  backend_.copy_from_host(graph_buf_.rows(0, used), h_step_.data());
+  StepInputs si = views(step_layout_, in, b, q, graph_buf_, h_step_);
+  if (model_.has_mtp()) {  // (reserved at init for every shape: the graphs write into it)
+    si.hidden_states = hidden_.rows(0, static_cast<int64_t>(b) * q);
+    last_tokens_ = T;
+  }
+  const Tensor logits = run_graph(graphs_, eager_shapes_, shape, q == 1, [&] { return model_.run(si, kv_); });
+  return logits_rows(logits, static_cast<int>(T));
 }
 
 void ModelRunner::reserve_hidden(int64_t rows) {
@@ -228,6 +302,78 @@ void ModelRunner::reserve_hidden(int64_t rows) {
   hidden_rows_ = std::max<int64_t>(rows, 2 * hidden_rows_);
   hidden_ = backend_.alloc({hidden_rows_, model_.config().hidden_size}, backend_.compute_dtype());
   graphs_.clear();  // captured with the old buffer
+  mtp_graphs_.clear();
+}
+
+Tensor ModelRunner::mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S) {
+  const int64_t T = first.token_ids.numel(), H = model_.config().hidden_size;
+  const DType dt = backend_.compute_dtype();
+  const int64_t passes = 1 + static_cast<int64_t>(chained.size());
+  Tensor drafts = backend_.scratch({std::max<int64_t>(1, passes * S)}, DType::kI32);
+  // Pass 1: every position the step computed, with the target's hidden states there.
+  Tensor out = backend_.scratch({T, H}, dt);
+  Tensor logits = model_.run_mtp(first, hidden, out, kv_);
+  if (S == 0) return drafts.rows(0, 0);
+  backend_.argmax(logits, drafts.rows(0, S));
+  // Passes 2..k: each drafting sequence's last draft at the next position, with the MTP layer's
+  // own output hidden state (vLLM feeds its normed output back the same way).
+  Tensor prev = backend_.scratch({S, H}, dt);
+  backend_.gather_rows(out, first.logits_indices, prev);
+  for (size_t j = 0; j < chained.size(); ++j) {
+    StepInputs& cs = chained[j];
+    cs.token_ids = drafts.rows(static_cast<int64_t>(j) * S, static_cast<int64_t>(j + 1) * S);
+    Tensor next = backend_.scratch({S, H}, dt);
+    Tensor lg = model_.run_mtp(cs, prev, next, kv_);
+    backend_.argmax(lg, drafts.rows(static_cast<int64_t>(j + 1) * S, static_cast<int64_t>(j + 2) * S));
+    prev = next;
+  }
+  return drafts.rows(0, passes * S).view({passes, S});
+}
+
+bool ModelRunner::mtp_graphable(const MtpDraftInput& in, int& b, int& q) const {
+  const ModelInput& p = in.prefill;
+  const int S = static_cast<int>(p.attention.seq_lens.size()), T = static_cast<int>(p.token_ids.size());
+  if (mtp_max_b_ == 0 || !graphs_enabled_ || S == 0 || (in.num_drafting != S && in.num_drafting != 0) ||
+      S > mtp_max_b_ || T % S != 0 || T > last_tokens_ || static_cast<int>(in.chained.size()) > max_q_ - 2 ||
+      p.attention.max_blocks_per_seq > max_blocks_)
+    return false;
+  q = T / S;
+  if (q > max_q_) return false;
+  for (int s = 0; s <= S; ++s)
+    if (p.attention.query_start_loc[static_cast<size_t>(s)] != s * q) return false;
+  for (int r = 0; r < T; ++r)  // pass 1's rows are the step's rows
+    if (in.hidden_rows[static_cast<size_t>(r)] != r) return false;
+  for (const ModelInput& c : in.chained)
+    if (static_cast<int>(c.token_ids.size()) != S || c.attention.max_blocks_per_seq > max_blocks_) return false;
+  b = bucket_for(S);
+  return b > 0 && b <= bucket_for(mtp_max_b_);
+}
+
+Tensor ModelRunner::run_mtp_graph(const MtpDraftInput& in, int b, int q) {
+  const int vocab = model_.config().vocab_size;
+  check_step_input(in.prefill, vocab, max_model_len_);
+  for (const ModelInput& c : in.chained) {
+    const std::string layout = step_input_layout_error(c);
+    TESSERA_CHECK(layout.empty(), "MTP pass: {}", layout);
+  }
+  int64_t used = fill(mtp_first_, in.prefill, b, q, h_mtp_);
+  const std::vector<int32_t> order_first = mtp_fc_order(static_cast<int64_t>(b) * q), order_chained = mtp_fc_order(b);
+  std::copy(order_first.begin(), order_first.end(), h_mtp_.begin() + mtp_order_first_);
+  std::copy(order_chained.begin(), order_chained.end(), h_mtp_.begin() + mtp_order_chained_);
+  for (size_t j = 0; j < in.chained.size(); ++j)
+    used = std::max(used, fill(mtp_chained_[j], in.chained[j], b, 1, h_mtp_));
+  backend_.copy_from_host(mtp_buf_.rows(0, used), h_mtp_.data());
+
+  StepInputs first = views(mtp_first_, in.prefill, b, q, mtp_buf_, h_mtp_);
+  first.mtp_fc_order = mtp_buf_.rows(mtp_order_first_, mtp_order_first_ + 2 * static_cast<int64_t>(b) * q);
+  std::vector<StepInputs> chained;
+  for (size_t j = 0; j < in.chained.size(); ++j) {
+    chained.push_back(views(mtp_chained_[j], in.chained[j], b, 1, mtp_buf_, h_mtp_));
+    chained.back().mtp_fc_order = mtp_buf_.rows(mtp_order_chained_, mtp_order_chained_ + 2 * static_cast<int64_t>(b));
+  }
+  const Tensor hidden = hidden_.rows(0, static_cast<int64_t>(b) * q);
+  const std::tuple<int, int, int> key{b, q, static_cast<int>(in.chained.size()) + 1};
+  return run_graph(mtp_graphs_, mtp_eager_, key, false, [&] { return mtp_passes(first, hidden, chained, b); });
 }
 
 Tensor ModelRunner::run_mtp(const MtpDraftInput& in) {
@@ -238,38 +384,22 @@ Tensor ModelRunner::run_mtp(const MtpDraftInput& in) {
                 in.hidden_rows.size());
   for (int32_t r : in.hidden_rows)
     TESSERA_CHECK(r >= 0 && r < last_tokens_, "MTP pass: hidden row {} of a step of {} tokens", r, last_tokens_);
-  const int vocab = model_.config().vocab_size;
-  const DType dt = backend_.compute_dtype();
+  for (const ModelInput& c : in.chained)
+    TESSERA_CHECK(static_cast<int64_t>(c.token_ids.size()) == S, "MTP pass: {} tokens for {} sequences",
+                  c.token_ids.size(), S);
   backend_.reset_scratch();  // the last step's results are on the host; its hidden states in hidden_
-  const int64_t passes = 1 + static_cast<int64_t>(in.chained.size());
-  Tensor drafts = backend_.scratch({std::max<int64_t>(1, passes * S)}, DType::kI32);
-  // Pass 1: every position the step computed, with the target's hidden states there.
+  int b = 0, q = 0;
+  if (mtp_graphable(in, b, q) && !mtp_eager_.count({b, q, static_cast<int>(in.chained.size()) + 1}))
+    return run_mtp_graph(in, b, q);
+  const int vocab = model_.config().vocab_size;
   Tensor rows = backend_.scratch({T}, DType::kI32);
   backend_.copy_from_host(rows, in.hidden_rows.data());
-  Tensor hidden = backend_.scratch({T, H}, dt);
+  Tensor hidden = backend_.scratch({T, H}, backend_.compute_dtype());
   backend_.gather_rows(hidden_.rows(0, last_tokens_), rows, hidden);
-  StepInputs si = upload_step_inputs(backend_, in.prefill, vocab, max_model_len_);
-  Tensor out = backend_.scratch({T, H}, dt);
-  Tensor logits = model_.run_mtp(si, hidden, out, kv_);
-  if (S == 0) return drafts.rows(0, 0);
-  const std::vector<SamplingRow> greedy(static_cast<size_t>(S));
-  backend_.sample(logits, greedy, drafts.rows(0, S));
-  // Passes 2..k: each drafting sequence's last draft at the next position, with the MTP layer's
-  // own output hidden state (vLLM feeds its normed output back the same way).
-  Tensor prev = backend_.scratch({S, H}, dt);
-  backend_.gather_rows(out, si.logits_indices, prev);
-  for (size_t j = 0; j < in.chained.size(); ++j) {
-    const ModelInput& c = in.chained[j];
-    TESSERA_CHECK(static_cast<int64_t>(c.token_ids.size()) == S, "MTP pass {}: {} tokens for {} sequences", j + 2,
-                  c.token_ids.size(), S);
-    StepInputs cs = upload_step_inputs(backend_, c, vocab, max_model_len_);
-    cs.token_ids = drafts.rows(static_cast<int64_t>(j) * S, static_cast<int64_t>(j + 1) * S);
-    Tensor next = backend_.scratch({S, H}, dt);
-    Tensor lg = model_.run_mtp(cs, prev, next, kv_);
-    backend_.sample(lg, greedy, drafts.rows(static_cast<int64_t>(j + 1) * S, static_cast<int64_t>(j + 2) * S));
-    prev = next;
-  }
-  return drafts.rows(0, passes * S);
+  StepInputs first = upload_step_inputs(backend_, in.prefill, vocab, max_model_len_);
+  std::vector<StepInputs> chained;
+  for (const ModelInput& c : in.chained) chained.push_back(upload_step_inputs(backend_, c, vocab, max_model_len_));
+  return mtp_passes(first, hidden, chained, S);
 }
 
 }  // namespace tessera

@@ -2,18 +2,23 @@
 // graphs replays one captured graph per decode batch size (vLLM's CUDA graph runner), so a
 // decode step costs one launch instead of hundreds.
 //
-// A step is "graphable" when every sequence brings exactly one new token (pure decode), the
-// batch fits the largest bucket, and the model says its forward is graph-safe. The batch is
-// padded to the next bucket (1, 2, 4, 8, 16, 24, ... every 8 up to max_graph_batch); a
-// padding row holds each array's `pad` (kStepArrays in model/step_inputs.h: no KV write, one
-// cached key of block 0, no state slot), and its logits are not used. Inputs live in one
-// fixed device buffer laid out from kStepArrays, which each step rewrites before the replay. The
-// first step of a bucket runs eagerly over those buffers (its result is the step's result),
-// then the bucket is captured for the next time. Every rank of a TP group takes the same
+// A step is "graphable" when every sequence brings the same number q of new tokens and wants
+// the logits of each: pure decode (q = 1), or speculative decoding's verification of q - 1
+// drafts per sequence (q up to CacheInit::graph_query_len); the batch fits the largest bucket
+// and the model says its forward is graph-safe. The batch is padded to the next bucket (1, 2,
+// 4, 8, 16, 24, ... every 8 up to max_graph_batch); a padding row holds each array's `pad`
+// (kStepArrays in model/step_inputs.h: no KV write, q cached keys of block 0, no state slot),
+// and its logits are not used. Inputs live in one fixed device buffer laid out from
+// kStepArrays, which each step rewrites before the replay. The first step of a (bucket, q)
+// shape runs eagerly over those buffers (its result is the step's result), then the shape is
+// captured for the next time; a verification shape whose capture fails runs eagerly from then
+// on (a decode shape's failure turns graphs off). Every rank of a TP group takes the same
 // decisions from the same plan, so their graphs (with the collectives inside) pair up.
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
+#include <tuple>
 
 #include "engine/step_plan.h"
 #include "model/model.h"
@@ -36,7 +41,10 @@ class ModelRunner {
   const KvCache& cache() const { return kv_; }
   // Models with an MTP layer (Model::has_mtp): every run() keeps the step's final hidden states
   // in a device buffer; this runs the MTP passes of `in` over them (MtpDraftInput) and returns
-  // the greedy drafts, i32 [passes x in.num_drafting] in scratch memory.
+  // the greedy drafts, i32 [passes, W] in scratch memory: row j, column i < in.num_drafting is
+  // draft j + 1 of drafting sequence i (W >= num_drafting: a graph's bucket). After a step
+  // whose sequences all had q rows and all draft (MtpProposer's uniform pass 1), the passes
+  // replay a captured graph where the step's graphs are on.
   Tensor run_mtp(const MtpDraftInput& in);
   // Communicators whose collectives run inside the graphs: a replay is put under their
   // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
@@ -45,13 +53,35 @@ class ModelRunner {
  private:
   struct Graph {
     std::unique_ptr<CapturedGraph> graph;
-    Tensor logits;
+    Tensor out;  // the logits (run) or the drafts (run_mtp)
     size_t scratch_bytes = 0;
   };
+  // Where one pass's step arrays live in a graph input buffer (i32 offsets; -1: absent).
+  struct GraphLayout {
+    std::vector<int64_t> offset;
+    bool logits_per_seq = false;  // logits rows are data, one a sequence (MTP's first pass)
+  };
+  // Lays out the arrays of a pass at bucket B of up to Q tokens a sequence from `off` (block
+  // tables apart: lay_out_table); returns the end.
+  int64_t lay_out(GraphLayout& g, int64_t off, int64_t B, int64_t Q, bool with_tokens) const;
+  int64_t lay_out_table(GraphLayout& g, int64_t off, int64_t B) const;
+  // Writes `in` padded to bucket b (q tokens a sequence) into `mirror`; returns the end used.
+  int64_t fill(const GraphLayout& g, const ModelInput& in, int b, int q, std::vector<int32_t>& mirror) const;
+  // The pass's device views of `buf` (and the host copies the backends read, from `mirror`).
+  StepInputs views(const GraphLayout& g, const ModelInput& in, int b, int q, const Tensor& buf,
+                   const std::vector<int32_t>& mirror) const;
   int bucket_for(int batch) const;  // 0: no bucket
-  // Lays out the graph input buffer for buckets up to `B` from kStepArrays.
-  void layout_graph_inputs(int64_t B);
-  StepInputs fill_graph_inputs(const ModelInput& input, int bucket);
+  // The tokens per sequence of a graphable step (0: not graphable).
+  int graph_query_len(const ModelInput& input) const;
+  // Replays the graph of `key`, or runs `body` eagerly and captures it for the next time
+  // (`fallback`: where a failed capture leaves the key). Returns body's tensor.
+  template <typename Key, typename Body>
+  Tensor run_graph(std::map<Key, Graph>& graphs, std::set<Key>& eager, const Key& key, bool decode, Body body);
+  // MTP passes as one graph: inputs laid out at init (mtp_*), key (bucket, q, passes).
+  bool mtp_graphable(const MtpDraftInput& in, int& b, int& q) const;
+  Tensor run_mtp_graph(const MtpDraftInput& in, int b, int q);
+  // The passes themselves (eager and captured alike): drafts i32 [passes, S_rows].
+  Tensor mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S_rows);
   // Copies the (src, dst) state-slot pairs of every linear-attention layer, in order.
   void apply_state_copies(const std::vector<int32_t>& pairs);
 
@@ -61,15 +91,26 @@ class ModelRunner {
   KvCache kv_;
   bool graphs_enabled_ = false;
   std::vector<int> buckets_;
+  int max_q_ = 1;       // CacheInit::graph_query_len
   int max_blocks_ = 0;  // block-table width of the graph inputs
-  // Graph inputs: one device buffer, where kStepArrays[i] starts at graph_offset_[i] (i32
-  // entries; -1: not a graph input). The arrays a step rewrites lie in [step_begin_, end)
-  // and are filled in their host mirror h_step_ first (no allocation per step).
+  // Step graph inputs: one device buffer laid out by step_layout_; each step fills its host
+  // mirror h_step_ (no allocation per step) and copies the prefix it used.
+  GraphLayout step_layout_;
   Tensor graph_buf_;
-  std::vector<int64_t> graph_offset_;
-  int64_t step_begin_ = 0;
   std::vector<int32_t> h_step_;
-  std::map<int, Graph> graphs_;
+  std::map<std::pair<int, int>, Graph> graphs_;  // by (bucket, q)
+  std::set<std::pair<int, int>> eager_shapes_;   // verification shapes whose capture failed
+  // MTP drafting graphs (models with an MTP layer and speculation): batches up to mtp_max_b_;
+  // pass 1 (q rows a sequence), then the chained passes (positions, KV slots, lengths; pass 1's
+  // block tables), the fc orders of both, pass 1's block tables last.
+  int mtp_max_b_ = 0;
+  GraphLayout mtp_first_;
+  std::vector<GraphLayout> mtp_chained_;
+  int64_t mtp_order_first_ = 0, mtp_order_chained_ = 0;
+  Tensor mtp_buf_;
+  std::vector<int32_t> h_mtp_;
+  std::map<std::tuple<int, int, int>, Graph> mtp_graphs_;  // by (bucket, q, passes)
+  std::set<std::tuple<int, int, int>> mtp_eager_;
   // Models with an MTP layer: the last run's final hidden states ([hidden_rows_, H]; growing it
   // drops the captured graphs, which write into it).
   Tensor hidden_;

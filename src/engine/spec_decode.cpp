@@ -20,6 +20,9 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
   if (c.num_speculative_tokens < 1 || c.num_speculative_tokens > 16)
     fail(ErrorKind::kInvalidArgument, "--speculative-config: num_speculative_tokens must be in 1..16, got {}",
          c.num_speculative_tokens);
+  if (c.disable_by_batch_size < 0)
+    fail(ErrorKind::kInvalidArgument, "--speculative-config: disable_by_batch_size must be >= 0 (0: never), got {}",
+         c.disable_by_batch_size);
   if (c.method == "ngram") {
     if (c.prompt_lookup_min <= 0 && c.prompt_lookup_max <= 0)
       c.prompt_lookup_min = c.prompt_lookup_max = 5;
@@ -47,10 +50,12 @@ void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int 
 
 std::string describe(const SpeculativeConfig& c) {
   if (!c.enabled()) return "off";
+  const std::string off =
+      c.disable_by_batch_size > 0 ? fmt::format(", disable_by_batch_size={}", c.disable_by_batch_size) : "";
   if (c.method == "ngram")
-    return fmt::format("ngram (num_speculative_tokens={}, prompt_lookup_min={}, prompt_lookup_max={})",
-                       c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max);
-  return fmt::format("{} (num_speculative_tokens={})", c.method, c.num_speculative_tokens);
+    return fmt::format("ngram (num_speculative_tokens={}, prompt_lookup_min={}, prompt_lookup_max={}{})",
+                       c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max, off);
+  return fmt::format("{} (num_speculative_tokens={}{})", c.method, c.num_speculative_tokens, off);
 }
 
 std::vector<int32_t> NgramProposer::propose_tokens(const std::vector<int32_t>& t, int k) const {
@@ -88,6 +93,29 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
     in.attention.seq_lens.push_back(seq_len);
     r.append_block_table(in.attention.block_tables, in.attention.max_blocks_per_seq);
   };
+  // The drafting sequences: those asked for drafts, in the order of their spans, each at the
+  // last position of its span.
+  std::vector<std::pair<size_t, size_t>> drafting;  // (span, request) indices
+  int passes = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (max_tokens[i] <= 0) continue;
+    const auto it =
+        std::find_if(spans_.begin(), spans_.end(), [&](const ComputedSpan& s) { return s.request == requests[i]; });
+    TESSERA_CHECK(it != spans_.end() && it->end == requests[i]->num_tokens() - 1,
+                  "MTP drafts for {}, which the last step did not bring up to its last token", requests[i]->id);
+    drafting.emplace_back(static_cast<size_t>(it - spans_.begin()), i);
+    passes = std::max(passes, max_tokens[i]);
+  }
+  std::sort(drafting.begin(), drafting.end());
+  // A step whose sequences all had q rows (decode, or verification of q - 1 drafts each), all
+  // drafting now or none (disable_by_batch_size): the pass keeps that shape, q rows a sequence at
+  // the step's rows (no KV written past a sequence's kept positions), so the executor may replay
+  // it as a graph.
+  const int q = spans_[0].rows;
+  bool uniform = drafting.empty() || drafting.size() == spans_.size();
+  for (size_t i = 0; i < spans_.size() && uniform; ++i)
+    uniform = spans_[i].rows == q && spans_[i].row0 == static_cast<int>(i) * q;
+
   MtpDraftInput in;
   ModelInput& pre = in.prefill;
   pre.attention.block_size = bs;
@@ -99,41 +127,31 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
   for (size_t i = 0; i < spans_.size(); ++i) {
     const ComputedSpan& s = spans_[i];
     const Request& r = *s.request;
-    for (int p = s.begin; p < s.end; ++p) {
-      pre.token_ids.push_back(r.token_at(p + 1));
+    const int to = uniform ? s.begin + q : s.end;
+    for (int p = s.begin; p < to; ++p) {
+      const bool kept = p < s.end;
+      pre.token_ids.push_back(kept ? r.token_at(p + 1) : 0);
       pre.positions.push_back(p);
-      pre.attention.slot_mapping.push_back(r.kv_slot(p, bs));
+      pre.attention.slot_mapping.push_back(kept ? r.kv_slot(p, bs) : -1);
       in.hidden_rows.push_back(s.row0 + p - s.begin);
+      if (p == s.end - 1) last_row[i] = static_cast<int>(pre.token_ids.size()) - 1;
     }
-    last_row[i] = static_cast<int>(pre.token_ids.size()) - 1;
-    add_seq(pre, r, s.end);
+    add_seq(pre, r, to);
   }
-  // The drafting sequences: those asked for drafts, each at the last position of its span.
-  std::vector<size_t> drafting;  // indices into requests
-  int passes = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (max_tokens[i] <= 0) continue;
-    const auto it =
-        std::find_if(spans_.begin(), spans_.end(), [&](const ComputedSpan& s) { return s.request == requests[i]; });
-    TESSERA_CHECK(it != spans_.end() && it->end == requests[i]->num_tokens() - 1,
-                  "MTP drafts for {}, which the last step did not bring up to its last token", requests[i]->id);
-    pre.logits_indices.push_back(last_row[static_cast<size_t>(it - spans_.begin())]);
-    drafting.push_back(i);
-    passes = std::max(passes, max_tokens[i]);
-  }
+  for (const auto& d : drafting) pre.logits_indices.push_back(last_row[d.first]);
   in.num_drafting = static_cast<int>(drafting.size());
   if (pre.logits_indices.empty()) pre.logits_indices.push_back(0);  // (unused)
   // Pass j + 1 (j >= 1) reads draft j at position num_tokens - 2 + j and writes its KV there.
   int width = 0;
-  for (size_t i : drafting) width = std::max(width, static_cast<int>(requests[i]->block_ids.size()));
+  for (const auto& d : drafting) width = std::max(width, static_cast<int>(requests[d.second]->block_ids.size()));
   for (int j = 1; j < passes; ++j) {
     ModelInput c;
     c.attention.block_size = bs;
     c.attention.max_blocks_per_seq = width;
     c.attention.query_start_loc.push_back(0);
     for (size_t k = 0; k < drafting.size(); ++k) {
-      const Request& r = *requests[drafting[k]];
-      const int m = max_tokens[drafting[k]];
+      const Request& r = *requests[drafting[k].second];
+      const int m = max_tokens[drafting[k].second];
       const bool wanted = j < m;
       const int pos = r.num_tokens() - 2 + (wanted ? j : m - 1);
       c.token_ids.push_back(0);  // the previous pass's draft, on the device
@@ -149,8 +167,9 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
   TESSERA_CHECK(drafts_.size() == S * static_cast<size_t>(std::max(passes, 1)) || S == 0, "MTP: {} drafts for {} x {}",
                 drafts_.size(), S, passes);
   for (size_t k = 0; k < S; ++k) {
-    Request& r = *requests[drafting[k]];
-    for (int j = 0; j < max_tokens[drafting[k]]; ++j) r.spec_tokens.push_back(drafts_[static_cast<size_t>(j) * S + k]);
+    Request& r = *requests[drafting[k].second];
+    for (int j = 0; j < max_tokens[drafting[k].second]; ++j)
+      r.spec_tokens.push_back(drafts_[static_cast<size_t>(j) * S + k]);
   }
   spans_.clear();
 }

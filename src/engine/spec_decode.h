@@ -27,6 +27,9 @@ struct SpeculativeConfig {
   int num_speculative_tokens = 0;
   // ngram: the n-gram sizes tried, longest first.
   int prompt_lookup_min = 0, prompt_lookup_max = 0;
+  // vLLM's disable_by_batch_size: no drafts in a step after which this many sequences or more are
+  // running (large batches are compute-bound: verifying drafts costs more than it saves); 0: never.
+  int disable_by_batch_size = 0;
   bool enabled() const { return !method.empty() && num_speculative_tokens > 0; }
 };
 
@@ -43,11 +46,13 @@ std::string describe(const SpeculativeConfig& c);
 class Executor;
 
 // What a step computed for one sequence that goes on: positions [begin, end) are now in its
-// cache (rejected drafts excluded), and position p's row in the step's tokens is row0 + p - begin.
+// cache (rejected drafts excluded), and position p's row in the step's tokens is row0 + p - begin;
+// the step had `rows` rows of it (end - begin plus the rejected drafts).
 struct ComputedSpan {
   Request* request;
   int begin, end;
   int row0;
+  int rows;
 };
 
 // Proposes draft tokens for decoding sequences; an engine component (the target model's step

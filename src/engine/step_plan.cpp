@@ -43,6 +43,7 @@ void write_cache_init(dist::WireWriter& w, const CacheInit& c) {
   w.f32(c.v_scale);
   w.i32(c.max_model_len);
   w.i32(c.max_graph_batch);
+  w.i32(c.graph_query_len);
   w.i32(c.num_state_slots);
   w.u8(static_cast<uint8_t>(c.conv_dtype));
   w.u8(static_cast<uint8_t>(c.ssm_dtype));
@@ -155,6 +156,7 @@ void read_cache_init(dist::WireReader& r, CacheInit& c) {
   c.v_scale = r.f32();
   c.max_model_len = r.i32();
   c.max_graph_batch = r.i32();
+  c.graph_query_len = r.i32();
   c.num_state_slots = r.i32();
   const uint8_t conv_dt = r.u8(), ssm_dt = r.u8();
   r.expect_end();
@@ -163,7 +165,9 @@ void read_cache_init(dist::WireReader& r, CacheInit& c) {
     check(d == static_cast<uint8_t>(DType::kF32) || d == static_cast<uint8_t>(DType::kBF16), "state dtype");
   c.conv_dtype = static_cast<DType>(conv_dt);
   c.ssm_dtype = static_cast<DType>(ssm_dt);
-  check(c.max_model_len >= 0 && c.max_graph_batch >= 0 && c.max_graph_batch <= 4096, "graph sizes");
+  check(c.max_model_len >= 0 && c.max_graph_batch >= 0 && c.max_graph_batch <= 4096 && c.graph_query_len >= 1 &&
+            c.graph_query_len <= 17,
+        "graph sizes");
   check(c.num_blocks > 0 && c.block_size > 0 && c.block_size <= 4096, "cache size");
   check(dt <= static_cast<uint8_t>(DType::kF8E5M2), "cache dtype");
   c.dtype = static_cast<DType>(dt);

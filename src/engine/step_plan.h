@@ -16,7 +16,7 @@
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
 //                       then the host_rows array (ascending logits-row numbers)
 //   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
-//                       i32 max_model_len, i32 max_graph_batch, i32 num_state_slots,
+//                       i32 max_model_len, i32 max_graph_batch, i32 graph_query_len, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype
 //   kind 3 shutdown:    nothing
 // All integers little-endian, written and read with dist::WireWriter / WireReader; trailing
@@ -39,6 +39,9 @@ struct CacheInit {
   float k_scale = 1.0f, v_scale = 1.0f;
   int max_model_len = 0;    // positions a step may reach (sizes the graph inputs)
   int max_graph_batch = 0;  // decode batches up to this replay CUDA graphs; 0 = never (--enforce-eager)
+  // Tokens per sequence of the graphed steps: 1 (decode), and with speculative decoding up to
+  // 1 + num_speculative_tokens (verification steps whose sequences all bring as many).
+  int graph_query_len = 1;
   // kStateSlot layers (linear attention): slots per layer and the dtypes of the conv and
   // recurrent states (--mamba-cache-dtype, --mamba-ssm-cache-dtype).
   int num_state_slots = 0;

@@ -205,13 +205,13 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   embed_->forward(in.token_ids, halves.rows(0, T));
   m.pre_fc_norm_embedding.forward(halves.rows(0, T), halves.rows(0, T));
   m.pre_fc_norm_hidden.forward(hidden, halves.rows(T, 2 * T));
-  std::vector<int32_t> order(static_cast<size_t>(2 * T));
-  for (int64_t t = 0; t < T; ++t) {
-    order[static_cast<size_t>(2 * t)] = static_cast<int32_t>(t);
-    order[static_cast<size_t>(2 * t + 1)] = static_cast<int32_t>(T + t);
+  Tensor order_d = in.mtp_fc_order;
+  if (!order_d.defined()) {
+    const std::vector<int32_t> order = mtp_fc_order(T);
+    order_d = be.scratch({2 * T}, DType::kI32);
+    be.copy_from_host(order_d, order.data());
   }
-  Tensor order_d = be.scratch({2 * T}, DType::kI32);
-  be.copy_from_host(order_d, order.data());
+  TESSERA_CHECK(order_d.numel() == 2 * T, "run_mtp: fc order of {} rows for {} tokens", order_d.numel(), T);
   Tensor cat = be.scratch({T, 2 * H}, dt);
   be.gather_rows(halves, order_d, cat.view({2 * T, H}));
 

@@ -18,12 +18,12 @@ const std::array<StepArray, 12> kStepArrays = {{
     {"positions", StepExtent::kTokens, false, GraphInput::kPerRow, 0,
      [](ModelInput& in) -> HostArray& { return in.positions; },
      [](StepInputs& s) { return &s.positions; }, nullptr},
-    {"query_start_loc", StepExtent::kSeqsPlusOne, false, GraphInput::kIota, 0,
+    {"query_start_loc", StepExtent::kSeqsPlusOne, false, GraphInput::kShape, 0,
      [](ModelInput& in) -> HostArray& { return in.attention.query_start_loc; },
      [](StepInputs& s) { return &s.attention.query_start_loc; },
      [](StepInputs& s) { return &s.attention.host_query_start_loc; }},
-    // A padding row reads one cached key of block 0.
-    {"seq_lens", StepExtent::kSeqs, false, GraphInput::kPerRow, 1,
+    // A padding row reads q cached keys of block 0.
+    {"seq_lens", StepExtent::kSeqs, false, GraphInput::kPerRow, kPadQueryLen,
      [](ModelInput& in) -> HostArray& { return in.attention.seq_lens; },
      [](StepInputs& s) { return &s.attention.seq_lens; },
      [](StepInputs& s) { return &s.attention.host_seq_lens; }},
@@ -36,10 +36,10 @@ const std::array<StepArray, 12> kStepArrays = {{
      [](ModelInput& in) -> HostArray& { return in.attention.slot_mapping; },
      [](StepInputs& s) { return &s.attention.slot_mapping; },
      [](StepInputs& s) { return &s.attention.host_slot_mapping; }},
-    {"logits_indices", StepExtent::kAnyCount, false, GraphInput::kIota, 0,
+    {"logits_indices", StepExtent::kAnyCount, false, GraphInput::kShape, 0,
      [](ModelInput& in) -> HostArray& { return in.logits_indices; },
      [](StepInputs& s) { return &s.logits_indices; }, nullptr},
-    {"linear query_start_loc", StepExtent::kSeqsPlusOne, true, GraphInput::kIota, 0,
+    {"linear query_start_loc", StepExtent::kSeqsPlusOne, true, GraphInput::kShape, 0,
      [](ModelInput& in) -> HostArray& { return in.linear.query_start_loc; },
      [](StepInputs& s) { return &s.linear.query_start_loc; },
      [](StepInputs& s) { return &s.linear.host_query_start_loc; }},
@@ -52,8 +52,9 @@ const std::array<StepArray, 12> kStepArrays = {{
      [](ModelInput& in) -> HostArray& { return in.linear.has_initial_state; },
      [](StepInputs& s) { return &s.linear.has_initial_state; },
      [](StepInputs& s) { return &s.linear.host_has_initial_state; }},
-    // Speculative decoding's verification steps (never graphed: they are not pure decode).
-    {"token_state_slots", StepExtent::kTokens, true, GraphInput::kNone, -1,
+    // Speculative decoding's verification steps: the slot of the state after each token (a
+    // padding token keeps none).
+    {"token_state_slots", StepExtent::kTokens, true, GraphInput::kPerRow, -1,
      [](ModelInput& in) -> HostArray& { return in.linear.token_state_slots; },
      [](StepInputs& s) { return &s.linear.token_state_slots; },
      [](StepInputs& s) { return &s.linear.host_token_state_slots; }},
@@ -135,6 +136,15 @@ void set_eager_metadata(const ModelInput& in, StepInputs& s) {
 }
 
 }  // namespace
+
+std::vector<int32_t> mtp_fc_order(int64_t T) {
+  std::vector<int32_t> order(static_cast<size_t>(2 * T));
+  for (int64_t t = 0; t < T; ++t) {
+    order[static_cast<size_t>(2 * t)] = static_cast<int32_t>(t);
+    order[static_cast<size_t>(2 * t + 1)] = static_cast<int32_t>(T + t);
+  }
+  return order;
+}
 
 StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int max_positions) {
   check_step_input(in, vocab, max_positions);

@@ -42,6 +42,9 @@ struct StepInputs {
   // An output, not an input: when defined ([T, H] in the compute dtype), a model with an MTP
   // layer writes the step's final hidden states (after the final norm) here (Model::has_mtp).
   Tensor hidden_states;
+  // MTP passes (Model::run_mtp): i32 [2T], the rows (t, T + t) interleaved that make fc's input
+  // of [normed embeddings; normed hidden states]; undefined: run_mtp uploads them.
+  Tensor mtp_fc_order;
 };
 
 // How many entries an array has, in the step's T tokens, S sequences (seq_lens) and the
@@ -55,21 +58,25 @@ enum class StepExtent : uint8_t {
   kPairs,        // an even count of its own (state copies)
 };
 
-// What a decode graph's input buffer holds for an array. A graphed step is pure decode: one
-// token per sequence, a logits row each, so T = S = n = the bucket B.
+// What a graph's input buffer holds for an array. A graphed step gives every sequence the same
+// number q of new tokens and wants the logits of all of them: pure decode (q = 1) or the
+// verification of q - 1 drafts per sequence (speculative decoding). At bucket B, T = n = B * q.
 enum class GraphInput : uint8_t {
-  kPerRow,      // B entries, rewritten every step; a padding row holds `pad`
+  kPerRow,      // a token's or a sequence's entry (B * q or B), rewritten every step; padding rows hold `pad`
   kBlockTable,  // B x the buffer's block-table width, rewritten every step; padding rows 0
-  kIota,        // 0, 1, 2, ...: written once (a decode step's query starts and logits rows)
+  kShape,       // from the shape alone: query starts s * q, logits rows 0, 1, 2, ...
   kNone,        // not read by the forward (state copies, applied before it)
 };
+// StepArray::pad of seq_lens: a padding sequence is as long as its q query tokens (they read
+// cached keys of block 0).
+inline constexpr int32_t kPadQueryLen = -1000;
 
 struct StepArray {
   const char* name;
   StepExtent extent;
   bool optional;  // empty for models that do not use it (the linear-attention layout)
   GraphInput graph;
-  int32_t pad;  // GraphInput::kPerRow: a padding row's value
+  int32_t pad;  // GraphInput::kPerRow: a padding row's value (kPadQueryLen: the step's q)
   std::vector<int32_t>& (*host)(ModelInput&);
   Tensor* (*device)(StepInputs&);                   // nullptr: not a device input
   std::vector<int32_t>* (*host_copy)(StepInputs&);  // nullptr: the backends keep no host copy
@@ -90,6 +97,8 @@ std::string step_input_layout_error(const ModelInput& in);
 // Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
 // Error(kInvalidArgument) naming the bad value.
 void check_step_input(const ModelInput& in, int vocab, int max_positions);
+// StepInputs::mtp_fc_order for T tokens: 0, T, 1, T + 1, ..., T - 1, 2T - 1.
+std::vector<int32_t> mtp_fc_order(int64_t T);
 // Checks `in`, then uploads every device array of kStepArrays into `backend`'s scratch memory.
 StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int vocab, int max_positions);
 

@@ -651,5 +651,32 @@ TEST(Engine, SpeculationStopsInsideAStepsTokens) {
   EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
 }
 
+// disable_by_batch_size: no drafts while that many sequences run; drafts again once fewer do
+// (the shorter request finishes first), and the tokens stay greedy's.
+TEST(Engine, SpeculationIsOffWhileTheBatchIsLarge) {
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7};
+  Harness plain("llama_gqa2", 32);
+  ASSERT_TRUE(plain.engine->add_request("x", prompt, greedy(24)).ok());
+  const auto seq = plain.run_all()["x"];
+  SpeculativeConfig spec = ngram_spec(3, 1, 2);
+  spec.disable_by_batch_size = 2;
+  Harness h("llama_gqa2", 32, 64, 512, true, spec);
+  ASSERT_TRUE(h.engine->add_request("long", prompt, greedy(24)).ok());
+  ASSERT_TRUE(h.engine->add_request("short", prompt, greedy(4)).ok());
+  std::map<std::string, std::vector<int32_t>> got;
+  uint64_t drafts_while_two = 0;
+  while (h.engine->has_unfinished()) {
+    const bool two = h.engine->stats().num_running >= 2;
+    const uint64_t before = h.engine->stats().spec.num_draft_tokens;
+    for (const auto& o : h.engine->step())
+      got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    if (two) drafts_while_two += h.engine->stats().spec.num_draft_tokens - before;
+  }
+  EXPECT_EQ(drafts_while_two, 0u) << "drafts were verified while two sequences ran";
+  EXPECT_GT(h.engine->stats().spec.num_draft_tokens, 0u) << "no drafts once one sequence was left";
+  EXPECT_EQ(got["long"], seq);
+  EXPECT_EQ(got["short"], std::vector<int32_t>(seq.begin(), seq.begin() + 4));
+}
+
 }  // namespace
 }  // namespace tessera

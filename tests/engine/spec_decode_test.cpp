@@ -44,6 +44,12 @@ TEST(SpeculativeConfig, DefaultsAliasesAndErrors) {
   m.num_speculative_tokens = 0;
   EXPECT_THROW(validate_speculative_config(m), Error);
   EXPECT_FALSE(validate_speculative_config(SpeculativeConfig{}).enabled());
+  m.num_speculative_tokens = 2;
+  m.disable_by_batch_size = -1;
+  EXPECT_THROW(validate_speculative_config(m), Error);
+  m.disable_by_batch_size = 16;
+  EXPECT_EQ(validate_speculative_config(m).disable_by_batch_size, 16);
+  EXPECT_NE(describe(validate_speculative_config(m)).find("disable_by_batch_size=16"), std::string::npos);
 }
 
 TEST(NgramProposer, LongestNgramFirstEarliestOccurrence) {

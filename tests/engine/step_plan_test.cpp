@@ -63,8 +63,12 @@ TEST(StepPlan, RoundTrip) {
   StepPlan init;
   init.kind = PlanKind::kInitCache;
   init.cache = CacheInit{100, 16, DType::kBF16, 0.5f, 2.0f};
+  init.cache.max_graph_batch = 64;
+  init.cache.graph_query_len = 4;
   StepPlan j = decode_step_plan(encode_step_plan(init), {});
   EXPECT_EQ(j.cache.num_blocks, 100);
+  EXPECT_EQ(j.cache.max_graph_batch, 64);
+  EXPECT_EQ(j.cache.graph_query_len, 4);
   EXPECT_EQ(j.cache.dtype, DType::kBF16);
   EXPECT_EQ(j.cache.v_scale, 2.0f);
   StepPlan s;

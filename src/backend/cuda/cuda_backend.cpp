@@ -113,8 +113,6 @@ class CudaBackend final : public Backend {
     // The fused MoE decode kernel's barrier and counters: zero now, left zero by every launch.
     TCUDA_CHECK(cudaMalloc(&moe_sync_, kMoeSyncInts * sizeof(unsigned)));
     TCUDA_CHECK(cudaMemsetAsync(moe_sync_, 0, kMoeSyncInts * sizeof(unsigned), stream_));
-    TCUDA_CHECK(cudaMalloc(&attn_merge_, kDecodeMergeCounters * sizeof(unsigned)));
-    TCUDA_CHECK(cudaMemsetAsync(attn_merge_, 0, kDecodeMergeCounters * sizeof(unsigned), stream_));
     TCUDA_CHECK(cudaMallocHost(&upload_ring_, kUploadRingBytes));
     TCUDA_CHECK(cudaMallocHost(&download_, kDownloadBytes));
     TCUDA_CHECK(cudaMallocHost(&host_err_, sizeof(int)));
@@ -134,7 +132,6 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     cudaFree(dev_err_);
     cudaFree(moe_sync_);
-    cudaFree(attn_merge_);
     cudaFreeHost(upload_ring_);
     cudaFreeHost(download_);
     cudaFreeHost(host_err_);
@@ -528,9 +525,7 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, only_single, ws, fused,
-                            DecodeMergeCounters{attn_merge_, options_.decode_merge_kernel ? 0 : kDecodeMergeCounters},
-                            stream_);
+    launch_decode_attention(a, splits, only_single, ws, fused, stream_);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).
@@ -921,6 +916,26 @@ class CudaBackend final : public Backend {
     launch_sample(logits.data<float>(), logits.dim(0), logits.dim(1), dev_rows.raw(), out.data<int32_t>(), stream_);
   }
 
+  void argmax(const Tensor& logits, const Tensor& out) override {
+    CUDA_REQUIRE(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
+                     out.numel() == logits.dim(0),
+                 "argmax", logits.str() + " -> " + out.str());
+    need_cuda(logits, "argmax");
+    need_cuda(out, "argmax");
+    bind();
+    const int64_t n = logits.dim(0);
+    if (n == 0) return;
+    if (greedy_rows_n_ < n) {  // greedy sampling rows kept on the device (grown outside graphs)
+      TESSERA_CHECK(!capturing_, "argmax: {} rows while capturing a graph, {} prepared", n, greedy_rows_n_);
+      const int64_t rows = std::max<int64_t>(n, 256);
+      greedy_rows_ = alloc({rows * static_cast<int64_t>(sizeof(SamplingRow))}, DType::kU8);
+      const std::vector<SamplingRow> greedy(static_cast<size_t>(rows));
+      copy_from_host(greedy_rows_, greedy.data());
+      greedy_rows_n_ = rows;
+    }
+    launch_sample(logits.data<float>(), n, logits.dim(1), greedy_rows_.raw(), out.data<int32_t>(), stream_);
+  }
+
   size_t scratch_in_use() const override { return in_use_; }
 
   // ---------------------------------------------------------------- graphs
@@ -1077,7 +1092,8 @@ class CudaBackend final : public Backend {
   int* dev_err_ = nullptr;
   static constexpr int64_t kMoeSyncInts = 2 + 16384;  // the fused MoE decode path up to H = 65536
   unsigned* moe_sync_ = nullptr;
-  unsigned* attn_merge_ = nullptr;  // decode attention's merge counters (launch_decode_attention)
+  Tensor greedy_rows_;  // argmax: default SamplingRows (temperature 0)
+  int64_t greedy_rows_n_ = 0;
   int* host_err_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   // staging

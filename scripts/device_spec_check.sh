@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Speculative decoding on one H200 (issue 22), on the demo model shipped in models/tessera-demo:
+# batch-1 decode with and without MTP (k = 1, 2, 3) and with --enforce-eager, the run's
+# acceptance (the SpecDecoding line `tessera generate` prints at the end), concurrency 64, and
+# ngram on a workload that copies from its prompt. Needs the bundle carried:
+#   scripts/bundle.sh --build-dir build/cuda --out /tmp/bundle --tar bundle/bundle.tar.xz
+#   carry: ["bundle"]      command: bash scripts/device_spec_check.sh
+# PARTS (default all): b1 eager c64 conc ngram (conc: concurrency 8, 16, 32, 64 with and without MTP, and
+# with disable_by_batch_size DBB, default 32).  N_B1 (default 8): batch-1 prompts; TOKENS (default 128).
+set -u
+OUT=${OUT:-/tmp/out}
+L=/tmp/spec_logs
+mkdir -p "$OUT" "$L"
+[ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
+T=/tmp/bundle/tessera
+M=models/tessera-demo
+PARTS=" ${PARTS:-b1 eager c64 conc ngram} "
+DBB=${DBB:-32}
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+N_B1=${N_B1:-8}
+TOKENS=${TOKENS:-128}
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
+
+# Prompts: the first line of held-out texts (poems and quotes the model half knows).
+python3 - "$L" "$N_B1" <<'PY'
+import json, sys
+d, n = sys.argv[1], int(sys.argv[2])
+texts = [json.loads(l)["text"] for l in open("models/tessera-demo/heldout_texts.jsonl")]
+starts = [t.split("\n")[0] + "\n" for t in texts if "<|im" not in t]
+with open(f"{d}/b1.jsonl", "w") as f:
+    for s in starts[:n]: f.write(json.dumps({"prompt": s}) + "\n")
+for c in (8, 16, 32, 64):
+    with open(f"{d}/c{c}.jsonl", "w") as f:
+        for s in (starts * 8)[:c]: f.write(json.dumps({"prompt": s}) + "\n")
+# ngram: a source file, then its first lines again: the model copies the rest (an editing workload).
+src = open("src/engine/spec_decode.cpp").read()
+src = src[:3000]
+head = "\n".join(src.split("\n")[:12]) + "\n"
+with open(f"{d}/copy.jsonl", "w") as f:
+    for cut in (0, 1, 2, 3):
+        f.write(json.dumps({"prompt": src + "\n\n// The same file again:\n" + "\n".join(src.split("\n")[:8 + 4 * cut]) + "\n"}) + "\n")
+PY
+
+# run NAME FILE extra-flags...: decode tok/s per sequence, output tok/s, acceptance.
+run() {
+  local name=$1 file=$2; shift 2
+  timeout 300 $T generate --model $M --input "$file" --max-tokens "$TOKENS" --ignore-eos --output "$L/$name.out.jsonl" \
+    "$@" > "$L/$name.log" 2>&1
+  local rc=$?
+  local dec out acc
+  dec=$(grep -o 'decode [0-9.]* tok/s' "$L/$name.log" | awk '{print $2}')
+  out=$(grep -o 'output [0-9.]* tok/s' "$L/$name.log" | awk '{print $2}')
+  acc=$(grep -o 'Mean acceptance length: [0-9.]*.*Per-position acceptance rate: [0-9., ]*' "$L/$name.log" | tail -1 |
+        sed 's/Accepted throughput.*Per-position/per-position/')
+  printf '%-22s rc=%s decode/seq %8s tok/s  output %9s tok/s  %s\n' "$name" "$rc" "${dec:-?}" "${out:-?}" "$acc"
+  [ $rc = 0 ] || tail -5 "$L/$name.log"
+}
+same() {  # greedy outputs equal?
+  python3 - "$L/$1.out.jsonl" "$L/$2.out.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["token_ids"] for l in open(sys.argv[1])]
+b = [json.loads(l)["token_ids"] for l in open(sys.argv[2])]
+print(f"  greedy tokens {sys.argv[2].split('/')[-1][:-10]} == {sys.argv[1].split('/')[-1][:-10]}: "
+      f"{sum(x == y for x, y in zip(a, b))}/{len(a)} prompts identical")
+PY
+}
+MTP() { echo "{\"method\":\"mtp\",\"num_speculative_tokens\":$1}"; }
+
+if part b1; then
+  echo "== batch 1 (--max-num-seqs 1), $N_B1 prompts x $TOKENS tokens, CUDA graphs on"
+  run none "$L/b1.jsonl" --max-num-seqs 1
+  for k in 1 2 3; do run mtp$k "$L/b1.jsonl" --max-num-seqs 1 --speculative-config "$(MTP $k)"; same none mtp$k; done
+fi
+if part eager; then
+  echo "== batch 1, --enforce-eager"
+  run none_eager "$L/b1.jsonl" --max-num-seqs 1 --enforce-eager
+  run mtp2_eager "$L/b1.jsonl" --max-num-seqs 1 --enforce-eager --speculative-config "$(MTP 2)"
+fi
+if part c64; then
+  echo "== concurrency 64 (64 prompts at once)"
+  run c64_none "$L/c64.jsonl" --max-num-seqs 64
+  run c64_mtp2 "$L/c64.jsonl" --max-num-seqs 64 --speculative-config "$(MTP 2)"
+  same c64_none c64_mtp2
+fi
+if part conc; then
+  echo "== concurrency 8, 16, 32, 64: none, mtp k=2, mtp k=2 with disable_by_batch_size=$DBB"
+  for c in 8 16 32 64; do
+    run c${c}_none "$L/c$c.jsonl" --max-num-seqs $c
+    run c${c}_mtp2 "$L/c$c.jsonl" --max-num-seqs $c --speculative-config "$(MTP 2)"
+    run c${c}_mtp2_dbb "$L/c$c.jsonl" --max-num-seqs $c \
+      --speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":2,\"disable_by_batch_size\":$DBB}"
+    same c${c}_none c${c}_mtp2_dbb
+  done
+fi
+if part ngram; then
+  echo "== ngram on a prompt that copies a source file (batch 1)"
+  run copy_none "$L/copy.jsonl" --max-num-seqs 1
+  run copy_ngram3 "$L/copy.jsonl" --max-num-seqs 1 --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":5}'
+  same copy_none copy_ngram3
+  run copy_mtp2 "$L/copy.jsonl" --max-num-seqs 1 --speculative-config "$(MTP 2)"
+fi
+tar -czf "$OUT/spec_logs.tar.gz" -C /tmp spec_logs 2>/dev/null
