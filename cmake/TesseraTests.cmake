@@ -1,6 +1,10 @@
 # tessera_add_tests(LIBS lib...): one GoogleTest executable per *_test.cpp in the
 # calling folder, linked with LIBS; every TEST is registered with ctest.
 # Test binaries find the repo through the TESSERA_SOURCE_DIR definition.
+# No precompiled header here: measured (GCC 12, -O2 -g1) a test file spends its time compiling its
+# TESTs, not parsing headers, and one with gtest, gmock and nlohmann/json all visible compiles
+# slower (overload sets of the printers and matchers grow): 18 test files took 152 s of CPU with
+# no precompiled header, 155 s with one.
 function(tessera_add_tests)
   cmake_parse_arguments(ARG "" "" "LIBS;LABELS" ${ARGN})
   file(GLOB tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cpp)
