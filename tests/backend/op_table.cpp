@@ -931,6 +931,32 @@ void sample_cases(Cases& cases) {
     };
     cases.push_back(std::move(c));
   }
+  // argmax: the greedy token of each row, ties to the lowest id (row 0 and every fifth row tie at
+  // their maximum); 300 rows grow the CUDA backend's device-resident greedy rows past 256.
+  for (auto [V, n] : {std::pair<int64_t, int64_t>{7, 3}, {1000, 300}, {151936, 5}}) {
+    auto logits = lazy_raw(n * V, -8, 8, [V, n](std::vector<float>& v) {
+      for (int64_t i = 0; i < n; i += 5)
+        for (int64_t j = (i * 13) % V; j < V; j += 97) v[static_cast<size_t>(i * V + j)] = 8.5f;
+      for (int64_t i = 1; i < n; i += 5) v[static_cast<size_t>(i * V + (i * 31) % V)] = 9.0f;
+    });
+    OpCase c;
+    c.op = "argmax";
+    c.name = fmt::format("argmax V{} n{}", V, n);
+    c.run = [=](Backend& be) {
+      Tensor o = poisoned(be, {n}, DType::kI32);
+      be.argmax(up(be, *logits, {n, V}, DType::kF32), o);
+      return Outputs{out("tokens", down(be, o), true)};
+    };
+    c.reference = [=] {
+      std::vector<double> want;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* x = logits->data() + i * V;
+        want.push_back(static_cast<double>(std::max_element(x, x + V) - x));
+      }
+      return Outputs{out("tokens", want, true)};
+    };
+    cases.push_back(std::move(c));
+  }
 }
 
 }  // namespace
