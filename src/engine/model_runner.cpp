@@ -163,11 +163,10 @@ int64_t ModelRunner::fill(const GraphLayout& g, const ModelInput& in, int b, int
     } else if (f.graph == GraphInput::kShape && !(g.logits_per_seq && f.extent == StepExtent::kAnyCount)) {
       const int32_t step = f.extent == StepExtent::kSeqsPlusOne ? q : 1;  // query starts s * q; logits rows
       for (int64_t r = 0; r < n; ++r) dst[r] = static_cast<int32_t>(r) * step;
-    } else {  // real rows, then padding rows
-      const int32_t pad = f.pad == kPadQueryLen ? q : f.pad;
+    } else {  // real rows, then padding rows (the first MTP pass's logits rows too: data, pad 0)
       const int64_t real = std::min<int64_t>(n, static_cast<int64_t>(src.size()));
       std::copy_n(src.begin(), real, dst);
-      std::fill(dst + real, dst + n, f.graph == GraphInput::kShape ? 0 : pad);
+      std::fill(dst + real, dst + n, f.pad == kPadQueryLen ? q : f.pad);
     }
   }
   return used;
@@ -357,9 +356,8 @@ Tensor ModelRunner::run_mtp_graph(const MtpDraftInput& in, int b, int q) {
     TESSERA_CHECK(layout.empty(), "MTP pass: {}", layout);
   }
   int64_t used = fill(mtp_first_, in.prefill, b, q, h_mtp_);
-  const std::vector<int32_t> order_first = mtp_fc_order(static_cast<int64_t>(b) * q), order_chained = mtp_fc_order(b);
-  std::copy(order_first.begin(), order_first.end(), h_mtp_.begin() + mtp_order_first_);
-  std::copy(order_chained.begin(), order_chained.end(), h_mtp_.begin() + mtp_order_chained_);
+  mtp_fc_order(static_cast<int64_t>(b) * q, h_mtp_.data() + mtp_order_first_);
+  mtp_fc_order(b, h_mtp_.data() + mtp_order_chained_);
   for (size_t j = 0; j < in.chained.size(); ++j)
     used = std::max(used, fill(mtp_chained_[j], in.chained[j], b, 1, h_mtp_));
   backend_.copy_from_host(mtp_buf_.rows(0, used), h_mtp_.data());

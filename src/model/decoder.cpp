@@ -207,7 +207,8 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   m.pre_fc_norm_hidden.forward(hidden, halves.rows(T, 2 * T));
   Tensor order_d = in.mtp_fc_order;
   if (!order_d.defined()) {
-    const std::vector<int32_t> order = mtp_fc_order(T);
+    std::vector<int32_t> order(static_cast<size_t>(2 * T));
+    mtp_fc_order(T, order.data());
     order_d = be.scratch({2 * T}, DType::kI32);
     be.copy_from_host(order_d, order.data());
   }

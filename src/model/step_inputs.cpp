@@ -137,13 +137,11 @@ void set_eager_metadata(const ModelInput& in, StepInputs& s) {
 
 }  // namespace
 
-std::vector<int32_t> mtp_fc_order(int64_t T) {
-  std::vector<int32_t> order(static_cast<size_t>(2 * T));
+void mtp_fc_order(int64_t T, int32_t* out) {
   for (int64_t t = 0; t < T; ++t) {
-    order[static_cast<size_t>(2 * t)] = static_cast<int32_t>(t);
-    order[static_cast<size_t>(2 * t + 1)] = static_cast<int32_t>(T + t);
+    out[2 * t] = static_cast<int32_t>(t);
+    out[2 * t + 1] = static_cast<int32_t>(T + t);
   }
-  return order;
 }
 
 StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int max_positions) {

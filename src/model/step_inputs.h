@@ -97,8 +97,8 @@ std::string step_input_layout_error(const ModelInput& in);
 // Token ids in [0, vocab) and positions in [0, max_positions), one of each per token; else
 // Error(kInvalidArgument) naming the bad value.
 void check_step_input(const ModelInput& in, int vocab, int max_positions);
-// StepInputs::mtp_fc_order for T tokens: 0, T, 1, T + 1, ..., T - 1, 2T - 1.
-std::vector<int32_t> mtp_fc_order(int64_t T);
+// Writes StepInputs::mtp_fc_order for T tokens into out[0, 2T): 0, T, 1, T + 1, ..., T - 1, 2T - 1.
+void mtp_fc_order(int64_t T, int32_t* out);
 // Checks `in`, then uploads every device array of kStepArrays into `backend`'s scratch memory.
 StepInputs upload_step_inputs(Backend& backend, const ModelInput& in, int vocab, int max_positions);
 

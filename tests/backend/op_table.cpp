@@ -887,6 +887,16 @@ void linear_attention_cases(Cases& cases) {
 
 // ---- sampling ----
 
+// The token of each of n rows of `logits` [n, V] that a greedy draw gives: its first maximum.
+Outputs first_maxima(const std::vector<float>& logits, int64_t n, int64_t V) {
+  std::vector<double> want;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = logits.data() + i * V;
+    want.push_back(static_cast<double>(std::max_element(x, x + V) - x));
+  }
+  return Outputs{out("tokens", want, true)};
+}
+
 // Rows whose token follows from the logits alone: greedy (ties to the lowest id), top-k 1 at a
 // temperature, and a drawn row with one token far above the rest. (The drawn distribution is
 // sampling_test's and cuda_ops_test's SampleMatchesTheHostRule.)
@@ -921,14 +931,7 @@ void sample_cases(Cases& cases) {
       be.sample(up(be, *logits, {n, V}, DType::kF32), rows, o);
       return Outputs{out("tokens", down(be, o), true)};
     };
-    c.reference = [=] {  // every row's token is its first maximum
-      std::vector<double> want;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* x = logits->data() + i * V;
-        want.push_back(static_cast<double>(std::max_element(x, x + V) - x));
-      }
-      return Outputs{out("tokens", want, true)};
-    };
+    c.reference = [=] { return first_maxima(*logits, n, V); };  // every row's token is its first maximum
     cases.push_back(std::move(c));
   }
   // argmax: the greedy token of each row, ties to the lowest id (row 0 and every fifth row tie at
@@ -947,14 +950,7 @@ void sample_cases(Cases& cases) {
       be.argmax(up(be, *logits, {n, V}, DType::kF32), o);
       return Outputs{out("tokens", down(be, o), true)};
     };
-    c.reference = [=] {
-      std::vector<double> want;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* x = logits->data() + i * V;
-        want.push_back(static_cast<double>(std::max_element(x, x + V) - x));
-      }
-      return Outputs{out("tokens", want, true)};
-    };
+    c.reference = [=] { return first_maxima(*logits, n, V); };
     cases.push_back(std::move(c));
   }
 }
