@@ -3,7 +3,8 @@
 // bandwidth of the same run, bf16 and fp8-e4m3 caches. Prefill: TFLOP/s of one
 // long prompt (causal), with and without a cached prefix. Each configuration is
 // first checked against the CPU backend on a small case.
-//   attention_bench [--quick]
+// Then the fused decode step by query heads per block (heads_per_block_sweep).
+//   attention_bench [--quick] [--heads: only that sweep]
 #include <cstring>
 #include <numeric>
 
@@ -79,10 +80,90 @@ double check(Backend& gpu, Backend& cpu, const Seqs& s, DType cache_dt) {
   return e;
 }
 
+// The fused decode step (q/k norm, RoPE and the KV write inside the attention kernel, the op
+// decode steps take) for each query-head chunk a block can take (CudaOptions::decode_heads_per_block;
+// 0 = the rule), on the MoE models' head layouts: microseconds per layer over 48 layers of distinct
+// caches (as a decode step walks them, past the L2), one query token per sequence.
+void heads_per_block_sweep(bool quick) {
+  struct Layout {
+    const char* name;
+    int Hq, Hk, D, rd;
+  };
+  const Layout layouts[] = {
+      {"Qwen3-30B-A3B", 32, 4, 128, 128}, {"Qwen3.5-35B-A3B", 16, 2, 256, 64}, {"Qwen3-8B", 32, 8, 128, 128}};
+  std::vector<int> batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> ctxs = {640, 4096};
+  if (quick) batches = {1, 8, 32};
+  constexpr int kMaxPos = 8192;
+  std::printf(
+      "\nfused decode attention, us per layer (up to 48 layers of distinct caches), by query heads per block "
+      "(0 = the rule)\n");
+  std::printf("%-16s %6s %6s %9s %9s %9s %9s %9s\n", "layout", "batch", "ctx", "rule", "1", "2", "4", "8");
+  for (const Layout& lay : layouts) {
+    for (int ctx : ctxs)
+      for (int batch : batches) {
+        std::printf("%-16s %6d %6d", lay.name, batch, ctx);
+        for (int heads : {0, 1, 2, 4, 8}) {
+          CudaOptions o;
+          o.decode_heads_per_block = heads;
+          auto gpu = make_cuda_backend(0, o);
+          Seqs s{std::vector<int>(batch, ctx - 1), std::vector<int>(batch, 1)};
+          const int nb = blocks_for(s);
+          // Layers enough to pass the L2, at most 1 GiB of cache.
+          const int64_t layer_bytes = int64_t{nb} * kBs * lay.Hk * lay.D * 2 * 2;
+          const int layers = static_cast<int>(std::clamp<int64_t>((int64_t{1} << 30) / layer_bytes, 4, 48));
+          Shape cs{int64_t{nb} * layers, kBs, lay.Hk, lay.D};
+          Tensor kc = gpu->alloc(cs, DType::kBF16), vc = gpu->alloc(cs, DType::kBF16);
+          gpu->fill_random(kc, 3, -2, 2);
+          gpu->fill_random(vc, 4, -2, 2);
+          std::vector<AttentionMetadata> metas;
+          for (int l = 0; l < layers; ++l) {
+            int used = 0;
+            metas.push_back(upload_attention_metadata(*gpu, layout_for(s, l * nb, &used)));
+          }
+          Tensor qkv = gpu->alloc({batch, (lay.Hq + 2 * lay.Hk) * lay.D}, DType::kBF16);
+          gpu->fill_random(qkv, 5, -2, 2);
+          Tensor qn = gpu->alloc({lay.D}, DType::kBF16), kn = gpu->alloc({lay.D}, DType::kBF16);
+          gpu->fill_random(qn, 6, 0.5f, 1.5f);
+          gpu->fill_random(kn, 7, 0.5f, 1.5f);
+          std::vector<float> table(static_cast<size_t>(kMaxPos) * lay.rd);
+          for (int p = 0; p < kMaxPos; ++p)
+            for (int i = 0; i < lay.rd / 2; ++i) {
+              const double f = p * std::pow(1e6, -2.0 * i / lay.rd);
+              table[static_cast<size_t>(p) * lay.rd + i] = static_cast<float>(std::cos(f));
+              table[static_cast<size_t>(p) * lay.rd + lay.rd / 2 + i] = static_cast<float>(std::sin(f));
+            }
+          RopeTable rope{upload(*gpu, table, {kMaxPos, lay.rd}, DType::kF32), lay.rd, true};
+          std::vector<int32_t> pos(static_cast<size_t>(batch), ctx - 1);
+          Tensor positions = gpu->alloc({batch}, DType::kI32);
+          gpu->copy_from_host(positions, pos.data());
+          Tensor out = gpu->alloc({batch, lay.Hq, lay.D}, DType::kBF16);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(lay.D));
+          const double ms = time_ms(
+              *gpu,
+              [&](int) {
+                size_t mark = gpu->scratch_mark();
+                for (int l = 0; l < layers; ++l)
+                  gpu->qkv_attention(qkv, &qn, &kn, 1e-6f, positions, rope, kc, vc, metas[l], scale, 1.0f, 1.0f, out);
+                gpu->scratch_rewind(mark);
+              },
+              3, quick ? 10 : 20);
+          std::printf(" %9.2f", ms * 1e3 / layers);
+          gpu->reset_scratch();
+        }
+        std::printf("\n");
+      }
+  }
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && std::strcmp(argv[argc - 1], "--heads") == 0) {  // only the heads-per-block sweep
+    heads_per_block_sweep(quick);
+    return 0;
+  }
   auto gpu = make_cuda_backend(0);
   auto cpu = make_backend({DeviceType::kCPU, 0, 0});
   std::printf("device: %s\n", gpu->name().c_str());
@@ -172,6 +253,7 @@ int run(int argc, char** argv) {
       gpu->reset_scratch();
     }
   }
+  heads_per_block_sweep(quick);
   return 0;
 }
 

@@ -402,6 +402,16 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
   unfused.fused_decode_attention = false;
   std::unique_ptr<Backend> two_ops = make_cuda_backend(0, unfused);
   std::unique_ptr<Backend> fused = make_cuda_backend(0);
+  // The fused kernel with every query-head chunk a block can take (CudaOptions::decode_heads_per_block):
+  // the same bits as the rule's choice.
+  std::vector<std::unique_ptr<Backend>> chunked;
+  for (int heads : {1, 2, 4, 8}) {
+    CudaOptions o;
+    o.decode_heads_per_block = heads;
+    chunked.push_back(make_cuda_backend(0, o));
+  }
+  std::vector<Backend*> backends = {two_ops.get(), fused.get()};
+  for (auto& b : chunked) backends.push_back(b.get());
   const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
     for (int D : {128, 64, 256})  // 256 with 64 rotary dims (neox): Qwen3-Next / Qwen3.5
@@ -439,10 +449,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           const int Tall = all.query_start_loc.back();
           auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
           auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
-          std::vector<float> out_bits[2], kc_bits[2], vc_bits[2];
-          size_t scratch_bytes[2];
-          int i = 0;
-          for (Backend* be : {two_ops.get(), fused.get()}) {
+          const size_t n = backends.size();
+          std::vector<std::vector<float>> out_bits(n), kc_bits(n), vc_bits(n);
+          std::vector<size_t> scratch_bytes(n);
+          size_t i = 0;
+          for (Backend* be : backends) {
             be->reset_scratch();  // before the metadata: it lives in scratch memory
             Shape cache_shape{next, bs, Hk, D};
             Tensor kc = be->alloc(cache_shape, cache_t), vc = be->alloc(cache_shape, cache_t);
@@ -470,16 +481,20 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
                              " group=" + std::to_string(group) + (norm ? " norm" : "");
           // The fused kernel took the step: it needs no q buffer, the two ops do.
           EXPECT_LE(scratch_bytes[1] + static_cast<size_t>(T * Hq * D * 2), scratch_bytes[0]) << what;
-          for (int side = 0; side < 2; ++side) {
+          for (size_t side = 0; side < n; ++side) {
+            const std::string who = side == 0   ? ": two ops"
+                                    : side == 1 ? ": fused"
+                                                : ": fused, heads per block " + std::to_string(1 << (side - 2));
             const auto nan_at =
                 std::find_if(out_bits[side].begin(), out_bits[side].end(), [](float f) { return !std::isfinite(f); });
             EXPECT_TRUE(nan_at == out_bits[side].end())
-                << what << (side ? ": fused" : ": two ops") << " output not finite at "
-                << (nan_at - out_bits[side].begin()) << " of " << out_bits[side].size();
+                << what << who << " output not finite at " << (nan_at - out_bits[side].begin()) << " of "
+                << out_bits[side].size();
+            if (side == 0) continue;
+            EXPECT_EQ(rel_err(out_bits[side], out_bits[0]), 0.0) << what << who;
+            EXPECT_EQ(rel_err(kc_bits[side], kc_bits[0]), 0.0) << what << who;
+            EXPECT_EQ(rel_err(vc_bits[side], vc_bits[0]), 0.0) << what << who;
           }
-          EXPECT_EQ(rel_err(out_bits[1], out_bits[0]), 0.0) << what;
-          EXPECT_EQ(rel_err(kc_bits[1], kc_bits[0]), 0.0) << what;
-          EXPECT_EQ(rel_err(vc_bits[1], vc_bits[0]), 0.0) << what;
         }
 }
 

@@ -126,10 +126,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncwarp();
     }
     const int32_t new_slot = pro.slots[t];
-    if (end == kv_len && warp < 2 && pos_ok && new_slot >= 0) {  // this slice holds the newest key
+    // The slice that holds the newest key writes it and its value: the last two warps, which the
+    // q heads above keep least busy (none of them at GC <= 2).
+    if (end == kv_len && warp >= kWarps - 2 && pos_ok && new_slot >= 0) {
       if (new_slot >= pro.num_slots) {
         if (lane == 0) raise_error(pro.err, kErrKvSlot);
-      } else if (warp == 0) {  // k: normed and rotated
+      } else if (warp == kWarps - 2) {  // k: normed and rotated
         hd.load(t, a.Hq + kh, pro.k_norm, lane);
         CT* dst = static_cast<CT*>(pro.k_cache) + (static_cast<int64_t>(new_slot) * a.Hk + kh) * D;
         for (int d = lane; d < D; d += 32) {
@@ -210,9 +212,17 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float4 qa = *reinterpret_cast<const float4*>(qh + g * (kLpk * kQSeg) + c * 8);
         const float4 qb = *reinterpret_cast<const float4*>(qh + g * (kLpk * kQSeg) + c * 8 + 4);
 #pragma unroll
-        for (int i = 0; i < kKpl; ++i)
-          dot[i][g] += qa.x * kf[i][0] + qa.y * kf[i][1] + qa.z * kf[i][2] + qa.w * kf[i][3] + qb.x * kf[i][4] +
-                       qb.y * kf[i][5] + qb.z * kf[i][6] + qb.w * kf[i][7];
+        for (int i = 0; i < kKpl; ++i) {  // explicit FMAs: the same bits in every instantiation
+          float d = dot[i][g];
+          d = fmaf(qa.x, kf[i][0], d);
+          d = fmaf(qa.y, kf[i][1], d);
+          d = fmaf(qa.z, kf[i][2], d);
+          d = fmaf(qa.w, kf[i][3], d);
+          d = fmaf(qb.x, kf[i][4], d);
+          d = fmaf(qb.y, kf[i][5], d);
+          d = fmaf(qb.z, kf[i][6], d);
+          dot[i][g] = fmaf(qb.w, kf[i][7], d);
+        }
       }
     }
 #pragma unroll
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           psum += p;
         }
       }
-      l[g] = l[g] * alpha + warp_sum(psum);
+      l[g] = fmaf(l[g], alpha, warp_sum(psum));
       m[g] = mnew;
 #pragma unroll
       for (int d = 0; d < kVDims; ++d) acc[g][d] *= alpha;
@@ -267,7 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int g = 0; g < GC; ++g) {
 #pragma unroll
-        for (int d = 0; d < kVDims; ++d) acc[g][d] += pv[g] * vf[d];
+        for (int d = 0; d < kVDims; ++d) acc[g][d] = fmaf(pv[g], vf[d], acc[g][d]);
       }
     }
     __syncwarp();
@@ -294,8 +304,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int w = 0; w < kWarps; ++w) {
       if (red_m[w][g] == -INFINITY) continue;  // a warp that saw no key
       const float f = exp2f(red_m[w][g] - mx);
-      o += red_acc[w][g][d] * f;
-      sum += red_l[w][g] * f;
+      o = fmaf(red_acc[w][g][d], f, o);
+      sum = fmaf(red_l[w][g], f, sum);
     }
     if (num_splits == 1) {
       __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out);
@@ -331,17 +341,19 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
     const float* w = base + sp * (D + 2);
     if (w[D + 1] == 0.0f) continue;
     const float f = exp2f(w[D] - mx);
-    o += w[d] * f;
-    sum += w[D + 1] * f;
+    o = fmaf(w[d], f, o);
+    sum = fmaf(w[D + 1], f, sum);
   }
   static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
 }
 
+// Power of two >= group, at most 8.
+int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+
 template <int D, typename CT, bool kFused, bool kPre>
 void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
-                   cudaStream_t s) {
+                   int gc, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
-  const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;  // power of two >= group, at most 8
   dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
   switch (gc) {
     case 1:
@@ -366,14 +378,16 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single
 // Tokens up to which the fused kernel loads its first tile before the PDL wait (more
 // registers held across the prologue; at large batches occupancy matters more).
 constexpr int kPreloadMaxTokens = 8;
+// decode_attention_heads_per_block's rule: a one-token step takes at most this many heads a block.
+constexpr int kOneTokenHeads = 2;
 
 template <int D, typename CT, bool kFused>
 void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
-              cudaStream_t s) {
+              int gc, cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, s);
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, gc, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, s);
+    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, gc, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
     launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, only_single, ws);
@@ -383,11 +397,11 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, flo
 
 template <int D, typename CT>
 void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                     const QkvPrologueArgs* fused, cudaStream_t s) {
+                     const QkvPrologueArgs* fused, int gc, cudaStream_t s) {
   if (fused)
-    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, s);
+    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, gc, s);
   else
-    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, s);
+    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, gc, s);
 }
 
 }  // namespace
@@ -403,19 +417,36 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
   return std::clamp(want, 1, std::min(most, 64));
 }
 
+int decode_attention_heads_per_block(int num_tokens, int group) {
+  // One token: a block of 4 warps over its slice's keys is bound by the issue rate of its Q.K and
+  // P.V FMAs for 8 heads, not by its loads, and the grid leaves SMs idle; chunks of 2 heads spread
+  // the same work over 4x the blocks (each chunk reads the slice's keys, from L2 after the first).
+  // attention_bench --heads on the H200 (us a layer, fused decode, 48 layers; 2 heads against the
+  // whole group of 8): batch 1 at 640 keys 11.1 vs 16.1 (Qwen3-30B-A3B heads) and 12.9 vs 21.5
+  // (Qwen3.5-35B-A3B), at 4,096 keys 29.5 vs 25.7 and 30.9 vs 29.0. A captured graph serves every
+  // context length, so the choice can follow only the batch: from 2 tokens on no chunk size won at
+  // both lengths (Qwen3.5 at 4,096 keys, batch 2: 49.1 with 2 heads, 34.5 with 8).
+  const int full = full_group_chunk(group);
+  return num_tokens == 1 ? std::min(full, kOneTokenHeads) : full;
+}
+
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                             const QkvPrologueArgs* fused, cudaStream_t s) {
+                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block) {
   if (a.num_tokens == 0) return;
+  const int full = full_group_chunk(a.Hq / a.Hk);
+  int gc = heads_per_block > 0 ? full_group_chunk(heads_per_block)
+                               : decode_attention_heads_per_block(a.num_tokens, a.Hq / a.Hk);
+  gc = std::min(gc, full);
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
-        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
   } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
-    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
-        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
   } else {
-    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, s)
-        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
   }
 }
 

@@ -111,9 +111,12 @@ bool prefill_attention_supported(int D, DType cache_dtype);
 // workspace: float[num_tokens * Hq * num_splits * (D + 2)]. fused: also do the attention
 // prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
 // has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
+// heads_per_block: query heads of one kv head's group that a block takes (1, 2, 4 or 8; 0: the
+// measured rule of decode_attention_heads_per_block). Every choice gives the same bits.
 int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_len, int num_sms);
+int decode_attention_heads_per_block(int num_tokens, int group);
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
-                             const QkvPrologueArgs* fused, cudaStream_t s);
+                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block = 0);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);

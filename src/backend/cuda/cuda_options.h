@@ -48,6 +48,9 @@ struct CudaOptions {
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;
+  // Query heads of a kv head's group that one decode-attention block takes: 1, 2, 4 or 8; 0: by
+  // the measured rule (decode_attention_heads_per_block in cuda_ops.h). The same bits either way.
+  int decode_heads_per_block = 0;
   // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
   // dims allow; false: the recurrent kernel, token by token.
   bool chunked_gated_delta = true;

@@ -9,8 +9,10 @@ namespace tessera::cuda {
 
 // One head of a fused QKV row into b[D] (shared memory): loaded, RMS-normed when nw is
 // given; then rope_at(i) is element i rotated at `pos`. One warp. The attention prologue
-// (qkv_prologue.cu) and the fused decode attention (attention_decode.cu) both use it, so
-// they compute the same bits.
+// (qkv_prologue.cu) and the fused decode attention (attention_decode.cu, every head-chunk
+// instantiation) both use it, so they compute the same bits: every multiply-add is an explicit
+// fmaf or __fmul_rn, since how nvcc contracts `a * b - c * d` may differ between the kernels
+// it is inlined into (seen on the H200: one bf16 ulp of q apart between two instantiations).
 struct QkvHead {
   const QkvPrologueArgs& p;
   float* b;
@@ -22,7 +24,7 @@ struct QkvHead {
     for (int i = lane; i < D; i += 32) {
       const float x = __bfloat162float(src[i]);
       b[i] = x;
-      ss += x * x;
+      ss = fmaf(x, x, ss);
     }
     if (const auto* nw = static_cast<const __nv_bfloat16*>(nw_raw)) {
       const float r = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
@@ -39,11 +41,11 @@ struct QkvHead {
       if (p.neox) {
         const int j = i < half ? i : i - half;
         const float x1 = b[j], x2 = b[j + half];
-        o = i < half ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
+        o = i < half ? fmaf(x1, c[j], -__fmul_rn(x2, s[j])) : fmaf(x2, c[j], __fmul_rn(x1, s[j]));
       } else {
         const int j = i / 2;
         const float x1 = b[2 * j], x2 = b[2 * j + 1];
-        o = (i & 1) == 0 ? x1 * c[j] - x2 * s[j] : x2 * c[j] + x1 * s[j];
+        o = (i & 1) == 0 ? fmaf(x1, c[j], -__fmul_rn(x2, s[j])) : fmaf(x2, c[j], __fmul_rn(x1, s[j]));
       }
     }
     return o;
