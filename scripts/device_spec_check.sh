@@ -13,7 +13,7 @@ L=/tmp/spec_logs
 mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 T=/tmp/bundle/tessera
-M=models/tessera-demo
+M=${MODEL:-models/tessera-demo}  # MODEL: another copy (e.g. a fine-tuned one)
 PARTS=" ${PARTS:-b1 eager c64 conc ngram} "
 DBB=${DBB:-32}
 part() { [[ "$PARTS" == *" $1 "* ]]; }
