@@ -14,6 +14,10 @@ function(tessera_add_tests)
     target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
     target_compile_definitions(${name} PRIVATE TESSERA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                                                TESSERA_BINARY_DIR="${CMAKE_BINARY_DIR}")
+    # The test files themselves at -O1 in the optimised builds (after the build type's -O2, so it wins):
+    # their time goes into compiling TESTs, which -O2 makes ~30% slower to build and no faster to run
+    # where it matters (the code under test is in the libraries, still -O2).
+    target_compile_options(${name} PRIVATE $<$<CONFIG:Release,RelWithDebInfo>:-O1>)
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
   endforeach()
 endfunction()

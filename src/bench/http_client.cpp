@@ -54,7 +54,8 @@ BaseUrl parse_base_url(std::string_view url) {
   return out;
 }
 
-namespace {
+// Not in an anonymous namespace: HttpClient::State (declared in the header) holds them.
+namespace http_client_detail {
 
 struct Connection {
   explicit Connection(asio::io_context& io) : socket(io) {}
@@ -62,7 +63,8 @@ struct Connection {
   beast::flat_buffer buffer;  // bytes read past the end of the previous response stay here
 };
 
-}  // namespace
+}  // namespace http_client_detail
+using http_client_detail::Connection;
 
 struct HttpClient::State {
   State(asio::io_context& io_context, BaseUrl url, std::string key)

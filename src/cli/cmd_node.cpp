@@ -76,12 +76,12 @@ dist::NodeFingerprint node_fingerprint(const dist::NicChoice& nic, const NodeSta
 }
 
 // The job's child process on a worker node.
-struct Job {
+struct NodeJob {
   pid_t pid = -1;
   int node_rank = 0, nnodes = 0;
 };
 
-void end_job(Job& job, const char* why) {
+void end_job(NodeJob& job, const char* why) {
   if (job.pid <= 0) return;
   TLOG_INFO("ending the job's process (pid {}): {}", job.pid, why);
   kill(job.pid, SIGTERM);
@@ -97,7 +97,7 @@ void end_job(Job& job, const char* why) {
   job.pid = -1;
 }
 
-void reap_job(Job& job) {
+void reap_job(NodeJob& job) {
   if (job.pid <= 0) return;
   int status = 0;
   if (waitpid(job.pid, &status, WNOHANG) != job.pid) return;
@@ -110,7 +110,7 @@ void reap_job(Job& job) {
   job.pid = -1;
 }
 
-void start_job(Job& job, const dist::JobStart& js, const dist::NicChoice& nic, const std::string& token) {
+void start_job(NodeJob& job, const dist::JobStart& js, const dist::NicChoice& nic, const std::string& token) {
   std::vector<std::string> args{"/proc/self/exe"};
   args.insert(args.end(), js.args.begin(), js.args.end());
   args.insert(args.end(), {"--nnodes", std::to_string(js.nnodes), "--node-rank", std::to_string(js.node_rank),
@@ -247,7 +247,7 @@ int run_worker(const NodeStartFlags& f) {
               port, client->node_rank(), nic.ip.c_str(), nic.interface_name.c_str(), co.fingerprint.num_ranks,
               co.fingerprint.gpus.size());
   std::fflush(stdout);
-  Job job;
+  NodeJob job;
   while (!g_stop) {
     reap_job(job);
     if (std::optional<dist::RankFailure> lost = client->failure()) {

@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_check.h"
 #include "backend/sampling.h"
 
 #include <cblas.h>
@@ -17,9 +18,7 @@ namespace tessera {
 
 namespace {
 
-void require(bool cond, const char* op, const std::string& what) {
-  if (!cond) fail(ErrorKind::kInternal, "cpu {}: {}", op, what);
-}
+using cpu::require;
 
 void require_f32(const Tensor& t, const char* op) {
   require(t.dtype() == DType::kF32, op, "expects f32, got " + t.str());

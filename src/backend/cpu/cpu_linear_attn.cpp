@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_check.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -14,9 +15,7 @@ namespace tessera {
 
 namespace {
 
-void require(bool cond, const char* op, const std::string& what) {
-  if (!cond) fail(ErrorKind::kInternal, "cpu {}: {}", op, what);
-}
+using cpu::require;
 
 bool is_state_dtype(DType t) { return t == DType::kF32 || t == DType::kBF16; }
 

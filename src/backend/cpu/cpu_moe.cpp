@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_check.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -17,9 +18,7 @@ namespace tessera {
 
 namespace {
 
-void require(bool cond, const char* op, const std::string& what) {
-  if (!cond) fail(ErrorKind::kInternal, "cpu {}: {}", op, what);
-}
+using cpu::require;
 
 }  // namespace
 

@@ -19,8 +19,6 @@
 namespace tessera::server::detail {
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 // Structural scan of one block's text, a byte at a time: finds the top-level "name" and
 // "arguments" members without building the document. Strictness comes later from
 // nlohmann::json::accept on the whole block; this only has to be right for valid JSON and

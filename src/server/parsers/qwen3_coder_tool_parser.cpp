@@ -34,8 +34,6 @@
 namespace tessera::server::detail {
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out)
