@@ -182,8 +182,7 @@ def main():
             if frac >= 1.0:
                 done = True
                 break
-            lr = args.lr * (step + 1) / args.warmup if step < args.warmup else \
-                args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+            lr = tdm.lr_schedule(step, frac, args.lr, args.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
             x = torch.from_numpy(batch).to(device)
@@ -191,10 +190,7 @@ def main():
                 ce1, ce2 = losses(model, mtp, lkw, x)
                 aux = routers.balance_loss(cfg.num_experts, cfg.num_experts_per_tok)
             loss = ce1 + args.pass2_weight * ce2 + (args.aux_coef * aux if aux is not None else 0.0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            gn = tdm.optimizer_step(opt, params, loss)
             step += 1
             if step % args.log_every == 0 or step == 1:
                 rec = {"step": step, "seconds": round(time.time() - t0, 1), "ce_pass1": round(ce1.item(), 4),

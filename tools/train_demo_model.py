@@ -284,6 +284,23 @@ def forward_losses(model, mtp, lkw, input_ids, mtp_lambda):
     return main, mtp_loss
 
 
+def lr_schedule(step, frac, base_lr, warmup):
+    """Linear warm-up over `warmup` steps, then cosine decay to a tenth at frac = 1."""
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    return base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def optimizer_step(opt, params, loss):
+    """Backward, gradient norm clipped to 1, one optimizer step; returns the norm before clipping."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return gn
+
+
 # ---------------------------------------------------------------- data
 def encode_docs(tok, rows, eot):
     texts = [doc_text(r) for r in rows]
@@ -634,11 +651,6 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=(device == "cuda"))
     budget = args.minutes * 60
 
-    def lr_at(step, frac):
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-
     rng = random.Random(args.seed)
     history = []
     step, tokens_seen, epoch = 0, 0, 0
@@ -653,16 +665,13 @@ def main():
                 done = True
                 break
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, frac if step >= args.warmup else 0.0)
+                g["lr"] = lr_schedule(step, frac if step >= args.warmup else 0.0, args.lr, args.warmup)
             x = torch.from_numpy(batch).to(device)
             with torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16):
                 main_loss, mtp_loss = forward_losses(model, mtp, lkw, x, args.mtp_lambda)
                 aux = routers.balance_loss(args.experts, args.top_k)
             loss = main_loss + args.mtp_lambda * mtp_loss + (args.aux_coef * aux if aux is not None else 0.0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            gn = optimizer_step(opt, params, loss)
             step += 1
             tokens_seen += x.numel()
             if step % args.log_every == 0 or step == 1:
