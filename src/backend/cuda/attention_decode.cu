@@ -14,8 +14,9 @@ namespace tessera::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kTile = 16;     // keys per warp step
-constexpr int kMaxGroup = 8;  // query heads per block
+constexpr int kTile = 16;       // keys per warp step
+constexpr int kMaxGroup = 8;    // query heads per block
+constexpr int kMaxSplits = 64;  // key slices per (token, head) at most
 
 // Keys per split when the kernel sizes splits from the sequence's own length: whole
 // warp-tile rounds. The merge kernel recomputes it to skip the splits past the context.
@@ -331,18 +332,33 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
   const int part = split_part(a.seq_lens[s], num_splits);
   const int used = min(num_splits, (kv_len + part - 1) / part);
+  static_assert(D >= kMaxSplits, "a thread per split loads its max and sum");
+  __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   pdl_wait();  // launched with PDL (device_utils.cuh)
   if (only_single && qlen != 1) return;
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
+  // The slices' maxima and sums, one load a thread, and their outputs 8 loads at a time: a loop of
+  // dependent L2 round trips (one a slice, twice) was most of this kernel's time at batch 1.
+  if (d < used) {
+    s_m[d] = base[d * (D + 2) + D];
+    s_l[d] = base[d * (D + 2) + D + 1];
+  }
+  __syncthreads();
   float mx = -INFINITY;
-  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, base[sp * (D + 2) + D]);
+  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, s_m[sp]);
   float o = 0.0f, sum = 0.0f;
-  for (int sp = 0; sp < used; ++sp) {
-    const float* w = base + sp * (D + 2);
-    if (w[D + 1] == 0.0f) continue;
-    const float f = exp2f(w[D] - mx);
-    o = fmaf(w[d], f, o);
-    sum = fmaf(w[D + 1], f, sum);
+  for (int sp0 = 0; sp0 < used; sp0 += 8) {
+    float wv[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wv[j] = sp0 + j < used ? base[(sp0 + j) * (D + 2) + d] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // in slice order, as one at a time
+      const int sp = sp0 + j;
+      if (sp >= used || s_l[sp] == 0.0f) continue;
+      const float f = exp2f(s_m[sp] - mx);
+      o = fmaf(wv[j], f, o);
+      sum = fmaf(s_l[sp], f, sum);
+    }
   }
   static_cast<__nv_bfloat16*>(a.out)[(static_cast<int64_t>(t) * a.Hq + h) * D + d] = __float2bfloat16_rn(o / sum);
 }
@@ -414,7 +430,7 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
   const int blocks = num_tokens * Hk * ((group + kMaxGroup - 1) / kMaxGroup);
   const int want = (2 * num_sms + blocks - 1) / std::max(blocks, 1);
   const int most = std::max(1, (max_seq_len + 63) / 64);  // at least one 16-key tile per warp
-  return std::clamp(want, 1, std::min(most, 64));
+  return std::clamp(want, 1, std::min(most, kMaxSplits));
 }
 
 int decode_attention_heads_per_block(int num_tokens, int group) {
