@@ -105,11 +105,22 @@ template <typename T, typename W, int N>
 __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual, const W* __restrict__ w, int64_t D,
                                     float eps) {
   pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
-  pdl_wait();
   using V = Vec<T, N>;
+  const int64_t nv = D / N;
+  // The norm weight is a model constant (no kernel before writes it): this thread's first kPreW
+  // vectors of it load before the PDL wait, instead of after the reduction, where their round trip
+  // (from DRAM: the expert weights stream through L2 every step) was on the critical path.
+  constexpr int kPreW = 2;
+  float wpre[kPreW][N];
+#pragma unroll
+  for (int j = 0; j < kPreW; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+#pragma unroll
+    for (int k = 0; k < N; ++k) wpre[j][k] = i < nv ? to_float(w[i * N + k]) : 0.0f;
+  }
+  pdl_wait();
   V* xr = reinterpret_cast<V*>(x + blockIdx.x * D);
   V* rr = reinterpret_cast<V*>(residual + blockIdx.x * D);
-  int64_t nv = D / N;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     V a = xr[i], r = rr[i];
@@ -122,8 +133,17 @@ __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual,
     rr[i] = r;
   }
   float inv = rsqrtf(block_sum(ss) / static_cast<float>(D) + eps);
-  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+#pragma unroll
+  for (int j = 0; j < kPreW; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (i >= nv) break;
     V r = rr[i], o;  // written by this same thread above
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(to_float(r.v[k]) * inv * wpre[j][k]);
+    xr[i] = o;
+  }
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kPreW) * blockDim.x; i < nv; i += blockDim.x) {
+    V r = rr[i], o;
 #pragma unroll
     for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(to_float(r.v[k]) * inv * to_float(w[i * N + k]));
     xr[i] = o;
