@@ -4,15 +4,11 @@
 # are compiled once a batch instead of once a file; precompiled headers (TesseraPch.cmake) only
 # save the parsing. A file that must stay alone sets SKIP_UNITY_BUILD_INCLUSION.
 #
-# Default: on where the precompiled headers are (no compiler launcher: CI's fresh clone), off
-# under ccache, where editing one file would recompile its whole batch.
+# Default: TesseraPch.cmake's (included before this file): on without a compiler launcher (CI's
+# fresh clone), off under ccache, where editing one file would recompile its whole batch.
 #   -DTESSERA_UNITY=ON|OFF overrides; -DTESSERA_UNITY_BATCH=N sets the batch size.
-set(_tessera_unity_default ON)
-if(CMAKE_CXX_COMPILER_LAUNCHER MATCHES "ccache")
-  set(_tessera_unity_default OFF)
-endif()
 option(TESSERA_UNITY "Unity builds of the libraries, the CLI and the fuzz targets (off under ccache)"
-       ${_tessera_unity_default})
+       ${_tessera_pch_default})
 set(TESSERA_UNITY_BATCH 8 CACHE STRING "C++ files per unity translation unit")
 
 # tessera_unity(TARGET...): each TARGET that exists compiles as a unity build (when TESSERA_UNITY).

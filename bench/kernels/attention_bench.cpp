@@ -6,6 +6,7 @@
 // Then the fused decode step by query heads per block (heads_per_block_sweep).
 //   attention_bench [--quick] [--heads: only that sweep]
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "backend/attention_metadata.h"
@@ -44,6 +45,16 @@ AttentionLayout layout_for(const Seqs& s, int first_block, int* blocks_used) {
   }
   *blocks_used = next - first_block;
   return l;
+}
+
+// The metadata of `layers` layers whose caches are consecutive runs of `nb` blocks each.
+std::vector<AttentionMetadata> layer_metas(Backend& be, const Seqs& s, int nb, int layers) {
+  std::vector<AttentionMetadata> metas;
+  for (int l = 0; l < layers; ++l) {
+    int used = 0;
+    metas.push_back(upload_attention_metadata(be, layout_for(s, l * nb, &used)));
+  }
+  return metas;
 }
 
 int blocks_for(const Seqs& s) {
@@ -99,14 +110,25 @@ void heads_per_block_sweep(bool quick) {
       "\nfused decode attention, us per layer (up to 48 layers of distinct caches), by query heads per block "
       "(0 = the rule)\n");
   std::printf("%-16s %6s %6s %9s %9s %9s %9s %9s\n", "layout", "batch", "ctx", "rule", "1", "2", "4", "8");
+  std::vector<std::unique_ptr<Backend>> backends;  // one per heads-per-block choice: 0 (the rule), 1, 2, 4, 8
+  for (int heads : {0, 1, 2, 4, 8}) {
+    CudaOptions o;
+    o.decode_heads_per_block = heads;
+    backends.push_back(make_cuda_backend(0, o));
+  }
   for (const Layout& lay : layouts) {
+    std::vector<float> table(static_cast<size_t>(kMaxPos) * lay.rd);
+    for (int p = 0; p < kMaxPos; ++p)
+      for (int i = 0; i < lay.rd / 2; ++i) {
+        const double f = p * std::pow(1e6, -2.0 * i / lay.rd);
+        table[static_cast<size_t>(p) * lay.rd + i] = static_cast<float>(std::cos(f));
+        table[static_cast<size_t>(p) * lay.rd + lay.rd / 2 + i] = static_cast<float>(std::sin(f));
+      }
     for (int ctx : ctxs)
       for (int batch : batches) {
         std::printf("%-16s %6d %6d", lay.name, batch, ctx);
-        for (int heads : {0, 1, 2, 4, 8}) {
-          CudaOptions o;
-          o.decode_heads_per_block = heads;
-          auto gpu = make_cuda_backend(0, o);
+        for (auto& backend : backends) {
+          Backend* gpu = backend.get();
           Seqs s{std::vector<int>(batch, ctx - 1), std::vector<int>(batch, 1)};
           const int nb = blocks_for(s);
           // Layers enough to pass the L2, at most 1 GiB of cache.
@@ -116,23 +138,12 @@ void heads_per_block_sweep(bool quick) {
           Tensor kc = gpu->alloc(cs, DType::kBF16), vc = gpu->alloc(cs, DType::kBF16);
           gpu->fill_random(kc, 3, -2, 2);
           gpu->fill_random(vc, 4, -2, 2);
-          std::vector<AttentionMetadata> metas;
-          for (int l = 0; l < layers; ++l) {
-            int used = 0;
-            metas.push_back(upload_attention_metadata(*gpu, layout_for(s, l * nb, &used)));
-          }
+          const std::vector<AttentionMetadata> metas = layer_metas(*gpu, s, nb, layers);
           Tensor qkv = gpu->alloc({batch, (lay.Hq + 2 * lay.Hk) * lay.D}, DType::kBF16);
           gpu->fill_random(qkv, 5, -2, 2);
           Tensor qn = gpu->alloc({lay.D}, DType::kBF16), kn = gpu->alloc({lay.D}, DType::kBF16);
           gpu->fill_random(qn, 6, 0.5f, 1.5f);
           gpu->fill_random(kn, 7, 0.5f, 1.5f);
-          std::vector<float> table(static_cast<size_t>(kMaxPos) * lay.rd);
-          for (int p = 0; p < kMaxPos; ++p)
-            for (int i = 0; i < lay.rd / 2; ++i) {
-              const double f = p * std::pow(1e6, -2.0 * i / lay.rd);
-              table[static_cast<size_t>(p) * lay.rd + i] = static_cast<float>(std::cos(f));
-              table[static_cast<size_t>(p) * lay.rd + lay.rd / 2 + i] = static_cast<float>(std::sin(f));
-            }
           RopeTable rope{upload(*gpu, table, {kMaxPos, lay.rd}, DType::kF32), lay.rd, true};
           std::vector<int32_t> pos(static_cast<size_t>(batch), ctx - 1);
           Tensor positions = gpu->alloc({batch}, DType::kI32);
@@ -199,11 +210,7 @@ int run(int argc, char** argv) {
       Tensor kc = gpu->alloc(cs, dt), vc = gpu->alloc(cs, dt);
       gpu->fill_random(kc, 3, -20, 20);
       gpu->fill_random(vc, 4, -20, 20);
-      std::vector<AttentionMetadata> metas;
-      for (int l = 0; l < layers; ++l) {
-        int used = 0;
-        metas.push_back(upload_attention_metadata(*gpu, layout_for(s, l * nb, &used)));
-      }
+      const std::vector<AttentionMetadata> metas = layer_metas(*gpu, s, nb, layers);
       Tensor q = gpu->alloc({c.batch, kHq, kD}, DType::kBF16), out = gpu->alloc({c.batch, kHq, kD}, DType::kBF16);
       gpu->fill_random(q, 5, -1, 1);
       float ks = dt == DType::kF8E4M3 ? 0.05f : 1.0f;

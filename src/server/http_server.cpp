@@ -25,6 +25,19 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+// Not in the anonymous namespace: HttpServer::Impl (declared in the header) holds one.
+namespace http_server_detail {
+
+struct Shared {
+  HttpServerOptions options;
+  RequestHandler handler;
+  ErrorBodyFn error_body;
+  std::atomic<size_t> connections{0};
+};
+
+}  // namespace http_server_detail
+using http_server_detail::Shared;
+
 namespace {
 
 // The status line's reason phrase, from Beast's table ("Unknown" for a code it lacks).
@@ -33,13 +46,6 @@ std::string_view reason_phrase(int status) {
   const std::string_view r(b.data(), b.size());
   return r == "<unknown-status>" ? std::string_view("Unknown") : r;
 }
-
-struct Shared {
-  HttpServerOptions options;
-  RequestHandler handler;
-  ErrorBodyFn error_body;
-  std::atomic<size_t> connections{0};
-};
 
 std::string head(int status, const std::string& content_type, const HeaderList& headers, bool keep_alive) {
   std::string s = fmt::format("HTTP/1.1 {} {}\r\nServer: tessera\r\nContent-Type: {}\r\nConnection: {}\r\n", status,

@@ -449,10 +449,9 @@ int decode_attention_heads_per_block(int num_tokens, int group) {
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
                              const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block) {
   if (a.num_tokens == 0) return;
-  const int full = full_group_chunk(a.Hq / a.Hk);
-  int gc = heads_per_block > 0 ? full_group_chunk(heads_per_block)
-                               : decode_attention_heads_per_block(a.num_tokens, a.Hq / a.Hk);
-  gc = std::min(gc, full);
+  const int group = a.Hq / a.Hk;
+  const int gc = heads_per_block > 0 ? std::min(full_group_chunk(heads_per_block), full_group_chunk(group))
+                                     : decode_attention_heads_per_block(a.num_tokens, group);
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
     fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)

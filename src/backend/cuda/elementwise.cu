@@ -132,22 +132,20 @@ __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual,
     }
     rr[i] = r;
   }
-  float inv = rsqrtf(block_sum(ss) / static_cast<float>(D) + eps);
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(D) + eps);
+  auto normed = [&](int64_t i, auto&& weight) {  // rr[i] was written by this same thread above
+    V r = rr[i], o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(to_float(r.v[k]) * inv * weight(k));
+    xr[i] = o;
+  };
 #pragma unroll
   for (int j = 0; j < kPreW; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (i >= nv) break;
-    V r = rr[i], o;  // written by this same thread above
-#pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(to_float(r.v[k]) * inv * wpre[j][k]);
-    xr[i] = o;
+    if (i < nv) normed(i, [&](int k) { return wpre[j][k]; });
   }
-  for (int64_t i = threadIdx.x + static_cast<int64_t>(kPreW) * blockDim.x; i < nv; i += blockDim.x) {
-    V r = rr[i], o;
-#pragma unroll
-    for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(to_float(r.v[k]) * inv * to_float(w[i * N + k]));
-    xr[i] = o;
-  }
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kPreW) * blockDim.x; i < nv; i += blockDim.x)
+    normed(i, [&](int k) { return to_float(w[i * N + k]); });
 }
 
 // ---------------------------------------------------------------- SiLU-and-mul, add, bias

@@ -31,8 +31,6 @@ constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolCallOpen = "<tool_call>";
 constexpr std::string_view kFunctionOpen = "<function";  // then '=' or whitespace
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 // Both parsers follow vLLM's <think> handling:
 //  - output starts inside the reasoning (the template may have put <think> in the prompt);
 //    a <think> the model writes itself before </think> is dropped (the first one only);

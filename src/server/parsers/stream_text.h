@@ -90,6 +90,9 @@ class Utf8Holdback {
 // or ends with bytes that can never complete).
 size_t incomplete_utf8_tail(std::string_view s);
 
+// JSON whitespace: what the reasoning and tool parsers skip around tags.
+inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 // Appends `s` escaped as the inside of a JSON string. Bytes >= 0x80 pass through unchanged,
 // so escaping pieces and concatenating equals escaping the whole.
 void append_json_escaped(std::string& out, std::string_view s);

@@ -68,7 +68,4 @@ class ToolDeltaSink {
 std::unique_ptr<ToolParser> make_hermes_tool_parser(ToolParserOptions options);
 std::unique_ptr<ToolParser> make_qwen3_coder_tool_parser(ToolParserOptions options);
 
-// JSON whitespace (and what the tool parsers skip between tags).
-inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 }  // namespace tessera::server::detail
