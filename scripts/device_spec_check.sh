@@ -7,6 +7,8 @@
 #   carry: ["bundle"]      command: bash scripts/device_spec_check.sh
 # PARTS (default all): b1 eager c64 conc ngram (conc: concurrency 8, 16, 32, 64 with and without MTP, and
 # with disable_by_batch_size DBB, default 32).  N_B1 (default 8): batch-1 prompts; TOKENS (default 128).
+# BASE: another build's tessera binary (e.g. the build before a change), run beside this one at
+# batch 1 (none and MTP k = 2) in the same call.
 set -u
 OUT=${OUT:-/tmp/out}
 L=/tmp/spec_logs
@@ -44,7 +46,7 @@ PY
 # run NAME FILE extra-flags...: decode tok/s per sequence, output tok/s, acceptance.
 run() {
   local name=$1 file=$2; shift 2
-  timeout 300 $T generate --model $M --input "$file" --max-tokens "$TOKENS" --ignore-eos --output "$L/$name.out.jsonl" \
+  timeout 300 "${TBIN:-$T}" generate --model $M --input "$file" --max-tokens "$TOKENS" --ignore-eos --output "$L/$name.out.jsonl" \
     "$@" > "$L/$name.log" 2>&1
   local rc=$?
   local dec out acc
@@ -70,6 +72,11 @@ if part b1; then
   echo "== batch 1 (--max-num-seqs 1), $N_B1 prompts x $TOKENS tokens, CUDA graphs on"
   run none "$L/b1.jsonl" --max-num-seqs 1
   for k in 1 2 3; do run mtp$k "$L/b1.jsonl" --max-num-seqs 1 --speculative-config "$(MTP $k)"; same none mtp$k; done
+  if [ -n "${BASE:-}" ]; then
+    TBIN=$BASE run base_none "$L/b1.jsonl" --max-num-seqs 1
+    TBIN=$BASE run base_mtp2 "$L/b1.jsonl" --max-num-seqs 1 --speculative-config "$(MTP 2)"
+    same base_mtp2 mtp2
+  fi
 fi
 if part eager; then
   echo "== batch 1, --enforce-eager"

@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <vector>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
@@ -12,6 +14,65 @@ namespace tessera {
 void Backend::argmax(const Tensor& logits, const Tensor& out) {
   TESSERA_CHECK(logits.ndim() == 2, "argmax of {}", logits.str());
   sample(logits, std::vector<SamplingRow>(static_cast<size_t>(logits.dim(0))), out);
+}
+
+namespace {
+
+std::vector<int32_t> host_i32(Backend& be, const Tensor& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  if (!v.empty()) be.copy_to_host(v.data(), t);
+  return v;
+}
+
+}  // namespace
+
+void Backend::accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) {
+  const int64_t S = rows.numel();
+  TESSERA_CHECK(q >= 1 && sampled.dtype() == DType::kI32 && tokens.dtype() == DType::kI32 &&
+                    rows.dtype() == DType::kI32 && sampled.numel() >= S * q && tokens.numel() >= S * q,
+                "accept_drafts: sampled {}, tokens {}, rows {}, q {}", sampled.str(), tokens.str(), rows.str(), q);
+  const std::vector<int32_t> got = host_i32(*this, sampled), drafts = host_i32(*this, tokens);
+  std::vector<int32_t> out(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    const size_t r0 = static_cast<size_t>(s * q);
+    int a = 0;
+    while (a < q - 1 && got[r0 + static_cast<size_t>(a)] == drafts[r0 + static_cast<size_t>(a) + 1]) ++a;
+    out[static_cast<size_t>(s)] = static_cast<int32_t>(r0) + a;
+  }
+  if (S > 0) copy_from_host(rows, out.data());
+}
+
+void Backend::draft_positions(const Tensor& rows, const Tensor& positions, const Tensor& slot_mapping,
+                              const Tensor& block_tables, int q, int block_size, int ahead, const Tensor& out_positions,
+                              const Tensor& out_slots, const Tensor& out_seq_lens) {
+  const int64_t S = rows.numel();
+  TESSERA_CHECK(q >= 1 && block_size > 0 && block_tables.ndim() == 2 && block_tables.dim(0) >= S &&
+                    positions.numel() >= S * q && slot_mapping.numel() >= S * q && out_positions.numel() == S &&
+                    out_slots.numel() == S && out_seq_lens.numel() == S,
+                "draft_positions: rows {}, positions {}, slots {}, block tables {}, q {}", rows.str(), positions.str(),
+                slot_mapping.str(), block_tables.str(), q);
+  const std::vector<int32_t> row = host_i32(*this, rows), pos = host_i32(*this, positions),
+                             slots = host_i32(*this, slot_mapping), table = host_i32(*this, block_tables);
+  const int64_t W = block_tables.dim(1);
+  std::vector<int32_t> p(static_cast<size_t>(S)), sl(static_cast<size_t>(S)), len(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    const size_t i = static_cast<size_t>(s);
+    if (slots[static_cast<size_t>(s * q)] < 0) {
+      p[i] = 0, sl[i] = -1, len[i] = 1;
+      continue;
+    }
+    TESSERA_CHECK(row[i] >= s * q && row[i] < (s + 1) * q, "draft_positions: row {} of sequence {} (q {})", row[i], s,
+                  q);
+    const int32_t at = pos[static_cast<size_t>(row[i])] + ahead;
+    const int64_t block = at / block_size;
+    p[i] = at;
+    sl[i] = block < W ? table[static_cast<size_t>(s * W + block)] * block_size + at % block_size : -1;
+    len[i] = at + 1;
+  }
+  if (S == 0) return;
+  copy_from_host(out_positions, p.data());
+  copy_from_host(out_slots, sl.data());
+  copy_from_host(out_seq_lens, len.data());
 }
 
 bool cuda_backend_available() {

@@ -280,6 +280,21 @@ class Backend {
   // with temperature 0 (the lowest id among equal maxima). The CUDA backend reads nothing from
   // the host here, so a captured graph may hold it (MTP drafting).
   virtual void argmax(const Tensor& logits, const Tensor& out);
+  // Speculative decoding's acceptance on the device. S sequences of q rows each (sequence s at
+  // rows [s*q, s*q + q)): tokens[s*q + 1 + j] (i32) is its draft j, sampled[s*q + j] (i32) the
+  // target's token at row j. rows (i32 [S]) gets s*q + the number of leading drafts equal to the
+  // target's tokens: the row whose token follows the last accepted one. The default runs on the
+  // host over copies (any backend); the CUDA backend's kernel reads nothing from the host, so a
+  // captured graph may hold it.
+  virtual void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows);
+  // The inputs of an MTP pass `ahead` positions past each sequence's accepted row (rows, from
+  // accept_drafts over the step's positions, slot_mapping (i32 [S*q]) and block_tables (i32
+  // [S, W] of block_size)): out_positions[s] = positions[rows[s]] + ahead, out_slots[s] its KV
+  // slot (-1 when its block is past W), out_seq_lens[s] = that position + 1. A padding sequence
+  // (slot_mapping[s*q] < 0) gets position 0, slot -1 and length 1. Default and CUDA as above.
+  virtual void draft_positions(const Tensor& rows, const Tensor& positions, const Tensor& slot_mapping,
+                               const Tensor& block_tables, int q, int block_size, int ahead,
+                               const Tensor& out_positions, const Tensor& out_slots, const Tensor& out_seq_lens);
 };
 
 struct BackendOptions {

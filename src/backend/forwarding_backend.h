@@ -108,6 +108,15 @@ class ForwardingBackend : public Backend {
     inner_.embedding_slice(ids, table, begin, out);
   }
   void argmax(const Tensor& logits, const Tensor& out) override { inner_.argmax(logits, out); }
+  void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) override {
+    inner_.accept_drafts(sampled, tokens, q, rows);
+  }
+  void draft_positions(const Tensor& rows, const Tensor& positions, const Tensor& slot_mapping,
+                       const Tensor& block_tables, int q, int block_size, int ahead, const Tensor& out_positions,
+                       const Tensor& out_slots, const Tensor& out_seq_lens) override {
+    inner_.draft_positions(rows, positions, slot_mapping, block_tables, q, block_size, ahead, out_positions, out_slots,
+                           out_seq_lens);
+  }
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override {
     inner_.sample(logits, rows, out);
   }

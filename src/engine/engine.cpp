@@ -304,6 +304,8 @@ std::vector<RequestOutput> LLMEngine::step() {
       stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
     }
   }
+  // (Before the input: the blocks the MTP passes write go into the block tables.)
+  int mtp_passes = mtp_passes_in_step(sched);
   std::vector<LogitsRow> rows;
   std::vector<Request*> scored;
   ModelInput in = build_input(sched, rows, scored);
@@ -327,13 +329,20 @@ std::vector<RequestOutput> LLMEngine::step() {
     sampling.rows.emplace_back();
   }
   timer_.mark(1, "build input");
-  executor_->execute(in, sampling, step_out_);
+  if (!sampling.host_rows.empty()) mtp_passes = -1;
+  const bool drafted = mtp_passes >= 0 && executor_->execute_with_mtp(in, sampling, mtp_passes, step_out_, mtp_step_);
+  if (!drafted) executor_->execute(in, sampling, step_out_);
   timer_.mark(2, "execute");
+  // (The step's sequences, before any retires: pointers the proposer compares.)
+  std::vector<const Request*> step_seqs;
+  if (drafted)
+    for (const auto& s : sched.scheduled) step_seqs.push_back(s.request);
   scheduler_->on_step_done(sched);
 
   size_t next_host = 0;
   std::vector<Request*> decoding;
-  for (size_t i = 0; i < rows.size();) {
+  size_t seq = 0;  // the step's sequence of rows[i]
+  for (size_t i = 0; i < rows.size(); ++seq) {
     const LogitsRow& row = rows[i];
     if (row.prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
       Request* r = row.request;
@@ -346,7 +355,14 @@ std::vector<RequestOutput> LLMEngine::step() {
       continue;
     }
     Request* r = row.request;  // dangles once take_tokens retires it
-    if (take_tokens(rows, static_cast<int>(i), sampling, next_host, out)) decoding.push_back(r);
+    int accepted = 0;
+    if (take_tokens(rows, static_cast<int>(i), sampling, next_host, out, accepted)) {
+      decoding.push_back(r);
+      // The device accepted as the host did (the passes drafted from that row).
+      TESSERA_CHECK(!drafted || mtp_step_.accepted[seq] == accepted,
+                    "speculative decoding: the device accepted {} drafts of {}, the host {}", mtp_step_.accepted[seq],
+                    r->id, accepted);
+    }
     i += 1 + static_cast<size_t>(row.drafts);
   }
   // max_tokens 0: the prompt is scored; the request ends there ("length", as vLLM reports it).
@@ -367,7 +383,12 @@ std::vector<RequestOutput> LLMEngine::step() {
       spans[i].end = spans[i].request->num_computed_tokens;
       going_on.push_back(spans[i]);
     }
-    proposer_->observe_step(going_on);
+    if (drafted) {
+      proposer_->take_step_drafts(std::move(step_seqs), std::move(mtp_step_.drafts), mtp_step_.passes);
+      ++stats_.spec.steps_drafting_in_step;
+    } else {
+      proposer_->observe_step(going_on);
+    }
     propose_drafts(decoding);
     log_spec_decode();
   }
@@ -405,13 +426,13 @@ FinishReason LLMEngine::finish_reason_after(Request& r, int32_t token) const {
 }
 
 bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling,
-                            size_t& next_host, std::vector<RequestOutput>& out) {
+                            size_t& next_host, std::vector<RequestOutput>& out, int& accepted) {
   Request* r = rows[static_cast<size_t>(first)].request;
   const int drafts = rows[static_cast<size_t>(first)].drafts, vocab = executor_->model_config().vocab_size;
   RequestOutput o = output_of(*r);
   if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
   FinishReason reason = FinishReason::kNone;
-  int accepted = 0;
+  accepted = 0;
   for (int j = 0; j <= drafts; ++j) {
     SampleResult res;
     // The host sampler sees the tokens accepted so far (penalties, min_tokens, position).
@@ -464,8 +485,7 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
   // drafts + 1 tokens) and max_model_len (the drafts' positions must exist).
   std::vector<int> room;
   room.reserve(decoding.size());
-  const int limit = config_.speculative.disable_by_batch_size;
-  const bool off = limit > 0 && scheduler_->num_running() >= static_cast<size_t>(limit);
+  const bool off = drafting_off();
   for (const Request* r : decoding) {
     int k = off ? 0 : config_.speculative.num_speculative_tokens;
     k = std::min(k, r->params.max_tokens - static_cast<int>(r->output.size()) - 1);
@@ -484,6 +504,32 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
   for (size_t i = 0; i < decoding.size(); ++i)
     TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",
                   decoding[i]->spec_tokens.size(), room[i]);
+}
+
+bool LLMEngine::drafting_off() const {
+  const int limit = config_.speculative.disable_by_batch_size;
+  return limit > 0 && scheduler_->num_running() >= static_cast<size_t>(limit);
+}
+
+int LLMEngine::mtp_passes_in_step(const SchedulerOutput& sched) {
+  if (!proposer_ || !proposer_->drafts_in_step() || !config_.mtp_drafts_in_step || sched.scheduled.empty()) return -1;
+  const int q = sched.scheduled.front().num_new_tokens;
+  for (const auto& s : sched.scheduled) {
+    const Request& r = *s.request;
+    if (s.num_new_tokens != q || s.num_draft_tokens != q - 1 || r.num_computed_tokens + 1 != r.num_tokens() ||
+        r.output.empty())
+      return -1;
+  }
+  const int passes = drafting_off() ? 0 : config_.speculative.num_speculative_tokens;
+  if (passes < 2) return passes;
+  // Pass j + 1 (j >= 1) writes the MTP layer's KV at the accepted row's position + j: up to
+  // position num_computed + q + passes - 2.
+  for (const auto& s : sched.scheduled) {
+    Request& r = *s.request;
+    if (r.num_computed_tokens + q + passes - 2 >= max_model_len() || !cache_manager_->allocate(r, q + passes - 1))
+      return -1;
+  }
+  return passes;
 }
 
 EngineStats LLMEngine::stats() const {

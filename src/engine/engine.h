@@ -34,6 +34,9 @@ struct EngineConfig {
   uint64_t seed = 0;
   bool enforce_eager = false;     // no CUDA graphs
   SpeculativeConfig speculative;  // --speculative-config (off by default)
+  // MTP: decode and verification steps run their drafting with them (Executor::execute_with_mtp)
+  // where the executor can; false: always after the step's tokens are on the host (tests).
+  bool mtp_drafts_in_step = true;
   // Memory planning (engine/memory_plan.h). device_memory: plan as if the device had this many
   // bytes (--gpu-memory; 0 = what it reports). reserved_bytes: memory the activation arena and
   // graphs will take after the cache is allocated (from `tessera plan`'s arithmetic).
@@ -128,13 +131,21 @@ class LLMEngine {
   // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
   // token equals the draft at its position, the next row's (spec_decode.h). Appends the
   // request's output; returns false when it finished (it is retired).
+  // `accepted` gets the drafts it accepted.
   bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
-                   std::vector<RequestOutput>& out);
+                   std::vector<RequestOutput>& out, int& accepted);
   // Why r stops after taking `token` (kNone: it goes on).
   FinishReason finish_reason_after(Request& r, int32_t token) const;
   RequestOutput output_of(const Request& r) const;
   // Speculative decoding: drafts for the sequences that will decode next step.
   void propose_drafts(const std::vector<Request*>& decoding);
+  // Whether the next step's sequences get no drafts (disable_by_batch_size).
+  bool drafting_off() const;
+  // The MTP passes to run with this step (Executor::execute_with_mtp), or -1 when they run after
+  // it: every sequence decodes or verifies the same number of drafts, and each has the KV blocks
+  // the passes write (taken here, before the step's block tables are built, when free). (Rows
+  // sampled on the host rule it out too; the caller checks.)
+  int mtp_passes_in_step(const SchedulerOutput& sched);
   // vLLM's periodic SpecDecoding log line, every 10 s while drafts are verified.
   void log_spec_decode();
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
@@ -153,6 +164,7 @@ class LLMEngine {
   EngineStats stats_;
   PhaseTimer timer_{"engine step (TESSERA_STEP_TIMING)"};
   StepOutput step_out_;
+  MtpStepResult mtp_step_;
   std::mt19937_64 seed_rng_;            // sample seeds of requests that bring none
   std::unique_ptr<Proposer> proposer_;  // speculative decoding; null when off
   // The periodic "SpecDecoding metrics" log line: the counts and time of the last one.

@@ -113,6 +113,21 @@ void LocalExecutor::execute(const ModelInput& input, const StepSampling& samplin
   timer_.pass_done();
 }
 
+bool LocalExecutor::execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
+                                     MtpStepResult& result) {
+  if (!sampling.host_rows.empty() || !runner_.mtp_step_fusable(input)) return false;
+  runner_.run_with_mtp(
+      input, passes,
+      [&](const Tensor& logits, const Tensor& ids) {
+        check_sampling(logits, sampling);
+        backend_.sample(logits, sampling.rows, ids);
+      },
+      result);
+  out.tokens = result.tokens;
+  out.host_logits.clear();
+  return true;
+}
+
 void Executor::propose_mtp(const MtpDraftInput&, std::vector<int32_t>&) {
   fail(ErrorKind::kUnsupported, "this executor does not run the MTP layer (one rank only)");
 }

@@ -43,6 +43,14 @@ class Executor {
   // device) and returns the greedy drafts: drafts[j * in.num_drafting + i] is draft j + 1 of
   // drafting sequence i.
   virtual void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts);
+  // Speculative decoding with method mtp, the step and its drafting together
+  // (ModelRunner::run_with_mtp): returns false, having run nothing, where this executor cannot
+  // (one rank only; every row of the step sampled on the device, every sequence q rows).
+  virtual bool execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
+                                MtpStepResult& result) {
+    (void)input, (void)sampling, (void)passes, (void)out, (void)result;
+    return false;
+  }
 };
 
 // Samples `logits` [n, V] on `backend` into out.tokens and copies the host rows to out.host_logits.
@@ -64,6 +72,8 @@ class LocalExecutor : public Executor {
   void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
   bool supports_mtp() const override { return model_->has_mtp(); }
   void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) override;
+  bool execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
+                        MtpStepResult& result) override;
 
  private:
   std::unique_ptr<Model> model_;

@@ -37,6 +37,9 @@ void ModelRunner::init_cache(const CacheInit& init) {
   eager_shapes_.clear();
   mtp_graphs_.clear();
   mtp_eager_.clear();
+  fused_graphs_.clear();
+  fused_eager_.clear();
+  fused_buf_ = Tensor();
   buckets_.clear();
   max_q_ = std::max(1, init.graph_query_len);
   hidden_ = Tensor();
@@ -276,12 +279,15 @@ Tensor ModelRunner::run(const ModelInput& in) {
   const int b = q > 0 ? bucket_for(S) : 0;
   const int64_t T = static_cast<int64_t>(in.token_ids.size());
   const std::pair<int, int> shape{b, q};
+  last_bucket_ = 0;
+  last_inputs_ = StepInputs();
   if (b == 0 || eager_shapes_.count(shape)) {
     if (!model_.has_mtp()) return model_.forward(in, kv_);
     reserve_hidden(T);
     StepInputs si = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
     si.hidden_states = hidden_.rows(0, T);
     last_tokens_ = T;
+    last_inputs_ = si;
     return model_.run(si, kv_);
   }
   check_step_input(in, model_.config().vocab_size, max_model_len_);
@@ -293,6 +299,8 @@ Tensor ModelRunner::run(const ModelInput& in) {
     last_tokens_ = T;
   }
   const Tensor logits = run_graph(graphs_, eager_shapes_, shape, q == 1, [&] { return model_.run(si, kv_); });
+  if (graphs_.count(shape)) last_bucket_ = b;  // (a failed capture of a decode shape turned graphs off)
+  last_inputs_ = si;
   return logits_rows(logits, static_cast<int>(T));
 }
 
@@ -302,13 +310,15 @@ void ModelRunner::reserve_hidden(int64_t rows) {
   hidden_ = backend_.alloc({hidden_rows_, model_.config().hidden_size}, backend_.compute_dtype());
   graphs_.clear();  // captured with the old buffer
   mtp_graphs_.clear();
+  fused_graphs_.clear();
 }
 
-Tensor ModelRunner::mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S) {
+Tensor ModelRunner::mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S,
+                               const Tensor* drafts_out) {
   const int64_t T = first.token_ids.numel(), H = model_.config().hidden_size;
   const DType dt = backend_.compute_dtype();
   const int64_t passes = 1 + static_cast<int64_t>(chained.size());
-  Tensor drafts = backend_.scratch({std::max<int64_t>(1, passes * S)}, DType::kI32);
+  Tensor drafts = drafts_out ? *drafts_out : backend_.scratch({std::max<int64_t>(1, passes * S)}, DType::kI32);
   // Pass 1: every position the step computed, with the target's hidden states there.
   Tensor out = backend_.scratch({T, H}, dt);
   Tensor logits = model_.run_mtp(first, hidden, out, kv_);
@@ -398,6 +408,130 @@ Tensor ModelRunner::run_mtp(const MtpDraftInput& in) {
   std::vector<StepInputs> chained;
   for (const ModelInput& c : in.chained) chained.push_back(upload_step_inputs(backend_, c, vocab, max_model_len_));
   return mtp_passes(first, hidden, chained, S);
+}
+
+bool ModelRunner::mtp_step_fusable(const ModelInput& in) const {
+  const AttentionLayout& a = in.attention;
+  const int S = static_cast<int>(a.seq_lens.size()), T = static_cast<int>(in.token_ids.size());
+  if (!model_.has_mtp() || !cache_ready() || S == 0 || T % S != 0 || T / S > max_q_ ||
+      a.query_start_loc.size() != static_cast<size_t>(S) + 1 || in.logits_indices.size() != static_cast<size_t>(T))
+    return false;
+  const int q = T / S;
+  for (int s = 0; s <= S; ++s)
+    if (a.query_start_loc[static_cast<size_t>(s)] != s * q) return false;
+  for (int r = 0; r < T; ++r)
+    if (in.logits_indices[static_cast<size_t>(r)] != r) return false;
+  return true;
+}
+
+ModelRunner::FusedLayout ModelRunner::fused_layout(int64_t W, int64_t Q, int64_t P) {
+  // The download (tokens, rows, drafts) first and contiguous; then what the passes read.
+  FusedLayout L;
+  L.ids = 0;
+  L.rows = W * Q;
+  L.drafts = L.rows + W;
+  L.order1 = L.drafts + std::max<int64_t>(P, 1) * W;
+  L.order2 = L.order1 + 2 * W * Q;
+  L.qsl = L.order2 + 2 * W;
+  L.lidx = L.qsl + W + 1;
+  L.chain = L.lidx + W;
+  L.end = L.chain + 3 * std::max<int64_t>(P - 1, 0) * W;
+  return L;
+}
+
+Tensor ModelRunner::fused_drafting(const StepInputs& step, const FusedLayout& L, int64_t W, int q, int passes,
+                                   bool host_copies) {
+  auto region = [&](int64_t at, int64_t n) { return fused_buf_.rows(at, at + n); };
+  const Tensor ids = region(L.ids, W * q), rows = region(L.rows, W);
+  backend_.accept_drafts(ids, step.token_ids, q, rows);
+  // Pass 1: the step's rows, each with the token sampled there; logits at each accepted row.
+  StepInputs first = step;
+  first.token_ids = ids;
+  first.logits_indices = rows;
+  first.mtp_fc_order = region(L.order1, 2 * W * q);
+  first.hidden_states = Tensor();
+  std::vector<StepInputs> chained;
+  for (int j = 1; j < passes; ++j) {
+    StepInputs c;
+    const int64_t at = L.chain + 3 * static_cast<int64_t>(j - 1) * W;
+    c.positions = region(at, W);
+    AttentionMetadata& m = c.attention;
+    m.slot_mapping = region(at + W, W);
+    m.seq_lens = region(at + 2 * W, W);
+    backend_.draft_positions(rows, step.positions, step.attention.slot_mapping, step.attention.block_tables, q,
+                             step.attention.block_size, j, c.positions, m.slot_mapping, m.seq_lens);
+    m.query_start_loc = region(L.qsl, W + 1);
+    m.block_tables = step.attention.block_tables;
+    c.logits_indices = region(L.lidx, W);
+    c.mtp_fc_order = region(L.order2, 2 * W);
+    m.num_seqs = static_cast<int>(W);
+    m.num_tokens = static_cast<int>(W);
+    m.max_query_len = 1;
+    m.max_seq_len = max_model_len_;  // any length up to it; kernels read the real ones
+    m.block_size = step.attention.block_size;
+    m.max_blocks_per_seq = step.attention.max_blocks_per_seq;
+    m.host_query_start_loc.resize(static_cast<size_t>(W) + 1);
+    std::iota(m.host_query_start_loc.begin(), m.host_query_start_loc.end(), 0);
+    m.host_block_tables = step.attention.host_block_tables;
+    m.host_seq_lens.assign(static_cast<size_t>(W), 1);
+    m.host_slot_mapping.assign(static_cast<size_t>(W), -1);
+    if (host_copies) {  // (eager: what the device computed, for the backends that read the host copies)
+      backend_.copy_to_host(m.host_seq_lens.data(), m.seq_lens);
+      backend_.copy_to_host(m.host_slot_mapping.data(), m.slot_mapping);
+      backend_.synchronize();
+    }
+    chained.push_back(std::move(c));
+  }
+  const Tensor drafts = region(L.drafts, std::max(passes, 1) * W);
+  return mtp_passes(first, hidden_.rows(0, W * q), chained, passes > 0 ? W : 0, &drafts);
+}
+
+void ModelRunner::run_with_mtp(const ModelInput& in, int passes, const SampleFn& sample, MtpStepResult& result) {
+  TESSERA_CHECK(mtp_step_fusable(in) && passes >= 0, "run_with_mtp: a step it does not take ({} passes)", passes);
+  const int S = static_cast<int>(in.attention.seq_lens.size()), T = static_cast<int>(in.token_ids.size()), q = T / S;
+  const Tensor logits = run(in);
+  const int b = last_bucket_;
+  const std::tuple<int, int, int> key{b, q, passes};
+  const bool graph =
+      b > 0 && mtp_max_b_ > 0 && b <= bucket_for(mtp_max_b_) && passes <= max_q_ - 1 && !fused_eager_.count(key);
+  // Rows: the step's (its bucket when it ran as a graph). A graph's offsets are those of the
+  // largest shape it may take; an eager run's its own.
+  const int64_t W = b > 0 ? b : S;
+  const FusedLayout L = graph ? fused_layout(bucket_for(mtp_max_b_), max_q_, max_q_ - 1) : fused_layout(W, q, passes);
+  if (!fused_buf_.defined() || fused_buf_.numel() < L.end) {
+    const int64_t n = std::max<int64_t>(L.end, fused_buf_.defined() ? 2 * fused_buf_.numel() : 0);
+    fused_buf_ = backend_.alloc({n}, DType::kI32);
+    const std::vector<int32_t> zeros(static_cast<size_t>(n), 0);  // padding rows' tokens: a valid id
+    backend_.copy_from_host(fused_buf_, zeros.data());
+    fused_graphs_.clear();  // captured with the old buffer
+  }
+  // The arrays of the passes that follow from the shape alone.
+  h_fused_.assign(static_cast<size_t>(L.chain - L.order1), 0);
+  mtp_fc_order(W * q, h_fused_.data());
+  mtp_fc_order(W, h_fused_.data() + (L.order2 - L.order1));
+  std::iota(h_fused_.begin() + (L.qsl - L.order1), h_fused_.begin() + (L.qsl - L.order1) + W + 1, 0);
+  std::iota(h_fused_.begin() + (L.lidx - L.order1), h_fused_.begin() + (L.lidx - L.order1) + W, 0);
+  backend_.copy_from_host(fused_buf_.rows(L.order1, L.chain), h_fused_.data());
+  sample(logits, fused_buf_.rows(L.ids, L.ids + T));
+  if (graph) {
+    const StepInputs step = last_inputs_;  // views of the step graph's input buffer
+    backend_.reset_scratch();              // the logits are sampled (stream order)
+    run_graph(fused_graphs_, fused_eager_, key, false, [&] { return fused_drafting(step, L, W, q, passes, false); });
+  } else {
+    fused_drafting(last_inputs_, L, W, q, passes, true);
+  }
+  const int64_t used = L.drafts + static_cast<int64_t>(passes) * W;
+  std::vector<int32_t> host(static_cast<size_t>(used));
+  backend_.copy_to_host(host.data(), fused_buf_.rows(0, used));
+  backend_.synchronize();
+  result.passes = passes;
+  result.tokens.assign(host.begin(), host.begin() + T);
+  result.accepted.resize(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) result.accepted[static_cast<size_t>(s)] = host[static_cast<size_t>(L.rows + s)] - s * q;
+  result.drafts.resize(static_cast<size_t>(passes) * S);
+  for (int j = 0; j < passes; ++j)
+    for (int s = 0; s < S; ++s)
+      result.drafts[static_cast<size_t>(j) * S + s] = host[static_cast<size_t>(L.drafts + j * W + s)];
 }
 
 }  // namespace tessera

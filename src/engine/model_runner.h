@@ -15,6 +15,7 @@
 // on (a decode shape's failure turns graphs off). Every rank of a TP group takes the same
 // decisions from the same plan, so their graphs (with the collectives inside) pair up.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -46,6 +47,18 @@ class ModelRunner {
   // whose sequences all had q rows and all draft (MtpProposer's uniform pass 1), the passes
   // replay a captured graph where the step's graphs are on.
   Tensor run_mtp(const MtpDraftInput& in);
+  // Speculative decoding with MTP, the step and its drafting with no host round trip between
+  // them (MtpStepResult). `in` must pass mtp_step_fusable: every sequence q rows (decode, or the
+  // verification of q - 1 drafts), the logits of every row. After the step, `sample` draws the
+  // rows' tokens into the tensor it is given; then, on the device: accept_drafts, the MTP pass
+  // over every row of the step (its tokens: the sampled ones; a row past a sequence's accepted
+  // ones computes what a later pass overwrites) and `passes` - 1 chained passes from each
+  // sequence's accepted row (draft_positions), with one download of the tokens, the accepted
+  // counts and the drafts at the end. Graphed steps replay one captured graph for the drafting
+  // per (bucket, q, passes), up to the MTP graph batch; other steps run the same ops eagerly.
+  bool mtp_step_fusable(const ModelInput& in) const;
+  using SampleFn = std::function<void(const Tensor& logits, const Tensor& ids)>;
+  void run_with_mtp(const ModelInput& in, int passes, const SampleFn& sample, MtpStepResult& result);
   // Communicators whose collectives run inside the graphs: a replay is put under their
   // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
   void watch(std::vector<dist::Communicator*> comms) { watched_ = std::move(comms); }
@@ -80,8 +93,19 @@ class ModelRunner {
   // MTP passes as one graph: inputs laid out at init (mtp_*), key (bucket, q, passes).
   bool mtp_graphable(const MtpDraftInput& in, int& b, int& q) const;
   Tensor run_mtp_graph(const MtpDraftInput& in, int b, int q);
-  // The passes themselves (eager and captured alike): drafts i32 [passes, S_rows].
-  Tensor mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S_rows);
+  // The passes themselves (eager and captured alike): drafts i32 [passes, S_rows] (into
+  // `drafts_out` [passes * S_rows] when given).
+  Tensor mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S_rows,
+                    const Tensor* drafts_out = nullptr);
+  // run_with_mtp's device buffer: per call, one i32 region laid out for W sequences of up to Q
+  // rows and P passes (a graph's W, Q, P are the largest it may take, so its offsets stay put).
+  struct FusedLayout {
+    int64_t ids = 0, rows = 0, drafts = 0, order1 = 0, order2 = 0, qsl = 0, lidx = 0, chain = 0, end = 0;
+  };
+  static FusedLayout fused_layout(int64_t W, int64_t Q, int64_t P);
+  // The device work after the step's sampling, for W rows of q (host_copies: fill the chained
+  // passes' host arrays from the device, eager runs only).
+  Tensor fused_drafting(const StepInputs& step, const FusedLayout& L, int64_t W, int q, int passes, bool host_copies);
   // Copies the (src, dst) state-slot pairs of every linear-attention layer, in order.
   void apply_state_copies(const std::vector<int32_t>& pairs);
 
@@ -111,6 +135,14 @@ class ModelRunner {
   std::vector<int32_t> h_mtp_;
   std::map<std::tuple<int, int, int>, Graph> mtp_graphs_;  // by (bucket, q, passes)
   std::set<std::tuple<int, int, int>> mtp_eager_;
+  // run_with_mtp: its buffer (FusedLayout) and graphs by (bucket, q, passes); the last run's
+  // bucket (0: it ran eagerly) and step inputs.
+  Tensor fused_buf_;
+  std::map<std::tuple<int, int, int>, Graph> fused_graphs_;
+  std::set<std::tuple<int, int, int>> fused_eager_;
+  int last_bucket_ = 0;
+  StepInputs last_inputs_;
+  std::vector<int32_t> h_fused_;
   // Models with an MTP layer: the last run's final hidden states ([hidden_rows_, H]; growing it
   // drops the captured graphs, which write into it).
   Tensor hidden_;

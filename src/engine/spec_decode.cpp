@@ -83,8 +83,31 @@ void NgramProposer::propose(const std::vector<Request*>& requests, const std::ve
   }
 }
 
+void MtpProposer::take_step_drafts(std::vector<const Request*> sequences, std::vector<int32_t> drafts, int passes) {
+  TESSERA_CHECK(passes >= 0 && drafts.size() == sequences.size() * static_cast<size_t>(passes),
+                "MTP: {} drafts for {} sequences x {} passes", drafts.size(), sequences.size(), passes);
+  step_sequences_ = std::move(sequences);
+  drafts_ = std::move(drafts);
+  step_passes_ = passes;
+  spans_.clear();
+}
+
 void MtpProposer::propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) {
   for (Request* r : requests) r->spec_tokens.clear();
+  if (step_passes_ >= 0) {  // drafted with the step
+    const size_t S = step_sequences_.size();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const auto it = std::find(step_sequences_.begin(), step_sequences_.end(), requests[i]);
+      TESSERA_CHECK(it != step_sequences_.end(), "MTP drafts for {}, which the last step did not compute",
+                    requests[i]->id);
+      const size_t s = static_cast<size_t>(it - step_sequences_.begin());
+      for (int j = 0; j < std::min(max_tokens[i], step_passes_); ++j)
+        requests[i]->spec_tokens.push_back(drafts_[static_cast<size_t>(j) * S + s]);
+    }
+    step_passes_ = -1;
+    step_sequences_.clear();
+    return;
+  }
   if (spans_.empty()) return;
   const int bs = block_size_;
   // After a sequence's tokens: its query end, length and block table.

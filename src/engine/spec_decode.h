@@ -70,6 +70,14 @@ class Proposer {
   // For each request: at most max_tokens[i] drafts that may follow its tokens so far. Called
   // after every step (requests may be empty).
   virtual void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) = 0;
+  // Whether the executor may run the drafting with the target's step (MTP): after such a step
+  // the engine calls take_step_drafts instead of observe_step, and propose() hands them out.
+  virtual bool drafts_in_step() const { return false; }
+  // The drafts the step computed: sequences[s] (the step's, in order; pointers only compared)
+  // got drafts[j * S + s] for j < passes.
+  virtual void take_step_drafts(std::vector<const Request*> sequences, std::vector<int32_t> drafts, int passes) {
+    (void)sequences, (void)drafts, (void)passes;
+  }
 };
 
 // Multi-token prediction (vLLM's mtp method for Qwen3-Next / Qwen3.5): the checkpoint's MTP layer
@@ -87,12 +95,17 @@ class MtpProposer : public Proposer {
   void observe_step(const std::vector<ComputedSpan>& spans) override { spans_ = spans; }
   bool needs_lookahead_slots() const override { return true; }
   void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) override;
+  bool drafts_in_step() const override { return true; }
+  void take_step_drafts(std::vector<const Request*> sequences, std::vector<int32_t> drafts, int passes) override;
 
  private:
   Executor& executor_;
   int block_size_;
   std::vector<ComputedSpan> spans_;
   std::vector<int32_t> drafts_;
+  // take_step_drafts's, until the next propose().
+  std::vector<const Request*> step_sequences_;
+  int step_passes_ = -1;  // -1: none
 };
 
 // Prompt lookup (vLLM's ngram): the last n tokens of the sequence (n from prompt_lookup_max
@@ -116,6 +129,7 @@ struct SpecDecodeStats {
   uint64_t num_draft_tokens = 0;           // drafts verified
   uint64_t num_accepted_tokens = 0;        // drafts accepted
   std::vector<uint64_t> accepted_per_pos;  // [k]: drafts accepted at position i
+  uint64_t steps_drafting_in_step = 0;     // MTP: steps that ran their drafting with them
   void add(int drafts, int accepted) {
     if (drafts <= 0) return;
     ++num_drafts;

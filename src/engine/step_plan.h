@@ -79,6 +79,16 @@ struct MtpDraftInput {
   std::vector<ModelInput> chained;
 };
 
+// What a step fused with its MTP drafting gives back (ModelRunner::run_with_mtp): the step's
+// tokens (one a row), for each sequence the drafts the device accepted, and the drafts of each
+// pass from the accepted row: drafts[j * S + s] is draft j + 1 of sequence s.
+struct MtpStepResult {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> accepted;
+  std::vector<int32_t> drafts;
+  int passes = 0;
+};
+
 struct StepPlan {
   PlanKind kind = PlanKind::kStep;
   uint64_t step = 0;

@@ -955,6 +955,77 @@ void sample_cases(Cases& cases) {
   }
 }
 
+// Speculative decoding's device-side acceptance and the MTP drafting inputs after it: sequences
+// that accept nothing, some and all of their drafts, and (draft_positions) a padding sequence
+// and a position whose block is past the table.
+void spec_decode_cases(Cases& cases) {
+  for (int q : {1, 3, 4}) {
+    const int S = 6;
+    std::vector<int32_t> sampled(static_cast<size_t>(S * q)), tokens(static_cast<size_t>(S * q));
+    std::vector<double> want(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) {
+      const int accept = s % q;  // sequence s agrees on its first `accept` drafts, then differs
+      for (int j = 0; j < q; ++j) {
+        const size_t r = static_cast<size_t>(s * q + j);
+        sampled[r] = 100 + 7 * s + j;
+        tokens[r] = j == 0 ? 5 : (j - 1 < accept ? sampled[r - 1] : sampled[r - 1] + 1);
+      }
+      want[static_cast<size_t>(s)] = s * q + accept;
+    }
+    OpCase c;
+    c.op = "accept_drafts";
+    c.name = fmt::format("accept_drafts S{} q{}", S, q);
+    c.run = [=](Backend& be) {
+      Tensor rows = poisoned(be, {S}, DType::kI32);
+      be.accept_drafts(up_i32(be, sampled, {S * q}), up_i32(be, tokens, {S * q}), q, rows);
+      return Outputs{out("rows", down(be, rows), true)};
+    };
+    c.reference = [=] { return Outputs{out("rows", want, true)}; };
+    cases.push_back(std::move(c));
+  }
+  for (int ahead : {1, 2}) {
+    const int S = 4, q = 3, W = 3, bs = 4;
+    // Sequence 0 from position 0, 1 from 5, 2 a padding sequence, 3 from 9 (its last positions
+    // run past its 3 blocks).
+    const std::vector<int32_t> rows = {1, 5, 6, 11};
+    std::vector<int32_t> positions(static_cast<size_t>(S * q)), slots(static_cast<size_t>(S * q));
+    const std::vector<int32_t> first = {0, 5, 0, 9};
+    const std::vector<int32_t> tables = {3, 9, 1, 2, 8, 6, 0, 0, 0, 4, 7, 5};
+    for (int s = 0; s < S; ++s)
+      for (int j = 0; j < q; ++j) {
+        const size_t r = static_cast<size_t>(s * q + j);
+        positions[r] = s == 2 ? 0 : first[static_cast<size_t>(s)] + j;
+        slots[r] = s == 2 ? -1 : 1000 + static_cast<int32_t>(r);
+      }
+    std::vector<double> pos, slot, len;
+    for (int s = 0; s < S; ++s) {
+      if (s == 2) {
+        pos.push_back(0), slot.push_back(-1), len.push_back(1);
+        continue;
+      }
+      const int at = positions[static_cast<size_t>(rows[static_cast<size_t>(s)])] + ahead, block = at / bs;
+      pos.push_back(at);
+      slot.push_back(block < W ? tables[static_cast<size_t>(s * W + block)] * bs + at % bs : -1);
+      len.push_back(at + 1);
+    }
+    OpCase c;
+    c.op = "draft_positions";
+    c.name = fmt::format("draft_positions ahead{}", ahead);
+    c.run = [=](Backend& be) {
+      Tensor p = poisoned(be, {S}, DType::kI32), sl = poisoned(be, {S}, DType::kI32),
+             l = poisoned(be, {S}, DType::kI32);
+      be.draft_positions(up_i32(be, rows, {S}), up_i32(be, positions, {S * q}), up_i32(be, slots, {S * q}),
+                         up_i32(be, tables, {S, W}), q, bs, ahead, p, sl, l);
+      return Outputs{out("positions", down(be, p), true), out("slots", down(be, sl), true),
+                     out("seq_lens", down(be, l), true)};
+    };
+    c.reference = [=] {
+      return Outputs{out("positions", pos, true), out("slots", slot, true), out("seq_lens", len, true)};
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
 }  // namespace
 
 const std::vector<OpCase>& op_cases() {
@@ -970,6 +1041,7 @@ const std::vector<OpCase>& op_cases() {
     attention_cases(c);
     linear_attention_cases(c);
     sample_cases(c);
+    spec_decode_cases(c);
     return c;
   }();
   return cases;

@@ -21,7 +21,7 @@ struct Harness {
   std::unique_ptr<LLMEngine> engine;
   Executor* executor = nullptr;  // the engine's
   Harness(const std::string& fixture, int num_blocks, int max_num_seqs = 64, int budget = 512, bool prefix = true,
-          SpeculativeConfig spec = {}, int max_model_len = 128) {
+          SpeculativeConfig spec = {}, int max_model_len = 128, bool mtp_drafts_in_step = true) {
     LoadOptions lo;
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
     lo.mtp = spec.enabled() && spec.method == "mtp";
@@ -32,6 +32,7 @@ struct Harness {
     ec.scheduler.max_model_len = max_model_len;
     ec.enable_prefix_caching = prefix;
     ec.speculative = spec;
+    ec.mtp_drafts_in_step = mtp_drafts_in_step;
     auto exec = std::make_unique<LocalExecutor>(load_model(lo, backend), backend);
     executor = exec.get();
     engine = std::make_unique<LLMEngine>(std::move(exec), ec);
@@ -62,19 +63,22 @@ std::vector<int32_t> random_prompt(std::mt19937& g, int len) {
   return p;
 }
 
-SamplingParams greedy(int max_tokens) {
+// `margins`: on CUDA, the top-2 logprobs that expect_same_or_close_call reads (rows with
+// logprobs are sampled on the host, so MTP drafting runs after such a step, not in it).
+SamplingParams greedy(int max_tokens, bool margins = true) {
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = max_tokens;
   p.ignore_eos = true;
-  if (testing::testing_on_cuda()) p.logprobs = 2;  // margins for same_or_close_call
+  if (margins && testing::testing_on_cuda()) p.logprobs = 2;  // margins for same_or_close_call
   return p;
 }
 
 // CPU: identical tokens. CUDA (bf16): a different batch or recomputation changes rounding
 // (GEMV below 5 rows, cuBLASLt above; prefill against decode), so two runs may part at a step
 // that one of them called within 0.05 of the runner-up; up to there they must agree, and they
-// must agree on most tokens overall.
+// must agree on most tokens overall. A run without margins (got_margins has no entry for a
+// request) leaves the call to want's margin alone.
 void expect_same_or_close_call(const std::map<std::string, std::vector<int32_t>>& want,
                                const std::map<std::string, std::vector<int32_t>>& got,
                                const std::map<std::string, std::vector<float>>& want_margins,
@@ -94,8 +98,9 @@ void expect_same_or_close_call(const std::map<std::string, std::vector<int32_t>>
     for (size_t i = 0; i < w.size(); ++i, ++compared) {
       if (w[i] == g[i]) continue;
       const auto& wm = want_margins.at(id);
-      const auto& gm = got_margins.at(id);
-      const float m = std::min(i < wm.size() ? wm[i] : 1e9f, i < gm.size() ? gm[i] : 1e9f);
+      const auto gi = got_margins.find(id);
+      const float got_m = gi != got_margins.end() && i < gi->second.size() ? gi->second[i] : 1e9f;
+      const float m = std::min(i < wm.size() ? wm[i] : 1e9f, got_m);
       EXPECT_LE(m, 0.05f) << "request " << id << " step " << i << ": " << w[i] << " vs " << g[i];
       break;
     }
@@ -463,6 +468,10 @@ class RecordingProposer : public Proposer {
   explicit RecordingProposer(std::unique_ptr<Proposer> inner) : inner_(std::move(inner)) {}
   void observe_step(const std::vector<ComputedSpan>& spans) override { inner_->observe_step(spans); }
   bool needs_lookahead_slots() const override { return inner_->needs_lookahead_slots(); }
+  bool drafts_in_step() const override { return inner_->drafts_in_step(); }
+  void take_step_drafts(std::vector<const Request*> seqs, std::vector<int32_t> d, int passes) override {
+    inner_->take_step_drafts(std::move(seqs), std::move(d), passes);
+  }
   void propose(const std::vector<Request*>& rs, const std::vector<int>& room) override {
     inner_->propose(rs, room);
     for (const Request* r : rs) drafts[{r->id, r->num_tokens()}] = r->spec_tokens;
@@ -488,7 +497,7 @@ TEST_P(HybridEngineTest, MtpDraftsDependOnlyOnTheTokens) {
   auto rec_a = std::make_unique<RecordingProposer>(std::make_unique<MtpProposer>(*a.executor, 16));
   RecordingProposer& ra = *rec_a;
   a.engine->set_proposer(std::move(rec_a));
-  ASSERT_TRUE(a.engine->add_request("a", prompt, greedy(kMax)).ok());
+  ASSERT_TRUE(a.engine->add_request("a", prompt, greedy(kMax, false)).ok());
   const std::vector<int32_t> out = a.run_all()["a"];
   ASSERT_EQ(out.size(), static_cast<size_t>(kMax));
   size_t compared = 0, same = 0;
@@ -502,7 +511,7 @@ TEST_P(HybridEngineTest, MtpDraftsDependOnlyOnTheTokens) {
     auto rec_b = std::make_unique<RecordingProposer>(std::make_unique<MtpProposer>(*b.executor, 16));
     RecordingProposer& rb = *rec_b;
     b.engine->set_proposer(std::move(rec_b));
-    ASSERT_TRUE(b.engine->add_request("b", p, greedy(kMax - produced + 1)).ok());
+    ASSERT_TRUE(b.engine->add_request("b", p, greedy(kMax - produced + 1, false)).ok());
     while (!rb.drafts.count({"b", len}) && b.engine->has_unfinished()) b.engine->step();
     b.engine->abort("b");
     ASSERT_TRUE(rb.drafts.count({"b", len})) << "no drafts at length " << len;
@@ -513,6 +522,56 @@ TEST_P(HybridEngineTest, MtpDraftsDependOnlyOnTheTokens) {
   }
   EXPECT_GE(compared, 4u) << "too few speculative steps to compare";
   EXPECT_GE(2 * same, compared);
+  EXPECT_GT(a.engine->stats().spec.steps_drafting_in_step, 0u) << "the decode steps were meant to draft in the step";
+}
+
+// MTP drafting run with the step (Executor::execute_with_mtp: acceptance on the device, the first
+// pass over every row of the step, the chained passes from the accepted row) drafts what the
+// drafting after the step does: the same tokens and, on the CPU, the same drafts accepted at
+// every position; a batch of greedy sequences of different lengths, k = 1, 2, 3, and a pool so
+// small that sequences are preempted (their MTP KV recomputed). On CUDA (no logprobs asked, so
+// that the steps draft in the step) both runs give the tokens of decoding without speculation,
+// up to the close calls that run's margins allow.
+TEST_P(HybridEngineTest, MtpDraftingInTheStepDraftsWhatDraftingAfterItDoes) {
+  if (!testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  std::mt19937 g(41);
+  auto prompts = repetitive_prompts(g);
+  prompts.push_back(random_prompt(g, 30));
+  for (int k : {1, 2, 3})
+    for (int blocks : {64, 14}) {
+      SCOPED_TRACE("k " + std::to_string(k) + ", blocks " + std::to_string(blocks));
+      auto submit = [&](Harness& h, bool margins) {
+        for (size_t i = 0; i < prompts.size(); ++i)
+          ASSERT_TRUE(
+              h.engine->add_request(std::to_string(i), prompts[i], greedy(10 + 3 * static_cast<int>(i), margins)).ok());
+      };
+      std::map<std::string, std::vector<int32_t>> plain, tokens[2];
+      std::map<std::string, std::vector<float>> plain_margins;
+      SpecDecodeStats stats[2];
+      if (testing::testing_on_cuda()) {
+        Harness h(GetParam(), blocks);
+        submit(h, true);
+        plain = h.run_all();
+        plain_margins = h.margins;
+      }
+      for (int in_step : {0, 1}) {
+        Harness h(GetParam(), blocks, 64, 512, true, mtp_spec(k), 128, in_step == 1);
+        submit(h, false);
+        tokens[in_step] = h.run_all();
+        stats[in_step] = h.engine->stats().spec;
+      }
+      EXPECT_EQ(stats[0].steps_drafting_in_step, 0u);
+      EXPECT_GT(stats[1].steps_drafting_in_step, 0u) << "no step drafted with the step";
+      if (testing::testing_on_cuda()) {
+        for (const auto& t : tokens) expect_same_or_close_call(plain, t, plain_margins, {});
+        continue;
+      }
+      EXPECT_EQ(tokens[0], tokens[1]);
+      EXPECT_EQ(stats[0].num_drafts, stats[1].num_drafts);
+      EXPECT_EQ(stats[0].num_accepted_tokens, stats[1].num_accepted_tokens);
+      EXPECT_EQ(stats[0].accepted_per_pos, stats[1].accepted_per_pos);
+    }
 }
 
 // A checkpoint without MTP weights, asked for method mtp, fails at load naming what is missing.

@@ -936,6 +936,34 @@ class CudaBackend final : public Backend {
     launch_sample(logits.data<float>(), n, logits.dim(1), greedy_rows_.raw(), out.data<int32_t>(), stream_);
   }
 
+  void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) override {
+    const int64_t S = rows.numel();
+    CUDA_REQUIRE(q >= 1 && sampled.dtype() == DType::kI32 && tokens.dtype() == DType::kI32 &&
+                     rows.dtype() == DType::kI32 && sampled.numel() >= S * q && tokens.numel() >= S * q,
+                 "accept_drafts", sampled.str() + ", " + tokens.str() + " -> " + rows.str());
+    for (const Tensor* t : {&sampled, &tokens, &rows}) need_cuda(*t, "accept_drafts");
+    bind();
+    launch_accept_drafts(sampled.data<int32_t>(), tokens.data<int32_t>(), static_cast<int>(S), q, rows.data<int32_t>(),
+                         stream_);
+  }
+
+  void draft_positions(const Tensor& rows, const Tensor& positions, const Tensor& slot_mapping,
+                       const Tensor& block_tables, int q, int block_size, int ahead, const Tensor& out_positions,
+                       const Tensor& out_slots, const Tensor& out_seq_lens) override {
+    const int64_t S = rows.numel();
+    CUDA_REQUIRE(q >= 1 && block_size > 0 && block_tables.ndim() == 2 && block_tables.dim(0) >= S &&
+                     positions.numel() >= S * q && slot_mapping.numel() >= S * q && out_positions.numel() == S &&
+                     out_slots.numel() == S && out_seq_lens.numel() == S,
+                 "draft_positions", rows.str() + ", " + positions.str() + ", " + block_tables.str());
+    for (const Tensor* t : {&rows, &positions, &slot_mapping, &block_tables, &out_positions, &out_slots, &out_seq_lens})
+      need_cuda(*t, "draft_positions");
+    bind();
+    launch_draft_positions(rows.data<int32_t>(), positions.data<int32_t>(), slot_mapping.data<int32_t>(),
+                           block_tables.data<int32_t>(), static_cast<int>(S), q, static_cast<int>(block_tables.dim(1)),
+                           block_size, ahead, out_positions.data<int32_t>(), out_slots.data<int32_t>(),
+                           out_seq_lens.data<int32_t>(), stream_);
+  }
+
   size_t scratch_in_use() const override { return in_use_; }
 
   // ---------------------------------------------------------------- graphs

@@ -148,4 +148,52 @@ void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, 
   TCUDA_LAUNCH_CHECK();
 }
 
+// Speculative decoding's acceptance and the MTP drafting inputs after it (Backend::accept_drafts,
+// Backend::draft_positions): a thread a sequence.
+__global__ void accept_drafts_kernel(const int32_t* __restrict__ sampled, const int32_t* __restrict__ tokens, int S,
+                                     int q, int32_t* __restrict__ rows) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= S) return;
+  const int64_t r0 = static_cast<int64_t>(s) * q;
+  int a = 0;
+  while (a < q - 1 && sampled[r0 + a] == tokens[r0 + a + 1]) ++a;
+  rows[s] = static_cast<int32_t>(r0 + a);
+}
+
+__global__ void draft_positions_kernel(const int32_t* __restrict__ rows, const int32_t* __restrict__ positions,
+                                       const int32_t* __restrict__ slot_mapping, const int32_t* __restrict__ tables,
+                                       int S, int q, int W, int block_size, int ahead, int32_t* __restrict__ out_pos,
+                                       int32_t* __restrict__ out_slot, int32_t* __restrict__ out_len) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= S) return;
+  const int64_t r0 = static_cast<int64_t>(s) * q;
+  const int32_t row = rows[s];
+  if (slot_mapping[r0] < 0 || row < r0 || row >= r0 + q) {  // a padding sequence (or no accepted row)
+    out_pos[s] = 0;
+    out_slot[s] = -1;
+    out_len[s] = 1;
+    return;
+  }
+  const int32_t at = positions[row] + ahead;
+  const int32_t block = at / block_size;
+  out_pos[s] = at;
+  out_slot[s] = block < W ? tables[static_cast<int64_t>(s) * W + block] * block_size + at % block_size : -1;
+  out_len[s] = at + 1;
+}
+
+void launch_accept_drafts(const int32_t* sampled, const int32_t* tokens, int S, int q, int32_t* rows, cudaStream_t s) {
+  if (S == 0) return;
+  accept_drafts_kernel<<<(S + 127) / 128, 128, 0, s>>>(sampled, tokens, S, q, rows);
+  TCUDA_LAUNCH_CHECK();
+}
+
+void launch_draft_positions(const int32_t* rows, const int32_t* positions, const int32_t* slot_mapping,
+                            const int32_t* tables, int S, int q, int W, int block_size, int ahead, int32_t* out_pos,
+                            int32_t* out_slot, int32_t* out_len, cudaStream_t s) {
+  if (S == 0) return;
+  draft_positions_kernel<<<(S + 127) / 128, 128, 0, s>>>(rows, positions, slot_mapping, tables, S, q, W, block_size,
+                                                         ahead, out_pos, out_slot, out_len);
+  TCUDA_LAUNCH_CHECK();
+}
+
 }  // namespace tessera::cuda
