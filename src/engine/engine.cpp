@@ -341,8 +341,8 @@ std::vector<RequestOutput> LLMEngine::step() {
 
   size_t next_host = 0;
   std::vector<Request*> decoding;
-  size_t seq = 0;  // the step's sequence of rows[i]
-  for (size_t i = 0; i < rows.size(); ++seq) {
+  size_t seq = 0;  // generating sequences so far (in a step that drafted, the step's sequence index)
+  for (size_t i = 0; i < rows.size();) {
     const LogitsRow& row = rows[i];
     if (row.prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
       Request* r = row.request;
@@ -364,6 +364,7 @@ std::vector<RequestOutput> LLMEngine::step() {
                     r->id, accepted);
     }
     i += 1 + static_cast<size_t>(row.drafts);
+    ++seq;
   }
   // max_tokens 0: the prompt is scored; the request ends there ("length", as vLLM reports it).
   for (Request* r : scored) {
