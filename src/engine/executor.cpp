@@ -123,7 +123,7 @@ bool LocalExecutor::execute_with_mtp(const ModelInput& input, const StepSampling
         backend_.sample(logits, sampling.rows, ids);
       },
       result);
-  out.tokens = result.tokens;
+  out.tokens.swap(result.tokens);  // (the engine reads the step's tokens from out)
   out.host_logits.clear();
   return true;
 }

@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -40,6 +41,7 @@ void ModelRunner::init_cache(const CacheInit& init) {
   fused_graphs_.clear();
   fused_eager_.clear();
   fused_buf_ = Tensor();
+  fused_consts_ = {};
   buckets_.clear();
   max_q_ = std::max(1, init.graph_query_len);
   hidden_ = Tensor();
@@ -287,8 +289,9 @@ Tensor ModelRunner::run(const ModelInput& in) {
     StepInputs si = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
     si.hidden_states = hidden_.rows(0, T);
     last_tokens_ = T;
-    last_inputs_ = si;
-    return model_.run(si, kv_);
+    Tensor logits = model_.run(si, kv_);
+    last_inputs_ = std::move(si);
+    return logits;
   }
   check_step_input(in, model_.config().vocab_size, max_model_len_);
   const int64_t used = fill(step_layout_, in, b, q, h_step_);
@@ -300,7 +303,7 @@ Tensor ModelRunner::run(const ModelInput& in) {
   }
   const Tensor logits = run_graph(graphs_, eager_shapes_, shape, q == 1, [&] { return model_.run(si, kv_); });
   if (graphs_.count(shape)) last_bucket_ = b;  // (a failed capture of a decode shape turned graphs off)
-  last_inputs_ = si;
+  last_inputs_ = std::move(si);
   return logits_rows(logits, static_cast<int>(T));
 }
 
@@ -504,14 +507,19 @@ void ModelRunner::run_with_mtp(const ModelInput& in, int passes, const SampleFn&
     const std::vector<int32_t> zeros(static_cast<size_t>(n), 0);  // padding rows' tokens: a valid id
     backend_.copy_from_host(fused_buf_, zeros.data());
     fused_graphs_.clear();  // captured with the old buffer
+    fused_consts_ = {};
   }
-  // The arrays of the passes that follow from the shape alone.
-  h_fused_.assign(static_cast<size_t>(L.chain - L.order1), 0);
-  mtp_fc_order(W * q, h_fused_.data());
-  mtp_fc_order(W, h_fused_.data() + (L.order2 - L.order1));
-  std::iota(h_fused_.begin() + (L.qsl - L.order1), h_fused_.begin() + (L.qsl - L.order1) + W + 1, 0);
-  std::iota(h_fused_.begin() + (L.lidx - L.order1), h_fused_.begin() + (L.lidx - L.order1) + W, 0);
-  backend_.copy_from_host(fused_buf_.rows(L.order1, L.chain), h_fused_.data());
+  // The arrays of the passes that follow from the shape alone (uploaded when the shape changes).
+  const std::array<int64_t, 5> consts{W, q, L.order1, L.order2, L.qsl};
+  if (consts != fused_consts_) {
+    h_fused_.assign(static_cast<size_t>(L.chain - L.order1), 0);
+    mtp_fc_order(W * q, h_fused_.data());
+    mtp_fc_order(W, h_fused_.data() + (L.order2 - L.order1));
+    std::iota(h_fused_.begin() + (L.qsl - L.order1), h_fused_.begin() + (L.qsl - L.order1) + W + 1, 0);
+    std::iota(h_fused_.begin() + (L.lidx - L.order1), h_fused_.begin() + (L.lidx - L.order1) + W, 0);
+    backend_.copy_from_host(fused_buf_.rows(L.order1, L.chain), h_fused_.data());
+    fused_consts_ = consts;
+  }
   sample(logits, fused_buf_.rows(L.ids, L.ids + T));
   if (graph) {
     const StepInputs step = last_inputs_;  // views of the step graph's input buffer
@@ -521,7 +529,8 @@ void ModelRunner::run_with_mtp(const ModelInput& in, int passes, const SampleFn&
     fused_drafting(last_inputs_, L, W, q, passes, true);
   }
   const int64_t used = L.drafts + static_cast<int64_t>(passes) * W;
-  std::vector<int32_t> host(static_cast<size_t>(used));
+  std::vector<int32_t>& host = h_fused_;  // (its constants are on the device by now)
+  host.resize(static_cast<size_t>(used));
   backend_.copy_to_host(host.data(), fused_buf_.rows(0, used));
   backend_.synchronize();
   result.passes = passes;

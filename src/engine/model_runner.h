@@ -15,6 +15,7 @@
 // on (a decode shape's failure turns graphs off). Every rank of a TP group takes the same
 // decisions from the same plan, so their graphs (with the collectives inside) pair up.
 #pragma once
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -142,7 +143,8 @@ class ModelRunner {
   std::set<std::tuple<int, int, int>> fused_eager_;
   int last_bucket_ = 0;
   StepInputs last_inputs_;
-  std::vector<int32_t> h_fused_;
+  std::vector<int32_t> h_fused_;           // host side of its uploads and of its download
+  std::array<int64_t, 5> fused_consts_{};  // (W, q, offsets) of the shape constants on the device
   // Models with an MTP layer: the last run's final hidden states ([hidden_rows_, H]; growing it
   // drops the captured graphs, which write into it).
   Tensor hidden_;
