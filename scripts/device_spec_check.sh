@@ -5,7 +5,7 @@
 # ngram on a workload that copies from its prompt. Needs the bundle carried:
 #   scripts/bundle.sh --build-dir build/cuda --out /tmp/bundle --tar bundle/bundle.tar.xz
 #   carry: ["bundle"]      command: bash scripts/device_spec_check.sh
-# PARTS (default all): b1 eager c64 conc ngram (conc: concurrency 8, 16, 32, 64 with and without MTP, and
+# PARTS (default all): b1 eager c64 conc ngram (c64: N_C64 requests, default 64, of TOKENS_C64 tokens) (conc: concurrency 8, 16, 32, 64 with and without MTP, and
 # with disable_by_batch_size DBB, default 32).  N_B1 (default 8): batch-1 prompts; TOKENS (default 128).
 # BASE: another build's tessera binary (e.g. the build before a change), run beside this one at
 # batch 1 (none and MTP k = 2) in the same call.
@@ -21,10 +21,12 @@ DBB=${DBB:-32}
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 N_B1=${N_B1:-8}
 TOKENS=${TOKENS:-128}
+N_C64=${N_C64:-64}           # c64: requests, 64 at a time (more: a run long enough that graph captures do not rule it)
+TOKENS_C64=${TOKENS_C64:-$TOKENS}
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 
 # Prompts: the first line of held-out texts (poems and quotes the model half knows).
-python3 - "$L" "$N_B1" <<'PY'
+python3 - "$L" "$N_B1" "$N_C64" <<'PY'
 import json, sys
 d, n = sys.argv[1], int(sys.argv[2])
 texts = [json.loads(l)["text"] for l in open("models/tessera-demo/heldout_texts.jsonl")]
@@ -34,6 +36,8 @@ with open(f"{d}/b1.jsonl", "w") as f:
 for c in (8, 16, 32, 64):
     with open(f"{d}/c{c}.jsonl", "w") as f:
         for s in (starts * 8)[:c]: f.write(json.dumps({"prompt": s}) + "\n")
+with open(f"{d}/c64_run.jsonl", "w") as f:  # the c64 part's requests (N_C64; at 64, every one at once)
+    for s in (starts * 64)[:int(sys.argv[3])]: f.write(json.dumps({"prompt": s}) + "\n")
 # ngram: a source file, then its first lines again: the model copies the rest (an editing workload).
 src = open("src/engine/spec_decode.cpp").read()
 src = src[:3000]
@@ -56,6 +60,7 @@ run() {
         sed 's/Accepted throughput.*Per-position/per-position/')
   printf '%-22s rc=%s decode/seq %8s tok/s  output %9s tok/s  %s\n' "$name" "$rc" "${dec:-?}" "${out:-?}" "$acc"
   [ $rc = 0 ] || tail -5 "$L/$name.log"
+  grep -o 'costs (x a plain step, by batch) [^;]*' "$L/$name.log" | sed 's/^/    calibration: /'
 }
 same() {  # greedy outputs equal?
   python3 - "$L/$1.out.jsonl" "$L/$2.out.jsonl" <<'PY'
@@ -84,10 +89,13 @@ if part eager; then
   run mtp2_eager "$L/b1.jsonl" --max-num-seqs 1 --enforce-eager --speculative-config "$(MTP 2)"
 fi
 if part c64; then
-  echo "== concurrency 64 (64 prompts at once)"
-  run c64_none "$L/c64.jsonl" --max-num-seqs 64
-  run c64_mtp2 "$L/c64.jsonl" --max-num-seqs 64 --speculative-config "$(MTP 2)"
+  echo "== concurrency 64 ($N_C64 requests x $TOKENS_C64 tokens, 64 at a time): none, MTP k=2 (limit measured at startup),"
+  echo "   MTP k=2 drafting at every batch size (disable_by_batch_size 0)"
+  TOKENS=$TOKENS_C64 run c64_none "$L/c64_run.jsonl" --max-num-seqs 64
+  TOKENS=$TOKENS_C64 run c64_mtp2 "$L/c64_run.jsonl" --max-num-seqs 64 --speculative-config "$(MTP 2)"
   same c64_none c64_mtp2
+  TOKENS=$TOKENS_C64 run c64_mtp2_always "$L/c64_run.jsonl" --max-num-seqs 64 \
+    --speculative-config '{"method":"mtp","num_speculative_tokens":2,"disable_by_batch_size":0}'
 fi
 if part conc; then
   echo "== concurrency 8, 16, 32, 64: none, mtp k=2, mtp k=2 with disable_by_batch_size=$DBB"

@@ -13,6 +13,14 @@ re-saved) and trains only the mtp.* tensors on the training corpus with both pas
 loss = CE(pass 1) + --pass2-weight * CE(pass 2) + the MTP router's load-balancing loss. Pass 2 attends
 over pass-2 keys of the earlier positions (at inference those come from pass 1: a small mismatch).
 
+--distill FILE trains on the main model's own greedy continuations instead of the corpus (self-
+distillation, as draft heads are usually trained): FILE is `tessera generate --output` JSONL (prompt_ids,
+token_ids) of the demo model on prompts from the training corpus (--write-prompts makes them: the first
+line of each text, chat turns rendered up to the assistant's turn), and every target is the main
+model's argmax (pass 1 at row t: the argmax at t+1; pass 2: at t+2), which is what greedy verification
+accepts. --eval-distill FILE (the same from held-out prompts) adds acceptance on such text to eval.json
+(mtp_acceptance_generated): that is what speculative decoding sees.
+
 Then it measures teacher-forced acceptance on the held-out texts as train_demo_model.py does, for
 pass 1 (eval.json's mtp_acceptance, same method) and pass 2 (mtp_acceptance_pass2: given true tokens
 t+1 and t+2, against the true token t+3 and the main model's argmax at t+2), and writes them into
@@ -46,24 +54,38 @@ def two_passes(model, mtp, lkw, x):
     return h, h1, h2
 
 
-def losses(model, mtp, lkw, x):
+def losses(model, mtp, lkw, x, distill=False):
+    """Both passes' cross-entropies: against the next tokens of x, or (distill) against the main
+    model's argmax there (row t of pass 1: the argmax at t+1, which predicts x[t+2]; pass 2: at t+2)."""
+    import torch
     import torch.nn.functional as F
-    _, h1, h2 = two_passes(model, mtp, lkw, x)
+    h, h1, h2 = two_passes(model, mtp, lkw, x)
     l1 = model.lm_head(h1).float()
     l2 = model.lm_head(h2).float()
     V = l1.shape[-1]
-    ce1 = F.cross_entropy(l1[:, :-2].reshape(-1, V), x[:, 2:].reshape(-1))
-    ce2 = F.cross_entropy(l2[:, :-3].reshape(-1, V), x[:, 3:].reshape(-1))
+    if distill:
+        with torch.no_grad():
+            main = model.lm_head(h).argmax(-1)
+        y1, y2 = main[:, 1:-1], main[:, 2:-1]
+    else:
+        y1, y2 = x[:, 2:], x[:, 3:]
+    ce1 = F.cross_entropy(l1[:, :-2].reshape(-1, V), y1.reshape(-1))
+    ce2 = F.cross_entropy(l2[:, :-3].reshape(-1, V), y2.reshape(-1))
     return ce1, ce2
 
 
 def acceptance(model, mtp, lkw, tok, rows, max_tokens, device):
     """Teacher-forced acceptance of both passes on the held-out texts (each scored alone)."""
+    texts = [tok.encode(tdm.doc_text(r), add_special_tokens=False).ids[:max_tokens] for r in rows]
+    return acceptance_ids(model, mtp, lkw, texts, device)
+
+
+def acceptance_ids(model, mtp, lkw, texts, device):
+    """acceptance() over token id lists."""
     import torch
     n1 = n2 = p1_true = p1_main = p2_true = p2_main = main_true = scored = 0
     with torch.no_grad():
-        for r in rows:
-            ids = tok.encode(tdm.doc_text(r), add_special_tokens=False).ids[:max_tokens]
+        for ids in texts:
             if len(ids) < 4:
                 continue
             x = torch.tensor([ids], device=device)
@@ -90,6 +112,30 @@ def acceptance(model, mtp, lkw, tok, rows, max_tokens, device):
     }
 
 
+def first_lines_prompts(rows):
+    """Completion prompts from corpus rows: a text's first line (and its newline), a chat's first user
+    turn rendered with the generation prompt."""
+    out = []
+    for r in rows:
+        if r["kind"] == "chat":
+            out.append(tdm.render_chat(r["messages"][:1], add_generation_prompt=True))
+        else:
+            line = r["text"].split("\n")[0]
+            if line.strip():
+                out.append(line + "\n")
+    return out
+
+
+def generated_docs(path, eot):
+    """`tessera generate --output` JSONL: prompt and continuation of each line, as token ids."""
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            j = json.loads(line)
+            docs.append(list(j["prompt_ids"]) + list(j["token_ids"]) + [eot])
+    return docs
+
+
 def save_mtp(mtp, cfg, path):
     """Replaces the mtp.* tensors of the safetensors file, keeping every other tensor's bytes."""
     import torch
@@ -114,8 +160,8 @@ def save_mtp(mtp, cfg, path):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description="Fine-tune the demo model's MTP head for two-token drafts.")
-    ap.add_argument("--model", required=True, help="the demo model directory (read)")
-    ap.add_argument("--out", required=True, help="where the fine-tuned copy goes")
+    ap.add_argument("--model", help="the demo model directory (read)")
+    ap.add_argument("--out", help="where the fine-tuned copy goes")
     ap.add_argument("--data", default=os.path.join(here, "demo_data"))
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--steps", type=int, default=0, help="fixed step count instead of the time budget")
@@ -129,7 +175,27 @@ def main():
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--smoke", action="store_true", help="10 steps and 20 held-out texts: checks the pipeline")
+    ap.add_argument("--write-prompts", metavar="FILE",
+                    help="write the training corpus's prompts as `tessera generate --input` JSONL and exit "
+                         "(with --heldout: the held-out texts' instead)")
+    ap.add_argument("--heldout", action="store_true", help="with --write-prompts: the held-out texts")
+    ap.add_argument("--max-prompts", type=int, default=0, help="with --write-prompts: at most this many (a seeded "
+                    "random choice)")
+    ap.add_argument("--distill", metavar="FILE", help="train on these generations with the main model's argmax as "
+                    "targets (self-distillation; see above) instead of the corpus")
+    ap.add_argument("--eval-distill", metavar="FILE", help="also measure acceptance on these generations")
     args = ap.parse_args()
+    if args.write_prompts:
+        rows = tdm.load_rows(os.path.join(args.data, "heldout.jsonl" if args.heldout else "train.jsonl"))
+        prompts = first_lines_prompts(rows)
+        if args.max_prompts and len(prompts) > args.max_prompts:
+            prompts = random.Random(args.seed).sample(prompts, args.max_prompts)
+        with open(args.write_prompts, "w", encoding="utf-8") as f:
+            for p in prompts:
+                f.write(json.dumps({"prompt": p}, ensure_ascii=False) + "\n")
+        return
+    if not args.model or not args.out:
+        ap.error("--model and --out are required (except with --write-prompts)")
     if args.smoke:
         args.steps, args.batch, args.seq_len, args.warmup, args.log_every = 10, 4, 128, 2, 5
 
@@ -148,9 +214,11 @@ def main():
     path = os.path.join(args.out, "model.safetensors")
     tok = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json"))
     limit = 2000 if args.smoke else 0
-    train_rows = tdm.load_rows(os.path.join(args.data, "train.jsonl"), limit)
+    train_rows = [] if args.distill else tdm.load_rows(os.path.join(args.data, "train.jsonl"), limit)
     held_rows = tdm.load_rows(os.path.join(args.data, "heldout.jsonl"), 20 if args.smoke else 0)
-    docs = tdm.encode_docs(tok, train_rows, tok.token_to_id("<|endoftext|>"))
+    eot = tok.token_to_id("<|endoftext|>")
+    docs = generated_docs(args.distill, eot) if args.distill else tdm.encode_docs(tok, train_rows, eot)
+    eval_gen = [d[:args.eval_max_tokens] for d in generated_docs(args.eval_distill, eot)] if args.eval_distill else []
 
     model = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32, attn_implementation="sdpa")
     model.to(device).eval()
@@ -163,6 +231,10 @@ def main():
     lkw = tdm.LayerKwargs(model.model.layers[full_idx])
     cfg = model.config
     before = acceptance(model, mtp.eval(), lkw, tok, held_rows, args.eval_max_tokens, device)
+    before_gen = acceptance_ids(model, mtp, lkw, eval_gen, device) if eval_gen else None
+    if before_gen:
+        tdm.log("before, generated text: pass 1 {:.4f} / pass 2 {:.4f} vs the main argmax".format(
+            before_gen["pass1"]["vs_main_argmax"], before_gen["pass2"]["vs_main_argmax"]))
     tdm.log("before: pass 1 {:.4f} / pass 2 {:.4f} vs the main argmax".format(before["pass1"]["vs_main_argmax"],
                                                                            before["pass2"]["vs_main_argmax"]))
 
@@ -187,7 +259,7 @@ def main():
                 g["lr"] = lr
             x = torch.from_numpy(batch).to(device)
             with torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16):
-                ce1, ce2 = losses(model, mtp, lkw, x)
+                ce1, ce2 = losses(model, mtp, lkw, x, distill=bool(args.distill))
                 aux = routers.balance_loss(cfg.num_experts, cfg.num_experts_per_tok)
             loss = ce1 + args.pass2_weight * ce2 + (args.aux_coef * aux if aux is not None else 0.0)
             gn = tdm.optimizer_step(opt, params, loss)
@@ -208,6 +280,10 @@ def main():
     mtp.to(device=device, dtype=torch.float32).eval()
     lkw = tdm.LayerKwargs(model.model.layers[full_idx])
     after = acceptance(model, mtp, lkw, tok, held_rows, args.eval_max_tokens, device)
+    after_gen = acceptance_ids(model, mtp, lkw, eval_gen, device) if eval_gen else None
+    if after_gen:
+        tdm.log("after, generated text: pass 1 {:.4f} / pass 2 {:.4f} vs the main argmax".format(
+            after_gen["pass1"]["vs_main_argmax"], after_gen["pass2"]["vs_main_argmax"]))
     tdm.log("after: pass 1 {:.4f} / pass 2 {:.4f} vs the main argmax".format(after["pass1"]["vs_main_argmax"],
                                                                           after["pass2"]["vs_main_argmax"]))
 
@@ -216,11 +292,19 @@ def main():
         ev = json.load(f)
     ev["mtp_acceptance"].update({k: after["pass1"][k] for k in after["pass1"]})
     ev["mtp_acceptance_pass2"] = after["pass2"]
+    if after_gen:
+        ev["mtp_acceptance_generated"] = {
+            "pass1": after_gen["pass1"]["vs_main_argmax"], "pass2": after_gen["pass2"]["vs_main_argmax"],
+            "positions": after_gen["pass1"]["positions"], "before": {
+                "pass1": before_gen["pass1"]["vs_main_argmax"], "pass2": before_gen["pass2"]["vs_main_argmax"]},
+            "method": "teacher forcing on the main model's own greedy continuations of the held-out texts' first "
+            "lines (--eval-distill): pass 1 at t gets the main hidden state at t and token t+1, pass 2 pass 1's "
+            "output and token t+2; compared with the main model's argmax at t+1 and t+2"}
     ev["mtp_finetune"] = {
         "command": "python3 tools/finetune_demo_mtp.py " + " ".join(sys.argv[1:]), "smoke": args.smoke,
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
         "steps": step, "train_seconds": train_seconds, "total_seconds": time.time() - t_start,
-        "pass2_weight": args.pass2_weight, "lr": args.lr, "batch": args.batch, "seq_len": args.seq_len,
+        "distill": bool(args.distill), "pass2_weight": args.pass2_weight, "lr": args.lr, "batch": args.batch, "seq_len": args.seq_len,
         "before": before, "after": after, "log": history}
     with open(ev_path, "w", encoding="utf-8") as f:
         json.dump(ev, f, ensure_ascii=False, indent=1)

@@ -86,8 +86,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                  "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2} (prompt lookup) or {\"method\": \"mtp\", "
                  "\"num_speculative_tokens\": 2} (the checkpoint's multi-token-prediction layer, Qwen3-Next / "
-                 "Qwen3.5); \"disable_by_batch_size\": N drafts nothing while N or more sequences run; greedy "
-                 "output unchanged, sampled output keeps its distribution and seeds");
+                 "Qwen3.5); \"disable_by_batch_size\": N drafts nothing while N or more sequences run (0: "
+                 "always drafts; absent, MTP: startup measures a step with drafts against one without at batch 1, "
+                 "2, 4, ... and drafts while the mean acceptance length pays for it); greedy output unchanged, sampled "
+                 "output keeps its distribution and seeds");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
       ->capture_default_str();
   app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
@@ -172,6 +174,8 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
   get_int("num_speculative_tokens", c.num_speculative_tokens);
   get_int("prompt_lookup_max", c.prompt_lookup_max);
   get_int("prompt_lookup_min", c.prompt_lookup_min);
+  // Absent: MTP measures where drafting pays at startup (ngram: never off).
+  c.disable_by_batch_size = SpeculativeConfig::kDisableAuto;
   get_int("disable_by_batch_size", c.disable_by_batch_size);
   if (c.method.empty())
     fail(ErrorKind::kInvalidArgument, "--speculative-config needs a method ('ngram' or 'mtp'), got: {}", text);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/memory_plan.h"
@@ -33,6 +35,9 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
   init_speculative();
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
+  if (proposer_ && proposer_->needs_every_step() &&
+      config_.speculative.disable_by_batch_size == SpeculativeConfig::kDisableAuto)
+    calibrate_speculation();
 }
 
 void LLMEngine::init_speculative() {
@@ -304,6 +309,9 @@ std::vector<RequestOutput> LLMEngine::step() {
       stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
     }
   }
+  // MTP: while drafting is off no pass runs after the step, so its sequences stop drafting for good.
+  if (proposer_ && proposer_->needs_every_step() && drafting_off())
+    for (const auto& s : sched.scheduled) s.request->spec_off = true;
   // (Before the input: the blocks the MTP passes write go into the block tables.)
   int mtp_passes = mtp_passes_in_step(sched);
   std::vector<LogitsRow> rows;
@@ -339,6 +347,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     for (const auto& s : sched.scheduled) step_seqs.push_back(s.request);
   scheduler_->on_step_done(sched);
 
+  const uint64_t verified_before = stats_.spec.num_drafts, accepted_before = stats_.spec.num_accepted_tokens;
   size_t next_host = 0;
   std::vector<Request*> decoding;
   size_t seq = 0;  // generating sequences so far (in a step that drafted, the step's sequence index)
@@ -376,11 +385,14 @@ std::vector<RequestOutput> LLMEngine::step() {
     out.push_back(std::move(o));
   }
   if (proposer_) {
+    note_verifications(stats_.spec.num_drafts - verified_before, stats_.spec.num_accepted_tokens - accepted_before);
     // Sequences that go on: the decoding ones and those whose prefill continues (the others of
     // the step were retired: their pointers dangle, so they are matched, not read).
     std::vector<ComputedSpan> going_on;
+    const bool every_step = proposer_->needs_every_step();
     for (size_t i = 0; i < spans.size(); ++i) {
       if (caught_up[i] && std::find(decoding.begin(), decoding.end(), spans[i].request) == decoding.end()) continue;
+      if (every_step && spans[i].request->spec_off) continue;  // (not retired: it is in decoding or prefilling)
       spans[i].end = spans[i].request->num_computed_tokens;
       going_on.push_back(spans[i]);
     }
@@ -449,6 +461,10 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
     if (reason != FinishReason::kNone || j == drafts || res.token != r->spec_tokens[static_cast<size_t>(j)]) break;
     ++accepted;  // draft j was right: row j + 1's token follows it
   }
+  if (drafts > 0)
+    TLOG_DEBUG("speculative decoding: {} at {} tokens: drafts {} -> {} accepted (tokens {})", r->id,
+               r->num_tokens() - static_cast<int>(o.new_token_ids.size()), fmt::join(r->spec_tokens, " "), accepted,
+               fmt::join(o.new_token_ids, " "));
   // The rows after a rejected draft are not used.
   while (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] <= first + drafts) ++next_host;
   stats_.spec.add(drafts, accepted);
@@ -488,7 +504,7 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
   room.reserve(decoding.size());
   const bool off = drafting_off();
   for (const Request* r : decoding) {
-    int k = off ? 0 : config_.speculative.num_speculative_tokens;
+    int k = off || r->spec_off ? 0 : config_.speculative.num_speculative_tokens;
     k = std::min(k, r->params.max_tokens - static_cast<int>(r->output.size()) - 1);
     k = std::min(k, max_model_len() - r->num_tokens());
     room.push_back(std::max(0, k));
@@ -509,7 +525,107 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
 
 bool LLMEngine::drafting_off() const {
   const int limit = config_.speculative.disable_by_batch_size;
-  return limit > 0 && scheduler_->num_running() >= static_cast<size_t>(limit);
+  const size_t n = scheduler_->num_running();
+  if (limit > 0) return n >= static_cast<size_t>(limit);
+  if (limit != SpeculativeConfig::kDisableAuto || calibrating_ || spec_cost_.empty()) return false;
+  // Tokens a verification step yields: 1 + the mean accepted drafts; until enough verifications
+  // were seen, every draft accepted (so drafting starts and gets measured wherever it might pay).
+  return spec_cost_at(n) >= expected_tokens_per_verification();
+}
+
+double LLMEngine::expected_tokens_per_verification() const {
+  // Recent verifications (each weighs kSpecDecay^steps since) plus kSpecPrior pseudo-verifications
+  // that accept every draft: drafting starts wherever it might pay, and once it stopped for poor
+  // acceptance the evidence fades, so a later sequence tries again (a workload's acceptance moves).
+  const double k = config_.speculative.num_speculative_tokens;
+  return 1.0 + (spec_recent_accepted_ + kSpecPrior * k) / (spec_recent_drafts_ + kSpecPrior);
+}
+
+void LLMEngine::note_verifications(uint64_t drafts, uint64_t accepted) {
+  spec_recent_drafts_ = spec_recent_drafts_ * kSpecDecay + static_cast<double>(drafts);
+  spec_recent_accepted_ = spec_recent_accepted_ * kSpecDecay + static_cast<double>(accepted);
+}
+
+double LLMEngine::spec_cost_at(size_t n) const {
+  for (const auto& [b, cost] : spec_cost_)
+    if (static_cast<size_t>(b) >= n) return cost;
+  return spec_cost_.back().second;
+}
+
+double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) {
+  constexpr int kPrompt = 32, kWarm = 3, kTimed = 6;
+  const int k = config_.speculative.num_speculative_tokens;
+  const int vocab = executor_->model_config().vocab_size;
+  SamplingParams p;
+  p.temperature = 0;
+  p.ignore_eos = true;
+  p.max_tokens = (kWarm + kTimed + 2) * (k + 1);
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> ids;
+  for (int b = 0; b < batch; ++b) {
+    std::vector<int32_t> prompt(kPrompt);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    const std::string id = fmt::format("tessera-calibration-{}-{}-{}", drafts ? "drafts" : "plain", batch, b);
+    // (--max-model-len too short for it: no figure)
+    if (!validate_request(prompt, p, max_model_len(), vocab).ok() || !add_request(id, std::move(prompt), p).ok()) break;
+    ids.push_back(id);
+    if (!drafts) requests_.at(id)->spec_off = true;
+  }
+  if (static_cast<int>(ids.size()) < batch) {
+    for (const std::string& id : ids) abort(id);
+    return 0;
+  }
+  std::vector<double> times;
+  int warm = 0;
+  while (has_unfinished() && static_cast<int>(times.size()) < kTimed) {
+    bool decoding = scheduler_->num_waiting() == 0;
+    for (const auto& [id, r] : requests_) decoding = decoding && !r->output.empty();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (decoding && ++warm > kWarm) times.push_back(dt);
+  }
+  for (const std::string& id : ids) abort(id);
+  if (static_cast<int>(times.size()) < kTimed) return 0;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void LLMEngine::calibrate_speculation() {
+  const int k = config_.speculative.num_speculative_tokens;
+  TLOG_INFO("Speculative decoding: measuring a step with {} drafts a sequence against one without (batch 1, 2, 4, ...)",
+            k);
+  const EngineStats saved = stats_;
+  calibrating_ = true;
+  // Blocks a calibration sequence may hold: prompt, tokens, drafts' lookahead, one spare.
+  const int per_seq = (32 + 11 * (k + 1) + k) / config_.block_size + 2;
+  std::string line;
+  for (int b = 1; b <= config_.scheduler.max_num_seqs; b *= 2) {
+    if (b * per_seq > cache_manager_->pool().num_free()) break;
+    const double plain = time_calibration_steps(b, false, 2 * static_cast<uint64_t>(b));
+    const double with = time_calibration_steps(b, true, 2 * static_cast<uint64_t>(b) + 1);
+    if (plain <= 0 || with <= 0) break;
+    spec_cost_.emplace_back(b, with / plain);
+    line += fmt::format("{}{}: {:.2f}x", line.empty() ? "" : ", ", b, with / plain);
+    if (with / plain >= k + 1) break;  // no acceptance pays for it here or (in practice) above
+  }
+  calibrating_ = false;
+  stats_ = saved;
+  spec_recent_drafts_ = spec_recent_accepted_ = 0;
+  spec_logged_ = saved.spec;
+  spec_logged_at_ = std::chrono::steady_clock::now();
+  if (spec_cost_.empty()) {
+    TLOG_WARN(
+        "Speculative decoding: could not measure its cost (no room for a calibration sequence of {} tokens in the "
+        "cache or --max-model-len); it drafts at every batch size (set \"disable_by_batch_size\" to limit it)",
+        32 + 11 * (k + 1) + k);
+    return;
+  }
+  TLOG_INFO(
+      "Speculative decoding: a step with drafts costs (x a plain step, by batch) {}; it drafts while the mean "
+      "acceptance length exceeds the cost at the running batch (sequences that run a step without drafts draft no "
+      "more); \"disable_by_batch_size\" sets a fixed limit instead",
+      line);
 }
 
 int LLMEngine::mtp_passes_in_step(const SchedulerOutput& sched) {
@@ -521,7 +637,9 @@ int LLMEngine::mtp_passes_in_step(const SchedulerOutput& sched) {
         r.output.empty())
       return -1;
   }
-  const int passes = drafting_off() ? 0 : config_.speculative.num_speculative_tokens;
+  for (const auto& s : sched.scheduled)
+    if (s.request->spec_off) return -1;  // (no pass for it: drafting after the step covers the others)
+  const int passes = config_.speculative.num_speculative_tokens;
   if (passes < 2) return passes;
   // Pass j + 1 (j >= 1) writes the MTP layer's KV at the accepted row's position + j: up to
   // position num_computed + q + passes - 2.

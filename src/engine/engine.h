@@ -102,6 +102,8 @@ class LLMEngine {
   // Replaces the proposer --speculative-config chose (a custom proposer; tests). Needs
   // speculative decoding on (its num_speculative_tokens bounds the drafts).
   void set_proposer(std::unique_ptr<Proposer> p);
+  // disable_by_batch_size auto: (batch, a step with drafts over one without) as measured at startup.
+  const std::vector<std::pair<int, double>>& speculation_costs() const { return spec_cost_; }
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
@@ -139,8 +141,22 @@ class LLMEngine {
   RequestOutput output_of(const Request& r) const;
   // Speculative decoding: drafts for the sequences that will decode next step.
   void propose_drafts(const std::vector<Request*>& decoding);
-  // Whether the next step's sequences get no drafts (disable_by_batch_size).
+  // Whether the next step's sequences get no drafts (disable_by_batch_size; auto: the measured
+  // cost of drafting at the running batch against the mean acceptance length so far).
   bool drafting_off() const;
+  // disable_by_batch_size auto (MTP): runs B = 1, 2, 4, ... random-prompt sequences through real
+  // steps with drafts and without, and keeps each B's step time with drafts over without
+  // (spec_cost_), until drafting cannot pay (the ratio reaches k + 1) or B passes
+  // --max-num-seqs or the free cache. Leaves no request, stats or counters behind.
+  void calibrate_speculation();
+  // The median time of timed decode steps of B calibration sequences (0: they did not all decode).
+  double time_calibration_steps(int batch, bool drafts, uint64_t seed);
+  // The drafting cost measured at the smallest calibrated batch >= n (the largest one's past it).
+  double spec_cost_at(size_t n) const;
+  // Tokens a verification step is expected to yield (1 + accepted drafts), from the recent ones.
+  double expected_tokens_per_verification() const;
+  // After every step: its verifications (sequences with drafts) and accepted drafts.
+  void note_verifications(uint64_t drafts, uint64_t accepted);
   // The MTP passes to run with this step (Executor::execute_with_mtp), or -1 when they run after
   // it: every sequence decodes or verifies the same number of drafts, and each has the KV blocks
   // the passes write (taken here, before the step's block tables are built, when free). (Rows
@@ -167,6 +183,12 @@ class LLMEngine {
   MtpStepResult mtp_step_;
   std::mt19937_64 seed_rng_;            // sample seeds of requests that bring none
   std::unique_ptr<Proposer> proposer_;  // speculative decoding; null when off
+  // calibrate_speculation's results: (batch, step time with k drafts a sequence / without).
+  std::vector<std::pair<int, double>> spec_cost_;
+  bool calibrating_ = false;  // (drafting never off while it runs)
+  // Verifications and accepted drafts, each weighted by kSpecDecay per step since.
+  double spec_recent_drafts_ = 0, spec_recent_accepted_ = 0;
+  static constexpr double kSpecDecay = 0.995, kSpecPrior = 4;
   // The periodic "SpecDecoding metrics" log line: the counts and time of the last one.
   SpecDecodeStats spec_logged_;
   std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();

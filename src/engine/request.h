@@ -78,6 +78,9 @@ struct Request {
   // Speculative decoding: draft tokens proposed after its last output token, verified by the
   // next step (positions num_tokens() ..); cleared when verified or the request is preempted.
   std::vector<int32_t> spec_tokens;
+  // MTP speculative decoding: it ran a step while drafting was off (disable_by_batch_size), so the
+  // MTP layer's KV misses positions; it gets no drafts and no MTP pass from then on.
+  bool spec_off = false;
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
   // The next prompt position whose logits are still wanted for prompt_logprobs; the end of that range

@@ -20,9 +20,13 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
   if (c.num_speculative_tokens < 1 || c.num_speculative_tokens > 16)
     fail(ErrorKind::kInvalidArgument, "--speculative-config: num_speculative_tokens must be in 1..16, got {}",
          c.num_speculative_tokens);
-  if (c.disable_by_batch_size < 0)
-    fail(ErrorKind::kInvalidArgument, "--speculative-config: disable_by_batch_size must be >= 0 (0: never), got {}",
+  if (c.disable_by_batch_size < SpeculativeConfig::kDisableAuto)
+    fail(ErrorKind::kInvalidArgument,
+         "--speculative-config: disable_by_batch_size must be >= 0 (0: never) or -1 (measured at startup, MTP), got {}",
          c.disable_by_batch_size);
+  // Prompt lookup costs nothing to keep up, and its drafts on a calibration's random prompts would
+  // say nothing: auto means never for ngram.
+  if (c.method == "ngram" && c.disable_by_batch_size == SpeculativeConfig::kDisableAuto) c.disable_by_batch_size = 0;
   if (c.method == "ngram") {
     if (c.prompt_lookup_min <= 0 && c.prompt_lookup_max <= 0)
       c.prompt_lookup_min = c.prompt_lookup_max = 5;
@@ -51,7 +55,9 @@ void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int 
 std::string describe(const SpeculativeConfig& c) {
   if (!c.enabled()) return "off";
   const std::string off =
-      c.disable_by_batch_size > 0 ? fmt::format(", disable_by_batch_size={}", c.disable_by_batch_size) : "";
+      c.disable_by_batch_size > 0 ? fmt::format(", disable_by_batch_size={}", c.disable_by_batch_size)
+      : c.disable_by_batch_size == SpeculativeConfig::kDisableAuto ? ", drafting while it pays (measured at startup)"
+                                                                   : "";
   if (c.method == "ngram")
     return fmt::format("ngram (num_speculative_tokens={}, prompt_lookup_min={}, prompt_lookup_max={}{})",
                        c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max, off);

@@ -28,7 +28,10 @@ struct SpeculativeConfig {
   // ngram: the n-gram sizes tried, longest first.
   int prompt_lookup_min = 0, prompt_lookup_max = 0;
   // vLLM's disable_by_batch_size: no drafts in a step after which this many sequences or more are
-  // running (large batches are compute-bound: verifying drafts costs more than it saves); 0: never.
+  // running (large batches are compute-bound: verifying drafts costs more than it saves); 0: never;
+  // kDisableAuto (MTP; what the CLI sets when the field is absent): the engine measures a step with
+  // drafts against one without at startup and drafts while that pays (LLMEngine, docs/engine.md).
+  static constexpr int kDisableAuto = -1;
   int disable_by_batch_size = 0;
   bool enabled() const { return !method.empty() && num_speculative_tokens > 0; }
 };
@@ -67,6 +70,10 @@ class Proposer {
   // the blocks for max_tokens - 1 positions past its computed tokens, or lowers max_tokens to
   // what its blocks hold.
   virtual bool needs_lookahead_slots() const { return false; }
+  // Whether a sequence can be drafted for only if the proposer saw every step it ran (MTP: its
+  // layer's KV is written by the pass after each step). Such a sequence that runs a step while
+  // drafting is off stops drafting for good (Request::spec_off) and the proposer skips it.
+  virtual bool needs_every_step() const { return false; }
   // For each request: at most max_tokens[i] drafts that may follow its tokens so far. Called
   // after every step (requests may be empty).
   virtual void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) = 0;
@@ -94,6 +101,7 @@ class MtpProposer : public Proposer {
   MtpProposer(Executor& executor, int block_size) : executor_(executor), block_size_(block_size) {}
   void observe_step(const std::vector<ComputedSpan>& spans) override { spans_ = spans; }
   bool needs_lookahead_slots() const override { return true; }
+  bool needs_every_step() const override { return true; }
   void propose(const std::vector<Request*>& requests, const std::vector<int>& max_tokens) override;
   bool drafts_in_step() const override { return true; }
   void take_step_drafts(std::vector<const Request*> sequences, std::vector<int32_t> drafts, int passes) override;

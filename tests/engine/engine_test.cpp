@@ -574,6 +574,82 @@ TEST_P(HybridEngineTest, MtpDraftingInTheStepDraftsWhatDraftingAfterItDoes) {
     }
 }
 
+// MTP with disable_by_batch_size: the sequences of a step where drafting is off run it without
+// the MTP pass (nothing of the MTP layer runs), so they never draft again, even once the batch is
+// small; a sequence that arrives then drafts. Tokens stay greedy's.
+TEST_P(HybridEngineTest, MtpSequencesThatRanWithoutDraftsDraftNoMore) {
+  if (!testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  std::mt19937 g(43);
+  const auto prompts = repetitive_prompts(g);
+  ASSERT_GE(prompts.size(), 3u);
+  const std::vector<int> lengths = {30, 3, 3};
+  auto run = [&](SpeculativeConfig spec, uint64_t* drafting_steps, uint64_t* most_per_step) {
+    Harness h(GetParam(), 64, 8, 512, false, spec);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(h.engine->add_request(std::to_string(i), prompts[i], greedy(lengths[i], false)).ok());
+    std::map<std::string, std::vector<int32_t>> got;
+    bool late_added = false;
+    while (h.engine->has_unfinished()) {
+      if (!late_added && h.engine->stats().num_running == 1 && h.engine->stats().steps > 0) {
+        EXPECT_TRUE(h.engine->add_request("late", prompts[1], greedy(12, false)).ok());
+        late_added = true;
+      }
+      const uint64_t before = h.engine->stats().spec.num_drafts;
+      for (const auto& o : h.engine->step())
+        got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      const uint64_t now = h.engine->stats().spec.num_drafts;
+      if (drafting_steps) *drafting_steps += now > before;
+      if (most_per_step) *most_per_step = std::max(*most_per_step, now - before);
+    }
+    EXPECT_TRUE(late_added);
+    EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
+    return got;
+  };
+  const auto plain = run({}, nullptr, nullptr);
+  SpeculativeConfig spec = mtp_spec(2);
+  spec.disable_by_batch_size = 3;
+  uint64_t drafting_steps = 0, most = 0;
+  const auto got = run(spec, &drafting_steps, &most);
+  EXPECT_GT(drafting_steps, 0u) << "the late sequence never drafted";
+  EXPECT_EQ(most, 1u) << "a sequence that ran without drafts drafted again";
+  if (!testing::testing_on_cuda()) EXPECT_EQ(got, plain);
+}
+
+// disable_by_batch_size auto (MTP): startup runs calibration sequences at batch 1, 2, 4 (up to
+// --max-num-seqs) with drafts and without and keeps each batch's cost ratio; nothing of them is
+// left behind (requests, blocks, state slots, counters), and the tokens afterwards are greedy's.
+TEST_P(HybridEngineTest, MtpAutoLimitIsMeasuredAtStartupAndLeavesNothingBehind) {
+  if (!testing::make_test_backend()->supports_token_state_slots())
+    GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  std::mt19937 g(47);
+  const auto prompts = repetitive_prompts(g);
+  SpeculativeConfig spec = validate_speculative_config(mtp_spec(2));
+  spec.disable_by_batch_size = SpeculativeConfig::kDisableAuto;
+  Harness h(GetParam(), 64, 4, 512, true, spec);
+  const auto& costs = h.engine->speculation_costs();
+  ASSERT_FALSE(costs.empty());
+  EXPECT_EQ(costs.front().first, 1);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    EXPECT_GT(costs[i].second, 0.0);
+    if (i > 0) EXPECT_EQ(costs[i].first, 2 * costs[i - 1].first);
+  }
+  EXPECT_LE(costs.back().first, 4);
+  EXPECT_FALSE(h.engine->has_unfinished());
+  EXPECT_EQ(h.engine->stats().steps, 0u);
+  EXPECT_EQ(h.engine->stats().spec.num_drafts, 0u);
+  EXPECT_EQ(h.engine->stats().generation_tokens, 0u);
+  EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
+  EXPECT_EQ(h.engine->cache_manager().state_slots().num_held(), 0);
+  Harness plain(GetParam(), 64, 4);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(h.engine->add_request(std::to_string(i), prompts[i], greedy(12, false)).ok());
+    ASSERT_TRUE(plain.engine->add_request(std::to_string(i), prompts[i], greedy(12, false)).ok());
+  }
+  const auto got = h.run_all(), want = plain.run_all();
+  if (!testing::testing_on_cuda()) EXPECT_EQ(got, want);
+}
+
 // A checkpoint without MTP weights, asked for method mtp, fails at load naming what is missing.
 TEST(Engine, MtpWithoutMtpWeightsFailsNamingThem) {
   auto backend = testing::make_test_backend();

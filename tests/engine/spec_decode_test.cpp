@@ -45,8 +45,13 @@ TEST(SpeculativeConfig, DefaultsAliasesAndErrors) {
   EXPECT_THROW(validate_speculative_config(m), Error);
   EXPECT_FALSE(validate_speculative_config(SpeculativeConfig{}).enabled());
   m.num_speculative_tokens = 2;
-  m.disable_by_batch_size = -1;
+  m.disable_by_batch_size = -2;
   EXPECT_THROW(validate_speculative_config(m), Error);
+  // -1 (what the CLI sets when the field is absent): measured at startup for MTP, never off for ngram.
+  m.disable_by_batch_size = SpeculativeConfig::kDisableAuto;
+  EXPECT_EQ(validate_speculative_config(m).disable_by_batch_size, 0);  // (m is ngram here)
+  m.method = "mtp";
+  EXPECT_EQ(validate_speculative_config(m).disable_by_batch_size, SpeculativeConfig::kDisableAuto);
   m.disable_by_batch_size = 16;
   EXPECT_EQ(validate_speculative_config(m).disable_by_batch_size, 16);
   EXPECT_NE(describe(validate_speculative_config(m)).find("disable_by_batch_size=16"), std::string::npos);

@@ -345,7 +345,7 @@ TEST(CliSpeculativeConfig, MtpRunsAndACheckpointWithoutItsTensorsIsRefused) {
       {"--temperature", "0", "--speculative-config", R"({"method": "qwen3_next_mtp", "num_speculative_tokens": 2})"});
   ASSERT_FALSE(r.signaled) << r.err;
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("Speculative decoding: mtp (num_speculative_tokens=2)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Speculative decoding: mtp (num_speculative_tokens=2"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, plain.out);
   // The same checkpoint with its mtp.* tensors renamed (xtp.*: the header keeps its length).
   const fs::path st = dir / "model.safetensors";
