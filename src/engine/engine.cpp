@@ -528,8 +528,6 @@ bool LLMEngine::drafting_off() const {
   const size_t n = scheduler_->num_running();
   if (limit > 0) return n >= static_cast<size_t>(limit);
   if (limit != SpeculativeConfig::kDisableAuto || calibrating_ || spec_cost_.empty()) return false;
-  // Tokens a verification step yields: 1 + the mean accepted drafts; until enough verifications
-  // were seen, every draft accepted (so drafting starts and gets measured wherever it might pay).
   return spec_cost_at(n) >= expected_tokens_per_verification();
 }
 
@@ -552,18 +550,22 @@ double LLMEngine::spec_cost_at(size_t n) const {
   return spec_cost_.back().second;
 }
 
+int LLMEngine::calibration_tokens(int k) {
+  // The prompt, then up to k + 1 tokens in each of the warm-up, timed and two spare steps, then k drafts ahead.
+  return kCalibrationPrompt + (kCalibrationWarm + kCalibrationSteps + 2) * (k + 1) + k;
+}
+
 double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) {
-  constexpr int kPrompt = 32, kWarm = 3, kTimed = 6;
   const int k = config_.speculative.num_speculative_tokens;
   const int vocab = executor_->model_config().vocab_size;
   SamplingParams p;
   p.temperature = 0;
   p.ignore_eos = true;
-  p.max_tokens = (kWarm + kTimed + 2) * (k + 1);
+  p.max_tokens = calibration_tokens(k) - kCalibrationPrompt - k;  // (every step may take k + 1)
   std::mt19937_64 rng(seed);
   std::vector<std::string> ids;
   for (int b = 0; b < batch; ++b) {
-    std::vector<int32_t> prompt(kPrompt);
+    std::vector<int32_t> prompt(kCalibrationPrompt);
     for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
     const std::string id = fmt::format("tessera-calibration-{}-{}-{}", drafts ? "drafts" : "plain", batch, b);
     // (--max-model-len too short for it: no figure)
@@ -577,16 +579,16 @@ double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) 
   }
   std::vector<double> times;
   int warm = 0;
-  while (has_unfinished() && static_cast<int>(times.size()) < kTimed) {
+  while (has_unfinished() && static_cast<int>(times.size()) < kCalibrationSteps) {
     bool decoding = scheduler_->num_waiting() == 0;
     for (const auto& [id, r] : requests_) decoding = decoding && !r->output.empty();
     const auto t0 = std::chrono::steady_clock::now();
     step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (decoding && ++warm > kWarm) times.push_back(dt);
+    if (decoding && ++warm > kCalibrationWarm) times.push_back(dt);
   }
   for (const std::string& id : ids) abort(id);
-  if (static_cast<int>(times.size()) < kTimed) return 0;
+  if (static_cast<int>(times.size()) < kCalibrationSteps) return 0;
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -598,7 +600,7 @@ void LLMEngine::calibrate_speculation() {
   const EngineStats saved = stats_;
   calibrating_ = true;
   // Blocks a calibration sequence may hold: prompt, tokens, drafts' lookahead, one spare.
-  const int per_seq = (32 + 11 * (k + 1) + k) / config_.block_size + 2;
+  const int per_seq = calibration_tokens(k) / config_.block_size + 2;
   std::string line;
   for (int b = 1; b <= config_.scheduler.max_num_seqs; b *= 2) {
     if (b * per_seq > cache_manager_->pool().num_free()) break;
@@ -618,7 +620,7 @@ void LLMEngine::calibrate_speculation() {
     TLOG_WARN(
         "Speculative decoding: could not measure its cost (no room for a calibration sequence of {} tokens in the "
         "cache or --max-model-len); it drafts at every batch size (set \"disable_by_batch_size\" to limit it)",
-        32 + 11 * (k + 1) + k);
+        calibration_tokens(k));
     return;
   }
   TLOG_INFO(

@@ -149,8 +149,12 @@ class LLMEngine {
   // (spec_cost_), until drafting cannot pay (the ratio reaches k + 1) or B passes
   // --max-num-seqs or the free cache. Leaves no request, stats or counters behind.
   void calibrate_speculation();
-  // The median time of timed decode steps of B calibration sequences (0: they did not all decode).
+  // The median time of kCalibrationSteps decode steps of B sequences of kCalibrationPrompt random
+  // tokens, after kCalibrationWarm untimed ones (graph captures; 0: they did not all get there).
   double time_calibration_steps(int batch, bool drafts, uint64_t seed);
+  static constexpr int kCalibrationPrompt = 32, kCalibrationWarm = 3, kCalibrationSteps = 6;
+  // The positions a calibration sequence may reach with k drafts a step.
+  static int calibration_tokens(int k);
   // The drafting cost measured at the smallest calibrated batch >= n (the largest one's past it).
   double spec_cost_at(size_t n) const;
   // Tokens a verification step is expected to yield (1 + accepted drafts), from the recent ones.
