@@ -602,8 +602,16 @@ void LLMEngine::calibrate_speculation() {
   // Blocks a calibration sequence may hold: prompt, tokens, drafts' lookahead, one spare.
   const int per_seq = calibration_tokens(k) / config_.block_size + 2;
   std::string line;
+  // A budget for slow backends (a large model on the CPU): batches it did not reach count as the
+  // largest measured one.
+  const auto start = std::chrono::steady_clock::now();
   for (int b = 1; b <= config_.scheduler.max_num_seqs; b *= 2) {
     if (b * per_seq > cache_manager_->pool().num_free()) break;
+    if (!spec_cost_.empty() && std::chrono::steady_clock::now() - start > kCalibrationBudget) {
+      TLOG_INFO("Speculative decoding: measuring stopped at batch {} after {} s (batches above count as it)",
+                spec_cost_.back().first, kCalibrationBudget.count());
+      break;
+    }
     const double plain = time_calibration_steps(b, false, 2 * static_cast<uint64_t>(b));
     const double with = time_calibration_steps(b, true, 2 * static_cast<uint64_t>(b) + 1);
     if (plain <= 0 || with <= 0) break;

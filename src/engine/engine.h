@@ -153,6 +153,7 @@ class LLMEngine {
   // tokens, after kCalibrationWarm untimed ones (graph captures; 0: they did not all get there).
   double time_calibration_steps(int batch, bool drafts, uint64_t seed);
   static constexpr int kCalibrationPrompt = 32, kCalibrationWarm = 3, kCalibrationSteps = 6;
+  static constexpr std::chrono::seconds kCalibrationBudget{20};  // no larger batch is begun after this
   // The positions a calibration sequence may reach with k drafts a step.
   static int calibration_tokens(int k);
   // The drafting cost measured at the smallest calibrated batch >= n (the largest one's past it).
