@@ -573,13 +573,10 @@ double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) 
     ids.push_back(id);
     if (!drafts) requests_.at(id)->spec_off = true;
   }
-  if (static_cast<int>(ids.size()) < batch) {
-    for (const std::string& id : ids) abort(id);
-    return 0;
-  }
   std::vector<double> times;
   int warm = 0;
-  while (has_unfinished() && static_cast<int>(times.size()) < kCalibrationSteps) {
+  while (static_cast<int>(ids.size()) == batch && has_unfinished() &&
+         static_cast<int>(times.size()) < kCalibrationSteps) {
     bool decoding = scheduler_->num_waiting() == 0;
     for (const auto& [id, r] : requests_) decoding = decoding && !r->output.empty();
     const auto t0 = std::chrono::steady_clock::now();

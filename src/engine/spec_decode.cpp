@@ -24,10 +24,10 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
     fail(ErrorKind::kInvalidArgument,
          "--speculative-config: disable_by_batch_size must be >= 0 (0: never) or -1 (measured at startup, MTP), got {}",
          c.disable_by_batch_size);
-  // Prompt lookup costs nothing to keep up, and its drafts on a calibration's random prompts would
-  // say nothing: auto means never for ngram.
-  if (c.method == "ngram" && c.disable_by_batch_size == SpeculativeConfig::kDisableAuto) c.disable_by_batch_size = 0;
   if (c.method == "ngram") {
+    // Prompt lookup costs nothing to keep up, and its drafts on a calibration's random prompts
+    // would say nothing: auto means never for ngram.
+    if (c.disable_by_batch_size == SpeculativeConfig::kDisableAuto) c.disable_by_batch_size = 0;
     if (c.prompt_lookup_min <= 0 && c.prompt_lookup_max <= 0)
       c.prompt_lookup_min = c.prompt_lookup_max = 5;
     else if (c.prompt_lookup_min <= 0)
