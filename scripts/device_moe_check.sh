@@ -11,7 +11,9 @@
 #   side (moe_bench --variants: us per layer at T 1..32 with the copy figure of the same run); flagship_decode (batch 1,
 #   with the base build too); flagship (issue 18's
 #   serve command and the seeds' bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
-#   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz)
+#   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz); fp8_ab (FP8 decode
+#   batches 1 / 20 / 64, Qwen3-8B --quantization fp8 and the flagship, this build and BASE); fp8_tests (the FP8
+#   fixtures' engine, fixture and prompt-logprobs tests on CUDA)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -95,13 +97,13 @@ decode_batches() {  # decode_batches NAME MODEL BATCH...: 512-token prompts, 128
   for bs in "$@"; do
     args=()
     for i in $(seq 1 $bs); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + 2 * i)))"); done
-    gen ${DB:-$B} ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs
+    gen ${DB:-$B} ${name}_b$bs $model "${args[@]}" --max-tokens 128 --ignore-eos --max-num-seqs $bs ${GEN_EXTRA:-}
     per=$(rate "$L/${name}_b$bs.log")
     # batch 1 against the one-token ceiling; batch B's aggregate against its distinct-expert ceiling
     if [ "$bs" = 1 ]; then
-      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --tok-s "$per" | tail -2
+      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} ${CEIL_EXTRA:-} --tok-s "$per" | tail -2
     else
-      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} --batch $bs --batch-tok-s "$(python3 -c "print($per * $bs)")" | tail -1
+      python3 tools/decode_ceiling.py $model ${CB:+--copy-gbps $CB} ${CEIL_EXTRA:-} --batch $bs --batch-tok-s "$(python3 -c "print($per * $bs)")" | tail -1
     fi
   done
 }
@@ -268,6 +270,29 @@ if part flagship_decode; then
   echo "== flagship: decode batch 1 (512-token prompt, 128 new), FP8 dummy"
   MAXLEN=4096 decode_batches flagship_decode $FL 1
   [ -n "$BASE" ] && { echo "-- base build"; MAXLEN=4096 DB=$BASE decode_batches flagship_decode_base $FL 1; }
+fi
+
+if part fp8_ab; then
+  # FP8 linears between 17 rows and CudaOptions::fp8_w8a8_min_rows (W8A16 GEMM here, activation-quantising W8A8 in
+  # the base build): decode batches 1, 20 and 64 of the Qwen3-8B shape with --quantization fp8 and of the flagship,
+  # this build and the base bundle's in the same run, and the FP8 fixtures' engine / fixture / prompt-logprobs tests.
+  FL=configs/qwen3.5-122b-a10b-fp8
+  for which in new base; do
+    db=$B; [ $which = base ] && db=$BASE
+    [ -n "$db" ] || continue
+    echo "-- $which build: Qwen3-8B --quantization fp8"
+    GEN_EXTRA="--quantization fp8" CEIL_EXTRA=--fp8 MAXLEN=4096 DB=$db decode_batches dense_fp8_$which configs/qwen3-8b ${FP8_AB_BATCHES:-1 20 64}
+    echo "-- $which build: $FL"
+    MAXLEN=4096 DB=$db decode_batches flagship_$which $FL ${FP8_AB_BATCHES:-1 20 64}
+  done
+fi
+
+if part fp8_tests; then
+  echo "== FP8 fixtures on CUDA: engine, fixture and prompt-logprobs tests"
+  for t in engine_test model_fixture_test prompt_logprobs_test; do
+    TESSERA_TEST_DEVICE=cuda timeout 300 $B/$t --gtest_filter='*fp8*' > "$L/${t}_fp8.log" 2>&1; echo "$t (fp8) rc=$?"
+    grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/${t}_fp8.log" | head -24
+  done
 fi
 
 if part flagship; then

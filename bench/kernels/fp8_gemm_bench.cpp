@@ -1,9 +1,12 @@
 // FP8 block-scaled linear (CudaBackend::linear on an e4m3 weight carrying 128x128 f32 scales:
-// the FP8 GEMV for M <= 16, activation quantisation + cuBLASLt's block-scaled GEMM above) for
-// M = 1 ... 8192 on projection shapes, next to the dense FP8 rate of the same library in the
-// same run: cuBLASLt with per-tensor scales on an 8192^3 product (the acceptance: the
-// block-scaled GEMM at >= 60% of it for M >= 4096). Decode shapes are memory-bound: their figure
-// is FP8 weight bytes (plus scales) read per second against the device copy bandwidth.
+// the FP8 GEMV for M <= 16; above, the W8A16 tensor-core GEMM (bf16 activations) below
+// CudaOptions::fp8_w8a8_min_rows and activation quantisation + cuBLASLt's block-scaled GEMM
+// (W8A8) from there) for M = 1 ... 8192 on projection shapes, both paths timed at every M above
+// 16 (backends forcing each) with the production choice marked, next to the dense FP8 rate of the
+// same library in the same run: cuBLASLt with per-tensor scales on an 8192^3 product (the issue's
+// acceptance: the block-scaled GEMM at >= 60% of it for M >= 4096). Decode shapes are
+// memory-bound: their figure is FP8 weight bytes (plus scales) read per second against the device
+// copy bandwidth.
 //   fp8_gemm_bench [--quick] [NxK[:name] ...]
 // Default shapes: a 3072-hidden MoE model's projections (hidden 3072, 64 x 128 linear-attention
 // value heads, 32 x 256 attention heads (q and gate), 1024 expert / shared intermediate, vocab
@@ -95,14 +98,22 @@ int run(int argc, char** argv) {
              {"shared_down", 3072, 1024},         {"lm_head", 248320, 3072}};
   auto gpu = make_cuda_backend(0);
   auto stream = static_cast<cudaStream_t>(cuda_backend_stream(*gpu));
+  const int64_t w8a8_from = CudaOptions{}.fp8_w8a8_min_rows;
+  CudaOptions o16, o8;
+  o16.fp8_w8a8_min_rows = INT64_MAX;
+  o8.fp8_w8a8_min_rows = cuda::kMaxFp8GemvRows + 1;
+  auto w16 = make_cuda_backend(0, o16), w8 = make_cuda_backend(0, o8);
   std::printf("device: %s\n", gpu->name().c_str());
 
   for (int64_t M : {3, 300}) {
-    const double err = check(*gpu, M, 1024, 2048);
-    const double tol = M <= 16 ? 1e-2 : 5e-2;
-    std::printf("check: x[%ld,2048] @ fp8 w[1024,2048]^T vs f64 (256 samples): rel_err %.2e %s\n", long(M), err,
-                err < tol ? "OK" : "FAIL");
-    if (!(err < tol)) return 1;
+    for (Backend* be : {w16.get(), w8.get()}) {
+      const bool a8 = be == w8.get() && M > cuda::kMaxFp8GemvRows;
+      const double err = check(*be, M, 1024, 2048);
+      const double tol = a8 ? 5e-2 : 1e-2;
+      std::printf("check: x[%ld,2048] @ fp8 w[1024,2048]^T vs f64 (256 samples, %s): rel_err %.2e %s\n", long(M),
+                  a8 ? "W8A8" : "W8A16", err, err < tol ? "OK" : "FAIL");
+      if (!(err < tol)) return 1;
+    }
   }
   const double copy_gbs = copy_bandwidth_gbs(*gpu);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
@@ -139,8 +150,13 @@ int run(int argc, char** argv) {
     std::printf("reference 8192^3 bf16 (cuBLASLt): %.3f ms, %.0f TFLOP/s\n", bms,
                 2.0 * n * n * n / (bms * 1e-3) / 1e12);
     Tensor w = fp8_weight(*gpu, n, n, 5);
+    gpu->synchronize();
     const double fms = time_ms(
-        *gpu, [&](int) { gpu->linear(ab, w, nullptr, c); }, 5, quick ? 10 : 30);
+        *w8, [&](int) { w8->linear(ab, w, nullptr, c); }, 5, quick ? 10 : 30);
+    const double f16ms = time_ms(
+        *w16, [&](int) { w16->linear(ab, w, nullptr, c); }, 5, quick ? 10 : 30);
+    std::printf("W8A16 fp8 8192^3 (bf16 activations): %.3f ms, %.0f TFLOP/s\n", f16ms,
+                2.0 * n * n * n / (f16ms * 1e-3) / 1e12);
     const double tf = 2.0 * n * n * n / (fms * 1e-3) / 1e12;
     std::printf(
         "block-scaled fp8 8192^3 (activation quantisation included): %.3f ms, %.0f TFLOP/s, %.0f%% of "
@@ -149,8 +165,12 @@ int run(int argc, char** argv) {
   }
 
   const int64_t tokens[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  std::printf("\n%-15s %6s %8s %8s %10s %9s %8s %9s %7s\n", "proj", "M", "N", "K", "time_us", "TFLOP/s", "%ref",
-              "w_GB/s", "%copy");
+  std::printf(
+      "\nW8A16 from 17 rows below %ld, W8A8 from there (CudaOptions::fp8_w8a8_min_rows); both timed above 16 "
+      "rows, the production path marked *\n",
+      long(w8a8_from));
+  std::printf("%-15s %6s %8s %8s %10s %10s %7s %9s %8s %9s %7s\n", "proj", "M", "N", "K", "w8a16_us", "w8a8_us",
+              "a8/a16", "TFLOP/s", "%ref", "w_GB/s", "%copy");
   for (const Proj& p : projs) {
     // Rotate over enough weight copies that they do not sit in the 60 MB L2.
     const int64_t wbytes = p.N * p.K + block_scale_shape({p.N, p.K}).numel() * 4;
@@ -162,19 +182,32 @@ int run(int argc, char** argv) {
       Tensor x = gpu->alloc({M, p.K}, DType::kBF16);
       gpu->fill_random(x, 7, -1, 1);
       Tensor out = gpu->alloc({M, p.N}, p.name == "lm_head" ? DType::kF32 : DType::kBF16);
-      const double ms = time_ms(
-          *gpu, [&](int i) { gpu->linear(x, ws[i % copies], nullptr, out); }, 5, quick ? 10 : 40);
+      gpu->synchronize();  // the inputs were written on gpu's stream; w16 and w8 have their own
+      auto timed = [&](Backend& be) {
+        const double ms = time_ms(
+            be, [&](int i) { be.linear(x, ws[i % copies], nullptr, out); }, 5, quick ? 10 : 40);
+        be.reset_scratch();
+        return ms;
+      };
+      const bool gemv = M <= cuda::kMaxFp8GemvRows;
+      const double ms16 = timed(*w16), ms8 = gemv ? ms16 : timed(*w8);
+      const bool prod8 = !gemv && M >= w8a8_from;
+      const double ms = prod8 ? ms8 : ms16;
       const double tflops = 2.0 * M * p.N * p.K / (ms * 1e-3) / 1e12;
       const double gbs = double(wbytes) / (ms * 1e-3) / 1e9;
-      std::printf("%-15s %6ld %8ld %8ld %10.1f %9.1f %7.0f%% %9.0f %6.0f%%\n", p.name.c_str(), long(M), long(p.N),
-                  long(p.K), ms * 1e3, tflops, ref_tflops > 0 ? 100.0 * tflops / ref_tflops : 0.0, gbs,
-                  100.0 * gbs / copy_gbs);
-      gpu->reset_scratch();
+      char a16[32], a8[32];
+      std::snprintf(a16, sizeof a16, "%.1f%s", ms16 * 1e3, gemv ? " gemv" : prod8 ? "" : "*");
+      std::snprintf(a8, sizeof a8, gemv ? "-" : "%.1f%s", ms8 * 1e3, prod8 ? "*" : "");
+      std::printf("%-15s %6ld %8ld %8ld %10s %10s %7.2f %9.1f %7.0f%% %9.0f %6.0f%%\n", p.name.c_str(), long(M),
+                  long(p.N), long(p.K), a16, a8, ms16 / ms8, tflops, ref_tflops > 0 ? 100.0 * tflops / ref_tflops : 0.0,
+                  gbs, 100.0 * gbs / copy_gbs);
     }
   }
   std::printf(
-      "\n%%ref: over the per-tensor FP8 8192^3 rate above (acceptance: >= 60%% for M >= 4096). %%copy: FP8 weight "
-      "and scale bytes read per second over the copy figure (read + write), as the decode ceiling counts it.\n");
+      "\na8/a16: W8A16 time over W8A8 time (> 1: W8A8 faster). TFLOP/s, %%ref, w_GB/s and %%copy are the "
+      "production path's. %%ref: over the per-tensor FP8 8192^3 rate above (acceptance: >= 60%% for M >= 4096). "
+      "%%copy: FP8 weight and scale bytes read per second over the copy figure (read + write), as the decode "
+      "ceiling counts it.\n");
   return 0;
 }
 

@@ -26,6 +26,7 @@
 
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_ops.h"  // kMaxFp8GemvRows, fp8_w16_gemm_splits
 #endif
 
 namespace tessera {
@@ -39,6 +40,9 @@ class CudaOps : public ::testing::Test {
     if (cuda_device_count() > 0 && !gpu_) {
       gpu_ = make_cuda_backend(0);
       cpu_ = make_backend({DeviceType::kCPU, 0, 0});
+      CudaOptions o;
+      o.fp8_w8a8_min_rows = INT64_MAX;
+      w16_ = make_cuda_backend(0, o);
     }
   }
   void SetUp() override {
@@ -49,6 +53,8 @@ class CudaOps : public ::testing::Test {
     if (!gpu_) return;
     gpu_->synchronize();
     gpu_->reset_scratch();
+    w16_->synchronize();
+    w16_->reset_scratch();
     cpu_->reset_scratch();
   }
 
@@ -136,8 +142,9 @@ class CudaOps : public ::testing::Test {
 
   std::mt19937 rng_;
   static std::unique_ptr<Backend> gpu_, cpu_;
+  static std::unique_ptr<Backend> w16_;  // FP8 linears keep bf16 activations at every M
 };
-std::unique_ptr<Backend> CudaOps::gpu_, CudaOps::cpu_;
+std::unique_ptr<Backend> CudaOps::gpu_, CudaOps::cpu_, CudaOps::w16_;
 
 // The op table (op_table.h): every case on the GPU against the CPU backend (which cpu_ops_test checks
 // against the plain references), on the same bf16-rounded inputs.
@@ -292,9 +299,10 @@ TEST_F(CudaOps, LinearAtTheTinyFixturesShapes) {
 }
 
 // FP8 block-scaled weights (e4m3 with one f32 scale per 128 x 128 block) against the CPU's
-// dequantising reference. M <= 16 runs the FP8 GEMV (bf16 activations: bf16-level error); above,
-// activations are quantised to e4m3 per token and 128 columns (3 mantissa bits, rounding up to
-// 1/16 per element, ~2-3% on these sums) for cuBLASLt's block-scaled GEMM, or (K/128 not a
+// dequantising reference. M <= 16 runs the FP8 GEMV, 17-64 rows on small weights the small-M
+// kernel, below fp8_w8a8_min_rows the W8A16 GEMM (bf16 activations all: bf16-level error); from
+// there activations are quantised to e4m3 per token and 128 columns (3 mantissa bits, rounding
+// up to 1/16 per element, ~2-3% on these sums) for cuBLASLt's block-scaled GEMM, or (K/128 not a
 // multiple of 4, K % 128 != 0) the weight is dequantised to bf16 for the bf16 GEMM.
 TEST_F(CudaOps, Fp8BlockScaledLinear) {
   struct Case {
@@ -322,7 +330,12 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
                                   {8, 144, 19, true, DType::kBF16},
                                   {12, 80, 33, false, DType::kF32},
                                   {16, 400, 250, false, DType::kF32},
-                                  {16, 3088, 1030, true, DType::kBF16}}) {
+                                  {16, 3088, 1030, true, DType::kBF16},
+                                  // The W8A16 GEMM: K slices (few tiles), odd N, partial row tiles.
+                                  {24, 8192, 3072, true, DType::kBF16},
+                                  {40, 1040, 77, false, DType::kF32},
+                                  {129, 3088, 1030, false, DType::kBF16},
+                                  {513, 1024, 640, true, DType::kF32}}) {
     std::uniform_int_distribution<int> byte(0, 255);
     std::vector<uint8_t> q(static_cast<size_t>(c.N * c.K));
     for (auto& b : q) {
@@ -338,15 +351,67 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
       be.copy_from_host(s, scales.data());
       return w.with_block_scale(s);
     };
-    Tensor out = gpu_out({c.T, c.N}, c.out);
     Tensor gb = on_gpu(b, {c.N}), cb = on_cpu(b, {c.N});
-    gpu().linear(on_gpu(x, {c.T, c.K}), make(gpu()), c.bias ? &gb : nullptr, out);
     Tensor ref = cpu().alloc({c.T, c.N}, DType::kF32);
     cpu().linear(on_cpu(x, {c.T, c.K}), make(cpu()), c.bias ? &cb : nullptr, ref);
-    const double tol = c.T <= 16 ? 1e-2 : 5e-2;
-    EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), tol)
-        << "T=" << c.T << " K=" << c.K << " N=" << c.N << " out " << dtype_name(c.out);
+    // The production backend (the GEMV to 16 rows, the small-M kernel to 64 for small weights,
+    // W8A8 through cuBLASLt above: e4m3 activations cost a few percent) and one that keeps bf16
+    // activations at every M (the small-M kernel to 64 rows, then the W8A16 GEMM).
+    for (Backend* be : {&gpu(), w16_.get()}) {
+      const bool small = c.T <= cuda::kMaxFp8SmallRows && c.N * c.K <= cuda::kFp8SmallMaxWeights;
+      const bool quantised = be == &gpu() && c.T >= CudaOptions{}.fp8_w8a8_min_rows && !small;
+      Tensor out = be->alloc({c.T, c.N}, c.out);
+      be->fill(out, NAN);
+      Tensor bb = upload(*be, b, {c.N}, DType::kBF16);
+      be->linear(upload(*be, x, {c.T, c.K}, DType::kBF16), make(*be), c.bias ? &bb : nullptr, out);
+      EXPECT_LT(rel_err(download(*be, out), from_cpu(ref)), quantised ? 5e-2 : 1e-2)
+          << "T=" << c.T << " K=" << c.K << " N=" << c.N << " out " << dtype_name(c.out)
+          << (quantised ? " (W8A8)" : "");
+    }
   }
+}
+
+// The W8A16 paths' rows against the same row alone (the GEMV): the small-M kernel (17 .. 64
+// rows, K slices) and the tensor-core GEMM (row tiles, K slices where a shape has few 128 x 256
+// tiles), on a backend that keeps bf16 activations at every M. All apply the block scales to f32
+// sums of exact e4m3 x bf16 products, so they differ only by the order of f32 sums.
+TEST_F(CudaOps, Fp8W16RowsMatchTheGemv) {
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (Case c :
+       std::vector<Case>{{17, 3072, 8192}, {48, 3072, 1024}, {64, 200, 336}, {130, 1000, 2048}, {600, 4096, 512}}) {
+    const int splits = c.M <= cuda::kMaxFp8SmallRows ? cuda::fp8_w16_small_splits(c.N, c.K)
+                                                     : cuda::fp8_w16_gemm_splits(c.M, c.N, c.K, 132);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::vector<uint8_t> q(static_cast<size_t>(c.N * c.K));
+    for (auto& b : q) {
+      do b = static_cast<uint8_t>(byte(rng_));
+      while ((b & 0x7f) == 0x7f);
+    }
+    const Shape ss = block_scale_shape({c.N, c.K});
+    auto scales = rand(ss.numel(), 1e-4f, 4e-4f);
+    auto x = rand(c.M * c.K);
+    Tensor w = gpu().alloc({c.N, c.K}, DType::kF8E4M3), s = gpu().alloc(ss, DType::kF32);
+    gpu().copy_from_host(w, q.data());
+    gpu().copy_from_host(s, scales.data());
+    Tensor ws = w.with_block_scale(s);
+    Tensor all = gpu_out({c.M, c.N}, DType::kF32), gx = on_gpu(x, {c.M, c.K});
+    gpu().synchronize();  // the inputs were written on gpu's stream
+    w16_->linear(gx, ws, nullptr, all);
+    w16_->synchronize();
+    const auto got = from_gpu(all);
+    for (int64_t m : {int64_t{0}, c.M / 2, c.M - 1}) {
+      Tensor one = gpu_out({1, c.N}, DType::kF32);
+      std::vector<float> xr(x.begin() + m * c.K, x.begin() + (m + 1) * c.K);
+      gpu().linear(on_gpu(xr, {1, c.K}), ws, nullptr, one);
+      const std::vector<float> row(got.begin() + m * c.N, got.begin() + (m + 1) * c.N);
+      EXPECT_LT(rel_err(row, from_gpu(one)), 1e-4)
+          << "M=" << c.M << " N=" << c.N << " K=" << c.K << " row " << m << " (" << splits << " K slices)";
+    }
+  }
+  EXPECT_GT(cuda::fp8_w16_gemm_splits(17, 3072, 8192, 132), 1) << "a decode batch's few tiles split K";
+  EXPECT_EQ(cuda::fp8_w16_gemm_splits(4096, 4096, 4096, 132), 1);
 }
 
 // The fused prologue against the CPU backend's composition (split, norms, rope, write_kv).
@@ -932,13 +997,13 @@ struct Fp8Host {
 
 // FP8 block-scaled experts (e4m3, one f32 scale per 128 x 128 block of each expert's matrix, as
 // the Qwen3.5 FP8 checkpoints) against the CPU's dequantising reference, on both CUDA paths:
-// decode (T * k <= 256: the grouped GEMVs dequantising in registers) and prefill (the grouped
-// GEMM dequantising each weight tile to bf16 in shared memory). Shapes: the flagship's experts
-// (H 3072, I 1024, 256 experts, top-8) as an expert-parallel slice of 16 experts, a 64-expert
-// layer at H 2048 / I 768, and sizes off every tile and block multiple (H 528, I 144: partial
-// 64-deep k steps, partial scale blocks, up rows starting inside a gate block). Tolerance as
-// the bf16 experts: the decode path is exact up to bf16 activations, the prefill path rounds
-// each dequantised weight to bf16 (2^-9 relative).
+// decode (T * k <= 256: the grouped GEMVs widening in registers) and prefill (the grouped GEMM
+// widening each weight tile to bf16 in shared memory, the block scales on its f32 accumulators).
+// Shapes: the flagship's experts (H 3072, I 1024, 256 experts, top-8) as an expert-parallel slice
+// of 16 experts, a 64-expert layer at H 2048 / I 768, and sizes off every tile and block
+// multiple (H 528, I 144: partial 64-deep k steps, partial scale blocks, up rows starting inside
+// a gate block, so a gate_up tile's up rows span two scale blocks). Tolerance as the bf16 experts:
+// both paths are exact up to bf16 activations and the order of f32 sums.
 TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
   const MoeCase cases[] = {
       // decode: T * k = 8, 32, 128 pairs

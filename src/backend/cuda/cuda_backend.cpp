@@ -324,10 +324,14 @@ class CudaBackend final : public Backend {
     launch_add_rms_norm(x.raw(), residual.raw(), x.dtype(), w.raw(), w.dtype(), x.numel() / D, D, eps, stream_);
   }
 
-  // FP8 block-scaled weights (Tensor::block_scale): the FP8 GEMV for M <= 16; above, the
-  // activations are quantised per token and 128 columns and cuBLASLt's block-scaled FP8 GEMM
-  // runs (Hopper); where it has no algorithm (shape, GPU), the weight is dequantised to bf16 in
-  // scratch and the bf16 GEMM runs. CudaOptions::fp8_gemm_dequant forces that fallback.
+  // FP8 block-scaled weights (Tensor::block_scale). bf16 activations (W8A16): the FP8 GEMV for
+  // M <= 16; the small-M kernel up to 64 rows for weights of at most kFp8SmallMaxWeights
+  // (faster there than the W8A8 path's quantisation + cuBLASLt, measured) and for any weight
+  // below CudaOptions::fp8_w8a8_min_rows; the W8A16 tensor-core GEMM for larger M below that.
+  // From fp8_w8a8_min_rows the activations are quantised per token and 128 columns and
+  // cuBLASLt's block-scaled FP8 GEMM runs (Hopper); where it has no algorithm (shape, GPU), the
+  // weight is dequantised to bf16 in scratch and the bf16 GEMM runs. CudaOptions::fp8_gemm_dequant
+  // forces that fallback above the GEMV.
   void linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, int64_t M, int64_t N, int64_t K) {
     const Tensor& sc = *w.block_scale();
     CUDA_REQUIRE(w.dtype() == DType::kF8E4M3 && sc.dtype() == DType::kF32 && act(sc), "linear",
@@ -335,6 +339,25 @@ class CudaBackend final : public Backend {
     const auto* wscale = sc.data<float>();
     if (M <= kMaxFp8GemvRows && launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
       return;
+    if (!options_.fp8_gemm_dequant && M <= kMaxFp8SmallRows &&
+        (M < options_.fp8_w8a8_min_rows || N * K <= kFp8SmallMaxWeights)) {
+      const int splits = fp8_w16_small_splits(N, K);
+      const size_t mark = scratch_mark();
+      Tensor part = scratch({splits, M, N}, DType::kF32);
+      const bool done = launch_fp8_w16_small(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, splits,
+                                             part.data<float>(), stream_);
+      scratch_rewind(mark);
+      if (done) return;
+    }
+    if (!options_.fp8_gemm_dequant && M < options_.fp8_w8a8_min_rows) {
+      const int splits = fp8_w16_gemm_splits(M, N, K, props_.multiProcessorCount);
+      const size_t mark = scratch_mark();
+      Tensor part = splits > 1 ? scratch({splits, M, N}, DType::kF32) : Tensor();
+      const bool done = launch_fp8_w16_gemm(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, splits,
+                                            splits > 1 ? part.data<float>() : nullptr, stream_);
+      scratch_rewind(mark);
+      if (done) return;
+    }
     if (!options_.fp8_gemm_dequant && K % 128 == 0 && (K / 128) % 4 == 0) {  // run_fp8_block's shapes
       const size_t mark = scratch_mark();
       Tensor xq = scratch({M, K}, DType::kF8E4M3);
@@ -695,11 +718,13 @@ class CudaBackend final : public Backend {
                            reinterpret_cast<uintptr_t>(down.raw()) | reinterpret_cast<uintptr_t>(out.raw())) &
                           15) == 0;
     const int64_t mult = fp8 ? 16 : 8;  // 16-byte loads of the weights: 8 bf16 or 16 e4m3
-    if (H % mult != 0 || I % mult != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30))
+    if (H % mult != 0 || I % mult != 0 || E_local > kMoeMaxExperts || !aligned || T * k > (int64_t{1} << 30) ||
+        (fp8 && std::max(H, I) > kMaxFp8GemmK))
       fail(ErrorKind::kUnsupported,
-           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of {} ({} experts), 16-byte "
+           "CUDA moe_experts needs hidden and intermediate sizes that are multiples of {} ({} experts{}), 16-byte "
            "aligned tensors and at most {} experts per rank (got H={}, I={}, {} experts)",
-           mult, fp8 ? "FP8" : "bf16", kMoeMaxExperts, H, I, E_local);
+           mult, fp8 ? "FP8" : "bf16", fp8 ? ", at most " + std::to_string(kMaxFp8GemmK) : "", kMoeMaxExperts, H, I,
+           E_local);
     for (const Tensor* t : {&x, &gate_up, &down, &topk_ids, &topk_weights, &out}) need_cuda(*t, "moe_experts");
     bind();
     MoeArgs a{};

@@ -197,6 +197,33 @@ bool launch_fp8_gemv(const void* x, const void* w, const float* scale, void* out
 void launch_quantize_act_fp8(const void* x, void* q, float* scale, int64_t M, int64_t K, cudaStream_t s);
 // out bf16 [N, K] = dequant(w): the prefill fallback where cuBLASLt has no block-scaled algorithm.
 void launch_dequant_fp8(const void* w, const float* scale, void* out, int64_t N, int64_t K, cudaStream_t s);
+// W8A16 above the GEMV's rows (bf16 activations: the arithmetic of the GEMV and of the CPU
+// backend, block scales applied to f32 sums of exact e4m3 x bf16 products, so a row's result
+// does not depend on how many rows share the call beyond the order of f32 sums). Both write f32
+// partials [splits, M, N] over K slices and add them with launch_f32_partials_sum; x and w
+// 16-byte aligned, K % 16 == 0, bf16 or f32 out; false (nothing queued) for what they do not take.
+constexpr int kMaxFp8W16Splits = 16;
+// 17 .. kMaxFp8SmallRows rows (decode batches, speculative verification): the MMA GEMV's maths
+// with x staged in shared memory for 64 output rows a block (fp8_gemm.cu), always through the
+// partials (fp8_w16_small_splits K slices).
+constexpr int64_t kMaxFp8SmallRows = 64;
+// Weights (N * K) up to which the small-M kernel is faster than the W8A8 path at 17 .. 64 rows
+// (fp8_gemm_bench, H200: 0.55-0.87x its time on 1024 x 3072, 2048 x 3072 and 3072 x 1024; 1.1-2.5x
+// on 3072 x 8192 and larger, where W8A8 stays).
+constexpr int64_t kFp8SmallMaxWeights = int64_t{1} << 23;
+int fp8_w16_small_splits(int64_t N, int64_t K);
+bool launch_fp8_w16_small(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M,
+                          int64_t N, int64_t K, int splits, float* partials, cudaStream_t s);
+// Any M: moe_gemm.cu's tensor-core GEMM with one group (each weight tile widened to bf16 in
+// shared memory, the scales on the accumulators); the partials only where fp8_w16_gemm_splits
+// splits K (few 128 x 256 tiles), `partials` may be null otherwise.
+constexpr int64_t kMaxFp8GemmK = 32768;  // K (and an FP8 expert's H and I) the tensor-core FP8 GEMM takes
+int fp8_w16_gemm_splits(int64_t M, int64_t N, int64_t K, int num_sms);
+bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
+                         int64_t K, int splits, float* partials, cudaStream_t s);
+// out (bf16 or f32) [n] = the sum of `splits` f32 partials [splits][n], added in order (split-K
+// kernels: the same bits every run).
+void launch_f32_partials_sum(const float* partials, void* out, DType out_t, int64_t n, int splits, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu, moe_gemm.cu; Backend::moe_* say what they compute) ----
 // Router softmax + top-k, one warp per token with the row in registers: E <= kMoeMaxExperts,
@@ -257,8 +284,8 @@ struct MoePrefillWorkspace {
   void *act, *y;
 };
 // Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
-// FP8 experts: each weight tile is dequantised to bf16 in shared memory (fp8 * block scale,
-// rounded to bf16) and runs the same bf16 tensor-core GEMM.
+// FP8 experts: each weight tile is widened to bf16 in shared memory (exact) and runs the same
+// bf16 tensor-core GEMM, the 128 x 128 block scales applied to its f32 accumulators.
 void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s);
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);

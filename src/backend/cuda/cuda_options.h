@@ -57,6 +57,16 @@ struct CudaOptions {
   // FP8 linear layers above the GEMV size through a dequantised bf16 weight copy instead of
   // cuBLASLt's block-scaled FP8 GEMM (the fallback where that has no algorithm).
   bool fp8_gemm_dequant = false;
+  // FP8 linear layers from this many rows (tokens in the step) quantise their activations to e4m3
+  // per token and 128 columns and run cuBLASLt's block-scaled FP8 GEMM (W8A8, the FP8 tensor-core
+  // rate), except weights of at most kFp8SmallMaxWeights up to 64 rows, where the small-M W8A16
+  // kernel is faster. Below it they keep bf16 activations (W8A16) like the GEMV and the CPU
+  // backend: the GEMV up to 16 rows, the small-M kernel up to 64, then the W8A16 tensor-core
+  // GEMM. The default, 17, is the measured speed choice (docs/performance.md, session 16: at 20
+  // and 64 rows W8A8 is faster on the large projections, the W8A16 GEMM slower at every M);
+  // INT64_MAX keeps bf16 activations at every size (each row then rounds as it does alone, up to
+  // the order of f32 sums).
+  int64_t fp8_w8a8_min_rows = 17;
   // The scratch arena's first chunk (it grows on demand); at least 16.
   size_t initial_scratch_mib = 256;
 };

@@ -20,6 +20,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/fp8_utils.cuh"
@@ -107,6 +109,31 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The A fragments of a 64-column group's 4 MMA steps from a lane's 16 weights of rows g (wa)
+// and g + 8 (wb): step st takes columns 4 st .. 4 st + 3 (see fp8_gemv_mma_kernel).
+__device__ __forceinline__ void widen_group(const uint4& wa, const uint4& wb, uint32_t (&a)[4][4]) {
+  const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
+  const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    a[st][0] = fp8x2_to_bf16x2(wa4[st]);
+    a[st][1] = fp8x2_to_bf16x2(wb4[st]);
+    a[st][2] = fp8x2_to_bf16x2(wa4[st] >> 16);
+    a[st][3] = fp8x2_to_bf16x2(wb4[st] >> 16);
+  }
+}
+
+// acc += s * (the group's MMA sum against x's 16 columns x0, x1 of this lane's row).
+__device__ __forceinline__ void mma_group(const uint32_t (&a)[4][4], const uint4& x0, const uint4& x1, float s,
+                                          float (&acc)[4]) {
+  const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int st = 0; st < 4; ++st) mma_bf16(c, a[st], xs[2 * st], xs[2 * st + 1]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = fmaf(s, c[i], acc[i]);
+}
+
 constexpr int kMmaWarps = 4;   // warps per 16-row tile, splitting K
 constexpr int kMmaGroup = 64;  // K columns per warp step (4 lanes x 16)
 constexpr int kMmaUnroll = 2;  // groups whose loads a warp issues before their math
@@ -154,16 +181,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const int k0 = gu * kMmaGroup + 16 * t;
       const bool kv = k0 < K;
       const float s = __ldg(sr + gu * kMmaGroup / kBlock);
-      const uint32_t wa4[4] = {wva[u].x, wva[u].y, wva[u].z, wva[u].w};
-      const uint32_t wb4[4] = {wvb[u].x, wvb[u].y, wvb[u].z, wvb[u].w};
       uint32_t a[4][4];
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        a[st][0] = fp8x2_to_bf16x2(wa4[st]);
-        a[st][1] = fp8x2_to_bf16x2(wb4[st]);
-        a[st][2] = fp8x2_to_bf16x2(wa4[st] >> 16);
-        a[st][3] = fp8x2_to_bf16x2(wb4[st] >> 16);
-      }
+      widen_group(wva[u], wvb[u], a);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int m = 8 * j + g;
@@ -173,12 +192,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           x0 = __ldg(xm);
           x1 = __ldg(xm + 1);
         }
-        const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int st = 0; st < 4; ++st) mma_bf16(c, a[st], xs[2 * st], xs[2 * st + 1]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = fmaf(s, c[i], acc[j][i]);
+        mma_group(a, x0, x1, s, acc[j]);
       }
     }
   }
@@ -205,6 +219,100 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const int m = 8 * j + 2 * t + (i & 1), row = (i < 2 ? ra : rb);
       if (m < rows_m && row < N) out[static_cast<int64_t>(m) * N + row] = from_float<OutT>(r[i]);
     }
+  }
+}
+
+// W8A16 for 17 <= M <= 8 * NT rows (kMaxFp8SmallRows): the MMA GEMV's maths (per 64-column
+// group, the group's 16 x 64 weights widened to bf16 are the A operand of 4 bf16 m16n8k16 MMAs
+// per 8 rows of x, the group sum scaled with one FMA) with x staged in shared memory: a block of
+// 4 warps owns 64 output rows (16 a warp) and walks its K slice group by group together, each
+// group's x tile [8 * NT rows][64 columns] copied once (cp.async, double-buffered) and read by
+// all 4 warps, where the GEMV's warps each re-read x from L1 per 16 rows. Few row blocks
+// (N / 64) split K over grid.y, the slices' f32 partials added in order by the reduce kernel.
+// x tile rows are padded to 72 bf16 (144 bytes) so the lanes' 16-byte reads (row g, columns
+// 16 t) fall on distinct banks.
+constexpr int kSmallWarps = 4, kSmallRows = 16 * kSmallWarps, kXPad = 72;
+
+template <int NT>
+__global__ void __launch_bounds__(kSmallWarps * 32)
+    fp8_w16_small_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                         const float* __restrict__ scale, float* __restrict__ part, int rows_m, int N, int K,
+                         int groups_per_slice) {
+  __shared__ __align__(16) __nv_bfloat16 xs[2][8 * NT][kXPad];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kSmallRows + warp * 16;
+  const int ra = row0 + g, rb = row0 + g + 8;
+  const bool va = ra < N, vb = rb < N;
+  const uint8_t* wa = w + static_cast<int64_t>(va ? ra : 0) * K;
+  const uint8_t* wb = w + static_cast<int64_t>(vb ? rb : 0) * K;
+  const int groups = (K + kMmaGroup - 1) / kMmaGroup;
+  const int g_begin = blockIdx.y * groups_per_slice, g_end = min(groups, g_begin + groups_per_slice);
+  const float* sr = scale + static_cast<int64_t>((row0 < N ? row0 : 0) / kBlock) * ((K + kBlock - 1) / kBlock);
+  // x tile copy: 8 NT rows x 8 chunks of 16 bytes, NT / 2 chunks a thread.
+  auto load_x = [&](int gi, int buf) {
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) {
+      const int c = tid + i * kSmallWarps * 32, r = c >> 3, ch = c & 7;
+      const int k = gi * kMmaGroup + ch * 8;
+      const bool ok = r < rows_m && k < K;
+      cp_async16_zfill(&xs[buf][r][ch * 8], ok ? static_cast<const void*>(x + static_cast<int64_t>(r) * K + k) : x,
+                       ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  float acc[NT][4] = {};
+  pdl_wait();
+  if (g_begin < g_end) load_x(g_begin, 0);
+  uint4 nwa = make_uint4(0, 0, 0, 0), nwb = nwa;  // the next group's weights, loaded a group ahead
+  auto load_w = [&](int gi, uint4& da, uint4& db) {
+    const int k0 = gi * kMmaGroup + 16 * t;
+    const bool kv = k0 < K;
+    da = kv && va ? load_stream(reinterpret_cast<const uint4*>(wa + k0)) : make_uint4(0, 0, 0, 0);
+    db = kv && vb ? load_stream(reinterpret_cast<const uint4*>(wb + k0)) : make_uint4(0, 0, 0, 0);
+  };
+  if (g_begin < g_end) load_w(g_begin, nwa, nwb);
+  for (int gi = g_begin; gi < g_end; ++gi) {
+    const int buf = (gi - g_begin) & 1;
+    const uint4 cwa = nwa, cwb = nwb;
+    if (gi + 1 < g_end) {
+      load_x(gi + 1, buf ^ 1);
+      load_w(gi + 1, nwa, nwb);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // x tile gi complete (every thread's copies)
+    const float s = __ldg(sr + gi * kMmaGroup / kBlock);
+    uint32_t a[4][4];
+    widen_group(cwa, cwb, a);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      mma_group(a, *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t]),
+                *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t + 8]), s, acc[j]);
+    __syncthreads();  // every warp done with tile gi before its buffer is refilled
+  }
+  pdl_launch_dependents();
+  // Accumulator i of lane (g, t): w row g + 8 (i / 2), x row 8 j + 2 t + i % 2.
+  float* out = part + static_cast<int64_t>(blockIdx.y) * rows_m * N;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = 8 * j + 2 * t + (i & 1), row = (i < 2 ? ra : rb);
+      if (m < rows_m && row < N) out[static_cast<int64_t>(m) * N + row] = acc[j][i];
+    }
+}
+
+// out = the sum of `splits` f32 partials [splits][n] in order, as bf16 or f32.
+template <typename OutT>
+__global__ void f32_partials_sum_kernel(const float* __restrict__ part, OutT* __restrict__ out, int64_t n, int splits) {
+  pdl_wait();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = part[i];
+    for (int z = 1; z < splits; ++z) v += part[z * n + i];
+    out[i] = from_float<OutT>(v);
   }
 }
 
@@ -289,6 +397,46 @@ bool launch_fp8_gemv(const void* x, const void* w, const float* scale, void* out
     launch_gemv_mma<2>(x, w, scale, out, out_t, m, n, k, s);
   TCUDA_LAUNCH_CHECK();
   return true;
+}
+
+int fp8_w16_small_splits(int64_t N, int64_t K) {
+  const int64_t row_blocks = (N + kSmallRows - 1) / kSmallRows, groups = (K + kMmaGroup - 1) / kMmaGroup;
+  // About 4 blocks an SM of the 132 (several blocks an SM keep enough weight loads in flight),
+  // at least 4 groups a slice.
+  const int64_t want = (4 * 132 + row_blocks - 1) / row_blocks;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, groups / 4, kMaxFp8W16Splits})));
+}
+
+bool launch_fp8_w16_small(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M,
+                          int64_t N, int64_t K, int splits, float* partials, cudaStream_t s) {
+  if (M <= kMaxFp8GemvRows || M > kMaxFp8SmallRows || K % 16 != 0 || N > (int64_t{1} << 30) || K > (int64_t{1} << 28) ||
+      splits < 1 || !partials)
+    return false;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0) return false;
+  if (out_t != DType::kF32 && out_t != DType::kBF16) return false;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  const int groups = (k + kMmaGroup - 1) / kMmaGroup, per = (groups + splits - 1) / splits;
+  const int z = (groups + per - 1) / per;
+  const dim3 grid(static_cast<unsigned>((N + kSmallRows - 1) / kSmallRows), static_cast<unsigned>(z));
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  if (m <= 32)
+    launch_pdl(fp8_w16_small_kernel<4>, grid, kSmallWarps * 32, 0, s, xb, wb, scale, partials, m, n, k, per);
+  else
+    launch_pdl(fp8_w16_small_kernel<8>, grid, kSmallWarps * 32, 0, s, xb, wb, scale, partials, m, n, k, per);
+  TCUDA_LAUNCH_CHECK();
+  launch_f32_partials_sum(partials, out, out_t, M * N, z, s);
+  return true;
+}
+
+void launch_f32_partials_sum(const float* partials, void* out, DType out_t, int64_t n, int splits, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+  if (out_t == DType::kF32)
+    launch_pdl(f32_partials_sum_kernel<float>, blocks, 256, 0, s, partials, static_cast<float*>(out), n, splits);
+  else
+    launch_pdl(f32_partials_sum_kernel<__nv_bfloat16>, blocks, 256, 0, s, partials, static_cast<__nv_bfloat16*>(out), n,
+               splits);
+  TCUDA_LAUNCH_CHECK();
 }
 
 void launch_quantize_act_fp8(const void* x, void* q, float* scale, int64_t M, int64_t K, cudaStream_t s) {

@@ -1,6 +1,7 @@
 // The prefill path of the routed experts: a grouped GEMM over the experts on tensor cores
 // (mma.sync m16n8k16 bf16, ldmatrix, a 4-stage cp.async pipeline), over the token rows that
-// moe.cu's routing kernel permuted by expert on the device.
+// moe.cu's routing kernel permuted by expert on the device. The same kernel with one group is
+// the dense FP8 linear's W8A16 GEMM above the GEMV's rows (launch_fp8_w16_gemm, at the end).
 //
 // Why not cuBLAS grouped GEMM: its per-group sizes (tokens per expert) are host arguments, so
 // the host would have to read the routing back (a synchronisation per MoE layer, and no CUDA
@@ -15,14 +16,32 @@
 //     block owns BN / 2 intermediate columns: its B tile interleaves 8 gate rows and the same 8
 //     up rows, so each thread holds gate and up of the same outputs and writes silu(gate) * up.
 //   down: A = act (rows already in expert order), B = down[e]; y[row, :] bf16.
-// FP8 experts (kFp8): the pipeline stages hold B as e4m3 (BN rows of 64 bytes, half the bytes of
-// bf16); each k step, every thread widens the 16-byte chunks it copied itself to bf16 times
-// their 128 x 128 block's scale (rounded to bf16, the dequantised weight) into one bf16 B tile
-// in the layout above, and the same ldmatrix / mma.sync loop runs on it. A 64-deep k step lies
-// in one 128-column scale block, so a chunk needs one scale. 160 KiB of shared memory.
+// FP8 weights (kFp8): the pipeline stages hold B as e4m3 (BN rows of 64 bytes, half the bytes of
+// bf16). Every thread widens the 16-byte chunks it copied itself to bf16 (exact: every e4m3
+// value is a bf16 value) into a bf16 B tile in the layout above, one k step ahead of the MMAs
+// (two such tiles, so the widening of step kt + 1 overlaps the MMAs of step kt and a k step
+// has one barrier), and the same ldmatrix / mma.sync loop runs on it. The 128 x 128 block
+// scales are applied to the f32 accumulators, not to the weights: an 8-row MMA fragment lies in
+// one 128-row scale block and a 64-deep k step in one 128-column block, so a fragment's
+// accumulators are kept in units of the scale of the block they are on, s_run, and when the k
+// walk enters a block of another scale s they are multiplied by s_run / s; the epilogue
+// multiplies by the last s. The result is sum over blocks of scale * (fp8 x bf16 sums in f32),
+// the arithmetic of the FP8 GEMVs and of the CPU reference (f32 w * s), where rounding each
+// w * s to bf16 put a 2^-9 relative error on every weight and made a row computed here differ
+// from the same row through a GEMV (the FP8 fixtures parted between batched and lone runs). The
+// block's scales (at most 3 row blocks: a 256-row tile, or gate_up's 128 gate rows and 128 up
+// rows) are copied to shared memory once. A block whose scale is not positive contributes
+// nothing (its widened weights are zeroed). 195 KiB of shared memory.
+//
+// Dense mode (GemmArgs::dense_rows > 0, down layout, one "expert"): the rows are x's rows in
+// order, grid.x their 128-row tiles. Few tiles (decode batches: M of 17 .. a few hundred on a
+// 3072-wide projection make 12 tiles) would leave most SMs idle, so grid.z splits K: block z
+// takes k_tiles_per_split 64-deep steps and writes its f32 partial sums to out_f32[z]; a second
+// kernel adds the partials in z order (deterministic: no atomics) and rounds to the output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "backend/cuda/cuda_ops.h"
@@ -41,11 +60,15 @@ constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copi
 constexpr int kStageElems = (BM + BN) * BK;
 constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
 static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
-// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the dequantised bf16 B
-// tile follows the stages.
+// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the two widened bf16 B
+// tiles follow the stages, then the scale table [3][kMaxScaleBlocks].
 constexpr int kStageBytes8 = BM * BK * 2 + BN * BK;
 constexpr int kB8Loads = BN * (BK / 16) / kThreads;  // 16-byte e4m3 chunks of B a thread copies per stage
-constexpr size_t kSmemBytes8 = size_t{kStages} * kStageBytes8 + size_t{BN} * BK * sizeof(__nv_bfloat16);
+constexpr int kBTileBytes = BN * BK * 2;
+constexpr int kScaleRows = 3;
+constexpr int kMaxScaleBlocks = kMaxFp8GemmK / 128;
+constexpr size_t kSmemBytes8 =
+    size_t{kStages} * kStageBytes8 + 2 * size_t{kBTileBytes} + size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float);
 static_assert(kStageBytes8 % 128 == 0 && kB8Loads * kThreads == BN * (BK / 16), "FP8 stage layout");
 
 struct GemmArgs {
@@ -57,6 +80,10 @@ struct GemmArgs {
   const int32_t* expert_offsets;
   const int32_t* tile_offsets;
   int E_local, K, N, k;  // N: output columns (I for gate_up, H for down)
+  // Dense mode (down layout only): rows of x and out; 0 = grouped by the expert offsets above.
+  int dense_rows;
+  int k_tiles_per_split;  // dense: 64-deep k steps of one grid.z slice (0: all)
+  float* out_f32;         // dense: f32 [gridDim.z][dense_rows, N] instead of bf16 out (null: bf16)
 };
 
 // Element offset of (row, 16-byte chunk) in a [rows][BK] tile with swizzled chunks.
@@ -70,22 +97,27 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   auto stage_a = [&](int stage) {
     return kFp8 ? reinterpret_cast<__nv_bfloat16*>(smem_raw + stage * kStageBytes8) : smem + stage * kStageElems;
   };
-  __nv_bfloat16* const b_dq = reinterpret_cast<__nv_bfloat16*>(smem_raw + kStages * kStageBytes8);  // kFp8 only
+  // kFp8 only: the two widened B tiles and the scale table.
+  __nv_bfloat16* const b_w16 = reinterpret_cast<__nv_bfloat16*>(smem_raw + kStages * kStageBytes8);
+  float* const s_tab = reinterpret_cast<float*>(smem_raw + kStages * kStageBytes8 + 2 * kBTileBytes);
 
   const int slot = blockIdx.x;
-  if (slot >= g.tile_offsets[g.E_local]) return;
-  // The expert whose tiles hold this slot: the last e with tile_offsets[e] <= slot.
-  int lo = 0, hi = g.E_local;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (g.tile_offsets[mid] <= slot)
-      lo = mid;
-    else
-      hi = mid;
+  int e = 0, row0 = slot * BM, row_end = g.dense_rows;
+  if (g.dense_rows == 0) {
+    if (slot >= g.tile_offsets[g.E_local]) return;
+    // The expert whose tiles hold this slot: the last e with tile_offsets[e] <= slot.
+    int lo = 0, hi = g.E_local;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (g.tile_offsets[mid] <= slot)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    e = lo;
+    row0 = g.expert_offsets[e] + (slot - g.tile_offsets[e]) * BM;
+    row_end = g.expert_offsets[e + 1];
   }
-  const int e = lo;
-  const int row0 = g.expert_offsets[e] + (slot - g.tile_offsets[e]) * BM;
-  const int row_end = g.expert_offsets[e + 1];
   const int K = g.K, N = g.N;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
@@ -124,16 +156,26 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     b_base = w;
   }
 
-  // FP8: a thread copies (and later dequantises) B tile rows tid / 4 + 64 i, 16-byte chunk
-  // tid % 4 (16 columns); the tile row's weight row follows the same gate / up interleave.
+  // FP8: a thread copies (and later widens) B tile rows tid / 4 + 64 i, 16-byte chunk tid % 4
+  // (16 columns); the tile row's weight row follows the same gate / up interleave. The block's
+  // scale rows: down / dense, the two 128-row blocks of its 256 rows; gate_up, the gate rows'
+  // block (0) and the up rows' one or two (1, 2; two where I is not a multiple of 128).
   const int b8_chunk = tid & 3;
   const uint8_t* b8_src[kB8Loads];
-  const float* b8_scale[kB8Loads];
+  int b8_srow[kB8Loads];  // scale-table row of each copied tile row
   bool b8_ok[kB8Loads];
   const int kb = (K + 127) / 128;
+  const int row_blocks = static_cast<int>((w_rows + 127) / 128);
+  const int up_block0 = kGateUp ? (N + static_cast<int>(blockIdx.y) * (BN / 2)) / 128 : 0;
+  // Scale-table row of tile row r (a weight row of this block).
+  auto scale_row = [&](int r) {
+    if (!kGateUp) return r / 128;
+    const int f = r >> 3;
+    if (!(f & 1)) return 0;
+    return 1 + (N + static_cast<int>(blockIdx.y) * (BN / 2) + (f >> 1) * 8) / 128 - up_block0;
+  };
   if constexpr (kFp8) {
     const auto* w8 = reinterpret_cast<const uint8_t*>(g.w) + static_cast<int64_t>(e) * w_rows * K;
-    const float* sc = g.scale + static_cast<int64_t>(e) * ((w_rows + 127) / 128) * kb;
 #pragma unroll
     for (int i = 0; i < kB8Loads; ++i) {
       const int r = (tid >> 2) + 64 * i;
@@ -150,11 +192,24 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
       b8_ok[i] = col < N;
       if (!b8_ok[i]) wrow = 0;
       b8_src[i] = w8 + wrow * K + 16 * b8_chunk;
-      b8_scale[i] = sc + (wrow / 128) * kb;
+      b8_srow[i] = scale_row(r);
+    }
+    // The scale table: row j, column c = scale of weight row block (gate_up: j 0 the gate's,
+    // 1 and 2 the up rows'; else 2 * blockIdx.y + j) and k block c; 0 past the matrix.
+    const float* sc = g.scale + static_cast<int64_t>(e) * row_blocks * kb;
+    for (int i = tid; i < kScaleRows * kb; i += kThreads) {
+      const int j = i / kb, c = i - j * kb;
+      const int rb =
+          kGateUp ? (j == 0 ? static_cast<int>(blockIdx.y) : up_block0 + j - 1) : 2 * static_cast<int>(blockIdx.y) + j;
+      s_tab[j * kMaxScaleBlocks + c] = rb < row_blocks && (kGateUp || j < 2) ? __ldg(sc + rb * kb + c) : 0.0f;
     }
   }
 
-  const int k_tiles = (K + BK - 1) / BK;
+  // This block's k steps: [kt_begin, kt_begin + k_tiles) of the whole product.
+  const int k_all = (K + BK - 1) / BK;
+  const int kps = g.k_tiles_per_split > 0 ? g.k_tiles_per_split : k_all;
+  const int kt_begin = blockIdx.z * kps;
+  const int k_tiles = max(0, min(k_all, kt_begin + kps) - kt_begin);
   auto load_stage = [&](int stage, int kt) {
     __nv_bfloat16* sa = stage_a(stage);
     const int kc = kt * BK + ld_chunk * 8;
@@ -184,25 +239,27 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
       }
     }
   };
-  // FP8: this thread's e4m3 chunks of stage `stage` (k step kt) times their scales into b_dq.
-  auto dequant_stage = [&](int stage, int kt) {
+  // FP8: this thread's e4m3 chunks of stage `stage` (k step kt) widened to bf16 into B tile
+  // `buf` (zeros where the block's scale is not positive).
+  auto widen_stage = [&](int stage, int kt, int buf) {
     const uint8_t* sb8 = reinterpret_cast<const uint8_t*>(stage_a(stage) + BM * BK);
+    __nv_bfloat16* dst = b_w16 + buf * (BN * BK);
 #pragma unroll
     for (int i = 0; i < kB8Loads; ++i) {
       const int r = (tid >> 2) + 64 * i;
-      const uint4 v = *reinterpret_cast<const uint4*>(sb8 + r * BK + 16 * b8_chunk);
-      const float sc = __ldg(b8_scale[i] + (kt * BK) / 128);
+      uint4 v = *reinterpret_cast<const uint4*>(sb8 + r * BK + 16 * b8_chunk);
+      if (!(s_tab[b8_srow[i] * kMaxScaleBlocks + (kt * BK) / 128] > 0.0f)) v = make_uint4(0, 0, 0, 0);
       uint4 lo8, hi8;
-      lo8.x = fp8x2_to_bf16x2_scaled(v.x, sc);
-      lo8.y = fp8x2_to_bf16x2_scaled(v.x >> 16, sc);
-      lo8.z = fp8x2_to_bf16x2_scaled(v.y, sc);
-      lo8.w = fp8x2_to_bf16x2_scaled(v.y >> 16, sc);
-      hi8.x = fp8x2_to_bf16x2_scaled(v.z, sc);
-      hi8.y = fp8x2_to_bf16x2_scaled(v.z >> 16, sc);
-      hi8.z = fp8x2_to_bf16x2_scaled(v.w, sc);
-      hi8.w = fp8x2_to_bf16x2_scaled(v.w >> 16, sc);
-      *reinterpret_cast<uint4*>(b_dq + swz(r, 2 * b8_chunk)) = lo8;
-      *reinterpret_cast<uint4*>(b_dq + swz(r, 2 * b8_chunk + 1)) = hi8;
+      lo8.x = fp8x2_to_bf16x2(v.x);
+      lo8.y = fp8x2_to_bf16x2(v.x >> 16);
+      lo8.z = fp8x2_to_bf16x2(v.y);
+      lo8.w = fp8x2_to_bf16x2(v.y >> 16);
+      hi8.x = fp8x2_to_bf16x2(v.z);
+      hi8.y = fp8x2_to_bf16x2(v.z >> 16);
+      hi8.z = fp8x2_to_bf16x2(v.w);
+      hi8.w = fp8x2_to_bf16x2(v.w >> 16);
+      *reinterpret_cast<uint4*>(dst + swz(r, 2 * b8_chunk)) = lo8;
+      *reinterpret_cast<uint4*>(dst + swz(r, 2 * b8_chunk + 1)) = hi8;
     }
   };
 
@@ -214,28 +271,8 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
-
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load_stage(next % kStages, next);
-    cp_async_commit();
-
-    const __nv_bfloat16* sa = stage_a(kt % kStages);
-    const __nv_bfloat16* sb = sa + BM * BK;
-    if constexpr (kFp8) {
-      // Every warp finished the previous step's MMAs on b_dq (the barrier above); the chunks
-      // read are this thread's own copies, complete after its cp_async_wait.
-      dequant_stage(kt % kStages, kt);
-      __syncthreads();
-      sb = b_dq;
-    }
+  // The MMAs of one k step: A from stage tile sa, B from sb.
+  auto mma_step = [&](const __nv_bfloat16* sa, const __nv_bfloat16* sb) {
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t af[4][4], bf[kNFrags][2];
@@ -261,6 +298,71 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
           for (int ni = 0; ni < kNFrags; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
         }
     }
+  };
+
+  // FP8: the scale each fragment's accumulators are in (0: none yet), and its scale-table row.
+  float s_run[kNFrags];
+  int frag_srow[kNFrags];
+#pragma unroll
+  for (int ni = 0; ni < kNFrags; ++ni) {
+    s_run[ni] = 0.0f;
+    frag_srow[ni] = scale_row(warp_n * kWarpN + ni * 8);
+  }
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, kt_begin + s);
+    cp_async_commit();
+  }
+
+  if constexpr (kFp8) {
+    // Step kt + 1's B is widened during step kt (this thread's own copies: complete once its
+    // cp.async groups up to that stage are), into the other of the two B tiles.
+    int cur_kb = -1;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // the scale table
+    if (k_tiles > 0) widen_stage(0, kt_begin, 0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<kStages - 3>();
+      __syncthreads();  // B tile kt % 2 widened by every thread; every warp done with step kt - 1
+      const int next = kt + kStages - 1;
+      if (next < k_tiles) load_stage(next % kStages, kt_begin + next);
+      cp_async_commit();
+      if (kt + 1 < k_tiles) widen_stage((kt + 1) % kStages, kt_begin + kt + 1, (kt + 1) & 1);
+      const int kbi = ((kt_begin + kt) * BK) / 128;
+      if (kbi != cur_kb) {  // a new scale block: accumulators into its scale
+        cur_kb = kbi;
+#pragma unroll
+        for (int ni = 0; ni < kNFrags; ++ni) {
+          const float sn = s_tab[frag_srow[ni] * kMaxScaleBlocks + kbi];
+          if (sn > 0.0f && sn != s_run[ni]) {
+            const float f = s_run[ni] / sn;
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[mi][ni][q] *= f;
+            s_run[ni] = sn;
+          }
+        }
+      }
+      mma_step(stage_a(kt % kStages), b_w16 + (kt & 1) * (BN * BK));
+    }
+#pragma unroll
+    for (int ni = 0; ni < kNFrags; ++ni)
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] *= s_run[ni];
+  } else {
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const int next = kt + kStages - 1;
+      if (next < k_tiles) load_stage(next % kStages, kt_begin + next);
+      cp_async_commit();
+      const __nv_bfloat16* sa = stage_a(kt % kStages);
+      mma_step(sa, sa + BM * BK);
+    }
   }
   cp_async_wait<0>();
 
@@ -284,20 +386,38 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
           const float v1 = gt[1] / (1.0f + __expf(-gt[1])) * up[1];
           *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
         }
+      } else if (g.out_f32) {  // dense: this k slice's partial sums (or the f32 output)
+        float* frow = g.out_f32 + (static_cast<int64_t>(blockIdx.z) * g.dense_rows + row) * N;
+#pragma unroll
+        for (int ni = 0; ni < kNFrags; ++ni) {
+          const int col = blockIdx.y * BN + warp_n * kWarpN + ni * 8 + 2 * (lane & 3);
+          if (col >= N) continue;
+          if ((N & 1) == 0) {
+            *reinterpret_cast<float2*>(frow + col) = make_float2(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+          } else {
+            frow[col] = acc[mi][ni][2 * half];
+            if (col + 1 < N) frow[col + 1] = acc[mi][ni][2 * half + 1];
+          }
+        }
       } else {
 #pragma unroll
         for (int ni = 0; ni < kNFrags; ++ni) {
           const int col = blockIdx.y * BN + warp_n * kWarpN + ni * 8 + 2 * (lane & 3);
           if (col >= N) continue;
-          *reinterpret_cast<__nv_bfloat162*>(orow + col) =
-              __floats2bfloat162_rn(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+          if ((N & 1) == 0) {
+            *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+                __floats2bfloat162_rn(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+          } else {  // dense odd N: rows are not 4-byte aligned
+            orow[col] = __float2bfloat16(acc[mi][ni][2 * half]);
+            if (col + 1 < N) orow[col + 1] = __float2bfloat16(acc[mi][ni][2 * half + 1]);
+          }
         }
       }
     }
 }
 
 template <bool kGateUp, bool kFp8>
-void launch_gemm(const GemmArgs& g, int max_tiles, cudaStream_t s) {
+void launch_gemm(const GemmArgs& g, dim3 grid, cudaStream_t s) {
   constexpr size_t smem_bytes = kFp8 ? kSmemBytes8 : kSmemBytes;
   // More than 48 KiB of dynamic shared memory needs an opt-in, once per device.
   static std::atomic<uint64_t> configured{0};
@@ -309,12 +429,69 @@ void launch_gemm(const GemmArgs& g, int max_tiles, cudaStream_t s) {
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const int col_tiles = ceil_div(g.N, kGateUp ? BN / 2 : BN);
-  moe_grouped_gemm_kernel<kGateUp, kFp8><<<dim3(max_tiles, col_tiles), kThreads, smem_bytes, s>>>(g);
+  moe_grouped_gemm_kernel<kGateUp, kFp8><<<grid, kThreads, smem_bytes, s>>>(g);
   TCUDA_LAUNCH_CHECK();
 }
 
+template <bool kGateUp, bool kFp8>
+void launch_grouped(const GemmArgs& g, int max_tiles, cudaStream_t s) {
+  launch_gemm<kGateUp, kFp8>(g, dim3(max_tiles, ceil_div(g.N, kGateUp ? BN / 2 : BN)), s);
+}
+
 }  // namespace
+
+int fp8_w16_gemm_splits(int64_t M, int64_t N, int64_t K, int num_sms) {
+  const int64_t tiles = int64_t{ceil_div(M, BM)} * ceil_div(N, BN);
+  const int64_t k_all = ceil_div(K, BK);
+  // Few tiles (decode batches): the split with the fewest k steps per SM, one block an SM, waves
+  // counted whole (ceil(tiles * z / SMs) waves of ceil(k_all / z) steps), the fewer slices on a
+  // tie; a slice keeps at least 4 k steps (the pipeline's depth).
+  if (tiles >= num_sms || k_all < 8) return 1;
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t z = 1; z <= std::min<int64_t>(kMaxFp8W16Splits, k_all / 4); ++z) {
+    const int64_t per = ceil_div(k_all, z);
+    if (ceil_div(k_all, per) != z) continue;  // no empty slice
+    const int64_t cost = ceil_div(tiles * z, num_sms) * per;
+    if (cost < best_cost) {
+      best = z;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
+                         int64_t K, int splits, float* partials, cudaStream_t s) {
+  if (M < 1 || N < 1 || K % 16 != 0 || K < 16 || M > (int64_t{1} << 30) || N > (int64_t{1} << 30) ||
+      K > int64_t{128} * kMaxScaleBlocks || splits < 1 || (splits > 1 && !partials))
+    return false;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0) return false;
+  if (out_t != DType::kF32 && out_t != DType::kBF16) return false;
+  const int64_t k_all = ceil_div(K, BK);
+  const int per = ceil_div(k_all, splits);
+  GemmArgs g{};
+  g.a = static_cast<const __nv_bfloat16*>(x);
+  g.w = static_cast<const __nv_bfloat16*>(w);
+  g.scale = scale;
+  g.E_local = 1;
+  g.K = static_cast<int>(K);
+  g.N = static_cast<int>(N);
+  g.k = 1;
+  g.dense_rows = static_cast<int>(M);
+  g.k_tiles_per_split = per;
+  const int z = ceil_div(k_all, per);
+  if (z > 1)
+    g.out_f32 = partials;
+  else if (out_t == DType::kF32)
+    g.out_f32 = static_cast<float*>(out);
+  else
+    g.out = static_cast<__nv_bfloat16*>(out);
+  const dim3 grid(static_cast<unsigned>(ceil_div(M, BM)), static_cast<unsigned>(ceil_div(N, BN)),
+                  static_cast<unsigned>(z));
+  launch_gemm<false, true>(g, grid, s);
+  if (z > 1) launch_f32_partials_sum(partials, out, out_t, M * N, z, s);
+  return true;
+}
 
 void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s) {
   const int P = a.T * a.k;
@@ -335,9 +512,9 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStr
   g.K = a.H;
   g.N = a.I;
   if (fp8)
-    launch_gemm<true, true>(g, max_tiles, s);
+    launch_grouped<true, true>(g, max_tiles, s);
   else
-    launch_gemm<true, false>(g, max_tiles, s);
+    launch_grouped<true, false>(g, max_tiles, s);
   g.a = static_cast<const __nv_bfloat16*>(ws.act);
   g.w = static_cast<const __nv_bfloat16*>(a.down);
   g.scale = a.down_scale;
@@ -345,9 +522,9 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStr
   g.K = a.I;
   g.N = a.H;
   if (fp8)
-    launch_gemm<false, true>(g, max_tiles, s);
+    launch_grouped<false, true>(g, max_tiles, s);
   else
-    launch_gemm<false, false>(g, max_tiles, s);
+    launch_grouped<false, false>(g, max_tiles, s);
   launch_moe_combine(a, ws.y, ws.pair_pos, s);
 }
 
