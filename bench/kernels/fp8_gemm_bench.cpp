@@ -102,6 +102,7 @@ int run(int argc, char** argv) {
   CudaOptions o16, o8;
   o16.fp8_w8a8_min_rows = INT64_MAX;
   o8.fp8_w8a8_min_rows = cuda::kMaxFp8GemvRows + 1;
+  o8.fp8_small_max_weights = 0;  // pure W8A8 above the GEMV
   auto w16 = make_cuda_backend(0, o16), w8 = make_cuda_backend(0, o8);
   std::printf("device: %s\n", gpu->name().c_str());
 

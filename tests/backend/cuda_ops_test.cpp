@@ -358,7 +358,7 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
     // W8A8 through cuBLASLt above: e4m3 activations cost a few percent) and one that keeps bf16
     // activations at every M (the small-M kernel to 64 rows, then the W8A16 GEMM).
     for (Backend* be : {&gpu(), w16_.get()}) {
-      const bool small = c.T <= cuda::kMaxFp8SmallRows && c.N * c.K <= cuda::kFp8SmallMaxWeights;
+      const bool small = c.T <= cuda::kMaxFp8SmallRows && c.N * c.K <= CudaOptions{}.fp8_small_max_weights;
       const bool quantised = be == &gpu() && c.T >= CudaOptions{}.fp8_w8a8_min_rows && !small;
       Tensor out = be->alloc({c.T, c.N}, c.out);
       be->fill(out, NAN);

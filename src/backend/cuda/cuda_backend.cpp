@@ -325,8 +325,9 @@ class CudaBackend final : public Backend {
   }
 
   // FP8 block-scaled weights (Tensor::block_scale). bf16 activations (W8A16): the FP8 GEMV for
-  // M <= 16; the small-M kernel up to 64 rows for weights of at most kFp8SmallMaxWeights
-  // (faster there than the W8A8 path's quantisation + cuBLASLt, measured) and for any weight
+  // M <= 16; the small-M kernel up to 64 rows for weights of at most
+  // CudaOptions::fp8_small_max_weights (faster there than the W8A8 path's quantisation +
+  // cuBLASLt, measured) and for any weight
   // below CudaOptions::fp8_w8a8_min_rows; the W8A16 tensor-core GEMM for larger M below that.
   // From fp8_w8a8_min_rows the activations are quantised per token and 128 columns and
   // cuBLASLt's block-scaled FP8 GEMM runs (Hopper); where it has no algorithm (shape, GPU), the
@@ -340,7 +341,7 @@ class CudaBackend final : public Backend {
     if (M <= kMaxFp8GemvRows && launch_fp8_gemv(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, stream_))
       return;
     if (!options_.fp8_gemm_dequant && M <= kMaxFp8SmallRows &&
-        (M < options_.fp8_w8a8_min_rows || N * K <= kFp8SmallMaxWeights)) {
+        (M < options_.fp8_w8a8_min_rows || N * K <= options_.fp8_small_max_weights)) {
       const int splits = fp8_w16_small_splits(N, K);
       const size_t mark = scratch_mark();
       Tensor part = scratch({splits, M, N}, DType::kF32);

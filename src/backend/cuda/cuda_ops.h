@@ -207,10 +207,6 @@ constexpr int kMaxFp8W16Splits = 16;
 // with x staged in shared memory for 64 output rows a block (fp8_gemm.cu), always through the
 // partials (fp8_w16_small_splits K slices).
 constexpr int64_t kMaxFp8SmallRows = 64;
-// Weights (N * K) up to which the small-M kernel is faster than the W8A8 path at 17 .. 64 rows
-// (fp8_gemm_bench, H200: 0.55-0.87x its time on 1024 x 3072, 2048 x 3072 and 3072 x 1024; 1.1-2.5x
-// on 3072 x 8192 and larger, where W8A8 stays).
-constexpr int64_t kFp8SmallMaxWeights = int64_t{1} << 23;
 int fp8_w16_small_splits(int64_t N, int64_t K);
 bool launch_fp8_w16_small(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M,
                           int64_t N, int64_t K, int splits, float* partials, cudaStream_t s);

@@ -4,6 +4,7 @@
 // make_cuda_backend. Plain C++ (no CUDA headers): host code and kernels both include it.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace tessera {
 
@@ -59,7 +60,7 @@ struct CudaOptions {
   bool fp8_gemm_dequant = false;
   // FP8 linear layers from this many rows (tokens in the step) quantise their activations to e4m3
   // per token and 128 columns and run cuBLASLt's block-scaled FP8 GEMM (W8A8, the FP8 tensor-core
-  // rate), except weights of at most kFp8SmallMaxWeights up to 64 rows, where the small-M W8A16
+  // rate), except weights of at most fp8_small_max_weights up to 64 rows, where the small-M W8A16
   // kernel is faster. Below it they keep bf16 activations (W8A16) like the GEMV and the CPU
   // backend: the GEMV up to 16 rows, the small-M kernel up to 64, then the W8A16 tensor-core
   // GEMM. The default, 17, is the measured speed choice (docs/performance.md, session 16: at 20
@@ -67,6 +68,10 @@ struct CudaOptions {
   // INT64_MAX keeps bf16 activations at every size (each row then rounds as it does alone, up to
   // the order of f32 sums).
   int64_t fp8_w8a8_min_rows = 17;
+  // FP8 weights of at most this many bytes (N * K) take the small-M W8A16 kernel at 17-64 rows
+  // whatever fp8_w8a8_min_rows says (measured faster than W8A8 there, docs/cuda.md "FP8 weights");
+  // 0: never (fp8_gemm_bench's pure W8A8 column).
+  int64_t fp8_small_max_weights = int64_t{1} << 23;
   // The scratch arena's first chunk (it grows on demand); at least 16.
   size_t initial_scratch_mib = 256;
 };

@@ -226,19 +226,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // group, the group's 16 x 64 weights widened to bf16 are the A operand of 4 bf16 m16n8k16 MMAs
 // per 8 rows of x, the group sum scaled with one FMA) with x staged in shared memory: a block of
 // 4 warps owns 64 output rows (16 a warp) and walks its K slice group by group together, each
-// group's x tile [8 * NT rows][64 columns] copied once (cp.async, double-buffered) and read by
-// all 4 warps, where the GEMV's warps each re-read x from L1 per 16 rows. Few row blocks
+// group's x tile [8 * NT rows][64 columns] copied once (cp.async, two groups ahead in a ring of
+// three buffers, one barrier a group) and read by all 4 warps, where the GEMV's warps each re-read
+// x from L1 per 16 rows; each lane's weights are loaded two groups ahead too. Few row blocks
 // (N / 64) split K over grid.y, the slices' f32 partials added in order by the reduce kernel.
 // x tile rows are padded to 72 bf16 (144 bytes) so the lanes' 16-byte reads (row g, columns
 // 16 t) fall on distinct banks.
-constexpr int kSmallWarps = 4, kSmallRows = 16 * kSmallWarps, kXPad = 72;
+constexpr int kSmallWarps = 4, kSmallRows = 16 * kSmallWarps, kXPad = 72, kSmallStages = 3;
 
 template <int NT>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     fp8_w16_small_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
                          const float* __restrict__ scale, float* __restrict__ part, int rows_m, int N, int K,
                          int groups_per_slice) {
-  __shared__ __align__(16) __nv_bfloat16 xs[2][8 * NT][kXPad];
+  __shared__ __align__(16) __nv_bfloat16 xs[kSmallStages][8 * NT][kXPad];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kSmallRows + warp * 16;
@@ -259,30 +260,34 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
       cp_async16_zfill(&xs[buf][r][ch * 8], ok ? static_cast<const void*>(x + static_cast<int64_t>(r) * K + k) : x,
                        ok ? 16 : 0);
     }
-    cp_async_commit();
   };
   float acc[NT][4] = {};
   pdl_wait();
-  if (g_begin < g_end) load_x(g_begin, 0);
-  uint4 nwa = make_uint4(0, 0, 0, 0), nwb = nwa;  // the next group's weights, loaded a group ahead
   auto load_w = [&](int gi, uint4& da, uint4& db) {
     const int k0 = gi * kMmaGroup + 16 * t;
-    const bool kv = k0 < K;
+    const bool kv = gi < g_end && k0 < K;
     da = kv && va ? load_stream(reinterpret_cast<const uint4*>(wa + k0)) : make_uint4(0, 0, 0, 0);
     db = kv && vb ? load_stream(reinterpret_cast<const uint4*>(wb + k0)) : make_uint4(0, 0, 0, 0);
   };
-  if (g_begin < g_end) load_w(g_begin, nwa, nwb);
-  for (int gi = g_begin; gi < g_end; ++gi) {
-    const int buf = (gi - g_begin) & 1;
-    const uint4 cwa = nwa, cwb = nwb;
-    if (gi + 1 < g_end) {
-      load_x(gi + 1, buf ^ 1);
-      load_w(gi + 1, nwa, nwb);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // x tile gi complete (every thread's copies)
+  // Two groups ahead: x tiles in a ring of kSmallStages buffers (one cp.async group a tile, empty
+  // past the slice), the weights in registers.
+  uint4 wq[2][2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    if (g_begin + p < g_end) load_x(g_begin + p, p);
+    cp_async_commit();
+    load_w(g_begin + p, wq[p][0], wq[p][1]);
+  }
+  for (int gi = g_begin, buf = 0; gi < g_end; ++gi, buf = buf + 1 == kSmallStages ? 0 : buf + 1) {
+    cp_async_wait<1>();  // tile gi (this thread's copies)
+    __syncthreads();     // every thread's copies of tile gi; every warp done with tile gi - 1
+    const int nbuf = buf + 2 >= kSmallStages ? buf + 2 - kSmallStages : buf + 2;  // tile gi - 1's
+    if (gi + 2 < g_end) load_x(gi + 2, nbuf);
+    cp_async_commit();
+    const uint4 cwa = wq[0][0], cwb = wq[0][1];
+    wq[0][0] = wq[1][0];
+    wq[0][1] = wq[1][1];
+    load_w(gi + 2, wq[1][0], wq[1][1]);
     const float s = __ldg(sr + gi * kMmaGroup / kBlock);
     uint32_t a[4][4];
     widen_group(cwa, cwb, a);
@@ -290,8 +295,8 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
     for (int j = 0; j < NT; ++j)
       mma_group(a, *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t]),
                 *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t + 8]), s, acc[j]);
-    __syncthreads();  // every warp done with tile gi before its buffer is refilled
   }
+  cp_async_wait<0>();
   pdl_launch_dependents();
   // Accumulator i of lane (g, t): w row g + 8 (i / 2), x row 8 j + 2 t + i % 2.
   float* out = part + static_cast<int64_t>(blockIdx.y) * rows_m * N;
