@@ -76,19 +76,21 @@ SamplingParams greedy(int max_tokens, bool margins = true) {
 
 // CPU: identical tokens. CUDA (bf16): a different batch or recomputation changes rounding
 // (GEMV below 5 rows, cuBLASLt above; prefill against decode), so two runs may part at a step
-// that one of them called within `close` of the runner-up (testing::cuda_close_call: 0.05, or
-// the fixture's bf16 spread where larger); up to there they must agree, and they must agree on
-// most tokens overall. A run without margins (got_margins has no entry for a request) leaves the
+// that one of them called within testing::cuda_close_call(fixture) of the runner-up (0.05, or the
+// fixture's bf16 spread where larger); up to there they must agree, and they must agree on most
+// tokens overall. A run without margins (got_margins has no entry for a request) leaves the
 // call to want's margin alone.
 void expect_same_or_close_call(const std::map<std::string, std::vector<int32_t>>& want,
                                const std::map<std::string, std::vector<int32_t>>& got,
                                const std::map<std::string, std::vector<float>>& want_margins,
-                               const std::map<std::string, std::vector<float>>& got_margins, float close) {
+                               const std::map<std::string, std::vector<float>>& got_margins,
+                               const std::string& fixture) {
   if (!testing::testing_on_cuda()) {
     EXPECT_EQ(want, got);
     return;
   }
   ASSERT_EQ(want.size(), got.size());
+  const float close = testing::cuda_close_call(fixture);
   size_t compared = 0, total = 0;
   for (const auto& [id, w] : want) {
     const auto it = got.find(id);
@@ -146,7 +148,7 @@ TEST_P(EngineFixtureTest, BatchedEqualsOneAtATimeWithStaggeredArrivals) {
     ++step;
   }
   EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
-  expect_same_or_close_call(alone, together, alone_margins, h.margins, testing::cuda_close_call(GetParam()));
+  expect_same_or_close_call(alone, together, alone_margins, h.margins, GetParam());
 }
 
 TEST_P(EngineFixtureTest, PrefixCachingReusesBlocksAndKeepsOutput) {
@@ -169,8 +171,7 @@ TEST_P(EngineFixtureTest, PrefixCachingReusesBlocksAndKeepsOutput) {
   ASSERT_TRUE(h.engine->add_request("b", b, greedy(10)).ok());
   auto got = h.run_all(&cached);
   EXPECT_EQ(cached["b"], 48) << "three full shared blocks should come from the cache";
-  expect_same_or_close_call({{"b", want["b"]}}, {{"b", got["b"]}}, cold.margins, h.margins,
-                            testing::cuda_close_call(GetParam()));
+  expect_same_or_close_call({{"b", want["b"]}}, {{"b", got["b"]}}, cold.margins, h.margins, GetParam());
 }
 
 TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
@@ -189,7 +190,7 @@ TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
   submit(small);
   auto got = small.run_all();
   EXPECT_GT(small.engine->stats().num_preemptions, 0u) << "the pool was meant to force preemption";
-  expect_same_or_close_call(want, got, big.margins, small.margins, testing::cuda_close_call(GetParam()));
+  expect_same_or_close_call(want, got, big.margins, small.margins, GetParam());
 }
 
 TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
@@ -299,7 +300,7 @@ TEST_P(EngineFixtureTest, SpeculationKeepsGreedyOutput) {
       auto got = h.run_all();
       for (size_t i = 0; i < prompts.size(); ++i)
         EXPECT_EQ(got[std::to_string(i)].size(), static_cast<size_t>(20 + i)) << "max_tokens with several a step";
-      expect_same_or_close_call(want, got, want_margins, h.margins, testing::cuda_close_call(GetParam()));
+      expect_same_or_close_call(want, got, want_margins, h.margins, GetParam());
       const SpecDecodeStats& st = h.engine->stats().spec;
       EXPECT_GT(st.num_draft_tokens, 0u) << "no drafts were verified";
       if (!ngram) {
@@ -397,7 +398,7 @@ TEST_P(HybridEngineTest, SharedPrefixIsCheckpointedWhereThePromptsDiverge) {
   EXPECT_EQ(cached["b"], 0) << "the shared blocks have no state checkpoint yet";
   EXPECT_EQ(cached["c"], 48) << "b checkpointed the state where the prompts diverge";
   EXPECT_EQ(h.engine->cache_manager().state_slots().num_held(), 0) << "state slots leaked";
-  expect_same_or_close_call(want, got, cold.margins, h.margins, testing::cuda_close_call(GetParam()));
+  expect_same_or_close_call(want, got, cold.margins, h.margins, GetParam());
 }
 
 SpeculativeConfig mtp_spec(int k) {
@@ -443,7 +444,7 @@ TEST_P(HybridEngineTest, MtpSpeculationKeepsGreedyOutput) {
       Harness h(GetParam(), blocks, 64, budget, true, mtp_spec(k));
       submit(h, "");
       const auto got = h.run_all();
-      expect_same_or_close_call(want, got, want_margins, h.margins, testing::cuda_close_call(GetParam()));
+      expect_same_or_close_call(want, got, want_margins, h.margins, GetParam());
       const SpecDecodeStats& st = h.engine->stats().spec;
       EXPECT_GT(st.num_draft_tokens, 0u) << "no MTP drafts were verified";
       EXPECT_EQ(st.accepted_per_pos.size() <= static_cast<size_t>(k), true);
@@ -566,8 +567,7 @@ TEST_P(HybridEngineTest, MtpDraftingInTheStepDraftsWhatDraftingAfterItDoes) {
       EXPECT_EQ(stats[0].steps_drafting_in_step, 0u);
       EXPECT_GT(stats[1].steps_drafting_in_step, 0u) << "no step drafted with the step";
       if (testing::testing_on_cuda()) {
-        for (const auto& t : tokens)
-          expect_same_or_close_call(plain, t, plain_margins, {}, testing::cuda_close_call(GetParam()));
+        for (const auto& t : tokens) expect_same_or_close_call(plain, t, plain_margins, {}, GetParam());
         continue;
       }
       EXPECT_EQ(tokens[0], tokens[1]);

@@ -29,12 +29,4 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t v) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-// As fp8x2_to_bf16x2, times `scale` (the product rounded to bf16: the dequantised weight).
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2_scaled(uint32_t v, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-
 }  // namespace tessera::cuda

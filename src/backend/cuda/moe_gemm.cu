@@ -300,15 +300,6 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     }
   };
 
-  // FP8: the scale each fragment's accumulators are in (0: none yet), and its scale-table row.
-  float s_run[kNFrags];
-  int frag_srow[kNFrags];
-#pragma unroll
-  for (int ni = 0; ni < kNFrags; ++ni) {
-    s_run[ni] = 0.0f;
-    frag_srow[ni] = scale_row(warp_n * kWarpN + ni * 8);
-  }
-
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_tiles) load_stage(s, kt_begin + s);
@@ -316,6 +307,14 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   }
 
   if constexpr (kFp8) {
+    // The scale each fragment's accumulators are in (0: none yet), and its scale-table row.
+    float s_run[kNFrags];
+    int frag_srow[kNFrags];
+#pragma unroll
+    for (int ni = 0; ni < kNFrags; ++ni) {
+      s_run[ni] = 0.0f;
+      frag_srow[ni] = scale_row(warp_n * kWarpN + ni * 8);
+    }
     // Step kt + 1's B is widened during step kt (this thread's own copies: complete once its
     // cp.async groups up to that stage are), into the other of the two B tiles.
     int cur_kb = -1;
