@@ -22,7 +22,7 @@ OUT=${OUT:-/tmp/out}
 L=/tmp/moe_logs  # everything here; $OUT gets one archive (the tool brings back at most 8 files)
 mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
-B=/tmp/bundle
+B=${B:-/tmp/bundle}  # or another extracted build (e.g. the bundle's prev/)
 BASE=${BASE:-}  # or a folder holding an older build's tessera (e.g. the bundle's prev/)
 if [ -z "$BASE" ] && [ -f bundle/base.tar.xz ]; then
   mkdir -p /tmp/basex && tar -xJf bundle/base.tar.xz -C /tmp/basex && BASE=$(dirname "$(find /tmp/basex -name tessera -type f | head -1)")

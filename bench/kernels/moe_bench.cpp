@@ -303,6 +303,7 @@ void all_decode_variants(double copy_gbs, bool quick) {
 
 int run(int argc, char** argv) {
   bool quick = false, variants_only = false;
+  CudaOptions options;
   std::string only_model, only_dtype;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -310,14 +311,17 @@ int run(int argc, char** argv) {
       quick = true;
     } else if (a == "--variants") {
       variants_only = true;
+    } else if (a == "--prefill-mma") {
+      options.moe_prefill_wgmma = false;
     } else if (a == "--model" && i + 1 < argc) {
       only_model = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
       only_dtype = argv[++i];
     } else {
-      std::fprintf(
-          stderr,
-          "usage: moe_bench [--quick] [--variants] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n");
+      std::fprintf(stderr,
+                   "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] "
+                   "[--dtype bf16|fp8]\n"
+                   "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n");
       return 2;
     }
   }
@@ -330,8 +334,8 @@ int run(int argc, char** argv) {
     all_decode_variants(copy_gbs, quick);
     return 0;
   }
-  auto gpu = make_cuda_backend(0);
-  std::printf("device: %s\n", gpu->name().c_str());
+  auto gpu = make_cuda_backend(0, options);
+  std::printf("device: %s%s\n", gpu->name().c_str(), options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)");
 
   const double copy_gbs = copy_bandwidth_gbs(*gpu);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);

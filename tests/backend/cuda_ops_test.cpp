@@ -959,7 +959,12 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
       {7, 60, 4, 64, 48, 60, 0, false},
       {300, 60, 4, 64, 48, 60, 0, false},
       {300, 60, 8, 64, 32, 60, 0, true},
-      {129, 8, 2, 64, 32, 8, 0, true}};  // 258 pairs: the prefill path just above the decode one
+      {129, 8, 2, 64, 32, 8, 0, true},        // 258 pairs: the prefill path just above the decode one
+      {600, 16, 8, 2048, 768, 16, 0, true}};  // Qwen3-30B-A3B's expert shape, 300 rows an expert
+  // The prefill's grouped GEMMs on both kernels: the production one (wgmma on an H200) and mma.sync.
+  CudaOptions mma_options;
+  mma_options.moe_prefill_wgmma = false;
+  std::unique_ptr<Backend> mma = make_cuda_backend(0, mma_options);
   for (const MoeCase& c : cases) {
     const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
     auto x = rand(T * H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
@@ -974,17 +979,19 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
     Tensor ref = cpu().alloc({T, H}, DType::kF32);
     cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
                       static_cast<int>(c.begin), ref);
-    Tensor out = gpu_out({T, H});
-    gpu().moe_experts(on_gpu(x, {T, H}), on_gpu(gu, {EL, 2 * I, H}), on_gpu(dn, {EL, H, I}), on_gpu_i32(ids, {T, k}),
-                      on_gpu(w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
-    EXPECT_LT(rel_err(from_gpu(out), from_cpu(ref)), 1e-2)
-        << "moe_experts T=" << T << " E=" << c.E << " k=" << k << " H=" << H << " I=" << I << " local " << EL
-        << " from " << c.begin;
-    if (EL < c.E && T > 1) {
-      auto got = from_gpu(out);
-      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << "a token routed only to other ranks";
+    for (Backend* be : {&gpu(), mma.get()}) {
+      Tensor out = be->alloc({T, H}, DType::kBF16);
+      be->moe_experts(upload(*be, x, {T, H}, DType::kBF16), upload(*be, gu, {EL, 2 * I, H}, DType::kBF16),
+                      upload(*be, dn, {EL, H, I}, DType::kBF16), upload_i32(*be, ids, {T, k}),
+                      upload(*be, w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
+      const std::vector<float> got = download(*be, out);
+      EXPECT_LT(rel_err(got, from_cpu(ref)), 1e-2)
+          << "moe_experts T=" << T << " E=" << c.E << " k=" << k << " H=" << H << " I=" << I << " local " << EL
+          << " from " << c.begin << (be == mma.get() ? " (mma.sync prefill)" : "");
+      if (EL < c.E && T > 1)
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << "a token routed only to other ranks";
+      be->reset_scratch();
     }
-    gpu().reset_scratch();
   }
 }
 

@@ -774,7 +774,7 @@ class CudaBackend final : public Backend {
       Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
       int32_t* r = route.data<int32_t>();
       MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
-      launch_moe_prefill(a, ws, stream_);
+      launch_moe_prefill(a, ws, options_.moe_prefill_wgmma && props_.major == 9 && props_.minor == 0, stream_);
     }
     if (shared) moe_shared_expert_add(x, *shared, out);
   }

@@ -280,9 +280,10 @@ struct MoePrefillWorkspace {
   void *act, *y;
 };
 // Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
-// FP8 experts: each weight tile is widened to bf16 in shared memory (exact) and runs the same
-// bf16 tensor-core GEMM, the 128 x 128 block scales applied to its f32 accumulators.
-void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s);
+// bf16 experts with `wgmma` (sm_90 devices only): the warpgroup-MMA kernel; else mma.sync.
+// FP8 experts: each weight tile is widened to bf16 in shared memory (exact) and runs the
+// mma.sync GEMM, the 128 x 128 block scales applied to its f32 accumulators.
+void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s);
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);
 // out[t] = sum_j weights[t,j] * y[row(t,j)] (see moe.cu); pair_pos null: y is indexed by pair.

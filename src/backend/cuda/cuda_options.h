@@ -46,6 +46,9 @@ inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
 
 struct CudaOptions {
   CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
+  // The MoE prefill of bf16 experts (the grouped GEMMs) on Hopper's warpgroup MMA (wgmma) where the
+  // device is sm_90; false: the mma.sync kernel, which every device and FP8 experts take.
+  bool moe_prefill_wgmma = true;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;

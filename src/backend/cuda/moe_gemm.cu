@@ -48,6 +48,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/fp8_utils.cuh"
 #include "backend/cuda/mma_utils.cuh"
+#include "backend/cuda/wgmma_utils.cuh"
 
 namespace tessera::cuda {
 
@@ -89,6 +90,88 @@ struct GemmArgs {
 // Element offset of (row, 16-byte chunk) in a [rows][BK] tile with swizzled chunks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
 
+// The rows a block of the grid computes: expert e's rows [row0, row_end) (dense mode: x's rows
+// from slot * BM, e = 0). False when the slot is beyond the last tile of the routing.
+struct TileRows {
+  int e, row0, row_end;
+};
+__device__ __forceinline__ bool find_tile(const GemmArgs& g, int slot, TileRows& t) {
+  t.e = 0;
+  t.row0 = slot * BM;
+  t.row_end = g.dense_rows;
+  if (g.dense_rows > 0) return true;
+  if (slot >= g.tile_offsets[g.E_local]) return false;
+  // The expert whose tiles hold this slot: the last e with tile_offsets[e] <= slot.
+  int lo = 0, hi = g.E_local;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (g.tile_offsets[mid] <= slot)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  t.e = lo;
+  t.row0 = g.expert_offsets[lo] + (slot - g.tile_offsets[lo]) * BM;
+  t.row_end = g.expert_offsets[lo + 1];
+  return true;
+}
+
+// A thread's cp.async copies of one pipeline stage: A tile rows tid / 8 + 32 i (4 of them) and,
+// for bf16 weights, B tile rows tid / 8 + 32 i (kBLoads), 16-byte chunk tid % 8, into [rows][BK]
+// tiles with swizzled chunks; zeros past the rows, columns and K.
+template <bool kGateUp>
+struct Bf16Loader {
+  const __nv_bfloat16* a_src[4];
+  bool a_ok[4];
+  const __nv_bfloat16* b_base;
+  int b_col0, b_step;
+
+  __device__ __forceinline__ Bf16Loader(const GemmArgs& g, const TileRows& t, int tid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = t.row0 + (tid >> 3) + 32 * i;
+      a_ok[i] = row < t.row_end;
+      int64_t a_row = 0;
+      if (a_ok[i]) a_row = kGateUp ? g.sorted_pair[row] / g.k : row;
+      a_src[i] = g.a + a_row * g.K;
+    }
+    // B row r = tid / 8 + 32 i of the tile. down: weight row n0 + r. gate_up: the tile's 8-row
+    // fragments alternate gate and up rows of the same 8 columns (fragment f = r / 8 holds
+    // columns n0 + (f / 2) * 8 .., gate when f is even), so a thread's rows are column
+    // b_col0 + 16 i of the gate (or the up) half. (FP8 weights have their own copies.)
+    const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(g.N) : g.N;
+    const __nv_bfloat16* w = g.w + static_cast<int64_t>(t.e) * w_rows * g.K;
+    if (kGateUp) {
+      const int f0 = tid >> 6;  // fragment of row tid / 8
+      b_col0 = blockIdx.y * (BN / 2) + (f0 >> 1) * 8 + ((tid >> 3) & 7);
+      b_step = 16;
+      b_base = w + ((f0 & 1) ? static_cast<int64_t>(g.N) : 0) * g.K;
+    } else {
+      b_col0 = blockIdx.y * BN + (tid >> 3);
+      b_step = 32;
+      b_base = w;
+    }
+  }
+  __device__ __forceinline__ void load_a(__nv_bfloat16* sa, const GemmArgs& g, int kt, int tid) const {
+    const int chunk = tid & 7, kc = kt * BK + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool ok = a_ok[i] && kc < g.K;
+      cp_async16_zfill(sa + swz((tid >> 3) + 32 * i, chunk), ok ? a_src[i] + kc : g.a, ok ? 16 : 0);
+    }
+  }
+  __device__ __forceinline__ void load_b(__nv_bfloat16* sb, const GemmArgs& g, int kt, int tid) const {
+    const int chunk = tid & 7, kc = kt * BK + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < kBLoads; ++i) {
+      const int col = b_col0 + b_step * i;
+      const bool ok = col < g.N && kc < g.K;
+      cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, chunk), ok ? b_base + static_cast<int64_t>(col) * g.K + kc : g.w,
+                       ok ? 16 : 0);
+    }
+  }
+};
+
 template <bool kGateUp, bool kFp8>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_kernel(const GemmArgs g) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -101,23 +184,9 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   __nv_bfloat16* const b_w16 = reinterpret_cast<__nv_bfloat16*>(smem_raw + kStages * kStageBytes8);
   float* const s_tab = reinterpret_cast<float*>(smem_raw + kStages * kStageBytes8 + 2 * kBTileBytes);
 
-  const int slot = blockIdx.x;
-  int e = 0, row0 = slot * BM, row_end = g.dense_rows;
-  if (g.dense_rows == 0) {
-    if (slot >= g.tile_offsets[g.E_local]) return;
-    // The expert whose tiles hold this slot: the last e with tile_offsets[e] <= slot.
-    int lo = 0, hi = g.E_local;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (g.tile_offsets[mid] <= slot)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    e = lo;
-    row0 = g.expert_offsets[e] + (slot - g.tile_offsets[e]) * BM;
-    row_end = g.expert_offsets[e + 1];
-  }
+  TileRows t;
+  if (!find_tile(g, blockIdx.x, t)) return;
+  const int e = t.e, row0 = t.row0, row_end = t.row_end;
   const int K = g.K, N = g.N;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
@@ -125,36 +194,8 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   // is mostly empty, and its empty fragments skip their ldmatrix and mma.
   const int m_frags = max(0, min(4, (row_end - (row0 + warp_m * 64) + 15) / 16));
 
-  // A thread copies tile rows tid / 8 + 32 i (4 of A, kBLoads of B), chunk tid % 8, each stage.
-  const int ld_chunk = tid & 7;
-  const __nv_bfloat16* a_src[4];
-  bool a_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = row0 + (tid >> 3) + 32 * i;
-    a_ok[i] = row < row_end;
-    int64_t a_row = 0;
-    if (a_ok[i]) a_row = kGateUp ? g.sorted_pair[row] / g.k : row;
-    a_src[i] = g.a + a_row * K;
-  }
-  // B row r = tid / 8 + 32 i of the tile. down: weight row n0 + r. gate_up: the tile's 8-row
-  // fragments alternate gate and up rows of the same 8 columns (fragment f = r / 8 holds
-  // columns n0 + (f / 2) * 8 .., gate when f is even), so a thread's rows are column
-  // b_col0 + 16 i of the gate (or the up) half.
+  const Bf16Loader<kGateUp> ld(g, t, tid);
   const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(N) : N;
-  const __nv_bfloat16* w = kFp8 ? g.w : g.w + static_cast<int64_t>(e) * w_rows * K;  // bf16 path only
-  int b_col0, b_step;
-  const __nv_bfloat16* b_base;
-  if (kGateUp) {
-    const int f0 = tid >> 6;  // fragment of row tid / 8
-    b_col0 = blockIdx.y * (BN / 2) + (f0 >> 1) * 8 + ((tid >> 3) & 7);
-    b_step = 16;
-    b_base = w + ((f0 & 1) ? static_cast<int64_t>(N) : 0) * K;
-  } else {
-    b_col0 = blockIdx.y * BN + (tid >> 3);
-    b_step = 32;
-    b_base = w;
-  }
 
   // FP8: a thread copies (and later widens) B tile rows tid / 4 + 64 i, 16-byte chunk tid % 4
   // (16 columns); the tile row's weight row follows the same gate / up interleave. The block's
@@ -212,13 +253,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
   const int k_tiles = max(0, min(k_all, kt_begin + kps) - kt_begin);
   auto load_stage = [&](int stage, int kt) {
     __nv_bfloat16* sa = stage_a(stage);
-    const int kc = kt * BK + ld_chunk * 8;
-    const bool k_ok = kc < K;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool ao = a_ok[i] && k_ok;
-      cp_async16_zfill(sa + swz((tid >> 3) + 32 * i, ld_chunk), ao ? a_src[i] + kc : g.a, ao ? 16 : 0);
-    }
+    ld.load_a(sa, g, kt, tid);
     if constexpr (kFp8) {
       uint8_t* sb8 = reinterpret_cast<uint8_t*>(sa + BM * BK);
       const int kc8 = kt * BK + 16 * b8_chunk;
@@ -229,14 +264,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
                          bo ? static_cast<const void*>(b8_src[i] + kt * BK) : g.w, bo ? 16 : 0);
       }
     } else {
-      __nv_bfloat16* sb = sa + BM * BK;
-#pragma unroll
-      for (int i = 0; i < kBLoads; ++i) {
-        const int col = b_col0 + b_step * i;
-        const bool bo = col < N && k_ok;
-        cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, ld_chunk),
-                         bo ? b_base + static_cast<int64_t>(col) * K + kc : g.w, bo ? 16 : 0);
-      }
+      ld.load_b(sa + BM * BK, g, kt, tid);
     }
   };
   // FP8: this thread's e4m3 chunks of stage `stage` (k step kt) widened to bf16 into B tile
@@ -415,19 +443,123 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     }
 }
 
-template <bool kGateUp, bool kFp8>
-void launch_gemm(const GemmArgs& g, dim3 grid, cudaStream_t s) {
-  constexpr size_t smem_bytes = kFp8 ? kSmemBytes8 : kSmemBytes;
-  // More than 48 KiB of dynamic shared memory needs an opt-in, once per device.
-  static std::atomic<uint64_t> configured{0};
+// The bf16 grouped GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): the same grid, tiles, rows,
+// loaders and shared-memory layout as moe_grouped_gemm_kernel's bf16 path, but the two
+// warpgroups of the block each take 64 rows x all 256 columns with m64n256k16 MMAs that read
+// both operands from shared memory (no ldmatrix, no register fragments: mma.sync's operand
+// traffic is what bounded the kernel above). A k step: wait for this thread's copies of the
+// stage, fence them into the async proxy, barrier (every warpgroup is past its wait of the
+// previous step, so that stage is free), issue the 4 MMAs of the stage, refill the freed stage
+// S - 1 steps ahead while they run, wait for them. Both warpgroups issue their MMAs even when
+// one's 64 rows are all past the expert's (it multiplies zeros): a branch around wgmma makes
+// ptxas serialise the MMAs. Epilogue as the kernel above (gate_up: SiLU(gate) * up).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const GemmArgs g) {
+#if TESSERA_HAS_WGMMA
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // The 128-byte swizzle repeats every 1024 bytes: the stages start on such a boundary.
+  __nv_bfloat16* const smem =
+      reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  TileRows t;
+  if (!find_tile(g, blockIdx.x, t)) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const Bf16Loader<kGateUp> ld(g, t, tid);
+  const bool active = t.row0 + wg * 64 < t.row_end;
+  const int k_tiles = (g.K + BK - 1) / BK;
+  auto load_stage = [&](int stage, int kt) {
+    __nv_bfloat16* sa = smem + stage * kStageElems;
+    ld.load_a(sa, g, kt, tid);
+    ld.load_b(sa + BM * BK, g, kt, tid);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    const __nv_bfloat16* sa = smem + (kt % kStages) * kStageElems;
+    wgmma_pin(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      wgmma_m64n256k16_bf16(acc, wgmma_desc_sw128(sa + wg * 64 * BK + kk * 16),
+                            wgmma_desc_sw128(sa + BM * BK + kk * 16), 1);
+    wgmma_commit();
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next);
+    cp_async_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc);
+  }
+  cp_async_wait<0>();
+  if (!active) return;
+
+    // acc[4 j + q]: row 16 (warp % 4) + lane / 4 + 8 (q / 2) of the warpgroup's 64, column
+    // 8 j + 2 (lane % 4) + q % 2 of the tile's 256.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = t.row0 + wg * 64 + (warp & 3) * 16 + (lane >> 2) + half * 8;
+    if (row >= t.row_end) continue;
+    __nv_bfloat16* orow = g.out + static_cast<int64_t>(row) * g.N;
+    if (kGateUp) {
+#pragma unroll
+      for (int pr = 0; pr < 16; ++pr) {
+        const int col = blockIdx.y * (BN / 2) + pr * 8 + 2 * (lane & 3);
+        if (col >= g.N) continue;
+        const float* gt = &acc[8 * pr + 2 * half];
+        const float* up = &acc[8 * pr + 4 + 2 * half];
+        const float v0 = gt[0] / (1.0f + __expf(-gt[0])) * up[0];
+        const float v1 = gt[1] / (1.0f + __expf(-gt[1])) * up[1];
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = blockIdx.y * BN + 8 * j + 2 * (lane & 3);
+        if (col < g.N)
+          *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+              __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // never launched: the host takes this kernel on sm_90 devices only
+#endif
+}
+
+// More than 48 KiB of dynamic shared memory needs an opt-in, once per device and kernel.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& configured) {
   int dev = 0;
   TCUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(configured.load(std::memory_order_acquire) & bit)) {
-    TCUDA_CHECK(cudaFuncSetAttribute(moe_grouped_gemm_kernel<kGateUp, kFp8>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+    TCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
+}
+
+template <bool kGateUp>
+void launch_wgmma(const GemmArgs& g, int max_tiles, cudaStream_t s) {
+  constexpr size_t smem_bytes = kSmemBytes + 1024;  // + the alignment to 1024 bytes
+  static std::atomic<uint64_t> configured{0};
+  allow_smem(moe_grouped_wgmma_kernel<kGateUp>, smem_bytes, configured);
+  moe_grouped_wgmma_kernel<kGateUp>
+      <<<dim3(max_tiles, ceil_div(g.N, kGateUp ? BN / 2 : BN)), kThreads, smem_bytes, s>>>(g);
+  TCUDA_LAUNCH_CHECK();
+}
+
+template <bool kGateUp, bool kFp8>
+void launch_gemm(const GemmArgs& g, dim3 grid, cudaStream_t s) {
+  constexpr size_t smem_bytes = kFp8 ? kSmemBytes8 : kSmemBytes;
+  static std::atomic<uint64_t> configured{0};
+  allow_smem(moe_grouped_gemm_kernel<kGateUp, kFp8>, smem_bytes, configured);
   moe_grouped_gemm_kernel<kGateUp, kFp8><<<grid, kThreads, smem_bytes, s>>>(g);
   TCUDA_LAUNCH_CHECK();
 }
@@ -492,7 +624,7 @@ bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void*
   return true;
 }
 
-void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStream_t s) {
+void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s) {
   const int P = a.T * a.k;
   launch_moe_route(a, ws.expert_offsets, ws.tile_offsets, ws.sorted_pair, ws.pair_pos, s);
   // Worst case of sum_e ceil(rows_e / BM) over the experts.
@@ -512,6 +644,8 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStr
   g.N = a.I;
   if (fp8)
     launch_grouped<true, true>(g, max_tiles, s);
+  else if (wgmma)
+    launch_wgmma<true>(g, max_tiles, s);
   else
     launch_grouped<true, false>(g, max_tiles, s);
   g.a = static_cast<const __nv_bfloat16*>(ws.act);
@@ -522,6 +656,8 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, cudaStr
   g.N = a.H;
   if (fp8)
     launch_grouped<false, true>(g, max_tiles, s);
+  else if (wgmma)
+    launch_wgmma<false>(g, max_tiles, s);
   else
     launch_grouped<false, false>(g, max_tiles, s);
   launch_moe_combine(a, ws.y, ws.pair_pos, s);
