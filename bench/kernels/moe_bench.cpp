@@ -313,15 +313,28 @@ int run(int argc, char** argv) {
       variants_only = true;
     } else if (a == "--prefill-mma") {
       options.moe_prefill_wgmma = false;
+    } else if (a == "--fp8-decode" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      bool known = false;
+      for (CudaMoeFp8Decode d : kAllCudaMoeFp8Decode)
+        if (v == cuda_moe_fp8_decode_name(d)) {
+          options.moe_fp8_decode = d;
+          known = true;
+        }
+      if (!known) {
+        std::fprintf(stderr, "moe_bench: --fp8-decode takes mma, cuda_cores or cuda_cores_wide\n");
+        return 2;
+      }
     } else if (a == "--model" && i + 1 < argc) {
       only_model = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
       only_dtype = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] "
-                   "[--dtype bf16|fp8]\n"
-                   "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n");
+                   "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--fp8-decode KERNEL] "
+                   "[--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n"
+                   "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n"
+                   "  --fp8-decode: the FP8 experts' decode GEMVs: mma (default), cuda_cores or cuda_cores_wide\n");
       return 2;
     }
   }
@@ -335,7 +348,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   auto gpu = make_cuda_backend(0, options);
-  std::printf("device: %s%s\n", gpu->name().c_str(), options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)");
+  std::printf("device: %s%s, FP8 decode GEMVs: %s\n", gpu->name().c_str(),
+              options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)",
+              cuda_moe_fp8_decode_name(options.moe_fp8_decode));
 
   const double copy_gbs = copy_bandwidth_gbs(*gpu);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);

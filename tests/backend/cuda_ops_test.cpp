@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -43,6 +44,11 @@ class CudaOps : public ::testing::Test {
       CudaOptions o;
       o.fp8_w8a8_min_rows = INT64_MAX;
       w16_ = make_cuda_backend(0, o);
+      for (CudaMoeFp8Decode v : kAllCudaMoeFp8Decode) {
+        CudaOptions f;
+        f.moe_fp8_decode = v;
+        fp8_decode_[static_cast<int>(v)] = make_cuda_backend(0, f);
+      }
     }
   }
   void SetUp() override {
@@ -143,8 +149,11 @@ class CudaOps : public ::testing::Test {
   std::mt19937 rng_;
   static std::unique_ptr<Backend> gpu_, cpu_;
   static std::unique_ptr<Backend> w16_;  // FP8 linears keep bf16 activations at every M
+  // One backend per FP8 MoE decode kernel (CudaOptions::moe_fp8_decode), by the enum's value.
+  static std::unique_ptr<Backend> fp8_decode_[std::size(kAllCudaMoeFp8Decode)];
 };
 std::unique_ptr<Backend> CudaOps::gpu_, CudaOps::cpu_, CudaOps::w16_;
+std::unique_ptr<Backend> CudaOps::fp8_decode_[std::size(kAllCudaMoeFp8Decode)];
 
 // The op table (op_table.h): every case on the GPU against the CPU backend (which cpu_ops_test checks
 // against the plain references), on the same bf16-rounded inputs.
@@ -1021,6 +1030,7 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
       {1, 256, 8, 3072, 1024, 16, 0, true},     // flagship shape, experts 0..15 of 256
       {16, 256, 8, 3072, 1024, 16, 128, true},  // experts 128..143
       {32, 256, 8, 3072, 1024, 16, 240, true},  // 256 pairs: the last decode size
+      {32, 8, 8, 528, 144, 8, 0, true},         // 32 pairs an expert: two passes of the MMA GEMV
       // prefill
       {33, 64, 8, 528, 144, 64, 0, true},  // 264 pairs
       {300, 64, 8, 2048, 768, 64, 0, true},
@@ -1080,20 +1090,27 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
     std::vector<float> w = from_cpu(cw);
     Tensor ref = cpu().alloc({T, H}, DType::kF32);
     cpu().moe_experts(on_cpu(x, {T, H}), put(cpu(), gu), put(cpu(), dn), cids, cw, static_cast<int>(c.begin), ref);
-    Tensor out = gpu_out({T, H});
-    gpu().moe_experts(on_gpu(x, {T, H}), put(gpu(), gu), put(gpu(), dn), on_gpu_i32(ids, {T, k}),
-                      on_gpu(w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
-    const std::string what = "FP8 moe_experts T=" + std::to_string(T) + " E=" + std::to_string(c.E) +
-                             " k=" + std::to_string(k) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
-                             " experts [" + std::to_string(c.begin) + ", " + std::to_string(c.begin + EL) + ") (" +
-                             (T * k <= 256 ? "decode" : "prefill") + " path)";
-    const auto got = from_gpu(out), want = from_cpu(ref);
-    EXPECT_LT(rel_err(got, want), 1e-2) << what;
-    if (EL < c.E && T > 1) {
-      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << what << ": a token routed only to other ranks";
+    const auto want = from_cpu(ref);
+    // The decode path on each FP8 GEMV kernel (the production one first); prefill takes one kernel.
+    for (CudaMoeFp8Decode variant : kAllCudaMoeFp8Decode) {
+      if (T * k > 256 && variant != CudaOptions{}.moe_fp8_decode) continue;
+      Backend* be = fp8_decode_[static_cast<int>(variant)].get();
+      Tensor out = be->alloc({T, H}, DType::kBF16);
+      be->moe_experts(upload(*be, x, {T, H}, DType::kBF16), put(*be, gu), put(*be, dn), upload_i32(*be, ids, {T, k}),
+                      upload(*be, w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);
+      const std::string what =
+          "FP8 moe_experts T=" + std::to_string(T) + " E=" + std::to_string(c.E) + " k=" + std::to_string(k) +
+          " H=" + std::to_string(H) + " I=" + std::to_string(I) + " experts [" + std::to_string(c.begin) + ", " +
+          std::to_string(c.begin + EL) + ") (" +
+          (T * k <= 256 ? std::string("decode, ") + cuda_moe_fp8_decode_name(variant) : "prefill") + " path)";
+      const auto got = download(*be, out);
+      EXPECT_LT(rel_err(got, want), 1e-2) << what;
+      if (EL < c.E && T > 1) {
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got[H + h], 0.0f) << what << ": a token routed only to other ranks";
+      }
+      be->synchronize();
+      be->reset_scratch();
     }
-    gpu().synchronize();
-    gpu().reset_scratch();
     cpu().reset_scratch();
   }
 }

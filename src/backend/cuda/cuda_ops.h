@@ -246,7 +246,8 @@ struct MoeArgs {
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
 // with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens),
 // FP8 ones dequantised in registers (f32 accumulation).
-void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s);
+void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s,
+                       CudaMoeFp8Decode fp8_kernel = CudaMoeFp8Decode::kMma);
 // Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
 // sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
 // (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).

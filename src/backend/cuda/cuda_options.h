@@ -44,11 +44,29 @@ inline const char* cuda_moe_decode_name(CudaMoeDecode v) {
   return "?";
 }
 
+// The decode-path grouped GEMVs of FP8 experts (moe_experts with T * k <= 256 pairs).
+enum class CudaMoeFp8Decode {
+  kMma,        // tensor cores: per 64-column group a lane's 16 weights of two rows widened to bf16 once, the A
+               // operand of bf16 m16n8k16 MMAs against 8 pairs' x (moe.cu, moe_gemv_fp8_mma_kernel)
+  kCudaCores,  // moe_gemv_kernel: weights widened to f32, one FMA per weight and pair
+};
+inline constexpr CudaMoeFp8Decode kAllCudaMoeFp8Decode[] = {CudaMoeFp8Decode::kMma, CudaMoeFp8Decode::kCudaCores};
+inline const char* cuda_moe_fp8_decode_name(CudaMoeFp8Decode v) {
+  switch (v) {
+    case CudaMoeFp8Decode::kMma:
+      return "mma";
+    case CudaMoeFp8Decode::kCudaCores:
+      return "cuda_cores";
+  }
+  return "?";
+}
+
 struct CudaOptions {
   CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
   // The MoE prefill of bf16 experts (the grouped GEMMs) on Hopper's warpgroup MMA (wgmma) where the
   // device is sm_90; false: the mma.sync kernel, which every device and FP8 experts take.
   bool moe_prefill_wgmma = true;
+  CudaMoeFp8Decode moe_fp8_decode = CudaMoeFp8Decode::kMma;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;

@@ -109,31 +109,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// The A fragments of a 64-column group's 4 MMA steps from a lane's 16 weights of rows g (wa)
-// and g + 8 (wb): step st takes columns 4 st .. 4 st + 3 (see fp8_gemv_mma_kernel).
-__device__ __forceinline__ void widen_group(const uint4& wa, const uint4& wb, uint32_t (&a)[4][4]) {
-  const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w};
-  const uint32_t wb4[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-  for (int st = 0; st < 4; ++st) {
-    a[st][0] = fp8x2_to_bf16x2(wa4[st]);
-    a[st][1] = fp8x2_to_bf16x2(wb4[st]);
-    a[st][2] = fp8x2_to_bf16x2(wa4[st] >> 16);
-    a[st][3] = fp8x2_to_bf16x2(wb4[st] >> 16);
-  }
-}
-
-// acc += s * (the group's MMA sum against x's 16 columns x0, x1 of this lane's row).
-__device__ __forceinline__ void mma_group(const uint32_t (&a)[4][4], const uint4& x0, const uint4& x1, float s,
-                                          float (&acc)[4]) {
-  const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int st = 0; st < 4; ++st) mma_bf16(c, a[st], xs[2 * st], xs[2 * st + 1]);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = fmaf(s, c[i], acc[i]);
-}
-
 constexpr int kMmaWarps = 4;   // warps per 16-row tile, splitting K
 constexpr int kMmaGroup = 64;  // K columns per warp step (4 lanes x 16)
 constexpr int kMmaUnroll = 2;  // groups whose loads a warp issues before their math
@@ -192,7 +167,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           x0 = __ldg(xm);
           x1 = __ldg(xm + 1);
         }
-        mma_group(a, x0, x1, s, acc[j]);
+        mma_group(a, x0, x1, s, s, acc[j]);
       }
     }
   }
@@ -294,7 +269,7 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
       mma_group(a, *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t]),
-                *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t + 8]), s, acc[j]);
+                *reinterpret_cast<const uint4*>(&xs[buf][8 * j + g][16 * t + 8]), s, s, acc[j]);
   }
   cp_async_wait<0>();
   pdl_launch_dependents();
