@@ -301,6 +301,14 @@ void all_decode_variants(double copy_gbs, bool quick) {
 
 }  // namespace
 
+// "mma, cuda_cores": the CudaMoeFp8Decode names --fp8-decode takes.
+std::string fp8_decode_names() {
+  std::string names;
+  for (CudaMoeFp8Decode d : kAllCudaMoeFp8Decode)
+    names += (names.empty() ? "" : ", ") + std::string(cuda_moe_fp8_decode_name(d));
+  return names;
+}
+
 int run(int argc, char** argv) {
   bool quick = false, variants_only = false;
   CudaOptions options;
@@ -322,7 +330,7 @@ int run(int argc, char** argv) {
           known = true;
         }
       if (!known) {
-        std::fprintf(stderr, "moe_bench: --fp8-decode takes mma, cuda_cores or cuda_cores_wide\n");
+        std::fprintf(stderr, "moe_bench: --fp8-decode takes %s\n", fp8_decode_names().c_str());
         return 2;
       }
     } else if (a == "--model" && i + 1 < argc) {
@@ -334,7 +342,8 @@ int run(int argc, char** argv) {
                    "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--fp8-decode KERNEL] "
                    "[--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n"
                    "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n"
-                   "  --fp8-decode: the FP8 experts' decode GEMVs: mma (default), cuda_cores or cuda_cores_wide\n");
+                   "  --fp8-decode: the FP8 experts' decode GEMVs: %s (the first is the default)\n",
+                   fp8_decode_names().c_str());
       return 2;
     }
   }

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -44,11 +43,6 @@ class CudaOps : public ::testing::Test {
       CudaOptions o;
       o.fp8_w8a8_min_rows = INT64_MAX;
       w16_ = make_cuda_backend(0, o);
-      for (CudaMoeFp8Decode v : kAllCudaMoeFp8Decode) {
-        CudaOptions f;
-        f.moe_fp8_decode = v;
-        fp8_decode_[static_cast<int>(v)] = make_cuda_backend(0, f);
-      }
     }
   }
   void SetUp() override {
@@ -149,11 +143,8 @@ class CudaOps : public ::testing::Test {
   std::mt19937 rng_;
   static std::unique_ptr<Backend> gpu_, cpu_;
   static std::unique_ptr<Backend> w16_;  // FP8 linears keep bf16 activations at every M
-  // One backend per FP8 MoE decode kernel (CudaOptions::moe_fp8_decode), by the enum's value.
-  static std::unique_ptr<Backend> fp8_decode_[std::size(kAllCudaMoeFp8Decode)];
 };
 std::unique_ptr<Backend> CudaOps::gpu_, CudaOps::cpu_, CudaOps::w16_;
-std::unique_ptr<Backend> CudaOps::fp8_decode_[std::size(kAllCudaMoeFp8Decode)];
 
 // The op table (op_table.h): every case on the GPU against the CPU backend (which cpu_ops_test checks
 // against the plain references), on the same bf16-rounded inputs.
@@ -1056,6 +1047,13 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
     be.copy_from_host(s, h.scale.data());
     return w.with_block_scale(s);
   };
+  // One backend per FP8 MoE decode kernel (CudaOptions::moe_fp8_decode), the production one first.
+  std::vector<std::unique_ptr<Backend>> fp8_decode;
+  for (CudaMoeFp8Decode v : kAllCudaMoeFp8Decode) {
+    CudaOptions f;
+    f.moe_fp8_decode = v;
+    fp8_decode.push_back(make_cuda_backend(0, f));
+  }
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<Fp8Host, Fp8Host>> weights;  // by (E_local, H, I)
   for (const MoeCase& c : cases) {
     const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local;
@@ -1092,9 +1090,10 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
     cpu().moe_experts(on_cpu(x, {T, H}), put(cpu(), gu), put(cpu(), dn), cids, cw, static_cast<int>(c.begin), ref);
     const auto want = from_cpu(ref);
     // The decode path on each FP8 GEMV kernel (the production one first); prefill takes one kernel.
-    for (CudaMoeFp8Decode variant : kAllCudaMoeFp8Decode) {
+    for (size_t vi = 0; vi < fp8_decode.size(); ++vi) {
+      const CudaMoeFp8Decode variant = kAllCudaMoeFp8Decode[vi];
       if (T * k > 256 && variant != CudaOptions{}.moe_fp8_decode) continue;
-      Backend* be = fp8_decode_[static_cast<int>(variant)].get();
+      Backend* be = fp8_decode[vi].get();
       Tensor out = be->alloc({T, H}, DType::kBF16);
       be->moe_experts(upload(*be, x, {T, H}, DType::kBF16), put(*be, gu), put(*be, dn), upload_i32(*be, ids, {T, k}),
                       upload(*be, w, {T, k}, DType::kF32), static_cast<int>(c.begin), out);

@@ -244,8 +244,9 @@ struct MoeArgs {
   int T, k, H, I, E_local, expert_begin;
 };
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
-// with SiLU*up, down GEMV, combine; each expert's weights are read once (per 4 of its tokens),
-// FP8 ones dequantised in registers (f32 accumulation).
+// with SiLU*up, down GEMV, combine; each expert's weights are read once per pass over its tokens
+// (4 a pass; FP8 on `fp8_kernel` kMma: widened to bf16 for tensor-core MMAs, 16 a pass; f32
+// accumulation either way).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s,
                        CudaMoeFp8Decode fp8_kernel = CudaMoeFp8Decode::kMma);
 // Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).

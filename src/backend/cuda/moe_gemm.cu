@@ -464,7 +464,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Ge
   if (!find_tile(g, blockIdx.x, t)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const Bf16Loader<kGateUp> ld(g, t, tid);
-  const bool active = t.row0 + wg * 64 < t.row_end;
   const int k_tiles = (g.K + BK - 1) / BK;
   auto load_stage = [&](int stage, int kt) {
     __nv_bfloat16* sa = smem + stage * kStageElems;
@@ -498,10 +497,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Ge
     wgmma_pin(acc);
   }
   cp_async_wait<0>();
-  if (!active) return;
 
-    // acc[4 j + q]: row 16 (warp % 4) + lane / 4 + 8 (q / 2) of the warpgroup's 64, column
-    // 8 j + 2 (lane % 4) + q % 2 of the tile's 256.
+  // acc[4 j + q]: row 16 (warp % 4) + lane / 4 + 8 (q / 2) of the warpgroup's 64, column
+  // 8 j + 2 (lane % 4) + q % 2 of the tile's 256.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = t.row0 + wg * 64 + (warp & 3) * 16 + (lane >> 2) + half * 8;
