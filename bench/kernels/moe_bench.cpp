@@ -15,7 +15,8 @@
 // First checks both paths and both formats against the CPU backend on 16 experts.
 //   moe_bench [--quick] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]
 // (default: both models, both formats).
-// Then the decode variants (CudaMoeDecode, backend/cuda/cuda_options.h) side by side: each on a
+// Then the decode variants (CudaMoeDecode, and for the split one each CudaMoeOneToken;
+// backend/cuda/cuda_options.h) side by side: each on a
 // backend of its own, checked against the CPU, then microseconds per layer (moe_topk_experts: router
 // top-k + experts, as a decode step runs them) replayed from a captured graph of the 4 layers, at T = 1 ... 32,
 // for the Qwen3-30B-A3B shape and the Qwen3.5-35B-A3B one (256 experts of I 512, a gated shared expert).
@@ -25,6 +26,8 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench_util.h"
 #include "core/env.h"
@@ -207,12 +210,24 @@ void decode_variants(const MoeShape& m, double copy_gbs, bool quick) {
   const std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32};
   std::vector<std::vector<double>> us;  // [variant][T]
   std::vector<double> distinct_of_T(Ts.size(), 0.0);
+  // Each CudaMoeDecode variant; the split one with each CudaMoeOneToken kernel pair (T = 1).
+  std::vector<std::pair<std::string, CudaOptions>> configs;
   for (CudaMoeDecode v : kAllCudaMoeDecode) {
-    auto gpu = make_cuda_backend(0, CudaOptions{v});
+    if (v != CudaMoeDecode::kSplit) {
+      configs.emplace_back(cuda_moe_decode_name(v), CudaOptions{v});
+      continue;
+    }
+    for (CudaMoeOneToken o : kAllCudaMoeOneToken) {
+      CudaOptions opt{v};
+      opt.moe_one_token = o;
+      configs.emplace_back(std::string("split/") + cuda_moe_one_token_name(o), opt);
+    }
+  }
+  for (const auto& [name, options] : configs) {
+    auto gpu = make_cuda_backend(0, options);
     for (int64_t T : {1, 3, 16}) {
       const double err = check(*gpu, kModels[0], false, T);
-      std::printf("check: %s T=%ld vs CPU: rel_err %.2e %s\n", cuda_moe_decode_name(v), long(T), err,
-                  err < 1e-2 ? "OK" : "FAIL");
+      std::printf("check: %s T=%ld vs CPU: rel_err %.2e %s\n", name.c_str(), long(T), err, err < 1e-2 ? "OK" : "FAIL");
       if (!(err < 1e-2)) throw std::runtime_error("moe_experts does not match the CPU backend");
     }
     std::vector<Tensor> gate_up, down, sgu, sdn, sg;
@@ -282,16 +297,16 @@ void decode_variants(const MoeShape& m, double copy_gbs, bool quick) {
       m.name, long(m.H), long(m.I), long(m.E), long(m.k), long(m.shared_I), m.shared_gate ? ", gated" : "",
       long(kLayers), copy_gbs);
   std::printf("%6s %9s %9s", "T", "experts", "MB/layer");
-  for (CudaMoeDecode v : kAllCudaMoeDecode) std::printf(" %15s %6s", cuda_moe_decode_name(v), "%copy");
+  for (const auto& c : configs) std::printf(" %20s %6s", c.first.c_str(), "%copy");
   std::printf("\n");
   for (size_t ti = 0; ti < Ts.size(); ++ti) {
     const double bytes = distinct_of_T[ti] * expert_bytes + shared_bytes;
     std::printf("%6ld %9.1f %9.1f", long(Ts[ti]), distinct_of_T[ti], bytes / 1e6);
     for (size_t vi = 0; vi < us.size(); ++vi)
-      std::printf(" %15.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
+      std::printf(" %20.1f %5.0f%%", us[vi][ti], 100.0 * bytes / (us[vi][ti] * 1e-6) / 1e9 / copy_gbs);
     std::printf("\n");
   }
-  std::printf("(default: %s)\n", decode_path());
+  std::printf("(default: %s, one token: %s)\n", decode_path(), cuda_moe_one_token_name(CudaOptions{}.moe_one_token));
 }
 
 void all_decode_variants(double copy_gbs, bool quick) {
@@ -301,12 +316,23 @@ void all_decode_variants(double copy_gbs, bool quick) {
 
 }  // namespace
 
-// "mma, cuda_cores": the CudaMoeFp8Decode names --fp8-decode takes.
-std::string fp8_decode_names() {
+// "a, b, c": the names of an option's values (CudaMoeFp8Decode, CudaMoeOneToken).
+template <typename E, size_t N>
+std::string names_of(const E (&all)[N], const char* (*name)(E)) {
   std::string names;
-  for (CudaMoeFp8Decode d : kAllCudaMoeFp8Decode)
-    names += (names.empty() ? "" : ", ") + std::string(cuda_moe_fp8_decode_name(d));
+  for (E d : all) names += (names.empty() ? "" : ", ") + std::string(name(d));
   return names;
+}
+
+// Sets *out to the value named v; false when no value has that name.
+template <typename E, size_t N>
+bool pick_named(const std::string& v, const E (&all)[N], const char* (*name)(E), E* out) {
+  for (E d : all)
+    if (v == name(d)) {
+      *out = d;
+      return true;
+    }
+  return false;
 }
 
 int run(int argc, char** argv) {
@@ -322,15 +348,15 @@ int run(int argc, char** argv) {
     } else if (a == "--prefill-mma") {
       options.moe_prefill_wgmma = false;
     } else if (a == "--fp8-decode" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      bool known = false;
-      for (CudaMoeFp8Decode d : kAllCudaMoeFp8Decode)
-        if (v == cuda_moe_fp8_decode_name(d)) {
-          options.moe_fp8_decode = d;
-          known = true;
-        }
-      if (!known) {
-        std::fprintf(stderr, "moe_bench: --fp8-decode takes %s\n", fp8_decode_names().c_str());
+      if (!pick_named(argv[++i], kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name, &options.moe_fp8_decode)) {
+        std::fprintf(stderr, "moe_bench: --fp8-decode takes %s\n",
+                     names_of(kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name).c_str());
+        return 2;
+      }
+    } else if (a == "--one-token" && i + 1 < argc) {
+      if (!pick_named(argv[++i], kAllCudaMoeOneToken, cuda_moe_one_token_name, &options.moe_one_token)) {
+        std::fprintf(stderr, "moe_bench: --one-token takes %s\n",
+                     names_of(kAllCudaMoeOneToken, cuda_moe_one_token_name).c_str());
         return 2;
       }
     } else if (a == "--model" && i + 1 < argc) {
@@ -338,12 +364,16 @@ int run(int argc, char** argv) {
     } else if (a == "--dtype" && i + 1 < argc) {
       only_dtype = argv[++i];
     } else {
-      std::fprintf(stderr,
-                   "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--fp8-decode KERNEL] "
-                   "[--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n"
-                   "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n"
-                   "  --fp8-decode: the FP8 experts' decode GEMVs: %s (the first is the default)\n",
-                   fp8_decode_names().c_str());
+      std::fprintf(
+          stderr,
+          "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--fp8-decode KERNEL] [--one-token KERNELS] "
+          "[--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n"
+          "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n"
+          "  --fp8-decode: the FP8 experts' decode GEMVs: %s (the first is the default)\n"
+          "  --one-token: bf16 experts' decode kernels at T = 1: %s (default %s)\n",
+          names_of(kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name).c_str(),
+          names_of(kAllCudaMoeOneToken, cuda_moe_one_token_name).c_str(),
+          cuda_moe_one_token_name(CudaOptions{}.moe_one_token));
       return 2;
     }
   }
@@ -357,9 +387,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   auto gpu = make_cuda_backend(0, options);
-  std::printf("device: %s%s, FP8 decode GEMVs: %s\n", gpu->name().c_str(),
-              options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)",
-              cuda_moe_fp8_decode_name(options.moe_fp8_decode));
+  std::printf("device: %s%s, FP8 decode GEMVs: %s, bf16 at one token: %s\n", gpu->name().c_str(),
+              options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)", cuda_moe_fp8_decode_name(options.moe_fp8_decode),
+              cuda_moe_one_token_name(options.moe_one_token));
 
   const double copy_gbs = copy_bandwidth_gbs(*gpu);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);

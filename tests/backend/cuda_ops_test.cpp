@@ -1240,6 +1240,77 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
   }
 }
 
+// bf16 experts at one token (CudaMoeOneToken): every variant gives the grouped kernels' output bit
+// for bit, launched and replayed from a graph, and the CPU's within the bf16 tolerance. Shapes:
+// Qwen3-30B-A3B's and the flagship's experts (H 3072: gate_up in two passes of 8 loads), an
+// intermediate size past one pass of the down GEMV's loads (I 1,088), k = 10 (warps taking two
+// pairs), k = 2 at the tiny fixtures' dims, a hidden size of an odd number of 16-byte chunks, and
+// expert-parallel slices with some pairs local and with none.
+TEST_F(CudaOps, MoeOneTokenKernelsGiveTheGroupedResultBitForBit) {
+  const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true}, {1, 16, 8, 3072, 1024, 16, 0, true},
+                           {1, 16, 8, 512, 1088, 16, 0, true}, {1, 32, 10, 512, 256, 32, 0, true},
+                           {1, 8, 2, 64, 32, 8, 0, true},      {1, 64, 8, 264, 96, 64, 0, false},
+                           {1, 64, 8, 256, 128, 16, 16, true}, {1, 64, 4, 256, 64, 16, 48, true}};
+  std::vector<std::unique_ptr<Backend>> bes;
+  for (CudaMoeOneToken v : kAllCudaMoeOneToken) {
+    CudaOptions o;
+    o.moe_decode = CudaMoeDecode::kSplit;
+    o.moe_one_token = v;
+    bes.push_back(make_cuda_backend(0, o));
+  }
+  for (const MoeCase& c : cases) {
+    const int64_t H = c.H, I = c.I, k = c.k, EL = c.E_local;
+    const std::string what = "E=" + std::to_string(c.E) + " k=" + std::to_string(k) + " H=" + std::to_string(H) +
+                             " I=" + std::to_string(I) + " local " + std::to_string(EL) + " from " +
+                             std::to_string(c.begin);
+    auto x = rand(H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
+    auto logits = rand(c.E, -3, 3);
+    Tensor cids = cpu().alloc({1, k}, DType::kI32), cw = cpu().alloc({1, k}, DType::kF32);
+    cpu().moe_topk(on_cpu(logits, {1, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+    if (c.begin == 48)  // no pair on this rank
+      for (int64_t j = 0; j < k; ++j) cids.data<int32_t>()[j] = static_cast<int32_t>(j);
+    const std::vector<int32_t> ids(cids.data<int32_t>(), cids.data<int32_t>() + k);
+    Tensor ref = cpu().alloc({1, H}, DType::kF32);
+    cpu().moe_experts(on_cpu(x, {1, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
+                      static_cast<int>(c.begin), ref);
+    std::vector<float> grouped;
+    for (size_t vi = 0; vi < bes.size(); ++vi) {
+      Backend& be = *bes[vi];
+      const std::string vwhat = std::string(cuda_moe_one_token_name(kAllCudaMoeOneToken[vi])) + " " + what;
+      Tensor gx = upload(be, x, {1, H}), ggu = upload(be, gu, {EL, 2 * I, H}), gdn = upload(be, dn, {EL, H, I});
+      Tensor gids = upload_i32(be, ids, {1, k}), gw = upload(be, from_cpu(cw), {1, k}, DType::kF32);
+      Tensor out = be.alloc({1, H}, DType::kBF16);
+      auto run = [&] { be.moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
+      be.fill(out, NAN);
+      run();
+      be.synchronize();
+      const std::vector<float> got = download(be, out);
+      be.reset_scratch();
+      EXPECT_LT(rel_err(got, from_cpu(ref)), 1e-2) << vwhat;
+      if (c.begin == 48)
+        for (float v : got) ASSERT_EQ(v, 0.0f) << vwhat << ": every pair routed elsewhere";
+      if (vi == 0) grouped = got;
+      for (int64_t h = 0; h < H; ++h)
+        ASSERT_EQ(std::memcmp(&got[h], &grouped[h], sizeof(float)), 0)
+            << vwhat << ": output " << h << " is " << got[h] << ", the grouped kernels' " << grouped[h];
+      be.begin_capture();
+      run();
+      std::unique_ptr<CapturedGraph> g = be.end_capture();
+      ASSERT_TRUE(g) << vwhat;
+      for (int rep = 0; rep < 2; ++rep) {
+        be.fill(out, NAN);
+        be.replay(*g);
+        be.synchronize();
+        const std::vector<float> again = download(be, out);
+        for (int64_t h = 0; h < H; ++h)
+          ASSERT_EQ(std::memcmp(&again[h], &grouped[h], sizeof(float)), 0) << vwhat << " replay " << rep << ", " << h;
+      }
+      g.reset();
+      be.reset_scratch();
+    }
+  }
+}
+
 // Routing results never go to the host: top-k and both expert paths replay in a graph.
 // FP8 experts (e4m3 with block scales) too.
 TEST_F(CudaOps, MoeRunsInsideACapturedGraph) {

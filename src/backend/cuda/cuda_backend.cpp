@@ -645,7 +645,8 @@ class CudaBackend final : public Backend {
   // The decode variant of a T-token call (CudaOptions::moe_decode; kAuto picks by the measured rule).
   CudaMoeDecode moe_decode_for(int64_t T, bool shared) const {
     if (options_.moe_decode != CudaMoeDecode::kAuto) return options_.moe_decode;
-    return shared && T <= 2 ? CudaMoeDecode::kFusedTopkKernel : CudaMoeDecode::kSplit;
+    const bool one_token = T == 1 && options_.moe_one_token != CudaMoeOneToken::kGrouped;
+    return shared && T <= 2 && !one_token ? CudaMoeDecode::kFusedTopkKernel : CudaMoeDecode::kSplit;
   }
 
   void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
@@ -769,7 +770,7 @@ class CudaBackend final : public Backend {
       launch_moe_topk(fold->logits, T, fold->E, static_cast<int>(k), fold->renormalize, topk_ids.data<int32_t>(),
                       topk_weights.data<float>(), stream_);
     if (decode) {
-      launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode);
+      launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token);
     } else {
       Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
       int32_t* r = route.data<int32_t>();

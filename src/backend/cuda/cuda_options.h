@@ -10,10 +10,12 @@ namespace tessera {
 
 // How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
 enum class CudaMoeDecode {
-  kAuto,                  // production: kFusedTopkKernel for T <= 2 with a shared expert to fold (Qwen3.5 /
-                          // Qwen3-Next), kSplit otherwise (moe_bench --variants on the H200, 2026-12-01: at T = 1
-                          // 33.8 against 40.2 us a layer for the Qwen3.5-35B-A3B shape, but 37.6 against 34.6 for
-                          // Qwen3-30B-A3B's, and kSplit ahead from T = 4 on for both)
+  kAuto,                  // production: kFusedTopkKernel for T = 2 with a shared expert to fold (Qwen3.5 /
+                          // Qwen3-Next), and at T = 1 where CudaOptions::moe_one_token is kGrouped; kSplit otherwise
+                          // (moe_bench --variants on the H200, 2026-12-02: at T = 1 split with the one-token
+                          // kernels 32.4 against 35.1 us a layer for the Qwen3.5-35B-A3B shape, 27.6 against 37.7 for
+                          // Qwen3-30B-A3B's; at T = 2 fused 50.6 against 54.1 for Qwen3.5-35B-A3B; split ahead from
+                          // T = 4 on for both)
   kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
                           // (after the top-k kernel)
   kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
@@ -61,12 +63,52 @@ inline const char* cuda_moe_fp8_decode_name(CudaMoeFp8Decode v) {
   return "?";
 }
 
+// The decode path of bf16 experts at one token (T = 1: k pairs, each to its own expert), where
+// the split path (CudaMoeDecode::kSplit) runs. Not kGrouped: two kernels instead of three (moe.cu,
+// "decode: one token"): the gate_up GEMV finds its block's expert with one warp ballot (no
+// routing preamble), and the down GEMV takes every selected expert's rows of a row group in one
+// block and writes the combined output itself (no combine kernel). Bit for bit the grouped
+// kernels' result. The variants differ in loads in flight and blocks per SM:
+enum class CudaMoeOneToken {
+  kGrouped,        // the grouped GEMVs and the combine kernel, as at every T
+  kDeep,           // gate_up 8 loads per row in flight (2 blocks an SM), down 4 rows a warp
+  kDeepOverlap,    // kDeep; gate_up lets the down GEMV launch once its loads are issued, and the down
+                   // GEMV issues its first weight loads before it waits for gate_up's output
+  kNarrow,         // gate_up 4 loads per row in flight (4 blocks an SM), down 2 rows a warp
+  kNarrowOverlap,  // kNarrow with kDeepOverlap's early launch and loads
+  kMixedOverlap,   // kNarrow's gate_up and kDeep's down, with kDeepOverlap's early launch and loads: the
+                   // default (moe_bench --variants on the H200, 2026-12-02, us a layer at T = 1 for grouped /
+                   // deep_overlap / narrow / mixed_overlap: Qwen3-30B-A3B 33.4 / 28.0 / 28.5 / 27.6,
+                   // Qwen3.5-35B-A3B 39.2 / 34.3 / 33.0 / 32.4)
+};
+inline constexpr CudaMoeOneToken kAllCudaMoeOneToken[] = {
+    CudaMoeOneToken::kGrouped, CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
+    CudaMoeOneToken::kNarrow,  CudaMoeOneToken::kNarrowOverlap, CudaMoeOneToken::kMixedOverlap};
+inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
+  switch (v) {
+    case CudaMoeOneToken::kGrouped:
+      return "grouped";
+    case CudaMoeOneToken::kDeep:
+      return "deep";
+    case CudaMoeOneToken::kDeepOverlap:
+      return "deep_overlap";
+    case CudaMoeOneToken::kNarrow:
+      return "narrow";
+    case CudaMoeOneToken::kNarrowOverlap:
+      return "narrow_overlap";
+    case CudaMoeOneToken::kMixedOverlap:
+      return "mixed_overlap";
+  }
+  return "?";
+}
+
 struct CudaOptions {
   CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
   // The MoE prefill of bf16 experts (the grouped GEMMs) on Hopper's warpgroup MMA (wgmma) where the
   // device is sm_90; false: the mma.sync kernel, which every device and FP8 experts take.
   bool moe_prefill_wgmma = true;
   CudaMoeFp8Decode moe_fp8_decode = CudaMoeFp8Decode::kMma;
+  CudaMoeOneToken moe_one_token = CudaMoeOneToken::kMixedOverlap;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;

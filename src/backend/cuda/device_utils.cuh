@@ -114,7 +114,10 @@ __device__ __forceinline__ float block_sum(float v) {
 //   - before pdl_wait() it reads only what no kernel before it in this step writes: weights,
 //     the step inputs the host uploaded before the step (positions, slots, block tables,
 //     sequence lengths), and KV-cache rows that only this kernel writes (the fused decode
-//     attention's preload: every key but the newest); it writes nothing;
+//     attention's preload: every key but the newest), or what a kernel two or more launches back
+//     wrote when every block of the kernel right before calls pdl_wait() before it triggers
+//     (that kernel's trigger then implies those kernels finished; read through L2, ld.global.cg:
+//     the MoE one-token down GEMV's routing ids); it writes nothing;
 //   - every thread that goes on to read or write anything else calls pdl_wait() first, and
 //     every block calls it before it exits (so that "this kernel finished" still implies
 //     "every kernel before it finished" for the kernels after it).

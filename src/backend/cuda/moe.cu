@@ -348,6 +348,178 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   pdl_launch_dependents();
 }
 
+// ---------------------------------------------------------------- decode: one token
+// bf16 experts at T = 1 (CudaMoeOneToken): k pairs, each to its own expert (top-k picks distinct
+// experts), so block y of the gate_up GEMV serves the y-th local pair, found by one warp ballot
+// over the k ids (the grouped kernels' routing preamble, shared-memory ranks and three barriers,
+// is for experts shared by several pairs). The down GEMV takes all k pairs of a row group in one
+// block, warp w the pairs w, w + 8, ..., and writes out[h] = sum_j weight_j * y_j itself in slot
+// order j, y_j rounded to bf16 first, as the combine kernel does; every sum runs in the grouped
+// kernels' order (a lane's chunks ascending, then warp_sum), so the result is theirs bit for bit.
+constexpr int kOneTokenMaxPairs = 32;  // k up to a warp's lanes
+
+// The expert (local index) and pair of the y-th local pair, or false when fewer pairs are local.
+// Every lane of the warp calls it; ids is read through L2 (ld.global.cg), so that a caller may
+// read it before pdl_wait (see moe_down_one_token_kernel).
+__device__ __forceinline__ bool one_token_pair(const int32_t* __restrict__ ids, int P, int expert_begin, int E_local,
+                                               int y, int* e, int* pair) {
+  const int lane = threadIdx.x & 31;
+  const int id = lane < P ? __ldcg(ids + lane) : -1;
+  const bool local = lane < P && id - expert_begin >= 0 && id - expert_begin < E_local;
+  unsigned mask = __ballot_sync(0xffffffffu, local);
+  if (y >= __popc(mask)) return false;
+  for (int i = 0; i < y; ++i) mask &= mask - 1u;  // drop the y lowest local pairs
+  const int pos = __ffs(static_cast<int>(mask)) - 1;
+  *e = __shfl_sync(0xffffffffu, id, pos) - expert_begin;
+  *pair = pos;
+  return true;
+}
+
+// gate_up at one token: grid (ceil(I / 8), local pairs <= k); warp w of block (r, y) computes
+// act[pair, i] = silu(gate_i . x) * (up_i . x) for i = r * 8 + w, kUnroll loads of each row in
+// flight per lane. kEarlyTrigger: the next kernel (the down GEMV) may launch once this block's
+// last loads are issued.
+template <int kUnroll, int kMinBlocks, bool kEarlyTrigger>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
+    moe_gate_up_one_token_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                 const int32_t* __restrict__ ids, int P, int expert_begin, int E_local, int H, int I,
+                                 __nv_bfloat16* __restrict__ act) {
+  pdl_wait();  // ids (the top-k kernel's) and x
+  int e = 0, pair = 0;
+  if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &pair)) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int i = static_cast<int>(blockIdx.x) * kGemvWarps + warp;
+  if (i >= I) return;
+  const int64_t gate_row = static_cast<int64_t>(e) * 2 * I + i;
+  const uint4* wg = reinterpret_cast<const uint4*>(w + gate_row * H);
+  const uint4* wu = reinterpret_cast<const uint4*>(w + (gate_row + I) * H);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  const int chunks = H / 8;
+  float sg = 0.0f, su = 0.0f;
+  for (int base = lane; base < chunks; base += 32 * kUnroll) {
+    uint4 g[kUnroll], u[kUnroll];
+#pragma unroll
+    for (int v = 0; v < kUnroll; ++v)
+      if (base + 32 * v < chunks) {
+        g[v] = load_stream(wg + base + 32 * v);
+        u[v] = load_stream(wu + base + 32 * v);
+      }
+    if (kEarlyTrigger && base + 32 * kUnroll >= chunks) pdl_launch_dependents();
+#pragma unroll
+    for (int v = 0; v < kUnroll; ++v) {
+      const int c = base + 32 * v;
+      if (c >= chunks) continue;
+      const uint4 xv = __ldg(xr + c);
+      sg += dot8(g[v], xv);
+      su += dot8(u[v], xv);
+    }
+  }
+  sg = warp_sum(sg);
+  su = warp_sum(su);
+  if (lane == 0) act[static_cast<int64_t>(pair) * I + i] = __float2bfloat16_rn(sg / (1.0f + __expf(-sg)) * su);
+  if (!kEarlyTrigger) pdl_launch_dependents();
+}
+
+// down + combine at one token: grid ceil(H / kRows); block r computes out[h] for its kRows rows
+// h of every local pair's expert, warp w the pairs w, w + 8, ... (k <= kOneTokenMaxPairs), then
+// the weighted sum over the pairs in slot order. kPrefetch: each warp's first pair's weight loads
+// are issued before pdl_wait. They depend on ids only, written by the top-k kernel before gate_up;
+// gate_up's blocks wait for that kernel before they let this one launch, so it has finished, and
+// ids is read through L2.
+template <int kRows, int kMinBlocks, bool kPrefetch>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
+    moe_down_one_token_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                              const int32_t* __restrict__ ids, const float* __restrict__ weights, int P,
+                              int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+  constexpr int kUnroll = 4;  // chunks of a row per lane in flight: I up to 1,024 in one pass
+  __shared__ float ys[kOneTokenMaxPairs][kRows];
+  __shared__ unsigned local_mask;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h0 = static_cast<int>(blockIdx.x) * kRows;
+  const int chunks = I / 8;
+  uint4 wv[kRows][kUnroll];
+  bool have = false;  // wv holds the warp's first pair's loads (kPrefetch)
+  int e = 0;
+  // This warp's pairs in slot order: pair j's expert is ids[j] when local.
+  auto expert_of = [&](int j, int* ej) {
+    const int id = __ldcg(ids + j);
+    *ej = id - expert_begin;
+    return *ej >= 0 && *ej < E_local;
+  };
+  auto issue = [&](int ej, int base) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int h = min(h0 + r, H - 1);
+      const uint4* wr = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(ej) * H + h) * I);
+#pragma unroll
+      for (int v = 0; v < kUnroll; ++v)
+        if (base + 32 * v < chunks) wv[r][v] = load_stream(wr + base + 32 * v);
+    }
+  };
+  if (kPrefetch && warp < P && expert_of(warp, &e)) {
+    issue(e, lane);
+    have = true;
+  }
+  pdl_wait();  // act (gate_up's) and weights
+  if (threadIdx.x == 0) {
+    unsigned m = 0;
+    for (int j = 0; j < P; ++j) {
+      int ej;
+      if (expert_of(j, &ej)) m |= 1u << j;
+    }
+    local_mask = m;
+  }
+  for (int j = warp; j < P; j += kGemvWarps) {
+    int ej;
+    const bool local = expert_of(j, &ej);
+    if (!local) continue;  // the same for the whole warp
+    const uint4* xr = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(j) * I);
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    for (int base = lane; base < chunks; base += 32 * kUnroll) {
+      if (!(have && base == lane)) issue(ej, base);
+#pragma unroll
+      for (int v = 0; v < kUnroll; ++v) {
+        const int c = base + 32 * v;
+        if (c >= chunks) continue;
+        const uint4 xv = __ldg(xr + c);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] += dot8(wv[r][v], xv);
+      }
+    }
+    have = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float s = warp_sum(acc[r]);
+      if (lane == 0) ys[j][r] = __bfloat162float(__float2bfloat16_rn(s));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows && h0 + static_cast<int>(threadIdx.x) < H) {
+    const unsigned m = local_mask;
+    float acc = 0.0f;
+    for (int j = 0; j < P; ++j)
+      if (m >> j & 1u) acc += __ldg(weights + j) * ys[j][threadIdx.x];
+    out[h0 + threadIdx.x] = __float2bfloat16_rn(acc);
+  }
+  pdl_launch_dependents();
+}
+
+template <int kGuUnroll, int kGuBlocks, int kDnRows, int kDnBlocks, bool kOverlap>
+void launch_moe_one_token(const MoeArgs& a, __nv_bfloat16* act, cudaStream_t s) {
+  const int P = a.k;
+  launch_pdl(moe_gate_up_one_token_kernel<kGuUnroll, kGuBlocks, kOverlap>,
+             dim3(ceil_div(a.I, kGemvWarps), std::min(P, a.E_local)), kGemvWarps * 32, 0, s,
+             static_cast<const __nv_bfloat16*>(a.x), static_cast<const __nv_bfloat16*>(a.gate_up), a.ids, P,
+             a.expert_begin, a.E_local, a.H, a.I, act);
+  TCUDA_LAUNCH_CHECK();
+  launch_pdl(moe_down_one_token_kernel<kDnRows, kDnBlocks, kOverlap>, dim3(ceil_div(a.H, kDnRows)), kGemvWarps * 32, 0,
+             s, static_cast<const __nv_bfloat16*>(act), static_cast<const __nv_bfloat16*>(a.down), a.ids, a.weights, P,
+             a.expert_begin, a.E_local, a.H, a.I, static_cast<__nv_bfloat16*>(a.out));
+  TCUDA_LAUNCH_CHECK();
+}
+
 // ---------------------------------------------------------------- prefill: routing
 // One block of 1024 threads: experts counted (shared-memory atomics), exclusive scans of the
 // counts (row offsets) and of their kMoeTileM tiles (tile offsets), then each pair's place in
@@ -543,9 +715,28 @@ void launch_moe_decode_fp8_mma(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat
 
 }  // namespace
 
-void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel) {
+void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
+                       CudaMoeOneToken one_token) {
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* yb = static_cast<__nv_bfloat16*>(y);
+  if (!a.gate_up_scale && a.T == 1 && a.k <= kOneTokenMaxPairs) {
+    // Template arguments: gate_up loads per row in flight and blocks per SM, down rows per warp
+    // and blocks per SM, overlap.
+    switch (one_token) {
+      case CudaMoeOneToken::kGrouped:
+        break;
+      case CudaMoeOneToken::kDeep:
+        return launch_moe_one_token<8, 2, 4, 2, false>(a, actb, s);
+      case CudaMoeOneToken::kDeepOverlap:
+        return launch_moe_one_token<8, 2, 4, 2, true>(a, actb, s);
+      case CudaMoeOneToken::kNarrow:
+        return launch_moe_one_token<4, 4, 2, 4, false>(a, actb, s);
+      case CudaMoeOneToken::kNarrowOverlap:
+        return launch_moe_one_token<4, 4, 2, 4, true>(a, actb, s);
+      case CudaMoeOneToken::kMixedOverlap:
+        return launch_moe_one_token<4, 4, 4, 2, true>(a, actb, s);
+    }
+  }
   if (!a.gate_up_scale)
     launch_moe_decode_gemvs<false>(a, actb, yb, s);
   else if (fp8_kernel == CudaMoeFp8Decode::kMma)
