@@ -643,16 +643,27 @@ class CudaBackend final : public Backend {
   // (CudaMoeDecode); otherwise (and where that kernel does not apply) moe_topk, moe_experts and
   // the shared expert's ops.
   // The decode variant of a T-token call (CudaOptions::moe_decode; kAuto picks by the measured rule).
-  CudaMoeDecode moe_decode_for(int64_t T, bool shared) const {
+  // At one token the split path's two one-token kernels beat the fused kernel where the k experts'
+  // bytes rule (Qwen3.5-35B-A3B: 8 x 6.3 MB); where they are small (the demo model's 8 x 74 KB) the
+  // layer is bound by kernel latency, and the fused kernel, which folds the shared expert's five
+  // ops in, stays the choice it was measured to be before the one-token kernels existed.
+  static constexpr int64_t kOneTokenSplitMinBytes = int64_t{8} << 20;
+  CudaMoeDecode moe_decode_for(int64_t T, bool shared, int64_t routed_bytes) const {
     if (options_.moe_decode != CudaMoeDecode::kAuto) return options_.moe_decode;
-    const bool one_token = T == 1 && options_.moe_one_token != CudaMoeOneToken::kGrouped;
+    const bool one_token =
+        T == 1 && options_.moe_one_token != CudaMoeOneToken::kGrouped && routed_bytes >= kOneTokenSplitMinBytes;
     return shared && T <= 2 && !one_token ? CudaMoeDecode::kFusedTopkKernel : CudaMoeDecode::kSplit;
+  }
+  // The bytes of the k experts a token reads (bf16 gate_up and down of [E, 2I, H] / [E, H, I]).
+  static int64_t routed_expert_bytes(const Tensor& gate_up, int k) {
+    return gate_up.ndim() == 3 ? int64_t{k} * 3 * (gate_up.dim(1) / 2) * gate_up.dim(2) * 2 : 0;
   }
 
   void moe_topk_experts(const Tensor& router_logits, int k, bool renormalize, const Tensor& x, const Tensor& gate_up,
                         const Tensor& down, const Tensor& topk_ids, const Tensor& topk_weights, int expert_begin,
                         const Tensor& out, const MoeSharedExpert* shared) override {
-    const bool fold = moe_decode_for(x.ndim() == 2 ? x.dim(0) : 0, shared != nullptr) != CudaMoeDecode::kSplit &&
+    const bool fold = moe_decode_for(x.ndim() == 2 ? x.dim(0) : 0, shared != nullptr,
+                                     routed_expert_bytes(gate_up, k)) != CudaMoeDecode::kSplit &&
                       moe_gemv_ && router_logits.ndim() == 2 && router_logits.dtype() == DType::kF32 && x.ndim() == 2 &&
                       router_logits.dim(0) == x.dim(0) && x.dim(0) * k <= kMoeDecodeMaxPairs &&
                       topk_ids.numel() == x.dim(0) * k && topk_weights.numel() == x.dim(0) * k &&
@@ -750,7 +761,8 @@ class CudaBackend final : public Backend {
     }
     const int64_t P = T * k;
     const bool decode = moe_gemv_ && P <= kMoeDecodeMaxPairs;
-    const CudaMoeDecode variant = moe_decode_for(T, shared != nullptr);
+    const CudaMoeDecode variant =
+        moe_decode_for(T, shared != nullptr, routed_expert_bytes(gate_up, static_cast<int>(k)));
     const bool fused = decode && !fp8 && variant != CudaMoeDecode::kSplit &&
                        moe_decode_sync_ints(H) <= kMoeSyncInts;  // the fused kernel reads bf16 experts
     const bool fold_shared =

@@ -11,7 +11,8 @@ namespace tessera {
 // How moe_experts runs its decode path (T * k <= 256 pairs); prefill always takes the grouped GEMM.
 enum class CudaMoeDecode {
   kAuto,                  // production: kFusedTopkKernel for T = 2 with a shared expert to fold (Qwen3.5 /
-                          // Qwen3-Next), and at T = 1 where CudaOptions::moe_one_token is kGrouped; kSplit otherwise
+                          // Qwen3-Next), and at T = 1 where CudaOptions::moe_one_token is kGrouped or the k experts
+                          // hold under 8 MiB (latency-bound: the demo model); kSplit otherwise
                           // (moe_bench --variants on the H200, 2026-12-02: at T = 1 split with the one-token
                           // kernels 32.4 against 35.1 us a layer for the Qwen3.5-35B-A3B shape, 27.6 against 37.7 for
                           // Qwen3-30B-A3B's; at T = 2 fused 50.6 against 54.1 for Qwen3.5-35B-A3B; split ahead from
