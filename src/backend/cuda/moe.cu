@@ -359,8 +359,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 constexpr int kOneTokenMaxPairs = 32;  // k up to a warp's lanes
 
 // The expert (local index) and pair of the y-th local pair, or false when fewer pairs are local.
-// Every lane of the warp calls it; ids is read through L2 (ld.global.cg), so that a caller may
-// read it before pdl_wait (see moe_down_one_token_kernel).
+// Every lane of the warp calls it, after pdl_wait (the top-k kernel wrote ids).
 __device__ __forceinline__ bool one_token_pair(const int32_t* __restrict__ ids, int P, int expert_begin, int E_local,
                                                int y, int* e, int* pair) {
   const int lane = threadIdx.x & 31;
