@@ -249,9 +249,8 @@ struct MoeArgs {
 // accumulation either way).
 // bf16 experts at T = 1 take two kernels unless one_token is kGrouped (CudaMoeOneToken; the down
 // GEMV writes out, y is unused).
-void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s,
-                       CudaMoeFp8Decode fp8_kernel = CudaMoeFp8Decode::kMma,
-                       CudaMoeOneToken one_token = CudaMoeOneToken::kMixedOverlap);
+void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
+                       CudaMoeOneToken one_token);
 // Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
 // sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
 // (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).

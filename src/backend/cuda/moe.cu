@@ -358,14 +358,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // kernels' order (a lane's chunks ascending, then warp_sum), so the result is theirs bit for bit.
 constexpr int kOneTokenMaxPairs = 32;  // k up to a warp's lanes
 
+// Lane l < P of the calling warp gets pair l's expert id in *id; returns the mask of the pairs
+// whose expert is local. ids is read through L2 (ld.global.cg): moe_down_one_token_kernel reads
+// it before pdl_wait.
+__device__ __forceinline__ unsigned one_token_local_pairs(const int32_t* __restrict__ ids, int P, int expert_begin,
+                                                          int E_local, int* id) {
+  const int lane = threadIdx.x & 31;
+  *id = lane < P ? __ldcg(ids + lane) : -1;
+  const bool local = lane < P && *id - expert_begin >= 0 && *id - expert_begin < E_local;
+  return __ballot_sync(0xffffffffu, local);
+}
+
 // The expert (local index) and pair of the y-th local pair, or false when fewer pairs are local.
-// Every lane of the warp calls it, after pdl_wait (the top-k kernel wrote ids).
+// Every lane of the warp calls it.
 __device__ __forceinline__ bool one_token_pair(const int32_t* __restrict__ ids, int P, int expert_begin, int E_local,
                                                int y, int* e, int* pair) {
-  const int lane = threadIdx.x & 31;
-  const int id = lane < P ? __ldcg(ids + lane) : -1;
-  const bool local = lane < P && id - expert_begin >= 0 && id - expert_begin < E_local;
-  unsigned mask = __ballot_sync(0xffffffffu, local);
+  int id;
+  unsigned mask = one_token_local_pairs(ids, P, expert_begin, E_local, &id);
   if (y >= __popc(mask)) return false;
   for (int i = 0; i < y; ++i) mask &= mask - 1u;  // drop the y lowest local pairs
   const int pos = __ffs(static_cast<int>(mask)) - 1;
@@ -432,19 +441,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
                               int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
   constexpr int kUnroll = 4;  // chunks of a row per lane in flight: I up to 1,024 in one pass
   __shared__ float ys[kOneTokenMaxPairs][kRows];
-  __shared__ unsigned local_mask;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = static_cast<int>(blockIdx.x) * kRows;
   const int chunks = I / 8;
   uint4 wv[kRows][kUnroll];
-  bool have = false;  // wv holds the warp's first pair's loads (kPrefetch)
-  int e = 0;
-  // This warp's pairs in slot order: pair j's expert is ids[j] when local.
-  auto expert_of = [&](int j, int* ej) {
-    const int id = __ldcg(ids + j);
-    *ej = id - expert_begin;
-    return *ej >= 0 && *ej < E_local;
-  };
+  bool have = false;                     // wv holds the warp's first pair's loads (kPrefetch)
+  if constexpr (!kPrefetch) pdl_wait();  // act (gate_up's), weights and (read first) ids
+  // Every warp: the local pairs, and pair j's expert from lane j.
+  int id;
+  const unsigned local = one_token_local_pairs(ids, P, expert_begin, E_local, &id);
+  auto expert_of = [&](int j) { return __shfl_sync(0xffffffffu, id, j) - expert_begin; };
   auto issue = [&](int ej, int base) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -455,23 +461,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
         if (base + 32 * v < chunks) wv[r][v] = load_stream(wr + base + 32 * v);
     }
   };
-  if (kPrefetch && warp < P && expert_of(warp, &e)) {
-    issue(e, lane);
+  if (kPrefetch && (local >> warp & 1u)) {
+    issue(expert_of(warp), lane);
     have = true;
   }
-  pdl_wait();  // act (gate_up's) and weights
-  if (threadIdx.x == 0) {
-    unsigned m = 0;
-    for (int j = 0; j < P; ++j) {
-      int ej;
-      if (expert_of(j, &ej)) m |= 1u << j;
-    }
-    local_mask = m;
-  }
+  if constexpr (kPrefetch) pdl_wait();  // act (gate_up's) and weights
   for (int j = warp; j < P; j += kGemvWarps) {
-    int ej;
-    const bool local = expert_of(j, &ej);
-    if (!local) continue;  // the same for the whole warp
+    if (!(local >> j & 1u)) continue;  // the same for the whole warp
+    const int ej = expert_of(j);
     const uint4* xr = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(j) * I);
     float acc[kRows];
 #pragma unroll
@@ -496,10 +493,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
   }
   __syncthreads();
   if (threadIdx.x < kRows && h0 + static_cast<int>(threadIdx.x) < H) {
-    const unsigned m = local_mask;
     float acc = 0.0f;
     for (int j = 0; j < P; ++j)
-      if (m >> j & 1u) acc += __ldg(weights + j) * ys[j][threadIdx.x];
+      if (local >> j & 1u) acc += __ldg(weights + j) * ys[j][threadIdx.x];
     out[h0 + threadIdx.x] = __float2bfloat16_rn(acc);
   }
   pdl_launch_dependents();
