@@ -13,7 +13,8 @@
 #   serve command and the seeds' bench protocols on configs/qwen3.5-122b-a10b-fp8); fixtures_bf16 (transformers' bf16 error per
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz); fp8_ab (FP8 decode
 #   batches 1 / 20 / 64, Qwen3-8B --quantization fp8 and the flagship, this build and BASE); fp8_tests (the FP8
-#   fixtures' engine, fixture and prompt-logprobs tests on CUDA)
+#   fixtures' engine, fixture and prompt-logprobs tests on CUDA); fp8_one_token (FP8 experts at one token: op
+#   tests, moe_bench per CudaMoeFp8OneToken variant, flagship batch 1 beside BASE)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -293,6 +294,23 @@ if part fp8_tests; then
     TESSERA_TEST_DEVICE=cuda timeout 300 $B/$t --gtest_filter='*fp8*' > "$L/${t}_fp8.log" 2>&1; echo "$t (fp8) rc=$?"
     grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/${t}_fp8.log" | head -24
   done
+fi
+
+if part fp8_one_token; then
+  # FP8 experts at one token (CudaMoeFp8OneToken): the bit-for-bit op tests, moe_bench at the flagship's and
+  # Qwen3-30B-A3B's shapes with each variant, then the flagship's batch-1 decode (and BASE's when carried).
+  echo "== FP8 experts at one token"
+  timeout 300 $B/cuda_ops_test --gtest_filter='*Fp8Moe*:*MoeOneToken*' > "$L/fp8_one_token_ops.log" 2>&1
+  echo "cuda_ops_test rc=$?"; grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/fp8_one_token_ops.log" | head -20
+  for v in grouped shallow deep; do
+    for m in qwen3.5-122b-a10b qwen3-30b-a3b; do
+      echo "-- $v, $m"
+      timeout 200 $B/moe_bench --quick --model $m --dtype fp8 --fp8-one-token $v 2>&1 | grep -E '^(mma|gemv|split|auto)? *1 ' | head -2
+    done
+  done
+  FL=configs/qwen3.5-122b-a10b-fp8
+  MAXLEN=4096 decode_batches flagship_one_token $FL 1
+  [ -n "$BASE" ] && MAXLEN=4096 DB=$BASE decode_batches flagship_one_token_base $FL 1
 fi
 
 if part flagship; then

@@ -359,6 +359,12 @@ int run(int argc, char** argv) {
                      names_of(kAllCudaMoeOneToken, cuda_moe_one_token_name).c_str());
         return 2;
       }
+    } else if (a == "--fp8-one-token" && i + 1 < argc) {
+      if (!pick_named(argv[++i], kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &options.moe_fp8_one_token)) {
+        std::fprintf(stderr, "moe_bench: --fp8-one-token takes %s\n",
+                     names_of(kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name).c_str());
+        return 2;
+      }
     } else if (a == "--model" && i + 1 < argc) {
       only_model = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
@@ -367,13 +373,17 @@ int run(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: moe_bench [--quick] [--variants] [--prefill-mma] [--fp8-decode KERNEL] [--one-token KERNELS] "
+          "[--fp8-one-token KERNELS] "
           "[--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]\n"
           "  --prefill-mma: bf16 prefill (the grouped GEMMs) on the mma.sync kernel instead of wgmma\n"
           "  --fp8-decode: the FP8 experts' decode GEMVs: %s (the first is the default)\n"
-          "  --one-token: bf16 experts' decode kernels at T = 1: %s (default %s)\n",
+          "  --one-token: bf16 experts' decode kernels at T = 1: %s (default %s)\n"
+          "  --fp8-one-token: FP8 experts' decode kernels at T = 1: %s (default %s)\n",
           names_of(kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name).c_str(),
           names_of(kAllCudaMoeOneToken, cuda_moe_one_token_name).c_str(),
-          cuda_moe_one_token_name(CudaOptions{}.moe_one_token));
+          cuda_moe_one_token_name(CudaOptions{}.moe_one_token),
+          names_of(kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name).c_str(),
+          cuda_moe_fp8_one_token_name(CudaOptions{}.moe_fp8_one_token));
       return 2;
     }
   }
@@ -387,9 +397,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   auto gpu = make_cuda_backend(0, options);
-  std::printf("device: %s%s, FP8 decode GEMVs: %s, bf16 at one token: %s\n", gpu->name().c_str(),
+  std::printf("device: %s%s, FP8 decode GEMVs: %s, at one token: bf16 %s, FP8 %s\n", gpu->name().c_str(),
               options.moe_prefill_wgmma ? "" : " (prefill: mma.sync)", cuda_moe_fp8_decode_name(options.moe_fp8_decode),
-              cuda_moe_one_token_name(options.moe_one_token));
+              cuda_moe_one_token_name(options.moe_one_token), cuda_moe_fp8_one_token_name(options.moe_fp8_one_token));
 
   const double copy_gbs = copy_bandwidth_gbs(*gpu);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);

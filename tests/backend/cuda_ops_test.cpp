@@ -34,6 +34,15 @@ namespace {
 
 #ifdef TESSERA_HAVE_CUDA
 
+struct MoeCase;
+
+// Random e4m3 bytes (NaN codes skipped) and f32 block scales for a block-scaled weight.
+struct Fp8Host {
+  Shape shape, scale_shape;
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+};
+
 class CudaOps : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -67,6 +76,32 @@ class CudaOps : public ::testing::Test {
     std::vector<float> v(static_cast<size_t>(n));
     for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng_)));
     return v;
+  }
+  // moe_experts at one token on backends that differ in their one-token kernels (`names`, the
+  // grouped kernels first): every one gives the first one's output bit for bit, launched and
+  // replayed from a graph, and the CPU's within the bf16 tolerance. bf16 or FP8 block-scaled experts.
+  void one_token_bit_for_bit(const MoeCase& c, bool fp8, const std::vector<std::unique_ptr<Backend>>& bes,
+                             const std::vector<std::string>& names);
+  // Random e4m3 bytes (NaN codes skipped) and f32 block scales of 1e-4 .. 4e-4.
+  Fp8Host fp8_host(Shape shape) {
+    Fp8Host h;
+    h.shape = shape;
+    h.scale_shape = block_scale_shape(shape);
+    std::uniform_int_distribution<int> byte(0, 255);
+    h.q.resize(static_cast<size_t>(shape.numel()));
+    for (auto& b : h.q) {
+      do b = static_cast<uint8_t>(byte(rng_));
+      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
+    }
+    h.scale = rand(h.scale_shape.numel(), 1e-4f, 4e-4f);
+    return h;
+  }
+  // That weight on `be`, its scales attached.
+  static Tensor put_fp8(Backend& be, const Fp8Host& h) {
+    Tensor w = be.alloc(h.shape, DType::kF8E4M3), s = be.alloc(h.scale_shape, DType::kF32);
+    be.copy_from_host(w, h.q.data());
+    be.copy_from_host(s, h.scale.data());
+    return w.with_block_scale(s);
   }
   // A RoPE cos/sin table [max_pos, rd] (theta 10000): cos in the first half of a row, sin in the second.
   static std::vector<float> rope_cos_sin(int64_t max_pos, int rd) {
@@ -995,13 +1030,6 @@ TEST_F(CudaOps, MoeExpertsMatchesCpuOnBothPaths) {
   }
 }
 
-// Random e4m3 bytes (NaN codes skipped) and f32 block scales for a block-scaled weight.
-struct Fp8Host {
-  Shape shape, scale_shape;
-  std::vector<uint8_t> q;
-  std::vector<float> scale;
-};
-
 // FP8 block-scaled experts (e4m3, one f32 scale per 128 x 128 block of each expert's matrix, as
 // the Qwen3.5 FP8 checkpoints) against the CPU's dequantising reference, on both CUDA paths:
 // decode (T * k <= 256: the grouped GEMVs widening in registers) and prefill (the grouped GEMM
@@ -1028,25 +1056,8 @@ TEST_F(CudaOps, Fp8MoeExpertsMatchCpuOnBothPaths) {
       {1000, 64, 8, 1024, 512, 64, 0, false},
       {300, 256, 8, 3072, 1024, 16, 64, true},  // expert parallel, experts 64..79
   };
-  auto make_fp8 = [&](Shape shape) {
-    Fp8Host h;
-    h.shape = shape;
-    h.scale_shape = block_scale_shape(shape);
-    std::uniform_int_distribution<int> byte(0, 255);
-    h.q.resize(static_cast<size_t>(shape.numel()));
-    for (auto& b : h.q) {
-      do b = static_cast<uint8_t>(byte(rng_));
-      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
-    }
-    h.scale = rand(h.scale_shape.numel(), 1e-4f, 4e-4f);
-    return h;
-  };
-  auto put = [](Backend& be, const Fp8Host& h) {
-    Tensor w = be.alloc(h.shape, DType::kF8E4M3), s = be.alloc(h.scale_shape, DType::kF32);
-    be.copy_from_host(w, h.q.data());
-    be.copy_from_host(s, h.scale.data());
-    return w.with_block_scale(s);
-  };
+  auto make_fp8 = [&](Shape shape) { return fp8_host(shape); };
+  auto put = [](Backend& be, const Fp8Host& h) { return put_fp8(be, h); };
   // One backend per FP8 MoE decode kernel (CudaOptions::moe_fp8_decode), the production one first.
   std::vector<std::unique_ptr<Backend>> fp8_decode;
   for (CudaMoeFp8Decode v : kAllCudaMoeFp8Decode) {
@@ -1240,75 +1251,115 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
   }
 }
 
-// bf16 experts at one token (CudaMoeOneToken): every variant gives the grouped kernels' output bit
-// for bit, launched and replayed from a graph, and the CPU's within the bf16 tolerance. Shapes:
-// Qwen3-30B-A3B's and the flagship's experts (H 3072: gate_up in two passes of 8 loads), an
-// intermediate size past one pass of the down GEMV's loads (I 1,088), k = 10 (warps taking two
-// pairs), k = 2 at the tiny fixtures' dims, a hidden size of an odd number of 16-byte chunks, and
-// expert-parallel slices with some pairs local and with none.
+// bf16 experts at one token (CudaMoeOneToken). Shapes: Qwen3-30B-A3B's and the flagship's experts
+// (H 3072: gate_up in two passes of 8 loads), an intermediate size past one pass of the down GEMV's
+// loads (I 1,088), k = 10 (warps taking two pairs), k = 2 at the tiny fixtures' dims, a hidden size
+// of an odd number of 16-byte chunks, and expert-parallel slices with some pairs local and with none.
 TEST_F(CudaOps, MoeOneTokenKernelsGiveTheGroupedResultBitForBit) {
   const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true}, {1, 16, 8, 3072, 1024, 16, 0, true},
                            {1, 16, 8, 512, 1088, 16, 0, true}, {1, 32, 10, 512, 256, 32, 0, true},
                            {1, 8, 2, 64, 32, 8, 0, true},      {1, 64, 8, 264, 96, 64, 0, false},
                            {1, 64, 8, 256, 128, 16, 16, true}, {1, 64, 4, 256, 64, 16, 48, true}};
   std::vector<std::unique_ptr<Backend>> bes;
+  std::vector<std::string> names;
   for (CudaMoeOneToken v : kAllCudaMoeOneToken) {
     CudaOptions o;
     o.moe_decode = CudaMoeDecode::kSplit;
     o.moe_one_token = v;
     bes.push_back(make_cuda_backend(0, o));
+    names.push_back(cuda_moe_one_token_name(v));
   }
-  for (const MoeCase& c : cases) {
-    const int64_t H = c.H, I = c.I, k = c.k, EL = c.E_local;
-    const std::string what = "E=" + std::to_string(c.E) + " k=" + std::to_string(k) + " H=" + std::to_string(H) +
-                             " I=" + std::to_string(I) + " local " + std::to_string(EL) + " from " +
-                             std::to_string(c.begin);
-    auto x = rand(H), gu = rand(EL * 2 * I * H, -0.1f, 0.1f), dn = rand(EL * H * I, -0.1f, 0.1f);
-    auto logits = rand(c.E, -3, 3);
-    Tensor cids = cpu().alloc({1, k}, DType::kI32), cw = cpu().alloc({1, k}, DType::kF32);
-    cpu().moe_topk(on_cpu(logits, {1, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
-    if (c.begin == 48)  // no pair on this rank
-      for (int64_t j = 0; j < k; ++j) cids.data<int32_t>()[j] = static_cast<int32_t>(j);
-    const std::vector<int32_t> ids(cids.data<int32_t>(), cids.data<int32_t>() + k);
-    Tensor ref = cpu().alloc({1, H}, DType::kF32);
-    cpu().moe_experts(on_cpu(x, {1, H}), on_cpu(gu, {EL, 2 * I, H}), on_cpu(dn, {EL, H, I}), cids, cw,
-                      static_cast<int>(c.begin), ref);
-    std::vector<float> grouped;
-    for (size_t vi = 0; vi < bes.size(); ++vi) {
-      Backend& be = *bes[vi];
-      const std::string vwhat = std::string(cuda_moe_one_token_name(kAllCudaMoeOneToken[vi])) + " " + what;
-      Tensor gx = upload(be, x, {1, H}), ggu = upload(be, gu, {EL, 2 * I, H}), gdn = upload(be, dn, {EL, H, I});
-      Tensor gids = upload_i32(be, ids, {1, k}), gw = upload(be, from_cpu(cw), {1, k}, DType::kF32);
-      Tensor out = be.alloc({1, H}, DType::kBF16);
-      auto run = [&] { be.moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
+  for (const MoeCase& c : cases) one_token_bit_for_bit(c, false, bes, names);
+}
+
+// FP8 experts at one token on the tensor-core kernels (CudaMoeFp8OneToken): the flagship's and
+// Qwen3-30B-A3B's experts, sizes off every tile and scale block (H 528, I 144), k = 10, and
+// expert-parallel slices.
+TEST_F(CudaOps, Fp8MoeOneTokenKernelsGiveTheGroupedResultBitForBit) {
+  const MoeCase cases[] = {{1, 16, 8, 3072, 1024, 16, 0, true}, {1, 16, 8, 2048, 768, 16, 0, true},
+                           {1, 64, 8, 528, 144, 64, 0, false},  {1, 32, 10, 512, 256, 32, 0, true},
+                           {1, 64, 8, 256, 128, 16, 16, true},  {1, 64, 4, 256, 64, 16, 48, true}};
+  std::vector<std::unique_ptr<Backend>> bes;
+  std::vector<std::string> names;
+  for (CudaMoeFp8OneToken v : kAllCudaMoeFp8OneToken) {
+    CudaOptions o;
+    o.moe_fp8_one_token = v;
+    bes.push_back(make_cuda_backend(0, o));
+    names.push_back(cuda_moe_fp8_one_token_name(v));
+  }
+  for (const MoeCase& c : cases) one_token_bit_for_bit(c, true, bes, names);
+}
+
+void CudaOps::one_token_bit_for_bit(const MoeCase& c, bool fp8, const std::vector<std::unique_ptr<Backend>>& bes,
+                                    const std::vector<std::string>& names) {
+  CudaOps& f = *this;
+  const int64_t H = c.H, I = c.I, k = c.k, EL = c.E_local;
+  const std::string what = std::string(fp8 ? "FP8" : "bf16") + " E=" + std::to_string(c.E) + " k=" + std::to_string(k) +
+                           " H=" + std::to_string(H) + " I=" + std::to_string(I) + " local " + std::to_string(EL) +
+                           " from " + std::to_string(c.begin);
+  auto x = f.rand(H);
+  std::vector<float> gu, dn;
+  Fp8Host gu8, dn8;
+  if (fp8) {
+    gu8 = f.fp8_host({EL, 2 * I, H});
+    dn8 = f.fp8_host({EL, H, I});
+  } else {
+    gu = f.rand(EL * 2 * I * H, -0.1f, 0.1f);
+    dn = f.rand(EL * H * I, -0.1f, 0.1f);
+  }
+  auto weights_on = [&](Backend& be, bool cpu) {
+    if (fp8) return std::make_pair(CudaOps::put_fp8(be, gu8), CudaOps::put_fp8(be, dn8));
+    return cpu ? std::make_pair(f.on_cpu(gu, {EL, 2 * I, H}), f.on_cpu(dn, {EL, H, I}))
+               : std::make_pair(CudaOps::upload(be, gu, {EL, 2 * I, H}), CudaOps::upload(be, dn, {EL, H, I}));
+  };
+  auto logits = f.rand(c.E, -3, 3);
+  Tensor cids = f.cpu().alloc({1, k}, DType::kI32), cw = f.cpu().alloc({1, k}, DType::kF32);
+  f.cpu().moe_topk(f.on_cpu(logits, {1, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+  if (c.begin == 48)  // no pair on this rank
+    for (int64_t j = 0; j < k; ++j) cids.data<int32_t>()[j] = static_cast<int32_t>(j);
+  const std::vector<int32_t> ids(cids.data<int32_t>(), cids.data<int32_t>() + k);
+  Tensor ref = f.cpu().alloc({1, H}, DType::kF32);
+  {
+    auto [cgu, cdn] = weights_on(f.cpu(), true);
+    f.cpu().moe_experts(f.on_cpu(x, {1, H}), cgu, cdn, cids, cw, static_cast<int>(c.begin), ref);
+  }
+  std::vector<float> first;
+  for (size_t vi = 0; vi < bes.size(); ++vi) {
+    Backend& be = *bes[vi];
+    const std::string vwhat = names[vi] + " " + what;
+    auto [ggu, gdn] = weights_on(be, false);
+    Tensor gx = CudaOps::upload(be, x, {1, H});
+    Tensor gids = CudaOps::upload_i32(be, ids, {1, k}), gw = CudaOps::upload(be, f.from_cpu(cw), {1, k}, DType::kF32);
+    Tensor out = be.alloc({1, H}, DType::kBF16);
+    auto run = [&] { be.moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
+    be.fill(out, NAN);
+    run();
+    be.synchronize();
+    const std::vector<float> got = CudaOps::download(be, out);
+    be.reset_scratch();
+    EXPECT_LT(rel_err(got, f.from_cpu(ref)), 1e-2) << vwhat;
+    if (c.begin == 48)
+      for (float v : got) ASSERT_EQ(v, 0.0f) << vwhat << ": every pair routed elsewhere";
+    if (vi == 0) first = got;
+    for (int64_t h = 0; h < H; ++h)
+      ASSERT_EQ(std::memcmp(&got[h], &first[h], sizeof(float)), 0)
+          << vwhat << ": output " << h << " is " << got[h] << ", " << names[0] << "'s " << first[h];
+    be.begin_capture();
+    run();
+    std::unique_ptr<CapturedGraph> g = be.end_capture();
+    ASSERT_TRUE(g) << vwhat;
+    for (int rep = 0; rep < 2; ++rep) {
       be.fill(out, NAN);
-      run();
+      be.replay(*g);
       be.synchronize();
-      const std::vector<float> got = download(be, out);
-      be.reset_scratch();
-      EXPECT_LT(rel_err(got, from_cpu(ref)), 1e-2) << vwhat;
-      if (c.begin == 48)
-        for (float v : got) ASSERT_EQ(v, 0.0f) << vwhat << ": every pair routed elsewhere";
-      if (vi == 0) grouped = got;
+      const std::vector<float> again = CudaOps::download(be, out);
       for (int64_t h = 0; h < H; ++h)
-        ASSERT_EQ(std::memcmp(&got[h], &grouped[h], sizeof(float)), 0)
-            << vwhat << ": output " << h << " is " << got[h] << ", the grouped kernels' " << grouped[h];
-      be.begin_capture();
-      run();
-      std::unique_ptr<CapturedGraph> g = be.end_capture();
-      ASSERT_TRUE(g) << vwhat;
-      for (int rep = 0; rep < 2; ++rep) {
-        be.fill(out, NAN);
-        be.replay(*g);
-        be.synchronize();
-        const std::vector<float> again = download(be, out);
-        for (int64_t h = 0; h < H; ++h)
-          ASSERT_EQ(std::memcmp(&again[h], &grouped[h], sizeof(float)), 0) << vwhat << " replay " << rep << ", " << h;
-      }
-      g.reset();
-      be.reset_scratch();
+        ASSERT_EQ(std::memcmp(&again[h], &first[h], sizeof(float)), 0) << vwhat << " replay " << rep << ", " << h;
     }
+    g.reset();
+    be.reset_scratch();
   }
+  f.cpu().reset_scratch();
 }
 
 // Routing results never go to the host: top-k and both expert paths replay in a graph.

@@ -782,7 +782,8 @@ class CudaBackend final : public Backend {
       launch_moe_topk(fold->logits, T, fold->E, static_cast<int>(k), fold->renormalize, topk_ids.data<int32_t>(),
                       topk_weights.data<float>(), stream_);
     if (decode) {
-      launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token);
+      launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token,
+                        options_.moe_fp8_one_token);
     } else {
       Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
       int32_t* r = route.data<int32_t>();

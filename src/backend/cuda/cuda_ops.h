@@ -248,9 +248,10 @@ struct MoeArgs {
 // (4 a pass; FP8 on `fp8_kernel` kMma: widened to bf16 for tensor-core MMAs, 16 a pass; f32
 // accumulation either way).
 // bf16 experts at T = 1 take two kernels unless one_token is kGrouped (CudaMoeOneToken; the down
-// GEMV writes out, y is unused).
+// GEMV writes out, y is unused); FP8 experts on kMma at T = 1 the one-token form of their kernels
+// unless fp8_one_token is kGrouped (CudaMoeFp8OneToken).
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
-                       CudaMoeOneToken one_token);
+                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token);
 // Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
 // sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
 // (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).

@@ -103,6 +103,28 @@ inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
   return "?";
 }
 
+// FP8 experts at one token (T = 1) on CudaMoeFp8Decode::kMma: the same kernels' maths and the same
+// sums bit for bit, with the block's expert found by one warp ballot (no routing preamble) and one
+// MMA column of pairs (fewer registers), so more weight loads stay in flight:
+enum class CudaMoeFp8OneToken {
+  kGrouped,  // the grouped kernels, as at every T
+  kShallow,  // 4 groups of 64 columns in flight a lane, 3 blocks an SM
+  kDeep,     // 8 groups in flight a lane, 2 blocks an SM
+};
+inline constexpr CudaMoeFp8OneToken kAllCudaMoeFp8OneToken[] = {
+    CudaMoeFp8OneToken::kGrouped, CudaMoeFp8OneToken::kShallow, CudaMoeFp8OneToken::kDeep};
+inline const char* cuda_moe_fp8_one_token_name(CudaMoeFp8OneToken v) {
+  switch (v) {
+    case CudaMoeFp8OneToken::kGrouped:
+      return "grouped";
+    case CudaMoeFp8OneToken::kShallow:
+      return "shallow";
+    case CudaMoeFp8OneToken::kDeep:
+      return "deep";
+  }
+  return "?";
+}
+
 struct CudaOptions {
   CudaMoeDecode moe_decode = CudaMoeDecode::kAuto;
   // The MoE prefill of bf16 experts (the grouped GEMMs) on Hopper's warpgroup MMA (wgmma) where the
@@ -110,6 +132,7 @@ struct CudaOptions {
   bool moe_prefill_wgmma = true;
   CudaMoeFp8Decode moe_fp8_decode = CudaMoeFp8Decode::kMma;
   CudaMoeOneToken moe_one_token = CudaMoeOneToken::kMixedOverlap;
+  CudaMoeFp8OneToken moe_fp8_one_token = CudaMoeFp8OneToken::kShallow;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;

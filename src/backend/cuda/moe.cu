@@ -214,148 +214,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   pdl_launch_dependents();
 }
 
-// ---------------------------------------------------------------- decode: FP8 grouped GEMV on tensor cores
-// FP8 experts at decode (CudaMoeFp8Decode::kMma). The routing preamble and grid (row tiles,
-// expert ranks) of moe_gemv_kernel with the maths of fp8_gemv_mma_kernel (fp8_gemm.cu): a warp
-// takes a 16-row tile of the expert's matrix over a slice of K in 64-column groups; per group a
-// lane (g = lane / 4, t = lane % 4) loads 16 e4m3 weights of the tile's rows g and g + 8 (one
-// 16-byte load each), widens them once to bf16 (exact) into the A operand of 4 bf16 m16n8k16
-// MMAs per 8 pairs, x of pair 8 j + g at the same 16 columns being B (a permutation of the
-// group's k order, the same for A and B), and adds the group's sums times their 128 x 128 block
-// scales (row g's and row g + 8's: one FMA an accumulator). moe_gemv_kernel's FP8 path spends a
-// widening to f32 and an FMA per weight and pair, plus the unpacking of x per pair.
-//   gate_up: a tile is 8 intermediate indices i0 .. i0 + 7, rows g the gate rows i0 + g and rows
-//     g + 8 the up rows I + i0 + g, so a lane holds gate and up of the same (pair, i) and writes
-//     silu(gate) * up.
-//   down: a tile is 16 rows h0 .. h0 + 15 of H.
-// A block holds kTiles tiles (gate_up 2, down 4), the 8 / kTiles warps of a tile splitting K.
-// The slices of a tile add their sums in warp order through shared memory (deterministic).
-// Pairs go in passes of 8 * kFp8MmaNT; an expert with more pairs streams its rows once a pass.
-constexpr int kFp8MmaNT = 2;      // 8-pair MMA columns a pass
-constexpr int kFp8MmaUnroll = 4;  // 64-column groups whose weight loads a warp issues before their maths
-
-template <bool kGateUp, int kTiles>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    moe_gemv_fp8_mma_kernel(const __nv_bfloat16* __restrict__ in, const uint8_t* __restrict__ w,
-                            const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k,
-                            int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
-  constexpr int kSlices = kGemvWarps / kTiles;  // warps splitting K over one tile
-  __shared__ DecodeRouteSmem route;
-  __shared__ float4 part[kGemvWarps][kFp8MmaNT][32];
-  int e = 0, n = 0;
-  if (!moe_decode_route(route, ids, P, expert_begin, E_local, &e, &n)) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x * kTiles + warp / kSlices, slice = warp % kSlices;
-  const int K = kGateUp ? H : I;
-  const int64_t expert_rows = kGateUp ? 2 * static_cast<int64_t>(I) : H;
-  // This lane's weight rows: ra (fragment row g) and rb (g + 8), and whether they exist.
-  int64_t ra, rb;
-  bool va, vb;
-  if (kGateUp) {
-    const int i = tile * 8 + g;
-    va = vb = i < I;
-    ra = i;
-    rb = static_cast<int64_t>(I) + i;
-  } else {
-    ra = static_cast<int64_t>(tile) * 16 + g;
-    rb = ra + 8;
-    va = ra < H;
-    vb = rb < H;
-  }
-  const int kb = (K + 127) / 128;
-  const int64_t scale_rows = (expert_rows + 127) / 128;
-  const uint8_t* we = w + static_cast<int64_t>(e) * expert_rows * K;
-  const uint8_t* wa = we + (va ? ra : 0) * K;
-  const uint8_t* wb = we + (vb ? rb : 0) * K;
-  const float* sa = scale + (static_cast<int64_t>(e) * scale_rows + (va ? ra : 0) / 128) * kb;
-  const float* sb = scale + (static_cast<int64_t>(e) * scale_rows + (vb ? rb : 0) / 128) * kb;
-  const int groups = (K + 63) / 64;
-  const int* list = route.list;
-  for (int pass = 0; pass < n; pass += 8 * kFp8MmaNT) {
-    const __nv_bfloat16* xr[kFp8MmaNT];  // x rows of pairs pass + 8 j + g (null past the expert's pairs)
-#pragma unroll
-    for (int j = 0; j < kFp8MmaNT; ++j) {
-      const int p = pass + 8 * j + g;
-      xr[j] = p < n ? in + static_cast<int64_t>(kGateUp ? list[p] / k : list[p]) * K : nullptr;
-    }
-    float acc[kFp8MmaNT][4];
-#pragma unroll
-    for (int j = 0; j < kFp8MmaNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-    for (int gi = slice; gi < groups; gi += kSlices * kFp8MmaUnroll) {
-      uint4 wva[kFp8MmaUnroll], wvb[kFp8MmaUnroll];
-#pragma unroll
-      for (int u = 0; u < kFp8MmaUnroll; ++u) {
-        const int gu = gi + u * kSlices, k0 = gu * 64 + 16 * t;
-        const bool kv = gu < groups && k0 < K;
-        wva[u] = kv && va ? load_stream(reinterpret_cast<const uint4*>(wa + k0)) : make_uint4(0, 0, 0, 0);
-        wvb[u] = kv && vb ? load_stream(reinterpret_cast<const uint4*>(wb + k0)) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kFp8MmaUnroll; ++u) {
-        const int gu = gi + u * kSlices, k0 = gu * 64 + 16 * t;
-        if (gu >= groups) break;                                         // the same for the whole warp
-        const float s_a = __ldg(sa + gu / 2), s_b = __ldg(sb + gu / 2);  // group gu lies in 128-column block gu / 2
-        uint32_t a[4][4];
-        widen_group(wva[u], wvb[u], a);
-#pragma unroll
-        for (int j = 0; j < kFp8MmaNT; ++j) {
-          if (pass + 8 * j >= n) break;  // no pair in this MMA column: the same for the whole warp
-          uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-          if (xr[j] && k0 < K) {
-            const uint4* xm = reinterpret_cast<const uint4*>(xr[j] + k0);
-            x0 = __ldg(xm);
-            x1 = __ldg(xm + 1);
-          }
-          mma_group(a, x0, x1, s_a, s_b, acc[j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kFp8MmaNT; ++j) part[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-    __syncthreads();
-    if (slice == 0) {
-      // Accumulator i of lane (g, t): weight row g + 8 (i / 2), pair 8 j + 2 t + i % 2.
-#pragma unroll
-      for (int j = 0; j < kFp8MmaNT; ++j) {
-        float4 v = part[warp][j][lane];
-#pragma unroll
-        for (int q = 1; q < kSlices; ++q) {
-          const float4 o = part[warp + q][j][lane];
-          v.x += o.x;
-          v.y += o.y;
-          v.z += o.z;
-          v.w += o.w;
-        }
-        const int p0 = pass + 8 * j + 2 * t;
-        const float r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          if (p0 + c >= n) continue;
-          const int64_t pq = list[p0 + c];
-          if (kGateUp) {
-            if (va) out[pq * I + ra] = __float2bfloat16_rn(r[c] / (1.0f + __expf(-r[c])) * r[2 + c]);
-          } else {
-            if (va) out[pq * H + ra] = __float2bfloat16_rn(r[c]);
-            if (vb) out[pq * H + rb] = __float2bfloat16_rn(r[2 + c]);
-          }
-        }
-      }
-    }
-    __syncthreads();  // part is rewritten by the next pass
-  }
-  pdl_launch_dependents();
-}
-
-// ---------------------------------------------------------------- decode: one token
-// bf16 experts at T = 1 (CudaMoeOneToken): k pairs, each to its own expert (top-k picks distinct
-// experts), so block y of the gate_up GEMV serves the y-th local pair, found by one warp ballot
-// over the k ids (the grouped kernels' routing preamble, shared-memory ranks and three barriers,
-// is for experts shared by several pairs). The down GEMV takes all k pairs of a row group in one
-// block, warp w the pairs w, w + 8, ..., and writes out[h] = sum_j weight_j * y_j itself in slot
-// order j, y_j rounded to bf16 first, as the combine kernel does; every sum runs in the grouped
-// kernels' order (a lane's chunks ascending, then warp_sum), so the result is theirs bit for bit.
 constexpr int kOneTokenMaxPairs = 32;  // k up to a warp's lanes
 
 // Lane l < P of the calling warp gets pair l's expert id in *id; returns the mask of the pairs
@@ -383,6 +241,160 @@ __device__ __forceinline__ bool one_token_pair(const int32_t* __restrict__ ids, 
   return true;
 }
 
+// ---------------------------------------------------------------- decode: FP8 grouped GEMV on tensor cores
+// FP8 experts at decode (CudaMoeFp8Decode::kMma). The routing preamble and grid (row tiles,
+// expert ranks) of moe_gemv_kernel with the maths of fp8_gemv_mma_kernel (fp8_gemm.cu): a warp
+// takes a 16-row tile of the expert's matrix over a slice of K in 64-column groups; per group a
+// lane (g = lane / 4, t = lane % 4) loads 16 e4m3 weights of the tile's rows g and g + 8 (one
+// 16-byte load each), widens them once to bf16 (exact) into the A operand of 4 bf16 m16n8k16
+// MMAs per 8 pairs, x of pair 8 j + g at the same 16 columns being B (a permutation of the
+// group's k order, the same for A and B), and adds the group's sums times their 128 x 128 block
+// scales (row g's and row g + 8's: one FMA an accumulator). moe_gemv_kernel's FP8 path spends a
+// widening to f32 and an FMA per weight and pair, plus the unpacking of x per pair.
+//   gate_up: a tile is 8 intermediate indices i0 .. i0 + 7, rows g the gate rows i0 + g and rows
+//     g + 8 the up rows I + i0 + g, so a lane holds gate and up of the same (pair, i) and writes
+//     silu(gate) * up.
+//   down: a tile is 16 rows h0 .. h0 + 15 of H.
+// A block holds kTiles tiles (gate_up 2, down 4), the 8 / kTiles warps of a tile splitting K.
+// The slices of a tile add their sums in warp order through shared memory (deterministic).
+// Pairs go in passes of 8 * kFp8MmaNT; an expert with more pairs streams its rows once a pass.
+constexpr int kFp8MmaNT = 2;      // 8-pair MMA columns a pass
+constexpr int kFp8MmaUnroll = 4;  // 64-column groups whose weight loads a warp issues before their maths
+
+// kOneToken (T = 1, CudaMoeFp8OneToken): block y serves the y-th local pair, found by a warp
+// ballot (one_token_pair) instead of the routing preamble; with one pair only MMA column 0 is
+// used (kNT = 1), so fewer registers hold accumulators and x, and a lane can keep more weight
+// loads in flight (kUnroll). The sums are the same in every instantiation: a slice's groups
+// in ascending order whatever kUnroll, pair 0 in column 0 whatever kNT.
+template <bool kGateUp, int kTiles, int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false,
+          int kMinBlocks = 1>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
+    moe_gemv_fp8_mma_kernel(const __nv_bfloat16* __restrict__ in, const uint8_t* __restrict__ w,
+                            const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k,
+                            int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+  constexpr int kSlices = kGemvWarps / kTiles;  // warps splitting K over one tile
+  __shared__ DecodeRouteSmem route;
+  __shared__ float4 part[kGemvWarps][kNT][32];
+  int e = 0, n = 0, one_pair = 0;
+  if constexpr (kOneToken) {
+    pdl_wait();  // ids and the kernel's input come from the kernels before
+    if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &one_pair)) return;
+    n = 1;
+  } else {
+    if (!moe_decode_route(route, ids, P, expert_begin, E_local, &e, &n)) return;
+  }
+  auto list_at = [&](int p) { return kOneToken ? one_pair : route.list[p]; };
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * kTiles + warp / kSlices, slice = warp % kSlices;
+  const int K = kGateUp ? H : I;
+  const int64_t expert_rows = kGateUp ? 2 * static_cast<int64_t>(I) : H;
+  // This lane's weight rows: ra (fragment row g) and rb (g + 8), and whether they exist.
+  int64_t ra, rb;
+  bool va, vb;
+  if (kGateUp) {
+    const int i = tile * 8 + g;
+    va = vb = i < I;
+    ra = i;
+    rb = static_cast<int64_t>(I) + i;
+  } else {
+    ra = static_cast<int64_t>(tile) * 16 + g;
+    rb = ra + 8;
+    va = ra < H;
+    vb = rb < H;
+  }
+  const int kb = (K + 127) / 128;
+  const int64_t scale_rows = (expert_rows + 127) / 128;
+  const uint8_t* we = w + static_cast<int64_t>(e) * expert_rows * K;
+  const uint8_t* wa = we + (va ? ra : 0) * K;
+  const uint8_t* wb = we + (vb ? rb : 0) * K;
+  const float* sa = scale + (static_cast<int64_t>(e) * scale_rows + (va ? ra : 0) / 128) * kb;
+  const float* sb = scale + (static_cast<int64_t>(e) * scale_rows + (vb ? rb : 0) / 128) * kb;
+  const int groups = (K + 63) / 64;
+  for (int pass = 0; pass < n; pass += 8 * kNT) {
+    const __nv_bfloat16* xr[kNT];  // x rows of pairs pass + 8 j + g (null past the expert's pairs)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const int p = pass + 8 * j + g;
+      xr[j] = p < n ? in + static_cast<int64_t>(kGateUp ? list_at(p) / k : list_at(p)) * K : nullptr;
+    }
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int gi = slice; gi < groups; gi += kSlices * kUnroll) {
+      uint4 wva[kUnroll], wvb[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int gu = gi + u * kSlices, k0 = gu * 64 + 16 * t;
+        const bool kv = gu < groups && k0 < K;
+        wva[u] = kv && va ? load_stream(reinterpret_cast<const uint4*>(wa + k0)) : make_uint4(0, 0, 0, 0);
+        wvb[u] = kv && vb ? load_stream(reinterpret_cast<const uint4*>(wb + k0)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int gu = gi + u * kSlices, k0 = gu * 64 + 16 * t;
+        if (gu >= groups) break;                                         // the same for the whole warp
+        const float s_a = __ldg(sa + gu / 2), s_b = __ldg(sb + gu / 2);  // group gu lies in 128-column block gu / 2
+        uint32_t a[4][4];
+        widen_group(wva[u], wvb[u], a);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          if (pass + 8 * j >= n) break;  // no pair in this MMA column: the same for the whole warp
+          uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+          if (xr[j] && k0 < K) {
+            const uint4* xm = reinterpret_cast<const uint4*>(xr[j] + k0);
+            x0 = __ldg(xm);
+            x1 = __ldg(xm + 1);
+          }
+          mma_group(a, x0, x1, s_a, s_b, acc[j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) part[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __syncthreads();
+    if (slice == 0) {
+      // Accumulator i of lane (g, t): weight row g + 8 (i / 2), pair 8 j + 2 t + i % 2.
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        float4 v = part[warp][j][lane];
+#pragma unroll
+        for (int q = 1; q < kSlices; ++q) {
+          const float4 o = part[warp + q][j][lane];
+          v.x += o.x;
+          v.y += o.y;
+          v.z += o.z;
+          v.w += o.w;
+        }
+        const int p0 = pass + 8 * j + 2 * t;
+        const float r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if (p0 + c >= n) continue;
+          const int64_t pq = list_at(p0 + c);
+          if (kGateUp) {
+            if (va) out[pq * I + ra] = __float2bfloat16_rn(r[c] / (1.0f + __expf(-r[c])) * r[2 + c]);
+          } else {
+            if (va) out[pq * H + ra] = __float2bfloat16_rn(r[c]);
+            if (vb) out[pq * H + rb] = __float2bfloat16_rn(r[2 + c]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // part is rewritten by the next pass
+  }
+  pdl_launch_dependents();
+}
+
+// ---------------------------------------------------------------- decode: one token
+// bf16 experts at T = 1 (CudaMoeOneToken): k pairs, each to its own expert (top-k picks distinct
+// experts), so block y of the gate_up GEMV serves the y-th local pair, found by one warp ballot
+// over the k ids (the grouped kernels' routing preamble, shared-memory ranks and three barriers,
+// is for experts shared by several pairs). The down GEMV takes all k pairs of a row group in one
+// block, warp w the pairs w, w + 8, ..., and writes out[h] = sum_j weight_j * y_j itself in slot
+// order j, y_j rounded to bf16 first, as the combine kernel does; every sum runs in the grouped
+// kernels' order (a lane's chunks ascending, then warp_sum), so the result is theirs bit for bit.
 // gate_up at one token: grid (ceil(I / 8), local pairs <= k); warp w of block (r, y) computes
 // act[pair, i] = silu(gate_i . x) * (up_i . x) for i = r * 8 + w, kUnroll loads of each row in
 // flight per lane. kEarlyTrigger: the next kernel (the down GEMV) may launch once this block's
@@ -694,24 +706,43 @@ void launch_moe_decode_gemvs(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16
 // Tiles a block: gate_up 2 (16 intermediate indices, 4 warps splitting K over each), down 4 (64
 // rows, 2 warps each). Blocks of half those rows (twice the warps on K) took 1.16-1.22x the time
 // at 8-32 tokens on the H200 (session 17): each block pays the routing preamble for fewer bytes.
+// kNT, kUnroll, kOneToken, kMinBlocks: moe_gemv_fp8_mma_kernel's (the grouped form by default).
+template <int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false, int kMinBlocks = 1>
 void launch_moe_decode_fp8_mma(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s) {
   const int P = a.T * a.k;
   const int slots = std::min(P, a.E_local);
   constexpr int kGuTiles = 2, kDnTiles = 4;
-  launch_pdl(moe_gemv_fp8_mma_kernel<true, kGuTiles>, dim3(ceil_div(a.I, 8 * kGuTiles), slots), kGemvWarps * 32, 0, s,
-             static_cast<const __nv_bfloat16*>(a.x), static_cast<const uint8_t*>(a.gate_up), a.gate_up_scale, a.ids, P,
-             a.k, a.expert_begin, a.E_local, a.H, a.I, act);
+  launch_pdl(moe_gemv_fp8_mma_kernel<true, kGuTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
+             dim3(ceil_div(a.I, 8 * kGuTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(a.x),
+             static_cast<const uint8_t*>(a.gate_up), a.gate_up_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H,
+             a.I, act);
   TCUDA_LAUNCH_CHECK();
-  launch_pdl(moe_gemv_fp8_mma_kernel<false, kDnTiles>, dim3(ceil_div(a.H, 16 * kDnTiles), slots), kGemvWarps * 32, 0, s,
-             static_cast<const __nv_bfloat16*>(act), static_cast<const uint8_t*>(a.down), a.down_scale, a.ids, P, a.k,
-             a.expert_begin, a.E_local, a.H, a.I, y);
+  launch_pdl(moe_gemv_fp8_mma_kernel<false, kDnTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
+             dim3(ceil_div(a.H, 16 * kDnTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(act),
+             static_cast<const uint8_t*>(a.down), a.down_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, y);
   TCUDA_LAUNCH_CHECK();
+}
+
+// FP8 experts on tensor cores: the one-token form at T = 1 (CudaMoeFp8OneToken), else grouped.
+void launch_moe_decode_fp8_one_token_or_grouped(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s,
+                                                CudaMoeFp8OneToken one_token) {
+  if (a.T == 1 && a.k <= kOneTokenMaxPairs) {
+    switch (one_token) {
+      case CudaMoeFp8OneToken::kGrouped:
+        break;
+      case CudaMoeFp8OneToken::kShallow:
+        return launch_moe_decode_fp8_mma<1, 4, true, 3>(a, act, y, s);
+      case CudaMoeFp8OneToken::kDeep:
+        return launch_moe_decode_fp8_mma<1, 8, true, 2>(a, act, y, s);
+    }
+  }
+  launch_moe_decode_fp8_mma(a, act, y, s);
 }
 
 }  // namespace
 
 void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
-                       CudaMoeOneToken one_token) {
+                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token) {
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* yb = static_cast<__nv_bfloat16*>(y);
   if (!a.gate_up_scale && a.T == 1 && a.k <= kOneTokenMaxPairs) {
@@ -735,7 +766,7 @@ void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
   if (!a.gate_up_scale)
     launch_moe_decode_gemvs<false>(a, actb, yb, s);
   else if (fp8_kernel == CudaMoeFp8Decode::kMma)
-    launch_moe_decode_fp8_mma(a, actb, yb, s);
+    launch_moe_decode_fp8_one_token_or_grouped(a, actb, yb, s, fp8_one_token);
   else
     launch_moe_decode_gemvs<true>(a, actb, yb, s);
   launch_moe_combine(a, yb, nullptr, s);
