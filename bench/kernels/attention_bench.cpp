@@ -3,11 +3,13 @@
 // bandwidth of the same run, bf16 and fp8-e4m3 caches. Prefill: TFLOP/s of one
 // long prompt (causal), with and without a cached prefix. Each configuration is
 // first checked against the CPU backend on a small case.
-// Then the fused decode step by query heads per block (heads_per_block_sweep).
-//   attention_bench [--quick] [--heads: only that sweep]
+// Then the fused decode step by query heads per block (heads_per_block_sweep) and by when the
+// merge kernel launches, eagerly and in a graph (merge_sweep).
+//   attention_bench [--quick] [--heads | --merge: only that sweep]
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 
 #include "backend/attention_metadata.h"
 #include "bench_util.h"
@@ -91,11 +93,20 @@ double check(Backend& gpu, Backend& cpu, const Seqs& s, DType cache_dt) {
   return e;
 }
 
+// One column of a fused decode sweep: a backend, the metadata's max_seq_len (0: the step's own, as an eager
+// step has; else what a captured graph's says, which sizes the split count) and whether the layers are
+// replayed from a CUDA graph.
+struct DecodeColumn {
+  std::string label;
+  std::unique_ptr<Backend> backend;
+  int max_seq_len = 0;
+  bool graph = false;
+};
+
 // The fused decode step (q/k norm, RoPE and the KV write inside the attention kernel, the op
-// decode steps take) for each query-head chunk a block can take (CudaOptions::decode_heads_per_block;
-// 0 = the rule), on the MoE models' head layouts: microseconds per layer over 48 layers of distinct
-// caches (as a decode step walks them, past the L2), one query token per sequence.
-void heads_per_block_sweep(bool quick) {
+// decode steps take) on the MoE models' head layouts, for each column: microseconds per layer over
+// 48 layers of distinct caches (as a decode step walks them, past the L2), one query token per sequence.
+void decode_sweep(const char* title, std::vector<DecodeColumn>& columns, bool quick) {
   struct Layout {
     const char* name;
     int Hq, Hk, D, rd;
@@ -106,16 +117,10 @@ void heads_per_block_sweep(bool quick) {
   std::vector<int> ctxs = {640, 4096};
   if (quick) batches = {1, 8, 32};
   constexpr int kMaxPos = 8192;
-  std::printf(
-      "\nfused decode attention, us per layer (up to 48 layers of distinct caches), by query heads per block "
-      "(0 = the rule)\n");
-  std::printf("%-16s %6s %6s %9s %9s %9s %9s %9s\n", "layout", "batch", "ctx", "rule", "1", "2", "4", "8");
-  std::vector<std::unique_ptr<Backend>> backends;  // one per heads-per-block choice: 0 (the rule), 1, 2, 4, 8
-  for (int heads : {0, 1, 2, 4, 8}) {
-    CudaOptions o;
-    o.decode_heads_per_block = heads;
-    backends.push_back(make_cuda_backend(0, o));
-  }
+  std::printf("\nfused decode attention, us per layer (up to 48 layers of distinct caches), %s\n", title);
+  std::printf("%-16s %6s %6s", "layout", "batch", "ctx");
+  for (const DecodeColumn& c : columns) std::printf(" %12s", c.label.c_str());
+  std::printf("\n");
   for (const Layout& lay : layouts) {
     std::vector<float> table(static_cast<size_t>(kMaxPos) * lay.rd);
     for (int p = 0; p < kMaxPos; ++p)
@@ -127,8 +132,8 @@ void heads_per_block_sweep(bool quick) {
     for (int ctx : ctxs)
       for (int batch : batches) {
         std::printf("%-16s %6d %6d", lay.name, batch, ctx);
-        for (auto& backend : backends) {
-          Backend* gpu = backend.get();
+        for (DecodeColumn& col : columns) {
+          Backend* gpu = col.backend.get();
           Seqs s{std::vector<int>(batch, ctx - 1), std::vector<int>(batch, 1)};
           const int nb = blocks_for(s);
           // Layers enough to pass the L2, at most 1 GiB of cache.
@@ -138,7 +143,9 @@ void heads_per_block_sweep(bool quick) {
           Tensor kc = gpu->alloc(cs, DType::kBF16), vc = gpu->alloc(cs, DType::kBF16);
           gpu->fill_random(kc, 3, -2, 2);
           gpu->fill_random(vc, 4, -2, 2);
-          const std::vector<AttentionMetadata> metas = layer_metas(*gpu, s, nb, layers);
+          std::vector<AttentionMetadata> metas = layer_metas(*gpu, s, nb, layers);
+          if (col.max_seq_len > 0)
+            for (AttentionMetadata& m : metas) m.max_seq_len = col.max_seq_len;
           Tensor qkv = gpu->alloc({batch, (lay.Hq + 2 * lay.Hk) * lay.D}, DType::kBF16);
           gpu->fill_random(qkv, 5, -2, 2);
           Tensor qn = gpu->alloc({lay.D}, DType::kBF16), kn = gpu->alloc({lay.D}, DType::kBF16);
@@ -150,16 +157,27 @@ void heads_per_block_sweep(bool quick) {
           gpu->copy_from_host(positions, pos.data());
           Tensor out = gpu->alloc({batch, lay.Hq, lay.D}, DType::kBF16);
           const float scale = 1.0f / std::sqrt(static_cast<float>(lay.D));
-          const double ms = time_ms(
-              *gpu,
-              [&](int) {
-                size_t mark = gpu->scratch_mark();
-                for (int l = 0; l < layers; ++l)
-                  gpu->qkv_attention(qkv, &qn, &kn, 1e-6f, positions, rope, kc, vc, metas[l], scale, 1.0f, 1.0f, out);
-                gpu->scratch_rewind(mark);
-              },
-              3, quick ? 10 : 20);
-          std::printf(" %9.2f", ms * 1e3 / layers);
+          auto all_layers = [&] {
+            for (int l = 0; l < layers; ++l)
+              gpu->qkv_attention(qkv, &qn, &kn, 1e-6f, positions, rope, kc, vc, metas[l], scale, 1.0f, 1.0f, out);
+          };
+          double ms = 0;
+          if (col.graph) {
+            gpu->begin_capture();
+            all_layers();
+            std::unique_ptr<CapturedGraph> g = gpu->end_capture();
+            ms = time_ms(*gpu, [&](int) { gpu->replay(*g); }, 3, quick ? 10 : 20);
+          } else {
+            ms = time_ms(
+                *gpu,
+                [&](int) {
+                  size_t mark = gpu->scratch_mark();
+                  all_layers();
+                  gpu->scratch_rewind(mark);
+                },
+                3, quick ? 10 : 20);
+          }
+          std::printf(" %12.2f", ms * 1e3 / layers);
           gpu->reset_scratch();
         }
         std::printf("\n");
@@ -167,10 +185,40 @@ void heads_per_block_sweep(bool quick) {
   }
 }
 
+// The fused decode step by query heads per block (CudaOptions::decode_heads_per_block; 0 = the rule).
+void heads_per_block_sweep(bool quick) {
+  std::vector<DecodeColumn> columns;
+  for (int heads : {0, 1, 2, 4, 8}) {
+    CudaOptions o;
+    o.decode_heads_per_block = heads;
+    columns.push_back({heads == 0 ? "rule" : std::to_string(heads), make_cuda_backend(0, o)});
+  }
+  decode_sweep("by query heads per block (rule = the default)", columns, quick);
+}
+
+// The merge kernel launched early (at the attention's start, CudaOptions::decode_early_merge) or when the attention
+// ends, launched one by one with the step's own split count and replayed from a graph whose metadata says
+// max_model_len 8192 (the split count a captured decode step has).
+void merge_sweep(bool quick) {
+  std::vector<DecodeColumn> columns;
+  for (bool graph : {false, true})
+    for (bool early : {false, true}) {
+      CudaOptions o;
+      o.decode_early_merge = early;
+      columns.push_back({std::string(early ? "early" : "late") + (graph ? ",graph" : ""), make_cuda_backend(0, o),
+                         graph ? 8192 : 0, graph});
+    }
+  decode_sweep("merge kernel launched late or early; graph = replayed, metadata max_seq_len 8192", columns, quick);
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && std::strcmp(argv[argc - 1], "--merge") == 0) {  // only the merge sweep
+    merge_sweep(quick);
+    return 0;
+  }
   if (argc > 1 && std::strcmp(argv[argc - 1], "--heads") == 0) {  // only the heads-per-block sweep
     heads_per_block_sweep(quick);
     return 0;
@@ -261,6 +309,7 @@ int run(int argc, char** argv) {
     }
   }
   heads_per_block_sweep(quick);
+  merge_sweep(quick);
   return 0;
 }
 

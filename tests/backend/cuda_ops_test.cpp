@@ -510,8 +510,16 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
     o.decode_heads_per_block = heads;
     chunked.push_back(make_cuda_backend(0, o));
   }
+  // The merge kernel launched when the attention ends (CudaOptions::decode_early_merge off), fused and as two ops.
+  CudaOptions late;
+  late.decode_early_merge = false;
+  std::unique_ptr<Backend> fused_late_merge = make_cuda_backend(0, late);
+  late.fused_decode_attention = false;
+  std::unique_ptr<Backend> two_ops_late_merge = make_cuda_backend(0, late);
   std::vector<Backend*> backends = {two_ops.get(), fused.get()};
   for (auto& b : chunked) backends.push_back(b.get());
+  backends.push_back(fused_late_merge.get());
+  backends.push_back(two_ops_late_merge.get());
   const std::vector<int> cached = {0, 15, 16, 299, 1000};  // each sequence decodes one token
   for (DType cache_t : {DType::kBF16, DType::kF8E4M3})
     for (int D : {128, 64, 256})  // 256 with 64 rotary dims (neox): Qwen3-Next / Qwen3.5
@@ -582,9 +590,11 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           // The fused kernel took the step: it needs no q buffer, the two ops do.
           EXPECT_LE(scratch_bytes[1] + static_cast<size_t>(T * Hq * D * 2), scratch_bytes[0]) << what;
           for (size_t side = 0; side < n; ++side) {
-            const std::string who = side == 0   ? ": two ops"
-                                    : side == 1 ? ": fused"
-                                                : ": fused, heads per block " + std::to_string(1 << (side - 2));
+            const std::string who = side == 0       ? ": two ops"
+                                    : side == 1     ? ": fused"
+                                    : side == n - 2 ? ": fused, merge launched late"
+                                    : side == n - 1 ? ": two ops, merge launched late"
+                                                    : ": fused, heads per block " + std::to_string(1 << (side - 2));
             const auto nan_at =
                 std::find_if(out_bits[side].begin(), out_bits[side].end(), [](float f) { return !std::isfinite(f); });
             EXPECT_TRUE(nan_at == out_bits[side].end())
@@ -601,6 +611,93 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
 // A step whose arena grew only inside a mark/rewind span (a layer's temporaries) leaves one
 // chunk behind; the next reset must still make room for the peak, or every layer of every
 // later step allocates and frees (cudaFree synchronizes) a chunk again.
+// Decode attention at the split count of a captured graph (slices sized for max_model_len, so most blocks find
+// no keys and leave at once): launched twice and replayed from a graph twice it gives the same bits, the same as
+// with the merge kernel launched when the attention ends (CudaOptions::decode_early_merge), and the result at the
+// step's own split count up to the order of the sums.
+TEST_F(CudaOps, DecodeAttentionAtAGraphsSplitCount) {
+  CudaOptions late;
+  late.decode_early_merge = false;
+  std::unique_ptr<Backend> early = make_cuda_backend(0), late_merge = make_cuda_backend(0, late);
+  for (int D : {128, 256})
+    for (const std::vector<int>& cached : {std::vector<int>{40}, std::vector<int>{5, 700, 63}}) {
+      const int Hk = 2, group = 8, Hq = Hk * group, bs = 16, max_pos = 2048, rd = D == 128 ? D : 64;
+      const int64_t T = static_cast<int64_t>(cached.size());
+      AttentionLayout all, step;
+      all.block_size = step.block_size = bs;
+      int max_blocks = 0, next = 0;
+      for (int c : cached) max_blocks = std::max(max_blocks, (c + 1 + bs - 1) / bs);
+      all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
+      all.query_start_loc = step.query_start_loc = {0};
+      std::vector<int32_t> pos;
+      for (int c : cached) {
+        std::vector<int32_t> bt(max_blocks, 0);
+        for (int b = 0; b < (c + bs) / bs; ++b) bt[b] = next++;
+        for (int j = 0; j < c; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+        all.query_start_loc.push_back(all.query_start_loc.back() + c);
+        all.seq_lens.push_back(c);
+        all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
+        step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
+        step.query_start_loc.push_back(step.query_start_loc.back() + 1);
+        step.seq_lens.push_back(c + 1);
+        step.slot_mapping.push_back(bt[c / bs] * bs + c % bs);
+        pos.push_back(c);
+      }
+      const int Tall = all.query_start_loc.back();
+      auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
+      auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
+      std::vector<float> cs = rope_cos_sin(max_pos, rd);
+      // early: 2 launches, 2 replays at the graph's split count, then 1 launch at the step's own; late: 1 launch
+      std::vector<std::vector<float>> outs;
+      std::vector<float> own_splits;
+      for (Backend* be : {early.get(), late_merge.get()}) {
+        be->reset_scratch();
+        Tensor kc = be->alloc({next, bs, Hk, D}, DType::kBF16), vc = be->alloc({next, bs, Hk, D}, DType::kBF16);
+        AttentionMetadata ma = upload_attention_metadata(*be, all), ms = upload_attention_metadata(*be, step);
+        const int own_max = ms.max_seq_len;
+        ms.max_seq_len = 8192;  // what a captured graph's metadata says: the most splits
+        be->write_kv(upload(*be, k, {Tall, Hk, D}), upload(*be, v, {Tall, Hk, D}), kc, vc, ma, 1.0f, 1.0f);
+        Tensor gqkv = upload(*be, qkv, {T, (Hq + 2 * Hk) * D}), gqn = upload(*be, qn, {D}), gkn = upload(*be, kn, {D});
+        Tensor gpos = upload_i32(*be, pos, {T});
+        RopeTable rope{upload(*be, cs, {max_pos, rd}, DType::kF32), rd, true};
+        Tensor out = be->alloc({T, Hq, D}, DType::kBF16);
+        auto run = [&] {
+          be->qkv_attention(gqkv, &gqn, &gkn, 1e-6f, gpos, rope, kc, vc, ms, 1.0f / std::sqrt(static_cast<float>(D)),
+                            1.0f, 1.0f, out);
+        };
+        const bool first = be == early.get();
+        for (int i = 0; i < (first ? 2 : 1); ++i) {
+          be->fill(out, NAN);
+          run();
+          outs.push_back(download(*be, out));
+        }
+        if (first) {
+          be->begin_capture();
+          run();
+          std::unique_ptr<CapturedGraph> g = be->end_capture();
+          ASSERT_TRUE(g);
+          for (int i = 0; i < 2; ++i) {
+            be->fill(out, NAN);
+            be->replay(*g);
+            outs.push_back(download(*be, out));
+          }
+          ms.max_seq_len = own_max;
+          be->fill(out, NAN);
+          run();
+          own_splits = download(*be, out);
+        }
+        be->synchronize();
+        be->reset_scratch();
+      }
+      const std::string what = "D=" + std::to_string(D) + " T=" + std::to_string(T);
+      const std::vector<float>& want = outs.back();
+      ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float f) { return std::isfinite(f); })) << what;
+      for (size_t i = 0; i + 1 < outs.size(); ++i)
+        EXPECT_EQ(rel_err(outs[i], want), 0.0) << what << (i < 2 ? ", launch " : ", replay ") << i % 2;
+      EXPECT_LT(rel_err(own_splits, want), 1e-2) << what << ": the step's own split count";
+    }
+}
+
 TEST_F(CudaOps, ScratchArenaKeepsPeakGrownInsideRewind) {
   gpu().reset_scratch();
   Tensor small = gpu().scratch({256}, DType::kF32);

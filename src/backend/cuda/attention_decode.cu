@@ -1,6 +1,7 @@
 // Paged decode attention, split-K (flash-decoding) and GQA-aware: a block takes one
 // query token, one kv head and up to 8 of its query heads, over one slice of the
-// context; a second kernel merges the slices. Each warp walks 16-key tiles, loading
+// context; a second kernel merges the slices that hold keys. Grid: (head chunk, slice,
+// token), slices the slower index, so the blocks with work come first in launch order. Each warp walks 16-key tiles, loading
 // all of a tile's K and V before using any: two lanes per key for Q.K (16-byte
 // loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
 // log2 domain (q pre-scaled by scale * k_scale * log2 e).
@@ -34,7 +35,7 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
 template <int D, typename CT, int GC, bool kFused, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int num_splits, bool only_single, float* __restrict__ ws,
-                            QkvPrologueArgs pro) {
+                            QkvPrologueArgs pro, bool trigger_early) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
   // 16-key tile and every q value it reads from shared memory serves kKpl keys.
   // Measured on H200 (Qwen3-8B heads): 2 beats 4 at batch >= 64 (occupancy), 4 wins
@@ -47,9 +48,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float red_m[kWarps][GC], red_l[kWarps][GC];
   __shared__ float red_acc[kWarps][GC][D];
 
-  const int split = blockIdx.x, t = blockIdx.z;
+  const int split = blockIdx.y, t = blockIdx.z;
   const int group = a.Hq / a.Hk, gchunks = (group + GC - 1) / GC;
-  const int kh = blockIdx.y / gchunks, gc = blockIdx.y % gchunks;
+  const int kh = blockIdx.x / gchunks, gc = blockIdx.x % gchunks;
   const int h0 = kh * group + gc * GC, ng = min(GC, group - gc * GC);
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
@@ -91,25 +92,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   // kPre (fused, small batches): the cache holds every key but the newest before this kernel
   // runs, so the first tile's loads go out before pdl_wait, overlapping the QKV projection's
   // end and this kernel's prologue; the newest key's row is patched in from shared memory.
+  // trigger_early: the merge kernel after this one launches now and waits (its blocks take few
+  // slots), instead of launching when this kernel ends.
+  if (trigger_early) pdl_launch_dependents();
+  // A slice past the context (a captured graph sizes the split count for max_model_len, so at
+  // short contexts most are) has nothing to do: the merge kernel reads only the slices that hold
+  // keys. It leaves before pdl_wait (the sequence lengths are the host's), freeing its SM slot;
+  // the kernel still ends after the ones before it, as slice 0 of every (token, head chunk) holds
+  // keys and its block waits (device_utils.cuh).
+  if (start >= end) return;
   const int tile0 = start + warp * kTile;
   if constexpr (kPre) {
     if (tile0 < end) load_tile(tile0);
   }
   // Launched with PDL (device_utils.cuh): the step inputs above are the host's; q, the
-  // cache and ws are not. No early trigger: latency-bound, this kernel should not share
-  // DRAM with the next projection's weight loads.
+  // cache and ws are not.
   pdl_wait();
   if (only_single && qlen != 1) return;
 
   auto ws_row = [&](int g) { return ws + ((static_cast<int64_t>(t) * a.Hq + h0 + g) * num_splits + split) * (D + 2); };
-  if (start >= end) {  // this slice is past the context: an empty partial result
-    if (tid < ng) {
-      float* w = ws_row(tid);
-      w[D] = -INFINITY;
-      w[D + 1] = 0.0f;
-    }
-    return;
-  }
 
   const float qscale = a.scale * a.k_scale * kLog2e;
   __shared__ __align__(16) CT new_kv[2][kPre ? D : 1];  // kPre: the newest key [0] and value [1] as stored
@@ -368,25 +369,26 @@ int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group
 
 template <int D, typename CT, bool kFused, bool kPre>
 void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
-                   int gc, cudaStream_t s) {
+                   int gc, bool early_merge, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
-  dim3 grid(num_splits, a.Hk * ((group + gc - 1) / gc), a.num_tokens);
+  dim3 grid(a.Hk * ((group + gc - 1) / gc), num_splits, a.num_tokens);
+  const bool trigger_early = early_merge && num_splits > 1;
   switch (gc) {
     case 1:
       launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro);
+                 ws, pro, trigger_early);
       break;
     case 2:
       launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro);
+                 ws, pro, trigger_early);
       break;
     case 4:
       launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro);
+                 ws, pro, trigger_early);
       break;
     default:
       launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro);
+                 ws, pro, trigger_early);
       break;
   }
 }
@@ -399,11 +401,11 @@ constexpr int kOneTokenHeads = 2;
 
 template <int D, typename CT, bool kFused>
 void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
-              int gc, cudaStream_t s) {
+              int gc, bool early_merge, cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, gc, s);
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, gc, early_merge, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, gc, s);
+    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, gc, early_merge, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
     launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, only_single, ws);
@@ -413,11 +415,11 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, flo
 
 template <int D, typename CT>
 void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                     const QkvPrologueArgs* fused, int gc, cudaStream_t s) {
+                     const QkvPrologueArgs* fused, int gc, bool early_merge, cudaStream_t s) {
   if (fused)
-    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, gc, s);
+    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, gc, early_merge, s);
   else
-    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, gc, s);
+    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, gc, early_merge, s);
 }
 
 }  // namespace
@@ -447,21 +449,21 @@ int decode_attention_heads_per_block(int num_tokens, int group) {
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block) {
+                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge) {
   if (a.num_tokens == 0) return;
   const int group = a.Hq / a.Hk;
   const int gc = heads_per_block > 0 ? std::min(full_group_chunk(heads_per_block), full_group_chunk(group))
                                      : decode_attention_heads_per_block(a.num_tokens, group);
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
-        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
   } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
-    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
-        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
   } else {
-    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, s)
-        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
   }
 }
 

@@ -549,7 +549,8 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, only_single, ws, fused, stream_, options_.decode_heads_per_block);
+    launch_decode_attention(a, splits, only_single, ws, fused, stream_, options_.decode_heads_per_block,
+                            options_.decode_early_merge);
   }
 
   // Paged attention's arguments, checked (q's shape is out's).

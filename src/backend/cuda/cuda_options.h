@@ -139,6 +139,9 @@ struct CudaOptions {
   // Query heads of a kv head's group that one decode-attention block takes: 1, 2, 4 or 8; 0: by
   // the measured rule (decode_attention_heads_per_block in cuda_ops.h). The same bits either way.
   int decode_heads_per_block = 0;
+  // Decode attention split over key slices: the attention kernel lets the merge kernel launch at its
+  // start (it waits resident) instead of when the attention ends. The same bits either way.
+  bool decode_early_merge = true;
   // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
   // dims allow; false: the recurrent kernel, token by token.
   bool chunked_gated_delta = true;

@@ -120,7 +120,9 @@ __device__ __forceinline__ float block_sum(float v) {
 //     the MoE one-token down GEMV's routing ids); it writes nothing;
 //   - every thread that goes on to read or write anything else calls pdl_wait() first, and
 //     every block calls it before it exits (so that "this kernel finished" still implies
-//     "every kernel before it finished" for the kernels after it).
+//     "every kernel before it finished" for the kernels after it); a block that reads and writes
+//     nothing else may leave without it where another block of the kernel always waits (the
+//     decode attention's slices past the context).
 // pdl_launch_dependents() lets the next PDL kernel start launching now; it changes only
 // scheduling, never what is safe. Both are no-ops for a kernel launched normally.
 __device__ __forceinline__ void pdl_wait() {
