@@ -166,7 +166,8 @@ void decode_sweep(const char* title, std::vector<DecodeColumn>& columns, bool qu
             gpu->begin_capture();
             all_layers();
             std::unique_ptr<CapturedGraph> g = gpu->end_capture();
-            ms = time_ms(*gpu, [&](int) { gpu->replay(*g); }, 3, quick ? 10 : 20);
+            ms = time_ms(
+                *gpu, [&](int) { gpu->replay(*g); }, 3, quick ? 10 : 20);
           } else {
             ms = time_ms(
                 *gpu,

@@ -1,10 +1,9 @@
 // Paged decode attention, split-K (flash-decoding) and GQA-aware: a block takes one
 // query token, one kv head and up to 8 of its query heads, over one slice of the
 // context; a second kernel merges the slices that hold keys. Grid: (head chunk, slice,
-// token), slices the slower index, so the blocks with work come first in launch order. Each warp walks 16-key tiles, loading
-// all of a tile's K and V before using any: two lanes per key for Q.K (16-byte
-// loads), then every lane owns D/32 output dims for P.V. Scores are kept in the
-// log2 domain (q pre-scaled by scale * k_scale * log2 e).
+// token), slices the slower index, so the blocks with work come first in launch order. Each warp walks 16-key tiles,
+// loading all of a tile's K and V before using any: two lanes per key for Q.K (16-byte loads), then every lane owns
+// D/32 output dims for P.V. Scores are kept in the log2 domain (q pre-scaled by scale * k_scale * log2 e).
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
