@@ -497,6 +497,40 @@ TEST_F(CudaOps, QkvPrologueMatchesSplitNormRopeWrite) {
 // it off): prologue and decode attention in one kernel. On decode steps it must give exactly what
 // qkv_prologue then paged_attention give: the same output bits and the same cache bits (the
 // newest key and value are written by the fused kernel).
+// A decode step of one token per sequence after `cached` keys each (block size bs): the layout that
+// writes the cached keys beforehand as one prefill would (sequences with none left out), the step's
+// layout (block tables, the new token's slot), the positions, and the blocks used.
+struct DecodeLayouts {
+  AttentionLayout all, step;
+  std::vector<int32_t> pos;
+  int blocks = 0;
+};
+DecodeLayouts decode_layouts(const std::vector<int>& cached, int bs) {
+  DecodeLayouts d;
+  AttentionLayout &all = d.all, &step = d.step;
+  all.block_size = step.block_size = bs;
+  int max_blocks = 0;
+  for (int c : cached) max_blocks = std::max(max_blocks, (c + 1 + bs - 1) / bs);
+  all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
+  all.query_start_loc = step.query_start_loc = {0};
+  for (int c : cached) {
+    std::vector<int32_t> bt(max_blocks, 0);
+    for (int b = 0; b < (c + bs) / bs; ++b) bt[b] = d.blocks++;
+    if (c > 0) {
+      for (int j = 0; j < c; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+      all.query_start_loc.push_back(all.query_start_loc.back() + c);
+      all.seq_lens.push_back(c);
+      all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
+    }
+    step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
+    step.query_start_loc.push_back(step.query_start_loc.back() + 1);
+    step.seq_lens.push_back(c + 1);
+    step.slot_mapping.push_back(bt[c / bs] * bs + c % bs);
+    d.pos.push_back(c);
+  }
+  return d;
+}
+
 TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
   CudaOptions unfused;
   unfused.fused_decode_attention = false;
@@ -531,30 +565,10 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
           const float k_scale = cache_t == DType::kF8E4M3 ? 0.01f : 1.0f;
           const float v_scale = cache_t == DType::kF8E4M3 ? 0.005f : 1.0f;
           std::vector<float> cs = rope_cos_sin(max_pos, rd);
-          // Block tables, the cached keys' slots and the new token's slot of every sequence.
-          AttentionLayout all, step;
-          all.block_size = step.block_size = bs;
-          int max_blocks = 0, next = 0;
-          for (int c : cached) max_blocks = std::max(max_blocks, (c + 1 + bs - 1) / bs);
-          all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
-          all.query_start_loc = step.query_start_loc = {0};
-          std::vector<int32_t> pos;
-          for (int c : cached) {
-            std::vector<int32_t> bt(max_blocks, 0);
-            for (int b = 0; b < (c + bs) / bs; ++b) bt[b] = next++;
-            if (c > 0) {  // the cached keys, written beforehand as one prefill would
-              for (int j = 0; j < c; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
-              all.query_start_loc.push_back(all.query_start_loc.back() + c);
-              all.seq_lens.push_back(c);
-              all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
-            }
-            step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
-            step.query_start_loc.push_back(step.query_start_loc.back() + 1);
-            step.seq_lens.push_back(c + 1);
-            step.slot_mapping.push_back(bt[c / bs] * bs + c % bs);
-            pos.push_back(c);
-          }
-          const int Tall = all.query_start_loc.back();
+          const DecodeLayouts lay = decode_layouts(cached, bs);
+          const AttentionLayout &all = lay.all, &step = lay.step;
+          const std::vector<int32_t>& pos = lay.pos;
+          const int next = lay.blocks, Tall = all.query_start_loc.back();
           auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
           auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
           const size_t n = backends.size();
@@ -623,27 +637,10 @@ TEST_F(CudaOps, DecodeAttentionAtAGraphsSplitCount) {
     for (const std::vector<int>& cached : {std::vector<int>{40}, std::vector<int>{5, 700, 63}}) {
       const int Hk = 2, group = 8, Hq = Hk * group, bs = 16, max_pos = 2048, rd = D == 128 ? D : 64;
       const int64_t T = static_cast<int64_t>(cached.size());
-      AttentionLayout all, step;
-      all.block_size = step.block_size = bs;
-      int max_blocks = 0, next = 0;
-      for (int c : cached) max_blocks = std::max(max_blocks, (c + 1 + bs - 1) / bs);
-      all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
-      all.query_start_loc = step.query_start_loc = {0};
-      std::vector<int32_t> pos;
-      for (int c : cached) {
-        std::vector<int32_t> bt(max_blocks, 0);
-        for (int b = 0; b < (c + bs) / bs; ++b) bt[b] = next++;
-        for (int j = 0; j < c; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
-        all.query_start_loc.push_back(all.query_start_loc.back() + c);
-        all.seq_lens.push_back(c);
-        all.block_tables.insert(all.block_tables.end(), bt.begin(), bt.end());
-        step.block_tables.insert(step.block_tables.end(), bt.begin(), bt.end());
-        step.query_start_loc.push_back(step.query_start_loc.back() + 1);
-        step.seq_lens.push_back(c + 1);
-        step.slot_mapping.push_back(bt[c / bs] * bs + c % bs);
-        pos.push_back(c);
-      }
-      const int Tall = all.query_start_loc.back();
+      const DecodeLayouts lay = decode_layouts(cached, bs);
+      const AttentionLayout &all = lay.all, &step = lay.step;
+      const std::vector<int32_t>& pos = lay.pos;
+      const int next = lay.blocks, Tall = all.query_start_loc.back();
       auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D);
       auto qkv = rand(T * (Hq + 2 * Hk) * D, -2.0f, 2.0f), qn = rand(D, 0.5f, 1.5f), kn = rand(D, 0.5f, 1.5f);
       std::vector<float> cs = rope_cos_sin(max_pos, rd);
