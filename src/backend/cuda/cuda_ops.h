@@ -123,8 +123,7 @@ int decode_attention_heads_per_block(int num_tokens, int group);
 // early_merge: the attention kernel lets the merge kernel launch at its start (programmatic dependent
 // launch), so the merge waits resident instead of launching when the attention ends; the same bits.
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
-                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block = 0,
-                             bool early_merge = true);
+                             const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge);
 // FlashAttention-2 style over the paged cache; skip_single_query leaves the
 // sequences with a single query token to the decode kernel.
 void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
