@@ -1249,14 +1249,16 @@ TEST_F(CudaOps, MoeTopkInRegistersMatchesCpuWithTies) {
 // every launch, and a barrier that did not complete would raise a device error at synchronize).
 // Then moe_topk_experts from the router logits (the fused variants fold the top-k in): the same
 // ids and weights as the CPU's moe_topk and the same output, without a shared expert and with one
-// (folded into the fused kernel where it has the routed experts' I; gated or not), against the
-// CPU's moe_topk, moe_experts and shared-expert ops.
+// (folded into the fused kernel, or at one token into the split path's one-token kernels, where it has
+// the routed experts' I; gated or not), against the CPU's moe_topk, moe_experts and shared-expert ops.
 TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
   const MoeCase cases[] = {{1, 16, 8, 2048, 768, 16, 0, true},  // Qwen3-30B-A3B's expert shape
                            {1, 8, 2, 256, 128, 8, 0, true},    {3, 64, 8, 264, 96, 64, 0, false},
                            {8, 64, 8, 512, 136, 64, 0, true},  {32, 128, 8, 512, 128, 128, 0, true},  // 256 pairs
-                           {3, 64, 8, 256, 128, 16, 16, true},  // expert parallel, token 1 elsewhere
-                           {2, 64, 4, 256, 64, 16, 48, true}};  // expert parallel, every pair elsewhere
+                           {3, 64, 8, 256, 128, 16, 16, true},   // expert parallel, token 1 elsewhere
+                           {2, 64, 4, 256, 64, 16, 48, true},    // expert parallel, every pair elsewhere
+                           {1, 16, 8, 2048, 512, 16, 0, true},   // Qwen3.5-35B-A3B's expert shape
+                           {1, 64, 8, 256, 128, 16, 16, true}};  // expert parallel at one token
   for (CudaMoeDecode variant : kAllCudaMoeDecode) {
     std::unique_ptr<Backend> be = make_cuda_backend(0, CudaOptions{variant});
     for (const MoeCase& c : cases) {

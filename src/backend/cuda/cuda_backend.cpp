@@ -672,6 +672,11 @@ class CudaBackend final : public Backend {
                       moe_decode_fused_topk_supported(static_cast<int>(router_logits.dim(1)), k) &&
                       !gate_up.block_scaled() && !down.block_scaled();
     if (!fold) {
+      if (shared && one_token_folds_shared(x, gate_up, k, *shared)) {  // the shared expert in the one-token kernels
+        moe_topk(router_logits, k, renormalize, topk_ids, topk_weights);
+        moe_experts_impl(x, gate_up, down, topk_ids, topk_weights, expert_begin, out, nullptr, shared);
+        return;
+      }
       Backend::moe_topk_experts(router_logits, k, renormalize, x, gate_up, down, topk_ids, topk_weights, expert_begin,
                                 out, shared);
       return;
@@ -691,6 +696,17 @@ class CudaBackend final : public Backend {
     return s.gate_up && s.down && ok(*s.gate_up) && ok(*s.down) && s.gate_up->ndim() == 2 &&
            s.gate_up->dim(0) == 2 * I && s.gate_up->dim(1) == H && s.down->ndim() == 2 && s.down->dim(0) == H &&
            s.down->dim(1) == I && (!s.gate || (ok(*s.gate) && s.gate->numel() == H));
+  }
+
+  // Whether a one-token split step takes the shared expert as one more pair of its kernels
+  // (CudaOptions::moe_one_token_shared): bf16 experts and shared expert of the same I, k <= 32.
+  bool one_token_folds_shared(const Tensor& x, const Tensor& gate_up, int64_t k, const MoeSharedExpert& shared) const {
+    if (!options_.moe_one_token_shared || !moe_gemv_ || x.ndim() != 2 || x.dim(0) != 1 || gate_up.ndim() != 3 ||
+        gate_up.block_scaled() || k > 32 || options_.moe_one_token == CudaMoeOneToken::kGrouped)
+      return false;
+    if (moe_decode_for(1, true, routed_expert_bytes(gate_up, static_cast<int>(k))) != CudaMoeDecode::kSplit)
+      return false;
+    return fusable_shared(shared, x.dim(1), gate_up.dim(1) / 2);
   }
 
   // moe_experts; with `fold`, the routing is computed from its logits into topk_ids / topk_weights
@@ -768,7 +784,8 @@ class CudaBackend final : public Backend {
                        moe_decode_sync_ints(H) <= kMoeSyncInts;  // the fused kernel reads bf16 experts
     const bool fold_shared =
         fused && shared && fusable_shared(*shared, H, I) && moe_decode_fused_shared_supported(variant, a.T, a.k);
-    const int64_t rows = P + (fold_shared ? T : 0);  // the shared expert's pairs after the routed ones
+    const bool one_token_shared = !fused && decode && shared && one_token_folds_shared(x, gate_up, k, *shared);
+    const int64_t rows = P + (fold_shared || one_token_shared ? T : 0);  // the shared expert's pairs last
     Tensor act = scratch({rows, I}, DType::kBF16), y = scratch({rows, H}, DType::kBF16);
     if (fused) {
       const MoeFusedShared sh{fold_shared ? shared->gate_up->raw() : nullptr,
@@ -782,16 +799,20 @@ class CudaBackend final : public Backend {
     if (fold)
       launch_moe_topk(fold->logits, T, fold->E, static_cast<int>(k), fold->renormalize, topk_ids.data<int32_t>(),
                       topk_weights.data<float>(), stream_);
+    bool shared_done = false;
     if (decode) {
-      launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token,
-                        options_.moe_fp8_one_token);
+      const MoeFusedShared sh{one_token_shared ? shared->gate_up->raw() : nullptr,
+                              one_token_shared ? shared->down->raw() : nullptr,
+                              one_token_shared && shared->gate ? shared->gate->raw() : nullptr};
+      shared_done = launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token,
+                                      options_.moe_fp8_one_token, one_token_shared ? &sh : nullptr);
     } else {
       Tensor route = scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
       int32_t* r = route.data<int32_t>();
       MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
       launch_moe_prefill(a, ws, options_.moe_prefill_wgmma && props_.major == 9 && props_.minor == 0, stream_);
     }
-    if (shared) moe_shared_expert_add(x, *shared, out);
+    if (shared && !shared_done) moe_shared_expert_add(x, *shared, out);
   }
 
   void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {

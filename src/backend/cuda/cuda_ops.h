@@ -245,6 +245,11 @@ struct MoeArgs {
   void* out;             // bf16 [T, H]
   int T, k, H, I, E_local, expert_begin;
 };
+// A shared expert (Backend::MoeSharedExpert) folded into the decode kernels: bf16 gate_up [2I, H],
+// down [H, I], gate [1, H] or null.
+struct MoeFusedShared {
+  const void *gate_up, *down, *gate;
+};
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
 // with SiLU*up, down GEMV, combine; each expert's weights are read once per pass over its tokens
 // (4 a pass; FP8 on `fp8_kernel` kMma: widened to bf16 for tensor-core MMAs, 16 a pass; f32
@@ -252,8 +257,11 @@ struct MoeArgs {
 // bf16 experts at T = 1 take two kernels unless one_token is kGrouped (CudaMoeOneToken; the down
 // GEMV writes out, y is unused); FP8 experts on kMma at T = 1 the one-token form of their kernels
 // unless fp8_one_token is kGrouped (CudaMoeFp8OneToken).
-void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
-                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token);
+// shared (bf16, the routed experts' I; act then holds T*k + 1 rows): at T = 1 on the bf16 one-token
+// kernels the shared expert is their pair k, scaled by its sigmoid gate in the down kernel's combine;
+// returns whether it was (else the caller adds it).
+bool launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
+                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token, const MoeFusedShared* shared);
 // Decode in one persistent kernel (moe_fused.cu; CudaMoeDecode::kFused*; kSplit is launch_moe_decode).
 // sync: moe_decode_sync_ints(H) u32, zero before the first launch and left zero by every launch
 // (grid barrier and per-row-group counters); err: the device error flag (kErrMoeGridBarrier).
@@ -271,11 +279,8 @@ struct MoeFusedTopk {
   bool renormalize;
 };
 bool moe_decode_fused_topk_supported(int E, int k);
-// A shared expert folded into the fused kernel (Backend::MoeSharedExpert): bf16 gate_up [2I, H] and
-// down [H, I] with the routed experts' I, gate [1, H] or null. With it, act and y hold T*k + T rows.
-struct MoeFusedShared {
-  const void *gate_up, *down, *gate;
-};
+// A shared expert folded into the fused kernel (MoeFusedShared, with the routed experts' I): act and
+// y then hold T*k + T rows.
 bool moe_decode_fused_shared_supported(CudaMoeDecode kind, int T, int k);
 void launch_moe_decode_fused(const MoeArgs& a, const MoeDecodeWorkspace& ws, CudaMoeDecode kind, int num_sms,
                              cudaStream_t s, const MoeFusedTopk* fold = nullptr,

@@ -216,6 +216,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 constexpr int kOneTokenMaxPairs = 32;  // k up to a warp's lanes
 
+// A shared expert folded into the one-token down GEMV: its down [H, I] (null: none), its gate
+// [1, H] (null: weight 1) and x [H] (the MoE input, for the gate's dot product).
+struct OneTokenShared {
+  const __nv_bfloat16 *down, *gate, *x;
+};
+
 // Lane l < P of the calling warp gets pair l's expert id in *id; returns the mask of the pairs
 // whose expert is local. ids is read through L2 (ld.global.cg): moe_down_one_token_kernel reads
 // it before pdl_wait.
@@ -398,21 +404,25 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
 // gate_up at one token: grid (ceil(I / 8), local pairs <= k); warp w of block (r, y) computes
 // act[pair, i] = silu(gate_i . x) * (up_i . x) for i = r * 8 + w, kUnroll loads of each row in
 // flight per lane. kEarlyTrigger: the next kernel (the down GEMV) may launch once this block's
-// last loads are issued.
+// last loads are issued. shared_w (a shared expert's gate_up [2I, H] with the routed experts' I, or
+// null): the grid's last row of blocks computes it as pair P (act row P).
 template <int kUnroll, int kMinBlocks, bool kEarlyTrigger>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     moe_gate_up_one_token_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                  const int32_t* __restrict__ ids, int P, int expert_begin, int E_local, int H, int I,
-                                 __nv_bfloat16* __restrict__ act) {
+                                 __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ shared_w) {
   pdl_wait();  // ids (the top-k kernel's) and x
-  int e = 0, pair = 0;
-  if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &pair)) return;
+  int e = 0, pair = P;
+  const __nv_bfloat16* wb = shared_w;
+  if (shared_w == nullptr || blockIdx.y + 1 < gridDim.y) {
+    if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &pair)) return;
+    wb = w + static_cast<int64_t>(e) * 2 * I * H;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int i = static_cast<int>(blockIdx.x) * kGemvWarps + warp;
   if (i >= I) return;
-  const int64_t gate_row = static_cast<int64_t>(e) * 2 * I + i;
-  const uint4* wg = reinterpret_cast<const uint4*>(w + gate_row * H);
-  const uint4* wu = reinterpret_cast<const uint4*>(w + (gate_row + I) * H);
+  const uint4* wg = reinterpret_cast<const uint4*>(wb + static_cast<int64_t>(i) * H);
+  const uint4* wu = reinterpret_cast<const uint4*>(wb + static_cast<int64_t>(i + I) * H);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   const int chunks = H / 8;
   float sg = 0.0f, su = 0.0f;
@@ -445,14 +455,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
 // the weighted sum over the pairs in slot order. kPrefetch: each warp's first pair's weight loads
 // are issued before pdl_wait. They depend on ids only, written by the top-k kernel before gate_up;
 // gate_up's blocks wait for that kernel before they let this one launch, so it has finished, and
-// ids is read through L2.
+// ids is read through L2. shared (its down [H, I] not null): the shared expert is pair P (act row
+// P), added as g * y_P with g = sigmoid(bf16(gate . x)) (1 without a gate), as the fused decode
+// kernel's combine does.
 template <int kRows, int kMinBlocks, bool kPrefetch>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     moe_down_one_token_kernel(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                               const int32_t* __restrict__ ids, const float* __restrict__ weights, int P,
-                              int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+                              int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out,
+                              OneTokenShared shared) {
   constexpr int kUnroll = 4;  // chunks of a row per lane in flight: I up to 1,024 in one pass
-  __shared__ float ys[kOneTokenMaxPairs][kRows];
+  __shared__ float ys[kOneTokenMaxPairs + 1][kRows];
+  __shared__ float shared_scale;
+  const bool sh = shared.down != nullptr;
+  const int pairs = P + (sh ? 1 : 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h0 = static_cast<int>(blockIdx.x) * kRows;
   const int chunks = I / 8;
@@ -462,31 +478,47 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
   // Every warp: the local pairs, and pair j's expert from lane j.
   int id;
   const unsigned local = one_token_local_pairs(ids, P, expert_begin, E_local, &id);
-  auto expert_of = [&](int j) { return __shfl_sync(0xffffffffu, id, j) - expert_begin; };
-  auto issue = [&](int ej, int base) {
+  // Pair j's down matrix (a warp-wide call: the expert id comes from lane j).
+  auto matrix_of = [&](int j) {
+    const int ej = __shfl_sync(0xffffffffu, id, j & 31) - expert_begin;
+    return j == P ? shared.down : w + static_cast<int64_t>(ej) * H * I;
+  };
+  auto issue = [&](const __nv_bfloat16* wm, int base) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int h = min(h0 + r, H - 1);
-      const uint4* wr = reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(ej) * H + h) * I);
+      const uint4* wr = reinterpret_cast<const uint4*>(wm + static_cast<int64_t>(h) * I);
 #pragma unroll
       for (int v = 0; v < kUnroll; ++v)
         if (base + 32 * v < chunks) wv[r][v] = load_stream(wr + base + 32 * v);
     }
   };
   if (kPrefetch && (local >> warp & 1u)) {
-    issue(expert_of(warp), lane);
+    issue(matrix_of(warp), lane);
     have = true;
   }
   if constexpr (kPrefetch) pdl_wait();  // act (gate_up's) and weights
-  for (int j = warp; j < P; j += kGemvWarps) {
-    if (!(local >> j & 1u)) continue;  // the same for the whole warp
-    const int ej = expert_of(j);
+  if (sh && warp == kGemvWarps - 1) {   // the shared expert's gate, from x (the MoE input)
+    float g = 1.0f;
+    if (shared.gate != nullptr) {
+      const uint4* gr = reinterpret_cast<const uint4*>(shared.gate);
+      const uint4* xr = reinterpret_cast<const uint4*>(shared.x);
+      float d = 0.0f;
+      for (int c = lane; c < H / 8; c += 32) d += dot8(__ldg(gr + c), __ldg(xr + c));
+      d = __bfloat162float(__float2bfloat16_rn(warp_sum(d)));  // the gate linear's bf16 output
+      g = 1.0f / (1.0f + __expf(-d));
+    }
+    if (lane == 0) shared_scale = g;
+  }
+  for (int j = warp; j < pairs; j += kGemvWarps) {
+    if (j < P && !(local >> j & 1u)) continue;  // the same for the whole warp
+    const __nv_bfloat16* wm = matrix_of(j);
     const uint4* xr = reinterpret_cast<const uint4*>(act + static_cast<int64_t>(j) * I);
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
     for (int base = lane; base < chunks; base += 32 * kUnroll) {
-      if (!(have && base == lane)) issue(ej, base);
+      if (!(have && base == lane)) issue(wm, base);
 #pragma unroll
       for (int v = 0; v < kUnroll; ++v) {
         const int c = base + 32 * v;
@@ -508,22 +540,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     float acc = 0.0f;
     for (int j = 0; j < P; ++j)
       if (local >> j & 1u) acc += __ldg(weights + j) * ys[j][threadIdx.x];
+    if (sh) acc += shared_scale * ys[P][threadIdx.x];
     out[h0 + threadIdx.x] = __float2bfloat16_rn(acc);
   }
   pdl_launch_dependents();
 }
 
 template <int kGuUnroll, int kGuBlocks, int kDnRows, int kDnBlocks, bool kOverlap>
-void launch_moe_one_token(const MoeArgs& a, __nv_bfloat16* act, cudaStream_t s) {
+void launch_moe_one_token(const MoeArgs& a, __nv_bfloat16* act, const MoeFusedShared* shared, cudaStream_t s) {
   const int P = a.k;
+  const OneTokenShared sh{shared ? static_cast<const __nv_bfloat16*>(shared->down) : nullptr,
+                          shared ? static_cast<const __nv_bfloat16*>(shared->gate) : nullptr,
+                          static_cast<const __nv_bfloat16*>(a.x)};
   launch_pdl(moe_gate_up_one_token_kernel<kGuUnroll, kGuBlocks, kOverlap>,
-             dim3(ceil_div(a.I, kGemvWarps), std::min(P, a.E_local)), kGemvWarps * 32, 0, s,
+             dim3(ceil_div(a.I, kGemvWarps), std::min(P, a.E_local) + (shared ? 1 : 0)), kGemvWarps * 32, 0, s,
              static_cast<const __nv_bfloat16*>(a.x), static_cast<const __nv_bfloat16*>(a.gate_up), a.ids, P,
-             a.expert_begin, a.E_local, a.H, a.I, act);
+             a.expert_begin, a.E_local, a.H, a.I, act,
+             shared ? static_cast<const __nv_bfloat16*>(shared->gate_up) : nullptr);
   TCUDA_LAUNCH_CHECK();
   launch_pdl(moe_down_one_token_kernel<kDnRows, kDnBlocks, kOverlap>, dim3(ceil_div(a.H, kDnRows)), kGemvWarps * 32, 0,
              s, static_cast<const __nv_bfloat16*>(act), static_cast<const __nv_bfloat16*>(a.down), a.ids, a.weights, P,
-             a.expert_begin, a.E_local, a.H, a.I, static_cast<__nv_bfloat16*>(a.out));
+             a.expert_begin, a.E_local, a.H, a.I, static_cast<__nv_bfloat16*>(a.out), sh);
   TCUDA_LAUNCH_CHECK();
 }
 
@@ -741,8 +778,8 @@ void launch_moe_decode_fp8_one_token_or_grouped(const MoeArgs& a, __nv_bfloat16*
 
 }  // namespace
 
-void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
-                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token) {
+bool launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, CudaMoeFp8Decode fp8_kernel,
+                       CudaMoeOneToken one_token, CudaMoeFp8OneToken fp8_one_token, const MoeFusedShared* shared) {
   auto* actb = static_cast<__nv_bfloat16*>(act);
   auto* yb = static_cast<__nv_bfloat16*>(y);
   if (!a.gate_up_scale && a.T == 1 && a.k <= kOneTokenMaxPairs) {
@@ -752,15 +789,20 @@ void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
       case CudaMoeOneToken::kGrouped:
         break;
       case CudaMoeOneToken::kDeep:
-        return launch_moe_one_token<8, 2, 4, 2, false>(a, actb, s);
+        launch_moe_one_token<8, 2, 4, 2, false>(a, actb, shared, s);
+        return shared != nullptr;
       case CudaMoeOneToken::kDeepOverlap:
-        return launch_moe_one_token<8, 2, 4, 2, true>(a, actb, s);
+        launch_moe_one_token<8, 2, 4, 2, true>(a, actb, shared, s);
+        return shared != nullptr;
       case CudaMoeOneToken::kNarrow:
-        return launch_moe_one_token<4, 4, 2, 4, false>(a, actb, s);
+        launch_moe_one_token<4, 4, 2, 4, false>(a, actb, shared, s);
+        return shared != nullptr;
       case CudaMoeOneToken::kNarrowOverlap:
-        return launch_moe_one_token<4, 4, 2, 4, true>(a, actb, s);
+        launch_moe_one_token<4, 4, 2, 4, true>(a, actb, shared, s);
+        return shared != nullptr;
       case CudaMoeOneToken::kMixedOverlap:
-        return launch_moe_one_token<4, 4, 4, 2, true>(a, actb, s);
+        launch_moe_one_token<4, 4, 4, 2, true>(a, actb, shared, s);
+        return shared != nullptr;
     }
   }
   if (!a.gate_up_scale)
@@ -770,6 +812,7 @@ void launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
   else
     launch_moe_decode_gemvs<true>(a, actb, yb, s);
   launch_moe_combine(a, yb, nullptr, s);
+  return false;
 }
 
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
