@@ -1368,6 +1368,68 @@ TEST_F(CudaOps, MoeOneTokenKernelsGiveTheGroupedResultBitForBit) {
   for (const MoeCase& c : cases) one_token_bit_for_bit(c, false, bes, names);
 }
 
+// moe_topk_experts at one token with FP8 experts and an FP8 shared expert of their I (the flagship's
+// layers), the shared expert folded into the one-token kernels (CudaOptions::moe_one_token_shared) and
+// not, gated and not, launched twice and replayed from a graph twice, against the CPU's moe_topk,
+// moe_experts and shared-expert ops (FP8 dequantised).
+TEST_F(CudaOps, Fp8MoeSharedExpertAtOneToken) {
+  CudaOptions apart;
+  apart.moe_one_token_shared = false;
+  std::unique_ptr<Backend> folded = make_cuda_backend(0), separate = make_cuda_backend(0, apart);
+  struct Case {
+    int64_t E, k, H, I, E_local, begin;
+  };
+  for (Case c : {Case{64, 8, 1024, 256, 64, 0}, Case{256, 8, 3072, 1024, 16, 0}, Case{256, 8, 3072, 1024, 16, 128}})
+    for (bool gated : {true, false}) {
+      const int64_t H = c.H, I = c.I, k = c.k, EL = c.E_local;
+      const Fp8Host gu = fp8_host({EL, 2 * I, H}), dn = fp8_host({EL, H, I});
+      const Fp8Host sgu = fp8_host({2 * I, H}), sdn = fp8_host({H, I});
+      auto x = rand(H), logits = rand(c.E, -3, 3), sg = rand(H, -0.2f, 0.2f);
+      Tensor cgu = put_fp8(cpu(), sgu), cdn = put_fp8(cpu(), sdn), cg = on_cpu(sg, {1, H});
+      const Backend::MoeSharedExpert cshared{&cgu, &cdn, gated ? &cg : nullptr};
+      Tensor cref = cpu().alloc({1, H}, DType::kF32), cids = cpu().alloc({1, k}, DType::kI32),
+             cw = cpu().alloc({1, k}, DType::kF32);
+      cpu().moe_topk_experts(on_cpu(logits, {1, c.E}), static_cast<int>(k), true, on_cpu(x, {1, H}), put_fp8(cpu(), gu),
+                             put_fp8(cpu(), dn), cids, cw, static_cast<int>(c.begin), cref, &cshared);
+      const std::vector<float> want = from_cpu(cref);
+      const std::string what = "E=" + std::to_string(c.E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
+                               " local " + std::to_string(EL) + " from " + std::to_string(c.begin) +
+                               (gated ? " gated" : "");
+      for (Backend* be : {folded.get(), separate.get()}) {
+        const std::string who = what + (be == folded.get() ? ", folded" : ", separate ops");
+        Tensor gx = upload(*be, x, {1, H}), glogits = upload(*be, logits, {1, c.E}, DType::kF32);
+        Tensor ggu = put_fp8(*be, gu), gdn = put_fp8(*be, dn), sgu_t = put_fp8(*be, sgu), sdn_t = put_fp8(*be, sdn);
+        Tensor gg = upload(*be, sg, {1, H});
+        const Backend::MoeSharedExpert gshared{&sgu_t, &sdn_t, gated ? &gg : nullptr};
+        Tensor ids = be->alloc({1, k}, DType::kI32), w = be->alloc({1, k}, DType::kF32),
+               out = be->alloc({1, H}, DType::kBF16);
+        auto run = [&] {
+          be->moe_topk_experts(glogits, static_cast<int>(k), true, gx, ggu, gdn, ids, w, static_cast<int>(c.begin), out,
+                               &gshared);
+        };
+        for (int rep = 0; rep < 2; ++rep) {
+          be->fill(out, NAN);
+          run();
+          be->synchronize();
+          EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << who << " launch " << rep;
+          be->reset_scratch();
+        }
+        be->begin_capture();
+        run();
+        std::unique_ptr<CapturedGraph> g = be->end_capture();
+        ASSERT_TRUE(g) << who;
+        for (int rep = 0; rep < 2; ++rep) {
+          be->fill(out, NAN);
+          be->replay(*g);
+          be->synchronize();
+          EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << who << " replay " << rep;
+        }
+        g.reset();
+        be->reset_scratch();
+      }
+    }
+}
+
 // FP8 experts at one token on the tensor-core kernels (CudaMoeFp8OneToken): the flagship's and
 // Qwen3-30B-A3B's experts, sizes off every tile and scale block (H 528, I 144), k = 10, and
 // expert-parallel slices.

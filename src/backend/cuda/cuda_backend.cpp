@@ -699,14 +699,33 @@ class CudaBackend final : public Backend {
   }
 
   // Whether a one-token split step takes the shared expert as one more pair of its kernels
-  // (CudaOptions::moe_one_token_shared): bf16 experts and shared expert of the same I, k <= 32.
+  // (CudaOptions::moe_one_token_shared), k <= 32: bf16 experts and shared expert of the same I on the
+  // bf16 one-token kernels, or FP8 ones on the FP8 one-token kernels (CudaMoeFp8OneToken).
   bool one_token_folds_shared(const Tensor& x, const Tensor& gate_up, int64_t k, const MoeSharedExpert& shared) const {
-    if (!options_.moe_one_token_shared || !moe_gemv_ || x.ndim() != 2 || x.dim(0) != 1 || gate_up.ndim() != 3 ||
-        gate_up.block_scaled() || k > 32 || options_.moe_one_token == CudaMoeOneToken::kGrouped)
+    if (!options_.moe_one_token_shared || !moe_gemv_ || x.ndim() != 2 || x.dim(0) != 1 || gate_up.ndim() != 3 || k > 32)
       return false;
-    if (moe_decode_for(1, true, routed_expert_bytes(gate_up, static_cast<int>(k))) != CudaMoeDecode::kSplit)
+    const int64_t H = x.dim(1), I = gate_up.dim(1) / 2;
+    if (gate_up.block_scaled())
+      return options_.moe_fp8_decode == CudaMoeFp8Decode::kMma &&
+             options_.moe_fp8_one_token != CudaMoeFp8OneToken::kGrouped && fusable_fp8_shared(shared, H, I);
+    if (options_.moe_one_token == CudaMoeOneToken::kGrouped ||
+        moe_decode_for(1, true, routed_expert_bytes(gate_up, static_cast<int>(k))) != CudaMoeDecode::kSplit)
       return false;
-    return fusable_shared(shared, x.dim(1), gate_up.dim(1) / 2);
+    return fusable_shared(shared, H, I);
+  }
+  // An FP8 shared expert the FP8 one-token kernels take as one expert: e4m3 gate_up [2I, H] and down
+  // [H, I] with f32 block scales, the routed experts' I; the gate bf16 [1, H] or none.
+  static bool fusable_fp8_shared(const MoeSharedExpert& s, int64_t H, int64_t I) {
+    auto fp8 = [](const Tensor* t, int64_t rows, int64_t cols) {
+      return t && t->dtype() == DType::kF8E4M3 && t->block_scaled() && t->ndim() == 2 && t->dim(0) == rows &&
+             t->dim(1) == cols && t->device().type == DeviceType::kCUDA && t->block_scale()->dtype() == DType::kF32 &&
+             t->block_scale()->ndim() == 2 && t->block_scale()->dim(0) == (rows + 127) / 128 &&
+             t->block_scale()->dim(1) == (cols + 127) / 128;
+    };
+    const bool gate_ok =
+        !s.gate || (s.gate->dtype() == DType::kBF16 && !s.gate->block_scaled() && s.gate->numel() == H &&
+                    s.gate->device().type == DeviceType::kCUDA && reinterpret_cast<uintptr_t>(s.gate->raw()) % 16 == 0);
+    return fp8(s.gate_up, 2 * I, H) && fp8(s.down, H, I) && gate_ok;
   }
 
   // moe_experts; with `fold`, the routing is computed from its logits into topk_ids / topk_weights
@@ -801,9 +820,13 @@ class CudaBackend final : public Backend {
                       topk_weights.data<float>(), stream_);
     bool shared_done = false;
     if (decode) {
-      const MoeFusedShared sh{one_token_shared ? shared->gate_up->raw() : nullptr,
-                              one_token_shared ? shared->down->raw() : nullptr,
-                              one_token_shared && shared->gate ? shared->gate->raw() : nullptr};
+      MoeFusedShared sh{one_token_shared ? shared->gate_up->raw() : nullptr,
+                        one_token_shared ? shared->down->raw() : nullptr,
+                        one_token_shared && shared->gate ? shared->gate->raw() : nullptr};
+      if (one_token_shared && fp8) {
+        sh.gate_up_scale = shared->gate_up->block_scale()->data<float>();
+        sh.down_scale = shared->down->block_scale()->data<float>();
+      }
       shared_done = launch_moe_decode(a, act.raw(), y.raw(), stream_, options_.moe_fp8_decode, options_.moe_one_token,
                                       options_.moe_fp8_one_token, one_token_shared ? &sh : nullptr);
     } else {

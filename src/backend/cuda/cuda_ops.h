@@ -249,6 +249,10 @@ struct MoeArgs {
 // down [H, I], gate [1, H] or null.
 struct MoeFusedShared {
   const void *gate_up, *down, *gate;
+  // FP8 (e4m3) gate_up and down: their 128 x 128 block scales (null: bf16). Only the one-token FP8
+  // kernels take an FP8 shared expert.
+  const float* gate_up_scale = nullptr;
+  const float* down_scale = nullptr;
 };
 // Decode: act bf16 [T*k, I] and y bf16 [T*k, H] are workspace. Three launches: gate_up GEMV
 // with SiLU*up, down GEMV, combine; each expert's weights are read once per pass over its tokens
@@ -299,7 +303,9 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);
 // out[t] = sum_j weights[t,j] * y[row(t,j)] (see moe.cu); pair_pos null: y is indexed by pair.
-void launch_moe_combine(const MoeArgs& a, const void* y, const int32_t* pair_pos, cudaStream_t s);
+// shared (T = 1): y row k holds the shared expert's output, added scaled by its sigmoid gate.
+void launch_moe_combine(const MoeArgs& a, const void* y, const int32_t* pair_pos, cudaStream_t s,
+                        const MoeFusedShared* shared = nullptr);
 // out = x * sigmoid(gate[i / row]) over n elements (row = 1: elementwise); bf16 or f32.
 void launch_sigmoid_mul(const void* x, const void* gate, void* out, DType t, int64_t n, int64_t row, cudaStream_t s);
 

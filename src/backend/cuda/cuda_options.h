@@ -132,10 +132,11 @@ struct CudaOptions {
   bool moe_prefill_wgmma = true;
   CudaMoeFp8Decode moe_fp8_decode = CudaMoeFp8Decode::kMma;
   CudaMoeOneToken moe_one_token = CudaMoeOneToken::kMixedOverlap;
-  // At one token on those kernels, a shared expert of the routed experts' I (Qwen3.5) is their pair k:
-  // gate_up computes it in one more row of blocks and the down GEMV adds it, scaled by its sigmoid
-  // gate, in its combine; false: the shared expert's own ops (two GEMVs, silu_mul, the gate's GEMV,
-  // sigmoid_mul, add).
+  // At one token on the one-token kernels (bf16: moe_one_token; FP8: moe_fp8_one_token), a shared
+  // expert of the routed experts' I and format (Qwen3.5, the flagship) is their pair k: gate_up
+  // computes it in one more row of blocks, and the down GEMV (bf16) or the combine kernel (FP8) adds
+  // it scaled by its sigmoid gate; false: the shared expert's own ops (two GEMVs, silu_mul, the gate's
+  // GEMV, sigmoid_mul, add).
   bool moe_one_token_shared = true;
   CudaMoeFp8OneToken moe_fp8_one_token = CudaMoeFp8OneToken::kShallow;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode

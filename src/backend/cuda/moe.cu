@@ -277,14 +277,23 @@ template <bool kGateUp, int kTiles, int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUn
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     moe_gemv_fp8_mma_kernel(const __nv_bfloat16* __restrict__ in, const uint8_t* __restrict__ w,
                             const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k,
-                            int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
+                            int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out,
+                            const uint8_t* __restrict__ shared_w = nullptr,
+                            const float* __restrict__ shared_scale = nullptr) {
   constexpr int kSlices = kGemvWarps / kTiles;  // warps splitting K over one tile
   __shared__ DecodeRouteSmem route;
   __shared__ float4 part[kGemvWarps][kNT][32];
   int e = 0, n = 0, one_pair = 0;
+  // kOneToken with shared_w: the grid's last row of blocks computes the shared expert (its matrix and
+  // scales as one expert's) as pair P, on token 0's x.
+  bool on_shared = false;
   if constexpr (kOneToken) {
     pdl_wait();  // ids and the kernel's input come from the kernels before
-    if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &one_pair)) return;
+    on_shared = shared_w != nullptr && blockIdx.y + 1 == gridDim.y;
+    if (on_shared)
+      one_pair = P;
+    else if (!one_token_pair(ids, P, expert_begin, E_local, static_cast<int>(blockIdx.y), &e, &one_pair))
+      return;
     n = 1;
   } else {
     if (!moe_decode_route(route, ids, P, expert_begin, E_local, &e, &n)) return;
@@ -310,18 +319,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
   }
   const int kb = (K + 127) / 128;
   const int64_t scale_rows = (expert_rows + 127) / 128;
-  const uint8_t* we = w + static_cast<int64_t>(e) * expert_rows * K;
+  const uint8_t* we = on_shared ? shared_w : w + static_cast<int64_t>(e) * expert_rows * K;
+  const float* se = on_shared ? shared_scale : scale + static_cast<int64_t>(e) * scale_rows * kb;
   const uint8_t* wa = we + (va ? ra : 0) * K;
   const uint8_t* wb = we + (vb ? rb : 0) * K;
-  const float* sa = scale + (static_cast<int64_t>(e) * scale_rows + (va ? ra : 0) / 128) * kb;
-  const float* sb = scale + (static_cast<int64_t>(e) * scale_rows + (vb ? rb : 0) / 128) * kb;
+  const float* sa = se + ((va ? ra : 0) / 128) * kb;
+  const float* sb = se + ((vb ? rb : 0) / 128) * kb;
   const int groups = (K + 63) / 64;
   for (int pass = 0; pass < n; pass += 8 * kNT) {
     const __nv_bfloat16* xr[kNT];  // x rows of pairs pass + 8 j + g (null past the expert's pairs)
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
       const int p = pass + 8 * j + g;
-      xr[j] = p < n ? in + static_cast<int64_t>(kGateUp ? list_at(p) / k : list_at(p)) * K : nullptr;
+      xr[j] = p < n ? in + static_cast<int64_t>(kGateUp ? (on_shared ? 0 : list_at(p) / k) : list_at(p)) * K : nullptr;
     }
     float acc[kNT][4];
 #pragma unroll
@@ -646,7 +656,26 @@ __global__ void __launch_bounds__(kRouteThreads)
 // thread, 16-byte loads and stores.
 __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
                                    const int32_t* __restrict__ ids, const float* __restrict__ weights, int T, int k,
-                                   int H, int expert_begin, int E_local, __nv_bfloat16* __restrict__ out) {
+                                   int H, int expert_begin, int E_local, __nv_bfloat16* __restrict__ out,
+                                   OneTokenShared shared) {
+  // shared (T = 1; its down not null): y row k is the shared expert's, added as g * y_k after the
+  // routed pairs with g = sigmoid(bf16(gate . x)) (1 without a gate). x and the gate are read before
+  // pdl_wait: x comes from five launches back, and the one-token down kernel before this one waits
+  // before it triggers (device_utils.cuh).
+  __shared__ float shared_g;
+  if (shared.down != nullptr && threadIdx.x < 32) {
+    float g = 1.0f;
+    if (shared.gate != nullptr) {
+      const uint4* gr = reinterpret_cast<const uint4*>(shared.gate);
+      const uint4* xr = reinterpret_cast<const uint4*>(shared.x);
+      float d = 0.0f;
+      for (int c = threadIdx.x; c < H / 8; c += 32) d += dot8(__ldg(gr + c), __ldg(xr + c));
+      d = __bfloat162float(__float2bfloat16_rn(warp_sum(d)));  // the gate linear's bf16 output
+      g = 1.0f / (1.0f + __expf(-d));
+    }
+    if (threadIdx.x == 0) shared_g = g;
+  }
+  __syncthreads();
   pdl_wait();
   const int per_row = H / 8;
   const int64_t total = static_cast<int64_t>(T) * per_row;
@@ -691,6 +720,17 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
         acc[6] += wt[u] * lo(v[u].w);
         acc[7] += wt[u] * hi(v[u].w);
       }
+    }
+    if (shared.down != nullptr) {
+      const uint4 v = reinterpret_cast<const uint4*>(y + static_cast<int64_t>(k) * H)[c];
+      acc[0] += shared_g * lo(v.x);
+      acc[1] += shared_g * hi(v.x);
+      acc[2] += shared_g * lo(v.y);
+      acc[3] += shared_g * hi(v.y);
+      acc[4] += shared_g * lo(v.z);
+      acc[5] += shared_g * hi(v.z);
+      acc[6] += shared_g * lo(v.w);
+      acc[7] += shared_g * hi(v.w);
     }
     uint4 o;
     uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
@@ -745,35 +785,42 @@ void launch_moe_decode_gemvs(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16
 // at 8-32 tokens on the H200 (session 17): each block pays the routing preamble for fewer bytes.
 // kNT, kUnroll, kOneToken, kMinBlocks: moe_gemv_fp8_mma_kernel's (the grouped form by default).
 template <int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false, int kMinBlocks = 1>
-void launch_moe_decode_fp8_mma(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s) {
+void launch_moe_decode_fp8_mma(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s,
+                               const MoeFusedShared* shared = nullptr) {
   const int P = a.T * a.k;
-  const int slots = std::min(P, a.E_local);
+  const int slots = std::min(P, a.E_local) + (shared ? 1 : 0);  // (shared: kOneToken only)
   constexpr int kGuTiles = 2, kDnTiles = 4;
   launch_pdl(moe_gemv_fp8_mma_kernel<true, kGuTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
              dim3(ceil_div(a.I, 8 * kGuTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(a.x),
              static_cast<const uint8_t*>(a.gate_up), a.gate_up_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H,
-             a.I, act);
+             a.I, act, shared ? static_cast<const uint8_t*>(shared->gate_up) : nullptr,
+             shared ? shared->gate_up_scale : nullptr);
   TCUDA_LAUNCH_CHECK();
   launch_pdl(moe_gemv_fp8_mma_kernel<false, kDnTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
              dim3(ceil_div(a.H, 16 * kDnTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(act),
-             static_cast<const uint8_t*>(a.down), a.down_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, y);
+             static_cast<const uint8_t*>(a.down), a.down_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, y,
+             shared ? static_cast<const uint8_t*>(shared->down) : nullptr, shared ? shared->down_scale : nullptr);
   TCUDA_LAUNCH_CHECK();
 }
 
 // FP8 experts on tensor cores: the one-token form at T = 1 (CudaMoeFp8OneToken), else grouped.
-void launch_moe_decode_fp8_one_token_or_grouped(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s,
-                                                CudaMoeFp8OneToken one_token) {
+// shared: folded in as pair k on the one-token form (returns true), else left to the caller.
+bool launch_moe_decode_fp8_one_token_or_grouped(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s,
+                                                CudaMoeFp8OneToken one_token, const MoeFusedShared* shared) {
   if (a.T == 1 && a.k <= kOneTokenMaxPairs) {
     switch (one_token) {
       case CudaMoeFp8OneToken::kGrouped:
         break;
       case CudaMoeFp8OneToken::kShallow:
-        return launch_moe_decode_fp8_mma<1, 4, true, 3>(a, act, y, s);
+        launch_moe_decode_fp8_mma<1, 4, true, 3>(a, act, y, s, shared);
+        return shared != nullptr;
       case CudaMoeFp8OneToken::kDeep:
-        return launch_moe_decode_fp8_mma<1, 8, true, 2>(a, act, y, s);
+        launch_moe_decode_fp8_mma<1, 8, true, 2>(a, act, y, s, shared);
+        return shared != nullptr;
     }
   }
   launch_moe_decode_fp8_mma(a, act, y, s);
+  return false;
 }
 
 }  // namespace
@@ -805,14 +852,16 @@ bool launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
         return shared != nullptr;
     }
   }
+  bool folded = false;  // the shared expert (FP8) as pair k of the one-token kernels, added by the combine
   if (!a.gate_up_scale)
     launch_moe_decode_gemvs<false>(a, actb, yb, s);
   else if (fp8_kernel == CudaMoeFp8Decode::kMma)
-    launch_moe_decode_fp8_one_token_or_grouped(a, actb, yb, s, fp8_one_token);
+    folded = launch_moe_decode_fp8_one_token_or_grouped(a, actb, yb, s, fp8_one_token,
+                                                        shared && shared->gate_up_scale ? shared : nullptr);
   else
     launch_moe_decode_gemvs<true>(a, actb, yb, s);
-  launch_moe_combine(a, yb, nullptr, s);
-  return false;
+  launch_moe_combine(a, yb, nullptr, s, folded ? shared : nullptr);
+  return folded;
 }
 
 void launch_moe_topk(const float* logits, int64_t T, int E, int k, bool renormalize, int32_t* ids, float* weights,
@@ -841,11 +890,15 @@ void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_o
   TCUDA_LAUNCH_CHECK();
 }
 
-void launch_moe_combine(const MoeArgs& a, const void* y, const int32_t* pair_pos, cudaStream_t s) {
+void launch_moe_combine(const MoeArgs& a, const void* y, const int32_t* pair_pos, cudaStream_t s,
+                        const MoeFusedShared* shared) {
   const int64_t n = static_cast<int64_t>(a.T) * (a.H / 8);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65535LL * 16));
+  const OneTokenShared sh{shared ? static_cast<const __nv_bfloat16*>(shared->down) : nullptr,
+                          shared ? static_cast<const __nv_bfloat16*>(shared->gate) : nullptr,
+                          static_cast<const __nv_bfloat16*>(a.x)};
   launch_pdl(moe_combine_kernel, grid, 256, 0, s, static_cast<const __nv_bfloat16*>(y), pair_pos, a.ids, a.weights, a.T,
-             a.k, a.H, a.expert_begin, a.E_local, static_cast<__nv_bfloat16*>(a.out));
+             a.k, a.H, a.expert_begin, a.E_local, static_cast<__nv_bfloat16*>(a.out), sh);
   TCUDA_LAUNCH_CHECK();
 }
 
