@@ -14,7 +14,8 @@
 #   fixture, written into the reference.json files that come back in $OUT/fixture_refs.tar.gz); fp8_ab (FP8 decode
 #   batches 1 / 20 / 64, Qwen3-8B --quantization fp8 and the flagship, this build and BASE); fp8_tests (the FP8
 #   fixtures' engine, fixture and prompt-logprobs tests on CUDA); fp8_one_token (FP8 experts at one token: op
-#   tests, moe_bench per CudaMoeFp8OneToken variant, flagship batch 1 beside BASE)
+#   tests, moe_bench per CudaMoeFp8OneToken variant, flagship batch 1 beside BASE); ab_pairs (batch-1 decode of the
+#   three MoE models, this build / BASE / ALT alternated PAIRS times)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -311,6 +312,23 @@ if part fp8_one_token; then
   FL=configs/qwen3.5-122b-a10b-fp8
   MAXLEN=4096 decode_batches flagship_one_token $FL 1
   [ -n "$BASE" ] && MAXLEN=4096 DB=$BASE decode_batches flagship_one_token_base $FL 1
+fi
+
+if part ab_pairs; then
+  # Batch-1 decode of Qwen3-30B-A3B, Qwen3.5-35B-A3B and the flagship, alternating this build with BASE (and ALT, a
+  # third build's folder, when set) PAIRS times, so a small difference shows against the run-to-run spread.
+  FL=configs/qwen3.5-122b-a10b-fp8
+  for m in $MOE $HYB $FL; do
+    echo "== alternating batch-1 decode: $m (this build, BASE${ALT:+, ALT})"
+    for r in $(seq 1 ${PAIRS:-3}); do
+      for which in new base alt; do
+        db=$B; [ $which = base ] && db=$BASE; [ $which = alt ] && db=${ALT:-}
+        [ -n "$db" ] || continue
+        MAXLEN=4096 DB=$db decode_batches ab_$(basename $m)_${which}_$r $m 1 | grep -v '^ab_'
+        echo "$which $r $(rate "$L/ab_$(basename $m)_${which}_${r}_b1.log") tok/s"
+      done
+    done
+  done
 fi
 
 if part flagship; then
