@@ -210,6 +210,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool p
   c.enable_prefix_caching = f.enable_prefix_caching;
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;
+  c.warm_up = true;
   c.speculative = parse_speculative_config(f.speculative_config);
   if (!planning) require_runnable(c.speculative, f.tensor_parallel_size, f.pipeline_parallel_size);
   return c;

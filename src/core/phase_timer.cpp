@@ -34,6 +34,7 @@ void PhaseTimer::record_pass() {
   }
   ++passes_;
   end_ = std::chrono::steady_clock::now();
+  if (passes_ <= skip) warmup_ms_.push_back(1e3 * std::chrono::duration<double>(end_ - started_).count());
 }
 
 double PhaseTimer::mean_us(size_t i) const {
@@ -53,10 +54,12 @@ std::string PhaseTimer::summary() const {
     s += fmt::format("{}{} {:.1f} us", i ? ", " : "", names_[i], mean_us(i));
     total += mean_us(i);
   }
+  std::string warm;
+  for (double ms : warmup_ms_) warm += fmt::format("{}{:.2f}", warm.empty() ? "" : " ", ms);
   return fmt::format(
       "{}: {} passes after {} of warm-up, host time per pass: {} (sum {:.1f} us); between passes "
-      "{:.1f} us",
-      what_, counted_passes(), skip_, s, total, between_us());
+      "{:.1f} us; the warm-up passes took {} ms",
+      what_, counted_passes(), skip_, s, total, between_us(), warm);
 }
 
 }  // namespace tessera

@@ -1,7 +1,8 @@
 // Host time per phase of a loop (the engine's step, the executor's), averaged over the
 // passes after the first few (warm-up: a prefill, CUDA graph captures) and logged once at
-// destruction. On only when TESSERA_STEP_TIMING=1: a diagnostic of where the host spends a
-// step's time (with CUDA graphs, how much of a decode step is host time at all).
+// destruction, with each warm-up pass's own time (what a one-time cost adds to a short run). On only when
+// TESSERA_STEP_TIMING=1: a diagnostic of where the host spends a step's time (with CUDA graphs, how much of a decode
+// step is host time at all).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -56,6 +57,7 @@ class PhaseTimer {
   std::vector<double> pass_;     // per phase, the current pass
   double between_ = 0;
   uint64_t passes_ = 0;
+  std::vector<double> warmup_ms_;  // each warm-up pass, start to done (a capture shows there)
 };
 
 }  // namespace tessera

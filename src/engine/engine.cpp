@@ -35,6 +35,7 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
   init_speculative();
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
+  if (config_.warm_up && !config_.enforce_eager && backend_.supports_graphs()) warm_up();
   if (proposer_ && proposer_->needs_every_step() &&
       config_.speculative.disable_by_batch_size == SpeculativeConfig::kDisableAuto)
     calibrate_speculation();
@@ -548,6 +549,44 @@ double LLMEngine::spec_cost_at(size_t n) const {
   for (const auto& [b, cost] : spec_cost_)
     if (static_cast<size_t>(b) >= n) return cost;
   return spec_cost_.back().second;
+}
+
+int LLMEngine::warm_up() {
+  const auto start = std::chrono::steady_clock::now();
+  const int vocab = executor_->model_config().vocab_size;
+  // Room for the prompt and the decode steps (with k drafts each when speculating).
+  const int k = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
+  const int len = std::min(kWarmUpPrompt, max_model_len() - (kWarmUpDecode + 1) * (k + 1) - 1);
+  SamplingParams p;
+  p.temperature = 0;
+  p.ignore_eos = true;
+  p.max_tokens = kWarmUpDecode + 1;
+  std::mt19937_64 rng(0x7e55e7a);
+  std::vector<int32_t> prompt(static_cast<size_t>(std::max(len, 0)));
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  const std::string id = "tessera-warm-up";
+  if (len < 1 || !validate_request(prompt, p, max_model_len(), vocab).ok() ||
+      !add_request(id, std::move(prompt), p).ok()) {
+    TLOG_DEBUG("warm-up skipped: no room for a {}-token request", kWarmUpPrompt);
+    return 0;
+  }
+  const EngineStats saved = stats_;
+  calibrating_ = true;  // (drafting is not turned off while it runs)
+  int steps = 0;
+  while (has_unfinished() && steps < 4 * (kWarmUpDecode + 1) + len) {
+    step();
+    ++steps;
+  }
+  if (has_unfinished()) abort(id);
+  calibrating_ = false;
+  stats_ = saved;
+  spec_recent_drafts_ = spec_recent_accepted_ = 0;
+  spec_logged_ = saved.spec;
+  spec_logged_at_ = std::chrono::steady_clock::now();
+  TLOG_INFO("Warm-up: a {}-token request through prefill and {} decode steps in {:.2f} s{}", len, kWarmUpDecode,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            !config_.enforce_eager && backend_.supports_graphs() ? " (the batch-1 decode graph is captured)" : "");
+  return steps;
 }
 
 int LLMEngine::calibration_tokens(int k) {

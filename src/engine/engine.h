@@ -32,7 +32,11 @@ struct EngineConfig {
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
   uint64_t seed = 0;
-  bool enforce_eager = false;     // no CUDA graphs
+  bool enforce_eager = false;  // no CUDA graphs
+  // With CUDA graphs: one request through prefill and a few decode steps before the engine takes
+  // requests (LLMEngine::warm_up), so the first user request does not pay for kernel loading and
+  // the batch-1 decode graph's capture. The command line turns it on; tests leave it off.
+  bool warm_up = false;
   SpeculativeConfig speculative;  // --speculative-config (off by default)
   // MTP: decode and verification steps run their drafting with them (Executor::execute_with_mtp)
   // where the executor can; false: always after the step's tokens are on the host (tests).
@@ -91,6 +95,14 @@ class LLMEngine {
   // One scheduling step and forward pass; outputs for requests that advanced or finished.
   std::vector<RequestOutput> step();
   bool has_unfinished() const { return !requests_.empty(); }
+  // Runs one request of kWarmUpPrompt random tokens (shorter where --max-model-len asks) through
+  // prefill and kWarmUpDecode decode steps, so the prefill and decode kernels are loaded and the
+  // batch-1 decode graph is captured and replayed before a user's request comes (the constructor
+  // calls it with EngineConfig::warm_up). Leaves no request, stats or counters behind; the
+  // request's full blocks stay in the prefix cache as evictable blocks. Returns the steps it ran
+  // (0: no room for it).
+  int warm_up();
+  static constexpr int kWarmUpPrompt = 512, kWarmUpDecode = 6;
 
   const ModelConfig& model_config() const { return executor_->model_config(); }
   const EngineConfig& config() const { return config_; }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 namespace tessera {
@@ -43,6 +44,13 @@ TEST(PhaseTimer, AveragesEachPhaseOverThePassesAfterTheWarmUp) {
   EXPECT_NE(s.find("test loop: 4 passes after 2 of warm-up"), std::string::npos) << s;
   EXPECT_NE(s.find("first "), std::string::npos) << s;
   EXPECT_NE(s.find("second "), std::string::npos) << s;
+  // Each warm-up pass's own time is listed (two of them, each at least 120 ms).
+  const size_t w = s.find("the warm-up passes took ");
+  ASSERT_NE(w, std::string::npos) << s;
+  double a = 0, b = 0;
+  ASSERT_EQ(std::sscanf(s.c_str() + w, "the warm-up passes took %lf %lf ms", &a, &b), 2) << s;
+  EXPECT_GE(a, 120.0);
+  EXPECT_GE(b, 120.0);
 }
 
 TEST(PhaseTimer, APassNeverDoneIsNotCounted) {

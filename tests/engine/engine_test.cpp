@@ -174,6 +174,36 @@ TEST_P(EngineFixtureTest, PrefixCachingReusesBlocksAndKeepsOutput) {
   expect_same_or_close_call({{"b", want["b"]}}, {{"b", got["b"]}}, cold.margins, h.margins, GetParam());
 }
 
+// The startup warm-up (EngineConfig::warm_up; the command line's engines run it where CUDA graphs
+// are captured) runs a request through prefill and decode and leaves nothing behind: no request,
+// no counted step or token, every block free; what a request generates afterwards is unchanged.
+void expect_warm_up_leaves_nothing_behind(const std::string& fixture) {
+  std::mt19937 g(29);
+  const auto prompt = random_prompt(g, 21);
+  Harness h(fixture, 64);
+  const int steps = h.engine->warm_up();
+  EXPECT_GT(steps, LLMEngine::kWarmUpDecode) << "a prefill and the decode steps";
+  EXPECT_FALSE(h.engine->has_unfinished());
+  EXPECT_EQ(h.engine->stats().steps, 0u);
+  EXPECT_EQ(h.engine->stats().prompt_tokens, 0u);
+  EXPECT_EQ(h.engine->stats().generation_tokens, 0u);
+  EXPECT_TRUE(h.engine->cache_manager().pool().all_free());
+  EXPECT_EQ(h.engine->cache_manager().state_slots().num_held(), 0);
+  Harness plain(fixture, 64);
+  ASSERT_TRUE(h.engine->add_request("a", prompt, greedy(12)).ok());
+  ASSERT_TRUE(plain.engine->add_request("a", prompt, greedy(12)).ok());
+  std::map<std::string, int> cached;
+  const auto got = h.run_all(&cached), want = plain.run_all();
+  EXPECT_EQ(cached["a"], 0);
+  expect_same_or_close_call(want, got, plain.margins, h.margins, fixture);
+  // No room for it (max_model_len shorter than the decode steps need): nothing runs.
+  Harness tiny(fixture, 64, 64, 512, true, {}, /*max_model_len=*/LLMEngine::kWarmUpDecode + 1);
+  EXPECT_EQ(tiny.engine->warm_up(), 0);
+  EXPECT_FALSE(tiny.engine->has_unfinished());
+}
+
+TEST_P(EngineFixtureTest, WarmUpLeavesNothingBehind) { expect_warm_up_leaves_nothing_behind(GetParam()); }
+
 TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
   std::mt19937 g(5);
   std::vector<std::vector<int32_t>> prompts;
