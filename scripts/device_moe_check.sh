@@ -15,7 +15,7 @@
 #   batches 1 / 20 / 64, Qwen3-8B --quantization fp8 and the flagship, this build and BASE); fp8_tests (the FP8
 #   fixtures' engine, fixture and prompt-logprobs tests on CUDA); fp8_one_token (FP8 experts at one token: op
 #   tests, moe_bench per CudaMoeFp8OneToken variant, flagship batch 1 beside BASE); ab_pairs (batch-1 decode of the
-#   three MoE models, this build / BASE / ALT alternated PAIRS times)
+#   three MoE models, this build / BASE / ALT, or BUILDS="name=folder ...", alternated PAIRS times)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -316,14 +316,15 @@ fi
 
 if part ab_pairs; then
   # Batch-1 decode of Qwen3-30B-A3B, Qwen3.5-35B-A3B and the flagship, alternating this build with BASE (and ALT, a
-  # third build's folder, when set) PAIRS times, so a small difference shows against the run-to-run spread.
+  # third build's folder, when set; or BUILDS="name=folder ..." for any list) PAIRS times, so a small difference
+  # shows against the run-to-run spread.
   FL=configs/qwen3.5-122b-a10b-fp8
-  for m in $MOE $HYB $FL; do
-    echo "== alternating batch-1 decode: $m (this build, BASE${ALT:+, ALT})"
+  BUILDS=${BUILDS:-"new=$B${BASE:+ base=$BASE}${ALT:+ alt=$ALT}"}
+  for m in ${AB_MODELS:-$MOE $HYB $FL}; do
+    echo "== alternating batch-1 decode: $m ($BUILDS)"
     for r in $(seq 1 ${PAIRS:-3}); do
-      for which in new base alt; do
-        db=$B; [ $which = base ] && db=$BASE; [ $which = alt ] && db=${ALT:-}
-        [ -n "$db" ] || continue
+      for nb in $BUILDS; do
+        which=${nb%%=*} db=${nb#*=}
         MAXLEN=4096 DB=$db decode_batches ab_$(basename $m)_${which}_$r $m 1 | grep -v '^ab_'
         echo "$which $r $(rate "$L/ab_$(basename $m)_${which}_${r}_b1.log") tok/s"
       done
