@@ -176,7 +176,9 @@ CaseVerdict reference_rule(const nlohmann::json& c, const std::vector<std::vecto
 //  - greedy (vLLM's check_logprobs_close): tokens equal to transformers' until the first
 //    difference, where the backend's token must be in the reference's top-5 (the plain f32 CPU
 //    run on the same context, which the CPU test holds to transformers' logits) and the
-//    reference's token in the backend's top-5; the sequence is not compared after it.
+//    reference's token in the backend's top-5, or, where the re-routed rows took the
+//    continuation elsewhere, the step's logits within `tol` of the f32 CPU run with the backend's
+//    routing and the backend's token in that run's top-5; the sequence is not compared after it.
 CaseVerdict bf16_rule(const std::string& name, const nlohmann::json& c, Backend& primary, std::optional<DType> kv_dtype,
                       double tol, int chunk) {
   testing::RoutingRecorder rec(primary);
@@ -200,14 +202,22 @@ CaseVerdict bf16_rule(const std::string& name, const nlohmann::json& c, Backend&
   v.ok = near_tie && replay_err < tol;
   for (size_t i = 0; i < greedy.size(); ++i, ++v.compared) {
     const std::vector<float>& mine = logits[0][i];
+    const std::vector<float>& replayed = logits[1][i];
     const std::vector<float>& ref = logits[2][i];
     const int got = argmax(mine);
     if (got == greedy[i]) continue;
-    const bool ok = in_top_n(ref, got, kTopN) && in_top_n(mine, greedy[i], kTopN);
-    std::snprintf(buf, sizeof buf, "; greedy step %zu: %d, transformers %d, %s each other's top-%d", i, got, greedy[i],
-                  ok ? "in" : "NOT in", kTopN);
+    const bool near_ref = in_top_n(ref, got, kTopN) && in_top_n(mine, greedy[i], kTopN);
+    // Or the step is what the f32 model computes given the backend's routing (re-routed rows
+    // change the continuation far more than a near tie of the last step): its logits within
+    // `tol` of the replay's and the backend's token in the replay's top-5.
+    const float step_err = max_abs_diff(mine, replayed);
+    const bool as_replayed = step_err < tol && in_top_n(replayed, got, kTopN);
+    std::snprintf(buf, sizeof buf,
+                  "; greedy step %zu: %d, transformers %d, %s each other's top-%d; step logits %.4g from the f32 CPU "
+                  "given the same routing (its token %d)",
+                  i, got, greedy[i], near_ref ? "in" : "NOT in", kTopN, step_err, argmax(replayed));
     v.detail += buf;
-    v.ok = v.ok && ok;
+    v.ok = v.ok && (near_ref || as_replayed);
     break;
   }
   if (v.ok) v.rule = "bf16 rule (routing replay + top-5 greedy), NOT an exact match";
