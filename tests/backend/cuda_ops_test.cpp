@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -160,6 +161,32 @@ class CudaOps : public ::testing::Test {
     std::vector<float> v(static_cast<size_t>(t.numel()));
     convert_host(t.raw(), t.dtype(), v.data(), DType::kF32, v.size());
     return v;
+  }
+
+  // `run` launched twice, then captured and replayed `replays` times, `out` poisoned with NaN
+  // before each: every result within 1e-2 (relative) of `want`. Drops the graph and resets the
+  // scratch arena afterwards (`out` keeps the last replay's result).
+  static void expect_launched_and_replayed(Backend& be, const std::function<void()>& run, const Tensor& out,
+                                           const std::vector<float>& want, const std::string& who, int replays) {
+    for (int rep = 0; rep < 2; ++rep) {
+      be.fill(out, NAN);
+      run();
+      be.synchronize();
+      EXPECT_LT(rel_err(download(be, out), want), 1e-2) << who << " launch " << rep;
+      be.reset_scratch();
+    }
+    be.begin_capture();
+    run();
+    std::unique_ptr<CapturedGraph> g = be.end_capture();
+    ASSERT_TRUE(g) << who;
+    for (int rep = 0; rep < replays; ++rep) {
+      be.fill(out, NAN);
+      be.replay(*g);
+      be.synchronize();
+      EXPECT_LT(rel_err(download(be, out), want), 1e-2) << who << " replay " << rep;
+    }
+    g.reset();
+    be.reset_scratch();
   }
 
   // ||a - b|| / ||b||; NaN anywhere in a fails.
@@ -1288,30 +1315,12 @@ TEST_F(CudaOps, MoeDecodeVariantsMatchCpu) {
       Tensor gids = upload_i32(*be, ids, {T, k}), gw = upload(*be, from_cpu(cw), {T, k}, DType::kF32);
       Tensor out = be->alloc({T, H}, DType::kBF16);
       auto run = [&] { be->moe_experts(gx, ggu, gdn, gids, gw, static_cast<int>(c.begin), out); };
-      for (int rep = 0; rep < 2; ++rep) {
-        be->fill(out, NAN);
-        run();
-        be->synchronize();
-        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " launch " << rep;
-        be->reset_scratch();
-      }
-      be->begin_capture();
-      run();
-      std::unique_ptr<CapturedGraph> g = be->end_capture();
-      ASSERT_TRUE(g) << what;
-      for (int rep = 0; rep < 3; ++rep) {
-        be->fill(out, NAN);
-        be->replay(*g);
-        be->synchronize();
-        EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << what << " replay " << rep;
-      }
+      expect_launched_and_replayed(*be, run, out, want, what, 3);
       if (EL < c.E && T > 1) {
         const std::vector<float> got = download(*be, out);
         const int64_t t0 = c.begin == 48 ? 0 : 1, t1 = c.begin == 48 ? T : 2;
         for (int64_t i = t0 * H; i < t1 * H; ++i) ASSERT_EQ(got[i], 0.0f) << what << ": a token routed elsewhere";
       }
-      g.reset();
-      be->reset_scratch();
       Tensor glogits = upload(*be, logits, {T, c.E}, DType::kF32);
       Tensor tids = be->alloc({T, k}, DType::kI32), tw = be->alloc({T, k}, DType::kF32);
       // shared expert: 0 none, 1 the routed I, 2 the routed I and gated, 3 another I (gated)
@@ -1407,25 +1416,7 @@ TEST_F(CudaOps, Fp8MoeSharedExpertAtOneToken) {
           be->moe_topk_experts(glogits, static_cast<int>(k), true, gx, ggu, gdn, ids, w, static_cast<int>(c.begin), out,
                                &gshared);
         };
-        for (int rep = 0; rep < 2; ++rep) {
-          be->fill(out, NAN);
-          run();
-          be->synchronize();
-          EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << who << " launch " << rep;
-          be->reset_scratch();
-        }
-        be->begin_capture();
-        run();
-        std::unique_ptr<CapturedGraph> g = be->end_capture();
-        ASSERT_TRUE(g) << who;
-        for (int rep = 0; rep < 2; ++rep) {
-          be->fill(out, NAN);
-          be->replay(*g);
-          be->synchronize();
-          EXPECT_LT(rel_err(download(*be, out), want), 1e-2) << who << " replay " << rep;
-        }
-        g.reset();
-        be->reset_scratch();
+        expect_launched_and_replayed(*be, run, out, want, who, 2);
       }
     }
 }
