@@ -289,6 +289,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
   bool on_shared = false;
   if constexpr (kOneToken) {
     pdl_wait();  // ids and the kernel's input come from the kernels before
+    // The down GEMV lets the combine kernel launch now: its two blocks then wait resident (and
+    // compute the shared expert's gate) instead of launching when the last down block ends. This
+    // kernel has waited, so the combine may read what came before it (device_utils.cuh).
+    if constexpr (!kGateUp) pdl_launch_dependents();
     on_shared = shared_w != nullptr && blockIdx.y + 1 == gridDim.y;
     if (on_shared)
       one_pair = P;
