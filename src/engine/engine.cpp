@@ -35,7 +35,7 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
   init_speculative();
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
-  if (config_.warm_up && !config_.enforce_eager && backend_.supports_graphs()) warm_up();
+  if (config_.warm_up && captures_graphs()) warm_up();
   if (proposer_ && proposer_->needs_every_step() &&
       config_.speculative.disable_by_batch_size == SpeculativeConfig::kDisableAuto)
     calibrate_speculation();
@@ -551,22 +551,33 @@ double LLMEngine::spec_cost_at(size_t n) const {
   return spec_cost_.back().second;
 }
 
-int LLMEngine::warm_up() {
-  const auto start = std::chrono::steady_clock::now();
+bool LLMEngine::add_random_request(const std::string& id, int len, int max_tokens, std::mt19937_64& rng) {
   const int vocab = executor_->model_config().vocab_size;
-  // Room for the prompt and the decode steps (with k drafts each when speculating).
-  const int k = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
-  const int len = std::min(kWarmUpPrompt, max_model_len() - (kWarmUpDecode + 1) * (k + 1) - 1);
   SamplingParams p;
   p.temperature = 0;
   p.ignore_eos = true;
-  p.max_tokens = kWarmUpDecode + 1;
-  std::mt19937_64 rng(0x7e55e7a);
-  std::vector<int32_t> prompt(static_cast<size_t>(std::max(len, 0)));
+  p.max_tokens = max_tokens;
+  std::vector<int32_t> prompt(static_cast<size_t>(len));
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return validate_request(prompt, p, max_model_len(), vocab).ok() && add_request(id, std::move(prompt), p).ok();
+}
+
+void LLMEngine::end_internal_run(const EngineStats& saved) {
+  calibrating_ = false;
+  stats_ = saved;
+  spec_recent_drafts_ = spec_recent_accepted_ = 0;
+  spec_logged_ = saved.spec;
+  spec_logged_at_ = std::chrono::steady_clock::now();
+}
+
+int LLMEngine::warm_up() {
+  const auto start = std::chrono::steady_clock::now();
+  // Room for the prompt and the decode steps (with k drafts each when speculating).
+  const int k = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
+  const int len = std::min(kWarmUpPrompt, max_model_len() - (kWarmUpDecode + 1) * (k + 1) - 1);
+  std::mt19937_64 rng(0x7e55e7a);
   const std::string id = "tessera-warm-up";
-  if (len < 1 || !validate_request(prompt, p, max_model_len(), vocab).ok() ||
-      !add_request(id, std::move(prompt), p).ok()) {
+  if (len < 1 || !add_random_request(id, len, kWarmUpDecode + 1, rng)) {
     TLOG_DEBUG("warm-up skipped: no room for a {}-token request", kWarmUpPrompt);
     return 0;
   }
@@ -578,14 +589,10 @@ int LLMEngine::warm_up() {
     ++steps;
   }
   if (has_unfinished()) abort(id);
-  calibrating_ = false;
-  stats_ = saved;
-  spec_recent_drafts_ = spec_recent_accepted_ = 0;
-  spec_logged_ = saved.spec;
-  spec_logged_at_ = std::chrono::steady_clock::now();
+  end_internal_run(saved);
   TLOG_INFO("Warm-up: a {}-token request through prefill and {} decode steps in {:.2f} s{}", len, kWarmUpDecode,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-            !config_.enforce_eager && backend_.supports_graphs() ? " (the batch-1 decode graph is captured)" : "");
+            captures_graphs() ? " (the batch-1 decode graph is captured)" : "");
   return steps;
 }
 
@@ -596,19 +603,13 @@ int LLMEngine::calibration_tokens(int k) {
 
 double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) {
   const int k = config_.speculative.num_speculative_tokens;
-  const int vocab = executor_->model_config().vocab_size;
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = calibration_tokens(k) - kCalibrationPrompt - k;  // (every step may take k + 1)
+  const int max_tokens = calibration_tokens(k) - kCalibrationPrompt - k;  // (every step may take k + 1)
   std::mt19937_64 rng(seed);
   std::vector<std::string> ids;
   for (int b = 0; b < batch; ++b) {
-    std::vector<int32_t> prompt(kCalibrationPrompt);
-    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
     const std::string id = fmt::format("tessera-calibration-{}-{}-{}", drafts ? "drafts" : "plain", batch, b);
     // (--max-model-len too short for it: no figure)
-    if (!validate_request(prompt, p, max_model_len(), vocab).ok() || !add_request(id, std::move(prompt), p).ok()) break;
+    if (!add_random_request(id, kCalibrationPrompt, max_tokens, rng)) break;
     ids.push_back(id);
     if (!drafts) requests_.at(id)->spec_off = true;
   }
@@ -655,11 +656,7 @@ void LLMEngine::calibrate_speculation() {
     line += fmt::format("{}{}: {:.2f}x", line.empty() ? "" : ", ", b, with / plain);
     if (with / plain >= k + 1) break;  // no acceptance pays for it here or (in practice) above
   }
-  calibrating_ = false;
-  stats_ = saved;
-  spec_recent_drafts_ = spec_recent_accepted_ = 0;
-  spec_logged_ = saved.spec;
-  spec_logged_at_ = std::chrono::steady_clock::now();
+  end_internal_run(saved);
   if (spec_cost_.empty()) {
     TLOG_WARN(
         "Speculative decoding: could not measure its cost (no room for a calibration sequence of {} tokens in the "

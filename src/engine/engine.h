@@ -156,6 +156,13 @@ class LLMEngine {
   // Whether the next step's sequences get no drafts (disable_by_batch_size; auto: the measured
   // cost of drafting at the running batch against the mean acceptance length so far).
   bool drafting_off() const;
+  // The engine's own runs (warm_up, calibrate_speculation): a greedy, EOS-ignoring request of `len`
+  // tokens drawn from rng; false where it does not fit --max-model-len or is refused.
+  bool add_random_request(const std::string& id, int len, int max_tokens, std::mt19937_64& rng);
+  // After such a run: drafting decisions back on, and the stats and speculation counters as before it.
+  void end_internal_run(const EngineStats& saved);
+  // CUDA graphs are captured (not --enforce-eager, a backend that has them).
+  bool captures_graphs() const { return !config_.enforce_eager && backend_.supports_graphs(); }
   // disable_by_batch_size auto (MTP): runs B = 1, 2, 4, ... random-prompt sequences through real
   // steps with drafts and without, and keeps each B's step time with drafts over without
   // (spec_cost_), until drafting cannot pay (the ratio reaches k + 1) or B passes
