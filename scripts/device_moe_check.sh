@@ -15,7 +15,7 @@
 #   batches 1 / 20 / 64, Qwen3-8B --quantization fp8 and the flagship, this build and BASE); fp8_tests (the FP8
 #   fixtures' engine, fixture and prompt-logprobs tests on CUDA); fp8_one_token (FP8 experts at one token: op
 #   tests, moe_bench per CudaMoeFp8OneToken variant, flagship batch 1 beside BASE); ab_pairs (batch-1 decode of the
-#   three MoE models, this build / BASE / ALT, or BUILDS="name=folder ...", alternated PAIRS times)
+#   three MoE models, this build / BASE / ALT, or BUILDS="name=folder[@VAR=value...] ...", alternated PAIRS times)
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -88,7 +88,7 @@ fi
 
 gen() {  # gen BUNDLE_DIR NAME MODEL [ARGS...]
   local bin=$1 name=$2 model=$3; shift 3
-  timeout 240 $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len "${MAXLEN:-8192}" \
+  timeout 240 env ${GEN_ENV:-} $bin/tessera generate --model "$model" --load-format dummy --device cuda --max-model-len "${MAXLEN:-8192}" \
     --json "$@" > "$L/$name.json" 2> "$L/$name.log"
   echo "$name: $(grep -E 'Processed' "$L/$name.log" | sed 's/.*prompts in/prompts in/')"
 }
@@ -303,7 +303,7 @@ if part fp8_one_token; then
   echo "== FP8 experts at one token"
   timeout 300 $B/cuda_ops_test --gtest_filter='*Fp8Moe*:*MoeOneToken*' > "$L/fp8_one_token_ops.log" 2>&1
   echo "cuda_ops_test rc=$?"; grep -E '^\[  (PASSED|FAILED)|Failure' -A3 "$L/fp8_one_token_ops.log" | head -20
-  for v in grouped shallow deep; do
+  for v in ${FP8_VARIANTS:-grouped shallow deep fine fine_wide}; do
     for m in qwen3.5-122b-a10b qwen3-30b-a3b; do
       echo "-- $v, $m"
       timeout 200 $B/moe_bench --quick --model $m --dtype fp8 --fp8-one-token $v 2>&1 | grep -E '^(mma|gemv|split|auto)? *1 ' | head -2
@@ -324,8 +324,10 @@ if part ab_pairs; then
     echo "== alternating batch-1 decode: $m ($BUILDS)"
     for r in $(seq 1 ${PAIRS:-3}); do
       for nb in $BUILDS; do
-        which=${nb%%=*} db=${nb#*=}
-        MAXLEN=4096 DB=$db decode_batches ab_$(basename $m)_${which}_$r $m 1 | grep -v '^ab_'
+        which=${nb%%=*} db=${nb#*=} ge=""
+        # name=folder@VAR=value@...: that build run with those environment variables (A/B of an env switch)
+        if [[ "$db" == *@* ]]; then ge=${db#*@}; ge=${ge//@/ }; db=${db%%@*}; fi
+        GEN_ENV="$ge" MAXLEN=4096 DB=$db decode_batches ab_$(basename $m)_${which}_$r $m 1 | grep -v '^ab_'
         echo "$which $r $(rate "$L/ab_$(basename $m)_${which}_${r}_b1.log") tok/s"
       done
     done

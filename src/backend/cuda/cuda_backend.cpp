@@ -1236,8 +1236,34 @@ int cuda_device_count() {
   return n;
 }
 
+namespace {
+// An A/B switch naming a variant of `all` (by `name`): `*out` when the variable is set.
+template <typename E, size_t N>
+void env_variant(const char* var, const E (&all)[N], const char* (*name)(E), E* out) {
+  const char* e = std::getenv(var);
+  if (!e) return;
+  std::string names;
+  for (E v : all) {
+    if (std::string_view(e) == name(v)) {
+      *out = v;
+      return;
+    }
+    names += std::string(names.empty() ? "" : ", ") + name(v);
+  }
+  fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", var, e, names);
+}
+
+// Whole-model A/B runs of a kernel variant without a rebuild (the benchmarks set CudaOptions):
+// TESSERA_MOE_ONE_TOKEN, TESSERA_MOE_FP8_ONE_TOKEN = a variant's name.
+CudaOptions with_env_overrides(CudaOptions o) {
+  env_variant("TESSERA_MOE_ONE_TOKEN", kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
+  env_variant("TESSERA_MOE_FP8_ONE_TOKEN", kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token);
+  return o;
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
-  return std::make_unique<CudaBackend>(device_index, options);
+  return std::make_unique<CudaBackend>(device_index, with_env_overrides(options));
 }
 
 void* cuda_backend_stream(Backend& backend) {

@@ -81,10 +81,14 @@ enum class CudaMoeOneToken {
                    // default (moe_bench --variants on the H200, 2026-12-02, us a layer at T = 1 for grouped /
                    // deep_overlap / narrow / mixed_overlap: Qwen3-30B-A3B 33.4 / 28.0 / 28.5 / 27.6,
                    // Qwen3.5-35B-A3B 39.2 / 34.3 / 33.0 / 32.4)
+  kWideOverlap,    // kMixedOverlap with gate_up 2 loads per row in flight at 6 blocks an SM (one wave at
+                   // Qwen3-30B-A3B's 768 blocks)
+  kWide4Overlap,   // kWideOverlap with 4 loads per row in flight
 };
 inline constexpr CudaMoeOneToken kAllCudaMoeOneToken[] = {
-    CudaMoeOneToken::kGrouped, CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
-    CudaMoeOneToken::kNarrow,  CudaMoeOneToken::kNarrowOverlap, CudaMoeOneToken::kMixedOverlap};
+    CudaMoeOneToken::kGrouped,     CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
+    CudaMoeOneToken::kNarrow,      CudaMoeOneToken::kNarrowOverlap, CudaMoeOneToken::kMixedOverlap,
+    CudaMoeOneToken::kWideOverlap, CudaMoeOneToken::kWide4Overlap};
 inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
   switch (v) {
     case CudaMoeOneToken::kGrouped:
@@ -99,6 +103,10 @@ inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
       return "narrow_overlap";
     case CudaMoeOneToken::kMixedOverlap:
       return "mixed_overlap";
+    case CudaMoeOneToken::kWideOverlap:
+      return "wide_overlap";
+    case CudaMoeOneToken::kWide4Overlap:
+      return "wide4_overlap";
   }
   return "?";
 }
@@ -107,12 +115,17 @@ inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
 // sums bit for bit, with the block's expert found by one warp ballot (no routing preamble) and one
 // MMA column of pairs (fewer registers), so more weight loads stay in flight:
 enum class CudaMoeFp8OneToken {
-  kGrouped,  // the grouped kernels, as at every T
-  kShallow,  // 4 groups of 64 columns in flight a lane, 3 blocks an SM
-  kDeep,     // 8 groups in flight a lane, 2 blocks an SM
+  kGrouped,   // the grouped kernels, as at every T
+  kShallow,   // 4 groups of 64 columns in flight a lane, 3 blocks an SM
+  kDeep,      // 8 groups in flight a lane, 2 blocks an SM
+  kFine,      // kShallow's loads in blocks of 4 warps (a gate_up block 8 intermediate indices, a down
+              // block 32 rows), 6 an SM: twice the blocks, so the SMs end more evenly
+  kFineWide,  // kFine's blocks with 2 groups in flight a lane, 8 blocks an SM
+  kFine10,    // kFine's blocks with 2 groups in flight a lane, 10 blocks an SM: the default
 };
 inline constexpr CudaMoeFp8OneToken kAllCudaMoeFp8OneToken[] = {
-    CudaMoeFp8OneToken::kGrouped, CudaMoeFp8OneToken::kShallow, CudaMoeFp8OneToken::kDeep};
+    CudaMoeFp8OneToken::kGrouped, CudaMoeFp8OneToken::kShallow,  CudaMoeFp8OneToken::kDeep,
+    CudaMoeFp8OneToken::kFine,    CudaMoeFp8OneToken::kFineWide, CudaMoeFp8OneToken::kFine10};
 inline const char* cuda_moe_fp8_one_token_name(CudaMoeFp8OneToken v) {
   switch (v) {
     case CudaMoeFp8OneToken::kGrouped:
@@ -121,6 +134,12 @@ inline const char* cuda_moe_fp8_one_token_name(CudaMoeFp8OneToken v) {
       return "shallow";
     case CudaMoeFp8OneToken::kDeep:
       return "deep";
+    case CudaMoeFp8OneToken::kFine:
+      return "fine";
+    case CudaMoeFp8OneToken::kFineWide:
+      return "fine_wide";
+    case CudaMoeFp8OneToken::kFine10:
+      return "fine10";
   }
   return "?";
 }
@@ -138,7 +157,7 @@ struct CudaOptions {
   // it scaled by its sigmoid gate; false: the shared expert's own ops (two GEMVs, silu_mul, the gate's
   // GEMV, sigmoid_mul, add).
   bool moe_one_token_shared = true;
-  CudaMoeFp8OneToken moe_fp8_one_token = CudaMoeFp8OneToken::kShallow;
+  CudaMoeFp8OneToken moe_fp8_one_token = CudaMoeFp8OneToken::kFine10;
   // Decode steps run the attention prologue (q/k norm, RoPE, KV write) inside the decode
   // attention kernel; false: two kernels (the op test compares both).
   bool fused_decode_attention = true;

@@ -104,7 +104,6 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w
 template <typename T, typename W, int N>
 __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual, const W* __restrict__ w, int64_t D,
                                     float eps) {
-  pdl_launch_dependents();  // programmatic dependent launch: see device_utils.cuh
   using V = Vec<T, N>;
   const int64_t nv = D / N;
   // The norm weight is a model constant (no kernel before writes it): this thread's first kPreW
@@ -119,6 +118,11 @@ __global__ void add_rms_norm_kernel(T* __restrict__ x, T* __restrict__ residual,
     for (int k = 0; k < N; ++k) wpre[j][k] = i < nv ? to_float(w[i * N + k]) : 0.0f;
   }
   pdl_wait();
+  // The next kernel may launch once this one's inputs are done, not at its start: the kernel
+  // before it (an MoE down GEMV or combine) lets this one launch early, and a GEMV launched behind
+  // it then would take SM slots from that kernel's blocks (programmatic dependent launch:
+  // device_utils.cuh).
+  pdl_launch_dependents();
   V* xr = reinterpret_cast<V*>(x + blockIdx.x * D);
   V* rr = reinterpret_cast<V*>(residual + blockIdx.x * D);
   float ss = 0.0f;

@@ -272,17 +272,18 @@ constexpr int kFp8MmaUnroll = 4;  // 64-column groups whose weight loads a warp 
 // used (kNT = 1), so fewer registers hold accumulators and x, and a lane can keep more weight
 // loads in flight (kUnroll). The sums are the same in every instantiation: a slice's groups
 // in ascending order whatever kUnroll, pair 0 in column 0 whatever kNT.
+// kWarps: warps a block (kTiles of them per tile's K split); the sums depend on kWarps / kTiles only.
 template <bool kGateUp, int kTiles, int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false,
-          int kMinBlocks = 1>
-__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
+          int kMinBlocks = 1, int kWarps = kGemvWarps>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     moe_gemv_fp8_mma_kernel(const __nv_bfloat16* __restrict__ in, const uint8_t* __restrict__ w,
                             const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k,
                             int expert_begin, int E_local, int H, int I, __nv_bfloat16* __restrict__ out,
                             const uint8_t* __restrict__ shared_w = nullptr,
                             const float* __restrict__ shared_scale = nullptr) {
-  constexpr int kSlices = kGemvWarps / kTiles;  // warps splitting K over one tile
+  constexpr int kSlices = kWarps / kTiles;  // warps splitting K over one tile
   __shared__ DecodeRouteSmem route;
-  __shared__ float4 part[kGemvWarps][kNT][32];
+  __shared__ float4 part[kWarps][kNT][32];
   int e = 0, n = 0, one_pair = 0;
   // kOneToken with shared_w: the grid's last row of blocks computes the shared expert (its matrix and
   // scales as one expert's) as pair P, on token 0's x.
@@ -512,7 +513,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     have = true;
   }
   if constexpr (kPrefetch) pdl_wait();  // act (gate_up's) and weights
-  if (sh && warp == kGemvWarps - 1) {   // the shared expert's gate, from x (the MoE input)
+  // Waited either way: the next kernel (the residual add + norm) may launch and wait resident.
+  pdl_launch_dependents();
+  if (sh && warp == kGemvWarps - 1) {  // the shared expert's gate, from x (the MoE input)
     float g = 1.0f;
     if (shared.gate != nullptr) {
       const uint4* gr = reinterpret_cast<const uint4*>(shared.gate);
@@ -557,7 +560,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocks)
     if (sh) acc += shared_scale * ys[P][threadIdx.x];
     out[h0 + threadIdx.x] = __float2bfloat16_rn(acc);
   }
-  pdl_launch_dependents();
 }
 
 template <int kGuUnroll, int kGuBlocks, int kDnRows, int kDnBlocks, bool kOverlap>
@@ -681,6 +683,9 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
   }
   __syncthreads();
   pdl_wait();
+  // The next kernel (the residual add + norm, one block) may launch now and wait resident: this
+  // kernel has waited, so it may read what came before (device_utils.cuh).
+  pdl_launch_dependents();
   const int per_row = H / 8;
   const int64_t total = static_cast<int64_t>(T) * per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -745,7 +750,6 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
     }
     reinterpret_cast<uint4*>(out + static_cast<int64_t>(t) * H)[c] = o;
   }
-  pdl_launch_dependents();
 }
 
 // ---------------------------------------------------------------- top-k
@@ -788,20 +792,24 @@ void launch_moe_decode_gemvs(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16
 // rows, 2 warps each). Blocks of half those rows (twice the warps on K) took 1.16-1.22x the time
 // at 8-32 tokens on the H200 (session 17): each block pays the routing preamble for fewer bytes.
 // kNT, kUnroll, kOneToken, kMinBlocks: moe_gemv_fp8_mma_kernel's (the grouped form by default).
-template <int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false, int kMinBlocks = 1>
+// kWarps: a block's warps; the K split of a tile stays (gate_up 4 warps, down 2), so the sums
+// are the same for every kWarps, and fewer warps make more, smaller blocks.
+template <int kNT = kFp8MmaNT, int kUnroll = kFp8MmaUnroll, bool kOneToken = false, int kMinBlocks = 1,
+          int kWarps = kGemvWarps>
 void launch_moe_decode_fp8_mma(const MoeArgs& a, __nv_bfloat16* act, __nv_bfloat16* y, cudaStream_t s,
                                const MoeFusedShared* shared = nullptr) {
   const int P = a.T * a.k;
   const int slots = std::min(P, a.E_local) + (shared ? 1 : 0);  // (shared: kOneToken only)
-  constexpr int kGuTiles = 2, kDnTiles = 4;
-  launch_pdl(moe_gemv_fp8_mma_kernel<true, kGuTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
-             dim3(ceil_div(a.I, 8 * kGuTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(a.x),
+  static_assert(kWarps % 4 == 0 && kWarps <= kGemvWarps, "a block holds whole tiles of both kernels");
+  constexpr int kGuTiles = kWarps / 4, kDnTiles = kWarps / 2;
+  launch_pdl(moe_gemv_fp8_mma_kernel<true, kGuTiles, kNT, kUnroll, kOneToken, kMinBlocks, kWarps>,
+             dim3(ceil_div(a.I, 8 * kGuTiles), slots), kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(a.x),
              static_cast<const uint8_t*>(a.gate_up), a.gate_up_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H,
              a.I, act, shared ? static_cast<const uint8_t*>(shared->gate_up) : nullptr,
              shared ? shared->gate_up_scale : nullptr);
   TCUDA_LAUNCH_CHECK();
-  launch_pdl(moe_gemv_fp8_mma_kernel<false, kDnTiles, kNT, kUnroll, kOneToken, kMinBlocks>,
-             dim3(ceil_div(a.H, 16 * kDnTiles), slots), kGemvWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(act),
+  launch_pdl(moe_gemv_fp8_mma_kernel<false, kDnTiles, kNT, kUnroll, kOneToken, kMinBlocks, kWarps>,
+             dim3(ceil_div(a.H, 16 * kDnTiles), slots), kWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(act),
              static_cast<const uint8_t*>(a.down), a.down_scale, a.ids, P, a.k, a.expert_begin, a.E_local, a.H, a.I, y,
              shared ? static_cast<const uint8_t*>(shared->down) : nullptr, shared ? shared->down_scale : nullptr);
   TCUDA_LAUNCH_CHECK();
@@ -820,6 +828,15 @@ bool launch_moe_decode_fp8_one_token_or_grouped(const MoeArgs& a, __nv_bfloat16*
         return shared != nullptr;
       case CudaMoeFp8OneToken::kDeep:
         launch_moe_decode_fp8_mma<1, 8, true, 2>(a, act, y, s, shared);
+        return shared != nullptr;
+      case CudaMoeFp8OneToken::kFine:
+        launch_moe_decode_fp8_mma<1, 4, true, 6, 4>(a, act, y, s, shared);
+        return shared != nullptr;
+      case CudaMoeFp8OneToken::kFineWide:
+        launch_moe_decode_fp8_mma<1, 2, true, 8, 4>(a, act, y, s, shared);
+        return shared != nullptr;
+      case CudaMoeFp8OneToken::kFine10:
+        launch_moe_decode_fp8_mma<1, 2, true, 10, 4>(a, act, y, s, shared);
         return shared != nullptr;
     }
   }
@@ -853,6 +870,12 @@ bool launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
         return shared != nullptr;
       case CudaMoeOneToken::kMixedOverlap:
         launch_moe_one_token<4, 4, 4, 2, true>(a, actb, shared, s);
+        return shared != nullptr;
+      case CudaMoeOneToken::kWideOverlap:
+        launch_moe_one_token<2, 6, 4, 2, true>(a, actb, shared, s);
+        return shared != nullptr;
+      case CudaMoeOneToken::kWide4Overlap:
+        launch_moe_one_token<4, 6, 4, 2, true>(a, actb, shared, s);
         return shared != nullptr;
     }
   }

@@ -32,6 +32,10 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ row, int E, 
   sum = warp_sum(sum);
 #pragma unroll
   for (int b = 0; b < kPer; ++b) p[b] = lane + 32 * b < E ? expf(p[b] - mx) / sum : -2.0f;  // -2: never picked
+  // A round: each lane's best (strict > over ascending ids keeps its lowest id on ties), then the
+  // warp's largest probability by one reduction over keys that order like the probabilities (a
+  // non-negative float's bits, plus one, so that 0 marks "nothing left"), and the lowest id among
+  // the lanes that hold it by a second: the pick of a shuffle tree with ties to the lower id.
   float mine_p = 0.0f, picked = 0.0f;
   int mine_id = 0;
   for (int j = 0; j < k; ++j) {
@@ -43,15 +47,11 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ row, int E, 
         best = p[b];
         best_id = lane + 32 * b;
       }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (ob > best || (ob == best && oi < best_id)) {
-        best = ob;
-        best_id = oi;
-      }
-    }
+    const unsigned key = best >= 0.0f ? __float_as_uint(best) + 1u : 0u;
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    best_id =
+        static_cast<int>(__reduce_min_sync(0xffffffffu, key == top ? static_cast<unsigned>(best_id) : 0x7fffffffu));
+    best = top > 0u ? __uint_as_float(top - 1u) : -1.0f;
 #pragma unroll
     for (int b = 0; b < kPer; ++b)
       if (best_id == lane + 32 * b) p[b] = -2.0f;  // taken
