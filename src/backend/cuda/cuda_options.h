@@ -77,18 +77,20 @@ enum class CudaMoeOneToken {
                    // GEMV issues its first weight loads before it waits for gate_up's output
   kNarrow,         // gate_up 4 loads per row in flight (4 blocks an SM), down 2 rows a warp
   kNarrowOverlap,  // kNarrow with kDeepOverlap's early launch and loads
-  kMixedOverlap,   // kNarrow's gate_up and kDeep's down, with kDeepOverlap's early launch and loads: the
-                   // default (moe_bench --variants on the H200, 2026-12-02, us a layer at T = 1 for grouped /
+  kMixedOverlap,   // kNarrow's gate_up and kDeep's down, with kDeepOverlap's early launch and loads
+                   // (moe_bench --variants on the H200, 2026-12-02, us a layer at T = 1 for grouped /
                    // deep_overlap / narrow / mixed_overlap: Qwen3-30B-A3B 33.4 / 28.0 / 28.5 / 27.6,
                    // Qwen3.5-35B-A3B 39.2 / 34.3 / 33.0 / 32.4)
-  kWideOverlap,    // kMixedOverlap with gate_up 2 loads per row in flight at 6 blocks an SM (one wave at
-                   // Qwen3-30B-A3B's 768 blocks)
-  kWide4Overlap,   // kWideOverlap with 4 loads per row in flight
+  kWideOverlap,    // kMixedOverlap with gate_up 2 loads per row in flight at 6 blocks an SM, so that
+                   // Qwen3-30B-A3B's 768 gate_up blocks (Qwen3.5-35B-A3B's 576) are resident at once:
+                   // the default (batch-1 decode on the H200, session 21: Qwen3-30B-A3B 355.8 / 356.7
+                   // against 341.8 / 341.2 tok/s for kMixedOverlap, Qwen3.5-35B-A3B 370.1 / 370.0
+                   // against 357.4 / 360.3)
 };
 inline constexpr CudaMoeOneToken kAllCudaMoeOneToken[] = {
-    CudaMoeOneToken::kGrouped,     CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
-    CudaMoeOneToken::kNarrow,      CudaMoeOneToken::kNarrowOverlap, CudaMoeOneToken::kMixedOverlap,
-    CudaMoeOneToken::kWideOverlap, CudaMoeOneToken::kWide4Overlap};
+    CudaMoeOneToken::kGrouped,    CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
+    CudaMoeOneToken::kNarrow,     CudaMoeOneToken::kNarrowOverlap, CudaMoeOneToken::kMixedOverlap,
+    CudaMoeOneToken::kWideOverlap};
 inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
   switch (v) {
     case CudaMoeOneToken::kGrouped:
@@ -105,8 +107,6 @@ inline const char* cuda_moe_one_token_name(CudaMoeOneToken v) {
       return "mixed_overlap";
     case CudaMoeOneToken::kWideOverlap:
       return "wide_overlap";
-    case CudaMoeOneToken::kWide4Overlap:
-      return "wide4_overlap";
   }
   return "?";
 }
@@ -150,7 +150,7 @@ struct CudaOptions {
   // device is sm_90; false: the mma.sync kernel, which every device and FP8 experts take.
   bool moe_prefill_wgmma = true;
   CudaMoeFp8Decode moe_fp8_decode = CudaMoeFp8Decode::kMma;
-  CudaMoeOneToken moe_one_token = CudaMoeOneToken::kMixedOverlap;
+  CudaMoeOneToken moe_one_token = CudaMoeOneToken::kWideOverlap;
   // At one token on the one-token kernels (bf16: moe_one_token; FP8: moe_fp8_one_token), a shared
   // expert of the routed experts' I and format (Qwen3.5, the flagship) is their pair k: gate_up
   // computes it in one more row of blocks, and the down GEMV (bf16) or the combine kernel (FP8) adds

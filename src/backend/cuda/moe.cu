@@ -874,9 +874,6 @@ bool launch_moe_decode(const MoeArgs& a, void* act, void* y, cudaStream_t s, Cud
       case CudaMoeOneToken::kWideOverlap:
         launch_moe_one_token<2, 6, 4, 2, true>(a, actb, shared, s);
         return shared != nullptr;
-      case CudaMoeOneToken::kWide4Overlap:
-        launch_moe_one_token<4, 6, 4, 2, true>(a, actb, shared, s);
-        return shared != nullptr;
     }
   }
   bool folded = false;  // the shared expert (FP8) as pair k of the one-token kernels, added by the combine
