@@ -316,25 +316,6 @@ void all_decode_variants(double copy_gbs, bool quick) {
 
 }  // namespace
 
-// "a, b, c": the names of an option's values (CudaMoeFp8Decode, CudaMoeOneToken).
-template <typename E, size_t N>
-std::string names_of(const E (&all)[N], const char* (*name)(E)) {
-  std::string names;
-  for (E d : all) names += (names.empty() ? "" : ", ") + std::string(name(d));
-  return names;
-}
-
-// Sets *out to the value named v; false when no value has that name.
-template <typename E, size_t N>
-bool pick_named(const std::string& v, const E (&all)[N], const char* (*name)(E), E* out) {
-  for (E d : all)
-    if (v == name(d)) {
-      *out = d;
-      return true;
-    }
-  return false;
-}
-
 int run(int argc, char** argv) {
   bool quick = false, variants_only = false;
   CudaOptions options;

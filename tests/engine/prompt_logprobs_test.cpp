@@ -110,7 +110,7 @@ void expect_matches(const std::string& fixture, const Reference& ref, const std:
   for (size_t p = 0; p < got.size(); ++p) {
     EXPECT_EQ(got[p].token, prompt[p + 1]) << what << " position " << p;
     EXPECT_NEAR(got[p].logprob, ref.logprob[p], tol) << what << " position " << p;
-    if (!testing::testing_on_cuda() && got[p].rank != ref.rank[p]) {
+    if (!testing::testing_on_cuda()) {
       EXPECT_GE(got[p].rank, ref.rank_lo[p])
           << what << " position " << p << ": rank " << got[p].rank << ", the reference's " << ref.rank[p];
       EXPECT_LE(got[p].rank, ref.rank_hi[p])

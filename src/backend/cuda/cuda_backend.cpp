@@ -1241,16 +1241,8 @@ namespace {
 template <typename E, size_t N>
 void env_variant(const char* var, const E (&all)[N], const char* (*name)(E), E* out) {
   const char* e = std::getenv(var);
-  if (!e) return;
-  std::string names;
-  for (E v : all) {
-    if (std::string_view(e) == name(v)) {
-      *out = v;
-      return;
-    }
-    names += std::string(names.empty() ? "" : ", ") + name(v);
-  }
-  fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", var, e, names);
+  if (e && !pick_named(e, all, name, out))
+    fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", var, e, names_of(all, name));
 }
 
 // Whole-model A/B runs of a kernel variant without a rebuild (the benchmarks set CudaOptions):

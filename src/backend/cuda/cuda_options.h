@@ -5,6 +5,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace tessera {
 
@@ -142,6 +144,25 @@ inline const char* cuda_moe_fp8_one_token_name(CudaMoeFp8OneToken v) {
       return "fine10";
   }
   return "?";
+}
+
+// "a, b, c": the names of an option's values (kAllCudaMoeOneToken with cuda_moe_one_token_name, ...).
+template <typename E, size_t N>
+std::string names_of(const E (&all)[N], const char* (*name)(E)) {
+  std::string names;
+  for (E d : all) names += (names.empty() ? "" : ", ") + std::string(name(d));
+  return names;
+}
+
+// Sets *out to the value named v; false when no value has that name.
+template <typename E, size_t N>
+bool pick_named(std::string_view v, const E (&all)[N], const char* (*name)(E), E* out) {
+  for (E d : all)
+    if (v == name(d)) {
+      *out = d;
+      return true;
+    }
+  return false;
 }
 
 struct CudaOptions {
