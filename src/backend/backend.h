@@ -57,6 +57,17 @@ struct LinearAttnMetadata {
   std::vector<int32_t> host_query_start_loc, host_state_slots, host_has_initial_state, host_token_state_slots;
 };
 
+// Whether sequence s keeps per-token states (token_state_slots: a verification chunk) other than
+// its final state in its own slot (what a sequence without drafts in a speculative step asks
+// for); from the host copies.
+inline bool per_token_states(const LinearAttnMetadata& m, int s) {
+  if (m.host_token_state_slots.empty()) return false;
+  const int32_t t0 = m.host_query_start_loc[s], t1 = m.host_query_start_loc[s + 1];
+  for (int32_t t = t0; t + 1 < t1; ++t)
+    if (m.host_token_state_slots[t] >= 0) return true;
+  return t1 > t0 && m.host_token_state_slots[t1 - 1] != m.host_state_slots[s];
+}
+
 // Rotary embedding table: for each position, cos then sin of each frequency
 // ([max_positions, rotary_dim] f32), already multiplied by any YaRN attention factor.
 struct RopeTable {

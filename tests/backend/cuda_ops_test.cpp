@@ -874,6 +874,47 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGatedDeltaRule,
                                            GdrCase{2, 2, 64, 32, DType::kBF16, "recurrent 64x32"},
                                            GdrCase{1, 2, 256, 40, DType::kF32, "recurrent 256x40"}));
 
+// A prompt chunk in a step with a verification chunk (which keeps a state per token, on the
+// recurrent kernel) still takes the chunked kernel: its outputs and final state are the bits of
+// the same chunk in a step of its own, and the verification chunk's kept states are the CPU's.
+TEST_F(CudaOps, GatedDeltaRulePromptChunkBesideAVerificationIsChunked) {
+  const int Hk = 2, Hv = 4, D = 128, C = 2 * Hk * D + Hv * D, num_slots = 8, ba_col = 3, X = ba_col + 2 * Hv + 5;
+  const LinearStep mixed = {{3, 100, 1}, {3, 0, 6}, {1, 1, 1}, token_slots({3, 4, 7}, {3, 100, 1}, {3, 0, 6})};
+  const LinearStep alone = {{100}, {0}, {1}};
+  const int T = 104;
+  std::vector<float> alog = rand(Hv, -2.0f, 0.5f), dtb = rand(Hv, -1.0f, 1.0f);
+  Tensor ga = on_gpu(alog, {Hv}, DType::kF32), gd = on_gpu(dtb, {Hv}, DType::kF32);
+  Tensor ca = on_cpu(alog, {Hv}), cd = on_cpu(dtb, {Hv});
+  const Shape ss{num_slots, Hv, D, D};
+  std::vector<float> st0 = rand(ss.numel(), -0.3f, 0.3f);
+  Tensor gs_mixed = on_gpu(st0, ss, DType::kF32), gs_alone = on_gpu(st0, ss, DType::kF32), cs = on_cpu(st0, ss);
+  std::vector<float> qkv = rand(static_cast<int64_t>(T) * C, -1.0f, 1.0f),
+                     ba = rand(static_cast<int64_t>(T) * X, -3.0f, 3.0f);
+  Tensor out_mixed = gpu_out({T, Hv, D}), out_alone = gpu_out({100, Hv, D}),
+         cout = cpu().alloc({T, Hv, D}, DType::kF32);
+  gpu().gated_delta_rule(on_gpu(qkv, {T, C}), on_gpu(ba, {T, X}), ba_col, ga, gd, gs_mixed,
+                         upload_linear_attn_metadata(gpu(), linear_layout(mixed)), out_mixed);
+  cpu().gated_delta_rule(on_cpu(qkv, {T, C}), on_cpu(ba, {T, X}), ba_col, ca, cd, cs,
+                         upload_linear_attn_metadata(cpu(), linear_layout(mixed)), cout);
+  const std::vector<float> qkv1(qkv.begin() + 3 * C, qkv.begin() + 103 * C),
+      ba1(ba.begin() + 3 * X, ba.begin() + 103 * X);
+  gpu().gated_delta_rule(on_gpu(qkv1, {100, C}), on_gpu(ba1, {100, X}), ba_col, ga, gd, gs_alone,
+                         upload_linear_attn_metadata(gpu(), linear_layout(alone)), out_alone);
+  const auto got = from_gpu(out_mixed), want = from_gpu(out_alone);
+  const int64_t row = static_cast<int64_t>(Hv) * D;
+  EXPECT_TRUE(std::equal(got.begin() + 3 * row, got.begin() + 103 * row, want.begin()))
+      << "the prompt chunk's outputs differ from the chunked kernel's alone";
+  const auto sm = from_gpu(gs_mixed), sa = from_gpu(gs_alone), sc = from_cpu(cs);
+  const int64_t slot = static_cast<int64_t>(Hv) * D * D;
+  EXPECT_TRUE(std::equal(sm.begin(), sm.begin() + slot, sa.begin())) << "the prompt's final state (slot 0)";
+  EXPECT_LT(rel_err(got, from_cpu(cout)), 2e-2);
+  for (int s : {3, 4, 7, 6}) {  // the verification chunk's kept states, the decode row's
+    const std::vector<float> g(sm.begin() + s * slot, sm.begin() + (s + 1) * slot),
+        c(sc.begin() + s * slot, sc.begin() + (s + 1) * slot);
+    EXPECT_LT(rel_err(g, c), 2e-2) << "slot " << s;
+  }
+}
+
 // One 300-token sequence through causal_conv1d and the gated delta rule in one step, and in
 // steps of 32 tokens that continue from the slot's state (the engine's chunked prefill, issue
 // 17): the outputs of the two runs and the final states agree with each other and with the CPU

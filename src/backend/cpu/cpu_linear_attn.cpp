@@ -52,16 +52,6 @@ void check_meta(const LinearAttnMetadata& m, int64_t T, int64_t num_slots, const
             "token state slot " + std::to_string(slot) + " outside the " + std::to_string(num_slots) + " slots");
 }
 
-// Whether sequence s keeps per-token states (token_state_slots) other than its final state in
-// its own slot (what a sequence without drafts in a speculative step asks for).
-bool per_token_states(const LinearAttnMetadata& m, int s) {
-  if (m.host_token_state_slots.empty()) return false;
-  const int32_t t0 = m.host_query_start_loc[s], t1 = m.host_query_start_loc[s + 1];
-  for (int32_t t = t0; t + 1 < t1; ++t)
-    if (m.host_token_state_slots[t] >= 0) return true;
-  return t1 > t0 && m.host_token_state_slots[t1 - 1] != m.host_state_slots[s];
-}
-
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 

@@ -927,31 +927,66 @@ class CudaBackend final : public Backend {
     a.Dv = static_cast<int>(Dv);
     a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
     // Several tokens in a sequence: the chunked tensor-core path where the head dims allow it
-    // (CudaOptions::chunked_gated_delta = false keeps the recurrent kernel, which walks
-    // the tokens one by one). (Per-token states, speculative decoding: the recurrent kernel,
-    // which keeps them.)
-    const bool chunked = meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) &&
-                         meta.num_seqs > 0 && a.token_slots == nullptr;
+    // (CudaOptions::chunked_gated_delta = false keeps the recurrent kernel, which walks the
+    // tokens one by one). Speculative decoding: in a step whose sequences have different token
+    // counts (a prompt chunk beside verification chunks; never graph-captured, which takes equal
+    // counts only) the prompt chunks still take the chunked path, so a prompt's chunk gives the
+    // same numbers whether or not a verification shares its step, and the recurrent kernel takes
+    // the rest: the chunks that keep a state per token, and the one-token rows, which then get
+    // the numbers of a decode step. A step of equal counts with per-token states (verification
+    // only) is all recurrent.
+    const int S = meta.num_seqs;
+    const bool can_chunk =
+        meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) && S > 0;
+    std::vector<int32_t> recurrent_only;  // per sequence: 1 = the recurrent kernel takes it
+    int n_recurrent = 0;
+    if (can_chunk && a.token_slots) {
+      recurrent_only.assign(S, 1);
+      n_recurrent = S;
+      const bool host = static_cast<int>(meta.host_query_start_loc.size()) == S + 1 &&
+                        static_cast<int>(meta.host_state_slots.size()) == S &&
+                        static_cast<int64_t>(meta.host_token_state_slots.size()) == T;
+      bool equal_counts = true;
+      for (int s = 0; host && s < S; ++s)
+        equal_counts = equal_counts && meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] ==
+                                           meta.host_query_start_loc[1] - meta.host_query_start_loc[0];
+      if (host && !equal_counts)
+        for (int s = 0; s < S; ++s)
+          if (meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] > 1 && !per_token_states(meta, s))
+            recurrent_only[s] = 0, --n_recurrent;
+    }
+    const bool chunked = can_chunk && n_recurrent < S;
     if (chunked) {
       std::vector<int32_t> chunks, seq_chunks = {0};
-      for (int s = 0; s < meta.num_seqs; ++s) {
+      for (int s = 0; s < S; ++s) {
         const int t0 = meta.host_query_start_loc[s], t1 = meta.host_query_start_loc[s + 1];
-        for (int t = t0; t < t1; t += 64) chunks.insert(chunks.end(), {t, std::min(64, t1 - t), s});
+        if (recurrent_only.empty() || !recurrent_only[s])
+          for (int t = t0; t < t1; t += 64) chunks.insert(chunks.end(), {t, std::min(64, t1 - t), s});
         seq_chunks.push_back(static_cast<int32_t>(chunks.size() / 3));
       }
-      a.num_chunks = static_cast<int>(chunks.size() / 3);
-      if (a.num_chunks == 0) return;
-      Tensor chunk_table = scratch({static_cast<int64_t>(chunks.size())}, DType::kI32);
-      Tensor seq_table = scratch({static_cast<int64_t>(seq_chunks.size())}, DType::kI32);
-      copy_from_host(chunk_table, chunks.data());
-      copy_from_host(seq_table, seq_chunks.data());
-      Tensor ws = scratch({static_cast<int64_t>(gdr_chunked_workspace_bytes(a.num_chunks, a.Hk, a.Hv, a.Dk, a.Dv))},
-                          DType::kU8);
-      a.chunks = chunk_table.data<int32_t>();
-      a.seq_chunks = seq_table.data<int32_t>();
-      gdr_carve_workspace(a, ws.raw());
+      GatedDeltaRuleArgs c = a;
+      c.token_slots = nullptr;  // its sequences write their final state in place
+      c.num_chunks = static_cast<int>(chunks.size() / 3);
+      if (c.num_chunks > 0) {
+        Tensor chunk_table = scratch({static_cast<int64_t>(chunks.size())}, DType::kI32);
+        Tensor seq_table = scratch({static_cast<int64_t>(seq_chunks.size())}, DType::kI32);
+        copy_from_host(chunk_table, chunks.data());
+        copy_from_host(seq_table, seq_chunks.data());
+        Tensor ws = scratch({static_cast<int64_t>(gdr_chunked_workspace_bytes(c.num_chunks, c.Hk, c.Hv, c.Dk, c.Dv))},
+                            DType::kU8);
+        c.chunks = chunk_table.data<int32_t>();
+        c.seq_chunks = seq_table.data<int32_t>();
+        gdr_carve_workspace(c, ws.raw());
+        launch_gated_delta_rule(c, true, stream_);
+      }
+      if (n_recurrent == 0) return;
+      Tensor skip = scratch({S}, DType::kI32);  // the recurrent kernel skips the chunked sequences
+      std::vector<int32_t> skip_host(S);
+      for (int s = 0; s < S; ++s) skip_host[s] = !recurrent_only[s];
+      copy_from_host(skip, skip_host.data());
+      a.skip_seqs = skip.data<int32_t>();
     }
-    launch_gated_delta_rule(a, chunked, stream_);
+    launch_gated_delta_rule(a, false, stream_);
   }
 
   void gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,

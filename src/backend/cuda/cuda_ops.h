@@ -155,6 +155,9 @@ struct GatedDeltaRuleArgs {
   // (-1 none). A sequence whose last token's entry is not its own slot writes only there
   // (recurrent path only); the others write their final state in place as usual.
   const int32_t* token_slots;
+  // Recurrent path (null: none): [S], 1 = leave sequence s alone (the chunked path of the same
+  // step takes it).
+  const int32_t* skip_seqs;
   void* out;  // bf16 [T, Hv, Dv]
   int num_seqs, Hk, Hv, Dk, Dv;
   float scale;  // 1 / sqrt(Dk)

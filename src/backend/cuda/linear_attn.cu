@@ -145,6 +145,7 @@ __global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a
   pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int s = blockIdx.z, h = blockIdx.y, v = blockIdx.x * 32 + lane;
+  if (a.skip_seqs && a.skip_seqs[s]) return;
   const int t0 = a.qsl[s], t1 = a.qsl[s + 1], slot = a.slots[s];
   const bool vok = v < a.Dv;
   bf16* out = static_cast<bf16*>(a.out);
