@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -322,6 +323,28 @@ TEST_F(CudaOps, CapturedGraphReplaysOnNewInputs) {
   std::vector<uint8_t> bytes(x.nbytes());
   EXPECT_THROW(gpu().copy_from_host(x, bytes.data()), Error);
   g = gpu().end_capture();
+}
+
+// TESSERA_CUDA_OPTIONS sets CudaOptions members by name; a bad item fails the backend's
+// construction with a message that names it (and the known names).
+TEST_F(CudaOps, CudaOptionsFromTheEnvironment) {
+  auto message = [](const char* value) -> std::string {
+    setenv("TESSERA_CUDA_OPTIONS", value, 1);
+    std::string m;
+    try {
+      make_cuda_backend(0);
+    } catch (const Error& e) {
+      m = e.what();
+    }
+    unsetenv("TESSERA_CUDA_OPTIONS");
+    return m;
+  };
+  EXPECT_EQ(message("chunked_gated_delta=0,fp8_w8a8_min_rows=100000,moe_fp8_decode=cuda_cores,"), "");
+  EXPECT_NE(message("chunked_gated_delta=2").find("must be 0 or 1"), std::string::npos);
+  EXPECT_NE(message("fp8_w8a8_min_rows=x").find("is not an integer"), std::string::npos);
+  EXPECT_NE(message("moe_fp8_decode=fast").find("cuda_cores"), std::string::npos) << "lists the variants";
+  EXPECT_NE(message("no_such_option=1").find("unknown option 'no_such_option'"), std::string::npos);
+  EXPECT_NE(message("chunked_gated_delta").find("is not name=value"), std::string::npos);
 }
 
 TEST_F(CudaOps, BadTokenIdIsAnError) {

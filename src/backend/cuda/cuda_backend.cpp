@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1280,11 +1281,82 @@ void env_variant(const char* var, const E (&all)[N], const char* (*name)(E), E* 
     fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", var, e, names_of(all, name));
 }
 
+// TESSERA_CUDA_OPTIONS="name=value,...": the CudaOptions members below by name (bools as 0 / 1,
+// integers, enums by their variant names), for whole-model A/B runs and for finding which kernel
+// choice moves a model's numbers (e.g. chunked_gated_delta=0,fp8_w8a8_min_rows=1000000).
+void env_options(CudaOptions& o) {
+  const char* e = std::getenv("TESSERA_CUDA_OPTIONS");
+  if (!e) return;
+  auto as_int = [](std::string_view key, std::string_view v) {
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || end != v.data() + v.size())
+      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} is not an integer", key, v);
+    return n;
+  };
+  auto as_bool = [&](std::string_view key, std::string_view v) {
+    const int64_t n = as_int(key, v);
+    if (n != 0 && n != 1) fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} must be 0 or 1", key, v);
+    return n == 1;
+  };
+  auto variant = [](std::string_view key, std::string_view v, const auto& all, auto name, auto* out) {
+    if (!pick_named(v, all, name, out))
+      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} names no variant; use one of: {}", key, v,
+           names_of(all, name));
+  };
+  std::string_view rest(e);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: '{}' is not name=value", item);
+    const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "moe_decode")
+      variant(k, v, kAllCudaMoeDecode, cuda_moe_decode_name, &o.moe_decode);
+    else if (k == "moe_fp8_decode")
+      variant(k, v, kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name, &o.moe_fp8_decode);
+    else if (k == "moe_one_token")
+      variant(k, v, kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
+    else if (k == "moe_fp8_one_token")
+      variant(k, v, kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token);
+    else if (k == "moe_prefill_wgmma")
+      o.moe_prefill_wgmma = as_bool(k, v);
+    else if (k == "moe_one_token_shared")
+      o.moe_one_token_shared = as_bool(k, v);
+    else if (k == "fused_decode_attention")
+      o.fused_decode_attention = as_bool(k, v);
+    else if (k == "decode_heads_per_block")
+      o.decode_heads_per_block = static_cast<int>(as_int(k, v));
+    else if (k == "decode_early_merge")
+      o.decode_early_merge = as_bool(k, v);
+    else if (k == "chunked_gated_delta")
+      o.chunked_gated_delta = as_bool(k, v);
+    else if (k == "fp8_gemm_dequant")
+      o.fp8_gemm_dequant = as_bool(k, v);
+    else if (k == "fp8_w8a8_min_rows")
+      o.fp8_w8a8_min_rows = as_int(k, v);
+    else if (k == "fp8_small_max_weights")
+      o.fp8_small_max_weights = as_int(k, v);
+    else
+      fail(ErrorKind::kInvalidArgument,
+           "TESSERA_CUDA_OPTIONS: unknown option '{}'; known: moe_decode, moe_fp8_decode, moe_one_token, "
+           "moe_fp8_one_token, moe_prefill_wgmma, moe_one_token_shared, fused_decode_attention, "
+           "decode_heads_per_block, decode_early_merge, chunked_gated_delta, fp8_gemm_dequant, fp8_w8a8_min_rows, "
+           "fp8_small_max_weights",
+           k);
+  }
+}
+
 // Whole-model A/B runs of a kernel variant without a rebuild (the benchmarks set CudaOptions):
-// TESSERA_MOE_ONE_TOKEN, TESSERA_MOE_FP8_ONE_TOKEN = a variant's name.
+// TESSERA_MOE_ONE_TOKEN, TESSERA_MOE_FP8_ONE_TOKEN = a variant's name; TESSERA_CUDA_OPTIONS (above),
+// applied after them.
 CudaOptions with_env_overrides(CudaOptions o) {
   env_variant("TESSERA_MOE_ONE_TOKEN", kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
   env_variant("TESSERA_MOE_FP8_ONE_TOKEN", kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token);
+  env_options(o);
   return o;
 }
 }  // namespace
