@@ -302,7 +302,9 @@ Tensor ModelRunner::run(const ModelInput& in) {
     last_tokens_ = T;
   }
   const Tensor logits = run_graph(graphs_, eager_shapes_, shape, q == 1, [&] { return model_.run(si, kv_); });
-  if (graphs_.count(shape)) last_bucket_ = b;  // (a failed capture of a decode shape turned graphs off)
+  // The step ran on the bucket's padded rows (si), captured or not: what follows it (MTP
+  // drafting) takes that layout, also after a failed capture.
+  last_bucket_ = b;
   last_inputs_ = std::move(si);
   return logits_rows(logits, static_cast<int>(T));
 }
@@ -495,8 +497,8 @@ void ModelRunner::run_with_mtp(const ModelInput& in, int passes, const SampleFn&
   const Tensor logits = run(in);
   const int b = last_bucket_;
   const std::tuple<int, int, int> key{b, q, passes};
-  const bool graph =
-      b > 0 && mtp_max_b_ > 0 && b <= bucket_for(mtp_max_b_) && passes <= max_q_ - 1 && !fused_eager_.count(key);
+  const bool graph = b > 0 && graphs_enabled_ && mtp_max_b_ > 0 && b <= bucket_for(mtp_max_b_) &&
+                     passes <= max_q_ - 1 && !fused_eager_.count(key);
   // Rows: the step's (its bucket when it ran as a graph). A graph's offsets are those of the
   // largest shape it may take; an eager run's its own.
   const int64_t W = b > 0 ? b : S;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/forwarding_backend.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "fixture_util.h"
@@ -605,6 +606,56 @@ TEST_P(HybridEngineTest, MtpDraftingInTheStepDraftsWhatDraftingAfterItDoes) {
       EXPECT_EQ(stats[0].num_accepted_tokens, stats[1].num_accepted_tokens);
       EXPECT_EQ(stats[0].accepted_per_pos, stats[1].accepted_per_pos);
     }
+}
+
+// Every graph capture fails (a backend whose end_capture throws): the speculative-decoding shapes
+// then run eagerly, on the rows their graphs would have had (the step's bucket), and MTP drafting
+// in the step and after it take those rows too; decode shapes turn graphs off. The tokens are
+// those of the same runs with graphs working. Only where the backend captures graphs (CUDA).
+class FailingCaptures : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  int failed = 0;
+  std::unique_ptr<CapturedGraph> end_capture() override {
+    inner().end_capture();
+    ++failed;
+    fail(ErrorKind::kInternal, "a capture made to fail (test)");
+  }
+};
+
+TEST_P(HybridEngineTest, MtpAfterFailedGraphCapturesRunsEagerly) {
+  if (!testing::make_test_backend()->supports_graphs()) GTEST_SKIP() << "this backend does not capture graphs";
+  std::mt19937 g(43);
+  auto prompts = repetitive_prompts(g);
+  for (bool in_step : {true, false}) {
+    SCOPED_TRACE(in_step ? "drafting in the step" : "drafting after the step");
+    std::map<std::string, std::vector<int32_t>> tokens[2];
+    for (int failing : {0, 1}) {
+      std::unique_ptr<Backend> owned = testing::make_test_backend();
+      FailingCaptures failer(*owned);
+      Backend& be = failing ? static_cast<Backend&>(failer) : *owned;
+      LoadOptions lo;
+      lo.model_dir = testing::fixtures_dir() + "/" + GetParam();
+      lo.mtp = true;
+      EngineConfig ec;
+      ec.num_blocks_override = 64;
+      ec.speculative = mtp_spec(2);
+      ec.speculative.disable_by_batch_size = 0;
+      ec.mtp_drafts_in_step = in_step;
+      ec.scheduler.max_model_len = 128;
+      LLMEngine engine(std::make_unique<LocalExecutor>(load_model(lo, be), be), ec);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        ASSERT_TRUE(engine.add_request(std::to_string(i), prompts[i], greedy(12)).ok());
+      while (engine.has_unfinished())
+        for (const auto& o : engine.step())
+          tokens[failing][o.request_id].insert(tokens[failing][o.request_id].end(), o.new_token_ids.begin(),
+                                               o.new_token_ids.end());
+      EXPECT_TRUE(engine.cache_manager().pool().all_free()) << "KV blocks leaked";
+      if (failing) EXPECT_GT(failer.failed, 0) << "no graph was captured";
+      EXPECT_GT(engine.stats().spec.num_draft_tokens, 0u);
+    }
+    expect_same_or_close_call(tokens[0], tokens[1], {}, {}, GetParam());
+  }
 }
 
 // MTP with disable_by_batch_size: the sequences of a step where drafting is off run it without
