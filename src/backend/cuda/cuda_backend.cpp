@@ -18,8 +18,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <iterator>
 #include <mutex>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -937,31 +941,25 @@ class CudaBackend final : public Backend {
     // the numbers of a decode step. A step of equal counts with per-token states (verification
     // only) is all recurrent.
     const int S = meta.num_seqs;
-    const bool can_chunk =
-        meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) && S > 0;
-    std::vector<int32_t> recurrent_only;  // per sequence: 1 = the recurrent kernel takes it
-    int n_recurrent = 0;
-    if (can_chunk && a.token_slots) {
-      recurrent_only.assign(S, 1);
-      n_recurrent = S;
-      const bool host = static_cast<int>(meta.host_query_start_loc.size()) == S + 1 &&
-                        static_cast<int>(meta.host_state_slots.size()) == S &&
-                        static_cast<int64_t>(meta.host_token_state_slots.size()) == T;
-      bool equal_counts = true;
-      for (int s = 0; host && s < S; ++s)
-        equal_counts = equal_counts && meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] ==
-                                           meta.host_query_start_loc[1] - meta.host_query_start_loc[0];
-      if (host && !equal_counts)
-        for (int s = 0; s < S; ++s)
-          if (meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] > 1 && !per_token_states(meta, s))
-            recurrent_only[s] = 0, --n_recurrent;
+    std::vector<int32_t> chunked_seq;  // per sequence: 1 = the chunked path takes it (the recurrent kernel skips it)
+    if (meta.max_query_len > 1 && options_.chunked_gated_delta && gdr_chunked_supported(a.Dk, a.Dv) && S > 0) {
+      const auto& qsl = meta.host_query_start_loc;  // (check_linear_meta: S + 1 entries)
+      const auto other_count = [&](int32_t x, int32_t y) { return y - x != qsl[1] - qsl[0]; };
+      const bool equal_counts = std::adjacent_find(qsl.begin(), qsl.end(), other_count) == qsl.end();
+      if (!a.token_slots) {
+        chunked_seq.assign(S, 1);
+      } else if (!equal_counts && static_cast<int>(meta.host_state_slots.size()) == S &&
+                 static_cast<int64_t>(meta.host_token_state_slots.size()) == T) {
+        chunked_seq.resize(S);
+        for (int s = 0; s < S; ++s) chunked_seq[s] = qsl[s + 1] - qsl[s] > 1 && !per_token_states(meta, s);
+      }
     }
-    const bool chunked = can_chunk && n_recurrent < S;
-    if (chunked) {
+    const int n_chunked = static_cast<int>(std::count(chunked_seq.begin(), chunked_seq.end(), 1));
+    if (n_chunked > 0) {
       std::vector<int32_t> chunks, seq_chunks = {0};
       for (int s = 0; s < S; ++s) {
         const int t0 = meta.host_query_start_loc[s], t1 = meta.host_query_start_loc[s + 1];
-        if (recurrent_only.empty() || !recurrent_only[s])
+        if (chunked_seq[s])
           for (int t = t0; t < t1; t += 64) chunks.insert(chunks.end(), {t, std::min(64, t1 - t), s});
         seq_chunks.push_back(static_cast<int32_t>(chunks.size() / 3));
       }
@@ -980,11 +978,9 @@ class CudaBackend final : public Backend {
         gdr_carve_workspace(c, ws.raw());
         launch_gated_delta_rule(c, true, stream_);
       }
-      if (n_recurrent == 0) return;
-      Tensor skip = scratch({S}, DType::kI32);  // the recurrent kernel skips the chunked sequences
-      std::vector<int32_t> skip_host(S);
-      for (int s = 0; s < S; ++s) skip_host[s] = !recurrent_only[s];
-      copy_from_host(skip, skip_host.data());
+      if (n_chunked == S) return;
+      Tensor skip = scratch({S}, DType::kI32);
+      copy_from_host(skip, chunked_seq.data());
       a.skip_seqs = skip.data<int32_t>();
     }
     launch_gated_delta_rule(a, false, stream_);
@@ -1273,36 +1269,56 @@ int cuda_device_count() {
 }
 
 namespace {
-// An A/B switch naming a variant of `all` (by `name`): `*out` when the variable is set.
+// Sets *out to the variant of `all` named v, or fails naming `what` and the variants.
 template <typename E, size_t N>
-void env_variant(const char* var, const E (&all)[N], const char* (*name)(E), E* out) {
-  const char* e = std::getenv(var);
-  if (e && !pick_named(e, all, name, out))
-    fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", var, e, names_of(all, name));
+void set_variant(std::string_view what, std::string_view v, const E (&all)[N], const char* (*name)(E), E* out) {
+  if (!pick_named(v, all, name, out))
+    fail(ErrorKind::kInvalidArgument, "{}={} names no variant; use one of: {}", what, v, names_of(all, name));
 }
 
-// TESSERA_CUDA_OPTIONS="name=value,...": the CudaOptions members below by name (bools as 0 / 1,
-// integers, enums by their variant names), for whole-model A/B runs and for finding which kernel
-// choice moves a model's numbers (e.g. chunked_gated_delta=0,fp8_w8a8_min_rows=1000000).
+// TESSERA_CUDA_OPTIONS="name=value,...": the CudaOptions members of the table below by name (bools
+// as 0 / 1, integers, enums by their variant names), for whole-model A/B runs and for finding which
+// kernel choice moves a model's numbers (e.g. chunked_gated_delta=0,fp8_w8a8_min_rows=1000000).
 void env_options(CudaOptions& o) {
   const char* e = std::getenv("TESSERA_CUDA_OPTIONS");
   if (!e) return;
-  auto as_int = [](std::string_view key, std::string_view v) {
+  using Setter = std::function<void(const std::string& what, std::string_view v)>;
+  auto as_int = [](const std::string& what, std::string_view v) {
     int64_t n = 0;
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
     if (ec != std::errc() || end != v.data() + v.size())
-      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} is not an integer", key, v);
+      fail(ErrorKind::kInvalidArgument, "{}={} is not an integer", what, v);
     return n;
   };
-  auto as_bool = [&](std::string_view key, std::string_view v) {
-    const int64_t n = as_int(key, v);
-    if (n != 0 && n != 1) fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} must be 0 or 1", key, v);
-    return n == 1;
+  auto flag = [&](bool* out) -> Setter {
+    return [=](const std::string& what, std::string_view v) {
+      const int64_t n = as_int(what, v);
+      if (n != 0 && n != 1) fail(ErrorKind::kInvalidArgument, "{}={} must be 0 or 1", what, v);
+      *out = n == 1;
+    };
   };
-  auto variant = [](std::string_view key, std::string_view v, const auto& all, auto name, auto* out) {
-    if (!pick_named(v, all, name, out))
-      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: {}={} names no variant; use one of: {}", key, v,
-           names_of(all, name));
+  auto integer = [&](auto* out) -> Setter {
+    return [=](const std::string& what, std::string_view v) {
+      *out = static_cast<std::remove_pointer_t<decltype(out)>>(as_int(what, v));
+    };
+  };
+  auto variant = [](const auto& all, auto name, auto* out) -> Setter {
+    return [&all, name, out](const std::string& what, std::string_view v) { set_variant(what, v, all, name, out); };
+  };
+  const std::pair<const char*, Setter> fields[] = {
+      {"moe_decode", variant(kAllCudaMoeDecode, cuda_moe_decode_name, &o.moe_decode)},
+      {"moe_fp8_decode", variant(kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name, &o.moe_fp8_decode)},
+      {"moe_one_token", variant(kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token)},
+      {"moe_fp8_one_token", variant(kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token)},
+      {"moe_prefill_wgmma", flag(&o.moe_prefill_wgmma)},
+      {"moe_one_token_shared", flag(&o.moe_one_token_shared)},
+      {"fused_decode_attention", flag(&o.fused_decode_attention)},
+      {"decode_heads_per_block", integer(&o.decode_heads_per_block)},
+      {"decode_early_merge", flag(&o.decode_early_merge)},
+      {"chunked_gated_delta", flag(&o.chunked_gated_delta)},
+      {"fp8_gemm_dequant", flag(&o.fp8_gemm_dequant)},
+      {"fp8_w8a8_min_rows", integer(&o.fp8_w8a8_min_rows)},
+      {"fp8_small_max_weights", integer(&o.fp8_small_max_weights)},
   };
   std::string_view rest(e);
   while (!rest.empty()) {
@@ -1313,40 +1329,14 @@ void env_options(CudaOptions& o) {
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
       fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: '{}' is not name=value", item);
-    const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
-    if (k == "moe_decode")
-      variant(k, v, kAllCudaMoeDecode, cuda_moe_decode_name, &o.moe_decode);
-    else if (k == "moe_fp8_decode")
-      variant(k, v, kAllCudaMoeFp8Decode, cuda_moe_fp8_decode_name, &o.moe_fp8_decode);
-    else if (k == "moe_one_token")
-      variant(k, v, kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
-    else if (k == "moe_fp8_one_token")
-      variant(k, v, kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token);
-    else if (k == "moe_prefill_wgmma")
-      o.moe_prefill_wgmma = as_bool(k, v);
-    else if (k == "moe_one_token_shared")
-      o.moe_one_token_shared = as_bool(k, v);
-    else if (k == "fused_decode_attention")
-      o.fused_decode_attention = as_bool(k, v);
-    else if (k == "decode_heads_per_block")
-      o.decode_heads_per_block = static_cast<int>(as_int(k, v));
-    else if (k == "decode_early_merge")
-      o.decode_early_merge = as_bool(k, v);
-    else if (k == "chunked_gated_delta")
-      o.chunked_gated_delta = as_bool(k, v);
-    else if (k == "fp8_gemm_dequant")
-      o.fp8_gemm_dequant = as_bool(k, v);
-    else if (k == "fp8_w8a8_min_rows")
-      o.fp8_w8a8_min_rows = as_int(k, v);
-    else if (k == "fp8_small_max_weights")
-      o.fp8_small_max_weights = as_int(k, v);
-    else
-      fail(ErrorKind::kInvalidArgument,
-           "TESSERA_CUDA_OPTIONS: unknown option '{}'; known: moe_decode, moe_fp8_decode, moe_one_token, "
-           "moe_fp8_one_token, moe_prefill_wgmma, moe_one_token_shared, fused_decode_attention, "
-           "decode_heads_per_block, decode_early_merge, chunked_gated_delta, fp8_gemm_dequant, fp8_w8a8_min_rows, "
-           "fp8_small_max_weights",
-           k);
+    const std::string_view k = item.substr(0, eq);
+    const auto* f = std::find_if(std::begin(fields), std::end(fields), [&](const auto& f) { return k == f.first; });
+    if (f == std::end(fields)) {
+      std::string known;
+      for (const auto& [name, set] : fields) known += (known.empty() ? "" : ", ") + std::string(name);
+      fail(ErrorKind::kInvalidArgument, "TESSERA_CUDA_OPTIONS: unknown option '{}'; known: {}", k, known);
+    }
+    f->second("TESSERA_CUDA_OPTIONS: " + std::string(k), item.substr(eq + 1));
   }
 }
 
@@ -1354,8 +1344,11 @@ void env_options(CudaOptions& o) {
 // TESSERA_MOE_ONE_TOKEN, TESSERA_MOE_FP8_ONE_TOKEN = a variant's name; TESSERA_CUDA_OPTIONS (above),
 // applied after them.
 CudaOptions with_env_overrides(CudaOptions o) {
-  env_variant("TESSERA_MOE_ONE_TOKEN", kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
-  env_variant("TESSERA_MOE_FP8_ONE_TOKEN", kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name, &o.moe_fp8_one_token);
+  if (const char* e = std::getenv("TESSERA_MOE_ONE_TOKEN"))
+    set_variant("TESSERA_MOE_ONE_TOKEN", e, kAllCudaMoeOneToken, cuda_moe_one_token_name, &o.moe_one_token);
+  if (const char* e = std::getenv("TESSERA_MOE_FP8_ONE_TOKEN"))
+    set_variant("TESSERA_MOE_FP8_ONE_TOKEN", e, kAllCudaMoeFp8OneToken, cuda_moe_fp8_one_token_name,
+                &o.moe_fp8_one_token);
   env_options(o);
   return o;
 }
