@@ -1711,6 +1711,11 @@ std::vector<AttnCase> attention_cases() {
   const std::vector<SeqSpec> prefill = {{0, 7}, {5, 33}, {40, 100}, {16, 64}, {0, 130}, {200, 1}};
   const std::vector<SeqSpec> mixed = {{20, 1}, {0, 33}, {100, 1}, {17, 70}, {600, 1}};
   const std::vector<SeqSpec> short_prefill = {{0, 7}, {5, 33}, {300, 1}, {64, 64}};  // 64-row blocks
+  // Speculative verification: chunks of 1 + drafts over long contexts take the decode kernel
+  // (CudaOptions::decode_attention_max_query), each token over its own causal range; with a
+  // prompt chunk of 33 the prefill kernel takes that one beside them.
+  const std::vector<SeqSpec> verify = {{1000, 3}, {17, 4}, {2500, 17}, {300, 1}, {0, 2}, {63, 16}};
+  const std::vector<SeqSpec> verify_prefill = {{600, 3}, {0, 33}, {100, 1}, {31, 16}, {2000, 5}};
   std::vector<AttnCase> cases;
   for (int D : {64, 128})
     for (int g : {1, 2, 4, 8})
@@ -1719,6 +1724,8 @@ std::vector<AttnCase> attention_cases() {
         cases.push_back({D, g, c, prefill, "prefill+prefix"});
         cases.push_back({D, g, c, mixed, "mixed"});
         cases.push_back({D, g, c, short_prefill, "short-prefill"});
+        cases.push_back({D, g, c, verify, "verify"});
+        cases.push_back({D, g, c, verify_prefill, "verify+prefill"});
       }
   cases.push_back({128, 16, DType::kBF16, decode, "decode"});  // more query heads than one block takes
   // Groups that are not powers of two (Qwen2.5-7B: 7, Qwen3-14B: 5): padded head chunks.
@@ -1734,6 +1741,8 @@ std::vector<AttnCase> attention_cases() {
       cases.push_back({256, g, c, prefill, "prefill+prefix"});
       cases.push_back({256, g, c, mixed, "mixed"});
       cases.push_back({256, g, c, short_prefill, "short-prefill"});
+      cases.push_back({256, g, c, verify, "verify"});
+      cases.push_back({256, g, c, verify_prefill, "verify+prefill"});
     }
   // The fixtures' head dims (Qwen3-Next / Qwen3.5 tiny: 32, Qwen2-MoE / Qwen3-MoE tiny: 16) run
   // the generic kernel: contexts of 300 to 1000 keys (several 128-key chunks of its online

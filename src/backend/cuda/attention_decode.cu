@@ -33,7 +33,7 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
 // slice holds the newest key writes that key and value into the cache before reading it.
 template <int D, typename CT, int GC, bool kFused, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_attention_kernel(PagedAttentionArgs a, int num_splits, bool only_single, float* __restrict__ ws,
+    decode_attention_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, float* __restrict__ ws,
                             QkvPrologueArgs pro, bool trigger_early) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
   // 16-key tile and every q value it reads from shared memory serves kKpl keys.
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Launched with PDL (device_utils.cuh): the step inputs above are the host's; q, the
   // cache and ws are not.
   pdl_wait();
-  if (only_single && qlen != 1) return;
+  if (qlen > max_qlen) return;
 
   auto ws_row = [&](int g) { return ws + ((static_cast<int64_t>(t) * a.Hq + h0 + g) * num_splits + split) * (D + 2); };
 
@@ -324,8 +324,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // Merges the slices of one (token, head); only the slices that hold keys are read.
 template <int D>
-__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool only_single,
-                                     const float* __restrict__ ws) {
+__global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
@@ -335,7 +334,7 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
   static_assert(D >= kMaxSplits, "a thread per split loads its max and sum");
   __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   pdl_wait();  // launched with PDL (device_utils.cuh)
-  if (only_single && qlen != 1) return;
+  if (qlen > max_qlen) return;
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
   // The slices' maxima and sums, one load a thread, and their outputs 8 loads at a time: a loop of
   // dependent L2 round trips (one a slice, twice) was most of this kernel's time at batch 1.
@@ -367,27 +366,27 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, bool 
 int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
 
 template <int D, typename CT, bool kFused, bool kPre>
-void decode_launch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
+void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro,
                    int gc, bool early_merge, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
   dim3 grid(a.Hk * ((group + gc - 1) / gc), num_splits, a.num_tokens);
   const bool trigger_early = early_merge && num_splits > 1;
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
+                 pro, trigger_early);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
+                 pro, trigger_early);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
+                 pro, trigger_early);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, only_single,
-                 ws, pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
+                 pro, trigger_early);
       break;
   }
 }
@@ -399,26 +398,26 @@ constexpr int kPreloadMaxTokens = 8;
 constexpr int kOneTokenHeads = 2;
 
 template <int D, typename CT, bool kFused>
-void decode_t(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws, const QkvPrologueArgs& pro,
-              int gc, bool early_merge, cudaStream_t s) {
+void decode_t(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro, int gc,
+              bool early_merge, cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, only_single, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, kFused>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, only_single, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, false>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
-    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, only_single, ws);
+    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, max_qlen, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }
 
 template <int D, typename CT>
-void decode_dispatch(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
-                     const QkvPrologueArgs* fused, int gc, bool early_merge, cudaStream_t s) {
+void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs* fused,
+                     int gc, bool early_merge, cudaStream_t s) {
   if (fused)
-    decode_t<D, CT, true>(a, num_splits, only_single, ws, *fused, gc, early_merge, s);
+    decode_t<D, CT, true>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
   else
-    decode_t<D, CT, false>(a, num_splits, only_single, ws, QkvPrologueArgs{}, gc, early_merge, s);
+    decode_t<D, CT, false>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
 }
 
 }  // namespace
@@ -447,7 +446,7 @@ int decode_attention_heads_per_block(int num_tokens, int group) {
   return num_tokens == 1 ? std::min(full, kOneTokenHeads) : full;
 }
 
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single, float* ws,
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws,
                              const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge) {
   if (a.num_tokens == 0) return;
   const int group = a.Hq / a.Hk;
@@ -455,14 +454,14 @@ void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool o
                                      : decode_attention_heads_per_block(a.num_tokens, group);
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
-        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
+    fp8 ? decode_dispatch<128, __nv_fp8_e4m3>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s)
+        : decode_dispatch<128, __nv_bfloat16>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s);
   } else if (a.D == 256) {  // Qwen3-Next / Qwen3.5 gated attention (2 kv heads)
-    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
-        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
+    fp8 ? decode_dispatch<256, __nv_fp8_e4m3>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s)
+        : decode_dispatch<256, __nv_bfloat16>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s);
   } else {
-    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, only_single, ws, fused, gc, early_merge, s)
-        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, only_single, ws, fused, gc, early_merge, s);
+    fp8 ? decode_dispatch<64, __nv_fp8_e4m3>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s)
+        : decode_dispatch<64, __nv_bfloat16>(a, num_splits, max_qlen, ws, fused, gc, early_merge, s);
   }
 }
 

@@ -69,7 +69,7 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
 // each warp has kRF independent dependency chains. Q stays in shared memory.
 // kN: keys per tile (64, or 32 to save 32 registers of scores).
 template <int D, typename CT, int kRF, int kN>
-__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, bool skip_single) {
+__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, int skip_upto) {
   constexpr int kLd = D + 8;  // padded rows: ldmatrix reads hit 8 different bank groups
   constexpr int kRows = kRF * 64;
   constexpr bool kFp8 = sizeof(CT) == 1;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   // 0.1307 / 0.1269 s this way.
   const int s = blockIdx.z, h = blockIdx.x, qtile = gridDim.y - 1 - blockIdx.y;
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
-  if (qtile * kRows >= qlen || (skip_single && qlen == 1)) return;
+  if (qtile * kRows >= qlen || qlen <= skip_upto) return;
   const int ctx = a.seq_lens[s], first_pos = ctx - qlen, kh = h / (a.Hq / a.Hk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q);
@@ -274,26 +274,26 @@ constexpr int prefill_smem_bytes() {
 }
 
 template <int D, typename CT, int kRF, int kN>
-void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
   static const cudaError_t attr =
       cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
   dim3 grid(a.Hq, (max_query_len + kRF * 64 - 1) / (kRF * 64), a.num_seqs);
-  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_single);
+  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_upto);
   TCUDA_LAUNCH_CHECK();
 }
 
 // Two row fragments per warp (128 query rows a block) where there are enough rows, 64-key
 // tiles (measured: docs/performance.md).
 template <int D, typename CT>
-void prefill_t(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
   if constexpr (D == 256) {  // one row fragment a warp (its output alone is 128 registers), 32-key tiles
-    prefill_t<D, CT, 1, 32>(a, max_query_len, skip_single, s);
+    prefill_t<D, CT, 1, 32>(a, max_query_len, skip_upto, s);
   } else if (max_query_len > 64) {
-    prefill_t<D, CT, 2, 64>(a, max_query_len, skip_single, s);
+    prefill_t<D, CT, 2, 64>(a, max_query_len, skip_upto, s);
   } else {
-    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_single, s);
+    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_upto, s);
   }
 }
 
@@ -303,18 +303,18 @@ bool prefill_attention_supported(int D, DType cache_dtype) {
   return (D == 64 || D == 128 || D == 256) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
 }
 
-void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single, cudaStream_t s) {
+void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
   if (a.num_seqs == 0 || max_query_len == 0) return;
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? prefill_t<128, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
-        : prefill_t<128, __nv_bfloat16>(a, max_query_len, skip_single, s);
+    fp8 ? prefill_t<128, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
+        : prefill_t<128, __nv_bfloat16>(a, max_query_len, skip_upto, s);
   } else if (a.D == 256) {
-    fp8 ? prefill_t<256, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
-        : prefill_t<256, __nv_bfloat16>(a, max_query_len, skip_single, s);
+    fp8 ? prefill_t<256, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
+        : prefill_t<256, __nv_bfloat16>(a, max_query_len, skip_upto, s);
   } else {
-    fp8 ? prefill_t<64, __nv_fp8_e4m3>(a, max_query_len, skip_single, s)
-        : prefill_t<64, __nv_bfloat16>(a, max_query_len, skip_single, s);
+    fp8 ? prefill_t<64, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
+        : prefill_t<64, __nv_bfloat16>(a, max_query_len, skip_upto, s);
   }
 }
 

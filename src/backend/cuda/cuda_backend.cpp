@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -537,7 +538,7 @@ class CudaBackend final : public Backend {
     PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
     a.q = nullptr;
     bind();
-    decode_attention(a, meta, false, &pro);
+    decode_attention(a, meta, std::numeric_limits<int>::max(), &pro);
   }
 
   // Whether the split-K decode and the tensor-core prefill kernels both take this head size
@@ -547,14 +548,15 @@ class CudaBackend final : public Backend {
   }
 
   // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
-  void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, bool only_single,
+  // max_query: the decode kernel takes the sequences of at most this many query tokens.
+  void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, int max_query,
                         const QkvPrologueArgs* fused) {
     const int splits =
         decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, props_.multiProcessorCount);
     float* ws = nullptr;
     if (splits > 1)
       ws = scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
-    launch_decode_attention(a, splits, only_single, ws, fused, stream_, options_.decode_heads_per_block,
+    launch_decode_attention(a, splits, max_query, ws, fused, stream_, options_.decode_heads_per_block,
                             options_.decode_early_merge);
   }
 
@@ -606,12 +608,16 @@ class CudaBackend final : public Backend {
       launch_generic_attention(a, stream_);
       return;
     }
-    bool any_multi = meta.max_query_len > 1, any_single = !any_multi;
-    if (any_multi)
-      for (int s = 0; s < meta.num_seqs && !any_single; ++s)
-        any_single = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] == 1;
-    if (any_multi) launch_prefill_attention(a, meta.max_query_len, any_single, stream_);
-    if (any_single) decode_attention(a, meta, any_multi, nullptr);
+    // Sequences of up to decode_attention_max_query query tokens (decode, speculative
+    // verification) take the split-K decode kernel, each token over its own causal range; longer
+    // ones the prefill kernel. A step whose longest query is that short reads no host metadata.
+    const int short_q = std::max(1, options_.decode_attention_max_query);
+    bool any_long = meta.max_query_len > short_q, any_short = !any_long;
+    if (any_long)
+      for (int s = 0; s < meta.num_seqs && !any_short; ++s)
+        any_short = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] <= short_q;
+    if (any_long) launch_prefill_attention(a, meta.max_query_len, any_short ? short_q : 0, stream_);
+    if (any_short) decode_attention(a, meta, any_long ? short_q : std::numeric_limits<int>::max(), nullptr);
   }
 
   // ---------------------------------------------------------------- mixture of experts
@@ -1315,6 +1321,7 @@ void env_options(CudaOptions& o) {
       {"fused_decode_attention", flag(&o.fused_decode_attention)},
       {"decode_heads_per_block", integer(&o.decode_heads_per_block)},
       {"decode_early_merge", flag(&o.decode_early_merge)},
+      {"decode_attention_max_query", integer(&o.decode_attention_max_query)},
       {"chunked_gated_delta", flag(&o.chunked_gated_delta)},
       {"fp8_gemm_dequant", flag(&o.fp8_gemm_dequant)},
       {"fp8_w8a8_min_rows", integer(&o.fp8_w8a8_min_rows)},

@@ -111,8 +111,8 @@ struct PagedAttentionArgs {
 };
 bool decode_attention_supported(int D, DType cache_dtype);
 bool prefill_attention_supported(int D, DType cache_dtype);
-// Token-parallel split-K attention. only_single_query: skip tokens of sequences
-// with more than one query token (the prefill kernel handles them).
+// Token-parallel split-K attention, each token over its own causal range. max_query: skip the
+// tokens of sequences with more query tokens than this (the prefill kernel takes them).
 // workspace: float[num_tokens * Hq * num_splits * (D + 2)]. fused: also do the attention
 // prologue (launch_qkv_prologue's work) in the same kernel, for steps where every sequence
 // has one query token (a.q and fused->q_out are not used); nullptr: a.q is ready.
@@ -122,11 +122,11 @@ int decode_attention_num_splits(int num_tokens, int Hk, int group, int max_seq_l
 int decode_attention_heads_per_block(int num_tokens, int group);
 // early_merge: the attention kernel lets the merge kernel launch at its start (programmatic dependent
 // launch), so the merge waits resident instead of launching when the attention ends; the same bits.
-void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, bool only_single_query, float* workspace,
+void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_query, float* workspace,
                              const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge);
-// FlashAttention-2 style over the paged cache; skip_single_query leaves the
-// sequences with a single query token to the decode kernel.
-void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, bool skip_single_query, cudaStream_t s);
+// FlashAttention-2 style over the paged cache; the sequences of at most skip_upto query tokens
+// are left to the decode kernel (0: none).
+void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s);
 // Fallback for head dims / cache dtypes the two kernels above do not cover (slow, exact).
 bool generic_attention_supported(int D);
 void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);

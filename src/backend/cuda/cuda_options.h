@@ -188,6 +188,12 @@ struct CudaOptions {
   // Decode attention split over key slices: the attention kernel lets the merge kernel launch at its
   // start (it waits resident) instead of when the attention ends. The same bits either way.
   bool decode_early_merge = true;
+  // Sequences with at most this many query tokens in a step (decode; speculative verification,
+  // 1 + drafts) take the split-K decode attention kernel, each token over its own causal range;
+  // longer ones the prefill kernel, whose grid has one block per query head and 64-row tile and
+  // reads the whole context in each (a verification chunk over a long context left most SMs
+  // idle). 1: only one-token sequences (before session 23).
+  int decode_attention_max_query = 16;
   // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
   // dims allow; false: the recurrent kernel, token by token.
   bool chunked_gated_delta = true;
