@@ -5,7 +5,7 @@
 # ngram on a workload that copies from its prompt. Needs the bundle carried:
 #   scripts/bundle.sh --build-dir build/cuda --out /tmp/bundle --tar bundle/bundle.tar.xz
 #   carry: ["bundle"]      command: bash scripts/device_spec_check.sh
-# PARTS (default all): b1 eager c64 conc ngram (c64: N_C64 requests, default 64, of TOKENS_C64 tokens) (conc: concurrency 8, 16, 32, 64 with and without MTP, and
+# PARTS (default all): b1 eager c64 conc ngram (ngram: the code-copy prompt and a held-out text repeated) (c64: N_C64 requests, default 64, of TOKENS_C64 tokens) (conc: concurrency 8, 16, 32, 64 with and without MTP, and
 # with disable_by_batch_size DBB, default 32).  N_B1 (default 8): batch-1 prompts; TOKENS (default 128).
 # BASE: another build's tessera binary (e.g. the build before a change), run beside this one at
 # batch 1 (none and MTP k = 2) in the same call.
@@ -45,6 +45,12 @@ head = "\n".join(src.split("\n")[:12]) + "\n"
 with open(f"{d}/copy.jsonl", "w") as f:
     for cut in (0, 1, 2, 3):
         f.write(json.dumps({"prompt": src + "\n\n// The same file again:\n" + "\n".join(src.split("\n")[:8 + 4 * cut]) + "\n"}) + "\n")
+# ngram_text: a held-out text the model's own kind (it does not copy code), then its first lines again.
+long = [t for t in texts if "<|im" not in t and t.count("\n") >= 6][:4]
+with open(f"{d}/copytext.jsonl", "w") as f:
+    for t in long:
+        t = t[:2000]
+        f.write(json.dumps({"prompt": t + "\n\n" + "\n".join(t.split("\n")[:2]) + "\n"}) + "\n")
 PY
 
 # run NAME FILE extra-flags...: decode tok/s per sequence, output tok/s, acceptance.
@@ -113,5 +119,9 @@ if part ngram; then
   run copy_ngram3 "$L/copy.jsonl" --max-num-seqs 1 --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":5}'
   same copy_none copy_ngram3
   run copy_mtp2 "$L/copy.jsonl" --max-num-seqs 1 --speculative-config "$(MTP 2)"
+  echo "== ngram on a held-out text followed by its first lines again (batch 1; copying text of the kind it learnt)"
+  run copytext_none "$L/copytext.jsonl" --max-num-seqs 1
+  run copytext_ngram3 "$L/copytext.jsonl" --max-num-seqs 1 --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":5}'
+  same copytext_none copytext_ngram3
 fi
 tar -czf "$OUT/spec_logs.tar.gz" -C /tmp spec_logs 2>/dev/null

@@ -570,29 +570,66 @@ void LLMEngine::end_internal_run(const EngineStats& saved) {
   spec_logged_at_ = std::chrono::steady_clock::now();
 }
 
+namespace {
+// The warm-up's drafts for a proposer that drafts on the host (ngram finds none in random
+// tokens): 0, k, k - 1, ..., 1 drafts in successive steps (the request's last token, repeated), so
+// the batch-1 graphs of the decode step and of each verification shape are captured before a
+// user's request comes.
+class WarmUpDrafts : public Proposer {
+ public:
+  explicit WarmUpDrafts(int k) : k_(k) {}
+  void propose(const std::vector<Request*>& requests, const std::vector<int>& room) override {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Request& r = *requests[i];
+      const int d = std::max(0, std::min(next_, room[i]));
+      r.spec_tokens.assign(static_cast<size_t>(d), r.output.empty() ? r.prompt.back() : r.output.back());
+    }
+    next_ = next_ == 0 ? k_ : next_ - 1;
+  }
+
+ private:
+  int k_, next_ = 0;
+};
+}  // namespace
+
 int LLMEngine::warm_up() {
   const auto start = std::chrono::steady_clock::now();
   // Room for the prompt and the decode steps (with k drafts each when speculating).
   const int k = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
   const int len = std::min(kWarmUpPrompt, max_model_len() - (kWarmUpDecode + 1) * (k + 1) - 1);
+  // A host proposer (ngram) steps aside for WarmUpDrafts; MTP drafts k as it serves.
+  const bool every_count = proposer_ && k > 0 && !proposer_->drafts_in_step() && !proposer_->needs_lookahead_slots();
+  // (room for one round of every draft count even where drafts are accepted)
+  const int tokens = std::min(kWarmUpDecode + 1 + (every_count ? k * (k + 1) / 2 : 0),
+                              std::max(kWarmUpDecode + 1, max_model_len() - len - 1));
   std::mt19937_64 rng(0x7e55e7a);
   const std::string id = "tessera-warm-up";
-  if (len < 1 || !add_random_request(id, len, kWarmUpDecode + 1, rng)) {
+  if (len < 1 || !add_random_request(id, len, tokens, rng)) {
     TLOG_DEBUG("warm-up skipped: no room for a {}-token request", kWarmUpPrompt);
     return 0;
   }
   const EngineStats saved = stats_;
   calibrating_ = true;  // (drafting is not turned off while it runs)
-  int steps = 0;
-  while (has_unfinished() && steps < 4 * (kWarmUpDecode + 1) + len) {
+  std::unique_ptr<Proposer> host_proposer;
+  if (every_count) {
+    host_proposer = std::move(proposer_);
+    proposer_ = std::make_unique<WarmUpDrafts>(k);
+  }
+  int steps = 0, decode_steps = 0;
+  while (has_unfinished() && steps < 4 * tokens + len) {
+    const auto it = requests_.find(id);
+    decode_steps += it != requests_.end() && !it->second->output.empty();
     step();
     ++steps;
   }
   if (has_unfinished()) abort(id);
+  if (host_proposer) proposer_ = std::move(host_proposer);
   end_internal_run(saved);
-  TLOG_INFO("Warm-up: a {}-token request through prefill and {} decode steps in {:.2f} s{}", len, kWarmUpDecode,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-            captures_graphs() ? " (the batch-1 decode graph is captured)" : "");
+  const char* graphs = !captures_graphs() ? ""
+                       : k > 0            ? " (the batch-1 decode and verification graphs are captured)"
+                                          : " (the batch-1 decode graph is captured)";
+  TLOG_INFO("Warm-up: a {}-token request through prefill and {} decode steps in {:.2f} s{}", len, decode_steps,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), graphs);
   return steps;
 }
 

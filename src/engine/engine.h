@@ -97,7 +97,9 @@ class LLMEngine {
   bool has_unfinished() const { return !requests_.empty(); }
   // Runs one request of kWarmUpPrompt random tokens (shorter where --max-model-len asks) through
   // prefill and kWarmUpDecode decode steps, so the prefill and decode kernels are loaded and the
-  // batch-1 decode graph is captured and replayed before a user's request comes (the constructor
+  // batch-1 decode graph is captured and replayed before a user's request comes (with a proposer
+  // that drafts on the host, ngram, the steps carry 0, k, k - 1, ..., 1 drafts in turn, so the
+  // batch-1 verification graph of every draft count is captured too; MTP drafts k) (the constructor
   // calls it with EngineConfig::warm_up). Leaves no request, stats or counters behind; the
   // request's full blocks stay in the prefix cache as evictable blocks. Returns the steps it ran
   // (0: no room for it).

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "backend/cpu/cpu_backend.h"
@@ -712,6 +713,60 @@ class FailingCaptures : public ForwardingBackend {
     fail(ErrorKind::kInternal, "a capture made to fail (test)");
   }
 };
+
+// The query lengths of the attention calls (one a step and layer): what shapes the steps had.
+class QueryLengths : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::set<std::pair<int, int>> seen;  // (sequences, longest query)
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
+                       float scale, float k_scale, float v_scale, const Tensor& out) override {
+    seen.emplace(meta.num_seqs, meta.max_query_len);
+    ForwardingBackend::paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+  }
+  void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
+                     const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const Tensor& out) override {
+    seen.emplace(meta.num_seqs, meta.max_query_len);
+    ForwardingBackend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
+                                     v_scale, out);
+  }
+};
+
+// With ngram (which finds no drafts in the warm-up's random tokens) the warm-up verifies k, k - 1,
+// ..., 1 drafts in its decode steps, so the batch-1 graph of each verification shape is captured
+// before a user's request; afterwards prompt lookup drafts again and nothing is left behind.
+TEST(Engine, WarmUpWithNgramVerifiesEveryDraftCount) {
+  std::unique_ptr<Backend> owned = testing::make_test_backend();
+  QueryLengths rec(*owned);
+  LoadOptions lo;
+  lo.model_dir = testing::fixtures_dir() + "/qwen3_gqa4_hd32";
+  EngineConfig ec;
+  ec.num_blocks_override = 64;
+  ec.speculative = ngram_spec(3);
+  ec.scheduler.max_model_len = 128;
+  LLMEngine engine(std::make_unique<LocalExecutor>(load_model(lo, rec), rec), ec);
+  EXPECT_GT(engine.warm_up(), LLMEngine::kWarmUpDecode);
+  for (int q : {1, 2, 3, 4}) EXPECT_TRUE(rec.seen.count({1, q})) << "no batch-1 step of " << q << " tokens a sequence";
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_EQ(engine.stats().steps, 0u);
+  EXPECT_EQ(engine.stats().spec.num_draft_tokens, 0u);
+  EXPECT_TRUE(engine.cache_manager().pool().all_free());
+  std::mt19937 g(17);
+  const auto prompt = repetitive_prompts(g)[3];
+  ASSERT_TRUE(engine.add_request("a", prompt, greedy(16, false)).ok());
+  std::vector<int32_t> got;
+  while (engine.has_unfinished())
+    for (const auto& o : engine.step()) got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  EXPECT_GT(engine.stats().spec.num_draft_tokens, 0u) << "prompt lookup drafts again after the warm-up";
+  Harness plain("qwen3_gqa4_hd32", 64);
+  ASSERT_TRUE(plain.engine->add_request("a", prompt, greedy(16, false)).ok());
+  const auto want = plain.run_all();
+  if (!testing::testing_on_cuda()) {
+    EXPECT_EQ(want.at("a"), got);
+  }
+}
 
 TEST_P(HybridEngineTest, MtpAfterFailedGraphCapturesRunsEagerly) {
   if (!testing::make_test_backend()->supports_graphs()) GTEST_SKIP() << "this backend does not capture graphs";
