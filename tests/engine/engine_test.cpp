@@ -142,25 +142,22 @@ void expect_greedy_over_every_token(const std::string& fixture, const std::vecto
     size_t from = 0;  // ref holds the plain run's tokens from got's position `from`
     std::vector<int32_t> ref;
     std::vector<float> ref_margins;
-    bool done = false;
   };
-  std::map<std::string, Track> tracks;
+  std::map<std::string, Track> tracks;  // the requests still compared
   for (const auto& [id, w] : want) {
     ASSERT_TRUE(got.count(id)) << id;
     ASSERT_EQ(w.size(), got.at(id).size()) << id;
-    tracks[id] = Track{0, w, want_margins.count(id) ? want_margins.at(id) : std::vector<float>{}, false};
+    tracks[id] = Track{0, w, want_margins.count(id) ? want_margins.at(id) : std::vector<float>{}};
   }
   int partings = 0;
   float widest = 0;  // the largest margin at which the runs parted
   for (int round = 0;; ++round) {
     std::map<std::string, size_t> extend;  // request -> got's tokens that extend its prompt
-    for (auto& [id, t] : tracks) {
-      if (t.done) continue;
+    for (const auto& [id, t] : tracks) {
       const auto& g = got.at(id);
       const auto gm = got_margins.find(id);
       size_t j = 0;
       while (t.from + j < g.size() && g[t.from + j] == t.ref[j]) ++j;
-      t.done = true;
       if (t.from + j == g.size()) continue;
       const size_t at = t.from + j;
       const float want_m = j < t.ref_margins.size() ? t.ref_margins[j] : 1e9f;
@@ -171,10 +168,7 @@ void expect_greedy_over_every_token(const std::string& fixture, const std::vecto
       if (m > close) continue;
       ++partings;
       widest = std::max(widest, m);
-      if (at + 1 < g.size()) {
-        extend[id] = at + 1;
-        t.done = false;
-      }
+      if (at + 1 < g.size()) extend[id] = at + 1;
     }
     if (extend.empty()) break;
     ASSERT_LT(round, 64) << "the comparison does not settle";
@@ -190,12 +184,12 @@ void expect_greedy_over_every_token(const std::string& fixture, const std::vecto
       ASSERT_TRUE(h.engine->add_request(id, p, sp).ok());
     }
     auto r = h.run_all();
+    std::map<std::string, Track> next;
     for (const auto& [id, n] : extend) {
-      tracks[id].from = n;
-      tracks[id].ref = r[id];
-      tracks[id].ref_margins = h.margins[id];
       ASSERT_EQ(n + r[id].size(), got.at(id).size()) << id;
+      next[id] = Track{n, r[id], h.margins[id]};
     }
+    tracks = std::move(next);
   }
   ::testing::Test::RecordProperty("near_tie_partings", partings);
   if (partings > 0)

@@ -59,8 +59,8 @@ inline float cuda_close_call(const std::string& name) {
 
 // Two CUDA runs that each stand within the fixture's bf16 spread of the exact logits stand within
 // twice that of each other: the bound for a parting between two runs that both round (at least
-// 0.05), as HybridEngineTest's chunked-prefill comparison and the every-token speculation
-// comparison in engine_test use.
+// 0.05; engine_test's every-token speculation comparison). HybridEngineTest's chunked-prefill
+// comparison applies the same rule per reference prompt.
 inline float cuda_two_run_bound(const std::string& name) {
   return static_cast<float>(std::max(0.05, 2.0 * fixture_bf16_spread(name)));
 }

@@ -538,7 +538,7 @@ class CudaBackend final : public Backend {
     PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
     a.q = nullptr;
     bind();
-    decode_attention(a, meta, std::numeric_limits<int>::max(), &pro);
+    decode_attention(a, meta, kAnyQuery, &pro);
   }
 
   // Whether the split-K decode and the tensor-core prefill kernels both take this head size
@@ -549,6 +549,7 @@ class CudaBackend final : public Backend {
 
   // The split-K decode kernel (and its merge) over `a`, its workspace from scratch.
   // max_query: the decode kernel takes the sequences of at most this many query tokens.
+  static constexpr int kAnyQuery = std::numeric_limits<int>::max();
   void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, int max_query,
                         const QkvPrologueArgs* fused) {
     const int splits =
@@ -617,7 +618,7 @@ class CudaBackend final : public Backend {
       for (int s = 0; s < meta.num_seqs && !any_short; ++s)
         any_short = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] <= short_q;
     if (any_long) launch_prefill_attention(a, meta.max_query_len, any_short ? short_q : 0, stream_);
-    if (any_short) decode_attention(a, meta, any_long ? short_q : std::numeric_limits<int>::max(), nullptr);
+    if (any_short) decode_attention(a, meta, any_long ? short_q : kAnyQuery, nullptr);
   }
 
   // ---------------------------------------------------------------- mixture of experts
