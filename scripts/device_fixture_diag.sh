@@ -2,7 +2,7 @@
 # Localises the CUDA fixture divergences (issues 16, 17) in one GPU call: cuda_model_check_test
 # (every op of the fixtures' prompts, decode steps and the hybrid engine's 32-token case checked
 # against the CPU op by op; plain CUDA with each kernel path switched off), the plain runs again
-# with TESSERA_PDL=0, and the op tests. Full logs go to $OUT; the lines that pinpoint the problem
+# with TESSERA_CUDA_OPTIONS=pdl=0, and the op tests. Full logs go to $OUT; the lines that pinpoint the problem
 # are printed (docs/cuda.md "Localising a divergence" says how to read them). Under 10 minutes.
 #
 #   scripts/bundle.sh --build-dir build/cuda --with-tests     # after building cuda_model_check_test
@@ -20,9 +20,9 @@ done
 
 timeout 300 "$B/cuda_model_check_test" --gtest_color=no --gtest_filter='-*SelfTest*' > "$OUT/model_check.log" 2>&1
 echo "cuda_model_check_test rc=$? (log $OUT/model_check.log)"
-TESSERA_PDL=0 timeout 100 "$B/cuda_model_check_test" --gtest_color=no \
+TESSERA_CUDA_OPTIONS=pdl=0 timeout 100 "$B/cuda_model_check_test" --gtest_color=no \
   --gtest_filter='*PlainCudaWithEachKernelPathSwitchedOff*:*EagerAndWithGraphs*' > "$OUT/model_check_no_pdl.log" 2>&1
-echo "cuda_model_check_test with TESSERA_PDL=0 rc=$? (log $OUT/model_check_no_pdl.log)"
+echo "cuda_model_check_test with TESSERA_CUDA_OPTIONS=pdl=0 rc=$? (log $OUT/model_check_no_pdl.log)"
 # The op tests of the suspects (the whole binary: device_check.sh).
 timeout 150 "$B/cuda_ops_test" --gtest_color=no \
   --gtest_filter='*LinearAttentionStateCarried*:*SharedExpert*:*PartialTies*:*QkvAttentionHeadDim32*:*MoeExperts*:*MoeTopk*:CudaOps.Linear:*SigmoidMul*:*CausalConv1d*:Cases/CudaGatedDeltaRule.*:Cases/CudaAttention.*' \
@@ -41,7 +41,7 @@ echo "=== CUDA against the CPU in f32 given CUDA's routing (compare with the [re
 grep -E "^\[replay\]" "$OUT/model_check.log" | head -40
 echo "=== plain CUDA, defaults and each kernel path off"
 grep -E "^\[plain" "$OUT/model_check.log" | head -200
-echo "=== plain CUDA with TESSERA_PDL=0"
+echo "=== plain CUDA with TESSERA_CUDA_OPTIONS=pdl=0"
 grep -E "^\[plain defaults\]|^\[engine\]" "$OUT/model_check_no_pdl.log" | head -80
 echo "=== engine, 32-token steps"
 grep -E "^\[engine\]" "$OUT/model_check.log" | head -80

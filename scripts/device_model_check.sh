@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=/tmp/bundle
 # PARTS: which sections to run (default all): tests demo ceil decode fp8 prefill serve
-# DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_PDL=0 TESSERA_MOE_GEMV=0").
+# DECODE_AB: extra decode runs, one per VAR=value (e.g. "TESSERA_CUDA_OPTIONS=pdl=0 TESSERA_CUDA_OPTIONS=moe_gemv=0").
 PARTS=" ${PARTS:-tests demo ceil decode fp8 prefill serve} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 TOK=.npm-pkgs/tokenizer-qwen3/package/models

@@ -4,7 +4,7 @@
 # loaded through CUDA_INJECTION64_PATH; CUDA graph nodes are traced one by one) and prints
 # the per-kernel summary and one decode step kernel by kernel with the idle gaps.
 #   carry: ["bundle"]    command: bash scripts/device_profile.sh
-# EXTRA_ENV="TESSERA_PDL=0" profiles a variant; EXTRA_ARGS="--enforce-eager" too;
+# EXTRA_ENV="TESSERA_CUDA_OPTIONS=pdl=0" profiles a variant; EXTRA_ARGS="--enforce-eager" too;
 # PREFILL=1 profiles the 4,096-token prefill instead.
 set -u
 . "$(dirname "$0")/device_prompts.sh"

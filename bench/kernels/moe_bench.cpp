@@ -11,7 +11,7 @@
 //     copy; also per layer in a captured graph of the 4 layers (no launch gaps, as in a decode step).
 //   prefill: active FLOPs = T * k * 6 * H * I, TFLOP/s and % of the bf16 GEMM rate.
 // path: gemv = the decode path (T * k <= 256), gemm = the grouped-GEMM path;
-// TESSERA_MOE_GEMV=0 makes the backend take the grouped GEMM at every T (A/B runs).
+// TESSERA_CUDA_OPTIONS=moe_gemv=0 makes the backend take the grouped GEMM at every T (A/B runs).
 // First checks both paths and both formats against the CPU backend on 16 experts.
 //   moe_bench [--quick] [--model qwen3-30b-a3b|qwen3.5-122b-a10b] [--dtype bf16|fp8]
 // (default: both models, both formats).
@@ -30,13 +30,18 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "core/env.h"
 
 using namespace tessera;
 using namespace tessera::bench;
 
 namespace {
 
+// Whether the backends of this process take the decode path (TESSERA_CUDA_OPTIONS's moe_gemv).
+bool moe_gemv_on() {
+  CudaOptions o;
+  apply_cuda_options(cuda_options_from_env(), o);
+  return o.moe_gemv;
+}
 const char* decode_path() { return cuda_moe_decode_name(CudaOptions{}.moe_decode); }
 
 constexpr int64_t kK = 8, kLayers = 4;
@@ -116,8 +121,7 @@ bool bench_model(Backend& gpu, const Shape3& m, bool fp8, bool quick, double cop
   for (int64_t T : {1, 3, 16, 300}) {
     const double err = check(gpu, m, fp8, T);
     std::printf("check: %s %s moe_experts T=%ld (%s path), 16 experts, vs CPU: rel_err %.2e %s\n", m.name, fmt, long(T),
-                env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256 ? decode_path() : "gemm", err,
-                err < 1e-2 ? "OK" : "FAIL");
+                moe_gemv_on() && T * kK <= 256 ? decode_path() : "gemm", err, err < 1e-2 ? "OK" : "FAIL");
     if (!(err < 1e-2)) return false;
   }
   const int64_t kH = m.H, kI = m.I, kE = m.E;
@@ -171,8 +175,8 @@ bool bench_model(Backend& gpu, const Shape3& m, bool fp8, bool quick, double cop
     const double bytes = distinct * expert_bytes;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double tflops = 6.0 * T * kK * kH * kI / (ms * 1e-3) / 1e12;
-    // The backend's choice (TESSERA_MOE_GEMV=0 forces the grouped GEMM at every T).
-    const bool gemv = env_switch("TESSERA_MOE_GEMV", true) && T * kK <= 256, decode = T <= 32;
+    // The backend's choice (moe_gemv=0 forces the grouped GEMM at every T).
+    const bool gemv = moe_gemv_on() && T * kK <= 256, decode = T <= 32;
     double graph_ms = 0;
     if (decode) {
       gpu.reset_scratch();

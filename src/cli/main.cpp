@@ -2,6 +2,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "backend/cuda/cuda_arch.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   std::string_view verb = argv[1];
   if (verb == "version" || verb == "--version") {
     std::printf("tessera %s (%s)\n", TESSERA_VERSION_STRING, TESSERA_GIT_COMMIT);
+    const std::string_view archs = tessera::cuda_built_architectures();
+    std::printf("CUDA kernels: %s\n",
+                archs.empty() ? "none (a CPU-only build)" : tessera::describe_cuda_architectures(archs).c_str());
     return 0;
   }
   for (const Verb& v : kVerbs) {

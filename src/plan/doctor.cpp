@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/cuda/cuda_arch.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/control_store.h"
@@ -83,15 +84,23 @@ std::string trim(std::string s) {
 }
 
 void collect_gpus(NodeFacts& f) {
-  std::string q = run_command("nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader");
+  // compute_cap needs a driver of 2021 or later; older ones refuse the whole query. The fallback
+  // repeats name in its place, so its lines parse alike (with no compute capability).
+  std::string q =
+      run_command("nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader");
+  if (q.find("MiB") == std::string::npos)
+    q = run_command("nvidia-smi --query-gpu=name,memory.total,driver_version,name --format=csv,noheader");
   std::istringstream in(q);
   for (std::string line; std::getline(in, line);) {
     line = trim(line);
     if (line.empty()) continue;
-    size_t last = line.rfind(',');
+    const size_t cap = line.rfind(','), last = cap == std::string::npos ? cap : line.rfind(',', cap - 1);
     if (last != std::string::npos) {
-      f.driver = trim(line.substr(last + 1));
+      f.driver = trim(line.substr(last + 1, cap - last - 1));
       f.gpus.push_back(trim(line.substr(0, last)));
+      int major = 0, minor = 0;
+      if (std::sscanf(trim(line.substr(cap + 1)).c_str(), "%d.%d", &major, &minor) == 2)
+        f.compute_caps.emplace_back(major, minor);
     }
   }
   if (f.driver.empty()) {  // no nvidia-smi: the kernel module says which driver is loaded
@@ -264,6 +273,33 @@ NodeFacts collect_local_facts(const DoctorOptions& o) {
   return f;
 }
 
+// Whether this binary's CUDA code runs on each GPU of the node: a cubin, PTX the driver compiles
+// at first start, or nothing (a named failure that says how to rebuild).
+Check kernel_check(const std::string& who, const std::vector<std::pair<int, int>>& caps) {
+  const std::string_view archs = cuda_built_architectures();
+  if (archs.empty())
+    return {who, "CUDA kernels", Status::kWarn, "this tessera build has no CUDA backend",
+            "build the CUDA backend (scripts/setup.sh --cuda) to use the GPUs"};
+  Status worst = Status::kOk;
+  std::string list, fix;
+  for (const auto& [major, minor] : caps) {
+    const CudaBinaryMatch m = cuda_binary_support(archs, major, minor);
+    const std::string what = m.support == CudaBinarySupport::kNone ? "no code" : m.detail;
+    if (list.find(what) == std::string::npos)
+      list += fmt::format("{}{}.{}: {}", list.empty() ? "" : "; ", major, minor, what);
+    if (m.support == CudaBinarySupport::kJit && worst == Status::kOk) worst = Status::kWarn;
+    if (m.support == CudaBinarySupport::kNone) {
+      worst = Status::kFail;
+      fix = fmt::format("rebuild with -DCMAKE_CUDA_ARCHITECTURES including {}{}-real", major * 10 + minor,
+                        major >= 9 ? "a" : "");
+    }
+  }
+  return {who, "CUDA kernels", worst, fmt::format("{} (this build: {})", list, describe_cuda_architectures(archs)),
+          fix.empty() && worst == Status::kWarn ? "the first start compiles the PTX (minutes); a build with a cubin "
+                                                  "for this GPU starts at once"
+                                                : fix};
+}
+
 std::vector<Check> local_checks(const NodeFacts& f, const DoctorOptions& o) {
   std::vector<Check> c;
   const std::string who = node_name(f);
@@ -279,6 +315,7 @@ std::vector<Check> local_checks(const NodeFacts& f, const DoctorOptions& o) {
         {who, "GPUs", Status::kOk,
          fmt::format("{}; driver {}, CUDA {}", list, f.driver.empty() ? "?" : f.driver, f.cuda.empty() ? "?" : f.cuda),
          ""});
+    if (!f.compute_caps.empty()) c.push_back(kernel_check(who, f.compute_caps));
     if (!f.p2p.empty())
       c.push_back({who, "P2P between GPUs", f.p2p.find(" 0 without") != std::string::npos ? Status::kOk : Status::kWarn,
                    f.p2p,

@@ -39,7 +39,8 @@ struct NodeFacts {
   std::string nic, ip;          // the chosen NIC (cluster mode)
   std::string route_interface;  // the interface the kernel routes to the head through
   std::vector<InterfaceFacts> interfaces;
-  std::vector<std::string> gpus;  // "NVIDIA H200, 143771 MiB"
+  std::vector<std::string> gpus;                  // "NVIDIA H200, 143771 MiB"
+  std::vector<std::pair<int, int>> compute_caps;  // each GPU's, this node's only (not sent to the head)
   std::string driver, cuda, nccl, p2p;
   uint64_t shm_bytes = 0;
   int64_t memlock_bytes = -1;  // -1: unlimited

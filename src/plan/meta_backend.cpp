@@ -3,6 +3,8 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/op_workspace.h"
+
 namespace tessera::plan {
 
 MetaBackend::MetaBackend(MetaBackendOptions o) : opts_(o) {
@@ -44,6 +46,23 @@ void MetaBackend::scratch_rewind(size_t mark) {
   TESSERA_CHECK(mark < marks_.size(), "scratch_rewind to an unknown mark");
   in_use_ = marks_[mark];
   marks_.resize(mark);
+}
+
+void MetaBackend::take_workspace(int64_t bytes) {
+  const size_t mark = scratch_mark();
+  scratch({bytes}, DType::kU8);
+  scratch_rewind(mark);
+}
+
+void MetaBackend::linear(const Tensor& x, const Tensor& w, const Tensor*, const Tensor&) {
+  if (!w.block_scaled() || w.ndim() != 2 || w.dim(1) == 0) return;
+  take_workspace(fp8_linear_workspace_bytes(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
+}
+
+void MetaBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor&, const Tensor& topk_ids,
+                              const Tensor&, int, const Tensor&) {
+  if (x.ndim() != 2 || gate_up.ndim() != 3 || topk_ids.ndim() != 2) return;
+  take_workspace(moe_experts_workspace_bytes(x.dim(0), topk_ids.dim(1), x.dim(1), gate_up.dim(1) / 2, gate_up.dim(0)));
 }
 
 // Nothing was computed: the host gets zeros (a planning step never reads them).

@@ -49,7 +49,8 @@ class MetaBackend : public Backend {
   void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void rms_norm(const Tensor&, const Tensor&, float, const Tensor&) override {}
   void add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float) override {}
-  void linear(const Tensor&, const Tensor&, const Tensor*, const Tensor&) override {}
+  // The ops whose kernels take workspace (backend/op_workspace.h) take as much scratch here.
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) override;
   void silu_mul(const Tensor&, const Tensor&) override {}
   void add(const Tensor&, const Tensor&, const Tensor&) override {}
   void rope(const Tensor&, const Tensor&, const Tensor&, const RopeTable&) override {}
@@ -60,8 +61,8 @@ class MetaBackend : public Backend {
   void paged_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMetadata&, float, float, float,
                        const Tensor&) override {}
   void moe_topk(const Tensor&, int, bool, const Tensor&, const Tensor&) override {}
-  void moe_experts(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int,
-                   const Tensor&) override {}
+  void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
+                   const Tensor& topk_weights, int expert_begin, const Tensor& out) override;
   void sigmoid_mul(const Tensor&, const Tensor&, const Tensor&) override {}
   void causal_conv1d(const Tensor&, int64_t, const Tensor&, const Tensor&, const LinearAttnMetadata&,
                      const Tensor&) override {}
@@ -75,6 +76,7 @@ class MetaBackend : public Backend {
 
  private:
   size_t align(size_t n) const;
+  void take_workspace(int64_t bytes);
   MetaBackendOptions opts_;
   std::shared_ptr<Storage> arena_;  // one null storage all scratch views point into
   size_t allocated_ = 0;

@@ -325,10 +325,14 @@ TEST_F(CudaOps, CapturedGraphReplaysOnNewInputs) {
   g = gpu().end_capture();
 }
 
-// TESSERA_CUDA_OPTIONS sets CudaOptions members by name; a bad item fails the backend's
-// construction with a message that names it (and the known names).
+// TESSERA_CUDA_OPTIONS sets CudaOptions members by name (and arch= the architecture profile); a
+// bad item fails the backend's construction with a message that names it (and the known names).
 TEST_F(CudaOps, CudaOptionsFromTheEnvironment) {
-  auto message = [](const char* value) -> std::string {
+  // The process's own setting (the suite may run under a profile) comes back at the end.
+  const char* outer = std::getenv("TESSERA_CUDA_OPTIONS");
+  const std::string saved = outer ? outer : "";
+  auto restore = [&] { outer ? setenv("TESSERA_CUDA_OPTIONS", saved.c_str(), 1) : unsetenv("TESSERA_CUDA_OPTIONS"); };
+  auto message = [&](const char* value) -> std::string {
     setenv("TESSERA_CUDA_OPTIONS", value, 1);
     std::string m;
     try {
@@ -336,7 +340,7 @@ TEST_F(CudaOps, CudaOptionsFromTheEnvironment) {
     } catch (const Error& e) {
       m = e.what();
     }
-    unsetenv("TESSERA_CUDA_OPTIONS");
+    restore();
     return m;
   };
   EXPECT_EQ(message("chunked_gated_delta=0,fp8_w8a8_min_rows=100000,moe_fp8_decode=cuda_cores,"), "");
@@ -345,6 +349,18 @@ TEST_F(CudaOps, CudaOptionsFromTheEnvironment) {
   EXPECT_NE(message("moe_fp8_decode=fast").find("cuda_cores"), std::string::npos) << "lists the variants";
   EXPECT_NE(message("no_such_option=1").find("unknown option 'no_such_option'"), std::string::npos);
   EXPECT_NE(message("chunked_gated_delta").find("is not name=value"), std::string::npos);
+  EXPECT_NE(message("arch=sm_120").find("names no architecture profile"), std::string::npos);
+  // The sm_120 profile: the backend's record is the sm_120 row's, with this GPU's SMs.
+  setenv("TESSERA_CUDA_OPTIONS", "arch=sm120", 1);
+  auto be = make_cuda_backend(0);
+  restore();
+  const CudaArch* arch = cuda_backend_arch(*be);
+  ASSERT_NE(arch, nullptr);
+  EXPECT_EQ(arch->family, CudaArchFamily::kSm120);
+  EXPECT_FALSE(arch->wgmma);
+  EXPECT_FALSE(arch->cublaslt_block_fp8);
+  EXPECT_LE(arch->smem_per_block_optin, 101376u);
+  EXPECT_NE(be->name().find("as sm_120"), std::string::npos) << be->name();
 }
 
 TEST_F(CudaOps, BadTokenIdIsAnError) {

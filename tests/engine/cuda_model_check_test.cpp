@@ -265,11 +265,10 @@ TEST_P(ModelCheck, EveryOpMatchesTheCpuInPrefillChunksOf32) {
   check_fixture(32);
 }
 
-// One way to run the CUDA backend with a kernel path off: an environment switch read when a
-// backend is made, or a CudaOptions field (the label names which).
+// One way to run the CUDA backend with a kernel path off: a CudaOptions field (the label names
+// which; TESSERA_CUDA_OPTIONS sets the same names for a whole process).
 struct KernelPathOff {
   const char* label;
-  const char* env;  // set to "0" while the backend is made; nullptr: none
 #ifdef TESSERA_HAVE_CUDA
   void (*set)(CudaOptions&);  // nullptr: the defaults
 #endif
@@ -277,8 +276,9 @@ struct KernelPathOff {
 
 std::unique_ptr<Backend> make_cuda_with(const KernelPathOff& off) {
 #ifdef TESSERA_HAVE_CUDA
+  if (!off.set) return make_cuda_backend(0);
   CudaOptions options;
-  if (off.set) off.set(options);
+  off.set(options);
   return make_cuda_backend(0, options);
 #else
   (void)off;
@@ -289,39 +289,32 @@ std::unique_ptr<Backend> make_cuda_with(const KernelPathOff& off) {
 // The same prompts on plain CUDA (no checking, no synchronisation between ops), once with the
 // defaults and once with each kernel path of the CUDA backend off: the variant whose line
 // matches the reference where the default does not names the kernel path at fault.
-// (TESSERA_PDL is read once per process: run the binary again with TESSERA_PDL=0 for
-// programmatic dependent launch.)
+// (Programmatic dependent launch is a process-wide setting: run the binary again with
+// TESSERA_CUDA_OPTIONS=pdl=0 for it.)
 TEST_P(ModelCheck, PlainCudaWithEachKernelPathSwitchedOff) {
   const std::string name = GetParam();
   const auto ref = testing::load_reference(name);
 #ifdef TESSERA_HAVE_CUDA
   const std::vector<KernelPathOff> variants = {
-      {"defaults", nullptr, nullptr},
-      {"TESSERA_MOE_GEMV=0", "TESSERA_MOE_GEMV", nullptr},
-      {"moe_decode=split", nullptr, [](CudaOptions& o) { o.moe_decode = CudaMoeDecode::kSplit; }},
-      {"chunked_gated_delta=false", nullptr, [](CudaOptions& o) { o.chunked_gated_delta = false; }},
-      {"fused_decode_attention=false", nullptr, [](CudaOptions& o) { o.fused_decode_attention = false; }},
+      {"defaults", nullptr},
+      {"moe_gemv=0", [](CudaOptions& o) { o.moe_gemv = false; }},
+      {"moe_decode=split", [](CudaOptions& o) { o.moe_decode = CudaMoeDecode::kSplit; }},
+      {"chunked_gated_delta=false", [](CudaOptions& o) { o.chunked_gated_delta = false; }},
+      {"fused_decode_attention=false", [](CudaOptions& o) { o.fused_decode_attention = false; }},
   };
 #else
-  const std::vector<KernelPathOff> variants = {{"defaults", nullptr}};
+  const std::vector<KernelPathOff> variants = {{"defaults"}};
 #endif
   for (const KernelPathOff& v : variants) {
-    std::string saved;
-    const bool had = v.env && std::getenv(v.env);
-    if (had) saved = std::getenv(v.env);
-    if (v.env) setenv(v.env, "0", 1);
-    {
-      auto cuda = make_cuda_with(v);
-      Loaded l = load(name, *cuda);
-      const bool defaults = &v == &variants.front();
-      for (size_t i = 0; i < ref["cases"].size(); ++i) {
-        if (!case_selected(i)) continue;
-        const CaseResult r =
-            run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0, std::string("[plain ") + v.label + "]");
-        if (defaults) EXPECT_TRUE(r.within_bounds) << name << " prompt " << i << " on plain CUDA";
-      }
+    auto cuda = make_cuda_with(v);
+    Loaded l = load(name, *cuda);
+    const bool defaults = &v == &variants.front();
+    for (size_t i = 0; i < ref["cases"].size(); ++i) {
+      if (!case_selected(i)) continue;
+      const CaseResult r =
+          run_case(name, i, ref["cases"][i], *cuda, nullptr, l, 0, std::string("[plain ") + v.label + "]");
+      if (defaults) EXPECT_TRUE(r.within_bounds) << name << " prompt " << i << " on plain CUDA";
     }
-    if (v.env) had ? setenv(v.env, saved.c_str(), 1) : unsetenv(v.env);
   }
 }
 

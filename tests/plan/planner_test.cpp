@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/op_workspace.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
 #include "loader/model_config.h"
@@ -387,6 +388,38 @@ TEST(Planner, AgreesWithTheEngineOnTheSameMemory) {
   LLMEngine engine(std::move(model), be, ec);
   EXPECT_EQ(engine.num_blocks(), p.num_blocks);
   EXPECT_EQ(engine.kv_capacity_tokens(), p.kv_tokens);
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// The meta backend takes the scratch the backends' kernels take inside ops (backend/op_workspace.h),
+// so the plan counts it: 8,192 batched tokens through Qwen3.5-35B-A3B's experts (k = 8, H = 2,048,
+// I = 512) take 320 MiB of activations and down outputs.
+TEST(MetaBackend, CountsTheMoeAndFp8Workspaces) {
+  MetaBackend be({DeviceType::kCUDA, DType::kBF16, 256, size_t{80} << 30});
+  const int64_t T = 8192, k = 8, H = 2048, I = 512, E = 256;
+  Tensor x = be.alloc({T, H}, DType::kBF16), out = be.alloc({T, H}, DType::kBF16);
+  Tensor gate_up = be.alloc({E, 2 * I, H}, DType::kBF16), down = be.alloc({E, H, I}, DType::kBF16);
+  Tensor ids = be.alloc({T, k}, DType::kI32), w = be.alloc({T, k}, DType::kF32);
+  be.reset_peak();
+  be.moe_experts(x, gate_up, down, ids, w, 0, out);
+  EXPECT_GE(be.scratch_peak(), size_t{320} << 20);
+  EXPECT_EQ(be.scratch_peak(), static_cast<size_t>(moe_experts_workspace_bytes(T, k, H, I, E)));
+  EXPECT_EQ(be.scratch_in_use(), 0u) << "the workspace is taken and given back within the op";
+
+  be.reset_peak();
+  Tensor wq = be.alloc({4096, 2048}, DType::kF8E4M3);
+  Tensor sc = be.alloc({32, 16}, DType::kF32);
+  Tensor y = be.alloc({T, 4096}, DType::kBF16);
+  be.linear(x, wq.with_block_scale(sc), nullptr, y);
+  EXPECT_GE(be.scratch_peak(), static_cast<size_t>(T * 2048));  // the quantised activations at least
+  be.reset_peak();
+  be.linear(x, be.alloc({4096, 2048}, DType::kBF16), nullptr, y);
+  EXPECT_EQ(be.scratch_peak(), 0u) << "a bf16 linear takes none";
 }
 
 }  // namespace

@@ -180,9 +180,10 @@ void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws);
 void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s);
 
 // ---- skinny GEMM for decode (gemv.cu) ----
-// Programmatic dependent launch for the decode-path kernels (device_utils.cuh): on for
-// compute capability >= 9.0 unless TESSERA_PDL=0.
+// Programmatic dependent launch for the decode-path kernels (device_utils.cuh): off until a
+// backend sets it for the process (its architecture has PDL and CudaOptions::pdl is on).
 bool pdl_enabled();
+void set_pdl_enabled(bool on);
 
 constexpr int64_t kMaxGemvRows = 4;  // measured: at M = 8 x's reloads make cuBLASLt faster
 // out[M,N] = x[M,K] @ w[N,K]^T for M <= kMaxGemvRows, bf16 x and w (16-byte aligned, K % 8 == 0),

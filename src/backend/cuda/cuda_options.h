@@ -1,12 +1,15 @@
 // Kernel choices of the CUDA backend that stay selectable, for benchmarks and tests that run
-// the variants side by side (bench/kernels/moe_bench, cuda_ops_test). The defaults are the
-// production choice. No environment variable reaches these: callers pass CudaOptions to
-// make_cuda_backend. Plain C++ (no CUDA headers): host code and kernels both include it.
+// the variants side by side (bench/kernels/moe_bench, cuda_ops_test). The defaults here are the
+// sm_90 row's; the architecture table (cuda_arch.h) changes those that differ on other GPUs.
+// TESSERA_CUDA_OPTIONS="name=value,..." sets any of them for a whole process, read once
+// (cuda_options.cpp, the backend's only reader of the environment). What each variant measured
+// is in docs/performance.md. Plain C++ (no CUDA headers): host code and kernels both include it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tessera {
 
@@ -14,11 +17,8 @@ namespace tessera {
 enum class CudaMoeDecode {
   kAuto,                  // production: kFusedTopkKernel for T = 2 with a shared expert to fold (Qwen3.5 /
                           // Qwen3-Next), and at T = 1 where CudaOptions::moe_one_token is kGrouped or the k experts
-                          // hold under 8 MiB (latency-bound: the demo model); kSplit otherwise
-                          // (moe_bench --variants on the H200, 2026-12-02: at T = 1 split with the one-token
-                          // kernels 32.4 against 35.1 us a layer for the Qwen3.5-35B-A3B shape, 27.6 against 37.7 for
-                          // Qwen3-30B-A3B's; at T = 2 fused 50.6 against 54.1 for Qwen3.5-35B-A3B; split ahead from
-                          // T = 4 on for both)
+                          // hold under 8 MiB (latency-bound: the demo model); kSplit otherwise (measured with
+                          // moe_bench --variants: docs/performance.md)
   kSplit,                 // three kernels: gate_up grouped GEMV (+ SiLU * up), down grouped GEMV, combine
                           // (after the top-k kernel)
   kFused,                 // one persistent kernel: the router's top-k (moe_topk_experts), gate_up, grid
@@ -80,14 +80,9 @@ enum class CudaMoeOneToken {
   kNarrow,         // gate_up 4 loads per row in flight (4 blocks an SM), down 2 rows a warp
   kNarrowOverlap,  // kNarrow with kDeepOverlap's early launch and loads
   kMixedOverlap,   // kNarrow's gate_up and kDeep's down, with kDeepOverlap's early launch and loads
-                   // (moe_bench --variants on the H200, 2026-12-02, us a layer at T = 1 for grouped /
-                   // deep_overlap / narrow / mixed_overlap: Qwen3-30B-A3B 33.4 / 28.0 / 28.5 / 27.6,
-                   // Qwen3.5-35B-A3B 39.2 / 34.3 / 33.0 / 32.4)
   kWideOverlap,    // kMixedOverlap with gate_up 2 loads per row in flight at 6 blocks an SM, so that
                    // Qwen3-30B-A3B's 768 gate_up blocks (Qwen3.5-35B-A3B's 576) are resident at once:
-                   // the default (batch-1 decode on the H200, session 21: Qwen3-30B-A3B 355.8 / 356.7
-                   // against 341.8 / 341.2 tok/s for kMixedOverlap, Qwen3.5-35B-A3B 370.1 / 370.0
-                   // against 357.4 / 360.3)
+                   // the default
 };
 inline constexpr CudaMoeOneToken kAllCudaMoeOneToken[] = {
     CudaMoeOneToken::kGrouped,    CudaMoeOneToken::kDeep,          CudaMoeOneToken::kDeepOverlap,
@@ -192,7 +187,7 @@ struct CudaOptions {
   // 1 + drafts) take the split-K decode attention kernel, each token over its own causal range;
   // longer ones the prefill kernel, whose grid has one block per query head and 64-row tile and
   // reads the whole context in each (a verification chunk over a long context left most SMs
-  // idle). 1: only one-token sequences (before session 23).
+  // idle). 1: only one-token sequences.
   int decode_attention_max_query = 16;
   // Prefill of the gated delta rule through the chunked tensor-core kernel where the head
   // dims allow; false: the recurrent kernel, token by token.
@@ -205,10 +200,9 @@ struct CudaOptions {
   // rate), except weights of at most fp8_small_max_weights up to 64 rows, where the small-M W8A16
   // kernel is faster. Below it they keep bf16 activations (W8A16) like the GEMV and the CPU
   // backend: the GEMV up to 16 rows, the small-M kernel up to 64, then the W8A16 tensor-core
-  // GEMM. The default, 17, is the measured speed choice (docs/performance.md, session 16: at 20
-  // and 64 rows W8A8 is faster on the large projections, the W8A16 GEMM slower at every M);
-  // INT64_MAX keeps bf16 activations at every size (each row then rounds as it does alone, up to
-  // the order of f32 sums).
+  // GEMM. The default, 17, is the measured speed choice (docs/performance.md: at 20 and 64 rows
+  // W8A8 is faster on the large projections, the W8A16 GEMM slower at every M); INT64_MAX keeps bf16 activations at
+  // every size (each row then rounds as it does alone, up to the order of f32 sums).
   int64_t fp8_w8a8_min_rows = 17;
   // FP8 weights of at most this many bytes (N * K) take the small-M W8A16 kernel at 17-64 rows
   // whatever fp8_w8a8_min_rows says (measured faster than W8A8 there, docs/cuda.md "FP8 weights");
@@ -216,6 +210,25 @@ struct CudaOptions {
   int64_t fp8_small_max_weights = int64_t{1} << 23;
   // The scratch arena's first chunk (it grows on demand); at least 16.
   size_t initial_scratch_mib = 256;
+  // Programmatic dependent launch of the decode-path kernels (device_utils.cuh) where the
+  // architecture has it; false: plain launches (a kill switch for diagnosis).
+  bool pdl = true;
+  // moe_experts' decode path (grouped GEMVs) for T * k <= kMoeDecodeMaxPairs; false: the
+  // grouped-GEMM (prefill) path at every T (A/B runs).
+  bool moe_gemv = true;
 };
+
+// Applies "name=value,..." (TESSERA_CUDA_OPTIONS' syntax: bools as 0 / 1, integers, variants by
+// their names) to `o`; the item arch=<profile> is skipped here (cuda_options_profile reads it).
+// Fails naming the item: an unknown name (listing the known ones), a value of the wrong kind.
+void apply_cuda_options(std::string_view text, CudaOptions& o);
+// The value of the text's arch= item ("" when it has none): the architecture profile whose
+// table row the backend takes (cuda_arch.h; "sm120" makes a Hopper GPU take sm_120's choices).
+std::string cuda_options_profile(std::string_view text);
+// The names apply_cuda_options knows, in table order, arch first.
+std::vector<std::string> cuda_option_names();
+// TESSERA_CUDA_OPTIONS of this process, "" when unset: the CUDA backend's one reading of the
+// environment.
+std::string cuda_options_from_env();
 
 }  // namespace tessera

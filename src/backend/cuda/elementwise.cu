@@ -1,9 +1,9 @@
 // Memory-bound ops: fill, cast, gather, norms, SiLU-and-mul, add, RoPE, KV write.
 // Each is a static kernel plus a launcher; CudaBackend checks shapes and dtypes.
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/device_utils.cuh"
-#include "core/env.h"
 
 namespace tessera::cuda {
 
@@ -277,16 +277,12 @@ void add_rms_norm_t(void* x, void* r, const void* w, int64_t rows, int64_t D, fl
 
 }  // namespace
 
-bool pdl_enabled() {
-  static const bool on = [] {
-    if (!env_switch("TESSERA_PDL", true)) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    return major >= 9;
-  }();
-  return on;
-}
+namespace {
+std::atomic<bool> g_pdl{false};
+}  // namespace
+
+bool pdl_enabled() { return g_pdl.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
 
 void launch_fill(void* dst, DType t, int64_t n, float value, cudaStream_t s) {
   if (n == 0) return;

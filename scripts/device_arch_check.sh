@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The Blackwell (sm_120 / sm_121) tier proven on a Hopper GPU, in one call: the sm_120 profile
+# (TESSERA_CUDA_OPTIONS=arch=sm120: the sm_120 row of the architecture table, no wgmma, no
+# cuBLASLt block FP8, shared memory capped at 99 KiB) against the Hopper path of the same build,
+# and the Hopper path against the previous build. Runs on the GPU machine from the repo root:
+#   scripts/bundle.sh --build-dir build/cuda --with-tests --out /tmp/bundle   (then add prev/ and
+#   ptx/, see below) and tar -cJf bundle/bundle.tar.xz -C /tmp bundle;  carry: ["bundle"]
+#   bash scripts/device_arch_check.sh
+# Bundle layout: tessera and the test and benchmark binaries (this build); prev/tessera (the
+# previous build, optional: the Hopper no-change figures); ptx/cuda_ops_test and ptx/tessera
+# (optional: a build of tessera's kernels as compute_90 PTX only, so the driver compiles them,
+# the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins).
+# PARTS (default all): elf ops models bench decode serve ptx. The flagship runs whole where it fits
+# (about 139 GB: H200) and cut to LAYERS (default 24) of its 48 layers elsewhere.
+set -u
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}
+L=/tmp/arch_logs
+mkdir -p "$OUT" "$L"
+[ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
+B=${BUNDLE:-/tmp/bundle}
+PREV=${PREV:-$B/prev/tessera}
+PARTS=" ${PARTS:-elf ops models bench decode serve ptx} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+. "$(dirname "$0")/device_prompts.sh"
+SM120=arch=sm120
+S="$OUT/summary.txt"
+say() { echo "$*" | tee -a "$S"; }
+gtest_line() { grep -E "^\[  (PASSED|FAILED)  \]|tests? ran" "$1" | tr '\n' ' '; }
+
+say "== $(date -u +%F) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+say "build: $($B/tessera --version | tr '\n' ' ')"
+
+if part elf; then
+  command -v cuobjdump >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+  cuobjdump --list-elf --list-ptx "$B/tessera" > "$L/elf.txt" 2>&1
+  say "tessera's fatbin: $(grep -oE 'sm_[0-9]+a?|compute_[0-9]+a?' "$L/elf.txt" | sort | uniq -c | tr -s ' \n' ' ')"
+fi
+
+if part ops; then
+  timeout 300 "$B/cuda_ops_test" --gtest_color=no > "$L/ops_hopper.log" 2>&1
+  say "cuda_ops_test (Hopper path) rc=$?: $(gtest_line "$L/ops_hopper.log")"
+  TESSERA_CUDA_OPTIONS=$SM120 timeout 300 "$B/cuda_ops_test" --gtest_color=no > "$L/ops_sm120.log" 2>&1
+  say "cuda_ops_test (sm_120 profile) rc=$?: $(gtest_line "$L/ops_sm120.log")"
+  grep -E "^\[  FAILED  \]" "$L/ops_hopper.log" "$L/ops_sm120.log" | head -20 | tee -a "$S"
+fi
+
+if part models; then
+  for t in model_fixture_test engine_test; do
+    TESSERA_CUDA_OPTIONS=$SM120 TESSERA_TEST_DEVICE=cuda timeout 400 "$B/$t" --gtest_color=no > "$L/${t}_sm120.log" 2>&1
+    say "$t (sm_120 profile) rc=$?: $(gtest_line "$L/${t}_sm120.log")"
+    grep -E "^\[  FAILED  \]" "$L/${t}_sm120.log" | head -10 | tee -a "$S"
+  done
+fi
+
+if part bench; then
+  timeout 200 "$B/fp8_gemm_bench" --quick > "$L/fp8_hopper.log" 2>&1
+  TESSERA_CUDA_OPTIONS=$SM120 timeout 200 "$B/fp8_gemm_bench" --quick > "$L/fp8_sm120.log" 2>&1
+  say "fp8_gemm_bench: Hopper path and sm_120 profile in $L/fp8_{hopper,sm120}.log"
+fi
+
+# The flagship, whole or cut to LAYERS layers (its layer types cut alike), dummy FP8 weights.
+FLAG=configs/qwen3.5-122b-a10b-fp8
+total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if [ "${total_mib:-0}" -lt 120000 ]; then
+  FLAG=/tmp/flagship_cut
+  mkdir -p $FLAG
+  python3 - configs/qwen3.5-122b-a10b-fp8 $FLAG "${LAYERS:-24}" <<'PY'
+import json, shutil, sys, os
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for f in os.listdir(src):
+    if f != "config.json": shutil.copy(os.path.join(src, f), dst)
+c = json.load(open(os.path.join(src, "config.json")))
+t = c.get("text_config", c)
+t["num_hidden_layers"] = n
+if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(os.path.join(dst, "config.json"), "w"), indent=1)
+PY
+  say "flagship cut to ${LAYERS:-24} layers ($total_mib MiB GPU)"
+fi
+
+decode() {  # label env binary
+  local tag=$1 env=$2 bin=$3
+  env TESSERA_CUDA_OPTIONS="$env" timeout 300 "$bin" generate --model $FLAG --load-format dummy --device cuda \
+    --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 4096 --json > "$L/decode_$tag.json" \
+    2> "$L/decode_$tag.log"
+  say "flagship decode b1 $tag: $(grep -o 'decode [0-9.]* tok/s' "$L/decode_$tag.log" | tail -1)"
+}
+prefill() {
+  local tag=$1 env=$2
+  env TESSERA_CUDA_OPTIONS="$env" timeout 300 "$B/tessera" generate --model $FLAG --load-format dummy --device cuda \
+    --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 \
+    --max-model-len 8192 --no-enable-prefix-caching --json > "$L/prefill_$tag.json" 2> "$L/prefill_$tag.log"
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('flagship prefill 4096 $tag: %.4f s' % (r[1]['first_token_at_s'] - r[0]['first_token_at_s']))" "$L/prefill_$tag.json" | tee -a "$S"
+}
+if part decode; then
+  for r in 1 2; do
+    [ -x "$PREV" ] && decode "prev_r$r" "" "$PREV"
+    decode "hopper_r$r" "" "$B/tessera"
+    decode "sm120_r$r" $SM120 "$B/tessera"
+  done
+  [ "$(first_ids "$L/decode_hopper_r1.json")" = "$(first_ids "$L/decode_sm120_r1.json")" ] \
+    && say "flagship: sm_120 profile and Hopper path generate identical tokens" \
+    || say "flagship: sm_120 profile and Hopper path tokens differ (FP8 W8A8 rounding differs)"
+  prefill hopper ""
+  prefill sm120 $SM120
+fi
+
+serve() {  # label env: the seeds' protocol (max_tokens 64, one sentence, 40 requests a level at 1/5/10/20)
+  local tag=$1 env=$2
+  env TESSERA_CUDA_OPTIONS="$env" "$B/tessera" serve $FLAG --load-format dummy --device cuda \
+    --tokenizer .npm-pkgs/tokenizer-qwen3/package/models --port 8013 --max-model-len 4096 --max-num-seqs 64 \
+    --speculative-config '{"method":"mtp","num_speculative_tokens":2}' > "$L/serve_$tag.log" 2>&1 &
+  local sp=$!
+  for i in $(seq 1 240); do curl -sf http://127.0.0.1:8013/health > /dev/null && break; sleep 1; done
+  timeout 240 "$B/tessera" bench --base-url http://127.0.0.1:8013 --concurrency 1,5,10,20 --requests-per-level 40 \
+    --max-tokens 64 --prompt "Explain parallel computing in one sentence." --json "$L/bench_$tag.json" \
+    > "$L/bench_$tag.txt" 2>&1
+  kill $sp
+  wait $sp 2> /dev/null
+  python3 - "$L/bench_$tag.json" "$tag" <<'PY' | tee -a "$S"
+import json, sys
+d = json.load(open(sys.argv[1]))
+out = [f"c{l['max_concurrency']} {l['completion_token_throughput']:.1f} tok/s" + (f" FAILED {l['failed']}" if l["failed"] else "")
+       for l in d["levels"]]
+print(f"flagship seed-003 protocol, MTP k=2, {sys.argv[2]}: " + ", ".join(out))
+PY
+}
+if part serve; then
+  [ -d .npm-pkgs/tokenizer-qwen3 ] || say "serve: no .npm-pkgs/tokenizer-qwen3 carried"
+  serve sm120 $SM120
+fi
+
+if part ptx && [ -x "$B/ptx/cuda_ops_test" ]; then
+  # No cubin for this GPU in these binaries: the driver compiles tessera's compute_90 PTX.
+  timeout 400 "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx.log" 2>&1
+  say "cuda_ops_test (PTX-only build, JIT) rc=$?: $(gtest_line "$L/ops_ptx.log")"
+  TESSERA_CUDA_OPTIONS=$SM120 timeout 400 "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx_sm120.log" 2>&1
+  say "cuda_ops_test (PTX-only build, sm_120 profile) rc=$?: $(gtest_line "$L/ops_ptx_sm120.log")"
+  if [ -x "$B/ptx/tessera" ]; then
+    TESSERA_CUDA_OPTIONS=$SM120 timeout 200 "$B/ptx/tessera" generate --model models/tessera-demo --device cuda \
+      --prompt "床前明月光" --max-tokens 24 --temperature 0 > "$L/ptx_demo.txt" 2> "$L/ptx_demo.log"
+    say "demo model on the PTX-only build (sm_120 profile): rc=$? $(head -c 200 "$L/ptx_demo.txt" | tr '\n' ' ')"
+    grep -h "kernels:" "$L/ptx_demo.log" | head -1 | tee -a "$S"
+  fi
+fi
+
+tar -czf "$OUT/arch_logs.tgz" -C /tmp arch_logs
+cat "$S"
