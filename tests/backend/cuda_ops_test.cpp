@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -461,8 +463,9 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
 // sm_121) on activations quantised by launch_quantize_act_fp8, against an f64 product of the same
 // e4m3 values and scales. A 128-column block's dot product of e4m3 values is exact in f64 (and
 // each product in f32), so what is left is the kernel's f32 sums (1e-3) and, for bf16 out, the
-// output's rounding (2^-9 of a value at most). Shapes: M across the tiles (up to 32 the small one,
-// partial row tiles), N off the 64- and 128-column tiles (200, 384), K of 1 to 32 scale blocks.
+// output's rounding (2^-9 of a value at most). Shapes: partial row tiles, N off the 64- and
+// 128-column tiles (200, 384), K of 1 to 32 scale blocks; each with the tile the device's SM count
+// picks, with an SM count of 1 (the largest tile above 32 rows) and of INT_MAX (the smallest).
 TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
   int dev = 0, max_smem = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
@@ -507,14 +510,17 @@ TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
           }
           want[m * N + n] = static_cast<float>(sum);
         }
-      for (DType ot : {DType::kF32, DType::kBF16}) {
-        const Tensor out = gpu_out({M, N}, ot);
-        ASSERT_TRUE(cuda::launch_fp8_block_mma_gemm(xq.raw(), xs.data<float>(), w.raw(), w.block_scale()->data<float>(),
-                                                    out.raw(), ot, M, N, K, max_smem, sms, stream))
-            << "M=" << M << " N=" << N << " K=" << K;
-        EXPECT_LT(rel_err(from_gpu(out), want), ot == DType::kF32 ? 1e-3 : 5e-3)
-            << "M=" << M << " N=" << N << " K=" << K << " out " << dtype_name(ot);
-      }
+      for (int tile_sms : {sms, 1, INT_MAX})
+        for (DType ot : {DType::kF32, DType::kBF16}) {
+          const Tensor out = gpu_out({M, N}, ot);
+          const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                   " out " + std::string(dtype_name(ot)) + " SMs " + std::to_string(tile_sms);
+          ASSERT_TRUE(cuda::launch_fp8_block_mma_gemm(xq.raw(), xs.data<float>(), w.raw(),
+                                                      w.block_scale()->data<float>(), out.raw(), ot, M, N, K, max_smem,
+                                                      tile_sms, stream))
+              << what;
+          EXPECT_LT(rel_err(from_gpu(out), want), ot == DType::kF32 ? 1e-3 : 5e-3) << what;
+        }
     }
   }
   // What it does not take: K off the 128-column blocks, other output dtypes.

@@ -18,8 +18,9 @@
 // multiprocessor there):
 //   large  128 x 128, 8 warps of 64 x 32, 3 stages of 32 KiB: many tiles (prefill).
 //   medium  64 x 128, 4 warps of 32 x 64, 4 stages of 24 KiB: too few large tiles for the SMs.
-//   small   32 x  64, 4 warps of 32 x 16, 4 stages of 12 KiB: M <= 32, where the weight reads
-//           bound the time and more, smaller column tiles keep more of them in flight.
+//   small   32 x  64, 4 warps of 32 x 16, 4 stages of 12 KiB: M <= 32, or too few medium tiles,
+//           where the weight reads bound the time and more, smaller tiles keep more of them in
+//           flight.
 // Consecutive blocks take kGroupM row tiles of one column tile before the next, so the tiles
 // running at once share activation rows and weight rows in L2.
 #include <cuda_bf16.h>
@@ -356,12 +357,15 @@ bool launch_fp8_block_mma_gemm(const void* xq, const float* x_scale, const void*
   g.K = static_cast<int>(K);
   const size_t pair_bytes = out_t == DType::kF32 ? 8 : 4;
   g.pairs = N % 2 == 0 && reinterpret_cast<uintptr_t>(out) % pair_bytes == 0;
-  // M <= 32: the small tile (weight reads bound the time: more blocks read more of them at
-  // once). Above, the large tile where it alone fills the multiprocessors, else the medium one.
-  if (M <= SmallTile::BM) return launch_for<SmallTile>(g, out_t, max_smem, s);
-  if (int64_t{ceil_div(M, LargeTile::BM)} * ceil_div(N, LargeTile::BN) >= num_sms)
-    return launch_for<LargeTile>(g, out_t, max_smem, s);
-  return launch_for<MediumTile>(g, out_t, max_smem, s);
+  // The large tile where it alone fills the multiprocessors, else the medium one where it fills
+  // half of them at least; else (and always at M <= 32) the small one, whose many blocks keep
+  // more weight reads in flight where those bound the time.
+  auto tiles = [&](int bm, int bn) { return int64_t{ceil_div(M, bm)} * ceil_div(N, bn); };
+  if (M > SmallTile::BM) {
+    if (tiles(LargeTile::BM, LargeTile::BN) >= num_sms) return launch_for<LargeTile>(g, out_t, max_smem, s);
+    if (2 * tiles(MediumTile::BM, MediumTile::BN) >= num_sms) return launch_for<MediumTile>(g, out_t, max_smem, s);
+  }
+  return launch_for<SmallTile>(g, out_t, max_smem, s);
 }
 
 }  // namespace tessera::cuda
