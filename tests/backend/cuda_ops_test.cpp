@@ -465,7 +465,8 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
 // each product in f32), so what is left is the kernel's f32 sums (1e-3) and, for bf16 out, the
 // output's rounding (2^-9 of a value at most). Shapes: partial row tiles, N off the 64- and
 // 128-column tiles (200, 384), K of 1 to 32 scale blocks; each with the tile the device's SM count
-// picks, with an SM count of 1 (the largest tile above 32 rows) and of INT_MAX (the smallest).
+// picks, with an SM count of 1 (the largest tile above 32 rows) and of INT_MAX (the smallest),
+// which must give the same bits.
 TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
   int dev = 0, max_smem = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
@@ -510,8 +511,9 @@ TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
           }
           want[m * N + n] = static_cast<float>(sum);
         }
-      for (int tile_sms : {sms, 1, INT_MAX})
-        for (DType ot : {DType::kF32, DType::kBF16}) {
+      for (DType ot : {DType::kF32, DType::kBF16}) {
+        std::vector<float> first;  // every tile sums in the same order: the same bits
+        for (int tile_sms : {sms, 1, INT_MAX}) {
           const Tensor out = gpu_out({M, N}, ot);
           const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
                                    " out " + std::string(dtype_name(ot)) + " SMs " + std::to_string(tile_sms);
@@ -519,8 +521,15 @@ TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
                                                       w.block_scale()->data<float>(), out.raw(), ot, M, N, K, max_smem,
                                                       tile_sms, stream))
               << what;
-          EXPECT_LT(rel_err(from_gpu(out), want), ot == DType::kF32 ? 1e-3 : 5e-3) << what;
+          const std::vector<float> got = from_gpu(out);
+          EXPECT_LT(rel_err(got, want), ot == DType::kF32 ? 1e-3 : 5e-3) << what;
+          if (first.empty())
+            first = got;
+          else
+            EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+                << what << ": not the bits of the device's SM count";
         }
+      }
     }
   }
   // What it does not take: K off the 128-column blocks, other output dtypes.
