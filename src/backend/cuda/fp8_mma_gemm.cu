@@ -11,8 +11,9 @@
 // would a bf16 tile 64 columns wide. Each warp sums a step's four k32 MMAs of its fragments into
 // f32 block sums, multiplies them by x_scale[kb][row] * w_scale[n / 128][kb] (a column tile lies
 // in one 128-row weight block) and adds them to its f32 accumulators: the "fine-grained" scaling
-// of DeepSeek-V3's FP8 GEMM, exact block products with one rounding of the scaled sum a block.
-// The step's scales are read at its start, through L1, and used after its MMAs.
+// of DeepSeek-V3's FP8 GEMM (each block's sum scaled and added once, no long f32 run of unscaled
+// products). The step's scales are read at its start, through L1, and used after its MMAs.
+// Hopper (sm_90, no e4m3 mma.sync) widens the fragments to f16 once and runs f16 MMAs (mma_k32).
 //
 // Tiles (Tile below; all within sm_120's 99 KiB of shared memory a block, one block a
 // multiprocessor there):
