@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -29,6 +31,7 @@
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.h"  // kMaxFp8GemvRows, fp8_w16_gemm_splits
+#include "backend/cuda/fp8_mma_gemm.h"
 #endif
 
 namespace tessera {
@@ -470,6 +473,87 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
           << (quantised ? " (W8A8)" : "");
     }
   }
+}
+
+// The mma.sync block-scaled FP8 GEMM (W8A8 where cuBLASLt has no block-scaled GEMM: sm_120 /
+// sm_121) on activations quantised by launch_quantize_act_fp8, against an f64 product of the same
+// e4m3 values and scales. A 128-column block's dot product of e4m3 values is exact in f64 (and
+// each product in f32), so what is left is the kernel's f32 sums (1e-3) and, for bf16 out, the
+// output's rounding (2^-9 of a value at most). Shapes: partial row tiles, N off the 64- and
+// 128-column tiles (200, 384), K of 1 to 32 scale blocks; each with the tile the device's SM count
+// picks, with an SM count of 1 (the largest tile above 32 rows) and of INT_MAX (the smallest),
+// which must give the same bits.
+TEST_F(CudaOps, Fp8BlockMmaGemmMatchesReference) {
+  int dev = 0, max_smem = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const auto stream = static_cast<cudaStream_t>(cuda_backend_stream(gpu()));
+  std::vector<float> e4m3(256);
+  for (int v = 0; v < 256; ++v) e4m3[v] = fp8e4m3_to_f32(static_cast<uint8_t>(v));
+  struct Case {
+    int64_t N, K;
+  };
+  for (Case c : std::vector<Case>{{128, 128}, {200, 256}, {3072, 1024}, {1024, 3072}, {384, 4096}}) {
+    const int64_t N = c.N, K = c.K, KB = K / 128;
+    const Fp8Host wh = fp8_host({N, K});
+    const Tensor w = put_fp8(gpu(), wh);
+    std::vector<float> wd(wh.q.size());
+    for (size_t i = 0; i < wd.size(); ++i) wd[i] = e4m3[wh.q[i]];
+    for (int64_t M : {1, 7, 16, 17, 64, 100, 256, 1000}) {
+      // Rows and 128-column blocks of different magnitudes: every (row, block) has its own scale.
+      std::vector<float> x = rand(M * K);
+      for (int64_t i = 0; i < M * K; ++i) x[i] *= static_cast<float>(1 + (i / K * 7 + i % K / 128) % 13);
+      const Tensor gx = on_gpu(x, {M, K});
+      const Tensor xq = gpu().alloc({M, K}, DType::kF8E4M3), xs = gpu().alloc({KB, M}, DType::kF32);
+      cuda::launch_quantize_act_fp8(gx.raw(), xq.raw(), xs.data<float>(), M, K, stream);
+      std::vector<uint8_t> hq(static_cast<size_t>(M * K));
+      std::vector<float> hs(static_cast<size_t>(KB * M));
+      gpu().copy_to_host(hq.data(), xq);
+      gpu().copy_to_host(hs.data(), xs);
+      std::vector<float> xd(hq.size());
+      for (size_t i = 0; i < xd.size(); ++i) xd[i] = e4m3[hq[i]];
+      std::vector<float> want(static_cast<size_t>(M * N));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double sum = 0;
+          for (int64_t kb = 0; kb < KB; ++kb) {
+            const float* xr = &xd[m * K + kb * 128];
+            const float* wr = &wd[n * K + kb * 128];
+            double d[4] = {0, 0, 0, 0};  // exact in any order: four chains
+            for (int k = 0; k < 128; k += 4)
+              for (int j = 0; j < 4; ++j) d[j] += static_cast<double>(xr[k + j] * wr[k + j]);
+            sum += (d[0] + d[1] + d[2] + d[3]) * hs[kb * M + m] * wh.scale[(n / 128) * KB + kb];
+          }
+          want[m * N + n] = static_cast<float>(sum);
+        }
+      for (DType ot : {DType::kF32, DType::kBF16}) {
+        std::vector<float> first;  // every tile sums in the same order: the same bits
+        for (int tile_sms : {sms, 1, INT_MAX}) {
+          const Tensor out = gpu_out({M, N}, ot);
+          const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                   " out " + std::string(dtype_name(ot)) + " SMs " + std::to_string(tile_sms);
+          ASSERT_TRUE(cuda::launch_fp8_block_mma_gemm(xq.raw(), xs.data<float>(), w.raw(),
+                                                      w.block_scale()->data<float>(), out.raw(), ot, M, N, K, max_smem,
+                                                      tile_sms, stream))
+              << what;
+          const std::vector<float> got = from_gpu(out);
+          EXPECT_LT(rel_err(got, want), ot == DType::kF32 ? 1e-3 : 5e-3) << what;
+          if (first.empty())
+            first = got;
+          else
+            EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+                << what << ": not the bits of the device's SM count";
+        }
+      }
+    }
+  }
+  // What it does not take: K off the 128-column blocks, other output dtypes.
+  const Tensor any = gpu().alloc({256}, DType::kF32);
+  EXPECT_FALSE(cuda::launch_fp8_block_mma_gemm(any.raw(), any.data<float>(), any.raw(), any.data<float>(), any.raw(),
+                                               DType::kF32, 1, 1, 192, max_smem, sms, stream));
+  EXPECT_FALSE(cuda::launch_fp8_block_mma_gemm(any.raw(), any.data<float>(), any.raw(), any.data<float>(), any.raw(),
+                                               DType::kF16, 1, 1, 128, max_smem, sms, stream));
 }
 
 // The W8A16 paths' rows against the same row alone (the GEMV): the small-M kernel (17 .. 64
