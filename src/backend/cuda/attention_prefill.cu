@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/mma_utils.cuh"
 
 namespace tessera::cuda {
@@ -269,13 +270,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
 }
 
 template <int D, typename CT, int kRF, int kN>
-constexpr int prefill_smem_bytes() {
-  return (kRF * 64 + 2 * kN) * (D + 8) * 2 + (sizeof(CT) == 1 ? 2 * kN * D : 0);
-}
-
-template <int D, typename CT, int kRF, int kN>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
-  constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
+  constexpr int smem = static_cast<int>(prefill_smem_bytes(D, sizeof(CT), kRF, kN));
   static const cudaError_t attr =
       cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
@@ -284,17 +280,14 @@ void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cu
   TCUDA_LAUNCH_CHECK();
 }
 
-// Two row fragments per warp (128 query rows a block) where there are enough rows, 64-key
-// tiles (measured: docs/performance.md).
+// The tile of prefill_tile (kernel_smem.h).
 template <int D, typename CT>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
-  if constexpr (D == 256) {  // one row fragment a warp (its output alone is 128 registers), 32-key tiles
-    prefill_t<D, CT, 1, 32>(a, max_query_len, skip_upto, s);
-  } else if (max_query_len > 64) {
-    prefill_t<D, CT, 2, 64>(a, max_query_len, skip_upto, s);
-  } else {
-    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_upto, s);
-  }
+  constexpr PrefillTile lt = prefill_tile(D, true), st = prefill_tile(D, false);
+  if (max_query_len > 64)
+    prefill_t<D, CT, lt.row_frags, lt.keys>(a, max_query_len, skip_upto, s);
+  else
+    prefill_t<D, CT, st.row_frags, st.keys>(a, max_query_len, skip_upto, s);
 }
 
 }  // namespace

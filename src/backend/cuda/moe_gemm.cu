@@ -47,6 +47,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/fp8_utils.cuh"
+#include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/mma_utils.cuh"
 #include "backend/cuda/wgmma_utils.cuh"
 
@@ -54,12 +55,12 @@ namespace tessera::cuda {
 
 namespace {
 
-constexpr int BM = kMoeTileM, BN = 256, BK = 64, kStages = 4, kThreads = 256;
+constexpr int BM = kMoeTileM, BN = kMoeGemmBN, BK = kMoeGemmBK, kStages = kMoeGemmStages, kThreads = 256;
 constexpr int kWarpN = BN / 4;              // 8 warps as 2 (rows) x 4 (columns), 64 rows each
 constexpr int kNFrags = kWarpN / 8;         // n8 fragments of a warp
 constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copies per stage
 constexpr int kStageElems = (BM + BN) * BK;
-constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
+constexpr size_t kSmemBytes = moe_gemm_smem_bytes(false);
 static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
 // FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the two widened bf16 B
 // tiles follow the stages, then the scale table [3][kMaxScaleBlocks].
@@ -68,9 +69,12 @@ constexpr int kB8Loads = BN * (BK / 16) / kThreads;  // 16-byte e4m3 chunks of B
 constexpr int kBTileBytes = BN * BK * 2;
 constexpr int kScaleRows = 3;
 constexpr int kMaxScaleBlocks = kMaxFp8GemmK / 128;
-constexpr size_t kSmemBytes8 =
-    size_t{kStages} * kStageBytes8 + 2 * size_t{kBTileBytes} + size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float);
+constexpr size_t kSmemBytes8 = moe_gemm_smem_bytes(true);
 static_assert(kStageBytes8 % 128 == 0 && kB8Loads * kThreads == BN * (BK / 16), "FP8 stage layout");
+static_assert(kSmemBytes == size_t{kStages} * kStageElems * sizeof(__nv_bfloat16) &&
+                  kSmemBytes8 == size_t{kStages} * kStageBytes8 + 2 * size_t{kBTileBytes} +
+                                     size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float),
+              "kernel_smem.h's sizes are this file's layouts");
 
 struct GemmArgs {
   const __nv_bfloat16* a;  // gate_up: x [T, K]; down: act [rows, K]
@@ -545,7 +549,7 @@ void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& configured) 
 
 template <bool kGateUp>
 void launch_wgmma(const GemmArgs& g, int max_tiles, cudaStream_t s) {
-  constexpr size_t smem_bytes = kSmemBytes + 1024;  // + the alignment to 1024 bytes
+  constexpr size_t smem_bytes = kMoeWgmmaSmemBytes;  // + the alignment to 1024 bytes
   static std::atomic<uint64_t> configured{0};
   allow_smem(moe_grouped_wgmma_kernel<kGateUp>, smem_bytes, configured);
   moe_grouped_wgmma_kernel<kGateUp>
