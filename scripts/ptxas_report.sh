@@ -7,9 +7,10 @@
 # constants the launchers use: src/backend/cuda/kernel_smem.h; '-' where a launcher asks for
 # none; for kernels whose bytes depend on the shapes, the largest). FLAGS: SPILL (spill stores or
 # loads), OVER (static + dynamic above the architecture's per-block limit: 232,448 bytes on
-# sm_90, 101,376 on sm_120 and sm_121), unused (the launchers do not launch this kernel
-# configuration on this architecture). Exits 1 when a launched kernel is OVER.
-#   scripts/ptxas_report.sh                   # every file, every architecture (slow: ~10 minutes on 2 cores)
+# sm_90, 101,376 on sm_120 and sm_121), unused (the launchers take another variant of this
+# kernel on this architecture), NONE (no variant of its launcher fits: see NONE FITS). Exits 1
+# when a launched kernel is OVER or a launcher has no variant that fits an architecture.
+#   scripts/ptxas_report.sh                   # every file, every architecture (slow: ~30 minutes on 2 cores)
 #   scripts/ptxas_report.sh src/backend/cuda/moe_gemm.cu
 #   ARCHS="120a" scripts/ptxas_report.sh      # some architectures only
 set -euo pipefail
@@ -73,13 +74,15 @@ for a in $ARCHS; do
   printf '%-5s %4s %5s %8s %8s %7s %7s %7s %-10s %s\n' ARCH REGS STACK SPILL_ST SPILL_LD STATIC DYNAMIC TOTAL FLAGS KERNEL
   while read -r arch _ regs stack st ld smem name; do
     [ "$arch" = "$a" ] || continue
-    dyn=- launched=0 unused=0
+    dyn=- launched=0 unused=0 nonefit=0
     while IFS=$'\t' read -r glob bytes status _; do
       # shellcheck disable=SC2053  # the table's names are globs
       [[ "$name" == $glob ]] || continue
       if [ "$status" = launched ]; then
         launched=1
         if [ "$dyn" = - ] || [ "$bytes" -gt "$dyn" ]; then dyn=$bytes; fi
+      elif [ "$status" = none ]; then
+        nonefit=1
       else
         unused=1
       fi
@@ -87,7 +90,9 @@ for a in $ARCHS; do
     total=$((smem + ${dyn/-/0}))
     flags=""
     if [ "$st" -gt 0 ] || [ "$ld" -gt 0 ]; then flags+="SPILL "; spills=$((spills + 1)); fi
-    if [ "$launched" = 0 ] && [ "$unused" = 1 ]; then
+    if [ "$launched" = 0 ] && [ "$nonefit" = 1 ]; then
+      flags+="NONE "
+    elif [ "$launched" = 0 ] && [ "$unused" = 1 ]; then
       flags+="unused "
     elif [ "$total" -gt "$limit" ]; then
       flags+="OVER "
@@ -96,9 +101,16 @@ for a in $ARCHS; do
     printf '%-5s %4s %5s %8s %8s %7s %7s %7s %-10s %s\n' "$a" "$regs" "$stack" "$st" "$ld" "$smem" "$dyn" "$total" \
       "${flags:--}" "$name"
   done <"$tmp/all"
+  # Launchers with no variant that fits this architecture.
+  while IFS=$'\t' read -r glob _ status note; do
+    [ "$status" = none ] || continue
+    echo "NONE FITS: $glob: $note"
+    over=$((over + 1))
+  done <"$tmp/table_$a"
   # A table line no compiled kernel matched (a renamed kernel), on runs over every file.
   [ $# -eq 0 ] || continue
-  while IFS=$'\t' read -r glob _; do
+  while IFS=$'\t' read -r glob _ status _; do
+    [ "$status" = none ] && continue
     found=0
     while read -r arch _ _ _ _ _ _ name; do
       # shellcheck disable=SC2053
@@ -108,5 +120,6 @@ for a in $ARCHS; do
   done <"$tmp/table_$a"
 done
 echo
-echo "ptxas_report: $over kernel configuration(s) over their architecture's limit, $spills with spills"
+echo "ptxas_report: $over kernel configuration(s) over their architecture's limit or with none that fits," \
+  "$spills with spills"
 [ "$over" = 0 ]

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernel_smem.h"
+#include "core/error.h"
 
 namespace tessera::cuda {
 
@@ -634,7 +635,13 @@ void recurrent_t(const GatedDeltaRuleArgs& a, cudaStream_t s) {
 }
 
 template <int DK, int DV, typename SS>
-void chunked_t(const GatedDeltaRuleArgs& a, cudaStream_t s) {
+void chunked_t(const GatedDeltaRuleArgs& a, cudaStream_t s, size_t max_smem) {
+  const size_t most = std::max({sizeof(WySmem<DK, DV>), sizeof(StateSmem<DK, DV>), sizeof(OutSmem<DK>)});
+  if (most > max_smem)
+    fail(ErrorKind::kUnsupported,
+         "the chunked gated delta rule's kernels (gdr_wy_kernel, gdr_state_kernel, gdr_output_kernel) need {} bytes of "
+         "shared memory a block; this device allows {}",
+         most, max_smem);
   gdr_prep_kernel<DK><<<dim3(a.num_chunks, kBT / 8), 256, 0, s>>>(a);
   TCUDA_LAUNCH_CHECK();
   set_smem<gdr_wy_kernel<DK, DV>>(sizeof(WySmem<DK, DV>));
@@ -708,7 +715,7 @@ void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws) {
   carve(&a, static_cast<char*>(ws), a.num_chunks, a.Hk, a.Hv, a.Dk, a.Dv);
 }
 
-void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s) {
+void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s, size_t max_smem) {
   if (a.num_seqs == 0) return;
   const bool f32 = a.state_t == DType::kF32;
   if (!chunked) {
@@ -716,7 +723,7 @@ void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStre
     return;
   }
   if (a.num_chunks == 0) return;
-  f32 ? chunked_t<128, 128, float>(a, s) : chunked_t<128, 128, bf16>(a, s);
+  f32 ? chunked_t<128, 128, float>(a, s, max_smem) : chunked_t<128, 128, bf16>(a, s, max_smem);
 }
 
 void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w, DType wt, void* state, DType st,
