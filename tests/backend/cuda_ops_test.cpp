@@ -30,8 +30,9 @@
 
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_ops.h"  // kMaxFp8GemvRows, fp8_w16_gemm_splits
-#include "backend/cuda/fp8_mma_gemm.h"
+#include "backend/cuda/cuda_ops.h"      // kMaxFp8GemvRows, fp8_w16_gemm_splits
+#include "backend/cuda/fp8_mma_gemm.h"  // the FP8 block-scaled mma.sync GEMM
+#include "backend/cuda/kernel_smem.h"   // the kernels' shared-memory variants
 #endif
 
 namespace tessera {
@@ -1865,6 +1866,330 @@ std::vector<AttnCase> attention_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()));
+
+// ---------------------------------------------------------------- shared memory per block
+// Launchers whose kernels take more than 48 KiB of shared memory a block pick a variant from
+// max_smem, the bytes a block may opt into: Hopper's by default, kBlackwellDesktopMaxSmem on
+// sm_120 and sm_121. These tests call the launchers directly (on the legacy default stream, after
+// the backend's queued work) under both limits, on any GPU: the variants must give the same bits,
+// and the CPU's result within the usual tolerance.
+constexpr size_t kSmemLimits[] = {cuda::kHopperMaxSmem, cuda::kBlackwellDesktopMaxSmem};
+
+// `launch` on the legacy default stream once `be`'s queued work is done; waits for it.
+void on_default_stream(Backend& be, const std::function<void()>& launch) {
+  be.synchronize();
+  launch();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Elements whose bits differ (both finite, as the poisoned outputs must be).
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  size_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+// The grouped GEMM of the MoE prefill (bf16 and FP8 experts, mma.sync): 4 stages under Hopper's
+// limit, 2 stages (and one widened tile for FP8) under sm_120's. The same bits.
+TEST_F(CudaOps, MoePrefillUnderSm120SharedMemoryGivesTheSameBits) {
+  struct Case {
+    MoeCase c;
+    bool fp8;
+  };
+  const Case cases[] = {
+      {{300, 60, 4, 64, 48, 60, 0, false}, false},     // the tiny fixtures' dims
+      {{600, 16, 8, 2048, 768, 16, 0, true}, false},   // Qwen3-30B-A3B's expert shape
+      {{33, 64, 8, 528, 144, 64, 0, true}, true},      // partial k steps and scale blocks
+      {{300, 256, 8, 3072, 1024, 16, 64, true}, true}  // the flagship's experts, 64..79 of 256
+  };
+  for (const Case& cs : cases) {
+    const MoeCase& c = cs.c;
+    const int64_t T = c.T, H = c.H, I = c.I, k = c.k, EL = c.E_local, P = T * k;
+    const std::string what = std::string(cs.fp8 ? "FP8" : "bf16") + " experts T=" + std::to_string(T) +
+                             " H=" + std::to_string(H) + " I=" + std::to_string(I);
+    auto x = rand(T * H), logits = rand(T * c.E, -3, 3);
+    Tensor cids = cpu().alloc({T, k}, DType::kI32), cw = cpu().alloc({T, k}, DType::kF32);
+    cpu().moe_topk(on_cpu(logits, {T, c.E}), static_cast<int>(k), c.renormalize, cids, cw);
+    Tensor ref = cpu().alloc({T, H}, DType::kF32), gu, dn;
+    if (cs.fp8) {
+      const Fp8Host hgu = fp8_host({EL, 2 * I, H}), hdn = fp8_host({EL, H, I});
+      gu = put_fp8(gpu(), hgu);
+      dn = put_fp8(gpu(), hdn);
+      cpu().moe_experts(on_cpu(x, {T, H}), put_fp8(cpu(), hgu), put_fp8(cpu(), hdn), cids, cw,
+                        static_cast<int>(c.begin), ref);
+    } else {
+      auto g = rand(EL * 2 * I * H, -0.1f, 0.1f), d = rand(EL * H * I, -0.1f, 0.1f);
+      gu = on_gpu(g, {EL, 2 * I, H});
+      dn = on_gpu(d, {EL, H, I});
+      cpu().moe_experts(on_cpu(x, {T, H}), on_cpu(g, {EL, 2 * I, H}), on_cpu(d, {EL, H, I}), cids, cw,
+                        static_cast<int>(c.begin), ref);
+    }
+    const std::vector<int32_t> ids(cids.data<int32_t>(), cids.data<int32_t>() + P);
+    Tensor gx = on_gpu(x, {T, H}), gids = on_gpu_i32(ids, {T, k}), gw = on_gpu(from_cpu(cw), {T, k}, DType::kF32);
+    Tensor route = gpu().alloc({2 * (EL + 1) + 2 * P}, DType::kI32);
+    Tensor act = gpu().alloc({P, I}, DType::kBF16), y = gpu().alloc({P, H}, DType::kBF16);
+    int32_t* r = route.data<int32_t>();
+    const cuda::MoePrefillWorkspace ws{r, r + EL + 1, r + 2 * (EL + 1), r + 2 * (EL + 1) + P, act.raw(), y.raw()};
+    std::vector<std::vector<float>> outs;
+    for (size_t max_smem : kSmemLimits) {
+      Tensor out = gpu_out({T, H});
+      cuda::MoeArgs a;
+      a.x = gx.raw();
+      a.gate_up = gu.raw();
+      a.down = dn.raw();
+      if (cs.fp8) {
+        a.gate_up_scale = gu.block_scale()->data<float>();
+        a.down_scale = dn.block_scale()->data<float>();
+      }
+      a.ids = gids.data<int32_t>();
+      a.weights = gw.data<float>();
+      a.out = out.raw();
+      a.T = static_cast<int>(T);
+      a.k = static_cast<int>(k);
+      a.H = static_cast<int>(H);
+      a.I = static_cast<int>(I);
+      a.E_local = static_cast<int>(EL);
+      a.expert_begin = static_cast<int>(c.begin);
+      on_default_stream(gpu(), [&] { cuda::launch_moe_prefill(a, ws, false, nullptr, max_smem); });
+      outs.push_back(from_gpu(out));
+      EXPECT_LT(rel_err(outs.back(), from_cpu(ref)), 1e-2) << what << ", max_smem " << max_smem;
+    }
+    EXPECT_EQ(bits_differ(outs[0], outs[1]), 0u) << what << ": sm_120's variant against Hopper's";
+  }
+}
+
+// The dense FP8 W8A16 GEMM (the grouped GEMM with one group; K slices where tiles are few).
+TEST_F(CudaOps, Fp8W16GemmUnderSm120SharedMemoryGivesTheSameBits) {
+  struct Case {
+    int64_t M, N, K;
+    DType out;
+  };
+  for (Case c : std::vector<Case>{
+           {24, 3072, 8192, DType::kBF16}, {130, 1000, 2048, DType::kF32}, {513, 640, 1040, DType::kBF16}}) {
+    const int splits = cuda::fp8_w16_gemm_splits(c.M, c.N, c.K, 132);
+    const Fp8Host h = fp8_host({c.N, c.K});
+    Tensor w = put_fp8(gpu(), h);
+    auto x = rand(c.M * c.K);
+    Tensor gx = on_gpu(x, {c.M, c.K}), part = gpu().alloc({splits * c.M * c.N}, DType::kF32);
+    Tensor ref = cpu().alloc({c.M, c.N}, DType::kF32);
+    cpu().linear(on_cpu(x, {c.M, c.K}), put_fp8(cpu(), h), nullptr, ref);
+    const std::string what = "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                             " (" + std::to_string(splits) + " K slices)";
+    std::vector<std::vector<float>> outs;
+    for (size_t max_smem : kSmemLimits) {
+      Tensor out = gpu_out({c.M, c.N}, c.out);
+      bool done = false;
+      on_default_stream(gpu(), [&] {
+        done = cuda::launch_fp8_w16_gemm(gx.raw(), w.raw(), w.block_scale()->data<float>(), out.raw(), c.out, c.M, c.N,
+                                         c.K, splits, part.data<float>(), nullptr, max_smem);
+      });
+      ASSERT_TRUE(done) << what << ", max_smem " << max_smem;
+      outs.push_back(from_gpu(out));
+      EXPECT_LT(rel_err(outs.back(), from_cpu(ref)), 1e-2) << what << ", max_smem " << max_smem;
+    }
+    EXPECT_EQ(bits_differ(outs[0], outs[1]), 0u) << what << ": sm_120's variant against Hopper's";
+  }
+}
+
+// Prefill attention's tiles fit sm_120 (at most 86,016 bytes): every head dim and cache dtype,
+// with a sequence longer than 64 query tokens (two row fragments a warp) and without.
+TEST_F(CudaOps, PrefillAttentionUnderSm120SharedMemoryGivesTheSameBits) {
+  const std::vector<std::vector<SeqSpec>> steps = {{{0, 130}, {40, 100}, {5, 33}}, {{0, 64}, {200, 17}}};
+  const int Hk = 2, group = 2, Hq = Hk * group, bs = 16;
+  for (int D : {64, 128, 256})
+    for (DType cache : {DType::kBF16, DType::kF8E4M3})
+      for (const std::vector<SeqSpec>& seqs : steps) {
+        const float k_scale = cache == DType::kF8E4M3 ? 0.01f : 1.0f, v_scale = cache == DType::kF8E4M3 ? 0.005f : 1.0f;
+        AttentionLayout all, step;
+        all.block_size = step.block_size = bs;
+        all.query_start_loc = step.query_start_loc = {0};
+        int max_blocks = 0, next = 0;
+        for (const SeqSpec& sp : seqs) max_blocks = std::max(max_blocks, (sp.cached + sp.new_tokens + bs - 1) / bs);
+        all.max_blocks_per_seq = step.max_blocks_per_seq = max_blocks;
+        for (const SeqSpec& sp : seqs) {  // sequence i takes blocks next, next + 1, ...
+          const int ctx = sp.cached + sp.new_tokens;
+          std::vector<int32_t> bt(max_blocks, 0);
+          for (int b = 0; b < (ctx + bs - 1) / bs; ++b) bt[b] = next++;
+          for (int j = 0; j < ctx; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+          for (AttentionLayout* l : {&all, &step}) l->block_tables.insert(l->block_tables.end(), bt.begin(), bt.end());
+          all.query_start_loc.push_back(all.query_start_loc.back() + ctx);
+          step.query_start_loc.push_back(step.query_start_loc.back() + sp.new_tokens);
+          all.seq_lens.push_back(ctx);
+          step.seq_lens.push_back(ctx);
+        }
+        const int Tall = all.query_start_loc.back(), T = step.query_start_loc.back();
+        auto k = rand(int64_t{Tall} * Hk * D), v = rand(int64_t{Tall} * Hk * D), q = rand(int64_t{T} * Hq * D);
+        const Shape cs{next, bs, Hk, D};
+        Tensor gkc = gpu().alloc(cs, cache), gvc = gpu().alloc(cs, cache);
+        Tensor ckc = cpu().alloc(cs, cache), cvc = cpu().alloc(cs, cache);
+        gpu().write_kv(on_gpu(k, {Tall, Hk, D}), on_gpu(v, {Tall, Hk, D}), gkc, gvc,
+                       upload_attention_metadata(gpu(), all), k_scale, v_scale);
+        cpu().write_kv(on_cpu(k, {Tall, Hk, D}), on_cpu(v, {Tall, Hk, D}), ckc, cvc,
+                       upload_attention_metadata(cpu(), all), k_scale, v_scale);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        Tensor ref = cpu().alloc({T, Hq, D}, DType::kF32);
+        cpu().paged_attention(on_cpu(q, {T, Hq, D}), ckc, cvc, upload_attention_metadata(cpu(), step), scale, k_scale,
+                              v_scale, ref);
+        const AttentionMetadata gm = upload_attention_metadata(gpu(), step);
+        Tensor gq = on_gpu(q, {T, Hq, D});
+        const std::string what = "D=" + std::to_string(D) + " cache " + std::string(dtype_name(cache)) +
+                                 " longest query " + std::to_string(gm.max_query_len);
+        std::vector<std::vector<float>> outs;
+        for (size_t max_smem : kSmemLimits) {
+          Tensor out = gpu_out({T, Hq, D});
+          cuda::PagedAttentionArgs a{};
+          a.q = gq.raw();
+          a.k_cache = gkc.raw();
+          a.v_cache = gvc.raw();
+          a.out = out.raw();
+          a.query_start_loc = gm.query_start_loc.data<int32_t>();
+          a.seq_lens = gm.seq_lens.data<int32_t>();
+          a.block_tables = gm.block_tables.data<int32_t>();
+          a.num_seqs = gm.num_seqs;
+          a.num_tokens = T;
+          a.Hq = Hq;
+          a.Hk = Hk;
+          a.D = D;
+          a.block_size = bs;
+          a.max_blocks_per_seq = max_blocks;
+          a.scale = scale;
+          a.k_scale = k_scale;
+          a.v_scale = v_scale;
+          a.cache_dtype = cache;
+          on_default_stream(gpu(), [&] { cuda::launch_prefill_attention(a, gm.max_query_len, 0, nullptr, max_smem); });
+          outs.push_back(from_gpu(out));
+          EXPECT_LT(rel_err(outs.back(), from_cpu(ref)), 1e-2) << what << ", max_smem " << max_smem;
+        }
+        EXPECT_EQ(bits_differ(outs[0], outs[1]), 0u) << what << ": sm_120's launch against Hopper's";
+        gpu().reset_scratch();
+        cpu().reset_scratch();
+      }
+}
+
+// The chunked gated delta rule (Dk = Dv = 128): its three shared-memory layouts fit sm_120.
+// Sequences over several 64-token chunks, from a state and from zeros, f32 and bf16 states.
+TEST_F(CudaOps, ChunkedGatedDeltaRuleUnderSm120SharedMemoryGivesTheSameBits) {
+  const int Hk = 2, Hv = 4, D = 128, C = 2 * Hk * D + Hv * D, ba_col = 3, X = ba_col + 2 * Hv + 5, num_slots = 4;
+  const LinearStep st = {{130, 64, 7}, {2, 0, 3}, {1, 0, 1}};
+  const LinearAttnLayout l = linear_layout(st);
+  const int S = static_cast<int>(st.lens.size()), T = l.query_start_loc.back();
+  std::vector<int32_t> chunks, seq_chunks = {0};  // as CudaBackend::gated_delta_rule builds them
+  for (int s = 0; s < S; ++s) {
+    for (int t = l.query_start_loc[s]; t < l.query_start_loc[s + 1]; t += 64)
+      chunks.insert(chunks.end(), {t, std::min(64, l.query_start_loc[s + 1] - t), s});
+    seq_chunks.push_back(static_cast<int32_t>(chunks.size() / 3));
+  }
+  const int num_chunks = static_cast<int>(chunks.size() / 3);
+  auto qkv = rand(int64_t{T} * C), ba = rand(int64_t{T} * X, -3.0f, 3.0f);
+  auto alog = rand(Hv, -2.0f, 0.5f), dtb = rand(Hv, -1.0f, 1.0f);
+  const Shape ss{num_slots, Hv, D, D};
+  const auto st0 = rand(ss.numel(), -0.3f, 0.3f);
+  Tensor cs = on_cpu(st0, ss), cout = cpu().alloc({T, Hv, D}, DType::kF32);
+  cpu().gated_delta_rule(on_cpu(qkv, {T, C}), on_cpu(ba, {T, X}), ba_col, on_cpu(alog, {Hv}), on_cpu(dtb, {Hv}), cs,
+                         upload_linear_attn_metadata(cpu(), l), cout);
+  Tensor gqkv = on_gpu(qkv, {T, C}), gba = on_gpu(ba, {T, X});
+  Tensor ga = on_gpu(alog, {Hv}, DType::kF32), gd = on_gpu(dtb, {Hv}, DType::kF32);
+  Tensor gqsl = on_gpu_i32(l.query_start_loc, {S + 1}), gslots = on_gpu_i32(l.state_slots, {S}),
+         ginit = on_gpu_i32(l.has_initial_state, {S});
+  Tensor gchunks = on_gpu_i32(chunks, {num_chunks * 3}), gseq = on_gpu_i32(seq_chunks, {S + 1});
+  Tensor ws =
+      gpu().alloc({static_cast<int64_t>(cuda::gdr_chunked_workspace_bytes(num_chunks, Hk, Hv, D, D))}, DType::kU8);
+  for (DType state_t : {DType::kF32, DType::kBF16}) {
+    std::vector<std::vector<float>> outs, states;
+    for (size_t max_smem : kSmemLimits) {
+      Tensor gs = on_gpu(st0, ss, state_t), out = gpu_out({T, Hv, D});
+      cuda::GatedDeltaRuleArgs a{};
+      a.qkv = gqkv.raw();
+      a.ba = gba.raw();
+      a.ba_stride = X;
+      a.ba_col = ba_col;
+      a.A_log = ga.raw();
+      a.dt_bias = gd.raw();
+      a.param_t = DType::kF32;
+      a.state = gs.raw();
+      a.state_t = state_t;
+      a.qsl = gqsl.data<int32_t>();
+      a.slots = gslots.data<int32_t>();
+      a.has_init = ginit.data<int32_t>();
+      a.out = out.raw();
+      a.num_seqs = S;
+      a.Hk = Hk;
+      a.Hv = Hv;
+      a.Dk = a.Dv = D;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      a.chunks = gchunks.data<int32_t>();
+      a.seq_chunks = gseq.data<int32_t>();
+      a.num_chunks = num_chunks;
+      cuda::gdr_carve_workspace(a, ws.raw());
+      on_default_stream(gpu(), [&] { cuda::launch_gated_delta_rule(a, true, nullptr, max_smem); });
+      outs.push_back(from_gpu(out));
+      states.push_back(from_gpu(gs));
+      const std::string what = std::string(dtype_name(state_t)) + " state, max_smem " + std::to_string(max_smem);
+      EXPECT_LT(rel_err(outs.back(), from_cpu(cout)), 2e-2) << what;
+      EXPECT_LT(rel_err(states.back(), from_cpu(cs)), 2e-2) << what << ": states";
+    }
+    EXPECT_EQ(bits_differ(outs[0], outs[1]), 0u) << dtype_name(state_t) << " state: outputs, sm_120 against Hopper";
+    EXPECT_EQ(bits_differ(states[0], states[1]), 0u) << dtype_name(state_t) << " state: states, sm_120 against Hopper";
+  }
+}
+
+// No GPU needed: every launcher has a variant within sm_120's limit; the grouped GEMM takes the
+// 4-stage one on Hopper and a smaller one there; below every variant the launchers refuse before
+// queuing anything (an Error, or false where the caller has a fallback).
+TEST(CudaSharedMemory, LaunchersFitSm120AndRefuseBelowEveryVariant) {
+  using namespace cuda;
+  for (bool fp8 : {false, true}) {
+    EXPECT_EQ(moe_gemm_variant(fp8, kHopperMaxSmem), 0);
+    EXPECT_EQ(kMoeGemmVariants[0].stages, 4);
+    const int v = moe_gemm_variant(fp8, kBlackwellDesktopMaxSmem);
+    ASSERT_GT(v, 0) << (fp8 ? "FP8" : "bf16");
+    EXPECT_LE(moe_gemm_smem_bytes(fp8, kMoeGemmVariants[v]), kBlackwellDesktopMaxSmem);
+  }
+  EXPECT_GT(kMoeWgmmaSmemBytes, kBlackwellDesktopMaxSmem) << "the wgmma kernel runs on Hopper only";
+  for (int D : {64, 128, 256})
+    for (int cache_bytes : {1, 2})
+      for (bool long_query : {false, true}) {
+        const PrefillTile t = prefill_tile(D, long_query);
+        EXPECT_LE(prefill_smem_bytes(D, cache_bytes, t.row_frags, t.keys), kBlackwellDesktopMaxSmem) << "D=" << D;
+      }
+  EXPECT_LE(sizeof(gdr::WySmem<128, 128>), kBlackwellDesktopMaxSmem);
+  EXPECT_LE(sizeof(gdr::StateSmem<128, 128>), kBlackwellDesktopMaxSmem);
+  EXPECT_LE(sizeof(gdr::OutSmem<128>), kBlackwellDesktopMaxSmem);
+
+  const size_t small = 48 * 1024;  // under every variant of the kernels above
+  auto expect_unsupported = [](const std::function<void()>& f, const char* who) {
+    try {
+      f();
+      ADD_FAILURE() << who << " did not refuse";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << who << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(small)), std::string::npos) << e.what();
+    }
+  };
+  MoeArgs m{};
+  m.T = 300;
+  m.k = 8;
+  m.H = 2048;
+  m.I = 768;
+  m.E_local = 16;
+  expect_unsupported([&] { launch_moe_prefill(m, MoePrefillWorkspace{}, true, nullptr, small); }, "bf16 MoE prefill");
+  const float scale = 1.0f;
+  m.gate_up_scale = m.down_scale = &scale;
+  expect_unsupported([&] { launch_moe_prefill(m, MoePrefillWorkspace{}, false, nullptr, small); }, "FP8 MoE prefill");
+  EXPECT_FALSE(launch_fp8_w16_gemm(nullptr, nullptr, &scale, nullptr, DType::kBF16, 300, 1024, 1024, 1, nullptr,
+                                   nullptr, small));
+  PagedAttentionArgs pa{};
+  pa.num_seqs = 1;
+  pa.D = 128;
+  pa.cache_dtype = DType::kF8E4M3;  // 86,016 bytes at 100 query tokens
+  expect_unsupported([&] { launch_prefill_attention(pa, 100, 0, nullptr, small); }, "prefill attention");
+  GatedDeltaRuleArgs g{};
+  g.num_seqs = 1;
+  g.num_chunks = 1;
+  g.state_t = DType::kF32;
+  expect_unsupported([&] { launch_gated_delta_rule(g, true, nullptr, small); }, "chunked gated delta rule");
+}
 
 #else
 

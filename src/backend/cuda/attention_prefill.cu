@@ -8,7 +8,9 @@
 #include <cstdlib>
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/mma_utils.cuh"
+#include "core/error.h"
 
 namespace tessera::cuda {
 
@@ -269,13 +271,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
 }
 
 template <int D, typename CT, int kRF, int kN>
-constexpr int prefill_smem_bytes() {
-  return (kRF * 64 + 2 * kN) * (D + 8) * 2 + (sizeof(CT) == 1 ? 2 * kN * D : 0);
-}
-
-template <int D, typename CT, int kRF, int kN>
-void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
-  constexpr int smem = prefill_smem_bytes<D, CT, kRF, kN>();
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s, size_t max_smem) {
+  constexpr int smem = static_cast<int>(prefill_smem_bytes(D, sizeof(CT), kRF, kN));
+  if (static_cast<size_t>(smem) > max_smem)
+    fail(ErrorKind::kUnsupported,
+         "prefill_attention_kernel (head dim {}, {} cache) needs {} bytes of shared memory a block; this device "
+         "allows {}",
+         D, sizeof(CT) == 1 ? "fp8" : "bf16", smem, max_smem);
   static const cudaError_t attr =
       cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
@@ -284,17 +286,14 @@ void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cu
   TCUDA_LAUNCH_CHECK();
 }
 
-// Two row fragments per warp (128 query rows a block) where there are enough rows, 64-key
-// tiles (measured: docs/performance.md).
+// The tile of prefill_tile (kernel_smem.h).
 template <int D, typename CT>
-void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
-  if constexpr (D == 256) {  // one row fragment a warp (its output alone is 128 registers), 32-key tiles
-    prefill_t<D, CT, 1, 32>(a, max_query_len, skip_upto, s);
-  } else if (max_query_len > 64) {
-    prefill_t<D, CT, 2, 64>(a, max_query_len, skip_upto, s);
-  } else {
-    prefill_t<D, CT, 1, 64>(a, max_query_len, skip_upto, s);
-  }
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s, size_t max_smem) {
+  constexpr PrefillTile lt = prefill_tile(D, true), st = prefill_tile(D, false);
+  if (max_query_len > 64)
+    prefill_t<D, CT, lt.row_frags, lt.keys>(a, max_query_len, skip_upto, s, max_smem);
+  else
+    prefill_t<D, CT, st.row_frags, st.keys>(a, max_query_len, skip_upto, s, max_smem);
 }
 
 }  // namespace
@@ -303,18 +302,19 @@ bool prefill_attention_supported(int D, DType cache_dtype) {
   return (D == 64 || D == 128 || D == 256) && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3);
 }
 
-void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s) {
+void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s,
+                              size_t max_smem) {
   if (a.num_seqs == 0 || max_query_len == 0) return;
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;
   if (a.D == 128) {
-    fp8 ? prefill_t<128, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
-        : prefill_t<128, __nv_bfloat16>(a, max_query_len, skip_upto, s);
+    fp8 ? prefill_t<128, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s, max_smem)
+        : prefill_t<128, __nv_bfloat16>(a, max_query_len, skip_upto, s, max_smem);
   } else if (a.D == 256) {
-    fp8 ? prefill_t<256, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
-        : prefill_t<256, __nv_bfloat16>(a, max_query_len, skip_upto, s);
+    fp8 ? prefill_t<256, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s, max_smem)
+        : prefill_t<256, __nv_bfloat16>(a, max_query_len, skip_upto, s, max_smem);
   } else {
-    fp8 ? prefill_t<64, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s)
-        : prefill_t<64, __nv_bfloat16>(a, max_query_len, skip_upto, s);
+    fp8 ? prefill_t<64, __nv_fp8_e4m3>(a, max_query_len, skip_upto, s, max_smem)
+        : prefill_t<64, __nv_bfloat16>(a, max_query_len, skip_upto, s, max_smem);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cuda/cuda_options.h"
@@ -45,6 +46,15 @@ inline bool is_float_dtype(DType t) {
 }
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Shared memory: launchers whose kernels take more than 48 KiB a block have a last parameter
+// max_smem, the bytes a block may opt into on the device (cudaDevAttrMaxSharedMemoryPerBlockOptin),
+// and launch the largest variant of their kernel that fits it (kernel_smem.h has the layouts;
+// scripts/ptxas_report.sh checks them per architecture). The default is Hopper's; sm_120 and
+// sm_121 (RTX 5090, DGX Spark) allow kBlackwellDesktopMaxSmem. Where no variant fits, a void
+// launcher throws Error (kUnsupported) before queuing anything and a bool one returns false.
+constexpr size_t kHopperMaxSmem = 232448;
+constexpr size_t kBlackwellDesktopMaxSmem = 101376;
 
 // ---- launchers (elementwise.cu) ----
 void launch_fill(void* dst, DType t, int64_t n, float value, cudaStream_t s);
@@ -125,8 +135,10 @@ int decode_attention_heads_per_block(int num_tokens, int group);
 void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int max_query, float* workspace,
                              const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge);
 // FlashAttention-2 style over the paged cache; the sequences of at most skip_upto query tokens
-// are left to the decode kernel (0: none).
-void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s);
+// are left to the decode kernel (0: none). Its tiles take at most 86,016 bytes of shared memory
+// (kernel_smem.h): every max_smem of sm_90, sm_120 and sm_121.
+void launch_prefill_attention(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s,
+                              size_t max_smem = kHopperMaxSmem);
 // Fallback for head dims / cache dtypes the two kernels above do not cover (slow, exact).
 bool generic_attention_supported(int D);
 void launch_generic_attention(const PagedAttentionArgs& a, cudaStream_t s);
@@ -176,8 +188,11 @@ size_t gdr_chunked_workspace_bytes(int64_t num_chunks, int Hk, int Hv, int Dk, i
 // Points a's chunked-path buffers into ws (gdr_chunked_workspace_bytes of it, 256-byte aligned).
 void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws);
 // chunked: the four-kernel tensor-core prefill (needs gdr_chunked_supported and the chunk
-// tables); else the recurrent kernel walks every sequence's tokens (decode: one launch).
-void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s);
+// tables); else the recurrent kernel walks every sequence's tokens (decode: one launch). The
+// chunked kernels take at most 99,264 bytes of shared memory a block (kernel_smem.h): every
+// max_smem of sm_90, sm_120 and sm_121.
+void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s,
+                             size_t max_smem = kHopperMaxSmem);
 
 // ---- skinny GEMM for decode (gemv.cu) ----
 // Programmatic dependent launch for the decode-path kernels (device_utils.cuh): off until a
@@ -218,11 +233,12 @@ bool launch_fp8_w16_small(const void* x, const void* w, const float* scale, void
                           int64_t N, int64_t K, int splits, float* partials, cudaStream_t s);
 // Any M: moe_gemm.cu's tensor-core GEMM with one group (each weight tile widened to bf16 in
 // shared memory, the scales on the accumulators); the partials only where fp8_w16_gemm_splits
-// splits K (few 128 x 256 tiles), `partials` may be null otherwise.
+// splits K (few 128 x 256 tiles), `partials` may be null otherwise. Every max_smem it fits gives
+// the same bits; false where none fits (the caller's fallbacks take the product).
 constexpr int64_t kMaxFp8GemmK = 32768;  // K (and an FP8 expert's H and I) the tensor-core FP8 GEMM takes
 int fp8_w16_gemm_splits(int64_t M, int64_t N, int64_t K, int num_sms);
 bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
-                         int64_t K, int splits, float* partials, cudaStream_t s);
+                         int64_t K, int splits, float* partials, cudaStream_t s, size_t max_smem = kHopperMaxSmem);
 // out (bf16 or f32) [n] = the sum of `splits` f32 partials [splits][n], added in order (split-K
 // kernels: the same bits every run).
 void launch_f32_partials_sum(const float* partials, void* out, DType out_t, int64_t n, int splits, cudaStream_t s);
@@ -302,8 +318,10 @@ struct MoePrefillWorkspace {
 // Routing on the device (counts, offsets, the permutation), the grouped GEMMs, the combine.
 // bf16 experts with `wgmma` (sm_90 devices only): the warpgroup-MMA kernel; else mma.sync.
 // FP8 experts: each weight tile is widened to bf16 in shared memory (exact) and runs the
-// mma.sync GEMM, the 128 x 128 block scales applied to its f32 accumulators.
-void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s);
+// mma.sync GEMM, the 128 x 128 block scales applied to its f32 accumulators. Every max_smem
+// the mma.sync GEMM fits gives the same bits (kernel_smem.h: its pipeline variants).
+void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s,
+                        size_t max_smem = kHopperMaxSmem);
 void launch_moe_route(const MoeArgs& a, int32_t* expert_offsets, int32_t* tile_offsets, int32_t* sorted_pair,
                       int32_t* pair_pos, cudaStream_t s);
 // out[t] = sum_j weights[t,j] * y[row(t,j)] (see moe.cu); pair_pos null: y is indexed by pair.

@@ -8,6 +8,8 @@
 #include <algorithm>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernel_smem.h"
+#include "core/error.h"
 
 namespace tessera::cuda {
 
@@ -228,8 +230,14 @@ __global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a
 //              H_c (the state at the chunk's start) saved, V = U - W H, H = exp(gc_last) H +
 //              (k exp(gc_last - gc))^T V; the slot's state read first and written last;
 //   4. output: O = (q exp(gc)) H_c + ((q k^T) exp(gc_i - gc_j), j <= i) V, per 64 value columns.
-// Matrix products use WMMA 16x16x16 bf16 with f32 accumulation, operands staged in shared memory.
-constexpr int kBT = 64;
+// Matrix products use WMMA 16x16x16 bf16 with f32 accumulation, operands staged in shared memory
+// (the layouts: kernel_smem.h).
+using gdr::kBT;
+using gdr::ld_bf16;
+using gdr::ld_f32;
+using gdr::OutSmem;
+using gdr::StateSmem;
+using gdr::WySmem;
 using namespace nvcuda;
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragAc = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
@@ -292,16 +300,6 @@ __device__ __forceinline__ void copy8(bf16* dst, const bf16* src, float f = 1.0f
   *reinterpret_cast<uint4*>(dst) = raw;
 }
 
-// Shared-memory leading dimensions (elements): rows stay 32-byte aligned for WMMA, banks shift.
-template <int D>
-constexpr int ld_bf16() {
-  return D + 8;
-}
-template <int D>
-constexpr int ld_f32() {
-  return D + 4;
-}
-
 // A 16x16 f32 accumulator tile to bf16 global memory (row stride ld), through a per-warp
 // staging tile; rows >= rows_valid are skipped.
 __device__ __forceinline__ void store_tile_bf16(const FragC& f, float* stage, bf16* dst, int64_t ld, int rows_valid,
@@ -336,18 +334,6 @@ __device__ __forceinline__ void lower_xyt(const bf16* x, const bf16* y, float* o
 }
 
 // 2. WY representation. grid (num_chunks, Hv), 4 warps; warp w owns rows [16w, 16w+16).
-template <int DK, int DV>
-struct WySmem {
-  bf16 k[kBT][ld_bf16<DK>()];     // normalised keys
-  bf16 kb[kBT][ld_bf16<DK>()];    // beta k exp(gc)
-  bf16 vb[kBT][ld_bf16<DV>()];    // beta v
-  float A[kBT][ld_f32<kBT>()];    // k k^T, then the strictly lower A
-  float Tf[kBT][kBT + 1];         // (I + A)^-1
-  float X[kBT / 16 - 1][16][17];  // the blocked inverse's sums
-  bf16 Tb[kBT][ld_bf16<kBT>()];   // the same in bf16
-  float gc[kBT], beta[kBT];
-  float stage[4][256];
-};
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(128) gdr_wy_kernel(GatedDeltaRuleArgs a) {
@@ -455,16 +441,6 @@ __global__ void __launch_bounds__(128) gdr_wy_kernel(GatedDeltaRuleArgs a) {
 
 // 3. The state pass. grid (DV / 32, Hv, S), 4 warps; warp w owns state rows [w*DK/4, (w+1)*DK/4)
 // (DK/64 row tiles) x the block's 32 value columns (2 column tiles), as accumulators.
-template <int DK, int DV>
-struct StateSmem {
-  float hf[DK][ld_f32<32>()];   // the state slice in f32 (load / store staging)
-  bf16 hb[DK][ld_bf16<32>()];   // the state slice as an mma operand
-  bf16 w[kBT][ld_bf16<DK>()];   // -W of the chunk
-  bf16 kd[kBT][ld_bf16<DK>()];  // k exp(gc_last - gc)
-  float vf[kBT][ld_f32<32>()];  // U, then V = U - W H
-  bf16 vb[kBT][ld_bf16<32>()];  // V as an mma operand
-  float gc[kBT];
-};
 
 template <int DK, int DV, typename SS>
 __global__ void __launch_bounds__(128) gdr_state_kernel(GatedDeltaRuleArgs a) {
@@ -574,17 +550,6 @@ __global__ void __launch_bounds__(128) gdr_state_kernel(GatedDeltaRuleArgs a) {
 }
 
 // 4. Outputs. grid (num_chunks, Hv, DV / 64), 4 warps; warp w owns output rows [16w, 16w+16).
-template <int DK>
-struct OutSmem {
-  bf16 q[kBT][ld_bf16<DK>()];    // normalised, scaled q
-  bf16 qd[kBT][ld_bf16<DK>()];   // q exp(gc)
-  bf16 k[kBT][ld_bf16<DK>()];    // normalised k
-  bf16 h[DK][ld_bf16<64>()];     // the state at the chunk's start, 64 value columns
-  bf16 v[kBT][ld_bf16<64>()];    // V of the chunk, 64 value columns
-  float p[kBT][ld_f32<64>()];    // q k^T, then the outputs
-  bf16 pb[kBT][ld_bf16<kBT>()];  // the decayed causal q k^T
-  float gc[kBT];
-};
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(128) gdr_output_kernel(GatedDeltaRuleArgs a) {
@@ -670,7 +635,13 @@ void recurrent_t(const GatedDeltaRuleArgs& a, cudaStream_t s) {
 }
 
 template <int DK, int DV, typename SS>
-void chunked_t(const GatedDeltaRuleArgs& a, cudaStream_t s) {
+void chunked_t(const GatedDeltaRuleArgs& a, cudaStream_t s, size_t max_smem) {
+  const size_t most = std::max({sizeof(WySmem<DK, DV>), sizeof(StateSmem<DK, DV>), sizeof(OutSmem<DK>)});
+  if (most > max_smem)
+    fail(ErrorKind::kUnsupported,
+         "the chunked gated delta rule's kernels (gdr_wy_kernel, gdr_state_kernel, gdr_output_kernel) need {} bytes of "
+         "shared memory a block; this device allows {}",
+         most, max_smem);
   gdr_prep_kernel<DK><<<dim3(a.num_chunks, kBT / 8), 256, 0, s>>>(a);
   TCUDA_LAUNCH_CHECK();
   set_smem<gdr_wy_kernel<DK, DV>>(sizeof(WySmem<DK, DV>));
@@ -744,7 +715,7 @@ void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws) {
   carve(&a, static_cast<char*>(ws), a.num_chunks, a.Hk, a.Hv, a.Dk, a.Dv);
 }
 
-void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s) {
+void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s, size_t max_smem) {
   if (a.num_seqs == 0) return;
   const bool f32 = a.state_t == DType::kF32;
   if (!chunked) {
@@ -752,7 +723,7 @@ void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStre
     return;
   }
   if (a.num_chunks == 0) return;
-  f32 ? chunked_t<128, 128, float>(a, s) : chunked_t<128, 128, bf16>(a, s);
+  f32 ? chunked_t<128, 128, float>(a, s, max_smem) : chunked_t<128, 128, bf16>(a, s, max_smem);
 }
 
 void launch_causal_conv1d(const void* x, int64_t X, int64_t x_col, const void* w, DType wt, void* state, DType st,

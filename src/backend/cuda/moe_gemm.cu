@@ -1,5 +1,5 @@
 // The prefill path of the routed experts: a grouped GEMM over the experts on tensor cores
-// (mma.sync m16n8k16 bf16, ldmatrix, a 4-stage cp.async pipeline), over the token rows that
+// (mma.sync m16n8k16 bf16, ldmatrix, a cp.async pipeline), over the token rows that
 // moe.cu's routing kernel permuted by expert on the device. The same kernel with one group is
 // the dense FP8 linear's W8A16 GEMM above the GEMV's rows (launch_fp8_w16_gemm, at the end).
 //
@@ -20,7 +20,8 @@
 // bf16). Every thread widens the 16-byte chunks it copied itself to bf16 (exact: every e4m3
 // value is a bf16 value) into a bf16 B tile in the layout above, one k step ahead of the MMAs
 // (two such tiles, so the widening of step kt + 1 overlaps the MMAs of step kt and a k step
-// has one barrier), and the same ldmatrix / mma.sync loop runs on it. The 128 x 128 block
+// has one barrier; where shared memory is short, one tile that a step widens between two
+// barriers), and the same ldmatrix / mma.sync loop runs on it. The 128 x 128 block
 // scales are applied to the f32 accumulators, not to the weights: an 8-row MMA fragment lies in
 // one 128-row scale block and a 64-deep k step in one 128-column block, so a fragment's
 // accumulators are kept in units of the scale of the block they are on, s_run, and when the k
@@ -31,7 +32,12 @@
 // from the same row through a GEMV (the FP8 fixtures parted between batched and lone runs). The
 // block's scales (at most 3 row blocks: a 256-row tile, or gate_up's 128 gate rows and 128 up
 // rows) are copied to shared memory once. A block whose scale is not positive contributes
-// nothing (its widened weights are zeroed). 195 KiB of shared memory.
+// nothing (its widened weights are zeroed).
+//
+// Shared memory: 4 pipeline stages take 192 KiB (bf16) and 195 KiB (FP8) a block, more than
+// sm_120 and sm_121 allow (99 KiB); there the launchers take 2 stages (and one widened tile for
+// FP8 weights): kernel_smem.h's kMoeGemmVariants. A thread's accumulators see the same MMAs and
+// rescales in the same order in every variant, so they give the same bits.
 //
 // Dense mode (GemmArgs::dense_rows > 0, down layout, one "expert"): the rows are x's rows in
 // order, grid.x their 128-row tiles. Few tiles (decode batches: M of 17 .. a few hundred on a
@@ -47,30 +53,34 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/fp8_utils.cuh"
+#include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/mma_utils.cuh"
 #include "backend/cuda/wgmma_utils.cuh"
+#include "core/error.h"
 
 namespace tessera::cuda {
 
 namespace {
 
-constexpr int BM = kMoeTileM, BN = 256, BK = 64, kStages = 4, kThreads = 256;
+constexpr int BM = kMoeTileM, BN = kMoeGemmBN, BK = kMoeGemmBK, kThreads = 256;
 constexpr int kWarpN = BN / 4;              // 8 warps as 2 (rows) x 4 (columns), 64 rows each
 constexpr int kNFrags = kWarpN / 8;         // n8 fragments of a warp
 constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copies per stage
 constexpr int kStageElems = (BM + BN) * BK;
-constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
 static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
-// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the two widened bf16 B
-// tiles follow the stages, then the scale table [3][kMaxScaleBlocks].
+// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the widened bf16 B tiles
+// follow the stages, then the scale table [3][kMaxScaleBlocks].
 constexpr int kStageBytes8 = BM * BK * 2 + BN * BK;
 constexpr int kB8Loads = BN * (BK / 16) / kThreads;  // 16-byte e4m3 chunks of B a thread copies per stage
 constexpr int kBTileBytes = BN * BK * 2;
 constexpr int kScaleRows = 3;
 constexpr int kMaxScaleBlocks = kMaxFp8GemmK / 128;
-constexpr size_t kSmemBytes8 =
-    size_t{kStages} * kStageBytes8 + 2 * size_t{kBTileBytes} + size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float);
 static_assert(kStageBytes8 % 128 == 0 && kB8Loads * kThreads == BN * (BK / 16), "FP8 stage layout");
+static_assert(moe_gemm_stage_bytes(false) == kStageElems * sizeof(__nv_bfloat16) &&
+                  moe_gemm_stage_bytes(true) == kStageBytes8 &&
+                  moe_gemm_smem_bytes(true, {1, 1}) ==
+                      kStageBytes8 + size_t{kBTileBytes} + size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float),
+              "kernel_smem.h's sizes are this file's layouts");
 
 struct GemmArgs {
   const __nv_bfloat16* a;  // gate_up: x [T, K]; down: act [rows, K]
@@ -172,17 +182,20 @@ struct Bf16Loader {
   }
 };
 
-template <bool kGateUp, bool kFp8>
+// kStages, kWideTiles: a variant of kernel_smem.h's kMoeGemmVariants (kWideTiles 0 for bf16 weights).
+template <bool kGateUp, bool kFp8, int kStages, int kWideTiles>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_kernel(const GemmArgs g) {
+  static_assert(kStages >= 2 && (kFp8 ? kWideTiles == 1 || (kWideTiles == 2 && kStages >= 3) : kWideTiles == 0),
+                "two widened tiles widen a stage ahead: 3 stages at least");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   // Stage base (A tile) in bf16 elements, and the B tile the MMAs read.
   auto stage_a = [&](int stage) {
     return kFp8 ? reinterpret_cast<__nv_bfloat16*>(smem_raw + stage * kStageBytes8) : smem + stage * kStageElems;
   };
-  // kFp8 only: the two widened B tiles and the scale table.
+  // kFp8 only: the widened B tiles and the scale table.
   __nv_bfloat16* const b_w16 = reinterpret_cast<__nv_bfloat16*>(smem_raw + kStages * kStageBytes8);
-  float* const s_tab = reinterpret_cast<float*>(smem_raw + kStages * kStageBytes8 + 2 * kBTileBytes);
+  float* const s_tab = reinterpret_cast<float*>(smem_raw + kStages * kStageBytes8 + kWideTiles * kBTileBytes);
 
   TileRows t;
   if (!find_tile(g, blockIdx.x, t)) return;
@@ -343,36 +356,55 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
       s_run[ni] = 0.0f;
       frag_srow[ni] = scale_row(warp_n * kWarpN + ni * 8);
     }
-    // Step kt + 1's B is widened during step kt (this thread's own copies: complete once its
-    // cp.async groups up to that stage are), into the other of the two B tiles.
+    // Before step kt's MMAs: when its k columns enter a new scale block, the accumulators into
+    // that block's scale.
     int cur_kb = -1;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // the scale table
-    if (k_tiles > 0) widen_stage(0, kt_begin, 0);
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      cp_async_wait<kStages - 3>();
-      __syncthreads();  // B tile kt % 2 widened by every thread; every warp done with step kt - 1
-      const int next = kt + kStages - 1;
-      if (next < k_tiles) load_stage(next % kStages, kt_begin + next);
-      cp_async_commit();
-      if (kt + 1 < k_tiles) widen_stage((kt + 1) % kStages, kt_begin + kt + 1, (kt + 1) & 1);
+    auto enter_scale_block = [&](int kt) {
       const int kbi = ((kt_begin + kt) * BK) / 128;
-      if (kbi != cur_kb) {  // a new scale block: accumulators into its scale
-        cur_kb = kbi;
+      if (kbi == cur_kb) return;
+      cur_kb = kbi;
 #pragma unroll
-        for (int ni = 0; ni < kNFrags; ++ni) {
-          const float sn = s_tab[frag_srow[ni] * kMaxScaleBlocks + kbi];
-          if (sn > 0.0f && sn != s_run[ni]) {
-            const float f = s_run[ni] / sn;
+      for (int ni = 0; ni < kNFrags; ++ni) {
+        const float sn = s_tab[frag_srow[ni] * kMaxScaleBlocks + kbi];
+        if (sn > 0.0f && sn != s_run[ni]) {
+          const float f = s_run[ni] / sn;
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
+          for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-              for (int q = 0; q < 4; ++q) acc[mi][ni][q] *= f;
-            s_run[ni] = sn;
-          }
+            for (int q = 0; q < 4; ++q) acc[mi][ni][q] *= f;
+          s_run[ni] = sn;
         }
       }
-      mma_step(stage_a(kt % kStages), b_w16 + (kt & 1) * (BN * BK));
+    };
+    if constexpr (kWideTiles == 2) {
+      // Step kt + 1's B is widened during step kt (this thread's own copies: complete once its
+      // cp.async groups up to that stage are), into the other of the two B tiles.
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // the scale table
+      if (k_tiles > 0) widen_stage(0, kt_begin, 0);
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<kStages - 3>();
+        __syncthreads();  // B tile kt % 2 widened by every thread; every warp done with step kt - 1
+        const int next = kt + kStages - 1;
+        if (next < k_tiles) load_stage(next % kStages, kt_begin + next);
+        cp_async_commit();
+        if (kt + 1 < k_tiles) widen_stage((kt + 1) % kStages, kt_begin + kt + 1, (kt + 1) & 1);
+        enter_scale_block(kt);
+        mma_step(stage_a(kt % kStages), b_w16 + (kt & 1) * (BN * BK));
+      }
+    } else {
+      // One B tile: a step widens its own stage's B into it, then every warp multiplies.
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // stage kt landed; every warp done with step kt - 1 (the B tile is free)
+        const int next = kt + kStages - 1;
+        if (next < k_tiles) load_stage(next % kStages, kt_begin + next);
+        cp_async_commit();
+        widen_stage(kt % kStages, kt_begin + kt, 0);
+        enter_scale_block(kt);
+        __syncthreads();  // the B tile widened by every thread
+        mma_step(stage_a(kt % kStages), b_w16);
+      }
     }
 #pragma unroll
     for (int ni = 0; ni < kNFrags; ++ni)
@@ -456,6 +488,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const GemmArgs g) {
 #if TESSERA_HAS_WGMMA
+  constexpr int kStages = kMoeWgmmaStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: the stages start on such a boundary.
   __nv_bfloat16* const smem =
@@ -545,7 +578,7 @@ void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& configured) 
 
 template <bool kGateUp>
 void launch_wgmma(const GemmArgs& g, int max_tiles, cudaStream_t s) {
-  constexpr size_t smem_bytes = kSmemBytes + 1024;  // + the alignment to 1024 bytes
+  constexpr size_t smem_bytes = kMoeWgmmaSmemBytes;  // + the alignment to 1024 bytes
   static std::atomic<uint64_t> configured{0};
   allow_smem(moe_grouped_wgmma_kernel<kGateUp>, smem_bytes, configured);
   moe_grouped_wgmma_kernel<kGateUp>
@@ -553,18 +586,37 @@ void launch_wgmma(const GemmArgs& g, int max_tiles, cudaStream_t s) {
   TCUDA_LAUNCH_CHECK();
 }
 
-template <bool kGateUp, bool kFp8>
-void launch_gemm(const GemmArgs& g, dim3 grid, cudaStream_t s) {
-  constexpr size_t smem_bytes = kFp8 ? kSmemBytes8 : kSmemBytes;
+template <bool kGateUp, bool kFp8, int kVariant>
+void launch_variant(const GemmArgs& g, dim3 grid, cudaStream_t s) {
+  constexpr MoeGemmVariant v = kMoeGemmVariants[kVariant];
+  constexpr size_t smem_bytes = moe_gemm_smem_bytes(kFp8, v);
+  auto *kernel = moe_grouped_gemm_kernel < kGateUp, kFp8, v.stages, kFp8 ? v.wide_tiles : 0 > ;
   static std::atomic<uint64_t> configured{0};
-  allow_smem(moe_grouped_gemm_kernel<kGateUp, kFp8>, smem_bytes, configured);
-  moe_grouped_gemm_kernel<kGateUp, kFp8><<<grid, kThreads, smem_bytes, s>>>(g);
+  allow_smem(kernel, smem_bytes, configured);
+  kernel<<<grid, kThreads, smem_bytes, s>>>(g);
   TCUDA_LAUNCH_CHECK();
 }
 
+// The variant moe_gemm_variant picks for max_smem; false (nothing queued) when none fits.
 template <bool kGateUp, bool kFp8>
-void launch_grouped(const GemmArgs& g, int max_tiles, cudaStream_t s) {
-  launch_gemm<kGateUp, kFp8>(g, dim3(max_tiles, ceil_div(g.N, kGateUp ? BN / 2 : BN)), s);
+bool launch_gemm(const GemmArgs& g, dim3 grid, size_t max_smem, cudaStream_t s) {
+  static_assert(kMoeGemmNumVariants == 2, "a launch below for each variant");
+  switch (moe_gemm_variant(kFp8, max_smem)) {
+    case 0:
+      launch_variant<kGateUp, kFp8, 0>(g, grid, s);
+      return true;
+    case 1:
+      launch_variant<kGateUp, kFp8, 1>(g, grid, s);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// (A variant fits max_smem: launch_moe_prefill checks before its first launch.)
+template <bool kGateUp, bool kFp8>
+void launch_grouped(const GemmArgs& g, int max_tiles, size_t max_smem, cudaStream_t s) {
+  (void)launch_gemm<kGateUp, kFp8>(g, dim3(max_tiles, ceil_div(g.N, kGateUp ? BN / 2 : BN)), max_smem, s);
 }
 
 }  // namespace
@@ -590,12 +642,12 @@ int fp8_w16_gemm_splits(int64_t M, int64_t N, int64_t K, int num_sms) {
 }
 
 bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void* out, DType out_t, int64_t M, int64_t N,
-                         int64_t K, int splits, float* partials, cudaStream_t s) {
+                         int64_t K, int splits, float* partials, cudaStream_t s, size_t max_smem) {
   if (M < 1 || N < 1 || K % 16 != 0 || K < 16 || M > (int64_t{1} << 30) || N > (int64_t{1} << 30) ||
       K > int64_t{128} * kMaxScaleBlocks || splits < 1 || (splits > 1 && !partials))
     return false;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0) return false;
-  if (out_t != DType::kF32 && out_t != DType::kBF16) return false;
+  if ((out_t != DType::kF32 && out_t != DType::kBF16) || moe_gemm_variant(true, max_smem) < 0) return false;
   const int64_t k_all = ceil_div(K, BK);
   const int per = ceil_div(k_all, splits);
   GemmArgs g{};
@@ -617,12 +669,18 @@ bool launch_fp8_w16_gemm(const void* x, const void* w, const float* scale, void*
     g.out = static_cast<__nv_bfloat16*>(out);
   const dim3 grid(static_cast<unsigned>(ceil_div(M, BM)), static_cast<unsigned>(ceil_div(N, BN)),
                   static_cast<unsigned>(z));
-  launch_gemm<false, true>(g, grid, s);
+  launch_gemm<false, true>(g, grid, max_smem, s);
   if (z > 1) launch_f32_partials_sum(partials, out, out_t, M * N, z, s);
   return true;
 }
 
-void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s) {
+void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wgmma, cudaStream_t s, size_t max_smem) {
+  const bool fp8 = a.gate_up_scale != nullptr;
+  wgmma = wgmma && !fp8 && kMoeWgmmaSmemBytes <= max_smem;
+  if (!wgmma && moe_gemm_variant(fp8, max_smem) < 0)
+    fail(ErrorKind::kUnsupported,
+         "moe_grouped_gemm_kernel ({} experts) needs {} bytes of shared memory a block; this device allows {}",
+         fp8 ? "FP8" : "bf16", moe_gemm_smem_bytes(fp8, kMoeGemmVariants[kMoeGemmNumVariants - 1]), max_smem);
   const int P = a.T * a.k;
   launch_moe_route(a, ws.expert_offsets, ws.tile_offsets, ws.sorted_pair, ws.pair_pos, s);
   // Worst case of sum_e ceil(rows_e / BM) over the experts.
@@ -633,7 +691,6 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
   g.tile_offsets = ws.tile_offsets;
   g.E_local = a.E_local;
   g.k = a.k;
-  const bool fp8 = a.gate_up_scale != nullptr;
   g.a = static_cast<const __nv_bfloat16*>(a.x);
   g.w = static_cast<const __nv_bfloat16*>(a.gate_up);
   g.scale = a.gate_up_scale;
@@ -641,11 +698,11 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
   g.K = a.H;
   g.N = a.I;
   if (fp8)
-    launch_grouped<true, true>(g, max_tiles, s);
+    launch_grouped<true, true>(g, max_tiles, max_smem, s);
   else if (wgmma)
     launch_wgmma<true>(g, max_tiles, s);
   else
-    launch_grouped<true, false>(g, max_tiles, s);
+    launch_grouped<true, false>(g, max_tiles, max_smem, s);
   g.a = static_cast<const __nv_bfloat16*>(ws.act);
   g.w = static_cast<const __nv_bfloat16*>(a.down);
   g.scale = a.down_scale;
@@ -653,11 +710,11 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
   g.K = a.I;
   g.N = a.H;
   if (fp8)
-    launch_grouped<false, true>(g, max_tiles, s);
+    launch_grouped<false, true>(g, max_tiles, max_smem, s);
   else if (wgmma)
     launch_wgmma<false>(g, max_tiles, s);
   else
-    launch_grouped<false, false>(g, max_tiles, s);
+    launch_grouped<false, false>(g, max_tiles, max_smem, s);
   launch_moe_combine(a, ws.y, ws.pair_pos, s);
 }
 

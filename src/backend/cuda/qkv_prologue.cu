@@ -7,13 +7,14 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/qkv_head.cuh"
 
 namespace tessera::cuda {
 
 namespace {
 
-constexpr int kHeadsPerBlock = 4;
+constexpr int kHeadsPerBlock = kQkvPrologueHeads;
 
 template <typename CT>
 __global__ void __launch_bounds__(kHeadsPerBlock * 32) qkv_prologue_kernel(QkvPrologueArgs a) {
@@ -62,7 +63,7 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
   if (T == 0) return;
   const int H = a.Hq + 2 * a.Hk;
   dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  const size_t smem = static_cast<size_t>(kHeadsPerBlock) * a.D * sizeof(float);
+  const size_t smem = qkv_prologue_smem_bytes(a.D);
   switch (cache_t) {
     case DType::kBF16:
       launch_pdl(qkv_prologue_kernel<__nv_bfloat16>, grid, kHeadsPerBlock * 32, smem, s, a);
