@@ -10,9 +10,17 @@
 # previous build, optional: the Hopper no-change figures); ptx/cuda_ops_test and ptx/tessera
 # (optional: a build of tessera's kernels as compute_90 PTX only, so the driver compiles them,
 # the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins).
-# PARTS (default all): elf ops models bench decode serve ptx. The flagship runs whole where it fits
-# (about 139 GB: H200) and cut to LAYERS (default 24) of its 48 layers elsewhere.
+# PARTS (default all, in this order): elf ops (models: the model and engine tests beside the op
+# tests) bench decode prefill serve ptx. DEADLINE
+# (seconds, default 540): a part that would start after it is skipped, and each command's timeout
+# ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
+# flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
+# layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU.
 set -u
+DEADLINE=${DEADLINE:-540}
+left() { echo $((DEADLINE - SECONDS)); }
+# t SECONDS: a timeout that ends by the deadline.
+t() { local l=$(($(left) - 5)); [ "$1" -lt "$l" ] && echo "$1" || echo $((l > 1 ? l : 1)); }
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 L=/tmp/arch_logs
@@ -20,8 +28,8 @@ mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=${BUNDLE:-/tmp/bundle}
 PREV=${PREV:-$B/prev/tessera}
-PARTS=" ${PARTS:-elf ops models bench decode serve ptx} "
-part() { [[ "$PARTS" == *" $1 "* ]]; }
+PARTS=" ${PARTS:-elf ops models bench decode prefill serve ptx} "
+part() { [[ "$PARTS" == *" $1 "* ]] && [ "$(left)" -gt 20 ]; }
 . "$(dirname "$0")/device_prompts.sh"
 SM120=arch=sm120
 S="$OUT/summary.txt"
@@ -37,32 +45,40 @@ if part elf; then
   say "tessera's fatbin: $(grep -oE 'sm_[0-9]+a?|compute_[0-9]+a?' "$L/elf.txt" | sort | uniq -c | tr -s ' \n' ' ')"
 fi
 
+# The test suites, the Hopper path and the sm_120 profile side by side (each process checks
+# against the CPU on the host, so they share the GPU without timing anything).
 if part ops; then
-  timeout 300 "$B/cuda_ops_test" --gtest_color=no > "$L/ops_hopper.log" 2>&1
-  say "cuda_ops_test (Hopper path) rc=$?: $(gtest_line "$L/ops_hopper.log")"
-  TESSERA_CUDA_OPTIONS=$SM120 timeout 300 "$B/cuda_ops_test" --gtest_color=no > "$L/ops_sm120.log" 2>&1
-  say "cuda_ops_test (sm_120 profile) rc=$?: $(gtest_line "$L/ops_sm120.log")"
-  grep -E "^\[  FAILED  \]" "$L/ops_hopper.log" "$L/ops_sm120.log" | head -20 | tee -a "$S"
-fi
-
-if part models; then
+  timeout $(t 300) "$B/cuda_ops_test" --gtest_color=no > "$L/ops_hopper.log" 2>&1 &
+  p1=$!
+  TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 300) "$B/cuda_ops_test" --gtest_color=no > "$L/ops_sm120.log" 2>&1 &
+  p2=$!
   for t in model_fixture_test engine_test; do
-    TESSERA_CUDA_OPTIONS=$SM120 TESSERA_TEST_DEVICE=cuda timeout 400 "$B/$t" --gtest_color=no > "$L/${t}_sm120.log" 2>&1
-    say "$t (sm_120 profile) rc=$?: $(gtest_line "$L/${t}_sm120.log")"
-    grep -E "^\[  FAILED  \]" "$L/${t}_sm120.log" | head -10 | tee -a "$S"
+    if part models && [ -x "$B/$t" ]; then
+      TESSERA_CUDA_OPTIONS=$SM120 TESSERA_TEST_DEVICE=cuda timeout $(t 300) "$B/$t" --gtest_color=no \
+        > "$L/${t}_sm120.log" 2>&1 &
+    fi
   done
+  wait $p1
+  say "cuda_ops_test (Hopper path) rc=$?: $(gtest_line "$L/ops_hopper.log")"
+  wait $p2
+  say "cuda_ops_test (sm_120 profile) rc=$?: $(gtest_line "$L/ops_sm120.log")"
+  wait
+  for t in model_fixture_test engine_test; do
+    [ -f "$L/${t}_sm120.log" ] && say "$t (sm_120 profile): $(gtest_line "$L/${t}_sm120.log")"
+  done
+  grep -hE "^\[  FAILED  \]" "$L"/*.log | sort -u | head -30 | tee -a "$S"
 fi
 
 if part bench; then
-  timeout 200 "$B/fp8_gemm_bench" --quick > "$L/fp8_hopper.log" 2>&1
-  TESSERA_CUDA_OPTIONS=$SM120 timeout 200 "$B/fp8_gemm_bench" --quick > "$L/fp8_sm120.log" 2>&1
+  timeout $(t 60) "$B/fp8_gemm_bench" --quick > "$L/fp8_hopper.log" 2>&1
+  TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 60) "$B/fp8_gemm_bench" --quick > "$L/fp8_sm120.log" 2>&1
   say "fp8_gemm_bench: Hopper path and sm_120 profile in $L/fp8_{hopper,sm120}.log"
 fi
 
 # The flagship, whole or cut to LAYERS layers (its layer types cut alike), dummy FP8 weights.
 FLAG=configs/qwen3.5-122b-a10b-fp8
 total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ "${total_mib:-0}" -lt 120000 ]; then
+if [ "${total_mib:-0}" -lt 120000 ] || [ "${FLAGSHIP_CUT:-0}" = 1 ]; then
   FLAG=/tmp/flagship_cut
   mkdir -p $FLAG
   python3 - configs/qwen3.5-122b-a10b-fp8 $FLAG "${LAYERS:-24}" <<'PY'
@@ -81,20 +97,20 @@ fi
 
 decode() {  # label env binary
   local tag=$1 env=$2 bin=$3
-  env TESSERA_CUDA_OPTIONS="$env" timeout 300 "$bin" generate --model $FLAG --load-format dummy --device cuda \
+  env TESSERA_CUDA_OPTIONS="$env" timeout $(t 120) "$bin" generate --model $FLAG --load-format dummy --device cuda \
     --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 4096 --json > "$L/decode_$tag.json" \
     2> "$L/decode_$tag.log"
   say "flagship decode b1 $tag: $(grep -o 'decode [0-9.]* tok/s' "$L/decode_$tag.log" | tail -1)"
 }
 prefill() {
   local tag=$1 env=$2
-  env TESSERA_CUDA_OPTIONS="$env" timeout 300 "$B/tessera" generate --model $FLAG --load-format dummy --device cuda \
+  env TESSERA_CUDA_OPTIONS="$env" timeout $(t 120) "$B/tessera" generate --model $FLAG --load-format dummy --device cuda \
     --prompt-ids "$P4K" --prompt-ids "$P4K2" --max-tokens 1 --max-num-seqs 1 --max-num-batched-tokens 4096 \
     --max-model-len 8192 --no-enable-prefix-caching --json > "$L/prefill_$tag.json" 2> "$L/prefill_$tag.log"
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('flagship prefill 4096 $tag: %.4f s' % (r[1]['first_token_at_s'] - r[0]['first_token_at_s']))" "$L/prefill_$tag.json" | tee -a "$S"
 }
 if part decode; then
-  for r in 1 2; do
+  for r in $(seq 1 "${ROUNDS:-1}"); do
     [ -x "$PREV" ] && decode "prev_r$r" "" "$PREV"
     decode "hopper_r$r" "" "$B/tessera"
     decode "sm120_r$r" $SM120 "$B/tessera"
@@ -102,6 +118,8 @@ if part decode; then
   [ "$(first_ids "$L/decode_hopper_r1.json")" = "$(first_ids "$L/decode_sm120_r1.json")" ] \
     && say "flagship: sm_120 profile and Hopper path generate identical tokens" \
     || say "flagship: sm_120 profile and Hopper path tokens differ (FP8 W8A8 rounding differs)"
+fi
+if part prefill; then
   prefill hopper ""
   prefill sm120 $SM120
 fi
@@ -112,8 +130,8 @@ serve() {  # label env: the seeds' protocol (max_tokens 64, one sentence, 40 req
     --tokenizer .npm-pkgs/tokenizer-qwen3/package/models --port 8013 --max-model-len 4096 --max-num-seqs 64 \
     --speculative-config '{"method":"mtp","num_speculative_tokens":2}' > "$L/serve_$tag.log" 2>&1 &
   local sp=$!
-  for i in $(seq 1 240); do curl -sf http://127.0.0.1:8013/health > /dev/null && break; sleep 1; done
-  timeout 240 "$B/tessera" bench --base-url http://127.0.0.1:8013 --concurrency 1,5,10,20 --requests-per-level 40 \
+  for i in $(seq 1 "$(t 180)"); do curl -sf http://127.0.0.1:8013/health > /dev/null && break; sleep 1; done
+  timeout $(t 150) "$B/tessera" bench --base-url http://127.0.0.1:8013 --concurrency 1,5,10,20 --requests-per-level 40 \
     --max-tokens 64 --prompt "Explain parallel computing in one sentence." --json "$L/bench_$tag.json" \
     > "$L/bench_$tag.txt" 2>&1
   kill $sp
@@ -133,17 +151,18 @@ fi
 
 if part ptx && [ -x "$B/ptx/cuda_ops_test" ]; then
   # No cubin for this GPU in these binaries: the driver compiles tessera's compute_90 PTX.
-  timeout 400 "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx.log" 2>&1
+  timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx.log" 2>&1
   say "cuda_ops_test (PTX-only build, JIT) rc=$?: $(gtest_line "$L/ops_ptx.log")"
-  TESSERA_CUDA_OPTIONS=$SM120 timeout 400 "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx_sm120.log" 2>&1
+  TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx_sm120.log" 2>&1
   say "cuda_ops_test (PTX-only build, sm_120 profile) rc=$?: $(gtest_line "$L/ops_ptx_sm120.log")"
   if [ -x "$B/ptx/tessera" ]; then
-    TESSERA_CUDA_OPTIONS=$SM120 timeout 200 "$B/ptx/tessera" generate --model models/tessera-demo --device cuda \
+    TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 100) "$B/ptx/tessera" generate --model models/tessera-demo --device cuda \
       --prompt "床前明月光" --max-tokens 24 --temperature 0 > "$L/ptx_demo.txt" 2> "$L/ptx_demo.log"
     say "demo model on the PTX-only build (sm_120 profile): rc=$? $(head -c 200 "$L/ptx_demo.txt" | tr '\n' ' ')"
     grep -h "kernels:" "$L/ptx_demo.log" | head -1 | tee -a "$S"
   fi
 fi
 
+say "elapsed ${SECONDS}s of DEADLINE ${DEADLINE}s"
 tar -czf "$OUT/arch_logs.tgz" -C /tmp arch_logs
 cat "$S"

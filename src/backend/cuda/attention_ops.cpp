@@ -187,7 +187,9 @@ void AttentionOps::paged_attention(const Tensor& q, const Tensor& k_cache, const
   if (any_long)
     for (int s = 0; s < meta.num_seqs && !any_short; ++s)
       any_short = meta.host_query_start_loc[s + 1] - meta.host_query_start_loc[s] <= short_q;
-  if (any_long) launch_prefill_attention(a, meta.max_query_len, any_short ? short_q : 0, dev_.stream());
+  if (any_long)
+    launch_prefill_attention(a, meta.max_query_len, any_short ? short_q : 0, dev_.stream(),
+                             dev_.arch().smem_per_block_optin);
   if (any_short) decode_attention(a, meta, any_long ? short_q : kAnyQuery, nullptr);
 }
 

@@ -82,10 +82,10 @@ std::string describe_cuda_arch(const CudaArch& arch);
 enum class CudaBinarySupport { kNative, kJit, kNone };
 struct CudaBinaryMatch {
   CudaBinarySupport support = CudaBinarySupport::kNone;
+  std::string detail;  // "sm_90a cubin", "compute_120 PTX, compiled by the driver at first start"
   // The code that runs is an architecture-specific ("a") cubin for this device: only such code
   // holds wgmma (a PTX or plain sm_90 build compiles the wgmma kernels empty).
   bool arch_specific = false;
-  std::string detail;  // "sm_90a cubin", "compute_120 PTX, compiled by the driver at first start"
 };
 CudaBinaryMatch cuda_binary_support(std::string_view archs, int major, int minor);
 // The architectures this binary's CUDA code carries, as built ("" in a build without CUDA).

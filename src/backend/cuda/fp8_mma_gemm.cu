@@ -283,25 +283,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fp8_block_mma_gemm_kernel(cons
       }
     }
 #else
-  __trap();  // never launched: the launcher takes devices of compute capability 8.9 and above only
+  __trap();  // never launched: the backend takes this kernel only where CudaArch::fp8_mma holds (8.9 and above)
 #endif
-}
-
-// Whether the current device has the e4m3 MMA (compute capability 8.9 and above), looked up
-// once per device.
-bool device_has_fp8_mma() {
-  static std::atomic<uint64_t> known{0}, has{0};
-  int dev = 0;
-  TCUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(known.load(std::memory_order_acquire) & bit)) {
-    int major = 0, minor = 0;
-    TCUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    TCUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major * 10 + minor >= 89) has.fetch_or(bit, std::memory_order_acq_rel);
-    known.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  return (has.load(std::memory_order_acquire) & bit) != 0;
 }
 
 template <class T, typename OutT>
@@ -346,7 +329,6 @@ bool launch_fp8_block_mma_gemm(const void* xq, const float* x_scale, const void*
       (reinterpret_cast<uintptr_t>(x_scale) | reinterpret_cast<uintptr_t>(w_scale)) % 4 != 0)
     return false;
   if (M == 0 || N == 0) return true;
-  if (!device_has_fp8_mma()) return false;
   Args g{};
   g.xq = static_cast<const uint8_t*>(xq);
   g.xs = x_scale;

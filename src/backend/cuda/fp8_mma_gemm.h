@@ -22,8 +22,9 @@ namespace tessera::cuda {
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes); num_sms: its multiprocessors, from which and
 // M and N the tile size is chosen (every tile sums in the same order: the same result whatever
 // the value). Queues the work on s and returns true (M or N of 0: nothing to queue); returns
-// false, queuing nothing, for other shapes, dtypes and alignments, on devices below compute
-// capability 8.9, and where the chosen tile needs more shared memory than max_smem (at most 96 KiB).
+// false, queuing nothing, for other shapes, dtypes and alignments, and where the chosen tile needs
+// more shared memory than max_smem (at most 96 KiB). The device must have FP8 mma.sync (compute
+// capability 8.9 and above: CudaArch::fp8_mma); the caller checks.
 bool launch_fp8_block_mma_gemm(const void* xq, const float* x_scale, const void* w, const float* w_scale, void* out,
                                DType out_t, int64_t M, int64_t N, int64_t K, size_t max_smem, int num_sms,
                                cudaStream_t s);

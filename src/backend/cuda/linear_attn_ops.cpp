@@ -129,14 +129,14 @@ void LinearAttnOps::gated_delta_rule(const Tensor& qkv, const Tensor& ba, int64_
       c.chunks = chunk_table.data<int32_t>();
       c.seq_chunks = seq_table.data<int32_t>();
       gdr_carve_workspace(c, ws.raw());
-      launch_gated_delta_rule(c, true, dev_.stream());
+      launch_gated_delta_rule(c, true, dev_.stream(), dev_.arch().smem_per_block_optin);
     }
     if (n_chunked == S) return;
     Tensor skip = dev_.scratch({S}, DType::kI32);
     dev_.copy_from_host(skip, chunked_seq.data());
     a.skip_seqs = skip.data<int32_t>();
   }
-  launch_gated_delta_rule(a, false, dev_.stream());
+  launch_gated_delta_rule(a, false, dev_.stream(), dev_.arch().smem_per_block_optin);
 }
 
 void LinearAttnOps::gated_rms_norm(const Tensor& x, const Tensor& z, int64_t z_col, const Tensor& w, float eps,

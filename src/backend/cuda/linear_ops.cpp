@@ -2,6 +2,7 @@
 #include "backend/cuda/linear_ops.h"
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/fp8_mma_gemm.h"
 
 namespace tessera::cuda {
 
@@ -69,8 +70,9 @@ void LinearOps::linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, 
     const int splits = fp8_w16_gemm_splits(M, N, K, dev_.arch().sms);
     const size_t mark = dev_.scratch_mark();
     Tensor part = splits > 1 ? dev_.scratch({splits, M, N}, DType::kF32) : Tensor();
-    const bool done = launch_fp8_w16_gemm(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, splits,
-                                          splits > 1 ? part.data<float>() : nullptr, s);
+    const bool done =
+        launch_fp8_w16_gemm(x.raw(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, splits,
+                            splits > 1 ? part.data<float>() : nullptr, s, dev_.arch().smem_per_block_optin);
     dev_.scratch_rewind(mark);
     if (done) return;
   }
@@ -82,21 +84,24 @@ void LinearOps::linear_fp8(const Tensor& x, const Tensor& w, const Tensor& out, 
   dev_.scratch_rewind(mark);
 }
 
-// W8A8: the activations quantised per token and 128 columns, then cuBLASLt's block-scaled FP8
-// GEMM where the architecture has it (sm_90). False, with nothing left queued but the
-// quantisation, where no block-scaled GEMM takes the shape.
+// W8A8: the activations quantised per token and 128 columns, then a block-scaled FP8 GEMM:
+// cuBLASLt's where the architecture has it (sm_90), else tessera's mma.sync e4m3 kernel
+// (fp8_mma_gemm.h: sm_120, sm_121, and the sm_120 profile on Hopper). False where neither takes
+// the shape (nothing is left queued but the quantisation, whose output nothing reads).
 bool LinearOps::fp8_w8a8(const Tensor& x, const float* wscale, const Tensor& w, const Tensor& out, int64_t M, int64_t N,
                          int64_t K) {
-  if (K % 128 != 0) return false;
   const CudaArch& arch = dev_.arch();
-  const bool cublaslt = arch.cublaslt_block_fp8 && (K / 128) % 4 == 0;  // run_fp8_block's shapes
-  if (!cublaslt) return false;
+  const bool cublaslt = arch.cublaslt_block_fp8 && K % 128 == 0 && (K / 128) % 4 == 0;  // run_fp8_block's shapes
+  if (!cublaslt && !(arch.fp8_mma && K % 128 == 0)) return false;
   const size_t mark = dev_.scratch_mark();
   Tensor xq = dev_.scratch({M, K}, DType::kF8E4M3);
   Tensor xs = dev_.scratch({K / 128, M}, DType::kF32);
-  launch_quantize_act_fp8(x.raw(), xq.raw(), xs.data<float>(), M, K, dev_.stream());
+  cudaStream_t s = dev_.stream();
+  launch_quantize_act_fp8(x.raw(), xq.raw(), xs.data<float>(), M, K, s);
   const bool done =
-      gemm_->run_fp8_block(xq.raw(), xs.data<float>(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, dev_.stream());
+      cublaslt ? gemm_->run_fp8_block(xq.raw(), xs.data<float>(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K, s)
+               : launch_fp8_block_mma_gemm(xq.raw(), xs.data<float>(), w.raw(), wscale, out.raw(), out.dtype(), M, N, K,
+                                           arch.smem_per_block_optin, arch.sms, s);
   dev_.scratch_rewind(mark);
   return done;
 }

@@ -238,7 +238,8 @@ void MoeOps::moe_experts_impl(const Tensor& x, const Tensor& gate_up, const Tens
     Tensor route = dev_.scratch({2 * (E_local + 1) + 2 * P}, DType::kI32);
     int32_t* r = route.data<int32_t>();
     MoePrefillWorkspace ws{r, r + E_local + 1, r + 2 * (E_local + 1), r + 2 * (E_local + 1) + P, act.raw(), y.raw()};
-    launch_moe_prefill(a, ws, options_.moe_prefill_wgmma && dev_.arch().wgmma, dev_.stream());
+    launch_moe_prefill(a, ws, options_.moe_prefill_wgmma && dev_.arch().wgmma, dev_.stream(),
+                       dev_.arch().smem_per_block_optin);
   }
   if (shared && !shared_done) be_.moe_shared_expert_add(x, *shared, out);
 }
