@@ -193,6 +193,8 @@ void gdr_carve_workspace(GatedDeltaRuleArgs& a, void* ws);
 // max_smem of sm_90, sm_120 and sm_121.
 void launch_gated_delta_rule(const GatedDeltaRuleArgs& a, bool chunked, cudaStream_t s,
                              size_t max_smem = kHopperMaxSmem);
+// The chunked path alone (gdr_chunked.cu), for launch_gated_delta_rule (linear_attn.cu).
+void launch_gdr_chunked(const GatedDeltaRuleArgs& a, cudaStream_t s, size_t max_smem);
 
 // ---- skinny GEMM for decode (gemv.cu) ----
 // Programmatic dependent launch for the decode-path kernels (device_utils.cuh): off until a

@@ -34,6 +34,9 @@
 // rows) are copied to shared memory once. A block whose scale is not positive contributes
 // nothing (its widened weights are zeroed).
 //
+// The bf16 grouped GEMM on Hopper's warpgroup MMA is moe_gemm_wgmma.cu's; the tile constants, the
+// loaders and the routing lookup both use are moe_gemm.cuh's.
+//
 // Shared memory: 4 pipeline stages take 192 KiB (bf16) and 195 KiB (FP8) a block, more than
 // sm_120 and sm_121 allow (99 KiB); there the launchers take 2 stages (and one widened tile for
 // FP8 weights): kernel_smem.h's kMoeGemmVariants. A thread's accumulators see the same MMAs and
@@ -55,132 +58,14 @@
 #include "backend/cuda/fp8_utils.cuh"
 #include "backend/cuda/kernel_smem.h"
 #include "backend/cuda/mma_utils.cuh"
-#include "backend/cuda/wgmma_utils.cuh"
+#include "backend/cuda/moe_gemm.cuh"
 #include "core/error.h"
 
 namespace tessera::cuda {
 
 namespace {
 
-constexpr int BM = kMoeTileM, BN = kMoeGemmBN, BK = kMoeGemmBK, kThreads = 256;
-constexpr int kWarpN = BN / 4;              // 8 warps as 2 (rows) x 4 (columns), 64 rows each
-constexpr int kNFrags = kWarpN / 8;         // n8 fragments of a warp
-constexpr int kBLoads = BN * 8 / kThreads;  // 16-byte chunks of B a thread copies per stage
-constexpr int kStageElems = (BM + BN) * BK;
-static_assert(BM == 128 && BK == 64 && (BN == 128 || BN == 256), "loaders assume 128-row, 64-deep tiles");
-// FP8: a stage is A (bf16) then B (e4m3, unswizzled rows of BK bytes); the widened bf16 B tiles
-// follow the stages, then the scale table [3][kMaxScaleBlocks].
-constexpr int kStageBytes8 = BM * BK * 2 + BN * BK;
-constexpr int kB8Loads = BN * (BK / 16) / kThreads;  // 16-byte e4m3 chunks of B a thread copies per stage
-constexpr int kBTileBytes = BN * BK * 2;
-constexpr int kScaleRows = 3;
-constexpr int kMaxScaleBlocks = kMaxFp8GemmK / 128;
-static_assert(kStageBytes8 % 128 == 0 && kB8Loads * kThreads == BN * (BK / 16), "FP8 stage layout");
-static_assert(moe_gemm_stage_bytes(false) == kStageElems * sizeof(__nv_bfloat16) &&
-                  moe_gemm_stage_bytes(true) == kStageBytes8 &&
-                  moe_gemm_smem_bytes(true, {1, 1}) ==
-                      kStageBytes8 + size_t{kBTileBytes} + size_t{kScaleRows} * kMaxScaleBlocks * sizeof(float),
-              "kernel_smem.h's sizes are this file's layouts");
-
-struct GemmArgs {
-  const __nv_bfloat16* a;  // gate_up: x [T, K]; down: act [rows, K]
-  const __nv_bfloat16* w;  // [E_local, w_rows, K] (kFp8: e4m3 bytes)
-  const float* scale;      // kFp8: [E_local, ceil(w_rows / 128), ceil(K / 128)]
-  __nv_bfloat16* out;      // gate_up: act [rows, N]; down: y [rows, N]
-  const int32_t* sorted_pair;
-  const int32_t* expert_offsets;
-  const int32_t* tile_offsets;
-  int E_local, K, N, k;  // N: output columns (I for gate_up, H for down)
-  // Dense mode (down layout only): rows of x and out; 0 = grouped by the expert offsets above.
-  int dense_rows;
-  int k_tiles_per_split;  // dense: 64-deep k steps of one grid.z slice (0: all)
-  float* out_f32;         // dense: f32 [gridDim.z][dense_rows, N] instead of bf16 out (null: bf16)
-};
-
-// Element offset of (row, 16-byte chunk) in a [rows][BK] tile with swizzled chunks.
-__device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
-
-// The rows a block of the grid computes: expert e's rows [row0, row_end) (dense mode: x's rows
-// from slot * BM, e = 0). False when the slot is beyond the last tile of the routing.
-struct TileRows {
-  int e, row0, row_end;
-};
-__device__ __forceinline__ bool find_tile(const GemmArgs& g, int slot, TileRows& t) {
-  t.e = 0;
-  t.row0 = slot * BM;
-  t.row_end = g.dense_rows;
-  if (g.dense_rows > 0) return true;
-  if (slot >= g.tile_offsets[g.E_local]) return false;
-  // The expert whose tiles hold this slot: the last e with tile_offsets[e] <= slot.
-  int lo = 0, hi = g.E_local;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (g.tile_offsets[mid] <= slot)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  t.e = lo;
-  t.row0 = g.expert_offsets[lo] + (slot - g.tile_offsets[lo]) * BM;
-  t.row_end = g.expert_offsets[lo + 1];
-  return true;
-}
-
-// A thread's cp.async copies of one pipeline stage: A tile rows tid / 8 + 32 i (4 of them) and,
-// for bf16 weights, B tile rows tid / 8 + 32 i (kBLoads), 16-byte chunk tid % 8, into [rows][BK]
-// tiles with swizzled chunks; zeros past the rows, columns and K.
-template <bool kGateUp>
-struct Bf16Loader {
-  const __nv_bfloat16* a_src[4];
-  bool a_ok[4];
-  const __nv_bfloat16* b_base;
-  int b_col0, b_step;
-
-  __device__ __forceinline__ Bf16Loader(const GemmArgs& g, const TileRows& t, int tid) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = t.row0 + (tid >> 3) + 32 * i;
-      a_ok[i] = row < t.row_end;
-      int64_t a_row = 0;
-      if (a_ok[i]) a_row = kGateUp ? g.sorted_pair[row] / g.k : row;
-      a_src[i] = g.a + a_row * g.K;
-    }
-    // B row r = tid / 8 + 32 i of the tile. down: weight row n0 + r. gate_up: the tile's 8-row
-    // fragments alternate gate and up rows of the same 8 columns (fragment f = r / 8 holds
-    // columns n0 + (f / 2) * 8 .., gate when f is even), so a thread's rows are column
-    // b_col0 + 16 i of the gate (or the up) half. (FP8 weights have their own copies.)
-    const int64_t w_rows = kGateUp ? 2 * static_cast<int64_t>(g.N) : g.N;
-    const __nv_bfloat16* w = g.w + static_cast<int64_t>(t.e) * w_rows * g.K;
-    if (kGateUp) {
-      const int f0 = tid >> 6;  // fragment of row tid / 8
-      b_col0 = blockIdx.y * (BN / 2) + (f0 >> 1) * 8 + ((tid >> 3) & 7);
-      b_step = 16;
-      b_base = w + ((f0 & 1) ? static_cast<int64_t>(g.N) : 0) * g.K;
-    } else {
-      b_col0 = blockIdx.y * BN + (tid >> 3);
-      b_step = 32;
-      b_base = w;
-    }
-  }
-  __device__ __forceinline__ void load_a(__nv_bfloat16* sa, const GemmArgs& g, int kt, int tid) const {
-    const int chunk = tid & 7, kc = kt * BK + chunk * 8;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool ok = a_ok[i] && kc < g.K;
-      cp_async16_zfill(sa + swz((tid >> 3) + 32 * i, chunk), ok ? a_src[i] + kc : g.a, ok ? 16 : 0);
-    }
-  }
-  __device__ __forceinline__ void load_b(__nv_bfloat16* sb, const GemmArgs& g, int kt, int tid) const {
-    const int chunk = tid & 7, kc = kt * BK + chunk * 8;
-#pragma unroll
-    for (int i = 0; i < kBLoads; ++i) {
-      const int col = b_col0 + b_step * i;
-      const bool ok = col < g.N && kc < g.K;
-      cp_async16_zfill(sb + swz((tid >> 3) + 32 * i, chunk), ok ? b_base + static_cast<int64_t>(col) * g.K + kc : g.w,
-                       ok ? 16 : 0);
-    }
-  }
-};
+using namespace moe_gemm;
 
 // kStages, kWideTiles: a variant of kernel_smem.h's kMoeGemmVariants (kWideTiles 0 for bf16 weights).
 template <bool kGateUp, bool kFp8, int kStages, int kWideTiles>
@@ -475,117 +360,6 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) moe_grouped_gemm_
     }
 }
 
-// The bf16 grouped GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): the same grid, tiles, rows,
-// loaders and shared-memory layout as moe_grouped_gemm_kernel's bf16 path, but the two
-// warpgroups of the block each take 64 rows x all 256 columns with m64n256k16 MMAs that read
-// both operands from shared memory (no ldmatrix, no register fragments: mma.sync's operand
-// traffic is what bounded the kernel above). A k step: wait for this thread's copies of the
-// stage, fence them into the async proxy, barrier (every warpgroup is past its wait of the
-// previous step, so that stage is free), issue the 4 MMAs of the stage, refill the freed stage
-// S - 1 steps ahead while they run, wait for them. Both warpgroups issue their MMAs even when
-// one's 64 rows are all past the expert's (it multiplies zeros): a branch around wgmma makes
-// ptxas serialise the MMAs. Epilogue as the kernel above (gate_up: SiLU(gate) * up).
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const GemmArgs g) {
-#if TESSERA_HAS_WGMMA
-  constexpr int kStages = kMoeWgmmaStages;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  // The 128-byte swizzle repeats every 1024 bytes: the stages start on such a boundary.
-  __nv_bfloat16* const smem =
-      reinterpret_cast<__nv_bfloat16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
-  TileRows t;
-  if (!find_tile(g, blockIdx.x, t)) return;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-  const Bf16Loader<kGateUp> ld(g, t, tid);
-  const int k_tiles = (g.K + BK - 1) / BK;
-  auto load_stage = [&](int stage, int kt) {
-    __nv_bfloat16* sa = smem + stage * kStageElems;
-    ld.load_a(sa, g, kt, tid);
-    ld.load_b(sa + BM * BK, g, kt, tid);
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
-    fence_proxy_async_smem();
-    __syncthreads();
-    const __nv_bfloat16* sa = smem + (kt % kStages) * kStageElems;
-    wgmma_pin(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma_m64n256k16_bf16(acc, wgmma_desc_sw128(sa + wg * 64 * BK + kk * 16),
-                            wgmma_desc_sw128(sa + BM * BK + kk * 16), 1);
-    wgmma_commit();
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load_stage(next % kStages, next);
-    cp_async_commit();
-    wgmma_wait<0>();
-    wgmma_pin(acc);
-  }
-  cp_async_wait<0>();
-
-  // acc[4 j + q]: row 16 (warp % 4) + lane / 4 + 8 (q / 2) of the warpgroup's 64, column
-  // 8 j + 2 (lane % 4) + q % 2 of the tile's 256.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = t.row0 + wg * 64 + (warp & 3) * 16 + (lane >> 2) + half * 8;
-    if (row >= t.row_end) continue;
-    __nv_bfloat16* orow = g.out + static_cast<int64_t>(row) * g.N;
-    if (kGateUp) {
-#pragma unroll
-      for (int pr = 0; pr < 16; ++pr) {
-        const int col = blockIdx.y * (BN / 2) + pr * 8 + 2 * (lane & 3);
-        if (col >= g.N) continue;
-        const float* gt = &acc[8 * pr + 2 * half];
-        const float* up = &acc[8 * pr + 4 + 2 * half];
-        const float v0 = gt[0] / (1.0f + __expf(-gt[0])) * up[0];
-        const float v1 = gt[1] / (1.0f + __expf(-gt[1])) * up[1];
-        *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = blockIdx.y * BN + 8 * j + 2 * (lane & 3);
-        if (col < g.N)
-          *reinterpret_cast<__nv_bfloat162*>(orow + col) =
-              __floats2bfloat162_rn(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      }
-    }
-  }
-#else
-  __trap();  // never launched: the host takes this kernel on sm_90 devices only
-#endif
-}
-
-// More than 48 KiB of dynamic shared memory needs an opt-in, once per device and kernel.
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& configured) {
-  int dev = 0;
-  TCUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(configured.load(std::memory_order_acquire) & bit)) {
-    TCUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-}
-
-template <bool kGateUp>
-void launch_wgmma(const GemmArgs& g, int max_tiles, cudaStream_t s) {
-  constexpr size_t smem_bytes = kMoeWgmmaSmemBytes;  // + the alignment to 1024 bytes
-  static std::atomic<uint64_t> configured{0};
-  allow_smem(moe_grouped_wgmma_kernel<kGateUp>, smem_bytes, configured);
-  moe_grouped_wgmma_kernel<kGateUp>
-      <<<dim3(max_tiles, ceil_div(g.N, kGateUp ? BN / 2 : BN)), kThreads, smem_bytes, s>>>(g);
-  TCUDA_LAUNCH_CHECK();
-}
-
 template <bool kGateUp, bool kFp8, int kVariant>
 void launch_variant(const GemmArgs& g, dim3 grid, cudaStream_t s) {
   constexpr MoeGemmVariant v = kMoeGemmVariants[kVariant];
@@ -700,7 +474,7 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
   if (fp8)
     launch_grouped<true, true>(g, max_tiles, max_smem, s);
   else if (wgmma)
-    launch_wgmma<true>(g, max_tiles, s);
+    launch_moe_grouped_wgmma(g, true, max_tiles, s);
   else
     launch_grouped<true, false>(g, max_tiles, max_smem, s);
   g.a = static_cast<const __nv_bfloat16*>(ws.act);
@@ -712,7 +486,7 @@ void launch_moe_prefill(const MoeArgs& a, const MoePrefillWorkspace& ws, bool wg
   if (fp8)
     launch_grouped<false, true>(g, max_tiles, max_smem, s);
   else if (wgmma)
-    launch_wgmma<false>(g, max_tiles, s);
+    launch_moe_grouped_wgmma(g, false, max_tiles, s);
   else
     launch_grouped<false, false>(g, max_tiles, max_smem, s);
   launch_moe_combine(a, ws.y, ws.pair_pos, s);
