@@ -10,7 +10,7 @@
 #   scripts/bundle.sh --out /tmp/b
 #   scripts/bundle.sh --build-dir build-cuda --tests-only   # op test + kernel benchmarks, no tessera
 #   scripts/bundle.sh --build-dir build-cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
-#       # an xz archive too (~18 MB instead of ~85 MB: fits the device tool's 64 MiB carry);
+#       # an xz archive too (~18 MB instead of ~85 MB: to copy to a GPU machine);
 #       # on the GPU machine: tar -xJf bundle/bundle.tar.xz -C /tmp && BUNDLE=/tmp/bundle scripts/device_check.sh
 #
 # On the GPU node:  bundle/tessera --version

@@ -2,7 +2,7 @@
 # Runs on the GPU machine, in the repo root, against a bundle made here with
 #   scripts/bundle.sh --build-dir build-cuda --with-tests
 # Prints the GPU, runs the CUDA op tests and the kernel benchmarks, and writes the
-# logs and a summary to $OUT (the device tool brings $OUT back).
+# logs and a summary to $OUT.
 #   scripts/device_check.sh            # everything
 #   QUICK=1 scripts/device_check.sh    # fewer benchmark shapes
 #   BUNDLE=/path/to/bundle scripts/device_check.sh

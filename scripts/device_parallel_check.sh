@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor / pipeline parallel CUDA rank processes over NCCL, on a machine with 2+ GPUs (the
-# lead's run on nvidia-h200-x2). One PASS/FAIL line per check, logs under $OUT.
+# figures in docs/distributed.md are from two H200s). One PASS/FAIL line per check, logs under $OUT.
 #
 # Needs the bundle with the tests (scripts/bundle.sh --build-dir build-cuda --with-tests
 # --out /tmp/bundle --tar bundle/bundle.tar.xz), carried:

@@ -5,9 +5,10 @@ ceil(C/128) per matrix, also where the checkpoint stored the scales squeezed to 
 bf16 (round to nearest even); other tensors copied as they are; config.json without its
 quantization_config; reference.json and generation_config.json copied.
 
-Why: to tell an FP8 kernel's fault from a model's own sensitivity to rounding. Session 16 ran the
-CUDA engine tests on `qwen3_5_moe_text_fp8` and on this copy of it: both parted in the same tests,
-so the parting was the fixture, not the FP8 path (docs/cuda.md, "The fixture rule on CUDA").
+Why: to tell an FP8 kernel's fault from a model's own sensitivity to rounding. On 2026-12-02
+(`915c5fc`, one H200) the CUDA engine tests ran on `qwen3_5_moe_text_fp8` and on this copy of it:
+both parted in the same tests, so the parting was the fixture, not the FP8 path (docs/cuda.md,
+"The fixture rule on CUDA").
 
 Plain Python (no numpy; a 7 MB fixture takes about 6 s here):
 

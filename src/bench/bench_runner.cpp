@@ -13,12 +13,12 @@
 #include "bench/bench_options.h"
 #include "bench/load_runner.h"
 #include "bench/metrics.h"
-#include "bench/progress_bar.h"
 #include "bench/report.h"
 #include "bench/scripted_server.h"
 #include "bench/server_probe.h"
 #include "bench/token_counter.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/version.h"
 
 namespace tessera::bench {
@@ -180,24 +180,22 @@ int run_benchmark(BenchOptions options) {
   report.slo = slo;
 
   std::vector<int> levels = levels_of(options);
-  ProgressBar progress(options.progress);
+  ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
   for (size_t i = 0; i < levels.size(); ++i) {
     LevelConfig level;
     level.max_concurrency = levels[i];
     level.label = levels[i] > 0 ? fmt::format("concurrency {}", levels[i]) : std::string("unlimited");
     level.arrivals = ArrivalProcess{options.request_rate, options.burstiness};
     level.seed = options.seed + i;
-    progress.start_level(level.label, i, levels.size());
-    ProgressHandler on_progress = [&](size_t done, size_t total, size_t in_flight) {
-      progress.update(done, total, in_flight);
-    };
+    progress.start(level.label, prompts.size(), i, levels.size());
+    ProgressHandler on_progress = [&](size_t done, size_t, size_t in_flight) { progress.update(done, in_flight); };
     LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
     if (counter) {
       for (RequestRecord& record : result.records)
         if (record.success && !record.usage_reported) record.completion_tokens = counter->count(record.output_text);
     }
     LevelMetrics metrics = compute_level_metrics(result, slo);
-    progress.finish_level(metrics.completed, metrics.failed, metrics.duration_s);
+    progress.finish(fmt::format("{} ok, {} failed in {:.2f} s", metrics.completed, metrics.failed, metrics.duration_s));
     if (auto advice = advice_for(metrics, options)) {
       report.levels.push_back(std::move(metrics));
       std::cout << format_terminal_report(report);

@@ -31,13 +31,6 @@ ClusterNode decode_node(WireReader& r) {
 
 }  // namespace
 
-std::string ClusterTable::describe_node(int node_rank) const {
-  for (const ClusterNode& n : nodes)
-    if (n.node_rank == node_rank && !n.fingerprint.ip.empty())
-      return fmt::format("node {} ({})", node_rank, n.fingerprint.ip);
-  return fmt::format("node {}", node_rank);
-}
-
 int ClusterTable::node_of_rank(int rank) const {
   for (const ClusterNode& n : nodes)
     if (rank >= n.first_rank && rank < n.first_rank + n.fingerprint.num_ranks) return n.node_rank;

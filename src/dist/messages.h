@@ -30,8 +30,6 @@ struct ClusterNode {
 struct ClusterTable {
   int32_t world_size = 0;
   std::vector<ClusterNode> nodes;  // by node rank
-  // "node 1 (10.0.0.2)": for error messages.
-  std::string describe_node(int node_rank) const;
   // "rank 5 (node 1, 10.0.0.2)".
   std::string describe_rank(int rank) const;
   int node_of_rank(int rank) const;  // -1 if out of range

@@ -66,16 +66,13 @@ void RendezvousClient::simulate_crash() {
 }
 
 void RendezvousClient::record_failure(RankFailure f) {
-  std::function<void(const RankFailure&)> callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) return;  // the first failure is the one worth reporting
     failure_ = f;
-    callback = on_failure_;
   }
   changed_.notify_all();
   TLOG_ERROR("cluster failure: {}", f.reason);
-  if (callback) callback(f);
 }
 
 void RendezvousClient::run() {
@@ -143,11 +140,6 @@ std::optional<JobStart> RendezvousClient::wait_job(std::chrono::milliseconds tim
 std::optional<RankFailure> RendezvousClient::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
-}
-
-void RendezvousClient::set_on_failure(std::function<void(const RankFailure&)> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
-  on_failure_ = std::move(callback);
 }
 
 ClusterStatus query_cluster_status(const HeadAddress& head, std::chrono::milliseconds timeout) {

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -43,8 +42,6 @@ class RendezvousClient {
   // A persistent cluster's node: the next job the head forwarded; nullopt on timeout.
   std::optional<JobStart> wait_job(std::chrono::milliseconds timeout);
   std::optional<RankFailure> failure() const;
-  // Called from the background thread.
-  void set_on_failure(std::function<void(const RankFailure&)> callback);
 
   // Test hook: drop the connection abruptly, as a crash would (no goodbye, thread stopped).
   void simulate_crash();
@@ -62,7 +59,6 @@ class RendezvousClient {
   std::deque<JobStart> jobs_;
   int node_rank_ = -1;
   std::optional<RankFailure> failure_;
-  std::function<void(const RankFailure&)> on_failure_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -130,13 +130,6 @@ std::string peer_address(const Socket& s) {
   return sockaddr_string(ss);
 }
 
-std::string local_address(const Socket& s) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (getsockname(s.fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
-  return sockaddr_string(ss);
-}
-
 Socket connect_tcp(const std::string& host, uint16_t port, Deadline deadline, const std::string& source_ip) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;

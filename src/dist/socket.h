@@ -37,7 +37,6 @@ Socket listen_tcp(const std::string& ip, uint16_t port, int backlog = 64);
 uint16_t local_port(const Socket& s);
 // "ip:port" of the other end ("?" if unknown).
 std::string peer_address(const Socket& s);
-std::string local_address(const Socket& s);
 
 // One connection attempt to host:port (host may be a name). When `source_ip` is set the
 // socket is bound to it first, so traffic leaves by the chosen NIC. Throws Error(kNetwork).

@@ -87,10 +87,4 @@ CheckpointTensor Checkpoint::get(const std::string& name) const {
        index_path_.empty() ? "" : " nor in model.safetensors.index.json");
 }
 
-size_t Checkpoint::total_bytes() const {
-  size_t n = 0;
-  for (const auto& f : files_) n += f->file_size();
-  return n;
-}
-
 }  // namespace tessera

@@ -22,7 +22,6 @@ class Checkpoint {
   CheckpointTensor get(const std::string& name) const;
   bool contains(const std::string& name) const;
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
-  size_t total_bytes() const;
 
  private:
   std::string dir_;

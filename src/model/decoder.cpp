@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include "core/error.h"
+#include "loader/config_source.h"
 #include "model/rope.h"
 
 namespace tessera {
@@ -29,12 +30,24 @@ MoeOptions moe_options(const ModelConfig& c) {
   return o;
 }
 
+DecoderSpec hybrid_decoder_spec(const ModelConfig& config, GdnLayout layout) {
+  if (!config.is_hybrid())
+    fail(ErrorKind::kCorrupt,
+         "{}: {} needs layer_types (or full_attention_interval) naming its linear_attention layers",
+         config_source(config), config.architecture);
+  DecoderSpec spec;
+  spec.attention = {.qkv_bias = false, .qk_norm = true, .output_gate = true, .zero_centred_qk_norm = true};
+  spec.zero_centred_norms = true;
+  spec.linear_attention = layout;
+  return spec;
+}
+
 std::unique_ptr<FeedForward> moe_or_dense(BlockContext& ctx, int layer, const std::string& prefix,
                                           const MoeOptions& moe) {
   if (ctx.config.moe.is_moe_layer(layer)) return std::make_unique<MoeBlock>(ctx, prefix, moe);
   if (ctx.config.intermediate_size <= 0)
     fail(ErrorKind::kCorrupt, "{}: layer {} has a dense MLP but intermediate_size is not set",
-         ctx.config.model_dir.empty() ? std::string("config") : ctx.config.model_dir + "/config.json", layer);
+         config_source(ctx.config), layer);
   return std::make_unique<SwiGluMlp>(ctx, prefix, ctx.config.intermediate_size);
 }
 
@@ -72,7 +85,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     has_state_layers_ = has_state_layers_ || c.is_linear_layer(i);
   }
   if (mo.mtp && comm_.last_stage()) {  // (vLLM too places the MTP layer on the last stage)
-    const std::string where = c.model_dir.empty() ? std::string("config") : c.model_dir + "/config.json";
+    const std::string where = config_source(c);
     if (!zc || c.num_mtp_layers <= 0)
       fail(ErrorKind::kUnsupported,
            "--speculative-config method 'mtp' needs a checkpoint with a multi-token-prediction layer (Qwen3-Next or "

@@ -39,6 +39,10 @@ std::unique_ptr<FeedForward> moe_or_dense(BlockContext& ctx, int layer, const st
                                           const MoeOptions& moe);
 // MoeOptions from config.moe (the shared expert when shared_expert_intermediate_size > 0).
 MoeOptions moe_options(const ModelConfig& config);
+// The parts Qwen3-Next and Qwen3.5 share, their Gated DeltaNet weights laid out as `layout`:
+// which layers are linear attention (the config must name them), and gated attention with
+// zero-centred norms.
+DecoderSpec hybrid_decoder_spec(const ModelConfig& config, GdnLayout layout);
 
 class DecoderModel : public Model {
  public:

@@ -6,19 +6,17 @@
 //     declared, so its weights are never read.
 //   Qwen3_5ForCausalLM: dense SwiGLU MLPs.
 #include "core/error.h"
+#include "loader/config_source.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 
 namespace tessera {
 
-DecoderSpec hybrid_decoder_spec(const ModelConfig& config, GdnLayout layout);
-
 std::unique_ptr<Model> make_qwen3_5_moe(const ModelConfig& config, const ModelOptions& options, Backend& backend) {
   DecoderSpec spec = hybrid_decoder_spec(config, GdnLayout::kSeparate);
   MoeOptions moe = moe_options(config);
   if (config.moe.num_experts <= 0)
-    fail(ErrorKind::kCorrupt, "{}: {} needs num_experts > 0",
-         config.model_dir.empty() ? std::string("config") : config.model_dir + "/config.json", config.architecture);
+    fail(ErrorKind::kCorrupt, "{}: {} needs num_experts > 0", config_source(config), config.architecture);
   moe.renormalize = true;  // Qwen3.5's router always renormalises its top-k (no norm_topk_prob field)
   spec.feed_forward = [moe](BlockContext& ctx, int layer, const std::string& prefix) {
     return moe_or_dense(ctx, layer, prefix, moe);

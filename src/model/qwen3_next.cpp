@@ -2,25 +2,10 @@
 // in_proj_qkvz / in_proj_ba) and gated full attention (q/k norm, partial rotary, output gate),
 // zero-centred (1 + w) RMSNorms, and MoE blocks with a sigmoid-gated shared expert (dense
 // SwiGLU MLPs in mlp_only_layers / off decoder_sparse_step).
-#include "core/error.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 
 namespace tessera {
-
-// The parts Qwen3-Next and Qwen3.5 share: which layers are linear attention, and gated
-// attention with zero-centred norms.
-DecoderSpec hybrid_decoder_spec(const ModelConfig& config, GdnLayout layout) {
-  if (!config.is_hybrid())
-    fail(ErrorKind::kCorrupt,
-         "{}: {} needs layer_types (or full_attention_interval) naming its linear_attention layers",
-         config.model_dir.empty() ? std::string("config") : config.model_dir + "/config.json", config.architecture);
-  DecoderSpec spec;
-  spec.attention = {.qkv_bias = false, .qk_norm = true, .output_gate = true, .zero_centred_qk_norm = true};
-  spec.zero_centred_norms = true;
-  spec.linear_attention = layout;
-  return spec;
-}
 
 std::unique_ptr<Model> make_qwen3_next(const ModelConfig& config, const ModelOptions& options, Backend& backend) {
   DecoderSpec spec = hybrid_decoder_spec(config, GdnLayout::kInterleaved);

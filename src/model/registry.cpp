@@ -1,6 +1,7 @@
 #include "model/registry.h"
 
 #include "core/error.h"
+#include "loader/config_source.h"
 
 namespace tessera {
 
@@ -37,9 +38,8 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, const ModelOption
   std::string list;
   for (const auto& a : supported_architectures()) list += (list.empty() ? "" : ", ") + a;
   // Name the file the architecture came from (the CLI prints this one line).
-  std::string source = config.model_dir.empty() ? std::string("config") : config.model_dir + "/config.json";
-  fail(ErrorKind::kUnsupported, "{}: architecture '{}' is not supported (supported: {})", source, config.architecture,
-       list);
+  fail(ErrorKind::kUnsupported, "{}: architecture '{}' is not supported (supported: {})", config_source(config),
+       config.architecture, list);
 }
 
 }  // namespace tessera

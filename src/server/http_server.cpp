@@ -524,8 +524,6 @@ void HttpServer::stop_accepting() {
   if (!impl_->threads.empty()) f.wait_for(std::chrono::seconds(2));
 }
 
-size_t HttpServer::open_connections() const { return impl_->sh->connections.load(); }
-
 void HttpServer::stop() {
   if (impl_->threads.empty()) return;
   impl_->work.reset();

@@ -33,7 +33,6 @@ class HttpServer {
   int port() const;  // the bound port (useful with port 0)
   // Closes the listening socket; open connections go on.
   void stop_accepting();
-  size_t open_connections() const;
   // Stops the I/O threads (open connections are dropped) and joins them.
   void stop();
 

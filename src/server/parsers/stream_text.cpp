@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "tokenizer/utf8.h"
+
 namespace tessera::server {
 
 TagScanner::TagScanner(std::vector<std::string> tags) : tags_(std::move(tags)) {
@@ -49,32 +51,10 @@ void TagScanner::feed(char c, std::vector<ScanEvent>& out) {
 
 std::string TagScanner::take_pending() { return std::exchange(pending_, std::string()); }
 
-size_t incomplete_utf8_tail(std::string_view s) {
-  // Walk back over at most 3 continuation bytes to the lead byte.
-  size_t n = s.size();
-  size_t back = 0;
-  while (back < 3 && back < n && (static_cast<unsigned char>(s[n - 1 - back]) & 0xC0) == 0x80) ++back;
-  if (back == n) return 0;  // only continuation bytes: nothing to wait for
-  unsigned char lead = static_cast<unsigned char>(s[n - 1 - back]);
-  size_t need = 0;
-  if ((lead & 0x80) == 0)
-    need = 1;
-  else if ((lead & 0xE0) == 0xC0)
-    need = 2;
-  else if ((lead & 0xF0) == 0xE0)
-    need = 3;
-  else if ((lead & 0xF8) == 0xF0)
-    need = 4;
-  else
-    return 0;  // not a lead byte: invalid, pass it on
-  size_t have = back + 1;
-  return have < need ? have : 0;
-}
-
 std::string Utf8Holdback::take() {
-  size_t keep = incomplete_utf8_tail(buffer_);
-  std::string out = buffer_.substr(0, buffer_.size() - keep);
-  buffer_.erase(0, buffer_.size() - keep);
+  size_t decided = tokenizer::decidable_prefix_length(buffer_);
+  std::string out = buffer_.substr(0, decided);
+  buffer_.erase(0, decided);
   return out;
 }
 

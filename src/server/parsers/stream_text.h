@@ -79,16 +79,14 @@ class Utf8Holdback {
  public:
   void append(std::string_view s) { buffer_.append(s); }
   void push_back_char(char c) { buffer_.push_back(c); }
-  std::string take();   // everything except a trailing incomplete sequence (at most 3 bytes)
+  // Everything but a trailing incomplete sequence that later bytes may still complete (at most 3
+  // bytes; tokenizer::decidable_prefix_length, as the streaming detokenizer holds back).
+  std::string take();
   std::string flush();  // everything
 
  private:
   std::string buffer_;
 };
-
-// Length of the trailing incomplete UTF-8 sequence of `s` (0 when `s` ends on a boundary
-// or ends with bytes that can never complete).
-size_t incomplete_utf8_tail(std::string_view s);
 
 // JSON whitespace: what the reasoning and tool parsers skip around tags.
 inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }

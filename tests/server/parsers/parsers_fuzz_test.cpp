@@ -140,7 +140,7 @@ TEST(ParserFuzz, ReasoningParsers) {
       auto proto = make_reasoning_parser(name);
       ReasoningResult want = proto->parse(text);
       for (const Chunking& c : some_chunkings(text, rng)) {
-        ReasoningResult got = testing::stream_reasoning(*proto, c, testing::valid_utf8(text));
+        ReasoningResult got = testing::stream_reasoning(*proto, c, testing::is_valid_utf8(text));
         ASSERT_EQ(got.reasoning, want.reasoning) << name << ": " << text;
         ASSERT_EQ(got.content, want.content) << name << ": " << text;
       }
@@ -164,7 +164,7 @@ TEST(ParserFuzz, ToolParsers) {
         EXPECT_TRUE(nlohmann::json::accept(call.arguments)) << name << ": " << text << " -> " << call.arguments;
         EXPECT_FALSE(call.name.empty());
       }
-      ToolParseResult whole = testing::stream_tools(*proto, {text}, testing::valid_utf8(text));
+      ToolParseResult whole = testing::stream_tools(*proto, {text}, testing::is_valid_utf8(text));
       // hermes' documented gap: a call streamed before a malformed block. Everywhere else the
       // streaming result is the parse() result.
       bool gap = std::string(name) == "hermes" && !want.tools_called() && whole.tools_called();
@@ -173,7 +173,7 @@ TEST(ParserFuzz, ToolParsers) {
         testing::expect_same_calls(whole.tool_calls, want.tool_calls, text);
       }
       for (const Chunking& c : some_chunkings(text, rng)) {
-        ToolParseResult got = testing::stream_tools(*proto, c, testing::valid_utf8(text));
+        ToolParseResult got = testing::stream_tools(*proto, c, testing::is_valid_utf8(text));
         ASSERT_EQ(got.content, whole.content) << name << ": " << text;
         testing::expect_same_calls(got.tool_calls, whole.tool_calls, std::string(name) + ": " + text);
       }

@@ -17,6 +17,7 @@
 #include "server/parsers/reasoning_parser.h"
 #include "server/parsers/stream_text.h"
 #include "server/parsers/tool_parser.h"
+#include "tokenizer/utf8.h"
 
 namespace tessera::server::testing {
 
@@ -59,18 +60,7 @@ inline std::vector<Chunking> chunkings(std::string_view text, int random_count =
   return all;
 }
 
-inline bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    i += n;
-  }
-  return true;
-}
+using tokenizer::is_valid_utf8;
 
 inline ReasoningResult stream_reasoning(const ReasoningParser& prototype, const Chunking& chunks,
                                         bool check_utf8 = true) {
@@ -78,8 +68,8 @@ inline ReasoningResult stream_reasoning(const ReasoningParser& prototype, const 
   ReasoningResult r;
   auto add = [&](const ReasoningDelta& d) {
     if (check_utf8) {
-      EXPECT_TRUE(valid_utf8(d.reasoning)) << "delta splits a character: " << d.reasoning;
-      EXPECT_TRUE(valid_utf8(d.content)) << "delta splits a character: " << d.content;
+      EXPECT_TRUE(is_valid_utf8(d.reasoning)) << "delta splits a character: " << d.reasoning;
+      EXPECT_TRUE(is_valid_utf8(d.content)) << "delta splits a character: " << d.content;
     }
     r.reasoning += d.reasoning;
     r.content += d.content;
@@ -96,7 +86,7 @@ inline ToolParseResult stream_tools(const ToolParser& prototype, const Chunking&
   int next_new_index = 0;
   auto add = [&](const ToolStreamDelta& d) {
     if (check_utf8) {
-      EXPECT_TRUE(valid_utf8(d.content));
+      EXPECT_TRUE(is_valid_utf8(d.content));
     }
     std::set<int> seen;
     for (const ToolCallDelta& t : d.tool_calls) {
@@ -111,7 +101,7 @@ inline ToolParseResult stream_tools(const ToolParser& prototype, const Chunking&
         EXPECT_FALSE(t.arguments.empty()) << "empty non-first delta";
       }
       if (check_utf8) {
-        EXPECT_TRUE(valid_utf8(t.arguments)) << t.arguments;
+        EXPECT_TRUE(is_valid_utf8(t.arguments)) << t.arguments;
       }
     }
     r.content += d.content;
