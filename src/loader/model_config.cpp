@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera {
 
@@ -15,10 +17,13 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
+  std::ifstream f(p, std::ios::binary);
   if (!f) fail(ErrorKind::kNotFound, "{}: file not found", p.string());
+  std::ostringstream text;
+  text << f.rdbuf();
+  check_json_file_depth(text.view(), p.string());
   try {
-    return nlohmann::json::parse(f);
+    return nlohmann::json::parse(text.view());
   } catch (const std::exception& e) {
     fail(ErrorKind::kCorrupt, "{}: does not parse as JSON ({})", p.string(), e.what());
   }

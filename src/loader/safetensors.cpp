@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera {
 
@@ -66,6 +67,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   header_end_ = 8 + header_len;
   nlohmann::json header;
+  check_json_file_depth(std::string_view(static_cast<const char*>(map_) + 8, header_len),
+                        path + " (safetensors header)");
   try {
     header = nlohmann::json::parse(static_cast<const char*>(map_) + 8, static_cast<const char*>(map_) + header_end_);
   } catch (const std::exception& e) {

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_depth.h"
 #include "tokenizer/jinja/builtins.h"
 
 namespace tessera::tokenizer {
@@ -17,6 +18,7 @@ std::optional<std::string> read_file(const std::filesystem::path& path) {
 }
 
 nlohmann::ordered_json parse_json_file(const std::filesystem::path& path, const std::string& text) {
+  check_json_file_depth(text, path.string());
   try {
     return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {

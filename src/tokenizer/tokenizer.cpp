@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/decoder.h"
@@ -26,6 +27,7 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 nlohmann::json parse_json(std::string_view text, const std::string& origin) {
+  check_json_file_depth(text, origin);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {

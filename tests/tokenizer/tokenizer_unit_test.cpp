@@ -331,5 +331,25 @@ TEST(LoadErrorsTest, SayWhatIsWrong) {
   expect_error([&] { load(no_model); }, ErrorKind::kCorrupt, "model");
 }
 
+// A file nested 100,000 deep overflowed the stack while loading; it is refused naming the file.
+TEST(LoadErrorsTest, DeeplyNestedFilesAreRefusedNamingTheFile) {
+  std::string nested = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto message_of = [](auto&& load_call) -> std::string {
+    try {
+      load_call();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "expected an error";
+    return "";
+  };
+  std::string message = message_of([&] { Tokenizer::from_json_text(nested, "", "/m/tokenizer.json"); });
+  EXPECT_NE(message.find("/m/tokenizer.json: JSON nested deeper than 128"), std::string::npos) << message;
+  std::string good = tiny_byte_level_tokenizer({}, false).dump();
+  message = message_of([&] { Tokenizer::from_json_text(good, nested, "/m/tokenizer.json"); });
+  EXPECT_NE(message.find("tokenizer_config.json: JSON nested deeper"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace tessera::tokenizer
