@@ -3,6 +3,7 @@
 // inside them as strings, such as tool-call arguments) with it before parsing, so that no later
 // recursive walk over the parsed value (copies, conversions, dumps) can exhaust a thread's stack.
 #pragma once
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -22,6 +23,10 @@ int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
 // when `text` nests deeper than `limit`, before it is parsed. Real model files nest a few levels;
 // one nested 100,000 deep would overflow the stack of whatever walks it after parsing.
 void check_json_file_depth(std::string_view text, const std::string& origin, int limit = kMaxJsonDepth);
+
+// A JSON library error in our words: nlohmann's message without its "[json.exception.type_error.302] "
+// prefix, for loader messages that name the file and field themselves.
+std::string json_error_text(const std::exception& e);
 
 // Follows string literals (with their escapes) through JSON text fed one byte at a time.
 class JsonStringTracker {
