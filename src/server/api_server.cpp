@@ -199,6 +199,15 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    // The answer's size: tokens x top logprobs over every prompt and choice, bounded before anything runs.
+    std::vector<size_t> prompt_lengths;
+    for (const auto& prompt : pr.prompts) prompt_lengths.push_back(prompt.size());
+    std::string budget_param;
+    if (Status s = check_logprob_budget(prompt_lengths, per_prompt, opt.max_logprob_entries, &budget_param); !s.ok()) {
+      g->complete = true;
+      metrics.request_rejected();
+      bad(s.message(), budget_param);
+    }
     // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
     std::vector<GenerationRequest> reqs;
     std::vector<OutputCallback> callbacks;

@@ -119,6 +119,10 @@ const cases = [
   ['max_tokens zero', () => chat(base({ max_tokens: 0 })), 400, /max_tokens/],
   ['max_tokens huge', () => chat(base({ max_tokens: 1e20 })), 400, /max_tokens/],
   ['max_tokens past the context', () => chat(base({ max_tokens: 4090 })), 400, /maximum context length is 4096/],
+  // Logprob entries of one answer are bounded (2^20): 16 choices x 4,000 tokens x (20 + 1), and 16 prompts of
+  // 3,500 tokens x (20 + 1) prompt logprobs, would each make a response of about 100 MB.
+  ['logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: 'hi', max_tokens: 4000, n: 16, logprobs: 20 }), 400, /logprob entries.*more than the 1048576/],
+  ['prompt_logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: Array.from({ length: 16 }, () => Array.from({ length: 3500 }, (_, i) => 100 + (i % 1000))), max_tokens: 1, prompt_logprobs: 20 }), 400, /logprob entries.*fewer prompt_logprobs/],
   ['temperature is a string', () => chat(base({ temperature: 'hot' })), 400, /temperature/],
   ['temperature negative', () => chat(base({ temperature: -1 })), 400, /temperature/],
   ['top_p above 1', () => chat(base({ top_p: 5 })), 400, /top_p/],
