@@ -636,6 +636,19 @@ struct ApiServer::Impl {
     const char* method;
   };
 
+  // Whether `path` is answered only with a key: everything under /v1, unknown paths included, so that routes
+  // are not listed without one (vLLM's middleware does the same), and the routes outside /v1 that are not open.
+  static bool needs_key(const std::string& path) {
+    return path == "/v1" || path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  }
+
+  // The 401 for a request whose headers lack a valid key, before its body is read; nullopt otherwise.
+  std::optional<HttpResponse> check_headers(const HttpRequest& r) {
+    if (!needs_key(r.path) || authorized(r, opt.api_keys)) return std::nullopt;
+    const bool anthropic = r.path.rfind("/v1/messages", 0) == 0;
+    return error_response(anthropic, unauthorized(anthropic));
+  }
+
   // The route of `path`, after the key check that keeps routes under /v1 from being listed without one
   // (vLLM's middleware does the same); 404 and 405 otherwise.
   const Route& route_of(const HttpRequest& r, bool anthropic) {
@@ -764,6 +777,10 @@ ApiServer::~ApiServer() = default;
 
 void ApiServer::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange) {
   impl_->handle(std::move(request), exchange);
+}
+
+std::optional<HttpResponse> ApiServer::check_headers(const HttpRequest& request) const {
+  return impl_->check_headers(request);
 }
 
 std::string ApiServer::error_body(int status, const std::string& message) {

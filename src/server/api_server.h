@@ -49,6 +49,9 @@ class ApiServer {
 
   // The HTTP layer's request handler (runs on the connection's strand).
   void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
+  // The HTTP layer's header check (HttpServer::set_header_check): a 401 for a request that needs a key and
+  // presents none that is valid, answered before its body is read.
+  std::optional<HttpResponse> check_headers(const HttpRequest& request) const;
   // OpenAI error body for errors the HTTP layer answers itself.
   static std::string error_body(int status, const std::string& message);
 
