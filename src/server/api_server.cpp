@@ -569,7 +569,24 @@ struct ApiServer::Impl {
     if (!rq.ignored_tools.empty())
       TLOG_DEBUG("/v1/responses: ignoring tools this server cannot run: {}", fmt::join(rq.ignored_tools, ", "));
     const ojson chat_body = std::move(rq.chat);
-    chat(chat_body, ex, responses_writer(text, std::move(rq)));
+    try {
+      chat(chat_body, ex, responses_writer(text, std::move(rq)));
+    } catch (ApiError& e) {
+      // The request is read as a chat request whose max_tokens is the client's max_output_tokens: errors
+      // about it name the field the client sent.
+      rename_field(e, "max_output_tokens");
+      throw;
+    }
+  }
+
+  static void rename_field(ApiError& e, const std::string& name) {
+    auto replace_all = [](std::string& text, const std::string& from, const std::string& to) {
+      for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+        text.replace(at, from.size(), to);
+    };
+    replace_all(e.message, "'max_tokens' or 'max_completion_tokens'", "'" + name + "'");
+    replace_all(e.message, "max_tokens", name);
+    if (e.param == "max_tokens") e.param = name;
   }
 
   void count_tokens(const ojson& body, const std::shared_ptr<Exchange>& ex) {
@@ -608,6 +625,9 @@ struct ApiServer::Impl {
     std::vector<int32_t> ids;
     for (const auto& v : *t) {
       if (!v.is_number_integer()) bad("'tokens' must be a list of token ids", "tokens");
+      // Above 2^63 - 1 the id is read unsigned (as int64 it would print as a negative number).
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        bad(fmt::format("token id {} is outside the vocabulary", v.get<uint64_t>()), "tokens");
       int64_t id = v.get<int64_t>();
       if (id < 0 || id >= static_cast<int64_t>(std::max<size_t>(tok.vocab_size(), engine.vocab_size())))
         bad(fmt::format("token id {} is outside the vocabulary", id), "tokens");

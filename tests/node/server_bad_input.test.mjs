@@ -123,6 +123,11 @@ const cases = [
   // 3,500 tokens x (20 + 1) prompt logprobs, would each make a response of about 100 MB.
   ['logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: 'hi', max_tokens: 4000, n: 16, logprobs: 20 }), 400, /logprob entries.*more than the 1048576/],
   ['prompt_logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: Array.from({ length: 16 }, () => Array.from({ length: 3500 }, (_, i) => 100 + (i % 1000))), max_tokens: 1, prompt_logprobs: 20 }), 400, /logprob entries.*fewer prompt_logprobs/],
+  // Errors about a Responses request's max_output_tokens name that field, not the max_tokens it becomes inside.
+  ...[['a string', 'ten'], ['huge', 1e20]].map(([what, value]) =>
+    [`/v1/responses: max_output_tokens ${what}`, () => send('/v1/responses', { model: MODEL, input: 'hi', max_output_tokens: value }), 400, /^(?!.*\bmax_tokens\b).*max_output_tokens/]),
+  // A token id above 2^63 - 1 is reported as sent, not wrapped to a negative number.
+  ['/detokenize: token id 2^63', () => send('/detokenize', '{"tokens": [9223372036854775808]}', { raw: true }), 400, /token id 9223372036854775808 is outside/],
   ['temperature is a string', () => chat(base({ temperature: 'hot' })), 400, /temperature/],
   ['temperature negative', () => chat(base({ temperature: -1 })), 400, /temperature/],
   ['top_p above 1', () => chat(base({ top_p: 5 })), 400, /top_p/],
