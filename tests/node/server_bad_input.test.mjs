@@ -293,6 +293,18 @@ test('auth: routes under /v1 cannot be listed without the key', async () => {
   await stillServing();
 });
 
+// Without a valid key the answer comes as soon as the headers are in: the body (never sent here) is not
+// awaited, where before the server waited for it until the read timeout closed the connection unanswered.
+test('auth: a request without a key is answered 401 before its body', async () => {
+  const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: ${HOST}:${PORT}\r\nContent-Type: application/json\r\n` +
+    'Content-Length: 1000000\r\n\r\n{"model":';
+  const { data, ms } = await rawExchange([head], { waitMs: 1500 });
+  assert.match(data, /^HTTP\/1\.1 401 /, data.slice(0, 200));
+  assert.match(data, /Connection: close/i);
+  assert.ok(ms < 1500, `answered after ${ms} ms`);
+  await stillServing();
+});
+
 test('bad input: body over --max-request-body-bytes gets 413', async () => {
   const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(11 << 20) }] });
   const r = await send('/v1/chat/completions', big, { raw: true });
