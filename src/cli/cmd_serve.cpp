@@ -447,9 +447,11 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
   if (watcher.joinable()) watcher.join();
   TLOG_INFO("Received {}; shutting down: no new requests, in-flight ones get up to {} s",
             sig == SIGINT ? "SIGINT" : "SIGTERM", sf.drain_timeout);
+  // The listener stays open while in-flight requests finish: /health answers 503 (and new generation
+  // requests 503) until it closes, so load balancers see the drain instead of refused connections.
   api.set_draining();
-  http.stop_accepting();
   engine.drain(std::chrono::milliseconds(static_cast<int64_t>(sf.drain_timeout * 1000)));
+  http.stop_accepting();
   // The last outputs are posted to connection strands; let them reach the sockets.
   for (int i = 0; i < 200 && api.active_requests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -520,6 +522,11 @@ int run_serve(int argc, char** argv) {
         api.handle(std::move(r), std::move(ex));
       },
       &server::ApiServer::error_body);
+  http.set_header_check([&api, access_log](const server::HttpRequest& r) {
+    std::optional<server::HttpResponse> refusal = api.check_headers(r);
+    if (refusal && access_log) server::log_access(r, refusal->status);
+    return refusal;
+  });
   return serve_until_signal(http, api, *engine, head.launcher.get(), sf);
 }
 

@@ -3,6 +3,8 @@
 // inside them as strings, such as tool-call arguments) with it before parsing, so that no later
 // recursive walk over the parsed value (copies, conversions, dumps) can exhaust a thread's stack.
 #pragma once
+#include <exception>
+#include <string>
 #include <string_view>
 
 namespace tessera {
@@ -15,6 +17,16 @@ inline constexpr int kMaxJsonDepth = 128;
 // strings. Stops scanning and returns limit + 1 as soon as the depth passes `limit`. For invalid
 // JSON the result is an upper bound of what a parser would build before it fails.
 int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
+
+// For the loaders of model files (config.json, generation_config.json, tokenizer.json,
+// tokenizer_config.json, safetensors headers and indexes): throws Error(kCorrupt) naming `origin`
+// when `text` nests deeper than `limit`, before it is parsed. Real model files nest a few levels;
+// one nested 100,000 deep would overflow the stack of whatever walks it after parsing.
+void check_json_file_depth(std::string_view text, const std::string& origin, int limit = kMaxJsonDepth);
+
+// A JSON library error in our words: nlohmann's message without its "[json.exception.type_error.302] "
+// prefix, for loader messages that name the file and field themselves.
+std::string json_error_text(const std::exception& e);
 
 // Follows string literals (with their escapes) through JSON text fed one byte at a time.
 class JsonStringTracker {

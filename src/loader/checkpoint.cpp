@@ -5,8 +5,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera {
 
@@ -19,8 +21,13 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
   if (fs::exists(index)) {
     nlohmann::json j;
     try {
-      std::ifstream f(index);
-      j = nlohmann::json::parse(f);
+      std::ifstream f(index, std::ios::binary);
+      std::ostringstream text;
+      text << f.rdbuf();
+      check_json_file_depth(text.view(), index.string());
+      j = nlohmann::json::parse(text.view());
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
       fail(ErrorKind::kCorrupt, "{}: does not parse ({})", index.string(), e.what());
     }

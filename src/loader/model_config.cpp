@@ -1,12 +1,15 @@
 #include "loader/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera {
 
@@ -15,10 +18,13 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
+  std::ifstream f(p, std::ios::binary);
   if (!f) fail(ErrorKind::kNotFound, "{}: file not found", p.string());
+  std::ostringstream text;
+  text << f.rdbuf();
+  check_json_file_depth(text.view(), p.string());
   try {
-    return nlohmann::json::parse(f);
+    return nlohmann::json::parse(text.view());
   } catch (const std::exception& e) {
     fail(ErrorKind::kCorrupt, "{}: does not parse as JSON ({})", p.string(), e.what());
   }
@@ -50,16 +56,40 @@ T get_or(const std::string& source, const nlohmann::json& j, const char* key, T 
   return it->get<T>();
 }
 
-std::vector<int> int_or_list(const nlohmann::json& j, const char* key) {
+// A token id or a list of them (eos_token_id). Ids must be integers in 0 .. 2^31 - 1: a wrapped one would
+// never match a token, so generation would not stop.
+std::vector<int> int_or_list(const std::string& source, const nlohmann::json& j, const char* key) {
   std::vector<int> out;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return out;
-  if (it->is_number_integer())
-    out.push_back(it->get<int>());
-  else if (it->is_array())
-    for (const auto& v : *it)
-      if (v.is_number_integer()) out.push_back(v.get<int>());
+  auto id = [&](const nlohmann::json& v) {
+    bool ok =
+        v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                                         : v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX);
+    if (!ok)
+      fail(ErrorKind::kCorrupt, "{}: '{}' must be a token id or a list of them (integers 0 .. 2^31 - 1); got {}",
+           source, key, it->dump());
+    out.push_back(v.get<int>());
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it) id(v);
+  } else {
+    id(*it);
+  }
   return out;
+}
+
+// A size field: an integer in [min, max], named in the error. The bounds are far beyond real models; a
+// value past them is a damaged file, and would overflow the arithmetic that sizes weights and caches.
+void check_range(const std::string& source, const char* key, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max)
+    fail(ErrorKind::kCorrupt, "{}: '{}' is {}; it must be between {} and {}", source, key, value, min, max);
+}
+
+// A real field that must be a finite number above zero (rope_theta, rms_norm_eps, rope factors).
+void check_positive(const std::string& source, const char* key, double value) {
+  if (!(value > 0) || !std::isfinite(value))
+    fail(ErrorKind::kCorrupt, "{}: '{}' is {}; it must be a finite number above 0", source, key, value);
 }
 
 RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
@@ -80,6 +110,9 @@ RopeScaling parse_rope(const nlohmann::json& r, const std::string& source) {
   if (r.contains("attention_factor") && !r["attention_factor"].is_null())
     s.attention_factor = get_or<double>(source, r, "attention_factor", 1.0);
   s.truncate = get_or<bool>(source, r, "truncate", true);
+  check_positive(source, "rope_scaling.factor", s.factor);
+  if (s.original_max_position_embeddings < 0)
+    fail(ErrorKind::kCorrupt, "{}: 'original_max_position_embeddings' must not be negative", source);
   // mrope_section / mrope_interleaved (Qwen3.5's multimodal rope) need no handling: a text
   // token has the same position in every section, which is the plain rope.
   return s;
@@ -94,6 +127,7 @@ MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& 
     fail(ErrorKind::kCorrupt, "{}: num_experts ({}) and num_local_experts ({}) disagree", source, m.num_experts, local);
   if (m.num_experts == 0) m.num_experts = local;
   if (m.num_experts < 0) fail(ErrorKind::kCorrupt, "{}: num_experts must not be negative", source);
+  check_range(source, "num_experts", m.num_experts, 0, 1 << 16);
   if (m.num_experts == 0) return m;
   m.num_experts_per_tok = get_or<int>(source, t, "num_experts_per_tok", 0);
   m.moe_intermediate_size = get_or<int>(source, t, "moe_intermediate_size", 0);
@@ -110,6 +144,8 @@ MoeConfig parse_moe(const nlohmann::json& t, int num_layers, const std::string& 
     fail(ErrorKind::kCorrupt, "{}: decoder_sparse_step must be at least 1 (got {})", source, m.decoder_sparse_step);
   if (m.shared_expert_intermediate_size < 0)
     fail(ErrorKind::kCorrupt, "{}: shared_expert_intermediate_size must not be negative", source);
+  check_range(source, "moe_intermediate_size", m.moe_intermediate_size, 1, 1 << 22);
+  check_range(source, "shared_expert_intermediate_size", m.shared_expert_intermediate_size, 0, 1 << 22);
   if (auto it = t.find("mlp_only_layers"); it != t.end() && !it->is_null()) {
     if (!it->is_array()) fail(ErrorKind::kCorrupt, "{}: mlp_only_layers must be a list ({})", source, it->dump());
     for (const auto& v : *it) {
@@ -168,6 +204,11 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
          "{}: linear-attention layers need linear_conv_kernel_dim >= 2 and positive linear_key_head_dim, "
          "linear_value_head_dim, linear_num_key_heads and linear_num_value_heads",
          source);
+  check_range(source, "linear_conv_kernel_dim", l.conv_kernel, 2, 1 << 10);
+  check_range(source, "linear_key_head_dim", l.key_head_dim, 1, 1 << 14);
+  check_range(source, "linear_value_head_dim", l.value_head_dim, 1, 1 << 14);
+  check_range(source, "linear_num_key_heads", l.num_key_heads, 1, 1 << 12);
+  check_range(source, "linear_num_value_heads", l.num_value_heads, 1, 1 << 12);
   if (l.num_value_heads % l.num_key_heads != 0)
     fail(ErrorKind::kCorrupt, "{}: linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})", source,
          l.num_value_heads, l.num_key_heads);
@@ -175,6 +216,16 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
   // describes other maths.
   if (!get_or<bool>(source, t, "attn_output_gate", true))
     fail(ErrorKind::kUnsupported, "{}: attn_output_gate=false is not supported (hybrid models gate attention)", source);
+}
+
+// The sizes every model has, each named when it is out of range.
+void check_sizes(const std::string& source, const ModelConfig& c) {
+  check_range(source, "hidden_size", c.hidden_size, 1, 1 << 20);
+  check_range(source, "intermediate_size", c.intermediate_size, 0, 1 << 22);
+  check_range(source, "num_hidden_layers", c.num_layers, 1, 1 << 12);
+  check_range(source, "num_attention_heads", c.num_heads, 1, 1 << 12);
+  check_range(source, "num_key_value_heads", c.num_kv_heads, 1, 1 << 12);
+  check_range(source, "vocab_size", c.vocab_size, 1, 1 << 24);
 }
 
 }  // namespace
@@ -210,17 +261,17 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   c.num_heads = get_or<int>(source, t, "num_attention_heads", 0);
   c.num_kv_heads = get_or<int>(source, t, "num_key_value_heads", c.num_heads);
   c.vocab_size = get_or<int>(source, t, "vocab_size", 0);
-  if (c.hidden_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.vocab_size <= 0 || c.num_kv_heads <= 0)
-    fail(ErrorKind::kCorrupt,
-         "{}: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads and vocab_size must be positive",
-         source);
+  check_sizes(source, c);
   c.head_dim = get_or<int>(source, t, "head_dim", c.hidden_size / c.num_heads);
   if (c.head_dim <= 0) fail(ErrorKind::kCorrupt, "{}: head_dim must be positive (got {})", source, c.head_dim);
+  check_range(source, "head_dim", c.head_dim, 1, 1 << 14);
   if (c.num_heads % c.num_kv_heads != 0)
     fail(ErrorKind::kCorrupt, "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})", source,
          c.num_heads, c.num_kv_heads);
   c.max_position_embeddings = get_or<int>(source, t, "max_position_embeddings", 4096);
+  check_range(source, "max_position_embeddings", c.max_position_embeddings, 1, 1 << 30);
   c.rms_norm_eps = get_or<double>(source, t, "rms_norm_eps", 1e-6);
+  check_positive(source, "rms_norm_eps", c.rms_norm_eps);
   c.tie_word_embeddings =
       get_or<bool>(source, t, "tie_word_embeddings", get_or<bool>(source, j, "tie_word_embeddings", false));
   c.attention_bias = get_or<bool>(source, t, "attention_bias", false);
@@ -236,6 +287,10 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     c.rope_theta = get_or<double>(source, t, "rope_theta", 10000.0);
     if (t.contains("rope_scaling") && t["rope_scaling"].is_object()) c.rope = parse_rope(t["rope_scaling"], source);
   }
+  check_positive(source, "rope_theta", c.rope_theta);
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1))
+    fail(ErrorKind::kCorrupt, "{}: 'partial_rotary_factor' is {}; it must be in (0, 1]", source,
+         c.partial_rotary_factor);
   // A wrapper's own dtype is the checkpoint's (its text_config may say float32).
   std::string dt = get_or<std::string>(source, t, "torch_dtype", get_or<std::string>(source, t, "dtype", "bfloat16"));
   if (c.nested_text_config)
@@ -257,8 +312,9 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   c.num_mtp_layers = get_or<int>(source, t, "mtp_num_hidden_layers",
                                  get_or<int>(source, t, "num_nextn_predict_layers", mtp_family ? 1 : 0));
   if (c.num_mtp_layers < 0) fail(ErrorKind::kCorrupt, "{}: mtp_num_hidden_layers must not be negative", source);
+  check_range(source, "mtp_num_hidden_layers", c.num_mtp_layers, 0, 64);
   if (auto b = get_or<int>(source, t, "bos_token_id", -1); b >= 0) c.bos_token_id = b;
-  c.eos_token_ids = int_or_list(t, "eos_token_id");
+  c.eos_token_ids = int_or_list(source, t, "eos_token_id");
   return c;
 }
 
@@ -358,19 +414,36 @@ GenerationDefaults load_generation_config(const std::string& dir) {
   if (!fs::exists(file)) return d;
   const nlohmann::json g = read_json(file);
   if (!g.is_object()) fail(ErrorKind::kCorrupt, "{}: not a JSON object", file.string());
-  auto real = [&](const char* key, std::optional<double>& out) {
-    if (auto it = g.find(key); it != g.end() && it->is_number()) out = it->get<double>();
+  // These become the defaults of every request that sets none: a value the engine would refuse (temperature
+  // -1) fails here, naming the file, instead of as a 400 that blames each client. Ranges as validate_request's.
+  // A field of another type is ignored, as vLLM ignores it.
+  const std::string source = file.string();
+  auto real = [&](const char* key, std::optional<double>& out, double min, double max, bool min_open) {
+    auto it = g.find(key);
+    if (it == g.end() || !it->is_number()) return;
+    double v = it->get<double>();
+    if (!(min_open ? v > min : v >= min) || !(v <= max))
+      fail(ErrorKind::kCorrupt,
+           "{}: '{}' is {}; it must be in {}{}, {}] (it is the default of every request that sets none: fix the "
+           "file, or start with --generation-config vllm to ignore it)",
+           source, key, it->dump(), min_open ? "(" : "[", min, max);
+    out = v;
   };
-  auto integer = [&](const char* key, std::optional<int>& out) {
-    if (auto it = g.find(key); it != g.end() && it->is_number_integer()) out = it->get<int>();
+  auto integer = [&](const char* key, std::optional<int>& out, int64_t min) {
+    auto it = g.find(key);
+    if (it == g.end() || !it->is_number_integer()) return;
+    int64_t v =
+        it->is_number_unsigned() && it->get<uint64_t>() > INT32_MAX ? int64_t{INT32_MAX} + 1 : it->get<int64_t>();
+    check_range(source, key, v, min, INT32_MAX);
+    out = static_cast<int>(v);
   };
-  real("temperature", d.temperature);
-  real("top_p", d.top_p);
-  real("min_p", d.min_p);
-  real("repetition_penalty", d.repetition_penalty);
-  integer("top_k", d.top_k);
-  integer("max_new_tokens", d.max_new_tokens);
-  d.eos_token_ids = int_or_list(g, "eos_token_id");
+  real("temperature", d.temperature, 0, 100, false);
+  real("top_p", d.top_p, 0, 1, true);
+  real("min_p", d.min_p, 0, 1, false);
+  real("repetition_penalty", d.repetition_penalty, 0, 10, true);
+  integer("top_k", d.top_k, -1);
+  integer("max_new_tokens", d.max_new_tokens, 1);
+  d.eos_token_ids = int_or_list(source, g, "eos_token_id");
   return d;
 }
 

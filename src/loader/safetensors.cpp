@@ -11,12 +11,25 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace tessera {
 
 namespace {
+
 constexpr uint64_t kMaxHeader = 100ull << 20;  // as HF safetensors: 100 MB
+
+// The JSON header, its nesting bounded before it is parsed.
+nlohmann::json parse_header(std::string_view text, const std::string& path) {
+  check_json_file_depth(text, path + " (safetensors header)");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kCorrupt, "{}: the JSON header does not parse ({})", path, json_error_text(e));
+  }
 }
+
+}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -65,12 +78,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
          header_len, size_ - 8, header_len > kMaxHeader ? " (over the 100 MB limit)" : "; the file is truncated");
   }
   header_end_ = 8 + header_len;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(static_cast<const char*>(map_) + 8, static_cast<const char*>(map_) + header_end_);
-  } catch (const std::exception& e) {
-    fail(ErrorKind::kCorrupt, "{}: the JSON header does not parse ({})", path, e.what());
-  }
+  nlohmann::json header = parse_header(std::string_view(static_cast<const char*>(map_) + 8, header_len), path);
   if (!header.is_object()) fail(ErrorKind::kCorrupt, "{}: the JSON header is not an object", path);
   size_t data_size = size_ - header_end_;
   for (auto& [name, v] : header.items()) {

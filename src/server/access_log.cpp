@@ -31,12 +31,16 @@ class LoggedExchange : public Exchange {
   std::shared_ptr<Exchange> inner_;
 };
 
+std::string request_line(const HttpRequest& r) {
+  return fmt::format("{} - \"{} {}{}{} HTTP/1.1\"", r.remote, r.method, r.path, r.query.empty() ? "" : "?", r.query);
+}
+
 }  // namespace
 
 std::shared_ptr<Exchange> with_access_log(const HttpRequest& r, std::shared_ptr<Exchange> inner) {
-  std::string line =
-      fmt::format("{} - \"{} {}{}{} HTTP/1.1\"", r.remote, r.method, r.path, r.query.empty() ? "" : "?", r.query);
-  return std::make_shared<LoggedExchange>(std::move(line), std::move(inner));
+  return std::make_shared<LoggedExchange>(request_line(r), std::move(inner));
 }
+
+void log_access(const HttpRequest& r, int status) { TLOG_INFO("{} {}", request_line(r), status); }
 
 }  // namespace tessera::server

@@ -10,5 +10,7 @@ namespace tessera::server {
 
 // An Exchange that logs the request line and status at respond()/start_stream(), then forwards.
 std::shared_ptr<Exchange> with_access_log(const HttpRequest& request, std::shared_ptr<Exchange> inner);
+// The same line for a request answered without an Exchange (refused by the header check).
+void log_access(const HttpRequest& request, int status);
 
 }  // namespace tessera::server

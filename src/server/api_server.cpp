@@ -199,6 +199,15 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    // The answer's size: tokens x top logprobs over every prompt and choice, bounded before anything runs.
+    std::vector<size_t> prompt_lengths;
+    for (const auto& prompt : pr.prompts) prompt_lengths.push_back(prompt.size());
+    std::string budget_param;
+    if (Status s = check_logprob_budget(prompt_lengths, per_prompt, opt.max_logprob_entries, &budget_param); !s.ok()) {
+      g->complete = true;
+      metrics.request_rejected();
+      bad(s.message(), budget_param);
+    }
     // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
     std::vector<GenerationRequest> reqs;
     std::vector<OutputCallback> callbacks;
@@ -560,7 +569,24 @@ struct ApiServer::Impl {
     if (!rq.ignored_tools.empty())
       TLOG_DEBUG("/v1/responses: ignoring tools this server cannot run: {}", fmt::join(rq.ignored_tools, ", "));
     const ojson chat_body = std::move(rq.chat);
-    chat(chat_body, ex, responses_writer(text, std::move(rq)));
+    try {
+      chat(chat_body, ex, responses_writer(text, std::move(rq)));
+    } catch (ApiError& e) {
+      // The request is read as a chat request whose max_tokens is the client's max_output_tokens: errors
+      // about it name the field the client sent.
+      rename_field(e, "max_output_tokens");
+      throw;
+    }
+  }
+
+  static void rename_field(ApiError& e, const std::string& name) {
+    auto replace_all = [](std::string& text, const std::string& from, const std::string& to) {
+      for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+        text.replace(at, from.size(), to);
+    };
+    replace_all(e.message, "'max_tokens' or 'max_completion_tokens'", "'" + name + "'");
+    replace_all(e.message, "max_tokens", name);
+    if (e.param == "max_tokens") e.param = name;
   }
 
   void count_tokens(const ojson& body, const std::shared_ptr<Exchange>& ex) {
@@ -599,6 +625,9 @@ struct ApiServer::Impl {
     std::vector<int32_t> ids;
     for (const auto& v : *t) {
       if (!v.is_number_integer()) bad("'tokens' must be a list of token ids", "tokens");
+      // Above 2^63 - 1 the id is read unsigned (as int64 it would print as a negative number).
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        bad(fmt::format("token id {} is outside the vocabulary", v.get<uint64_t>()), "tokens");
       int64_t id = v.get<int64_t>();
       if (id < 0 || id >= static_cast<int64_t>(std::max<size_t>(tok.vocab_size(), engine.vocab_size())))
         bad(fmt::format("token id {} is outside the vocabulary", id), "tokens");
@@ -626,6 +655,19 @@ struct ApiServer::Impl {
     const char* path;
     const char* method;
   };
+
+  // Whether `path` is answered only with a key: everything under /v1, unknown paths included, so that routes
+  // are not listed without one (vLLM's middleware does the same), and the routes outside /v1 that are not open.
+  static bool needs_key(const std::string& path) {
+    return path == "/v1" || path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  }
+
+  // The 401 for a request whose headers lack a valid key, before its body is read; nullopt otherwise.
+  std::optional<HttpResponse> check_headers(const HttpRequest& r) {
+    if (!needs_key(r.path) || authorized(r, opt.api_keys)) return std::nullopt;
+    const bool anthropic = r.path.rfind("/v1/messages", 0) == 0;
+    return error_response(anthropic, unauthorized(anthropic));
+  }
 
   // The route of `path`, after the key check that keeps routes under /v1 from being listed without one
   // (vLLM's middleware does the same); 404 and 405 otherwise.
@@ -755,6 +797,10 @@ ApiServer::~ApiServer() = default;
 
 void ApiServer::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange) {
   impl_->handle(std::move(request), exchange);
+}
+
+std::optional<HttpResponse> ApiServer::check_headers(const HttpRequest& request) const {
+  return impl_->check_headers(request);
 }
 
 std::string ApiServer::error_body(int status, const std::string& message) {

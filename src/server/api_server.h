@@ -4,6 +4,7 @@
 // engine thread).
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "loader/model_config.h"
 #include "server/http_types.h"
 #include "server/metrics.h"
+#include "server/sampling_params_json.h"
 
 namespace tessera::tokenizer {
 class Tokenizer;
@@ -35,6 +37,7 @@ struct ApiOptions {
   int max_messages = 4096;             // chat messages per request
   size_t max_prompt_bytes = 8u << 20;  // rendered chat prompt / prompt text
   int max_tokens_cap = 1 << 20;
+  int64_t max_logprob_entries = kMaxLogprobEntries;  // logprobs and prompt_logprobs of one request's answer
   int retry_after_seconds = 1;
 };
 
@@ -46,6 +49,9 @@ class ApiServer {
 
   // The HTTP layer's request handler (runs on the connection's strand).
   void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
+  // The HTTP layer's header check (HttpServer::set_header_check): a 401 for a request that needs a key and
+  // presents none that is valid, answered before its body is read.
+  std::optional<HttpResponse> check_headers(const HttpRequest& request) const;
   // OpenAI error body for errors the HTTP layer answers itself.
   static std::string error_body(int status, const std::string& message);
 

@@ -9,11 +9,12 @@
 #include <cctype>
 #include <chrono>
 #include <future>
+#include <list>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <thread>
-
-#include <poll.h>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -28,14 +29,55 @@ using tcp = asio::ip::tcp;
 // Not in the anonymous namespace: HttpServer::Impl (declared in the header) holds one.
 namespace http_server_detail {
 
+// A connection the acceptor may close to make room for a new one: one with no request being answered.
+struct Evictable {
+  virtual ~Evictable() = default;
+  // Closes the connection on its strand if it is still idle then.
+  virtual void evict_if_idle() = 0;
+  std::atomic<bool> idle{true}, evicting{false};
+};
+
 struct Shared {
   HttpServerOptions options;
   RequestHandler handler;
   ErrorBodyFn error_body;
+  HeaderCheckFn header_check;
   std::atomic<size_t> connections{0};
+
+  // Every connection, oldest first. Entries of closed connections expire and are pruned here, never by the
+  // connections themselves (a destructor that locked would deadlock when the last reference dies in the walk).
+  std::mutex sessions_mu;
+  std::list<std::weak_ptr<Evictable>> sessions;
+
+  void add_session(const std::shared_ptr<Evictable>& session) {
+    std::lock_guard<std::mutex> lock(sessions_mu);
+    if (sessions.size() > 2 * connections.load() + 64) sessions.remove_if([](const auto& w) { return w.expired(); });
+    sessions.push_back(session);
+  }
+
+  // Closes the oldest idle connection (idle keep-alive, or still sending its request) so that a new one can be
+  // served: idle connections must never lock out /health. False when every connection has a request in hand.
+  bool evict_oldest_idle() {
+    std::shared_ptr<Evictable> chosen;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu);
+      for (auto it = sessions.begin(); it != sessions.end() && !chosen;) {
+        std::shared_ptr<Evictable> s = it->lock();
+        if (!s) {
+          it = sessions.erase(it);
+          continue;
+        }
+        if (s->idle.load() && !s->evicting.exchange(true)) chosen = std::move(s);
+        ++it;
+      }
+    }
+    if (chosen) chosen->evict_if_idle();
+    return chosen != nullptr;
+  }
 };
 
 }  // namespace http_server_detail
+using http_server_detail::Evictable;
 using http_server_detail::Shared;
 
 namespace {
@@ -88,7 +130,7 @@ class ExchangeImpl : public Exchange {
   uint64_t gen_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public Evictable, public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, std::shared_ptr<Shared> shared) : stream_(std::move(socket)), sh_(std::move(shared)) {
     beast::error_code ec;
@@ -99,7 +141,14 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() { sh_->connections--; }
 
   void start() {
+    sh_->add_session(shared_from_this());
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+  void evict_if_idle() override {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (!self->in_exchange_) return self->close();
+      self->evicting = false;
+    });
   }
   auto executor() { return stream_.get_executor(); }
 
@@ -185,6 +234,14 @@ class Session : public std::enable_shared_from_this<Session> {
       fail_response(400, "an HTTP/1.1 request needs exactly one Host header");
       return;
     }
+    // Authentication (and whatever else can be judged from the headers) before the body: a refused request's
+    // body is never read into memory, and no 100 Continue invites it.
+    if (sh_->header_check) {
+      if (std::optional<HttpResponse> refusal = sh_->header_check(request_head(req))) {
+        refuse(std::move(*refusal));
+        return;
+      }
+    }
     auto expect = req[http::field::expect];
     if (!expect.empty()) {
       if (!beast::iequals(expect, "100-continue")) {
@@ -205,18 +262,43 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void read_body() {
     if (parser_->is_done()) return dispatch_request();
+    stream_.expires_after(sh_->options.read_timeout);  // for the whole body, not each read
+    parse_body();
+  }
+
+  // The body is parsed here rather than by http::async_read, so that a chunked body's trailer is bounded
+  // and answered: Beast keeps field sizes in 16 bits and throws std::length_error for a trailer field of
+  // 64 KiB or more, which escaped the read and dropped the connection unanswered.
+  void parse_body() {
+    beast::error_code ec;
+    try {
+      while (buffer_.size() > 0 && !parser_->is_done()) {
+        const size_t used = parser_->put(buffer_.data(), ec);
+        buffer_.consume(used);
+        if (ec == http::error::need_more) ec = {};
+        if (ec || used == 0) break;
+      }
+    } catch (const std::length_error&) {
+      return fail_response(431, "a trailer field of the chunked request body is larger than the server allows");
+    }
+    if (handle_read_error(ec)) return;
+    if (parser_->is_done()) return dispatch_request();
+    // Body bytes are consumed as they come; what stays is an unfinished chunk header or trailer, bounded
+    // as the header block is.
+    if (buffer_.size() > sh_->options.max_header_bytes)
+      return fail_response(431, "a chunk header or trailer of the request body is larger than the server allows");
     reading_ = true;
-    stream_.expires_after(sh_->options.read_timeout);
-    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    stream_.async_read_some(buffer_.prepare(64u << 10), [self = shared_from_this()](beast::error_code ec2, size_t n) {
       self->reading_ = false;
-      if (self->handle_read_error(ec)) return;
-      self->dispatch_request();
+      if (ec2 == asio::error::eof && self->parser_->got_some()) ec2 = http::error::partial_message;
+      if (self->handle_read_error(ec2)) return;
+      self->buffer_.commit(n);
+      self->parse_body();
     });
   }
 
-  void dispatch_request() {
-    auto msg = parser_->release();
-    parser_.reset();
+  // The request line and header fields as the API layer sees them (names in lower case); no body.
+  HttpRequest request_head(const http::request<http::string_body>& msg) const {
     HttpRequest r;
     r.method = std::string(msg.method_string());
     std::string target(msg.target());
@@ -230,10 +312,18 @@ class Session : public std::enable_shared_from_this<Session> {
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       r.headers.emplace_back(std::move(name), std::string(f.value()));
     }
-    r.body = std::move(msg.body());
     r.remote = remote_;
+    return r;
+  }
+
+  void dispatch_request() {
+    auto msg = parser_->release();
+    parser_.reset();
+    HttpRequest r = request_head(msg);
+    r.body = std::move(msg.body());
     head_request_ = msg.method() == http::verb::head;
     keep_alive_ = msg.keep_alive();
+    idle = false;
     in_exchange_ = true;
     exchange_done_ = false;
     streaming_ = false;
@@ -250,14 +340,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // While a request is handled a pending read notices a disconnect at once. What the client sends
-  // meanwhile (pipelined requests) is kept in the buffer, up to kWatchBuffer bytes; past that the socket
-  // is polled for a hang-up instead, so that no number of extra bytes hides a disconnect.
+  // meanwhile (pipelined requests) is kept in the buffer, up to kWatchBuffer bytes. Past that the
+  // connection is marked to close after this answer (the requests behind it go unanswered, which
+  // HTTP/1.1 clients retry), the kept bytes are dropped and the socket is read on, discarding, to its
+  // end: no number of pipelined bytes can hide a hang-up behind them (a FIN is only seen once every
+  // byte before it has been read).
   static constexpr size_t kWatchBuffer = 64u << 10;
   void watch() {
     if (reading_ || closed_) return;
-    if (buffer_.size() >= kWatchBuffer) return poll_hangup();
+    if (!discarding_ && buffer_.size() >= kWatchBuffer) {
+      keep_alive_ = false;
+      buffer_.consume(buffer_.size());
+      discarding_ = true;
+    }
     reading_ = true;
-    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    auto on_read = [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
       const AfterCancel after = self->after_cancel_;
       self->after_cancel_ = AfterCancel::kNone;
@@ -273,32 +370,22 @@ class Session : public std::enable_shared_from_this<Session> {
         self->close();
         return;
       }
-      self->buffer_.commit(n);
+      if (!self->discarding_) self->buffer_.commit(n);
       if (self->closed_) return;
       if (!self->in_exchange_) return self->read_header();  // the next keep-alive request began
       // A pipelined request: it waits in the buffer until this exchange completes; keep watching.
       if (!self->exchange_done_) self->watch();
-    });
-  }
-
-  // The watch buffer is full: look for a hang-up (POLLRDHUP: the peer closed, whatever is still unread)
-  // twice a second until the exchange completes.
-  void poll_hangup() {
-    if (closed_ || !in_exchange_ || exchange_done_ || polling_) return;
-    polling_ = true;
-    hangup_timer_.expires_after(std::chrono::milliseconds(500));
-    hangup_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      self->polling_ = false;
-      if (ec || self->closed_ || !self->in_exchange_ || self->exchange_done_) return;
-      pollfd p{self->stream_.socket().native_handle(), POLLRDHUP, 0};
-      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return self->close();
-      self->poll_hangup();
-    });
+    };
+    if (discarding_) {
+      stream_.async_read_some(asio::buffer(discard_), std::move(on_read));
+    } else {
+      stream_.async_read_some(buffer_.prepare(4096), std::move(on_read));
+    }
   }
 
   void exchange_complete() {
     in_exchange_ = false;
-    hangup_timer_.cancel();
+    idle = true;
     on_disconnect_ = nullptr;
     if (!keep_alive_) return lingering_close();
     if (!reading_) return read_header();  // read_header sets the idle keep-alive limit
@@ -347,6 +434,16 @@ class Session : public std::enable_shared_from_this<Session> {
     queue_write(std::move(s));
   }
 
+  // A request the header check refused: its answer, then the connection closes without reading the body.
+  void refuse(HttpResponse r) {
+    keep_alive_ = false;
+    closing_after_write_ = true;
+    std::string s = head(r.status, r.content_type, r.headers, false);
+    s += fmt::format("Content-Length: {}\r\n\r\n", r.body.size());
+    s += r.body;
+    queue_write(std::move(s));
+  }
+
   // Half-close and drain what the client still sends (bounded), so it reads our answer instead of a reset.
   void lingering_close() {
     if (closed_) return;
@@ -375,7 +472,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
-    hangup_timer_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -398,8 +494,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t gen_ = 0;
   bool reading_ = false, writing_ = false, closed_ = false;
   bool in_exchange_ = false, exchange_done_ = false, streaming_ = false;
-  bool keep_alive_ = true, closing_after_write_ = false, head_request_ = false, polling_ = false;
-  asio::steady_timer hangup_timer_{stream_.get_executor()};
+  bool keep_alive_ = true, closing_after_write_ = false, head_request_ = false, discarding_ = false;
   // What the handler of a deliberately cancelled watch read does next.
   enum class AfterCancel { kNone, kReadHeader, kDrain } after_cancel_ = AfterCancel::kNone;
   std::function<void()> on_disconnect_;
@@ -448,7 +543,7 @@ struct HttpServer::Impl {
         });
         return;
       }
-      if (sh->connections.load() >= static_cast<size_t>(sh->options.max_connections)) {
+      if (sh->connections.load() >= static_cast<size_t>(sh->options.max_connections) && !sh->evict_oldest_idle()) {
         auto sock = std::make_shared<tcp::socket>(std::move(socket));
         std::string body = sh->error_body(503, "too many open connections; retry later");
         auto msg = std::make_shared<std::string>(head(503, "application/json", {{"Retry-After", "1"}}, false) +
@@ -475,6 +570,8 @@ HttpServer::HttpServer(HttpServerOptions options, RequestHandler handler, ErrorB
 }
 
 HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::set_header_check(HeaderCheckFn check) { impl_->sh->header_check = std::move(check); }
 
 void HttpServer::start() {
   auto& o = impl_->sh->options;

@@ -21,13 +21,18 @@ struct HttpServerOptions {
   std::chrono::milliseconds read_timeout{30000};
   // Time for one write to complete (a client that stops reading is closed).
   std::chrono::milliseconds write_timeout{60000};
-  int max_connections = 4096;  // beyond this new connections get 503 and are closed
+  // Beyond this a new connection closes the oldest idle one (waiting for a request, or for the rest of its
+  // headers or body) to make room, so idle connections never lock out /health; only when every connection
+  // has a request being answered does a new one get 503 and close.
+  int max_connections = 4096;
 };
 
 class HttpServer {
  public:
   HttpServer(HttpServerOptions options, RequestHandler handler, ErrorBodyFn error_body);
   ~HttpServer();
+  // Checks each request's headers before its body is read (authentication); set before start().
+  void set_header_check(HeaderCheckFn check);
   // Binds and listens (throws tessera::Error naming host:port when it cannot), starts the threads.
   void start();
   int port() const;  // the bound port (useful with port 0)

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,6 +56,11 @@ class Exchange {
 
 // Called on the connection's strand for each complete request. It may answer at once or later.
 using RequestHandler = std::function<void(HttpRequest&&, std::shared_ptr<Exchange>)>;
+
+// Called on the connection's strand when a request's headers are in, before its body is read (`body` is
+// empty). A response refuses the request: it is sent at once (before any 100 Continue), the body is never
+// read into memory, and the connection closes. nullopt: the body is read and the RequestHandler called.
+using HeaderCheckFn = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
 
 // Status line reason phrases and the error body for failures the HTTP layer answers itself
 // (413, 431, 400 for unparseable HTTP) come from the API layer through this hook.

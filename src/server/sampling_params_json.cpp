@@ -146,4 +146,36 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
   return Status::Ok();
 }
 
+Status check_logprob_budget(const std::vector<size_t>& prompt_lengths, const std::vector<SamplingParams>& params,
+                            int64_t limit, std::string* param) {
+  // Entry counts, saturating at INT64_MAX instead of wrapping.
+  auto times = [](int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+  };
+  auto plus = [](int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+  };
+  int64_t generated = 0, prompt = 0;
+  for (size_t i = 0; i < params.size() && i < prompt_lengths.size(); ++i) {
+    const SamplingParams& p = params[i];
+    const int64_t n = std::max(1, p.n);
+    if (p.logprobs >= 0)
+      generated = plus(generated, times(times(n, std::max(0, p.max_tokens)), int64_t{p.logprobs} + 1));
+    if (p.prompt_logprobs >= 0) {
+      const auto length = static_cast<int64_t>(std::min<size_t>(prompt_lengths[i], INT64_MAX));
+      prompt = plus(prompt, times(times(n, length), int64_t{p.prompt_logprobs} + 1));
+    }
+  }
+  if (plus(generated, prompt) <= limit) return Status::Ok();
+  const bool prompt_side = prompt >= generated;
+  if (param) *param = prompt_side ? "prompt_logprobs" : "logprobs";
+  return Status(ErrorKind::kInvalidArgument,
+                fmt::format("this request asks for {} logprob entries (tokens x (top logprobs + 1), for "
+                            "every prompt and choice), more than the {} one response may hold; ask for fewer {}, "
+                            "fewer tokens (max_tokens or a shorter prompt), or fewer prompts or choices (n)",
+                            plus(generated, prompt), limit, prompt_side ? "prompt_logprobs" : "top logprobs"));
+}
+
 }  // namespace tessera::server

@@ -4,6 +4,11 @@
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 #include "engine/sampling_params.h"
 
@@ -15,5 +20,16 @@ namespace tessera::server {
 // top_logprobs, prompt_logprobs (int), logit_bias {"id": bias}) over `p`. Wrong types fail with the
 // field name. max_tokens 0 is read (validate_sampling_params allows it only with prompt_logprobs).
 Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);
+
+// The most logprob entries one request's answer may hold (each an object in the response body, tens of
+// bytes of JSON): 2^20, enough to score a 40,960-token prompt with prompt_logprobs 20.
+inline constexpr int64_t kMaxLogprobEntries = int64_t{1} << 20;
+
+// Bounds the logprob entries of one request (all its prompts, `params[i]` for `prompt_lengths[i]`): per prompt
+// and each of its n choices, max_tokens x (logprobs + 1) when logprobs are asked for, plus prompt tokens x
+// (prompt_logprobs + 1) when prompt logprobs are. Over `limit`, an error naming the count, the limit and
+// what to lower, with *param the field that asks for the most ("logprobs" or "prompt_logprobs").
+Status check_logprob_budget(const std::vector<size_t>& prompt_lengths, const std::vector<SamplingParams>& params,
+                            int64_t limit, std::string* param);
 
 }  // namespace tessera::server

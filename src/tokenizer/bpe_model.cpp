@@ -60,18 +60,30 @@ BpeModel::BpeModel(const nlohmann::json& model, bool byte_level) : byte_level_(b
   byte_fallback_ = model.value("byte_fallback", false);
 
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::get();
-  vocab_.reserve(model.at("vocab").size());
-  piece_to_id_.reserve(model.at("vocab").size());
+  const size_t entries = model.at("vocab").size();
+  if (entries == 0) fail(ErrorKind::kCorrupt, "tokenizer.json: model.vocab is empty; the tokenizer has no tokens");
+  const size_t id_bound = entries + kTokenIdMargin;
+  vocab_.reserve(entries);
+  piece_to_id_.reserve(entries);
   for (const auto& [token, id_json] : model.at("vocab").items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > INT32_MAX) {
-      fail(ErrorKind::kCorrupt, "tokenizer.json: vocab entry '{}' has no valid id", token);
+      fail(ErrorKind::kCorrupt, "tokenizer.json: vocab entry '{}' has no valid id (a non-negative integer): {}", token,
+           id_json.dump());
     }
     auto id = id_json.get<int32_t>();
+    if (static_cast<size_t>(id) >= id_bound)
+      fail(ErrorKind::kCorrupt,
+           "tokenizer.json: vocab entry '{}' has id {}, far past the {} tokens model.vocab defines (ids must stay "
+           "below {}); the file is damaged",
+           token, id, entries, id_bound);
     vocab_.emplace(token, id);
     if (static_cast<size_t>(id) >= id_to_token_.size()) {
       id_to_token_.resize(id + 1);
       id_present_.resize(id + 1, 0);
     }
+    if (id_present_[id])
+      fail(ErrorKind::kCorrupt, "tokenizer.json: vocab entries '{}' and '{}' both have id {}; each id names one token",
+           id_to_token_[id], token, id);
     id_to_token_[id] = token;
     id_present_[id] = 1;
     if (byte_level_) {

@@ -19,9 +19,15 @@
 
 namespace tessera::tokenizer {
 
+// Token ids size per-id tables, so an id far past the tokens a file defines (an added token with id
+// 10^8) would allocate gigabytes. Ids must stay below the number of tokens defined plus this margin,
+// which leaves room for the gaps and reserved ranges of real vocabularies.
+inline constexpr size_t kTokenIdMargin = 1 << 16;
+
 class BpeModel {
  public:
-  // Throws tessera::Error for a model that is not BPE, a merge of unknown tokens, and the like.
+  // Throws tessera::Error for a model that is not BPE, a merge of unknown tokens, an empty vocabulary, two
+  // tokens with one id, an id at or past vocab size + kTokenIdMargin, and the like.
   BpeModel(const nlohmann::json& model, bool byte_level);
 
   // Appends the ids of one pre-token (raw text, not in the byte alphabet).

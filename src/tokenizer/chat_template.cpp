@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_depth.h"
 #include "tokenizer/jinja/builtins.h"
 
 namespace tessera::tokenizer {
@@ -17,6 +18,7 @@ std::optional<std::string> read_file(const std::filesystem::path& path) {
 }
 
 nlohmann::ordered_json parse_json_file(const std::filesystem::path& path, const std::string& text) {
+  check_json_file_depth(text, path.string());
   try {
     return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -95,6 +97,16 @@ ChatTemplate::ChatTemplate(std::string source, jinja::Dict special_tokens)
       special_tokens_(std::move(special_tokens)),
       content_format_(loops_over_content(template_->body()) ? ContentFormat::kOpenAI : ContentFormat::kString) {}
 
+ChatTemplate ChatTemplate::from_file_text(std::string source, jinja::Dict special_tokens,
+                                          const std::filesystem::path& origin) {
+  try {
+    return ChatTemplate(std::move(source), std::move(special_tokens));
+  } catch (const jinja::TemplateError& e) {
+    // The syntax error's line is within the template, which may sit inside a JSON file: name the file too.
+    throw jinja::TemplateError(e.message(), e.line(), e.raised_by_template(), "chat template from " + origin.string());
+  }
+}
+
 ChatTemplate ChatTemplate::from_source(std::string_view source, std::string_view tokenizer_config_json) {
   jinja::Dict tokens;
   if (!tokenizer_config_json.empty()) {
@@ -113,19 +125,19 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir,
   if (template_file) {
     std::optional<std::string> source = read_file(*template_file);
     if (!source) fail(ErrorKind::kNotFound, "cannot read the chat template file {}", template_file->string());
-    return ChatTemplate(std::move(*source), std::move(tokens));
+    return from_file_text(std::move(*source), std::move(tokens), *template_file);
   }
   if (std::optional<std::string> source = read_file(dir / "chat_template.jinja")) {
-    return ChatTemplate(std::move(*source), std::move(tokens));
+    return from_file_text(std::move(*source), std::move(tokens), dir / "chat_template.jinja");
   }
   std::filesystem::path json_path = dir / "chat_template.json";
   if (std::optional<std::string> text = read_file(json_path)) {
     if (auto source = template_from_config(parse_json_file(json_path, *text), json_path.string())) {
-      return ChatTemplate(std::move(*source), std::move(tokens));
+      return from_file_text(std::move(*source), std::move(tokens), json_path);
     }
   }
   if (auto source = template_from_config(config, config_path.string())) {
-    return ChatTemplate(std::move(*source), std::move(tokens));
+    return from_file_text(std::move(*source), std::move(tokens), config_path);
   }
   fail(ErrorKind::kNotFound,
        "no chat template in {} (looked for chat_template.jinja, chat_template.json and "

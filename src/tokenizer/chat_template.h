@@ -22,7 +22,8 @@ class ChatTemplate {
   // Where the template comes from, first found wins: `template_file` (--chat-template), DIR/chat_template.jinja,
   // DIR/chat_template.json {"chat_template": ...}, DIR/tokenizer_config.json "chat_template" (a string, or a list
   // of {"name", "template"} of which "default" is used). Special tokens come from DIR/tokenizer_config.json when
-  // present. Throws tessera::Error when there is no template, or jinja::TemplateError for a syntax error.
+  // present. Throws tessera::Error when there is no template, or jinja::TemplateError naming the file and line for
+  // a syntax error or a template nested past jinja::kMaxTemplateNesting.
   static ChatTemplate from_model_dir(const std::filesystem::path& dir,
                                      const std::optional<std::filesystem::path>& template_file = std::nullopt);
   // `tokenizer_config_json` may be empty; it supplies bos_token, eos_token, unk_token and pad_token.
@@ -49,6 +50,8 @@ class ChatTemplate {
 
  private:
   ChatTemplate(std::string source, jinja::Dict special_tokens);
+  static ChatTemplate from_file_text(std::string source, jinja::Dict special_tokens,
+                                     const std::filesystem::path& origin);
 
   std::string source_;
   std::shared_ptr<const jinja::Template> template_;

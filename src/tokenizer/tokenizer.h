@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "tokenizer/added_vocabulary.h"
 
 namespace tessera::tokenizer {
@@ -24,11 +26,15 @@ struct SpecialTokenFrame;
 class Tokenizer {
  public:
   // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json (extra added tokens,
-  // bos/eos, add_bos_token). Throws tessera::Error naming the file and what is wrong.
+  // bos/eos, add_bos_token). Throws tessera::Error naming the file and what is wrong: besides malformed
+  // fields, an empty vocabulary, two tokens with one id, and an id at or past the number of tokens the
+  // files define plus kTokenIdMargin (ids size per-id tables). A bos/eos token that is in neither the
+  // vocabulary nor the added tokens is logged as a warning.
   static std::unique_ptr<Tokenizer> from_dir(const std::filesystem::path& dir);
-  // config_json may be empty (no tokenizer_config.json).
+  // config_json may be empty (no tokenizer_config.json). `origin` and `config_origin` name the two files in errors.
   static std::unique_ptr<Tokenizer> from_json_text(std::string_view tokenizer_json, std::string_view config_json,
-                                                   const std::string& origin = "tokenizer.json");
+                                                   const std::string& origin = "tokenizer.json",
+                                                   const std::string& config_origin = "tokenizer_config.json");
   ~Tokenizer();
 
   // Ids as HF's tokenizer.encode(text, add_special_tokens).ids. With add_special_tokens the
@@ -61,6 +67,10 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  void load_parts(const nlohmann::json& root, const std::string& origin);
+  void load_added_tokens(const nlohmann::json& root, const nlohmann::json& config, const std::string& origin,
+                         const std::string& config_origin);
+  void load_special_tokens(const nlohmann::json& config, const std::string& config_origin);
   void encode_plain_text(std::string_view text, std::vector<int32_t>& ids) const;
   void encode_normalized_text(std::string_view text, std::vector<int32_t>& ids) const;
 

@@ -57,12 +57,20 @@ overload() {
 }
 
 drain() {
-  # A live stream during SIGTERM ends with a finish_reason and [DONE]; new connections are refused.
+  # A live stream during SIGTERM ends with a finish_reason and [DONE]. Until it is done the listener stays
+  # open: /health answers 503 and a new generation request 503 (before, the listener closed first and
+  # load balancers saw refused connections instead).
   curl -sS -N -H "Authorization: Bearer $TESSERA_API_KEY" -H 'content-type: application/json' \
     "$TESSERA_URL/v1/chat/completions" \
     -d '{"model":"qwen3-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true,"stream":true}' >"$TMP/d" & p=$!
   sleep 1
   kill -TERM "$TESSERA_PID"
+  sleep 0.2
+  code="$(curl -s -o /dev/null -w '%{http_code}' "$TESSERA_URL/health")"
+  [ "$code" = 503 ] || fail "/health during the drain: expected 503, got $code"
+  code="$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $TESSERA_API_KEY" -H 'content-type: application/json' \
+    "$TESSERA_URL/v1/completions" -d '{"model":"qwen3-tiny","prompt":"x","max_tokens":2}')"
+  [ "$code" = 503 ] || fail "a new request during the drain: expected 503, got $code"
   wait "$p" || fail "stream broke during drain"
   ends_done "$TMP/d" || fail "drained stream does not end with [DONE]"
   grep -q '"finish_reason":"\(abort\|length\)"' "$TMP/d" || fail "no finish_reason in the drained stream"

@@ -303,6 +303,80 @@ TEST(ModelConfig, InconsistentOrMissingSizesFail) {
   error_of(j, ErrorKind::kCorrupt);
 }
 
+TEST(ModelConfig, OutOfRangeValuesFailNamingTheField) {
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"rope_theta", 0},
+      {"rope_theta", -10000.0},
+      {"rope_theta", 1e999},  // parses as infinity
+      {"rms_norm_eps", 0},
+      {"rms_norm_eps", -1e-6},
+      {"partial_rotary_factor", 0},
+      {"partial_rotary_factor", 1.5},
+      {"hidden_size", 1 << 21},
+      {"intermediate_size", -1},
+      {"num_hidden_layers", 100000},
+      {"num_attention_heads", 1 << 13},
+      {"vocab_size", 1 << 25},
+      {"head_dim", 1 << 15},
+      {"max_position_embeddings", 0},
+      {"eos_token_id", -1},
+      {"eos_token_id", json::array({2, "x"})},
+      {"eos_token_id", int64_t{1} << 40},
+  };
+  for (const auto& [key, value] : bad) {
+    SCOPED_TRACE(key + "=" + value.dump());
+    json j = base_config();
+    j[key] = value;
+    std::string message = error_of(j, ErrorKind::kCorrupt);
+    EXPECT_NE(message.find("'" + key + "'"), std::string::npos) << message;
+  }
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.0}};
+  EXPECT_NE(error_of(j, ErrorKind::kCorrupt).find("rope_scaling.factor"), std::string::npos);
+  // The edges of the ranges still load.
+  j = base_config();
+  j["partial_rotary_factor"] = 1.0;
+  j["rope_theta"] = 1e9;
+  EXPECT_NO_THROW(parse(j));
+}
+
+// A generation_config.json default the engine would refuse (temperature -1) made every request that sets
+// no temperature fail with a 400 blaming the client; it now fails at load, naming the file and field.
+TEST(ModelConfig, GenerationConfigOutOfRangeFailsAtLoadNamingFileAndField) {
+  testing::TempDir tmp;
+  const std::string file = (tmp.path() / "generation_config.json").string();
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"temperature", -1},
+      {"temperature", 101},
+      {"top_p", 0},
+      {"top_p", 1.5},
+      {"min_p", 2},
+      {"min_p", -0.1},
+      {"repetition_penalty", 0},
+      {"repetition_penalty", 11},
+      {"top_k", -2},
+      {"top_k", int64_t{1} << 40},
+      {"max_new_tokens", 0},
+      {"eos_token_id", -5},
+      {"eos_token_id", json::array({1, 2.5})},
+  };
+  for (const auto& [key, value] : bad) {
+    SCOPED_TRACE(key + "=" + value.dump());
+    testing::write_file(file, json{{key, value}}.dump());
+    try {
+      load_generation_config(tmp.path().string());
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find(file + ": '" + key + "'"), std::string::npos) << e.what();
+    }
+  }
+  testing::write_file(file, R"({"temperature": 0, "top_p": 1, "min_p": 0, "top_k": -1, "max_new_tokens": 1})");
+  GenerationDefaults g = load_generation_config(tmp.path().string());
+  EXPECT_EQ(*g.temperature, 0.0);
+  EXPECT_EQ(*g.top_k, -1);
+}
+
 TEST(ModelConfig, WrongTypesAreTesseraErrorsNamingFileAndField) {
   for (auto [key, value] : std::vector<std::pair<std::string, json>>{{"hidden_size", "64"},
                                                                      {"architectures", {42}},

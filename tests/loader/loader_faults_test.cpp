@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -121,6 +122,31 @@ TEST_F(LoaderFaults, ConfigNotJson) {
 TEST_F(LoaderFaults, GenerationConfigNotJson) {
   testing::write_file(dir_ / "generation_config.json", "{\"eos_token_id\": ");
   expect_error(load_fails(), ErrorKind::kCorrupt, {(dir_ / "generation_config.json").string()});
+}
+
+// JSON nested 100,000 deep: `{"a": [[[[...]]]]}`. Loading it overflowed the stack before the depth bound.
+std::string deeply_nested_json(const std::string& key) {
+  return "{\"" + key + "\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+}
+
+TEST_F(LoaderFaults, DeeplyNestedConfigIsRefusedNamingTheFile) {
+  testing::write_file(dir_ / "config.json", deeply_nested_json("architectures"));
+  Failure f = load_fails();
+  expect_error(f, ErrorKind::kCorrupt, {(dir_ / "config.json").string(), "nested deeper than 128"});
+}
+
+TEST_F(LoaderFaults, DeeplyNestedGenerationConfigIsRefusedNamingTheFile) {
+  testing::write_file(dir_ / "generation_config.json", deeply_nested_json("eos_token_id"));
+  expect_error(load_fails(), ErrorKind::kCorrupt, {(dir_ / "generation_config.json").string(), "nested deeper"});
+}
+
+TEST_F(LoaderFaults, DeeplyNestedSafetensorsHeaderIsRefusedNamingTheFile) {
+  std::string header = deeply_nested_json("__metadata__");
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  testing::write_file(st_path_, out + header + st_.data);
+  expect_both(ErrorKind::kCorrupt, {file(), "nested deeper"});
 }
 
 TEST_F(LoaderFaults, MissingWeightsFile) {
@@ -410,6 +436,11 @@ TEST_F(ShardedFaults, IndexNotJsonOrWithoutWeightMap) {
   expect_error(load_fails(), ErrorKind::kCorrupt, {index_path_.string(), "weight_map"});
   testing::write_file(index_path_, "{\"weight_map\": {\"model.norm.weight\": 7}}");
   expect_error(load_fails(), ErrorKind::kCorrupt, {index_path_.string(), "model.norm.weight"});
+}
+
+TEST_F(ShardedFaults, DeeplyNestedIndexIsRefusedNamingTheFile) {
+  testing::write_file(index_path_, deeply_nested_json("weight_map"));
+  expect_error(load_fails(), ErrorKind::kCorrupt, {index_path_.string(), "nested deeper"});
 }
 
 TEST_F(ShardedFaults, TensorMissingFromEveryShard) {

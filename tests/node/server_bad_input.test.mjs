@@ -119,6 +119,15 @@ const cases = [
   ['max_tokens zero', () => chat(base({ max_tokens: 0 })), 400, /max_tokens/],
   ['max_tokens huge', () => chat(base({ max_tokens: 1e20 })), 400, /max_tokens/],
   ['max_tokens past the context', () => chat(base({ max_tokens: 4090 })), 400, /maximum context length is 4096/],
+  // Logprob entries of one answer are bounded (2^20): 16 choices x 4,000 tokens x (20 + 1), and 16 prompts of
+  // 3,500 tokens x (20 + 1) prompt logprobs, would each make a response of about 100 MB.
+  ['logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: 'hi', max_tokens: 4000, n: 16, logprobs: 20 }), 400, /logprob entries.*more than the 1048576/],
+  ['prompt_logprobs over the response budget', () => send('/v1/completions', { model: MODEL, prompt: Array.from({ length: 16 }, () => Array.from({ length: 3500 }, (_, i) => 100 + (i % 1000))), max_tokens: 1, prompt_logprobs: 20 }), 400, /logprob entries.*fewer prompt_logprobs/],
+  // Errors about a Responses request's max_output_tokens name that field, not the max_tokens it becomes inside.
+  ...[['a string', 'ten'], ['huge', 1e20]].map(([what, value]) =>
+    [`/v1/responses: max_output_tokens ${what}`, () => send('/v1/responses', { model: MODEL, input: 'hi', max_output_tokens: value }), 400, /^(?!.*\bmax_tokens\b).*max_output_tokens/]),
+  // A token id above 2^63 - 1 is reported as sent, not wrapped to a negative number.
+  ['/detokenize: token id 2^63', () => send('/detokenize', '{"tokens": [9223372036854775808]}', { raw: true }), 400, /token id 9223372036854775808 is outside/],
   ['temperature is a string', () => chat(base({ temperature: 'hot' })), 400, /temperature/],
   ['temperature negative', () => chat(base({ temperature: -1 })), 400, /temperature/],
   ['top_p above 1', () => chat(base({ top_p: 5 })), 400, /top_p/],
@@ -284,6 +293,18 @@ test('auth: routes under /v1 cannot be listed without the key', async () => {
   await stillServing();
 });
 
+// Without a valid key the answer comes as soon as the headers are in: the body (never sent here) is not
+// awaited, where before the server waited for it until the read timeout closed the connection unanswered.
+test('auth: a request without a key is answered 401 before its body', async () => {
+  const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: ${HOST}:${PORT}\r\nContent-Type: application/json\r\n` +
+    'Content-Length: 1000000\r\n\r\n{"model":';
+  const { data, ms } = await rawExchange([head], { waitMs: 1500 });
+  assert.match(data, /^HTTP\/1\.1 401 /, data.slice(0, 200));
+  assert.match(data, /Connection: close/i);
+  assert.ok(ms < 1500, `answered after ${ms} ms`);
+  await stillServing();
+});
+
 test('bad input: body over --max-request-body-bytes gets 413', async () => {
   const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(11 << 20) }] });
   const r = await send('/v1/chat/completions', big, { raw: true });
@@ -320,7 +341,8 @@ test('bad input: bad HTTP version gets 400', async () => {
 });
 
 test('bad input: unsupported Expect gets 417', async () => {
-  const r = await rawExchange(['POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n{}']);
+  // With the key: a request without one is answered 401 from its headers, before the Expect is looked at.
+  const r = await rawExchange([`POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n{}`]);
   assert.match(r.data, /^HTTP\/1\.1 417 /);
   await stillServing();
 });
@@ -338,7 +360,7 @@ test('bad input: slowloris headers are cut by the read timeout', async () => {
 });
 
 test('bad input: a body that never completes is cut by the read timeout', async () => {
-  const r = await rawExchange(['POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'], { waitMs: 15000 });
+  const r = await rawExchange([`POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Length: 100\r\n\r\n{"pro`], { waitMs: 15000 });
   assert.equal(r.data, '');
   assert.ok(r.ms < 6000, `closed after ${r.ms} ms`);
   await stillServing();

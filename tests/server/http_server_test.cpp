@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/async_engine.h"
 #include "server/api_server.h"
@@ -59,9 +60,10 @@ std::string read_until(int fd, const std::string& until) {
 }
 
 struct Fixture : ::testing::Test {
-  std::atomic<int> disconnects{0};
+  std::atomic<int> disconnects{0}, handled{0};
   std::unique_ptr<HttpServer> server;
-  void SetUp() override {
+  void SetUp() override { start(options()); }
+  static HttpServerOptions options() {
     HttpServerOptions o;
     o.host = "127.0.0.1";
     o.port = 0;
@@ -69,9 +71,19 @@ struct Fixture : ::testing::Test {
     o.max_body_bytes = 1000;
     o.max_header_bytes = 2048;
     o.read_timeout = std::chrono::milliseconds(1000);
+    return o;
+  }
+  // /secret needs an Authorization header (checked before the body); /hold is never answered.
+  void start(const HttpServerOptions& o) {
+    if (server) server->stop();
     server = std::make_unique<HttpServer>(
         o,
         [this](HttpRequest&& r, std::shared_ptr<Exchange> ex) {
+          handled++;
+          if (r.path == "/hold") {
+            ex->on_disconnect([this] { disconnects++; });
+            return;
+          }
           if (r.path == "/stream") {
             ex->on_disconnect([this] { disconnects++; });
             ex->start_stream(200, "text/event-stream", {});
@@ -85,7 +97,14 @@ struct Fixture : ::testing::Test {
           ex->respond(HttpResponse{200, "text/plain", {}, r.method + " " + r.path + " " + r.body});
         },
         &ApiServer::error_body);
+    server->set_header_check([](const HttpRequest& r) -> std::optional<HttpResponse> {
+      if (r.path != "/secret" || r.header("authorization")) return std::nullopt;
+      return HttpResponse{401, "application/json", {}, R"({"error": "key"})"};
+    });
     server->start();
+  }
+  void wait_for(const std::atomic<int>& counter, int value) {
+    for (int i = 0; i < 300 && counter.load() < value; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   void TearDown() override { server->stop(); }
 };
@@ -156,6 +175,102 @@ TEST_F(Fixture, DisconnectMidStreamIsReported) {
   close(fd);
   for (int i = 0; i < 200 && disconnects.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(disconnects.load(), 1);
+}
+
+// A request without a valid key is answered 401 right after its headers: its body is never awaited (the
+// read timeout would have closed the connection without an answer), the handler never runs, and the
+// connection closes.
+TEST_F(Fixture, RefusedHeadersAreAnsweredBeforeTheBody) {
+  int fd = connect_to(server->port());
+  const auto t0 = std::chrono::steady_clock::now();
+  send_all(fd, "POST /secret HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\nonly part of the body");
+  std::string r = read_until(fd, "");  // until the server closes
+  EXPECT_EQ(r.rfind("HTTP/1.1 401 ", 0), 0u) << r;
+  EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900));
+  close(fd);
+  // With Expect: 100-continue the client is never invited to send the body.
+  fd = connect_to(server->port());
+  send_all(fd, "POST /secret HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\nExpect: 100-continue\r\n\r\n");
+  r = read_until(fd, "");
+  EXPECT_EQ(r.rfind("HTTP/1.1 401 ", 0), 0u) << r;
+  EXPECT_EQ(r.find("100 Continue"), std::string::npos) << r;
+  close(fd);
+  EXPECT_EQ(handled.load(), 0);
+  // With the header the request goes through.
+  fd = connect_to(server->port());
+  send_all(fd, "POST /secret HTTP/1.1\r\nHost: x\r\nAuthorization: k\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_NE(read_until(fd, "POST /secret abc").find("200 OK"), std::string::npos);
+  close(fd);
+}
+
+// A request followed by more pipelined bytes than the server keeps, then a disconnect: the hang-up sits behind
+// those bytes (a FIN is delivered after the data before it, which a full receive window holds back), so the
+// server must read on to see it. Before, the watch stopped reading at 64 KiB and the request ran on.
+TEST_F(Fixture, DisconnectBehindPipelinedBytesIsReported) {
+  int fd = connect_to(server->port());
+  send_all(fd, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+  wait_for(handled, 1);
+  ASSERT_EQ(handled.load(), 1);
+  const std::string filler(64 << 10, 'x');
+  size_t sent = 0;
+  for (int i = 0; i < 256; ++i) {  // until the socket buffers are full: up to 16 MiB
+    ssize_t n = ::send(fd, filler.data(), filler.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  EXPECT_GT(sent, size_t{200} << 10);
+  close(fd);
+  wait_for(disconnects, 1);
+  EXPECT_EQ(disconnects.load(), 1);
+}
+
+// Idle connections (here every slot, none of them sending a request) do not lock out /health: a new
+// connection closes the oldest idle one. Before, past max_connections every new connection got 503.
+TEST_F(Fixture, IdleConnectionsNeverLockOutHealth) {
+  HttpServerOptions o = options();
+  o.max_connections = 4;
+  o.read_timeout = std::chrono::milliseconds(30000);  // the idle ones would otherwise time out
+  start(o);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(connect_to(server->port()));
+  for (int i = 0; i < 300 && server->open_connections() < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(server->open_connections(), 4u);
+  int fd = connect_to(server->port());
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string r = read_until(fd, "GET /health ");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 ", 0), 0u) << r;
+  close(fd);
+  // The oldest idle connection was closed to make room.
+  char byte;
+  EXPECT_EQ(recv(idle[0], &byte, 1, 0), 0);
+  // Connections with a request in hand are never closed for room: with all four held, a new one gets 503.
+  for (int& c : idle) {
+    close(c);
+    c = connect_to(server->port());
+    send_all(c, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+  }
+  wait_for(handled, 5);
+  for (int i = 0; i < 300 && server->open_connections() > 4; ++i)  // the closed ones are gone
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(server->open_connections(), 4u);
+  fd = connect_to(server->port());
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(read_until(fd, "}}").rfind("HTTP/1.1 503 ", 0), 0u);
+  close(fd);
+  for (int c : idle) close(c);
+}
+
+// A chunked body whose trailer is 64 KiB or more is answered (431 or 400) and closed, not left unanswered.
+TEST_F(Fixture, LargeChunkedTrailerIsAnswered) {
+  int fd = connect_to(server->port());
+  send_all(fd, "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: " +
+                   std::string(70000, 'a') + "\r\n\r\n");
+  std::string r = read_until(fd, "}}");
+  EXPECT_TRUE(r.rfind("HTTP/1.1 431 ", 0) == 0 || r.rfind("HTTP/1.1 400 ", 0) == 0) << r.substr(0, 200);
+  close(fd);
+  EXPECT_EQ(handled.load(), 0);
 }
 
 TEST(Metrics, RendersVllmNamesAndHistograms) {

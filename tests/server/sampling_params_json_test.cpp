@@ -103,5 +103,37 @@ TEST(SamplingParamsJson, PromptLogprobsAndMaxTokensZero) {
   EXPECT_FALSE(validate_sampling_params(p, 100).ok()) << "max_tokens 0 without prompt_logprobs";
 }
 
+// prompt_logprobs 20 over a long prompt, or logprobs over many choices, made answers of hundreds of MB;
+// a request is bounded by tokens x (top logprobs + 1) over its prompts and choices.
+TEST(LogprobBudget, RequestsPastTheLimitAreRefusedNamingTheFieldAndLimit) {
+  SamplingParams scoring;
+  scoring.max_tokens = 0;
+  scoring.prompt_logprobs = 20;
+  std::string param;
+  // 40,960 prompt tokens x 21 = 860,160 entries: a full-context scoring request fits.
+  EXPECT_TRUE(check_logprob_budget({40960}, {scoring}, kMaxLogprobEntries, &param).ok());
+  Status s = check_logprob_budget({40960, 40960}, {scoring, scoring}, kMaxLogprobEntries, &param);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(param, "prompt_logprobs");
+  EXPECT_NE(s.message().find("more than the 1048576 one response may hold"), std::string::npos) << s.message();
+
+  SamplingParams sampled;
+  sampled.n = 16;
+  sampled.max_tokens = 4096;
+  sampled.logprobs = 20;  // 16 x 4,096 x 21 = 1,376,256
+  param.clear();
+  s = check_logprob_budget({10}, {sampled}, kMaxLogprobEntries, &param);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(param, "logprobs");
+  EXPECT_NE(s.message().find("fewer top logprobs"), std::string::npos) << s.message();
+  sampled.logprobs = -1;  // no logprobs asked: nothing to bound
+  EXPECT_TRUE(check_logprob_budget({10}, {sampled}, kMaxLogprobEntries, &param).ok());
+  // Huge values do not overflow the count.
+  sampled.logprobs = 20;
+  sampled.max_tokens = INT32_MAX;
+  EXPECT_FALSE(check_logprob_budget({size_t{1} << 40}, {sampled}, kMaxLogprobEntries, &param).ok());
+}
+
 }  // namespace
 }  // namespace tessera::server

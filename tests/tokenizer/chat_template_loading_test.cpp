@@ -71,6 +71,31 @@ TEST_F(ModelDir, MissingTemplateSaysWhereItLooked) {
   EXPECT_THROW(ChatTemplate::from_model_dir(dir_, dir_ / "no_such_file.jinja"), Error);
 }
 
+// A template nested thousands of levels deep (here 20,000 `{% if %}` blocks) overflowed the stack while
+// parsing at startup; it is refused naming the file, the line and the limit.
+TEST_F(ModelDir, DeeplyNestedTemplateFailsNamingFileLineAndLimit) {
+  std::string source;
+  for (int i = 0; i < 20000; ++i) source += "{% if true %}\n";
+  write("chat_template.jinja", source);
+  try {
+    ChatTemplate::from_model_dir(dir_);
+    FAIL() << "expected an error";
+  } catch (const jinja::TemplateError& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr((dir_ / "chat_template.jinja").string()));
+    EXPECT_THAT(std::string(e.what()), HasSubstr("line 128"));
+    EXPECT_THAT(std::string(e.what()), HasSubstr("nests deeper than 128"));
+  }
+  write("tokenizer_config.json",
+        R"({"chat_template": "{{ )" + std::string(20000, '(') + "1" + std::string(20000, ')') + R"( }}"})");
+  std::filesystem::remove(dir_ / "chat_template.jinja");
+  try {
+    ChatTemplate::from_model_dir(dir_);
+    FAIL() << "expected an error";
+  } catch (const jinja::TemplateError& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("tokenizer_config.json, line 1"));
+  }
+}
+
 TEST(ChatTemplateRequest, VariablesMatchTransformers) {
   ChatTemplate t = ChatTemplate::from_source(
       "{{ add_generation_prompt }}|{{ tools is defined }}|{{ tools is none }}|{{ documents is none }}|"

@@ -5,7 +5,11 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
@@ -329,6 +333,145 @@ TEST(LoadErrorsTest, SayWhatIsWrong) {
   expect_error([&] { load(bad_merge); }, ErrorKind::kCorrupt, "not in the vocab");
   json no_model = json::object();
   expect_error([&] { load(no_model); }, ErrorKind::kCorrupt, "model");
+}
+
+// A file nested 100,000 deep overflowed the stack while loading; it is refused naming the file.
+TEST(LoadErrorsTest, DeeplyNestedFilesAreRefusedNamingTheFile) {
+  std::string nested = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto message_of = [](auto&& load_call) -> std::string {
+    try {
+      load_call();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "expected an error";
+    return "";
+  };
+  std::string message = message_of([&] { Tokenizer::from_json_text(nested, "", "/m/tokenizer.json"); });
+  EXPECT_NE(message.find("/m/tokenizer.json: JSON nested deeper than 128"), std::string::npos) << message;
+  std::string good = tiny_byte_level_tokenizer({}, false).dump();
+  message = message_of([&] { Tokenizer::from_json_text(good, nested, "/m/tokenizer.json"); });
+  EXPECT_NE(message.find("tokenizer_config.json: JSON nested deeper"), std::string::npos) << message;
+}
+
+// The message of the tessera::Error that loading throws (kCorrupt), or a test failure.
+std::string corrupt_error(const std::string& tokenizer_json, const std::string& config_json = "") {
+  try {
+    Tokenizer::from_json_text(tokenizer_json, config_json, "/m/tokenizer.json", "/m/tokenizer_config.json");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    std::string message = e.what();
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+    return message;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a tessera::Error: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
+
+json with_added_token(const json& token) {
+  json t = tiny_byte_level_tokenizer({}, false);
+  t["added_tokens"] = json::array({token});
+  return t;
+}
+
+json added_token(const std::string& content, json id) { return {{"id", id}, {"content", content}, {"special", true}}; }
+
+// An added token with id 10^8 made the loader allocate per-id tables of 3.4 GB, and 2^31 - 1 ended
+// in "internal: std::bad_alloc"; a negative one in "vector::_M_default_append".
+TEST(TokenizerValidation, AddedTokenIdsFarPastTheVocabularyAreRefused) {
+  for (json id : {json(100000000), json(2147483647)}) {
+    std::string message = corrupt_error(with_added_token(added_token("<far>", id)).dump());
+    EXPECT_NE(message.find("/m/tokenizer.json: added_tokens[0] ('<far>') has id " + id.dump()), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("ids must stay below 65793"), std::string::npos) << message;
+  }
+  std::string negative = corrupt_error(with_added_token(added_token("<neg>", -2)).dump());
+  EXPECT_NE(negative.find("added_tokens[0] ('<neg>') has id -2"), std::string::npos) << negative;
+  std::string huge = corrupt_error(with_added_token(added_token("<huge>", json(uint64_t{1} << 40))).dump());
+  EXPECT_NE(huge.find("('<huge>') has id"), std::string::npos) << huge;
+  // Ids a little past the vocabulary (reserved ranges) still load.
+  auto ok = load(with_added_token(added_token("<near>", 5000)));
+  EXPECT_EQ(ok->vocab_size(), 5001u);
+}
+
+TEST(TokenizerValidation, ConfigAddedTokensAreCheckedNamingTokenizerConfig) {
+  std::string good = tiny_byte_level_tokenizer({}, false).dump();
+  json far = {{"added_tokens_decoder", {{"100000000", {{"content", "<far>"}, {"special", true}}}}}};
+  std::string message = corrupt_error(good, far.dump());
+  EXPECT_NE(message.find("/m/tokenizer_config.json: added_tokens_decoder['100000000'] ('<far>') has id 100000000"),
+            std::string::npos)
+      << message;
+  json not_string = {{"added_tokens_decoder", {{"300", {{"content", 7}}}}}};
+  message = corrupt_error(good, not_string.dump());
+  EXPECT_NE(message.find("/m/tokenizer_config.json: added_tokens_decoder['300'] has no \"content\" string"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("/m/tokenizer.json"), std::string::npos) << message;
+  json bad_key = {{"added_tokens_decoder", {{"abc", {{"content", "<x>"}}}}}};
+  message = corrupt_error(good, bad_key.dump());
+  EXPECT_NE(message.find("/m/tokenizer_config.json: added_tokens_decoder['abc']: the key must be a token id"),
+            std::string::npos)
+      << message;
+  json bad_eos = {{"eos_token", {{"content", 5}}}};
+  message = corrupt_error(good, bad_eos.dump());
+  EXPECT_NE(message.find("/m/tokenizer_config.json: \"eos_token\".content must be a string"), std::string::npos)
+      << message;
+}
+
+TEST(TokenizerValidation, AddedTokensWithoutContentOrIdNameTheEntry) {
+  json t = tiny_byte_level_tokenizer({}, false);
+  t["added_tokens"] = json::array({added_token("<a>", 300), {{"id", 301}}});
+  std::string message = corrupt_error(t.dump());
+  EXPECT_NE(message.find("/m/tokenizer.json: added_tokens[1] has no \"content\" string"), std::string::npos) << message;
+  t["added_tokens"] = json::array({{{"content", "<b>"}, {"id", "301"}}});
+  message = corrupt_error(t.dump());
+  EXPECT_NE(message.find("added_tokens[0] ('<b>') has no integer \"id\""), std::string::npos) << message;
+  t["added_tokens"] = json::array({added_token("<a>", 300), added_token("<b>", 300)});
+  message = corrupt_error(t.dump());
+  EXPECT_NE(message.find("added_tokens[1] ('<b>') has id 300, which the added token '<a>' already has"),
+            std::string::npos)
+      << message;
+}
+
+TEST(TokenizerValidation, VocabularyConsistency) {
+  json empty = tiny_byte_level_tokenizer({}, false);
+  empty["model"]["vocab"] = json::object();
+  EXPECT_NE(corrupt_error(empty.dump()).find("model.vocab is empty"), std::string::npos);
+  json duplicate = tiny_byte_level_tokenizer({}, false);
+  duplicate["model"]["vocab"]["extra"] = 65;
+  std::string message = corrupt_error(duplicate.dump());
+  EXPECT_NE(message.find("both have id 65"), std::string::npos) << message;
+  json far = tiny_byte_level_tokenizer({}, false);
+  far["model"]["vocab"]["extra"] = 100000000;
+  message = corrupt_error(far.dump());
+  EXPECT_NE(message.find("vocab entry 'extra' has id 100000000"), std::string::npos) << message;
+}
+
+TEST(TokenizerValidation, JsonLibraryErrorsAreNamedByPart) {
+  json t = tiny_byte_level_tokenizer({}, false);
+  t["normalizer"] = {{"type", 5}};
+  std::string message = corrupt_error(t.dump());
+  EXPECT_NE(message.find("/m/tokenizer.json: \"normalizer\" is not valid"), std::string::npos) << message;
+  EXPECT_NE(corrupt_error("{not json").find("/m/tokenizer.json is not valid JSON: parse error"), std::string::npos);
+}
+
+TEST(TokenizerValidation, EosTokenMissingFromTheVocabularyIsAWarning) {
+  std::ostringstream captured;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  auto tokenizer =
+      Tokenizer::from_json_text(tiny_byte_level_tokenizer({}, false).dump(), R"({"eos_token": "<|nowhere|>"})",
+                                "/m/tokenizer.json", "/m/tokenizer_config.json");
+  spdlog::set_default_logger(previous);
+  EXPECT_FALSE(tokenizer->eos_id().has_value());
+  EXPECT_NE(captured.str().find("/m/tokenizer_config.json: eos_token '<|nowhere|>' is not in the vocabulary"),
+            std::string::npos)
+      << captured.str();
 }
 
 }  // namespace

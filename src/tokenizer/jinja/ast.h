@@ -37,6 +37,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> keyword_args;
   bool negated = false;
   bool is_tuple = false;
+  int depth = 1;  // levels of operands below and including this node (the parser bounds it)
 };
 
 struct Stmt;

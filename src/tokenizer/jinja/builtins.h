@@ -15,9 +15,11 @@ namespace tessera::tokenizer::jinja {
 Value call_filter(std::string_view name, const Value& operand, const Args& args, const RenderLimits& limits);
 // tests.cpp
 bool call_test(std::string_view name, const Value& operand, const Args& args);
-// methods.cpp: the bound method `object.name`, or nullopt when the type has no such method.
-std::optional<Value> bound_method(const Value& object, const std::string& name);
-std::string python_percent_format(const std::string& format, const Value& arguments);  // "%s" % x
+// methods.cpp: the bound method `object.name`, or nullopt when the type has no such method. Methods that
+// build strings or lists charge them against `limits` before allocating.
+std::optional<Value> bound_method(const Value& object, const std::string& name, const RenderLimits& limits);
+// "%s" % x, its widths and precisions charged against `limits` before anything is padded.
+std::string python_percent_format(const std::string& format, const Value& arguments, const RenderLimits& limits);
 // String helpers shared by filters and methods.
 std::string python_strip(const std::string& text, const Value& chars, bool left, bool right);
 std::string python_upper(const std::string& text);

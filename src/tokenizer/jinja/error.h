@@ -12,8 +12,10 @@ class TemplateError : public tessera::Error {
  public:
   // `raised_by_template` is true for raise_exception(): the message is the template author's text
   // (e.g. "Conversation roles must alternate"), which a server should pass on to the client as is.
-  TemplateError(std::string message, int line, bool raised_by_template = false)
-      : tessera::Error(ErrorKind::kInvalidArgument, "chat template, line " + std::to_string(line) + ": " + message),
+  // `origin` names the template in what(): "chat template", or the file it came from.
+  TemplateError(std::string message, int line, bool raised_by_template = false,
+                const std::string& origin = "chat template")
+      : tessera::Error(ErrorKind::kInvalidArgument, origin + ", line " + std::to_string(line) + ": " + message),
         message_(std::move(message)),
         line_(line),
         raised_by_template_(raised_by_template) {}

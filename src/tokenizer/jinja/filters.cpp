@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
 #include "tokenizer/jinja/format.h"
@@ -27,8 +28,8 @@ int64_t int_arg(const Args& args, size_t position, std::string_view name, int64_
 }
 
 // Jinja2's attribute getter for map/selectattr/sort: "a.b" walks item lookups.
-Value lookup_attribute(const Value& item, const Value& attribute) {
-  if (attribute.is_int()) return get_item(item, attribute);
+Value lookup_attribute(const Value& item, const Value& attribute, const RenderLimits& limits) {
+  if (attribute.is_int()) return get_item(item, attribute, limits);
   Value current = item;
   std::string path = python_str(attribute);
   size_t start = 0;
@@ -36,8 +37,8 @@ Value lookup_attribute(const Value& item, const Value& attribute) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    current =
-        numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part)))) : get_item(current, Value(part));
+    current = numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(part))), limits)
+                      : get_item(current, Value(part), limits);
     if (dot == std::string::npos) return current;
     start = dot + 1;
   }
@@ -52,13 +53,13 @@ bool apply_test_arg(const Value& value, const Args& args, size_t first) {
   return call_test(python_str(args.positional[first]), value, rest);
 }
 
-Value select(const Value& sequence, const Args& args, bool keep_when, bool by_attribute) {
+Value select(const Value& sequence, const Args& args, bool keep_when, bool by_attribute, const RenderLimits& limits) {
   List out;
   if (!truthy(sequence)) return Value(std::move(out));  // Jinja2 iterates only a truthy value
-  for (const Value& item : iterate(sequence)) {
+  for (const Value& item : iterate(sequence, limits)) {
     if (by_attribute) {
       if (args.positional.empty()) throw ValueError("selectattr/rejectattr need an attribute name");
-      if (apply_test_arg(lookup_attribute(item, args.positional[0]), args, 1) == keep_when) out.push_back(item);
+      if (apply_test_arg(lookup_attribute(item, args.positional[0], limits), args, 1) == keep_when) out.push_back(item);
     } else if (apply_test_arg(item, args, 0) == keep_when) {
       out.push_back(item);
     }
@@ -66,16 +67,20 @@ Value select(const Value& sequence, const Args& args, bool keep_when, bool by_at
   return Value(std::move(out));
 }
 
-Value sort_key(const Value& item, const Value& attribute, bool case_sensitive) {
-  Value key = attribute.is_undefined() || attribute.is_none() ? item : lookup_attribute(item, attribute);
+Value sort_key(const Value& item, const Value& attribute, bool case_sensitive, const RenderLimits& limits) {
+  Value key = attribute.is_undefined() || attribute.is_none() ? item : lookup_attribute(item, attribute, limits);
   if (!case_sensitive && key.is_string()) return Value(python_lower(key.as_string()));
   return key;
 }
 
-std::string do_indent(std::string text, const Args& args) {
+std::string do_indent(std::string text, const Args& args, const RenderLimits& limits) {
   Value width = arg(args, 0, "width", Value(4));
-  std::string indentation =
-      width.is_string() ? width.as_string() : std::string(std::max<int64_t>(0, width.as_int()), ' ');
+  if (!width.is_string() && !width.is_number()) throw ValueError("indent width must be a number or a string");
+  size_t indent_bytes = width.is_string() ? width.as_string().size() : std::max<int64_t>(0, width.as_int());
+  // Every line may get the indentation: charged before it is built.
+  size_t lines_count = 1 + std::count(text.begin(), text.end(), '\n') + std::count(text.begin(), text.end(), '\r');
+  charge(add_bytes(text.size(), multiply_bytes(lines_count, indent_bytes)), limits, "indent");
+  std::string indentation = width.is_string() ? width.as_string() : std::string(indent_bytes, ' ');
   bool first = truthy(arg(args, 1, "first", Value(false)));
   bool blank = truthy(arg(args, 2, "blank", Value(false)));
   text += "\n";  // as Jinja2: makes splitlines() keep a trailing empty line
@@ -143,15 +148,15 @@ std::string html_escape(const std::string& text) {
   return out;
 }
 
-Value min_max(const Value& sequence, const Args& args, bool want_max) {
-  List items = iterate(sequence);
+Value min_max(const Value& sequence, const Args& args, bool want_max, const RenderLimits& limits) {
+  List items = iterate(sequence, limits);
   if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
   bool case_sensitive = truthy(arg(args, 0, "case_sensitive", Value(false)));
   Value attribute = arg(args, 1, "attribute", Value());
   size_t best = 0;
   for (size_t i = 1; i < items.size(); ++i) {
-    int c =
-        compare_values(sort_key(items[i], attribute, case_sensitive), sort_key(items[best], attribute, case_sensitive));
+    int c = compare_values(sort_key(items[i], attribute, case_sensitive, limits),
+                           sort_key(items[best], attribute, case_sensitive, limits));
     if (want_max ? c > 0 : c < 0) best = i;
   }
   return items[best];
@@ -164,7 +169,9 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
     JsonDumpOptions options;
     options.ensure_ascii = truthy(arg(args, 0, "ensure_ascii", Value(false)));
     Value indent = arg(args, 1, "indent", Value(None{}));
-    if (indent.is_number()) options.indent = static_cast<int>(indent.as_int());
+    // Python: a negative indent inserts newlines only, as 0 does.
+    if (indent.is_number()) options.indent = static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, INT32_MAX));
+    options.max_bytes = limits.max_output_bytes;
     Value separators = arg(args, 2, "separators", Value(None{}));
     if (separators.is_list() && separators.as_list().size() == 2) {
       options.item_separator = python_str(separators.as_list()[0]);
@@ -173,7 +180,8 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
     options.sort_keys = truthy(arg(args, 3, "sort_keys", Value(false)));
     return Value(python_json_dumps(value, options));
   }
-  if (name == "safe" || name == "string") return value.is_string() ? value : Value(python_str(value));
+  if (name == "safe" || name == "string")
+    return value.is_string() ? value : Value(python_str(value, limits.max_output_bytes));
   if (name == "escape" || name == "e" || name == "forceescape") return Value(html_escape(python_str(value)));
   if (name == "trim") return Value(python_strip(python_str(value), arg(args, 0, "chars", Value(None{})), true, true));
   if (name == "upper") return Value(python_upper(python_str(value)));
@@ -194,6 +202,8 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
     if (old_text.empty()) {
       // Python inserts the replacement between every character.
       std::u32string chars = utf8_decode(text);
+      size_t insertions = count < 0 ? chars.size() + 1 : std::min<size_t>(chars.size() + 1, count);
+      charge(add_bytes(text.size(), multiply_bytes(insertions, new_text.size())), limits, "replace");
       for (size_t i = 0; i <= chars.size(); ++i) {
         if (count < 0 || static_cast<int64_t>(i) < count) out += new_text;
         if (i < chars.size()) utf8_append(out, chars[i]);
@@ -204,10 +214,10 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
     for (int64_t done = 0; count < 0 || done < count; ++done) {
       size_t found = text.find(old_text, start);
       if (found == std::string::npos) break;
+      charge(add_bytes(out.size(), add_bytes(found - start, new_text.size())), limits, "replace");
       out.append(text, start, found - start);
       out += new_text;
       start = found + old_text.size();
-      if (out.size() > limits.max_output_bytes) throw ValueError("replace result exceeds the output size limit");
     }
     out.append(text, start, std::string::npos);
     return Value(std::move(out));
@@ -215,13 +225,14 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
   if (name == "indent") {
     if (!value.is_string())
       throw ValueError("unsupported operand type(s) for +=: '" + type_name(value) + "' and 'str'");
-    return Value(do_indent(value.as_string(), args));
+    return Value(do_indent(value.as_string(), args, limits));
   }
   if (name == "center") {
     std::string text = python_str(value);
     int64_t width = int_arg(args, 0, "width", 80);
     int64_t length = static_cast<int64_t>(utf8_length(text));
     if (width <= length) return Value(text);
+    charge(add_bytes(text.size(), static_cast<size_t>(width - length)), limits, "center");
     int64_t left = (width - length) / 2 + ((width - length) % 2 & width % 2);
     return Value(std::string(left, ' ') + text + std::string(width - length - left, ' '));
   }
@@ -237,7 +248,7 @@ std::optional<Value> text_filter(std::string_view name, const Value& value, cons
     return Value(words);
   }
   if (name == "format") {
-    return Value(python_percent_format(python_str(value), Value::tuple(args.positional)));
+    return Value(python_percent_format(python_str(value), Value::tuple(args.positional), limits));
   }
   if (name == "pprint") return Value(python_repr(value));
 
@@ -249,14 +260,22 @@ std::optional<Value> number_filter(std::string_view name, const Value& value, co
   if ((name == "int" || name == "float") && value.is_undefined()) throw_undefined(value);  // int(Undefined) fails
   if (name == "int") {
     int64_t fallback = int_arg(args, 0, "default", 0);
-    if (value.is_number()) return Value(value.is_float() ? static_cast<int64_t>(value.as_float()) : value.as_int());
+    if (value.is_float()) {
+      double f = value.as_float();
+      if (std::isnan(f)) return Value(fallback);
+      if (!(f > -9.2e18 && f < 9.2e18))
+        throw ValueError("int(" + python_float_repr(f) + ") does not fit in a signed 64-bit integer");
+      return Value(static_cast<int64_t>(f));
+    }
+    if (value.is_number()) return Value(value.as_int());
     if (value.is_string()) {
       std::string text = python_strip(value.as_string(), Value(None{}), true, true);
       char* end = nullptr;
       long long parsed = std::strtoll(text.c_str(), &end, static_cast<int>(int_arg(args, 1, "base", 10)));
       if (!text.empty() && end == text.c_str() + text.size()) return Value(static_cast<int64_t>(parsed));
       double f = std::strtod(text.c_str(), &end);
-      if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(f)) return Value(static_cast<int64_t>(f));
+      if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(f) && f > -9.2e18 && f < 9.2e18)
+        return Value(static_cast<int64_t>(f));
     }
     return Value(fallback);
   }
@@ -273,7 +292,12 @@ std::optional<Value> number_filter(std::string_view name, const Value& value, co
   }
   if (name == "abs") {
     if (value.is_float()) return Value(std::fabs(value.as_float()));
-    if (value.is_number()) return Value(std::abs(value.as_int()));
+    if (value.is_number()) {
+      if (value.as_int() == INT64_MIN)
+        throw ValueError("integer overflow: abs(" + std::to_string(INT64_MIN) +
+                         ") does not fit in a signed 64-bit integer");
+      return Value(std::abs(value.as_int()));
+    }
     throw ValueError("bad operand type for abs(): '" + type_name(value) + "'");
   }
   if (name == "round") {
@@ -309,27 +333,30 @@ std::optional<Value> sequence_filter(std::string_view name, const Value& value, 
     Value attribute = arg(args, 1, "attribute", Value(None{}));
     std::string out;
     bool first = true;
-    for (const Value& item : iterate(value)) {
+    for (const Value& item : iterate(value, limits)) {
+      std::string part =
+          python_str(attribute.is_none() ? item : lookup_attribute(item, attribute, limits), limits.max_output_bytes);
+      charge(add_bytes(out.size(), add_bytes(first ? 0 : separator.size(), part.size())), limits, "join");
       if (!first) out += separator;
       first = false;
-      out += python_str(attribute.is_none() ? item : lookup_attribute(item, attribute));
-      if (out.size() > limits.max_output_bytes) throw ValueError("join result exceeds the output size limit");
+      out += part;
     }
     return Value(std::move(out));
   }
   if (name == "first" || name == "last") {
-    List items = iterate(value);
+    List items = iterate(value, limits);
     if (items.empty()) return Value::undefined(std::string("No ") + std::string(name) + " item, sequence was empty.");
     return name == "first" ? items.front() : items.back();
   }
-  if (name == "list") return Value(iterate(value));
+  if (name == "list") return Value(iterate(value, limits));
   if (name == "map") {
     List out;
     if (!truthy(value)) return Value(std::move(out));  // Jinja2 maps only a truthy value
     Value attribute = arg(args, Args::kKeywordOnly, "attribute", Value());
-    for (const Value& item : iterate(value)) {
+    size_t bytes = 0;  // each mapped item may be as large as the limit: the list is charged as it grows
+    for (const Value& item : iterate(value, limits)) {
       if (!attribute.is_undefined()) {
-        Value mapped = lookup_attribute(item, attribute);
+        Value mapped = lookup_attribute(item, attribute, limits);
         if (mapped.is_undefined() && args.has(Args::kKeywordOnly, "default"))
           mapped = args.get(Args::kKeywordOnly, "default");
         out.push_back(mapped);
@@ -340,29 +367,32 @@ std::optional<Value> sequence_filter(std::string_view name, const Value& value, 
         rest.keyword = args.keyword;
         out.push_back(call_filter(python_str(args.positional[0]), item, rest, limits));
       }
+      bytes = add_bytes(bytes, value_bytes(out.back(), limits.max_output_bytes));
+      charge(bytes, limits, "map");
     }
     return Value(std::move(out));
   }
-  if (name == "select") return select(value, args, true, false);
-  if (name == "reject") return select(value, args, false, false);
-  if (name == "selectattr") return select(value, args, true, true);
-  if (name == "rejectattr") return select(value, args, false, true);
+  if (name == "select") return select(value, args, true, false, limits);
+  if (name == "reject") return select(value, args, false, false, limits);
+  if (name == "selectattr") return select(value, args, true, true, limits);
+  if (name == "rejectattr") return select(value, args, false, true, limits);
   if (name == "sum") {
     Value attribute = arg(args, 0, "attribute", Value());
     Value total = arg(args, 1, "start", Value(0));
-    for (const Value& item : iterate(value)) {
-      total = binary_operation("+", total, attribute.is_undefined() ? item : lookup_attribute(item, attribute),
-                               limits.max_output_bytes);
+    for (const Value& item : iterate(value, limits)) {
+      total = binary_operation("+", total, attribute.is_undefined() ? item : lookup_attribute(item, attribute, limits),
+                               limits);
     }
     return total;
   }
-  if (name == "attr") return get_attribute(value, python_str(arg(args, 0, "name", Value(""))));
+  if (name == "attr") return get_attribute(value, python_str(arg(args, 0, "name", Value(""))), limits);
 
   return std::nullopt;
 }
 
 // Filters that order, pick or pair up the items of a sequence or mapping; nullopt: not one of them.
-std::optional<Value> ordering_filter(std::string_view name, const Value& value, const Args& args) {
+std::optional<Value> ordering_filter(std::string_view name, const Value& value, const Args& args,
+                                     const RenderLimits& limits) {
   if (name == "items") {
     if (value.is_undefined()) return Value(List{});
     if (!value.is_dict()) throw ValueError("items filter needs a mapping, got " + type_name(value));
@@ -379,8 +409,8 @@ std::optional<Value> ordering_filter(std::string_view name, const Value& value, 
     for (const auto& [key, item] : value.as_dict().entries()) items.push_back(Value::tuple({Value(key), item}));
     size_t index = by == "value" ? 1 : 0;
     std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-      int c = compare_values(sort_key(a.as_list()[index], Value(), case_sensitive),
-                             sort_key(b.as_list()[index], Value(), case_sensitive));
+      int c = compare_values(sort_key(a.as_list()[index], Value(), case_sensitive, limits),
+                             sort_key(b.as_list()[index], Value(), case_sensitive, limits));
       return reverse ? c > 0 : c < 0;
     });
     return Value(std::move(items));
@@ -389,9 +419,10 @@ std::optional<Value> ordering_filter(std::string_view name, const Value& value, 
     bool reverse = truthy(arg(args, 0, "reverse", Value(false)));
     bool case_sensitive = truthy(arg(args, 1, "case_sensitive", Value(false)));
     Value attribute = arg(args, 2, "attribute", Value());
-    List items = iterate(value);
+    List items = iterate(value, limits);
     std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-      int c = compare_values(sort_key(a, attribute, case_sensitive), sort_key(b, attribute, case_sensitive));
+      int c = compare_values(sort_key(a, attribute, case_sensitive, limits),
+                             sort_key(b, attribute, case_sensitive, limits));
       return reverse ? c > 0 : c < 0;
     });
     return Value(std::move(items));
@@ -400,8 +431,8 @@ std::optional<Value> ordering_filter(std::string_view name, const Value& value, 
     bool case_sensitive = truthy(arg(args, 0, "case_sensitive", Value(false)));
     Value attribute = arg(args, 1, "attribute", Value());
     List out, seen;
-    for (const Value& item : iterate(value)) {
-      Value key = sort_key(item, attribute, case_sensitive);
+    for (const Value& item : iterate(value, limits)) {
+      Value key = sort_key(item, attribute, case_sensitive, limits);
       if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return values_equal(s, key); })) {
         seen.push_back(key);
         out.push_back(item);
@@ -415,12 +446,12 @@ std::optional<Value> ordering_filter(std::string_view name, const Value& value, 
       std::reverse(chars.begin(), chars.end());
       return Value(utf8_encode(chars));
     }
-    List items = iterate(value);
+    List items = iterate(value, limits);
     std::reverse(items.begin(), items.end());
     return Value(std::move(items));
   }
-  if (name == "min") return min_max(value, args, false);
-  if (name == "max") return min_max(value, args, true);
+  if (name == "min") return min_max(value, args, false, limits);
+  if (name == "max") return min_max(value, args, true, limits);
   return std::nullopt;
 }
 
@@ -430,7 +461,7 @@ Value call_filter(std::string_view name, const Value& value, const Args& args, c
   if (std::optional<Value> v = text_filter(name, value, args, limits)) return *std::move(v);
   if (std::optional<Value> v = number_filter(name, value, args)) return *std::move(v);
   if (std::optional<Value> v = sequence_filter(name, value, args, limits)) return *std::move(v);
-  if (std::optional<Value> v = ordering_filter(name, value, args)) return *std::move(v);
+  if (std::optional<Value> v = ordering_filter(name, value, args, limits)) return *std::move(v);
   throw ValueError("no filter named '" + std::string(name) + "'");
 }
 

@@ -95,10 +95,20 @@ void json_string(std::string& out, const std::string& text, bool ensure_ascii) {
   out.push_back('"');
 }
 
+[[noreturn]] void over_limit(const char* what, size_t max_bytes) {
+  throw ValueError(std::string(what) + " would build more than the chat template's output limit of " +
+                   std::to_string(max_bytes) + " bytes");
+}
+
 void json_dump(std::string& out, const Value& value, const JsonDumpOptions& options, int depth) {
+  if (out.size() > options.max_bytes) over_limit("tojson", options.max_bytes);
   auto newline = [&](int level) {
+    // Charged before appending: indent=10**9 must not allocate gigabytes of spaces.
+    size_t spaces = static_cast<size_t>(std::max(0, *options.indent));
+    size_t pad = spaces * static_cast<size_t>(level);  // both below 2^31: no overflow
+    if (out.size() + 1 + pad > options.max_bytes) over_limit("tojson(indent)", options.max_bytes);
     out.push_back('\n');
-    out.append(static_cast<size_t>(*options.indent) * level, ' ');
+    out.append(pad, ' ');
   };
   const std::string& item_separator = options.item_separator ? *options.item_separator
                                       : options.indent       ? kComma
@@ -204,12 +214,19 @@ std::string python_float_repr(double value) {
   return out;
 }
 
-std::string python_repr(const Value& value) {
+std::string python_repr(const Value& value) { return python_repr(value, SIZE_MAX); }
+
+std::string python_str(const Value& value) { return python_str(value, SIZE_MAX); }
+
+std::string python_repr(const Value& value, size_t max_bytes) {
   if (value.is_string()) return repr_string(value.as_string());
-  return python_str(value);
+  return python_str(value, max_bytes);
 }
 
-std::string python_str(const Value& value) {
+std::string python_str(const Value& value, size_t max_bytes) {
+  auto check = [max_bytes](const std::string& out) {
+    if (out.size() > max_bytes) over_limit("printing a list or dict", max_bytes);
+  };
   switch (value.type()) {
     case Value::Type::kUndefined:
       return "";
@@ -228,7 +245,8 @@ std::string python_str(const Value& value) {
       const List& list = value.as_list();
       for (size_t i = 0; i < list.size(); ++i) {
         if (i) out += ", ";
-        out += python_repr(list[i]);
+        out += python_repr(list[i], max_bytes);
+        check(out);
       }
       if (value.is_tuple() && list.size() == 1) out += ",";
       return out + (value.is_tuple() ? ")" : "]");
@@ -240,7 +258,8 @@ std::string python_str(const Value& value) {
       for (const auto& [key, item] : value.as_dict().entries()) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(key) + ": " + python_repr(item);
+        out += repr_string(key) + ": " + python_repr(item, max_bytes);
+        check(out);
       }
       return out + "}";
     }
@@ -253,6 +272,7 @@ std::string python_str(const Value& value) {
 std::string python_json_dumps(const Value& value, const JsonDumpOptions& options) {
   std::string out;
   json_dump(out, value, options, 0);
+  if (out.size() > options.max_bytes) over_limit("tojson", options.max_bytes);
   return out;
 }
 

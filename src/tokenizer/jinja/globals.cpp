@@ -26,9 +26,10 @@ void install_globals(Dict& globals, const RenderLimits& limits) {
                 }
                 if (step == 0) throw ValueError("range() arg 3 must not be zero");
                 List out;
-                for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+                for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
                   if (out.size() >= max_items) throw ValueError("range() too large for the loop iteration limit");
                   out.emplace_back(i);
+                  if (__builtin_add_overflow(i, step, &i)) break;  // the next value is past any 64-bit stop
                 }
                 return Value(std::move(out));
               }));

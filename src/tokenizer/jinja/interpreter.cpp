@@ -1,11 +1,33 @@
 #include "tokenizer/jinja/interpreter.h"
 
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
 #include "tokenizer/jinja/format.h"
 #include "tokenizer/jinja/operators.h"
 
 namespace tessera::tokenizer::jinja {
+namespace {
+
+// One more level of statements or expressions being evaluated; throws past the render's depth limit.
+class NestedLevel {
+ public:
+  NestedLevel(int& depth, int max_depth) : depth_(depth) {
+    if (depth_ >= max_depth) {
+      throw ValueError("the chat template nests deeper than " + std::to_string(max_depth) +
+                       " levels while rendering (blocks, expressions and macro calls together)");
+    }
+    ++depth_;
+  }
+  ~NestedLevel() { --depth_; }
+  NestedLevel(const NestedLevel&) = delete;
+  NestedLevel& operator=(const NestedLevel&) = delete;
+
+ private:
+  int& depth_;
+};
+
+}  // namespace
 
 const Value* Scope::lookup(const std::string& name) const {
   for (const Scope* scope = this; scope; scope = scope->parent_.get()) {
@@ -49,12 +71,13 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, const ScopePtr& scope
 
 Interpreter::Flow Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std::string& out) {
   try {
+    NestedLevel level(depth_, limits_.max_render_depth);
     switch (stmt.kind) {
       case Stmt::Kind::kText:
         append(out, stmt.text);
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
-        append(out, python_str(eval(*stmt.expr, scope)));
+        append(out, python_str(eval(*stmt.expr, scope), limits_.max_output_bytes));
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (const auto& [condition, body] : stmt.branches) {
@@ -86,7 +109,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std
         Value callee = eval(*call_expr.operands[0], scope);
         Args args = eval_args(call_expr, scope, 1);
         args.keyword.emplace_back("caller", make_caller(stmt, scope));
-        append(out, python_str(call(callee, args)));
+        append(out, python_str(call(callee, args), limits_.max_output_bytes));
         return Flow::kNormal;
       }
       case Stmt::Kind::kFilterBlock: {
@@ -94,7 +117,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std
         block_input_ = Value(render_nested(stmt.body, std::make_shared<Scope>(scope)));
         Value value = eval(*stmt.expr, scope);
         block_input_ = saved;
-        append(out, python_str(value));
+        append(out, python_str(value, limits_.max_output_bytes));
         return Flow::kNormal;
       }
       case Stmt::Kind::kBreak:
@@ -111,13 +134,13 @@ Interpreter::Flow Interpreter::exec(const Stmt& stmt, const ScopePtr& scope, std
 }
 
 void Interpreter::exec_for(const Stmt& stmt, const ScopePtr& scope, std::string& out) {
-  List items = iterate(eval(*stmt.expr, scope));
+  List items = iterate(eval(*stmt.expr, scope), limits_);
   auto bind_targets = [&](const ScopePtr& target_scope, const Value& item) {
     if (stmt.targets.size() == 1) {
       target_scope->set(stmt.targets[0], item);
       return;
     }
-    List parts = iterate(item);
+    List parts = iterate(item, limits_);
     if (parts.size() != stmt.targets.size()) {
       throw ValueError("cannot unpack " + std::to_string(parts.size()) + " values into " +
                        std::to_string(stmt.targets.size()) + " loop variables");
@@ -183,7 +206,7 @@ void Interpreter::exec_set(const Stmt& stmt, const ScopePtr& scope, Value value)
     scope->set(stmt.targets[0], std::move(value));
     return;
   }
-  List parts = iterate(value);
+  List parts = iterate(value, limits_);
   if (parts.size() != stmt.targets.size()) {
     throw ValueError("cannot unpack " + std::to_string(parts.size()) + " values into " +
                      std::to_string(stmt.targets.size()) + " names");
@@ -277,6 +300,7 @@ Args Interpreter::eval_args(const Expr& expr, const ScopePtr& scope, size_t firs
 
 Value Interpreter::eval(const Expr& expr, const ScopePtr& scope) {
   try {
+    NestedLevel level(depth_, limits_.max_render_depth);
     return eval_inner(expr, scope);
   } catch (const TemplateRaised& e) {
     throw TemplateError(e.what(), expr.line, true);
@@ -295,23 +319,33 @@ Value Interpreter::eval_inner(const Expr& expr, const ScopePtr& scope) {
       return value ? *value : Value::undefined("'" + expr.name + "' is undefined");
     }
     case Expr::Kind::kList: {
+      // Items copy their strings: [s, s, s] with a long s is charged as it is built.
       List items;
-      for (const ExprPtr& item : expr.operands) items.push_back(eval(*item, scope));
+      size_t bytes = 0;
+      for (const ExprPtr& item : expr.operands) {
+        items.push_back(eval(*item, scope));
+        bytes = add_bytes(bytes, value_bytes(items.back(), limits_.max_output_bytes));
+        charge(bytes, limits_, "a list literal");
+      }
       return expr.is_tuple ? Value::tuple(std::move(items)) : Value(std::move(items));
     }
     case Expr::Kind::kDict: {
       auto dict = std::make_shared<Dict>();
+      size_t bytes = 0;
       for (size_t i = 0; i + 1 < expr.operands.size(); i += 2) {
         Value key = eval(*expr.operands[i], scope);
         if (!key.is_string()) throw ValueError("dict keys must be strings in chat templates");
-        dict->set(key.as_string(), eval(*expr.operands[i + 1], scope));
+        Value item = eval(*expr.operands[i + 1], scope);
+        bytes = add_bytes(bytes, add_bytes(key.as_string().size(), value_bytes(item, limits_.max_output_bytes)));
+        charge(bytes, limits_, "a dict literal");
+        dict->set(key.as_string(), std::move(item));
       }
       return Value(std::move(dict));
     }
     case Expr::Kind::kGetAttr:
-      return get_attribute(operand(0), expr.name);
+      return get_attribute(operand(0), expr.name, limits_);
     case Expr::Kind::kGetItem:
-      return get_item(operand(0), operand(1));
+      return get_item(operand(0), operand(1), limits_);
     case Expr::Kind::kSlice:
       return get_slice(operand(0), operand(1), operand(2), operand(3));
     case Expr::Kind::kCall: {
@@ -341,7 +375,7 @@ Value Interpreter::eval_inner(const Expr& expr, const ScopePtr& scope) {
       Value left = operand(0);
       if (expr.name == "and") return truthy(left) ? operand(1) : left;
       if (expr.name == "or") return truthy(left) ? left : operand(1);
-      return binary_operation(expr.name, left, operand(1), limits_.max_output_bytes);
+      return binary_operation(expr.name, left, operand(1), limits_);
     }
     case Expr::Kind::kConditional:
       if (truthy(operand(1))) return operand(0);

@@ -56,6 +56,7 @@ class Interpreter {
   RenderLimits limits_;
   uint64_t loop_iterations_ = 0;
   int call_depth_ = 0;
+  int depth_ = 0;      // statements and expressions being evaluated, bounded by limits_.max_render_depth
   Value block_input_;  // the rendered body that {% filter %} and filtered {% set %} blocks pass to their filters
   // Scopes captured by macros and caller() blocks. A macro lives in the scope it captures, a shared_ptr
   // cycle; the destructor clears these scopes so that a render frees everything it allocated.

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
 #include "tokenizer/jinja/format.h"
@@ -22,9 +24,26 @@ const std::string& string_arg(const Value& value, const char* method) {
   return value.as_string();
 }
 
+// The list a split builds, charged part by part: a Value each, plus the text.
+class SplitParts {
+ public:
+  explicit SplitParts(const RenderLimits& limits) : limits_(limits) {}
+  void push_back(std::string part) {
+    used_ = add_bytes(used_, add_bytes(sizeof(Value), part.size()));
+    charge(used_, limits_, "split()");
+    parts_.push_back(std::move(part));
+  }
+  std::vector<std::string> take() { return std::move(parts_); }
+
+ private:
+  const RenderLimits& limits_;
+  size_t used_ = 0;
+  std::vector<std::string> parts_;
+};
+
 std::vector<std::string> python_split(const std::string& text, const Value& separator, int64_t max_split,
-                                      bool from_right) {
-  std::vector<std::string> parts;
+                                      bool from_right, const RenderLimits& limits) {
+  SplitParts parts(limits);
   if (separator.is_undefined() || separator.is_none()) {
     // Runs of whitespace separate; leading and trailing whitespace is ignored.
     std::u32string s = utf8_decode(text);
@@ -64,18 +83,20 @@ std::vector<std::string> python_split(const std::string& text, const Value& sepa
       std::reverse(words.begin(), words.end());
     }
     for (auto& w : words) parts.push_back(utf8_encode(w));
-    return parts;
+    return parts.take();
   }
   const std::string& sep = string_arg(separator, "split");
   if (sep.empty()) throw ValueError("empty separator");
+  int64_t split_count = 0;
   if (!from_right) {
     size_t start = 0;
     while (true) {
       size_t found = text.find(sep, start);
-      if (found == std::string::npos || (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
+      if (found == std::string::npos || (max_split >= 0 && split_count == max_split)) {
         parts.push_back(text.substr(start));
-        return parts;
+        return parts.take();
       }
+      ++split_count;
       parts.push_back(text.substr(start, found - start));
       start = found + sep.size();
     }
@@ -83,15 +104,17 @@ std::vector<std::string> python_split(const std::string& text, const Value& sepa
   size_t end = text.size();
   while (true) {
     size_t found = end >= sep.size() ? text.rfind(sep, end - sep.size()) : std::string::npos;
-    if (found == std::string::npos || (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
+    if (found == std::string::npos || (max_split >= 0 && split_count == max_split)) {
       parts.push_back(text.substr(0, end));
       break;
     }
+    ++split_count;
     parts.push_back(text.substr(found + sep.size(), end - found - sep.size()));
     end = found;
   }
-  std::reverse(parts.begin(), parts.end());
-  return parts;
+  std::vector<std::string> out = parts.take();
+  std::reverse(out.begin(), out.end());
+  return out;
 }
 
 Value to_list(const std::vector<std::string>& parts) {
@@ -124,7 +147,7 @@ std::string python_title(const std::string& text) {
 }
 
 // str.format with "{}", "{0}" and "{name}" fields (no format specs beyond what str() prints).
-std::string python_format(const std::string& format, const Args& args) {
+std::string python_format(const std::string& format, const Args& args, const RenderLimits& limits) {
   std::string out;
   size_t auto_index = 0;
   for (size_t i = 0; i < format.size(); ++i) {
@@ -149,7 +172,9 @@ std::string python_format(const std::string& format, const Args& args) {
         value = args.get(Args::kKeywordOnly, field);
       }
       if (value.is_undefined()) throw ValueError("format field '" + field + "' has no argument");
-      out += python_str(value);
+      std::string text = python_str(value, limits.max_output_bytes);
+      charge(add_bytes(out.size(), text.size()), limits, "str.format()");
+      out += text;
       i = close;
     } else {
       out.push_back(c);
@@ -162,7 +187,7 @@ Value method(std::string name, std::function<Value(Args&)> call) {
   return make_function(std::move(name), std::move(call));
 }
 
-std::optional<Value> string_method(const std::string& text, const std::string& name) {
+std::optional<Value> string_method(const std::string& text, const std::string& name, const RenderLimits& limits) {
   if (name == "startswith" || name == "endswith") {
     bool prefix = name == "startswith";
     return method(name, [text, prefix, name](Args& a) {
@@ -176,14 +201,15 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
   }
   if (name == "split" || name == "rsplit") {
     bool from_right = name == "rsplit";
-    return method(name, [text, from_right](Args& a) {
+    return method(name, [text, from_right, limits](Args& a) {
       Value max_split = a.get(1, "maxsplit");
-      return to_list(python_split(text, a.get(0, "sep"), max_split.is_number() ? max_split.as_int() : -1, from_right));
+      return to_list(
+          python_split(text, a.get(0, "sep"), max_split.is_number() ? max_split.as_int() : -1, from_right, limits));
     });
   }
   if (name == "splitlines") {
-    return method(name, [text](Args&) {
-      std::vector<std::string> lines = python_split(text, Value("\n"), -1, false);
+    return method(name, [text, limits](Args&) {
+      std::vector<std::string> lines = python_split(text, Value("\n"), -1, false, limits);
       if (!lines.empty() && lines.back().empty()) lines.pop_back();
       for (auto& line : lines) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -192,26 +218,29 @@ std::optional<Value> string_method(const std::string& text, const std::string& n
     });
   }
   if (name == "replace") {
-    return method(name, [text](Args& a) {
+    return method(name, [text, limits](Args& a) {
       Value count = a.get(2, "count");
       return call_filter("replace", Value(text),
-                         Args{{a.get(0, "old"), a.get(1, "new"), count.is_undefined() ? Value(-1) : count}, {}}, {});
+                         Args{{a.get(0, "old"), a.get(1, "new"), count.is_undefined() ? Value(-1) : count}, {}},
+                         limits);
     });
   }
   if (name == "upper") return method(name, [text](Args&) { return Value(python_upper(text)); });
   if (name == "lower") return method(name, [text](Args&) { return Value(python_lower(text)); });
   if (name == "title") return method(name, [text](Args&) { return Value(python_title(text)); });
   if (name == "capitalize")
-    return method(name, [text](Args& a) { return call_filter("capitalize", Value(text), a, {}); });
-  if (name == "format") return method(name, [text](Args& a) { return Value(python_format(text, a)); });
+    return method(name, [text, limits](Args& a) { return call_filter("capitalize", Value(text), a, limits); });
+  if (name == "format") return method(name, [text, limits](Args& a) { return Value(python_format(text, a, limits)); });
   if (name == "join") {
-    return method(name, [text](Args& a) {
+    return method(name, [text, limits](Args& a) {
       std::string out;
       bool first = true;
-      for (const Value& item : iterate(a.get(0, "iterable"))) {
+      for (const Value& item : iterate(a.get(0, "iterable"), limits)) {
+        const std::string& part = string_arg(item, "join");
+        charge(add_bytes(out.size(), add_bytes(first ? 0 : text.size(), part.size())), limits, "str.join()");
         if (!first) out += text;
         first = false;
-        out += string_arg(item, "join");
+        out += part;
       }
       return Value(std::move(out));
     });
@@ -319,8 +348,8 @@ std::optional<Value> list_method(const Value& object, const std::string& name) {
 
 }  // namespace
 
-std::optional<Value> bound_method(const Value& object, const std::string& name) {
-  if (object.is_string()) return string_method(object.as_string(), name);
+std::optional<Value> bound_method(const Value& object, const std::string& name, const RenderLimits& limits) {
+  if (object.is_string()) return string_method(object.as_string(), name, limits);
   if (object.is_dict()) return dict_method(object, name);
   if (object.is_list()) return list_method(object, name);
   return std::nullopt;
@@ -363,8 +392,92 @@ std::string python_lower(const std::string& text) {
   return out;
 }
 
+namespace {
+
+// One conversion of printf-style formatting: "%-08.3f" is flags "-0", width 8, precision 3, type 'f'.
+struct PercentSpec {
+  std::string flags;
+  size_t width = 0;
+  std::optional<size_t> precision;
+  char type = 0;
+};
+
+// Decimal digits from `p` on, saturating at SIZE_MAX; moves p past them.
+size_t read_count(const std::string& format, size_t* p) {
+  size_t n = 0;
+  while (*p < format.size() && std::isdigit(static_cast<unsigned char>(format[*p]))) {
+    n = add_bytes(multiply_bytes(n, 10), static_cast<size_t>(format[*p] - '0'));
+    ++*p;
+  }
+  return n;
+}
+
+// Parses the spec after the '%' at `percent`; returns the index of its type character.
+size_t parse_percent_spec(const std::string& format, size_t percent, PercentSpec* spec) {
+  size_t p = percent + 1;
+  while (p < format.size() && std::strchr("-+ 0#", format[p])) spec->flags.push_back(format[p++]);
+  spec->width = read_count(format, &p);
+  if (p < format.size() && format[p] == '.') {
+    ++p;
+    spec->precision = read_count(format, &p);
+  }
+  if (p >= format.size()) throw ValueError("incomplete format");
+  spec->type = format[p];
+  return p;
+}
+
+// %s and %r: width and precision count characters, so non-ASCII text lines up as in Python.
+std::string format_text(const PercentSpec& spec, const Value& v, const RenderLimits& limits) {
+  std::string text =
+      spec.type == 's' ? python_str(v, limits.max_output_bytes) : python_repr(v, limits.max_output_bytes);
+  std::u32string chars = utf8_decode(text);
+  if (spec.precision && *spec.precision < chars.size()) chars.resize(*spec.precision);
+  std::string body = utf8_encode(chars);
+  size_t padding = spec.width > chars.size() ? spec.width - chars.size() : 0;
+  charge(add_bytes(body.size(), padding), limits, "'%' formatting (its width)");
+  bool left = spec.flags.find('-') != std::string::npos;
+  return left ? body + std::string(padding, ' ') : std::string(padding, ' ') + body;
+}
+
+// Numbers through snprintf, sized for the whole result: a width or precision is charged first and
+// never cut at a fixed buffer's end.
+std::string format_number(const PercentSpec& spec, const Value& v, const RenderLimits& limits) {
+  bool integer = std::strchr("dioxX", spec.type) != nullptr;
+  if (!v.is_number()) {
+    throw ValueError(std::string("%") + spec.type + (integer ? " format: a number" : " format: a real number") +
+                     " is required, not " + type_name(v));
+  }
+  // Besides width and precision, a double prints at most 309 integer digits and a sign.
+  size_t bytes = add_bytes(add_bytes(spec.width, spec.precision.value_or(0)), 400);
+  if (bytes > INT32_MAX) bytes = SIZE_MAX;  // snprintf's widths are ints
+  charge(bytes, limits, "'%' formatting (its width and precision)");
+  std::string c_format = "%" + spec.flags + (spec.width ? std::to_string(spec.width) : "") +
+                         (spec.precision ? "." + std::to_string(*spec.precision) : "");
+  std::string out;
+  auto print = [&](const auto& number) {
+    int n = std::snprintf(nullptr, 0, c_format.c_str(), number);
+    if (n < 0) throw ValueError(std::string("cannot format this number with %") + spec.type);
+    out.resize(static_cast<size_t>(n) + 1);
+    std::snprintf(out.data(), out.size(), c_format.c_str(), number);
+    out.resize(static_cast<size_t>(n));
+  };
+  if (integer) {
+    double f = v.as_float();
+    if (v.is_float() && !(f > -9.2e18 && f < 9.2e18)) throw ValueError("%d format: the number does not fit in 64 bits");
+    long long n = v.is_float() ? static_cast<long long>(f) : v.as_int();
+    c_format += std::string("ll") + (spec.type == 'i' ? 'd' : spec.type);
+    print(n);
+  } else {
+    c_format.push_back(spec.type);
+    print(v.as_float());
+  }
+  return out;
+}
+
+}  // namespace
+
 // printf-style formatting as Python's str % args: flags "-+ 0#", width, precision; types s r d i f F e E g G x X o c.
-std::string python_percent_format(const std::string& format, const Value& arguments) {
+std::string python_percent_format(const std::string& format, const Value& arguments, const RenderLimits& limits) {
   List values = arguments.is_tuple() ? arguments.as_list() : List{arguments};
   std::string out;
   size_t next = 0;
@@ -373,57 +486,29 @@ std::string python_percent_format(const std::string& format, const Value& argume
       out.push_back(format[i]);
       continue;
     }
-    size_t spec_begin = i + 1;
-    size_t p = spec_begin;
-    while (p < format.size() && std::strchr("-+ 0#", format[p])) ++p;
-    while (p < format.size() && std::isdigit(static_cast<unsigned char>(format[p]))) ++p;
-    if (p < format.size() && format[p] == '.') {
-      ++p;
-      while (p < format.size() && std::isdigit(static_cast<unsigned char>(format[p]))) ++p;
-    }
-    if (p >= format.size()) throw ValueError("incomplete format");
-    char type = format[p];
-    std::string flags_width_precision = format.substr(spec_begin, p - spec_begin);
-    i = p;
-    if (type == '%') {
+    PercentSpec spec;
+    i = parse_percent_spec(format, i, &spec);
+    if (spec.type == '%') {
       out.push_back('%');
       continue;
     }
     if (next >= values.size()) throw ValueError("not enough arguments for format string");
     const Value& v = values[next++];
-    std::string spec = "%" + flags_width_precision;
-    char buffer[512];
-    if (type == 's' || type == 'r') {
-      std::string text = type == 's' ? python_str(v) : python_repr(v);
-      // Width and precision count characters; pad with code points so non-ASCII text lines up as in Python.
-      bool left = flags_width_precision.find('-') != std::string::npos;
-      size_t dot = flags_width_precision.find('.');
-      std::string width_part = flags_width_precision.substr(0, dot);
-      width_part.erase(0, width_part.find_first_not_of("-+ 0#"));
-      std::u32string chars = utf8_decode(text);
-      if (dot != std::string::npos) chars = chars.substr(0, std::stoul("0" + flags_width_precision.substr(dot + 1)));
-      size_t width = width_part.empty() ? 0 : std::stoul(width_part);
-      std::string body = utf8_encode(chars);
-      std::string padding(width > chars.size() ? width - chars.size() : 0, ' ');
-      out += left ? body + padding : padding + body;
-    } else if (std::strchr("dioxXc", type)) {
-      if (!v.is_number())
-        throw ValueError(std::string("%") + type + " format: a number is required, not " + type_name(v));
-      long long n = v.is_float() ? static_cast<long long>(v.as_float()) : v.as_int();
-      if (type == 'c') {
-        utf8_append(out, static_cast<char32_t>(n));
-        continue;
-      }
-      std::snprintf(buffer, sizeof(buffer), (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(), n);
-      out += buffer;
-    } else if (std::strchr("fFeEgG", type)) {
-      if (!v.is_number())
-        throw ValueError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
-      std::snprintf(buffer, sizeof(buffer), (spec + type).c_str(), v.as_float());
-      out += buffer;
+    std::string piece;
+    if (spec.type == 's' || spec.type == 'r') {
+      piece = format_text(spec, v, limits);
+    } else if (spec.type == 'c') {
+      if (!v.is_number() || v.is_float()) throw ValueError("%c requires an int, not " + type_name(v));
+      int64_t code_point = v.as_int();
+      if (code_point < 0 || code_point > 0x10FFFF) throw ValueError("%c arg not in range(0x110000)");
+      utf8_append(piece, static_cast<char32_t>(code_point));
+    } else if (std::strchr("dioxXfFeEgG", spec.type)) {
+      piece = format_number(spec, v, limits);
     } else {
-      throw ValueError(std::string("unsupported format character '") + type + "'");
+      throw ValueError(std::string("unsupported format character '") + spec.type + "'");
     }
+    charge(add_bytes(out.size(), piece.size()), limits, "'%' formatting");
+    out += piece;
   }
   // Python: unused arguments are an error, except a single mapping-like argument (dict or list).
   bool mapping_like = !arguments.is_tuple() && (arguments.is_dict() || arguments.is_list());

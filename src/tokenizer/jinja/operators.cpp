@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
+#include <string>
 
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/error.h"
 #include "tokenizer/jinja/format.h"
@@ -22,16 +25,50 @@ std::string object_name(const Value& value) {
                    type_name(right) + "'");
 }
 
+// Chat templates compute with signed 64-bit integers where Python has unbounded ones: a result that
+// does not fit is an error, never a wrapped value or a trap (INT64_MIN // -1 raises SIGFPE on x86).
+[[noreturn]] void integer_overflow(std::string_view op, int64_t a, int64_t b) {
+  throw ValueError("integer overflow: " + std::to_string(a) + " " + std::string(op) + " " + std::to_string(b) +
+                   " does not fit in a signed 64-bit integer (chat templates compute with 64-bit integers)");
+}
+
+int64_t checked_int_operation(std::string_view op, int64_t a, int64_t b) {
+  int64_t result = 0;
+  bool overflow = false;
+  if (op == "+") {
+    overflow = __builtin_add_overflow(a, b, &result);
+  } else if (op == "-") {
+    overflow = __builtin_sub_overflow(a, b, &result);
+  } else if (op == "*") {
+    overflow = __builtin_mul_overflow(a, b, &result);
+  }
+  if (overflow) integer_overflow(op, a, b);
+  return result;
+}
+
 int64_t python_floor_div(int64_t a, int64_t b) {
+  if (a == INT64_MIN && b == -1) integer_overflow("//", a, b);
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
 }
 
 int64_t python_mod(int64_t a, int64_t b) {
+  if (b == -1) return 0;  // every integer is divisible by -1; INT64_MIN % -1 would trap
   int64_t r = a % b;
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;
+}
+
+// base ** exponent for exponent >= 0 by repeated squaring, every product checked.
+int64_t python_int_pow(int64_t base, int64_t exponent) {
+  int64_t result = 1;
+  int64_t square = base;
+  for (int64_t e = exponent; e > 0; e >>= 1) {
+    if ((e & 1) && __builtin_mul_overflow(result, square, &result)) integer_overflow("**", base, exponent);
+    if (e > 1 && __builtin_mul_overflow(square, square, &square)) integer_overflow("**", base, exponent);
+  }
+  return result;
 }
 
 // Python's normalisation of slice bounds for a sequence of `length` items.
@@ -53,16 +90,34 @@ std::vector<int64_t> slice_indices(int64_t length, const Value& start, const Val
   int64_t begin = clamp(as_index(start, "start"), step_value > 0 ? 0 : length - 1);
   int64_t end = clamp(as_index(stop, "stop"), step_value > 0 ? length : -1);
   std::vector<int64_t> indices;
+  // begin and end lie in [-1, length]; a step larger than that range ends the slice after one item.
   if (step_value > 0) {
-    for (int64_t i = begin; i < end; i += step_value) indices.push_back(i);
+    for (int64_t i = begin; i<end; i = step_value> end - i ? end : i + step_value) indices.push_back(i);
   } else {
-    for (int64_t i = begin; i > end; i += step_value) indices.push_back(i);
+    for (int64_t i = begin; i > end; i = step_value < end - i ? end : i + step_value) indices.push_back(i);
   }
   return indices;
 }
 
-void check_size(size_t size, size_t max_bytes) {
-  if (size > max_bytes) throw ValueError("result too large: the chat template exceeded its output size limit");
+// `sequence * count` (either order): a string or list repeated, charged before it is built.
+Value repeat_sequence(const Value& sequence, int64_t count, const RenderLimits& limits) {
+  auto n = static_cast<size_t>(std::max<int64_t>(0, count));
+  if (sequence.is_string()) {
+    const std::string& text = sequence.as_string();
+    if (text.empty()) return Value("");
+    charge(multiply_bytes(text.size(), n), limits, "'*' (string repetition)");
+    std::string out;
+    out.reserve(text.size() * n);
+    for (size_t i = 0; i < n; ++i) out += text;
+    return Value(std::move(out));
+  }
+  const List& items = sequence.as_list();
+  if (items.empty()) n = 0;
+  charge(multiply_bytes(list_bytes(items, limits.max_output_bytes), n), limits, "'*' (list repetition)");
+  List out;
+  out.reserve(items.size() * n);
+  for (size_t i = 0; i < n; ++i) out.insert(out.end(), items.begin(), items.end());
+  return sequence.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
 }
 
 }  // namespace
@@ -72,16 +127,16 @@ void throw_undefined(const Value& undefined) {
   throw ValueError(hint.empty() ? "value is undefined" : hint);
 }
 
-Value get_attribute(const Value& object, const std::string& name) {
+Value get_attribute(const Value& object, const std::string& name, const RenderLimits& limits) {
   if (object.is_undefined()) throw_undefined(object);
-  if (std::optional<Value> method = bound_method(object, name)) return *method;
+  if (std::optional<Value> method = bound_method(object, name, limits)) return *method;
   if (object.is_dict()) {
     if (const Value* found = object.as_dict().find(name)) return *found;
   }
   return Value::undefined("'" + object_name(object) + "' has no attribute '" + name + "'");
 }
 
-Value get_item(const Value& object, const Value& key) {
+Value get_item(const Value& object, const Value& key, const RenderLimits& limits) {
   if (object.is_undefined()) throw_undefined(object);
   if (object.is_list() && (key.is_int() || key.is_bool())) {
     const List& list = object.as_list();
@@ -95,9 +150,9 @@ Value get_item(const Value& object, const Value& key) {
     if (i >= 0 && i < static_cast<int64_t>(text.size())) return Value(utf8_encode(text.substr(i, 1)));
   } else if (object.is_dict() && key.is_string()) {
     if (const Value* found = object.as_dict().find(key.as_string())) return *found;
-    if (std::optional<Value> method = bound_method(object, key.as_string())) return *method;
+    if (std::optional<Value> method = bound_method(object, key.as_string(), limits)) return *method;
   } else if (key.is_string()) {
-    if (std::optional<Value> method = bound_method(object, key.as_string())) return *method;
+    if (std::optional<Value> method = bound_method(object, key.as_string(), limits)) return *method;
   }
   return Value::undefined("'" + object_name(object) + "' has no element " + python_repr(key));
 }
@@ -119,7 +174,7 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
   return Value::undefined("'" + object_name(object) + "' is not subscriptable");
 }
 
-List iterate(const Value& value) {
+List iterate(const Value& value, const RenderLimits& limits) {
   switch (value.type()) {
     case Value::Type::kUndefined:
       return {};
@@ -132,8 +187,12 @@ List iterate(const Value& value) {
       return keys;
     }
     case Value::Type::kString: {
+      // One short string a character: sizeof(Value) bytes each.
+      std::u32string text = utf8_decode(value.as_string());
+      charge(multiply_bytes(text.size(), sizeof(Value)), limits, "iterating over a string");
       List chars;
-      for (char32_t c : utf8_decode(value.as_string())) chars.emplace_back(utf8_encode(std::u32string(1, c)));
+      chars.reserve(text.size());
+      for (char32_t c : text) chars.emplace_back(utf8_encode(std::u32string(1, c)));
       return chars;
     }
     default:
@@ -197,19 +256,23 @@ int compare_values(const Value& left, const Value& right) {
 Value unary_minus(const Value& operand) {
   if (operand.is_undefined()) throw_undefined(operand);
   if (operand.is_float()) return Value(-operand.as_float());
-  if (operand.is_number()) return Value(-operand.as_int());
+  if (operand.is_number()) {
+    if (operand.as_int() == INT64_MIN) integer_overflow("-", 0, INT64_MIN);
+    return Value(-operand.as_int());
+  }
   throw ValueError("bad operand type for unary -: '" + type_name(operand) + "'");
 }
 
-Value binary_operation(std::string_view op, const Value& left, const Value& right, size_t max_bytes) {
+Value binary_operation(std::string_view op, const Value& left, const Value& right, const RenderLimits& limits) {
   if (op == "==") return Value(values_equal(left, right));
   if (op == "!=") return Value(!values_equal(left, right));
   if (op == "in") return Value(contains(right, left));
   if (op == "not in") return Value(!contains(right, left));
   if (op == "~") {
-    std::string out = python_str(left) + python_str(right);
-    check_size(out.size(), max_bytes);
-    return Value(std::move(out));
+    std::string a = python_str(left, limits.max_output_bytes);
+    std::string b = python_str(right, limits.max_output_bytes);
+    charge(add_bytes(a.size(), b.size()), limits, "'~'");
+    return Value(a + b);
   }
   if (op == "<") return Value(compare_values(left, right) < 0);
   if (op == ">") return Value(compare_values(left, right) > 0);
@@ -221,15 +284,19 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
   bool numbers = left.is_number() && right.is_number();
   bool floats = numbers && (left.is_float() || right.is_float());
   if (op == "+") {
-    if (numbers) return floats ? Value(left.as_float() + right.as_float()) : Value(left.as_int() + right.as_int());
+    if (numbers)
+      return floats ? Value(left.as_float() + right.as_float())
+                    : Value(checked_int_operation(op, left.as_int(), right.as_int()));
     if (left.is_string() && right.is_string()) {
-      check_size(left.as_string().size() + right.as_string().size(), max_bytes);
+      charge(add_bytes(left.as_string().size(), right.as_string().size()), limits, "'+' (string concatenation)");
       return Value(left.as_string() + right.as_string());
     }
     if (left.is_list() && right.is_list() && left.is_tuple() == right.is_tuple()) {
+      size_t cap = limits.max_output_bytes;
+      charge(add_bytes(list_bytes(left.as_list(), cap), list_bytes(right.as_list(), cap)), limits,
+             "'+' (list concatenation)");
       List out = left.as_list();
       out.insert(out.end(), right.as_list().begin(), right.as_list().end());
-      check_size(out.size(), max_bytes);
       return left.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
     }
     if (left.is_string()) throw ValueError("can only concatenate str (not \"" + type_name(right) + "\") to str");
@@ -237,29 +304,23 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
     unsupported(op, left, right);
   }
   if (op == "*") {
-    if (numbers) return floats ? Value(left.as_float() * right.as_float()) : Value(left.as_int() * right.as_int());
+    if (numbers)
+      return floats ? Value(left.as_float() * right.as_float())
+                    : Value(checked_int_operation(op, left.as_int(), right.as_int()));
     const Value* sequence = left.is_string() || left.is_list() ? &left : &right;
     const Value* count = sequence == &left ? &right : &left;
     if ((sequence->is_string() || sequence->is_list()) && (count->is_int() || count->is_bool())) {
-      int64_t n = std::max<int64_t>(0, count->as_int());
-      if (sequence->is_string()) {
-        check_size(sequence->as_string().size() * n, max_bytes);
-        std::string out;
-        for (int64_t i = 0; i < n; ++i) out += sequence->as_string();
-        return Value(std::move(out));
-      }
-      check_size(sequence->as_list().size() * n, max_bytes);
-      List out;
-      for (int64_t i = 0; i < n; ++i) out.insert(out.end(), sequence->as_list().begin(), sequence->as_list().end());
-      return sequence->is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
+      return repeat_sequence(*sequence, count->as_int(), limits);
     }
     unsupported(op, left, right);
   }
   if (!numbers) {
-    if (op == "%" && left.is_string()) return Value(python_percent_format(left.as_string(), right));
+    if (op == "%" && left.is_string()) return Value(python_percent_format(left.as_string(), right, limits));
     unsupported(op, left, right);
   }
-  if (op == "-") return floats ? Value(left.as_float() - right.as_float()) : Value(left.as_int() - right.as_int());
+  if (op == "-")
+    return floats ? Value(left.as_float() - right.as_float())
+                  : Value(checked_int_operation(op, left.as_int(), right.as_int()));
   if (op == "/") {
     if (right.as_float() == 0) throw ValueError("division by zero");
     return Value(left.as_float() / right.as_float());
@@ -275,11 +336,7 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
                       : Value(python_mod(left.as_int(), right.as_int()));
   }
   if (op == "**") {
-    if (!floats && right.as_int() >= 0) {
-      int64_t result = 1;
-      for (int64_t i = 0; i < right.as_int() && i < 64; ++i) result *= left.as_int();
-      return Value(result);
-    }
+    if (!floats && right.as_int() >= 0) return Value(python_int_pow(left.as_int(), right.as_int()));
     return Value(std::pow(left.as_float(), right.as_float()));
   }
   throw ValueError("unknown operator " + std::string(op));

@@ -1,9 +1,12 @@
 #include "tokenizer/jinja/parser.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
 
 #include "tokenizer/jinja/error.h"
+#include "tokenizer/jinja/limits.h"
 
 namespace tessera::tokenizer::jinja {
 namespace {
@@ -42,6 +45,41 @@ class Parser {
   bool at_name(std::string_view name) const { return current().type == Type::kName && current().value == name; }
 
   [[noreturn]] void fail(const std::string& message) const { throw TemplateError(message, current().line); }
+
+  [[noreturn]] void fail_nesting(int line) const {
+    throw TemplateError("the template nests deeper than " + std::to_string(kMaxTemplateNesting) +
+                            " levels (blocks, brackets, or chains of operators, filters, attributes and calls); "
+                            "parsing and rendering it would exhaust the stack",
+                        line);
+  }
+
+  // One more level of the parser's own recursion (nested blocks, brackets, unary operators).
+  class Nested {
+   public:
+    explicit Nested(Parser& parser) : parser_(parser) {
+      if (parser_.nesting_ >= kMaxTemplateNesting) parser_.fail_nesting(parser_.current().line);
+      ++parser_.nesting_;
+    }
+    ~Nested() { --parser_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& parser_;
+  };
+
+  // Records how deep a finished expression is; chains built in loops (a + b + c, x.a.b, f()()) deepen the
+  // tree without recursing here, and rendering recurses once per level.
+  ExprPtr seal(const std::shared_ptr<Expr>& e) {
+    int deepest = 0;
+    for (const ExprPtr& operand : e->operands) {
+      if (operand) deepest = std::max(deepest, operand->depth);
+    }
+    for (const auto& keyword : e->keyword_args) deepest = std::max(deepest, keyword.second->depth);
+    if (deepest >= kMaxTemplateNesting) fail_nesting(e->line);
+    e->depth = deepest + 1;
+    return e;
+  }
 
   std::string describe(const Token& token) const {
     switch (token.type) {
@@ -123,6 +161,7 @@ class Parser {
 
   // Some statements (generation) inline their body into the parent; they return null and append.
   StmtPtr parse_statement() {
+    Nested nested(*this);
     int line = current().line;
     if (current().type != Type::kName) fail("expected a statement name, got " + describe(current()));
     std::string keyword = advance().value;
@@ -307,10 +346,11 @@ class Parser {
       }
       tuple->operands.push_back(parse_expression(with_condexpr));
     }
-    return tuple;
+    return seal(tuple);
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
+    Nested nested(*this);
     ExprPtr expr = parse_or();
     if (!with_condexpr) return expr;
     while (at_name("if")) {
@@ -325,7 +365,7 @@ class Parser {
       } else {
         cond->operands.push_back(nullptr);
       }
-      expr = cond;
+      expr = seal(cond);
     }
     return expr;
   }
@@ -334,7 +374,7 @@ class Parser {
     auto e = make_expr(Expr::Kind::kBinary, line);
     e->name = std::move(op);
     e->operands = {std::move(left), std::move(right)};
-    return e;
+    return seal(e);
   }
 
   ExprPtr parse_or() {
@@ -357,11 +397,12 @@ class Parser {
 
   ExprPtr parse_not() {
     if (at_name("not")) {
+      Nested nested(*this);
       int line = advance().line;
       auto e = make_expr(Expr::Kind::kUnary, line);
       e->name = "not";
       e->operands.push_back(parse_not());
-      return e;
+      return seal(e);
     }
     return parse_compare();
   }
@@ -435,11 +476,12 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr node;
     if (at_operator("-") || at_operator("+")) {
+      Nested nested(*this);
       Token op = advance();
       auto e = make_expr(Expr::Kind::kUnary, op.line);
       e->name = op.value;
       e->operands.push_back(parse_unary(false));
-      node = e;
+      node = seal(e);
     } else {
       node = parse_primary();
     }
@@ -471,10 +513,8 @@ class Parser {
         while (current().type == Type::kString) text += advance().value;  // adjacent literals concatenate
         return literal(Value(std::move(text)));
       }
-      case Type::kInteger: {
-        std::string spelling = advance().value;
-        return literal(Value(static_cast<int64_t>(std::strtoll(spelling.c_str(), nullptr, 10))));
-      }
+      case Type::kInteger:
+        return literal(Value(integer_literal(advance().value, line)));
       case Type::kFloat: {
         std::string spelling = advance().value;
         return literal(Value(std::strtod(spelling.c_str(), nullptr)));
@@ -498,7 +538,7 @@ class Parser {
               if (at_operator(")")) break;
               tuple->operands.push_back(parse_expression(true));
             }
-            inner = tuple;
+            inner = seal(tuple);
           }
           expect_operator(")");
           return inner;
@@ -512,7 +552,7 @@ class Parser {
             list->operands.push_back(parse_expression(true));
           }
           advance();
-          return list;
+          return seal(list);
         }
         if (token.value == "{") {
           advance();
@@ -525,7 +565,7 @@ class Parser {
             dict->operands.push_back(parse_expression(true));
           }
           advance();
-          return dict;
+          return seal(dict);
         }
         break;
       default:
@@ -543,13 +583,13 @@ class Parser {
           auto e = make_expr(Expr::Kind::kGetAttr, line);
           e->name = advance().value;
           e->operands.push_back(node);
-          node = e;
+          node = seal(e);
         } else if (current().type == Type::kInteger) {
           auto index = make_expr(Expr::Kind::kLiteral, line);
-          index->literal = Value(static_cast<int64_t>(std::strtoll(advance().value.c_str(), nullptr, 10)));
+          index->literal = Value(integer_literal(advance().value, line));
           auto e = make_expr(Expr::Kind::kGetItem, line);
           e->operands = {node, index};
-          node = e;
+          node = seal(e);
         } else {
           fail("expected an attribute name after '.', got " + describe(current()));
         }
@@ -583,11 +623,11 @@ class Parser {
       if (!parts[0]) fail("empty subscript");
       auto e = make_expr(Expr::Kind::kGetItem, line);
       e->operands = {node, parts[0]};
-      return e;
+      return seal(e);
     }
     auto e = make_expr(Expr::Kind::kSlice, line);
     e->operands = {node, parts[0], parts[1], parts[2]};
-    return e;
+    return seal(e);
   }
 
   // Arguments of a call, filter or test: positional, then name=value.
@@ -615,7 +655,7 @@ class Parser {
     auto e = make_expr(Expr::Kind::kCall, current().line);
     e->operands.push_back(callee);
     parse_args(e.get());
-    return e;
+    return seal(e);
   }
 
   std::string parse_dotted_name() {
@@ -650,7 +690,7 @@ class Parser {
           if (at_name("is")) fail("you cannot chain multiple tests with 'is'");
           e->operands.push_back(parse_postfix(parse_primary()));
         }
-        node = e;
+        node = seal(e);
       } else if (at_operator("(")) {
         node = parse_call(node);
       } else {
@@ -669,13 +709,24 @@ class Parser {
       e->name = parse_dotted_name();
       e->operands.push_back(node);
       if (at_operator("(")) parse_args(e.get());
-      node = e;
+      node = seal(e);
     }
     return node;
   }
 
+  // Python's ints are unbounded; ours are 64-bit, and a literal that does not fit is an error, not a clamp.
+  static int64_t integer_literal(const std::string& spelling, int line) {
+    errno = 0;
+    long long value = std::strtoll(spelling.c_str(), nullptr, 10);
+    if (errno == ERANGE) {
+      throw TemplateError("integer literal " + spelling + " does not fit in a signed 64-bit integer", line);
+    }
+    return value;
+  }
+
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int nesting_ = 0;                       // the parser's own recursion, bounded by kMaxTemplateNesting
   std::vector<std::string> open_blocks_;  // for each open block, the end tags that may close it
 };
 

@@ -35,7 +35,7 @@ bool call_test(std::string_view name, const Value& value, const Args& args) {
   if (name == "callable") return value.is_function() || value.is_undefined();  // Undefined defines __call__
   if (name == "odd" || name == "even") {
     // Jinja2: value % 2 == 1 (odd) or == 0 (even), so floats are allowed and 2.5 is neither.
-    Value remainder = binary_operation("%", value, Value(2), SIZE_MAX);
+    Value remainder = binary_operation("%", value, Value(2), RenderLimits{});
     return values_equal(remainder, Value(name == "odd" ? 1 : 0));
   }
   if (name == "divisibleby") {
@@ -44,7 +44,8 @@ bool call_test(std::string_view name, const Value& value, const Args& args) {
       throw ValueError("test 'divisibleby' needs non-zero numbers");
     }
     if (value.is_float() || divisor.is_float()) return std::fmod(value.as_float(), divisor.as_float()) == 0;
-    return value.as_int() % divisor.as_int() == 0;
+    // Through Python's %, which knows that INT64_MIN % -1 is 0 (the C++ expression traps).
+    return values_equal(binary_operation("%", value, divisor, RenderLimits{}), Value(0));
   }
   if (name == "eq" || name == "equalto" || name == "==") return values_equal(value, arg());
   if (name == "ne" || name == "!=") return !values_equal(value, arg());

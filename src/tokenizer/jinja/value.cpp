@@ -1,6 +1,10 @@
 #include "tokenizer/jinja/value.h"
 
+#include <algorithm>
+#include <string>
+
 #include "tokenizer/jinja/error.h"
+#include "tokenizer/jinja/limits.h"
 
 namespace tessera::tokenizer::jinja {
 
@@ -38,6 +42,28 @@ Value Value::from_json(const nlohmann::ordered_json& json, int max_depth) {
   }
 }
 
+namespace {
+
+[[noreturn]] void too_deep() {
+  throw ValueError("a value is nested deeper than " + std::to_string(kMaxValueNesting) +
+                   " levels of lists and dicts; the chat template must not build such values");
+}
+
+}  // namespace
+
+int Value::list_depth(const List& list) {
+  int deepest = 0;
+  for (const Value& item : list) deepest = std::max(deepest, item.depth());
+  if (deepest >= kMaxValueNesting) too_deep();
+  return deepest + 1;
+}
+
+int Value::depth() const {
+  if (is_list()) return depth_;
+  if (is_dict()) return as_dict().depth();
+  return 0;
+}
+
 const Value* Dict::find(std::string_view key) const {
   for (const auto& entry : entries_) {
     if (entry.first == key) return &entry.second;
@@ -46,6 +72,9 @@ const Value* Dict::find(std::string_view key) const {
 }
 
 void Dict::set(std::string key, Value value) {
+  int value_depth = value.depth();
+  if (value_depth >= kMaxValueNesting) too_deep();
+  depth_ = std::max(depth_, value_depth + 1);
   for (auto& entry : entries_) {
     if (entry.first == key) {
       entry.second = std::move(value);

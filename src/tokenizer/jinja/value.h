@@ -45,8 +45,9 @@ class Value {
   Value(std::string s) : data_(std::move(s)) {}
   Value(std::string_view s) : data_(std::string(s)) {}
   Value(const char* s) : data_(std::string(s)) {}
-  Value(List list) : data_(std::make_shared<List>(std::move(list))) {}
-  Value(ListPtr list) : data_(std::move(list)) {}
+  // A list or dict nested deeper than kMaxValueNesting throws ValueError.
+  Value(List list) : depth_(list_depth(list)), data_(std::make_shared<List>(std::move(list))) {}
+  Value(ListPtr list) : depth_(list_depth(*list)), data_(std::move(list)) {}
   Value(DictPtr dict) : data_(std::move(dict)) {}
   Value(FunctionPtr function) : data_(std::move(function)) {}
 
@@ -83,9 +84,13 @@ class Value {
   const DictPtr& dict_ptr() const { return std::get<DictPtr>(data_); }
   Function& as_function() const { return *std::get<FunctionPtr>(data_); }
   const std::string& undefined_hint() const { return std::get<Undefined>(data_).hint; }
+  // Levels of lists and dicts: 0 for a scalar, 1 for [1, 2], 2 for [[1]].
+  int depth() const;
 
  private:
   explicit Value(Undefined u) : data_(std::move(u)) {}
+  static int list_depth(const List& list);
+  int depth_ = 0;  // of a list; a dict keeps its own, as it changes when a namespace attribute is set
   // Order matches Type.
   std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, FunctionPtr> data_;
   bool tuple_ = false;
@@ -100,10 +105,14 @@ class Dict {
   void set(std::string key, Value value);
   const std::vector<Entry>& entries() const { return entries_; }
   size_t size() const { return entries_.size(); }
+  // 1 + the deepest value ever set (an upper bound once a key is replaced). set() throws ValueError past
+  // kMaxValueNesting, which also stops chains of namespaces linked through their attributes.
+  int depth() const { return depth_; }
   bool is_namespace = false;  // created by namespace(): attributes are assignable, not a mapping
 
  private:
   std::vector<Entry> entries_;
+  int depth_ = 1;
 };
 
 // Positional and keyword arguments of a call.

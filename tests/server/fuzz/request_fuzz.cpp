@@ -143,6 +143,7 @@ struct Harness {
     http = std::make_unique<server::HttpServer>(
         ho, [this](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) { api->handle(std::move(r), ex); },
         &server::ApiServer::error_body);
+    http->set_header_check([this](const server::HttpRequest& r) { return api->check_headers(r); });
     http->start();
     port = http->port();
   }
