@@ -203,6 +203,7 @@ void AsyncEngine::admit(Pending& p, bool draining) {
       o.skip_special_tokens = t->request.params.skip_special_tokens;
       o.stop_strings = t->request.params.stop;
       o.include_stop_string_in_output = t->request.params.include_stop_str_in_output;
+      o.min_tokens = t->request.params.min_tokens;
       t->seqs[i].detok = std::make_unique<tokenizer::StreamingDetokenizer>(*tok_, o);
     }
     seq_owner_[sequence_id(id, i)] = {t.get(), i};
@@ -270,7 +271,13 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     }
     bool stopped_by_string = false;
     if (seq.detok) {
-      for (size_t i = 0; i < o.new_token_ids.size(); ++i) {
+      // A stop token (EOS or one of stop_token_ids) that ended the sequence: its text is not part of the
+      // output unless include_stop_str_in_output (vLLM's rule); its id stays in token_ids.
+      size_t text_tokens = o.new_token_ids.size();
+      if (o.finished && o.stop_token && text_tokens > 0 && o.new_token_ids.back() == *o.stop_token &&
+          !t->request.params.include_stop_str_in_output)
+        --text_tokens;
+      for (size_t i = 0; i < text_tokens; ++i) {
         auto r = seq.detok->push(o.new_token_ids[i]);
         d.text += r.text;
         if (r.stopped) {

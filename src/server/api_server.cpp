@@ -138,6 +138,8 @@ struct ApiServer::Impl {
                                                     "min_tokens",
                                                     "seed",
                                                     "ignore_eos",
+                                                    "include_stop_str_in_output",
+                                                    "skip_special_tokens",
                                                     "stop",
                                                     "stop_token_ids",
                                                     "logprobs",

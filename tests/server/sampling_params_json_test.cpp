@@ -103,5 +103,17 @@ TEST(SamplingParamsJson, PromptLogprobsAndMaxTokensZero) {
   EXPECT_FALSE(validate_sampling_params(p, 100).ok()) << "max_tokens 0 without prompt_logprobs";
 }
 
+TEST(SamplingParamsJson, StopStringAndSpecialTokenSwitchesAreRead) {
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"include_stop_str_in_output": true, "skip_special_tokens": false})", &p).ok());
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_FALSE(p.skip_special_tokens);
+  ASSERT_TRUE(read(R"({})", &p).ok());
+  EXPECT_FALSE(p.include_stop_str_in_output);
+  EXPECT_TRUE(p.skip_special_tokens);
+  expect_refused(R"({"include_stop_str_in_output": "yes"})", "'include_stop_str_in_output' must be a boolean");
+  expect_refused(R"({"skip_special_tokens": 1})", "'skip_special_tokens' must be a boolean");
+}
+
 }  // namespace
 }  // namespace tessera::server
