@@ -197,6 +197,7 @@ struct ApiServer::Impl {
     for (size_t p = 0; p < P; ++p) {
       SamplingParams sp = pr.params;
       fit_max_tokens(pr, pr.prompts[p].size(), sp);
+      if (p == 0) g->max_tokens = sp.max_tokens;
       per_prompt.push_back(sp);
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
@@ -253,6 +254,7 @@ struct ApiServer::Impl {
       if (d.prompt_tokens > 0) g.prompt_tokens[static_cast<size_t>(prompt_index)] = d.prompt_tokens;
       if (d.cached_tokens > 0 && d.index == 0) g.cached_tokens = std::max(g.cached_tokens, d.cached_tokens);
       if (d.first_token_latency > 0 && g.ttft == 0) g.ttft = d.first_token_latency;
+      record_timings(g, d);
       if (d.finish_reason != FinishReason::kError) c.text += d.text;
       c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
       if (g.logprobs >= 0) c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
@@ -288,16 +290,33 @@ struct ApiServer::Impl {
     }
   }
 
+  // The delta's vLLM timings into the request's (the first sequence to report each) and /metrics.
+  void record_timings(Gen& g, const StreamDelta& d) {
+    if (d.inter_token_latency >= 0) metrics.inter_token_latency(d.inter_token_latency);
+    if (d.queue_time >= 0 && g.queue_time < 0) g.queue_time = d.queue_time;
+    if (d.prefill_time >= 0 && g.prefill_time < 0) g.prefill_time = d.prefill_time;
+    if (d.decode_time >= 0 && g.decode_time < 0) g.decode_time = d.decode_time;
+    if (d.inference_time >= 0 && g.inference_time < 0) g.inference_time = d.inference_time;
+  }
+
   void finalize(Gen& g) {
     g.complete = true;
-    const double e2e = std::chrono::duration<double>(Clock::now() - g.start).count();
-    std::string reason = g.choices.empty() ? "stop" : g.choices[0].finish_reason;
-    int completion = 0;
+    FinishedRequest fr;
+    fr.e2e = std::chrono::duration<double>(Clock::now() - g.start).count();
+    fr.finish_reason = g.choices.empty() ? "stop" : g.choices[0].finish_reason;
     for (const auto& c : g.choices) {
-      completion += static_cast<int>(c.token_ids.size());
-      if (c.finish_reason == "abort" || c.finish_reason == "error") reason = c.finish_reason;
+      fr.generation_tokens += static_cast<int>(c.token_ids.size());
+      if (c.finish_reason == "abort" || c.finish_reason == "error") fr.finish_reason = c.finish_reason;
     }
-    metrics.request_finished(reason, e2e, g.ttft, completion);
+    for (int p : g.prompt_tokens) fr.prompt_tokens += p;
+    fr.ttft = g.ttft > 0 ? g.ttft : -1;
+    fr.queue = g.queue_time;
+    fr.prefill = g.prefill_time;
+    fr.decode = g.decode_time;
+    fr.inference = g.inference_time;
+    fr.max_tokens = g.max_tokens;
+    fr.n = g.n;
+    metrics.request_finished(fr);
     if (g.stream) {
       g.ex->write(g.writer->end_stream(g));
       g.ex->finish();
