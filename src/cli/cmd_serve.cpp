@@ -505,22 +505,40 @@ int run_serve(int argc, char** argv) {
       sf.host, sf.port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"), ef.max_num_seqs,
       ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching, sf.api_key.empty() ? "none" : "set");
 
-  // Text side first: a missing tokenizer should fail before minutes of weight loading.
-  TextSide text = load_text_side(ef, sf);
-  HeadEngine head;
-  std::unique_ptr<AsyncEngine> engine = build_engine(ef, cf, facts, sf, text, argc, argv, head);
-
-  server::Metrics metrics(sf.served_model_names.front());
-  server::ApiServer api(api_options(ef, sf, text), *engine, *text.tok, text.tmpl ? &*text.tmpl : nullptr, metrics);
+  // The port first, as vLLM binds its socket before building the engine: a second server on a port in use
+  // fails at once instead of after the model loaded. Connections wait in the backlog until the API starts.
+  std::unique_ptr<server::ApiServer> api;
   const bool access_log = access_log_on(sf);
   server::HttpServer http(
       http_options(sf),
       [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
         if (access_log) ex = server::with_access_log(r, std::move(ex));
-        api.handle(std::move(r), std::move(ex));
+        api->handle(std::move(r), std::move(ex));
       },
       &server::ApiServer::error_body);
-  return serve_until_signal(http, api, *engine, head.launcher.get(), sf);
+  http.listen();
+
+  // Text side next: a missing tokenizer should fail before minutes of weight loading.
+  TextSide text = load_text_side(ef, sf);
+  HeadEngine head;
+  std::unique_ptr<AsyncEngine> engine = build_engine(ef, cf, facts, sf, text, argc, argv, head);
+
+  server::Metrics metrics(sf.served_model_names.front(), engine->max_model_len());
+  api = std::make_unique<server::ApiServer>(api_options(ef, sf, text), *engine, *text.tok,
+                                            text.tmpl ? &*text.tmpl : nullptr, metrics);
+  // The API goes before the engine and the metrics it refers to, after the I/O threads that call it.
+  auto close_api = [&] {
+    http.stop();
+    api.reset();
+  };
+  try {
+    const int rc = serve_until_signal(http, *api, *engine, head.launcher.get(), sf);
+    close_api();
+    return rc;
+  } catch (...) {
+    close_api();
+    throw;
+  }
 }
 
 }  // namespace tessera::cli

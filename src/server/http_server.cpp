@@ -13,6 +13,7 @@
 #include <string_view>
 #include <thread>
 
+#include <fcntl.h>
 #include <poll.h>
 
 #include "core/error.h"
@@ -476,7 +477,7 @@ HttpServer::HttpServer(HttpServerOptions options, RequestHandler handler, ErrorB
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::start() {
+void HttpServer::listen() {
   auto& o = impl_->sh->options;
   beast::error_code ec;
   tcp::resolver resolver(impl_->ioc);
@@ -494,6 +495,13 @@ void HttpServer::start() {
     fail(ErrorKind::kNetwork, "cannot listen on {}:{}: {} (is another server using the port? pick one with --port)",
          o.host, o.port, ec.message());
   impl_->port = a.local_endpoint().port();
+  // Bound before the model loads, so rank processes spawned since must not inherit (and hold) the port.
+  ::fcntl(a.native_handle(), F_SETFD, FD_CLOEXEC);
+}
+
+void HttpServer::start() {
+  if (!impl_->acceptor) listen();
+  auto& o = impl_->sh->options;
   impl_->work.emplace(impl_->ioc.get_executor());
   impl_->do_accept();
   for (int i = 0; i < std::max(1, o.threads); ++i) {

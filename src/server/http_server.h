@@ -28,7 +28,10 @@ class HttpServer {
  public:
   HttpServer(HttpServerOptions options, RequestHandler handler, ErrorBodyFn error_body);
   ~HttpServer();
-  // Binds and listens (throws tessera::Error naming host:port when it cannot), starts the threads.
+  // Binds and listens (throws tessera::Error naming host:port when it cannot): the port is taken at once,
+  // and connections wait in the backlog until start(). `tessera serve` calls it before loading the model.
+  void listen();
+  // Listens (unless listen() did), then accepts and starts the threads.
   void start();
   int port() const;  // the bound port (useful with port 0)
   // Closes the listening socket; open connections go on.
