@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/engine_flags.h"
+#include "cli/flag_parsing.h"
 #include "cli/node_launch.h"
 #include "cli/plan_flags.h"
 #include "cli/rank_launcher.h"
@@ -38,12 +39,11 @@ namespace {
 namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {"--dtype",
+const std::set<std::string> kVllmOnlyFlags = {"--disable-log-stats",
                                               "--enable-lora",
                                               "--lora-modules",
                                               "--max-lora-rank",
                                               "--max-loras",
-                                              "--swap-space",
                                               "--cpu-offload-gb",
                                               "--guided-decoding-backend",
                                               "--structured-outputs-config",
@@ -58,7 +58,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--hf-overrides",
                                               "--override-generation-config",
                                               "--enable-expert-parallel",
-                                              "--data-parallel-size",
                                               "--ssl-keyfile",
                                               "--ssl-certfile",
                                               "--ssl-ca-certs",
@@ -74,19 +73,16 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--max-logprobs",
                                               "--disable-frontend-multiprocessing",
                                               "--enable-request-id-headers",
-                                              "--enable-prompt-tokens-details",
                                               "--mm-processor-kwargs",
                                               "--compilation-config",
                                               "-O",
                                               "--kv-transfer-config",
-                                              "--async-scheduling",
                                               "--scheduling-policy",
                                               "--max-num-partial-prefills",
                                               "--tokenizer-pool-size",
                                               "--config",
                                               "--allowed-local-media-path",
                                               "--disable-sliding-window",
-                                              "--max-seq-len-to-capture",
                                               "--cuda-graph-sizes",
                                               "--num-scheduler-steps",
                                               "--worker-cls",
@@ -103,7 +99,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--fully-sharded-loras",
                                               "--device-id",
                                               "--ray-workers-use-nsight",
-                                              "--disable-log-stats",
                                               "--max-parallel-loading-workers",
                                               "--enable-sleep-mode",
                                               "--calculate-kv-scales",
@@ -115,7 +110,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--data-parallel-address",
                                               "--headless",
                                               "--enable-eplb",
-                                              "--disable-fastapi-docs",
                                               "--enable-force-include-usage",
                                               "--enable-server-load-tracking",
                                               "--h11-max-incomplete-event-size",
@@ -179,7 +173,32 @@ struct ServeFlags {
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
        disable_access_log = false, language_model_only = false;
+  // vLLM flags that change nothing here (kNoOpFlags says why); read so their values are checked.
+  double swap_space = 4;
+  int max_seq_len_to_capture = 8192;
+  bool disable_fastapi_docs = false, enable_prompt_tokens_details = false, async_scheduling = false;
 };
+
+// vLLM flags accepted with no effect, and why (logged once when given; docs/server.md lists them).
+constexpr std::pair<const char*, const char*> kNoOpFlags[] = {
+    {"--swap-space", "preempted sequences are recomputed, never swapped to CPU memory"},
+    {"--disable-fastapi-docs", "tessera serves no /docs, /redoc or /openapi.json pages"},
+    {"--max-seq-len-to-capture", "CUDA graphs are captured per batch size and serve every sequence length"},
+    {"--enable-prompt-tokens-details", "usage always carries prompt_tokens_details.cached_tokens"},
+    {"--async-scheduling", "each step is scheduled after the previous one (asynchronous scheduling is not built)"},
+};
+
+void add_vllm_compat_flags(CLI::App& app, ServeFlags& sf) {
+  const char* g = "vLLM flags with no effect (docs/server.md)";
+  app.add_option("--swap-space", sf.swap_space, "GiB of CPU swap space per GPU in vLLM; no effect")->group(g);
+  app.add_flag("--disable-fastapi-docs", sf.disable_fastapi_docs, "no effect: there are no API docs pages")->group(g);
+  app.add_option("--max-seq-len-to-capture", sf.max_seq_len_to_capture, "no effect: graphs serve every length")
+      ->group(g);
+  app.add_flag("--enable-prompt-tokens-details", sf.enable_prompt_tokens_details,
+               "no effect: prompt_tokens_details.cached_tokens is always reported")
+      ->group(g);
+  app.add_flag("--async-scheduling", sf.async_scheduling, "no effect: steps are scheduled one after another")->group(g);
+}
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
   app.add_option("model,--model", ef.model,
@@ -232,15 +251,17 @@ void reject_extras(const CLI::App& app) {
     if (extra.empty() || extra[0] != '-') continue;
     std::string name = extra.substr(0, extra.find('='));
     if (kVllmOnlyFlags.count(name))
-      fail(ErrorKind::kUnsupported, "{} is a vLLM flag tessera does not support yet", name);
-    fail(ErrorKind::kInvalidArgument, "{} is not a flag of tessera serve (see tessera serve --help)", name);
+      throw FlagError(fmt::format("{} is a vLLM flag tessera does not support yet", name));
+    const std::string close = closest_flag(app, name);
+    throw FlagError(fmt::format("{} is not a flag of tessera serve{} (see tessera serve --help)", name,
+                                close.empty() ? "" : fmt::format("; did you mean {}?", close)));
   }
   if (!app.remaining().empty())
-    fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
+    throw FlagError(fmt::format("unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]));
 }
 
-// The head's own checks (after the engine's and the cluster's), then the defaults that depend on others.
-void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
+// The values of the serve flags (their mistakes are command-line errors, exit code 2).
+void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
   if (!sf.tool_call_parser.empty()) (void)server::make_tool_parser(sf.tool_call_parser);
   if (!sf.reasoning_parser.empty()) (void)server::make_reasoning_parser(sf.reasoning_parser);
@@ -260,6 +281,15 @@ void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
     TLOG_INFO(
         "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
         "code from the checkpoint");
+  if (!(sf.swap_space >= 0)) fail(ErrorKind::kInvalidArgument, "--swap-space must be >= 0, got {}", sf.swap_space);
+  if (sf.max_seq_len_to_capture < 1)
+    fail(ErrorKind::kInvalidArgument, "--max-seq-len-to-capture must be >= 1, got {}", sf.max_seq_len_to_capture);
+  for (const auto& [flag, why] : kNoOpFlags)
+    if (app.count(flag)) TLOG_INFO("{} is accepted for vLLM compatibility and has no effect: {}", flag, why);
+}
+
+// The head's own checks (after the engine's and the cluster's), then the defaults that depend on others.
+void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
   if (!fs::is_directory(ef.model))
     fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
          ef.model);
@@ -469,19 +499,17 @@ int run_serve(int argc, char** argv) {
       "--load-format dummy",
       "tessera serve"};
   app.allow_extras();
+  use_vllm_conventions(app);
   EngineFlags ef;
   ServeFlags sf;
   add_serve_flags(app, ef, sf);
   add_engine_flags(app, ef);
+  add_vllm_compat_flags(app, sf);
   ClusterFlags cf;
   add_cluster_flags(app, cf);
   WorkerFlags wf;
   add_worker_flags(app, wf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   reject_extras(app);
   if (ef.model.empty()) {
     ef.model = default_model_dir("serve");
@@ -489,7 +517,10 @@ int run_serve(int argc, char** argv) {
   }
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
-  (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
+  as_flag_errors([&] {  // flag checks before anything starts
+    (void)engine_config(ef, /*parallel_supported=*/true);
+    check_serve_flag_values(app, sf);
+  });
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
   if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
     if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
