@@ -29,6 +29,7 @@
 #include "server/http_server.h"
 #include "server/parsers/reasoning_parser.h"
 #include "server/parsers/tool_parser.h"
+#include "server/stats_log.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,8 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {"--disable-log-stats",
-                                              "--enable-lora",
+const std::set<std::string> kVllmOnlyFlags = {"--enable-lora",
                                               "--lora-modules",
                                               "--max-lora-rank",
                                               "--max-loras",
@@ -173,6 +173,10 @@ struct ServeFlags {
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
        disable_access_log = false, language_model_only = false;
+  // vLLM's request log and stats line.
+  bool enable_log_requests = false, disable_log_stats = false;
+  int max_log_len = 0;
+  double log_stats_interval = 10;
   // vLLM flags that change nothing here (kNoOpFlags says why); read so their values are checked.
   double swap_space = 4;
   int max_seq_len_to_capture = 8192;
@@ -227,7 +231,17 @@ void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
                  "level of the HTTP server's log: critical, error, warning, info, debug, trace (the per-request "
                  "access lines are info: warning and above turn them off)")
       ->capture_default_str();
-  app.add_flag("--disable-log-requests", sf.disable_log_requests, "no log line per request");
+  app.add_flag("--disable-log-requests", sf.disable_log_requests,
+               "no log line per request (neither the access line nor --enable-log-requests' line)");
+  app.add_flag("--enable-log-requests", sf.enable_log_requests,
+               "log each generation request: its prompt (see --max-log-len), token ids and sampling parameters");
+  app.add_option("--max-log-len", sf.max_log_len,
+                 "with --enable-log-requests: characters and token ids of the prompt logged (default: all)");
+  app.add_flag("--disable-log-stats", sf.disable_log_stats,
+               "no periodic stats line (throughput, running and waiting requests, KV cache usage, prefix cache hit "
+               "rate; logged every --log-stats-interval seconds while there is work)");
+  app.add_option("--log-stats-interval", sf.log_stats_interval, "seconds between two stats lines")
+      ->capture_default_str();
   app.add_flag("--language-model-only", sf.language_model_only,
                "accepted for vLLM compatibility: tessera loads only a checkpoint's language model (text in, text "
                "out) anyway; the vision tower of multimodal checkpoints is never loaded");
@@ -281,6 +295,9 @@ void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
     TLOG_INFO(
         "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
         "code from the checkpoint");
+  if (sf.max_log_len < 0) fail(ErrorKind::kInvalidArgument, "--max-log-len must be >= 0, got {}", sf.max_log_len);
+  if (!(sf.log_stats_interval > 0))
+    fail(ErrorKind::kInvalidArgument, "--log-stats-interval must be above 0 seconds, got {}", sf.log_stats_interval);
   if (!(sf.swap_space >= 0)) fail(ErrorKind::kInvalidArgument, "--swap-space must be >= 0, got {}", sf.swap_space);
   if (sf.max_seq_len_to_capture < 1)
     fail(ErrorKind::kInvalidArgument, "--max-seq-len-to-capture must be >= 1, got {}", sf.max_seq_len_to_capture);
@@ -382,6 +399,8 @@ server::ApiOptions api_options(const EngineFlags& ef, const ServeFlags& sf, cons
   ao.enable_auto_tool_choice = sf.enable_auto_tool_choice;
   ao.tool_call_parser = sf.tool_call_parser;
   ao.reasoning_parser = sf.reasoning_parser;
+  ao.log_requests = sf.enable_log_requests && !sf.disable_log_requests;
+  ao.max_log_len = sf.max_log_len;
   return ao;
 }
 
@@ -563,6 +582,10 @@ int run_serve(int argc, char** argv) {
     api.reset();
   };
   try {
+    std::optional<server::StatsLogger> stats_log;
+    if (!sf.disable_log_stats)
+      stats_log.emplace([&engine] { return engine->stats(); },
+                        std::chrono::milliseconds(static_cast<int64_t>(sf.log_stats_interval * 1000)));
     const int rc = serve_until_signal(http, *api, *engine, head.launcher.get(), sf);
     close_api();
     return rc;

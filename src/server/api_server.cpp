@@ -15,6 +15,7 @@
 #include <climits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "core/json_depth.h"
@@ -183,6 +184,21 @@ struct ApiServer::Impl {
     }
   }
 
+  // vLLM's "Received request" line (--enable-log-requests), the prompt cut at --max-log-len.
+  void log_request(const std::string& id, const std::string& text, const std::vector<int32_t>& ids,
+                   const SamplingParams& p) const {
+    const size_t cap = opt.max_log_len > 0 ? static_cast<size_t>(opt.max_log_len) : std::string::npos;
+    std::string shown = text.substr(0, std::min(cap, text.size()));
+    while (!shown.empty() && (static_cast<unsigned char>(shown.back()) & 0xC0) == 0x80) shown.pop_back();
+    const std::span<const int32_t> shown_ids = std::span(ids).first(std::min(cap, ids.size()));
+    TLOG_INFO(
+        "Received request {}: prompt: {}, params: n={}, temperature={}, top_p={}, top_k={}, min_p={}, seed={}, "
+        "max_tokens={}, min_tokens={}, stop={}, stop_token_ids={}, prompt_token_ids: [{}], prompt tokens: {}",
+        id, json(shown).dump(-1, ' ', false, json::error_handler_t::replace), p.n, p.temperature, p.top_p, p.top_k,
+        p.min_p, p.seed ? std::to_string(*p.seed) : "None", p.max_tokens, p.min_tokens, json(p.stop).dump(),
+        json(p.stop_token_ids).dump(), fmt::join(shown_ids, ", "), ids.size());
+  }
+
   void start_generation(std::shared_ptr<Gen> g, Prepared& pr) {
     const size_t P = pr.prompts.size();
     g->n = pr.params.n;
@@ -202,6 +218,10 @@ struct ApiServer::Impl {
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
     }
+    if (opt.log_requests)
+      for (size_t p = 0; p < P; ++p)
+        log_request(g->engine_ids[p], p < pr.prompt_texts.size() ? pr.prompt_texts[p] : std::string(), pr.prompts[p],
+                    per_prompt[p]);
     // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
     std::vector<GenerationRequest> reqs;
     std::vector<OutputCallback> callbacks;

@@ -36,6 +36,10 @@ struct ApiOptions {
   size_t max_prompt_bytes = 8u << 20;  // rendered chat prompt / prompt text
   int max_tokens_cap = 1 << 20;
   int retry_after_seconds = 1;
+  // vLLM's --enable-log-requests: one log line per generation request with its prompt (the first
+  // max_log_len characters and token ids; 0: all) and sampling parameters.
+  bool log_requests = false;
+  int max_log_len = 0;
 };
 
 class ApiServer {

@@ -67,11 +67,12 @@ expect_error "--enable-auto-tool-choice requires --tool-call-parser" --enable-au
 expect_error "argument --quantization" --quantization awq
 expect_error "--gpu-memory-utilization must be in (0, 1]" --gpu-memory-utilization 2
 expect_error "--swap-space must be >= 0, got -1" --swap-space -1
+expect_error "--log-stats-interval must be above 0 seconds" --log-stats-interval 0
 
 # vLLM's harmless flags get past the flag checks (the missing model directory is what stops them).
 "$BIN" serve "$TMP/no-such-model" --dtype auto --swap-space 4 --disable-fastapi-docs --max-seq-len-to-capture 8192 \
-  --enable-prompt-tokens-details --async-scheduling --disable-log-requests --max_num_batched_tokens 8k \
-  >"$TMP/out" 2>&1
+  --enable-prompt-tokens-details --async-scheduling --enable-log-requests --max-log-len 100 --disable-log-requests \
+  --disable-log-stats --max_num_batched_tokens 8k >"$TMP/out" 2>&1
 rc=$?
 [ $rc = 1 ] && grep -q "not a model directory" "$TMP/out" || bad "harmless vLLM flags: exit $rc: $(cat "$TMP/out")"
 grep -q -- "--swap-space is accepted for vLLM compatibility and has no effect" "$TMP/out" || bad "no-op flags not logged"

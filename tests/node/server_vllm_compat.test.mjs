@@ -1,14 +1,17 @@
 // What a vLLM user's scripts, dashboards and benchmarks rely on, against the real `tessera serve`
-// (tests/integration/server_run.sh; TESSERA_BIN is the binary): vLLM's stop semantics (min_tokens,
-// include_stop_str_in_output), the /metrics series vLLM's Grafana dashboard queries, and a second
-// server on a port in use failing at once. The model is the tiny dummy Qwen3 (random text).
+// (tests/integration/server_run.sh with --log-stats-interval 1 --enable-log-requests --max-log-len 5;
+// TESSERA_BIN is the binary): vLLM's stop semantics (min_tokens, include_stop_str_in_output), the
+// /metrics series vLLM's Grafana dashboard queries, the periodic stats line, the request log, and a
+// second server on a port in use failing at once. The model is the tiny dummy Qwen3 (random text).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 
 const URL = process.env.TESSERA_URL;
 const KEY = process.env.TESSERA_API_KEY;
+const LOG = process.env.TESSERA_LOG;
 const BIN = process.env.TESSERA_BIN;
 const ROOT = path.resolve(path.dirname(new globalThis.URL(import.meta.url).pathname), '../..');
 const hdrs = { 'content-type': 'application/json', authorization: `Bearer ${KEY}` };
@@ -80,6 +83,18 @@ test('/metrics exports the series vLLM dashboards query, with model_name', async
   assert.match(t, /^vllm:prefix_cache_queries_total\{model_name="qwen3-tiny"\} [1-9]/m);
   assert.match(t, /^vllm:iteration_tokens_total_count\{model_name="qwen3-tiny"\} [1-9]/m);
   assert.match(t, /^tessera:engine_alive\{model_name="qwen3-tiny"\} 1$/m);
+});
+
+test('the stats line is logged while there is work, and each request with --enable-log-requests', async () => {
+  await complete({ prompt: 'abcdefghij', max_tokens: 8 });
+  let log = '';
+  for (let i = 0; i < 50 && !/Avg prompt throughput/.test(log); ++i) {
+    await sleep(100);
+    log = fs.readFileSync(LOG, 'utf8');
+  }
+  assert.match(log, /Avg prompt throughput: \d+\.\d tokens\/s, Avg generation throughput: \d+\.\d tokens\/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: \d+\.\d%, Prefix cache hit rate: \d+\.\d%/);
+  // --max-log-len 5: the prompt cut at 5 characters and 5 token ids.
+  assert.match(log, /Received request cmpl-[0-9a-f]+: prompt: "abcde", params: n=1, temperature=0,.*max_tokens=8/);
 });
 
 test('a second server on the same port fails at once, naming the port', async () => {
