@@ -51,6 +51,13 @@ int positive_tokens(const std::string& text, const char* flag) {
   return static_cast<int>(v);
 }
 
+// An option holding a token count in vLLM's human-readable form (flag_parsing.h), at least 1.
+void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* help) {
+  app.add_option_function<std::string>(
+         flag, [flag, &out](const std::string& v) { out = positive_tokens(v, flag); }, help)
+      ->type_name("TOKENS");
+}
+
 }  // namespace
 
 void add_engine_flags(CLI::App& app, EngineFlags& f) {
@@ -63,19 +70,14 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
       ->check(CLI::IsMember({"fp8"}));
   app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
       ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--max-model-len", [&f](const std::string& v) { f.max_model_len = positive_tokens(v, "--max-model-len"); },
-         "longest sequence (prompt + output) in tokens, as vLLM reads it: 32768, 32k (= 32000), 32K (= 32768), "
-         "1m, 1M; default: the model's max_position_embeddings")
-      ->type_name("TOKENS");
+  add_tokens_option(app, "--max-model-len", f.max_model_len,
+                    "longest sequence (prompt + output) in tokens, as vLLM reads it: 32768, 32k (= 32000), 32K (= "
+                    "32768), 1m, 1M; default: the model's max_position_embeddings");
   app.add_option("--max-num-seqs", f.max_num_seqs, "most sequences in one step (batch size cap)")
       ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--max-num-batched-tokens",
-         [&f](const std::string& v) { f.max_num_batched_tokens = positive_tokens(v, "--max-num-batched-tokens"); },
-         "token budget of one step; long prompts are prefilled in chunks of this size (default 8192; 8k, 8K as "
-         "--max-model-len)")
-      ->type_name("TOKENS");
+  add_tokens_option(app, "--max-num-batched-tokens", f.max_num_batched_tokens,
+                    "token budget of one step; long prompts are prefilled in chunks of this size (default 8192; 8k, 8K "
+                    "as --max-model-len)");
   app.add_option("--dtype", f.dtype,
                  "auto | bfloat16: the compute dtype (tessera computes in bfloat16 on GPUs and float32 on CPUs; "
                  "vLLM's other values are refused)")

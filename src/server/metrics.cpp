@@ -108,45 +108,49 @@ void Metrics::request_finished(const FinishedRequest& r) {
 }
 
 void Metrics::render_engine(std::string& o, const AsyncEngineStats& s) const {
-  auto one = [&](const std::string& name, const char* type, const char* help, double v) {
-    family(o, name, type, help);
-    o += fmt::format("{}{{{}}} {}\n", name, labels_, v);
+  struct Series {
+    const char* name;
+    const char* type;
+    const char* help;
+    double value;
   };
   const EngineStats& e = s.engine;
-  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-      static_cast<double>(e.num_running));
-  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-      static_cast<double>(e.num_waiting + s.num_pending));
-  one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", e.kv_cache_usage);
-  one("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage (kv_cache_usage_perc).",
-      e.kv_cache_usage);
-  one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-      static_cast<double>(e.prompt_tokens));
-  one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-      static_cast<double>(e.generation_tokens));
-  one("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
-      static_cast<double>(e.prefix_cache_queries));
-  one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-      static_cast<double>(e.prefix_cache_hit_tokens));
-  one("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
-      static_cast<double>(e.num_preemptions));
+  const SpecDecodeStats& sd = e.spec;  // zero while speculative decoding is off
+  auto n = [](uint64_t v) { return static_cast<double>(v); };
+  const Series series[] = {
+      {"vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", n(e.num_running)},
+      {"vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+       n(e.num_waiting + s.num_pending)},
+      {"vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", e.kv_cache_usage},
+      {"vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage (kv_cache_usage_perc).",
+       e.kv_cache_usage},
+      {"vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", n(e.prompt_tokens)},
+      {"vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", n(e.generation_tokens)},
+      {"vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+       n(e.prefix_cache_queries)},
+      {"vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+       n(e.prefix_cache_hit_tokens)},
+      {"vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
+       n(e.num_preemptions)},
+      {"vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", n(sd.num_drafts)},
+      {"vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", n(sd.num_draft_tokens)},
+      {"vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+       n(sd.num_accepted_tokens)},
+      {"tessera:engine_alive", "gauge", "1 while the engine runs, 0 after a fatal error.", s.alive ? 1.0 : 0.0},
+  };
+  for (const Series& x : series) {
+    family(o, x.name, x.type, x.help);
+    o += fmt::format("{}{{{}}} {}\n", x.name, labels_, x.value);
+  }
   family(o, "vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.");
   format_histogram(o, "vllm:iteration_tokens_total", labels_, kIterationTokensBuckets, e.iteration_tokens,
-                   static_cast<double>(e.iteration_tokens_sum));
-  const SpecDecodeStats& sd = e.spec;  // zero while speculative decoding is off
-  one("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
-      static_cast<double>(sd.num_drafts));
-  one("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
-      static_cast<double>(sd.num_draft_tokens));
-  one("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
-      static_cast<double>(sd.num_accepted_tokens));
+                   n(e.iteration_tokens_sum));
   if (e.num_speculative_tokens > 0) {
     family(o, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
     for (int i = 0; i < e.num_speculative_tokens; ++i)
       o += fmt::format("vllm:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", labels_, i,
                        i < static_cast<int>(sd.accepted_per_pos.size()) ? sd.accepted_per_pos[i] : 0);
   }
-  one("tessera:engine_alive", "gauge", "1 while the engine runs, 0 after a fatal error.", s.alive ? 1 : 0);
 }
 
 void Metrics::render_requests(std::string& o) const {
