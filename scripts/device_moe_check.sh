@@ -254,7 +254,7 @@ if part hybrid_prefix; then
     timeout 180 $B/tessera bench --base-url http://127.0.0.1:8014 --dataset random --random-prefix-len 2000 \
       --random-input-len 64 --random-output-len 32 --num-prompts 64 --max-concurrency 8 --ignore-eos \
       --tokenizer $TOK --json "$L/hybrid_prefix_$pc.json" 2>/dev/null | grep -iE 'ttft|request throughput' | head -4
-    echo "prefix caching $pc: $(curl -s http://127.0.0.1:8014/metrics | grep -E '^[a-z:_]*(prefix_cache_hit_tokens_total|prompt_tokens_total)' | tr '\n' ' ')"
+    echo "prefix caching $pc: $(curl -s http://127.0.0.1:8014/metrics | grep -E '^[a-z:_]*(prefix_cache_hits_total|prompt_tokens_total)' | tr '\n' ' ')"
     kill $SP; wait $SP 2>/dev/null
   done
 fi

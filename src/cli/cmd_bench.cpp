@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "bench/bench_options.h"
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 
@@ -167,17 +168,14 @@ int run_bench(int argc, char** argv) {
       "  tessera bench --dataset random --random-input-len 1024 --random-output-len 128 --num-prompts 100 \\\n"
       "                --request-rate 8 --goodput ttft:500 tpot:50 --json run.json",
       "tessera bench"};
+  use_vllm_conventions(app);
   app.get_formatter()->column_width(34);
 
   BenchCliFlags c;
   add_target_flags(app, options, c);
   add_workload_flags(app, options, c);
   add_load_and_report_flags(app, options, c);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   apply_cli_flags(app, options, c);
   return bench::run_benchmark(std::move(options));
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
@@ -22,6 +23,7 @@ int run_chat_template(int argc, char** argv) {
       "add_generation_prompt (default true), chat_template_kwargs) and print the prompt exactly, as\n"
       "transformers' apply_chat_template(..., tokenize=False) gives it.",
       "tessera chat-template"};
+  use_vllm_conventions(app);
   std::string model_dir, template_file;
   app.add_option("--model", model_dir, "model directory holding tokenizer_config.json or chat_template.jinja")
       ->required();
@@ -30,11 +32,7 @@ int run_chat_template(int argc, char** argv) {
   app.add_flag("--vllm-messages", as_vllm,
                "first normalize the messages as vLLM's OpenAI server does (content parts to text, tool-call "
                "arguments to objects), i.e. render what `tessera serve` renders");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
 
   auto chat_template = tokenizer::ChatTemplate::from_model_dir(
       model_dir, template_file.empty() ? std::nullopt : std::optional<std::filesystem::path>(template_file));

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/cluster_state.h"
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "dist/rendezvous_client.h"
@@ -82,6 +83,7 @@ void print_status(const dist::ClusterStatus& s, const std::string& where) {
 
 int run_cluster(int argc, char** argv) {
   CLI::App app{"Inspect a running multi-node cluster through its head's control port.", "tessera cluster"};
+  use_vllm_conventions(app);
   app.require_subcommand(1);
   CLI::App* status =
       app.add_subcommand("status", "nodes, ranks, GPUs, NIC, IP, version and liveness, like `ray status`");
@@ -95,11 +97,7 @@ int run_cluster(int argc, char** argv) {
   status->add_option("--address", address, "HEAD:PORT, as given to `tessera node start --address`");
   status->add_option("--cluster-token", token, "the cluster token (default: $TESSERA_CLUSTER_TOKEN)");
   status->add_option("--timeout", timeout_s, "seconds to wait for the head")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   if (token.empty() && std::getenv("TESSERA_CLUSTER_TOKEN")) token = std::getenv("TESSERA_CLUSTER_TOKEN");
   if (!address.empty()) {
     size_t colon = address.rfind(':');

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "cli/engine_flags.h"
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "dist/launch_env.h"
@@ -24,6 +25,7 @@ int run_doctor(int argc, char** argv) {
       "  tessera doctor MODEL --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --cluster-token T   (head)\n"
       "  tessera doctor MODEL --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --cluster-token T   (node 1)",
       "tessera doctor"};
+  use_vllm_conventions(app);
   std::string model;
   bool verify = false, json = false;
   ClusterFlags cf;
@@ -41,11 +43,7 @@ int run_doctor(int argc, char** argv) {
   app.add_option("--all-reduce-mib", allreduce_mib, "MiB all-reduced in the Gloo test")->capture_default_str();
   app.add_option("--min-shm", min_shm, "smallest acceptable /dev/shm")->capture_default_str();
   add_cluster_flags(app, cf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   const dist::LaunchFacts facts = dist::resolve_launch({cf.nnodes, cf.node_rank, cf.master_addr, cf.master_port});
   o.model_dir = model;
   o.verify_weights = verify;

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "cli/engine_flags.h"
+#include "cli/flag_parsing.h"
 #include "cli/node_launch.h"
 #include "cli/rank_launcher.h"
 #include "cli/verbs.h"
@@ -402,6 +403,7 @@ int run_generate(int argc, char** argv) {
       "  tessera generate --model DIR --input prompts.jsonl --output out.jsonl\n"
       "  tessera generate --model DIR --score texts.jsonl   (perplexity of each text and of all)",
       "tessera generate"};
+  use_vllm_conventions(app);
   EngineFlags ef;
   GenerateFlags g;
   add_generate_flags(app, ef, g);
@@ -409,11 +411,7 @@ int run_generate(int argc, char** argv) {
   add_worker_flags(app, wf);
   ClusterFlags cf;
   add_cluster_flags(app, cf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   if (ef.model.empty()) ef.model = default_model_dir("generate");
   // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
@@ -421,7 +419,7 @@ int run_generate(int argc, char** argv) {
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
   std::unique_ptr<dist::NodeSession> session;
   if (!facts.is_head()) {
-    (void)engine_config(ef, /*parallel_supported=*/true);  // the same checks as the head, before joining
+    as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true); });  // as the head, before joining
     session = start_node_session(ef, cf, facts);
     return run_worker_node(ef, *session, facts.nnodes, argc, argv);
   }
@@ -434,7 +432,7 @@ int run_generate(int argc, char** argv) {
   // Declared before the engine, so the executor's shutdown plan goes out before it waits.
   // Several nodes: the head's session (control channel on the chosen NIC) outlives the launcher.
   if (facts.nnodes > 1) {
-    (void)engine_config(ef, /*parallel_supported=*/true);
+    as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true); });
     session = start_node_session(ef, cf, facts);
   }
   HeadEngine head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli/cluster_state.h"
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -274,6 +275,7 @@ int run_node(int argc, char** argv) {
       "`tessera node start --address HEAD:PORT` on the others; then `tessera serve ... "
       "--distributed-executor-backend ray` on the head places its ranks on them.",
       "tessera node"};
+  use_vllm_conventions(app);
   app.require_subcommand(1);
   CLI::App* start = app.add_subcommand("start", "start this node (in the foreground) as the head or joining one");
   NodeStartFlags f;
@@ -293,11 +295,7 @@ int run_node(int argc, char** argv) {
   start->add_option("--object-store-memory", f.object_store_memory, "accepted for Ray compatibility; not used");
   start->add_option("--num-cpus", f.num_cpus, "accepted for Ray compatibility; not used");
   start->add_option("--dashboard-host", f.dashboard_host, "accepted for Ray compatibility; not used");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   if (f.head == !f.address.empty())
     fail(ErrorKind::kInvalidArgument,
          "tessera node start needs exactly one of --head (start the cluster here) or --address HEAD:PORT (join it)");

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "cli/engine_flags.h"
+#include "cli/flag_parsing.h"
 #include "cli/plan_flags.h"
 #include "cli/verbs.h"
 #include "core/error.h"
@@ -84,6 +85,7 @@ int run_plan(int argc, char** argv) {
       "  tessera plan configs/qwen3-8b --gpu h100 --max-model-len 32768 --max-num-seqs 64\n"
       "  tessera plan configs/qwen3-8b --gpu rtx4090 --nodes 2 --gpus-per-node 4 --suggest",
       "tessera plan"};
+  use_vllm_conventions(app);
   app.allow_extras();
   EngineFlags ef;
   ClusterFlags cf;
@@ -100,17 +102,13 @@ int run_plan(int argc, char** argv) {
   app.add_option("--gpus-per-node", gpus_per_node, "GPUs per node of the target (default TP x PP / nodes)");
   app.add_flag("--suggest", suggest, "list the TP x PP layouts that fit (TP inside a node first)");
   app.add_flag("--json", json, "print the plan as JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   std::vector<std::string> ignored;
   for (const auto& extra : app.remaining())
     if (!extra.empty() && extra[0] == '-') ignored.push_back(extra.substr(0, extra.find('=')));
   if (!ignored.empty() && !json)
     std::fprintf(stderr, "note: not about memory, ignored: %s\n", fmt::format("{}", fmt::join(ignored, " ")).c_str());
-  (void)engine_config(ef, /*parallel_supported=*/true, /*planning=*/true);  // the same flag checks as serve
+  as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true, /*planning=*/true); });  // as serve
   plan::PlanInputs in = plan_inputs(ef);
   plan::Target& t = in.target;
   t.nodes = nodes > 0 ? nodes : cf.nnodes.value_or(1);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/engine_flags.h"
+#include "cli/flag_parsing.h"
 #include "cli/node_launch.h"
 #include "cli/plan_flags.h"
 #include "cli/rank_launcher.h"
@@ -28,6 +29,7 @@
 #include "server/http_server.h"
 #include "server/parsers/reasoning_parser.h"
 #include "server/parsers/tool_parser.h"
+#include "server/stats_log.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,12 +40,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {"--dtype",
-                                              "--enable-lora",
+const std::set<std::string> kVllmOnlyFlags = {"--enable-lora",
                                               "--lora-modules",
                                               "--max-lora-rank",
                                               "--max-loras",
-                                              "--swap-space",
                                               "--cpu-offload-gb",
                                               "--guided-decoding-backend",
                                               "--structured-outputs-config",
@@ -58,7 +58,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--hf-overrides",
                                               "--override-generation-config",
                                               "--enable-expert-parallel",
-                                              "--data-parallel-size",
                                               "--ssl-keyfile",
                                               "--ssl-certfile",
                                               "--ssl-ca-certs",
@@ -74,19 +73,16 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--max-logprobs",
                                               "--disable-frontend-multiprocessing",
                                               "--enable-request-id-headers",
-                                              "--enable-prompt-tokens-details",
                                               "--mm-processor-kwargs",
                                               "--compilation-config",
                                               "-O",
                                               "--kv-transfer-config",
-                                              "--async-scheduling",
                                               "--scheduling-policy",
                                               "--max-num-partial-prefills",
                                               "--tokenizer-pool-size",
                                               "--config",
                                               "--allowed-local-media-path",
                                               "--disable-sliding-window",
-                                              "--max-seq-len-to-capture",
                                               "--cuda-graph-sizes",
                                               "--num-scheduler-steps",
                                               "--worker-cls",
@@ -103,7 +99,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--fully-sharded-loras",
                                               "--device-id",
                                               "--ray-workers-use-nsight",
-                                              "--disable-log-stats",
                                               "--max-parallel-loading-workers",
                                               "--enable-sleep-mode",
                                               "--calculate-kv-scales",
@@ -115,7 +110,6 @@ const std::set<std::string> kVllmOnlyFlags = {"--dtype",
                                               "--data-parallel-address",
                                               "--headless",
                                               "--enable-eplb",
-                                              "--disable-fastapi-docs",
                                               "--enable-force-include-usage",
                                               "--enable-server-load-tracking",
                                               "--h11-max-incomplete-event-size",
@@ -179,7 +173,36 @@ struct ServeFlags {
   double read_timeout = 30, write_timeout = 60, drain_timeout = 30;
   bool enable_auto_tool_choice = false, trust_remote_code = false, disable_log_requests = false,
        disable_access_log = false, language_model_only = false;
+  // vLLM's request log and stats line.
+  bool enable_log_requests = false, disable_log_stats = false;
+  int max_log_len = 0;
+  double log_stats_interval = 10;
+  // vLLM flags that change nothing here (kNoOpFlags says why); read so their values are checked.
+  double swap_space = 4;
+  int max_seq_len_to_capture = 8192;
+  bool disable_fastapi_docs = false, enable_prompt_tokens_details = false, async_scheduling = false;
 };
+
+// vLLM flags accepted with no effect, and why (logged once when given; docs/server.md lists them).
+constexpr std::pair<const char*, const char*> kNoOpFlags[] = {
+    {"--swap-space", "preempted sequences are recomputed, never swapped to CPU memory"},
+    {"--disable-fastapi-docs", "tessera serves no /docs, /redoc or /openapi.json pages"},
+    {"--max-seq-len-to-capture", "CUDA graphs are captured per batch size and serve every sequence length"},
+    {"--enable-prompt-tokens-details", "usage always carries prompt_tokens_details.cached_tokens"},
+    {"--async-scheduling", "each step is scheduled after the previous one (asynchronous scheduling is not built)"},
+};
+
+void add_vllm_compat_flags(CLI::App& app, ServeFlags& sf) {
+  const char* g = "vLLM flags with no effect (docs/server.md)";
+  app.add_option("--swap-space", sf.swap_space, "GiB of CPU swap space per GPU in vLLM; no effect")->group(g);
+  app.add_flag("--disable-fastapi-docs", sf.disable_fastapi_docs, "no effect: there are no API docs pages")->group(g);
+  app.add_option("--max-seq-len-to-capture", sf.max_seq_len_to_capture, "no effect: graphs serve every length")
+      ->group(g);
+  app.add_flag("--enable-prompt-tokens-details", sf.enable_prompt_tokens_details,
+               "no effect: prompt_tokens_details.cached_tokens is always reported")
+      ->group(g);
+  app.add_flag("--async-scheduling", sf.async_scheduling, "no effect: steps are scheduled one after another")->group(g);
+}
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
   app.add_option("model,--model", ef.model,
@@ -208,7 +231,17 @@ void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
                  "level of the HTTP server's log: critical, error, warning, info, debug, trace (the per-request "
                  "access lines are info: warning and above turn them off)")
       ->capture_default_str();
-  app.add_flag("--disable-log-requests", sf.disable_log_requests, "no log line per request");
+  app.add_flag("--disable-log-requests", sf.disable_log_requests,
+               "no log line per request (neither the access line nor --enable-log-requests' line)");
+  app.add_flag("--enable-log-requests", sf.enable_log_requests,
+               "log each generation request: its prompt (see --max-log-len), token ids and sampling parameters");
+  app.add_option("--max-log-len", sf.max_log_len,
+                 "with --enable-log-requests: characters and token ids of the prompt logged (default: all)");
+  app.add_flag("--disable-log-stats", sf.disable_log_stats,
+               "no periodic stats line (throughput, running and waiting requests, KV cache usage, prefix cache hit "
+               "rate; logged every --log-stats-interval seconds while there is work)");
+  app.add_option("--log-stats-interval", sf.log_stats_interval, "seconds between two stats lines")
+      ->capture_default_str();
   app.add_flag("--language-model-only", sf.language_model_only,
                "accepted for vLLM compatibility: tessera loads only a checkpoint's language model (text in, text "
                "out) anyway; the vision tower of multimodal checkpoints is never loaded");
@@ -232,15 +265,17 @@ void reject_extras(const CLI::App& app) {
     if (extra.empty() || extra[0] != '-') continue;
     std::string name = extra.substr(0, extra.find('='));
     if (kVllmOnlyFlags.count(name))
-      fail(ErrorKind::kUnsupported, "{} is a vLLM flag tessera does not support yet", name);
-    fail(ErrorKind::kInvalidArgument, "{} is not a flag of tessera serve (see tessera serve --help)", name);
+      throw FlagError(fmt::format("{} is a vLLM flag tessera does not support yet", name));
+    const std::string close = closest_flag(app, name);
+    throw FlagError(fmt::format("{} is not a flag of tessera serve{} (see tessera serve --help)", name,
+                                close.empty() ? "" : fmt::format("; did you mean {}?", close)));
   }
   if (!app.remaining().empty())
-    fail(ErrorKind::kInvalidArgument, "unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]);
+    throw FlagError(fmt::format("unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]));
 }
 
-// The head's own checks (after the engine's and the cluster's), then the defaults that depend on others.
-void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
+// The values of the serve flags (their mistakes are command-line errors, exit code 2).
+void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
   if (!sf.tool_call_parser.empty()) (void)server::make_tool_parser(sf.tool_call_parser);
   if (!sf.reasoning_parser.empty()) (void)server::make_reasoning_parser(sf.reasoning_parser);
@@ -260,6 +295,18 @@ void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
     TLOG_INFO(
         "--trust-remote-code is accepted for vLLM compatibility and has no effect: tessera runs no Python "
         "code from the checkpoint");
+  if (sf.max_log_len < 0) fail(ErrorKind::kInvalidArgument, "--max-log-len must be >= 0, got {}", sf.max_log_len);
+  if (!(sf.log_stats_interval > 0))
+    fail(ErrorKind::kInvalidArgument, "--log-stats-interval must be above 0 seconds, got {}", sf.log_stats_interval);
+  if (!(sf.swap_space >= 0)) fail(ErrorKind::kInvalidArgument, "--swap-space must be >= 0, got {}", sf.swap_space);
+  if (sf.max_seq_len_to_capture < 1)
+    fail(ErrorKind::kInvalidArgument, "--max-seq-len-to-capture must be >= 1, got {}", sf.max_seq_len_to_capture);
+  for (const auto& [flag, why] : kNoOpFlags)
+    if (app.count(flag)) TLOG_INFO("{} is accepted for vLLM compatibility and has no effect: {}", flag, why);
+}
+
+// The head's own checks (after the engine's and the cluster's), then the defaults that depend on others.
+void check_serve_flags(const EngineFlags& ef, ServeFlags& sf) {
   if (!fs::is_directory(ef.model))
     fail(ErrorKind::kNotFound, "{}: not a model directory (tessera serve needs a local directory with config.json)",
          ef.model);
@@ -352,6 +399,8 @@ server::ApiOptions api_options(const EngineFlags& ef, const ServeFlags& sf, cons
   ao.enable_auto_tool_choice = sf.enable_auto_tool_choice;
   ao.tool_call_parser = sf.tool_call_parser;
   ao.reasoning_parser = sf.reasoning_parser;
+  ao.log_requests = sf.enable_log_requests && !sf.disable_log_requests;
+  ao.max_log_len = sf.max_log_len;
   return ao;
 }
 
@@ -471,19 +520,17 @@ int run_serve(int argc, char** argv) {
       "--load-format dummy",
       "tessera serve"};
   app.allow_extras();
+  use_vllm_conventions(app);
   EngineFlags ef;
   ServeFlags sf;
   add_serve_flags(app, ef, sf);
   add_engine_flags(app, ef);
+  add_vllm_compat_flags(app, sf);
   ClusterFlags cf;
   add_cluster_flags(app, cf);
   WorkerFlags wf;
   add_worker_flags(app, wf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   reject_extras(app);
   if (ef.model.empty()) {
     ef.model = default_model_dir("serve");
@@ -491,7 +538,10 @@ int run_serve(int argc, char** argv) {
   }
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
-  (void)engine_config(ef, /*parallel_supported=*/true);  // flag checks before anything starts
+  as_flag_errors([&] {  // flag checks before anything starts
+    (void)engine_config(ef, /*parallel_supported=*/true);
+    check_serve_flag_values(app, sf);
+  });
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
   if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
     if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
@@ -507,27 +557,50 @@ int run_serve(int argc, char** argv) {
       sf.host, sf.port, ef.max_model_len > 0 ? std::to_string(ef.max_model_len) : std::string("auto"), ef.max_num_seqs,
       ef.load_format, ef.device, ef.kv_cache_dtype, ef.enable_prefix_caching, sf.api_key.empty() ? "none" : "set");
 
-  // Text side first: a missing tokenizer should fail before minutes of weight loading.
-  TextSide text = load_text_side(ef, sf);
-  HeadEngine head;
-  std::unique_ptr<AsyncEngine> engine = build_engine(ef, cf, facts, sf, text, argc, argv, head);
-
-  server::Metrics metrics(sf.served_model_names.front());
-  server::ApiServer api(api_options(ef, sf, text), *engine, *text.tok, text.tmpl ? &*text.tmpl : nullptr, metrics);
+  // The port first, as vLLM binds its socket before building the engine: a second server on a port in use
+  // fails at once instead of after the model loaded. Connections wait in the backlog until the API starts.
+  std::unique_ptr<server::ApiServer> api;
   const bool access_log = access_log_on(sf);
   server::HttpServer http(
       http_options(sf),
       [&api, access_log](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
         if (access_log) ex = server::with_access_log(r, std::move(ex));
-        api.handle(std::move(r), std::move(ex));
+        api->handle(std::move(r), std::move(ex));
       },
       &server::ApiServer::error_body);
+  http.listen();
+
+  // Text side next: a missing tokenizer should fail before minutes of weight loading.
+  TextSide text = load_text_side(ef, sf);
+  HeadEngine head;
+  std::unique_ptr<AsyncEngine> engine = build_engine(ef, cf, facts, sf, text, argc, argv, head);
+
+  server::Metrics metrics(sf.served_model_names.front(), engine->max_model_len());
+  api = std::make_unique<server::ApiServer>(api_options(ef, sf, text), *engine, *text.tok,
+                                            text.tmpl ? &*text.tmpl : nullptr, metrics);
+  // Keys are checked on each request's headers, before its body is read.
   http.set_header_check([&api, access_log](const server::HttpRequest& r) {
-    std::optional<server::HttpResponse> refusal = api.check_headers(r);
+    std::optional<server::HttpResponse> refusal = api->check_headers(r);
     if (refusal && access_log) server::log_access(r, refusal->status);
     return refusal;
   });
-  return serve_until_signal(http, api, *engine, head.launcher.get(), sf);
+  // The API goes before the engine and the metrics it refers to, after the I/O threads that call it.
+  auto close_api = [&] {
+    http.stop();
+    api.reset();
+  };
+  try {
+    std::optional<server::StatsLogger> stats_log;
+    if (!sf.disable_log_stats)
+      stats_log.emplace([&engine] { return engine->stats(); },
+                        std::chrono::milliseconds(static_cast<int64_t>(sf.log_stats_interval * 1000)));
+    const int rc = serve_until_signal(http, *api, *engine, head.launcher.get(), sf);
+    close_api();
+    return rc;
+  } catch (...) {
+    close_api();
+    throw;
+  }
 }
 
 }  // namespace tessera::cli

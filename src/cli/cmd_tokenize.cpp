@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +48,7 @@ int run_tokenize(int argc, char** argv) {
       "as a JSON array, as HF tokenizers' encode(text, add_special_tokens=False).ids; --decode reads a JSON\n"
       "array of ids and prints the text.",
       "tessera tokenize"};
+  use_vllm_conventions(app);
   std::string model_dir;
   bool decode = false, add_special_tokens = false, skip_special_tokens = false;
   app.add_option("--model", model_dir, "model directory holding tokenizer.json (and tokenizer_config.json)")
@@ -54,11 +56,7 @@ int run_tokenize(int argc, char** argv) {
   app.add_flag("--decode", decode, "read a JSON array of ids and print the decoded text");
   app.add_flag("--add-special-tokens", add_special_tokens, "add bos/eos as the post-processor asks (encode only)");
   app.add_flag("--skip-special-tokens", skip_special_tokens, "leave special tokens out of the text (decode only)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
 
   auto tokenizer = tokenizer::Tokenizer::from_dir(model_dir);
   std::string input = read_all_stdin();

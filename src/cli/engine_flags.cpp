@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
+#include "cli/flag_parsing.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/memory_plan.h"
@@ -34,6 +36,30 @@ std::string default_model_dir(const char* verb) {
        kDemoModelName, fmt::join(tried, ", "), verb, kDemoModelName);
 }
 
+namespace {
+
+// A token count in vLLM's human-readable form (flag_parsing.h), at least 1.
+int positive_tokens(const std::string& text, const char* flag) {
+  const int64_t v = parse_human_int(text, flag);
+  if (v < 1)
+    throw FlagError(
+        fmt::format("argument {}: must be a positive number of tokens, got {} (leave the flag out for the "
+                    "default)",
+                    flag, text));
+  if (v > std::numeric_limits<int>::max())
+    throw FlagError(fmt::format("argument {}: {} tokens is more than tessera supports", flag, text));
+  return static_cast<int>(v);
+}
+
+// An option holding a token count in vLLM's human-readable form (flag_parsing.h), at least 1.
+void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* help) {
+  app.add_option_function<std::string>(
+         flag, [flag, &out](const std::string& v) { out = positive_tokens(v, flag); }, help)
+      ->type_name("TOKENS");
+}
+
+}  // namespace
+
 void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_option("--load-format", f.load_format,
                  "auto|safetensors: read the checkpoint; dummy: random weights from config.json alone (benchmarks)")
@@ -44,12 +70,22 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
       ->check(CLI::IsMember({"fp8"}));
   app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
       ->capture_default_str();
-  app.add_option("--max-model-len", f.max_model_len,
-                 "longest sequence (prompt + output) in tokens; default: the model's max_position_embeddings");
+  add_tokens_option(app, "--max-model-len", f.max_model_len,
+                    "longest sequence (prompt + output) in tokens, as vLLM reads it: 32768, 32k (= 32000), 32K (= "
+                    "32768), 1m, 1M; default: the model's max_position_embeddings");
   app.add_option("--max-num-seqs", f.max_num_seqs, "most sequences in one step (batch size cap)")
       ->capture_default_str();
-  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
-                 "token budget of one step; long prompts are prefilled in chunks of this size (default 8192)");
+  add_tokens_option(app, "--max-num-batched-tokens", f.max_num_batched_tokens,
+                    "token budget of one step; long prompts are prefilled in chunks of this size (default 8192; 8k, 8K "
+                    "as --max-model-len)");
+  app.add_option("--dtype", f.dtype,
+                 "auto | bfloat16: the compute dtype (tessera computes in bfloat16 on GPUs and float32 on CPUs; "
+                 "vLLM's other values are refused)")
+      ->capture_default_str();
+  app.add_option("--data-parallel-size", f.data_parallel_size,
+                 "engine replicas (-dp; vLLM's name): 1 only, as tessera runs one engine per server; run one server "
+                 "per replica behind a load balancer instead")
+      ->capture_default_str();
   app.add_option("--block-size", f.block_size, "tokens per KV cache block")->capture_default_str();
   app.add_option("--num-gpu-blocks-override", f.num_gpu_blocks_override,
                  "use exactly this many KV cache blocks instead of planning from memory");
@@ -90,9 +126,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                  "always drafts; absent, MTP: startup measures a step with drafts against one without at batch 1, "
                  "2, 4, ... and drafts while the mean acceptance length pays for it); greedy output unchanged, sampled "
                  "output keeps its distribution and seeds");
-  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across")
+  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs (ranks) each layer is split across (-tp)")
       ->capture_default_str();
-  app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into")
+  app.add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "stages the layers are split into (-pp)")
       ->capture_default_str();
   app.add_flag("--enable-expert-parallel", f.enable_expert_parallel,
                "mixture-of-experts models: each tensor-parallel rank holds whole experts (rank r of N: experts "
@@ -193,6 +229,15 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool p
     fail(ErrorKind::kUnsupported,
          "--tensor-parallel-size/--pipeline-parallel-size above 1 are not available for this command yet (tessera "
          "generate runs them)");
+  if (f.dtype != "auto" && f.dtype != "bfloat16")
+    fail(ErrorKind::kUnsupported,
+         "--dtype {}: tessera computes in bfloat16 (float32 on the CPU backend); use --dtype auto or bfloat16",
+         f.dtype);
+  if (f.data_parallel_size != 1)
+    fail(ErrorKind::kUnsupported,
+         "--data-parallel-size {}: tessera runs one engine per server; start one server per replica (each with its "
+         "own --port) behind a load balancer",
+         f.data_parallel_size);
   if (!(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1))
     fail(ErrorKind::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1], got {}", f.gpu_memory_utilization);
   (void)parse_mamba_cache_dtypes(f.mamba_cache_dtype, f.mamba_ssm_cache_dtype, DType::kBF16);  // names checked

@@ -16,6 +16,8 @@ struct EngineFlags {
   std::string load_format = "auto";
   std::string quantization;  // --quantization / -q
   std::string device = "auto";
+  std::string dtype = "auto";  // --dtype: auto or bfloat16 (the compute dtype tessera has)
+  int data_parallel_size = 1;  // --data-parallel-size / -dp: 1 only
   int max_model_len = 0;
   int max_num_seqs = 256;
   int max_num_batched_tokens = 0;

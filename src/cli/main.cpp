@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_arch.h"
+#include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
     if (verb == v.name) {
       try {
         return v.run(argc - 1, argv + 1);
+      } catch (const tessera::cli::FlagError& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;  // a mistake on the command line: argparse's (and so vLLM's) exit code
       } catch (const tessera::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

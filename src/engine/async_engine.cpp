@@ -16,6 +16,7 @@ struct AsyncEngine::Sequence {
   bool done = false;
   bool got_first = false;
   bool waiting = true;  // counted in its unit's group_waiting_ entry
+  Clock::time_point scheduled_at{}, first_token_at{}, last_token_at{};
 };
 
 struct AsyncEngine::Tracked {
@@ -203,6 +204,7 @@ void AsyncEngine::admit(Pending& p, bool draining) {
       o.skip_special_tokens = t->request.params.skip_special_tokens;
       o.stop_strings = t->request.params.stop;
       o.include_stop_string_in_output = t->request.params.include_stop_str_in_output;
+      o.min_tokens = t->request.params.min_tokens;
       t->seqs[i].detok = std::make_unique<tokenizer::StreamingDetokenizer>(*tok_, o);
     }
     seq_owner_[sequence_id(id, i)] = {t.get(), i};
@@ -247,8 +249,31 @@ void AsyncEngine::fail_everything(const std::string& what) {
   pending_.clear();
 }
 
-void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
+void AsyncEngine::time_delta(const RequestOutput& o, Sequence& seq, Tracked& t, StreamDelta& d) {
   const auto now = Clock::now();
+  auto secs = [](Clock::duration x) { return std::chrono::duration<double>(x).count(); };
+  if (o.scheduled_at != Clock::time_point{}) seq.scheduled_at = o.scheduled_at;
+  if (!o.new_token_ids.empty()) {
+    if (!seq.got_first) {
+      seq.got_first = true;
+      seq.first_token_at = now;
+      d.first_token_latency = secs(now - t.submitted);
+      if (seq.scheduled_at != Clock::time_point{}) {
+        d.queue_time = std::max(0.0, secs(seq.scheduled_at - t.submitted));
+        d.prefill_time = secs(now - seq.scheduled_at);
+      }
+    } else {
+      d.inter_token_latency = secs(now - seq.last_token_at);
+    }
+    seq.last_token_at = now;
+  }
+  if (d.finished && seq.got_first) {
+    d.decode_time = secs(seq.last_token_at - seq.first_token_at);
+    if (seq.scheduled_at != Clock::time_point{}) d.inference_time = secs(seq.last_token_at - seq.scheduled_at);
+  }
+}
+
+void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
   for (auto& o : outs) {
     auto owner = seq_owner_.find(o.request_id);
     if (owner == seq_owner_.end()) continue;  // aborted meanwhile
@@ -264,13 +289,15 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
     d.prompt_tokens = o.num_prompt_tokens;
     d.completion_tokens = o.num_output_tokens;
     d.cached_tokens = o.num_cached_tokens;
-    if (!seq.got_first && !o.new_token_ids.empty()) {
-      seq.got_first = true;
-      d.first_token_latency = std::chrono::duration<double>(now - t->submitted).count();
-    }
     bool stopped_by_string = false;
     if (seq.detok) {
-      for (size_t i = 0; i < o.new_token_ids.size(); ++i) {
+      // A stop token (EOS or one of stop_token_ids) that ended the sequence: its text is not part of the
+      // output unless include_stop_str_in_output (vLLM's rule); its id stays in token_ids.
+      size_t text_tokens = o.new_token_ids.size();
+      if (o.finished && o.stop_token && text_tokens > 0 && o.new_token_ids.back() == *o.stop_token &&
+          !t->request.params.include_stop_str_in_output)
+        --text_tokens;
+      for (size_t i = 0; i < text_tokens; ++i) {
         auto r = seq.detok->push(o.new_token_ids[i]);
         d.text += r.text;
         if (r.stopped) {
@@ -296,6 +323,7 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
       d.finish_reason = o.finish_reason;
       d.stop_token = o.stop_token;
     }
+    time_delta(o, seq, *t, d);
     if (d.finished) {
       seq.done = true;
       seq_owner_.erase(owner);

@@ -51,6 +51,11 @@ struct StreamDelta {
   std::optional<int32_t> stop_token;  // or the stop token
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double first_token_latency = 0;  // seconds from submit to this sequence's first token (set once)
+  // vLLM's request timings in seconds (-1: not in this delta). With the first token: queue_time (submit to the
+  // first step that computed the sequence) and prefill_time (that step to the first token). With later tokens:
+  // inter_token_latency (since the sequence's previous tokens). With the last delta: decode_time (first token
+  // to last token) and inference_time (first step to last token).
+  double queue_time = -1, prefill_time = -1, inter_token_latency = -1, decode_time = -1, inference_time = -1;
 };
 
 using OutputCallback = std::function<void(const StreamDelta&)>;
@@ -134,6 +139,8 @@ class AsyncEngine : public EngineClient {
   // Engine thread, after a failed step: a last delta for every request, queued ones too.
   void fail_everything(const std::string& what);
   void handle_outputs(std::vector<RequestOutput>& outs);
+  // Fills the delta's timings (StreamDelta::queue_time ...) from the sequence's clock.
+  static void time_delta(const RequestOutput& o, Sequence& seq, Tracked& t, StreamDelta& d);
 
   std::unique_ptr<LLMEngine> engine_;
   const tokenizer::Tokenizer* tok_;

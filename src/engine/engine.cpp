@@ -303,13 +303,19 @@ std::vector<RequestOutput> LLMEngine::step() {
   timer_.mark(0, "schedule");
   if (sched.scheduled.empty()) return out;
   ++stats_.steps;
+  const auto now = std::chrono::steady_clock::now();
+  uint64_t step_tokens = 0;
   for (const auto& s : sched.scheduled) {
     Request* r = s.request;
+    step_tokens += static_cast<uint64_t>(s.num_new_tokens);
     if (r->num_computed_tokens == r->num_cached_tokens && r->output.empty() && r->num_preemptions == 0) {
       stats_.prompt_tokens += r->prompt.size();
+      stats_.prefix_cache_queries += r->prompt.size();
       stats_.prefix_cache_hit_tokens += static_cast<uint64_t>(r->num_cached_tokens);
     }
+    if (r->scheduled_at == std::chrono::steady_clock::time_point{}) r->scheduled_at = now;
   }
+  count_iteration_tokens(step_tokens);
   // MTP: while drafting is off no pass runs after the step, so its sequences stop drafting for good.
   if (proposer_ && proposer_->needs_every_step() && drafting_off())
     for (const auto& s : sched.scheduled) s.request->spec_off = true;
@@ -417,9 +423,17 @@ float* LLMEngine::host_logits(const StepSampling& sampling, size_t& next_host, i
   return step_out_.host_logits.data() + next_host++ * vocab;
 }
 
+void LLMEngine::count_iteration_tokens(uint64_t tokens) {
+  size_t b = 0;
+  while (b < kNumIterationTokensBuckets && tokens > static_cast<uint64_t>(kIterationTokensBuckets[b])) ++b;
+  ++stats_.iteration_tokens[b];
+  stats_.iteration_tokens_sum += tokens;
+}
+
 RequestOutput LLMEngine::output_of(const Request& r) const {
   RequestOutput o;
   o.request_id = r.id;
+  o.scheduled_at = r.scheduled_at;
   o.num_prompt_tokens = static_cast<int>(r.prompt.size());
   o.num_output_tokens = static_cast<int>(r.output.size());
   o.num_cached_tokens = r.num_cached_tokens;

@@ -2,6 +2,7 @@
 // request by one step per call. Single-threaded by contract: one thread (the engine
 // loop) calls everything here; front ends talk to it through their own queues.
 #pragma once
+#include <array>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -64,14 +65,25 @@ struct RequestOutput {
   int num_prompt_tokens = 0;
   int num_output_tokens = 0;
   int num_cached_tokens = 0;
+  // When a step first computed any of the sequence (the end of its queue time; vLLM's scheduled time).
+  std::chrono::steady_clock::time_point scheduled_at{};
 };
+
+// Bucket bounds of the tokens-per-step histogram (vLLM's iteration_tokens_total).
+inline constexpr int kIterationTokensBuckets[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+inline constexpr size_t kNumIterationTokensBuckets = std::size(kIterationTokensBuckets);
 
 struct EngineStats {
   size_t num_running = 0, num_waiting = 0;
   double kv_cache_usage = 0;
   uint64_t num_preemptions = 0;
   uint64_t prompt_tokens = 0, generation_tokens = 0, prefix_cache_hit_tokens = 0;
+  uint64_t prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache (hits: the line above)
   uint64_t steps = 0;
+  // Tokens each step computed: counts per bucket of kIterationTokensBuckets (not cumulative; the last is
+  // above the largest bound), and their sum.
+  std::array<uint64_t, kNumIterationTokensBuckets + 1> iteration_tokens{};
+  uint64_t iteration_tokens_sum = 0;
   SpecDecodeStats spec;            // speculative decoding (all zero when off)
   int num_speculative_tokens = 0;  // k; 0 when speculative decoding is off
 };
@@ -153,6 +165,8 @@ class LLMEngine {
   // Why r stops after taking `token` (kNone: it goes on).
   FinishReason finish_reason_after(Request& r, int32_t token) const;
   RequestOutput output_of(const Request& r) const;
+  // Counts one step of `tokens` computed tokens in the tokens-per-step histogram.
+  void count_iteration_tokens(uint64_t tokens);
   // Speculative decoding: drafts for the sequences that will decode next step.
   void propose_drafts(const std::vector<Request*>& decoding);
   // Whether the next step's sequences get no drafts (disable_by_batch_size; auto: the measured

@@ -1,5 +1,6 @@
 // Engine-side state of one sequence. Owned by the engine thread only.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -68,6 +69,8 @@ struct Request {
   int shared_prefix_end = 0;
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
+  // When a step first computed any of it (its time in the waiting queue ends there); the epoch until then.
+  std::chrono::steady_clock::time_point scheduled_at{};
   uint64_t sample_seed = 0;  // keys the request's random draws (params.seed + n-index, or from the engine)
   // params.prompt_logprobs >= 0: the entries so far, one per prompt token from the second on; position p's
   // logits give entry p (the logprob of prompt[p + 1]). Handed out with the request's first output;

@@ -15,6 +15,7 @@
 #include <climits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "core/json_depth.h"
@@ -138,6 +139,8 @@ struct ApiServer::Impl {
                                                     "min_tokens",
                                                     "seed",
                                                     "ignore_eos",
+                                                    "include_stop_str_in_output",
+                                                    "skip_special_tokens",
                                                     "stop",
                                                     "stop_token_ids",
                                                     "logprobs",
@@ -181,6 +184,21 @@ struct ApiServer::Impl {
     }
   }
 
+  // vLLM's "Received request" line (--enable-log-requests), the prompt cut at --max-log-len.
+  void log_request(const std::string& id, const std::string& text, const std::vector<int32_t>& ids,
+                   const SamplingParams& p) const {
+    const size_t cap = opt.max_log_len > 0 ? static_cast<size_t>(opt.max_log_len) : std::string::npos;
+    std::string shown = text.substr(0, std::min(cap, text.size()));
+    while (!shown.empty() && (static_cast<unsigned char>(shown.back()) & 0xC0) == 0x80) shown.pop_back();
+    const std::span<const int32_t> shown_ids = std::span(ids).first(std::min(cap, ids.size()));
+    TLOG_INFO(
+        "Received request {}: prompt: {}, params: n={}, temperature={}, top_p={}, top_k={}, min_p={}, seed={}, "
+        "max_tokens={}, min_tokens={}, stop={}, stop_token_ids={}, prompt_token_ids: [{}], prompt tokens: {}",
+        id, json(shown).dump(-1, ' ', false, json::error_handler_t::replace), p.n, p.temperature, p.top_p, p.top_k,
+        p.min_p, p.seed ? std::to_string(*p.seed) : "None", p.max_tokens, p.min_tokens, json(p.stop).dump(),
+        json(p.stop_token_ids).dump(), fmt::join(shown_ids, ", "), ids.size());
+  }
+
   void start_generation(std::shared_ptr<Gen> g, Prepared& pr) {
     const size_t P = pr.prompts.size();
     g->n = pr.params.n;
@@ -195,6 +213,7 @@ struct ApiServer::Impl {
     for (size_t p = 0; p < P; ++p) {
       SamplingParams sp = pr.params;
       fit_max_tokens(pr, pr.prompts[p].size(), sp);
+      if (p == 0) g->max_tokens = sp.max_tokens;
       per_prompt.push_back(sp);
       g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
       g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
@@ -208,6 +227,10 @@ struct ApiServer::Impl {
       metrics.request_rejected();
       bad(s.message(), budget_param);
     }
+    if (opt.log_requests)
+      for (size_t p = 0; p < P; ++p)
+        log_request(g->engine_ids[p], p < pr.prompt_texts.size() ? pr.prompt_texts[p] : std::string(), pr.prompts[p],
+                    per_prompt[p]);
     // All prompts go in as one unit: queued together (one place in the waiting queue) or refused together.
     std::vector<GenerationRequest> reqs;
     std::vector<OutputCallback> callbacks;
@@ -260,6 +283,7 @@ struct ApiServer::Impl {
       if (d.prompt_tokens > 0) g.prompt_tokens[static_cast<size_t>(prompt_index)] = d.prompt_tokens;
       if (d.cached_tokens > 0 && d.index == 0) g.cached_tokens = std::max(g.cached_tokens, d.cached_tokens);
       if (d.first_token_latency > 0 && g.ttft == 0) g.ttft = d.first_token_latency;
+      record_timings(g, d);
       if (d.finish_reason != FinishReason::kError) c.text += d.text;
       c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
       if (g.logprobs >= 0) c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
@@ -295,16 +319,33 @@ struct ApiServer::Impl {
     }
   }
 
+  // The delta's vLLM timings into the request's (the first sequence to report each) and /metrics.
+  void record_timings(Gen& g, const StreamDelta& d) {
+    if (d.inter_token_latency >= 0) metrics.inter_token_latency(d.inter_token_latency);
+    if (d.queue_time >= 0 && g.queue_time < 0) g.queue_time = d.queue_time;
+    if (d.prefill_time >= 0 && g.prefill_time < 0) g.prefill_time = d.prefill_time;
+    if (d.decode_time >= 0 && g.decode_time < 0) g.decode_time = d.decode_time;
+    if (d.inference_time >= 0 && g.inference_time < 0) g.inference_time = d.inference_time;
+  }
+
   void finalize(Gen& g) {
     g.complete = true;
-    const double e2e = std::chrono::duration<double>(Clock::now() - g.start).count();
-    std::string reason = g.choices.empty() ? "stop" : g.choices[0].finish_reason;
-    int completion = 0;
+    FinishedRequest fr;
+    fr.e2e = std::chrono::duration<double>(Clock::now() - g.start).count();
+    fr.finish_reason = g.choices.empty() ? "stop" : g.choices[0].finish_reason;
     for (const auto& c : g.choices) {
-      completion += static_cast<int>(c.token_ids.size());
-      if (c.finish_reason == "abort" || c.finish_reason == "error") reason = c.finish_reason;
+      fr.generation_tokens += static_cast<int>(c.token_ids.size());
+      if (c.finish_reason == "abort" || c.finish_reason == "error") fr.finish_reason = c.finish_reason;
     }
-    metrics.request_finished(reason, e2e, g.ttft, completion);
+    for (int p : g.prompt_tokens) fr.prompt_tokens += p;
+    fr.ttft = g.ttft > 0 ? g.ttft : -1;
+    fr.queue = g.queue_time;
+    fr.prefill = g.prefill_time;
+    fr.decode = g.decode_time;
+    fr.inference = g.inference_time;
+    fr.max_tokens = g.max_tokens;
+    fr.n = g.n;
+    metrics.request_finished(fr);
     if (g.stream) {
       g.ex->write(g.writer->end_stream(g));
       g.ex->finish();

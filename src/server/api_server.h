@@ -39,6 +39,10 @@ struct ApiOptions {
   int max_tokens_cap = 1 << 20;
   int64_t max_logprob_entries = kMaxLogprobEntries;  // logprobs and prompt_logprobs of one request's answer
   int retry_after_seconds = 1;
+  // vLLM's --enable-log-requests: one log line per generation request with its prompt (the first
+  // max_log_len characters and token ids; 0: all) and sampling parameters.
+  bool log_requests = false;
+  int max_log_len = 0;
 };
 
 class ApiServer {

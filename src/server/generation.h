@@ -60,6 +60,9 @@ struct Gen {
   int remaining = 0;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double ttft = 0;
+  // vLLM's per-request timings for /metrics (seconds; -1 until a sequence reports them; the first one's).
+  double queue_time = -1, prefill_time = -1, decode_time = -1, inference_time = -1;
+  int max_tokens = 0;  // the request's max_tokens as the engine runs it (the first prompt's)
   bool complete = false;
   // Reasoning / tool-call parsers, one per choice (chat-based APIs only; empty when none applies).
   std::vector<std::unique_ptr<ChatOutputParser>> parsers;

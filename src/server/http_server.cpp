@@ -16,6 +16,8 @@
 #include <string_view>
 #include <thread>
 
+#include <fcntl.h>
+
 #include "core/error.h"
 #include "core/logging.h"
 
@@ -573,7 +575,7 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::set_header_check(HeaderCheckFn check) { impl_->sh->header_check = std::move(check); }
 
-void HttpServer::start() {
+void HttpServer::listen() {
   auto& o = impl_->sh->options;
   beast::error_code ec;
   tcp::resolver resolver(impl_->ioc);
@@ -591,6 +593,13 @@ void HttpServer::start() {
     fail(ErrorKind::kNetwork, "cannot listen on {}:{}: {} (is another server using the port? pick one with --port)",
          o.host, o.port, ec.message());
   impl_->port = a.local_endpoint().port();
+  // Bound before the model loads, so rank processes spawned since must not inherit (and hold) the port.
+  ::fcntl(a.native_handle(), F_SETFD, FD_CLOEXEC);
+}
+
+void HttpServer::start() {
+  if (!impl_->acceptor) listen();
+  auto& o = impl_->sh->options;
   impl_->work.emplace(impl_->ioc.get_executor());
   impl_->do_accept();
   for (int i = 0; i < std::max(1, o.threads); ++i) {
@@ -608,6 +617,8 @@ void HttpServer::start() {
 }
 
 int HttpServer::port() const { return impl_->port; }
+
+size_t HttpServer::open_connections() const { return impl_->sh->connections.load(); }
 
 void HttpServer::stop_accepting() {
   if (!impl_->acceptor) return;

@@ -33,11 +33,16 @@ class HttpServer {
   ~HttpServer();
   // Checks each request's headers before its body is read (authentication); set before start().
   void set_header_check(HeaderCheckFn check);
-  // Binds and listens (throws tessera::Error naming host:port when it cannot), starts the threads.
+  // Binds and listens (throws tessera::Error naming host:port when it cannot): the port is taken at once,
+  // and connections wait in the backlog until start(). `tessera serve` calls it before loading the model.
+  void listen();
+  // Listens (unless listen() did), then accepts and starts the threads.
   void start();
   int port() const;  // the bound port (useful with port 0)
   // Closes the listening socket; open connections go on.
   void stop_accepting();
+  // Connections open now (the connection-limit tests wait on it).
+  size_t open_connections() const;
   // Stops the I/O threads (open connections are dropped) and joins them.
   void stop();
 

@@ -71,9 +71,13 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
     if (!json_int64(*it, seed)) return bad("'seed' must be an integer between -2^63 and 2^63-1");
     p.seed = static_cast<uint64_t>(seed);
   }
-  if (auto it = j.find("ignore_eos"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad("'ignore_eos' must be a boolean");
-    p.ignore_eos = it->get<bool>();
+  for (auto [key, out] : {std::pair<const char*, bool*>{"ignore_eos", &p.ignore_eos},
+                          {"include_stop_str_in_output", &p.include_stop_str_in_output},
+                          {"skip_special_tokens", &p.skip_special_tokens}}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", key));
+    *out = it->get<bool>();
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     p.stop.clear();

@@ -16,7 +16,8 @@ namespace tessera::server {
 
 // Reads OpenAI / vLLM field names (max_tokens or max_completion_tokens, temperature,
 // top_p, top_k, min_p, presence/frequency/repetition_penalty, seed, stop (string or
-// list), stop_token_ids, ignore_eos, min_tokens, n, logprobs (bool or int) +
+// list), stop_token_ids, ignore_eos, include_stop_str_in_output, skip_special_tokens, min_tokens, n,
+// logprobs (bool or int) +
 // top_logprobs, prompt_logprobs (int), logit_bias {"id": bias}) over `p`. Wrong types fail with the
 // field name. max_tokens 0 is read (validate_sampling_params allows it only with prompt_logprobs).
 Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);

@@ -34,6 +34,7 @@ std::string StreamingDetokenizer::next_text_by_decode(int32_t id) {
 
 DetokenizerOutput StreamingDetokenizer::push(int32_t id) {
   if (stopped_ || finished_) return {};
+  ++tokens_;
   std::string text = tokenizer_.decodes_by_byte_concatenation() ? next_text_by_bytes(id) : next_text_by_decode(id);
   return release(std::move(text), false);
 }
@@ -43,13 +44,14 @@ DetokenizerOutput StreamingDetokenizer::finish() {
   finished_ = true;
   std::string text;
   if (tokenizer_.decodes_by_byte_concatenation()) {
-    text = utf8_lossy(pending_bytes_);
-    pending_bytes_.clear();
+    pending_bytes_.clear();  // only ever the start of a character no byte will complete now: dropped
   } else if (read_offset_ < ids_.size()) {
     std::span<const int32_t> all(ids_);
     std::string prefix_text =
         tokenizer_.decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), options_.skip_special_tokens);
     std::string full = tokenizer_.decode(all.subspan(prefix_offset_), options_.skip_special_tokens);
+    // push() held this text back for its trailing U+FFFD (an unfinished character): drop that character.
+    if (full.ends_with(kReplacementCharacter)) full.resize(full.size() - kReplacementCharacter.size());
     if (full.size() > prefix_text.size()) text = full.substr(prefix_text.size());
   }
   return release(std::move(text), true);
@@ -64,11 +66,13 @@ DetokenizerOutput StreamingDetokenizer::release(std::string new_text, bool at_en
     output_.append(out.text);
     return out;
   }
-  // The earliest complete stop string wins.
+  // The earliest complete stop string that ends past the text of the first min_tokens tokens wins.
+  if (tokens_ <= options_.min_tokens) stop_floor_ = held_text_.size();
   size_t stop_at = std::string::npos;
   const std::string* stop_found = nullptr;
   for (const std::string& stop : options_.stop_strings) {
-    size_t at = held_text_.find(stop);
+    const size_t from = stop_floor_ >= stop.size() ? stop_floor_ - stop.size() + 1 : 0;
+    size_t at = held_text_.find(stop, from);
     if (at < stop_at) {
       stop_at = at;
       stop_found = &stop;
@@ -99,7 +103,8 @@ DetokenizerOutput StreamingDetokenizer::release(std::string new_text, bool at_en
     }
   }
   out.text = held_text_.substr(0, held_text_.size() - keep);
-  held_text_.erase(0, held_text_.size() - keep);
+  held_text_.erase(0, out.text.size());
+  stop_floor_ -= std::min(stop_floor_, out.text.size());
   output_.append(out.text);
   return out;
 }

@@ -4,7 +4,12 @@
 // stop string, so a stop string that spans token boundaries is still caught and never leaks.
 //
 // Without stop strings, the concatenation of everything emitted (push()... then finish()) equals
-// Tokenizer::decode(all ids, skip_special_tokens).
+// Tokenizer::decode(all ids, skip_special_tokens), except at the very end: bytes of a character that
+// the last token left unfinished (an answer cut at max_tokens) are dropped instead of becoming U+FFFD,
+// as vLLM's incremental detokenizer does.
+//
+// Stop strings follow vLLM's rules: none counts until more than `min_tokens` tokens were pushed, and
+// then only a stop string that ends in the text of a token after the first min_tokens.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +23,9 @@ struct DetokenizerOptions {
   bool skip_special_tokens = true;
   std::vector<std::string> stop_strings;  // empty strings are ignored
   bool include_stop_string_in_output = false;
+  // vLLM's min_tokens: stop strings are not looked for in the text of the first min_tokens tokens
+  // (a stop string must end after it).
+  int min_tokens = 0;
 };
 
 struct DetokenizerOutput {
@@ -33,8 +41,8 @@ class StreamingDetokenizer {
 
   // Adds one generated token. After a stop, further tokens produce nothing.
   DetokenizerOutput push(int32_t id);
-  // The sequence ended: releases the held-back text (an unfinished UTF-8 character becomes
-  // U+FFFD, as in a full decode).
+  // The sequence ended: releases the held-back text. The bytes of an unfinished UTF-8 character
+  // at the end are dropped (never a trailing U+FFFD).
   DetokenizerOutput finish();
 
   bool stopped() const { return stopped_; }
@@ -50,6 +58,9 @@ class StreamingDetokenizer {
   const Tokenizer& tokenizer_;
   DetokenizerOptions options_;
   size_t longest_stop_ = 0;
+  int tokens_ = 0;  // pushed so far
+  // A stop string must end past this many bytes of held_text_ (text of the first min_tokens tokens).
+  size_t stop_floor_ = 0;
   bool stopped_ = false;
   bool finished_ = false;
   std::string pending_bytes_;  // byte path: bytes that may still become part of a character

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -18,6 +19,7 @@
 #include "engine/model_loader.h"
 #include "fixture_util.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace tessera {
 namespace {
@@ -188,6 +190,88 @@ TEST(AsyncEngineContract, AStopStringEndsItsSequenceOnce) {
     EXPECT_EQ(s.reason, FinishReason::kStop) << k;
     EXPECT_EQ(s.text, text.substr(0, text.find(stop))) << k;
   }
+}
+
+// vLLM's rules for what a stop leaves in the text: a stop token's own text is not part of the output
+// (its id is) unless include_stop_str_in_output, which also keeps a stop string.
+TEST(AsyncEngineContract, StopTokenTextIsLeftOutUnlessAskedFor) {
+  Harness h(64, 8, 0, /*text=*/true);
+  ASSERT_TRUE(h.submit("probe", prompt(6), Harness::params(12)).ok());
+  h.wait_finished(1);
+  const std::vector<int32_t> ids = h.get("probe/0").ids;
+  // The first token after the first whose text is not empty and that did not occur before it.
+  size_t j = 1;
+  while (j < ids.size() && (h.tok->decode(std::span(ids).subspan(j, 1), true).empty() ||
+                            std::find(ids.begin(), ids.begin() + static_cast<long>(j), ids[j]) != ids.begin() + j))
+    ++j;
+  ASSERT_LT(j, ids.size()) << "no usable stop token in the fixture's greedy output";
+  const std::span<const int32_t> all(ids);
+  SamplingParams p = Harness::params(12);
+  p.stop_token_ids = {ids[j]};
+  ASSERT_TRUE(h.submit("excluded", prompt(6), p).ok());
+  p.include_stop_str_in_output = true;
+  ASSERT_TRUE(h.submit("included", prompt(6), p).ok());
+  h.wait_finished(3);
+  const Seen excluded = h.get("excluded/0"), included = h.get("included/0");
+  EXPECT_EQ(excluded.reason, FinishReason::kStop);
+  EXPECT_EQ(excluded.ids.size(), j + 1) << "the stop token's id stays in the token ids";
+  EXPECT_EQ(excluded.text, h.tok->decode(all.first(j), true));
+  EXPECT_EQ(included.text, h.tok->decode(all.first(j + 1), true));
+  // A stop string kept with include_stop_str_in_output.
+  const std::string text = h.get("probe/0").text;
+  std::string stop;
+  for (size_t i = text.size() / 2; i < text.size() && stop.empty(); ++i)
+    if (text[i] > ' ' && text[i] < 127) stop = text.substr(i, 1);
+  ASSERT_FALSE(stop.empty());
+  SamplingParams q = Harness::params(12);
+  q.stop = {stop};
+  q.include_stop_str_in_output = true;
+  ASSERT_TRUE(h.submit("kept", prompt(6), q).ok());
+  h.wait_finished(4);
+  EXPECT_EQ(h.get("kept/0").text, text.substr(0, text.find(stop) + stop.size()));
+}
+
+// min_tokens holds back every stop: a stop string whose only occurrences end in the text of the
+// first min_tokens tokens, and stop tokens (masked until then).
+TEST(AsyncEngineContract, MinTokensHoldsBackStopStringsAndStopTokens) {
+  Harness h(64, 8, 0, /*text=*/true);
+  ASSERT_TRUE(h.submit("probe", prompt(6), Harness::params(24)).ok());
+  h.wait_finished(1);
+  const std::vector<int32_t> ids = h.get("probe/0").ids;
+  const std::string text = h.get("probe/0").text;
+  const std::span<const int32_t> all(ids);
+  // The first token's text (or its first character) as a stop string: without min_tokens the answer is
+  // cut at once; with min_tokens 12 only an occurrence ending after the 12th token's text counts.
+  size_t first = 0;
+  while (first < ids.size() && h.tok->decode(all.subspan(first, 1), true).empty()) ++first;
+  ASSERT_LT(first, 8u);
+  const std::string first_text = h.tok->decode(all.subspan(first, 1), true);
+  const std::string stop = first_text.substr(0, tokenizer::valid_sequence_length(first_text, 0));
+  ASSERT_FALSE(stop.empty());
+  constexpr int kMin = 12;
+  SamplingParams p = Harness::params(24);
+  p.stop = {stop};
+  ASSERT_TRUE(h.submit("plain", prompt(6), p).ok());
+  p.min_tokens = kMin;
+  ASSERT_TRUE(h.submit("held", prompt(6), p).ok());
+  h.wait_finished(3);
+  EXPECT_EQ(h.get("plain/0").text, text.substr(0, text.find(stop)));
+  EXPECT_LE(h.get("plain/0").tokens, static_cast<int>(first) + 1);
+  const Seen held = h.get("held/0");
+  const size_t floor = h.tok->decode(all.first(kMin), true).size();
+  const size_t at = text.find(stop, floor >= stop.size() ? floor - stop.size() + 1 : 0);
+  EXPECT_GT(held.tokens, kMin);
+  EXPECT_EQ(held.text, text.substr(0, at)) << "stop " << stop;
+  EXPECT_EQ(held.reason, at == std::string::npos ? FinishReason::kLength : FinishReason::kStop);
+  // A stop token met early is masked until min_tokens tokens are out.
+  SamplingParams t = Harness::params(24);
+  t.stop_token_ids = {ids[first]};
+  t.min_tokens = kMin;
+  ASSERT_TRUE(h.submit("token", prompt(6), t).ok());
+  h.wait_finished(4);
+  const Seen token = h.get("token/0");
+  EXPECT_GT(token.tokens, kMin);
+  for (int i = 0; i < kMin; ++i) EXPECT_NE(token.ids[static_cast<size_t>(i)], ids[first]) << i;
 }
 
 TEST(AsyncEngineContract, AbortedRequestsEndOnceWhetherStartedOrNot) {

@@ -31,7 +31,7 @@ basic() {
   grep -q '"error":{"message"' "$TMP/e" || fail "401 body"
   [ "$(curl -s -o /dev/null -w '%{http_code}' "$TESSERA_URL/health")" = 200 ] || fail "/health"
   curl -s "$TESSERA_URL/version" >"$TMP/v"; grep -q '"version"' "$TMP/v" || fail "/version"
-  curl -s "$TESSERA_URL/metrics" >"$TMP/m"; grep -q '^tessera:num_requests_running' "$TMP/m" || fail "/metrics"
+  curl -s "$TESSERA_URL/metrics" >"$TMP/m"; grep -q '^vllm:num_requests_running' "$TMP/m" || fail "/metrics"
   # A 10 MB body sent by curl (Expect: 100-continue) gets 413 before it is uploaded.
   head -c 11000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
   [ "$(curl -s -o "$TMP/e" -w '%{http_code}' "${AUTH[@]}" --data-binary @"$TMP/big" "$TESSERA_URL/v1/chat/completions")" = 413 ] || fail "413"

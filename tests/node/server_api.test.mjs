@@ -233,12 +233,12 @@ test('response_format is refused clearly', async () => {
     (e) => e.status === 400 && /response_format/.test(e.message));
 });
 
-test('/metrics has vLLM names under tessera:', async () => {
+test('/metrics has vLLM names under vllm:, tessera\'s own under tessera:', async () => {
   const t = await (await fetch(`${URL}/metrics`)).text();
-  for (const name of ['tessera:num_requests_running', 'tessera:num_requests_waiting', 'tessera:kv_cache_usage_perc',
-    'tessera:prompt_tokens_total', 'tessera:generation_tokens_total', 'tessera:num_preemptions_total',
-    'tessera:request_success_total', 'tessera:time_to_first_token_seconds_bucket',
-    'tessera:time_per_output_token_seconds_bucket', 'tessera:e2e_request_latency_seconds_bucket',
+  for (const name of ['vllm:num_requests_running', 'vllm:num_requests_waiting', 'vllm:kv_cache_usage_perc',
+    'vllm:prompt_tokens_total', 'vllm:generation_tokens_total', 'vllm:num_preemptions_total',
+    'vllm:request_success_total', 'vllm:time_to_first_token_seconds_bucket',
+    'vllm:time_per_output_token_seconds_bucket', 'vllm:e2e_request_latency_seconds_bucket',
     'tessera:num_requests_aborted_total']) assert.ok(t.includes(name), name);
   assert.match(t, /request_success_total\{model_name="qwen3-tiny",finished_reason="length"\} [1-9]/);
 });

@@ -38,7 +38,7 @@ function rawExchange(data, { waitMs = 5000 } = {}) {
 async function metrics() {
   const t = await (await fetch(`${URL}/metrics`)).text();
   const get = (name) => {
-    const m = t.match(new RegExp(`^tessera:${name}\\{[^}]*\\} ([0-9.e+-]+)$`, 'm'));
+    const m = t.match(new RegExp(`^(?:vllm|tessera):${name}\\{[^}]*\\} ([0-9.e+-]+)$`, 'm'));
     return m ? Number(m[1]) : NaN;
   };
   return { running: get('num_requests_running'), waiting: get('num_requests_waiting'), aborted: get('num_requests_aborted_total') };

@@ -21,7 +21,7 @@ function rssKiB() {
 async function metrics() {
   const t = await (await fetch(`${URL}/metrics`)).text();
   const get = (name) => {
-    const m = t.match(new RegExp(`^tessera:${name}\\{[^}]*\\} ([0-9.e+-]+)$`, 'm'));
+    const m = t.match(new RegExp(`^(?:vllm|tessera):${name}\\{[^}]*\\} ([0-9.e+-]+)$`, 'm'));
     return m ? Number(m[1]) : NaN;
   };
   return {

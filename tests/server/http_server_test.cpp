@@ -7,8 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -273,36 +276,118 @@ TEST_F(Fixture, LargeChunkedTrailerIsAnswered) {
   EXPECT_EQ(handled.load(), 0);
 }
 
+FinishedRequest finished(const char* reason, double e2e, double ttft, int tokens) {
+  FinishedRequest r;
+  r.finish_reason = reason;
+  r.e2e = e2e;
+  r.ttft = ttft > 0 ? ttft : -1;
+  r.generation_tokens = tokens;
+  r.prompt_tokens = 7;
+  r.max_tokens = 16;
+  r.queue = 0.01;
+  return r;
+}
+
 TEST(Metrics, RendersVllmNamesAndHistograms) {
-  Metrics m("tiny");
-  m.request_finished("stop", 1.0, 0.2, 5);
-  m.request_finished("abort", 0.1, 0, 0);
+  Metrics m("tiny", 4096);
+  m.request_finished(finished("stop", 1.0, 0.2, 5));
+  m.request_finished(finished("abort", 0.1, 0, 0));
+  m.inter_token_latency(0.02);
   AsyncEngineStats s;
   s.engine.num_running = 3;
   s.engine.kv_cache_usage = 0.25;
+  s.engine.prefix_cache_queries = 40;
+  s.engine.prefix_cache_hit_tokens = 16;
+  s.engine.iteration_tokens[0] = 2;  // two steps of one token
+  s.engine.iteration_tokens[3] = 1;  // one of 17..32
+  s.engine.iteration_tokens_sum = 32;
   const std::string t = m.render(s);
-  EXPECT_NE(t.find("tessera:num_requests_running{model_name=\"tiny\"} 3\n"), std::string::npos);
-  EXPECT_NE(t.find("tessera:kv_cache_usage_perc{model_name=\"tiny\"} 0.25\n"), std::string::npos);
-  EXPECT_NE(t.find("tessera:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 1\n"),
-            std::string::npos);
+  EXPECT_NE(t.find("vllm:num_requests_running{model_name=\"tiny\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:kv_cache_usage_perc{model_name=\"tiny\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:gpu_cache_usage_perc{model_name=\"tiny\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:prefix_cache_queries_total{model_name=\"tiny\"} 40\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:prefix_cache_hits_total{model_name=\"tiny\"} 16\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("tessera:num_requests_aborted_total{model_name=\"tiny\"} 1\n"), std::string::npos);
-  EXPECT_NE(t.find("tessera:e2e_request_latency_seconds_count{model_name=\"tiny\"} 2\n"), std::string::npos);
-  EXPECT_NE(t.find("tessera:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.25\"} 1\n"),
-            std::string::npos);
-  EXPECT_NE(t.find("tessera:time_per_output_token_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
-  EXPECT_EQ(t.find("spec_decode"), std::string::npos) << "no speculative-decoding metrics when it is off";
+  EXPECT_NE(t.find("vllm:e2e_request_latency_seconds_count{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.25\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:time_per_output_token_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:inter_token_latency_seconds_bucket{model_name=\"tiny\",le=\"0.025\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:request_queue_time_seconds_count{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"10\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:request_params_max_tokens_sum{model_name=\"tiny\"} 32\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:iteration_tokens_total_bucket{model_name=\"tiny\",le=\"1\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:iteration_tokens_total_bucket{model_name=\"tiny\",le=\"32\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:iteration_tokens_total_count{model_name=\"tiny\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:spec_decode_num_drafts_total{model_name=\"tiny\"} 0\n"), std::string::npos);
+  EXPECT_EQ(t.find("accepted_tokens_per_pos"), std::string::npos) << "no per-position series when it is off";
   // Speculative decoding (k = 3): vLLM's spec_decode_* counters, one per-position series each.
   s.engine.num_speculative_tokens = 3;
   s.engine.spec.add(3, 2);
   s.engine.spec.add(2, 0);
   const std::string u = m.render(s);
-  EXPECT_NE(u.find("tessera:spec_decode_num_drafts_total{model_name=\"tiny\"} 2\n"), std::string::npos) << u;
-  EXPECT_NE(u.find("tessera:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 5\n"), std::string::npos);
-  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 2\n"), std::string::npos);
-  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"1\"} 1\n"),
+  EXPECT_NE(u.find("vllm:spec_decode_num_drafts_total{model_name=\"tiny\"} 2\n"), std::string::npos) << u;
+  EXPECT_NE(u.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 5\n"), std::string::npos);
+  EXPECT_NE(u.find("vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(u.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"1\"} 1\n"),
             std::string::npos);
-  EXPECT_NE(u.find("tessera:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"2\"} 0\n"),
+  EXPECT_NE(u.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"2\"} 0\n"),
             std::string::npos);
+}
+
+// The series vLLM's Grafana dashboard (examples/online_serving/prometheus_grafana/grafana.json) and
+// common scrapers query: every one is exported, and every exported vllm: series is one of vLLM's.
+TEST(Metrics, ExportsTheSeriesVllmDashboardsQuery) {
+  const std::set<std::string> vllm_names = {"vllm:num_requests_running",
+                                            "vllm:num_requests_waiting",
+                                            "vllm:gpu_cache_usage_perc",
+                                            "vllm:kv_cache_usage_perc",
+                                            "vllm:prompt_tokens_total",
+                                            "vllm:generation_tokens_total",
+                                            "vllm:request_success_total",
+                                            "vllm:time_to_first_token_seconds",
+                                            "vllm:time_per_output_token_seconds",
+                                            "vllm:inter_token_latency_seconds",
+                                            "vllm:e2e_request_latency_seconds",
+                                            "vllm:request_queue_time_seconds",
+                                            "vllm:request_prefill_time_seconds",
+                                            "vllm:request_decode_time_seconds",
+                                            "vllm:request_inference_time_seconds",
+                                            "vllm:request_prompt_tokens",
+                                            "vllm:request_generation_tokens",
+                                            "vllm:iteration_tokens_total",
+                                            "vllm:prefix_cache_queries_total",
+                                            "vllm:prefix_cache_hits_total",
+                                            "vllm:num_preemptions_total",
+                                            "vllm:spec_decode_num_drafts_total",
+                                            "vllm:spec_decode_num_draft_tokens_total",
+                                            "vllm:spec_decode_num_accepted_tokens_total",
+                                            "vllm:request_params_max_tokens",
+                                            "vllm:request_params_n"};
+  Metrics m("tiny", 4096);
+  AsyncEngineStats s;
+  const std::string t = m.render(s);
+  std::set<std::string> exported;
+  std::istringstream lines(t);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("# TYPE ")) continue;
+    const std::string name = line.substr(7, line.find(' ', 7) - 7);
+    if (name.starts_with("vllm:"))
+      exported.insert(name);
+    else
+      EXPECT_TRUE(name.starts_with("tessera:")) << name;
+    // Every family has samples with the model_name label.
+    EXPECT_TRUE(t.find("\n" + name + "{model_name=\"tiny\"") != std::string::npos ||
+                t.find("\n" + name + "_bucket{model_name=\"tiny\"") != std::string::npos)
+        << name;
+  }
+  std::vector<std::string> missing, extra;
+  std::set_difference(vllm_names.begin(), vllm_names.end(), exported.begin(), exported.end(),
+                      std::back_inserter(missing));
+  std::set_difference(exported.begin(), exported.end(), vllm_names.begin(), vllm_names.end(),
+                      std::back_inserter(extra));
+  EXPECT_TRUE(missing.empty()) << "missing: " << ::testing::PrintToString(missing);
+  EXPECT_TRUE(extra.empty()) << "not vLLM's: " << ::testing::PrintToString(extra);
 }
 
 }  // namespace

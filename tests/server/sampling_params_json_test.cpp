@@ -135,5 +135,17 @@ TEST(LogprobBudget, RequestsPastTheLimitAreRefusedNamingTheFieldAndLimit) {
   EXPECT_FALSE(check_logprob_budget({size_t{1} << 40}, {sampled}, kMaxLogprobEntries, &param).ok());
 }
 
+TEST(SamplingParamsJson, StopStringAndSpecialTokenSwitchesAreRead) {
+  SamplingParams p;
+  ASSERT_TRUE(read(R"({"include_stop_str_in_output": true, "skip_special_tokens": false})", &p).ok());
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_FALSE(p.skip_special_tokens);
+  ASSERT_TRUE(read(R"({})", &p).ok());
+  EXPECT_FALSE(p.include_stop_str_in_output);
+  EXPECT_TRUE(p.skip_special_tokens);
+  expect_refused(R"({"include_stop_str_in_output": "yes"})", "'include_stop_str_in_output' must be a boolean");
+  expect_refused(R"({"skip_special_tokens": 1})", "'skip_special_tokens' must be a boolean");
+}
+
 }  // namespace
 }  // namespace tessera::server

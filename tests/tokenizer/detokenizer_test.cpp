@@ -48,8 +48,22 @@ TEST_P(DetokenizerTest, CharactersSpreadOverTokensComeOutWhole) {
   EXPECT_GT(empty_chunks, 0) << "some character should have needed more than one token";
 }
 
+// The full decode of `ids`, less the bytes of a character the last tokens left unfinished (which a
+// full decode turns into U+FFFD and the streaming detokenizer drops).
+std::string decode_without_unfinished_end(const Tokenizer& tokenizer, const std::vector<int32_t>& ids, bool skip) {
+  if (!tokenizer.decodes_by_byte_concatenation()) {
+    std::string full = tokenizer.decode(ids, skip);
+    if (full.ends_with(kReplacementCharacter)) full.resize(full.size() - kReplacementCharacter.size());
+    return full;
+  }
+  std::string bytes;
+  for (int32_t id : ids) tokenizer.append_token_bytes(id, skip, bytes);
+  return utf8_lossy(std::string_view(bytes).substr(0, decidable_prefix_length(bytes)));
+}
+
 // Random id sequences (ordinary tokens, lone byte tokens that split characters, special tokens,
-// unknown ids): the stream equals the full decode, and every chunk is valid UTF-8.
+// unknown ids): the stream equals the full decode (less an unfinished character at the very end),
+// and every chunk is valid UTF-8.
 TEST_P(DetokenizerTest, FuzzedIdSequencesStreamExactlyTheFullDecode) {
   const Tokenizer& tokenizer = load_tokenizer(GetParam());
   std::mt19937 rng(1234);
@@ -84,7 +98,8 @@ TEST_P(DetokenizerTest, FuzzedIdSequencesStreamExactlyTheFullDecode) {
       DetokenizerOptions options;
       options.skip_special_tokens = skip;
       std::string streamed = stream_all(tokenizer, ids, options, &chunks);
-      ASSERT_EQ(streamed, tokenizer.decode(ids, skip)) << "round " << round << " ids " << nlohmann::json(ids).dump();
+      ASSERT_EQ(streamed, decode_without_unfinished_end(tokenizer, ids, skip))
+          << "round " << round << " ids " << nlohmann::json(ids).dump();
       for (const std::string& chunk : chunks) ASSERT_TRUE(is_valid_utf8(chunk)) << "round " << round;
     }
   }
@@ -208,6 +223,59 @@ TEST_P(DetokenizerTest, SpecialTokensSkippedOrKept) {
   keep.skip_special_tokens = false;
   EXPECT_EQ(stream_all(tokenizer, ids, keep), "hi" + special + "there");
   EXPECT_EQ(stream_all(tokenizer, ids, {}), "hithere");
+}
+
+// An answer cut at max_tokens inside a character that spans several tokens ends before that
+// character: never in U+FFFD.
+TEST_P(DetokenizerTest, UnfinishedCharacterAtTheEndIsDroppedNotReplaced) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  const std::string text = "ok 龘靐齉爩 👨‍👩‍👧‍👦 𠀀𪚥";
+  const std::vector<int32_t> ids = tokenizer.encode(text);
+  int cut_inside = 0;
+  for (size_t n = 1; n <= ids.size(); ++n) {
+    const std::vector<int32_t> head(ids.begin(), ids.begin() + static_cast<long>(n));
+    const std::string full = tokenizer.decode(head, true);
+    const std::string streamed = stream_all(tokenizer, head, {});
+    EXPECT_FALSE(streamed.ends_with(kReplacementCharacter)) << n << " tokens: " << nlohmann::json(streamed).dump();
+    EXPECT_TRUE(is_valid_utf8(streamed));
+    EXPECT_TRUE(text.starts_with(streamed)) << n << " tokens";
+    if (full.ends_with(kReplacementCharacter)) {
+      ++cut_inside;
+      EXPECT_LT(streamed.size(), full.size());
+    } else {
+      EXPECT_EQ(streamed, full);
+    }
+  }
+  EXPECT_GT(cut_inside, 0) << "some cut should fall inside a character";
+}
+
+// vLLM's min_tokens: a stop string counts only once more than min_tokens tokens were generated, and
+// only where it ends in the text of a later token; the first such occurrence stops the stream.
+TEST_P(DetokenizerTest, MinTokensHoldsBackStopStrings) {
+  const Tokenizer& tokenizer = load_tokenizer(GetParam());
+  const std::string text = "a. b. c. d. e. f. g. h. i. j. k.";
+  const std::vector<int32_t> ids = tokenizer.encode(text);
+  for (const std::string stop : {".", ". ", " c"}) {
+    for (int min_tokens = 0; min_tokens <= static_cast<int>(ids.size()); ++min_tokens) {
+      // Expected: the first token i > min_tokens whose text completes an occurrence ending past the
+      // text of the first min_tokens tokens.
+      const size_t floor = tokenizer.decode(std::span(ids).first(static_cast<size_t>(min_tokens)), true).size();
+      std::string expected = text;
+      for (size_t i = static_cast<size_t>(min_tokens) + 1; i <= ids.size(); ++i) {
+        const std::string so_far = tokenizer.decode(std::span(ids).first(i), true);
+        const size_t from = floor >= stop.size() ? floor - stop.size() + 1 : 0;
+        if (size_t at = so_far.find(stop, from); at != std::string::npos) {
+          expected = so_far.substr(0, at);
+          break;
+        }
+      }
+      DetokenizerOptions options;
+      options.stop_strings = {stop};
+      options.min_tokens = min_tokens;
+      EXPECT_EQ(stream_all(tokenizer, ids, options), expected)
+          << "stop " << nlohmann::json(stop).dump() << " min_tokens " << min_tokens;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerTest, ::testing::ValuesIn(testing::kTokenizerNames),

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# `vllm serve` command lines work unchanged: human-readable sizes (32k = 32000, 32K = 32768),
+# underscore spellings, -tp/-pp, a repeated flag's last value, vLLM's harmless flags; every flag
+# mistake is one "error: ..." line with exit code 2 (a misspelt flag names the closest one); and
+# every flag docs/server.md lists is one `tessera serve --help` shows. Loads no model.
+#   serve_vllm_flags.sh TESSERA_BIN
+set -uo pipefail
+BIN=${1:?usage: serve_vllm_flags.sh TESSERA_BIN}
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+# Flags that parse, as `tessera plan --json` reads them (the same engine flags as serve).
+# (configs/qwen3.5-35b-a3b: max_position_embeddings 262144.)
+plan_field() {  # plan_field FIELD FLAGS...
+  local field=$1; shift
+  "$BIN" plan "$ROOT/configs/qwen3.5-35b-a3b" --gpu h200 --json "$@" 2>"$TMP/err" |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['$field'])" 2>/dev/null
+}
+expect_plan() {  # expect_plan FIELD WANT FLAGS...
+  local field=$1 want=$2; shift 2
+  local got; got=$(plan_field "$field" "$@")
+  [ "$got" = "$want" ] || bad "$* -> $field $got, want $want ($(cat "$TMP/err"))"
+}
+expect_plan max_model_len 32000 --max-model-len 32k
+expect_plan max_model_len 32768 --max-model-len 32K
+expect_plan max_model_len 25600 --max-model-len 25.6k
+# Past the model's context: the error quotes the value read.
+for size in 1M=1048576 1m=1000000; do
+  "$BIN" plan "$ROOT/configs/qwen3.5-35b-a3b" --gpu h200 --max-model-len "${size%=*}" >"$TMP/out" 2>&1
+  grep -q -- "--max-model-len ${size#*=} is larger than the model's max_position_embeddings" "$TMP/out" ||
+    bad "--max-model-len ${size%=*} is not ${size#*=}: $(cat "$TMP/out")"
+done
+expect_plan max_model_len 2048 --max_model_len 2048
+expect_plan max_model_len 3000 --max_model_len=3k
+expect_plan max_model_len 2000 --max-model-len 1k --max-model-len 2k
+expect_plan max_num_seqs 8 --max-num-seqs 4 --max_num_seqs 8
+expect_plan tensor_parallel_size 2 -tp 2
+expect_plan pipeline_parallel_size 2 -pp=2
+expect_plan tensor_parallel_size 1 --dtype bfloat16 -dp 1
+
+# Mistakes: exit 2, one "error:" line, no CLI11 wording.
+expect_error() {  # expect_error TEXT ARGS...
+  local text=$1; shift
+  "$BIN" serve "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  [ $rc = 2 ] || bad "serve $* exited $rc, want 2: $(cat "$TMP/err")"
+  grep -qF -- "$text" "$TMP/err" || bad "serve $*: no '$text' in: $(cat "$TMP/err")"
+  head -1 "$TMP/err" | grep -q '^error: ' || bad "serve $*: first line is not 'error: ...': $(cat "$TMP/err")"
+  ! grep -qE "Run with --help|Could not convert|required INT missing|The following argument" "$TMP/err" ||
+    bad "serve $*: CLI11's own words: $(cat "$TMP/err")"
+}
+expect_error "argument --max-model-len: must be a positive number of tokens" --max-model-len 0
+expect_error "argument --max-model-len: invalid value '-5'" --max-model-len -5
+expect_error "decimals are not allowed with binary suffixes like K; did you mean 1.5k?" --max-model-len 1.5K
+expect_error "argument --max-model-len: invalid value 'lots'" --max-model-len lots
+expect_error "did you mean --max-model-len?" --max-modle-len 100
+expect_error "did you mean --tensor-parallel-size?" --tensor-paralel-size 2
+expect_error "argument --port: invalid value: 'abc'" --port abc
+expect_error "argument --port: expected one argument" --port
+expect_error "--dtype float16: tessera computes in bfloat16" --dtype float16
+expect_error "--data-parallel-size 2: tessera runs one engine per server" -dp 2
+expect_error "--enable-lora is a vLLM flag tessera does not support yet" --enable-lora
+expect_error "--enable-auto-tool-choice requires --tool-call-parser" --enable-auto-tool-choice
+expect_error "argument --quantization" --quantization awq
+expect_error "--gpu-memory-utilization must be in (0, 1]" --gpu-memory-utilization 2
+expect_error "--swap-space must be >= 0, got -1" --swap-space -1
+expect_error "--log-stats-interval must be above 0 seconds" --log-stats-interval 0
+
+# vLLM's harmless flags get past the flag checks (the missing model directory is what stops them).
+"$BIN" serve "$TMP/no-such-model" --dtype auto --swap-space 4 --disable-fastapi-docs --max-seq-len-to-capture 8192 \
+  --enable-prompt-tokens-details --async-scheduling --enable-log-requests --max-log-len 100 --disable-log-requests \
+  --disable-log-stats --max_num_batched_tokens 8k >"$TMP/out" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "not a model directory" "$TMP/out" || bad "harmless vLLM flags: exit $rc: $(cat "$TMP/out")"
+grep -q -- "--swap-space is accepted for vLLM compatibility and has no effect" "$TMP/out" || bad "no-op flags not logged"
+
+# Every flag docs/server.md's flag table names is a flag of tessera serve.
+"$BIN" serve --help >"$TMP/help" 2>&1 || bad "serve --help exited non-zero"
+documented=$(python3 - "$ROOT/docs/server.md" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+section = text[text.index("## Flags"):]
+section = section[:section.index("\n## ", 5)]
+names = set()
+for row in section.splitlines():
+    if row.startswith("|"):
+        names.update(re.findall(r"`(--[a-z0-9-]+)", row.split("|")[1]))
+print("\n".join(sorted(names)))
+PY
+)
+[ -n "$documented" ] || bad "no flags found in docs/server.md's flag table"
+for flag in $documented; do
+  grep -qE -- "(^|[ ,])$flag([ ,={]|$)" "$TMP/help" || bad "docs/server.md lists $flag, which tessera serve --help does not show"
+done
+# And the reverse: every flag --help shows (at the start of its line) is in the table.
+shown=$(grep -oE '^ +(-[a-z], ?)?--[a-z0-9-]+(\{false\})?(,--[a-z0-9-]+)?' "$TMP/help" | grep -oE -- '--[a-z0-9-]+' | sort -u)
+for flag in $shown; do
+  [ "$flag" = --help ] && continue
+  echo "$documented" | grep -qx -- "$flag" || bad "tessera serve --help shows $flag, which docs/server.md's flag table does not list"
+done
+echo "$(echo "$documented" | wc -l) documented flags checked against --help"
+[ $fail = 0 ] && echo "PASS: vLLM flags"
+exit $fail
