@@ -408,7 +408,9 @@ TEST(MetaBackend, CountsTheMoeAndFp8Workspaces) {
   be.reset_peak();
   be.moe_experts(x, gate_up, down, ids, w, 0, out);
   EXPECT_GE(be.scratch_peak(), size_t{320} << 20);
-  EXPECT_EQ(be.scratch_peak(), static_cast<size_t>(moe_experts_workspace_bytes(T, k, H, I, E)));
+  const auto want = static_cast<size_t>(moe_experts_workspace_bytes(T, k, H, I, E));
+  EXPECT_GE(be.scratch_peak(), want);
+  EXPECT_LT(be.scratch_peak(), want + 256) << "the workspace, rounded to the arena's alignment";
   EXPECT_EQ(be.scratch_in_use(), 0u) << "the workspace is taken and given back within the op";
 
   be.reset_peak();
