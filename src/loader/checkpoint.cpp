@@ -29,7 +29,7 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      fail(ErrorKind::kCorrupt, "{}: does not parse ({})", index.string(), e.what());
+      fail(ErrorKind::kCorrupt, "{}: does not parse ({})", index.string(), json_error_text(e));
     }
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       fail(ErrorKind::kCorrupt, "{}: has no weight_map object", index.string());

@@ -26,7 +26,7 @@ nlohmann::json read_json(const fs::path& p) {
   try {
     return nlohmann::json::parse(text.view());
   } catch (const std::exception& e) {
-    fail(ErrorKind::kCorrupt, "{}: does not parse as JSON ({})", p.string(), e.what());
+    fail(ErrorKind::kCorrupt, "{}: does not parse as JSON ({})", p.string(), json_error_text(e));
   }
 }
 

@@ -22,7 +22,7 @@ nlohmann::ordered_json parse_json_file(const std::filesystem::path& path, const 
   try {
     return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kCorrupt, "{} is not valid JSON: {}", path.string(), e.what());
+    fail(ErrorKind::kCorrupt, "{} is not valid JSON: {}", path.string(), json_error_text(e));
   }
 }
 

@@ -116,7 +116,9 @@ TEST_F(LoaderFaults, MissingConfig) {
 
 TEST_F(LoaderFaults, ConfigNotJson) {
   testing::write_file(dir_ / "config.json", "{\"architectures\": [\"LlamaForCausalLM\"],\n\x01\x02 oops");
-  expect_error(load_fails(), ErrorKind::kCorrupt, {(dir_ / "config.json").string()});
+  Failure f = load_fails();
+  expect_error(f, ErrorKind::kCorrupt, {(dir_ / "config.json").string(), "does not parse as JSON (parse error"});
+  EXPECT_EQ(f.message.find("json.exception"), std::string::npos) << f.message;  // the library's text is not quoted
 }
 
 TEST_F(LoaderFaults, GenerationConfigNotJson) {
