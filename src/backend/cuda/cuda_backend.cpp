@@ -211,20 +211,20 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+// The record under TESSERA_CUDA_OPTIONS' profile, `options` (the row's defaults when null), and
+// TESSERA_CUDA_OPTIONS' items over them.
+static std::unique_ptr<Backend> make_with(int device_index, const CudaOptions* options) {
   const std::string env = cuda_options_from_env();
   CudaArch arch = arch_for(device_index, env);
-  CudaOptions options = tuned_cuda_options(arch);
-  apply_cuda_options(env, options);
-  return std::make_unique<CudaBackend>(device_index, std::move(arch), options);
-}
-
-std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
-  const std::string env = cuda_options_from_env();
-  CudaArch arch = arch_for(device_index, env);
-  CudaOptions o = options;
+  CudaOptions o = options ? *options : tuned_cuda_options(arch);
   apply_cuda_options(env, o);
   return std::make_unique<CudaBackend>(device_index, std::move(arch), o);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) { return make_with(device_index, nullptr); }
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  return make_with(device_index, &options);
 }
 
 void* cuda_backend_stream(Backend& backend) {

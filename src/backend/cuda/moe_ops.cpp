@@ -47,10 +47,6 @@ void MoeOps::moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& d
 // (CudaMoeDecode); otherwise (and where that kernel does not apply) moe_topk, moe_experts and
 // the shared expert's ops.
 // The decode variant of a T-token call (CudaOptions::moe_decode; kAuto picks by the measured rule).
-// At one token the split path's two one-token kernels beat the fused kernel where reading the k
-// experts dominates (Qwen3.5-35B-A3B: 8 x 6.3 MB); where they are small (the demo model's 8 x 74
-// KB) the layer is bound by kernel latency, and the fused kernel, which folds the shared expert's
-// five ops in, stays the choice it was measured to be before the one-token kernels existed.
 CudaMoeDecode MoeOps::moe_decode_for(int64_t T, bool shared, int64_t routed_bytes) const {
   if (options_.moe_decode != CudaMoeDecode::kAuto) return options_.moe_decode;
   const bool one_token =
