@@ -69,7 +69,9 @@ class GrammarBuilder {
   // A Lark subset (rule: alt | alt, "literal", /regex/, ?optional, */+, %ignore is an error).
   void add_lark(std::string_view text);
   // Each returns the name of a new rule that matches exactly the described strings.
-  std::string add_json_schema(const nlohmann::json& schema, const JsonOptions& options = {});
+  // The schema is an ordered_json so that properties keep the order the client wrote (the order the
+  // output must follow).
+  std::string add_json_schema(const nlohmann::ordered_json& schema, const JsonOptions& options = {});
   std::string add_any_json_object(const JsonOptions& options = {});  // json_object mode: any JSON object
   std::string add_regex(std::string_view pattern);                   // ECMAScript-like syntax, whole match
   std::string add_choice(const std::vector<std::string>& choices);   // one of the literal strings
