@@ -31,6 +31,10 @@ struct CompileLimits {
   int max_nesting = 64;                 // schema / regex / grammar nesting depth
   size_t max_enum_values = 10000;
   std::chrono::milliseconds max_compile_time{2000};
+  size_t max_states = 200000;  // automaton states after lowering (bounded repetitions, regex expansion)
+  // compile(): token tables are built eagerly (nearest the start first) for at most this long; the rest
+  // are built the first time a matcher reaches their position.
+  std::chrono::milliseconds eager_table_time{100};
 };
 
 // JSON Schema options (vLLM/xgrammar's meaning).
@@ -38,6 +42,7 @@ struct JsonOptions {
   bool any_whitespace = true;      // false: the compact form (", " and ": " only, as json.dumps); guided_whitespace_pattern
   std::string whitespace_pattern;  // non-empty: the regex whitespace between tokens must match
   bool strict = false;             // true: additionalProperties defaults to false (OpenAI strict mode)
+  int max_whitespace = 20;         // any_whitespace: at most this many whitespace bytes between two tokens
 };
 
 // The vocabulary as the matcher sees it: each token id's bytes (after the tokenizer's decoder; special and
@@ -72,6 +77,8 @@ class GrammarBuilder {
   // The schema is an ordered_json so that properties keep the order the client wrote (the order the
   // output must follow).
   std::string add_json_schema(const nlohmann::ordered_json& schema, const JsonOptions& options = {});
+  // The same from JSON text (parsed in order); malformed JSON is a GrammarError.
+  std::string add_json_schema_text(std::string_view schema_json, const JsonOptions& options = {});
   std::string add_any_json_object(const JsonOptions& options = {});  // json_object mode: any JSON object
   std::string add_regex(std::string_view pattern);                   // ECMAScript-like syntax, whole match
   std::string add_choice(const std::vector<std::string>& choices);   // one of the literal strings

@@ -1,0 +1,120 @@
+// The byte-level grammar IR every front end lowers to: named rules whose bodies are expressions over
+// byte strings, Unicode character classes (matched as UTF-8), rule references, sequences, alternations
+// and bounded or unbounded repetition. Expressions live in one arena and are referred to by index.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "grammar/grammar.h"
+
+namespace tessera::grammar {
+
+using CodepointRanges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive, sorted, disjoint
+
+constexpr uint32_t kMaxCodepoint = 0x10FFFF;
+constexpr int kUnbounded = -1;
+
+enum class ExprKind { kEmpty, kBytes, kClass, kRuleRef, kSequence, kChoice, kRepeat };
+
+struct Expr {
+  ExprKind kind = ExprKind::kEmpty;
+  std::string bytes;         // kBytes
+  CodepointRanges ranges;    // kClass: one UTF-8 encoded codepoint in these ranges
+  int rule = -1;             // kRuleRef
+  std::vector<int> items;    // kSequence, kChoice; kRepeat: the one repeated expression
+  int min = 0, max = 0;      // kRepeat: max kUnbounded for no bound
+};
+
+// Rules and their expressions. Rules are created by name (a reference before the definition creates an
+// undefined rule, which build() reports).
+class RuleSet {
+ public:
+  int bytes(std::string_view text);
+  int char_class(CodepointRanges ranges);  // normalises (sorts, merges, drops surrogates)
+  int ref(int rule);
+  int sequence(std::vector<int> items);
+  int choice(std::vector<int> items);
+  int repeat(int item, int min, int max);
+  int empty();
+
+  int rule_id(const std::string& name);  // finds or declares
+  int new_rule(const std::string& name_hint);  // a fresh, unused name from the hint
+  void define(int rule, int body);
+  bool defined(int rule) const { return rules_[rule].body >= 0; }
+  const std::string& rule_name(int rule) const { return rules_[rule].name; }
+  int find_rule(const std::string& name) const;
+
+  struct Rule {
+    std::string name;
+    int body = -1;
+  };
+  const std::vector<Rule>& rules() const { return rules_; }
+  const std::vector<Expr>& exprs() const { return exprs_; }
+  const Expr& expr(int id) const { return exprs_[id]; }
+
+ private:
+  int add(Expr e);
+  std::vector<Expr> exprs_;
+  std::vector<Rule> rules_;
+  std::unordered_map<std::string, int> by_name_;
+};
+
+struct Fsm;
+
+// What an immutable Grammar holds: the rules, the start rule and their automata.
+class Grammar {
+ public:
+  RuleSet rules;
+  int root = -1;
+  CompileLimits limits;
+  std::shared_ptr<const Fsm> fsm;
+};
+
+// Compile-work guard shared by the front ends: nesting depth and elapsed time.
+class Budget {
+ public:
+  explicit Budget(const CompileLimits& limits)
+      : limits_(limits), deadline_(std::chrono::steady_clock::now() + limits.max_compile_time) {}
+  const CompileLimits& limits() const { return limits_; }
+  // Throws GrammarError when `depth` exceeds the nesting limit; `what` names the construct.
+  void check_depth(int depth, std::string_view what) const;
+  // Throws GrammarError once the time limit has passed (checked every few calls).
+  void check_time(std::string_view what);
+
+ private:
+  CompileLimits limits_;
+  std::chrono::steady_clock::time_point deadline_;
+  unsigned calls_ = 0;
+};
+
+// UTF-8 helpers.
+// Decodes one codepoint at text[pos], advancing pos; invalid bytes decode as themselves (Latin-1).
+uint32_t decode_utf8(std::string_view text, size_t& pos);
+void append_utf8(uint32_t cp, std::string& out);
+CodepointRanges normalize_ranges(CodepointRanges ranges);
+CodepointRanges complement_ranges(const CodepointRanges& ranges);
+// Sequences of per-byte ranges whose union encodes exactly the codepoints in [lo, hi] (no surrogates).
+using ByteRangeSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>& out);
+
+// Lowers a regular expression (ECMAScript-like) into `rules`, returning the expression. With
+// `json_string_body`, characters that JSON strings must escape (", \, controls) match their escaped form.
+int lower_regex(std::string_view pattern, RuleSet& rules, Budget& budget, bool json_string_body = false);
+
+// Front ends adding rules to `rules` (named in the text; references to other rules by name).
+void parse_ebnf(std::string_view text, RuleSet& rules, Budget& budget);
+void parse_lark(std::string_view text, RuleSet& rules, Budget& budget);
+
+// JSON Schema: returns the rule matching documents valid against `schema` (ordered JSON keeps property
+// order). `prefix` makes the generated rule names unique.
+int lower_json_schema(const nlohmann::ordered_json& schema, const JsonOptions& options, RuleSet& rules, Budget& budget,
+                      const std::string& prefix);
+int lower_any_json_object(const JsonOptions& options, RuleSet& rules, Budget& budget, const std::string& prefix);
+
+}  // namespace tessera::grammar
