@@ -298,7 +298,8 @@ int SchemaLowering::object_value(const ojson& schema, const std::string& pointer
   int extra = -1;  // (, key: value)* after the listed properties
   int extra_entry = -1;
   if (additional) {
-    extra_entry = rules_.sequence({rules_.ref(string_rule()), separator(':'),
+    const int key = names.empty() ? rules_.ref(string_rule()) : key_excluding(names);
+    extra_entry = rules_.sequence({key, separator(':'),
                                    value(*additional, pointer + "/additionalProperties", depth + 1)});
     extra = rules_.repeat(rules_.sequence({separator(','), extra_entry}), 0, kUnbounded);
   }

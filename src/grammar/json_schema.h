@@ -43,6 +43,8 @@ class SchemaLowering {
   int number_value(const ojson& schema, const std::string& pointer);
   int constant(const ojson& value, int depth);  // exactly this JSON value (whitespace per the options)
   int string_rule();   // any JSON string (shared)
+  int string_rest_rule();  // the rest of a JSON string after its first character (shared)
+  int key_excluding(const std::vector<std::string>& names);  // any key but these
   int integer_rule();  // any JSON integer (shared)
   int number_rule();   // any JSON number (shared)
   int any_value_rule();
@@ -59,7 +61,7 @@ class SchemaLowering {
   Budget& budget_;
   std::string prefix_;
   std::unordered_map<std::string, int> ref_rules_;  // JSON pointer -> rule
-  int string_rule_ = -1, integer_rule_ = -1, number_rule_ = -1, any_value_rule_ = -1, any_object_rule_ = -1,
+  int string_rule_ = -1, string_rest_rule_ = -1, integer_rule_ = -1, number_rule_ = -1, any_value_rule_ = -1, any_object_rule_ = -1,
       any_array_rule_ = -1;
   int ws_expr_ = -1;
 };

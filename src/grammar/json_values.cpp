@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 
 #include "grammar/json_schema.h"
 
@@ -83,6 +84,97 @@ static int string_char(RuleSet& r) {
                    r.sequence({r.bytes("\\"), r.choice({r.char_class({{'"', '"'}, {'/', '/'}, {'\\', '\\'}, {'b', 'b'},
                                                                        {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
                                                         r.sequence({r.bytes("u"), r.repeat(hex, 4, 4)})})})});
+}
+
+int SchemaLowering::string_rest_rule() {
+  if (string_rest_rule_ < 0) {
+    string_rest_rule_ = rules_.new_rule(prefix_ + "_string_rest");
+    rules_.define(string_rest_rule_,
+                  rules_.sequence({rules_.repeat(string_char(rules_), 0, kUnbounded), rules_.bytes("\"")}));
+  }
+  return string_rest_rule_;
+}
+
+namespace {
+
+// A JSON-escaped string body as its characters: an escape sequence or one UTF-8 encoded codepoint.
+std::vector<std::string> string_units(const std::string& body) {
+  std::vector<std::string> units;
+  for (size_t i = 0; i < body.size();) {
+    size_t len = 1;
+    if (body[i] == '\\') {
+      len = i + 1 < body.size() && body[i + 1] == 'u' ? 6 : 2;
+    } else {
+      size_t j = i;
+      decode_utf8(body, j);
+      len = j - i;
+    }
+    units.push_back(body.substr(i, len));
+    i += len;
+  }
+  return units;
+}
+
+struct KeyTrie {
+  bool terminal = false;
+  std::vector<std::pair<std::string, std::unique_ptr<KeyTrie>>> children;
+};
+
+}  // namespace
+
+// Any JSON string (with its quotes) except the given keys as written (a key spelled with different
+// escapes is not recognised as the same key).
+int SchemaLowering::key_excluding(const std::vector<std::string>& names) {
+  KeyTrie root;
+  for (const auto& name : names) {
+    const std::string dumped = ojson(name).dump();
+    KeyTrie* node = &root;
+    for (const auto& unit : string_units(dumped.substr(1, dumped.size() - 2))) {
+      auto it = std::find_if(node->children.begin(), node->children.end(), [&](const auto& c) { return c.first == unit; });
+      if (it == node->children.end()) {
+        node->children.push_back({unit, std::make_unique<KeyTrie>()});
+        it = node->children.end() - 1;
+      }
+      node = it->second.get();
+    }
+    node->terminal = true;
+  }
+  const int hex = rules_.char_class({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
+  std::function<int(const KeyTrie&, int)> body = [&](const KeyTrie& node, int depth) -> int {
+    budget_.check_depth(depth / 8, "property name");
+    std::vector<int> alts;
+    if (!node.terminal) alts.push_back(rules_.bytes("\""));
+    CodepointRanges plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, kMaxCodepoint}};
+    CodepointRanges escapes = {{'"', '"'}, {'/', '/'}, {'\\', '\\'}, {'b', 'b'}, {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}};
+    auto remove = [](CodepointRanges& ranges, uint32_t cp) {
+      CodepointRanges out;
+      for (auto [lo, hi] : ranges) {
+        if (cp < lo || cp > hi) {
+          out.push_back({lo, hi});
+          continue;
+        }
+        if (lo < cp) out.push_back({lo, cp - 1});
+        if (cp < hi) out.push_back({cp + 1, hi});
+      }
+      ranges = std::move(out);
+    };
+    for (const auto& [unit, child] : node.children) {
+      alts.push_back(rules_.sequence({rules_.bytes(unit), body(*child, depth + 1)}));
+      if (unit[0] != '\\') {
+        size_t pos = 0;
+        remove(plain, decode_utf8(unit, pos));
+      } else if (unit.size() == 2) {
+        remove(escapes, static_cast<unsigned char>(unit[1]));
+      }
+    }
+    std::vector<int> other;  // a first character that leaves every key
+    if (!plain.empty()) other.push_back(rules_.char_class(plain));
+    if (!escapes.empty()) other.push_back(rules_.sequence({rules_.bytes("\\"), rules_.char_class(escapes)}));
+    other.push_back(rules_.sequence({rules_.bytes("\\u"), rules_.repeat(hex, 4, 4)}));
+    alts.push_back(rules_.sequence({rules_.choice(std::move(other)), rules_.ref(string_rest_rule())}));
+    return rules_.choice(std::move(alts));
+  };
+  return rules_.sequence({rules_.bytes("\""), body(root, 0)});
 }
 
 int SchemaLowering::string_rule() {

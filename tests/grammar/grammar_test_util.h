@@ -2,6 +2,7 @@
 // (every token tried with accept_token + rollback) to compare fill_next_token_bitmask with.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,6 +83,21 @@ struct Walk {
   int tokens = 0;
 };
 
+// Tokens that contain a closing bracket or quote (cached per vocabulary).
+inline const std::vector<int32_t>& closers(const TokenizerInfo& info) {
+  static std::map<const TokenizerInfo*, std::vector<int32_t>> cache;
+  auto [it, inserted] = cache.try_emplace(&info);
+  if (inserted) {
+    for (size_t id = 0; id < info.token_bytes.size(); ++id) {
+      const std::string& s = info.token_bytes[id];
+      if (!info.special[id] && s.size() <= 3 && s.find_first_of("}]\"") != std::string::npos) {
+        it->second.push_back(static_cast<int32_t>(id));
+      }
+    }
+  }
+  return it->second;
+}
+
 inline Walk random_walk(Matcher& m, const TokenizerInfo& info, std::mt19937& rng, int max_tokens = 400) {
   Walk w;
   std::vector<uint32_t> mask(m.mask_words());
@@ -104,17 +120,13 @@ inline Walk random_walk(Matcher& m, const TokenizerInfo& info, std::mt19937& rng
       w.terminated = true;
       return w;
     }
-    // Past a quarter of the budget, prefer tokens that close structures, to finish.
+    // Past a quarter of the budget, prefer tokens that close strings and structures, to finish.
     int32_t id = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
-    if (w.tokens > max_tokens / 4) {
-      for (int tries = 0; tries < 8; ++tries) {
-        const int32_t c = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
-        const std::string& s = info.token_bytes[c];
-        if (s.find_first_of("}]\"") != std::string::npos) {
-          id = c;
-          break;
-        }
-      }
+    if (w.tokens > max_tokens / 4 && std::uniform_int_distribution<int>(0, 1)(rng) == 0) {
+      std::vector<int32_t> closing;
+      for (int32_t c : closers(info))
+        if (bit(mask, c)) closing.push_back(c);
+      if (!closing.empty()) id = closing[std::uniform_int_distribution<size_t>(0, closing.size() - 1)(rng)];
     }
     if (!m.accept_token(id)) return w;
     w.text += info.token_bytes[id];
