@@ -45,6 +45,7 @@ std::shared_ptr<VocabIndex> build_vocab_index(const TokenizerInfo& info) {
       int32_t last = prev_id;
       while (index->same_bytes_next[last] >= 0) last = index->same_bytes_next[last];
       index->same_bytes_next[last] = id;
+      index->has_duplicates[open.back()] = 1;
       continue;
     }
     while (open.size() > lcp) {
@@ -57,6 +58,7 @@ std::shared_ptr<VocabIndex> build_vocab_index(const TokenizerInfo& info) {
       index->depth.push_back(static_cast<uint16_t>(std::min<size_t>(d + 1, 65535)));
       index->end.push_back(0);
       index->token.push_back(-1);
+      index->has_duplicates.push_back(0);
     }
     index->token[open.back()] = id;
     index->max_depth = std::max(index->max_depth, s.size());
@@ -148,67 +150,86 @@ void CompiledGrammar::build_table(int32_t state, PositionTable& out) const {
   StackPool pool;
   Stepper stepper(*fsm_, pool);
   const size_t levels = v.max_depth + 1;
+  // Per depth: a single configuration not yet in the pool (pure_state >= 0: a state with no calls and
+  // no completion, the common case inside literals, strings and numbers), or a closed set in `tops`.
   std::vector<std::vector<int32_t>> tops(levels);
+  std::vector<int32_t> pure_state(levels, -1), pure_parent(levels, kUnknownParent);
   std::vector<uint8_t> complete(levels, 0), inherited(levels, 0);
-  tops[0] = {pool.get(state, kUnknownParent)};
-  const ByteSet& follow = fsm_->follow[fsm_->state_rule[state]];
-  std::vector<int32_t> accepted;
-  auto add_ids = [&](int32_t node, std::vector<int32_t>& to) {
-    for (int32_t id = v.token[node]; id >= 0; id = v.same_bytes_next[id]) to.push_back(id);
+  pure_state[0] = state;
+  const Fsm& fsm = *fsm_;
+  const ByteSet& follow = fsm.follow[fsm.state_rule[state]];
+  std::vector<uint32_t> accepted(mask_words_, 0);
+  size_t num_accepted = 0;
+  auto add_uncertain = [&](int32_t node) {
+    out.uncertain.push_back(v.token[node]);
+    if (v.has_duplicates[node])
+      for (int32_t id = v.same_bytes_next[v.token[node]]; id >= 0; id = v.same_bytes_next[id]) out.uncertain.push_back(id);
+  };
+  auto add_accepted = [&](int32_t node) {
+    const int32_t first = v.token[node];
+    accepted[first / 32] |= 1u << (first % 32);
+    ++num_accepted;
+    if (!v.has_duplicates[node]) return;
+    for (int32_t id = v.same_bytes_next[first]; id >= 0; id = v.same_bytes_next[id]) {
+      accepted[id / 32] |= 1u << (id % 32);
+      ++num_accepted;
+    }
   };
   const auto num_nodes = static_cast<int32_t>(v.byte.size());
   for (int32_t i = 0; i < num_nodes;) {
     const int d = v.depth[i];
     const uint8_t b = v.byte[i];
-    const std::vector<int32_t>& parent = tops[d - 1];
     std::vector<int32_t>& cur = tops[d];
     inherited[d] = inherited[d - 1] || (complete[d - 1] && follow.test(b));
-    if (parent.empty()) {
-      cur.clear();
-      complete[d] = 0;
-    } else {
-      // A single node looping on this byte, with no calls or completion there, stays itself.
-      const int32_t s = parent.size() == 1 ? pool.node(parent[0]).state : -1;
-      if (s >= 0 && fsm_->next(s, b) == s && !fsm_->has_refs(s) && !fsm_->final[s]) {
-        cur.assign(1, parent[0]);
-        complete[d] = 0;
-      } else {
+    complete[d] = 0;
+    pure_state[d] = -1;
+    cur.clear();
+    int32_t single_state = pure_state[d - 1], single_parent = pure_parent[d - 1];
+    if (single_state < 0 && tops[d - 1].size() == 1) {
+      const StackPool::Node& n = pool.node(tops[d - 1][0]);
+      single_state = n.state, single_parent = n.parent;
+    }
+    if (single_state >= 0) {
+      const int32_t t = fsm.next(single_state, b);
+      if (t >= 0 && !fsm.has_refs(t) && !fsm.final[t]) {
+        pure_state[d] = t, pure_parent[d] = single_parent;
+      } else if (t >= 0) {
         bool c = false;
-        stepper.step(parent, b, cur, c);
+        stepper.close_one(pool.get(t, single_parent), cur, c);
         complete[d] = c;
       }
+    } else if (!tops[d - 1].empty()) {
+      bool c = false;
+      stepper.step(tops[d - 1], b, cur, c);
+      complete[d] = c;
     }
-    const bool alive = !cur.empty() || complete[d];
+    const bool alive = pure_state[d] >= 0 || !cur.empty() || complete[d];
     if (!alive) {
       if (inherited[d]) {
         for (int32_t j = i; j < v.end[i]; ++j)
-          if (v.token[j] >= 0) add_ids(j, out.uncertain);
+          if (v.token[j] >= 0) add_uncertain(j);
       }
       i = v.end[i];
       continue;
     }
-    if (v.token[i] >= 0) add_ids(i, accepted);
+    if (v.token[i] >= 0) add_accepted(i);
     ++i;
   }
-  std::sort(accepted.begin(), accepted.end());
   size_t valid = 0;
   for (uint32_t w : v.valid_mask) valid += static_cast<size_t>(__builtin_popcount(w));
-  const size_t excluded = valid - accepted.size();
+  const size_t excluded = valid - num_accepted;
   const size_t words = mask_words_;
-  if (std::min(accepted.size(), excluded) > words) {
+  if (std::min(num_accepted, excluded) > words) {
     out.kind = PositionTable::Kind::kAcceptedBits;
-    out.bits.assign(words, 0);
-    for (int32_t id : accepted) out.bits[id / 32] |= 1u << (id % 32);
-  } else if (accepted.size() <= excluded) {
-    out.kind = PositionTable::Kind::kAcceptedIds;
-    out.ids = std::move(accepted);
-  } else {
-    out.kind = PositionTable::Kind::kExcludedIds;
-    std::vector<uint32_t> bits = v.valid_mask;
-    for (int32_t id : accepted) bits[id / 32] &= ~(1u << (id % 32));
-    for (size_t w = 0; w < words; ++w) {
-      for (uint32_t x = bits[w]; x; x &= x - 1) out.ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(x)));
-    }
+    out.bits = std::move(accepted);
+    return;
+  }
+  const bool keep_accepted = num_accepted <= excluded;
+  out.kind = keep_accepted ? PositionTable::Kind::kAcceptedIds : PositionTable::Kind::kExcludedIds;
+  out.ids.reserve(keep_accepted ? num_accepted : excluded);
+  for (size_t w = 0; w < words; ++w) {
+    const uint32_t bits = keep_accepted ? accepted[w] : v.valid_mask[w] & ~accepted[w];
+    for (uint32_t x = bits; x; x &= x - 1) out.ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(x)));
   }
 }
 

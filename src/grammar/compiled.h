@@ -13,12 +13,13 @@ namespace tessera::grammar {
 
 // The vocabulary's non-special, non-empty tokens sorted by bytes, as a trie in preorder: node i has
 // `byte`, `depth` (1 for the first byte) and `end` (one past its subtree); `token` is the id ending there
-// or -1 (further ids with the same bytes are chained through same_bytes_next).
+// or -1 (further ids with the same bytes, rare, are chained through same_bytes_next).
 struct VocabIndex {
   std::vector<uint8_t> byte;
   std::vector<uint16_t> depth;
   std::vector<int32_t> end;
   std::vector<int32_t> token;
+  std::vector<uint8_t> has_duplicates;    // per node: further ids have the same bytes
   std::vector<int32_t> same_bytes_next;  // per id
   std::vector<uint32_t> valid_mask;       // ids that can ever match text
   size_t max_depth = 0;

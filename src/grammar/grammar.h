@@ -34,7 +34,7 @@ struct CompileLimits {
   size_t max_states = 200000;  // automaton states after lowering (bounded repetitions, regex expansion)
   // compile(): token tables are built eagerly (nearest the start first) for at most this long; the rest
   // are built the first time a matcher reaches their position.
-  std::chrono::milliseconds eager_table_time{100};
+  std::chrono::milliseconds eager_table_time{30};
 };
 
 // JSON Schema options (vLLM/xgrammar's meaning).
