@@ -23,9 +23,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const std::vector<std::string> kSchemas = {"01_weather_tool",  "02_search_tool_strict", "08_recursive_tree",
-                                           "09_formats",       "22_ecommerce_order",    "24_sql_query",
-                                           "27_user_profile",  "json_object"};
+const std::vector<std::string> kSchemas = {
+    "01_weather_tool",    "02_search_tool_strict", "08_recursive_tree", "09_formats",
+    "22_ecommerce_order", "24_sql_query",          "27_user_profile",   "json_object"};
 
 std::shared_ptr<const Grammar> grammar_for(const std::string& name) {
   GrammarBuilder b;

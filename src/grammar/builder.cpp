@@ -65,8 +65,8 @@ std::string GrammarBuilder::add_regex(std::string_view pattern) {
 std::string GrammarBuilder::add_choice(const std::vector<std::string>& choices) {
   if (choices.empty()) throw GrammarError("choice: no choices given");
   if (choices.size() > impl_->limits.max_enum_values) {
-    throw GrammarError(fmt::format("choice has {} values, more than the limit of {}", choices.size(),
-                                   impl_->limits.max_enum_values));
+    throw GrammarError(
+        fmt::format("choice has {} values, more than the limit of {}", choices.size(), impl_->limits.max_enum_values));
   }
   std::vector<int> alts;
   for (const auto& c : choices) alts.push_back(impl_->rules.bytes(c));

@@ -21,14 +21,15 @@ std::shared_ptr<VocabIndex> build_vocab_index(const TokenizerInfo& info) {
   std::vector<int32_t> ids;
   for (size_t i = 0; i < info.token_bytes.size() && i < width; ++i) {
     const bool special = i < info.special.size() && info.special[i];
-    const bool stop = std::find(info.stop_ids.begin(), info.stop_ids.end(), static_cast<int32_t>(i)) !=
-                      info.stop_ids.end();
+    const bool stop =
+        std::find(info.stop_ids.begin(), info.stop_ids.end(), static_cast<int32_t>(i)) != info.stop_ids.end();
     if (special || stop || info.token_bytes[i].empty()) continue;
     ids.push_back(static_cast<int32_t>(i));
     index->valid_mask[i / 32] |= 1u << (i % 32);
   }
-  std::sort(ids.begin(), ids.end(),
-            [&](int32_t a, int32_t b) { return info.token_bytes[a] < info.token_bytes[b] || (info.token_bytes[a] == info.token_bytes[b] && a < b); });
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return info.token_bytes[a] < info.token_bytes[b] || (info.token_bytes[a] == info.token_bytes[b] && a < b);
+  });
   // Preorder trie: open[d] is the node at depth d + 1 on the current path.
   std::vector<int32_t> open;
   const std::string* prev = nullptr;
@@ -98,8 +99,7 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::sh
   stop_mask_.assign(mask_words_, 0);
   const size_t width = mask_words_ * 32;
   for (int32_t id : tokenizer_->stop_ids) {
-    if (id >= 0 && static_cast<size_t>(id) < width &&
-        (tokenizer_->vocab_size <= 0 || id < tokenizer_->vocab_size)) {
+    if (id >= 0 && static_cast<size_t>(id) < width && (tokenizer_->vocab_size <= 0 || id < tokenizer_->vocab_size)) {
       stop_mask_[id / 32] |= 1u << (id % 32);
       stop_ids_.push_back(id);
     }
@@ -163,7 +163,8 @@ void CompiledGrammar::build_table(int32_t state, PositionTable& out) const {
   auto add_uncertain = [&](int32_t node) {
     out.uncertain.push_back(v.token[node]);
     if (v.has_duplicates[node])
-      for (int32_t id = v.same_bytes_next[v.token[node]]; id >= 0; id = v.same_bytes_next[id]) out.uncertain.push_back(id);
+      for (int32_t id = v.same_bytes_next[v.token[node]]; id >= 0; id = v.same_bytes_next[id])
+        out.uncertain.push_back(id);
   };
   auto add_accepted = [&](int32_t node) {
     const int32_t first = v.token[node];

@@ -19,9 +19,9 @@ struct VocabIndex {
   std::vector<uint16_t> depth;
   std::vector<int32_t> end;
   std::vector<int32_t> token;
-  std::vector<uint8_t> has_duplicates;    // per node: further ids have the same bytes
+  std::vector<uint8_t> has_duplicates;   // per node: further ids have the same bytes
   std::vector<int32_t> same_bytes_next;  // per id
-  std::vector<uint32_t> valid_mask;       // ids that can ever match text
+  std::vector<uint32_t> valid_mask;      // ids that can ever match text
   size_t max_depth = 0;
   size_t mask_words = 0;
 };
@@ -32,8 +32,8 @@ std::shared_ptr<const VocabIndex> vocab_index(const std::shared_ptr<const Tokeni
 struct PositionTable {
   enum class Kind : uint8_t { kAcceptedIds, kExcludedIds, kAcceptedBits };
   Kind kind = Kind::kAcceptedIds;
-  std::vector<int32_t> ids;    // kAcceptedIds: accepted; kExcludedIds: all valid ids but these are accepted
-  std::vector<uint32_t> bits;  // kAcceptedBits
+  std::vector<int32_t> ids;        // kAcceptedIds: accepted; kExcludedIds: all valid ids but these are accepted
+  std::vector<uint32_t> bits;      // kAcceptedBits
   std::vector<int32_t> uncertain;  // ids in byte order: decided against the real stack
 };
 

@@ -16,8 +16,8 @@ class EbnfParser {
 
   void parse() {
     if (t_.size() > budget_.limits().max_grammar_bytes) {
-      throw GrammarError(fmt::format("grammar is {} bytes, more than the limit of {}", t_.size(),
-                                     budget_.limits().max_grammar_bytes));
+      throw GrammarError(
+          fmt::format("grammar is {} bytes, more than the limit of {}", t_.size(), budget_.limits().max_grammar_bytes));
     }
     skip_space();
     while (pos_ < t_.size()) {

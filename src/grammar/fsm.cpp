@@ -35,9 +35,10 @@ class NfaBuilder {
 
   int state() {
     if (++total_ > budget_.limits().max_states) {
-      throw GrammarError(fmt::format("rule '{}' needs more than {} automaton states (a large repetition bound, or a "
-                                     "regex that expands exponentially)",
-                                     rule_name_, budget_.limits().max_states));
+      throw GrammarError(
+          fmt::format("rule '{}' needs more than {} automaton states (a large repetition bound, or a "
+                      "regex that expands exponentially)",
+                      rule_name_, budget_.limits().max_states));
     }
     return nfa.add_state();
   }
@@ -155,9 +156,10 @@ RuleDfa determinize(const Nfa& nfa, int start, int accept, Budget& budget, size_
     auto [it, inserted] = ids.emplace(set, static_cast<int>(sets.size()));
     if (inserted) {
       if (++total > budget.limits().max_states) {
-        throw GrammarError(fmt::format("rule '{}' needs more than {} automaton states (a large repetition bound, or "
-                                       "a regex that expands exponentially)",
-                                       name, budget.limits().max_states));
+        throw GrammarError(
+            fmt::format("rule '{}' needs more than {} automaton states (a large repetition bound, or "
+                        "a regex that expands exponentially)",
+                        name, budget.limits().max_states));
       }
       sets.push_back(it->first);
       dfa.bytes.emplace_back();
@@ -222,7 +224,8 @@ Fsm build_fsm(const Grammar& grammar, Budget& budget) {
     }
   }
   if (num_rules > budget.limits().max_rules) {
-    throw GrammarError(fmt::format("grammar has {} rules, more than the limit of {}", num_rules, budget.limits().max_rules));
+    throw GrammarError(
+        fmt::format("grammar has {} rules, more than the limit of {}", num_rules, budget.limits().max_rules));
   }
   Fsm fsm;
   fsm.root = grammar.root;

@@ -25,9 +25,9 @@ using ByteSet = std::bitset<256>;
 
 struct Fsm {
   int root = -1;
-  std::vector<int32_t> rule_start;  // per rule
-  std::vector<int32_t> state_rule;  // per state
-  std::vector<uint8_t> final;       // per state: the rule may complete here
+  std::vector<int32_t> rule_start;   // per rule
+  std::vector<int32_t> state_rule;   // per state
+  std::vector<uint8_t> final;        // per state: the rule may complete here
   std::vector<uint32_t> byte_begin;  // per state + 1: its edges in byte_edges, sorted by lo
   std::vector<ByteEdge> byte_edges;
   std::vector<uint32_t> ref_begin;  // per state + 1

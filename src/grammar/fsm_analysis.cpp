@@ -37,7 +37,8 @@ void trim_dead(Fsm& fsm, const RuleSet& rules) {
     return changed;
   });
   if (!live[fsm.rule_start[fsm.root]]) {
-    throw GrammarError(fmt::format("grammar matches no string (rule '{}' can never complete)", rules.rule_name(fsm.root)));
+    throw GrammarError(
+        fmt::format("grammar matches no string (rule '{}' can never complete)", rules.rule_name(fsm.root)));
   }
   std::vector<ByteEdge> bytes;
   std::vector<RefEdge> refs;

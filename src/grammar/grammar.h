@@ -26,9 +26,9 @@ class GrammarError : public std::runtime_error {
 // Bounds on compile work and size: a pathological schema, regex or grammar fails with GrammarError
 // instead of taking unbounded time or memory.
 struct CompileLimits {
-  size_t max_rules = 20000;             // rules after lowering (enums, nested schemas, regex alternations)
-  size_t max_grammar_bytes = 1 << 20;   // input text (schema JSON, regex, grammar)
-  int max_nesting = 64;                 // schema / regex / grammar nesting depth
+  size_t max_rules = 20000;            // rules after lowering (enums, nested schemas, regex alternations)
+  size_t max_grammar_bytes = 1 << 20;  // input text (schema JSON, regex, grammar)
+  int max_nesting = 64;                // schema / regex / grammar nesting depth
   size_t max_enum_values = 10000;
   std::chrono::milliseconds max_compile_time{2000};
   size_t max_states = 200000;  // automaton states after lowering (bounded repetitions, regex expansion)
@@ -39,7 +39,7 @@ struct CompileLimits {
 
 // JSON Schema options (vLLM/xgrammar's meaning).
 struct JsonOptions {
-  bool any_whitespace = true;      // false: the compact form (", " and ": " only, as json.dumps); guided_whitespace_pattern
+  bool any_whitespace = true;  // false: the compact form (", " and ": " only, as json.dumps); guided_whitespace_pattern
   std::string whitespace_pattern;  // non-empty: the regex whitespace between tokens must match
   bool strict = false;             // true: additionalProperties defaults to false (OpenAI strict mode)
   int max_whitespace = 20;         // any_whitespace: at most this many whitespace bytes between two tokens

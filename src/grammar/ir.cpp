@@ -93,8 +93,8 @@ void Budget::check_depth(int depth, std::string_view what) const {
 void Budget::check_time(std::string_view what) {
   if ((++calls_ & 63) != 0) return;
   if (std::chrono::steady_clock::now() > deadline_) {
-    throw GrammarError(fmt::format("{} took longer than the compile time limit ({} ms)", what,
-                                   limits_.max_compile_time.count()));
+    throw GrammarError(
+        fmt::format("{} took longer than the compile time limit ({} ms)", what, limits_.max_compile_time.count()));
   }
 }
 

@@ -24,11 +24,11 @@ enum class ExprKind { kEmpty, kBytes, kClass, kRuleRef, kSequence, kChoice, kRep
 
 struct Expr {
   ExprKind kind = ExprKind::kEmpty;
-  std::string bytes;         // kBytes
-  CodepointRanges ranges;    // kClass: one UTF-8 encoded codepoint in these ranges
-  int rule = -1;             // kRuleRef
-  std::vector<int> items;    // kSequence, kChoice; kRepeat: the one repeated expression
-  int min = 0, max = 0;      // kRepeat: max kUnbounded for no bound
+  std::string bytes;       // kBytes
+  CodepointRanges ranges;  // kClass: one UTF-8 encoded codepoint in these ranges
+  int rule = -1;           // kRuleRef
+  std::vector<int> items;  // kSequence, kChoice; kRepeat: the one repeated expression
+  int min = 0, max = 0;    // kRepeat: max kUnbounded for no bound
 };
 
 // Rules and their expressions. Rules are created by name (a reference before the definition creates an
@@ -43,7 +43,7 @@ class RuleSet {
   int repeat(int item, int min, int max);
   int empty();
 
-  int rule_id(const std::string& name);  // finds or declares
+  int rule_id(const std::string& name);        // finds or declares
   int new_rule(const std::string& name_hint);  // a fresh, unused name from the hint
   void define(int rule, int body);
   bool defined(int rule) const { return rules_[rule].body >= 0; }

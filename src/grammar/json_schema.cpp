@@ -10,23 +10,40 @@ namespace tessera::grammar {
 namespace {
 
 // Keywords that constrain documents in ways no grammar here expresses.
-const std::set<std::string> kUnsupported = {
-    "if",       "then",          "else",          "patternProperties", "dependentSchemas",      "dependentRequired",
-    "dependencies", "not",       "multipleOf",    "contains",          "minContains",           "maxContains",
-    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "minProperties",
-    "maxProperties"};
+const std::set<std::string> kUnsupported = {"if",
+                                            "then",
+                                            "else",
+                                            "patternProperties",
+                                            "dependentSchemas",
+                                            "dependentRequired",
+                                            "dependencies",
+                                            "not",
+                                            "multipleOf",
+                                            "contains",
+                                            "minContains",
+                                            "maxContains",
+                                            "propertyNames",
+                                            "unevaluatedProperties",
+                                            "unevaluatedItems",
+                                            "$dynamicRef",
+                                            "$recursiveRef",
+                                            "minProperties",
+                                            "maxProperties"};
 
 // Keywords that do not constrain (annotations) or that are only containers for other schemas.
-const std::set<std::string> kAnnotations = {"title",    "description", "examples",  "$schema",   "default",
-                                            "$id",      "$comment",    "deprecated", "readOnly", "writeOnly",
-                                            "$defs",    "definitions", "contentMediaType", "contentEncoding", "$anchor"};
+const std::set<std::string> kAnnotations = {"title", "description", "examples",         "$schema",         "default",
+                                            "$id",   "$comment",    "deprecated",       "readOnly",        "writeOnly",
+                                            "$defs", "definitions", "contentMediaType", "contentEncoding", "$anchor"};
 
 std::string escape_pointer_token(const std::string& key) {
   std::string out;
   for (char c : key) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
   }
   return out;
 }
@@ -236,7 +253,8 @@ int SchemaLowering::typed_value(const ojson& schema, const std::string& type, co
 }
 
 int SchemaLowering::ref_rule(const std::string& ref, const std::string& pointer, int depth) {
-  if (ref.empty() || ref[0] != '#') fail(pointer, fmt::format("$ref '{}': only local references (#...) are supported", ref));
+  if (ref.empty() || ref[0] != '#')
+    fail(pointer, fmt::format("$ref '{}': only local references (#...) are supported", ref));
   const std::string target = ref.substr(1);
   auto it = ref_rules_.find(target);
   if (it != ref_rules_.end()) return rules_.ref(it->second);
@@ -292,15 +310,15 @@ int SchemaLowering::object_value(const ojson& schema, const std::string& pointer
   std::vector<int> entries;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string child = pointer + "/properties/" + escape_pointer_token(names[i]);
-    entries.push_back(rules_.sequence(
-        {rules_.bytes(ojson(names[i]).dump()), separator(':'), value(*schemas[i], child, depth + 1)}));
+    entries.push_back(
+        rules_.sequence({rules_.bytes(ojson(names[i]).dump()), separator(':'), value(*schemas[i], child, depth + 1)}));
   }
   int extra = -1;  // (, key: value)* after the listed properties
   int extra_entry = -1;
   if (additional) {
     const int key = names.empty() ? rules_.ref(string_rule()) : key_excluding(names);
-    extra_entry = rules_.sequence({key, separator(':'),
-                                   value(*additional, pointer + "/additionalProperties", depth + 1)});
+    extra_entry =
+        rules_.sequence({key, separator(':'), value(*additional, pointer + "/additionalProperties", depth + 1)});
     extra = rules_.repeat(rules_.sequence({separator(','), extra_entry}), 0, kUnbounded);
   }
   // tails[j]: the entries from j on, after at least one entry was written.
@@ -352,7 +370,8 @@ int SchemaLowering::array_value(const ojson& schema, const std::string& pointer,
   const bool rest_allowed = !(rest->is_boolean() && !rest->get<bool>());
   auto count = [&](const char* key, int64_t fallback) -> int64_t {
     if (!schema.contains(key)) return fallback;
-    if (!schema[key].is_number_integer() && !schema[key].is_number_unsigned()) fail(pointer, fmt::format("{} must be an integer", key));
+    if (!schema[key].is_number_integer() && !schema[key].is_number_unsigned())
+      fail(pointer, fmt::format("{} must be an integer", key));
     return schema[key].get<int64_t>();
   };
   const int64_t min_items = count("minItems", 0);

@@ -17,8 +17,8 @@ class SchemaLowering {
  public:
   SchemaLowering(const ojson& root, const JsonOptions& options, RuleSet& rules, Budget& budget, std::string prefix);
 
-  int lower_root();        // the rule for the whole schema
-  int any_object_rule();   // any JSON object
+  int lower_root();       // the rule for the whole schema
+  int any_object_rule();  // any JSON object
 
  private:
   friend struct SchemaLoweringTest;
@@ -34,19 +34,19 @@ class SchemaLowering {
   void check_keywords(const ojson& schema, const std::string& pointer) const;
 
   // json_values.cpp
-  int ws();                       // whitespace between tokens (empty in the compact form)
-  int separator(char c);          // ws c ws, or ", " / ": " in the compact form
-  int open(char c);               // c ws
-  int close(char c);              // ws c
+  int ws();               // whitespace between tokens (empty in the compact form)
+  int separator(char c);  // ws c ws, or ", " / ": " in the compact form
+  int open(char c);       // c ws
+  int close(char c);      // ws c
   int string_value(const ojson& schema, const std::string& pointer);
   int integer_value(const ojson& schema, const std::string& pointer);
   int number_value(const ojson& schema, const std::string& pointer);
   int constant(const ojson& value, int depth);  // exactly this JSON value (whitespace per the options)
-  int string_rule();   // any JSON string (shared)
-  int string_rest_rule();  // the rest of a JSON string after its first character (shared)
+  int string_rule();                            // any JSON string (shared)
+  int string_rest_rule();                       // the rest of a JSON string after its first character (shared)
   int key_excluding(const std::vector<std::string>& names);  // any key but these
-  int integer_rule();  // any JSON integer (shared)
-  int number_rule();   // any JSON number (shared)
+  int integer_rule();                                        // any JSON integer (shared)
+  int number_rule();                                         // any JSON number (shared)
   int any_value_rule();
   int any_array_rule();
   int int_range(std::optional<int64_t> lo, std::optional<int64_t> hi);  // exact
@@ -61,8 +61,8 @@ class SchemaLowering {
   Budget& budget_;
   std::string prefix_;
   std::unordered_map<std::string, int> ref_rules_;  // JSON pointer -> rule
-  int string_rule_ = -1, string_rest_rule_ = -1, integer_rule_ = -1, number_rule_ = -1, any_value_rule_ = -1, any_object_rule_ = -1,
-      any_array_rule_ = -1;
+  int string_rule_ = -1, string_rest_rule_ = -1, integer_rule_ = -1, number_rule_ = -1, any_value_rule_ = -1,
+      any_object_rule_ = -1, any_array_rule_ = -1;
   int ws_expr_ = -1;
 };
 

@@ -53,7 +53,7 @@ int SchemaLowering::ws() {
   if (!options_.whitespace_pattern.empty()) {
     ws_expr_ = lower_regex(options_.whitespace_pattern, rules_, budget_);
   } else if (options_.any_whitespace) {
-    ws_expr_ = rules_.repeat(rules_.char_class({{'\t', '\n'}, {'\r', '\r'}, {' ', ' '}}), 0, options_.max_whitespace);
+    ws_expr_ = rules_.repeat(rules_.char_class({{'\t', '\n'}, {' ', ' '}}), 0, options_.max_whitespace);
   } else {
     ws_expr_ = rules_.empty();
   }
@@ -81,8 +81,14 @@ int SchemaLowering::close(char c) {
 static int string_char(RuleSet& r) {
   const int hex = r.char_class({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
   return r.choice({r.char_class({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, kMaxCodepoint}}),
-                   r.sequence({r.bytes("\\"), r.choice({r.char_class({{'"', '"'}, {'/', '/'}, {'\\', '\\'}, {'b', 'b'},
-                                                                       {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
+                   r.sequence({r.bytes("\\"), r.choice({r.char_class({{'"', '"'},
+                                                                      {'/', '/'},
+                                                                      {'\\', '\\'},
+                                                                      {'b', 'b'},
+                                                                      {'f', 'f'},
+                                                                      {'n', 'n'},
+                                                                      {'r', 'r'},
+                                                                      {'t', 't'}}),
                                                         r.sequence({r.bytes("u"), r.repeat(hex, 4, 4)})})})});
 }
 
@@ -130,7 +136,8 @@ int SchemaLowering::key_excluding(const std::vector<std::string>& names) {
     const std::string dumped = ojson(name).dump();
     KeyTrie* node = &root;
     for (const auto& unit : string_units(dumped.substr(1, dumped.size() - 2))) {
-      auto it = std::find_if(node->children.begin(), node->children.end(), [&](const auto& c) { return c.first == unit; });
+      auto it =
+          std::find_if(node->children.begin(), node->children.end(), [&](const auto& c) { return c.first == unit; });
       if (it == node->children.end()) {
         node->children.push_back({unit, std::make_unique<KeyTrie>()});
         it = node->children.end() - 1;
@@ -145,7 +152,8 @@ int SchemaLowering::key_excluding(const std::vector<std::string>& names) {
     std::vector<int> alts;
     if (!node.terminal) alts.push_back(rules_.bytes("\""));
     CodepointRanges plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, kMaxCodepoint}};
-    CodepointRanges escapes = {{'"', '"'}, {'/', '/'}, {'\\', '\\'}, {'b', 'b'}, {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}};
+    CodepointRanges escapes = {{'"', '"'}, {'/', '/'}, {'\\', '\\'}, {'b', 'b'},
+                               {'f', 'f'}, {'n', 'n'}, {'r', 'r'},   {'t', 't'}};
     auto remove = [](CodepointRanges& ranges, uint32_t cp) {
       CodepointRanges out;
       for (auto [lo, hi] : ranges) {
@@ -180,8 +188,8 @@ int SchemaLowering::key_excluding(const std::vector<std::string>& names) {
 int SchemaLowering::string_rule() {
   if (string_rule_ < 0) {
     string_rule_ = rules_.new_rule(prefix_ + "_string");
-    rules_.define(string_rule_,
-                  rules_.sequence({rules_.bytes("\""), rules_.repeat(string_char(rules_), 0, kUnbounded), rules_.bytes("\"")}));
+    rules_.define(string_rule_, rules_.sequence({rules_.bytes("\""), rules_.repeat(string_char(rules_), 0, kUnbounded),
+                                                 rules_.bytes("\"")}));
   }
   return string_rule_;
 }
@@ -325,13 +333,16 @@ int SchemaLowering::int_range(std::optional<int64_t> lo, std::optional<int64_t> 
 }
 
 int SchemaLowering::nonneg_at_least(uint64_t lo) {
-  if (lo == 0) return rules_.choice({rules_.bytes("0"), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(0, kUnbounded)})});
+  if (lo == 0)
+    return rules_.choice(
+        {rules_.bytes("0"), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(0, kUnbounded)})});
   const std::string s = std::to_string(lo);
   const int n = static_cast<int>(s.size());
   if (n >= 19) return rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n - 1, kUnbounded)});
   uint64_t top = 1;
   for (int i = 0; i < n; ++i) top *= 10;
-  return rules_.choice({nonneg_range(lo, top - 1), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n, kUnbounded)})});
+  return rules_.choice(
+      {nonneg_range(lo, top - 1), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n, kUnbounded)})});
 }
 
 int SchemaLowering::nonneg_range(uint64_t lo, uint64_t hi) {
@@ -360,14 +371,16 @@ int SchemaLowering::same_length_range(const std::string& lo, const std::string& 
   const char first = lo_zeros ? lo[0] : static_cast<char>(lo[0] + 1);
   const char last = hi_nines ? hi[0] : static_cast<char>(hi[0] - 1);
   if (!lo_zeros) {
-    alts.push_back(rules_.sequence({rules_.bytes(lo.substr(0, 1)), same_length_range(lo_rest, std::string(rest, '9'))}));
+    alts.push_back(
+        rules_.sequence({rules_.bytes(lo.substr(0, 1)), same_length_range(lo_rest, std::string(rest, '9'))}));
   }
   if (first <= last) {
-    alts.push_back(rules_.sequence({rules_.char_class({{static_cast<uint32_t>(first), static_cast<uint32_t>(last)}}),
-                                    digits(rest, rest)}));
+    alts.push_back(rules_.sequence(
+        {rules_.char_class({{static_cast<uint32_t>(first), static_cast<uint32_t>(last)}}), digits(rest, rest)}));
   }
   if (!hi_nines) {
-    alts.push_back(rules_.sequence({rules_.bytes(hi.substr(0, 1)), same_length_range(std::string(rest, '0'), hi_rest)}));
+    alts.push_back(
+        rules_.sequence({rules_.bytes(hi.substr(0, 1)), same_length_range(std::string(rest, '0'), hi_rest)}));
   }
   return rules_.choice(std::move(alts));
 }

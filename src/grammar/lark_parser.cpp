@@ -103,9 +103,12 @@ class LarkParser {
       int atom = parse_atom(depth);
       if (pos_ < t_.size()) {
         const char c = t_[pos_];
-        if (c == '*') atom = rules_.repeat(atom, 0, kUnbounded), ++pos_;
-        else if (c == '+') atom = rules_.repeat(atom, 1, kUnbounded), ++pos_;
-        else if (c == '?') atom = rules_.repeat(atom, 0, 1), ++pos_;
+        if (c == '*')
+          atom = rules_.repeat(atom, 0, kUnbounded), ++pos_;
+        else if (c == '+')
+          atom = rules_.repeat(atom, 1, kUnbounded), ++pos_;
+        else if (c == '?')
+          atom = rules_.repeat(atom, 0, 1), ++pos_;
       }
       skip_space(!top);
       if (pos_ < t_.size() && t_[pos_] == '~') fail("repetition with ~ is not supported");

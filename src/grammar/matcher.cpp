@@ -113,7 +113,8 @@ struct Matcher::Impl {
   void fill(std::span<uint32_t> mask) {
     const size_t words = grammar->mask_words();
     std::fill(mask.begin(), mask.end(), 0u);
-    if (mask.size() < words) throw std::invalid_argument("fill_next_token_bitmask: mask has fewer words than mask_words()");
+    if (mask.size() < words)
+      throw std::invalid_argument("fill_next_token_bitmask: mask has fewer words than mask_words()");
     const VocabIndex& v = grammar->vocab();
     if (!terminated) {
       for (int32_t top : tops) {

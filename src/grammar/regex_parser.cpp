@@ -12,8 +12,9 @@ constexpr int kMaxRepeatBound = 100000;
 
 const CodepointRanges kDigit = {{'0', '9'}};
 const CodepointRanges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
-const CodepointRanges kSpace = {{0x09, 0x0D}, {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
-                                {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+const CodepointRanges kSpace = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680},
+                                {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                                {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
 const CodepointRanges kNotLineTerminator = complement_ranges({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}});
 
 class RegexParser {
@@ -23,8 +24,8 @@ class RegexParser {
 
   int parse() {
     if (p_.size() > budget_.limits().max_grammar_bytes) {
-      throw GrammarError(fmt::format("regex is {} bytes, more than the limit of {}", p_.size(),
-                                     budget_.limits().max_grammar_bytes));
+      throw GrammarError(
+          fmt::format("regex is {} bytes, more than the limit of {}", p_.size(), budget_.limits().max_grammar_bytes));
     }
     if (!p_.empty() && p_[0] == '^') pos_ = 1;
     end_ = p_.size();

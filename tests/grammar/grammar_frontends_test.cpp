@@ -10,8 +10,8 @@ namespace {
 
 using testing::build_ebnf;
 using testing::build_regex;
-using testing::matches;
 using ::testing::HasSubstr;
+using testing::matches;
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -113,14 +113,20 @@ TEST(GrammarRegex, SyntaxCoverage) {
   EXPECT_FALSE(matches(g, "a b1."));
   EXPECT_FALSE(matches(g, "12-a bb."));
   auto dot = build_regex("a.c");
-  EXPECT_TRUE(matches(dot, "a\xe4\xb8\xad" "c"));
+  EXPECT_TRUE(matches(dot,
+                      "a\xe4\xb8\xad"
+                      "c"));
   EXPECT_FALSE(matches(dot, "a\nc"));
   auto counts = build_regex("(ab){2}c{1,}d{0,2}[-+]?");
   EXPECT_TRUE(matches(counts, "ababcccdd-"));
   EXPECT_FALSE(matches(counts, "ababddd"));
   auto escapes = build_regex(R"(\u00e9\x41\t[\]\-a]\/)");
-  EXPECT_TRUE(matches(escapes, "\xc3\xa9" "A\t-/"));
-  EXPECT_TRUE(matches(escapes, "\xc3\xa9" "A\t]/"));
+  EXPECT_TRUE(matches(escapes,
+                      "\xc3\xa9"
+                      "A\t-/"));
+  EXPECT_TRUE(matches(escapes,
+                      "\xc3\xa9"
+                      "A\t]/"));
 }
 
 TEST(GrammarRegex, UnsupportedConstructsAreNamed) {

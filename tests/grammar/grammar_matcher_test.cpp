@@ -16,8 +16,8 @@ using testing::byte_vocab;
 using ::testing::HasSubstr;
 
 // Along random paths (tokens drawn from the mask), every mask equals the brute-force one.
-void check_masks(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenizerInfo>& vocab,
-                 int walks, uint32_t seed) {
+void check_masks(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenizerInfo>& vocab, int walks,
+                 uint32_t seed) {
   auto compiled = compile(g, vocab);
   std::mt19937 rng(seed);
   for (int w = 0; w < walks; ++w) {

@@ -23,8 +23,8 @@ struct Fixture {
 
 std::vector<Fixture> load_fixtures() {
   std::vector<Fixture> out;
-  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(TESSERA_SOURCE_DIR) /
-                                                               "tests/grammar/schemas")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(TESSERA_SOURCE_DIR) / "tests/grammar/schemas")) {
     std::ifstream in(entry.path());
     std::stringstream buffer;
     buffer << in.rdbuf();
@@ -86,14 +86,18 @@ TEST_P(SchemaFixture, RandomWalksOnSyntheticVocabulary) {
   walk_and_validate(GetParam().doc["schema"], vocab, compact, 2, 12, 1500);
 }
 
-TEST_P(SchemaFixture, RandomWalksOnQwen3Vocabulary) {
-  auto vocab = testing::qwen3_vocab();
-  if (!vocab) GTEST_SKIP() << "Qwen3 tokenizer absent: run scripts/fetch_test_data.sh";
-  walk_and_validate(GetParam().doc["schema"], vocab, {}, 2, 21, 600);
-}
-
 INSTANTIATE_TEST_SUITE_P(Schemas, SchemaFixture, ::testing::ValuesIn(load_fixtures()),
                          [](const ::testing::TestParamInfo<Fixture>& info) { return info.param.name; });
+
+// One test for all fixtures: the Qwen3 vocabulary loads once (ctest runs each test in its own process).
+TEST(GrammarSchemaWalks, RandomWalksOnQwen3Vocabulary) {
+  auto vocab = testing::qwen3_vocab();
+  if (!vocab) GTEST_SKIP() << "Qwen3 tokenizer absent: run scripts/fetch_test_data.sh";
+  for (const Fixture& f : load_fixtures()) {
+    SCOPED_TRACE(f.name);
+    walk_and_validate(f.doc["schema"], vocab, {}, 2, 21, 600);
+  }
+}
 
 }  // namespace
 }  // namespace tessera::grammar

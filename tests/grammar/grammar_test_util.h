@@ -1,8 +1,8 @@
 // Helpers for the grammar tests: small vocabularies, whole-string acceptance, and a brute-force mask
 // (every token tried with accept_token + rollback) to compare fill_next_token_bitmask with.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,10 +29,11 @@ inline std::shared_ptr<const TokenizerInfo> byte_vocab(const std::vector<std::st
 
 // Multi-byte tokens typical of JSON output, for walks that exercise token boundaries.
 inline std::vector<std::string> json_tokens() {
-  return {"{\"", "\":", "\": ", "\",", "\", \"", "\"}", "\"]", "},", "}}", "]}", "[{", "{}", "[]", "true", "false",
-          "null", "nul", "tr", "ue", ", ", ",\n", "\n  ", "  ", "    ", "\"\"", "12", "345", "0.", ".5", "e+", "-1",
-          "name", "id", "type", "value", "items", "abc", "hello", " world", "\\n", "\\\"", "\\u00", "é", "\xe4\xb8",
-          "\xad", "中文", "2024", "-01", "-15", "T12", ":00", "Z\"", "@", ".com", "http", "://", "a-b"};
+  return {"{\"",  "\":",   "\": ",   "\",",  "\", \"", "\"}",   "\"]",  "},",       "}}",   "]}",   "[{",    "{}",
+          "[]",   "true",  "false",  "null", "nul",    "tr",    "ue",   ", ",       ",\n",  "\n  ", "  ",    "    ",
+          "\"\"", "12",    "345",    "0.",   ".5",     "e+",    "-1",   "name",     "id",   "type", "value", "items",
+          "abc",  "hello", " world", "\\n",  "\\\"",   "\\u00", "é",    "\xe4\xb8", "\xad", "中文", "2024",  "-01",
+          "-15",  "T12",   ":00",    "Z\"",  "@",      ".com",  "http", "://",      "a-b"};
 }
 
 inline std::shared_ptr<const Grammar> build_ebnf(const std::string& text, const std::string& root = "root") {

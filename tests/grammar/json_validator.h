@@ -3,8 +3,8 @@
 // disagreement. Property order: required as the library documents (declared properties in schema order,
 // then additional ones).
 #pragma once
-#include <nlohmann/json.hpp>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
@@ -97,7 +97,8 @@ class JsonValidator {
     }
     if (schema.contains("type")) {
       bool ok = schema.value("nullable", false) && v.is_null();
-      if (schema["type"].is_string()) ok |= type_matches(schema["type"].get<std::string>(), v);
+      if (schema["type"].is_string())
+        ok |= type_matches(schema["type"].get<std::string>(), v);
       else
         for (const auto& t : schema["type"]) ok |= type_matches(t.get<std::string>(), v);
       if (!ok) return at + ": wrong type " + type_of(v);
@@ -139,9 +140,9 @@ class JsonValidator {
   std::string check_array(const json& schema, const json& v, const std::string& at) const {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) return at + ": too few items";
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return at + ": too many items";
-    const json* prefix = schema.contains("prefixItems") ? &schema["prefixItems"]
+    const json* prefix = schema.contains("prefixItems")                           ? &schema["prefixItems"]
                          : schema.contains("items") && schema["items"].is_array() ? &schema["items"]
-                                                                                 : nullptr;
+                                                                                  : nullptr;
     const json* rest = schema.contains("prefixItems") ? (schema.contains("items") ? &schema["items"] : nullptr)
                        : prefix ? (schema.contains("additionalItems") ? &schema["additionalItems"] : nullptr)
                                 : (schema.contains("items") ? &schema["items"] : nullptr);

@@ -1,0 +1,182 @@
+// Oracle: xgrammar (@mlc-ai/web-xgrammar, run by tests/node/grammar_refs_xgrammar.mjs) and this library
+// agree on which strings each JSON Schema fixture and each EBNF grammar accepts: the fixtures' valid and
+// invalid documents, their compact forms, and documents from random walks of this library's masks.
+// Deliberate differences are listed below with the reason. Skips when node_modules is absent.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "grammar_test_util.h"
+
+namespace tessera::grammar {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+const fs::path kNodeDir = fs::path(TESSERA_SOURCE_DIR) / "tests/node";
+
+// (case, string) pairs where this library deliberately differs from xgrammar, and why. kWalk stands for
+// the random-walk document of that case, kError for xgrammar refusing the schema.
+const std::string kWalk = "(walk)", kError = "(error)";
+struct Difference {
+  std::string case_name, text, reason;
+};
+const std::vector<Difference> kDifferences = {
+    {"01_weather_tool", R"({"location": "Paris", "unit": "kelvin"})",
+     "additional properties may not repeat a declared key (xgrammar's additional-property rule matches it)"},
+    {"05_enum_mixed", R"({"a": [1, 2]})",
+     "object/array enum and const values allow whitespace per JsonOptions (xgrammar: compact only)"},
+    {"10_numeric_bounds", R"({"age": 121, "temp": 0, "pct": 5, "big": 1000})", "integer bounds are exact here"},
+    {"10_numeric_bounds", R"({"age": 1, "temp": 0, "pct": 100, "big": 1000})", "exclusive bounds are exact here"},
+    {"10_numeric_bounds", R"({"age": 1, "temp": 0, "pct": 0, "big": 1000})", "exclusive bounds are exact here"},
+    {"10_numeric_bounds", kWalk, "bounded numbers: fractions inside the range are allowed here"},
+    {"22_ecommerce_order", kWalk, "bounded numbers (minimum only): any number of digits here"},
+    {"11_type_array_nullable", R"({"a": null, "b": null, "c": false})", "OpenAPI nullable is honoured here"},
+    {"11_type_array_nullable", R"({"a":null,"b":null,"c":false})", "OpenAPI nullable is honoured here"},
+    {"15_string_lengths", R"({"code": "\u00e9\n"})", "minLength/maxLength count characters, an escape is one"},
+    {"15_string_lengths", R"({"code":"é\n"})", "minLength/maxLength count characters, an escape is one"},
+    {"16_prefix_items", R"(["a"])", "prefixItems do not require every prefix element (JSON Schema 2020-12)"},
+    {"16_prefix_items", "[]", "prefixItems do not require every prefix element (JSON Schema 2020-12)"},
+    {"16_prefix_items", kWalk, "prefixItems do not require every prefix element (JSON Schema 2020-12)"},
+    {"32_unicode_keys", kError, "a key with an escaped quote (xgrammar's generated EBNF does not parse)"},
+    {"33_draft7_tuple", kError, "draft 4-7 tuple form (items as an array, additionalItems): xgrammar aborts"},
+    {"34_exclusive_draft4", kError, "draft-4 boolean exclusiveMinimum/exclusiveMaximum (xgrammar aborts)"},
+};
+
+struct Case {
+  std::string name;
+  std::string kind;  // "schema" or "ebnf"
+  std::string source;
+  std::vector<std::string> strings;
+  int walk_index = -1;  // strings[walk_index] comes from a random walk
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::vector<Case> build_cases() {
+  std::vector<Case> cases;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(TESSERA_SOURCE_DIR) / "tests/grammar/schemas"))
+    files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  auto vocab = testing::byte_vocab(testing::json_tokens());
+  std::mt19937 rng(5);
+  for (const auto& f : files) {
+    const ojson doc = ojson::parse(read_file(f));
+    Case c{f.stem().string(), "schema", doc["schema"].dump(), {}, -1};
+    for (const auto& s : doc["valid"]) {
+      c.strings.push_back(s.get<std::string>());
+      c.strings.push_back(ojson::parse(s.get<std::string>()).dump());  // compact: no whitespace at all
+    }
+    for (const auto& s : doc["invalid"]) c.strings.push_back(s.get<std::string>());
+    GrammarBuilder b;
+    Matcher m(compile(b.build(b.add_json_schema(doc["schema"])), vocab));
+    const testing::Walk walk = testing::random_walk(m, *vocab, rng, 300);
+    if (walk.terminated) {
+      c.walk_index = static_cast<int>(c.strings.size());
+      c.strings.push_back(walk.text);
+    }
+    cases.push_back(std::move(c));
+  }
+  cases.push_back({"ebnf_arith",
+                   "ebnf",
+                   R"G(root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")")G",
+                   {"1+2*3", "(1+2)*3", "((4))", "1+", "()", "1++2", "12/(3-4)"},
+                   -1});
+  cases.push_back({"ebnf_classes",
+                   "ebnf",
+                   R"G(root ::= [a-zA-Z_] [a-zA-Z0-9_]{0,7} ("=" [^\n;]* ";")?)G",
+                   {"x", "abc_123", "abcdefghi", "a=b c;", "a=\xc3\xa9;", "a=b\n;", "9a"},
+                   -1});
+  cases.push_back({"ebnf_escapes",
+                   "ebnf",
+                   R"G(root ::= "\"" ( [^"\\] | "\\" ["\\nt] )* "\"")G",
+                   {R"("")", R"("a\"b")", R"("a\\")", R"("a"b")", R"("\x")"},
+                   -1});
+  return cases;
+}
+
+bool our_accepts(const Case& c, const std::string& text) {
+  GrammarBuilder b;
+  std::string root = "root";
+  if (c.kind == "schema")
+    root = b.add_json_schema(ojson::parse(c.source));
+  else
+    b.add_ebnf(c.source);
+  return testing::matches(b.build(root), text);
+}
+
+TEST(GrammarXgrammarOracle, AgreesOnFixturesAndGrammars) {
+  if (!fs::exists(kNodeDir / "node_modules/@mlc-ai/web-xgrammar")) {
+    GTEST_SKIP() << "tests/node/node_modules/@mlc-ai/web-xgrammar absent: run scripts/fetch_test_data.sh";
+  }
+  const std::vector<Case> cases = build_cases();
+  ojson input = ojson::array();
+  for (const auto& c : cases) {
+    input.push_back({{"kind", c.kind},
+                     {"source", c.source},
+                     {"any_whitespace", true},
+                     {"strict", false},
+                     {"max_whitespace", JsonOptions().max_whitespace},
+                     {"strings", c.strings}});
+  }
+  const fs::path in_path = fs::temp_directory_path() / ("grammar_oracle_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(in_path) << input.dump();
+  const std::string command =
+      "cd '" + kNodeDir.string() + "' && node grammar_refs_xgrammar.mjs '" + in_path.string() + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  fs::remove(in_path);
+  ASSERT_EQ(status, 0) << "node failed: " << output;
+  const ojson results = ojson::parse(output);
+  ASSERT_EQ(results.size(), cases.size());
+  size_t compared = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    auto listed = [&](const std::string& text) {
+      return std::find_if(kDifferences.begin(), kDifferences.end(), [&](const Difference& d) {
+               return d.case_name == c.name && d.text == text;
+             }) != kDifferences.end();
+    };
+    if (!results[i].is_array()) {
+      EXPECT_TRUE(listed(kError)) << c.name << ": xgrammar error " << results[i].dump();
+      continue;
+    }
+    for (size_t j = 0; j < c.strings.size(); ++j) {
+      const std::string& text = c.strings[j];
+      if (static_cast<int>(j) == c.walk_index && listed(kWalk)) continue;
+      const bool theirs = results[i][j].get<bool>();
+      const bool ours = our_accepts(c, text);
+      const auto known = std::find_if(kDifferences.begin(), kDifferences.end(),
+                                      [&](const Difference& d) { return d.case_name == c.name && d.text == text; });
+      if (known != kDifferences.end()) {
+        EXPECT_NE(ours, theirs) << c.name << ": listed difference no longer differs: " << text;
+        continue;
+      }
+      EXPECT_EQ(ours, theirs) << c.name << ": " << ojson(text).dump() << " (xgrammar "
+                              << (theirs ? "accepts" : "rejects") << ")";
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 150u);
+}
+
+}  // namespace
+}  // namespace tessera::grammar

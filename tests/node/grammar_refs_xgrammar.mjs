@@ -1,0 +1,44 @@
+// Reference acceptance from xgrammar (compiled to WASM: @mlc-ai/web-xgrammar) for the grammar library's
+// oracle test (tests/grammar/grammar_xgrammar_oracle_test.cpp).
+//   node grammar_refs_xgrammar.mjs CASES.json
+// CASES.json: [{"kind": "schema" | "ebnf", "source": text, "any_whitespace": bool,
+//               "strict": bool, "max_whitespace": n, "strings": [text, ...]}, ...]
+// Prints one JSON array: per case, an array of booleans (xgrammar accepts the whole string), or
+// {"error": message} when xgrammar cannot build the grammar.
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname } from "node:path";
+
+// The package is a UMD bundle inside a "type": "module" package, which Node's loaders reject: run it
+// as CommonJS by hand.
+const require = createRequire(import.meta.url);
+const file = require.resolve("@mlc-ai/web-xgrammar");
+const source = readFileSync(file, "utf8");
+function load() {
+  const module = { exports: {} };
+  new Function("exports", "module", "require", "__filename", "__dirname", source)(
+    module.exports, module, require, file, dirname(file));
+  return module.exports;
+}
+// A failed check aborts the WASM instance: a fresh one is loaded after each error.
+let { Grammar, Testings } = load();
+
+const cases = JSON.parse(readFileSync(process.argv[2], "utf8"));
+const out = [];
+for (const c of cases) {
+  let grammar;
+  try {
+    grammar = c.kind === "schema"
+      ? await Grammar.fromJSONSchema(c.source, c.any_whitespace, undefined, undefined, c.strict, c.max_whitespace)
+      : await Grammar.fromEBNF(c.source, "root");
+  } catch (e) {
+    out.push({ error: String(e && e.message ? e.message : e) });
+    ({ Grammar, Testings } = load());
+    continue;
+  }
+  const results = [];
+  for (const s of c.strings) results.push(await Testings.isGrammarAcceptString(grammar, s));
+  grammar.dispose();
+  out.push(results);
+}
+process.stdout.write(JSON.stringify(out) + "\n");
