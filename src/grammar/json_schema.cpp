@@ -227,11 +227,7 @@ int SchemaLowering::value(const ojson& schema, const std::string& pointer, int d
     if (any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
     if (any({"pattern", "format", "minLength", "maxLength"})) types.push_back("string");
     if (any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
-    if (types.empty()) {
-      const int any_value = rules_.ref(any_value_rule());
-      if (schema.value("nullable", false)) return any_value;
-      return any_value;
-    }
+    if (types.empty()) return rules_.ref(any_value_rule());  // nullable adds nothing to "any value"
   }
   if (schema.value("nullable", false) && std::find(types.begin(), types.end(), "null") == types.end()) {
     types.push_back("null");
