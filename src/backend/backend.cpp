@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -25,6 +26,28 @@ std::vector<int32_t> host_i32(Backend& be, const Tensor& t) {
 }
 
 }  // namespace
+
+void Backend::apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) {
+  const int64_t m = rows.numel();
+  TESSERA_CHECK(logits.ndim() == 2 && logits.dtype() == DType::kF32 && mask.ndim() == 2 &&
+                    mask.dtype() == DType::kI32 && rows.dtype() == DType::kI32 && mask.dim(0) == m,
+                "apply_token_mask: logits {}, mask {}, rows {}", logits.str(), mask.str(), rows.str());
+  if (m == 0) return;
+  const int64_t n = logits.dim(0), V = logits.dim(1), W = mask.dim(1);
+  std::vector<float> host(static_cast<size_t>(n * V));
+  copy_to_host(host.data(), logits);
+  const std::vector<int32_t> bits = host_i32(*this, mask), row = host_i32(*this, rows);
+  for (int64_t k = 0; k < m; ++k) {
+    TESSERA_CHECK(row[static_cast<size_t>(k)] >= 0 && row[static_cast<size_t>(k)] < n, "apply_token_mask: row {} of {}",
+                  row[static_cast<size_t>(k)], n);
+    float* lr = host.data() + row[static_cast<size_t>(k)] * V;
+    const int32_t* words = bits.data() + k * W;
+    for (int64_t t = 0; t < V; ++t)
+      if (t >= 32 * W || !(static_cast<uint32_t>(words[t >> 5]) >> (t & 31) & 1u))
+        lr[t] = -std::numeric_limits<float>::infinity();
+  }
+  copy_from_host(logits, host.data());
+}
 
 void Backend::accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) {
   const int64_t S = rows.numel();

@@ -291,6 +291,11 @@ class Backend {
   // with temperature 0 (the lowest id among equal maxima). The CUDA backend reads nothing from
   // the host here, so a captured graph may hold it (MTP drafting).
   virtual void argmax(const Tensor& logits, const Tensor& out);
+  // Structured output's token masks, before sample(): for k < m, row rows[k] of logits [n, V] (f32) gets
+  // -inf at every token t whose bit is clear in mask row k (i32 [m, W] of bit words: token t is bit t % 32
+  // of word t / 32; t >= 32 W counts as clear). rows: i32 [m], distinct. The default runs on the host over
+  // copies; the CUDA backend's kernel works in place.
+  virtual void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows);
   // Speculative decoding's acceptance on the device. S sequences of q rows each (sequence s at
   // rows [s*q, s*q + q)): tokens[s*q + 1 + j] (i32) is its draft j, sampled[s*q + j] (i32) the
   // target's token at row j. rows (i32 [S]) gets s*q + the number of leading drafts equal to the

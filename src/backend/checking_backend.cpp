@@ -420,6 +420,11 @@ void CheckingBackend::sample(const Tensor& logits, const std::vector<SamplingRow
   forget(out.raw(), out.nbytes());
 }
 
+void CheckingBackend::apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) {
+  primary_.apply_token_mask(logits, mask, rows);
+  forget(logits.raw(), logits.nbytes());
+}
+
 void CheckingBackend::record(OpMismatch m) {
   stats_[m.op].mismatches++;
   if (options_.log && static_cast<int>(mismatches_.size()) < options_.max_printed) {

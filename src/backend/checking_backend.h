@@ -129,6 +129,7 @@ class CheckingBackend final : public ForwardingBackend {
   void fill_random(const Tensor& dst, uint64_t seed, float low, float high) override;
   void fill(const Tensor& dst, float value) override;
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) override;
+  void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) override;
 
  private:
   class Op;

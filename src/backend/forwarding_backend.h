@@ -108,6 +108,9 @@ class ForwardingBackend : public Backend {
     inner_.embedding_slice(ids, table, begin, out);
   }
   void argmax(const Tensor& logits, const Tensor& out) override { inner_.argmax(logits, out); }
+  void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) override {
+    inner_.apply_token_mask(logits, mask, rows);
+  }
   void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) override {
     inner_.accept_drafts(sampled, tokens, q, rows);
   }

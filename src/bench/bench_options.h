@@ -27,6 +27,7 @@ struct BenchOptions {
   double random_range_ratio = 0;
   int random_prefix_len = 0;  // tokens of shared random prefix before each random prompt
   bool ignore_eos = false;
+  std::string extra_body;  // JSON object merged into every request body
   uint64_t seed = 0;
   std::string tokenizer_dir;  // a model folder with tokenizer.json: exact counts where usage is missing
 

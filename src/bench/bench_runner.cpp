@@ -164,7 +164,9 @@ int run_benchmark(BenchOptions options) {
 
   RequestSettings settings;
   settings.endpoint = endpoint;
-  settings.generation = GenerationParams{options.model, options.temperature, options.stream, options.ignore_eos};
+  settings.generation =
+      GenerationParams{options.model, options.temperature, options.stream, options.ignore_eos, options.extra_body};
+  build_request_body(ApiEndpoint::kChatCompletions, PromptSpec{}, settings.generation);  // a bad --extra-body fails now
   settings.timeout = timeout;
   settings.keep_output_text = counter != nullptr;
 

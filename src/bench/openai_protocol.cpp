@@ -93,6 +93,16 @@ std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, c
   body["stream"] = params.stream;
   if (params.stream) body["stream_options"] = {{"include_usage", true}};
   if (params.ignore_eos) body["ignore_eos"] = true;
+  if (!params.extra_body.empty()) {
+    json extra;
+    try {
+      extra = json::parse(params.extra_body);
+    } catch (const std::exception& e) {
+      fail(ErrorKind::kInvalidArgument, "--extra-body is not valid JSON: {}", e.what());
+    }
+    if (!extra.is_object()) fail(ErrorKind::kInvalidArgument, "--extra-body must be a JSON object");
+    for (auto& [k, v] : extra.items()) body[k] = v;
+  }
   return body.dump();
 }
 

@@ -20,6 +20,9 @@ struct GenerationParams {
   double temperature = 0.0;
   bool stream = true;
   bool ignore_eos = false;  // vLLM's extension; other servers ignore the unknown field
+  // vLLM bench's --extra-body: a JSON object whose members are added to every request (structured output,
+  // sampling fields); empty: none.
+  std::string extra_body;
 };
 
 std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, const GenerationParams& params);

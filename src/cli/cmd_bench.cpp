@@ -80,6 +80,9 @@ void add_workload_flags(CLI::App& app, bench::BenchOptions& options, BenchCliFla
       ->capture_default_str();
   app.add_flag("--ignore-eos", options.ignore_eos,
                "ask the server to generate exactly max_tokens (vLLM's ignore_eos; others may ignore it)");
+  app.add_option("--extra-body", options.extra_body,
+                 "a JSON object whose members are added to every request (vLLM bench's --extra-body), e.g. "
+                 "'{\"guided_json\": {...}}' to measure structured output");
   app.add_option("--tokenizer", options.tokenizer_dir,
                  "model folder with tokenizer.json: exact prompt lengths for --dataset random, and exact token "
                  "counts for servers that send no usage (else chunks are counted and marked as estimates)");

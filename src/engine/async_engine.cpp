@@ -34,7 +34,8 @@ AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine, const tokenizer::Tok
       options_(options),
       model_config_(engine_->model_config()),
       max_model_len_(engine_->max_model_len()),
-      vocab_size_(engine_->model_config().vocab_size) {
+      vocab_size_(engine_->model_config().vocab_size),
+      eos_ids_(engine_->eos_token_ids()) {
   snapshot_.engine = engine_->stats();
   thread_ = std::thread([this] { loop(); });
 }

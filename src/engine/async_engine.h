@@ -98,6 +98,8 @@ class EngineClient {
   virtual AsyncEngineStats stats() const = 0;
   virtual int max_model_len() const = 0;
   virtual int vocab_size() const = 0;
+  // The tokens that end a sequence (EOS and generation_config's), fixed once the engine is built.
+  virtual std::vector<int32_t> eos_token_ids() const = 0;
 };
 
 class AsyncEngine : public EngineClient {
@@ -118,6 +120,7 @@ class AsyncEngine : public EngineClient {
 
   int max_model_len() const override { return max_model_len_; }
   int vocab_size() const override { return vocab_size_; }
+  std::vector<int32_t> eos_token_ids() const override { return eos_ids_; }
   const ModelConfig& model_config() const { return model_config_; }
 
  private:
@@ -147,6 +150,7 @@ class AsyncEngine : public EngineClient {
   AsyncEngineOptions options_;
   ModelConfig model_config_;
   int max_model_len_, vocab_size_;
+  std::vector<int32_t> eos_ids_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -169,6 +169,10 @@ Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt
     r->params = params;
     r->params.n = 1;
     r->sample_seed = params.seed ? *params.seed + static_cast<uint64_t>(i) : seed_rng_();
+    if (params.constraint) {
+      r->constraint = params.constraint->make();
+      r->constraint_active = params.constraint_after_token < 0;
+    }
     r->arrival_order = next_order_++;
     scheduler_->add(r.get());
     requests_.emplace(r->id, std::move(r));
@@ -291,9 +295,42 @@ StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
     } else {
       sampling.rows.push_back(sampling_row(r));
       sampling.rows.back().position += static_cast<uint64_t>(rows[i].draft);  // output position of the row's token
+      if (r.constraint && rows[i].draft == 0) add_token_masks(rows, i, sampling);
     }
   }
   return sampling;
+}
+
+// Row j of a constrained sequence (first: its row 0) is sampled in the constraint's state after drafts
+// 0..j-1: the constraint advances through them for the masks, then steps back (take_tokens advances it by
+// the tokens taken). Rows after a draft the constraint refuses are never taken (the target cannot draw that
+// draft there): they stay unmasked.
+void LLMEngine::add_token_masks(const std::vector<LogitsRow>& rows, size_t first, StepSampling& sampling) {
+  Request& r = *rows[first].request;
+  const int drafts = rows[first].drafts;
+  const int vocab = executor_->model_config().vocab_size;
+  sampling.mask_words = (vocab + 31) / 32;
+  bool active = r.constraint_active;
+  int advanced = 0;
+  for (int j = 0; j <= drafts; ++j) {
+    if (active) {
+      sampling.mask_rows.push_back(static_cast<int32_t>(first) + j);
+      const size_t at = sampling.masks.size();
+      sampling.masks.resize(at + static_cast<size_t>(sampling.mask_words));
+      r.constraint->fill_mask(
+          std::span(reinterpret_cast<uint32_t*>(sampling.masks.data() + at), static_cast<size_t>(sampling.mask_words)));
+    }
+    if (j == drafts) break;
+    const int32_t d = r.spec_tokens[static_cast<size_t>(j)];
+    if (!active) {
+      active = d == r.params.constraint_after_token;
+    } else if (r.constraint->accept(d)) {
+      ++advanced;
+    } else {
+      break;
+    }
+  }
+  if (advanced > 0) r.constraint->rollback(advanced);
 }
 
 std::vector<RequestOutput> LLMEngine::step() {
@@ -344,7 +381,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     sampling.rows.emplace_back();
   }
   timer_.mark(1, "build input");
-  if (!sampling.host_rows.empty()) mtp_passes = -1;
+  if (!sampling.host_rows.empty() || !sampling.mask_rows.empty()) mtp_passes = -1;
   const bool drafted = mtp_passes >= 0 && executor_->execute_with_mtp(in, sampling, mtp_passes, step_out_, mtp_step_);
   if (!drafted) executor_->execute(in, sampling, step_out_);
   timer_.mark(2, "execute");
@@ -440,6 +477,22 @@ RequestOutput LLMEngine::output_of(const Request& r) const {
   return o;
 }
 
+void LLMEngine::advance_constraint(Request& r, int32_t token) {
+  if (!r.constraint_active) {
+    r.constraint_active = token == r.params.constraint_after_token;  // the reasoning ended: constrained from here
+    return;
+  }
+  if (r.constraint->accept(token)) return;
+  // Only a masked draw reaches here; a constraint that refuses its own choice is a bug in it. The sequence
+  // goes on unconstrained rather than stopping the engine.
+  TLOG_WARN(
+      "request {}: the output constraint ({}) refused token {} it allowed; the rest of this output is "
+      "not constrained",
+      r.id, r.params.constraint->describe(), token);
+  r.constraint_active = false;
+  r.constraint.reset();
+}
+
 FinishReason LLMEngine::finish_reason_after(Request& r, int32_t token) const {
   const SamplingParams& p = r.params;
   const bool min_reached = static_cast<int>(r.output.size()) > p.min_tokens;
@@ -469,6 +522,7 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
     else
       res.token = step_out_.tokens[static_cast<size_t>(first + j)];
     r->output.push_back(res.token);
+    if (r->constraint) advance_constraint(*r, res.token);
     ++stats_.generation_tokens;
     o.new_token_ids.push_back(res.token);
     if (res.logprob) o.logprobs.push_back(*res.logprob);

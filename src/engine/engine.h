@@ -153,7 +153,7 @@ class LLMEngine {
   // Hybrid models in a step with drafts: the slot that keeps the state after each new token of s.
   void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
   // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
-  static StepSampling step_sampling(const std::vector<LogitsRow>& rows);
+  StepSampling step_sampling(const std::vector<LogitsRow>& rows);
   // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
   float* host_logits(const StepSampling& sampling, size_t& next_host, int row);
   // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
@@ -163,6 +163,10 @@ class LLMEngine {
   bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
                    std::vector<RequestOutput>& out, int& accepted);
   // Why r stops after taking `token` (kNone: it goes on).
+  // Constrained decoding on the device: the token masks of the rows of the sequence whose row 0 is rows[first].
+  void add_token_masks(const std::vector<LogitsRow>& rows, size_t first, StepSampling& sampling);
+  // Constrained decoding: r took `token`; the constraint advances (or starts, at the end of the reasoning).
+  void advance_constraint(Request& r, int32_t token);
   FinishReason finish_reason_after(Request& r, int32_t token) const;
   RequestOutput output_of(const Request& r) const;
   // Counts one step of `tokens` computed tokens in the tokens-per-step histogram.

@@ -49,6 +49,13 @@ void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype
 
 std::pair<Tensor, Tensor> sample_on_device(Backend& be, const Tensor& logits, const StepSampling& sampling) {
   check_sampling(logits, sampling);
+  if (!sampling.mask_rows.empty()) {
+    const int64_t m = static_cast<int64_t>(sampling.mask_rows.size());
+    Tensor rows = be.scratch({m}, DType::kI32), masks = be.scratch({m, sampling.mask_words}, DType::kI32);
+    be.copy_from_host(rows, sampling.mask_rows.data());
+    be.copy_from_host(masks, sampling.masks.data());
+    be.apply_token_mask(logits, masks, rows);
+  }
   Tensor ids = be.scratch({logits.dim(0)}, DType::kI32);
   be.sample(logits, sampling.rows, ids);
   return {ids, gather_host_rows(be, logits, sampling.host_rows)};
@@ -115,7 +122,7 @@ void LocalExecutor::execute(const ModelInput& input, const StepSampling& samplin
 
 bool LocalExecutor::execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
                                      MtpStepResult& result) {
-  if (!sampling.host_rows.empty() || !runner_.mtp_step_fusable(input)) return false;
+  if (!sampling.host_rows.empty() || !sampling.mask_rows.empty() || !runner_.mtp_step_fusable(input)) return false;
   runner_.run_with_mtp(
       input, passes,
       [&](const Tensor& logits, const Tensor& ids) {

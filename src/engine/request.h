@@ -2,6 +2,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +85,10 @@ struct Request {
   // MTP speculative decoding: it ran a step while drafting was off (disable_by_batch_size), so the
   // MTP layer's KV misses positions; it gets no drafts and no MTP pass from then on.
   bool spec_off = false;
+  // Constrained decoding: this sequence's constraint (made from params.constraint at admission), and
+  // whether it applies yet (after params.constraint_after_token was produced).
+  std::shared_ptr<TokenConstraint> constraint;
+  bool constraint_active = false;
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
   // The next prompt position whose logits are still wanted for prompt_logprobs; the end of that range

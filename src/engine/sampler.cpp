@@ -25,7 +25,8 @@ SamplingRow sampling_row(const Request& r) {
 bool needs_host_sampling(const Request& r) {
   const SamplingParams& p = r.params;
   return !p.logit_bias.empty() || static_cast<int>(r.output.size()) < p.min_tokens || p.repetition_penalty != 1.0f ||
-         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.logprobs >= 0;
+         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.logprobs >= 0 || !p.allowed_token_ids.empty() ||
+         !p.bad_words_ids.empty();
 }
 
 namespace {
@@ -51,7 +52,29 @@ void apply_penalties(float* logits, int vocab, const Request& r, std::vector<int
   }
 }
 
+// Tokens that would complete a bad word: for each word, its last token when the tokens before it end r's
+// output (vLLM's bad_words rule).
+void mask_bad_words(float* logits, int vocab, const Request& r) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto& out = r.output;
+  for (const auto& w : r.params.bad_words_ids) {
+    if (w.empty()) continue;
+    const size_t before = w.size() - 1;
+    if (before > out.size()) continue;
+    if (!std::equal(w.begin(), w.end() - 1, out.end() - static_cast<std::ptrdiff_t>(before))) continue;
+    if (w.back() >= 0 && w.back() < vocab) logits[w.back()] = neg_inf;
+  }
+}
+
 }  // namespace
+
+void apply_token_mask(float* logits, int vocab, std::span<const uint32_t> mask) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < vocab; ++t) {
+    const size_t w = static_cast<size_t>(t) >> 5;
+    if (w >= mask.size() || !(mask[w] >> (t & 31) & 1u)) logits[t] = neg_inf;
+  }
+}
 
 TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k) {
   float mx = *std::max_element(logits, logits + vocab);
@@ -77,11 +100,30 @@ SampleResult Sampler::sample(float* logits, int vocab, const Request& r, const s
   const SamplingParams& p = r.params;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (const auto& [t, b] : p.logit_bias) logits[t] += b;
+  // A constraint's choices win over min_tokens, bad words and allowed_token_ids: when those leave none of
+  // them, the constraint's own stay (a grammar that can only end here may end).
+  if (r.constraint_active) scratch_.assign(logits, logits + vocab);
   if (static_cast<int>(r.output.size()) < p.min_tokens) {
     if (!p.ignore_eos)
       for (int32_t e : eos_ids)
         if (e >= 0 && e < vocab) logits[e] = neg_inf;
     for (int32_t t : p.stop_token_ids) logits[t] = neg_inf;
+  }
+  if (!p.allowed_token_ids.empty()) {
+    mask_.assign((static_cast<size_t>(vocab) + 31) / 32, 0u);
+    for (int32_t t : p.allowed_token_ids)
+      if (t >= 0 && t < vocab) mask_[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+    apply_token_mask(logits, vocab, mask_);
+  }
+  if (!p.bad_words_ids.empty()) mask_bad_words(logits, vocab, r);
+  if (r.constraint_active) {
+    mask_.assign((static_cast<size_t>(vocab) + 31) / 32, 0u);
+    r.constraint->fill_mask(mask_);
+    apply_token_mask(logits, vocab, mask_);
+    if (std::none_of(logits, logits + vocab, [&](float v) { return v > neg_inf; })) {
+      std::copy(scratch_.begin(), scratch_.end(), logits);
+      apply_token_mask(logits, vocab, mask_);
+    }
   }
   apply_penalties(logits, vocab, r, seen_);
   SampleResult res;

@@ -1,11 +1,13 @@
 // The host side of sampling. Most rows are sampled on the device (Backend::sample, rule in
 // backend/sampling.h); a request whose next token needs logit bias, min_tokens masking,
-// repetition/presence/frequency penalties or logprobs has its logits row brought to the
-// host, where this class applies those in vLLM's order (logit bias and min_tokens masking,
-// penalties, logprobs) and then draws with the same rule, so a request's tokens do not
-// depend on which side sampled them.
+// allowed_token_ids, bad words, a constraint (structured output), repetition/presence/frequency
+// penalties or logprobs has its logits row brought to the host, where this class applies those in
+// vLLM's order (logit bias, min_tokens masking, allowed ids, bad words, the constraint's mask,
+// penalties, logprobs) and then draws with the same rule, so a request's tokens do not depend on
+// which side sampled them.
 #pragma once
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/sampling_row.h"
@@ -22,6 +24,9 @@ struct SampleResult {
 SamplingRow sampling_row(const Request& r);
 // Whether r's next token needs its logits on the host (see above).
 bool needs_host_sampling(const Request& r);
+// Sets to -inf every logit whose bit in `mask` is clear (bit t: word t / 32, bit t % 32; words past the
+// mask's end count as clear).
+void apply_token_mask(float* logits, int vocab, std::span<const uint32_t> mask);
 // log_softmax(logits)[token] and the k best (ties: lower id first) of one row of raw logits.
 TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k);
 
@@ -31,7 +36,9 @@ class Sampler {
   SampleResult sample(float* logits, int vocab, const Request& r, const std::vector<int32_t>& eos_ids);
 
  private:
-  std::vector<int32_t> seen_;  // scratch for the repetition penalty
+  std::vector<int32_t> seen_;   // scratch for the repetition penalty
+  std::vector<uint32_t> mask_;  // a token bitmask (allowed_token_ids, the constraint)
+  std::vector<float> scratch_;  // the logits before masking, while a constraint applies
 };
 
 }  // namespace tessera

@@ -41,6 +41,15 @@ Status validate_sampling_params(const SamplingParams& p, int vocab, const Sampli
     return bad(fmt::format("stop_token_ids may hold at most {} entries", kMaxStopTokenIds));
   for (int32_t t : p.stop_token_ids)
     if (t < 0 || t >= vocab) return bad(fmt::format("stop_token_ids entry {} is outside the vocabulary", t));
+  if (p.allowed_token_ids.size() > static_cast<size_t>(vocab))
+    return bad(fmt::format("allowed_token_ids may hold at most {} entries (the vocabulary)", vocab));
+  for (int32_t t : p.allowed_token_ids)
+    if (t < 0 || t >= vocab) return bad(fmt::format("allowed_token_ids entry {} is outside the vocabulary", t));
+  if (p.bad_words_ids.size() > static_cast<size_t>(lim.max_bad_words))
+    return bad(fmt::format("bad_words may hold at most {} entries", lim.max_bad_words));
+  for (const auto& w : p.bad_words_ids)
+    for (int32_t t : w)
+      if (t < 0 || t >= vocab) return bad(fmt::format("a bad_words token id {} is outside the vocabulary", t));
   return Status::Ok();
 }
 

@@ -1,12 +1,14 @@
 // Per-request generation controls, by their OpenAI / vLLM names.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "engine/token_constraint.h"
 
 namespace tessera {
 
@@ -31,6 +33,17 @@ struct SamplingParams {
   // the logits of the position before it, as the model saw the prompt) and the top k there.
   int prompt_logprobs = -1;
   bool include_stop_str_in_output = false;
+  // vLLM's allowed_token_ids: the next token always comes from this list. Empty: any.
+  std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words, as token sequences: the last token of each is never taken right after the ones before it
+  // (a one-token word is never taken at all).
+  std::vector<std::vector<int32_t>> bad_words_ids;
+  // Constrained decoding (structured output): each sequence's tokens come only from what its own
+  // constraint (made by this factory) allows. Null: none.
+  std::shared_ptr<const TokenConstraintFactory> constraint;
+  // The constraint starts after the sequence has produced this token (the reasoning parser's end of
+  // thinking, </think>), so the reasoning stays free; -1: from the first output token.
+  int32_t constraint_after_token = -1;
   bool skip_special_tokens = true;
 };
 
@@ -44,6 +57,7 @@ struct SamplingLimits {
   int max_stop = 16;
   int max_stop_length = 256;
   int max_logit_bias = 1024;
+  int max_bad_words = 256;
 };
 
 // Checks ranges; the message names the field and the allowed range.

@@ -33,6 +33,9 @@ void write_step(dist::WireWriter& w, uint64_t step, const ModelInput& in, const 
     w.u64(s.position);
   }
   w.i32s(sampling.host_rows);
+  w.i32s(sampling.mask_rows);
+  w.i32(sampling.mask_words);
+  w.i32s(sampling.masks);
 }
 
 void write_cache_init(dist::WireWriter& w, const CacheInit& c) {
@@ -83,6 +86,18 @@ void read_sampling(dist::WireReader& r, size_t logits_rows, StepSampling& sampli
   for (size_t i = 0; i < host.size(); ++i)
     check(host[i] >= 0 && static_cast<uint32_t>(host[i]) < nrows && (i == 0 || host[i] > host[i - 1]),
           "host row numbers");
+  std::vector<int32_t>& masked = sampling.mask_rows;
+  masked = r.i32s("mask_rows", nrows);
+  for (size_t i = 0; i < masked.size(); ++i)
+    check(masked[i] >= 0 && static_cast<uint32_t>(masked[i]) < nrows && (i == 0 || masked[i] > masked[i - 1]),
+          "mask row numbers");
+  sampling.mask_words = r.i32();
+  check(sampling.mask_words >= 0 && sampling.mask_words <= (1 << 20) && (masked.empty() || sampling.mask_words > 0),
+        "mask width");
+  const uint64_t words = static_cast<uint64_t>(masked.size()) * static_cast<uint64_t>(sampling.mask_words);
+  check(words <= r.remaining() / 4, "mask words count");
+  sampling.masks = r.i32s("masks", static_cast<uint32_t>(words));
+  check(sampling.masks.size() == words, "mask words count");
 }
 
 // Every sequence's query range and length fit its block table; ids and indices in range.

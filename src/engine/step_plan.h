@@ -54,6 +54,12 @@ struct CacheInit {
 struct StepSampling {
   std::vector<SamplingRow> rows;
   std::vector<int32_t> host_rows;
+  // Structured output on the device: row mask_rows[k] (ascending, none a host row) is sampled only among
+  // the tokens whose bit is set in words [k * mask_words, (k + 1) * mask_words) of masks (token t: bit
+  // t % 32 of word t / 32; Backend::apply_token_mask).
+  std::vector<int32_t> mask_rows;
+  std::vector<int32_t> masks;
+  int32_t mask_words = 0;
 };
 
 // What comes back: a token per logits row (unspecified for host rows) and the host rows'

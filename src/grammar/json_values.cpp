@@ -2,6 +2,7 @@
 // integers and numbers (with bounds), constants, and the shared any-value rules.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -23,7 +24,14 @@ const char* format_regex(const std::string& format) {
     return R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63})";
   }
   if (format == "uuid") return R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})";
-  if (format == "uri") return R"([A-Za-z][A-Za-z0-9+.\-]*:[^\s"\\<>{}|^`\x00-\x1f\x7f]+)";
+  if (format == "uri") {
+    // RFC 3986: scheme ":" then "//" authority and an absolute-or-empty path, or a path; query; fragment.
+    // ASCII only, other bytes percent-encoded.
+    return R"([A-Za-z][A-Za-z0-9+.\-]*:(//(([A-Za-z0-9\-._~!$&'()*+,;=:]|%[0-9A-Fa-f]{2})*@)?)"
+           R"(([A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*(:[0-9]*)?(/([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*)"
+           R"(|/?([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+(/([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)*))"
+           R"((\?([A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?(#([A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*)?)";
+  }
   return nullptr;
 }
 
@@ -233,6 +241,11 @@ int SchemaLowering::string_value(const ojson& schema, const std::string& pointer
 
 int SchemaLowering::digits(int min, int max) { return rules_.repeat(rules_.char_class({{'0', '9'}}), min, max); }
 
+// JSON numbers as a model may write them: at most 20 integer digits (a 64-bit integer's), 17 fraction digits
+// (beyond what a double holds) and 3 exponent digits, so a number ends (an unbounded digit run lets a model
+// write digits until max_tokens).
+constexpr int kMaxIntegerDigits = 20, kMaxFractionDigits = 17, kMaxExponentDigits = 3;
+
 int SchemaLowering::integer_rule() {
   if (integer_rule_ < 0) {
     integer_rule_ = rules_.new_rule(prefix_ + "_integer");
@@ -244,11 +257,12 @@ int SchemaLowering::integer_rule() {
 int SchemaLowering::number_rule() {
   if (number_rule_ < 0) {
     number_rule_ = rules_.new_rule(prefix_ + "_number");
-    const int fraction = rules_.repeat(rules_.sequence({rules_.bytes("."), digits(1, kUnbounded)}), 0, 1);
-    const int exponent = rules_.repeat(
-        rules_.sequence({rules_.char_class({{'E', 'E'}, {'e', 'e'}}),
-                         rules_.repeat(rules_.char_class({{'+', '+'}, {'-', '-'}}), 0, 1), digits(1, kUnbounded)}),
-        0, 1);
+    const int fraction = rules_.repeat(rules_.sequence({rules_.bytes("."), digits(1, kMaxFractionDigits)}), 0, 1);
+    const int exponent =
+        rules_.repeat(rules_.sequence({rules_.char_class({{'E', 'E'}, {'e', 'e'}}),
+                                       rules_.repeat(rules_.char_class({{'+', '+'}, {'-', '-'}}), 0, 1),
+                                       digits(1, kMaxExponentDigits)}),
+                      0, 1);
     rules_.define(number_rule_, rules_.sequence({int_range(std::nullopt, std::nullopt), fraction, exponent}));
   }
   return number_rule_;
@@ -290,7 +304,7 @@ int SchemaLowering::number_value(const ojson& schema, const std::string& pointer
   if (lo) ilo = static_cast<int64_t>(lo_ex ? std::floor(*lo) + 1 : std::ceil(*lo));
   if (hi) ihi = static_cast<int64_t>(hi_ex ? std::ceil(*hi) - 1 : std::floor(*hi));
   if (!ilo || !ihi || *ilo <= *ihi) alts.push_back(int_range(ilo, ihi));
-  const int fraction = rules_.sequence({rules_.bytes("."), digits(1, kUnbounded)});
+  const int fraction = rules_.sequence({rules_.bytes("."), digits(1, kMaxFractionDigits)});
   // Non-negative k.ddd lies in [k, k+1): needs k >= lo (k > lo when exclusive) and k + 1 <= hi.
   {
     int64_t kmin = 0;
@@ -335,14 +349,15 @@ int SchemaLowering::int_range(std::optional<int64_t> lo, std::optional<int64_t> 
 int SchemaLowering::nonneg_at_least(uint64_t lo) {
   if (lo == 0)
     return rules_.choice(
-        {rules_.bytes("0"), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(0, kUnbounded)})});
+        {rules_.bytes("0"), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(0, kMaxIntegerDigits - 1)})});
   const std::string s = std::to_string(lo);
   const int n = static_cast<int>(s.size());
-  if (n >= 19) return rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n - 1, kUnbounded)});
+  if (n >= 19)
+    return rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n - 1, std::max(n - 1, kMaxIntegerDigits - 1))});
   uint64_t top = 1;
   for (int i = 0; i < n; ++i) top *= 10;
-  return rules_.choice(
-      {nonneg_range(lo, top - 1), rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n, kUnbounded)})});
+  return rules_.choice({nonneg_range(lo, top - 1),
+                        rules_.sequence({rules_.char_class({{'1', '9'}}), digits(n, kMaxIntegerDigits - 1)})});
 }
 
 int SchemaLowering::nonneg_range(uint64_t lo, uint64_t hi) {

@@ -73,6 +73,7 @@ class MetaBackend : public Backend {
   void cast(const Tensor&, const Tensor&) override {}
   void embedding_slice(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
   void sample(const Tensor&, const std::vector<SamplingRow>&, const Tensor&) override {}
+  void apply_token_mask(const Tensor&, const Tensor&, const Tensor&) override {}
 
  private:
   size_t align(size_t n) const;

@@ -156,6 +156,12 @@ void add_tools(const ojson& body, ojson& chat) {
   if (!ts.empty()) {
     chat["tools"] = ts;
     chat["tool_choice"] = anthropic_tool_choice(field(body, "tool_choice"));
+    // tool_choice.disable_parallel_tool_use: at most one tool_use block.
+    if (const ojson* c = field(body, "tool_choice"); c && c->is_object())
+      if (const ojson* d = field(*c, "disable_parallel_tool_use")) {
+        if (!d->is_boolean()) bad("tool_choice.disable_parallel_tool_use must be a boolean", "tool_choice");
+        chat["parallel_tool_calls"] = !d->get<bool>();
+      }
   }
 }
 

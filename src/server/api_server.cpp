@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -29,6 +30,7 @@
 #include "server/protocol_writers.h"
 #include "server/responses_api.h"
 #include "server/sampling_params_json.h"
+#include "server/structured_output.h"
 #include "server/text_only.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -51,6 +53,16 @@ struct ApiServer::Impl {
   Impl(ApiOptions o, EngineClient& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
       : opt(std::move(o)), engine(e), tok(t), tmpl(c), metrics(m), owner(own), text(t) {}
+
+  // Structured output: compiled against the vocabulary on first use (the vocabulary's bytes take a moment).
+  std::once_flag structured_once;
+  std::unique_ptr<StructuredOutputCompiler> structured;
+  std::shared_ptr<const TokenConstraintFactory> compile_constraint(const StructuredOutputSpec& spec) {
+    std::call_once(structured_once, [this] {
+      structured = std::make_unique<StructuredOutputCompiler>(tok, engine.vocab_size(), engine.eos_token_ids());
+    });
+    return structured->compile(spec);
+  }
 
   // When the last request finished, give freed heap back to the OS (glibc keeps it otherwise), at most
   // twice a second, so RSS returns to its baseline after a burst.
@@ -113,6 +125,9 @@ struct ApiServer::Impl {
     bool clamp_max_tokens = false;
     // The body field that holds the prompt (the error `param` when the engine refuses the prompt).
     std::string prompt_param = "messages";
+    // vLLM's truncate_prompt_tokens: only the last k tokens of each prompt are kept. 0: all.
+    int truncate_prompt_tokens = 0;
+    std::string structured_field;  // the field a constraint came from, when there is one
   };
 
   SamplingParams base_params() const {
@@ -146,7 +161,8 @@ struct ApiServer::Impl {
                                                     "logprobs",
                                                     "top_logprobs",
                                                     "prompt_logprobs",
-                                                    "logit_bias"};
+                                                    "logit_bias",
+                                                    "allowed_token_ids"};
 
   void read_params(const ojson& body, Prepared& pr) {
     pr.params = base_params();
@@ -164,6 +180,63 @@ struct ApiServer::Impl {
       bad("'prompt_logprobs' are not available when 'stream' is true", "prompt_logprobs");
     if (pr.params.n < 1 || pr.params.n > opt.max_n)
       bad(fmt::format("'n' must be between 1 and {}, got {}", opt.max_n, pr.params.n), "n");
+    refuse_unserved_fields(body);
+    if (const ojson* bw = field(body, "bad_words")) pr.params.bad_words_ids = bad_words_ids(*bw);
+    if (const ojson* t = field(body, "truncate_prompt_tokens")) {
+      if (!t->is_number_integer() || (t->get<int64_t>() < 1 && t->get<int64_t>() != -1))
+        bad("'truncate_prompt_tokens' must be a positive integer, or -1 (the model's context length)",
+            "truncate_prompt_tokens");
+      const int64_t k = t->get<int64_t>();
+      pr.truncate_prompt_tokens = k == -1 ? engine.max_model_len() : static_cast<int>(std::min<int64_t>(k, 1 << 30));
+    }
+    if (std::optional<StructuredOutputSpec> spec = read_structured_output(body)) {
+      pr.params.constraint = compile_constraint(*spec);
+      pr.structured_field = spec->field;
+    }
+  }
+
+  // Fields of vLLM's or OpenAI's requests that change what is generated and that this server does not act on:
+  // a 400 naming each, never a silent 200 with other output than asked.
+  static void refuse_unserved_fields(const ojson& body) {
+    static constexpr std::pair<const char*, const char*> kRefused[] = {
+        {"thinking_token_budget",
+         "a thinking budget is not enforced by this server; bound the whole output with "
+         "max_tokens, or turn thinking off with chat_template_kwargs.enable_thinking"},
+        {"chat_template",
+         "a chat template in the request is not accepted (vLLM refuses it too unless "
+         "--trust-request-chat-template); start the server with --chat-template"},
+        {"return_tokens_as_token_ids",
+         "tokens as 'token_id:<id>' strings are not supported; ask for logprobs, "
+         "or /tokenize and /detokenize"},
+        {"guided_decoding_backend", "there is one grammar engine; leave 'guided_decoding_backend' out"},
+        {"logits_processors", "custom logits processors are not supported"},
+        {"vllm_xargs", "'vllm_xargs' (extra arguments for custom logits processors) is not supported"},
+    };
+    for (const auto& [name, why] : kRefused) {
+      const ojson* v = field(body, name);
+      if (!v) continue;
+      // A value that asks for nothing is accepted.
+      if ((v->is_boolean() && !v->get<bool>()) || (v->is_array() && v->empty())) continue;
+      bad(fmt::format("'{}': {}", name, why), name);
+    }
+  }
+
+  // vLLM's bad_words: each word as tokens, with and without a leading space (its two usual spellings).
+  std::vector<std::vector<int32_t>> bad_words_ids(const ojson& words) const {
+    if (!words.is_array()) bad("'bad_words' must be a list of strings", "bad_words");
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& w : words) {
+      if (!w.is_string() || w.get_ref<const std::string&>().empty())
+        bad("'bad_words' must be a list of non-empty strings", "bad_words");
+      std::string word = w.get<std::string>();
+      const size_t start = word.find_first_not_of(' ');
+      word = start == std::string::npos ? word : word.substr(start);
+      for (const std::string& spelling : {word, " " + word}) {
+        std::vector<int32_t> ids = tok.encode(spelling, false);
+        if (!ids.empty() && std::find(out.begin(), out.end(), ids) == out.end()) out.push_back(std::move(ids));
+      }
+    }
+    return out;
   }
 
   // The max_tokens a prompt of prompt_len tokens runs with: the one asked for, lowered to the room left in
@@ -210,6 +283,10 @@ struct ApiServer::Impl {
     g->choices.resize(P * static_cast<size_t>(g->n));
     g->remaining = static_cast<int>(g->choices.size());
     std::vector<SamplingParams> per_prompt;
+    if (pr.truncate_prompt_tokens > 0)
+      for (auto& prompt : pr.prompts)
+        if (prompt.size() > static_cast<size_t>(pr.truncate_prompt_tokens))
+          prompt.erase(prompt.begin(), prompt.end() - pr.truncate_prompt_tokens);
     for (size_t p = 0; p < P; ++p) {
       SamplingParams sp = pr.params;
       fit_max_tokens(pr, pr.prompts[p].size(), sp);
@@ -509,14 +586,22 @@ struct ApiServer::Impl {
     if (!msgs) bad("'messages' is required", "messages");
     ToolChoicePlan plan;
     check_tools(body, &plan);
-    if (const ojson* rf = field(body, "response_format")) {
-      if (!rf->is_object()) bad("'response_format' must be an object", "response_format");
-      auto t = rf->find("type");
-      if (t == rf->end() || !(t->is_string() && *t == "text"))
-        bad("'response_format' (structured output / JSON mode) is not supported by tessera yet", "response_format");
-    }
     Prepared pr;
     read_params(body, pr);
+    if (std::optional<StructuredOutputSpec> calls = tool_call_structure(body, plan, opt.tool_call_parser)) {
+      if (pr.params.constraint)
+        bad(fmt::format("tool_choice {} and '{}' both constrain the output; send one of them",
+                        dump(*field(body, "tool_choice")), pr.structured_field),
+            "tool_choice");
+      pr.params.constraint = compile_constraint(*calls);
+    }
+    // With a reasoning parser and thinking on, the constraint starts once the reasoning ends (the template
+    // opened the think block in the prompt: a constraint from the first token would forbid closing it).
+    if (pr.params.constraint && !opt.reasoning_parser.empty()) {
+      const ojson* k = field(body, "chat_template_kwargs");
+      if (reasoning_options_from_kwargs(k ? json(*k) : json(nullptr)).enable_thinking)
+        if (std::optional<int32_t> end = tok.token_to_id("</think>")) pr.params.constraint_after_token = *end;
+    }
     pr.clamp_max_tokens = writer->clamps_max_tokens();
     std::string prompt = render_chat(body);
     const bool add_special = get_bool(body, "add_special_tokens", false);

@@ -240,18 +240,30 @@ ojson reasoning_of(const ojson& body, ResponsesRequest& rq, ojson& chat) {
   return reasoning_echo;
 }
 
-// text.format: plain text only (structured output is not implemented yet). Returns what the response repeats.
-ojson text_of(const ojson& body) {
+// text.format: text, json_object, or json_schema ({"type", "name", "schema", "strict"}), passed on as the chat
+// request's response_format (structured output checks and compiles it there). Returns what the response repeats.
+ojson text_of(const ojson& body, ojson& chat) {
   ojson text_echo{{"format", {{"type", "text"}}}};
   if (const ojson* t = member(body, "text")) {
     if (!t->is_object()) refuse("text must be an object");
-    if (const ojson* f = member(*t, "format"); f && string_member(*f, "type") != "text")
-      refuse(
-          "text.format: structured output (json_schema, json_object) is not supported by this server yet; use "
-          "{\"type\": \"text\"}");
+    if (const ojson* f = member(*t, "format")) {
+      if (!f->is_object()) refuse("text.format must be an object");
+      const std::string type = string_member(*f, "type");
+      if (type == "json_object") {
+        chat["response_format"] = {{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        const ojson* schema = member(*f, "schema");
+        if (!schema) refuse("text.format: a json_schema format needs 'schema'");
+        ojson js{{"name", f->value("name", "response")}, {"schema", *schema}};
+        if (const ojson* strict = member(*f, "strict")) js["strict"] = *strict;
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+      } else if (type != "text") {
+        refuse(fmt::format("text.format.type '{}' is not one of text, json_object, json_schema", type));
+      }
+      text_echo["format"] = *f;
+    }
     if (const ojson* v = member(*t, "verbosity")) text_echo["verbosity"] = *v;
   }
-
   return text_echo;
 }
 
@@ -282,10 +294,12 @@ ResponsesRequest responses_to_chat(const ojson& body) {
   } else if (tool_choice == "required") {
     refuse("tool_choice 'required' needs at least one function tool");
   }
-  if (const ojson* p = member(body, "parallel_tool_calls"); p && !p->is_boolean())
-    refuse("parallel_tool_calls must be a boolean");
+  if (const ojson* p = member(body, "parallel_tool_calls")) {
+    if (!p->is_boolean()) refuse("parallel_tool_calls must be a boolean");
+    chat["parallel_tool_calls"] = *p;
+  }
   const ojson reasoning_echo = reasoning_of(body, rq, chat);
-  const ojson text_echo = text_of(body);
+  const ojson text_echo = text_of(body, chat);
 
   rq.chat = std::move(chat);
   rq.echo = {{"instructions", body.contains("instructions") ? body["instructions"] : ojson(nullptr)},

@@ -104,6 +104,17 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
       p.stop_token_ids.push_back(static_cast<int32_t>(id));
     }
   }
+  if (auto it = j.find("allowed_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return bad("'allowed_token_ids' must be a list of token ids");
+    if (it->empty()) return bad("'allowed_token_ids' must not be empty (leave it out to allow every token)");
+    p.allowed_token_ids.clear();
+    for (const auto& s : *it) {
+      int64_t id = 0;
+      if (!s.is_number_integer() || !json_int64(s, id) || id < 0 || id > std::numeric_limits<int32_t>::max())
+        return bad(fmt::format("'allowed_token_ids' entry {} is not a token id", s.dump()));
+      p.allowed_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
   // top_logprobs (chat) is checked whether or not logprobs is given, as vLLM does.
   int top = -1;
   if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -955,6 +956,48 @@ void sample_cases(Cases& cases) {
   }
 }
 
+// Structured output's token masks, then argmax: rows 0, 2 and 5 masked (a sparse mask, a dense one, and one of
+// fewer words than the vocabulary needs: the tokens past it count as masked); the others untouched.
+void token_mask_cases(Cases& cases) {
+  for (int64_t V : {1000, 151936}) {
+    const int64_t n = 6, W = (V + 31) / 32;
+    const std::vector<int32_t> rows = {0, 2, 5};
+    std::vector<int32_t> mask(static_cast<size_t>(3 * W), 0);
+    for (int64_t t = 0; t < V; t += 37) mask[static_cast<size_t>(t >> 5)] |= 1 << (t & 31);  // row 0: sparse
+    for (int64_t w = 0; w < W; ++w) mask[static_cast<size_t>(W + w)] = static_cast<int32_t>(0xF0F0F0F0u);  // row 2
+    for (int64_t t = 0; t < V / 2; t += 3) mask[static_cast<size_t>(2 * W + (t >> 5))] |= 1 << (t & 31);   // row 5
+    const int64_t W5 = (V / 2 + 31) / 32;  // row 5's mask as sent: only its first W5 words
+    std::vector<int32_t> sent = mask;
+    for (int64_t w = W5; w < W; ++w) sent[static_cast<size_t>(2 * W + w)] = -1;  // all ones, past what counts
+    auto logits = lazy_raw(n * V, -8, 8, [](std::vector<float>&) {});
+    OpCase c;
+    c.op = "apply_token_mask";
+    c.name = fmt::format("apply_token_mask V{}", V);
+    c.run = [=](Backend& be) {
+      Tensor l = up(be, *logits, {n, V}, DType::kF32);
+      // Rows 0 and 2 with every word; row 5 alone with its W5 words (two calls, as two mask widths).
+      std::vector<int32_t> first(sent.begin(), sent.begin() + 2 * W);
+      be.apply_token_mask(l, up_i32(be, first, {2, W}), up_i32(be, {0, 2}, {2}));
+      std::vector<int32_t> last(sent.begin() + 2 * W, sent.begin() + 2 * W + W5);
+      be.apply_token_mask(l, up_i32(be, last, {1, W5}), up_i32(be, {5}, {1}));
+      Tensor o = poisoned(be, {n}, DType::kI32);
+      be.argmax(l, o);
+      return Outputs{out("tokens", down(be, o), true)};
+    };
+    c.reference = [=] {
+      std::vector<float> v = *logits;
+      for (size_t k = 0; k < rows.size(); ++k)
+        for (int64_t t = 0; t < V; ++t) {
+          const bool keep =
+              (rows[k] != 5 || t < 32 * W5) && (mask[static_cast<size_t>(k * W + (t >> 5))] >> (t & 31) & 1);
+          if (!keep) v[static_cast<size_t>(rows[k] * V + t)] = -std::numeric_limits<float>::infinity();
+        }
+      return first_maxima(v, n, V);
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
 // Speculative decoding's device-side acceptance and the MTP drafting inputs after it: sequences
 // that accept nothing, some and all of their drafts, and (draft_positions) a padding sequence
 // and a position whose block is past the table.
@@ -1041,6 +1084,7 @@ const std::vector<OpCase>& op_cases() {
     attention_cases(c);
     linear_attention_cases(c);
     sample_cases(c);
+    token_mask_cases(c);
     spec_decode_cases(c);
     return c;
   }();

@@ -123,6 +123,16 @@ TEST(OpenAiProtocol, RequestBodiesCarryTheParameters) {
   EXPECT_EQ(completion["prompt"], "hello");
   EXPECT_FALSE(completion.contains("stream_options"));
   EXPECT_THROW(parse_endpoint("/v1/embeddings"), Error);
+  // --extra-body: its members join (and may override) every request's.
+  auto extra = nlohmann::json::parse(
+      build_request_body(ApiEndpoint::kChatCompletions, prompt,
+                         GenerationParams{"m", 0.0, true, false, R"({"guided_regex": "[0-9]+", "max_tokens": 3})"}));
+  EXPECT_EQ(extra["guided_regex"], "[0-9]+");
+  EXPECT_EQ(extra["max_tokens"], 3);
+  EXPECT_THROW(build_request_body(ApiEndpoint::kCompletions, prompt, GenerationParams{"m", 0.0, true, false, "[1]"}),
+               Error);
+  EXPECT_THROW(build_request_body(ApiEndpoint::kCompletions, prompt, GenerationParams{"m", 0.0, true, false, "{x"}),
+               Error);
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ test('responses: what cannot be served gets a 400 that says what to do', async (
   const cases = [
     [{ previous_response_id: 'resp_x' }, /stores no responses/],
     [{ tools: [{ type: 'custom', name: 'apply_patch' }] }, /custom .* not supported; declare 'apply_patch' as a function/],
-    [{ text: { format: { type: 'json_schema', name: 'x', schema: {} } } }, /structured output/],
+    [{ text: { format: { type: 'grammar', definition: 'x' } } }, /text.format.type 'grammar' is not one of/],
     [{ tools: [fn], tool_choice: { type: 'function', name: 'nope' } }, /names function 'nope'/],
     [{ tool_choice: { type: 'web_search' } }, /tool_choice .* not supported/],
     [{ input: [{ type: 'item_reference', id: 'msg_1' }] }, /stores none/],

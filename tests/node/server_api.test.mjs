@@ -228,8 +228,11 @@ test('default max_tokens fills the context (vLLM): a request without max_tokens 
   assert.equal(r.status, 200);
 });
 
-test('response_format is refused clearly', async () => {
-  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: msgs, response_format: { type: 'json_object' } }),
+test('response_format json_object holds the output to JSON; an unknown type is refused clearly', async () => {
+  const r = await openai.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 8, temperature: 1,
+                                                   response_format: { type: 'json_object' } });
+  assert.match(r.choices[0].message.content, /^\s*\{/);
+  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: msgs, response_format: { type: 'xml' } }),
     (e) => e.status === 400 && /response_format/.test(e.message));
 });
 

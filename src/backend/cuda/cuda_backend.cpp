@@ -160,6 +160,9 @@ class CudaBackend final : public Backend {
     sampling_.sample(logits, rows, out);
   }
   void argmax(const Tensor& logits, const Tensor& out) override { sampling_.argmax(logits, out); }
+  void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) override {
+    sampling_.apply_token_mask(logits, mask, rows);
+  }
   void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) override {
     sampling_.accept_drafts(sampled, tokens, q, rows);
   }

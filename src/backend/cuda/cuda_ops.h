@@ -100,6 +100,9 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
 // ---- sampling (sampling.cu): backend/sampling.h's rule, one block per row ----
 // rows: device array of n tessera::SamplingRow.
 void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s);
+// Backend::apply_token_mask: rows[k] of logits [., V] -> -inf where bit t of mask row k ([m, W] words) is clear.
+void launch_apply_token_mask(float* logits, int64_t V, const uint32_t* mask, int64_t m, int64_t W, const int32_t* rows,
+                             cudaStream_t s);
 // Backend::accept_drafts and Backend::draft_positions (block_tables [S, W]).
 void launch_accept_drafts(const int32_t* sampled, const int32_t* tokens, int S, int q, int32_t* rows, cudaStream_t s);
 void launch_draft_positions(const int32_t* rows, const int32_t* positions, const int32_t* slot_mapping,

@@ -181,6 +181,24 @@ __global__ void draft_positions_kernel(const int32_t* __restrict__ rows, const i
   out_len[s] = at + 1;
 }
 
+// Backend::apply_token_mask: one thread per token (grid y: the masked rows).
+__global__ void apply_token_mask_kernel(float* logits, int64_t V, const uint32_t* mask, int64_t W,
+                                        const int32_t* rows) {
+  const int64_t k = blockIdx.y;
+  const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (t >= V) return;
+  const uint32_t word = t < 32 * W ? mask[k * W + (t >> 5)] : 0u;
+  if (!(word >> (t & 31) & 1u)) logits[static_cast<int64_t>(rows[k]) * V + t] = -INFINITY;
+}
+
+void launch_apply_token_mask(float* logits, int64_t V, const uint32_t* mask, int64_t m, int64_t W, const int32_t* rows,
+                             cudaStream_t s) {
+  if (m == 0 || V == 0) return;
+  const dim3 grid(static_cast<unsigned>((V + 255) / 256), static_cast<unsigned>(m));
+  apply_token_mask_kernel<<<grid, 256, 0, s>>>(logits, V, mask, W, rows);
+  TCUDA_LAUNCH_CHECK();
+}
+
 void launch_accept_drafts(const int32_t* sampled, const int32_t* tokens, int S, int q, int32_t* rows, cudaStream_t s) {
   if (S == 0) return;
   accept_drafts_kernel<<<(S + 127) / 128, 128, 0, s>>>(sampled, tokens, S, q, rows);

@@ -40,6 +40,16 @@ void SamplingOps::argmax(const Tensor& logits, const Tensor& out) {
   }
   launch_sample(logits.data<float>(), n, logits.dim(1), greedy_rows_.raw(), out.data<int32_t>(), dev_.stream());
 }
+void SamplingOps::apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) {
+  const int64_t m = rows.numel();
+  CUDA_REQUIRE(logits.ndim() == 2 && logits.dtype() == DType::kF32 && mask.ndim() == 2 && mask.dtype() == DType::kI32 &&
+                   rows.dtype() == DType::kI32 && mask.dim(0) == m,
+               "apply_token_mask", logits.str() + ", " + mask.str() + ", " + rows.str());
+  for (const Tensor* t : {&logits, &mask, &rows}) dev_.need_cuda(*t, "apply_token_mask");
+  dev_.bind();
+  launch_apply_token_mask(logits.data<float>(), logits.dim(1), reinterpret_cast<const uint32_t*>(mask.data<int32_t>()),
+                          m, mask.dim(1), rows.data<int32_t>(), dev_.stream());
+}
 void SamplingOps::accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) {
   const int64_t S = rows.numel();
   CUDA_REQUIRE(q >= 1 && sampled.dtype() == DType::kI32 && tokens.dtype() == DType::kI32 &&

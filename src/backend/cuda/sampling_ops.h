@@ -12,6 +12,7 @@ class SamplingOps {
   explicit SamplingOps(CudaDevice& dev) : dev_(dev) {}
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out);
   void argmax(const Tensor& logits, const Tensor& out);
+  void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows);
   void accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows);
   void draft_positions(const Tensor& rows, const Tensor& positions, const Tensor& slot_mapping,
                        const Tensor& block_tables, int q, int block_size, int ahead, const Tensor& out_positions,

@@ -87,11 +87,11 @@ std::unique_ptr<ToolParser> make_tool_parser(std::string_view name, ToolParserOp
 // Folds streamed deltas into complete calls (what a client does); used by parse() and tests.
 void accumulate_tool_deltas(std::vector<ToolCall>& calls, const std::vector<ToolCallDelta>& deltas);
 
-// tool_choice handling, vLLM's rules without guided decoding (see docs/parsers.md):
+// tool_choice handling, vLLM's rules (see docs/parsers.md):
 //   "none"      -> no parser; output is content.
 //   "auto"      -> needs --enable-auto-tool-choice and a --tool-call-parser, else 400.
 //   "required"  -> needs a --tool-call-parser and a non-empty `tools`, else 400; enforced by
-//                  the prompt (the template lists the tools) + parsing, not by constrained decoding.
+//                  constrained decoding (server/structured_output.h: tool_call_structure).
 //   {"type": "function", "function": {"name": N}} -> N must be in `tools`, else 400; parsed
 //                  like "required" and calls to other functions are dropped (only_function = N).
 struct ToolChoicePlan {

@@ -83,6 +83,7 @@ class StubEngine : public EngineClient {
   AsyncEngineStats stats() const override { return {}; }
   int max_model_len() const override { return 4096; }
   int vocab_size() const override { return 151936; }
+  std::vector<int32_t> eos_token_ids() const override { return {151645}; }
 
  private:
   struct Open {

@@ -1,0 +1,407 @@
+#include "server/structured_output.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/logging.h"
+#include "grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera::server {
+
+using namespace api;
+
+namespace {
+
+using Kind = StructuredOutputSpec::Kind;
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kJsonSchema:
+      return "json_schema";
+    case Kind::kJsonObject:
+      return "json_object";
+    case Kind::kRegex:
+      return "regex";
+    case Kind::kChoice:
+      return "choice";
+    case Kind::kGrammar:
+      return "grammar";
+    case Kind::kToolCalls:
+      return "tool_calls";
+  }
+  return "";
+}
+
+// A schema given as an object (or true), or as JSON text (vLLM accepts both for guided_json / json).
+ojson schema_value(const ojson& v, const std::string& where) {
+  if (v.is_object() || v.is_boolean()) return v;
+  if (v.is_string()) {
+    try {
+      ojson parsed = ojson::parse(v.get_ref<const std::string&>());
+      if (parsed.is_object() || parsed.is_boolean()) return parsed;
+    } catch (const std::exception& e) {
+      bad(fmt::format("'{}' is not valid JSON: {}", where, json_error_text(e)), where);
+    }
+  }
+  bad(fmt::format("'{}' must be a JSON Schema (an object, or its JSON text)", where), where);
+}
+
+std::string string_value(const ojson& v, const std::string& where) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty())
+    bad(fmt::format("'{}' must be a non-empty string", where), where);
+  return v.get<std::string>();
+}
+
+std::vector<std::string> choices_value(const ojson& v, const std::string& where) {
+  if (!v.is_array() || v.empty()) bad(fmt::format("'{}' must be a non-empty list of strings", where), where);
+  std::vector<std::string> out;
+  for (const auto& c : v) {
+    if (!c.is_string()) bad(fmt::format("'{}' must be a non-empty list of strings", where), where);
+    out.push_back(c.get<std::string>());
+  }
+  return out;
+}
+
+[[noreturn]] void structural_tag_refused(const std::string& where) {
+  bad(fmt::format("'{}': structural_tag is not supported by this server; constrain tool calls with tool_choice "
+                  "\"required\" or a named function, or the whole output with a JSON schema",
+                  where),
+      where);
+}
+
+void read_response_format(const ojson& rf, std::vector<StructuredOutputSpec>& found) {
+  if (!rf.is_object()) bad("'response_format' must be an object", "response_format");
+  auto t = rf.find("type");
+  if (t == rf.end() || !t->is_string())
+    bad("'response_format.type' must be one of text, json_object, json_schema", "response_format");
+  const std::string type = t->get<std::string>();
+  if (type == "text") return;
+  StructuredOutputSpec s;
+  s.field = "response_format";
+  if (type == "json_object") {
+    s.kind = Kind::kJsonObject;
+  } else if (type == "json_schema") {
+    auto js = rf.find("json_schema");
+    if (js == rf.end() || !js->is_object())
+      bad("'response_format.json_schema' must be an object with a 'schema'", "response_format");
+    auto schema = js->find("schema");
+    if (schema == js->end()) bad("'response_format.json_schema.schema' is required", "response_format");
+    s.kind = Kind::kJsonSchema;
+    s.schema = schema_value(*schema, "response_format.json_schema.schema");
+    if (auto st = js->find("strict"); st != js->end() && !st->is_null()) {
+      if (!st->is_boolean()) bad("'response_format.json_schema.strict' must be a boolean", "response_format");
+      s.strict = st->get<bool>();
+    }
+  } else if (type == "structural_tag") {
+    structural_tag_refused("response_format");
+  } else {
+    bad(fmt::format("'response_format.type' '{}' is not one of text, json_object, json_schema", type),
+        "response_format");
+  }
+  found.push_back(std::move(s));
+}
+
+// vLLM's StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object, structural_tag,
+// and the options disable_any_whitespace, disable_additional_properties, whitespace_pattern.
+void read_structured_outputs(const ojson& so, std::vector<StructuredOutputSpec>& found) {
+  const std::string f = "structured_outputs";
+  if (!so.is_object()) bad("'structured_outputs' must be an object", f);
+  StructuredOutputSpec s;
+  int kinds = 0;
+  for (const auto& [key, v] : so.items()) {
+    const std::string where = f + "." + key;
+    if (v.is_null()) continue;
+    if (key == "json") {
+      s.kind = Kind::kJsonSchema, s.schema = schema_value(v, where), ++kinds;
+    } else if (key == "regex") {
+      s.kind = Kind::kRegex, s.text = string_value(v, where), ++kinds;
+    } else if (key == "choice") {
+      s.kind = Kind::kChoice, s.choices = choices_value(v, where), ++kinds;
+    } else if (key == "grammar") {
+      s.kind = Kind::kGrammar, s.text = string_value(v, where), ++kinds;
+    } else if (key == "json_object") {
+      if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
+      if (v.get<bool>()) s.kind = Kind::kJsonObject, ++kinds;
+    } else if (key == "structural_tag") {
+      structural_tag_refused(where);
+    } else if (key == "disable_any_whitespace") {
+      if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
+      s.any_whitespace = !v.get<bool>();
+    } else if (key == "disable_additional_properties") {
+      if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
+      s.strict = v.get<bool>();
+    } else if (key == "whitespace_pattern") {
+      s.whitespace_pattern = string_value(v, where);
+    } else if (key == "disable_fallback" || key == "backend") {
+      // One grammar engine serves every request: there is no backend to choose or fall back from.
+      continue;
+    } else {
+      bad(fmt::format("'{}' is not a structured_outputs field (json, regex, choice, grammar, json_object, "
+                      "disable_any_whitespace, disable_additional_properties, whitespace_pattern)",
+                      where),
+          f);
+    }
+    if (s.field.empty() && kinds == 1) s.field = where;
+  }
+  if (kinds == 0) bad("'structured_outputs' needs one of json, regex, choice, grammar, json_object", f);
+  if (s.field.empty()) s.field = f;
+  if (kinds > 1) bad("'structured_outputs' takes exactly one of json, regex, choice, grammar, json_object", f);
+  found.push_back(std::move(s));
+}
+
+// The older vLLM fields: guided_json, guided_regex, guided_choice, guided_grammar, guided_whitespace_pattern.
+void read_guided(const ojson& body, std::vector<StructuredOutputSpec>& found) {
+  const size_t before = found.size();
+  auto take = [&](const char* name, Kind kind) -> StructuredOutputSpec* {
+    const ojson* v = field(body, name);
+    if (!v) return nullptr;
+    StructuredOutputSpec s;
+    s.kind = kind;
+    s.field = name;
+    if (kind == Kind::kJsonSchema) s.schema = schema_value(*v, name);
+    if (kind == Kind::kRegex || kind == Kind::kGrammar) s.text = string_value(*v, name);
+    if (kind == Kind::kChoice) s.choices = choices_value(*v, name);
+    found.push_back(std::move(s));
+    return &found.back();
+  };
+  take("guided_json", Kind::kJsonSchema);
+  take("guided_regex", Kind::kRegex);
+  take("guided_choice", Kind::kChoice);
+  take("guided_grammar", Kind::kGrammar);
+  if (const ojson* v = field(body, "guided_json_object")) {
+    if (!v->is_boolean()) bad("'guided_json_object' must be a boolean", "guided_json_object");
+    if (v->get<bool>()) {
+      StructuredOutputSpec s;
+      s.field = "guided_json_object";
+      found.push_back(std::move(s));
+    }
+  }
+  if (const ojson* v = field(body, "guided_whitespace_pattern")) {
+    const std::string pattern = string_value(*v, "guided_whitespace_pattern");
+    bool applied = false;
+    for (size_t i = before; i < found.size(); ++i)
+      if (found[i].kind == Kind::kJsonSchema || found[i].kind == Kind::kJsonObject)
+        found[i].whitespace_pattern = pattern, applied = true;
+    if (!applied)
+      bad("'guided_whitespace_pattern' applies to guided_json or guided_json_object, and neither was given",
+          "guided_whitespace_pattern");
+  }
+  if (field(body, "structural_tag")) structural_tag_refused("structural_tag");
+}
+
+// The grammar of one tool's call in the parser's format.
+std::string tool_call_rule(grammar::GrammarBuilder& b, const ojson& tool, const std::string& format, bool strict,
+                           size_t index) {
+  const std::string name = tool.at("name").get<std::string>();
+  const ojson params = tool.contains("parameters") && tool["parameters"].is_object()
+                           ? tool["parameters"]
+                           : ojson{{"type", "object"}, {"properties", ojson::object()}};
+  grammar::JsonOptions jo;
+  jo.strict = strict;
+  std::string body;
+  if (format == "hermes" || format == "qwen3") {
+    body = fmt::format("{} {} {}", b.add_literal("<tool_call>\n{\"name\": " + ojson(name).dump() + ", \"arguments\": "),
+                       b.add_json_schema(params, jo), b.add_literal("}\n</tool_call>"));
+  } else {  // qwen3_coder / qwen3_xml: one <parameter=P> block per argument, strings raw, the rest JSON
+    std::string seq = b.add_literal("<tool_call>\n<function=" + name + ">\n");
+    std::vector<std::string> required;
+    if (auto r = params.find("required"); r != params.end() && r->is_array())
+      for (const auto& x : *r)
+        if (x.is_string()) required.push_back(x.get<std::string>());
+    if (auto props = params.find("properties"); props != params.end() && props->is_object()) {
+      for (const auto& [pname, pschema] : props->items()) {
+        std::string value;
+        const bool is_string = pschema.is_object() && pschema.contains("type") && pschema["type"] == "string";
+        if (is_string && pschema.contains("enum") && pschema["enum"].is_array()) {
+          std::vector<std::string> values;
+          for (const auto& e : pschema["enum"])
+            if (e.is_string()) values.push_back(e.get<std::string>());
+          value = b.add_choice(values);
+        } else if (is_string) {
+          value = b.add_regex("([^<]|<[^/])*");  // raw text up to </parameter>
+        } else {
+          grammar::JsonOptions compact = jo;
+          compact.any_whitespace = false;
+          value = b.add_json_schema(pschema, compact);
+        }
+        std::string one = fmt::format("{} {} {}", b.add_literal("<parameter=" + pname + ">\n"), value,
+                                      b.add_literal("\n</parameter>\n"));
+        const bool needed = std::find(required.begin(), required.end(), pname) != required.end();
+        seq += needed ? " " + one : " (" + one + ")?";
+      }
+    }
+    body = seq + " " + b.add_literal("</function>\n</tool_call>");
+  }
+  const std::string rule = fmt::format("tool_call_{}", index);
+  b.add_ebnf(rule + " ::= " + body + "\n");
+  return rule;
+}
+
+std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec& s) {
+  grammar::GrammarBuilder b;
+  grammar::JsonOptions jo;
+  jo.any_whitespace = s.any_whitespace;
+  jo.whitespace_pattern = s.whitespace_pattern;
+  jo.strict = s.strict;
+  switch (s.kind) {
+    case Kind::kJsonSchema:
+      return b.build(b.add_json_schema(s.schema, jo));
+    case Kind::kJsonObject:
+      return b.build(b.add_any_json_object(jo));
+    case Kind::kRegex:
+      return b.build(b.add_regex(s.text));
+    case Kind::kChoice:
+      return b.build(b.add_choice(s.choices));
+    case Kind::kGrammar: {
+      if (s.text.find("::=") != std::string::npos)
+        b.add_ebnf(s.text);
+      else
+        b.add_lark(s.text);
+      // GBNF's and xgrammar's start rule is `root`; Lark's is `start`.
+      return b.build(s.text.find("::=") != std::string::npos ? "root" : "start");
+    }
+    case Kind::kToolCalls: {
+      std::vector<std::string> calls;
+      for (size_t i = 0; i < s.tools.size(); ++i) {
+        const ojson& t = s.tools[i];
+        calls.push_back(tool_call_rule(b, t, s.tool_format, t.value("strict", false), i));
+      }
+      std::string any = "tool_call_any ::= " + calls.front();
+      for (size_t i = 1; i < calls.size(); ++i) any += " | " + calls[i];
+      b.add_ebnf(any + "\n");
+      b.add_ebnf(s.several_calls ? "tool_calls ::= tool_call_any (\"\\n\" tool_call_any)*\n"
+                                 : "tool_calls ::= tool_call_any\n");
+      return b.build("tool_calls");
+    }
+  }
+  throw grammar::GrammarError("unknown structured output kind");
+}
+
+class GrammarConstraint : public TokenConstraint {
+ public:
+  explicit GrammarConstraint(std::shared_ptr<const grammar::CompiledGrammar> g) : m_(std::move(g)) {}
+  void fill_mask(std::span<uint32_t> mask) override {
+    const size_t words = m_.mask_words();
+    if (words == mask.size()) return m_.fill_next_token_bitmask(mask);
+    scratch_.assign(words, 0u);
+    m_.fill_next_token_bitmask(scratch_);
+    std::fill(mask.begin(), mask.end(), 0u);
+    std::copy_n(scratch_.begin(), std::min(words, mask.size()), mask.begin());
+  }
+  bool accept(int32_t token) override { return m_.accept_token(token); }
+  bool is_finished() const override { return m_.is_terminated(); }
+  void rollback(int num_tokens) override { m_.rollback(num_tokens); }
+
+ private:
+  grammar::Matcher m_;
+  std::vector<uint32_t> scratch_;
+};
+
+class GrammarConstraintFactory : public TokenConstraintFactory {
+ public:
+  GrammarConstraintFactory(std::shared_ptr<const grammar::CompiledGrammar> g, std::string what)
+      : g_(std::move(g)), what_(std::move(what)) {}
+  std::unique_ptr<TokenConstraint> make() const override { return std::make_unique<GrammarConstraint>(g_); }
+  std::string describe() const override { return what_; }
+
+ private:
+  std::shared_ptr<const grammar::CompiledGrammar> g_;
+  std::string what_;
+};
+
+}  // namespace
+
+std::string StructuredOutputSpec::key() const {
+  ojson k = {{"kind", kind_name(kind)}, {"schema", schema},          {"text", text},     {"choices", choices},
+             {"ws", any_whitespace},    {"wsp", whitespace_pattern}, {"strict", strict}, {"tools", tools},
+             {"format", tool_format},   {"several", several_calls}};
+  return k.dump();
+}
+
+std::optional<StructuredOutputSpec> read_structured_output(const ojson& body) {
+  std::vector<StructuredOutputSpec> found;
+  if (const ojson* rf = field(body, "response_format")) read_response_format(*rf, found);
+  if (const ojson* so = field(body, "structured_outputs")) read_structured_outputs(*so, found);
+  read_guided(body, found);
+  if (found.empty()) return std::nullopt;
+  if (found.size() > 1)
+    bad(fmt::format("'{}' and '{}' both constrain the output; send one of them", found[0].field, found[1].field),
+        found[1].field);
+  return std::move(found.front());
+}
+
+std::optional<StructuredOutputSpec> tool_call_structure(const ojson& body, const ToolChoicePlan& plan,
+                                                        const std::string& tool_call_parser) {
+  if (!plan.parse_tools) return std::nullopt;
+  const ojson* choice = field(body, "tool_choice");
+  const bool required = choice && choice->is_string() && *choice == "required";
+  if (!required && plan.only_function.empty()) return std::nullopt;
+  StructuredOutputSpec s;
+  s.kind = Kind::kToolCalls;
+  s.field = "tool_choice";
+  s.tool_format = tool_call_parser;
+  // parallel_tool_calls false (Anthropic: disable_parallel_tool_use): exactly one call.
+  const ojson* parallel = field(body, "parallel_tool_calls");
+  if (parallel && !parallel->is_boolean()) bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+  s.several_calls = plan.only_function.empty() && !(parallel && !parallel->get<bool>());
+  if (const ojson* tools = field(body, "tools"))
+    for (const auto& t : *tools) {
+      const ojson& f = t.at("function");
+      const std::string name = f.at("name").get<std::string>();
+      if (!plan.only_function.empty() && name != plan.only_function) continue;
+      ojson tool = {{"name", name}};
+      if (auto p = f.find("parameters"); p != f.end() && p->is_object()) tool["parameters"] = *p;
+      if (auto st = f.find("strict"); st != f.end() && st->is_boolean()) tool["strict"] = *st;
+      s.tools.push_back(std::move(tool));
+    }
+  if (s.tools.empty()) return std::nullopt;
+  return s;
+}
+
+StructuredOutputCompiler::StructuredOutputCompiler(const tokenizer::Tokenizer& tok, int model_vocab,
+                                                   std::vector<int32_t> stop_ids, size_t cache_entries)
+    : cache_entries_(std::max<size_t>(cache_entries, 1)) {
+  auto info = std::make_shared<grammar::TokenizerInfo>();
+  const int32_t n = static_cast<int32_t>(std::min<size_t>(tok.vocab_size(), static_cast<size_t>(model_vocab)));
+  info->token_bytes.resize(static_cast<size_t>(n));
+  info->special.resize(static_cast<size_t>(n));
+  for (int32_t id = 0; id < n; ++id) {
+    tok.append_token_bytes(id, false, info->token_bytes[static_cast<size_t>(id)]);
+    info->special[static_cast<size_t>(id)] = tok.is_special(id);
+  }
+  info->stop_ids = std::move(stop_ids);
+  info->vocab_size = model_vocab;
+  info_ = std::move(info);
+}
+
+StructuredOutputCompiler::~StructuredOutputCompiler() = default;
+
+std::shared_ptr<const TokenConstraintFactory> StructuredOutputCompiler::compile(const StructuredOutputSpec& spec) {
+  const std::string key = spec.key();
+  const std::string what = fmt::format("{} from '{}'", kind_name(spec.kind), spec.field);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      it->second.used = ++clock_;
+      return std::make_shared<GrammarConstraintFactory>(it->second.grammar, what);
+    }
+  }
+  std::shared_ptr<const grammar::CompiledGrammar> compiled;
+  try {
+    compiled = grammar::compile(build_grammar(spec), info_);
+  } catch (const grammar::GrammarError& e) {
+    bad(fmt::format("'{}': {}", spec.field, e.what()), spec.field);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (cache_.size() >= cache_entries_) {
+    auto oldest = std::min_element(cache_.begin(), cache_.end(),
+                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    cache_.erase(oldest);
+  }
+  cache_[key] = Entry{compiled, ++clock_};
+  return std::make_shared<GrammarConstraintFactory>(std::move(compiled), what);
+}
+
+}  // namespace tessera::server
