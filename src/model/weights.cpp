@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -303,13 +304,18 @@ class WeightStore::Stager {
   static constexpr size_t kBytes = size_t{256} << 20;
   explicit Stager(Backend& backend) : backend_(backend) {}
   // Host bytes to convert into; upload() them before the next take().
+  // (Not zero-filled: a page is touched only when a weight is written into it, so a small model does not pay
+  // for faulting in the whole buffer.)
   char* take(size_t n) {
-    if (used_ + n > buf_.size()) {
+    if (used_ + n > size_) {
       if (used_ > 0) backend_.synchronize();
       used_ = 0;
-      if (n > buf_.size()) buf_.assign(std::max(n, kBytes), 0);
+      if (n > size_) {
+        size_ = std::max(n, kBytes);
+        buf_.reset(new char[size_]);
+      }
     }
-    char* p = buf_.data() + used_;
+    char* p = buf_.get() + used_;
     used_ += n;
     return p;
   }
@@ -317,8 +323,8 @@ class WeightStore::Stager {
 
  private:
   Backend& backend_;
-  std::vector<char> buf_;
-  size_t used_ = 0;
+  std::unique_ptr<char[]> buf_;
+  size_t size_ = 0, used_ = 0;
 };
 
 void WeightStore::fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst) const {

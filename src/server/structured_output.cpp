@@ -202,8 +202,13 @@ std::string tool_call_rule(grammar::GrammarBuilder& b, const ojson& tool, const 
   jo.strict = strict;
   std::string body;
   if (format == "hermes" || format == "qwen3") {
-    body = fmt::format("{} {} {}", b.add_literal("<tool_call>\n{\"name\": " + ojson(name).dump() + ", \"arguments\": "),
-                       b.add_json_schema(params, jo), b.add_literal("}\n</tool_call>"));
+    // <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>, with the whitespace a model may put between
+    // the parts (Qwen's template writes a newline inside the tags).
+    auto lit = [&](std::string_view s) { return b.add_literal(s); };
+    body = fmt::format("{0} tool_ws {1} tool_ws {3} tool_ws {2} tool_ws {4} tool_ws {5} tool_ws {6} tool_ws {2} tool_ws "
+                       "{7} tool_ws {8} tool_ws {9}",
+                       lit("<tool_call>"), lit("{"), lit(":"), lit("\"name\""), lit(ojson(name).dump()), lit(","),
+                       lit("\"arguments\""), b.add_json_schema(params, jo), lit("}"), lit("</tool_call>"));
   } else {  // qwen3_coder / qwen3_xml: one <parameter=P> block per argument, strings raw, the rest JSON
     std::string seq = b.add_literal("<tool_call>\n<function=" + name + ">\n");
     std::vector<std::string> required;
@@ -263,6 +268,7 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
       return b.build(s.text.find("::=") != std::string::npos ? "root" : "start");
     }
     case Kind::kToolCalls: {
+      b.add_ebnf("tool_ws ::= [ \\t\\n]{0,8}\n");
       std::vector<std::string> calls;
       for (size_t i = 0; i < s.tools.size(); ++i) {
         const ojson& t = s.tools[i];
@@ -271,7 +277,7 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
       std::string any = "tool_call_any ::= " + calls.front();
       for (size_t i = 1; i < calls.size(); ++i) any += " | " + calls[i];
       b.add_ebnf(any + "\n");
-      b.add_ebnf(s.several_calls ? "tool_calls ::= tool_call_any (\"\\n\" tool_call_any)*\n"
+      b.add_ebnf(s.several_calls ? "tool_calls ::= tool_call_any (tool_ws tool_call_any)*\n"
                                  : "tool_calls ::= tool_call_any\n");
       return b.build("tool_calls");
     }

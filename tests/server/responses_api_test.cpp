@@ -80,13 +80,27 @@ TEST(ResponsesApi, ReasoningEffortNoneTurnsThinkingOff) {
   EXPECT_EQ(rq.chat["messages"], ojson::array({ojson{{"role", "user"}, {"content", "hi"}}}));
 }
 
+// text.format becomes the chat request's response_format (structured output compiles it there).
+TEST(ResponsesApi, TextFormatBecomesResponseFormat) {
+  const ojson format = {{"type", "json_schema"}, {"name", "n"}, {"schema", {{"type", "integer"}}}, {"strict", true}};
+  ResponsesRequest rq = responses_to_chat({{"input", "x"}, {"text", {{"format", format}}}});
+  EXPECT_EQ(rq.chat["response_format"]["type"], "json_schema");
+  EXPECT_EQ(rq.chat["response_format"]["json_schema"]["schema"]["type"], "integer");
+  EXPECT_EQ(rq.chat["response_format"]["json_schema"]["strict"], true);
+  EXPECT_EQ(rq.echo["text"]["format"]["name"], "n");
+  EXPECT_EQ(responses_to_chat({{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}})
+                .chat["response_format"]["type"],
+            "json_object");
+  EXPECT_EQ(responses_to_chat({{"input", "x"}, {"parallel_tool_calls", false}}).chat["parallel_tool_calls"], false);
+}
+
 TEST(ResponsesApi, RefusalsSayWhatToSend) {
   EXPECT_NE(refusal({{"input", "x"}, {"previous_response_id", "resp_1"}}).find("send the whole conversation"),
             std::string::npos);
   EXPECT_NE(refusal({{"input", "x"}, {"tools", {{{"type", "custom"}, {"name", "apply_patch"}}}}})
                 .find("declare 'apply_patch' as a function tool"),
             std::string::npos);
-  EXPECT_NE(refusal({{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}}).find("structured output"),
+  EXPECT_NE(refusal({{"input", "x"}, {"text", {{"format", {{"type", "grammar"}}}}}}).find("not one of text"),
             std::string::npos);
   EXPECT_NE(refusal({{"input", "x"}, {"tool_choice", {{"type", "function"}, {"name", "nope"}}}}).find("'nope'"),
             std::string::npos);
