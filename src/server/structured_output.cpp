@@ -205,10 +205,11 @@ std::string tool_call_rule(grammar::GrammarBuilder& b, const ojson& tool, const 
     // <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>, with the whitespace a model may put between
     // the parts (Qwen's template writes a newline inside the tags).
     auto lit = [&](std::string_view s) { return b.add_literal(s); };
-    body = fmt::format("{0} tool_ws {1} tool_ws {3} tool_ws {2} tool_ws {4} tool_ws {5} tool_ws {6} tool_ws {2} tool_ws "
-                       "{7} tool_ws {8} tool_ws {9}",
-                       lit("<tool_call>"), lit("{"), lit(":"), lit("\"name\""), lit(ojson(name).dump()), lit(","),
-                       lit("\"arguments\""), b.add_json_schema(params, jo), lit("}"), lit("</tool_call>"));
+    body = fmt::format(
+        "{0} tool_ws {1} tool_ws {3} tool_ws {2} tool_ws {4} tool_ws {5} tool_ws {6} tool_ws {2} tool_ws "
+        "{7} tool_ws {8} tool_ws {9}",
+        lit("<tool_call>"), lit("{"), lit(":"), lit("\"name\""), lit(ojson(name).dump()), lit(","),
+        lit("\"arguments\""), b.add_json_schema(params, jo), lit("}"), lit("</tool_call>"));
   } else {  // qwen3_coder / qwen3_xml: one <parameter=P> block per argument, strings raw, the rest JSON
     std::string seq = b.add_literal("<tool_call>\n<function=" + name + ">\n");
     std::vector<std::string> required;

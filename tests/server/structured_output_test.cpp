@@ -109,7 +109,7 @@ TEST_F(ToolCallGrammar, HermesCallsParseAndWrongOnesAreRefused) {
       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>";
   EXPECT_TRUE(accepts(*f, call, true));
   EXPECT_TRUE(accepts(*f, call + "\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>", true));
-  EXPECT_TRUE(accepts(*f, "<tool_call>{\"name\":\"ping\",\"arguments\":{}}</tool_call>", true));  // compact
+  EXPECT_TRUE(accepts(*f, "<tool_call>{\"name\":\"ping\",\"arguments\":{}}</tool_call>", true));        // compact
   EXPECT_FALSE(accepts(*f, "Sure! " + call, false));                                                    // text first
   EXPECT_FALSE(accepts(*f, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}", false));         // no such tool
   EXPECT_FALSE(accepts(*f, call.substr(0, call.find("\"c\"")) + "\"kelvin\"}}\n</tool_call>", false));  // enum
