@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/fingerprint.h"
+#include "dist/launch_env.h"
 #include "dist/nic.h"
 #include "dist/placement.h"
 #include "dist/rendezvous_client.h"
@@ -130,6 +131,8 @@ void start_job(NodeJob& job, const dist::JobStart& js, const dist::NicChoice& ni
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // the job ends with its node
     if (getppid() != parent) _exit(1);
     setenv("TESSERA_CLUSTER_TOKEN", token.c_str(), 1);
+    // The job's facts are its flags; a launcher that started this node must not contradict them.
+    for (const char* name : dist::launcher_variable_names()) unsetenv(name);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     execv("/proc/self/exe", argv.data());

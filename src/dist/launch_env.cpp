@@ -296,18 +296,28 @@ const char* launch_source_name(LaunchSource s) {
 }
 
 const std::vector<const char*>& launcher_variable_names() {
-  static const std::vector<const char*> kNames = {
-      "LWS_LEADER_ADDRESS",   "LWS_GROUP_SIZE",
-      "LWS_WORKER_INDEX",     "RANK",
-      "WORLD_SIZE",           "LOCAL_RANK",
-      "LOCAL_WORLD_SIZE",     "GROUP_RANK",
-      "MASTER_ADDR",          "MASTER_PORT",
-      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "OMPI_UNIVERSE_SIZE",   "PMIX_RANK",
-      "PMIX_SIZE",            "SLURM_PROCID",
-      "PMI_RANK",             "PMI_SIZE",
-      "MPI_LOCALRANKID",      "MPI_LOCALNRANKS"};
+  static const std::vector<const char*> kNames = {"LWS_LEADER_ADDRESS",
+                                                  "LWS_GROUP_SIZE",
+                                                  "LWS_WORKER_INDEX",
+                                                  "RANK",
+                                                  "WORLD_SIZE",
+                                                  "LOCAL_RANK",
+                                                  "LOCAL_WORLD_SIZE",
+                                                  "GROUP_RANK",
+                                                  "MASTER_ADDR",
+                                                  "MASTER_PORT",
+                                                  "OMPI_COMM_WORLD_RANK",
+                                                  "OMPI_COMM_WORLD_SIZE",
+                                                  "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                  "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                  "OMPI_UNIVERSE_SIZE",
+                                                  "PMIX_RANK",
+                                                  "PMIX_SIZE",
+                                                  "SLURM_PROCID",
+                                                  "PMI_RANK",
+                                                  "PMI_SIZE",
+                                                  "MPI_LOCALRANKID",
+                                                  "MPI_LOCALNRANKS"};
   return kNames;
 }
 
@@ -357,11 +367,11 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
         std::string r = ranges.substr(j, end - j);
         size_t dash = r.find('-');
         std::string lo = r.substr(0, dash), hi = dash == std::string::npos ? lo : r.substr(dash + 1);
-        std::optional<int> a = lo.size() <= 9 ? parse_int(lo) : std::nullopt;
-        std::optional<int> b = hi.size() <= 9 ? parse_int(hi) : std::nullopt;
-        if (lo.empty() || !a || !b || *b < *a) bad_hostlist(list, fmt::format("cannot read the range '{}'", r));
-        if (values.size() + static_cast<size_t>(*b - *a) + 1 > kMaxHosts) bad("more than 65536 hosts");
-        for (int n = *a; n <= *b; ++n) values.push_back(fmt::format("{:0{}}", n, lo.size()));
+        const int first = lo.empty() || lo.size() > 9 ? -1 : parse_int(lo).value_or(-1);
+        const int last = hi.empty() || hi.size() > 9 ? -1 : parse_int(hi).value_or(-1);
+        if (first < 0 || last < first) bad_hostlist(list, fmt::format("cannot read the range '{}'", r));
+        if (values.size() + static_cast<size_t>(last - first) + 1 > kMaxHosts) bad("more than 65536 hosts");
+        for (int n = first; n <= last; ++n) values.push_back(fmt::format("{:0{}}", n, lo.size()));
         j = end + 1;
       }
       if (names.size() * values.size() > kMaxHosts) bad("more than 65536 hosts");
@@ -393,7 +403,8 @@ LaunchFacts resolve_launch(const LaunchFlags& flags, const EnvLookup& env) {
   std::optional<View> view;
   // Highest first; the first one set wins, the others are noted.
   using Detect = std::optional<View> (*)(const EnvLookup&);
-  for (Detect detect : {Detect(&leader_worker_set), Detect(&torchrun), Detect(&open_mpi), Detect(&slurm), Detect(&pmi)}) {
+  for (Detect detect :
+       {Detect(&leader_worker_set), Detect(&torchrun), Detect(&open_mpi), Detect(&slurm), Detect(&pmi)}) {
     std::optional<View> v;
     try {
       v = detect(env);
@@ -418,8 +429,8 @@ LaunchFacts resolve_launch(const LaunchFlags& flags, const EnvLookup& env) {
     resolve_processes(*view, flags, f);
     reconcile(flags.nnodes, "--nnodes", f.nnodes,
               view->nnodes ? fmt::format("{}={}", view->nnodes_var, *view->nnodes)
-                           : fmt::format("{}={} / {}={}", view->world_var, f.world_size,
-                                         view->local_world_var, f.local_world_size),
+                           : fmt::format("{}={} / {}={}", view->world_var, f.world_size, view->local_world_var,
+                                         f.local_world_size),
               "drop the flag or fix the job");
     reconcile(flags.node_rank, "--node-rank", f.node_rank,
               view->node_rank ? fmt::format("{}={}", view->node_rank_var, *view->node_rank)

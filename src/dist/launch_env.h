@@ -57,7 +57,7 @@ struct LaunchFacts {
   bool one_process_per_rank = false;
   std::string master_addr;  // empty on one node
   int master_port = 29500;
-  std::string master_from;       // "--master-addr", "MASTER_ADDR", "the first node of SLURM_JOB_NODELIST=..."
+  std::string master_from;         // "--master-addr", "MASTER_ADDR", "the first node of SLURM_JOB_NODELIST=..."
   std::vector<std::string> notes;  // for the startup log: lower sources that were set and ignored
   bool is_head() const { return node_rank == 0; }
   std::string describe() const;  // for the startup log

@@ -324,7 +324,20 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
       refusal = *mismatch;
     } else {
       NodeSlot& slot = nodes_[static_cast<size_t>(j.node_rank)];
-      if (!options_.persistent && formed_ && slot.joins > 0 && slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
+      if (!options_.persistent && slot.connection && slot.connection != c && slot.alive &&
+          (slot.fingerprint.ip != j.fingerprint.ip || slot.fingerprint.hostname != j.fingerprint.hostname)) {
+        // Two live processes on different hosts with one node rank: not a restart but a job whose
+        // nodes got the same rank. The job cannot form; the head fails with this too.
+        refusal = fmt::format(
+            "two nodes claim node rank {}: host {} ({}) joined first, host {} ({}) now; every node needs its own "
+            "--node-rank. If every node got the same rank, the rank was computed once for all of them (a batch "
+            "script that expands $SLURM_NODEID in the batch shell, not in each task): let the launcher set it "
+            "(srun/mpirun/torchrun variables, LWS_WORKER_INDEX) or escape it (\\$SLURM_NODEID)",
+            j.node_rank, slot.fingerprint.hostname, slot.fingerprint.ip, j.fingerprint.hostname, j.fingerprint.ip);
+        duplicate_rank_ = refusal;
+        changed_.notify_all();
+      } else if (!options_.persistent && formed_ && slot.joins > 0 &&
+                 slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
         refusal = fmt::format("{} rejoined with {} ranks but had {}; restart the whole cluster to change it", who,
                               j.fingerprint.num_ranks, slot.fingerprint.num_ranks);
       } else {
@@ -450,7 +463,9 @@ ClusterTable RendezvousServer::table_locked() const {
 
 ClusterTable RendezvousServer::wait_for_nodes() {
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait_until(lock, started_ + options_.join_timeout, [&] { return formed_ || stopping_; });
+  changed_.wait_until(lock, started_ + options_.join_timeout,
+                      [&] { return formed_ || stopping_ || !duplicate_rank_.empty(); });
+  if (!duplicate_rank_.empty()) fail(ErrorKind::kInvalidArgument, "{}", duplicate_rank_);
   if (formed_) return table_locked();
   std::vector<int> missing;
   std::string joined;

@@ -100,6 +100,7 @@ class RendezvousServer {
   std::condition_variable changed_;
   bool stopping_ = false;
   bool formed_ = false;
+  std::string duplicate_rank_;  // set when two live nodes on different hosts claim one node rank
   int world_size_ = 0;
   std::vector<NodeSlot> nodes_;
   std::map<std::string, std::vector<uint8_t>> store_;

@@ -80,19 +80,17 @@ TEST(LaunchEnv, PmixRank) {
 TEST(LaunchEnv, EveryNodeGotTheSameRankFromTheBatchShell) {
   EXPECT_THAT(
       [] {
-        resolve_launch({{}, 0, "10.0.0.1", {}}, env({{"SLURM_PROCID", "1"},
-                                                     {"SLURM_NTASKS", "2"},
-                                                     {"SLURM_NODEID", "1"},
-                                                     {"SLURM_NNODES", "2"}}));
+        resolve_launch(
+            {{}, 0, "10.0.0.1", {}},
+            env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}}));
       },
       ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("--node-rank 0 contradicts SLURM_NODEID=1"),
                                             HasSubstr("expands it once in the batch shell and gives every node the "
                                                       "same rank"))));
   EXPECT_THAT(
       [] {
-        resolve_launch({3, {}, {}, {}}, env({{"LWS_LEADER_ADDRESS", "a"},
-                                             {"LWS_GROUP_SIZE", "2"},
-                                             {"LWS_WORKER_INDEX", "0"}}));
+        resolve_launch({3, {}, {}, {}},
+                       env({{"LWS_LEADER_ADDRESS", "a"}, {"LWS_GROUP_SIZE", "2"}, {"LWS_WORKER_INDEX", "0"}}));
       },
       ::testing::ThrowsMessage<Error>(HasSubstr("--nnodes 3 contradicts LWS_GROUP_SIZE=2")));
 }
@@ -111,7 +109,8 @@ TEST(LaunchEnv, FlagsAgreeingWithTheLauncherAreFine) {
 TEST(LaunchEnv, MasterFlagContradictingTheEnvironment) {
   EXPECT_THAT(
       [] {
-        resolve_launch({{}, {}, "10.0.0.9", {}}, env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}}));
+        resolve_launch({{}, {}, "10.0.0.9", {}},
+                       env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}}));
       },
       ::testing::ThrowsMessage<Error>(HasSubstr("--master-addr 10.0.0.9 contradicts MASTER_ADDR=10.0.0.1")));
   EXPECT_THAT(
@@ -121,9 +120,8 @@ TEST(LaunchEnv, MasterFlagContradictingTheEnvironment) {
       ::testing::ThrowsMessage<Error>(HasSubstr("--master-port 29511 contradicts MASTER_PORT=29512")));
   EXPECT_THAT(
       [] {
-        resolve_launch({{}, {}, "10.0.0.9", {}}, env({{"LWS_LEADER_ADDRESS", "llm-0.llm"},
-                                                      {"LWS_GROUP_SIZE", "2"},
-                                                      {"LWS_WORKER_INDEX", "1"}}));
+        resolve_launch({{}, {}, "10.0.0.9", {}},
+                       env({{"LWS_LEADER_ADDRESS", "llm-0.llm"}, {"LWS_GROUP_SIZE", "2"}, {"LWS_WORKER_INDEX", "1"}}));
       },
       ::testing::ThrowsMessage<Error>(HasSubstr("--master-addr 10.0.0.9 contradicts LWS_LEADER_ADDRESS=llm-0.llm")));
 }
@@ -208,7 +206,8 @@ TEST(LaunchEnv, WorldThatDoesNotDivideIntoNodes) {
       [] {
         resolve_launch({}, env({{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}));
       },
-      ::testing::ThrowsMessage<Error>(HasSubstr("WORLD_SIZE=3 processes do not divide into nodes of LOCAL_WORLD_SIZE=2")));
+      ::testing::ThrowsMessage<Error>(
+          HasSubstr("WORLD_SIZE=3 processes do not divide into nodes of LOCAL_WORLD_SIZE=2")));
   EXPECT_THAT(
       [] {
         resolve_launch({}, env({{"SLURM_PROCID", "0"},
@@ -275,12 +274,20 @@ TEST(LaunchEnv, LeaderWorkerSet) {
 
 // The documented order: LeaderWorkerSet, torchrun, Open MPI, Slurm, MPICH; each lower one noted.
 TEST(LaunchEnv, Precedence) {
-  std::map<std::string, std::string> all = {
-      {"LWS_LEADER_ADDRESS", "lws"}, {"LWS_GROUP_SIZE", "2"},       {"LWS_WORKER_INDEX", "1"},
-      {"RANK", "0"},                 {"WORLD_SIZE", "2"},           {"MASTER_ADDR", "10.0.0.1"},
-      {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"},
-      {"SLURM_NTASKS", "2"},         {"SLURM_NODEID", "0"},         {"SLURM_NNODES", "2"},
-      {"PMI_RANK", "1"},             {"PMI_SIZE", "2"}};
+  std::map<std::string, std::string> all = {{"LWS_LEADER_ADDRESS", "lws"},
+                                            {"LWS_GROUP_SIZE", "2"},
+                                            {"LWS_WORKER_INDEX", "1"},
+                                            {"RANK", "0"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"MASTER_ADDR", "10.0.0.1"},
+                                            {"OMPI_COMM_WORLD_RANK", "1"},
+                                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                                            {"SLURM_PROCID", "0"},
+                                            {"SLURM_NTASKS", "2"},
+                                            {"SLURM_NODEID", "0"},
+                                            {"SLURM_NNODES", "2"},
+                                            {"PMI_RANK", "1"},
+                                            {"PMI_SIZE", "2"}};
   LaunchFacts f = resolve_launch({}, env(all));
   EXPECT_EQ(f.source, LaunchSource::kLeaderWorkerSet);
   EXPECT_EQ(f.node_rank, 1);
