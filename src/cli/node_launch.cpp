@@ -312,13 +312,18 @@ int run_launched_rank(const EngineFlags& f, const ClusterFlags& c, const dist::L
 }
 
 NodeFailureHook::NodeFailureHook(dist::NodeSession* s, RankLauncher* launcher) : session_(s) {
-  if (session_ && session_->server())
+  if (session_ && session_->server()) {
     session_->server()->set_on_node_failure(
         [launcher](const dist::RankFailure& rf) { launcher->report_failure(rf.reason); });
+    session_->server()->set_on_rank_lost([launcher](const std::string& what) { launcher->report_failure(what); });
+  }
 }
 
 NodeFailureHook::~NodeFailureHook() {
-  if (session_ && session_->server()) session_->server()->set_on_node_failure(nullptr);
+  if (session_ && session_->server()) {
+    session_->server()->set_on_node_failure(nullptr);
+    session_->server()->set_on_rank_lost(nullptr);
+  }
 }
 
 AwaitNodesLeaving::~AwaitNodesLeaving() {

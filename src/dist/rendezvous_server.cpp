@@ -197,6 +197,7 @@ bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const 
     case MessageType::kLeave: {
       decode_any(f.type, f.payload);
       std::lock_guard<std::mutex> lock(mu_);
+      if (c->world_rank >= 0) ranks_left_.insert(c->world_rank);
       if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
         NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
         TLOG_INFO("node {} ({}) left the cluster", c->node_rank, slot.fingerprint.ip);
@@ -513,9 +514,20 @@ ClusterStatus RendezvousServer::status() const {
 
 void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c, const std::string& why) {
   std::vector<RankFailure> fired;
+  std::function<void(const std::string&)> rank_lost;
+  std::string lost_what;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (c->world_rank >= 0) ranks_gone_.insert(c->world_rank);
+    if (c->world_rank >= 0) {
+      ranks_gone_.insert(c->world_rank);
+      // A rank whose process ended without `leave` died (killed, crashed): under a launcher that
+      // started it, nobody else supervises it.
+      if (!ranks_left_.count(c->world_rank) && !stopping_ && formed_ && on_rank_lost_) {
+        rank_lost = on_rank_lost_;
+        lost_what = fmt::format("{}: its process ended without finishing (its control connection closed: {})",
+                                table_locked().describe_rank(c->world_rank), why);
+      }
+    }
     if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
       NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
       if (stopping_) {
@@ -532,6 +544,10 @@ void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c
   }
   changed_.notify_all();
   fire_failures(fired);
+  if (rank_lost) {
+    TLOG_ERROR("{}", lost_what);
+    rank_lost(lost_what);
+  }
 }
 
 void RendezvousServer::mark_node_failed_locked(int node_rank, const std::string& reason,
@@ -582,6 +598,11 @@ void RendezvousServer::announce_failure(const RankFailure& failure) {
     } catch (const Error&) {
     }
   }
+}
+
+void RendezvousServer::set_on_rank_lost(std::function<void(const std::string&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_rank_lost_ = std::move(callback);
 }
 
 void RendezvousServer::set_on_node_failure(std::function<void(const RankFailure&)> callback) {
