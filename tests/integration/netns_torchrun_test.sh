@@ -6,7 +6,8 @@
 #      says where its facts came from.
 #   2. one process per host, `serve` TP=2: /health on rank 0, a completion equal to one rank's,
 #      then node 1's rank is killed: the head exits non-zero naming it within 30 s.
-#   3. --node-rank 0 on the process whose RANK is 1: refused, naming both sides.
+#   3. --node-rank 0 on the process whose RANK is 1: refused, naming both sides; node rank 0 on
+#      the host that is not the master (every node got rank 0): refused at once.
 #   netns_torchrun_test.sh TESSERA_BIN     (root; exit 77 = skipped)
 set -uo pipefail
 BIN="$(readlink -f "${1:?usage: netns_torchrun_test.sh TESSERA_BIN}")"
@@ -108,7 +109,12 @@ ip netns exec "$B" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTE
   >/dev/null 2>"$TMP/t3.log"
 [ $? != 0 ] || FAIL "--node-rank 0 with RANK=1 exited 0"
 has "$TMP/t3.log" "--node-rank 0 contradicts RANK=1 (from the launcher's environment)"
-echo "3. --node-rank contradicting RANK: refused"
+# Every node given rank 0 (no launcher variables): the one that is not the master refuses at once.
+ip netns exec "$B" env TESSERA_CLUSTER_TOKEN=t "$BIN" generate --model "$MODEL" "${GEN[@]}" --tensor-parallel-size 2 \
+  --nnodes 2 --node-rank 0 --master-addr 10.82.0.1 >/dev/null 2>"$TMP/t3b.log"
+[ $? != 0 ] || FAIL "node rank 0 away from the master exited 0"
+has "$TMP/t3b.log" "this process is node 0 of 2 (the head) but the master address 10.82.0.1 (from --master-addr, 10.82.0.1) is not an address of this host"
+echo "3. --node-rank contradicting RANK, and node rank 0 away from the master: refused"
 
 echo "total $(elapsed "$T_START" "$(date +%s.%N)") s"
 [ $fail = 0 ] && echo "PASS: torchrun's variables across two namespaces"
