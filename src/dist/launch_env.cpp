@@ -480,6 +480,15 @@ LaunchFacts resolve_launch(const LaunchFlags& flags, const EnvLookup& env) {
     f.master_from = fmt::format("the first node of {}={}", view->nodelist_var, *view->nodelist);
   }
   std::optional<int> env_port = get_int(env, "MASTER_PORT");
+  if (view && view->source == LaunchSource::kTorchrun && env_port &&
+      get(env, "TORCHELASTIC_USE_AGENT_STORE") == "True") {
+    // torchrun's agent on node 0 serves its own store on MASTER_PORT: the control channel takes the next port.
+    f.notes.push_back(fmt::format(
+        "torchrun's agent serves its store on MASTER_PORT={} (TORCHELASTIC_USE_AGENT_STORE=True): the control channel "
+        "uses {}",
+        *env_port, *env_port + 1));
+    env_port = *env_port + 1;
+  }
   if (flags.master_port && env_port && *flags.master_port != *env_port)
     fail(ErrorKind::kInvalidArgument,
          "--master-port {} contradicts MASTER_PORT={} (from the environment); drop the flag or unset the variable",

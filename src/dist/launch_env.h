@@ -7,7 +7,8 @@
 //   2. Kubernetes LeaderWorkerSet: LWS_GROUP_SIZE, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS
 //      (one pod per node)
 //   3. torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (GROUP_RANK when set),
-//      MASTER_ADDR, MASTER_PORT
+//      MASTER_ADDR, MASTER_PORT (MASTER_PORT + 1 when TORCHELASTIC_USE_AGENT_STORE=True: torchrun's
+//      agent serves its own store on MASTER_PORT)
 //   4. Open MPI / PMIx: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, or PMIX_RANK
 //   5. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID, SLURM_LOCALID, the step's node count and
 //      tasks per node; the master is MASTER_ADDR, else the first host of the step's (or the

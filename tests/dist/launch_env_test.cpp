@@ -244,6 +244,15 @@ TEST(LaunchEnv, Torchrun) {
   EXPECT_EQ(f.master_addr, "10.0.0.1");
   EXPECT_EQ(f.master_port, 29555);
   EXPECT_THROW(resolve_launch({}, env({{"RANK", "1"}})), Error);
+  // Under torchrun itself, its agent holds MASTER_PORT on node 0.
+  LaunchFacts g = resolve_launch({}, env({{"RANK", "0"},
+                                          {"WORLD_SIZE", "2"},
+                                          {"MASTER_ADDR", "10.0.0.1"},
+                                          {"MASTER_PORT", "29555"},
+                                          {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  EXPECT_EQ(g.master_port, 29556);
+  ASSERT_EQ(g.notes.size(), 1u);
+  EXPECT_THAT(g.notes[0], HasSubstr("the control channel uses 29556"));
 }
 
 TEST(LaunchEnv, Mpich) {
