@@ -86,14 +86,8 @@ struct NodeJob {
 void end_job(NodeJob& job, const char* why) {
   if (job.pid <= 0) return;
   TLOG_INFO("ending the job's process (pid {}): {}", job.pid, why);
-  kill(job.pid, SIGTERM);
-  for (int i = 0; i < 100; ++i) {
-    if (waitpid(job.pid, nullptr, WNOHANG) == job.pid) {
-      job.pid = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // SIGKILL at once: a job's node process answers SIGTERM by waiting for its head's shutdown
+  // (a scheduler's cancel), and its ranks end with it (PR_SET_PDEATHSIG).
   kill(job.pid, SIGKILL);
   waitpid(job.pid, nullptr, 0);
   job.pid = -1;

@@ -243,6 +243,7 @@ int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::Laun
     if (stop_asked_at && (g_stop_count.load() > 1 || clock::now() - *stop_asked_at > kHeadShutdownWait)) {
       std::fprintf(stderr, "error: node %d: stopped before the head ended the job\n", s.node_rank());
       std::fflush(nullptr);
+      launcher->report_failure("stopped before the head ended the job");  // so the ranks end now
       launcher.reset();
       std::_Exit(1);
     }

@@ -207,9 +207,9 @@ RankLauncher::~RankLauncher() {
   stopping_ = true;
   if (supervisor_.joinable()) supervisor_.join();
   // The executor's shutdown plan has been sent by now (or the world is broken): give the
-  // workers a moment to exit by themselves, then make sure.
+  // workers a moment to exit by themselves, then make sure (SIGKILL: ranks ignore SIGTERM).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool termed = false;
+  bool killed = false;
   for (;;) {
     bool all = true;
     for (size_t i = 0; i < pids_.size(); ++i) {
@@ -221,12 +221,11 @@ RankLauncher::~RankLauncher() {
         all = false;
     }
     if (all) break;
-    if (!failure().empty() && !termed) deadline = std::chrono::steady_clock::now();
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (!failure().empty() && !killed) deadline = std::chrono::steady_clock::now();
+    if (!killed && std::chrono::steady_clock::now() >= deadline) {
       for (size_t i = 0; i < pids_.size(); ++i)
-        if (!reaped_[i]) kill(pids_[i], termed ? SIGKILL : SIGTERM);
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      termed = true;
+        if (!reaped_[i]) kill(pids_[i], SIGKILL);
+      killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
