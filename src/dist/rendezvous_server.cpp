@@ -21,6 +21,16 @@ struct RendezvousServer::Connection {
 
 namespace {
 
+// Two live processes on different hosts joined with one node rank: the job's nodes got the same rank.
+std::string duplicate_rank_message(int node_rank, const NodeFingerprint& first, const NodeFingerprint& second) {
+  return fmt::format(
+      "two nodes claim node rank {}: host {} ({}) joined first, host {} ({}) now; every node needs its own "
+      "--node-rank. If every node got the same rank, the rank was computed once for all of them (a batch "
+      "script that expands $SLURM_NODEID in the batch shell, not in each task): let the launcher set it "
+      "(srun/mpirun/torchrun variables, LWS_WORKER_INDEX) or escape it (\\$SLURM_NODEID)",
+      node_rank, first.hostname, first.ip, second.hostname, second.ip);
+}
+
 std::string rank_range(int first, int count) {
   return count == 1 ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, first + count - 1);
 }
@@ -329,12 +339,7 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
           (slot.fingerprint.ip != j.fingerprint.ip || slot.fingerprint.hostname != j.fingerprint.hostname)) {
         // Two live processes on different hosts with one node rank: not a restart but a job whose
         // nodes got the same rank. The job cannot form; the head fails with this too.
-        refusal = fmt::format(
-            "two nodes claim node rank {}: host {} ({}) joined first, host {} ({}) now; every node needs its own "
-            "--node-rank. If every node got the same rank, the rank was computed once for all of them (a batch "
-            "script that expands $SLURM_NODEID in the batch shell, not in each task): let the launcher set it "
-            "(srun/mpirun/torchrun variables, LWS_WORKER_INDEX) or escape it (\\$SLURM_NODEID)",
-            j.node_rank, slot.fingerprint.hostname, slot.fingerprint.ip, j.fingerprint.hostname, j.fingerprint.ip);
+        refusal = duplicate_rank_message(j.node_rank, slot.fingerprint, j.fingerprint);
         duplicate_rank_ = refusal;
         changed_.notify_all();
       } else if (!options_.persistent && formed_ && slot.joins > 0 &&

@@ -76,6 +76,7 @@ EOF
   local cg=cgroup/v1
   [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] && cg=cgroup/v2
   printf 'CgroupPlugin=%s\nCgroupMountpoint=/sys/fs/cgroup\n' "$cg" >"$d/cgroup.conf"
+  [ "$cg" = cgroup/v2 ] && echo "IgnoreSystemd=yes" >>"$d/cgroup.conf"  # no systemd to ask for a scope
   mkdir -p "$d/spool/$SLURM_NODE_A" "$d/spool/$SLURM_NODE_B"
   for _ in $(seq 1 50); do [ -S "$d/munge/socket" ] && break; sleep 0.1; done
   export SLURM_CONF="$d/slurm.conf"
