@@ -11,6 +11,8 @@
 #      then a rank on node 1 is killed: the head exits non-zero naming it within 30 s.
 #   4. The batch-shell trap: `srun bash -c "... --node-rank $SLURM_NODEID"` gives every node
 #      rank 0; node 1 refuses to start, naming both sides.
+#   5. mpirun inside an sbatch allocation (Open MPI starts its daemons with srun, so the
+#      processes carry Slurm's variables too): Open MPI's ranks are used, one rank's tokens.
 #   netns_slurm_test.sh TESSERA_BIN     (root; exit 77 = skipped)
 set -uo pipefail
 BIN="$(readlink -f "${1:?usage: netns_slurm_test.sh TESSERA_BIN}")"
@@ -171,6 +173,29 @@ T1=$(date +%s.%N)
 has "$TMP/s4.1.log" "--node-rank 0 contradicts SLURM_NODEID=1 (from the launcher's environment)"
 has "$TMP/s4.1.log" "expands it once in the batch shell and gives every node the same rank"
 echo "4. every node given --node-rank 0 by the batch shell: refused in $(elapsed "$T0" "$T1") s"
+
+# --- 5. mpirun inside the allocation: Open MPI starts its daemons with srun, so its processes
+# also carry Slurm's variables (those of a daemon's step); Open MPI's ranks must win.
+if command -v mpirun >/dev/null; then
+  cat >"$TMP/mpirun.sbatch" <<EOF
+#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=$TMP/s5.batch.log
+mpirun --allow-run-as-root --map-by ppr:1:node --mca oob_tcp_if_include ens1 -x MASTER_ADDR=$SLURM_NODE_A \\
+  -x TESSERA_CLUSTER_TOKEN sh -c 'exec "\$0" "\$@" >$TMP/s5.\$OMPI_COMM_WORLD_RANK.log 2>&1' \\
+  $BIN generate --model $MODEL ${GEN[*]} --tensor-parallel-size 2
+EOF
+  T0=$(date +%s.%N)
+  JOB=$(submit "$TMP/mpirun.sbatch")
+  wait_job_gone "$JOB" 60 || { on_a scancel "$JOB"; FAIL "the mpirun job did not end within 60 s"; }
+  T1=$(date +%s.%N)
+  GOT="$(ids "$TMP/s5.0.log")"
+  [ "$GOT" = "$REF" ] || { FAIL "mpirun inside the allocation: tokens differ: want $REF got $GOT"; tail -n 5 "$TMP"/s5.*; }
+  has "$TMP/s5.1.log" "launch from Open MPI: node 1 of 2, rank 1 of 2"
+  has "$TMP/s5.1.log" "Slurm's variables are set too and ignored: Open MPI comes first"
+  echo "5. mpirun inside an sbatch allocation: Open MPI's ranks used, tokens = one rank ($(elapsed "$T0" "$T1") s)"
+fi
 
 echo "total $(elapsed "$T_START" "$(date +%s.%N)") s"
 [ $fail = 0 ] && echo "PASS: tessera under Slurm (srun, sbatch, scancel) across two namespaces"
