@@ -112,6 +112,7 @@ cat >"$TMP/serve_tp2.sbatch" <<EOF
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --output=$TMP/s2.batch.log
+export TESSERA_CLUSTER_TOKEN=\$(openssl rand -hex 32)
 srun --output=$TMP/s2.%t.log $BIN serve $MODEL --device cpu --tensor-parallel-size 2 --host 0.0.0.0 --port 8000
 EOF
 T0=$(date +%s.%N)
@@ -136,6 +137,7 @@ cat >"$TMP/serve_tp2pp2.sbatch" <<EOF
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --output=$TMP/s3.batch.log
+export TESSERA_CLUSTER_TOKEN=\$(openssl rand -hex 32)
 srun --output=$TMP/s3.%t.log $BIN serve $MODEL --device cpu --tensor-parallel-size 2 --pipeline-parallel-size 2 --host 0.0.0.0 --port 8000
 EOF
 T0=$(date +%s.%N)
@@ -182,7 +184,8 @@ if command -v mpirun >/dev/null; then
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --output=$TMP/s5.batch.log
-mpirun --allow-run-as-root --map-by ppr:1:node --mca oob_tcp_if_include ens1 -x MASTER_ADDR=$SLURM_NODE_A \\
+mpirun --allow-run-as-root --map-by ppr:1:node --mca oob_tcp_if_include ens1 \\
+  -x MASTER_ADDR=\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | head -1) \\
   -x TESSERA_CLUSTER_TOKEN sh -c 'exec "\$0" "\$@" >$TMP/s5.\$OMPI_COMM_WORLD_RANK.log 2>&1' \\
   $BIN generate --model $MODEL ${GEN[*]} --tensor-parallel-size 2
 EOF
