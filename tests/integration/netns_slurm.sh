@@ -3,8 +3,9 @@
 # namespaces through the file system), slurmctld on host A, one slurmd per host. The hosts are
 # named $SLURM_NODE_A / $SLURM_NODE_B (each namespace gets its own /etc/hosts through
 # /etc/netns/NAME/hosts, and each daemon its own host name through a UTS namespace), so the
-# job's node list is Slurm's compressed form, e.g. tnode[10,20]. No GPUs are declared: the
-# tasks run CPU ranks.
+# job's node list is Slurm's compressed form, e.g. tnode[10,20]. Two GPUs per node are declared
+# by hand (gres.conf, /dev/null and /dev/zero standing in for the device files) so that jobs ask
+# for them as on a GPU cluster (--gpus-per-node); the tasks run CPU ranks.
 #   slurm_up SUBNET: writes $TMP/slurm/slurm.conf, starts the daemons, waits (30 s at most)
 #     until both nodes are idle. Exits 77 (ctest SKIP) when slurm-wlm or munge is missing.
 #   on_a CMD...: runs CMD on host A with SLURM_CONF set (srun, sbatch, squeue, scancel).
@@ -62,14 +63,16 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
 SchedulerType=sched/builtin
-SelectType=select/linear
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=30
 MinJobAge=2
 InactiveLimit=0
-NodeName=$SLURM_NODE_A NodeAddr=$subnet.1 CPUs=2 RealMemory=1000 State=UNKNOWN
-NodeName=$SLURM_NODE_B NodeAddr=$subnet.2 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=$SLURM_NODE_A NodeAddr=$subnet.1 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+NodeName=$SLURM_NODE_B NodeAddr=$subnet.2 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=$SLURM_NODE_A,$SLURM_NODE_B Default=YES MaxTime=INFINITE State=UP
 EOF
   # slurmd loads a cgroup plugin even with proctrack/linuxproc: name the hierarchy this machine has.
@@ -77,6 +80,9 @@ EOF
   [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] && cg=cgroup/v2
   printf 'CgroupPlugin=%s\nCgroupMountpoint=/sys/fs/cgroup\n' "$cg" >"$d/cgroup.conf"
   [ "$cg" = cgroup/v2 ] && echo "IgnoreSystemd=yes" >>"$d/cgroup.conf"  # no systemd to ask for a scope
+  # Two GPUs per node declared by hand (no device files: the tasks run CPU ranks), so the jobs
+  # ask for them as on a GPU cluster (--gpus-per-node).
+  echo "Name=gpu File=/dev/null,/dev/zero" >"$d/gres.conf"
   mkdir -p "$d/spool/$SLURM_NODE_A" "$d/spool/$SLURM_NODE_B"
   for _ in $(seq 1 50); do [ -S "$d/munge/socket" ] && break; sleep 0.1; done
   export SLURM_CONF="$d/slurm.conf"

@@ -95,7 +95,7 @@ submit() {  # submit SCRIPT: prints the job id
 
 # --- 1. srun, one task per node, generate TP=2
 T0=$(date +%s.%N)
-on_a srun -N2 --ntasks-per-node=1 --chdir="$TMP" --output="$TMP/s1.%t.log" \
+on_a srun -N2 --ntasks-per-node=1 --gpus-per-node=1 --chdir="$TMP" --output="$TMP/s1.%t.log" \
   "$BIN" generate --model "$MODEL" "${GEN[@]}" --tensor-parallel-size 2
 RC=$?
 T1=$(date +%s.%N)
@@ -111,6 +111,7 @@ cat >"$TMP/serve_tp2.sbatch" <<EOF
 #!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
 #SBATCH --output=$TMP/s2.batch.log
 export TESSERA_CLUSTER_TOKEN=\$(openssl rand -hex 32)
 srun --output=$TMP/s2.%t.log $BIN serve $MODEL --device cpu --tensor-parallel-size 2 --host 0.0.0.0 --port 8000
@@ -136,6 +137,7 @@ cat >"$TMP/serve_tp2pp2.sbatch" <<EOF
 #!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
+#SBATCH --gpus-per-node=2
 #SBATCH --output=$TMP/s3.batch.log
 export TESSERA_CLUSTER_TOKEN=\$(openssl rand -hex 32)
 srun --output=$TMP/s3.%t.log $BIN serve $MODEL --device cpu --tensor-parallel-size 2 --pipeline-parallel-size 2 --host 0.0.0.0 --port 8000
