@@ -417,11 +417,13 @@ int run_generate(int argc, char** argv) {
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   // Several nodes: a node other than the head only runs its ranks (the head has the prompts).
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
+  // One process per rank under a launcher: the node's other local ranks run their rank only.
+  if (facts.one_process_per_rank && facts.local_rank > 0) return run_launched_rank(ef, cf, facts);
   std::unique_ptr<dist::NodeSession> session;
   if (!facts.is_head()) {
     as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true); });  // as the head, before joining
     session = start_node_session(ef, cf, facts);
-    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
+    return run_worker_node(ef, *session, facts, argc, argv);
   }
   if (g.request_seed) g.sp.seed = g.request_seed;
   std::vector<Job> jobs = collect_jobs(g);
@@ -435,7 +437,7 @@ int run_generate(int argc, char** argv) {
     as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true); });
     session = start_node_session(ef, cf, facts);
   }
-  HeadEngine head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
+  HeadEngine head = start_head_engine(ef, std::move(session), facts, argc, argv);
   RankLauncher* launcher = head.launcher.get();
   Progress progress;
   AsyncEngine engine(std::move(head.llm), tok.get(), AsyncEngineOptions{static_cast<int>(jobs.size()) + 1});

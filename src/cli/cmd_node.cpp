@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/fingerprint.h"
+#include "dist/launch_env.h"
 #include "dist/nic.h"
 #include "dist/placement.h"
 #include "dist/rendezvous_client.h"
@@ -85,14 +86,8 @@ struct NodeJob {
 void end_job(NodeJob& job, const char* why) {
   if (job.pid <= 0) return;
   TLOG_INFO("ending the job's process (pid {}): {}", job.pid, why);
-  kill(job.pid, SIGTERM);
-  for (int i = 0; i < 100; ++i) {
-    if (waitpid(job.pid, nullptr, WNOHANG) == job.pid) {
-      job.pid = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // SIGKILL at once: a job's node process answers SIGTERM by waiting for its head's shutdown
+  // (a scheduler's cancel), and its ranks end with it (PR_SET_PDEATHSIG).
   kill(job.pid, SIGKILL);
   waitpid(job.pid, nullptr, 0);
   job.pid = -1;
@@ -130,6 +125,8 @@ void start_job(NodeJob& job, const dist::JobStart& js, const dist::NicChoice& ni
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // the job ends with its node
     if (getppid() != parent) _exit(1);
     setenv("TESSERA_CLUSTER_TOKEN", token.c_str(), 1);
+    // The job's facts are its flags; a launcher that started this node must not contradict them.
+    for (const char* name : dist::launcher_variable_names()) unsetenv(name);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     execv("/proc/self/exe", argv.data());

@@ -375,7 +375,7 @@ std::unique_ptr<AsyncEngine> build_engine(const EngineFlags& ef, const ClusterFl
                                           const ServeFlags& sf, const TextSide& text, int argc, char** argv,
                                           HeadEngine& head) {
   std::unique_ptr<dist::NodeSession> session = start_node_session(ef, cf, facts);
-  head = start_head_engine(ef, std::move(session), facts.nnodes, argc, argv);
+  head = start_head_engine(ef, std::move(session), facts, argc, argv);
   std::unique_ptr<LLMEngine>& llm = head.llm;
   // The model's own generation_config.json eos ids are in its ModelConfig already; another directory's are added.
   if (!text.defaults.eos_token_ids.empty()) {
@@ -543,10 +543,12 @@ int run_serve(int argc, char** argv) {
     check_serve_flag_values(app, sf);
   });
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
+  // One process per rank under a launcher: the node's other local ranks run their rank only.
+  if (facts.one_process_per_rank && facts.local_rank > 0) return run_launched_rank(ef, cf, facts);
   if (!facts.is_head()) {  // another node: only its ranks run here; the head serves HTTP
     if (!fs::is_directory(ef.model)) fail(ErrorKind::kNotFound, "{}: not a model directory", ef.model);
     auto session = start_node_session(ef, cf, facts);
-    return run_worker_node(ef, *session, facts.nnodes, argc, argv);
+    return run_worker_node(ef, *session, facts, argc, argv);
   }
   check_serve_flags(ef, sf);
 

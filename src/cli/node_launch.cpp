@@ -1,5 +1,8 @@
 #include "cli/node_launch.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,6 +21,23 @@
 namespace tessera::cli {
 
 namespace {
+
+// SIGTERM / SIGINT on a node other than the head: counted, acted on by run_worker_node's loop.
+std::atomic<int> g_stop_signals{0}, g_stop_count{0};
+constexpr std::chrono::seconds kHeadShutdownWait{60};
+
+void on_stop_signal(int sig) {
+  g_stop_signals.store(sig);
+  g_stop_count.fetch_add(1);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 // The per-node flags a persistent cluster's node adds itself (its own address and NIC, the job's
 // head): left out of the command line the nodes get.
@@ -109,13 +129,9 @@ dist::LaunchFacts place_on_cluster(const EngineFlags& f, ClusterFlags& c, const 
 
 dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c) {
   const std::string& b = c.distributed_executor_backend;
-  if (b == "external_launcher") {
-    fail(ErrorKind::kUnsupported,
-         "--distributed-executor-backend external_launcher is not supported: run one tessera command per node "
-         "(mpirun -npernode 1 / srun --ntasks-per-node=1 work; their environment gives the node rank)");
-  } else if (!b.empty() && b != "mp" && b != "uni" && b != "ray") {
-    fail(ErrorKind::kInvalidArgument, "--distributed-executor-backend {}: not one of mp, ray, uni", b);
-  }
+  if (!b.empty() && b != "mp" && b != "uni" && b != "ray" && b != "external_launcher")
+    fail(ErrorKind::kInvalidArgument, "--distributed-executor-backend {}: not one of mp, ray, uni, external_launcher",
+         b);
   if (const char* v = std::getenv("VLLM_HOST_IP"); v && *v) {
     if (c.node_ip_address.empty()) {
       TLOG_INFO("VLLM_HOST_IP={} (from the environment) used as --node-ip-address", v);
@@ -126,13 +142,16 @@ dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c) {
            c.node_ip_address, v);
     }
   }
-  dist::LaunchFacts facts = dist::resolve_launch({c.nnodes, c.node_rank, c.master_addr, c.master_port});
-  if (facts.rank >= 0 && facts.local_world_size != 1)
-    fail(ErrorKind::kInvalidArgument,
-         "{} started {} processes on this node; tessera runs one process per node and spawns that node's ranks "
-         "itself: start one task per node (mpirun -npernode 1, srun --ntasks-per-node=1)",
-         dist::launch_source_name(facts.source), facts.local_world_size);
   const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  dist::LaunchFacts facts = dist::resolve_launch({c.nnodes, c.node_rank, c.master_addr, c.master_port, world});
+  if (b == "external_launcher" && facts.rank < 0)
+    fail(ErrorKind::kInvalidArgument,
+         "--distributed-executor-backend external_launcher: no launcher started this process (no torchrun, mpirun or "
+         "srun variables); start one process per rank under one, or drop the flag (tessera starts its ranks itself)");
+  if (facts.source != dist::LaunchSource::kSingleNode && facts.source != dist::LaunchSource::kFlags) {
+    TLOG_INFO("{}", facts.describe());
+    for (const std::string& note : facts.notes) TLOG_INFO("{}", note);
+  }
   if ((b == "ray" || b.empty()) && facts.nnodes == 1 && facts.rank < 0 && world > 1) {
     if (std::optional<ClusterState> st = read_cluster_state()) {
       facts = place_on_cluster(f, c, *st, facts, b == "ray");
@@ -161,7 +180,7 @@ dist::LaunchFacts resolve_cluster(const EngineFlags& f, ClusterFlags& c) {
 std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, const ClusterFlags& c,
                                                       const dist::LaunchFacts& facts) {
   if (facts.nnodes == 1) return nullptr;
-  TLOG_INFO("{}", facts.describe());
+  if (facts.source == dist::LaunchSource::kFlags) TLOG_INFO("{}", facts.describe());
   dist::NodeSessionOptions o;
   o.launch = facts;
   o.nic = c.nic;
@@ -191,10 +210,11 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
   return std::make_unique<dist::NodeSession>(o);
 }
 
-RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, int nnodes) {
+RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, const dist::LaunchFacts& facts) {
   RankPlacement p;
   p.first_rank = s.first_rank();
-  p.local_ranks = f.tensor_parallel_size * f.pipeline_parallel_size / nnodes;
+  p.local_ranks = f.tensor_parallel_size * f.pipeline_parallel_size / facts.nnodes;
+  p.launcher_started_ranks = facts.one_process_per_rank;
   p.store_host = s.head().host;
   p.store_port = s.head().port;
   p.token = s.head().token;
@@ -203,13 +223,30 @@ RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, int
   return p;
 }
 
-int run_worker_node(const EngineFlags& f, dist::NodeSession& s, int nnodes, int argc, char** argv) {
+int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::LaunchFacts& facts, int argc, char** argv) {
   using clock = std::chrono::steady_clock;
-  auto launcher = std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, s, nnodes));
+  auto launcher = std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, s, facts));
   TLOG_INFO("node {}: supervising its ranks; the head ({}:{}) runs the engine", s.node_rank(), s.head().host,
             s.head().port);
-  std::optional<clock::time_point> head_failed_at;
+  // A scheduler's cancel (scancel, SIGTERM from mpirun) reaches every node at once: the head
+  // drains and its shutdown plan ends the ranks here, so this node waits for that.
+  install_stop_handlers();
+  std::optional<clock::time_point> head_failed_at, stop_asked_at;
   for (;;) {
+    if (int sig = g_stop_signals.load(); sig > 0 && !stop_asked_at) {
+      stop_asked_at = clock::now();
+      TLOG_INFO(
+          "node {}: {}: waiting for the head's shutdown (it drains the job and ends this node's ranks; a second "
+          "signal ends them now)",
+          s.node_rank(), sig == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+    if (stop_asked_at && (g_stop_count.load() > 1 || clock::now() - *stop_asked_at > kHeadShutdownWait)) {
+      std::fprintf(stderr, "error: node %d: stopped before the head ended the job\n", s.node_rank());
+      std::fflush(nullptr);
+      launcher->report_failure("stopped before the head ended the job");  // so the ranks end now
+      launcher.reset();
+      std::_Exit(1);
+    }
     if (launcher->all_exited_ok()) {
       TLOG_INFO("node {}: every rank finished", s.node_rank());
       return 0;
@@ -232,14 +269,62 @@ int run_worker_node(const EngineFlags& f, dist::NodeSession& s, int nnodes, int 
   }
 }
 
+int run_launched_rank(const EngineFlags& f, const ClusterFlags& c, const dist::LaunchFacts& facts) {
+  using clock = std::chrono::steady_clock;
+  // The interface the node's local rank 0 chooses from the same inputs (its Gloo binds there too).
+  dist::NicChoice nic = dist::choose_nic({facts.master_addr, c.nic, c.node_ip_address});
+  dist::apply_nic_env(nic);
+  std::string token = c.cluster_token;
+  if (token.empty())
+    if (const char* t = std::getenv("TESSERA_CLUSTER_TOKEN")) token = t;
+  if (token.empty())
+    fail(ErrorKind::kInvalidArgument,
+         "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) to every process",
+         facts.nnodes);
+  // The head's rank 0 joins the groups once every node has joined; wait for that here, so the
+  // groups' 30 s bootstrap wait starts when all nodes are up.
+  const dist::HeadAddress head{facts.master_addr, static_cast<uint16_t>(facts.master_port), token, nic.ip};
+  const auto deadline = clock::now() + std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout_s * 1000));
+  std::string last_error = "no answer yet";
+  for (;;) {
+    try {
+      if (dist::query_cluster_status(head, std::chrono::seconds(5)).formed) break;
+      last_error = "the cluster has not formed yet";
+    } catch (const Error& e) {
+      last_error = e.what();
+    }
+    if (clock::now() >= deadline)
+      fail(ErrorKind::kNetwork,
+           "rank {} (local rank {} of node {}): the cluster at {}:{} did not form within {} s ({}); check that every "
+           "node's local rank 0 runs and reaches the head",
+           facts.rank, facts.local_rank, facts.node_rank, facts.master_addr, facts.master_port, c.join_timeout_s,
+           last_error);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  WorkerFlags w;
+  w.worker_rank = facts.rank;
+  w.worker_port = facts.master_port;
+  w.worker_master_addr = facts.master_addr;
+  w.worker_bind_ip = nic.ip;
+  w.worker_first_rank = facts.node_rank * facts.local_world_size;
+  w.worker_local_ranks = facts.local_world_size;
+  set_rank_token(token);
+  return run_worker_rank(f, w);
+}
+
 NodeFailureHook::NodeFailureHook(dist::NodeSession* s, RankLauncher* launcher) : session_(s) {
-  if (session_ && session_->server())
+  if (session_ && session_->server()) {
     session_->server()->set_on_node_failure(
         [launcher](const dist::RankFailure& rf) { launcher->report_failure(rf.reason); });
+    session_->server()->set_on_rank_lost([launcher](const std::string& what) { launcher->report_failure(what); });
+  }
 }
 
 NodeFailureHook::~NodeFailureHook() {
-  if (session_ && session_->server()) session_->server()->set_on_node_failure(nullptr);
+  if (session_ && session_->server()) {
+    session_->server()->set_on_node_failure(nullptr);
+    session_->server()->set_on_rank_lost(nullptr);
+  }
 }
 
 AwaitNodesLeaving::~AwaitNodesLeaving() {
@@ -254,8 +339,9 @@ AwaitNodesLeaving::~AwaitNodesLeaving() {
   TLOG_WARN("some nodes did not leave within 10 s of the end of the job");
 }
 
-HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session, int nnodes, int argc,
-                             char** argv) {
+HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session,
+                             const dist::LaunchFacts& facts, int argc, char** argv) {
+  const int nnodes = facts.nnodes;
   HeadEngine h;
   h.session = std::move(session);
   h.await_nodes = std::make_unique<AwaitNodesLeaving>(h.session.get());
@@ -270,7 +356,7 @@ HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSes
   EngineConfig ec = engine_config(f, /*parallel_supported=*/true);
   h.backend = make_rank_backend(f, h.session ? world / nnodes : world);  // rank 0: local rank 0
   plan_or_fail(f, *h.backend, ec);                                       // before any rank starts or any weight is read
-  h.launcher = h.session ? std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, *h.session, nnodes))
+  h.launcher = h.session ? std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, *h.session, facts))
                          : std::make_unique<RankLauncher>(f, argc, argv);
   h.node_hook = std::make_unique<NodeFailureHook>(h.session.get(), h.launcher.get());
   h.llm = std::make_unique<LLMEngine>(h.launcher->make_executor(*h.backend), ec);

@@ -28,11 +28,18 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
                                                       const dist::LaunchFacts& facts);
 
 // Where this node's ranks sit, for RankLauncher.
-RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, int nnodes);
+RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, const dist::LaunchFacts& facts);
 
-// Node rank > 0: spawns this node's ranks and supervises them and the head until the head's
-// shutdown plan ends them (0) or a rank, or the head, fails (non-zero).
-int run_worker_node(const EngineFlags& f, dist::NodeSession& s, int nnodes, int argc, char** argv);
+// Node rank > 0: spawns this node's ranks (one process per rank under a launcher: only its
+// local rank 0) and supervises them and the head until the head's shutdown plan ends them (0)
+// or a rank, or the head, fails (non-zero). SIGTERM/SIGINT (a scheduler's cancel reaches every
+// node) waits up to 60 s for the head's shutdown; a second one ends the ranks at once.
+int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::LaunchFacts& facts, int argc, char** argv);
+
+// A launcher started one process per rank and this one is not its node's local rank 0: it
+// runs world rank facts.rank and nothing else (the local rank 0 joins the rendezvous for the
+// node). Waits until the cluster has formed (bounded by --join-timeout), then runs the rank.
+int run_launched_rank(const EngineFlags& f, const ClusterFlags& c, const dist::LaunchFacts& facts);
 
 // The head: a lost node (control channel closed, heartbeats missed) fails the job like a dead
 // local rank. Declare it after the launcher (it must go first).
@@ -74,7 +81,7 @@ struct HeadEngine {
 
 // The head's engine (generate, serve): in this process when TP x PP = 1, else over rank
 // processes that a RankLauncher spawns on this node (and, with `session`, on the others).
-HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session, int nnodes, int argc,
-                             char** argv);
+HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSession> session,
+                             const dist::LaunchFacts& facts, int argc, char** argv);
 
 }  // namespace tessera::cli

@@ -169,7 +169,8 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
   const pid_t parent = getpid();
   std::fflush(nullptr);
   // On the head this process is rank 0; another node's process only supervises its ranks.
-  for (int r = std::max(1, placement_.first_rank); r < placement_.first_rank + placement_.local_ranks; ++r) {
+  const int spawn_end = placement_.first_rank + (placement_.launcher_started_ranks ? 1 : placement_.local_ranks);
+  for (int r = std::max(1, placement_.first_rank); r < spawn_end; ++r) {
     std::vector<std::string> args{exe};
     for (int i = 0; i < argc; ++i) args.emplace_back(argv[i]);
     args.insert(args.end(), {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port),
@@ -191,10 +192,14 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
     pids_.push_back(pid);
     reaped_.push_back(false);
   }
-  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {}; this node runs ranks {}..{} on {}, control channel {}:{}",
+  TLOG_INFO("tensor parallel {} x pipeline parallel {}: {}; this node runs ranks {}..{} on {}, control channel {}:{}{}",
             f.tensor_parallel_size, f.pipeline_parallel_size,
             describe_rank_processes(f, world_, placement_.local_ranks), placement_.first_rank,
-            placement_.first_rank + placement_.local_ranks - 1, placement_.bind_ip, placement_.store_host, port);
+            placement_.first_rank + placement_.local_ranks - 1, placement_.bind_ip, placement_.store_host, port,
+            placement_.launcher_started_ranks && placement_.local_ranks > 1
+                ? fmt::format(" (ranks {}..{} started by the launcher)", placement_.first_rank + 1,
+                              placement_.first_rank + placement_.local_ranks - 1)
+                : "");
   supervisor_ = std::thread([this] { supervise(); });
 }
 
@@ -202,9 +207,9 @@ RankLauncher::~RankLauncher() {
   stopping_ = true;
   if (supervisor_.joinable()) supervisor_.join();
   // The executor's shutdown plan has been sent by now (or the world is broken): give the
-  // workers a moment to exit by themselves, then make sure.
+  // workers a moment to exit by themselves, then make sure (SIGKILL: ranks ignore SIGTERM).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool termed = false;
+  bool killed = false;
   for (;;) {
     bool all = true;
     for (size_t i = 0; i < pids_.size(); ++i) {
@@ -216,12 +221,11 @@ RankLauncher::~RankLauncher() {
         all = false;
     }
     if (all) break;
-    if (!failure().empty() && !termed) deadline = std::chrono::steady_clock::now();
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (!failure().empty() && !killed) deadline = std::chrono::steady_clock::now();
+    if (!killed && std::chrono::steady_clock::now() >= deadline) {
       for (size_t i = 0; i < pids_.size(); ++i)
-        if (!reaped_[i]) kill(pids_[i], termed ? SIGKILL : SIGTERM);
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      termed = true;
+        if (!reaped_[i]) kill(pids_[i], SIGKILL);
+      killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -293,6 +297,8 @@ std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
                                backend));
 }
 
+void set_rank_token(const std::string& token) { setenv(kTokenEnv, token.c_str(), 1); }
+
 int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
   if (w.worker_rank < 1 || w.worker_rank >= world || w.worker_port <= 0 || w.worker_port > 65535)
@@ -302,8 +308,11 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   if (!token) fail(ErrorKind::kInvalidArgument, "a worker rank needs {} from the head", kTokenEnv);
   std::string tok = token;
   unsetenv(kTokenEnv);
-  signal(SIGPIPE, SIG_IGN);                // see RankLauncher
-  signal(SIGINT, SIG_IGN);                 // Ctrl-C reaches the whole process group: the head drains and ends the ranks
+  signal(SIGPIPE, SIG_IGN);  // see RankLauncher
+  // Ctrl-C reaches the whole process group, a scheduler's cancel every process of the job: the
+  // head drains and its shutdown plan ends the ranks.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_IGN);
   spdlog::set_level(spdlog::level::warn);  // the head logs for the job
   // A failed rank says why and exits at once: tearing its communicators down politely
   // could block on GPU work that waits for peers (seen: ncclCommDestroy behind a captured

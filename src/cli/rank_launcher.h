@@ -58,6 +58,10 @@ struct RankPlacement {
   std::string token;      // the cluster token (handed to the ranks in the environment)
   std::string bind_ip;    // this node's NIC address (Gloo binds it)
   dist::RankNamer namer;  // "rank 1 (node 1, 10.0.0.2)" in rank 0's errors
+  // A launcher (srun, mpirun, torchrun) started one process per rank: the node's other local
+  // ranks run by themselves, so this launcher spawns only local rank 0 (none on the head, where
+  // this process is rank 0).
+  bool launcher_started_ranks = false;
 };
 
 class RankLauncher {
@@ -101,6 +105,9 @@ class RankLauncher {
 };
 
 // The body of a worker rank process (run_generate/run_serve call it when --worker-rank is set).
+// SIGINT and SIGTERM are ignored: the head drains and its shutdown plan ends the ranks.
 int run_worker_rank(const EngineFlags& f, const WorkerFlags& w);
+// The token run_worker_rank reads (a rank a launcher started gets the cluster token).
+void set_rank_token(const std::string& token);
 
 }  // namespace tessera::cli

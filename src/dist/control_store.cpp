@@ -1,5 +1,7 @@
 #include "dist/control_store.h"
 
+#include <exception>
+
 #include "core/error.h"
 #include "dist/messages.h"
 #include "dist/wire.h"
@@ -12,6 +14,15 @@ ControlStoreClient::ControlStoreClient(const HeadAddress& head, int world_rank,
     : head_(head), world_rank_(world_rank), request_timeout_(request_timeout) {
   socket_ = connect_to_head(head_, deadline_after(connect_timeout), request_timeout_);
   send_frame(socket_, MessageType::kRankHello, encode_ranks({world_rank}), deadline_after(request_timeout_));
+}
+
+ControlStoreClient::~ControlStoreClient() {
+  if (std::uncaught_exceptions() > 0) return;
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    send_frame(socket_, MessageType::kLeave, {}, deadline_after(std::chrono::seconds(1)));
+  } catch (const std::exception&) {  // the head is gone already: nothing to tell
+  }
 }
 
 Frame ControlStoreClient::request(MessageType type, std::span<const uint8_t> payload, MessageType reply) {

@@ -15,6 +15,11 @@ class ControlStoreClient : public KeyValueStore {
   // Connects (retrying until `connect_timeout`), authenticates and registers `world_rank`.
   ControlStoreClient(const HeadAddress& head, int world_rank, std::chrono::milliseconds connect_timeout,
                      std::chrono::milliseconds request_timeout = std::chrono::seconds(10));
+  // An orderly end (no exception in flight) says `leave` first: the head tells a rank that
+  // finished from one whose process died (its connection closes without it).
+  ~ControlStoreClient() override;
+  ControlStoreClient(const ControlStoreClient&) = delete;
+  ControlStoreClient& operator=(const ControlStoreClient&) = delete;
   void set(const std::string& key, std::span<const uint8_t> value) override;
   std::optional<std::vector<uint8_t>> try_get(const std::string& key) override;
   std::vector<int> gone_ranks(const std::vector<int>& ranks) override;

@@ -1,11 +1,53 @@
 #include "dist/node_session.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "core/logging.h"
 
 namespace tessera::dist {
+
+namespace {
+
+// Node rank 0 listens for the others on the master address, so it must be this host. A second
+// "head" elsewhere is the sign that every node got rank 0 (a rank computed once for the whole
+// job); it would only wait for nodes that never come.
+void check_head_is_master(const LaunchFacts& launch, const NicChoice& nic) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(launch.master_addr.c_str(), nullptr, &hints, &res) != 0 || !res) return;  // the NIC choice said why
+  std::vector<std::string> master_ips;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* src = a->ai_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (inet_ntop(a->ai_family, src, buf, sizeof buf)) master_ips.emplace_back(buf);
+  }
+  freeaddrinfo(res);
+  std::vector<std::string> here;
+  for (const NetworkInterface& i : list_interfaces()) here.push_back(i.ip);
+  for (const std::string& ip : master_ips)
+    if (is_loopback_address(ip) || std::find(here.begin(), here.end(), ip) != here.end()) return;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  fail(ErrorKind::kInvalidArgument,
+       "this process is node 0 of {} (the head) but the master address {} ({}{}) is not an address of this host {} "
+       "({}); node 0 must run where the master address points. If every node got node rank 0, the rank was computed "
+       "once for all of them (a batch script that expands $SLURM_NODEID in the batch shell): let the launcher set it "
+       "in each task",
+       launch.nnodes, launch.master_addr, launch.master_from.empty() ? "" : "from " + launch.master_from + ", ",
+       fmt::format("{}", fmt::join(master_ips, ", ")), host, nic.ip);
+}
+
+}  // namespace
 
 NodeSession::NodeSession(const NodeSessionOptions& o) : node_rank_(o.launch.node_rank) {
   bool single = o.launch.nnodes == 1;
@@ -14,6 +56,7 @@ NodeSession::NodeSession(const NodeSessionOptions& o) : node_rank_(o.launch.node
   nic_ = single && o.nic.empty() && o.node_ip_address.empty() ? NicChoice{"lo", "127.0.0.1", "single node"}
                                                               : choose_nic({master, o.nic, o.node_ip_address});
   apply_nic_env(nic_);
+  if (o.launch.is_head() && !single) check_head_is_master(o.launch, nic_);
 
   fingerprint_ = o.model_dir.empty() ? NodeFingerprint{} : compute_fingerprint(o.model_dir);
   if (o.model_dir.empty()) fingerprint_.version = this_version();

@@ -21,6 +21,16 @@ struct RendezvousServer::Connection {
 
 namespace {
 
+// Two live processes on different hosts joined with one node rank: the job's nodes got the same rank.
+std::string duplicate_rank_message(int node_rank, const NodeFingerprint& first, const NodeFingerprint& second) {
+  return fmt::format(
+      "two nodes claim node rank {}: host {} ({}) joined first, host {} ({}) now; every node needs its own "
+      "--node-rank. If every node got the same rank, the rank was computed once for all of them (a batch "
+      "script that expands $SLURM_NODEID in the batch shell, not in each task): let the launcher set it "
+      "(srun/mpirun/torchrun variables, LWS_WORKER_INDEX) or escape it (\\$SLURM_NODEID)",
+      node_rank, first.hostname, first.ip, second.hostname, second.ip);
+}
+
 std::string rank_range(int first, int count) {
   return count == 1 ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, first + count - 1);
 }
@@ -197,6 +207,7 @@ bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const 
     case MessageType::kLeave: {
       decode_any(f.type, f.payload);
       std::lock_guard<std::mutex> lock(mu_);
+      if (c->world_rank >= 0) ranks_left_.insert(c->world_rank);
       if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
         NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
         TLOG_INFO("node {} ({}) left the cluster", c->node_rank, slot.fingerprint.ip);
@@ -324,7 +335,15 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
       refusal = *mismatch;
     } else {
       NodeSlot& slot = nodes_[static_cast<size_t>(j.node_rank)];
-      if (!options_.persistent && formed_ && slot.joins > 0 && slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
+      if (!options_.persistent && slot.connection && slot.connection != c && slot.alive &&
+          (slot.fingerprint.ip != j.fingerprint.ip || slot.fingerprint.hostname != j.fingerprint.hostname)) {
+        // Two live processes on different hosts with one node rank: not a restart but a job whose
+        // nodes got the same rank. The job cannot form; the head fails with this too.
+        refusal = duplicate_rank_message(j.node_rank, slot.fingerprint, j.fingerprint);
+        duplicate_rank_ = refusal;
+        changed_.notify_all();
+      } else if (!options_.persistent && formed_ && slot.joins > 0 &&
+                 slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
         refusal = fmt::format("{} rejoined with {} ranks but had {}; restart the whole cluster to change it", who,
                               j.fingerprint.num_ranks, slot.fingerprint.num_ranks);
       } else {
@@ -450,7 +469,9 @@ ClusterTable RendezvousServer::table_locked() const {
 
 ClusterTable RendezvousServer::wait_for_nodes() {
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait_until(lock, started_ + options_.join_timeout, [&] { return formed_ || stopping_; });
+  changed_.wait_until(lock, started_ + options_.join_timeout,
+                      [&] { return formed_ || stopping_ || !duplicate_rank_.empty(); });
+  if (!duplicate_rank_.empty()) fail(ErrorKind::kInvalidArgument, "{}", duplicate_rank_);
   if (formed_) return table_locked();
   std::vector<int> missing;
   std::string joined;
@@ -498,9 +519,20 @@ ClusterStatus RendezvousServer::status() const {
 
 void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c, const std::string& why) {
   std::vector<RankFailure> fired;
+  std::function<void(const std::string&)> rank_lost;
+  std::string lost_what;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (c->world_rank >= 0) ranks_gone_.insert(c->world_rank);
+    if (c->world_rank >= 0) {
+      ranks_gone_.insert(c->world_rank);
+      // A rank whose process ended without `leave` died (killed, crashed): under a launcher that
+      // started it, nobody else supervises it.
+      if (!ranks_left_.count(c->world_rank) && !stopping_ && formed_ && on_rank_lost_) {
+        rank_lost = on_rank_lost_;
+        lost_what = fmt::format("{}: its process ended without finishing (its control connection closed: {})",
+                                table_locked().describe_rank(c->world_rank), why);
+      }
+    }
     if (c->node_rank > 0 && nodes_[static_cast<size_t>(c->node_rank)].connection == c) {
       NodeSlot& slot = nodes_[static_cast<size_t>(c->node_rank)];
       if (stopping_) {
@@ -517,6 +549,10 @@ void RendezvousServer::on_connection_closed(const std::shared_ptr<Connection>& c
   }
   changed_.notify_all();
   fire_failures(fired);
+  if (rank_lost) {
+    TLOG_ERROR("{}", lost_what);
+    rank_lost(lost_what);
+  }
 }
 
 void RendezvousServer::mark_node_failed_locked(int node_rank, const std::string& reason,
@@ -567,6 +603,11 @@ void RendezvousServer::announce_failure(const RankFailure& failure) {
     } catch (const Error&) {
     }
   }
+}
+
+void RendezvousServer::set_on_rank_lost(std::function<void(const std::string&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_rank_lost_ = std::move(callback);
 }
 
 void RendezvousServer::set_on_node_failure(std::function<void(const RankFailure&)> callback) {

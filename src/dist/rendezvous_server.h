@@ -61,6 +61,9 @@ class RendezvousServer {
   void announce_failure(const RankFailure& failure);
   // Called (from a server thread) when a joined node dies or misses heartbeats.
   void set_on_node_failure(std::function<void(const RankFailure&)> callback);
+  // Called (on a server thread) when a rank's bootstrap-store connection closes without `leave`
+  // once the cluster has formed: its process died. Names the rank ("rank 3 (node 1, 10.0.0.2)").
+  void set_on_rank_lost(std::function<void(const std::string&)> callback);
 
  private:
   struct Connection;
@@ -100,12 +103,14 @@ class RendezvousServer {
   std::condition_variable changed_;
   bool stopping_ = false;
   bool formed_ = false;
+  std::string duplicate_rank_;  // set when two live nodes on different hosts claim one node rank
   int world_size_ = 0;
   std::vector<NodeSlot> nodes_;
   std::map<std::string, std::vector<uint8_t>> store_;
   size_t store_bytes_ = 0;
-  std::set<int> ranks_connected_, ranks_gone_;
+  std::set<int> ranks_connected_, ranks_gone_, ranks_left_;
   std::function<void(const RankFailure&)> on_failure_;
+  std::function<void(const std::string&)> on_rank_lost_;
   std::vector<std::shared_ptr<Connection>> connections_;
   std::map<uint64_t, std::thread> connection_threads_;  // by Connection::id (addresses get reused)
   std::vector<uint64_t> finished_;

@@ -20,6 +20,7 @@ namespace tessera::dist {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::AllOf;
 using testing::FakeModelDir;
 using ::testing::HasSubstr;
 
@@ -276,6 +277,30 @@ TEST(Rendezvous, RejoinWhileOldConnectionLingersReplacesIt) {
   EXPECT_TRUE(s.nodes[1].alive);
   EXPECT_EQ(s.nodes[1].joins, 2);
   c.server->set_on_node_failure(nullptr);
+}
+
+// Every node got the same rank (a rank computed once for the whole job, as an sbatch script that
+// expands $SLURM_NODEID in the batch shell does): the second claimant is refused naming both
+// hosts, and the head fails with the same message instead of waiting for nodes that never come.
+TEST(Rendezvous, TwoHostsClaimingOneNodeRankAreRefusedNamingBoth) {
+  Cluster c(3);
+  NodeFingerprint a = node_fp(c), b = node_fp(c);
+  a.hostname = "gnode10";
+  a.ip = "10.0.0.2";
+  b.hostname = "gnode20";
+  b.ip = "10.0.0.3";
+  auto first = c.join_async(1, 3, a);  // waits for the cluster
+  LogCapture log;
+  log.wait_for("node 1 (10.0.0.2) joined");
+  auto head = std::async(std::launch::async, [&] { c.server->wait_for_nodes(); });
+  EXPECT_THAT([&] { c.join_async(1, 3, b).get(); },
+              ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("two nodes claim node rank 1: host gnode10 (10.0.0.2) "
+                                                              "joined first, host gnode20 (10.0.0.3) now"),
+                                                    HasSubstr("$SLURM_NODEID in the batch shell"))));
+  ASSERT_EQ(head.wait_for(std::chrono::seconds(3)), std::future_status::ready);
+  EXPECT_THAT([&] { head.get(); }, ::testing::ThrowsMessage<Error>(HasSubstr("two nodes claim node rank 1")));
+  c.server.reset();  // the first claimant's wait ends with the head
+  EXPECT_THROW(first.get(), Error);
 }
 
 TEST(Rendezvous, SilentNodeMissesHeartbeats) {

@@ -113,10 +113,10 @@ G=(generate --model "$MODEL" --device cpu --prompt-ids 1,2 --max-tokens 2)
 flag_error "do not split evenly across 2 nodes" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 3 --master-addr 127.0.0.1
 flag_error "no master address" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 2 --node-rank 1
 flag_error "need a shared secret" "$BIN" "${G[@]}" --nnodes 2 --tensor-parallel-size 2 --node-rank 1 --master-addr 127.0.0.1
-flag_error "external_launcher is not supported" "$BIN" serve "$MODEL" --distributed-executor-backend external_launcher
-flag_error "disagrees with OMPI_COMM_WORLD_SIZE" env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 \
+flag_error "external_launcher: no launcher started this process" "$BIN" serve "$MODEL" --distributed-executor-backend external_launcher
+flag_error "contradicts OMPI_COMM_WORLD_SIZE=2" env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 \
   OMPI_COMM_WORLD_LOCAL_SIZE=1 "$BIN" "${G[@]}" --nnodes 3 --tensor-parallel-size 3
-flag_error "start one task per node" env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 \
+flag_error "Open MPI started 2 processes on one node" env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 \
   "$BIN" "${G[@]}" --tensor-parallel-size 2
 echo "cluster flag errors: ok"
 
