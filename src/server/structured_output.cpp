@@ -269,7 +269,7 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
       return b.build(s.text.find("::=") != std::string::npos ? "root" : "start");
     }
     case Kind::kToolCalls: {
-      b.add_ebnf("tool_ws ::= [ \\t\\n]{0,8}\n");
+      b.add_ebnf("tool_ws ::= [ \\t\\n]{0,4}\n");
       std::vector<std::string> calls;
       for (size_t i = 0; i < s.tools.size(); ++i) {
         const ojson& t = s.tools[i];

@@ -22,8 +22,8 @@ const URL = process.env.TESSERA_URL;
 const KEY = process.env.TESSERA_API_KEY;
 const MODEL = 'qwen3-tiny';
 const ROOT = path.resolve(path.dirname(new globalThis.URL(import.meta.url).pathname), '../..');
-const openai = new OpenAI({ baseURL: `${URL}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120000 });
-const anthropic = new Anthropic({ baseURL: URL, apiKey: KEY, maxRetries: 0 });
+const openai = new OpenAI({ baseURL: `${URL}/v1`, apiKey: KEY, maxRetries: 0, timeout: 300000 });
+const anthropic = new Anthropic({ baseURL: URL, apiKey: KEY, maxRetries: 0, timeout: 300000 });
 const hdrs = { 'content-type': 'application/json', authorization: `Bearer ${KEY}` };
 const post = async (p, body) => {
   const r = await fetch(`${URL}${p}`, { method: 'POST', headers: hdrs, body: JSON.stringify(body) });
@@ -83,7 +83,7 @@ test('response_format json_schema: every schema, batched with free requests, str
   assert.ok(all.length >= 30 || process.env.TESSERA_TEST_STRUCTURED_SCHEMAS, `only ${all.length} schemas`);
   let ended = 0, cut = 0;
   const runs = all.map(async ({ name, schema }, i) => {
-    const body = { ...BASE, seed: i, max_tokens: 2000, messages: ask(`Give me ${name} as JSON.`),
+    const body = { ...BASE, seed: i, max_tokens: 1500, messages: ask(`Give me ${name} as JSON.`),
                    response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } } };
     let text, finish;
     if (i % 2 === 0) {
@@ -201,7 +201,9 @@ test('tool_choice required and a named function always give valid calls', async 
 
 test("Anthropic's forced tool (tool_choice tool / any) gives a valid tool_use", async () => {
   const tools = TOOLS.map((t) => ({ name: t.function.name, input_schema: t.function.parameters }));
-  for (const tool_choice of [{ type: 'tool', name: 'get_weather' }, { type: 'any' }]) {
+  // (disable_parallel_tool_use: one call, as for OpenAI's parallel_tool_calls false above.)
+  for (const tool_choice of [{ type: 'tool', name: 'get_weather', disable_parallel_tool_use: true },
+                             { type: 'any', disable_parallel_tool_use: true }]) {
     // (Anthropic forbids forced tools with extended thinking: thinking off, as a client sends it.)
     const r = await anthropic.messages.create({ model: MODEL, max_tokens: 400, temperature: 1.0, tools, tool_choice,
                                                 thinking: { type: 'disabled' },
