@@ -572,6 +572,7 @@ struct ApiServer::Impl {
         ToolParserOptions to;
         if (const ojson* t = field(body, "tools")) to.tools = json(*t);
         to.only_function = plan.only_function;
+        if (const ojson* p = field(body, "parallel_tool_calls"); p && p->is_boolean()) to.single_call = !p->get<bool>();
         tp = make_tool_parser(opt.tool_call_parser, std::move(to));
       }
       g.parsers.push_back(std::make_unique<ChatOutputParser>(

@@ -287,7 +287,7 @@ class HermesToolParser final : public ToolParser {
       return;
     }
     std::string n = name.get<std::string>();
-    if (!options_.only_function.empty() && n != options_.only_function) {
+    if ((!options_.only_function.empty() && n != options_.only_function) || (options_.single_call && any_call_sent_)) {
       call_dropped_ = true;
       return;
     }

@@ -366,11 +366,12 @@ class Qwen3CoderToolParser final : public ToolParser {
     params_sent_ = 0;
     auto it = properties_.find(name_);
     current_properties_ = it == properties_.end() ? nullptr : it->second;
-    if (!options_.only_function.empty() && name_ != options_.only_function) {
+    if ((!options_.only_function.empty() && name_ != options_.only_function) || (options_.single_call && call_sent_)) {
       call_active_ = false;  // parsed, but not sent
       return;
     }
     sink_.start_call(name_);
+    call_sent_ = true;
     sink_.arguments("{");
     call_active_ = true;
   }
@@ -464,6 +465,7 @@ class Qwen3CoderToolParser final : public ToolParser {
   bool value_started_ = false;
   bool calls_begun_ = false;
   bool call_active_ = false;
+  bool call_sent_ = false;  // a call was sent (single_call drops the ones after it)
   int params_sent_ = 0;
 };
 

@@ -65,6 +65,8 @@ struct ToolParserOptions {
   ToolCallIdGenerator make_id = make_tool_call_id;  // injectable for tests
   // Named tool_choice: calls to any other function are dropped. Empty: keep all.
   std::string only_function;
+  // parallel_tool_calls false (Anthropic: disable_parallel_tool_use): calls after the first are dropped.
+  bool single_call = false;
 };
 
 class ToolParser {

@@ -134,6 +134,25 @@ TEST(HermesToolParser, NamedToolChoiceDropsOtherCalls) {
   }
 }
 
+// parallel_tool_calls false: the first call only, streaming or not.
+TEST(HermesToolParser, SingleCallKeepsTheFirst) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", "
+      "\"arguments\": {}}\n</tool_call>";
+  ToolParserOptions o;
+  o.make_id = testing::counting_ids();
+  o.single_call = true;
+  auto p = make_tool_parser("hermes", o);
+  ToolParseResult r = p->parse(text);
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].name, "a");
+  for (const testing::Chunking& c : chunkings(text, 10)) {
+    ToolParseResult s = stream_tools(*p, c);
+    testing::expect_same_calls(s.tool_calls, r.tool_calls, text);
+  }
+  EXPECT_EQ(hermes()->parse(text).tool_calls.size(), 2u);
+}
+
 TEST(HermesToolParser, QwenAliasAndUnknownName) {
   EXPECT_TRUE(make_tool_parser("qwen3")->parse("<tool_call>{\"name\": \"f\"}</tool_call>").tools_called());
   try {
