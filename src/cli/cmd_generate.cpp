@@ -413,6 +413,7 @@ int run_generate(int argc, char** argv) {
   add_cluster_flags(app, cf);
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   if (ef.model.empty()) ef.model = default_model_dir("generate");
+  resolve_model(ef);
   // A rank process spawned by the head (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   // Several nodes: a node other than the head only runs its ranks (the head has the prompts).

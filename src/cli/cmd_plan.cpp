@@ -103,6 +103,7 @@ int run_plan(int argc, char** argv) {
   app.add_flag("--suggest", suggest, "list the TP x PP layouts that fit (TP inside a node first)");
   app.add_flag("--json", json, "print the plan as JSON");
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  resolve_model(ef);
   std::vector<std::string> ignored;
   for (const auto& extra : app.remaining())
     if (!extra.empty() && extra[0] == '-') ignored.push_back(extra.substr(0, extra.find('=')));

@@ -51,10 +51,8 @@ const std::set<std::string> kVllmOnlyFlags = {"--enable-lora",
                                               "--rope-scaling",
                                               "--rope-theta",
                                               "--tokenizer-mode",
-                                              "--revision",
                                               "--code-revision",
                                               "--tokenizer-revision",
-                                              "--download-dir",
                                               "--hf-overrides",
                                               "--override-generation-config",
                                               "--enable-expert-parallel",
@@ -536,6 +534,9 @@ int run_serve(int argc, char** argv) {
     ef.model = default_model_dir("serve");
     if (sf.served_model_names.empty()) sf.served_model_names.push_back(kDemoModelName);
   }
+  // An org/name id is served under that name (vLLM's default), from its snapshot in the hub cache.
+  if (const std::string given = resolve_model(ef); given != ef.model && sf.served_model_names.empty())
+    sf.served_model_names.push_back(given);
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
   if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
   as_flag_errors([&] {  // flag checks before anything starts

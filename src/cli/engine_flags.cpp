@@ -1,5 +1,7 @@
 #include "cli/engine_flags.h"
 
+#include "loader/hf_cache.h"
+
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -60,7 +62,20 @@ void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* he
 
 }  // namespace
 
+std::string resolve_model(EngineFlags& f) {
+  const std::string given = f.model;
+  f.model = resolve_model_dir(f.model, HubCacheLookup{f.download_dir, f.revision, {}});
+  if (f.model != given) TLOG_INFO("Model {}: {}", given, f.model);
+  return given;
+}
+
 void add_engine_flags(CLI::App& app, EngineFlags& f) {
+  app.add_option("--download-dir", f.download_dir,
+                 "a Hugging Face cache folder searched first when the model is an org/name id (then HF_HUB_CACHE, "
+                 "HF_HOME/hub, ~/.cache/huggingface/hub); tessera never downloads");
+  app.add_option("--revision", f.revision,
+                 "the snapshot of an org/name model id in the Hugging Face cache: a branch, tag or commit (default "
+                 "main)");
   app.add_option("--load-format", f.load_format,
                  "auto|safetensors: read the checkpoint; dummy: random weights from config.json alone (benchmarks)")
       ->capture_default_str();

@@ -36,7 +36,14 @@ struct EngineFlags {
   bool enable_expert_parallel = false;
   std::string speculative_config;  // --speculative-config: vLLM's JSON object ("" = off)
   std::string gpu_memory;          // --gpu-memory: plan and run as if each device had this much ("" = what it reports)
+  std::string download_dir;        // --download-dir: a Hugging Face cache searched first for an org/name model id
+  std::string revision;            // --revision: the snapshot of an org/name model id (branch, tag or commit)
 };
+
+// An `org/name` model (vLLM's Hugging Face id) becomes its snapshot directory in the hub cache (loader/hf_cache.h);
+// a directory stays. Returns the model as given (the default --served-model-name for an id). Fails naming where it
+// looked and how to download.
+std::string resolve_model(EngineFlags& f);
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
 // --speculative-config's JSON ("" = off), validated; fails naming the bad field.
