@@ -244,6 +244,34 @@ size_t Plan::usable() const {
 
 namespace {
 
+// What a decode step reads on a rank of stage `s`: every weight but the routed experts (read
+// for the experts a token is routed to) and an embedding table only gathered from (one row per
+// token: the first stage's, unless the same stage's lm_head is tied to it); the cache's bytes.
+DecodeReads stage_reads(const ModelConfig& c, const StagePlan& s, size_t expert_bytes, int tp, int pp, DType compute,
+                        int block_size) {
+  DecodeReads r;
+  r.expert_bytes = expert_bytes;
+  size_t gathered = 0;
+  if (s.pp_rank == 0 && !(c.tie_word_embeddings && pp == 1))
+    gathered = static_cast<size_t>(vocab_rows_per_rank(c.vocab_size, tp)) * static_cast<size_t>(c.hidden_size) *
+               dtype_size(compute);
+  r.dense_bytes = s.weight_bytes - std::min(s.weight_bytes, expert_bytes + gathered);
+  r.kv_bytes_per_token = s.cache.kv_bytes_per_token(block_size);
+  r.state_bytes_per_seq = s.cache.state_bytes_per_seq;
+  return r;
+}
+
+// The decode ceiling at batch 1 and at the planned concurrency, at --max-model-len.
+void add_ceilings(Plan& p) {
+  const MoeConfig& moe = p.config.moe;
+  std::vector<DecodeReads> reads;
+  for (const auto& s : p.stages) reads.push_back(s.reads);
+  const int batch = std::max(1, std::min(p.max_num_seqs, static_cast<int>(std::floor(p.max_concurrency + 1e-9))));
+  const double bw = p.in.target.bandwidth;
+  p.ceiling_one = decode_ceiling(reads, moe.num_experts, moe.num_experts_per_tok, 1, p.max_model_len, bw);
+  p.ceiling_batch = decode_ceiling(reads, moe.num_experts, moe.num_experts_per_tok, batch, p.max_model_len, bw);
+}
+
 // The plan's numbers without the advice (which re-plans other configurations).
 Plan compute(const PlanInputs& in) {
   Plan p;
@@ -333,17 +361,7 @@ Plan compute(const PlanInputs& in) {
       kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
     kin.state_slots_per_seq = in.state_slots_per_seq;
     s.kv = plan_kv_budget(kin, s.cache);
-    // Decode reads: every weight but the routed experts (read for the experts a token is routed
-    // to) and an embedding table only gathered from (one row per token: the first stage's,
-    // unless the same stage's lm_head is tied to it).
-    s.reads.expert_bytes = sm.model->weights().expert_bytes();
-    size_t gathered = 0;
-    if (stage == 0 && !(c.tie_word_embeddings && pp == 1))
-      gathered = static_cast<size_t>(vocab_rows_per_rank(c.vocab_size, tp)) * static_cast<size_t>(c.hidden_size) *
-                 dtype_size(p.compute_dtype);
-    s.reads.dense_bytes = s.weight_bytes - std::min(s.weight_bytes, s.reads.expert_bytes + gathered);
-    s.reads.kv_bytes_per_token = s.cache.kv_bytes_per_token(in.block_size);
-    s.reads.state_bytes_per_seq = s.cache.state_bytes_per_seq;
+    s.reads = stage_reads(c, s, sm.model->weights().expert_bytes(), tp, pp, p.compute_dtype, in.block_size);
     (void)graph_batch;
     p.stages.push_back(s);
   }
@@ -363,15 +381,7 @@ Plan compute(const PlanInputs& in) {
   }
   p.fits = stages_hold && p.kv_tokens >= p.max_model_len;
   p.full_concurrency = p.fits && p.max_concurrency + 1e-9 >= in.max_num_seqs;
-  if (in.target.bandwidth > 0) {
-    std::vector<DecodeReads> reads;
-    for (const auto& s : p.stages) reads.push_back(s.reads);
-    const int batch = std::max(1, std::min(p.max_num_seqs, static_cast<int>(std::floor(p.max_concurrency + 1e-9))));
-    p.ceiling_one =
-        decode_ceiling(reads, c.moe.num_experts, c.moe.num_experts_per_tok, 1, p.max_model_len, in.target.bandwidth);
-    p.ceiling_batch = decode_ceiling(reads, c.moe.num_experts, c.moe.num_experts_per_tok, batch, p.max_model_len,
-                                     in.target.bandwidth);
-  }
+  if (in.target.bandwidth > 0) add_ceilings(p);
   return p;
 }
 
