@@ -24,6 +24,8 @@ nlohmann::json to_json(const plan::Plan& p) {
   j["target"] = {{"description", in.target.description},
                  {"device", in.target.device == DeviceType::kCUDA ? "cuda" : "cpu"},
                  {"memory_bytes", in.target.memory_bytes},
+                 {"unified", in.target.unified},
+                 {"bandwidth_bytes_per_s", in.target.bandwidth},
                  {"nodes", in.target.nodes},
                  {"gpus_per_node", in.target.gpus_per_node}};
   j["tensor_parallel_size"] = in.tensor_parallel_size;
@@ -70,6 +72,18 @@ nlohmann::json to_json(const plan::Plan& p) {
   j["ssm_state_dtype"] = dtype_name(p.ssm_state_dtype);
   j["kv_tokens"] = p.kv_tokens;
   j["max_concurrency"] = p.max_concurrency;
+  auto ceiling = [](const plan::DecodeCeiling& d) {
+    return nlohmann::json{{"batch", d.batch},
+                          {"stage_bytes", d.stage_bytes},
+                          {"step_seconds", d.step_seconds},
+                          {"steps_per_second", d.steps_per_second},
+                          {"tokens_per_second", d.tokens_per_second}};
+  };
+  if (p.ceiling_one) j["decode_ceiling"] = {{"batch_1", ceiling(*p.ceiling_one)}, {"batch", ceiling(*p.ceiling_batch)}};
+  if (in.target.unified)
+    j["unified_memory"] = {{"os_reserve_bytes", plan::kUnifiedOsReserve},
+                           {"max_gpu_memory_utilization", p.max_utilization},
+                           {"min_gpu_memory_utilization", p.min_utilization}};
   j["fits"] = p.fits;
   j["full_concurrency"] = p.full_concurrency;
   j["verdict"] = p.verdict;
@@ -96,7 +110,7 @@ int run_plan(int argc, char** argv) {
   add_engine_flags(app, ef);
   add_cluster_flags(app, cf);
   std::string gpu_help = "the target GPU (default: this machine's device):";
-  for (const auto& g : plan::gpu_table()) gpu_help += " " + g.name;
+  for (const auto& g : plan::gpu_table()) gpu_help += " " + g.name + (g.alias.empty() ? "" : " (" + g.alias + ")");
   app.add_option("--gpu", gpu, gpu_help);
   app.add_option("--nodes", nodes, "nodes of the target (default --nnodes, or 1)");
   app.add_option("--gpus-per-node", gpus_per_node, "GPUs per node of the target (default TP x PP / nodes)");
@@ -125,6 +139,7 @@ int run_plan(int argc, char** argv) {
     t.device = DeviceType::kCUDA;
     t.memory_bytes = g->memory_bytes;
     t.unified = g->unified;
+    t.bandwidth = g->bandwidth;
     t.description = "--gpu " + g->name + " (" + g->description + ")";
     if (!ef.gpu_memory.empty()) {
       t.memory_bytes = plan::parse_memory_size(ef.gpu_memory);

@@ -204,6 +204,14 @@ size_t WeightStore::fp8_scale_bytes() const {
   return n;
 }
 
+size_t WeightStore::expert_bytes() const {
+  size_t n = 0;
+  for (const auto& e : entries_)
+    if (e.tied_to.empty() && e.tensor.defined() && e.style == ParallelStyle::kExpert)
+      n += e.tensor.nbytes() + (e.tensor.block_scaled() ? e.tensor.block_scale()->nbytes() : 0);
+  return n;
+}
+
 void quantize_fp8_blocks(const float* src, int64_t rows, int64_t cols, uint8_t* dst, float* scale) {
   constexpr int64_t B = Tensor::kScaleBlock;
   const int64_t cb = (cols + B - 1) / B;

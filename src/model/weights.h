@@ -132,6 +132,9 @@ class WeightStore {
   // Of those, the FP8 weights and their f32 block scales (0 before load and without FP8).
   size_t fp8_bytes() const;
   size_t fp8_scale_bytes() const;
+  // Of those, the routed experts' (declare_experts, FP8 ones with their scales): the part of
+  // the weights a decode token reads only for the experts it is routed to.
+  size_t expert_bytes() const;
   size_t count() const { return entries_.size(); }
 
  private:

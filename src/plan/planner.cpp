@@ -138,22 +138,23 @@ StageModel build_stage(const ModelConfig& config, const PlanInputs& in, int max_
 const std::vector<GpuSpec>& gpu_table() {
   // Totals as the driver reports them (nvidia-smi memory.total, MiB), or the nominal size
   // where the device reports system memory (GB10: 128 GB LPDDR5x shared with the CPU).
+  // Bandwidth: the vendor's memory bandwidth (decimal units; H100 and A100 are the SXM parts).
   static const std::vector<GpuSpec> t = {
-      {"h200", "NVIDIA H200 (141 GB HBM3e)", 143771 * kMiB, false},
-      {"h100", "NVIDIA H100 80GB", 81559 * kMiB, false},
-      {"h20", "NVIDIA H20 (96 GB)", 97871 * kMiB, false},
-      {"a100", "NVIDIA A100 80GB", 81920 * kMiB, false},
-      {"a100-40gb", "NVIDIA A100 40GB", 40960 * kMiB, false},
-      {"l40s", "NVIDIA L40S (48 GB)", 46068 * kMiB, false},
-      {"l40", "NVIDIA L40 (48 GB)", 46068 * kMiB, false},
-      {"a10", "NVIDIA A10 (24 GB)", 23028 * kMiB, false},
-      {"rtx4090", "NVIDIA GeForce RTX 4090 (24 GB)", 24564 * kMiB, false},
-      {"rtx5090", "NVIDIA GeForce RTX 5090 (32 GB)", 32607 * kMiB, false},
-      {"rtx5090d", "NVIDIA GeForce RTX 5090 D (32 GB)", 32607 * kMiB, false},
-      {"rtx6000ada", "NVIDIA RTX 6000 Ada (48 GB)", 49140 * kMiB, false},
-      {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell (96 GB)", 97887 * kMiB, false},
-      {"b200", "NVIDIA B200 (180 GB HBM3e)", 183359 * kMiB, false},
-      {"gb10", "NVIDIA GB10 / DGX Spark (128 GB unified)", size_t{128} * 1000 * 1000 * 1000, true},
+      {"h200", "NVIDIA H200 (141 GB HBM3e)", 143771 * kMiB, false, 4.8e12, ""},
+      {"h100", "NVIDIA H100 80GB", 81559 * kMiB, false, 3.35e12, ""},
+      {"h20", "NVIDIA H20 (96 GB)", 97871 * kMiB, false, 4.0e12, ""},
+      {"a100", "NVIDIA A100 80GB", 81920 * kMiB, false, 2.039e12, ""},
+      {"a100-40gb", "NVIDIA A100 40GB", 40960 * kMiB, false, 1.555e12, ""},
+      {"l40s", "NVIDIA L40S (48 GB)", 46068 * kMiB, false, 864e9, ""},
+      {"l40", "NVIDIA L40 (48 GB)", 46068 * kMiB, false, 864e9, ""},
+      {"a10", "NVIDIA A10 (24 GB)", 23028 * kMiB, false, 600e9, ""},
+      {"rtx4090", "NVIDIA GeForce RTX 4090 (24 GB)", 24564 * kMiB, false, 1.008e12, ""},
+      {"rtx5090", "NVIDIA GeForce RTX 5090 (32 GB)", 32607 * kMiB, false, 1.792e12, ""},
+      {"rtx5090d", "NVIDIA GeForce RTX 5090 D (32 GB)", 32607 * kMiB, false, 1.792e12, ""},
+      {"rtx6000ada", "NVIDIA RTX 6000 Ada (48 GB)", 49140 * kMiB, false, 960e9, ""},
+      {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell (96 GB)", 97887 * kMiB, false, 1.792e12, ""},
+      {"b200", "NVIDIA B200 (180 GB HBM3e)", 183359 * kMiB, false, 8.0e12, ""},
+      {"gb10", "NVIDIA GB10 / DGX Spark (128 GB unified)", size_t{128} * 1000 * 1000 * 1000, true, 273e9, "dgx-spark"},
   };
   return t;
 }
@@ -162,12 +163,14 @@ std::optional<GpuSpec> find_gpu(const std::string& name) {
   std::string n;
   for (char c : name)
     if (c != '-' && c != '_' && c != ' ') n.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
-  for (const auto& g : gpu_table()) {
+  auto key = [](const std::string& name) {
     std::string k;
-    for (char c : g.name)
+    for (char c : name)
       if (c != '-') k.push_back(c);
-    if (k == n) return g;
-  }
+    return k;
+  };
+  for (const auto& g : gpu_table())
+    if (key(g.name) == n || (!g.alias.empty() && key(g.alias) == n)) return g;
   return std::nullopt;
 }
 
@@ -209,11 +212,65 @@ size_t parse_memory_size(const std::string& text) {
   return static_cast<size_t>(v * mult);
 }
 
+double decode_step_bytes(const DecodeReads& r, int num_experts, int top_k, int batch, int64_t context) {
+  const int b = std::max(1, batch);
+  // Share of this rank's experts that b tokens reach: 1 - (1 - k/E)^b (k/E at one token).
+  const double hit = num_experts > 0 && top_k > 0
+                         ? 1.0 - std::pow(1.0 - std::min(1.0, static_cast<double>(top_k) / num_experts), b)
+                         : 0.0;
+  const double per_seq =
+      static_cast<double>(r.kv_bytes_per_token) * static_cast<double>(std::max<int64_t>(0, context)) +
+      static_cast<double>(r.state_bytes_per_seq);
+  return static_cast<double>(r.dense_bytes) + static_cast<double>(r.expert_bytes) * hit + b * per_seq;
+}
+
+DecodeCeiling decode_ceiling(const std::vector<DecodeReads>& stages, int num_experts, int top_k, int batch,
+                             int64_t context, double bandwidth) {
+  if (!(bandwidth > 0)) fail(ErrorKind::kInvalidArgument, "decode ceiling: no memory bandwidth");
+  DecodeCeiling d;
+  d.batch = std::max(1, batch);
+  for (const auto& r : stages) {
+    d.stage_bytes.push_back(decode_step_bytes(r, num_experts, top_k, d.batch, context));
+    d.step_seconds += d.stage_bytes.back() / bandwidth;
+  }
+  d.steps_per_second = d.step_seconds > 0 ? 1.0 / d.step_seconds : 0.0;
+  d.tokens_per_second = d.steps_per_second * d.batch;
+  return d;
+}
+
 size_t Plan::usable() const {
   return static_cast<size_t>(in.gpu_memory_utilization * static_cast<double>(in.target.memory_bytes));
 }
 
 namespace {
+
+// What a decode step reads on a rank of stage `s`: every weight but the routed experts (read
+// for the experts a token is routed to) and an embedding table only gathered from (one row per
+// token: the first stage's, unless the same stage's lm_head is tied to it); the cache's bytes.
+DecodeReads stage_reads(const ModelConfig& c, const StagePlan& s, size_t expert_bytes, int tp, int pp, DType compute,
+                        int block_size) {
+  DecodeReads r;
+  r.expert_bytes = expert_bytes;
+  size_t gathered = 0;
+  if (s.pp_rank == 0 && !(c.tie_word_embeddings && pp == 1))
+    gathered = static_cast<size_t>(vocab_rows_per_rank(c.vocab_size, tp)) * static_cast<size_t>(c.hidden_size) *
+               dtype_size(compute);
+  r.dense_bytes = s.weight_bytes - std::min(s.weight_bytes, expert_bytes + gathered);
+  r.kv_bytes_per_token = s.cache.kv_bytes_per_token(block_size);
+  r.state_bytes_per_seq = s.cache.state_bytes_per_seq;
+  return r;
+}
+
+// The decode ceiling at batch 1 and at the planned concurrency, at --max-model-len.
+void add_ceilings(Plan& p) {
+  const MoeConfig& moe = p.config.moe;
+  std::vector<DecodeReads> reads;
+  for (const auto& s : p.stages) reads.push_back(s.reads);
+  const int batch = std::max(1, std::min(p.max_num_seqs, static_cast<int>(std::floor(p.max_concurrency + 1e-9))));
+  const double bw = p.in.target.bandwidth;
+  p.ceiling_one = decode_ceiling(reads, moe.num_experts, moe.num_experts_per_tok, 1, p.max_model_len, bw);
+  p.ceiling_batch = decode_ceiling(reads, moe.num_experts, moe.num_experts_per_tok, batch, p.max_model_len, bw);
+}
 
 // The plan's numbers without the advice (which re-plans other configurations).
 Plan compute(const PlanInputs& in) {
@@ -304,6 +361,7 @@ Plan compute(const PlanInputs& in) {
       kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
     kin.state_slots_per_seq = in.state_slots_per_seq;
     s.kv = plan_kv_budget(kin, s.cache);
+    s.reads = stage_reads(c, s, sm.model->weights().expert_bytes(), tp, pp, p.compute_dtype, in.block_size);
     (void)graph_batch;
     p.stages.push_back(s);
   }
@@ -323,6 +381,7 @@ Plan compute(const PlanInputs& in) {
   }
   p.fits = stages_hold && p.kv_tokens >= p.max_model_len;
   p.full_concurrency = p.fits && p.max_concurrency + 1e-9 >= in.max_num_seqs;
+  if (in.target.bandwidth > 0) add_ceilings(p);
   return p;
 }
 
@@ -477,11 +536,53 @@ void advise(Plan& p) {
   }
 }
 
+// Unified memory: the utilizations that fit between what the model needs and what leaves the
+// OS kUnifiedOsReserve, each re-planned; an ask above the highest does not fit.
+void unified_range(Plan& p) {
+  const PlanInputs& in = p.in;
+  const double total = static_cast<double>(in.target.memory_bytes);
+  p.max_utilization = std::floor(std::max(0.0, total - static_cast<double>(kUnifiedOsReserve)) / total * 100) / 100;
+  // Lower bound: every stage's weights, buffers, activations and one sequence of --max-model-len.
+  double need = 0;
+  for (const auto& s : p.stages)
+    need = std::max(
+        need, static_cast<double>(s.used_before_cache + s.activation_bytes +
+                                  s.cache.kv_bytes_per_token(in.block_size) * static_cast<size_t>(p.max_model_len) +
+                                  s.cache.state_bytes_per_seq));
+  for (int u = static_cast<int>(std::ceil(need / total * 100 - 1e-9)); u <= std::lround(p.max_utilization * 100); ++u) {
+    PlanInputs t = in;
+    t.gpu_memory_utilization = u / 100.0;
+    if (auto q = try_plan(t); q && q->fits) {
+      p.min_utilization = u / 100.0;
+      break;
+    }
+  }
+  const std::string range =
+      p.min_utilization > 0
+          ? fmt::format("--gpu-memory-utilization {:.2f} to {:.2f} fits on this unified memory", p.min_utilization,
+                        p.max_utilization)
+          : fmt::format("no --gpu-memory-utilization up to {:.2f} fits on this unified memory", p.max_utilization);
+  if (in.gpu_memory_utilization > p.max_utilization + 1e-9) {
+    p.fits = p.full_concurrency = false;
+    p.flag_to_change = "--gpu-memory-utilization";
+    p.verdict = fmt::format(
+        "does not fit: --gpu-memory-utilization {:.2f} of {} of unified memory leaves the OS {}, less than the {} the "
+        "plan keeps for it (no other process assumed); {}{}",
+        in.gpu_memory_utilization, gib(in.target.memory_bytes), gib(in.target.memory_bytes - p.usable()),
+        gib(kUnifiedOsReserve), range,
+        p.min_utilization > 0 ? fmt::format(": use --gpu-memory-utilization {:.2f}", p.max_utilization)
+                              : std::string(": use more nodes"));
+  } else if (!p.fits) {
+    p.verdict += "; " + range;
+  }
+}
+
 }  // namespace
 
 Plan make_plan(const PlanInputs& in) {
   Plan p = compute(in);
   advise(p);
+  if (in.target.unified) unified_range(p);
   return p;
 }
 
@@ -597,12 +698,39 @@ std::string render_text(const Plan& p) {
             : std::string());
   o += fmt::format("concurrency {:.2f} sequences of {} tokens at once\n", p.max_concurrency,
                    with_thousands(p.max_model_len));
+  if (p.ceiling_one) {
+    const double bw = in.target.bandwidth;
+    o += fmt::format(
+        "decode     ceiling from memory bandwidth alone ({} per GPU; no compute, no communication), {} tokens of "
+        "context:\n",
+        bw >= 1e12 ? fmt::format("{:.2f} TB/s", bw / 1e12) : fmt::format("{:.0f} GB/s", bw / 1e9),
+        with_thousands(p.max_model_len));
+    auto line = [&](const DecodeCeiling& d) {
+      double sum = 0;
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < d.stage_bytes.size(); ++i) {
+        sum += d.stage_bytes[i];
+        parts.push_back(fmt::format("stage {} {:.2f} GB", i, d.stage_bytes[i] / 1e9));
+      }
+      o += fmt::format("           batch {:<4} {:.2f} GB read per rank per step{} -> {:.1f} steps/s, {:.1f} tok/s\n",
+                       d.batch, sum / 1e9,
+                       parts.size() > 1 ? fmt::format(" ({}, one after another)", fmt::join(parts, " + ")) : "",
+                       d.steps_per_second, d.tokens_per_second);
+    };
+    line(*p.ceiling_one);
+    if (p.ceiling_batch && p.ceiling_batch->batch > 1) line(*p.ceiling_batch);
+  }
+  if (in.target.unified)
+    o += fmt::format(
+        "unified    {} shared with the OS: the plan leaves it {} (no other process assumed to hold memory), "
+        "so {}\n",
+        gib(in.target.memory_bytes), gib(kUnifiedOsReserve),
+        p.min_utilization > 0
+            ? fmt::format("--gpu-memory-utilization {:.2f} to {:.2f} fits", p.min_utilization, p.max_utilization)
+            : fmt::format("no --gpu-memory-utilization up to {:.2f} fits", p.max_utilization));
   bool est = false;
   for (const auto& s : p.stages) est |= s.runtime_estimated || s.comm_bytes > 0;
   if (est) o += "* estimated (not measured on the target)\n";
-  if (in.target.unified)
-    o += "note: unified memory: the OS and every other process take from the same memory, so "
-         "--gpu-memory-utilization must leave them their share\n";
   const int per_node = in.target.gpus_per_node;
   if (per_node > 0 && in.tensor_parallel_size > per_node)
     o += fmt::format(

@@ -16,12 +16,15 @@
 
 namespace tessera::plan {
 
-// A GPU model from the table (`--gpu h200`): memory as the driver reports it.
+// A GPU model from the table (`--gpu h200`): memory as the driver reports it, and the
+// vendor's memory bandwidth.
 struct GpuSpec {
   std::string name;         // "h200"
   std::string description;  // "NVIDIA H200 (141 GB HBM3e)"
   size_t memory_bytes = 0;  // what cudaMemGetInfo / nvidia-smi report as total
   bool unified = false;     // memory shared with the CPU and the OS (GB10)
+  double bandwidth = 0;     // bytes/s (vendor figure, decimal: 4.8 TB/s = 4.8e12)
+  std::string alias;        // another name --gpu accepts ("dgx-spark"), or ""
 };
 const std::vector<GpuSpec>& gpu_table();
 // nullopt when unknown (the caller lists gpu_table()).
@@ -35,6 +38,7 @@ struct Target {
   DeviceType device = DeviceType::kCUDA;
   size_t memory_bytes = 0;  // per GPU (per CPU node for the CPU backend)
   bool unified = false;
+  double bandwidth = 0;  // bytes/s per GPU; 0: unknown (no decode ceiling)
   int nodes = 1;
   int gpus_per_node = 0;  // 0: TP x PP / nodes
   // Memory already in use on the device before tessera loads anything (CUDA context, other
@@ -47,6 +51,34 @@ inline constexpr size_t kCudaRuntimeEstimate = size_t{640} << 20;  // CUDA conte
 inline constexpr size_t kNcclCommEstimate = size_t{256} << 20;     // buffers of one NCCL communicator
 inline constexpr size_t kCustomAllReduceBytes = size_t{17} << 20;  // one-shot all-reduce staging + flags
 inline constexpr size_t kCudaMinScratch = size_t{256} << 20;       // the CUDA arena's first chunk
+// Unified memory (GB10): what the plan leaves the OS (kernel, services, the page cache's
+// working set) out of the total; no other process is assumed to hold memory.
+inline constexpr size_t kUnifiedOsReserve = size_t{8} << 30;
+
+// What one decode step reads on one rank of one pipeline stage (the decode ceiling).
+struct DecodeReads {
+  size_t dense_bytes = 0;          // weights every token reads (all but routed experts and gathered embeddings)
+  size_t expert_bytes = 0;         // the routed experts this rank holds, all of them (FP8 with scales)
+  size_t kv_bytes_per_token = 0;   // KV read per context token of a sequence
+  size_t state_bytes_per_seq = 0;  // linear-attention state read per sequence
+};
+// Bytes one decode step of `batch` sequences of `context` tokens reads on that rank:
+//   dense + expert_bytes x (1 - (1 - k/E)^batch) + batch x (kv_bytes_per_token x context + state)
+// where E x (1 - (1 - k/E)^batch) is the expected number of distinct experts `batch` tokens
+// route to (k of E each, uniformly); E = 0: a dense model.
+double decode_step_bytes(const DecodeReads& r, int num_experts, int top_k, int batch, int64_t context);
+// The bandwidth-only ceiling of a decode step (no compute, no communication): a token passes
+// the pipeline stages one after another, so the step takes the sum of the stages' reads over
+// the bandwidth; batch tokens per step.
+struct DecodeCeiling {
+  int batch = 1;
+  std::vector<double> stage_bytes;  // per stage, one rank's reads
+  double step_seconds = 0;
+  double steps_per_second = 0;
+  double tokens_per_second = 0;  // batch x steps per second
+};
+DecodeCeiling decode_ceiling(const std::vector<DecodeReads>& stages, int num_experts, int top_k, int batch,
+                             int64_t context, double bandwidth);
 
 struct PlanInputs {
   std::string model_dir;
@@ -86,6 +118,7 @@ struct StagePlan {
   CacheFootprint cache;
   KvBudget kv;
   bool runtime_estimated = false;
+  DecodeReads reads;  // what a decode step reads here
 };
 
 struct Plan {
@@ -109,7 +142,13 @@ struct Plan {
   bool full_concurrency = false;
   std::string verdict;         // one sentence, with what to change and the numbers
   std::string flag_to_change;  // the first flag the verdict names ("" when it fits)
-  size_t usable() const;       // utilization x memory per GPU
+  // With a bandwidth: the decode ceiling at batch 1 and at the planned concurrency
+  // (min(--max-num-seqs after the clamp, full-length sequences the cache holds)), at --max-model-len.
+  std::optional<DecodeCeiling> ceiling_one, ceiling_batch;
+  // Unified memory: the highest --gpu-memory-utilization that leaves the OS kUnifiedOsReserve,
+  // and the lowest that fits (0 when none up to the highest does).
+  double max_utilization = 0, min_utilization = 0;
+  size_t usable() const;  // utilization x memory per GPU
 };
 
 // Throws Error on a bad configuration (unknown architecture, TP not dividing the heads...).

@@ -276,6 +276,11 @@ TEST(Planner, GpuTableAndSizes) {
   ASSERT_TRUE(find_gpu("H200"));
   EXPECT_GT(find_gpu("rtx-5090d")->memory_bytes, 31 * kGiB);
   EXPECT_TRUE(find_gpu("gb10")->unified);
+  EXPECT_EQ(find_gpu("dgx-spark")->name, "gb10");
+  EXPECT_DOUBLE_EQ(find_gpu("gb10")->bandwidth, 273e9);
+  EXPECT_DOUBLE_EQ(find_gpu("h200")->bandwidth, 4.8e12);
+  EXPECT_DOUBLE_EQ(find_gpu("rtx5090d")->bandwidth, 1.792e12);
+  for (const auto& g : gpu_table()) EXPECT_GT(g.bandwidth, 0) << g.name;
   EXPECT_FALSE(find_gpu("voodoo2"));
   EXPECT_EQ(parse_memory_size("32GiB"), 32 * kGiB);
   EXPECT_EQ(parse_memory_size("24 GB"), 24000000000ull);
@@ -395,6 +400,107 @@ TEST(Planner, AgreesWithTheEngineOnTheSameMemory) {
 
 namespace tessera::plan {
 namespace {
+
+// The decode ceiling's arithmetic by hand: a rank that holds 1,000 bytes every token reads and
+// 8,000 bytes of routed experts (E = 8, k = 2), 10 KV bytes per context token and a 50-byte
+// state per sequence, at 100 tokens of context.
+TEST(DecodeCeiling, BytesPerStepByHand) {
+  DecodeReads r;
+  r.dense_bytes = 1000;
+  r.expert_bytes = 8000;
+  r.kv_bytes_per_token = 10;
+  r.state_bytes_per_seq = 50;
+  // One token: 2 of 8 experts, so a quarter of the experts' bytes, and one sequence's KV + state.
+  EXPECT_DOUBLE_EQ(decode_step_bytes(r, 8, 2, 1, 100), 1000 + 2000 + 1050);
+  // Four tokens reach 8 x (1 - (6/8)^4) = 5.46875 distinct experts on average: 68.359375%.
+  EXPECT_DOUBLE_EQ(decode_step_bytes(r, 8, 2, 4, 100), 1000 + 5468.75 + 4 * 1050);
+  // Many tokens reach every expert.
+  EXPECT_NEAR(decode_step_bytes(r, 8, 2, 1000, 0), 1000 + 8000 + 1000 * 50, 1e-6);
+  // A dense model (E = 0) reads no expert bytes.
+  EXPECT_DOUBLE_EQ(decode_step_bytes(r, 0, 0, 1, 100), 1000 + 1050);
+  // Two pipeline stages of that rank one after another at 10,000 B/s.
+  const DecodeCeiling one = decode_ceiling({r, r}, 8, 2, 1, 100, 1e4);
+  ASSERT_EQ(one.stage_bytes.size(), 2u);
+  EXPECT_DOUBLE_EQ(one.step_seconds, 2 * 4050 / 1e4);
+  EXPECT_DOUBLE_EQ(one.steps_per_second, 1e4 / 8100);
+  EXPECT_DOUBLE_EQ(one.tokens_per_second, 1e4 / 8100);
+  const DecodeCeiling four = decode_ceiling({r, r}, 8, 2, 4, 100, 1e4);
+  EXPECT_DOUBLE_EQ(four.step_seconds, 2 * 10668.75 / 1e4);
+  EXPECT_DOUBLE_EQ(four.tokens_per_second, 4 * 1e4 / 21337.5);
+  EXPECT_THROW(decode_ceiling({r}, 8, 2, 1, 100, 0), Error);
+}
+
+// In a plan: a dense model reads all its weights but the gathered embedding table; a MoE model's
+// reads split into the dense part and the routed experts, which grow with the batch.
+TEST(DecodeCeiling, PlanReadsWeightsKvAndTheActiveExperts) {
+  PlanInputs in = inputs(kQwen8b, 141 * kGiB);
+  in.max_model_len = 4096;
+  in.max_num_seqs = 4;
+  in.target.bandwidth = 4.8e12;
+  const Plan p = make_plan(in);
+  const StagePlan& s = p.stages[0];
+  const size_t embed = size_t{151936} * 4096 * 2;  // untied: the lm_head is read, the table gathered
+  EXPECT_EQ(s.reads.expert_bytes, 0u);
+  EXPECT_EQ(s.reads.dense_bytes, s.weight_bytes - embed);
+  EXPECT_EQ(s.reads.kv_bytes_per_token, s.cache.kv_bytes_per_token(in.block_size));
+  ASSERT_TRUE(p.ceiling_one && p.ceiling_batch);
+  const double b1 = static_cast<double>(s.weight_bytes - embed) + 4096.0 * s.reads.kv_bytes_per_token;
+  EXPECT_DOUBLE_EQ(p.ceiling_one->stage_bytes[0], b1);
+  EXPECT_DOUBLE_EQ(p.ceiling_one->tokens_per_second, 4.8e12 / b1);
+  EXPECT_EQ(p.ceiling_batch->batch, 4);
+  EXPECT_NE(render_text(p).find("ceiling from memory bandwidth alone (4.80 TB/s per GPU"), std::string::npos)
+      << render_text(p);
+
+  PlanInputs m = inputs(kFlagshipFp8, 141 * kGiB);
+  m.max_model_len = 2048;
+  m.max_num_seqs = 8;
+  m.target.bandwidth = 4.8e12;
+  const Plan q = make_plan(m);
+  const DecodeReads& r = q.stages[0].reads;
+  EXPECT_GT(r.expert_bytes, q.stages[0].weight_bytes * 8 / 10) << "the routed experts are most of the model";
+  EXPECT_GT(r.dense_bytes, 0u);
+  EXPECT_DOUBLE_EQ(q.ceiling_one->stage_bytes[0], decode_step_bytes(r, 256, 8, 1, 2048));
+  EXPECT_LT(q.ceiling_one->stage_bytes[0], 0.2 * q.stages[0].weight_bytes) << "8 + 1 of 256 experts per token";
+  EXPECT_GT(q.ceiling_batch->tokens_per_second, q.ceiling_one->tokens_per_second);
+  m.target.bandwidth = 0;
+  EXPECT_FALSE(make_plan(m).ceiling_one.has_value()) << "no bandwidth, no ceiling";
+}
+
+// GB10: the utilization that leaves the OS 8 GiB of the 128 GB, and the lowest that fits; an ask
+// above the highest or below the lowest does not fit and the verdict names the number.
+TEST(Planner, UnifiedMemorySaysWhichUtilizationFits) {
+  const GpuSpec g = *find_gpu("dgx-spark");
+  PlanInputs in = inputs(kFlagshipFp8, g.memory_bytes, 2);
+  in.target.baseline_used = std::nullopt;
+  in.target.unified = true;
+  in.target.bandwidth = g.bandwidth;
+  in.target.nodes = 2;
+  in.target.gpus_per_node = 1;
+  in.max_model_len = 2048;
+  const Plan p = make_plan(in);
+  EXPECT_DOUBLE_EQ(p.max_utilization, 0.93);  // (128e9 - 8 GiB) / 128e9 = 0.9329
+  EXPECT_TRUE(p.fits) << p.verdict;
+  ASSERT_GT(p.min_utilization, 0.0);
+  EXPECT_LT(p.min_utilization, 0.9);
+  EXPECT_NE(render_text(p).find(fmt::format("--gpu-memory-utilization {:.2f} to 0.93 fits", p.min_utilization)),
+            std::string::npos)
+      << render_text(p);
+  PlanInputs below = in;
+  below.gpu_memory_utilization = p.min_utilization - 0.01;
+  const Plan lo = make_plan(below);
+  EXPECT_FALSE(lo.fits);
+  EXPECT_NE(lo.verdict.find(fmt::format("--gpu-memory-utilization {:.2f} to 0.93 fits", p.min_utilization)),
+            std::string::npos)
+      << lo.verdict;
+  PlanInputs over = in;
+  over.gpu_memory_utilization = 0.95;
+  const Plan hi = make_plan(over);
+  EXPECT_FALSE(hi.fits);
+  EXPECT_EQ(hi.flag_to_change, "--gpu-memory-utilization");
+  EXPECT_NE(hi.verdict.find("use --gpu-memory-utilization 0.93"), std::string::npos) << hi.verdict;
+  in.target.unified = false;
+  EXPECT_EQ(make_plan(in).max_utilization, 0.0) << "only unified memory";
+}
 
 // The meta backend takes the scratch the backends' kernels take inside ops (backend/op_workspace.h),
 // so the plan counts it: 8,192 batched tokens through Qwen3.5-35B-A3B's experts (k = 8, H = 2,048,
