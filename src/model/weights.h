@@ -133,6 +133,8 @@ class WeightStore {
   size_t fp8_bytes() const;
   size_t fp8_scale_bytes() const;
   size_t count() const { return entries_.size(); }
+  // Each loaded parameter once, with its name (a tied alias is its target's tensor: skipped).
+  void for_each_tensor(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;
 
  private:
   struct Entry {
