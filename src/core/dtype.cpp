@@ -234,11 +234,16 @@ void convert_host(const void* src, DType src_type, void* dst, DType dst_type, si
 
 namespace {
 
+// (memcpy: safetensors data may be unaligned.)
 template <typename Bits>
 size_t count_exponent_all_ones(const void* data, size_t n, Bits exponent) {
-  const Bits* p = static_cast<const Bits*>(data);
+  const char* p = static_cast<const char*>(data);
   size_t c = 0;
-  for (size_t i = 0; i < n; ++i) c += (p[i] & exponent) == exponent;
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    c += (b & exponent) == exponent;
+  }
   return c;
 }
 
