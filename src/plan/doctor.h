@@ -60,7 +60,7 @@ std::vector<uint8_t> encode_facts(const NodeFacts& f);
 NodeFacts decode_facts(std::span<const uint8_t> bytes);
 
 struct DoctorOptions {
-  std::string model_dir;  // optional
+  std::string model_dir;        // optional
   bool verify_weights = false;  // read every tensor: hash the files, find NaN/Inf values
   // Cluster mode when nnodes > 1.
   int nnodes = 1, node_rank = 0;

@@ -3,6 +3,7 @@
 // other requests go on; --check-weights finds NaN/Inf weights by name after loading.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +12,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -149,11 +149,11 @@ TEST(NanWeights, AsyncEngineReportsTheMessage) {
     r.prompt_ids = std::move(prompt);
     r.params = params(4);
     auto res = engine.submit({r}, {[&, id](const StreamDelta& d) {
-                                if (!d.finished) return;
-                                std::lock_guard<std::mutex> lk(mu);
-                                last[id] = d;
-                                cv.notify_all();
-                              }});
+                               if (!d.finished) return;
+                               std::lock_guard<std::mutex> lk(mu);
+                               last[id] = d;
+                               cv.notify_all();
+                             }});
     ASSERT_TRUE(res.ok()) << res.message;
   };
   submit("bad", {5, kPoisonToken});
