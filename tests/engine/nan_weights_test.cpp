@@ -139,21 +139,21 @@ TEST(NanWeights, AsyncEngineReportsTheMessage) {
   auto be = testing::make_test_backend();
   auto model = load_fixture(*be, testing::fixtures_dir() + "/" + kFixture);
   overwrite_row(*model, *be, kEmbedding, kPoisonToken, std::numeric_limits<float>::quiet_NaN());
-  AsyncEngine engine(make_engine(std::move(model), *be), nullptr);
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::string, StreamDelta> last;
+  std::map<std::string, StreamDelta> last;  // (before the engine: its callbacks write here until it drains)
+  AsyncEngine engine(make_engine(std::move(model), *be), nullptr);
   auto submit = [&](const std::string& id, std::vector<int32_t> prompt) {
     GenerationRequest r;
     r.id = id;
     r.prompt_ids = std::move(prompt);
     r.params = params(4);
-    auto res = engine.submit({r}, {[&, id](const StreamDelta& d) {
-                               if (!d.finished) return;
-                               std::lock_guard<std::mutex> lk(mu);
-                               last[id] = d;
-                               cv.notify_all();
-                             }});
+    auto res = engine.submit(r, [&, id](const StreamDelta& d) {
+      if (!d.finished) return;
+      std::lock_guard<std::mutex> lk(mu);
+      last[id] = d;
+      cv.notify_all();
+    });
     ASSERT_TRUE(res.ok()) << res.message;
   };
   submit("bad", {5, kPoisonToken});
