@@ -597,6 +597,10 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
       room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
     }
   proposer_->propose(decoding, room);
+  for (Request* r : decoding) {  // an MTP draft from NaN logits is -1 (Backend::argmax): drafting stops there
+    auto& d = r->spec_tokens;
+    d.erase(std::find_if(d.begin(), d.end(), [](int32_t t) { return t < 0; }), d.end());
+  }
   for (size_t i = 0; i < decoding.size(); ++i)
     TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",
                   decoding[i]->spec_tokens.size(), room[i]);
