@@ -133,6 +133,43 @@ TEST(NanWeights, RequestWithNanLogitsFailsAloneAndTheEngineGoesOn) {
   EXPECT_EQ(out["after"].tokens.size(), 6u);
 }
 
+// MTP speculation drafts on the device from the sampled tokens: a -1 there (NaN logits) must not fail the
+// step. NaN in the MTP layer alone: its drafts are -1, dropped, and the output is plain greedy decoding's.
+// NaN in the target model: every request fails alone, and the engine keeps stepping.
+TEST(NanWeights, MtpDraftingSurvivesNanLogits) {
+  auto be = testing::make_test_backend();
+  if (!be->supports_token_state_slots()) GTEST_SKIP() << "this backend does not keep per-token linear-attention states";
+  const std::string dir = testing::fixtures_dir() + "/qwen3_5_dense_tiny";
+  auto run = [&](const char* poison, bool mtp) {
+    LoadOptions lo;
+    lo.model_dir = dir;
+    lo.mtp = mtp;
+    auto model = load_model(lo, *be);
+    if (poison) overwrite_row(*model, *be, poison, 0, std::numeric_limits<float>::quiet_NaN());
+    EngineConfig ec;
+    ec.num_blocks_override = 64;
+    ec.scheduler.max_num_seqs = 8;
+    ec.scheduler.max_num_batched_tokens = 512;
+    ec.scheduler.max_model_len = 128;
+    if (mtp) {
+      ec.speculative.method = "mtp";
+      ec.speculative.num_speculative_tokens = 2;
+    }
+    LLMEngine e(std::make_unique<LocalExecutor>(std::move(model), *be), ec);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(e.add_request("r" + std::to_string(i), {5, 9, 14, 3 + i}, params(8)).ok());
+    return run_all(e);
+  };
+  const auto plain = run(nullptr, false);
+  const auto bad_drafts = run("mtp.fc.weight", true);
+  for (const auto& [id, f] : plain) {
+    EXPECT_EQ(bad_drafts.at(id).reason, FinishReason::kLength) << id;
+    EXPECT_EQ(bad_drafts.at(id).tokens, f.tokens) << id;
+  }
+  const auto bad_model = run("model.norm.weight", true);
+  ASSERT_EQ(bad_model.size(), 3u);
+  for (const auto& [id, f] : bad_model) expect_nan_error(f, id);
+}
+
 // Through AsyncEngine, the front ends' path: the error delta's text is the message (the server
 // answers it with a 500, or an error event when streaming), and the engine stays alive.
 TEST(NanWeights, AsyncEngineReportsTheMessage) {
