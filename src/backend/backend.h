@@ -285,11 +285,12 @@ class Backend {
   virtual void embedding_slice(const Tensor& ids, const Tensor& table, int64_t begin, const Tensor& out) = 0;
   // One token per row of logits [n, V] (f32) into out (i32 [n], this device), as
   // SamplingRow says; rows has n entries. Every backend draws the same way (see
-  // backend/sampling.h), up to float rounding.
+  // backend/sampling.h), up to float rounding. A row whose logits hold a NaN or +inf gets -1
+  // (kNoToken) instead of a token: the caller fails that request (NaN/Inf weights, an overflow).
   virtual void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, const Tensor& out) = 0;
   // The greedy token of each row of logits [n, V] (f32) into out (i32 [n]): what sample() draws
-  // with temperature 0 (the lowest id among equal maxima). The CUDA backend reads nothing from
-  // the host here, so a captured graph may hold it (MTP drafting).
+  // with temperature 0 (the lowest id among equal maxima; -1 for a row with a NaN or +inf). The CUDA backend reads
+  // nothing from the host here, so a captured graph may hold it (MTP drafting).
   virtual void argmax(const Tensor& logits, const Tensor& out);
   // Structured output's token masks, before sample(): for k < m, row rows[k] of logits [n, V] (f32) gets
   // -inf at every token t whose bit is clear in mask row k (i32 [m, W] of bit words: token t is bit t % 32

@@ -8,9 +8,13 @@
 namespace tessera {
 
 int32_t sample_row_host(const float* logits, int64_t V, const SamplingRow& row) {
+  // Any NaN or +inf logit means the numbers before it broke (NaN/Inf weights, an overflow):
+  // no token is drawn (kNoToken), rather than whichever id the comparisons happen to leave.
   int64_t best = 0;
-  for (int64_t i = 1; i < V; ++i)
+  for (int64_t i = 0; i < V; ++i) {
+    if (logit_is_broken(logits[i])) return kNoToken;
     if (logits[i] > logits[best]) best = i;
+  }
   if (row.temperature < 1e-5f || V == 1) return static_cast<int32_t>(best);
   const float m = logits[best], inv_t = 1.0f / row.temperature;
   std::vector<float> s(static_cast<size_t>(V));

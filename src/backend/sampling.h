@@ -10,7 +10,9 @@
 // kept s_i, and since u depends only on (seed, position, token id), a seeded request gets
 // the same token whatever batch it is in and whichever backend runs it (up to rounding).
 // Ties at a threshold keep every equal value. Greedy rows take the first maximal id.
+// A row with a NaN or +inf logit draws no token: kNoToken (-1), on every backend.
 #pragma once
+#include <bit>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -18,7 +20,16 @@
 
 namespace tessera {
 
-// One row of f32 logits -> token id.
+// What Backend::sample and argmax write for a row whose logits hold a NaN or +inf.
+inline constexpr int32_t kNoToken = -1;
+
+// NaN or +inf (tested on the bits, so no compiler flag can fold it away); -inf is a masked token.
+inline bool logit_is_broken(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return (u & 0x7fffffffu) >= 0x7f800000u && u != 0xff800000u;
+}
+
+// One row of f32 logits -> token id, or kNoToken.
 int32_t sample_row_host(const float* logits, int64_t vocab, const SamplingRow& row);
 
 }  // namespace tessera

@@ -20,7 +20,8 @@ int run_doctor(int argc, char** argv) {
   CLI::App app{
       "Preflight of this node, or of a cluster (run it on every node with the serve command's cluster flags):\n"
       "GPUs, driver, CUDA, tessera version, P2P, /dev/shm, memlock, NICs and the route to the head, MTU, ports,\n"
-      "latency and bandwidth between nodes, a Gloo all-reduce, identical model files.\n"
+      "latency and bandwidth between nodes, a Gloo all-reduce, identical model files (--verify-weights: their\n"
+      "tensor data too, and no NaN or Inf in it).\n"
       "  tessera doctor /data/models/Qwen3-8B\n"
       "  tessera doctor MODEL --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --cluster-token T   (head)\n"
       "  tessera doctor MODEL --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --cluster-token T   (node 1)",
@@ -34,7 +35,9 @@ int run_doctor(int argc, char** argv) {
   std::string min_shm = "1GiB";
   double stream_mib = 256, allreduce_mib = 64;
   app.add_option("model,--model", model, "model directory to check on every node (optional)");
-  app.add_flag("--verify-weights", verify, "also hash the tensor data of every safetensors file (reads all of it)");
+  app.add_flag("--verify-weights", verify,
+               "also read the tensor data of every safetensors file (all of it): hash it (compared across nodes) and "
+               "fail naming the tensors that hold NaN or Inf");
   app.add_flag("--json", json, "print the checks as JSON");
   app.add_option("--max-latency-ms", o.max_latency_ms, "round trip allowed between nodes")->capture_default_str();
   app.add_option("--min-bandwidth-gbps", o.min_bandwidth_gbps, "bandwidth required between nodes (Gb/s)")

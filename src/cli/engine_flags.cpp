@@ -127,6 +127,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                "split long prompts across steps so decodes keep flowing (default on)");
   app.add_option("--seed", f.seed, "seed for requests without their own seed and for dummy weights")
       ->capture_default_str();
+  app.add_flag("--check-weights", f.check_weights,
+               "after loading, read every weight tensor back and refuse to start if any holds NaN or Inf, naming "
+               "them (costs one pass over the weights; off by default; sampling fails a request whose logits turn "
+               "out NaN either way)");
   app.add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
                "use NCCL for every tensor-parallel all-reduce (by default small ones, as in decode, take a one-shot "
                "kernel over CUDA IPC when the GPUs of a TP group share a host with peer access)");
@@ -283,6 +287,7 @@ LoadOptions load_options(const EngineFlags& f) {
   o.quantization = f.quantization;
   o.max_model_len = f.max_model_len;
   o.seed = f.seed;
+  o.check_weights = f.check_weights;
   o.parallel.expert_parallel = f.enable_expert_parallel;
   const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
   o.mtp = spec.enabled() && spec.method == "mtp";

@@ -29,6 +29,7 @@ struct EngineFlags {
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   uint64_t seed = 0;
+  bool check_weights = false;  // --check-weights: scan the loaded weights for NaN/Inf before serving
   bool enforce_eager = false;
   bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;

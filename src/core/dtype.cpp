@@ -232,4 +232,41 @@ void convert_host(const void* src, DType src_type, void* dst, DType dst_type, si
   for (size_t i = 0; i < n; ++i) store_one(dst, dst_type, i, load_one(src, src_type, i));
 }
 
+namespace {
+
+// (memcpy: safetensors data may be unaligned.)
+template <typename Bits>
+size_t count_exponent_all_ones(const void* data, size_t n, Bits exponent) {
+  const char* p = static_cast<const char*>(data);
+  size_t c = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    c += (b & exponent) == exponent;
+  }
+  return c;
+}
+
+}  // namespace
+
+size_t count_nonfinite_host(const void* data, DType t, size_t n) {
+  switch (t) {
+    case DType::kF32:
+      return count_exponent_all_ones<uint32_t>(data, n, 0x7f800000u);
+    case DType::kBF16:
+      return count_exponent_all_ones<uint16_t>(data, n, 0x7f80u);
+    case DType::kF16:
+      return count_exponent_all_ones<uint16_t>(data, n, 0x7c00u);
+    case DType::kF8E5M2:
+      return count_exponent_all_ones<uint8_t>(data, n, 0x7cu);
+    case DType::kF8E4M3:
+      return count_exponent_all_ones<uint8_t>(data, n, 0x7fu);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return 0;
+}
+
 }  // namespace tessera

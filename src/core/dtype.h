@@ -39,4 +39,9 @@ uint8_t f32_to_fp8e5m2(float f);  // finite values saturate to +-57344; +-inf st
 // Converts n elements between any two float-like dtypes (f32, bf16, f16, fp8) on the host.
 void convert_host(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 
+// How many of n host elements of type t are NaN or +-inf, read from the bits (no compiler flag
+// can fold the test away; data may be unaligned); 0 for the integer dtypes. E4M3 has no inf:
+// its NaN is S.1111.111.
+size_t count_nonfinite_host(const void* data, DType t, size_t n);
+
 }  // namespace tessera

@@ -323,6 +323,7 @@ void AsyncEngine::handle_outputs(std::vector<RequestOutput>& outs) {
       d.finished = true;
       d.finish_reason = o.finish_reason;
       d.stop_token = o.stop_token;
+      if (o.finish_reason == FinishReason::kError) d.text = o.error;  // an error delta's text is its message
     }
     time_delta(o, seq, *t, d);
     if (d.finished) {

@@ -521,6 +521,16 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
       res = sampler_.sample(logits, vocab, *r, eos_ids_);
     else
       res.token = step_out_.tokens[static_cast<size_t>(first + j)];
+    if (res.token < 0) {  // the row's logits held NaN or +inf (Backend::sample): fail this request only
+      reason = FinishReason::kError;
+      o.error = fmt::format(
+          "step {}: the logits for output token {} of request {} hold NaN or Inf, so no token could be sampled; "
+          "the model's weights or activations are broken (check the weights with --check-weights or `tessera "
+          "doctor --verify-weights MODEL`)",
+          stats_.steps, r->output.size(), r->id);
+      TLOG_ERROR("{}", o.error);
+      break;
+    }
     r->output.push_back(res.token);
     if (r->constraint) advance_constraint(*r, res.token);
     ++stats_.generation_tokens;
@@ -587,6 +597,10 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
       room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
     }
   proposer_->propose(decoding, room);
+  for (Request* r : decoding) {  // an MTP draft from NaN logits is -1 (Backend::argmax): drafting stops there
+    auto& d = r->spec_tokens;
+    d.erase(std::find_if(d.begin(), d.end(), [](int32_t t) { return t < 0; }), d.end());
+  }
   for (size_t i = 0; i < decoding.size(); ++i)
     TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",
                   decoding[i]->spec_tokens.size(), room[i]);

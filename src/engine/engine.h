@@ -62,6 +62,7 @@ struct RequestOutput {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<int32_t> stop_token;
+  std::string error;  // finish_reason kError: what failed and what to check
   int num_prompt_tokens = 0;
   int num_output_tokens = 0;
   int num_cached_tokens = 0;

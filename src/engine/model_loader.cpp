@@ -1,5 +1,8 @@
 #include "engine/model_loader.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -60,7 +63,55 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   TLOG_INFO("Loading weights took {:.2f} seconds; model weights take {:.2f} GiB", secs,
             w.param_bytes(backend.compute_dtype()) / 1073741824.0);
+  if (o.check_weights) check_weights(w, backend, o.model_dir);
   return model;
+}
+
+NonFiniteWeights find_nonfinite_weights(const WeightStore& weights, Backend& backend) {
+  constexpr size_t kChunkBytes = size_t{16} << 20;
+  NonFiniteWeights r;
+  std::vector<char> host;
+  auto nonfinite = [&](const Tensor& t) {
+    const size_t esize = dtype_size(t.dtype()), chunk = std::max<size_t>(1, kChunkBytes / esize);
+    const int64_t n = t.numel();
+    if (n == 0) return false;
+    const Tensor flat = t.view({n});
+    host.resize(std::min(static_cast<size_t>(n), chunk) * esize);
+    for (int64_t b = 0; b < n; b += static_cast<int64_t>(chunk)) {
+      const int64_t e = std::min(n, b + static_cast<int64_t>(chunk));
+      backend.copy_to_host(host.data(), flat.rows(b, e));
+      if (count_nonfinite_host(host.data(), t.dtype(), static_cast<size_t>(e - b)) > 0) return true;
+    }
+    return false;
+  };
+  weights.for_each_tensor([&](const std::string& name, const Tensor& t) {
+    ++r.tensors_checked;
+    if (nonfinite(t))
+      r.names.push_back(name);
+    else if (t.block_scaled() && nonfinite(*t.block_scale()))
+      r.names.push_back(name + " (its FP8 block scales)");
+  });
+  return r;
+}
+
+void check_weights(const WeightStore& weights, Backend& backend, const std::string& model_dir) {
+  const auto start = std::chrono::steady_clock::now();
+  const NonFiniteWeights r = find_nonfinite_weights(weights, backend);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (r.names.empty()) {
+    TLOG_INFO("--check-weights: none of the {} weight tensors holds NaN or Inf ({:.2f} seconds)", r.tensors_checked,
+              secs);
+    return;
+  }
+  constexpr size_t kNamed = 5;
+  const size_t named = std::min(kNamed, r.names.size());
+  fail(ErrorKind::kCorrupt,
+       "{}: --check-weights found NaN or Inf in {} of {} weight tensors: {}{}; such weights give NaN logits and no "
+       "usable output. The checkpoint is damaged (an interrupted download, a broken conversion or fine-tune): "
+       "download or convert it again",
+       model_dir, r.names.size(), r.tensors_checked,
+       fmt::join(r.names.begin(), r.names.begin() + static_cast<std::ptrdiff_t>(named), ", "),
+       r.names.size() > named ? fmt::format(" (and {} more)", r.names.size() - named) : "");
 }
 
 }  // namespace tessera

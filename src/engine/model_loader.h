@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/model.h"
 
@@ -19,8 +20,20 @@ struct LoadOptions {
   // --speculative-config method mtp: build and load the checkpoint's MTP layer (mtp.* weights);
   // a checkpoint without them fails here, naming what is missing.
   bool mtp = false;
+  // --check-weights: after loading, scan every weight for NaN/Inf and fail naming them (check_weights).
+  bool check_weights = false;
 };
 
 std::unique_ptr<Model> load_model(const LoadOptions& options, Backend& backend);
+
+// The loaded weights (this rank's slices, FP8 block scales included) that hold NaN or +-inf,
+// by name in declaration order. Reads every weight through the host, in chunks.
+struct NonFiniteWeights {
+  std::vector<std::string> names;
+  size_t tensors_checked = 0;
+};
+NonFiniteWeights find_nonfinite_weights(const WeightStore& weights, Backend& backend);
+// find_nonfinite_weights, failing (ErrorKind::kCorrupt) with the first few names and the count.
+void check_weights(const WeightStore& weights, Backend& backend, const std::string& model_dir);
 
 }  // namespace tessera

@@ -128,6 +128,7 @@ SampleResult Sampler::sample(float* logits, int vocab, const Request& r, const s
   apply_penalties(logits, vocab, r, seen_);
   SampleResult res;
   res.token = sample_row_host(logits, vocab, sampling_row(r));
+  if (res.token < 0) return res;  // NaN or +inf logits: no token (the engine fails the request)
   if (p.logprobs >= 0) res.logprob = token_logprobs(logits, vocab, res.token, p.logprobs);
   return res;
 }

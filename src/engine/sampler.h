@@ -16,7 +16,7 @@
 namespace tessera {
 
 struct SampleResult {
-  int32_t token = 0;
+  int32_t token = 0;  // -1 (kNoToken): the logits held NaN or +inf, nothing was drawn
   std::optional<TokenLogprob> logprob;
 };
 

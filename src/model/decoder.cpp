@@ -215,7 +215,7 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   // fc's input row t is [normed embedding of x[t+1] | normed hidden[t]]: both normed into one
   // [2T, H] block, then rows interleaved (t, T + t) into [T, 2H].
   Tensor halves = be.scratch({2 * T, H}, dt);
-  embed_->forward(in.token_ids, halves.rows(0, T));
+  embed_->forward(in.token_ids, halves.rows(0, T), /*sampled_ids=*/true);  // (-1: a NaN row, see Backend::sample)
   m.pre_fc_norm_embedding.forward(halves.rows(0, T), halves.rows(0, T));
   m.pre_fc_norm_hidden.forward(hidden, halves.rows(T, 2 * T));
   Tensor order_d = in.mtp_fc_order;

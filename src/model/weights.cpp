@@ -190,6 +190,11 @@ size_t WeightStore::param_bytes(DType dtype) const {
   return n;
 }
 
+void WeightStore::for_each_tensor(const std::function<void(const std::string&, const Tensor&)>& fn) const {
+  for (const auto& e : entries_)
+    if (e.tied_to.empty() && e.tensor.defined()) fn(e.name, e.tensor);
+}
+
 size_t WeightStore::fp8_bytes() const {
   size_t n = 0;
   for (const auto& e : entries_)

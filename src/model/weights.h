@@ -136,6 +136,8 @@ class WeightStore {
   // the weights a decode token reads only for the experts it is routed to.
   size_t expert_bytes() const;
   size_t count() const { return entries_.size(); }
+  // Each loaded parameter once, with its name (a tied alias is its target's tensor: skipped).
+  void for_each_tensor(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;
 
  private:
   struct Entry {

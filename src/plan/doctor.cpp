@@ -29,6 +29,7 @@
 #include "dist/rendezvous_server.h"
 #include "dist/socket.h"
 #include "dist/wire.h"
+#include "loader/safetensors.h"
 
 namespace tessera::doctor {
 
@@ -174,6 +175,20 @@ std::string content_hash(const fs::path& file) {
   return dist::to_hex(d);
 }
 
+// --verify-weights: every tensor of one safetensors file whose values hold NaN or Inf (read
+// through the mapping, on the bits).
+void scan_nonfinite(const fs::path& file, NodeFacts& f) {
+  const SafetensorsFile st(file.string());
+  for (const auto& [name, t] : st.tensors()) {
+    ++f.tensors_scanned;
+    const size_t esize = dtype_size(t.dtype);
+    if (esize == 0 || count_nonfinite_host(st.data(t), t.dtype, t.bytes / esize) == 0) continue;
+    if (f.nonfinite_tensors.size() < NodeFacts::kNamedNonFinite)
+      f.nonfinite_tensors.push_back(fmt::format("{}: {}", file.filename().string(), name));
+    ++f.nonfinite_count;
+  }
+}
+
 const InterfaceFacts* find_interface(const NodeFacts& f, const std::string& name) {
   for (const auto& i : f.interfaces)
     if (i.name == name) return &i;
@@ -210,6 +225,10 @@ std::vector<uint8_t> encode_facts(const NodeFacts& f) {
     w.str(name);
     w.str(hash);
   }
+  w.u32(static_cast<uint32_t>(f.nonfinite_tensors.size()));
+  for (const auto& name : f.nonfinite_tensors) w.str(name);
+  w.u64(f.nonfinite_count);
+  w.u64(f.tensors_scanned);
   w.u16(f.probe_port);
   return w.take();
 }
@@ -238,6 +257,10 @@ NodeFacts decode_facts(std::span<const uint8_t> bytes) {
     std::string name = r.str(4096), hash = r.str(128);
     f.content_sha256.emplace_back(name, hash);
   }
+  for (uint32_t n = r.count(4, static_cast<uint32_t>(NodeFacts::kNamedNonFinite)), i = 0; i < n; ++i)
+    f.nonfinite_tensors.push_back(r.str(8192));
+  f.nonfinite_count = r.u64();
+  f.tensors_scanned = r.u64();
   f.probe_port = r.u16();
   r.expect_end();
   return f;
@@ -264,8 +287,10 @@ NodeFacts collect_local_facts(const DoctorOptions& o) {
       f.model = dist::compute_fingerprint(o.model_dir);
       f.has_model = true;
       if (o.verify_weights)
-        for (const auto& s : f.model.shards)
+        for (const auto& s : f.model.shards) {
           f.content_sha256.emplace_back(s.name, content_hash(fs::path(o.model_dir) / s.name));
+          scan_nonfinite(fs::path(o.model_dir) / s.name, f);
+        }
     } catch (const Error& e) {
       f.model_error = e.what();
     }
@@ -370,6 +395,20 @@ std::vector<Check> local_checks(const NodeFacts& f, const DoctorOptions& o) {
                                                 : " (headers hashed; --verify-weights hashes the "
                                                   "tensor data too)"),
                    ""});
+    if (f.model_error.empty() && o.verify_weights) {
+      if (f.nonfinite_count == 0)
+        c.push_back({who, "weight values", Status::kOk,
+                     fmt::format("no NaN or Inf in the {} tensors of the safetensors files", f.tensors_scanned), ""});
+      else
+        c.push_back({who, "weight values", Status::kFail,
+                     fmt::format("NaN or Inf in {} of {} tensors: {}{}", f.nonfinite_count, f.tensors_scanned,
+                                 fmt::join(f.nonfinite_tensors, ", "),
+                                 f.nonfinite_count > f.nonfinite_tensors.size()
+                                     ? fmt::format(" (and {} more)", f.nonfinite_count - f.nonfinite_tensors.size())
+                                     : ""),
+                     "the checkpoint is damaged (an interrupted download, a broken conversion or fine-tune): "
+                     "download or convert it again; such weights give NaN logits and no usable output"});
+    }
   }
   return c;
 }

@@ -47,6 +47,11 @@ struct NodeFacts {
   bool has_model = false;
   dist::NodeFingerprint model;
   std::vector<std::pair<std::string, std::string>> content_sha256;  // --verify-weights: file, hash
+  // --verify-weights: the safetensors tensors holding NaN or Inf ("file: tensor", the first
+  // kNamedNonFinite of them), how many do, and how many tensors were read.
+  static constexpr size_t kNamedNonFinite = 5;
+  std::vector<std::string> nonfinite_tensors;
+  uint64_t nonfinite_count = 0, tensors_scanned = 0;
   std::string model_error;
   std::string probe_ip;
   uint16_t probe_port = 0;
@@ -55,8 +60,8 @@ std::vector<uint8_t> encode_facts(const NodeFacts& f);
 NodeFacts decode_facts(std::span<const uint8_t> bytes);
 
 struct DoctorOptions {
-  std::string model_dir;  // optional
-  bool verify_weights = false;
+  std::string model_dir;        // optional
+  bool verify_weights = false;  // read every tensor: hash the files, find NaN/Inf values
   // Cluster mode when nnodes > 1.
   int nnodes = 1, node_rank = 0;
   std::string master_addr;

@@ -954,6 +954,54 @@ void sample_cases(Cases& cases) {
     c.reference = [=] { return first_maxima(*logits, n, V); };
     cases.push_back(std::move(c));
   }
+  // Broken logits (Backend::sample's contract): a row holding a NaN (either sign) or a +inf gets -1 under every
+  // rule, greedy or drawn; -inf is a masked token, not a broken one (row 3: all masked but one).
+  for (int64_t V : {1000, 151936}) {
+    const int64_t n = 8;
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    std::vector<SamplingRow> rows(static_cast<size_t>(n));
+    rows[1].temperature = 0.8f;
+    rows[1].top_k = 5;
+    rows[2].temperature = 1.0f;
+    rows[2].top_p = 0.9f;
+    rows[4].temperature = 1.0f;
+    rows[6].temperature = 1.0f;
+    rows[6].min_p = 0.1f;
+    auto logits = lazy_raw(n * V, -8, 8, [V, nan, inf](std::vector<float>& v) {
+      auto at = [&](int64_t i, int64_t j) -> float& { return v[static_cast<size_t>(i * V + j)]; };
+      at(0, 3) = nan;
+      at(1, V - 1) = nan;
+      at(2, V / 2) = inf;
+      for (int64_t j = 0; j < V; ++j) at(3, j) = -inf;
+      at(3, V - 2) = 1.0f;
+      at(4, 17) = 60.0f;  // far above the rest: the draw is certain
+      for (int64_t j = 0; j < V; ++j) at(5, j) = nan;
+      at(6, 5) = -nan;
+    });
+    auto reference = [=] {
+      std::vector<double> want = first_maxima(*logits, n, V)[0].values;
+      for (int64_t i : {0, 1, 2, 5, 6}) want[static_cast<size_t>(i)] = -1;
+      return Outputs{out("tokens", want, true)};
+    };
+    OpCase c;
+    c.op = "sample";
+    c.name = fmt::format("sample nan rows V{}", V);
+    c.run = [=](Backend& be) {
+      Tensor o = poisoned(be, {n}, DType::kI32);
+      be.sample(up(be, *logits, {n, V}, DType::kF32), rows, o);
+      return Outputs{out("tokens", down(be, o), true)};
+    };
+    c.reference = reference;
+    cases.push_back(c);
+    c.op = "argmax";
+    c.name = fmt::format("argmax nan rows V{}", V);
+    c.run = [=](Backend& be) {
+      Tensor o = poisoned(be, {n}, DType::kI32);
+      be.argmax(up(be, *logits, {n, V}, DType::kF32), o);
+      return Outputs{out("tokens", down(be, o), true)};
+    };
+    cases.push_back(std::move(c));
+  }
 }
 
 // Structured output's token masks, then argmax: rows 0, 2 and 5 masked (a sparse mask, a dense one, and one of

@@ -286,6 +286,37 @@ TEST(CliFaultsControl, IntactCopiesGenerate) {
   }
 }
 
+// A checkpoint with one NaN tensor (its final norm): it loads, and the request fails naming the step
+// and --check-weights instead of sampling token 0; with --check-weights the command refuses it at load,
+// one error line naming the tensor.
+TEST(CliCheckWeights, NanTensorFailsTheRequestAndCheckWeightsRefusesIt) {
+  TempDir tmp;
+  fs::path dir = copy_fixture(kSingle, tmp.path());
+  StFile st = StFile::read(dir / "model.safetensors");
+  const std::string t = "model.norm.weight";
+  ASSERT_EQ(st.header.at(t).at("dtype"), "BF16");
+  for (uint64_t i = st.begin(t); i + 1 < st.end(t); i += 2) st.data.replace(i, 2, "\xc0\x7f");  // bf16 quiet NaN
+  st.write(dir / "model.safetensors");
+
+  RunResult r = run_generate(dir, tmp.path(), {"--json"});
+  ASSERT_FALSE(r.signaled) << r.err;
+  EXPECT_NE(r.out.find("\"finish_reason\":\"error: step 1: the logits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--check-weights"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"token_ids\":[]"), std::string::npos) << r.out;
+
+  r = run_generate(dir, tmp.path(), {"--check-weights"});
+  ASSERT_FALSE(r.signaled) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const auto lines = error_lines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_NE(lines[0].find("--check-weights found NaN or Inf in 1 of"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(t), std::string::npos) << lines[0];
+
+  r = run_generate(copy_fixture(kSharded, tmp.path()), tmp.path(), {"--check-weights"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;  // intact weights pass the check
+  EXPECT_NE(r.err.find("--check-weights: none of the"), std::string::npos) << r.err;
+}
+
 // --quantization fp8 (vLLM's flag) stores a bf16 checkpoint's projections as FP8 blocks while
 // loading and says so; another method is refused naming the one that exists.
 TEST(CliQuantization, Fp8QuantisesWhileLoadingAndOthersAreRefused) {

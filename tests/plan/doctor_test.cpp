@@ -3,8 +3,16 @@
 // (version, MTU, model files, content hashes) is a ✗ naming the nodes and carrying a fix.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "plan/doctor.h"
 
@@ -52,6 +60,13 @@ TEST(Doctor, FactsRoundTrip) {
   EXPECT_EQ(b.model.shards, a.model.shards);
   EXPECT_EQ(b.content_sha256, a.content_sha256);
   EXPECT_EQ(b.probe_port, 40001);
+  a.nonfinite_tensors = {"model.safetensors: model.norm.weight"};
+  a.nonfinite_count = 3;
+  a.tensors_scanned = 40;
+  b = decode_facts(encode_facts(a));
+  EXPECT_EQ(b.nonfinite_tensors, a.nonfinite_tensors);
+  EXPECT_EQ(b.nonfinite_count, 3u);
+  EXPECT_EQ(b.tensors_scanned, 40u);
   std::vector<uint8_t> bytes = encode_facts(a);
   bytes.pop_back();
   EXPECT_THROW(decode_facts(bytes), tessera::Error);  // truncated: refused, never read past the end
@@ -131,6 +146,51 @@ TEST(Doctor, ReportFailsOnAnyFailedLine) {
   const std::string text = render_report(r);
   EXPECT_NE(text.find("✗ c"), std::string::npos) << text;
   EXPECT_NE(text.find("fix: fix it"), std::string::npos) << text;
+}
+
+// --verify-weights reads every tensor: a copy of a fixture whose final norm is NaN in the file
+// fails "weight values" naming the file and tensor; the fixture itself passes.
+TEST(Doctor, VerifyWeightsNamesNanTensors) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(TESSERA_SOURCE_DIR) / "tests/fixtures/models/qwen2_gqa2_untied";
+  const fs::path dir = fs::temp_directory_path() / ("tessera_doctor_nan_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, dir / f);
+  {
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_len));
+    const auto t = nlohmann::json::parse(header).at("model.norm.weight");
+    const auto offsets = t.at("data_offsets").get<std::vector<uint64_t>>();
+    const DType dt = dtype_from_safetensors(t.at("dtype").get<std::string>()).value();
+    std::vector<char> bytes(offsets[1] - offsets[0]);
+    std::vector<float> nan(bytes.size() / dtype_size(dt), std::numeric_limits<float>::quiet_NaN());
+    convert_host(nan.data(), DType::kF32, bytes.data(), dt, nan.size());
+    f.seekp(static_cast<std::streamoff>(8 + header_len + offsets[0]));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  DoctorOptions o;
+  o.verify_weights = true;
+  o.model_dir = dir.string();
+  const NodeFacts broken = collect_local_facts(o);
+  ASSERT_TRUE(broken.model_error.empty()) << broken.model_error;
+  auto c = find(local_checks(broken, o), "weight values");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, Status::kFail);
+  EXPECT_NE(c->detail.find("NaN or Inf in 1 of"), std::string::npos) << c->detail;
+  EXPECT_NE(c->detail.find("model.safetensors: model.norm.weight"), std::string::npos) << c->detail;
+  EXPECT_FALSE(c->fix.empty());
+
+  o.model_dir = src.string();
+  c = find(local_checks(collect_local_facts(o), o), "weight values");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, Status::kOk) << c->detail;
+  o.verify_weights = false;  // without the flag, no tensor is read
+  EXPECT_FALSE(find(local_checks(collect_local_facts(o), o), "weight values"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

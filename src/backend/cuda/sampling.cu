@@ -2,7 +2,8 @@
 // Thresholds are found by bitwise search over order-preserving float keys (radix
 // select): 32 passes over the row for the k-th largest value (top-k), 32 for the top-p
 // cut; each pass is a strided read of the row (L2-resident) and a block reduction. The
-// draw is Gumbel-max with the counter-based uniforms of backend/sampling_hash.h.
+// draw is Gumbel-max with the counter-based uniforms of backend/sampling_hash.h. A row with
+// a NaN or +inf logit gets -1 (kNoToken of backend/sampling.h), found by the max reduction.
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -71,6 +72,12 @@ __device__ T block_sum(T v, T* smem) {
   return smem[0];
 }
 
+// NaN or +inf (on the bits: no fast-math flag folds it away); -inf is a masked token.
+__device__ __forceinline__ bool is_broken(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x7fffffffu) >= 0x7f800000u && u != 0xff800000u;
+}
+
 __device__ __forceinline__ uint32_t key_of(float f) { return sampling_float_key(__float_as_uint(f)); }
 __device__ __forceinline__ float value_of(uint32_t k) { return __uint_as_float(sampling_key_bits(k)); }
 
@@ -84,9 +91,18 @@ __global__ void __launch_bounds__(kThreads)
   const float* x = logits + row * V;
   const SamplingRow r = rows[row];
 
+  // A broken logit enters the max as {+inf, -1}, which beats every other entry: the row's
+  // maximum says whether it has one, at no extra pass.
   Best b{-INFINITY, INT32_MAX};
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) b = better(b, Best{x[i], static_cast<int32_t>(i)});
+  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+    const float v = x[i];
+    b = better(b, is_broken(v) ? Best{INFINITY, -1} : Best{v, static_cast<int32_t>(i)});
+  }
   b = block_best(b, best_s);
+  if (b.i < 0) {
+    if (threadIdx.x == 0) out[row] = -1;
+    return;
+  }
   if (r.temperature < 1e-5f || V == 1 || b.i == INT32_MAX) {
     if (threadIdx.x == 0) out[row] = b.i == INT32_MAX ? 0 : b.i;
     return;

@@ -10,13 +10,13 @@ VocabParallelEmbedding::VocabParallelEmbedding(BlockContext& ctx, const std::str
       comm_(&ctx.comm),
       table_(&ctx.weights.declare(name, {vocab, hidden}, ParallelStyle::kVocab)) {}
 
-void VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& out) const {
-  if (comm_->tp_size() == 1) {
+void VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& out, bool sampled_ids) const {
+  if (comm_->tp_size() == 1 && !sampled_ids) {
     backend_->embedding(ids, *table_, out);
     return;
   }
   backend_->embedding_slice(ids, *table_, comm_->tp_rank() * table_->dim(0), out);
-  comm_->all_reduce(out);
+  if (comm_->tp_size() > 1) comm_->all_reduce(out);
 }
 
 ParallelLmHead::ParallelLmHead(BlockContext& ctx, const std::string& name, int64_t vocab, int64_t hidden, bool tied,

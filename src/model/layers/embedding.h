@@ -13,7 +13,10 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding() = default;
   VocabParallelEmbedding(BlockContext& ctx, const std::string& name, int64_t vocab, int64_t hidden);
   // out[T,H] = table[ids[t]] (each rank looks up its slice, the TP all-reduce completes the rows).
-  void forward(const Tensor& ids, const Tensor& out) const;
+  // sampled_ids: ids the device sampled itself (MTP drafting), where -1 marks a row whose logits
+  // held NaN (Backend::sample): such rows become zeros rather than failing the step (the engine
+  // fails that request alone); otherwise an id outside the vocabulary fails the step.
+  void forward(const Tensor& ids, const Tensor& out, bool sampled_ids = false) const;
 
  private:
   Backend* backend_ = nullptr;
