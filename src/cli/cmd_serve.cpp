@@ -534,15 +534,18 @@ int run_serve(int argc, char** argv) {
     ef.model = default_model_dir("serve");
     if (sf.served_model_names.empty()) sf.served_model_names.push_back(kDemoModelName);
   }
-  // An org/name id is served under that name (vLLM's default), from its snapshot in the hub cache.
-  if (const std::string given = resolve_model(ef); given != ef.model && sf.served_model_names.empty())
-    sf.served_model_names.push_back(given);
   // A rank process spawned by a launcher (TP x PP > 1): run the shard, nothing else.
-  if (wf.worker_rank >= 0) return run_worker_rank(ef, wf);
+  if (wf.worker_rank >= 0) {
+    resolve_model(ef);
+    return run_worker_rank(ef, wf);
+  }
   as_flag_errors([&] {  // flag checks before anything starts
     (void)engine_config(ef, /*parallel_supported=*/true);
     check_serve_flag_values(app, sf);
   });
+  // An org/name id is served under that name (vLLM's default), from its snapshot in the hub cache.
+  if (const std::string given = resolve_model(ef); given != ef.model && sf.served_model_names.empty())
+    sf.served_model_names.push_back(given);
   const dist::LaunchFacts facts = resolve_cluster(ef, cf);
   // One process per rank under a launcher: the node's other local ranks run their rank only.
   if (facts.one_process_per_rank && facts.local_rank > 0) return run_launched_rank(ef, cf, facts);
