@@ -174,21 +174,10 @@ class EbnfParser {
     ++pos_;
     if (pos_ >= t_.size()) fail("trailing backslash");
     const char e = t_[pos_++];
+    if (const int32_t c = control_escape(e); c >= 0) return static_cast<uint32_t>(c);
     switch (e) {
-      case 'n':
-        return '\n';
-      case 't':
-        return '\t';
-      case 'r':
-        return '\r';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
       case 'b':
         return '\b';
-      case '0':
-        return 0;
       case 'x':
         return hex(2);
       case 'u':

@@ -99,6 +99,26 @@ uint32_t decode_utf8(std::string_view text, size_t& pos);
 void append_utf8(uint32_t cp, std::string& out);
 CodepointRanges normalize_ranges(CodepointRanges ranges);
 CodepointRanges complement_ranges(const CodepointRanges& ranges);
+// The character of a one-letter control escape shared by the grammar and regex syntaxes (\n \t \r \f \v \0);
+// -1 for any other letter.
+inline int32_t control_escape(char c) {
+  switch (c) {
+    case 'n':
+      return '\n';
+    case 't':
+      return '\t';
+    case 'r':
+      return '\r';
+    case 'f':
+      return '\f';
+    case 'v':
+      return '\v';
+    case '0':
+      return 0;
+    default:
+      return -1;
+  }
+}
 // Sequences of per-byte ranges whose union encodes exactly the codepoints in [lo, hi] (no surrogates).
 using ByteRangeSeq = std::vector<std::pair<uint8_t, uint8_t>>;
 void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>& out);

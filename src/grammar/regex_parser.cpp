@@ -209,19 +209,8 @@ class RegexParser {
   }
 
   uint32_t escape_codepoint(char c, bool in_class) {
+    if (const int32_t control = control_escape(c); control >= 0) return static_cast<uint32_t>(control);
     switch (c) {
-      case 'n':
-        return '\n';
-      case 't':
-        return '\t';
-      case 'r':
-        return '\r';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
-      case '0':
-        return 0;
       case 'b':
         if (in_class) return '\b';
         break;

@@ -33,11 +33,8 @@ for ns in "$A" "$B"; do  # the pod network's interface is eth0
 done
 T_START=$(date +%s.%N)
 
-fail=0
-FAIL() { echo "FAIL: $*"; fail=1; }
-has() { grep -q -- "$2" "$1" || { FAIL "$1 lacks '$2'"; echo "--- $1"; tail -20 "$1"; }; }
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$2"; }
-PROMPT=39,7,201,5,88
+# shellcheck source=launch_checks.sh
+source "$HERE/launch_checks.sh"
 "$BIN" generate --model "$MODEL" --device cpu --json --ignore-eos --max-tokens 12 --prompt-ids "$PROMPT" \
   >"$TMP/ref.jsonl" 2>"$TMP/ref.log" || { echo "FAIL: one-rank reference"; cat "$TMP/ref.log"; exit 1; }
 REF_TEXT="$(python3 -c 'import json, sys; print([json.loads(l)["text"] for l in open(sys.argv[1]) if l.startswith("{")][0])' "$TMP/ref.jsonl")"
