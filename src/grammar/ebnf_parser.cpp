@@ -34,12 +34,7 @@ class EbnfParser {
 
  private:
   [[noreturn]] void fail(std::string_view what) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < pos_ && i < t_.size(); ++i) {
-      if (t_[i] == '\n') ++line, col = 0;
-      ++col;
-    }
-    throw GrammarError(fmt::format("EBNF grammar: {} at line {} column {}", what, line, col));
+    throw GrammarError(fmt::format("EBNF grammar: {} at {}", what, text_position(t_, pos_)));
   }
 
   void skip_space() {

@@ -217,4 +217,13 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>& out) {
   out.push_back(std::move(seq));
 }
 
+std::string text_position(std::string_view text, size_t pos) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < pos && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, col = 0;
+    ++col;
+  }
+  return fmt::format("line {} column {}", line, col);
+}
+
 }  // namespace tessera::grammar

@@ -99,6 +99,8 @@ uint32_t decode_utf8(std::string_view text, size_t& pos);
 void append_utf8(uint32_t cp, std::string& out);
 CodepointRanges normalize_ranges(CodepointRanges ranges);
 CodepointRanges complement_ranges(const CodepointRanges& ranges);
+// "line L column C" of byte `pos` of a grammar text (1-based), for error messages.
+std::string text_position(std::string_view text, size_t pos);
 // The character of a one-letter control escape shared by the grammar and regex syntaxes (\n \t \r \f \v \0);
 // -1 for any other letter.
 inline int32_t control_escape(char c) {

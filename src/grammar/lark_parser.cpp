@@ -43,12 +43,7 @@ class LarkParser {
 
  private:
   [[noreturn]] void fail(std::string_view what) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < pos_ && i < t_.size(); ++i) {
-      if (t_[i] == '\n') ++line, col = 0;
-      ++col;
-    }
-    throw GrammarError(fmt::format("Lark grammar: {} at line {} column {}", what, line, col));
+    throw GrammarError(fmt::format("Lark grammar: {} at {}", what, text_position(t_, pos_)));
   }
 
   // Skips blanks and // comments; newlines only when `newlines` (inside a rule, a newline ends it unless
