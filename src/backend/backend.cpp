@@ -1,9 +1,9 @@
 #include "backend/backend.h"
 
-#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/sampling.h"
 #include "core/error.h"
 
 #ifdef TESSERA_HAVE_CUDA
@@ -34,19 +34,17 @@ void Backend::apply_token_mask(const Tensor& logits, const Tensor& mask, const T
                 "apply_token_mask: logits {}, mask {}, rows {}", logits.str(), mask.str(), rows.str());
   if (m == 0) return;
   const int64_t n = logits.dim(0), V = logits.dim(1), W = mask.dim(1);
-  std::vector<float> host(static_cast<size_t>(n * V));
-  copy_to_host(host.data(), logits);
   const std::vector<int32_t> bits = host_i32(*this, mask), row = host_i32(*this, rows);
+  std::vector<float> host(static_cast<size_t>(V));  // one masked row at a time: the others never cross
   for (int64_t k = 0; k < m; ++k) {
-    TESSERA_CHECK(row[static_cast<size_t>(k)] >= 0 && row[static_cast<size_t>(k)] < n, "apply_token_mask: row {} of {}",
-                  row[static_cast<size_t>(k)], n);
-    float* lr = host.data() + row[static_cast<size_t>(k)] * V;
-    const int32_t* words = bits.data() + k * W;
-    for (int64_t t = 0; t < V; ++t)
-      if (t >= 32 * W || !(static_cast<uint32_t>(words[t >> 5]) >> (t & 31) & 1u))
-        lr[t] = -std::numeric_limits<float>::infinity();
+    const int32_t r = row[static_cast<size_t>(k)];
+    TESSERA_CHECK(r >= 0 && r < n, "apply_token_mask: row {} of {}", r, n);
+    const Tensor lr = logits.rows(r, r + 1);
+    copy_to_host(host.data(), lr);
+    apply_token_mask_host(host.data(), V,
+                          std::span(reinterpret_cast<const uint32_t*>(bits.data() + k * W), static_cast<size_t>(W)));
+    copy_from_host(lr, host.data());
   }
-  copy_from_host(logits, host.data());
 }
 
 void Backend::accept_drafts(const Tensor& sampled, const Tensor& tokens, int q, const Tensor& rows) {

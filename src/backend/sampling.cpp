@@ -7,6 +7,14 @@
 
 namespace tessera {
 
+void apply_token_mask_host(float* logits, int64_t vocab, std::span<const uint32_t> mask) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < vocab; ++t) {
+    const size_t w = static_cast<size_t>(t) >> 5;
+    if (w >= mask.size() || !(mask[w] >> (t & 31) & 1u)) logits[t] = neg_inf;
+  }
+}
+
 int32_t sample_row_host(const float* logits, int64_t V, const SamplingRow& row) {
   // Any NaN or +inf logit means the numbers before it broke (NaN/Inf weights, an overflow):
   // no token is drawn (kNoToken), rather than whichever id the comparisons happen to leave.

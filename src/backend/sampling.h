@@ -14,6 +14,7 @@
 #pragma once
 #include <bit>
 #include <cstdint>
+#include <span>
 
 #include "backend/backend.h"
 #include "backend/sampling_hash.h"
@@ -28,6 +29,10 @@ inline bool logit_is_broken(float v) {
   const uint32_t u = std::bit_cast<uint32_t>(v);
   return (u & 0x7fffffffu) >= 0x7f800000u && u != 0xff800000u;
 }
+
+// Structured output's token mask on one row: -inf at every token whose bit is clear (token t: bit t % 32 of word
+// t / 32; words past the mask's end count as clear). Backend::apply_token_mask does this per masked row.
+void apply_token_mask_host(float* logits, int64_t vocab, std::span<const uint32_t> mask);
 
 // One row of f32 logits -> token id, or kNoToken.
 int32_t sample_row_host(const float* logits, int64_t vocab, const SamplingRow& row);

@@ -56,13 +56,8 @@ int run_doctor(int argc, char** argv) {
   o.master_port = static_cast<uint16_t>(facts.master_port);
   o.nic = cf.nic;
   o.node_ip_address = cf.node_ip_address;
-  o.token = cf.cluster_token;
-  if (o.token.empty())
-    if (const char* t = std::getenv("TESSERA_CLUSTER_TOKEN")) o.token = t;
-  if (o.nnodes > 1 && o.token.empty())
-    fail(ErrorKind::kInvalidArgument,
-         "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) on every node",
-         o.nnodes);
+  o.token = o.nnodes > 1 ? required_cluster_token(cf.cluster_token, o.nnodes, "on every node")
+                         : cluster_token_or_env(cf.cluster_token);
   o.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(cf.join_timeout_s * 1000));
   o.stream_bytes = static_cast<size_t>(stream_mib * 1048576);
   o.all_reduce_bytes = static_cast<size_t>(allreduce_mib * 1048576) / 4 * 4;

@@ -62,6 +62,20 @@ void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* he
 
 }  // namespace
 
+std::string cluster_token_or_env(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* t = std::getenv("TESSERA_CLUSTER_TOKEN");
+  return t ? t : "";
+}
+
+std::string required_cluster_token(const std::string& flag_value, int nnodes, const char* peers) {
+  std::string token = cluster_token_or_env(flag_value);
+  if (token.empty())
+    fail(ErrorKind::kInvalidArgument,
+         "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) {}", nnodes, peers);
+  return token;
+}
+
 std::string resolve_model(EngineFlags& f) {
   const std::string given = f.model;
   f.model = resolve_model_dir(f.model, HubCacheLookup{f.download_dir, f.revision, {}});

@@ -47,6 +47,11 @@ struct EngineFlags {
 std::string resolve_model(EngineFlags& f);
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);
+
+// The cluster token: the --cluster-token value, else $TESSERA_CLUSTER_TOKEN ("" when neither is set).
+std::string cluster_token_or_env(const std::string& flag_value);
+// The same, required: fails (naming the `nnodes` nodes) saying to pass the same token on every `peers`.
+std::string required_cluster_token(const std::string& flag_value, int nnodes, const char* peers);
 // --speculative-config's JSON ("" = off), validated; fails naming the bad field.
 SpeculativeConfig parse_speculative_config(const std::string& text);
 

@@ -185,13 +185,7 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
   o.launch = facts;
   o.nic = c.nic;
   o.node_ip_address = c.node_ip_address;
-  o.token = c.cluster_token;
-  if (o.token.empty())
-    if (const char* t = std::getenv("TESSERA_CLUSTER_TOKEN")) o.token = t;
-  if (o.token.empty())
-    fail(ErrorKind::kInvalidArgument,
-         "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) on every node",
-         facts.nnodes);
+  o.token = required_cluster_token(c.cluster_token, facts.nnodes, "on every node");
   o.model_dir = f.model;
   o.gpus = dist::local_gpu_names();
   o.local_ranks = f.tensor_parallel_size * f.pipeline_parallel_size / facts.nnodes;
@@ -274,13 +268,7 @@ int run_launched_rank(const EngineFlags& f, const ClusterFlags& c, const dist::L
   // The interface the node's local rank 0 chooses from the same inputs (its Gloo binds there too).
   dist::NicChoice nic = dist::choose_nic({facts.master_addr, c.nic, c.node_ip_address});
   dist::apply_nic_env(nic);
-  std::string token = c.cluster_token;
-  if (token.empty())
-    if (const char* t = std::getenv("TESSERA_CLUSTER_TOKEN")) token = t;
-  if (token.empty())
-    fail(ErrorKind::kInvalidArgument,
-         "{} nodes need a shared secret: pass the same --cluster-token (or TESSERA_CLUSTER_TOKEN) to every process",
-         facts.nnodes);
+  const std::string token = required_cluster_token(c.cluster_token, facts.nnodes, "to every process");
   // The head's rank 0 joins the groups once every node has joined; wait for that here, so the
   // groups' 30 s bootstrap wait starts when all nodes are up.
   const dist::HeadAddress head{facts.master_addr, static_cast<uint16_t>(facts.master_port), token, nic.ip};

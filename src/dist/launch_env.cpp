@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "core/error.h"
 
@@ -30,6 +31,18 @@ std::optional<int> get_int(const EnvLookup& env, const char* name) {
   std::optional<int> v = parse_int(*s);
   if (!v) fail(ErrorKind::kInvalidArgument, "environment variable {}='{}' is not a non-negative integer", name, *s);
   return v;
+}
+
+// The first of `names` that is set (get or get_int), its name into `var`.
+template <class Get>
+auto first_set(const EnvLookup& env, std::initializer_list<const char*> names, std::string& var, Get get_one)
+    -> decltype(get_one(env, "")) {
+  for (const char* name : names)
+    if (auto v = get_one(env, name)) {
+      var = name;
+      return v;
+    }
+  return std::nullopt;
 }
 
 // "2(x3),1" (SLURM_STEP_TASKS_PER_NODE): the count of every node, in order.
@@ -111,18 +124,9 @@ std::optional<View> torchrun(const EnvLookup& env) {
 std::optional<View> open_mpi(const EnvLookup& env) {
   View v;
   v.source = LaunchSource::kOpenMpi;
-  if ((v.rank = get_int(env, "OMPI_COMM_WORLD_RANK"))) {
-    v.rank_var = "OMPI_COMM_WORLD_RANK";
-  } else if ((v.rank = get_int(env, "PMIX_RANK"))) {
-    v.rank_var = "PMIX_RANK";
-  } else {
-    return std::nullopt;
-  }
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "OMPI_UNIVERSE_SIZE"})
-    if ((v.world = get_int(env, name))) {
-      v.world_var = name;
-      break;
-    }
+  v.rank = first_set(env, {"OMPI_COMM_WORLD_RANK", "PMIX_RANK"}, v.rank_var, get_int);
+  if (!v.rank) return std::nullopt;
+  v.world = first_set(env, {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "OMPI_UNIVERSE_SIZE"}, v.world_var, get_int);
   if (!v.world)
     fail(ErrorKind::kInvalidArgument, "{} is set but no world size (OMPI_COMM_WORLD_SIZE or PMIX_SIZE)", v.rank_var);
   v.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK");
@@ -138,21 +142,13 @@ std::optional<View> slurm(const EnvLookup& env) {
   v.source = LaunchSource::kSlurm;
   v.rank = procid;
   v.rank_var = "SLURM_PROCID";
-  for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"})
-    if ((v.world = get_int(env, name))) {
-      v.world_var = name;
-      break;
-    }
+  v.world = first_set(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}, v.world_var, get_int);
   if (!v.world) fail(ErrorKind::kInvalidArgument, "SLURM_PROCID is set but SLURM_NTASKS is not");
   v.local_rank = get_int(env, "SLURM_LOCALID");
   v.node_rank = get_int(env, "SLURM_NODEID");
   v.node_rank_var = "SLURM_NODEID";
   v.local_world_var = "SLURM_NTASKS_PER_NODE";
-  for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"})
-    if ((v.nnodes = get_int(env, name))) {
-      v.nnodes_var = name;
-      break;
-    }
+  v.nnodes = first_set(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, v.nnodes_var, get_int);
   if (!v.node_rank || !v.nnodes)
     fail(ErrorKind::kInvalidArgument, "SLURM_PROCID is set but SLURM_NODEID or SLURM_NNODES is not");
   for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
@@ -168,11 +164,7 @@ std::optional<View> slurm(const EnvLookup& env) {
       v.local_world_var = name;
       break;
     }
-  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
-    if ((v.nodelist = get(env, name))) {
-      v.nodelist_var = name;
-      break;
-    }
+  v.nodelist = first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, v.nodelist_var, get);
   return v;
 }
 

@@ -68,14 +68,6 @@ void mask_bad_words(float* logits, int vocab, const Request& r) {
 
 }  // namespace
 
-void apply_token_mask(float* logits, int vocab, std::span<const uint32_t> mask) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int t = 0; t < vocab; ++t) {
-    const size_t w = static_cast<size_t>(t) >> 5;
-    if (w >= mask.size() || !(mask[w] >> (t & 31) & 1u)) logits[t] = neg_inf;
-  }
-}
-
 TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k) {
   float mx = *std::max_element(logits, logits + vocab);
   double sum = 0;
@@ -113,16 +105,16 @@ SampleResult Sampler::sample(float* logits, int vocab, const Request& r, const s
     mask_.assign((static_cast<size_t>(vocab) + 31) / 32, 0u);
     for (int32_t t : p.allowed_token_ids)
       if (t >= 0 && t < vocab) mask_[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
-    apply_token_mask(logits, vocab, mask_);
+    apply_token_mask_host(logits, vocab, mask_);
   }
   if (!p.bad_words_ids.empty()) mask_bad_words(logits, vocab, r);
   if (r.constraint_active) {
     mask_.assign((static_cast<size_t>(vocab) + 31) / 32, 0u);
     r.constraint->fill_mask(mask_);
-    apply_token_mask(logits, vocab, mask_);
+    apply_token_mask_host(logits, vocab, mask_);
     if (std::none_of(logits, logits + vocab, [&](float v) { return v > neg_inf; })) {
       std::copy(scratch_.begin(), scratch_.end(), logits);
-      apply_token_mask(logits, vocab, mask_);
+      apply_token_mask_host(logits, vocab, mask_);
     }
   }
   apply_penalties(logits, vocab, r, seen_);

@@ -7,7 +7,6 @@
 // which side sampled them.
 #pragma once
 #include <optional>
-#include <span>
 #include <vector>
 
 #include "backend/sampling_row.h"
@@ -24,9 +23,6 @@ struct SampleResult {
 SamplingRow sampling_row(const Request& r);
 // Whether r's next token needs its logits on the host (see above).
 bool needs_host_sampling(const Request& r);
-// Sets to -inf every logit whose bit in `mask` is clear (bit t: word t / 32, bit t % 32; words past the
-// mask's end count as clear).
-void apply_token_mask(float* logits, int vocab, std::span<const uint32_t> mask);
 // log_softmax(logits)[token] and the k best (ties: lower id first) of one row of raw logits.
 TokenLogprob token_logprobs(const float* logits, int vocab, int32_t token, int k);
 

@@ -289,21 +289,14 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
 class GrammarConstraint : public TokenConstraint {
  public:
   explicit GrammarConstraint(std::shared_ptr<const grammar::CompiledGrammar> g) : m_(std::move(g)) {}
-  void fill_mask(std::span<uint32_t> mask) override {
-    const size_t words = m_.mask_words();
-    if (words == mask.size()) return m_.fill_next_token_bitmask(mask);
-    scratch_.assign(words, 0u);
-    m_.fill_next_token_bitmask(scratch_);
-    std::fill(mask.begin(), mask.end(), 0u);
-    std::copy_n(scratch_.begin(), std::min(words, mask.size()), mask.begin());
-  }
+  // (The compiler's vocabulary is the model's logits width: the engine's mask has mask_words() words.)
+  void fill_mask(std::span<uint32_t> mask) override { m_.fill_next_token_bitmask(mask); }
   bool accept(int32_t token) override { return m_.accept_token(token); }
   bool is_finished() const override { return m_.is_terminated(); }
   void rollback(int num_tokens) override { m_.rollback(num_tokens); }
 
  private:
   grammar::Matcher m_;
-  std::vector<uint32_t> scratch_;
 };
 
 class GrammarConstraintFactory : public TokenConstraintFactory {

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "fixture_util.h"
+#include "nan_fixture.h"
 
 namespace tessera {
 namespace {
@@ -230,26 +231,7 @@ TEST(NanWeights, FindNonFiniteWeightsNamesTheTensors) {
 // check_weights (--check-weights) refuses it naming the tensor; without, it loads.
 TEST(NanWeights, CheckWeightsRefusesACheckpointWithANanTensor) {
   const fs::path src = fs::path(testing::fixtures_dir()) / kFixture;
-  const fs::path dir = fs::temp_directory_path() / ("tessera_nan_weights_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, dir / f);
-  {
-    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t header_len = 0;
-    f.read(reinterpret_cast<char*>(&header_len), 8);
-    std::string header(header_len, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(header_len));
-    const nlohmann::json h = nlohmann::json::parse(header);
-    const auto& t = h.at("model.norm.weight");
-    const auto offsets = t.at("data_offsets").get<std::vector<uint64_t>>();
-    const DType dt = dtype_from_safetensors(t.at("dtype").get<std::string>()).value();
-    std::vector<char> nan(offsets[1] - offsets[0]);
-    std::vector<float> f32(nan.size() / dtype_size(dt), std::numeric_limits<float>::quiet_NaN());
-    convert_host(f32.data(), DType::kF32, nan.data(), dt, f32.size());
-    f.seekp(static_cast<std::streamoff>(8 + header_len + offsets[0]));
-    f.write(nan.data(), static_cast<std::streamsize>(nan.size()));
-  }
+  const fs::path dir = testing::copy_with_nan_tensor(src, "tessera_nan_weights", "model.norm.weight");
   auto be = testing::make_test_backend();
   EXPECT_NE(load_fixture(*be, dir.string()), nullptr);
   try {

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "nan_fixture.h"
 #include "plan/doctor.h"
 
 namespace tessera::doctor {
@@ -153,25 +154,7 @@ TEST(Doctor, ReportFailsOnAnyFailedLine) {
 TEST(Doctor, VerifyWeightsNamesNanTensors) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(TESSERA_SOURCE_DIR) / "tests/fixtures/models/qwen2_gqa2_untied";
-  const fs::path dir = fs::temp_directory_path() / ("tessera_doctor_nan_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, dir / f);
-  {
-    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t header_len = 0;
-    f.read(reinterpret_cast<char*>(&header_len), 8);
-    std::string header(header_len, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(header_len));
-    const auto t = nlohmann::json::parse(header).at("model.norm.weight");
-    const auto offsets = t.at("data_offsets").get<std::vector<uint64_t>>();
-    const DType dt = dtype_from_safetensors(t.at("dtype").get<std::string>()).value();
-    std::vector<char> bytes(offsets[1] - offsets[0]);
-    std::vector<float> nan(bytes.size() / dtype_size(dt), std::numeric_limits<float>::quiet_NaN());
-    convert_host(nan.data(), DType::kF32, bytes.data(), dt, nan.size());
-    f.seekp(static_cast<std::streamoff>(8 + header_len + offsets[0]));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  const fs::path dir = testing::copy_with_nan_tensor(src, "tessera_doctor_nan", "model.norm.weight");
   DoctorOptions o;
   o.verify_weights = true;
   o.model_dir = dir.string();
