@@ -3,7 +3,7 @@
 stores transformers' reference outputs next to them (run on the GPU machine, where
 torch and transformers exist):
 
-    python3 tools/make_model_fixtures.py --out tests/fixtures/models
+    python3 tools/make_model_fixtures.py --out tests/fixtures/models [--only PREFIX]
 
 Each fixture directory holds config.json, generation_config.json, bf16 safetensors
 (some sharded) and reference.json with, for prompts of length 1, 7 and 33:
@@ -51,6 +51,17 @@ FIXTURES = [
                                  tie_word_embeddings=True, max_position_embeddings=128,
                                  rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
      {}),
+    # Sliding-window attention (appended: a fixture's seed is its index). Qwen2-style: layer 0 full
+    # attention, layers 1-2 see the last 8 positions; Mistral-style: every layer windowed. Prompts of 33
+    # tokens and 20 greedy steps run far past the window.
+    ("qwen2_sliding_window", "qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                           use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                                           layer_types=["full_attention", "sliding_attention",
+                                                        "sliding_attention"]), {}),
+    ("mistral_sliding_window", "mistral", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                               tie_word_embeddings=False, sliding_window=8), {}),
 ]
 
 
@@ -109,9 +120,12 @@ def reference(model, prompts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="", help="make only the fixtures whose names start with this")
     args = ap.parse_args()
     torch.manual_seed(0)
     for i, (name, mtype, overrides, save_kw) in enumerate(FIXTURES):
+        if args.only and not name.startswith(args.only):
+            continue
         cfg = make_config(mtype, overrides)
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager")
         init_weights(model, 1234 + i)

@@ -91,6 +91,15 @@ FIXTURES = [
           num_experts_per_tok=2,
           layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
           partial_rotary_factor=0.25, tie_word_embeddings=False), [1, 7, 33, 300], "fp8"),
+    # head_dim 64: the gated-attention q_proj interleaves 64 query rows and 64 gate rows per head, so each
+    # head's pieces start and end inside 128-row scale blocks (appended: a fixture's seed is its index).
+    ("qwen3_5_moe_text_fp8_hd64", "qwen3_5_moe_text",
+     dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=64, linear_conv_kernel_dim=4,
+          linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=1, linear_num_value_heads=2,
+          moe_intermediate_size=128, shared_expert_intermediate_size=256, num_hidden_layers=4, num_experts=8,
+          num_experts_per_tok=2,
+          layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+          partial_rotary_factor=0.25, tie_word_embeddings=False), [1, 7, 33, 300], "fp8"),
 ]
 
 
