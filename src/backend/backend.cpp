@@ -3,12 +3,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/devices.h"
 #include "backend/sampling.h"
 #include "core/error.h"
-
-#ifdef TESSERA_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace tessera {
 
@@ -96,23 +93,24 @@ void Backend::draft_positions(const Tensor& rows, const Tensor& positions, const
   copy_from_host(out_seq_lens, len.data());
 }
 
-bool cuda_backend_available() {
-#ifdef TESSERA_HAVE_CUDA
-  return cuda_device_count() > 0;
-#else
-  return false;
-#endif
-}
+bool cuda_backend_available() { return cuda_device_count() > 0; }
 
-std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {
-  if (opts.type == DeviceType::kCPU) return std::make_unique<CpuBackend>(opts.num_threads);
-#ifdef TESSERA_HAVE_CUDA
-  return make_cuda_backend(opts.device_index);
-#else
+#ifndef TESSERA_HAVE_CUDA
+// A build without the CUDA backend: no devices, and a clear error for whoever asks for one.
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(int) {
   fail(ErrorKind::kUnsupported,
        "this tessera build has no CUDA backend; rebuild with -DTESSERA_CUDA=ON (cmake --preset cuda) or run with "
        "--device cpu");
+}
+
+void* cuda_backend_stream(Backend&) { return nullptr; }
 #endif
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {
+  if (opts.type == DeviceType::kCPU) return std::make_unique<CpuBackend>(opts.num_threads);
+  return make_cuda_backend(opts.device_index);
 }
 
 }  // namespace tessera

@@ -2,7 +2,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "backend/cuda/cuda_arch.h"
+#include "backend/devices.h"
 #include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"

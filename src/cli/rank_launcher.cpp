@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/devices.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/crypto.h"
@@ -17,10 +18,6 @@
 #include "dist/rendezvous_server.h"
 #include "engine/model_loader.h"
 #include "engine/worker.h"
-
-#ifdef TESSERA_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 extern char** environ;
 

@@ -2,15 +2,13 @@
 
 #include <chrono>
 
+#include "backend/devices.h"
 #include "core/error.h"
 #include "dist/control_store.h"
 #include "dist/custom_all_reduce_communicator.h"
 #include "dist/gloo_communicator.h"
 #include "engine/executor.h"
 
-#ifdef TESSERA_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 #ifdef TESSERA_HAVE_NCCL
 #include "dist/nccl_communicator.h"
 #endif

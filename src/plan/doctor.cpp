@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/cuda/cuda_arch.h"
+#include "backend/devices.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/control_store.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_options.h"
+#include "backend/devices.h"
 
 namespace tessera {
 
@@ -75,22 +76,5 @@ CudaArch profile_cuda_arch(const CudaDeviceFacts& facts, std::string_view profil
 CudaOptions tuned_cuda_options(const CudaArch& arch);
 // One line for logs and `tessera doctor`: "NVIDIA H200: sm_90 row, 132 SMs, 227 KiB smem/block, wgmma, ...".
 std::string describe_cuda_arch(const CudaArch& arch);
-
-// How a binary whose CUDA code was built for `archs` (CMake's CUDA_ARCHITECTURES list, e.g.
-// "90a-real;120a-real;121a-real;120-virtual") runs on a device of compute capability
-// major.minor: a cubin for it (native), PTX it can compile at first start (jit), or neither.
-enum class CudaBinarySupport { kNative, kJit, kNone };
-struct CudaBinaryMatch {
-  CudaBinarySupport support = CudaBinarySupport::kNone;
-  std::string detail;  // "sm_90a cubin", "compute_120 PTX, compiled by the driver at first start"
-  // The code that runs is an architecture-specific ("a") cubin for this device: only such code
-  // holds wgmma (a PTX or plain sm_90 build compiles the wgmma kernels empty).
-  bool arch_specific = false;
-};
-CudaBinaryMatch cuda_binary_support(std::string_view archs, int major, int minor);
-// The architectures this binary's CUDA code carries, as built ("" in a build without CUDA).
-std::string_view cuda_built_architectures();
-// "sm_90a, sm_120a, sm_121a cubins; compute_120 PTX" for --version and the doctor.
-std::string describe_cuda_architectures(std::string_view archs);
 
 }  // namespace tessera
