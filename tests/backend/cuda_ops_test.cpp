@@ -2012,6 +2012,7 @@ TEST_F(CudaOps, PrefillAttentionUnderSm120SharedMemoryGivesTheSameBits) {
           std::vector<int32_t> bt(max_blocks, 0);
           for (int b = 0; b < (ctx + bs - 1) / bs; ++b) bt[b] = next++;
           for (int j = 0; j < ctx; ++j) all.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
+          for (int j = sp.cached; j < ctx; ++j) step.slot_mapping.push_back(bt[j / bs] * bs + j % bs);
           for (AttentionLayout* l : {&all, &step}) l->block_tables.insert(l->block_tables.end(), bt.begin(), bt.end());
           all.query_start_loc.push_back(all.query_start_loc.back() + ctx);
           step.query_start_loc.push_back(step.query_start_loc.back() + sp.new_tokens);
