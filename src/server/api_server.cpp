@@ -357,7 +357,7 @@ struct ApiServer::Impl {
   void responses(const Call& c) {
     ResponsesRequest rq = responses_to_chat(c.body);
     if (!rq.ignored_tools.empty())
-      TLOG_DEBUG("/v1/responses: ignoring tools this server cannot run: {}", fmt::join(rq.ignored_tools, ", "));
+      TLOG_DEBUG("{}: ignoring tools this server cannot run: {}", c.request.path, fmt::join(rq.ignored_tools, ", "));
     const ojson chat_body = std::move(rq.chat);
     try {
       chat(chat_body, c.ex, responses_writer(text, std::move(rq)));
