@@ -475,8 +475,10 @@ struct ApiServer::Impl {
   }
 
   // ---- routes -------------------------------------------------------------------------------------------
-  enum class Auth { kOpen, kKey };            // kKey: answered only with a valid key when --api-key is set
-  enum class Draining { kServed, kRefused };  // kRefused: 503 with Retry-After while the server drains
+  enum class Auth { kOpen, kKey };  // kKey: answered only with a valid key when --api-key is set
+  // While the server drains: kServed as ever; kRefused: 503 with Retry-After (generation); kReported: the
+  // handler answers 503 itself, after its own checks (/health and /ping, what load balancers watch).
+  enum class Draining { kServed, kRefused, kReported };
   enum class Errors { kOpenAI, kAnthropic };  // the error body's shape, on this path and those below it
   struct Route {
     std::string_view path;    // a last segment "{id}" matches any rest of the path (Call::id)
@@ -504,8 +506,8 @@ struct ApiServer::Impl {
         {"/v1/responses", "POST", kKey, kRefused, kOpenAI, &Impl::responses},
         {"/tokenize", "POST", kKey, kServed, kOpenAI, &Impl::tokenize},
         {"/detokenize", "POST", kKey, kServed, kOpenAI, &Impl::detokenize},
-        {"/health", "GET", kOpen, kServed, kOpenAI, &Impl::health},  // reports draining itself (503)
-        {"/ping", "GET", kOpen, kServed, kOpenAI, &Impl::health},
+        {"/health", "GET", kOpen, kReported, kOpenAI, &Impl::health},
+        {"/ping", "GET", kOpen, kReported, kOpenAI, &Impl::health},
         {"/version", "GET", kOpen, kServed, kOpenAI, &Impl::version},
         {"/metrics", "GET", kOpen, kServed, kOpenAI, &Impl::prometheus},
         {"/", "GET", kOpen, kServed, kOpenAI, &Impl::root},
