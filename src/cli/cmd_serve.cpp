@@ -467,10 +467,7 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
   install_signal_handlers();
   http.start();
   TLOG_INFO("Starting tessera API server on http://{}:{}", sf.host, http.port());
-  TLOG_INFO(
-      "Available routes: /v1/models /v1/chat/completions /v1/completions /v1/messages /v1/responses /tokenize "
-      "/detokenize "
-      "/health /version /metrics");
+  TLOG_INFO("Available routes: {}", fmt::join(server::ApiServer::route_list(), ", "));
   TLOG_INFO("Application startup complete.");
 
   std::atomic<bool> watch_stop{false};

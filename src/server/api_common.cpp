@@ -14,6 +14,10 @@ namespace tessera::server::api {
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+HttpResponse json_response(int status, const ojson& j, HeaderList headers) {
+  return HttpResponse{status, "application/json", std::move(headers), dump(j)};
+}
+
 namespace {
 
 // An HTTP status's error type in OpenAI's terms (its Python SDK's exception names) and in

@@ -27,6 +27,8 @@ struct ApiError {
 [[noreturn]] void bad(std::string message, std::string param = {});
 
 std::string dump(const ojson& j);
+// A JSON response: `j` dumped, content type application/json.
+HttpResponse json_response(int status, const ojson& j, HeaderList headers = {});
 
 // {"error": {"message", "type", "param", "code"}} (401: type invalid_request_error, code invalid_api_key).
 ojson openai_error(int status, const std::string& message, const std::string& param = {});

@@ -56,6 +56,9 @@ class ApiServer {
   // The HTTP layer's header check (HttpServer::set_header_check): a 401 for a request that needs a key and
   // presents none that is valid, answered before its body is read.
   std::optional<HttpResponse> check_headers(const HttpRequest& request) const;
+  // Every route as "METHOD /path" ("/v1/models/{id}" for the model route), from the route table (the startup
+  // log lists them).
+  static std::vector<std::string> route_list();
   // OpenAI error body for errors the HTTP layer answers itself.
   static std::string error_body(int status, const std::string& message);
 

@@ -49,35 +49,80 @@ bool read_number(const nlohmann::json& j, const char* key, T& out, std::string& 
   }
   return true;
 }
+
+// Every sampling field of a request, in the order they are read. The numbers and booleans are read by this
+// table (their type; ranges are the engine's); kOther fields by their own code below.
+enum class FieldType { kFloat, kInt, kBool, kOther };
+struct FieldRow {
+  const char* name;
+  FieldType type;
+  float SamplingParams::*as_float = nullptr;
+  int SamplingParams::*as_int = nullptr;
+  bool SamplingParams::*as_bool = nullptr;
+};
+constexpr FieldRow kFields[] = {
+    {"max_tokens", FieldType::kOther},
+    {"max_completion_tokens", FieldType::kOther},
+    {"temperature", FieldType::kFloat, &SamplingParams::temperature},
+    {"top_p", FieldType::kFloat, &SamplingParams::top_p},
+    {"top_k", FieldType::kInt, nullptr, &SamplingParams::top_k},
+    {"min_p", FieldType::kFloat, &SamplingParams::min_p},
+    {"presence_penalty", FieldType::kFloat, &SamplingParams::presence_penalty},
+    {"frequency_penalty", FieldType::kFloat, &SamplingParams::frequency_penalty},
+    {"repetition_penalty", FieldType::kFloat, &SamplingParams::repetition_penalty},
+    {"n", FieldType::kInt, nullptr, &SamplingParams::n},
+    {"min_tokens", FieldType::kInt, nullptr, &SamplingParams::min_tokens},
+    {"seed", FieldType::kOther},
+    {"ignore_eos", FieldType::kBool, nullptr, nullptr, &SamplingParams::ignore_eos},
+    {"include_stop_str_in_output", FieldType::kBool, nullptr, nullptr, &SamplingParams::include_stop_str_in_output},
+    {"skip_special_tokens", FieldType::kBool, nullptr, nullptr, &SamplingParams::skip_special_tokens},
+    {"stop", FieldType::kOther},
+    {"stop_token_ids", FieldType::kOther},
+    {"logprobs", FieldType::kOther},
+    {"top_logprobs", FieldType::kOther},
+    {"prompt_logprobs", FieldType::kOther},
+    {"logit_bias", FieldType::kOther},
+    {"allowed_token_ids", FieldType::kOther},
+};
+
+// The table's numbers and booleans into `p`; false with `err` at the first of the wrong type.
+bool read_typed_fields(const nlohmann::json& j, SamplingParams& p, std::string& err) {
+  for (const FieldRow& f : kFields) {
+    if (f.type == FieldType::kFloat && !read_number(j, f.name, p.*f.as_float, err)) return false;
+    if (f.type == FieldType::kInt && !read_number(j, f.name, p.*f.as_int, err)) return false;
+    if (f.type != FieldType::kBool) continue;
+    auto it = j.find(f.name);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_boolean()) {
+      err = fmt::format("'{}' must be a boolean", f.name);
+      return false;
+    }
+    p.*f.as_bool = it->get<bool>();
+  }
+  return true;
+}
 }  // namespace
+
+std::vector<std::string_view> sampling_field_names() {
+  std::vector<std::string_view> names;
+  for (const FieldRow& f : kFields) names.emplace_back(f.name);
+  return names;
+}
 
 Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
   auto bad = [](std::string m) { return Status(ErrorKind::kInvalidArgument, std::move(m)); };
   if (!j.is_object()) return bad("the request must be a JSON object");
   std::string err;
   int64_t max_tokens = p.max_tokens;
-  bool ok = read_number(j, "max_tokens", max_tokens, err) && read_number(j, "max_completion_tokens", max_tokens, err) &&
-            read_number(j, "temperature", p.temperature, err) && read_number(j, "top_p", p.top_p, err) &&
-            read_number(j, "top_k", p.top_k, err) && read_number(j, "min_p", p.min_p, err) &&
-            read_number(j, "presence_penalty", p.presence_penalty, err) &&
-            read_number(j, "frequency_penalty", p.frequency_penalty, err) &&
-            read_number(j, "repetition_penalty", p.repetition_penalty, err) && read_number(j, "n", p.n, err) &&
-            read_number(j, "min_tokens", p.min_tokens, err);
-  if (!ok) return bad(err);
+  if (!read_number(j, "max_tokens", max_tokens, err) || !read_number(j, "max_completion_tokens", max_tokens, err) ||
+      !read_typed_fields(j, p, err))
+    return bad(err);
   if (max_tokens < 0 || max_tokens > (1 << 30)) return bad("'max_tokens' must be a non-negative integer");
   p.max_tokens = static_cast<int>(max_tokens);
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
     int64_t seed = 0;  // vLLM: a signed 64-bit integer
     if (!json_int64(*it, seed)) return bad("'seed' must be an integer between -2^63 and 2^63-1");
     p.seed = static_cast<uint64_t>(seed);
-  }
-  for (auto [key, out] : {std::pair<const char*, bool*>{"ignore_eos", &p.ignore_eos},
-                          {"include_stop_str_in_output", &p.include_stop_str_in_output},
-                          {"skip_special_tokens", &p.skip_special_tokens}}) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) continue;
-    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", key));
-    *out = it->get<bool>();
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     p.stop.clear();

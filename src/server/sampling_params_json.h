@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -21,6 +22,10 @@ namespace tessera::server {
 // top_logprobs, prompt_logprobs (int), logit_bias {"id": bias}) over `p`. Wrong types fail with the
 // field name. max_tokens 0 is read (validate_sampling_params allows it only with prompt_logprobs).
 Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p);
+
+// The names of the fields sampling_params_from_json reads, from its table (the server copies only these out
+// of a request body).
+std::vector<std::string_view> sampling_field_names();
 
 // The most logprob entries one request's answer may hold (each an object in the response body, tens of
 // bytes of JSON): 2^20, enough to score a 40,960-token prompt with prompt_logprobs 20.

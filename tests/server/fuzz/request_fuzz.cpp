@@ -2,9 +2,10 @@
 // a fresh loopback connection to the real HttpServer (Beast's parser, limits, Expect, keep-alive,
 // pipelining) in front of the real ApiServer (routing, auth, JSON, validation, chat-template
 // rendering and tokenisation with the Qwen3 tokenizer and template), as `tessera serve` wires them.
-// The engine is a stub at the EngineClient seam: it records what is submitted and, when the server
-// aborts a request (the client went away), answers it with a short output, so the response
-// formatting (reasoning and tool-call parsing, logprobs, SSE) runs too. After each input the
+// The engine is the stub at the EngineClient seam (tests/server/stub_engine.h, shared with the API
+// server's unit tests): it records what is submitted and, when the server aborts a request (the
+// client went away), answers it with a short output, so the response formatting (reasoning and
+// tool-call parsing, logprobs, SSE) runs too. After each input the
 // server must still answer /health. A crash, an ASan/UBSan report, a hang or a dead server is a
 // finding.
 //
@@ -29,14 +30,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "../stub_engine.h"
 #include "core/json_depth.h"
 #include "core/logging.h"
 #include "engine/async_engine.h"
@@ -49,67 +49,7 @@
 namespace tessera {
 namespace {
 
-// Records submissions; finishes a request (with a little text, token ids and logprobs) when it is
-// aborted, as the real engine does, and on finish_all().
-class StubEngine : public EngineClient {
- public:
-  SubmitResult submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t i = 0; i < requests.size(); ++i) {
-      submitted_++;
-      open_[requests[i].id] = {requests[i].params, std::move(on_output[i])};
-    }
-    return {};
-  }
-  void abort(const std::string& id) override {
-    Open o;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = open_.find(id);
-      if (it == open_.end()) return;
-      o = std::move(it->second);
-      open_.erase(it);
-    }
-    answer(id, o);
-  }
-  void finish_all() {
-    std::map<std::string, Open> all;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      all.swap(open_);
-    }
-    for (auto& [id, o] : all) answer(id, o);
-  }
-  AsyncEngineStats stats() const override { return {}; }
-  int max_model_len() const override { return 4096; }
-  int vocab_size() const override { return 151936; }
-  std::vector<int32_t> eos_token_ids() const override { return {151645}; }
-
- private:
-  struct Open {
-    SamplingParams params;
-    OutputCallback callback;
-  };
-  static void answer(const std::string& id, const Open& o) {
-    for (int i = 0; i < o.params.n; ++i) {
-      StreamDelta d;
-      d.request_id = id;
-      d.index = i;
-      d.token_ids = {9707, 11, 1879};
-      d.text = "<think>why</think>Hello <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
-      if (o.params.logprobs >= 0)
-        for (int32_t t : d.token_ids) d.logprobs.push_back(TokenLogprob{t, -0.5f, 1, {{t, -0.5f}, {13, -2.0f}}});
-      d.finished = true;
-      d.finish_reason = FinishReason::kStop;
-      d.prompt_tokens = 5;
-      d.completion_tokens = 3;
-      o.callback(d);
-    }
-  }
-  std::mutex mu_;
-  std::map<std::string, Open> open_;
-  uint64_t submitted_ = 0;
-};
+using server_test::StubEngine;
 
 struct Harness {
   std::unique_ptr<tokenizer::Tokenizer> tok;
