@@ -524,6 +524,23 @@ TEST(PersistentCluster, NodesJoinOneByOneAndGetRanks) {
   EXPECT_TRUE(c.server->status().nodes[2].alive);
 }
 
+// A second `node start` on a host whose node is alive is refused naming it; the first stays.
+TEST(PersistentCluster, ASecondNodeOnALiveNodesHostIsRefused) {
+  PersistentCluster c;
+  auto a = c.join("host-a", 1);
+  EXPECT_THAT([&] { c.join("host-a", 1); },
+              ::testing::ThrowsMessage<Error>(HasSubstr(
+                  "this host (host-a, 127.0.0.1) is node 1 of the cluster already, and that node is alive (last "
+                  "heartbeat ")));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(a->failure());
+  EXPECT_TRUE(a->confirm_membership(milliseconds(2000)));
+  ClusterStatus s = c.server->status();
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_TRUE(s.nodes[1].alive);
+  EXPECT_EQ(s.nodes[1].joins, 1);
+}
+
 TEST(PersistentCluster, JobsReachTheNamedNodesWithTheirJobRanks) {
   PersistentCluster c;
   auto a = c.join("host-a", 1);
