@@ -14,7 +14,7 @@ struct RendezvousServer::Connection {
   Socket socket;
   std::mutex write_mu;  // the connection thread and broadcasters both write
   std::string peer;
-  int node_rank = -1;   // set once a join is admitted; -1 again when a rejoin replaced it
+  int node_rank = -1;   // set once a join is admitted; -1 again when the node leaves
   int world_rank = -1;  // set by a rank hello (bootstrap store connections)
   uint64_t id = 0;
   std::string dropped_because;  // set (under the server's mutex) when the head itself closes it
