@@ -249,6 +249,11 @@ int run_worker(const NodeStartFlags& f) {
   while (!g_stop) {
     reap_job(job);
     if (std::optional<dist::RankFailure> lost = client->failure()) {
+      if (lost->node_rank == client->node_rank()) {  // the head is there but dropped this node (it hung)
+        end_job(job, "the head declared this node dead");
+        fail(ErrorKind::kNetwork, "{}; start this node again with `tessera node start --address {}`", lost->reason,
+             f.address);
+      }
       end_job(job, "the head is gone");
       fail(ErrorKind::kNetwork,
            "{}; start this node again with `tessera node start --address {}` once the head is back", lost->reason,

@@ -480,9 +480,15 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
   }
   if (sig == kRankFailed) {
     TLOG_ERROR("{}; /health answers 503, shutting the server down", job_failure);
+    const auto failed_at = std::chrono::steady_clock::now();
+    // Every request in flight ends with an error naming the failure (a stream gets an error event),
+    // not a silent abort; the last events reach the sockets, and /health answers 503 for a second
+    // before the listener closes (the launcher ends the process 5 s after the failure at the latest).
+    engine.fail(job_failure);
+    for (int i = 0; i < 200 && api.active_requests() > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_until(failed_at + std::chrono::seconds(1));
     http.stop_accepting();
-    engine.drain(std::chrono::milliseconds(1000));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     http.stop();
     watcher.join();
     fail(ErrorKind::kNetwork, "{}", job_failure);

@@ -25,6 +25,9 @@ namespace {
 // SIGTERM / SIGINT on a node other than the head: counted, acted on by run_worker_node's loop.
 std::atomic<int> g_stop_signals{0}, g_stop_count{0};
 constexpr std::chrono::seconds kHeadShutdownWait{60};
+// A node whose ranks finished asks the head whether it still counts the node (one heartbeat round trip;
+// a head that does not answer is found out by the heartbeat timeout).
+constexpr std::chrono::milliseconds kMembershipCheck{5000};
 
 void on_stop_signal(int sig) {
   g_stop_signals.store(sig);
@@ -226,6 +229,14 @@ int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::Laun
   // drains and its shutdown plan ends the ranks here, so this node waits for that.
   install_stop_handlers();
   std::optional<clock::time_point> head_failed_at, stop_asked_at;
+  // Ends this node at once, non-zero, its ranks killed; no orderly leave.
+  auto end_node = [&](const std::string& what) {
+    std::fprintf(stderr, "error: node %d: %s\n", s.node_rank(), what.c_str());
+    std::fflush(nullptr);
+    launcher->report_failure(what);  // so the ranks end now
+    launcher.reset();
+    std::_Exit(1);
+  };
   for (;;) {
     if (int sig = g_stop_signals.load(); sig > 0 && !stop_asked_at) {
       stop_asked_at = clock::now();
@@ -234,30 +245,46 @@ int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::Laun
           "signal ends them now)",
           s.node_rank(), sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
-    if (stop_asked_at && (g_stop_count.load() > 1 || clock::now() - *stop_asked_at > kHeadShutdownWait)) {
-      std::fprintf(stderr, "error: node %d: stopped before the head ended the job\n", s.node_rank());
-      std::fflush(nullptr);
-      launcher->report_failure("stopped before the head ended the job");  // so the ranks end now
-      launcher.reset();
-      std::_Exit(1);
+    if (stop_asked_at && (g_stop_count.load() > 1 || clock::now() - *stop_asked_at > kHeadShutdownWait))
+      end_node("stopped before the head ended the job");
+    std::optional<dist::RankFailure> rf = s.client()->failure();
+    if (rf && rf->node_rank == s.node_rank()) {
+      // The head dropped this node (it missed heartbeats: this process hung, was stopped or starved)
+      // and ended the job; whatever the ranks did meanwhile, this node's part is over.
+      end_node(fmt::format("{}; the head ended the job: start it again on every node", rf->reason));
     }
     if (launcher->all_exited_ok()) {
-      TLOG_INFO("node {}: every rank finished", s.node_rank());
-      return 0;
+      // Ranks also end cleanly when the head shut them down after it dropped this node: ask the head
+      // whether it still counts this node before calling the job done.
+      if (s.client()->confirm_membership(kMembershipCheck)) {
+        TLOG_INFO("node {}: every rank finished", s.node_rank());
+        return 0;
+      }
+      rf = s.client()->failure();  // the head dropped this node or is gone: said below
     }
     if (std::string what = launcher->failure(); !what.empty()) {
+      // A rank that failed because the head died is reaped a moment before or after the control
+      // connection closes: wait briefly, so the message names the head, not the rank.
+      for (auto until = clock::now() + std::chrono::milliseconds(500); !rf && clock::now() < until;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        rf = s.client()->failure();
+      }
+      if (rf && rf->node_rank == s.node_rank())
+        end_node(fmt::format("{}; the head ended the job: start it again on every node", rf->reason));
+      if (rf && rf->node_rank == 0)
+        end_node(fmt::format("{}; this node's ranks ended with it ({}): start the job again on every node", rf->reason,
+                             what));
       // No orderly leave: the head must see this node as lost (its control connection closes).
-      std::fprintf(stderr, "error: node %d: %s\n", s.node_rank(), what.c_str());
-      std::fflush(nullptr);
-      launcher.reset();  // ends the other local ranks
-      std::_Exit(1);
+      end_node(what);
     }
-    if (std::optional<dist::RankFailure> rf = s.client()->failure()) {
+    if (rf && rf->node_rank == s.node_rank()) continue;  // ended at the top of the loop
+    if (rf) {
       // The ranks may be finishing after the head's shutdown plan: give them a moment.
       if (!head_failed_at)
         head_failed_at = clock::now();
       else if (clock::now() - *head_failed_at > std::chrono::seconds(3))
-        fail(ErrorKind::kNetwork, "node {}: {}; ending this node's ranks", s.node_rank(), rf->reason);
+        fail(ErrorKind::kNetwork, "node {}: {}; ending this node's ranks (start the job again on every node)",
+             s.node_rank(), rf->reason);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -31,9 +31,10 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
 RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, const dist::LaunchFacts& facts);
 
 // Node rank > 0: spawns this node's ranks (one process per rank under a launcher: only its
-// local rank 0) and supervises them and the head until the head's shutdown plan ends them (0)
-// or a rank, or the head, fails (non-zero). SIGTERM/SIGINT (a scheduler's cancel reaches every
-// node) waits up to 60 s for the head's shutdown; a second one ends the ranks at once.
+// local rank 0) and supervises them and the head until the head's shutdown plan ends them (0,
+// once a heartbeat round trip shows the head still counts this node) or a rank fails, the head
+// is gone, or the head declared this node dead (non-zero, naming which). SIGTERM/SIGINT (a scheduler's cancel reaches
+// every node) waits up to 60 s for the head's shutdown; a second one ends the ranks at once.
 int run_worker_node(const EngineFlags& f, dist::NodeSession& s, const dist::LaunchFacts& facts, int argc, char** argv);
 
 // A launcher started one process per rank and this one is not its node's local rank 0: it

@@ -34,8 +34,13 @@ std::string describe_gone_ranks(KeyValueStore* store, const std::vector<int>& wo
         return fmt::format("{} {} gone (process exited or lost its control connection)", names,
                            gone.size() == 1 ? "is" : "are");
       }
-    } catch (const std::exception&) {
-      return "";
+    } catch (const std::exception& e) {
+      // The head answers these questions; when it cannot be asked, it is the one gone (its process
+      // ended, so every peer's connections closed) or cut off, and no peer is to blame.
+      return fmt::format(
+          "the head is gone: its control channel does not answer ({}); its process ended or the link to it is cut, "
+          "so the job cannot go on: start it again on every node",
+          e.what());
     }
     if (attempt == 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }

@@ -28,8 +28,9 @@ class KeyValueStore {
 };
 
 // "rank 3 (node 1, 10.0.0.2) is gone (...)" for the ranks among `world_ranks` the head saw go,
-// asking twice 250 ms apart because a peer that died a moment ago may not be noticed yet.
-// "" when none is gone or the store cannot be asked. Used by the communicators' error messages.
+// asking twice 250 ms apart because a peer that died a moment ago may not be noticed yet; "the
+// head is gone: ..." when the store cannot be asked (the head holds it); "" when none is gone.
+// Used by the communicators' error messages.
 std::string describe_gone_ranks(KeyValueStore* store, const std::vector<int>& world_ranks,
                                 const std::function<std::string(int)>& namer);
 

@@ -1,5 +1,7 @@
 #include "dist/rendezvous_client.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/logging.h"
 #include "dist/wire.h"
@@ -76,6 +78,15 @@ void RendezvousClient::record_failure(RankFailure f) {
 }
 
 void RendezvousClient::run() {
+  run_loop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+  }
+  changed_.notify_all();
+}
+
+void RendezvousClient::run_loop() {
   uint64_t seq = 0;
   Clock::time_point next_heartbeat = Clock::now();
   Clock::time_point last_echo = Clock::now();
@@ -83,30 +94,55 @@ void RendezvousClient::run() {
   try {
     while (!stopping_) {
       Clock::time_point now = Clock::now();
-      if (now >= next_heartbeat) {
-        send_frame(socket_, MessageType::kHeartbeat, encode_u64(++seq), deadline_after(options_.handshake_timeout));
+      if (now >= next_heartbeat || heartbeat_asked_.exchange(false)) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          sent_seq_ = ++seq;
+        }
+        send_frame(socket_, MessageType::kHeartbeat, encode_u64(seq), deadline_after(options_.handshake_timeout));
         next_heartbeat = now + options_.heartbeat_interval;
       }
-      if (now - last_echo > options_.heartbeat_timeout) {
-        record_failure({0, 0, 0, fmt::format("{} stopped answering heartbeats", head)});
-        return;
-      }
       auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat - now);
-      if (!wait_readable(socket_, std::clamp(wait, std::chrono::milliseconds(1), std::chrono::milliseconds(200))))
+      if (!wait_readable(socket_, std::clamp(wait, std::chrono::milliseconds(1), std::chrono::milliseconds(200)))) {
+        // Nothing to read: only now does the head's silence count. After a stall of this process
+        // (SIGSTOP, swapping) what the head sent meanwhile is read first, and the heartbeat sent on
+        // waking has had one wait to be answered.
+        if (Clock::now() - last_echo > options_.heartbeat_timeout) {
+          record_failure({0, 0, 0,
+                          fmt::format("{} stopped answering heartbeats for {:.0f} s (its process is stuck or the "
+                                      "link to it is cut)",
+                                      head, options_.heartbeat_timeout.count() / 1000.0)});
+          return;
+        }
         continue;
+      }
       std::optional<Frame> f = recv_frame(socket_, kMaxFrame, deadline_after(options_.handshake_timeout));
       if (!f) {
-        if (!stopping_) record_failure({0, 0, 0, fmt::format("{} closed the control connection", head)});
+        if (!stopping_)
+          record_failure({0, 0, 0,
+                          fmt::format("{} is gone: it closed the control connection (its process ended, or it "
+                                      "dropped this node)",
+                                      head)});
         return;
       }
       switch (f->type) {
-        case MessageType::kHeartbeat:
-          decode_u64(f->payload);
+        case MessageType::kHeartbeat: {
+          uint64_t echoed = decode_u64(f->payload);
           last_echo = Clock::now();
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            echoed_seq_ = std::max(echoed_seq_, echoed);
+          }
+          changed_.notify_all();
           break;
-        case MessageType::kRankFailed:
-          record_failure(decode_rank_failure(f->payload));
+        }
+        case MessageType::kRankFailed: {
+          RankFailure rf = decode_rank_failure(f->payload);
+          if (rf.node_rank == node_rank_ && node_rank_ > 0)  // sent to the node it names: it was dropped
+            rf.reason = fmt::format("{} declared this node dead: {}", head, rf.reason);
+          record_failure(std::move(rf));
           break;
+        }
         case MessageType::kWelcome:
           decode_cluster_table(f->payload);  // a repeat changes nothing: the table is fixed once formed
           break;
@@ -126,6 +162,14 @@ void RendezvousClient::run() {
   } catch (const Error& e) {
     if (!stopping_) record_failure({0, 0, 0, fmt::format("lost {}: {}", head, e.what())});
   }
+}
+
+bool RendezvousClient::confirm_membership(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t after = sent_seq_;  // a heartbeat numbered above this one is sent after this call
+  heartbeat_asked_ = true;
+  changed_.wait_for(lock, timeout, [&] { return echoed_seq_ > after || ended_; });
+  return echoed_seq_ > after;
 }
 
 std::optional<JobStart> RendezvousClient::wait_job(std::chrono::milliseconds timeout) {

@@ -41,13 +41,22 @@ class RendezvousClient {
   int node_rank() const { return node_rank_; }
   // A persistent cluster's node: the next job the head forwarded; nullopt on timeout.
   std::optional<JobStart> wait_job(std::chrono::milliseconds timeout);
+  // The first failure seen: node_rank 0 when the head is lost (it closed the connection or stopped
+  // answering heartbeats), this node's own rank when the head declared this node dead (it missed
+  // heartbeats: a hung or stopped process), another node's rank when the head announced its failure.
   std::optional<RankFailure> failure() const;
+  // One heartbeat round trip started now: true once the head has echoed a heartbeat sent after this
+  // call (it still counts this node as a member: it echoes only its members), false when the
+  // connection ended first or after `timeout`. A node checks this before it calls its job finished:
+  // ranks that ended cleanly do not prove the head kept the node.
+  bool confirm_membership(std::chrono::milliseconds timeout);
 
   // Test hook: drop the connection abruptly, as a crash would (no goodbye, thread stopped).
   void simulate_crash();
 
  private:
   void run();
+  void run_loop();
   void record_failure(RankFailure f);
 
   RendezvousClientOptions options_;
@@ -59,6 +68,9 @@ class RendezvousClient {
   std::deque<JobStart> jobs_;
   int node_rank_ = -1;
   std::optional<RankFailure> failure_;
+  uint64_t sent_seq_ = 0, echoed_seq_ = 0;    // heartbeats sent and the highest echoed (under mu_)
+  bool ended_ = false;                        // the thread has returned (under mu_)
+  std::atomic<bool> heartbeat_asked_{false};  // confirm_membership: send one now
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

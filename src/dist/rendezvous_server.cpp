@@ -14,9 +14,10 @@ struct RendezvousServer::Connection {
   Socket socket;
   std::mutex write_mu;  // the connection thread and broadcasters both write
   std::string peer;
-  int node_rank = -1;   // set once a join is admitted; -1 again when a rejoin replaced it
+  int node_rank = -1;   // set once a join is admitted; -1 again when the node leaves
   int world_rank = -1;  // set by a rank hello (bootstrap store connections)
   uint64_t id = 0;
+  std::string dropped_because;  // set (under the server's mutex) when the head itself closes it
 };
 
 namespace {
@@ -29,6 +30,22 @@ std::string duplicate_rank_message(int node_rank, const NodeFingerprint& first, 
       "script that expands $SLURM_NODEID in the batch shell, not in each task): let the launcher set it "
       "(srun/mpirun/torchrun variables, LWS_WORKER_INDEX) or escape it (\\$SLURM_NODEID)",
       node_rank, first.hostname, first.ip, second.hostname, second.ip);
+}
+
+// A live node holds the rank a newcomer asks for: the newcomer is refused, the holder and its job go on.
+std::string rank_held_message(int node_rank, int nnodes, const NodeFingerprint& holder, const std::string& holder_state,
+                              const NodeFingerprint& newcomer, const std::string& newcomer_peer) {
+  return fmt::format(
+      "node rank {} is held by node {} (host {}, {}), which is alive ({}); refused host {} ({}) from {}: every node "
+      "needs its own --node-rank (0..{}). To replace that node, stop it first; if its host went down without closing "
+      "the connection, the head declares it dead after the heartbeat timeout and this node can join then",
+      node_rank, node_rank, holder.hostname, holder.ip, holder_state, newcomer.hostname, newcomer.ip, newcomer_peer,
+      nnodes - 1);
+}
+
+std::string seconds_ago(Clock::time_point t) {
+  return fmt::format("{:.1f} s ago",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count() / 1000.0);
 }
 
 std::string rank_range(int first, int count) {
@@ -79,7 +96,10 @@ RendezvousServer::~RendezvousServer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    for (const auto& c : connections_) c->socket.shutdown();
+    for (const auto& c : connections_) {
+      c->dropped_because = "the head is stopping";
+      c->socket.shutdown();
+    }
   }
   changed_.notify_all();
   listener_.shutdown();
@@ -133,16 +153,33 @@ void RendezvousServer::monitor_loop() {
     changed_.wait_for(lock, std::chrono::milliseconds(100));
     if (stopping_) break;
     std::vector<RankFailure> fired;
+    std::vector<std::pair<std::shared_ptr<Connection>, RankFailure>> dropped;
     Clock::time_point now = Clock::now();
     for (size_t r = 1; r < nodes_.size(); ++r) {
       NodeSlot& n = nodes_[r];
       if (!n.joined || !n.alive || !n.welcomed || now - n.last_heartbeat <= options_.heartbeat_timeout) continue;
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count();
-      if (n.connection) n.connection->socket.shutdown();
-      mark_node_failed_locked(static_cast<int>(r), fmt::format("no heartbeat for {:.1f} s", silent / 1000.0), &fired);
+      std::shared_ptr<Connection> conn = n.connection;
+      std::string reason = fmt::format("no heartbeat for {:.1f} s", silent / 1000.0);
+      mark_node_failed_locked(static_cast<int>(r), reason, &fired);
+      if (conn) {
+        conn->dropped_because = "the head declared the node dead: " + reason;
+        dropped.emplace_back(conn, fired.back());
+      }
     }
     if (!fired.empty()) {
       lock.unlock();
+      // A hung node may wake up (SIGCONT, the end of a swap storm): what it reads first is that it
+      // was declared dead, so it does not go on as a member (its process ends non-zero).
+      for (const auto& [conn, failure] : dropped) {
+        try {
+          std::lock_guard<std::mutex> write(conn->write_mu);
+          send_frame(conn->socket, MessageType::kRankFailed, encode(failure),
+                     deadline_after(std::chrono::milliseconds(1000)));
+        } catch (const Error&) {
+        }
+        conn->socket.shutdown();
+      }
       fire_failures(fired);
       lock.lock();
     }
@@ -160,7 +197,11 @@ void RendezvousServer::serve_connection(std::shared_ptr<Connection> c) {
       }
       if (!wait_readable(c->socket, std::chrono::milliseconds(200))) continue;
       std::optional<Frame> f = recv_frame(c->socket, kMaxFrame, deadline_after(options_.handshake_timeout));
-      if (!f) break;
+      if (!f) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!c->dropped_because.empty()) closed_because = c->dropped_because;  // the head closed it, not the node
+        break;
+      }
       if (!handle_frame(c, *f)) {
         closed_because = "dropped";
         break;
@@ -170,10 +211,10 @@ void RendezvousServer::serve_connection(std::shared_ptr<Connection> c) {
     bool quiet;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      quiet = stopping_;
+      quiet = stopping_ || !c->dropped_because.empty();
+      closed_because = c->dropped_because.empty() ? e.what() : c->dropped_because;
     }
     if (!quiet) TLOG_WARN("dropping control-channel peer {}: {}", c->peer, e.what());
-    closed_because = e.what();
   }
   on_connection_closed(c, closed_because);
   std::lock_guard<std::mutex> lock(mu_);
@@ -335,25 +376,35 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
       refusal = *mismatch;
     } else {
       NodeSlot& slot = nodes_[static_cast<size_t>(j.node_rank)];
-      if (!options_.persistent && slot.connection && slot.connection != c && slot.alive &&
-          (slot.fingerprint.ip != j.fingerprint.ip || slot.fingerprint.hostname != j.fingerprint.hostname)) {
-        // Two live processes on different hosts with one node rank: not a restart but a job whose
-        // nodes got the same rank. The job cannot form; the head fails with this too.
+      // A rank whose holder is connected and alive is never taken over: a second process with that
+      // rank is a mistake (or a restart whose old process still runs), and evicting the holder would
+      // end its job. A holder whose process ended has lost its connection and the rank is free.
+      const bool held = slot.connection && slot.connection != c && slot.alive;
+      const bool other_host =
+          slot.fingerprint.ip != j.fingerprint.ip || slot.fingerprint.hostname != j.fingerprint.hostname;
+      if (held && !options_.persistent && other_host && !formed_) {
+        // Two live processes on different hosts with one node rank before the job formed: a job
+        // whose nodes got the same rank. It cannot form; the head fails with this too.
         refusal = duplicate_rank_message(j.node_rank, slot.fingerprint, j.fingerprint);
         duplicate_rank_ = refusal;
         changed_.notify_all();
+      } else if (held && options_.persistent) {
+        refusal = fmt::format(
+            "this host ({}, {}) is node {} of the cluster already, and that node is alive (last heartbeat {}); run "
+            "one `tessera node start` per host: stop the running one first (or give this one another "
+            "--node-ip-address)",
+            j.fingerprint.hostname, j.fingerprint.ip, j.node_rank, seconds_ago(slot.last_heartbeat));
+      } else if (held) {
+        std::string state =
+            slot.welcomed ? fmt::format("last heartbeat {}{}", seconds_ago(slot.last_heartbeat),
+                                        formed_ ? ", in the running job" : "")
+                          : fmt::format("joined {}, waiting for the other nodes", seconds_ago(slot.last_heartbeat));
+        refusal = rank_held_message(j.node_rank, options_.nnodes, slot.fingerprint, state, j.fingerprint, c->peer);
       } else if (!options_.persistent && formed_ && slot.joins > 0 &&
                  slot.fingerprint.num_ranks != j.fingerprint.num_ranks) {
         refusal = fmt::format("{} rejoined with {} ranks but had {}; restart the whole cluster to change it", who,
                               j.fingerprint.num_ranks, slot.fingerprint.num_ranks);
       } else {
-        if (slot.connection && slot.connection != c) {
-          // A node restarted after a crash: its new process replaces the old entry rather than
-          // being refused as a duplicate ("Every node should have a unique IP address").
-          TLOG_INFO("{} rejoined from {}; replacing its old entry (from {})", who, c->peer, slot.connection->peer);
-          slot.connection->node_rank = -1;
-          slot.connection->socket.shutdown();
-        }
         slot.joined = slot.alive = true;
         slot.welcomed = false;
         slot.joins++;

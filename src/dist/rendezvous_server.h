@@ -57,7 +57,8 @@ class RendezvousServer {
   ClusterTable wait_for_nodes();
   ClusterStatus status() const;
 
-  // Tells every live node that ranks are gone (also done automatically on a missed heartbeat).
+  // Tells every live node that ranks are gone (also done automatically on a missed heartbeat, when
+  // the silent node itself is told too, before its connection is closed).
   void announce_failure(const RankFailure& failure);
   // Called (from a server thread) when a joined node dies or misses heartbeats.
   void set_on_node_failure(std::function<void(const RankFailure&)> callback);

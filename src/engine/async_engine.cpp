@@ -115,6 +115,16 @@ void AsyncEngine::drain(std::chrono::milliseconds timeout) {
   thread_.join();
 }
 
+void AsyncEngine::fail(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!thread_.joinable()) return;
+    failure_ = what;
+    cv_.notify_one();
+  }
+  thread_.join();
+}
+
 AsyncEngineStats AsyncEngine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   AsyncEngineStats s = snapshot_;
@@ -148,15 +158,23 @@ void AsyncEngine::loop() {
     std::deque<Pending> incoming;
     std::vector<std::string> aborts;
     bool drain_expired = false, draining = false;
+    std::optional<std::string> failed;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] {
-        return !pending_.empty() || !pending_aborts_.empty() || engine_->has_unfinished() || draining_ || stop_;
+        return !pending_.empty() || !pending_aborts_.empty() || engine_->has_unfinished() || draining_ || stop_ ||
+               failure_;
       });
-      incoming.swap(pending_);
+      failed = failure_;
+      if (!failed) incoming.swap(pending_);
       aborts.swap(pending_aborts_);
       draining = draining_;
       drain_expired = draining_ && Clock::now() >= drain_deadline_;
+    }
+    if (failed) {
+      TLOG_ERROR("{}; failing all requests", *failed);
+      fail_everything(*failed, *failed);
+      return;
     }
     // Count every unit's sequences first: a refused entry of a unit must not end the unit's wait early.
     for (const auto& p : incoming) group_waiting_[p.group] += std::max(1, p.request.params.n);
@@ -170,7 +188,8 @@ void AsyncEngine::loop() {
         auto outs = engine_->step();
         handle_outputs(outs);
       } catch (const std::exception& e) {
-        fail_everything(e.what());
+        TLOG_ERROR("engine step failed: {}; failing all requests", e.what());
+        fail_everything(e.what(), std::string("engine error: ") + e.what());
         return;
       }
     }
@@ -232,13 +251,11 @@ void AsyncEngine::abort_tracked(const std::string& id) {
   tracked_.erase(it);
 }
 
-void AsyncEngine::fail_everything(const std::string& what) {
+void AsyncEngine::fail_everything(const std::string& what, const std::string& delta_text) {
   // A failed step leaves the device state unknown: fail every request and stop.
-  TLOG_ERROR("engine step failed: {}; failing all requests", what);
   for (auto& [id, t] : tracked_)
     for (size_t i = 0; i < t->seqs.size(); ++i)
-      if (!t->seqs[i].done)
-        t->callback(finished_delta(id, FinishReason::kError, "engine error: " + what, static_cast<int>(i)));
+      if (!t->seqs[i].done) t->callback(finished_delta(id, FinishReason::kError, delta_text, static_cast<int>(i)));
   tracked_.clear();
   seq_owner_.clear();
   group_waiting_.clear();

@@ -116,6 +116,10 @@ class AsyncEngine : public EngineClient {
   // Stops accepting, lets in-flight requests finish for up to `timeout`, aborts the rest,
   // then stops the engine thread.
   void drain(std::chrono::milliseconds timeout);
+  // Ends the engine after a failure outside it (a rank or a node of the job lost): every in-flight
+  // and queued request gets its last delta with reason error and `what` as its text, submit()
+  // answers kDead from then on, and the engine thread stops (after the step it is in, if any).
+  void fail(const std::string& what);
   AsyncEngineStats stats() const override;
 
   int max_model_len() const override { return max_model_len_; }
@@ -139,8 +143,9 @@ class AsyncEngine : public EngineClient {
   void admit(Pending& pending, bool draining);
   // Engine thread: aborts a tracked request, with a last delta for each unfinished sequence.
   void abort_tracked(const std::string& id);
-  // Engine thread, after a failed step: a last delta for every request, queued ones too.
-  void fail_everything(const std::string& what);
+  // Engine thread, after a failed step or fail(): a last delta for every request, queued ones too
+  // (`delta_text` for the in-flight ones, `what` for the queued ones).
+  void fail_everything(const std::string& what, const std::string& delta_text);
   void handle_outputs(std::vector<RequestOutput>& outs);
   // Fills the delta's timings (StreamDelta::queue_time ...) from the sequence's clock.
   static void time_delta(const RequestOutput& o, Sequence& seq, Tracked& t, StreamDelta& d);
@@ -159,6 +164,7 @@ class AsyncEngine : public EngineClient {
   size_t waiting_groups_ = 0;  // submitted units with a sequence still waiting for its first token
   std::vector<std::string> pending_aborts_;
   bool draining_ = false, stop_ = false;
+  std::optional<std::string> failure_;  // set by fail()
   std::chrono::steady_clock::time_point drain_deadline_;
   AsyncEngineStats snapshot_;
 

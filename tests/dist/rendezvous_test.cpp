@@ -266,17 +266,159 @@ TEST(Rendezvous, RejoinAfterCrashReplacesTheEntry) {
   EXPECT_EQ(s.nodes[2].joins, 2);
 }
 
-TEST(Rendezvous, RejoinWhileOldConnectionLingersReplacesIt) {
-  Cluster c(2);
-  c.server->set_on_node_failure([](const RankFailure&) { ADD_FAILURE() << "a replaced entry is not a failure"; });
-  auto old = c.join_async(1, 2, node_fp(c)).get();
-  auto fresh = c.join_async(1, 2, node_fp(c)).get();
-  std::this_thread::sleep_for(milliseconds(300));
+// A second process asking for a node rank that a live node holds (the same host, or another host
+// once the job runs) is refused naming the rank and the holder; the holder stays, nothing fails.
+TEST(Rendezvous, RankHeldByALiveNodeIsRefusedNamingTheHolder) {
+  Cluster c(3);
+  c.server->set_on_node_failure([](const RankFailure& f) { ADD_FAILURE() << "a refused join failed " << f.reason; });
+  NodeFingerprint holder = node_fp(c);
+  holder.hostname = "gnode10";
+  LogCapture log;
+  auto first = c.join_async(1, 3, holder);  // waits for the cluster: holds rank 1 before it forms
+  log.wait_for("node 1 (127.0.0.1) joined");
+  EXPECT_THAT([&] { RendezvousClient again(c.client_options(1, 3, holder)); },
+              ::testing::ThrowsMessage<Error>(AllOf(
+                  HasSubstr("the head refused this node: node rank 1 is held by node 1 (host gnode10, 127.0.0.1), "
+                            "which is alive (joined "),
+                  HasSubstr("waiting for the other nodes); refused host gnode10 (127.0.0.1) from 127.0.0.1:"),
+                  HasSubstr("every node needs its own --node-rank (0..2)"))));
+  auto second = c.join_async(2, 3, node_fp(c));
+  c.server->wait_for_nodes();
+  auto n1 = first.get();
+  auto n2 = second.get();
+
+  // The job runs: the same host again, then another host.
+  EXPECT_THAT([&] { RendezvousClient again(c.client_options(1, 3, holder)); },
+              ::testing::ThrowsMessage<Error>(
+                  AllOf(HasSubstr("node rank 1 is held by node 1 (host gnode10, 127.0.0.1), which is alive (last "
+                                  "heartbeat "),
+                        HasSubstr(" s ago, in the running job)"))));
+  NodeFingerprint other = node_fp(c);
+  other.hostname = "gnode20";
+  other.ip = "10.0.0.3";
+  EXPECT_THAT([&] { RendezvousClient again(c.client_options(1, 3, other)); },
+              ::testing::ThrowsMessage<Error>(
+                  AllOf(HasSubstr("node rank 1 is held by node 1 (host gnode10, 127.0.0.1), which is alive"),
+                        HasSubstr("refused host gnode20 (10.0.0.3)"))));
+  EXPECT_THAT(log.wait_for("refused 127.0.0.1:"), HasSubstr("node rank 1 is held by node 1"));
+  std::this_thread::sleep_for(milliseconds(300));  // several heartbeats
+  EXPECT_FALSE(n1->failure()) << n1->failure()->reason;
+  EXPECT_TRUE(n1->confirm_membership(milliseconds(2000)));
   ClusterStatus s = c.server->status();
-  ASSERT_EQ(s.nodes.size(), 2u);
+  ASSERT_EQ(s.nodes.size(), 3u);
   EXPECT_TRUE(s.nodes[1].alive);
-  EXPECT_EQ(s.nodes[1].joins, 2);
+  EXPECT_EQ(s.nodes[1].joins, 1);
+  EXPECT_EQ(s.nodes[1].fingerprint.hostname, "gnode10");
+  EXPECT_THAT(log.text(), ::testing::Not(HasSubstr("closed by the node")));
   c.server->set_on_node_failure(nullptr);
+}
+
+// A node that stops answering (a hung or stopped process) is declared dead; the head tells the node
+// itself before it closes the connection, so the node learns it was dropped when it wakes up.
+TEST(Rendezvous, NodeDeclaredDeadIsToldSo) {
+  Cluster c(2);
+  std::promise<RankFailure> failed;
+  auto once = std::make_shared<std::once_flag>();
+  c.server->set_on_node_failure(
+      [&, once](const RankFailure& f) { std::call_once(*once, [&] { failed.set_value(f); }); });
+  LogCapture log;
+  Socket s = connect_tcp("127.0.0.1", c.server->port(), deadline_after(milliseconds(2000)));
+  authenticate_to_server(s, kToken, deadline_after(milliseconds(2000)));
+  send_frame(s, MessageType::kJoin, encode(JoinRequest{1, 2, node_fp(c)}), deadline_after(milliseconds(2000)));
+  ASSERT_EQ(recv_frame(s, kMaxFrame, deadline_after(milliseconds(2000)))->type, MessageType::kWelcome);
+  auto future = failed.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(4)), std::future_status::ready);
+  c.server->set_on_node_failure(nullptr);
+  std::optional<Frame> notice = recv_frame(s, kMaxFrame, deadline_after(milliseconds(2000)));
+  ASSERT_TRUE(notice);
+  ASSERT_EQ(notice->type, MessageType::kRankFailed);
+  RankFailure f = decode_rank_failure(notice->payload);
+  EXPECT_EQ(f.node_rank, 1);
+  EXPECT_THAT(f.reason, HasSubstr("node 1 (127.0.0.1), ranks 1-2: no heartbeat for 1."));
+  EXPECT_FALSE(recv_frame(s, kMaxFrame, deadline_after(milliseconds(2000))));  // then the head closes it
+  EXPECT_THAT(log.wait_for("no heartbeat for"), ::testing::Not(HasSubstr("closed by the node")));
+}
+
+// A stand-in head: authenticates one node, welcomes it, echoes its heartbeats until told to stop
+// echoing, and can send it any frame.
+class FakeHead {
+ public:
+  FakeHead() : listener_(listen_tcp("127.0.0.1", 0)) {}
+  ~FakeHead() {
+    done_ = true;
+    conn_.shutdown();
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return local_port(listener_); }
+  void start(ClusterTable table) {
+    thread_ = std::thread([this, table] {
+      try {
+        conn_ = accept_tcp(listener_, deadline_after(milliseconds(5000)));
+        authenticate_client(conn_, kToken, deadline_after(milliseconds(2000)));
+        recv_frame(conn_, kMaxFrame, deadline_after(milliseconds(2000)));  // the join
+        send(MessageType::kWelcome, encode(table));
+        while (!done_) {
+          if (!wait_readable(conn_, milliseconds(50))) continue;
+          std::optional<Frame> f = recv_frame(conn_, kMaxFrame, deadline_after(milliseconds(2000)));
+          if (!f) return;
+          if (f->type == MessageType::kHeartbeat && echo_) send(MessageType::kHeartbeat, f->payload);
+        }
+      } catch (const Error&) {
+      }
+    });
+  }
+  void send(MessageType type, std::span<const uint8_t> payload) {
+    std::lock_guard<std::mutex> lock(mu_);
+    send_frame(conn_, type, payload, deadline_after(milliseconds(2000)));
+  }
+  std::atomic<bool> echo_{true};
+
+ private:
+  Socket listener_, conn_;
+  std::mutex mu_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+TEST(Rendezvous, NodeToldItWasDeclaredDeadSaysSoAndIsNoLongerAMember) {
+  Cluster c(2);  // for its fingerprints
+  FakeHead head;
+  ClusterTable table;
+  table.world_size = 2;
+  table.nodes = {{0, 0, c.head_fp}, {1, 1, node_fp(c, 1)}};
+  head.start(table);
+  RendezvousClientOptions o = c.client_options(1, 2, node_fp(c, 1));
+  o.head.port = head.port();
+  RendezvousClient node(o);
+  EXPECT_TRUE(node.confirm_membership(milliseconds(2000)));
+  head.echo_ = false;  // the head no longer counts the node: it echoes nothing
+  auto start = Clock::now();
+  EXPECT_FALSE(node.confirm_membership(milliseconds(300)));
+  EXPECT_GE(Clock::now() - start, milliseconds(300));
+  head.send(MessageType::kRankFailed,
+            encode(RankFailure{1, 1, 1, "node 1 (127.0.0.1), rank 1: no heartbeat for 10.0 s"}));
+  auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (!node.failure() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(node.failure());
+  EXPECT_EQ(node.failure()->node_rank, 1);
+  EXPECT_THAT(node.failure()->reason,
+              HasSubstr("the head at 127.0.0.1:" + std::to_string(head.port()) +
+                        " declared this node dead: node 1 (127.0.0.1), rank 1: no heartbeat for 10.0 s"));
+}
+
+TEST(Rendezvous, NodeWhoseHeadClosesSaysTheHeadIsGone) {
+  Cluster c(2);
+  auto n1 = c.join_async(1, 2, node_fp(c));
+  c.server->wait_for_nodes();
+  auto node = n1.get();
+  EXPECT_TRUE(node->confirm_membership(milliseconds(2000)));
+  c.server.reset();  // the head's process ends
+  auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (!node->failure() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(node->failure());
+  EXPECT_EQ(node->failure()->node_rank, 0);
+  EXPECT_THAT(node->failure()->reason, HasSubstr("is gone: it closed the control connection"));
+  EXPECT_FALSE(node->confirm_membership(milliseconds(500)));
 }
 
 // Every node got the same rank (a rank computed once for the whole job, as an sbatch script that
@@ -382,6 +524,23 @@ TEST(PersistentCluster, NodesJoinOneByOneAndGetRanks) {
   EXPECT_TRUE(c.server->status().nodes[2].alive);
 }
 
+// A second `node start` on a host whose node is alive is refused naming it; the first stays.
+TEST(PersistentCluster, ASecondNodeOnALiveNodesHostIsRefused) {
+  PersistentCluster c;
+  auto a = c.join("host-a", 1);
+  EXPECT_THAT([&] { c.join("host-a", 1); },
+              ::testing::ThrowsMessage<Error>(HasSubstr(
+                  "this host (host-a, 127.0.0.1) is node 1 of the cluster already, and that node is alive (last "
+                  "heartbeat ")));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(a->failure());
+  EXPECT_TRUE(a->confirm_membership(milliseconds(2000)));
+  ClusterStatus s = c.server->status();
+  ASSERT_EQ(s.nodes.size(), 2u);
+  EXPECT_TRUE(s.nodes[1].alive);
+  EXPECT_EQ(s.nodes[1].joins, 1);
+}
+
 TEST(PersistentCluster, JobsReachTheNamedNodesWithTheirJobRanks) {
   PersistentCluster c;
   auto a = c.join("host-a", 1);
@@ -462,6 +621,13 @@ TEST(BootstrapStore, SetGetAndGoneRanks) {
   a.reset();
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_EQ(b.gone_ranks({0, 1}), std::vector<int>{0});
+  EXPECT_THAT(describe_gone_ranks(&b, {0, 1}, nullptr), HasSubstr("rank 0 is gone"));
+  // The head itself gone: nobody can say which peer is, and the message says the head is gone.
+  c.server.reset();
+  std::string head_gone = describe_gone_ranks(&b, {0}, nullptr);
+  EXPECT_THAT(head_gone, HasSubstr("the head is gone: its control channel does not answer ("));
+  EXPECT_THAT(head_gone, HasSubstr("start it again on every node"));
+  EXPECT_THAT(head_gone, ::testing::Not(HasSubstr("still connected")));
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // AsyncEngine's contract (docs/engine.md): every sequence of every submitted request gets
 // exactly one output with finished = true, and nothing after it, whatever ends it: its length,
 // a stop token or string, an abort (before or after it started), a preemption it resumes from,
-// a refusal on the engine thread, a failed step, or a drain. Run on the tiny qwen3 fixture (with
-// the real Qwen3 tokenizer for stop strings), behind an executor that can slow or fail a step.
+// a refusal on the engine thread, a failed step, a failure outside it (fail()), or a drain. Run on the tiny qwen3
+// fixture (with the real Qwen3 tokenizer for stop strings), behind an executor that can slow or fail a step.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -351,6 +351,29 @@ TEST(AsyncEngineContract, AFailedStepEndsEverySequenceOnceAndTheEngineRefusesMor
   EXPECT_EQ(r.error, SubmitError::kDead);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   h.expect_one_finish_each(3);  // a refused submission gets no callback
+}
+
+// A failure outside the engine (a node of the job lost): every request ends once with an error whose
+// text is the failure, not with an abort; the engine is dead afterwards.
+TEST(AsyncEngineContract, FailEndsEveryRequestOnceWithTheFailureAndNothingRunsAfter) {
+  Harness h(64, /*max_num_seqs=*/1, /*step_delay_ms=*/2);
+  ASSERT_TRUE(h.submit("running", prompt(5), Harness::params(120 - 5, 2)).ok());
+  ASSERT_TRUE(h.submit("waiting", prompt(5), Harness::params(50)).ok());
+  h.wait_started("running");
+  const std::string why = "node 1 (10.0.0.2), rank 1: no heartbeat for 10.0 s";
+  h.engine->fail(why);
+  h.expect_one_finish_each(3);
+  for (const char* k : {"running/0", "running/1", "waiting/0"}) {
+    EXPECT_EQ(h.get(k).reason, FinishReason::kError) << k;
+    EXPECT_NE(h.get(k).text.find(why), std::string::npos) << k << ": " << h.get(k).text;
+  }
+  EXPECT_FALSE(h.engine->stats().alive);
+  EXPECT_EQ(h.engine->stats().fatal_error, why);
+  EXPECT_EQ(h.submit("late", prompt(5), Harness::params(3)).error, SubmitError::kDead);
+  h.engine->fail("twice");  // the engine thread is gone: nothing happens
+  h.engine->drain(std::chrono::milliseconds(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  h.expect_one_finish_each(3);
 }
 
 TEST(AsyncEngineContract, DrainEndsEveryRequestOnceAndNothingRunsAfter) {
