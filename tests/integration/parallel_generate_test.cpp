@@ -232,7 +232,10 @@ std::string acceptance(const std::string& err) {
   return err.substr(from, to - from);
 }
 
-TEST(ParallelMtp, GreedyTokensAndAcceptanceMatchOneRank) {
+class ParallelMtp : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ParallelMtp, GreedyTokensAndAcceptanceMatchOneRank) {
+  const auto [tp, pp] = GetParam();
   const std::string seeds = R"({"method":"mtp","num_speculative_tokens":2})";
   const std::string always = R"({"method":"mtp","num_speculative_tokens":2,"disable_by_batch_size":0})";
   RunResult plain = run(demo_mtp_args(1, 1, ""));
@@ -245,19 +248,20 @@ TEST(ParallelMtp, GreedyTokensAndAcceptanceMatchOneRank) {
   const std::string want_acceptance = acceptance(one.err);
   ASSERT_NE(want_acceptance, "") << one.err;
   ASSERT_EQ(want_acceptance.find("Accepted: 0 tokens"), std::string::npos) << "no draft accepted: " << one.err;
-  for (const auto& [tp, pp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
-    SCOPED_TRACE("--tensor-parallel-size " + std::to_string(tp) + " --pipeline-parallel-size " + std::to_string(pp));
-    RunResult r = run(demo_mtp_args(tp, pp, always));
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(token_ids(r.out), want) << r.err;
-    EXPECT_EQ(acceptance(r.err), want_acceptance) << r.err;
-    // The seeds' own line (drafting limited by the measured cost): the same tokens.
-    RunResult s = run(demo_mtp_args(tp, pp, seeds));
-    ASSERT_EQ(s.code, 0) << s.err;
-    EXPECT_EQ(token_ids(s.out), want) << s.err;
-    EXPECT_NE(s.err.find("Speculative decoding: mtp (num_speculative_tokens=2"), std::string::npos) << s.err;
-  }
+  RunResult r = run(demo_mtp_args(tp, pp, always));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(token_ids(r.out), want) << r.err;
+  EXPECT_EQ(acceptance(r.err), want_acceptance) << r.err;
+  // The seeds' own line (drafting limited by the measured cost): the same tokens.
+  RunResult s = run(demo_mtp_args(tp, pp, seeds));
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(token_ids(s.out), want) << s.err;
+  EXPECT_NE(s.err.find("Speculative decoding: mtp (num_speculative_tokens=2"), std::string::npos) << s.err;
 }
+
+INSTANTIATE_TEST_SUITE_P(Demo, ParallelMtp, ::testing::Values(std::pair{2, 1}, std::pair{1, 2}), [](const auto& i) {
+  return "tp" + std::to_string(i.param.first) + "_pp" + std::to_string(i.param.second);
+});
 
 // qwen3_dense_fp8 at TP 2 would give each rank 64 of k_proj's 128 rows, half a scale block:
 // refused while loading, naming the flag and the sizes that work, within seconds.

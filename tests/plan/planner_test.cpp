@@ -244,6 +244,9 @@ TEST(Planner, MtpUnderTensorAndPipelineParallelCountsItsShareOnEachRank) {
   auto plan = [&](int tp, int pp, bool mtp) {
     PlanInputs in = inputs(dir, 141 * kGiB, tp);
     in.pipeline_parallel_size = pp;
+    in.max_model_len = 4096;  // (short steps keep the planning quick; the weights do not depend on them)
+    in.max_num_batched_tokens = 2048;
+    in.max_num_seqs = 16;
     in.mtp = mtp;
     in.state_slots_per_seq = mtp ? 3 : 1;
     return make_plan(in);
