@@ -259,9 +259,10 @@ TEST_P(ParallelMtp, GreedyTokensAndAcceptanceMatchOneRank) {
   EXPECT_NE(s.err.find("Speculative decoding: mtp (num_speculative_tokens=2"), std::string::npos) << s.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(Demo, ParallelMtp, ::testing::Values(std::pair{2, 1}, std::pair{1, 2}), [](const auto& i) {
-  return "tp" + std::to_string(i.param.first) + "_pp" + std::to_string(i.param.second);
-});
+INSTANTIATE_TEST_SUITE_P(Demo, ParallelMtp, ::testing::Values(std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}),
+                         [](const auto& i) {
+                           return "tp" + std::to_string(i.param.first) + "_pp" + std::to_string(i.param.second);
+                         });
 
 // qwen3_dense_fp8 at TP 2 would give each rank 64 of k_proj's 128 rows, half a scale block:
 // refused while loading, naming the flag and the sizes that work, within seconds.
