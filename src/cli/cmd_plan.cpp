@@ -123,7 +123,7 @@ int run_plan(int argc, char** argv) {
     if (!extra.empty() && extra[0] == '-') ignored.push_back(extra.substr(0, extra.find('=')));
   if (!ignored.empty() && !json)
     std::fprintf(stderr, "note: not about memory, ignored: %s\n", fmt::format("{}", fmt::join(ignored, " ")).c_str());
-  as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true, /*planning=*/true); });  // as serve
+  as_flag_errors([&] { (void)engine_config(ef, /*parallel_supported=*/true); });  // as serve
   plan::PlanInputs in = plan_inputs(ef);
   plan::Target& t = in.target;
   t.nodes = nodes > 0 ? nodes : cf.nnodes.value_or(1);

@@ -255,7 +255,7 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
 
 EngineConfig engine_config(const EngineFlags& f) { return engine_config(f, false); }
 
-EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool planning) {
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   if (f.tensor_parallel_size < 1 || f.pipeline_parallel_size < 1)
     fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
   if (!parallel_supported && (f.tensor_parallel_size != 1 || f.pipeline_parallel_size != 1))
@@ -290,7 +290,6 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool p
   c.enforce_eager = f.enforce_eager;
   c.warm_up = true;
   c.speculative = parse_speculative_config(f.speculative_config);
-  if (!planning) require_runnable(c.speculative, f.tensor_parallel_size, f.pipeline_parallel_size);
   return c;
 }
 

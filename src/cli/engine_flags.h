@@ -84,10 +84,9 @@ void add_cluster_flags(CLI::App& app, ClusterFlags& c);
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f);
 // Refuses TP/PP > 1 (verbs that do not launch rank processes yet).
 EngineConfig engine_config(const EngineFlags& f);
-// For verbs that run TP x PP rank processes (generate, through RankLauncher). Refuses what the
-// engine cannot run yet (require_runnable: --speculative-config method mtp on several ranks)
-// unless `planning` (tessera plan counts such a setup's memory all the same).
-EngineConfig engine_config(const EngineFlags& f, bool parallel_supported, bool planning = false);
+// For verbs that run TP x PP rank processes (generate, through RankLauncher), and for `tessera
+// plan`, which makes the same checks so that it never plans a setup serve refuses.
+EngineConfig engine_config(const EngineFlags& f, bool parallel_supported);
 LoadOptions load_options(const EngineFlags& f);
 
 }  // namespace tessera::cli

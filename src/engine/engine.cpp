@@ -54,8 +54,8 @@ void LLMEngine::init_speculative() {
     if (!executor_->supports_mtp())
       fail(ErrorKind::kUnsupported,
            "--speculative-config method 'mtp': the model was loaded without its multi-token-prediction layer (load "
-           "it with the MTP layer, as `tessera serve` does for this flag; more than one rank does not run it yet); "
-           "use {{\"method\": \"ngram\", ...}} or no --speculative-config");
+           "it with the MTP layer, as `tessera serve` does for this flag); use {{\"method\": \"ngram\", ...}} or no "
+           "--speculative-config");
     proposer_ = std::make_unique<MtpProposer>(*executor_, config_.block_size);
   } else {
     proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);

@@ -139,18 +139,32 @@ void Executor::propose_mtp(const MtpDraftInput&, std::vector<int32_t>&) {
   fail(ErrorKind::kUnsupported, "this executor does not run the MTP layer (one rank only)");
 }
 
-void LocalExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
-  const Tensor d = runner_.run_mtp(in);  // [passes, W]: the first num_drafting columns are drafts
+Tensor compact_drafts(Backend& be, const Tensor& d, int S) {
+  TESSERA_CHECK(d.ndim() == 2 && S >= 0 && d.dim(1) >= S, "MTP drafts {} for {} sequences", d.str(), S);
+  const int64_t P = d.dim(0), W = d.dim(1);
+  const Tensor flat = d.view({P * W});
+  if (W == S) return flat;
+  Tensor out = be.scratch({std::max<int64_t>(1, P * S)}, DType::kI32).rows(0, P * S);
+  for (int64_t j = 0; j < P && S > 0; ++j) be.copy(out.rows(j * S, (j + 1) * S), flat.rows(j * W, j * W + S));
+  return out;
+}
+
+namespace {
+
+// The drafts of run_mtp's `d` for S drafting sequences on the host (drafts[j * S + s]).
+void download_drafts(Backend& be, const Tensor& d, int S, std::vector<int32_t>& drafts) {
   drafts.clear();
-  if (d.numel() == 0 || in.num_drafting == 0) return;
-  std::vector<int32_t> all(static_cast<size_t>(d.numel()));
-  backend_.copy_to_host(all.data(), d);
-  backend_.synchronize();
-  const size_t W = static_cast<size_t>(d.dim(1)), S = static_cast<size_t>(in.num_drafting);
-  TESSERA_CHECK(d.ndim() == 2 && W >= S, "MTP drafts {} for {} sequences", d.str(), S);
-  for (size_t j = 0; j < static_cast<size_t>(d.dim(0)); ++j)
-    drafts.insert(drafts.end(), all.begin() + static_cast<ptrdiff_t>(j * W),
-                  all.begin() + static_cast<ptrdiff_t>(j * W + S));
+  if (d.numel() == 0 || S == 0) return;
+  const Tensor c = compact_drafts(be, d, S);
+  drafts.resize(static_cast<size_t>(c.numel()));
+  be.copy_to_host(drafts.data(), c);
+  be.synchronize();
+}
+
+}  // namespace
+
+void LocalExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
+  download_drafts(backend_, runner_.run_mtp(in), in.num_drafting, drafts);
 }
 
 // ---------------------------------------------------------------- plan transport
@@ -227,16 +241,10 @@ void MultiprocExecutor::init_kv_cache(const CacheInit& init) {
   worker_->init_cache(init);
 }
 
-void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
-  if (broken_ || shut_down_) fail(ErrorKind::kNetwork, "the rank processes are gone (an earlier step failed)");
-  StepPlan p;
-  p.kind = PlanKind::kStep;
-  p.step = step_++;
-  p.input = input;
-  p.sampling = sampling;
-  broadcast(p);
+template <typename Body>
+void MultiprocExecutor::guarded(Body body) {
   try {
-    run_and_collect(input, sampling, out);
+    body();
     worker_->raise_if_failed();  // an aborted collective leaves garbage behind a clean sync
   } catch (const Error& e) {
     broken_ = true;
@@ -248,6 +256,40 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
     broken_ = true;
     throw;
   }
+}
+
+void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
+  if (broken_ || shut_down_) fail(ErrorKind::kNetwork, "the rank processes are gone (an earlier step failed)");
+  StepPlan p;
+  p.kind = PlanKind::kStep;
+  p.step = step_++;
+  p.input = input;
+  p.sampling = sampling;
+  broadcast(p);
+  guarded([&] { run_and_collect(input, sampling, out); });
+}
+
+void MultiprocExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
+  if (broken_ || shut_down_) fail(ErrorKind::kNetwork, "the rank processes are gone (an earlier step failed)");
+  TESSERA_CHECK(worker_->loads_mtp(), "MTP drafts from a job loaded without the MTP layer");
+  StepPlan p;
+  p.kind = PlanKind::kMtpDraft;
+  p.step = step_++;
+  p.mtp = in;
+  broadcast(p);
+  guarded([&] {
+    const ParallelContext& pc = worker_->context();
+    Backend& be = worker_->backend();
+    if (pc.pp_size == 1) {  // rank 0 is the last stage's TP rank 0: the drafts are here
+      download_drafts(be, worker_->run_mtp(in), in.num_drafting, drafts);
+      return;
+    }
+    drafts.clear();
+    if (in.num_drafting == 0) return;
+    const int64_t n = static_cast<int64_t>(in.num_drafting) * static_cast<int64_t>(1 + in.chained.size());
+    drafts.resize(static_cast<size_t>(n));
+    recv_tensor(be, *worker_->groups().pp, {n}, DType::kI32, drafts.data(), pc.pp_size - 1);
+  });
 }
 
 void MultiprocExecutor::run_and_collect(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {

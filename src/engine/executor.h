@@ -59,6 +59,10 @@ void sample_logits(Backend& backend, const Tensor& logits, const StepSampling& s
 // when there are none), in scratch memory.
 std::pair<Tensor, Tensor> sample_on_device(Backend& backend, const Tensor& logits, const StepSampling& sampling);
 
+// The drafts of ModelRunner::run_mtp's result `d` ([passes, W], W >= S) for its first S
+// columns, pass by pass ([passes * S]): `d` itself when W == S, else a compact copy in scratch.
+Tensor compact_drafts(Backend& backend, const Tensor& d, int S);
+
 // Allocates `init` for `specs` on `backend` (shared by both executors and the workers).
 KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& specs, const CacheInit& init);
 
@@ -93,11 +97,21 @@ class MultiprocExecutor : public Executor {
   Backend& backend() override { return worker_->backend(); }
   void init_kv_cache(const CacheInit& init) override;
   void execute(const ModelInput& input, const StepSampling& sampling, StepOutput& out) override;
+  // MTP (the job was loaded with its MTP layer, which the last pipeline stage holds): the passes
+  // go to every rank as a kMtpDraft plan; the last stage runs them (its TP ranks together, the
+  // greedy drafts picked on its TP rank 0 and shared) and, with a pipeline, its TP rank 0 sends
+  // the drafts to rank 0. The step and its drafting are not fused here (execute_with_mtp: false).
+  bool supports_mtp() const override { return worker_->loads_mtp(); }
+  void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) override;
   // Ends the workers' loops; idempotent.
   void shutdown();
 
  private:
   void broadcast(const StepPlan& plan);
+  // Runs `body` (rank 0's part of a plan already broadcast): a failure breaks the executor,
+  // reported as the communicators' error where they have one.
+  template <typename Body>
+  void guarded(Body body);
   // Runs rank 0's part of the step; with a pipeline, receives the tokens from the last stage.
   void run_and_collect(const ModelInput& input, const StepSampling& sampling, StepOutput& out);
 

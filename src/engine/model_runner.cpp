@@ -328,7 +328,13 @@ Tensor ModelRunner::mtp_passes(StepInputs& first, const Tensor& hidden, std::vec
   Tensor out = backend_.scratch({T, H}, dt);
   Tensor logits = model_.run_mtp(first, hidden, out, kv_);
   if (S == 0) return drafts.rows(0, 0);
-  backend_.argmax(logits, drafts.rows(0, S));
+  // The greedy picks, made where the logits are (TP rank 0) and shared with the other TP ranks,
+  // whose next pass embeds them too.
+  auto pick = [&](const Tensor& lg, const Tensor& ids) {
+    if (lg.defined()) backend_.argmax(lg, ids);
+    model_.share_sampled(ids);
+  };
+  pick(logits, drafts.rows(0, S));
   // Passes 2..k: each drafting sequence's last draft at the next position, with the MTP layer's
   // own output hidden state (vLLM feeds its normed output back the same way).
   Tensor prev = backend_.scratch({S, H}, dt);
@@ -338,7 +344,7 @@ Tensor ModelRunner::mtp_passes(StepInputs& first, const Tensor& hidden, std::vec
     cs.token_ids = drafts.rows(static_cast<int64_t>(j) * S, static_cast<int64_t>(j + 1) * S);
     Tensor next = backend_.scratch({S, H}, dt);
     Tensor lg = model_.run_mtp(cs, prev, next, kv_);
-    backend_.argmax(lg, drafts.rows(static_cast<int64_t>(j + 1) * S, static_cast<int64_t>(j + 2) * S));
+    pick(lg, drafts.rows(static_cast<int64_t>(j + 1) * S, static_cast<int64_t>(j + 2) * S));
     prev = next;
   }
   return drafts.rows(0, passes * S).view({passes, S});

@@ -44,14 +44,6 @@ SpeculativeConfig validate_speculative_config(SpeculativeConfig c) {
   return c;
 }
 
-void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int pipeline_parallel_size) {
-  if (c.enabled() && c.method == "mtp" && (tensor_parallel_size > 1 || pipeline_parallel_size > 1))
-    fail(ErrorKind::kUnsupported,
-         "--speculative-config method 'mtp' with --tensor-parallel-size or --pipeline-parallel-size above 1 is not "
-         "built yet (the MTP layer runs on a single rank); use {{\"method\": \"ngram\", ...}}, one rank, or no "
-         "--speculative-config");
-}
-
 std::string describe(const SpeculativeConfig& c) {
   if (!c.enabled()) return "off";
   const std::string off =

@@ -40,9 +40,6 @@ struct SpeculativeConfig {
 // them given: the other takes its value); fails (kInvalidArgument) on a method tessera does
 // not run or on bad sizes, naming the field and what works.
 SpeculativeConfig validate_speculative_config(SpeculativeConfig c);
-// Fails (kUnsupported) on a setup tessera parses but does not run yet ('mtp' with more than one
-// rank), saying what works; the CLI calls it before anything starts.
-void require_runnable(const SpeculativeConfig& c, int tensor_parallel_size, int pipeline_parallel_size);
 // "ngram (k=3, prompt_lookup 2..5)" for the startup log.
 std::string describe(const SpeculativeConfig& c);
 

@@ -18,11 +18,15 @@ void check(bool ok, const char* what) {
   if (!ok) fail(ErrorKind::kCorrupt, "step plan: {}", what);
 }
 
-void write_step(dist::WireWriter& w, uint64_t step, const ModelInput& in, const StepSampling& sampling) {
-  w.u64(step);
+void write_input(dist::WireWriter& w, const ModelInput& in) {
   w.i32(in.attention.block_size);
   w.i32(in.attention.max_blocks_per_seq);
   for (const StepArray& f : kStepArrays) w.i32s(host_array(f, in));
+}
+
+void write_step(dist::WireWriter& w, uint64_t step, const ModelInput& in, const StepSampling& sampling) {
+  w.u64(step);
+  write_input(w, in);
   w.u32(static_cast<uint32_t>(sampling.rows.size()));
   for (const SamplingRow& s : sampling.rows) {
     w.f32(s.temperature);
@@ -36,6 +40,15 @@ void write_step(dist::WireWriter& w, uint64_t step, const ModelInput& in, const 
   w.i32s(sampling.mask_rows);
   w.i32(sampling.mask_words);
   w.i32s(sampling.masks);
+}
+
+void write_mtp(dist::WireWriter& w, uint64_t step, const MtpDraftInput& m) {
+  w.u64(step);
+  write_input(w, m.prefill);
+  w.i32s(m.hidden_rows);
+  w.i32(m.num_drafting);
+  w.u32(static_cast<uint32_t>(m.chained.size()));
+  for (const ModelInput& c : m.chained) write_input(w, c);
 }
 
 void write_cache_init(dist::WireWriter& w, const CacheInit& c) {
@@ -145,22 +158,56 @@ void check_state_slots(const ModelInput& in, const PlanLimits& lim) {
   }
 }
 
-void read_step(dist::WireReader& r, const PlanLimits& lim, StepPlan& p) {
-  ModelInput& in = p.input;
+void read_input(dist::WireReader& r, const PlanLimits& lim, ModelInput& in) {
   AttentionLayout& a = in.attention;
-  p.step = r.u64();
   a.block_size = r.i32();
   a.max_blocks_per_seq = r.i32();
   check(a.block_size > 0 && a.block_size <= 4096, "block size out of range");
   check(a.max_blocks_per_seq >= 0, "negative blocks per sequence");
   for (const StepArray& f : kStepArrays) f.host(in) = r.i32s(f.name, array_limit(f.extent, lim.max_tokens));
-  read_sampling(r, in.logits_indices.size(), p.sampling);
-  r.expect_end();
+}
+
+// What read_input read, once the whole plan is in.
+void check_input(const ModelInput& in, const PlanLimits& lim) {
   check(!in.token_ids.empty(), "no tokens");
   const std::string layout = step_input_layout_error(in);
   if (!layout.empty()) fail(ErrorKind::kCorrupt, "step plan: {}", layout);
   check_sequences(in, lim);
   check_state_slots(in, lim);
+}
+
+void read_step(dist::WireReader& r, const PlanLimits& lim, StepPlan& p) {
+  p.step = r.u64();
+  read_input(r, lim, p.input);
+  read_sampling(r, p.input.logits_indices.size(), p.sampling);
+  r.expect_end();
+  check_input(p.input, lim);
+}
+
+// The MTP passes: the first over T positions (its hidden rows, one a token), each chained pass one
+// token per drafting sequence.
+void read_mtp(dist::WireReader& r, const PlanLimits& lim, StepPlan& p) {
+  MtpDraftInput& m = p.mtp;
+  p.step = r.u64();
+  read_input(r, lim, m.prefill);
+  m.hidden_rows = r.i32s("hidden_rows", static_cast<uint32_t>(lim.max_tokens));
+  m.num_drafting = r.i32();
+  const uint32_t chained = r.u32();
+  check(chained < static_cast<uint32_t>(std::max(lim.max_mtp_passes, 1)), "MTP pass count");
+  m.chained.resize(chained);
+  for (ModelInput& c : m.chained) read_input(r, lim, c);
+  r.expect_end();
+  check_input(m.prefill, lim);
+  const size_t T = m.prefill.token_ids.size();
+  check(m.hidden_rows.size() == T, "MTP hidden rows count");
+  for (int32_t h : m.hidden_rows) check(h >= 0 && static_cast<size_t>(h) < lim.max_tokens, "MTP hidden row range");
+  check(m.num_drafting >= 0 && static_cast<size_t>(m.num_drafting) <= m.prefill.attention.seq_lens.size() &&
+            (m.num_drafting == 0 || m.prefill.logits_indices.size() == static_cast<size_t>(m.num_drafting)),
+        "MTP drafting sequences");
+  for (const ModelInput& c : m.chained) {
+    check(c.token_ids.size() == static_cast<size_t>(m.num_drafting) && m.num_drafting > 0, "MTP chained pass size");
+    check_input(c, lim);
+  }
 }
 
 void read_cache_init(dist::WireReader& r, CacheInit& c) {
@@ -205,6 +252,9 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
       break;
     case PlanKind::kShutdown:
       break;
+    case PlanKind::kMtpDraft:
+      write_mtp(w, p.step, p.mtp);
+      break;
   }
   return w.take();
 }
@@ -228,6 +278,10 @@ StepPlan decode_step_plan(std::span<const uint8_t> bytes, const PlanLimits& lim)
     case static_cast<uint8_t>(PlanKind::kShutdown):
       p.kind = PlanKind::kShutdown;
       r.expect_end();
+      break;
+    case static_cast<uint8_t>(PlanKind::kMtpDraft):
+      p.kind = PlanKind::kMtpDraft;
+      read_mtp(r, lim, p);
       break;
     default:
       fail(ErrorKind::kCorrupt, "step plan: unknown kind {}", kind);

@@ -19,6 +19,10 @@
 //                       i32 max_model_len, i32 max_graph_batch, i32 graph_query_len, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype
 //   kind 3 shutdown:    nothing
+//   kind 4 MTP drafts:  u64 step, the first pass's input (i32 block_size, i32 max_blocks_per_seq, the
+//                       arrays of kStepArrays as in a step), the hidden_rows array, i32 num_drafting,
+//                       u32 count of chained passes, each pass's input as the first's
+//                       (MtpDraftInput: the MTP passes after a step, run on the last pipeline stage)
 // All integers little-endian, written and read with dist::WireWriter / WireReader; trailing
 // bytes are an error.
 #pragma once
@@ -30,7 +34,7 @@
 
 namespace tessera {
 
-enum class PlanKind : uint8_t { kStep = 1, kInitCache = 2, kShutdown = 3 };
+enum class PlanKind : uint8_t { kStep = 1, kInitCache = 2, kShutdown = 3, kMtpDraft = 4 };
 
 struct CacheInit {
   int num_blocks = 0;
@@ -70,7 +74,8 @@ struct StepOutput {
 };
 
 // Speculative decoding with method mtp (engine/spec_decode.h, MtpProposer): the MTP layer's
-// passes after a step, run by the rank that ran it (single rank only: not part of the plan).
+// passes after a step, run by the ranks of the last pipeline stage (which holds the step's hidden
+// states); with several ranks it travels as a plan of kind kMtpDraft.
 struct MtpDraftInput {
   // One pass over every position the step computed (rejected drafts excluded), sequence by
   // sequence: token_ids[i] is the token after positions[i], KV goes to the layer's slot of that
@@ -101,6 +106,7 @@ struct StepPlan {
   ModelInput input;       // kStep
   StepSampling sampling;  // kStep
   CacheInit cache;        // kInitCache
+  MtpDraftInput mtp;      // kMtpDraft
 };
 
 // What the receiver knows, to bound-check indices. 0 = unchecked.
@@ -109,6 +115,7 @@ struct PlanLimits {
   int num_blocks = 0;       // the cache this rank allocated
   int num_state_slots = 0;  // its state slots (0: unchecked, like the other limits)
   size_t max_tokens = 1u << 24;
+  int max_mtp_passes = 16;  // chained MTP passes of a kMtpDraft plan, at most this many - 1
 };
 
 std::vector<uint8_t> encode_step_plan(const StepPlan& plan);

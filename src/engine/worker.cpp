@@ -109,7 +109,7 @@ ParallelContext parallel_context(const dist::ParallelLayout& l, int rank, bool e
 }
 
 Worker::Worker(const WorkerOptions& o, Backend& backend)
-    : backend_(backend), pc_(parallel_context(o.layout, o.rank, o.enable_expert_parallel)) {
+    : backend_(backend), pc_(parallel_context(o.layout, o.rank, o.enable_expert_parallel)), loads_mtp_(o.load.mtp) {
   groups_ = join_groups(o, backend);
   LoadOptions lo = o.load;
   lo.parallel = pc_;
@@ -143,6 +143,9 @@ void Worker::run_step_loop() {
       case PlanKind::kStep:
         run_step(plan);
         break;
+      case PlanKind::kMtpDraft:
+        run_mtp_plan(plan);
+        break;
     }
   }
 }
@@ -157,6 +160,21 @@ void Worker::run_step(const StepPlan& plan) {
     send_tensor(backend_, *groups_->pp, ids, 0);
     if (rows.defined()) send_tensor(backend_, *groups_->pp, rows, 0);
   }
+  raise_if_failed();
+}
+
+Tensor Worker::run_mtp(const MtpDraftInput& in) {
+  if (!model_->has_mtp()) return Tensor();  // (a stage before the last)
+  return runner_->run_mtp(in);
+}
+
+void Worker::run_mtp_plan(const StepPlan& plan) {
+  if (!runner_->cache_ready()) fail(ErrorKind::kCorrupt, "MTP plan before the cache was initialised");
+  if (!loads_mtp_) fail(ErrorKind::kCorrupt, "MTP plan for a job loaded without the MTP layer");
+  const Tensor drafts = run_mtp(plan.mtp);
+  // With a pipeline, the last stage's TP rank 0 sends the drafts to rank 0 (as the tokens).
+  if (pc_.pp_size > 1 && model_->returns_logits() && plan.mtp.num_drafting > 0)
+    send_tensor(backend_, *groups_->pp, compact_drafts(backend_, drafts, plan.mtp.num_drafting), 0);
   raise_if_failed();
 }
 

@@ -54,6 +54,12 @@ class Worker {
   void init_cache(const CacheInit& init) { runner_->init_cache(init); }
   // This rank's part of one step; the logits on the rank that returns them.
   Tensor run(const ModelInput& input) { return runner_->run(input); }
+  // Whether the job runs the MTP layer (LoadOptions::mtp; the last pipeline stage holds it).
+  bool loads_mtp() const { return loads_mtp_; }
+  // The MTP passes after the last step (ModelRunner::run_mtp): the drafts [passes, W] on the
+  // last stage (right on its TP rank 0; its other TP ranks get them too), undefined on the
+  // stages before it, which hold no part of the layer.
+  Tensor run_mtp(const MtpDraftInput& in);
   // Throws the TP/PP communicators' failure, if any (an aborted collective leaves garbage
   // behind a clean synchronize).
   void raise_if_failed();
@@ -63,9 +69,11 @@ class Worker {
 
  private:
   void run_step(const StepPlan& plan);
+  void run_mtp_plan(const StepPlan& plan);
 
   Backend& backend_;
   ParallelContext pc_;
+  bool loads_mtp_ = false;
   // Declared in the order they are built; destroyed backwards (the runner reads the model,
   // the model holds the groups' communicators).
   std::unique_ptr<dist::ProcessGroups> groups_;

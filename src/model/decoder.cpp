@@ -102,12 +102,17 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     m.fc = &weights_.declare("mtp.fc.weight", {H, 2 * H}, ParallelStyle::kReplicated);
     m.layer = make_layer(0, "mtp.layers.0.", /*linear=*/false);
     m.norm = RmsNorm(ctx, "mtp.norm.weight", H, zc);
+    // A last stage that does not embed (PP) holds its own copy of the embedding, split over its
+    // TP ranks as the first stage's (as vLLM's MTP module does): the passes embed the tokens
+    // they draft, so fetching rows from the first stage would cost a round trip per pass. A tied
+    // lm_head shares that copy.
+    if (!embed_) m.embed.emplace(ctx, model + "embed_tokens.weight", c.vocab_size, H);
     mtp_.emplace(std::move(m));
   }
   if (comm_.last_stage()) {
     final_norm_ = RmsNorm(ctx, model + "norm.weight", H, zc);
     lm_head_.emplace(ctx, "lm_head.weight", c.vocab_size, H, c.tie_word_embeddings, model + "embed_tokens.weight",
-                     comm_.first_stage());
+                     comm_.first_stage() || (mtp_ && mtp_->embed));
   }
   max_positions_ = mo.max_positions > 0 ? mo.max_positions : c.max_position_embeddings;
   rope_ = make_rope_table(c, max_positions_, backend_);
@@ -201,8 +206,7 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
 }
 
 Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) {
-  TESSERA_CHECK(mtp_.has_value() && embed_.has_value(),
-                "run_mtp needs the MTP layer and the embedding on this rank (one pipeline stage)");
+  TESSERA_CHECK(mtp_.has_value(), "run_mtp on a rank without the MTP layer (it is on the last pipeline stage)");
   Backend& be = backend_;
   const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
   const size_t kv = layers_.size();
@@ -215,7 +219,8 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   // fc's input row t is [normed embedding of x[t+1] | normed hidden[t]]: both normed into one
   // [2T, H] block, then rows interleaved (t, T + t) into [T, 2H].
   Tensor halves = be.scratch({2 * T, H}, dt);
-  embed_->forward(in.token_ids, halves.rows(0, T), /*sampled_ids=*/true);  // (-1: a NaN row, see Backend::sample)
+  const VocabParallelEmbedding& embed = m.embed ? *m.embed : *embed_;
+  embed.forward(in.token_ids, halves.rows(0, T), /*sampled_ids=*/true);  // (-1: a NaN row, see Backend::sample)
   m.pre_fc_norm_embedding.forward(halves.rows(0, T), halves.rows(0, T));
   m.pre_fc_norm_hidden.forward(hidden, halves.rows(T, 2 * T));
   Tensor order_d = in.mtp_fc_order;
@@ -245,5 +250,7 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   be.gather_rows(h, in.logits_indices, rows);
   return lm_head_->forward(rows);
 }
+
+void DecoderModel::share_sampled(const Tensor& ids) { comm_.broadcast_from_first(ids); }
 
 }  // namespace tessera

@@ -56,6 +56,7 @@ class DecoderModel : public Model {
   bool returns_logits() const override;
   bool has_mtp() const override { return mtp_.has_value(); }
   Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) override;
+  void share_sampled(const Tensor& ids) override;
 
  private:
   struct Layer {
@@ -70,11 +71,14 @@ class DecoderModel : public Model {
   // under "mtp.": at position t, h = fc([pre_fc_norm_embedding(embed(x[t+1])) |
   // pre_fc_norm_hidden(hidden[t])]), then one full-attention decoder layer of the family's kind
   // (mtp.layers.0, its feed-forward block chosen as for layer 0), then norm; the embedding and
-  // lm_head are the model's.
+  // lm_head are the model's. It lives on the last pipeline stage; under TP its attention and
+  // feed-forward block are split as the other layers' are, and fc (small: [H, 2H]) is
+  // replicated, so it adds no collective to a pass.
   struct Mtp {
     RmsNorm pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
     const Tensor* fc = nullptr;  // [H, 2H], no bias: the embedding half's columns first
     Layer layer;
+    std::optional<VocabParallelEmbedding> embed;  // a copy of the embedding where the stage has none (PP)
   };
 
   ModelConfig config_;

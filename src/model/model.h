@@ -112,6 +112,10 @@ class Model {
   // the f32 logits [logits_indices.size(), vocab] (of the token after next) come back in scratch
   // memory. Queues device work only.
   virtual Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache);
+  // Token ids (i32) picked from the logits on the rank that holds them (TP rank 0; the MTP
+  // drafts' argmax), copied in place to every rank of its TP group, so that the next pass embeds
+  // the same tokens everywhere. Queues device work only (a TP broadcast); no-op at TP 1.
+  virtual void share_sampled(const Tensor& ids) { (void)ids; }
 };
 
 }  // namespace tessera

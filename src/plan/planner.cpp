@@ -246,13 +246,15 @@ namespace {
 
 // What a decode step reads on a rank of stage `s`: every weight but the routed experts (read
 // for the experts a token is routed to) and an embedding table only gathered from (one row per
-// token: the first stage's, unless the same stage's lm_head is tied to it); the cache's bytes.
-DecodeReads stage_reads(const ModelConfig& c, const StagePlan& s, size_t expert_bytes, int tp, int pp, DType compute,
-                        int block_size) {
+// token: the first stage's, unless the same stage's lm_head is tied to it, and with MTP under
+// PP the last stage's copy, unless tied); the cache's bytes.
+DecodeReads stage_reads(const ModelConfig& c, const StagePlan& s, size_t expert_bytes, int tp, int pp, bool mtp,
+                        DType compute, int block_size) {
   DecodeReads r;
   r.expert_bytes = expert_bytes;
   size_t gathered = 0;
-  if (s.pp_rank == 0 && !(c.tie_word_embeddings && pp == 1))
+  const bool embeds = s.pp_rank == 0 || (mtp && s.pp_rank == pp - 1);
+  if (embeds && !(c.tie_word_embeddings && (pp == 1 || s.pp_rank == pp - 1)))
     gathered = static_cast<size_t>(vocab_rows_per_rank(c.vocab_size, tp)) * static_cast<size_t>(c.hidden_size) *
                dtype_size(compute);
   r.dense_bytes = s.weight_bytes - std::min(s.weight_bytes, expert_bytes + gathered);
@@ -361,7 +363,7 @@ Plan compute(const PlanInputs& in) {
       kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
     kin.state_slots_per_seq = in.state_slots_per_seq;
     s.kv = plan_kv_budget(kin, s.cache);
-    s.reads = stage_reads(c, s, sm.model->weights().expert_bytes(), tp, pp, p.compute_dtype, in.block_size);
+    s.reads = stage_reads(c, s, sm.model->weights().expert_bytes(), tp, pp, in.mtp, p.compute_dtype, in.block_size);
     (void)graph_batch;
     p.stages.push_back(s);
   }

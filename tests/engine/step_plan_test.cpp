@@ -169,6 +169,88 @@ TEST(StepPlan, RefusesIndicesBeyondWhatTheRankHas) {
   EXPECT_THROW(decode_step_plan(encode_step_plan(p), {}), Error);
 }
 
+// MTP drafting after a step (kMtpDraft): the first pass over the step's positions, its hidden
+// rows, and the chained passes, one token per drafting sequence.
+StepPlan mtp_plan() {
+  StepPlan p;
+  p.kind = PlanKind::kMtpDraft;
+  p.step = 9;
+  MtpDraftInput& m = p.mtp;
+  ModelInput& pre = m.prefill;
+  pre.token_ids = {6, 7, 8, 30};
+  pre.positions = {0, 1, 2, 9};
+  pre.attention.block_size = 16;
+  pre.attention.max_blocks_per_seq = 2;
+  pre.attention.query_start_loc = {0, 3, 4};
+  pre.attention.seq_lens = {3, 10};
+  pre.attention.block_tables = {0, 0, 1, 2};
+  pre.attention.slot_mapping = {0, 1, 2, 25};
+  pre.logits_indices = {2, 3};
+  m.hidden_rows = {0, 1, 2, 3};
+  m.num_drafting = 2;
+  ModelInput c;
+  c.token_ids = {0, 0};
+  c.positions = {3, 10};
+  c.attention.block_size = 16;
+  c.attention.max_blocks_per_seq = 2;
+  c.attention.query_start_loc = {0, 1, 2};
+  c.attention.seq_lens = {4, 11};
+  c.attention.block_tables = {0, 0, 1, 2};
+  c.attention.slot_mapping = {3, -1};
+  c.logits_indices = {0, 1};
+  m.chained = {c};
+  return p;
+}
+
+TEST(StepPlan, MtpDraftRoundTripAndRefusals) {
+  const StepPlan p = mtp_plan();
+  const StepPlan q = decode_step_plan(encode_step_plan(p), PlanLimits{256, 4});
+  ASSERT_EQ(q.kind, PlanKind::kMtpDraft);
+  EXPECT_EQ(q.step, 9u);
+  EXPECT_EQ(q.mtp.prefill.token_ids, p.mtp.prefill.token_ids);
+  EXPECT_EQ(q.mtp.prefill.positions, p.mtp.prefill.positions);
+  EXPECT_EQ(q.mtp.prefill.attention.slot_mapping, p.mtp.prefill.attention.slot_mapping);
+  EXPECT_EQ(q.mtp.prefill.attention.block_tables, p.mtp.prefill.attention.block_tables);
+  EXPECT_EQ(q.mtp.prefill.logits_indices, p.mtp.prefill.logits_indices);
+  EXPECT_EQ(q.mtp.hidden_rows, p.mtp.hidden_rows);
+  EXPECT_EQ(q.mtp.num_drafting, 2);
+  ASSERT_EQ(q.mtp.chained.size(), 1u);
+  EXPECT_EQ(q.mtp.chained[0].positions, p.mtp.chained[0].positions);
+  EXPECT_EQ(q.mtp.chained[0].attention.seq_lens, p.mtp.chained[0].attention.seq_lens);
+  EXPECT_EQ(q.mtp.chained[0].attention.slot_mapping, p.mtp.chained[0].attention.slot_mapping);
+  // No drafting sequence: the first pass alone (its KV), one unused logits row.
+  StepPlan none = mtp_plan();
+  none.mtp.num_drafting = 0;
+  none.mtp.chained.clear();
+  none.mtp.prefill.logits_indices = {0};
+  EXPECT_EQ(decode_step_plan(encode_step_plan(none), {}).mtp.num_drafting, 0);
+
+  StepPlan bad = mtp_plan();
+  bad.mtp.hidden_rows.pop_back();  // one hidden row a position
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), {}), Error);
+  bad = mtp_plan();
+  bad.mtp.hidden_rows[1] = -1;
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), {}), Error);
+  bad = mtp_plan();
+  bad.mtp.num_drafting = 3;  // more than the sequences
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), {}), Error);
+  bad = mtp_plan();
+  bad.mtp.chained[0].token_ids.push_back(0);  // a chained pass is one token a drafting sequence
+  bad.mtp.chained[0].positions.push_back(11);
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), {}), Error);
+  bad = mtp_plan();
+  bad.mtp.chained[0].attention.slot_mapping[0] = 64;  // beyond 4 blocks of 16
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), PlanLimits{256, 4}), Error);
+  bad = mtp_plan();
+  bad.mtp.chained.assign(16, bad.mtp.chained[0]);  // k is at most 16: 15 chained passes
+  EXPECT_THROW(decode_step_plan(encode_step_plan(bad), {}), Error);
+  const std::vector<uint8_t> b = encode_step_plan(mtp_plan());
+  for (size_t n = 0; n < b.size(); ++n)
+    EXPECT_THROW(decode_step_plan(std::vector<uint8_t>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(n)), {}),
+                 Error)
+        << n;
+}
+
 TEST(StepPlan, TruncatedTrailingAndRandomBytesAreRefused) {
   std::vector<uint8_t> b = encode_step_plan(sample_plan());
   for (size_t n = 0; n < b.size(); ++n) {

@@ -193,6 +193,77 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelGenerate,
                                   (i.param.ep ? "_ep" : "");
                          });
 
+// MTP speculative decoding across ranks (the seeds' --speculative-config on the demo model, which
+// ships an MTP layer): TP 2 splits the layer as the others, PP 2 runs it on the last stage with its
+// own copy of the embedding. The greedy tokens are those of one rank without speculation, and,
+// drafting on at every batch (disable_by_batch_size 0: the automatic limit measures step times,
+// which differ between runs), the drafts accepted, overall and per position, are one rank's.
+std::vector<std::string> demo_mtp_args(int tp, int pp, const std::string& spec) {
+  std::vector<std::string> a{"generate",
+                             "--model",
+                             std::string(TESSERA_SOURCE_DIR) + "/models/tessera-demo",
+                             "--device",
+                             "cpu",
+                             "--json",
+                             "--ignore-eos",
+                             "--max-tokens",
+                             "40",
+                             "--prompt",
+                             "The history of the city begins with a small village by the river.",
+                             "--prompt",
+                             "Once upon a time, there was a little girl who",
+                             "--prompt-ids",
+                             "39,7,201,5,88",
+                             "--tensor-parallel-size",
+                             std::to_string(tp),
+                             "--pipeline-parallel-size",
+                             std::to_string(pp)};
+  if (!spec.empty()) a.insert(a.end(), {"--speculative-config", spec});
+  return a;
+}
+
+// "Accepted: N tokens, Drafted: M tokens, Per-position acceptance rate: ..." of the run's
+// SpecDecoding line (the counts, without the throughputs); empty when there is none.
+std::string acceptance(const std::string& err) {
+  const size_t line = err.find("SpecDecoding metrics:");
+  if (line == std::string::npos) return "";
+  const size_t from = err.find("Accepted: ", line), to = err.find(", Avg Draft", line);
+  if (from == std::string::npos || to == std::string::npos || to < from) return "";
+  return err.substr(from, to - from);
+}
+
+class ParallelMtp : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ParallelMtp, GreedyTokensAndAcceptanceMatchOneRank) {
+  const auto [tp, pp] = GetParam();
+  const std::string seeds = R"({"method":"mtp","num_speculative_tokens":2})";
+  const std::string always = R"({"method":"mtp","num_speculative_tokens":2,"disable_by_batch_size":0})";
+  RunResult plain = run(demo_mtp_args(1, 1, ""));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto want = token_ids(plain.out);
+  ASSERT_EQ(want.size(), 3u) << plain.out;
+  RunResult one = run(demo_mtp_args(1, 1, always));
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(token_ids(one.out), want) << one.err;
+  const std::string want_acceptance = acceptance(one.err);
+  ASSERT_NE(want_acceptance, "") << one.err;
+  ASSERT_EQ(want_acceptance.find("Accepted: 0 tokens"), std::string::npos) << "no draft accepted: " << one.err;
+  RunResult r = run(demo_mtp_args(tp, pp, always));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(token_ids(r.out), want) << r.err;
+  EXPECT_EQ(acceptance(r.err), want_acceptance) << r.err;
+  // The seeds' own line (drafting limited by the measured cost): the same tokens.
+  RunResult s = run(demo_mtp_args(tp, pp, seeds));
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(token_ids(s.out), want) << s.err;
+  EXPECT_NE(s.err.find("Speculative decoding: mtp (num_speculative_tokens=2"), std::string::npos) << s.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Demo, ParallelMtp, ::testing::Values(std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}),
+                         [](const auto& i) {
+                           return "tp" + std::to_string(i.param.first) + "_pp" + std::to_string(i.param.second);
+                         });
+
 // qwen3_dense_fp8 at TP 2 would give each rank 64 of k_proj's 128 rows, half a scale block:
 // refused while loading, naming the flag and the sizes that work, within seconds.
 TEST(ParallelGenerateRefusals, Fp8ShardsThatCutAScaleBlockNameTheFlag) {

@@ -235,6 +235,45 @@ TEST(Planner, MtpCountsItsLayerAndItsKv) {
   }
 }
 
+// MTP under TP and PP, per rank as serve places it: at TP 2 the layer's attention and experts are
+// split as the other layers' (its share per rank about half of TP 1's; fc is replicated), its KV
+// one more paged layer of the rank's KV heads; at PP 2 the layer and its KV are on the last stage
+// only, with a copy of the embedding there (the first stage's stays where it is).
+TEST(Planner, MtpUnderTensorAndPipelineParallelCountsItsShareOnEachRank) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3.5-35b-a3b";
+  auto plan = [&](int tp, int pp, bool mtp) {
+    PlanInputs in = inputs(dir, 141 * kGiB, tp);
+    in.pipeline_parallel_size = pp;
+    in.max_model_len = 4096;  // (short steps keep the planning quick; the weights do not depend on them)
+    in.max_num_batched_tokens = 2048;
+    in.max_num_seqs = 16;
+    in.mtp = mtp;
+    in.state_slots_per_seq = mtp ? 3 : 1;
+    return make_plan(in);
+  };
+  const int64_t H = 2048, V = 248320;
+  const size_t fc = static_cast<size_t>(2 * H * H) * 2;  // bf16, replicated
+  const Plan b1 = plan(1, 1, false), m1 = plan(1, 1, true);
+  const size_t layer1 = m1.stages[0].weight_bytes - b1.stages[0].weight_bytes;
+  const Plan b2 = plan(2, 1, false), m2 = plan(2, 1, true);
+  const size_t layer2 = m2.stages[0].weight_bytes - b2.stages[0].weight_bytes;
+  EXPECT_NEAR(static_cast<double>(layer2 - fc), static_cast<double>(layer1 - fc) / 2, 0.01 * (layer1 - fc));
+  EXPECT_EQ(m2.stages[0].cache.paged_layers, 11);
+  EXPECT_EQ(m2.stages[0].cache.kv_bytes_per_block * 2, m1.stages[0].cache.kv_bytes_per_block);
+
+  const Plan bp = plan(1, 2, false), mp = plan(1, 2, true);
+  ASSERT_EQ(mp.stages.size(), 2u);
+  EXPECT_EQ(mp.stages[0].weight_bytes, bp.stages[0].weight_bytes);
+  EXPECT_EQ(mp.stages[0].cache.paged_layers, bp.stages[0].cache.paged_layers);
+  EXPECT_EQ(mp.stages[1].cache.paged_layers, bp.stages[1].cache.paged_layers + 1);
+  const size_t embedding = static_cast<size_t>(V * H) * 2;
+  EXPECT_EQ(mp.stages[1].weight_bytes - bp.stages[1].weight_bytes, layer1 + embedding);
+  // TP 2 x PP 2: the last stage's share of both.
+  const Plan bb = plan(2, 2, false), mb = plan(2, 2, true);
+  EXPECT_EQ(mb.stages[0].weight_bytes, bb.stages[0].weight_bytes);
+  EXPECT_EQ(mb.stages[1].weight_bytes - bb.stages[1].weight_bytes, layer2 + embedding / 2);
+}
+
 TEST(Planner, TooLongContextNamesMaxModelLenWithAFittingValue) {
   PlanInputs in = inputs(kQwen8b, 32607ull << 20);  // an RTX 5090
   in.max_model_len = 40960;

@@ -33,6 +33,12 @@ void ModelComm::gather_to_first(const Tensor& local, const Tensor& out) {
   rt_.tp->gather(local, out, 0);
 }
 
+void ModelComm::broadcast_from_first(const Tensor& t) {
+  if (pc_.tp_size == 1) return;
+  host_ready(*rt_.tp);
+  rt_.tp->broadcast(t, 0);
+}
+
 void ModelComm::send_next_stage(const Tensor& t) {
   host_ready(*rt_.pp);
   rt_.pp->send(t, pc_.pp_rank + 1);

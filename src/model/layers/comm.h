@@ -23,6 +23,8 @@ class ModelComm {
   // Each TP rank's `local`, stacked along dim 0 into `out` ([tp * rows, ...]) on TP rank 0;
   // `out` is unused (may be undefined) on the others.
   void gather_to_first(const Tensor& local, const Tensor& out);
+  // TP rank 0's `t` to every rank of the TP group, in place; no-op at TP 1.
+  void broadcast_from_first(const Tensor& t);
   // Pipeline: the activations to the next stage / from the previous one.
   void send_next_stage(const Tensor& t);
   void recv_prev_stage(const Tensor& t);
