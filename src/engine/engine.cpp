@@ -128,8 +128,12 @@ void LLMEngine::plan_kv_cache() {
   init.conv_dtype = sdt.conv;
   init.ssm_dtype = sdt.ssm;
   executor_->init_kv_cache(init);
-  cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching,
-                                                    budget.num_state_slots, hybrid ? slots_per_seq : 1);
+  // The step carries one attention block table, so the paged layers form one group (see engine_cache_groups).
+  const bool whole_model = static_cast<int>(specs.size()) >= executor_->model_config().num_layers;
+  auto groups = engine_cache_groups(specs, bs, whole_model);
+  TLOG_INFO("Cache groups: {}", describe_cache_groups(groups));
+  cache_manager_ = std::make_unique<KvCacheCoordinator>(std::move(groups), num_blocks, config_.enable_prefix_caching,
+                                                        budget.num_state_slots, hybrid ? slots_per_seq : 1);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
             dtype_name(dt));
@@ -218,7 +222,7 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
   const int bs = config_.block_size;
   int max_blocks = 0;
   for (const auto& s : sched.scheduled)
-    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids.size()));
+    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids().size()));
   in.attention.block_size = bs;
   in.attention.max_blocks_per_seq = max_blocks;
   in.attention.query_start_loc.push_back(0);
@@ -593,7 +597,7 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
       // Draft j >= 2 is drafted at position num_tokens - 3 + j: blocks up to num_tokens + room - 2 positions.
       Request& r = *decoding[i];
       if (room[i] < 2 || cache_manager_->allocate(r, room[i] - 1)) continue;
-      const int held = static_cast<int>(r.block_ids.size()) * config_.block_size;
+      const int held = static_cast<int>(r.block_ids().size()) * config_.block_size;
       room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
     }
   proposer_->propose(decoding, room);
