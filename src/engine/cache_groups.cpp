@@ -51,6 +51,14 @@ std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& l
   return make_cache_groups(layers, block_size, false);
 }
 
+int max_blocks_per_seq(const CacheGroupSpec& spec, int max_model_len, int max_num_batched_tokens) {
+  const int bs = spec.block_size;
+  const int all = (max_model_len + bs - 1) / bs;
+  if (spec.kind != CacheGroupKind::kSlidingWindow) return spec.paged() ? all : 0;
+  const int64_t span = std::min<int64_t>(int64_t{spec.sliding_window} - 1 + max_num_batched_tokens, max_model_len);
+  return static_cast<int>(std::min<int64_t>((span + bs - 1) / bs + 1, all));
+}
+
 namespace {
 
 // "0-3, 5": the sorted indices as ranges.

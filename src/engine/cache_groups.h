@@ -47,6 +47,12 @@ std::vector<CacheGroup> make_cache_groups(const std::vector<LayerCacheSpec>& lay
 std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& layers, int block_size,
                                             bool whole_model);
 
+// The most blocks one sequence of up to max_model_len tokens holds in a paged group (vLLM's
+// max_memory_usage_bytes of a spec): full attention, every block; a window W, the blocks of the
+// W - 1 positions before a step and the step's own (at most max_num_batched_tokens), one more
+// where they do not start on a block edge, and never more than full attention's.
+int max_blocks_per_seq(const CacheGroupSpec& spec, int max_model_len, int max_num_batched_tokens);
+
 // "full attention (layers 0-3, 5), sliding window 4096 (layer 4)" for the startup log.
 std::string describe_cache_groups(const std::vector<CacheGroup>& groups);
 

@@ -153,6 +153,8 @@ class LLMEngine {
                          std::vector<Request*>& scored) const;
   // Hybrid models in a step with drafts: the slot that keeps the state after each new token of s.
   void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
+  // Fails (kOutOfMemory) when one sequence of max_model_len cannot hold its blocks in every paged group.
+  void check_sequence_fits(const std::vector<CacheGroup>& groups, int num_blocks) const;
   // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
   StepSampling step_sampling(const std::vector<LogitsRow>& rows);
   // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.

@@ -1,11 +1,13 @@
 // Cache groups from per-layer specs, the sliding-window manager, and the coordinator over a
 // synthetic two-group cache (full attention + a window of 8 tokens, 4 tokens a block, one pool):
-// block accounting, freeing outside the window, prefix reuse, speculative rollback.
+// block accounting, freeing outside the window, prefix reuse, speculative rollback; and the
+// engine's groups and sizing for a model whose layers are all windowed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
 
+#include "engine/engine.h"
 #include "engine/kv_cache_coordinator.h"
 #include "engine/scheduler.h"
 #include "scheduler_util.h"
@@ -290,6 +292,91 @@ TEST(KvCacheCoordinatorGroups, TheSchedulerRunsAWindowModelPastItsPool) {
   EXPECT_GT(nulls(blocks), 5);
   s.remove(r.get());
   EXPECT_TRUE(cache.pool().all_free());
+}
+
+TEST(CacheGroups, AWindowsBlocksFollowTheStepsItMayTake) {
+  const CacheGroupSpec window{CacheGroupKind::kSlidingWindow, kBs, kWindow};
+  // 7 positions before a step of at most 8: 15 positions, 4 blocks, one more off the block edge.
+  EXPECT_EQ(max_blocks_per_seq(window, 64, 8), 5);
+  EXPECT_EQ(max_blocks_per_seq(window, 12, 8), 3) << "never more than every block of max_model_len";
+  EXPECT_EQ(max_blocks_per_seq({CacheGroupKind::kFullAttention, kBs, 0}, 64, 8), 16);
+  EXPECT_EQ(max_blocks_per_seq({CacheGroupKind::kStateSlot, kBs, 0}, 64, 8), 0);
+}
+
+// Two attention layers with a window of 8; forward() returns zero logits.
+class FakeWindowModel : public Model {
+ public:
+  FakeWindowModel(Backend& be, std::vector<LayerCacheSpec> specs)
+      : be_(be), specs_(std::move(specs)), weights_(ParallelContext{}) {
+    config_.vocab_size = 16;
+    config_.num_layers = static_cast<int>(specs_.size());
+    config_.max_position_embeddings = 64;
+  }
+  const ModelConfig& config() const override { return config_; }
+  std::vector<LayerCacheSpec> cache_specs() const override { return specs_; }
+  WeightStore& weights() override { return weights_; }
+  Tensor forward(const ModelInput& in, KvCache&) override {
+    ++steps;
+    Tensor logits = be_.scratch({static_cast<int64_t>(in.logits_indices.size()), config_.vocab_size}, DType::kF32);
+    std::vector<float> zeros(static_cast<size_t>(logits.numel()), 0.0f);
+    be_.copy_from_host(logits, zeros.data());
+    return logits;
+  }
+  Tensor run(const StepInputs&, KvCache&) override { return Tensor(); }
+  int steps = 0;
+
+ private:
+  Backend& be_;
+  std::vector<LayerCacheSpec> specs_;
+  ModelConfig config_;
+  WeightStore weights_;
+};
+
+EngineConfig window_engine_config(int num_blocks) {
+  EngineConfig ec;
+  ec.block_size = kBs;
+  ec.num_blocks_override = num_blocks;
+  ec.scheduler.max_model_len = 64;
+  ec.scheduler.max_num_batched_tokens = 8;
+  ec.scheduler.max_num_seqs = 2;
+  return ec;
+}
+
+TEST(EngineCacheGroups, AWindowedModelRunsSequencesLongerThanItsCache) {
+  BackendOptions o;
+  auto be = make_backend(o);
+  // Five blocks (20 tokens) hold a 64-token sequence's window and a step of 8.
+  auto model = std::make_unique<FakeWindowModel>(*be, std::vector<LayerCacheSpec>{paged(kWindow), paged(kWindow)});
+  FakeWindowModel* fake = model.get();
+  LLMEngine engine(std::move(model), *be, window_engine_config(5));
+  ASSERT_EQ(engine.cache_manager().groups().size(), 1u);
+  EXPECT_EQ(engine.cache_manager().groups()[0].spec, (CacheGroupSpec{CacheGroupKind::kSlidingWindow, kBs, kWindow}));
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 40;
+  std::vector<int32_t> prompt(12);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  ASSERT_TRUE(engine.add_request("r", prompt, p).ok());
+  size_t tokens = 0;
+  while (engine.has_unfinished())
+    for (const auto& out : engine.step()) tokens += out.new_token_ids.size();
+  EXPECT_EQ(tokens, 40u);
+  EXPECT_EQ(engine.stats().num_preemptions, 0u);
+  EXPECT_EQ(fake->steps, 2 + 39) << "two prefill chunks, then one decode step a token";
+  EXPECT_TRUE(engine.cache_manager().pool().all_free());
+
+  // Four blocks do not hold it: the engine says so at startup.
+  auto small = std::make_unique<FakeWindowModel>(*be, std::vector<LayerCacheSpec>{paged(kWindow), paged(kWindow)});
+  try {
+    LLMEngine e(std::move(small), *be, window_engine_config(4));
+    ADD_FAILURE() << "four blocks accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("holds up to 5 KV cache blocks of 4 tokens"), std::string::npos) << e.what();
+  }
+  // Full and windowed layers mixed: one full-attention group, which needs every block of 64 tokens.
+  auto mixed = std::make_unique<FakeWindowModel>(*be, std::vector<LayerCacheSpec>{paged(), paged(kWindow)});
+  EXPECT_THROW(LLMEngine(std::move(mixed), *be, window_engine_config(5)), Error);
 }
 
 }  // namespace
