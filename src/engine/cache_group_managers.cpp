@@ -16,8 +16,12 @@ int FullAttentionManager::longest_hit(const std::vector<uint64_t>& hashes, int m
 }
 
 std::vector<int32_t> FullAttentionManager::hit_blocks(const std::vector<uint64_t>& hashes, int n) const {
-  std::vector<int32_t> blocks;
-  for (int b = 0; b < n; ++b) {
+  return cached_blocks(hashes, 0, n);
+}
+
+std::vector<int32_t> FullAttentionManager::cached_blocks(const std::vector<uint64_t>& hashes, int first, int n) const {
+  std::vector<int32_t> blocks(static_cast<size_t>(first), kNullBlock);
+  for (int b = first; b < n; ++b) {
     auto hit = pool_.lookup(hashes[static_cast<size_t>(b)], group());
     TESSERA_CHECK(hit.has_value(), "cache group {}: prefix hit of {} blocks without block {}", group(), n, b);
     blocks.push_back(*hit);
@@ -85,14 +89,7 @@ int SlidingWindowManager::longest_hit(const std::vector<uint64_t>& hashes, int m
 }
 
 std::vector<int32_t> SlidingWindowManager::hit_blocks(const std::vector<uint64_t>& hashes, int n) const {
-  const int first = std::min(n, first_needed_block(n * block_size()));
-  std::vector<int32_t> blocks(static_cast<size_t>(first), kNullBlock);
-  for (int b = first; b < n; ++b) {
-    auto hit = pool_.lookup(hashes[static_cast<size_t>(b)], group());
-    TESSERA_CHECK(hit.has_value(), "cache group {}: prefix hit of {} blocks without block {}", group(), n, b);
-    blocks.push_back(*hit);
-  }
-  return blocks;
+  return cached_blocks(hashes, std::min(n, first_needed_block(n * block_size())), n);
 }
 
 void SlidingWindowManager::remove_skipped(Request& r) {

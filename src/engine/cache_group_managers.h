@@ -6,6 +6,7 @@
 // StateSlotPool.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/cache_groups.h"
@@ -87,6 +88,8 @@ class FullAttentionManager : public CacheGroupManager {
 
  protected:
   int block_size() const { return spec().block_size; }
+  // The cached blocks of hashes [first, n), after `first` kNullBlock entries.
+  std::vector<int32_t> cached_blocks(const std::vector<uint64_t>& hashes, int first, int n) const;
   KvBlockPool& pool_;
 };
 

@@ -61,6 +61,14 @@ bool KvCacheCoordinator::holds_cache(const Request& r) const {
                      [](const CacheGroupTable& t) { return !t.blocks.empty() || t.state_slot >= 0; });
 }
 
+void KvCacheCoordinator::append_block_hashes(const Request& r, int num_blocks, std::vector<uint64_t>& hashes) const {
+  std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
+  for (int b = static_cast<int>(hashes.size()); b < num_blocks; ++b) {
+    for (int i = 0; i < block_size_; ++i) tokens[static_cast<size_t>(i)] = r.token_at(b * block_size_ + i);
+    hashes.push_back(hash_block(b ? hashes.back() : 0, tokens.data(), block_size_));
+  }
+}
+
 int KvCacheCoordinator::common_hit(const std::vector<uint64_t>& hashes, int max_blocks, bool with_state) const {
   // Each manager answers the longest hit it can serve up to n; a window or a checkpoint can
   // make a shorter one unservable for another group, so go round until every group agrees.
@@ -79,15 +87,9 @@ int KvCacheCoordinator::common_hit(const std::vector<uint64_t>& hashes, int max_
 CacheHit KvCacheCoordinator::find_cached_prefix(const Request& r) const {
   CacheHit hit;
   if (!pool_.prefix_caching()) return hit;
-  const int max_blocks = (r.num_tokens() - 1) / block_size_;
   std::vector<uint64_t> hashes;
-  std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
-  uint64_t h = 0;
-  for (int b = 0; b < max_blocks; ++b) {
-    for (int i = 0; i < block_size_; ++i) tokens[static_cast<size_t>(i)] = r.token_at(b * block_size_ + i);
-    h = hash_block(h, tokens.data(), block_size_);
-    hashes.push_back(h);
-  }
+  append_block_hashes(r, (r.num_tokens() - 1) / block_size_, hashes);
+  const int max_blocks = static_cast<int>(hashes.size());
   const int kv = common_hit(hashes, max_blocks, false);
   const int n = state_ ? common_hit(hashes, kv, true) : kv;
   hit.kv_matched_tokens = kv * block_size_;
@@ -130,15 +132,8 @@ int KvCacheCoordinator::next_checkpoint(const Request& r, int start, const Cache
 }
 
 void KvCacheCoordinator::commit_computed(Request& r) {
-  const int full = r.num_computed_tokens / block_size_;
   const int first_new = static_cast<int>(r.block_hashes.size());
-  std::vector<int32_t> tokens(static_cast<size_t>(block_size_));
-  while (static_cast<int>(r.block_hashes.size()) < full) {
-    const int b = static_cast<int>(r.block_hashes.size());
-    for (int i = 0; i < block_size_; ++i) tokens[static_cast<size_t>(i)] = r.token_at(b * block_size_ + i);
-    const uint64_t parent = b ? r.block_hashes.back() : 0;
-    r.block_hashes.push_back(hash_block(parent, tokens.data(), block_size_));
-  }
+  append_block_hashes(r, r.num_computed_tokens / block_size_, r.block_hashes);
   if (r.cache_tables.size() != managers_.size()) return;  // holds nothing (computed nothing)
   for (const auto& m : managers_) m->commit(r, first_new);
 }

@@ -71,6 +71,8 @@ class KvCacheCoordinator {
   std::vector<int32_t> take_state_copies();
 
  private:
+  // Extends `hashes` (the chained hashes of r's first blocks) to r's first num_blocks blocks.
+  void append_block_hashes(const Request& r, int num_blocks, std::vector<uint64_t>& hashes) const;
   // The largest n <= max_blocks that every manager (the state group's too, or not) can serve.
   int common_hit(const std::vector<uint64_t>& hashes, int max_blocks, bool with_state) const;
 
