@@ -1,7 +1,7 @@
 // KvCacheCoordinator with the groups of every model before sliding windows (one full-attention
 // group, and a state group for hybrids): blocks per request, prefix-cache lookup and sharing
-// (reference counts), all-or-nothing allocation across the KV pool and the state-slot pool, the order in which a
-// finished request's blocks are evicted, and state-slot reuse on hybrid models.
+// (reference counts), all-or-nothing allocation across the KV pool and the state-slot pool, the
+// order in which a finished request's blocks are evicted, and state-slot reuse on hybrid models.
 #include <gtest/gtest.h>
 
 #include <numeric>
