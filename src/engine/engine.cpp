@@ -112,11 +112,11 @@ void LLMEngine::plan_kv_cache() {
   }
   const int num_blocks = budget.num_blocks;
   const int max_len = config_.scheduler.max_model_len;
-  if (static_cast<int64_t>(num_blocks) * bs < max_len)
-    fail(ErrorKind::kOutOfMemory,
-         "The model's max seq len ({}) is larger than the maximum number of tokens that can be stored in the KV cache "
-         "({}). Try increasing --gpu-memory-utilization or decreasing --max-model-len.",
-         max_len, static_cast<int64_t>(num_blocks) * bs);
+  // The step carries one attention block table, so the paged layers form one group (see engine_cache_groups).
+  const bool whole_model = static_cast<int>(specs.size()) >= executor_->model_config().num_layers;
+  auto groups = engine_cache_groups(specs, bs, whole_model);
+  TLOG_INFO("Cache groups: {}", describe_cache_groups(groups));
+  check_sequence_fits(groups, num_blocks);
   CacheInit init;
   init.num_blocks = num_blocks;
   init.block_size = bs;
@@ -128,8 +128,8 @@ void LLMEngine::plan_kv_cache() {
   init.conv_dtype = sdt.conv;
   init.ssm_dtype = sdt.ssm;
   executor_->init_kv_cache(init);
-  cache_manager_ = std::make_unique<KvCacheManager>(num_blocks, bs, config_.enable_prefix_caching,
-                                                    budget.num_state_slots, hybrid ? slots_per_seq : 1);
+  cache_manager_ = std::make_unique<KvCacheCoordinator>(std::move(groups), num_blocks, config_.enable_prefix_caching,
+                                                        budget.num_state_slots, hybrid ? slots_per_seq : 1);
   const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
   TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
             dtype_name(dt));
@@ -152,6 +152,28 @@ void LLMEngine::plan_kv_cache() {
         "Planned before loading: {} blocks with {:.2f} GiB in use; measured: {} blocks with {:.2f} GiB ({:+.1f}%)",
         config_.planned_blocks, config_.planned_used_bytes / 1073741824.0, num_blocks, in.used / 1073741824.0,
         100.0 * (num_blocks - config_.planned_blocks) / config_.planned_blocks);
+}
+
+void LLMEngine::check_sequence_fits(const std::vector<CacheGroup>& groups, int num_blocks) const {
+  const int max_len = config_.scheduler.max_model_len, bs = config_.block_size;
+  int per_seq = 0;
+  bool windowed = false;
+  for (const CacheGroup& g : groups) {
+    if (!g.spec.paged()) continue;
+    per_seq += max_blocks_per_seq(g.spec, max_len, config_.scheduler.max_num_batched_tokens);
+    windowed = windowed || g.spec.kind == CacheGroupKind::kSlidingWindow;
+  }
+  if (num_blocks >= per_seq) return;
+  if (!windowed)
+    fail(ErrorKind::kOutOfMemory,
+         "The model's max seq len ({}) is larger than the maximum number of tokens that can be stored in the KV cache "
+         "({}). Try increasing --gpu-memory-utilization or decreasing --max-model-len.",
+         max_len, static_cast<int64_t>(num_blocks) * bs);
+  fail(ErrorKind::kOutOfMemory,
+       "One sequence of the model's max seq len ({}) holds up to {} KV cache blocks of {} tokens (its sliding window "
+       "and a step of --max-num-batched-tokens {}), more than the {} blocks the KV cache can store. Try increasing "
+       "--gpu-memory-utilization or decreasing --max-model-len or --max-num-batched-tokens.",
+       max_len, per_seq, bs, config_.scheduler.max_num_batched_tokens, num_blocks);
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
@@ -218,7 +240,7 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
   const int bs = config_.block_size;
   int max_blocks = 0;
   for (const auto& s : sched.scheduled)
-    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids.size()));
+    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids().size()));
   in.attention.block_size = bs;
   in.attention.max_blocks_per_seq = max_blocks;
   in.attention.query_start_loc.push_back(0);
@@ -593,7 +615,7 @@ void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
       // Draft j >= 2 is drafted at position num_tokens - 3 + j: blocks up to num_tokens + room - 2 positions.
       Request& r = *decoding[i];
       if (room[i] < 2 || cache_manager_->allocate(r, room[i] - 1)) continue;
-      const int held = static_cast<int>(r.block_ids.size()) * config_.block_size;
+      const int held = static_cast<int>(r.block_ids().size()) * config_.block_size;
       room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
     }
   proposer_->propose(decoding, room);

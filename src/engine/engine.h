@@ -13,7 +13,7 @@
 
 #include "core/phase_timer.h"
 #include "engine/executor.h"
-#include "engine/kv_cache_manager.h"
+#include "engine/kv_cache_coordinator.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -124,7 +124,7 @@ class LLMEngine {
   int max_model_len() const { return config_.scheduler.max_model_len; }
   int num_blocks() const { return cache_manager_->pool().num_blocks(); }
   int kv_capacity_tokens() const { return num_blocks() * config_.block_size; }
-  const KvCacheManager& cache_manager() const { return *cache_manager_; }
+  const KvCacheCoordinator& cache_manager() const { return *cache_manager_; }
   EngineStats stats() const;
   // Replaces the proposer --speculative-config chose (a custom proposer; tests). Needs
   // speculative decoding on (its num_speculative_tokens bounds the drafts).
@@ -153,6 +153,8 @@ class LLMEngine {
                          std::vector<Request*>& scored) const;
   // Hybrid models in a step with drafts: the slot that keeps the state after each new token of s.
   void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
+  // Fails (kOutOfMemory) when one sequence of max_model_len cannot hold its blocks in every paged group.
+  void check_sequence_fits(const std::vector<CacheGroup>& groups, int num_blocks) const;
   // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
   StepSampling step_sampling(const std::vector<LogitsRow>& rows);
   // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
@@ -216,7 +218,7 @@ class LLMEngine {
   std::unique_ptr<Executor> executor_;
   Backend& backend_;
   EngineConfig config_;
-  std::unique_ptr<KvCacheManager> cache_manager_;
+  std::unique_ptr<KvCacheCoordinator> cache_manager_;
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;

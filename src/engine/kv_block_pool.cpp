@@ -72,15 +72,27 @@ void KvBlockPool::release(const std::vector<int32_t>& blocks) {
   }
 }
 
-std::optional<int32_t> KvBlockPool::lookup(uint64_t hash) const {
+namespace {
+
+// The prefix cache's key of group `group`'s block with chained hash `hash` (group 0: the hash).
+uint64_t cache_key(uint64_t hash, int group) {
+  if (group == 0) return hash;
+  const int32_t g = group;
+  return hash_block(hash, &g, 1);
+}
+
+}  // namespace
+
+std::optional<int32_t> KvBlockPool::lookup(uint64_t hash, int group) const {
   if (!prefix_caching_) return std::nullopt;
-  auto it = cached_.find(hash);
+  auto it = cached_.find(cache_key(hash, group));
   if (it == cached_.end()) return std::nullopt;
   return it->second;
 }
 
-void KvBlockPool::register_full_block(int32_t block, uint64_t hash) {
+void KvBlockPool::register_full_block(int32_t block, uint64_t hash_in, int group) {
   if (!prefix_caching_) return;
+  const uint64_t hash = cache_key(hash_in, group);
   Block& blk = blocks_[block];
   if (blk.hash) return;
   // Another block may already hold the same content (two requests prefilled it in one

@@ -1,4 +1,5 @@
-// Fixed pool of KV cache blocks with reference counts and a prefix cache.
+// Fixed pool of KV cache blocks with reference counts and a prefix cache, shared by every
+// paged cache group (vLLM v1's BlockPool under its KVCacheCoordinator).
 // A block that no request holds stays in the free queue with its hash, so a later
 // request with the same prefix can take it back; eviction takes the least recently
 // freed block first (vLLM v1's design).
@@ -27,9 +28,11 @@ class KvBlockPool {
   // order given (pass a request's blocks in reverse so its last blocks are evicted first).
   void release(const std::vector<int32_t>& blocks);
 
-  std::optional<int32_t> lookup(uint64_t hash) const;
-  // Records that `block` holds the full block whose chained hash is `hash`.
-  void register_full_block(int32_t block, uint64_t hash);
+  // The cached block of cache group `group` (KvCacheCoordinator) holding the full block whose
+  // chained hash is `hash`: groups share the pool, each caches its own blocks.
+  std::optional<int32_t> lookup(uint64_t hash, int group = 0) const;
+  // Records that `block` holds group `group`'s full block whose chained hash is `hash`.
+  void register_full_block(int32_t block, uint64_t hash, int group = 0);
 
   int ref_count(int32_t block) const { return blocks_[block].refs; }
   bool prefix_caching() const { return prefix_caching_; }

@@ -1,5 +1,6 @@
 // Engine-side state of one sequence. Owned by the engine thread only.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,27 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // best first
 };
 
+// A block-table entry that holds no block: a sliding-window group freed it (no future token
+// attends to its positions) or a prefix hit never needed it.
+inline constexpr int32_t kNullBlock = -1;
+
+// What a request holds in one cache group.
+struct CacheGroupTable {
+  // Paged groups: the block of positions [b * block_size, (b + 1) * block_size) at index b
+  // (kNullBlock where the group needs none).
+  std::vector<int32_t> blocks;
+  // The state group (linear-attention layers of hybrid models): the slot held, and with
+  // speculative decoding k more, where a verification step keeps the state after each draft;
+  // the one after the last accepted token becomes state_slot.
+  int32_t state_slot = -1;
+  std::vector<int32_t> draft_state_slots;
+  // The state group with prefix caching: where the prompt's match in the paged groups' cache
+  // ended at admission when it went past the last state checkpoint (a prefix shared with an
+  // earlier prompt, e.g. a system prompt); the prefill stops there once to checkpoint the
+  // state, so later prompts sharing that prefix hit. 0 = none.
+  int shared_prefix_end = 0;
+};
+
 struct Request {
   std::string id;
   std::vector<int32_t> prompt;
@@ -49,25 +71,29 @@ struct Request {
 
   int num_computed_tokens = 0;  // tokens whose K/V are in the cache
   int num_cached_tokens = 0;    // of the prompt, found in the prefix cache at admission
-  std::vector<int32_t> block_ids;
-  // The paged-KV slot of position p (block_size tokens a block).
+  // One table per cache group of the KvCacheCoordinator (engine/kv_cache_coordinator.h), in its
+  // group order: paged-attention groups first, then the state group of hybrid models. Empty
+  // until the request first holds cache.
+  std::vector<CacheGroupTable> cache_tables;
+  // The first paged group's blocks (the step's attention block table); empty when it holds none.
+  const std::vector<int32_t>& block_ids() const {
+    static const std::vector<int32_t> kNone;
+    return cache_tables.empty() ? kNone : cache_tables.front().blocks;
+  }
+  // Hybrid models: the linear-attention state slot held (the state group's); -1 when none.
+  int32_t state_slot() const { return cache_tables.empty() ? -1 : cache_tables.back().state_slot; }
+  // The paged-KV slot of position p in the first paged group (block_size tokens a block).
   int32_t kv_slot(int p, int block_size) const {
-    return block_ids[static_cast<size_t>(p / block_size)] * block_size + p % block_size;
+    return block_ids()[static_cast<size_t>(p / block_size)] * block_size + p % block_size;
   }
-  // Appends this request's row of a step's block table: its blocks, padded with block 0 to `width`.
+  // Appends this request's row of a step's block table: its blocks, padded with block 0 to `width`
+  // (blocks a sliding window freed read as block 0 too: the window never reaches them).
   void append_block_table(std::vector<int32_t>& table, int width) const {
-    for (int b = 0; b < width; ++b) table.push_back(b < static_cast<int>(block_ids.size()) ? block_ids[b] : 0);
+    const std::vector<int32_t>& blocks = block_ids();
+    for (int b = 0; b < width; ++b)
+      table.push_back(b < static_cast<int>(blocks.size()) ? std::max(blocks[static_cast<size_t>(b)], 0) : 0);
   }
-  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far
-  int32_t state_slot = -1;             // hybrid models: the linear-attention state slot held
-  // Hybrid models with speculative decoding: k more slots, where a verification step keeps the
-  // state after each draft; the one after the last accepted token becomes state_slot.
-  std::vector<int32_t> draft_state_slots;
-  // Hybrid models with prefix caching: where the prompt's match in the prefix cache's KV blocks
-  // ended at admission when it went past the last state checkpoint (a prefix shared with an
-  // earlier prompt, e.g. a system prompt); the prefill stops there once to checkpoint the
-  // state, so later prompts sharing that prefix hit. 0 = none.
-  int shared_prefix_end = 0;
+  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks so far (shared by every group)
   int num_preemptions = 0;
   uint64_t arrival_order = 0;
   // When a step first computed any of it (its time in the waiting queue ends there); the epoch until then.

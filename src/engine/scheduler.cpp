@@ -4,7 +4,7 @@
 
 namespace tessera {
 
-Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& cache) : config_(config), cache_(cache) {}
+Scheduler::Scheduler(SchedulerConfig config, KvCacheCoordinator& cache) : config_(config), cache_(cache) {}
 
 void Scheduler::add(Request* r) {
   r->status = RequestStatus::kWaiting;
@@ -28,8 +28,8 @@ void Scheduler::preempt(Request* r) {
   waiting_.push_front(r);
 }
 
-int Scheduler::cut_at_checkpoint(const Request& r, int start, int num_new) const {
-  const int boundary = cache_.next_checkpoint(r, start);
+int Scheduler::cut_at_checkpoint(const Request& r, int start, int num_new, const CacheHit& hit) const {
+  const int boundary = cache_.next_checkpoint(r, start, hit);
   return boundary > 0 && start + num_new > boundary ? boundary - start : num_new;
 }
 
@@ -76,7 +76,7 @@ SchedulerOutput Scheduler::schedule() {
     // Drafts past the budget or max_model_len are dropped.
     const int drafts = std::max(0, r->num_computed_tokens + num_new - r->num_tokens());
     r->spec_tokens.resize(static_cast<size_t>(drafts));
-    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0, drafts});
+    out.scheduled.push_back({r, num_new, r->state_slot(), r->num_computed_tokens > 0, drafts});
     budget -= num_new;
     ++i;
   }
@@ -85,21 +85,18 @@ SchedulerOutput Scheduler::schedule() {
   while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    std::vector<int32_t> cached;
+    CacheHit cached;
     // Prompt logprobs need the logits of every prompt position: no prefix-cache hit (vLLM does the same).
-    if (r->num_computed_tokens == 0 && r->block_ids.empty() && r->params.prompt_logprobs < 0) {
-      int kv_matched = 0;
-      cached = cache_.find_cached_prefix(*r, &kv_matched);
-      // Hybrid: KV blocks match past the last checkpoint (a prefix shared with an earlier
-      // prompt): the prefill stops there first and checkpoints the state for later prompts.
-      const int hit = static_cast<int>(cached.size()) * cache_.block_size();
-      r->shared_prefix_end = kv_matched > hit ? kv_matched : 0;
-    }
-    const int cached_tokens = static_cast<int>(cached.size()) * cache_.block_size();
+    // (Hybrid: where the paged match goes past the last checkpoint, a prefix shared with an earlier
+    // prompt, the prefill stops there first and checkpoints the state for later prompts:
+    // cut_at_checkpoint with the hit.)
+    if (r->num_computed_tokens == 0 && !cache_.holds_cache(*r) && r->params.prompt_logprobs < 0)
+      cached = cache_.find_cached_prefix(*r);
+    const int cached_tokens = cached.num_tokens;
     int num_new = r->num_tokens() - r->num_computed_tokens - cached_tokens;
     if (!config_.enable_chunked_prefill && num_new > budget) break;
     num_new = std::min(num_new, budget);
-    num_new = cut_at_checkpoint(*r, r->num_computed_tokens + cached_tokens, num_new);
+    num_new = cut_at_checkpoint(*r, r->num_computed_tokens + cached_tokens, num_new, cached);
     int rows_left = logprob_rows;
     num_new = cut_at_prompt_logprob_rows(*r, r->num_computed_tokens + cached_tokens, num_new, rows_left);
     if (num_new <= 0) break;  // no prompt-logprob rows left this step: it waits (FCFS)
@@ -109,7 +106,7 @@ SchedulerOutput Scheduler::schedule() {
     waiting_.pop_front();
     r->status = RequestStatus::kRunning;
     running_.push_back(r);
-    out.scheduled.push_back({r, num_new, r->state_slot, r->num_computed_tokens > 0});
+    out.scheduled.push_back({r, num_new, r->state_slot(), r->num_computed_tokens > 0});
     budget -= num_new;
   }
   // (Copies wait for a step that runs: a step with nothing scheduled never reaches the model.)
@@ -128,8 +125,7 @@ void Scheduler::accept_drafts(Request& r, int accepted) {
   r.spec_tokens.clear();
   if (accepted <= 0) return;
   r.num_computed_tokens += accepted;
-  cache_.accept_draft_states(r, accepted);
-  cache_.commit_computed(r);
+  cache_.accept_drafts(r, accepted);
 }
 
 }  // namespace tessera

@@ -2,11 +2,11 @@
 // computed and tokens known; each step lets running requests catch up first, then
 // admits waiting ones, within a token budget (chunked prefill) and a sequence cap.
 // When blocks run out, the most recently admitted running request is preempted
-// (its blocks and state slot freed; it is recomputed later from its prompt and output so far).
+// (what it holds in every cache group freed; it is recomputed later from its prompt and output so far).
 // Hybrid models: a sequence is admitted only with a state slot; with prefix caching its
 // prefill stops where its KV match in the prefix cache ended at admission (past its last
 // checkpointed block) and at the prompt's last full-block boundary: the checkpoints a later
-// prefix hit restores (see KvCacheManager).
+// prefix hit restores (see KvCacheCoordinator).
 // Requests that want prompt logprobs never take a prefix-cache hit (every prompt position's logits
 // are needed), and their prefill chunks are cut so that a step carries at most
 // max_prompt_logprob_rows prompt positions whose logits go to the host.
@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/kv_cache_manager.h"
+#include "engine/kv_cache_coordinator.h"
 #include "engine/request.h"
 
 namespace tessera {
@@ -55,7 +55,7 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, KvCacheManager& cache);
+  Scheduler(SchedulerConfig config, KvCacheCoordinator& cache);
 
   void add(Request* r);  // to the waiting queue (FCFS)
   // Removes a request wherever it is and frees its blocks.
@@ -76,13 +76,14 @@ class Scheduler {
 
  private:
   void preempt(Request* r);
-  // num_new for r, starting at `start` computed tokens, cut at its next checkpoint position.
-  int cut_at_checkpoint(const Request& r, int start, int num_new) const;
+  // num_new for r, starting at `start` computed tokens, cut at its next checkpoint position (`hit`:
+  // the prefix hit of a request being admitted).
+  int cut_at_checkpoint(const Request& r, int start, int num_new, const CacheHit& hit = {}) const;
   // num_new for r, starting at `start`, cut so that its prompt-logprob rows fit `rows_left` (which it
   // then takes them from).
   static int cut_at_prompt_logprob_rows(const Request& r, int start, int num_new, int& rows_left);
   SchedulerConfig config_;
-  KvCacheManager& cache_;
+  KvCacheCoordinator& cache_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;
   uint64_t num_preemptions_ = 0;

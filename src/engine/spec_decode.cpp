@@ -143,7 +143,7 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
   pre.attention.query_start_loc.push_back(0);
   for (const ComputedSpan& s : spans_)
     pre.attention.max_blocks_per_seq =
-        std::max(pre.attention.max_blocks_per_seq, static_cast<int>(s.request->block_ids.size()));
+        std::max(pre.attention.max_blocks_per_seq, static_cast<int>(s.request->block_ids().size()));
   std::vector<int> last_row(spans_.size());
   for (size_t i = 0; i < spans_.size(); ++i) {
     const ComputedSpan& s = spans_[i];
@@ -164,7 +164,7 @@ void MtpProposer::propose(const std::vector<Request*>& requests, const std::vect
   if (pre.logits_indices.empty()) pre.logits_indices.push_back(0);  // (unused)
   // Pass j + 1 (j >= 1) reads draft j at position num_tokens - 2 + j and writes its KV there.
   int width = 0;
-  for (const auto& d : drafting) width = std::max(width, static_cast<int>(requests[d.second]->block_ids.size()));
+  for (const auto& d : drafting) width = std::max(width, static_cast<int>(requests[d.second]->block_ids().size()));
   for (int j = 1; j < passes; ++j) {
     ModelInput c;
     c.attention.block_size = bs;

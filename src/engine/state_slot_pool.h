@@ -1,9 +1,10 @@
-// Fixed pool of linear-attention state slots (the second cache type beside KvBlockPool; the
-// KvCacheManager coordinates both). A running sequence of a hybrid model holds one slot: row
-// `slot` of every kStateSlot layer's conv and recurrent state tensors. A slot can also hold a
-// prefix-cache checkpoint: the state after the full block whose chained hash it is keyed by,
-// copied from a sequence that stopped a prefill chunk there. Checkpoints are evictable: a
-// sequence (or a newer checkpoint) that finds no free slot takes the least recently used one.
+// Fixed pool of linear-attention state slots (the state cache group's, beside the paged groups'
+// KvBlockPool; the KvCacheCoordinator coordinates both). A running sequence of a hybrid model
+// holds one slot: row `slot` of every kStateSlot layer's conv and recurrent state tensors. A
+// slot can also hold a prefix-cache checkpoint: the state after the full block whose chained
+// hash it is keyed by, copied from a sequence that stopped a prefill chunk there. Checkpoints
+// are evictable: a sequence (or a newer checkpoint) that finds no free slot takes the least
+// recently used one.
 #pragma once
 #include <cstdint>
 #include <list>

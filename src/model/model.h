@@ -30,6 +30,10 @@ struct LayerCacheSpec {
   // kStateSlot (a Gated DeltaNet layer), per sequence, on this rank: the causal-conv state
   // [K-1, C] and the recurrent state [Hv, Dk, Dv]. The engine picks their dtypes (CacheInit).
   Shape conv_state_shape, ssm_state_shape;
+  // kPagedKv: 0 for full attention; W > 0 for sliding-window attention, where the token at
+  // position p attends to positions [p - W + 1, p] only (the engine may then free the blocks
+  // before every future token's window).
+  int sliding_window = 0;
   // Bytes per sequence of both states at the given dtypes.
   size_t state_bytes(DType conv_dtype, DType ssm_dtype) const {
     return static_cast<size_t>(conv_state_shape.numel()) * dtype_size(conv_dtype) +

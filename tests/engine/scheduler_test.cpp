@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "engine/kv_cache_manager.h"
+#include "engine/kv_cache_coordinator.h"
 #include "engine/scheduler.h"
 #include "scheduler_util.h"
 
@@ -34,7 +34,7 @@ void run_step(Scheduler& s, const SchedulerOutput& out) {
 }
 
 TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceCap) {
-  KvCacheManager cache(64, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(64, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(2, 1000), cache);
   auto a = make("a", 5), b = make("b", 6), c = make("c", 7);
   s.add(a.get());
@@ -61,7 +61,7 @@ TEST(Scheduler, AdmitsInArrivalOrderUpToTheSequenceCap) {
 }
 
 TEST(Scheduler, ChunkedPrefillSplitsAPromptAcrossStepsWithinTheBudget) {
-  KvCacheManager cache(64, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(64, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(8, 10), cache);
   auto a = make("a", 8), b = make("b", 8), c = make("c", 3);
   s.add(a.get());
@@ -79,7 +79,7 @@ TEST(Scheduler, ChunkedPrefillSplitsAPromptAcrossStepsWithinTheBudget) {
 }
 
 TEST(Scheduler, WithoutChunkedPrefillAPromptWaitsForRoomAndBlocksTheQueue) {
-  KvCacheManager cache(64, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(64, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(8, 10, /*chunked=*/false), cache);
   auto a = make("a", 8), b = make("b", 8), c = make("c", 1);
   s.add(a.get());
@@ -92,7 +92,7 @@ TEST(Scheduler, WithoutChunkedPrefillAPromptWaitsForRoomAndBlocksTheQueue) {
 }
 
 TEST(Scheduler, PreemptsTheLastAdmittedRequestAndReadmitsItFirst) {
-  KvCacheManager cache(4, kBs, /*prefix=*/false);  // 16 tokens in all
+  KvCacheCoordinator cache(4, kBs, /*prefix=*/false);  // 16 tokens in all
   Scheduler s(scheduler_config(2, 1000), cache);
   auto a = make("a", 8), b = make("b", 7), c = make("c", 2);
   s.add(a.get());
@@ -107,7 +107,7 @@ TEST(Scheduler, PreemptsTheLastAdmittedRequestAndReadmitsItFirst) {
   ASSERT_EQ(out.preempted, std::vector<Request*>{b.get()});
   EXPECT_EQ(b->status, RequestStatus::kPreempted);
   EXPECT_EQ(b->num_preemptions, 1);
-  EXPECT_TRUE(b->block_ids.empty());
+  EXPECT_TRUE(b->block_ids().empty());
   EXPECT_EQ(b->num_computed_tokens, 0) << "recomputed from its prompt and output";
   EXPECT_EQ(b->output.size(), 1u) << "the output so far is kept";
   EXPECT_EQ(s.num_preemptions(), 1u);
@@ -125,7 +125,7 @@ TEST(Scheduler, PreemptsTheLastAdmittedRequestAndReadmitsItFirst) {
 }
 
 TEST(Scheduler, ARunningRequestWithoutRoomPreemptsItselfWhenItIsTheLast) {
-  KvCacheManager cache(4, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(4, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 6), b = make("b", 8);
   s.add(a.get());
@@ -141,7 +141,7 @@ TEST(Scheduler, ARunningRequestWithoutRoomPreemptsItselfWhenItIsTheLast) {
 }
 
 TEST(Scheduler, AdmissionStopsWhenBlocksRunOutWithoutPreempting) {
-  KvCacheManager cache(3, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(3, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 8), b = make("b", 8);
   s.add(a.get());
@@ -150,11 +150,11 @@ TEST(Scheduler, AdmissionStopsWhenBlocksRunOutWithoutPreempting) {
   EXPECT_EQ(plan(out), (Plan{{"a", 8}})) << "b needs two blocks, one is free";
   EXPECT_TRUE(out.preempted.empty()) << "a waiting request never preempts a running one";
   EXPECT_EQ(b->status, RequestStatus::kWaiting);
-  EXPECT_TRUE(b->block_ids.empty());
+  EXPECT_TRUE(b->block_ids().empty());
 }
 
 TEST(Scheduler, APrefixHitIsComputedOnlyPastTheCachedBlocks) {
-  KvCacheManager cache(16, kBs, /*prefix=*/true);
+  KvCacheCoordinator cache(16, kBs, /*prefix=*/true);
   Scheduler s(scheduler_config(4, 1000), cache);
   auto a = make("a", 10);
   s.add(a.get());
@@ -168,7 +168,7 @@ TEST(Scheduler, APrefixHitIsComputedOnlyPastTheCachedBlocks) {
 }
 
 TEST(Scheduler, NoRequestIsScheduledPastMaxModelLen) {
-  KvCacheManager cache(64, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(64, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(4, 1000, true, /*max_model_len=*/10), cache);
   auto a = make("a", 9);
   s.add(a.get());
@@ -180,7 +180,7 @@ TEST(Scheduler, NoRequestIsScheduledPastMaxModelLen) {
 }
 
 TEST(Scheduler, RemovingARequestFreesItsBlocksWhereverItIs) {
-  KvCacheManager cache(8, kBs, /*prefix=*/false);
+  KvCacheCoordinator cache(8, kBs, /*prefix=*/false);
   Scheduler s(scheduler_config(1, 1000), cache);
   auto a = make("a", 8), b = make("b", 8);
   s.add(a.get());

@@ -99,7 +99,7 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt) {
 }
 
 TEST(SchedulerDrafts, DraftsAreScheduledTrimmedAndRolledBack) {
-  KvCacheManager cache(16, 4, /*prefix=*/true);
+  KvCacheCoordinator cache(16, 4, /*prefix=*/true);
   SchedulerConfig sc;
   sc.max_num_batched_tokens = 64;
   sc.max_model_len = 64;
@@ -116,7 +116,7 @@ TEST(SchedulerDrafts, DraftsAreScheduledTrimmedAndRolledBack) {
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 4);  // the last token and three drafts
   EXPECT_EQ(out.scheduled[0].num_draft_tokens, 3);
-  EXPECT_EQ(r.block_ids.size(), 3u);  // positions 0..8
+  EXPECT_EQ(r.block_ids().size(), 3u);  // positions 0..8
   EXPECT_EQ(r.token_at(6), 7);
   s.on_step_done(out);
   EXPECT_EQ(r.num_computed_tokens, 6) << "drafts count only once accepted";
@@ -136,15 +136,14 @@ TEST(SchedulerDrafts, DraftsAreScheduledTrimmedAndRolledBack) {
   EXPECT_EQ(r.num_computed_tokens, 8);
   EXPECT_EQ(r.block_hashes.size(), 2u);
   Request twin = make_request("t", {1, 2, 3, 4, 5, 6, 7, 11, 0});
-  int matched = 0;
-  EXPECT_EQ(cache.find_cached_prefix(twin, &matched).size(), 2u) << "the full blocks hash prompt + accepted output";
+  EXPECT_EQ(cache.find_cached_prefix(twin).num_blocks(), 2) << "the full blocks hash prompt + accepted output";
   r.output.push_back(12);
   s.accept_drafts(r, 0);
 
   // A budget of 2 tokens keeps one draft.
   SchedulerConfig tight = sc;
   tight.max_num_batched_tokens = 2;
-  KvCacheManager cache2(16, 4, true);
+  KvCacheCoordinator cache2(16, 4, true);
   Scheduler s2(tight, cache2);
   Request q = make_request("q", {1, 2});
   s2.add(&q);
@@ -159,7 +158,7 @@ TEST(SchedulerDrafts, DraftsAreScheduledTrimmedAndRolledBack) {
 }
 
 TEST(SchedulerDrafts, PreemptionDropsDrafts) {
-  KvCacheManager cache(3, 4, /*prefix=*/false);
+  KvCacheCoordinator cache(3, 4, /*prefix=*/false);
   SchedulerConfig sc;
   sc.max_model_len = 64;
   Scheduler s(sc, cache);

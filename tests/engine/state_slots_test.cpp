@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "engine/kv_cache_manager.h"
+#include "engine/kv_cache_coordinator.h"
 #include "engine/scheduler.h"
 #include "engine/state_slot_pool.h"
 #include "scheduler_util.h"
@@ -49,7 +49,7 @@ using testing::make_request;
 SchedulerConfig config(int max_num_seqs, int budget) { return testing::scheduler_config(max_num_seqs, budget); }
 
 TEST(StateSlotScheduler, AdmissionIsLimitedBySlotsAndFinishingFreesOne) {
-  KvCacheManager cache(64, 4, /*prefix=*/false, /*num_state_slots=*/2);
+  KvCacheCoordinator cache(64, 4, /*prefix=*/false, /*num_state_slots=*/2);
   Scheduler s(config(8, 100), cache);
   auto a = make_request("a", 5), b = make_request("b", 6), c = make_request("c", 7);
   s.add(a.get());
@@ -61,14 +61,14 @@ TEST(StateSlotScheduler, AdmissionIsLimitedBySlotsAndFinishingFreesOne) {
   EXPECT_NE(out.scheduled[0].state_slot, out.scheduled[1].state_slot);
   for (const auto& sr : out.scheduled) {
     EXPECT_GE(sr.state_slot, 0);
-    EXPECT_EQ(sr.state_slot, sr.request->state_slot);
+    EXPECT_EQ(sr.state_slot, sr.request->state_slot());
     EXPECT_FALSE(sr.has_initial_state) << "a fresh prompt starts from a zero state";
   }
   EXPECT_TRUE(out.state_copies.empty());
   s.on_step_done(out);
-  const int32_t freed = a->state_slot;
+  const int32_t freed = a->state_slot();
   s.remove(a.get());  // finished
-  EXPECT_EQ(a->state_slot, -1);
+  EXPECT_EQ(a->state_slot(), -1);
   b->output.push_back(9);  // b decodes
   out = s.schedule();
   ASSERT_EQ(out.scheduled.size(), 2u);
@@ -84,7 +84,7 @@ TEST(StateSlotScheduler, AdmissionIsLimitedBySlotsAndFinishingFreesOne) {
 }
 
 TEST(StateSlotScheduler, ChunkedPrefillKeepsTheSlotAndContinuesFromIt) {
-  KvCacheManager cache(64, 4, /*prefix=*/false, 4);
+  KvCacheCoordinator cache(64, 4, /*prefix=*/false, 4);
   Scheduler s(config(8, 4), cache);  // 4 tokens a step: a 10-token prompt takes 3 steps
   auto r = make_request("r", 10);
   s.add(r.get());
@@ -106,7 +106,7 @@ TEST(StateSlotScheduler, ChunkedPrefillKeepsTheSlotAndContinuesFromIt) {
 }
 
 TEST(StateSlotScheduler, PreemptionFreesTheSlotAndTheSequenceRecomputesFromZero) {
-  KvCacheManager cache(4, 4, /*prefix=*/false, 2);  // 16 tokens of KV for two sequences
+  KvCacheCoordinator cache(4, 4, /*prefix=*/false, 2);  // 16 tokens of KV for two sequences
   Scheduler s(config(8, 100), cache);
   auto a = make_request("a", 7), b = make_request("b", 7);
   s.add(a.get());
@@ -124,7 +124,7 @@ TEST(StateSlotScheduler, PreemptionFreesTheSlotAndTheSequenceRecomputesFromZero)
   }
   ASSERT_EQ(out.preempted.size(), 1u);
   EXPECT_EQ(out.preempted[0], b.get());
-  EXPECT_EQ(b->state_slot, -1);
+  EXPECT_EQ(b->state_slot(), -1);
   EXPECT_EQ(cache.state_slots().num_held(), 1);
   s.on_step_done(out);
   s.remove(a.get());
@@ -138,7 +138,7 @@ TEST(StateSlotScheduler, PreemptionFreesTheSlotAndTheSequenceRecomputesFromZero)
 }
 
 TEST(StateSlotScheduler, PrefixHitsOnlyAtCheckpointsAndRestoreTheState) {
-  KvCacheManager cache(64, 4, /*prefix=*/true, 4);
+  KvCacheCoordinator cache(64, 4, /*prefix=*/true, 4);
   Scheduler s(config(8, 100), cache);
   auto a = make_request("a", 11);  // last full-block boundary a later hit can end at: 8
   EXPECT_EQ(cache.checkpoint_boundary(*a), 8);
@@ -152,9 +152,9 @@ TEST(StateSlotScheduler, PrefixHitsOnlyAtCheckpointsAndRestoreTheState) {
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 3);
   EXPECT_TRUE(out.scheduled[0].has_initial_state);
   ASSERT_EQ(out.state_copies.size(), 2u) << "the state at token 8 is saved before the next forward";
-  EXPECT_EQ(out.state_copies[0], a->state_slot);
+  EXPECT_EQ(out.state_copies[0], a->state_slot());
   const int32_t checkpoint = out.state_copies[1];
-  EXPECT_NE(checkpoint, a->state_slot);
+  EXPECT_NE(checkpoint, a->state_slot());
   s.on_step_done(out);
   s.remove(a.get());
 
@@ -167,8 +167,8 @@ TEST(StateSlotScheduler, PrefixHitsOnlyAtCheckpointsAndRestoreTheState) {
   EXPECT_EQ(b->num_cached_tokens, 8);
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "to b's own boundary (12)";
   EXPECT_TRUE(out.scheduled[0].has_initial_state);
-  ASSERT_NE(b->state_slot, checkpoint) << "a free slot is taken before a checkpoint is evicted";
-  EXPECT_EQ(out.state_copies, (std::vector<int32_t>{checkpoint, b->state_slot}));
+  ASSERT_NE(b->state_slot(), checkpoint) << "a free slot is taken before a checkpoint is evicted";
+  EXPECT_EQ(out.state_copies, (std::vector<int32_t>{checkpoint, b->state_slot()}));
   s.on_step_done(out);
 
   // The same first block only: that block has no checkpoint, so no hit at all.
@@ -187,7 +187,7 @@ TEST(StateSlotScheduler, PrefixHitsOnlyAtCheckpointsAndRestoreTheState) {
 // block (8), so b gets no hit; its prefill stops at 4 (the shared prefix's end) and at 8 (its
 // own last full block), saving the state at both. c, sharing the same first block, hits it.
 TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEnds) {
-  KvCacheManager cache(64, 4, /*prefix=*/true, 6);
+  KvCacheCoordinator cache(64, 4, /*prefix=*/true, 6);
   Scheduler s(config(8, 100), cache);
   auto a = make_request("a", 11);
   s.add(a.get());
@@ -199,9 +199,9 @@ TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEn
 
   auto b = make_request("b", 11);
   for (int i = 4; i < 11; ++i) b->prompt[i] = 100 + i;
-  int kv_matched = 0;
-  EXPECT_TRUE(cache.find_cached_prefix(*b, &kv_matched).empty()) << "no checkpoint at block 1";
-  EXPECT_EQ(kv_matched, 4);
+  const CacheHit hit = cache.find_cached_prefix(*b);
+  EXPECT_TRUE(hit.empty()) << "no checkpoint at block 1";
+  EXPECT_EQ(hit.kv_matched_tokens, 4);
   s.add(b.get());
   SchedulerOutput out = s.schedule();
   ASSERT_EQ(out.scheduled.size(), 1u);
@@ -212,7 +212,7 @@ TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEn
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "then at b's last full-block boundary (8)";
   ASSERT_EQ(out.state_copies.size(), 2u) << "the state at token 4 is saved";
-  EXPECT_EQ(out.state_copies[0], b->state_slot);
+  EXPECT_EQ(out.state_copies[0], b->state_slot());
   const int32_t shared_checkpoint = out.state_copies[1];
   s.on_step_done(out);
   out = s.schedule();
@@ -228,9 +228,9 @@ TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEn
   out = s.schedule();
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(c->num_cached_tokens, 4);
-  EXPECT_EQ(c->shared_prefix_end, 0) << "the KV match ends at the checkpoint";
+  EXPECT_EQ(c->cache_tables.back().shared_prefix_end, 0) << "the KV match ends at the checkpoint";
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 4) << "from the hit to c's last full block (8)";
-  EXPECT_EQ(out.state_copies, (std::vector<int32_t>{shared_checkpoint, c->state_slot}));
+  EXPECT_EQ(out.state_copies, (std::vector<int32_t>{shared_checkpoint, c->state_slot()}));
   s.remove(a.get());
   s.remove(b.get());
   s.remove(c.get());
@@ -238,7 +238,7 @@ TEST(StateSlotScheduler, APrefixSharedWithAnEarlierPromptIsCheckpointedWhereItEn
 }
 
 TEST(StateSlotScheduler, ModelsWithoutStateLayersGetNoSlots) {
-  KvCacheManager cache(16, 4, true);
+  KvCacheCoordinator cache(16, 4, true);
   Scheduler s(config(8, 100), cache);
   auto a = make_request("a", 11);
   s.add(a.get());
