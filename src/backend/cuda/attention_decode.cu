@@ -4,6 +4,8 @@
 // token), slices the slower index, so the blocks with work come first in launch order. Each warp walks 16-key tiles,
 // loading all of a tile's K and V before using any: two lanes per key for Q.K (16-byte loads), then every lane owns
 // D/32 output dims for P.V. Scores are kept in the log2 domain (q pre-scaled by scale * k_scale * log2 e).
+// A sliding window: the slices cut the keys from the first one the sequence's earliest query of the step
+// attends (no block before it is read), and each token starts at its own window's first key.
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
@@ -23,6 +25,20 @@ constexpr int kMaxSplits = 64;  // key slices per (token, head) at most
 __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
   const int part = (seq_len + num_splits - 1) / num_splits;
   return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+}
+
+// Query token t's keys. The sequence's keys from `base` (the first key its earliest query of the
+// step attends: 0 without a sliding window) are cut into num_splits slices of `part` keys, slice i
+// starting at base + i * part; token t attends [lo, kv_len).
+struct DecodeKeys {
+  int base, part, lo, kv_len;
+};
+__device__ __forceinline__ DecodeKeys decode_keys(const PagedAttentionArgs& a, int s, int t, int num_splits) {
+  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
+  const int seq_len = a.seq_lens[s], kv_len = seq_len - qlen + (t - q_begin) + 1;
+  const int base = a.window > 0 ? max(0, seq_len - qlen + 1 - a.window) : 0;
+  const int lo = a.window > 0 ? max(0, kv_len - a.window) : 0;
+  return {base, split_part(seq_len - base, num_splits), lo, kv_len};
 }
 
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
@@ -53,10 +69,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h0 = kh * group + gc * GC, ng = min(GC, group - gc * GC);
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
-  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
   // Slices sized from this sequence's own length (a captured graph's launch serves any lengths).
-  const int part = split_part(a.seq_lens[s], num_splits);
-  const int start = split * part, end = min(start + part, kv_len);
+  const DecodeKeys keys = decode_keys(a, s, t, num_splits);
+  const int kv_len = keys.kv_len;
+  const int start = max(keys.base + split * keys.part, keys.lo), end = min(keys.base + (split + 1) * keys.part, kv_len);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const CT* kc = static_cast<const CT*>(a.k_cache);
   const CT* vc = static_cast<const CT*>(a.v_cache);
@@ -327,10 +343,11 @@ template <int D>
 __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
-  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
-  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
-  const int part = split_part(a.seq_lens[s], num_splits);
-  const int used = min(num_splits, (kv_len + part - 1) / part);
+  const int qlen = a.query_start_loc[s + 1] - a.query_start_loc[s];
+  // The slices that hold keys of token t: [first, used) (decode_keys).
+  const DecodeKeys keys = decode_keys(a, s, t, num_splits);
+  const int used = min(num_splits, (keys.kv_len - keys.base + keys.part - 1) / keys.part);
+  const int first = (keys.lo - keys.base) / keys.part;
   static_assert(D >= kMaxSplits, "a thread per split loads its max and sum");
   __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   pdl_wait();  // launched with PDL (device_utils.cuh)
@@ -338,15 +355,15 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
   // The slices' maxima and sums, one load a thread, and their outputs 8 loads at a time: a loop of
   // dependent L2 round trips (one a slice, twice) was most of this kernel's time at batch 1.
-  if (d < used) {
+  if (d >= first && d < used) {
     s_m[d] = base[d * (D + 2) + D];
     s_l[d] = base[d * (D + 2) + D + 1];
   }
   __syncthreads();
   float mx = -INFINITY;
-  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, s_m[sp]);
+  for (int sp = first; sp < used; ++sp) mx = fmaxf(mx, s_m[sp]);
   float o = 0.0f, sum = 0.0f;
-  for (int sp0 = 0; sp0 < used; sp0 += 8) {
+  for (int sp0 = first; sp0 < used; sp0 += 8) {
     float wv[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) wv[j] = sp0 + j < used ? base[(sp0 + j) * (D + 2) + d] : 0.0f;

@@ -4,7 +4,9 @@
 // sequence's cached context (prefix + this step's keys) up to the causal limit,
 // keeping the running max and sum of each row in registers. fp8 caches are
 // widened to bf16 on the way into shared memory; k_scale folds into the score
-// scale and v_scale into the output.
+// scale and v_scale into the output. A sliding window W: the key tiles start at the
+// first key the block's earliest query attends (no block before it is read), and keys
+// at or before a row's position - W are masked like the future.
 #include <cstdlib>
 
 #include "backend/cuda/attention_common.cuh"
@@ -122,11 +124,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   const int row_base = qtile * kRows + warp * 16 + (lane >> 2);
   const int last_q = min(qlen, (qtile + 1) * kRows) - 1;
   const int kv_end = first_pos + last_q + 1;
+  const int window = a.window;
+  const int kv_begin = window > 0 ? max(0, first_pos + qtile * kRows - window + 1) : 0;
 
   // FlashAttention-2's schedule with one K and one V buffer: V(j) loads while S(j)
   // is computed, K(j+1) while the softmax and P.V(j) run.
-  issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, 0, ctx, a.block_size, a.Hk, kh);
-  for (int n0 = 0; n0 < kv_end; n0 += kN) {
+  issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, kv_begin, ctx, a.block_size, a.Hk, kh);
+  for (int n0 = kv_begin; n0 < kv_end; n0 += kN) {
     const bool has_next = n0 + kN < kv_end;
     issue_kv_tile<D, CT, kN>(v_s, v_stage, vc, bt, n0, ctx, a.block_size, a.Hk, kh);
     cp_async_wait<1>();  // Q and K(j) have landed; V(j) may still be in flight
@@ -167,16 +171,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
 
 #pragma unroll
     for (int rf = 0; rf < kRF; ++rf) {
-      // Mask the future and keys past the context (only tiles that reach them).
+      // Mask the future, keys past the context and keys before the window (only tiles that
+      // reach them).
       const int frag_min_pos = first_pos + qtile * kRows + rf * 64 + warp * 16;
-      if (n0 + kN - 1 > frag_min_pos || n0 + kN > ctx) {
+      if (n0 + kN - 1 > frag_min_pos || n0 + kN > ctx || (window > 0 && n0 <= frag_min_pos + 15 - window)) {
 #pragma unroll
         for (int nb = 0; nb < kN / 8; ++nb) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + nb * 8 + (lane & 3) * 2 + (e & 1);
             const int pos = first_pos + row_base + rf * 64 + (e >> 1) * 8;
-            if (key > pos || key >= ctx) sacc[rf][nb][e] = -INFINITY;
+            if (key > pos || key >= ctx || (window > 0 && key <= pos - window)) sacc[rf][nb][e] = -INFINITY;
           }
         }
       }
