@@ -224,9 +224,9 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
 // use_sliding_window; Qwen2, Qwen3 and their MoE variants): the window is sliding_window when
 // use_sliding_window is true, none otherwise; layer_types, when present, names the windowed layers
 // ("sliding_attention"), else the layers from max_window_layers on are. Mistral (model_type
-// "mistral"): a sliding_window value windows every layer (unless layer_types names them), null none.
-// Other families (Llama) ignore sliding_window, as their transformers models do, unless layer_types
-// names sliding_attention layers.
+// "mistral"): a sliding_window value windows every layer, null none (MistralModel reads no
+// layer_types). Other families (Llama) ignore sliding_window and sliding_attention layer types, as
+// their transformers models do.
 void parse_sliding_window(const nlohmann::json& t, const std::string& source, ModelConfig& c) {
   const bool qwen2_style = t.contains("use_sliding_window") && !t["use_sliding_window"].is_null();
   const bool mistral = !qwen2_style && c.model_type == "mistral";
@@ -241,12 +241,16 @@ void parse_sliding_window(const nlohmann::json& t, const std::string& source, Mo
          t["sliding_window"].dump());
   if (window > 0) check_range(source, "sliding_window", window, 1, 1 << 30);
   std::vector<bool> windowed(static_cast<size_t>(c.num_layers), false);
-  if (auto it = t.find("layer_types"); it != t.end() && it->is_array()) {  // (its shape: parse_hybrid)
-    for (int i = 0; i < c.num_layers; ++i) {
-      if ((*it)[static_cast<size_t>(i)] != "sliding_attention") continue;
-      if (c.is_hybrid())
+  const auto types = t.find("layer_types");  // (its shape: parse_hybrid)
+  const bool has_types = types != t.end() && types->is_array();
+  if (has_types && c.is_hybrid())
+    for (const auto& v : *types)
+      if (v == "sliding_attention")
         fail(ErrorKind::kUnsupported,
              "{}: layer_types mixes linear_attention and sliding_attention layers; this is not supported", source);
+  if (qwen2_style && has_types) {
+    for (int i = 0; i < c.num_layers; ++i) {
+      if ((*types)[static_cast<size_t>(i)] != "sliding_attention") continue;
       if (window == 0)
         fail(ErrorKind::kCorrupt,
              "{}: layer_types marks layer {} sliding_attention, but the config sets no window (sliding_window {}, "
@@ -255,7 +259,7 @@ void parse_sliding_window(const nlohmann::json& t, const std::string& source, Mo
              t.value("use_sliding_window", nlohmann::json()).dump());
       windowed[static_cast<size_t>(i)] = true;
     }
-  } else if (window > 0 && (qwen2_style || mistral)) {
+  } else if (window > 0 && (qwen2_style || mistral)) {                                    // (Mistral: every layer)
     const int first = qwen2_style ? get_or<int>(source, t, "max_window_layers", 28) : 0;  // (transformers' default)
     if (first < 0) fail(ErrorKind::kCorrupt, "{}: max_window_layers must not be negative (got {})", source, first);
     for (int i = first; i < c.num_layers; ++i) windowed[static_cast<size_t>(i)] = true;

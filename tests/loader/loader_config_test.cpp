@@ -320,12 +320,16 @@ TEST(ModelConfig, SlidingWindowsOfQwen2AndMistralConfigs) {
   EXPECT_TRUE(windows(m).empty());
   m.erase("sliding_window");
   EXPECT_TRUE(windows(m).empty());
+  m["sliding_window"] = 5;
+  m["layer_types"] = {"full_attention", "sliding_attention"};  // MistralModel reads no layer_types
+  EXPECT_EQ(windows(m), std::vector<int>({5, 5}));
+  m.erase("layer_types");
 
   json l = base_config();  // Llama's transformers model ignores sliding_window
   l["sliding_window"] = 5;
   EXPECT_TRUE(windows(l).empty());
-  l["layer_types"] = {"sliding_attention", "full_attention"};  // unless layer_types names windowed layers
-  EXPECT_EQ(windows(l), std::vector<int>({5, 0}));
+  l["layer_types"] = {"sliding_attention", "full_attention"};  // nor layer_types
+  EXPECT_TRUE(windows(l).empty());
 
   m["sliding_window"] = 5;
   ModelConfig c = parse(m);
