@@ -72,8 +72,8 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
 // for rf < kRF, so every K/V fragment read from shared memory feeds kRF mmas and
 // each warp has kRF independent dependency chains. Q stays in shared memory.
 // kN: keys per tile (64, or 32 to save 32 registers of scores). kWindow: a.window > 0 (a sliding
-// window); without it the window's code is compiled out (its masking would spill registers of the
-// head_dim-128 tiles).
+// window); without it the window's code is compiled out, so models without windows run the same
+// machine code as before windows existed.
 template <int D, typename CT, int kRF, int kN, bool kWindow>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, int skip_upto) {
   constexpr int kLd = D + 8;  // padded rows: ldmatrix reads hit 8 different bank groups
