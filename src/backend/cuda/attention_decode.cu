@@ -27,18 +27,18 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
   return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
 }
 
-// Query token t's keys. The sequence's keys from `base` (the first key its earliest query of the
-// step attends: 0 without a sliding window) are cut into num_splits slices of `part` keys, slice i
-// starting at base + i * part; token t attends [lo, kv_len).
-struct DecodeKeys {
-  int base, part, lo, kv_len;
+// With a sliding window (a.window > 0), the keys of query token t of sequence s (qlen query tokens,
+// t attends keys [0, kv_len) causally): the sequence's keys from `base` (the first key its earliest
+// query of the step attends) are cut into num_splits slices of `part` keys, slice i starting at
+// base + i * part; token t attends [lo, kv_len). Without a window: base 0, the slices of
+// split_part(seq_len), lo 0.
+struct WindowKeys {
+  int base, part, lo;
 };
-__device__ __forceinline__ DecodeKeys decode_keys(const PagedAttentionArgs& a, int s, int t, int num_splits) {
-  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
-  const int seq_len = a.seq_lens[s], kv_len = seq_len - qlen + (t - q_begin) + 1;
-  const int base = a.window > 0 ? max(0, seq_len - qlen + 1 - a.window) : 0;
-  const int lo = a.window > 0 ? max(0, kv_len - a.window) : 0;
-  return {base, split_part(seq_len - base, num_splits), lo, kv_len};
+__device__ __forceinline__ WindowKeys window_keys(const PagedAttentionArgs& a, int s, int qlen, int kv_len,
+                                                  int num_splits) {
+  const int seq_len = a.seq_lens[s], base = max(0, seq_len - qlen + 1 - a.window);
+  return {base, split_part(seq_len - base, num_splits), max(0, kv_len - a.window)};
 }
 
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
@@ -47,7 +47,8 @@ __device__ __forceinline__ DecodeKeys decode_keys(const PagedAttentionArgs& a, i
 // kFused: the attention prologue is done here too (decode steps only: one query token per
 // sequence): q comes normed and rotated from the fused QKV row `pro.qkv`, and the block whose
 // slice holds the newest key writes that key and value into the cache before reading it.
-template <int D, typename CT, int GC, bool kFused, bool kPre = false>
+// kWindow: a.window > 0 (a sliding window, window_keys); without it the window's code is compiled out.
+template <int D, typename CT, int GC, bool kFused, bool kPre, bool kWindow>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, float* __restrict__ ws,
                             QkvPrologueArgs pro, bool trigger_early) {
@@ -69,10 +70,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h0 = kh * group + gc * GC, ng = min(GC, group - gc * GC);
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
+  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
   // Slices sized from this sequence's own length (a captured graph's launch serves any lengths).
-  const DecodeKeys keys = decode_keys(a, s, t, num_splits);
-  const int kv_len = keys.kv_len;
-  const int start = max(keys.base + split * keys.part, keys.lo), end = min(keys.base + (split + 1) * keys.part, kv_len);
+  int start, end;
+  if constexpr (kWindow) {
+    const WindowKeys w = window_keys(a, s, qlen, kv_len, num_splits);
+    start = max(w.base + split * w.part, w.lo);
+    end = min(w.base + (split + 1) * w.part, kv_len);
+  } else {
+    const int part = split_part(a.seq_lens[s], num_splits);
+    start = split * part;
+    end = min(start + part, kv_len);
+  }
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const CT* kc = static_cast<const CT*>(a.k_cache);
   const CT* vc = static_cast<const CT*>(a.v_cache);
@@ -339,15 +348,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Merges the slices of one (token, head); only the slices that hold keys are read.
-template <int D>
+template <int D, bool kWindow>
 __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
-  const int qlen = a.query_start_loc[s + 1] - a.query_start_loc[s];
-  // The slices that hold keys of token t: [first, used) (decode_keys).
-  const DecodeKeys keys = decode_keys(a, s, t, num_splits);
-  const int used = min(num_splits, (keys.kv_len - keys.base + keys.part - 1) / keys.part);
-  const int first = (keys.lo - keys.base) / keys.part;
+  const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
+  const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
+  // The slices that hold keys of token t: [first, used).
+  int first = 0, used;
+  if constexpr (kWindow) {
+    const WindowKeys w = window_keys(a, s, qlen, kv_len, num_splits);
+    used = min(num_splits, (kv_len - w.base + w.part - 1) / w.part);
+    first = (w.lo - w.base) / w.part;
+  } else {
+    const int part = split_part(a.seq_lens[s], num_splits);
+    used = min(num_splits, (kv_len + part - 1) / part);
+  }
   static_assert(D >= kMaxSplits, "a thread per split loads its max and sum");
   __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   pdl_wait();  // launched with PDL (device_utils.cuh)
@@ -355,7 +371,7 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
   // The slices' maxima and sums, one load a thread, and their outputs 8 loads at a time: a loop of
   // dependent L2 round trips (one a slice, twice) was most of this kernel's time at batch 1.
-  if (d >= first && d < used) {
+  if ((!kWindow || d >= first) && d < used) {
     s_m[d] = base[d * (D + 2) + D];
     s_l[d] = base[d * (D + 2) + D + 1];
   }
@@ -382,7 +398,7 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
 // Power of two >= group, at most 8.
 int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
 
-template <int D, typename CT, bool kFused, bool kPre>
+template <int D, typename CT, bool kFused, bool kPre, bool kWindow>
 void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro,
                    int gc, bool early_merge, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
@@ -390,20 +406,20 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, fl
   const bool trigger_early = early_merge && num_splits > 1;
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
   }
 }
@@ -414,16 +430,16 @@ constexpr int kPreloadMaxTokens = 8;
 // decode_attention_heads_per_block's rule: a one-token step takes at most this many heads a block.
 constexpr int kOneTokenHeads = 2;
 
-template <int D, typename CT, bool kFused>
+template <int D, typename CT, bool kFused, bool kWindow>
 void decode_t(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro, int gc,
               bool early_merge, cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, kFused, kWindow>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, false, kWindow>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
-    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, max_qlen, ws);
+    launch_pdl(decode_reduce_kernel<D, kWindow>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, max_qlen, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }
@@ -431,10 +447,15 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* 
 template <int D, typename CT>
 void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs* fused,
                      int gc, bool early_merge, cudaStream_t s) {
-  if (fused)
-    decode_t<D, CT, true>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  const bool window = a.window > 0;
+  if (fused && window)
+    decode_t<D, CT, true, true>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  else if (fused)
+    decode_t<D, CT, true, false>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  else if (window)
+    decode_t<D, CT, false, true>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
   else
-    decode_t<D, CT, false>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
+    decode_t<D, CT, false, false>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
 }
 
 }  // namespace
