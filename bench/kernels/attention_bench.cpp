@@ -83,8 +83,8 @@ double check(Backend& gpu, Backend& cpu, const Seqs& s, DType cache_dt) {
   Tensor out = gpu.alloc({T, kHq, kD}, DType::kBF16), ref = cpu.alloc({T, kHq, kD}, DType::kF32);
   gpu.fill(out, NAN);
   float scale = 1.0f / std::sqrt(float(kD));
-  gpu.paged_attention(gq, gk, gv, upload_attention_metadata(gpu, l), scale, ks, vs, out);
-  cpu.paged_attention(cq, ck, cv, upload_attention_metadata(cpu, l), scale, ks, vs, ref);
+  gpu.paged_attention(gq, gk, gv, upload_attention_metadata(gpu, l), scale, ks, vs, 0, out);
+  cpu.paged_attention(cq, ck, cv, upload_attention_metadata(cpu, l), scale, ks, vs, 0, ref);
   std::vector<float> r(ref.numel());
   std::memcpy(r.data(), ref.raw(), r.size() * 4);
   double e = rel_err(download(gpu, out), r);
@@ -159,7 +159,7 @@ void decode_sweep(const char* title, std::vector<DecodeColumn>& columns, bool qu
           const float scale = 1.0f / std::sqrt(static_cast<float>(lay.D));
           auto all_layers = [&] {
             for (int l = 0; l < layers; ++l)
-              gpu->qkv_attention(qkv, &qn, &kn, 1e-6f, positions, rope, kc, vc, metas[l], scale, 1.0f, 1.0f, out);
+              gpu->qkv_attention(qkv, &qn, &kn, 1e-6f, positions, rope, kc, vc, metas[l], scale, 1.0f, 1.0f, 0, out);
           };
           double ms = 0;
           if (col.graph) {
@@ -267,7 +267,7 @@ int run(int argc, char** argv) {
           *gpu,
           [&](int i) {
             size_t mark = gpu->scratch_mark();
-            gpu->paged_attention(q, kc, vc, metas[i % layers], scale, ks, ks, out);
+            gpu->paged_attention(q, kc, vc, metas[i % layers], scale, ks, ks, 0, out);
             gpu->scratch_rewind(mark);
           },
           5, quick ? 20 : 50);
@@ -299,7 +299,7 @@ int run(int argc, char** argv) {
       Tensor q = gpu->alloc({c.fresh, kHq, kD}, DType::kBF16), out = gpu->alloc({c.fresh, kHq, kD}, DType::kBF16);
       gpu->fill_random(q, 5, -1, 1);
       double ms = time_ms(
-          *gpu, [&](int) { gpu->paged_attention(q, kc, vc, m, scale, 1.0f, 1.0f, out); }, 3, quick ? 10 : 20);
+          *gpu, [&](int) { gpu->paged_attention(q, kc, vc, m, scale, 1.0f, 1.0f, 0, out); }, 3, quick ? 10 : 20);
       // Causal FLOPs: query i sees cached + i + 1 keys; 4 * D flops per (query, key, head).
       double pairs = 0;
       for (int i = 0; i < c.fresh; ++i) pairs += c.cached + i + 1;

@@ -154,20 +154,23 @@ class Backend {
                             const Tensor& v_cache, const AttentionMetadata& meta, float k_scale, float v_scale,
                             const Tensor& q_out) = 0;
   // Causal attention of q[T,Hq,D] over the paged cache (which already holds this
-  // step's keys); out[T,Hq,D]. GQA: head h reads kv head h / (Hq/Hk).
+  // step's keys); out[T,Hq,D]. GQA: head h reads kv head h / (Hq/Hk). sliding_window W > 0: the
+  // query at position p attends only the keys at p - W < k <= p (the last W positions, its own
+  // included), and reads no cache block wholly before p - W + 1 (a sliding-window cache manager may
+  // have given those blocks away); 0 attends the whole context.
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
-                               const Tensor& out) = 0;
+                               int sliding_window, const Tensor& out) = 0;
   // The attention of a fused QKV projection: qkv_prologue into a q of out's shape, then
   // paged_attention of that q into out. A backend may do both in one pass (CUDA, for steps
   // where every sequence has one query token; CudaOptions::fused_decode_attention = false keeps two kernels).
   virtual void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                              const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
                              const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,
-                             float v_scale, const Tensor& out) {
+                             float v_scale, int sliding_window, const Tensor& out) {
     Tensor q = scratch(out.shape(), out.dtype());
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, q);
-    paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+    paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
   }
   // ---- mixture of experts ----
   // Routing: softmax over each row of router_logits [T,E] (f32, computed in f32), the k largest

@@ -564,22 +564,24 @@ void CheckingBackend::qkv_prologue(const Tensor& qkv, const Tensor* q_norm, cons
 
 void CheckingBackend::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                       const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
-                                      const Tensor& out) {
+                                      int sliding_window, const Tensor& out) {
   Op op(*this, "paged_attention");
   op.operand("q", q), op.operand("k_cache", k_cache), op.operand("out", out);
+  if (sliding_window > 0) op.operand("sliding_window " + std::to_string(sliding_window));
   Tensor r_q = op.in(q), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache), r_out = op.out(out);
   AttentionMetadata r_meta = op.attn(meta);
-  primary_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
-  reference_.paged_attention(r_q, r_kc, r_vc, r_meta, scale, k_scale, v_scale, r_out);
+  primary_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
+  reference_.paged_attention(r_q, r_kc, r_vc, r_meta, scale, k_scale, v_scale, sliding_window, r_out);
   op.check("out", out, r_out);
 }
 
 void CheckingBackend::qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                                     const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
                                     const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,
-                                    float v_scale, const Tensor& out) {
+                                    float v_scale, int sliding_window, const Tensor& out) {
   Op op(*this, "qkv_attention");
   op.operand("qkv", qkv), op.operand("k_cache", k_cache), op.operand("out", out);
+  if (sliding_window > 0) op.operand("sliding_window " + std::to_string(sliding_window));
   op.operand(std::string("qk_norm ") + (q_norm ? "yes" : "no") + ", rotary_dim " + std::to_string(table.rotary_dim));
   Tensor r_qkv = op.in(qkv), r_qn, r_kn, r_pos = op.in(positions), r_kc = op.keep(k_cache), r_vc = op.keep(v_cache),
          r_out = op.out(out);
@@ -589,8 +591,9 @@ void CheckingBackend::qkv_attention(const Tensor& qkv, const Tensor* q_norm, con
   // The primary's own qkv_attention (CUDA fuses prologue and decode attention); the
   // reference's is the two-op composition.
   primary_.qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale, v_scale,
-                         out);
-  reference_.qkv_attention(r_qkv, qn, kn, eps, r_pos, r_table, r_kc, r_vc, r_meta, scale, k_scale, v_scale, r_out);
+                         sliding_window, out);
+  reference_.qkv_attention(r_qkv, qn, kn, eps, r_pos, r_table, r_kc, r_vc, r_meta, scale, k_scale, v_scale,
+                           sliding_window, r_out);
   op.check("out", out, r_out);
   op.check("k_cache", k_cache, r_kc);
   op.check("v_cache", v_cache, r_vc);

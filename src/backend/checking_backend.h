@@ -100,10 +100,10 @@ class CheckingBackend final : public ForwardingBackend {
                     const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
                     float k_scale, float v_scale, const Tensor& q_out) override;
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override;
+                       float scale, float k_scale, float v_scale, int sliding_window, const Tensor& out) override;
   void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, int sliding_window,
                      const Tensor& out) override;
   void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
                 const Tensor& topk_weights) override;

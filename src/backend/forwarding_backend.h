@@ -67,15 +67,15 @@ class ForwardingBackend : public Backend {
     inner_.qkv_prologue(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, q_out);
   }
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override {
-    inner_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+                       float scale, float k_scale, float v_scale, int sliding_window, const Tensor& out) override {
+    inner_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
   }
   void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, int sliding_window,
                      const Tensor& out) override {
     inner_.qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale, v_scale,
-                         out);
+                         sliding_window, out);
   }
   void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
                 const Tensor& topk_weights) override {

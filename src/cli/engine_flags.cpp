@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -76,10 +77,37 @@ std::string required_cluster_token(const std::string& flag_value, int nnodes, co
   return token;
 }
 
+namespace {
+
+// --disable-sliding-window (vLLM's flag): the windowed layers attend the whole context, which computes
+// what the window would only while a sequence fits the window; so, as vLLM does, max_model_len is capped
+// at it.
+void cap_max_model_len_at_window(EngineFlags& f) {
+  const ModelConfig c = load_model_config(f.model);
+  if (c.sliding_window == 0) {
+    TLOG_INFO("--disable-sliding-window: {} has no sliding-window layers; the flag changes nothing", f.model);
+    return;
+  }
+  const int cap = std::min(c.sliding_window, c.max_position_embeddings);
+  if (f.max_model_len > cap)
+    fail(ErrorKind::kInvalidArgument,
+         "--max-model-len {} is larger than the model's sliding window ({} tokens, config.json's sliding_window): "
+         "with --disable-sliding-window every layer attends the whole context, which matches the model only within "
+         "its window; lower --max-model-len to {} or less, or leave out --disable-sliding-window",
+         f.max_model_len, c.sliding_window, cap);
+  if (f.max_model_len == 0) {
+    f.max_model_len = cap;
+    TLOG_INFO("--disable-sliding-window: full attention on every layer, max_model_len {} (the sliding window)", cap);
+  }
+}
+
+}  // namespace
+
 std::string resolve_model(EngineFlags& f) {
   const std::string given = f.model;
   f.model = resolve_model_dir(f.model, HubCacheLookup{f.download_dir, f.revision, {}});
   if (f.model != given) TLOG_INFO("Model {}: {}", given, f.model);
+  if (f.disable_sliding_window) cap_max_model_len_at_window(f);
   return given;
 }
 
@@ -148,6 +176,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
                "use NCCL for every tensor-parallel all-reduce (by default small ones, as in decode, take a one-shot "
                "kernel over CUDA IPC when the GPUs of a TP group share a host with peer access)");
+  app.add_flag("--disable-sliding-window", f.disable_sliding_window,
+               "sliding-window layers (Mistral, Qwen2 with use_sliding_window) attend the whole context instead, "
+               "and max_model_len is capped at the window (vLLM's flag); no effect on other models");
   app.add_flag("--enforce-eager", f.enforce_eager,
                "never replay CUDA graphs (decode batches up to min(--max-num-seqs, 256) are captured on first use "
                "otherwise)");
@@ -301,6 +332,7 @@ LoadOptions load_options(const EngineFlags& f) {
   o.max_model_len = f.max_model_len;
   o.seed = f.seed;
   o.check_weights = f.check_weights;
+  o.disable_sliding_window = f.disable_sliding_window;
   o.parallel.expert_parallel = f.enable_expert_parallel;
   const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
   o.mtp = spec.enabled() && spec.method == "mtp";

@@ -31,6 +31,7 @@ struct EngineFlags {
   uint64_t seed = 0;
   bool check_weights = false;  // --check-weights: scan the loaded weights for NaN/Inf before serving
   bool enforce_eager = false;
+  bool disable_sliding_window = false;  // --disable-sliding-window: full attention, max_model_len capped at the window
   bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
@@ -43,7 +44,9 @@ struct EngineFlags {
 
 // An `org/name` model (vLLM's Hugging Face id) becomes its snapshot directory in the hub cache (loader/hf_cache.h);
 // a directory stays. Returns the model as given (the default --served-model-name for an id). Fails naming where it
-// looked and how to download.
+// looked and how to download. With --disable-sliding-window and a model that has sliding-window layers, also caps
+// max_model_len at the window, as vLLM does (0 becomes min(window, max_position_embeddings); a larger
+// --max-model-len fails naming both).
 std::string resolve_model(EngineFlags& f);
 
 void add_engine_flags(CLI::App& app, EngineFlags& f);

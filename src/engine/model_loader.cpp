@@ -37,6 +37,7 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   mo.runtime = o.runtime;
   mo.quantization = o.quantization;
   mo.mtp = o.mtp;
+  mo.disable_sliding_window = o.disable_sliding_window;
   auto model = create_model(config, mo, backend);
   WeightStore& w = model->weights();
   auto start = std::chrono::steady_clock::now();

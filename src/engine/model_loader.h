@@ -22,6 +22,8 @@ struct LoadOptions {
   bool mtp = false;
   // --check-weights: after loading, scan every weight for NaN/Inf and fail naming them (check_weights).
   bool check_weights = false;
+  // --disable-sliding-window: every layer attends the whole context (ModelOptions::disable_sliding_window).
+  bool disable_sliding_window = false;
 };
 
 std::unique_ptr<Model> load_model(const LoadOptions& options, Backend& backend);

@@ -178,13 +178,15 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
            it->dump());
     for (const auto& v : *it) {
       const std::string type = v.is_string() ? v.get<std::string>() : v.dump();
-      if (type == "full_attention")
+      if (type == "full_attention" || type == "sliding_attention")  // (the window: parse_sliding_window)
         c.layer_types.push_back(LayerType::kFullAttention);
       else if (type == "linear_attention")
         c.layer_types.push_back(LayerType::kLinearAttention);
       else
         fail(ErrorKind::kUnsupported,
-             "{}: layer_types entry '{}' is not supported (supported: full_attention, linear_attention)", source, type);
+             "{}: layer_types entry '{}' is not supported (supported: full_attention, sliding_attention, "
+             "linear_attention)",
+             source, type);
     }
   } else if (const int interval = get_or<int>(source, t, "full_attention_interval", 0); interval != 0) {
     if (interval < 1) fail(ErrorKind::kCorrupt, "{}: full_attention_interval must be positive", source);
@@ -218,6 +220,55 @@ void parse_hybrid(const nlohmann::json& t, const std::string& source, ModelConfi
     fail(ErrorKind::kUnsupported, "{}: attn_output_gate=false is not supported (hybrid models gate attention)", source);
 }
 
+// Sliding-window attention, as transformers configures it. Qwen2-style configs (they have
+// use_sliding_window; Qwen2, Qwen3 and their MoE variants): the window is sliding_window when
+// use_sliding_window is true, none otherwise; layer_types, when present, names the windowed layers
+// ("sliding_attention"), else the layers from max_window_layers on are. Mistral (model_type
+// "mistral"): a sliding_window value windows every layer, null none (MistralModel reads no
+// layer_types). Other families (Llama) ignore sliding_window and sliding_attention layer types, as
+// their transformers models do.
+void parse_sliding_window(const nlohmann::json& t, const std::string& source, ModelConfig& c) {
+  const bool qwen2_style = t.contains("use_sliding_window") && !t["use_sliding_window"].is_null();
+  const bool mistral = !qwen2_style && c.model_type == "mistral";
+  const bool use = get_or<bool>(source, t, "use_sliding_window", false);
+  // transformers' Qwen2 default is 4096 when the field is absent; null is no window. (Qwen2-MoE
+  // configs write sliding_window 0 beside use_sliding_window false: no window either.)
+  const bool set = t.contains("sliding_window") && !t["sliding_window"].is_null();
+  int window = get_or<int>(source, t, "sliding_window", qwen2_style && !t.contains("sliding_window") ? 4096 : 0);
+  if (qwen2_style && !use) window = 0;
+  if (window < 0 || (set && window == 0 && (use || mistral)))
+    fail(ErrorKind::kCorrupt, "{}: sliding_window is {}; a windowed model needs a window of at least 1 token", source,
+         t["sliding_window"].dump());
+  if (window > 0) check_range(source, "sliding_window", window, 1, 1 << 30);
+  std::vector<bool> windowed(static_cast<size_t>(c.num_layers), false);
+  const auto types = t.find("layer_types");  // (its shape: parse_hybrid)
+  const bool has_types = types != t.end() && types->is_array();
+  if (has_types && c.is_hybrid())
+    for (const auto& v : *types)
+      if (v == "sliding_attention")
+        fail(ErrorKind::kUnsupported,
+             "{}: layer_types mixes linear_attention and sliding_attention layers; this is not supported", source);
+  if (qwen2_style && has_types) {
+    for (int i = 0; i < c.num_layers; ++i) {
+      if ((*types)[static_cast<size_t>(i)] != "sliding_attention") continue;
+      if (window == 0)
+        fail(ErrorKind::kCorrupt,
+             "{}: layer_types marks layer {} sliding_attention, but the config sets no window (sliding_window {}, "
+             "use_sliding_window {})",
+             source, i, t.value("sliding_window", nlohmann::json()).dump(),
+             t.value("use_sliding_window", nlohmann::json()).dump());
+      windowed[static_cast<size_t>(i)] = true;
+    }
+  } else if (window > 0 && (qwen2_style || mistral)) {                                    // (Mistral: every layer)
+    const int first = qwen2_style ? get_or<int>(source, t, "max_window_layers", 28) : 0;  // (transformers' default)
+    if (first < 0) fail(ErrorKind::kCorrupt, "{}: max_window_layers must not be negative (got {})", source, first);
+    for (int i = first; i < c.num_layers; ++i) windowed[static_cast<size_t>(i)] = true;
+  }
+  if (std::find(windowed.begin(), windowed.end(), true) == windowed.end()) return;
+  c.sliding_window = window;
+  for (bool w : windowed) c.layer_windows.push_back(w ? window : 0);
+}
+
 // The sizes every model has, each named when it is out of range.
 void check_sizes(const std::string& source, const ModelConfig& c) {
   check_range(source, "hidden_size", c.hidden_size, 1, 1 << 20);
@@ -232,6 +283,15 @@ void check_sizes(const std::string& source, const ModelConfig& c) {
 
 bool ModelConfig::is_hybrid() const {
   return std::find(layer_types.begin(), layer_types.end(), LayerType::kLinearAttention) != layer_types.end();
+}
+
+int ModelConfig::layer_window(int layer) const {
+  return layer_windows.empty() ? 0 : layer_windows[static_cast<size_t>(layer)];
+}
+
+void disable_sliding_window(ModelConfig& c) {
+  c.layer_windows.clear();
+  c.sliding_window = 0;
 }
 
 bool MoeConfig::is_moe_layer(int layer) const {
@@ -301,12 +361,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     fail(ErrorKind::kUnsupported, "{}: hidden_act '{}' is not supported (supported: silu)", source, act);
   if (get_or<bool>(source, t, "mlp_bias", false))
     fail(ErrorKind::kUnsupported, "{}: mlp_bias=true is not supported", source);
-  if (get_or<bool>(source, t, "use_sliding_window", false))
-    fail(ErrorKind::kUnsupported, "{}: use_sliding_window=true is not supported yet", source);
   if (j.contains("quantization_config") && !j["quantization_config"].is_null())
     c.quant = parse_quantization_config(j["quantization_config"], source);
   c.moe = parse_moe(t, c.num_layers, source);
   parse_hybrid(t, source, c);
+  parse_sliding_window(t, source, c);
   // Qwen3-Next / Qwen3.5 without the field: one, as vLLM's MTP models assume.
   const bool mtp_family = c.model_type.rfind("qwen3_next", 0) == 0 || c.model_type.rfind("qwen3_5", 0) == 0;
   c.num_mtp_layers = get_or<int>(source, t, "mtp_num_hidden_layers",

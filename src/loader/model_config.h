@@ -115,12 +115,24 @@ struct ModelConfig {
     return !layer_types.empty() && layer_types[static_cast<size_t>(layer)] == LayerType::kLinearAttention;
   }
   bool is_hybrid() const;
+  // Sliding-window attention (transformers' mask): a layer with window W > 0 lets the query at
+  // position q attend only the keys at positions q - W < k <= q, the last W positions itself
+  // included; 0 attends the whole context. One entry per layer when some layer is windowed
+  // (parse_model_config's rules: Qwen2's use_sliding_window / max_window_layers / layer_types
+  // "sliding_attention", Mistral's sliding_window), empty otherwise.
+  std::vector<int> layer_windows;
+  int sliding_window = 0;  // the window of the windowed layers (0: none is)
+  int layer_window(int layer) const;
   // Multimodal wrappers (Qwen3_5MoeForConditionalGeneration) hold the language model under
   // text_config and its weights under "model.language_model."; the others under "model.".
   bool nested_text_config = false;
   QuantConfig quant;
   nlohmann::json raw;  // the whole config.json, for architectures with extra fields
 };
+
+// vLLM's --disable-sliding-window: every layer attends the whole context (the caller caps
+// max_model_len at the window, as vLLM does, so that full attention computes what the window would).
+void disable_sliding_window(ModelConfig& c);
 
 // Reads DIR/config.json (and the eos ids of generation_config.json when present). Throws Error.
 ModelConfig load_model_config(const std::string& model_dir);

@@ -30,6 +30,14 @@ MoeOptions moe_options(const ModelConfig& c) {
   return o;
 }
 
+namespace {
+// `options` with layer `layer`'s sliding window (ModelConfig::layer_window).
+AttentionOptions window_options(AttentionOptions options, const ModelConfig& config, int layer) {
+  options.sliding_window = config.layer_window(layer);
+  return options;
+}
+}  // namespace
+
 DecoderSpec hybrid_decoder_spec(const ModelConfig& config, GdnLayout layout) {
   if (!config.is_hybrid())
     fail(ErrorKind::kCorrupt,
@@ -57,6 +65,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
       pc_(mo.parallel),
       comm_(backend, mo.parallel, mo.runtime),
       weights_(mo.parallel) {
+  if (mo.disable_sliding_window) disable_sliding_window(config_);
   const ModelConfig& c = config_;
   weights_.set_quantization(weight_quantization(c, mo));
   layer_range_ = pipeline_layer_range(c.num_layers, pc_.pp_rank, pc_.pp_size);
@@ -74,7 +83,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     if (linear)
       L.linear_attention = std::make_unique<GatedDeltaNet>(ctx, p + "linear_attn.", spec.linear_attention);
     else
-      L.attention = std::make_unique<Attention>(ctx, p + "self_attn.", spec.attention);
+      L.attention = std::make_unique<Attention>(ctx, p + "self_attn.", window_options(spec.attention, c, i));
     L.post_attention_norm = RmsNorm(ctx, p + "post_attention_layernorm.weight", H, zc);
     L.feed_forward = spec.feed_forward ? spec.feed_forward(ctx, i, p + "mlp.")
                                        : std::make_unique<SwiGluMlp>(ctx, p + "mlp.", c.intermediate_size);
@@ -100,7 +109,7 @@ DecoderModel::DecoderModel(ModelConfig config, DecoderSpec spec, const ModelOpti
     m.pre_fc_norm_embedding = RmsNorm(ctx, "mtp.pre_fc_norm_embedding.weight", H, zc);
     m.pre_fc_norm_hidden = RmsNorm(ctx, "mtp.pre_fc_norm_hidden.weight", H, zc);
     m.fc = &weights_.declare("mtp.fc.weight", {H, 2 * H}, ParallelStyle::kReplicated);
-    m.layer = make_layer(0, "mtp.layers.0.", /*linear=*/false);
+    m.layer = make_layer(0, "mtp.layers.0.", /*linear=*/false);  // (families with MTP have no windows)
     m.norm = RmsNorm(ctx, "mtp.norm.weight", H, zc);
     // A last stage that does not embed (PP) holds its own copy of the embedding, split over its
     // TP ranks as the first stage's (as vLLM's MTP module does): the passes embed the tokens
@@ -129,6 +138,7 @@ std::vector<LayerCacheSpec> DecoderModel::cache_specs() const {
     s.kind = CacheKind::kPagedKv;
     s.num_kv_heads = L.attention->local_kv_heads();
     s.head_dim = config_.head_dim;
+    s.sliding_window = L.attention->sliding_window();
     specs.push_back(s);
   }
   if (mtp_) {

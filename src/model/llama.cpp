@@ -1,4 +1,4 @@
-// LlamaForCausalLM (Llama 2/3.x, and Mistral-style checkpoints that share its layout).
+// LlamaForCausalLM (Llama 2/3.x).
 #include "model/decoder.h"
 #include "model/registry.h"
 

@@ -27,6 +27,9 @@ struct LayerCacheSpec {
   CacheKind kind = CacheKind::kPagedKv;
   int num_kv_heads = 0;  // kPagedKv: on this rank
   int head_dim = 0;
+  // kPagedKv: the layer's sliding window W (it reads only the keys of the last W positions of each
+  // query, and no block wholly before them); 0: full attention, every block of the sequence.
+  int sliding_window = 0;
   // kStateSlot (a Gated DeltaNet layer), per sequence, on this rank: the causal-conv state
   // [K-1, C] and the recurrent state [Hv, Dk, Dv]. The engine picks their dtypes (CacheInit).
   Shape conv_state_shape, ssm_state_shape;
@@ -81,6 +84,9 @@ struct ModelOptions {
   // layer (config.num_mtp_layers > 0, weights under "mtp."); without it those weights are never
   // read.
   bool mtp = false;
+  // vLLM's --disable-sliding-window: every layer attends the whole context (disable_sliding_window
+  // on the config; the caller caps max_model_len at the window).
+  bool disable_sliding_window = false;
 };
 
 // The weight format a model's WeightStore loads: the checkpoint's quantization_config, or FP8

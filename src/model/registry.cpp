@@ -14,6 +14,7 @@ struct Entry {
 // One line per architecture.
 constexpr Entry kArchitectures[] = {
     {"LlamaForCausalLM", make_llama},
+    {"MistralForCausalLM", make_mistral},
     {"Qwen2ForCausalLM", make_qwen2},
     {"Qwen3ForCausalLM", make_qwen3},
     {"Qwen2MoeForCausalLM", make_qwen2_moe},

@@ -14,6 +14,7 @@ std::vector<std::string> supported_architectures();
 
 // One factory per model family file.
 std::unique_ptr<Model> make_llama(const ModelConfig&, const ModelOptions&, Backend&);
+std::unique_ptr<Model> make_mistral(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen2(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen3(const ModelConfig&, const ModelOptions&, Backend&);
 std::unique_ptr<Model> make_qwen2_moe(const ModelConfig&, const ModelOptions&, Backend&);

@@ -58,7 +58,7 @@ class MetaBackend : public Backend {
                 float) override {}
   void qkv_prologue(const Tensor&, const Tensor*, const Tensor*, float, const Tensor&, const RopeTable&, const Tensor&,
                     const Tensor&, const AttentionMetadata&, float, float, const Tensor&) override {}
-  void paged_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMetadata&, float, float, float,
+  void paged_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMetadata&, float, float, float, int,
                        const Tensor&) override {}
   void moe_topk(const Tensor&, int, bool, const Tensor&, const Tensor&) override {}
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,

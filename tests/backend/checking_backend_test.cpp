@@ -27,8 +27,8 @@ class FaultyBackend final : public ForwardingBackend {
   bool fault_state = false;  // gated_delta_rule: perturb the state, not the output
 
   void paged_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m, float s,
-                       float ks, float vs, const Tensor& out) override {
-    inner().paged_attention(q, kc, vc, m, s, ks, vs, out);
+                       float ks, float vs, int window, const Tensor& out) override {
+    inner().paged_attention(q, kc, vc, m, s, ks, vs, window, out);
     poke("paged_attention", out);
   }
   void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) override {
@@ -95,7 +95,7 @@ class CheckingBackendTest : public ::testing::Test {
     for (int t = 0; t < len; ++t) l.slot_mapping.push_back(t);
     AttentionMetadata meta = upload_attention_metadata(check_, l);
     check_.write_kv(rand({len, Hk, D}), rand({len, Hk, D}), k_cache, v_cache, meta, 1, 1);
-    check_.paged_attention(rand({len, Hq, D}), k_cache, v_cache, meta, 0.3f, 1, 1, out);
+    check_.paged_attention(rand({len, Hq, D}), k_cache, v_cache, meta, 0.3f, 1, 1, 0, out);
   }
 
   std::mt19937 rng_{5};

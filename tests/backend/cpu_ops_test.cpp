@@ -223,7 +223,7 @@ TEST_P(CpuPagedAttention, WriteKvThenAttendOverShuffledBlocks) {
   Tensor q = rand_f32({T, c.Hq, c.D});
   Tensor out = poisoned({T, c.Hq, c.D});
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-  be_.paged_attention(q, k_cache, v_cache, meta, scale, c.k_scale, c.v_scale, out);
+  be_.paged_attention(q, k_cache, v_cache, meta, scale, c.k_scale, c.v_scale, 0, out);
 
   // Reference: causal softmax attention per sequence, in double. `quantized` reads K/V
   // as the cache stores them (tight check); otherwise the original values (loose check).

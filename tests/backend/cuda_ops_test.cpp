@@ -741,7 +741,7 @@ TEST_F(CudaOps, FusedDecodeAttentionEqualsPrologueThenAttention) {
             const size_t scratch_before = be->scratch_in_use();
             be->qkv_attention(upload(*be, qkv, {T, (Hq + 2 * Hk) * D}), norm ? &gqn : nullptr, norm ? &gkn : nullptr,
                               1e-6f, upload_i32(*be, pos, {T}), rope, kc, vc, ms,
-                              1.0f / std::sqrt(static_cast<float>(D)), k_scale, v_scale, out);
+                              1.0f / std::sqrt(static_cast<float>(D)), k_scale, v_scale, 0, out);
             scratch_bytes[i] = be->scratch_in_use() - scratch_before;
             out_bits[i] = download(*be, out);
             kc_bits[i] = download(*be, kc);
@@ -811,7 +811,7 @@ TEST_F(CudaOps, DecodeAttentionAtAGraphsSplitCount) {
         Tensor out = be->alloc({T, Hq, D}, DType::kBF16);
         auto run = [&] {
           be->qkv_attention(gqkv, &gqn, &gkn, 1e-6f, gpos, rope, kc, vc, ms, 1.0f / std::sqrt(static_cast<float>(D)),
-                            1.0f, 1.0f, out);
+                            1.0f, 1.0f, 0, out);
         };
         const bool first = be == early.get();
         for (int i = 0; i < (first ? 2 : 1); ++i) {
@@ -1208,13 +1208,13 @@ TEST_F(CudaOps, QkvAttentionHeadDim32PartialRotaryOverLongContext) {
     auto qkv = rand(int64_t{n} * (Hq + 2 * Hk) * D, -2.0f, 2.0f);
     Tensor gout = gpu_out({n, Hq, D}), cout = cpu().alloc({n, Hq, D}, DType::kF32);
     gpu().qkv_attention(on_gpu(qkv, {n, (Hq + 2 * Hk) * D}), &gqn, &gkn, 1e-6f, on_gpu_i32(positions, {n}), gt, gkc,
-                        gvc, upload_attention_metadata(gpu(), lay), scale, 1.0f, 1.0f, gout);
+                        gvc, upload_attention_metadata(gpu(), lay), scale, 1.0f, 1.0f, 0, gout);
     // The CPU starts from the GPU's cache (bf16, exact; it holds this step's keys too, which the
     // CPU writes again), so each step is checked on its own.
     copy_to_cpu(gkc, ckc);
     copy_to_cpu(gvc, cvc);
     cpu().qkv_attention(on_cpu(qkv, {n, (Hq + 2 * Hk) * D}), &cqn, &ckn, 1e-6f, on_cpu_i32(positions, {n}), ct, ckc,
-                        cvc, upload_attention_metadata(cpu(), lay), scale, 1.0f, 1.0f, cout);
+                        cvc, upload_attention_metadata(cpu(), lay), scale, 1.0f, 1.0f, 0, cout);
     EXPECT_LT(rel_err(from_gpu(gout), from_cpu(cout)), 1e-2) << "tokens [" << pos << ", " << pos + n << ")";
     // The new keys and values: the CPU wrote them into its copy of the GPU's cache.
     EXPECT_LT(rel_err(from_gpu(gkc), from_cpu(ckc)), 1e-2) << "k cache after position " << pos + n - 1;
@@ -1798,9 +1798,9 @@ TEST_P(CudaAttention, WriteKvThenPagedAttentionMatchCpu) {
   AttentionMetadata gm = upload_attention_metadata(gpu(), step), cm = upload_attention_metadata(cpu(), step);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Tensor out = gpu_out({T, Hq, D});
-  gpu().paged_attention(on_gpu(q, {T, Hq, D}), gkc, gvc, gm, scale, k_scale, v_scale, out);
+  gpu().paged_attention(on_gpu(q, {T, Hq, D}), gkc, gvc, gm, scale, k_scale, v_scale, 0, out);
   Tensor ref = cpu().alloc({T, Hq, D}, DType::kF32);
-  cpu().paged_attention(on_cpu(q, {T, Hq, D}), ckc, cvc, cm, scale, k_scale, v_scale, ref);
+  cpu().paged_attention(on_cpu(q, {T, Hq, D}), ckc, cvc, cm, scale, k_scale, v_scale, 0, ref);
   double err = rel_err(from_gpu(out), from_cpu(ref));
   EXPECT_LT(err, 1e-2) << p.what << " D=" << D << " group=" << p.group << " cache " << dtype_name(p.cache);
   std::printf("[attention] %-14s D=%3d group=%d cache=%-8s T=%4d rel_err=%.2e\n", p.what, D, p.group,
@@ -2031,7 +2031,7 @@ TEST_F(CudaOps, PrefillAttentionUnderSm120SharedMemoryGivesTheSameBits) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(D));
         Tensor ref = cpu().alloc({T, Hq, D}, DType::kF32);
         cpu().paged_attention(on_cpu(q, {T, Hq, D}), ckc, cvc, upload_attention_metadata(cpu(), step), scale, k_scale,
-                              v_scale, ref);
+                              v_scale, 0, ref);
         const AttentionMetadata gm = upload_attention_metadata(gpu(), step);
         Tensor gq = on_gpu(q, {T, Hq, D});
         const std::string what = "D=" + std::to_string(D) + " cache " + std::string(dtype_name(cache)) +

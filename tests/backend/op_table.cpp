@@ -569,6 +569,13 @@ struct PagedStep {
     }
     return l;
   }
+  // Points the table entries of the blocks wholly before each sequence's first window (its first
+  // query, at cached[s], attends from cached[s] - window + 1 on) at block `to`, as a sliding-window
+  // cache manager may give such blocks to other sequences.
+  void give_away_before_window(int window, int32_t to) {
+    for (int s = 0; s < S(); ++s)
+      for (int b = 0; (b + 1) * bs <= cached[s] - window + 1; ++b) table[static_cast<size_t>(s) * max_blocks + b] = to;
+  }
   std::vector<int32_t> positions() const {
     std::vector<int32_t> p;
     for (int s = 0; s < S(); ++s)
@@ -598,32 +605,33 @@ PagedStep paged_step(Rng& r, std::vector<int> cached, std::vector<int> qlen) {
   return st;
 }
 
-// Causal attention of q [T, Hq, D] over the host cache [blocks, bs, Hk, D] at the step's slots.
+// Causal attention of q [T, Hq, D] over the host cache [blocks, bs, Hk, D] at the step's slots; with
+// a sliding window W > 0, the query at position p attends the keys at p - W < j <= p only.
 std::vector<double> attention_ref(const PagedStep& st, const std::vector<double>& q, const std::vector<double>& kc,
-                                  const std::vector<double>& vc, int Hq, int Hk, int D) {
+                                  const std::vector<double>& vc, int Hq, int Hk, int D, int window = 0) {
   std::vector<double> o(static_cast<size_t>(st.T()) * Hq * D);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   int t = 0;
   for (int s = 0; s < st.S(); ++s)
     for (int i = 0; i < st.qlen[s]; ++i, ++t) {
-      const int pos = st.cached[s] + i;
+      const int pos = st.cached[s] + i, first = window > 0 ? std::max(0, pos - window + 1) : 0;
       for (int h = 0; h < Hq; ++h) {
         const int kh = h / (Hq / Hk);
-        std::vector<double> sc(static_cast<size_t>(pos + 1));
+        std::vector<double> sc(static_cast<size_t>(pos + 1 - first));
         double mx = -INFINITY;
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = first; j <= pos; ++j) {
           const size_t off = (static_cast<size_t>(st.slot(s, j)) * Hk + kh) * D;
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += q[(static_cast<size_t>(t) * Hq + h) * D + d] * kc[off + d];
-          sc[j] = dot * scale;
-          mx = std::max(mx, sc[j]);
+          sc[j - first] = dot * scale;
+          mx = std::max(mx, sc[j - first]);
         }
         double sum = 0;
         for (auto& x : sc) sum += (x = std::exp(x - mx));
         for (int d = 0; d < D; ++d) {
           double acc = 0;
-          for (int j = 0; j <= pos; ++j)
-            acc += sc[j] / sum * vc[(static_cast<size_t>(st.slot(s, j)) * Hk + kh) * D + d];
+          for (int j = first; j <= pos; ++j)
+            acc += sc[j - first] / sum * vc[(static_cast<size_t>(st.slot(s, j)) * Hk + kh) * D + d];
           o[(static_cast<size_t>(t) * Hq + h) * D + d] = acc;
         }
       }
@@ -715,21 +723,67 @@ void attention_cases(Cases& cases) {
       Tensor o = poisoned(be, {T, s.Hq, s.D}, be.compute_dtype());
       be.paged_attention(act(be, *q, {T, s.Hq, s.D}), act(be, *kc, cs), act(be, *vc, cs),
                          upload_attention_metadata(be, st->layout()), 1.0f / std::sqrt(static_cast<float>(s.D)), 1.0f,
-                         1.0f, o);
+                         1.0f, 0, o);
       return Outputs{out("out", down(be, o))};
     };
     c.reference = [=] { return Outputs{out("out", attention_ref(*st, dbl(*q), dbl(*kc), dbl(*vc), s.Hq, s.Hk, s.D))}; };
     cases.push_back(std::move(c));
   }
+  // paged_attention with a sliding window W: shorter than a block (1, 5), one block (16), across
+  // blocks (37) and longer than every context (1000); a decode step (one query per sequence: CUDA's
+  // split-K decode kernel) and a prefill step (long queries from 0 and after a cached prefix: its
+  // tensor-core prefill kernel), head_dim 64 and 128. The blocks wholly before each sequence's first
+  // window point at a block of NaN (a sliding-window cache manager may give them away): a kernel that
+  // reads them, or any key outside a query's window, fails.
+  struct Win {
+    int window, D;
+    bool decode;
+  };
+  for (const Win& s :
+       {Win{1, 128, true}, Win{5, 128, true}, Win{16, 64, true}, Win{37, 128, true}, Win{1000, 128, true},
+        Win{1, 64, false}, Win{5, 128, false}, Win{16, 128, false}, Win{37, 64, false}, Win{1000, 128, false}}) {
+    const int Hq = 8, Hk = 2;
+    Rng r(static_cast<uint32_t>(s.window * 10 + s.D + s.decode));
+    auto st = std::make_shared<PagedStep>(s.decode ? paged_step(r, {20, 70, 3, 200, 47}, {1, 1, 1, 1, 1})
+                                                   : paged_step(r, {0, 20, 17, 70, 90}, {45, 1, 4, 33, 70}));
+    const int32_t poison = st->num_blocks++;  // (no sequence owns it)
+    st->give_away_before_window(s.window, poison);
+    const int64_t block_n = static_cast<int64_t>(st->bs) * Hk * s.D, cache_n = st->num_blocks * block_n;
+    auto nan_block = [=](std::vector<float>& v) {
+      std::fill(v.begin() + poison * block_n, v.begin() + (poison + 1) * block_n, NAN);
+    };
+    auto kc = lazy(cache_n, -1, 1, nan_block);
+    auto vc = lazy(cache_n, -1, 1, nan_block);
+    auto q = lazy(static_cast<int64_t>(st->T()) * Hq * s.D);
+    OpCase c;
+    c.op = "paged_attention";
+    c.name = fmt::format("paged_attention window {} D{} {}", s.window, s.D, s.decode ? "decode" : "prefill");
+    c.run = [=](Backend& be) {
+      const Shape cs{st->num_blocks, st->bs, Hk, s.D};
+      const int64_t T = st->T();
+      Tensor o = poisoned(be, {T, Hq, s.D}, be.compute_dtype());
+      be.paged_attention(act(be, *q, {T, Hq, s.D}), act(be, *kc, cs), act(be, *vc, cs),
+                         upload_attention_metadata(be, st->layout()), 1.0f / std::sqrt(static_cast<float>(s.D)), 1.0f,
+                         1.0f, s.window, o);
+      return Outputs{out("out", down(be, o))};
+    };
+    c.reference = [=] {
+      return Outputs{out("out", attention_ref(*st, dbl(*q), dbl(*kc), dbl(*vc), Hq, Hk, s.D, s.window))};
+    };
+    cases.push_back(std::move(c));
+  }
   // qkv_prologue and qkv_attention on a fused QKV projection: q/k norms or none, full and partial
   // rotary dims; a decode-only step (the fused decode kernel on CUDA) and a mixed one.
+  // Two more with a sliding window: a decode-only step and a mixed one.
   struct P {
     int D, rd;
     bool norm;
     std::vector<int> cached, qlen;
+    int window = 0;
   };
   for (const P& s : {P{128, 128, true, {0, 30}, {6, 1}}, P{64, 32, false, {5, 16, 40}, {1, 1, 1}},
-                     P{256, 64, true, {3, 18}, {1, 1}}, P{64, 64, true, {0, 9, 33}, {7, 2, 1}}}) {
+                     P{256, 64, true, {3, 18}, {1, 1}}, P{64, 64, true, {0, 9, 33}, {7, 2, 1}},
+                     P{128, 128, true, {5, 40, 90}, {1, 1, 1}, 16}, P{64, 64, true, {0, 9, 33}, {40, 2, 1}, 7}}) {
     const int Hq = 8, Hk = 2, D = s.D;
     const double theta = 10000.0;
     Rng r(static_cast<uint32_t>(D * 7 + s.rd + s.qlen.size()));
@@ -743,12 +797,14 @@ void attention_cases(Cases& cases) {
     const std::vector<int32_t> pos = st->positions(), slots = st->layout().slot_mapping;
     const bool norm = s.norm;
     const int rd = s.rd;
-    const std::string shape = fmt::format("D{} rd{}{} T{}", D, rd, norm ? " norm" : "", T);
+    const int window = s.window;
+    const std::string shape =
+        fmt::format("D{} rd{}{} T{}{}", D, rd, norm ? " norm" : "", T, window ? fmt::format(" window {}", window) : "");
     auto reference = [=](bool attend) {
       std::vector<double> k = dbl(*kc), v = dbl(*vc);
       std::vector<double> q = prologue_ref(*qkv, norm ? &*qn : nullptr, norm ? &*kn : nullptr, 1e-6f, pos, slots, Hq,
                                            Hk, D, rd, theta, true, k, v);
-      if (attend) q = attention_ref(*st, q, k, v, Hq, Hk, D);
+      if (attend) q = attention_ref(*st, q, k, v, Hq, Hk, D, window);
       return Outputs{out(attend ? "out" : "q", q), out("k_cache", k), out("v_cache", v)};
     };
     for (bool attend : {false, true}) {
@@ -764,7 +820,7 @@ void attention_cases(Cases& cases) {
         const AttentionMetadata meta = upload_attention_metadata(be, st->layout());
         if (attend)
           be.qkv_attention(x, norm ? &tqn : nullptr, norm ? &tkn : nullptr, 1e-6f, p, table, k, v, meta,
-                           1.0f / std::sqrt(static_cast<float>(D)), 1.0f, 1.0f, o);
+                           1.0f / std::sqrt(static_cast<float>(D)), 1.0f, 1.0f, window, o);
         else
           be.qkv_prologue(x, norm ? &tqn : nullptr, norm ? &tkn : nullptr, 1e-6f, p, table, k, v, meta, 1.0f, 1.0f, o);
         return Outputs{out(attend ? "out" : "q", down(be, o)), out("k_cache", down(be, k)),

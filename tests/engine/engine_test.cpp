@@ -714,17 +714,17 @@ class QueryLengths : public ForwardingBackend {
   using ForwardingBackend::ForwardingBackend;
   std::set<std::pair<int, int>> seen;  // (sequences, longest query)
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override {
+                       float scale, float k_scale, float v_scale, int window, const Tensor& out) override {
     seen.emplace(meta.num_seqs, meta.max_query_len);
-    ForwardingBackend::paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+    ForwardingBackend::paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, window, out);
   }
   void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, int window,
                      const Tensor& out) override {
     seen.emplace(meta.num_seqs, meta.max_query_len);
     ForwardingBackend::qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
-                                     v_scale, out);
+                                     v_scale, window, out);
   }
 };
 

@@ -40,6 +40,24 @@ expect_plan max_num_seqs 8 --max-num-seqs 4 --max_num_seqs 8
 expect_plan tensor_parallel_size 2 -tp 2
 expect_plan pipeline_parallel_size 2 -pp=2
 expect_plan tensor_parallel_size 1 --dtype bfloat16 -dp 1
+# --disable-sliding-window caps max_model_len at the window, as vLLM does (a Mistral-7B-shaped config,
+# sliding_window 4096); a larger --max-model-len is refused naming the window.
+mkdir -p "$TMP/swa"
+cat >"$TMP/swa/config.json" <<'JSON'
+{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+ "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "head_dim": 128, "vocab_size": 32000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+ "rope_theta": 10000.0, "hidden_act": "silu", "sliding_window": 4096, "tie_word_embeddings": false,
+ "torch_dtype": "bfloat16"}
+JSON
+swa_plan() { "$BIN" plan "$TMP/swa" --gpu h200 --json "$@" 2>"$TMP/err"; }
+got=$(swa_plan | python3 -c "import json,sys; print(json.load(sys.stdin)['max_model_len'])" 2>/dev/null)
+[ "$got" = 32768 ] || bad "sliding-window plan: max_model_len $got, want 32768 ($(cat "$TMP/err"))"
+got=$(swa_plan --disable-sliding-window | python3 -c "import json,sys; print(json.load(sys.stdin)['max_model_len'])" 2>/dev/null)
+[ "$got" = 4096 ] || bad "--disable-sliding-window: max_model_len $got, want 4096 ($(cat "$TMP/err"))"
+swa_plan --disable-sliding-window --max-model-len 8192 >/dev/null
+grep -q -- "--max-model-len 8192 is larger than the model's sliding window (4096 tokens" "$TMP/err" ||
+  bad "--disable-sliding-window --max-model-len 8192: $(cat "$TMP/err")"
 
 # Mistakes: exit 2, one "error:" line, no CLI11 wording.
 expect_error() {  # expect_error TEXT ARGS...

@@ -280,9 +280,87 @@ TEST(ModelConfig, OtherRefusedFeatures) {
   json j = base_config();
   j["mlp_bias"] = true;
   error_of(j, ErrorKind::kUnsupported);
-  j = base_config();
-  j["use_sliding_window"] = true;
-  error_of(j, ErrorKind::kUnsupported);
+}
+
+// Sliding windows as transformers configures them (ModelConfig::layer_windows).
+TEST(ModelConfig, SlidingWindowsOfQwen2AndMistralConfigs) {
+  auto windows = [](const json& j) { return parse(j).layer_windows; };
+  json q = base_config();  // Qwen2-style: use_sliding_window decides, then layer_types or max_window_layers
+  q["num_hidden_layers"] = 4;
+  q["use_sliding_window"] = false;
+  q["sliding_window"] = 4096;
+  q["max_window_layers"] = 1;
+  EXPECT_TRUE(windows(q).empty()) << "use_sliding_window false: no window";
+  q["sliding_window"] = 0;  // (Qwen2-MoE configs write 0 beside false)
+  EXPECT_TRUE(windows(q).empty());
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 8;
+  EXPECT_EQ(windows(q), std::vector<int>({0, 8, 8, 8})) << "layers from max_window_layers on";
+  EXPECT_EQ(parse(q).sliding_window, 8);
+  EXPECT_EQ(parse(q).layer_window(0), 0);
+  EXPECT_EQ(parse(q).layer_window(3), 8);
+  q["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  EXPECT_EQ(windows(q), std::vector<int>({0, 8, 0, 8})) << "layer_types decides over max_window_layers";
+  EXPECT_TRUE(parse(q).layer_types.size() == 4 && !parse(q).is_hybrid());
+  q.erase("layer_types");
+  q.erase("max_window_layers");
+  EXPECT_TRUE(windows(q).empty()) << "transformers' max_window_layers default is 28";
+  q.erase("sliding_window");
+  q["max_window_layers"] = 0;
+  EXPECT_EQ(windows(q), std::vector<int>(4, 4096)) << "transformers' sliding_window default is 4096";
+  q["sliding_window"] = nullptr;
+  EXPECT_TRUE(windows(q).empty()) << "null: no window";
+
+  json m = base_config();  // Mistral: sliding_window set windows every layer
+  m["architectures"] = {"MistralForCausalLM"};
+  m["model_type"] = "mistral";
+  m["sliding_window"] = 5;
+  EXPECT_EQ(windows(m), std::vector<int>({5, 5}));
+  m["sliding_window"] = nullptr;
+  EXPECT_TRUE(windows(m).empty());
+  m.erase("sliding_window");
+  EXPECT_TRUE(windows(m).empty());
+  m["sliding_window"] = 5;
+  m["layer_types"] = {"full_attention", "sliding_attention"};  // MistralModel reads no layer_types
+  EXPECT_EQ(windows(m), std::vector<int>({5, 5}));
+  m.erase("layer_types");
+
+  json l = base_config();  // Llama's transformers model ignores sliding_window
+  l["sliding_window"] = 5;
+  EXPECT_TRUE(windows(l).empty());
+  l["layer_types"] = {"sliding_attention", "full_attention"};  // nor layer_types
+  EXPECT_TRUE(windows(l).empty());
+
+  m["sliding_window"] = 5;
+  ModelConfig c = parse(m);
+  disable_sliding_window(c);
+  EXPECT_TRUE(c.layer_windows.empty());
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.layer_window(1), 0);
+}
+
+TEST(ModelConfig, BadSlidingWindowsFailNamingTheField) {
+  json q = base_config();
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 0;
+  EXPECT_NE(error_of(q, ErrorKind::kCorrupt).find("sliding_window"), std::string::npos);
+  q["sliding_window"] = -3;
+  EXPECT_NE(error_of(q, ErrorKind::kCorrupt).find("sliding_window"), std::string::npos);
+  q["sliding_window"] = "8";
+  EXPECT_NE(error_of(q, ErrorKind::kCorrupt).find("sliding_window"), std::string::npos);
+  q["sliding_window"] = 8;
+  q["max_window_layers"] = -1;
+  EXPECT_NE(error_of(q, ErrorKind::kCorrupt).find("max_window_layers"), std::string::npos);
+  q = base_config();
+  q["use_sliding_window"] = false;
+  q["sliding_window"] = 8;
+  q["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_NE(error_of(q, ErrorKind::kCorrupt).find("sliding_attention"), std::string::npos)
+      << "a windowed layer without a window";
+  json m = base_config();
+  m["model_type"] = "mistral";
+  m["sliding_window"] = 0;
+  EXPECT_NE(error_of(m, ErrorKind::kCorrupt).find("sliding_window"), std::string::npos);
 }
 
 TEST(ModelConfig, InconsistentOrMissingSizesFail) {

@@ -65,21 +65,21 @@ class Bf16ActivationsBackend final : public ForwardingBackend {
     inner().write_kv(k, v, kc, vc, m, ks, vs);
   }
   void paged_attention(const Tensor& q, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m, float scale,
-                       float ks, float vs, const Tensor& out) override {
+                       float ks, float vs, int window, const Tensor& out) override {
     round(q);
     round(kc);
     round(vc);
-    inner().paged_attention(q, kc, vc, m, scale, ks, vs, out);
+    inner().paged_attention(q, kc, vc, m, scale, ks, vs, window, out);
   }
   void qkv_attention(const Tensor& qkv, const Tensor* qn, const Tensor* kn, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& kc, const Tensor& vc, const AttentionMetadata& m,
-                     float scale, float ks, float vs, const Tensor& out) override {
+                     float scale, float ks, float vs, int window, const Tensor& out) override {
     round(qkv);
     if (qn) round(*qn);  // bf16 (1 + w) on CUDA
     if (kn) round(*kn);
     Tensor q = scratch(out.shape(), out.dtype());
     inner().qkv_prologue(qkv, qn, kn, eps, positions, table, kc, vc, m, ks, vs, q);
-    paged_attention(q, kc, vc, m, scale, ks, vs, out);
+    paged_attention(q, kc, vc, m, scale, ks, vs, window, out);
   }
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& ids, const Tensor& w,
                    int begin, const Tensor& out) override {

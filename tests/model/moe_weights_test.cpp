@@ -214,7 +214,7 @@ class CountingBackend : public Backend {
                     const Tensor&, const AttentionMetadata&, float, float, const Tensor&) override {
     unused();
   }
-  void paged_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMetadata&, float, float, float,
+  void paged_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionMetadata&, float, float, float, int,
                        const Tensor&) override {
     unused();
   }

@@ -354,7 +354,8 @@ void CpuBackend::write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cach
 
 void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                  const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
-                                 const Tensor& out) {
+                                 int sliding_window, const Tensor& out) {
+  require(sliding_window >= 0, "paged_attention", "negative sliding window");
   int64_t Hq = q.dim(1), D = q.dim(2), Hk = k_cache.dim(2), bs = k_cache.dim(1);
   int64_t group = Hq / Hk;
   DType ct = k_cache.dtype();
@@ -377,8 +378,10 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_cache, const T
       int pos = ctx - qlen + (static_cast<int>(t) - meta.host_query_start_loc[s]);
       const int32_t* bt = meta.host_block_tables.data() + static_cast<size_t>(s) * meta.max_blocks_per_seq;
       const float* qp = q.data<float>() + (t * Hq + h) * D;
+      // The keys this query attends: [first, pos]; a window reads nothing before its first key.
+      const int first = sliding_window > 0 ? std::max(0, pos - sliding_window + 1) : 0;
       float mx = -INFINITY;
-      for (int j = 0; j <= pos; ++j) {
+      for (int j = first; j <= pos; ++j) {
         int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
         size_t base = static_cast<size_t>((slot * Hk + kh) * D);
         float dot = 0;
@@ -392,12 +395,12 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_cache, const T
         mx = std::max(mx, scores[j]);
       }
       float sum = 0;
-      for (int j = 0; j <= pos; ++j) {
+      for (int j = first; j <= pos; ++j) {
         scores[j] = std::exp(scores[j] - mx);
         sum += scores[j];
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int j = 0; j <= pos; ++j) {
+      for (int j = first; j <= pos; ++j) {
         int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
         size_t base = static_cast<size_t>((slot * Hk + kh) * D);
         float p = scores[j] / sum;

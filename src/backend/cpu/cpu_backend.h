@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
   void write_kv(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                 const AttentionMetadata& meta, float k_scale, float v_scale) override;
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override;
+                       float scale, float k_scale, float v_scale, int sliding_window, const Tensor& out) override;
   void moe_topk(const Tensor& router_logits, int k, bool renormalize, const Tensor& topk_ids,
                 const Tensor& topk_weights) override;
   void moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,

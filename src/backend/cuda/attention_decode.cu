@@ -4,6 +4,8 @@
 // token), slices the slower index, so the blocks with work come first in launch order. Each warp walks 16-key tiles,
 // loading all of a tile's K and V before using any: two lanes per key for Q.K (16-byte loads), then every lane owns
 // D/32 output dims for P.V. Scores are kept in the log2 domain (q pre-scaled by scale * k_scale * log2 e).
+// A sliding window: the slices cut the keys from the first one the sequence's earliest query of the step
+// attends (no block before it is read), and each token starts at its own window's first key.
 #include <algorithm>
 
 #include "backend/cuda/attention_common.cuh"
@@ -25,13 +27,28 @@ __device__ __forceinline__ int split_part(int seq_len, int num_splits) {
   return (part + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
 }
 
+// With a sliding window (a.window > 0), the keys of query token t of sequence s (qlen query tokens,
+// t attends keys [0, kv_len) causally): the sequence's keys from `base` (the first key its earliest
+// query of the step attends) are cut into num_splits slices of `part` keys, slice i starting at
+// base + i * part; token t attends [lo, kv_len). Without a window: base 0, the slices of
+// split_part(seq_len), lo 0.
+struct WindowKeys {
+  int base, part, lo;
+};
+__device__ __forceinline__ WindowKeys window_keys(const PagedAttentionArgs& a, int s, int qlen, int kv_len,
+                                                  int num_splits) {
+  const int seq_len = a.seq_lens[s], base = max(0, seq_len - qlen + 1 - a.window);
+  return {base, split_part(seq_len - base, num_splits), max(0, kv_len - a.window)};
+}
+
 // GC: query heads a block computes (a power of two >= the group, at most 8); heads
 // past the group are zeros and never written. A compile-time count keeps every
 // per-head loop branch-free, so the heads' dependency chains interleave.
 // kFused: the attention prologue is done here too (decode steps only: one query token per
 // sequence): q comes normed and rotated from the fused QKV row `pro.qkv`, and the block whose
 // slice holds the newest key writes that key and value into the cache before reading it.
-template <int D, typename CT, int GC, bool kFused, bool kPre = false>
+// kWindow: a.window > 0 (a sliding window, window_keys); without it the window's code is compiled out.
+template <int D, typename CT, int GC, bool kFused, bool kPre, bool kWindow>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, float* __restrict__ ws,
                             QkvPrologueArgs pro, bool trigger_early) {
@@ -55,8 +72,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
   // Slices sized from this sequence's own length (a captured graph's launch serves any lengths).
-  const int part = split_part(a.seq_lens[s], num_splits);
-  const int start = split * part, end = min(start + part, kv_len);
+  int start, end;
+  if constexpr (kWindow) {
+    const WindowKeys w = window_keys(a, s, qlen, kv_len, num_splits);
+    start = max(w.base + split * w.part, w.lo);
+    end = min(w.base + (split + 1) * w.part, kv_len);
+  } else {
+    const int part = split_part(a.seq_lens[s], num_splits);
+    start = split * part;
+    end = min(start + part, kv_len);
+  }
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const CT* kc = static_cast<const CT*>(a.k_cache);
   const CT* vc = static_cast<const CT*>(a.v_cache);
@@ -323,14 +348,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Merges the slices of one (token, head); only the slices that hold keys are read.
-template <int D>
+template <int D, bool kWindow>
 __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, const float* __restrict__ ws) {
   const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   const int s = seq_of_token(a.query_start_loc, a.num_seqs, t);
   const int q_begin = a.query_start_loc[s], qlen = a.query_start_loc[s + 1] - q_begin;
   const int kv_len = a.seq_lens[s] - qlen + (t - q_begin) + 1;
-  const int part = split_part(a.seq_lens[s], num_splits);
-  const int used = min(num_splits, (kv_len + part - 1) / part);
+  // The slices that hold keys of token t: [first, used).
+  int first = 0, used;
+  if constexpr (kWindow) {
+    const WindowKeys w = window_keys(a, s, qlen, kv_len, num_splits);
+    used = min(num_splits, (kv_len - w.base + w.part - 1) / w.part);
+    first = (w.lo - w.base) / w.part;
+  } else {
+    const int part = split_part(a.seq_lens[s], num_splits);
+    used = min(num_splits, (kv_len + part - 1) / part);
+  }
   static_assert(D >= kMaxSplits, "a thread per split loads its max and sum");
   __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   pdl_wait();  // launched with PDL (device_utils.cuh)
@@ -338,15 +371,15 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
   const float* base = ws + (static_cast<int64_t>(t) * a.Hq + h) * num_splits * (D + 2);
   // The slices' maxima and sums, one load a thread, and their outputs 8 loads at a time: a loop of
   // dependent L2 round trips (one a slice, twice) was most of this kernel's time at batch 1.
-  if (d < used) {
+  if ((!kWindow || d >= first) && d < used) {
     s_m[d] = base[d * (D + 2) + D];
     s_l[d] = base[d * (D + 2) + D + 1];
   }
   __syncthreads();
   float mx = -INFINITY;
-  for (int sp = 0; sp < used; ++sp) mx = fmaxf(mx, s_m[sp]);
+  for (int sp = first; sp < used; ++sp) mx = fmaxf(mx, s_m[sp]);
   float o = 0.0f, sum = 0.0f;
-  for (int sp0 = 0; sp0 < used; sp0 += 8) {
+  for (int sp0 = first; sp0 < used; sp0 += 8) {
     float wv[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) wv[j] = sp0 + j < used ? base[(sp0 + j) * (D + 2) + d] : 0.0f;
@@ -365,7 +398,7 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
 // Power of two >= group, at most 8.
 int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
 
-template <int D, typename CT, bool kFused, bool kPre>
+template <int D, typename CT, bool kFused, bool kPre, bool kWindow>
 void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro,
                    int gc, bool early_merge, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
@@ -373,20 +406,20 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, fl
   const bool trigger_early = early_merge && num_splits > 1;
   switch (gc) {
     case 1:
-      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 1, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     case 2:
-      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 2, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     case 4:
-      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 4, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre>, grid, kWarps * 32, 0, s, a, num_splits, max_qlen, ws,
-                 pro, trigger_early);
+      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                 max_qlen, ws, pro, trigger_early);
       break;
   }
 }
@@ -397,16 +430,16 @@ constexpr int kPreloadMaxTokens = 8;
 // decode_attention_heads_per_block's rule: a one-token step takes at most this many heads a block.
 constexpr int kOneTokenHeads = 2;
 
-template <int D, typename CT, bool kFused>
+template <int D, typename CT, bool kFused, bool kWindow>
 void decode_t(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro, int gc,
               bool early_merge, cudaStream_t s) {
   if (kFused && a.num_tokens <= kPreloadMaxTokens)
-    decode_launch<D, CT, kFused, kFused>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, kFused, kWindow>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   else
-    decode_launch<D, CT, kFused, false>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
+    decode_launch<D, CT, kFused, false, kWindow>(a, num_splits, max_qlen, ws, pro, gc, early_merge, s);
   TCUDA_LAUNCH_CHECK();
   if (num_splits > 1) {
-    launch_pdl(decode_reduce_kernel<D>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, max_qlen, ws);
+    launch_pdl(decode_reduce_kernel<D, kWindow>, dim3(a.Hq, a.num_tokens), D, 0, s, a, num_splits, max_qlen, ws);
     TCUDA_LAUNCH_CHECK();
   }
 }
@@ -414,10 +447,15 @@ void decode_t(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* 
 template <int D, typename CT>
 void decode_dispatch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs* fused,
                      int gc, bool early_merge, cudaStream_t s) {
-  if (fused)
-    decode_t<D, CT, true>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  const bool window = a.window > 0;
+  if (fused && window)
+    decode_t<D, CT, true, true>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  else if (fused)
+    decode_t<D, CT, true, false>(a, num_splits, max_qlen, ws, *fused, gc, early_merge, s);
+  else if (window)
+    decode_t<D, CT, false, true>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
   else
-    decode_t<D, CT, false>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
+    decode_t<D, CT, false, false>(a, num_splits, max_qlen, ws, QkvPrologueArgs{}, gc, early_merge, s);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Fallback paged attention for shapes the fast kernels do not cover (head_dim other
 // than 64/128, f32/f16/e5m2 caches): one block per (token, query head), keys in
 // chunks of the block size with an online softmax. Correctness first: it serves
-// the tiny test models and unusual configs; real models take the fast kernels.
+// the tiny test models and unusual configs; real models take the fast kernels. A sliding
+// window starts the key loop at the query's first key in the window.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -60,6 +61,7 @@ __global__ void generic_attention_kernel(PagedAttentionArgs a) {
   const int s = lo;
   const int qlen = a.query_start_loc[s + 1] - a.query_start_loc[s];
   const int pos = a.seq_lens[s] - qlen + (t - a.query_start_loc[s]);
+  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;  // the first key this query attends
   const int32_t* bt = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
 
   __shared__ float q[kMaxHeadDim];
@@ -77,7 +79,7 @@ __global__ void generic_attention_kernel(PagedAttentionArgs a) {
   const size_t es = a.cache_dtype == DType::kF32                                      ? 4
                     : (a.cache_dtype == DType::kBF16 || a.cache_dtype == DType::kF16) ? 2
                                                                                       : 1;
-  for (int j0 = 0; j0 <= pos; j0 += kThreads) {
+  for (int j0 = first; j0 <= pos; j0 += kThreads) {
     const int j = j0 + tid;
     float score = -INFINITY;
     if (j <= pos) {

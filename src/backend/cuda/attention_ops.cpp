@@ -92,21 +92,21 @@ void AttentionOps::qkv_prologue(const Tensor& qkv, const Tensor* q_norm, const T
 void AttentionOps::qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                                  const Tensor& positions, const RopeTable& table, const Tensor& k_cache,
                                  const Tensor& v_cache, const AttentionMetadata& meta, float scale, float k_scale,
-                                 float v_scale, const Tensor& out) {
+                                 float v_scale, int sliding_window, const Tensor& out) {
   const int D = out.ndim() == 3 ? static_cast<int>(out.dim(2)) : 0;
   const bool fused = options_.fused_decode_attention && meta.max_query_len == 1 && out.ndim() == 3 && out.dim(0) > 0 &&
                      meta.num_seqs > 0 && fast_attention_supported(D, k_cache.dtype());
   if (!fused) {
     Tensor q = dev_.scratch(out.shape(), out.dtype());
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, q);
-    paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+    paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
     return;
   }
   // One kernel: q from the QKV row, the newest key and value into the cache, attention.
   QkvPrologueArgs pro =
       prologue_args(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, k_scale, v_scale, out);
   pro.q_out = nullptr;
-  PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+  PagedAttentionArgs a = attention_args(out, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
   a.q = nullptr;
   dev_.bind();
   decode_attention(a, meta, kAnyQuery, &pro);
@@ -122,7 +122,10 @@ bool AttentionOps::fast_attention_supported(int D, DType cache_dtype) {
 // max_query: the decode kernel takes the sequences of at most this many query tokens.
 void AttentionOps::decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, int max_query,
                                     const QkvPrologueArgs* fused) {
-  const int splits = decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, meta.max_seq_len, dev_.arch().sms);
+  // A sliding window bounds the keys a sequence's queries read: its last W + (queries - 1).
+  const int keys =
+      a.window > 0 ? std::min(meta.max_seq_len, a.window + std::max(1, meta.max_query_len) - 1) : meta.max_seq_len;
+  const int splits = decode_attention_num_splits(a.num_tokens, a.Hk, a.Hq / a.Hk, keys, dev_.arch().sms);
   float* ws = nullptr;
   if (splits > 1)
     ws = dev_.scratch({static_cast<int64_t>(a.num_tokens) * a.Hq * splits * (a.D + 2)}, DType::kF32).data<float>();
@@ -133,13 +136,14 @@ void AttentionOps::decode_attention(const PagedAttentionArgs& a, const Attention
 // Paged attention's arguments, checked (q's shape is out's).
 PagedAttentionArgs AttentionOps::attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                 const AttentionMetadata& meta, float scale, float k_scale,
-                                                float v_scale, const Tensor& out) {
+                                                float v_scale, int sliding_window, const Tensor& out) {
   CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4 && q.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
                    out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) && q.dim(1) % k_cache.dim(2) == 0,
                "paged_attention", "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
   const int T = static_cast<int>(q.dim(0));
   CUDA_REQUIRE(meta.num_tokens == T, "paged_attention",
                "metadata has " + std::to_string(meta.num_tokens) + " tokens, q has " + std::to_string(T));
+  CUDA_REQUIRE(sliding_window >= 0, "paged_attention", "negative sliding window " + std::to_string(sliding_window));
   PagedAttentionArgs a{};
   a.q = q.raw();
   a.k_cache = k_cache.raw();
@@ -159,12 +163,13 @@ PagedAttentionArgs AttentionOps::attention_args(const Tensor& q, const Tensor& k
   a.k_scale = k_scale;
   a.v_scale = v_scale;
   a.cache_dtype = k_cache.dtype();
+  a.window = sliding_window;
   return a;
 }
 
 void AttentionOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                    const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
-                                   const Tensor& out) {
+                                   int sliding_window, const Tensor& out) {
   CUDA_REQUIRE(q.ndim() == 3 && k_cache.ndim() == 4, "paged_attention",
                "q " + q.str() + ", cache " + k_cache.str() + ", out " + out.str());
   const int T = static_cast<int>(q.dim(0)), D = static_cast<int>(q.dim(2));
@@ -172,7 +177,7 @@ void AttentionOps::paged_attention(const Tensor& q, const Tensor& k_cache, const
   const bool fast = fast_attention_supported(D, k_cache.dtype());
   if (!fast && !generic_attention_supported(D))
     fail(ErrorKind::kUnsupported, "CUDA paged attention supports head_dim up to 512, not {}", D);
-  PagedAttentionArgs a = attention_args(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+  PagedAttentionArgs a = attention_args(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
   dev_.bind();
 
   if (!fast) {  // unusual head_dim or cache dtype: the exact, slow kernel

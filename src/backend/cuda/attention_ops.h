@@ -21,9 +21,11 @@ class AttentionOps {
                     float k_scale, float v_scale, const Tensor& q_out);
   void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, const Tensor& out);
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, int sliding_window,
+                     const Tensor& out);
+  // sliding_window: Backend::paged_attention's.
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out);
+                       float scale, float k_scale, float v_scale, int sliding_window, const Tensor& out);
 
  private:
   static constexpr int kAnyQuery = std::numeric_limits<int>::max();
@@ -34,7 +36,7 @@ class AttentionOps {
                                 const Tensor& q_out);
   PagedAttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
-                                    const Tensor& out);
+                                    int sliding_window, const Tensor& out);
   void decode_attention(const PagedAttentionArgs& a, const AttentionMetadata& meta, int max_query,
                         const QkvPrologueArgs* fused);
   CudaDevice& dev_;

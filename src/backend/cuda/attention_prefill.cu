@@ -4,7 +4,9 @@
 // sequence's cached context (prefix + this step's keys) up to the causal limit,
 // keeping the running max and sum of each row in registers. fp8 caches are
 // widened to bf16 on the way into shared memory; k_scale folds into the score
-// scale and v_scale into the output.
+// scale and v_scale into the output. A sliding window W: the key tiles start at the
+// first key the block's earliest query attends (no block before it is read), and keys
+// at or before a row's position - W are masked like the future.
 #include <cstdlib>
 
 #include "backend/cuda/attention_common.cuh"
@@ -69,8 +71,10 @@ __device__ __forceinline__ void widen_tile(__nv_bfloat16* tile, const uint8_t* s
 // A block owns kRF * 64 query rows: warp w computes rows {rf * 64 + w * 16 + [0, 16)}
 // for rf < kRF, so every K/V fragment read from shared memory feeds kRF mmas and
 // each warp has kRF independent dependency chains. Q stays in shared memory.
-// kN: keys per tile (64, or 32 to save 32 registers of scores).
-template <int D, typename CT, int kRF, int kN>
+// kN: keys per tile (64, or 32 to save 32 registers of scores). kWindow: a.window > 0 (a sliding
+// window); without it the window's code is compiled out, so models without windows run the same
+// machine code as before windows existed.
+template <int D, typename CT, int kRF, int kN, bool kWindow>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAttentionArgs a, int skip_upto) {
   constexpr int kLd = D + 8;  // padded rows: ldmatrix reads hit 8 different bank groups
   constexpr int kRows = kRF * 64;
@@ -122,11 +126,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   const int row_base = qtile * kRows + warp * 16 + (lane >> 2);
   const int last_q = min(qlen, (qtile + 1) * kRows) - 1;
   const int kv_end = first_pos + last_q + 1;
+  const int window = kWindow ? a.window : 0;
+  const int kv_begin = window > 0 ? max(0, first_pos + qtile * kRows - window + 1) : 0;
 
   // FlashAttention-2's schedule with one K and one V buffer: V(j) loads while S(j)
   // is computed, K(j+1) while the softmax and P.V(j) run.
-  issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, 0, ctx, a.block_size, a.Hk, kh);
-  for (int n0 = 0; n0 < kv_end; n0 += kN) {
+  issue_kv_tile<D, CT, kN>(k_s, k_stage, kc, bt, kv_begin, ctx, a.block_size, a.Hk, kh);
+  for (int n0 = kv_begin; n0 < kv_end; n0 += kN) {
     const bool has_next = n0 + kN < kv_end;
     issue_kv_tile<D, CT, kN>(v_s, v_stage, vc, bt, n0, ctx, a.block_size, a.Hk, kh);
     cp_async_wait<1>();  // Q and K(j) have landed; V(j) may still be in flight
@@ -167,16 +173,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
 
 #pragma unroll
     for (int rf = 0; rf < kRF; ++rf) {
-      // Mask the future and keys past the context (only tiles that reach them).
+      // Mask the future, keys past the context and keys before the window (only tiles that
+      // reach them).
       const int frag_min_pos = first_pos + qtile * kRows + rf * 64 + warp * 16;
-      if (n0 + kN - 1 > frag_min_pos || n0 + kN > ctx) {
+      if (n0 + kN - 1 > frag_min_pos || n0 + kN > ctx || (window > 0 && n0 <= frag_min_pos + 15 - window)) {
 #pragma unroll
         for (int nb = 0; nb < kN / 8; ++nb) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + nb * 8 + (lane & 3) * 2 + (e & 1);
             const int pos = first_pos + row_base + rf * 64 + (e >> 1) * 8;
-            if (key > pos || key >= ctx) sacc[rf][nb][e] = -INFINITY;
+            if (key > pos || key >= ctx || (window > 0 && key <= pos - window)) sacc[rf][nb][e] = -INFINITY;
           }
         }
       }
@@ -270,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PagedAtt
   }
 }
 
-template <int D, typename CT, int kRF, int kN>
+template <int D, typename CT, int kRF, int kN, bool kWindow>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s, size_t max_smem) {
   constexpr int smem = static_cast<int>(prefill_smem_bytes(D, sizeof(CT), kRF, kN));
   if (static_cast<size_t>(smem) > max_smem)
@@ -278,22 +285,29 @@ void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cu
          "prefill_attention_kernel (head dim {}, {} cache) needs {} bytes of shared memory a block; this device "
          "allows {}",
          D, sizeof(CT) == 1 ? "fp8" : "bf16", smem, max_smem);
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<D, CT, kRF, kN, kWindow>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   TCUDA_CHECK(attr);
   dim3 grid(a.Hq, (max_query_len + kRF * 64 - 1) / (kRF * 64), a.num_seqs);
-  prefill_attention_kernel<D, CT, kRF, kN><<<grid, kThreads, smem, s>>>(a, skip_upto);
+  prefill_attention_kernel<D, CT, kRF, kN, kWindow><<<grid, kThreads, smem, s>>>(a, skip_upto);
   TCUDA_LAUNCH_CHECK();
 }
 
-// The tile of prefill_tile (kernel_smem.h).
-template <int D, typename CT>
+// The tile of prefill_tile (kernel_smem.h), with or without a sliding window.
+template <int D, typename CT, bool kWindow>
 void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s, size_t max_smem) {
   constexpr PrefillTile lt = prefill_tile(D, true), st = prefill_tile(D, false);
   if (max_query_len > 64)
-    prefill_t<D, CT, lt.row_frags, lt.keys>(a, max_query_len, skip_upto, s, max_smem);
+    prefill_t<D, CT, lt.row_frags, lt.keys, kWindow>(a, max_query_len, skip_upto, s, max_smem);
   else
-    prefill_t<D, CT, st.row_frags, st.keys>(a, max_query_len, skip_upto, s, max_smem);
+    prefill_t<D, CT, st.row_frags, st.keys, kWindow>(a, max_query_len, skip_upto, s, max_smem);
+}
+template <int D, typename CT>
+void prefill_t(const PagedAttentionArgs& a, int max_query_len, int skip_upto, cudaStream_t s, size_t max_smem) {
+  if (a.window > 0)
+    prefill_t<D, CT, true>(a, max_query_len, skip_upto, s, max_smem);
+  else
+    prefill_t<D, CT, false>(a, max_query_len, skip_upto, s, max_smem);
 }
 
 }  // namespace

@@ -115,14 +115,14 @@ class CudaBackend final : public Backend {
   }
   void qkv_attention(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps, const Tensor& positions,
                      const RopeTable& table, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale,
+                     const AttentionMetadata& meta, float scale, float k_scale, float v_scale, int sliding_window,
                      const Tensor& out) override {
     attention_.qkv_attention(qkv, q_norm, k_norm, eps, positions, table, k_cache, v_cache, meta, scale, k_scale,
-                             v_scale, out);
+                             v_scale, sliding_window, out);
   }
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta,
-                       float scale, float k_scale, float v_scale, const Tensor& out) override {
-    attention_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, out);
+                       float scale, float k_scale, float v_scale, int sliding_window, const Tensor& out) override {
+    attention_.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window, out);
   }
 
   // ---- mixture of experts

@@ -121,6 +121,9 @@ struct PagedAttentionArgs {
   int num_seqs, num_tokens, Hq, Hk, D, block_size, max_blocks_per_seq;
   float scale, k_scale, v_scale;
   DType cache_dtype;
+  // Sliding window W (0: none): the query at position p attends the keys at p - W < k <= p, and no
+  // kernel reads a cache block wholly before p - W + 1.
+  int window = 0;
 };
 bool decode_attention_supported(int D, DType cache_dtype);
 bool prefill_attention_supported(int D, DType cache_dtype);

@@ -7,7 +7,10 @@
 namespace tessera {
 
 Attention::Attention(BlockContext& ctx, const std::string& p, const AttentionOptions& options)
-    : backend_(ctx.backend), head_dim_(ctx.config.head_dim), eps_(static_cast<float>(ctx.config.rms_norm_eps)) {
+    : backend_(ctx.backend),
+      head_dim_(ctx.config.head_dim),
+      eps_(static_cast<float>(ctx.config.rms_norm_eps)),
+      sliding_window_(options.sliding_window) {
   const ModelConfig& c = ctx.config;
   const int tp = ctx.comm.tp_size();
   if (c.num_heads % tp != 0)
@@ -86,7 +89,7 @@ void Attention::forward(const Tensor& h, const Tensor& out, const Tensor& positi
     Tensor qkv = be.scratch({T, (local_heads_ + 2 * local_kv_heads_) * D}, dt);
     be.linear(h, *qkv_, nullptr, qkv);
     be.qkv_attention(qkv, q_norm_, k_norm_, eps_, positions, rope, k_cache, v_cache, meta, scale, k_scale, v_scale,
-                     attn);
+                     sliding_window_, attn);
   } else {
     Tensor q = be.scratch({T, local_heads_, D}, dt);
     Tensor k = be.scratch({T, local_kv_heads_, D}, dt);
@@ -101,7 +104,7 @@ void Attention::forward(const Tensor& h, const Tensor& out, const Tensor& positi
     }
     be.rope(q, k, positions, rope);
     be.write_kv(k, v, k_cache, v_cache, meta, k_scale, v_scale);
-    be.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, attn);
+    be.paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, sliding_window_, attn);
   }
   if (gate_) {
     Tensor gate = be.scratch({T, local_heads_ * D}, dt);
