@@ -660,78 +660,56 @@ bool WeightStore::fp8_candidate(const Entry& e) const {
   return true;
 }
 
+std::vector<std::string> WeightStore::source_names(const Entry& e, const Checkpoint& ckpt) const {
+  std::vector<std::string> names;
+  for (const auto& b : e.blocks) names.push_back(b.name);
+  for (const auto& p : e.parts) names.push_back(p.name);
+  if (!names.empty()) return names;
+  if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {  // per-expert tensors
+    const std::string p = e.name.substr(0, e.name.rfind('.')) + "." + std::to_string(e.expert.expert_begin) + ".";
+    if (e.expert_part == Entry::ExpertPart::kGateUp) return {p + "gate_proj.weight", p + "up_proj.weight"};
+    return {p + "down_proj.weight"};
+  }
+  return {e.name};
+}
+
 WeightStore::Format WeightStore::format_of(const Entry& e, const Checkpoint& ckpt) const {
   if (e.offset != 0.0f || e.f32) return Format::kPlain;  // offset or f32 parameters: never FP8
-  if (!e.blocks.empty()) {
-    // Assembled from row blocks: FP8 when every piece is (their bytes and scale rows are
-    // concatenated, or re-blocked where a piece cuts its tensor's blocks: load_fp8), plain when
-    // none is.
-    size_t n_fp8 = 0;
-    for (const auto& b : e.blocks) {
-      const DType bt = ckpt.get(b.name).info->dtype;
-      if (bt == DType::kF8E5M2)
-        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
-             ckpt.get(b.name).file->path(), b.name);
-      n_fp8 += bt == DType::kF8E4M3;
-    }
-    if (n_fp8 == 0)
-      return quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e) ? Format::kFp8Quantise : Format::kPlain;
-    if (n_fp8 != e.blocks.size()) {
-      const auto fp8_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
-        return ckpt.get(b.name).info->dtype == DType::kF8E4M3;
-      });
-      const auto plain_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
-        return ckpt.get(b.name).info->dtype != DType::kF8E4M3;
-      });
-      fail(ErrorKind::kUnsupported,
-           "{}: parameter {} is assembled from '{}' (FP8) and '{}' ({}); tessera needs the pieces of one "
-           "parameter all FP8 or all unquantised (list the module in modules_to_not_convert, or use the bf16 "
-           "checkpoint)",
-           ckpt.get(fp8_it->name).file->path(), e.name, fp8_it->name, plain_it->name,
-           dtype_name(ckpt.get(plain_it->name).info->dtype));
-    }
-    if (!quant_.fp8())
-      fail(ErrorKind::kCorrupt,
-           "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
-           "quant_method fp8 and weight_block_size [128, 128])",
-           ckpt.get(e.blocks[0].name).file->path(), e.blocks[0].name);
-    for (const auto& b : e.blocks) {
-      if (b.full_shape.ndim() != 2 || e.local_shape.ndim() != 2)
-        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
-             ckpt.get(b.name).file->path(), b.name, b.full_shape.str());
-      if (!ckpt.contains(scale_name(b.name)))
-        fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(b.name).file->path(),
-             b.name, scale_name(b.name));
-    }
-    return Format::kFp8Checkpoint;
+  // FP8 when every source tensor is (their e4m3 bytes and scales are copied, or re-blocked where
+  // this rank's slice cuts the checkpoint's blocks: load_fp8), plain when none is.
+  const std::vector<std::string> names = source_names(e, ckpt);
+  const std::string* fp8 = nullptr;
+  const std::string* plain = nullptr;
+  for (const auto& n : names) {
+    const CheckpointTensor t = ckpt.get(n);
+    if (t.info->dtype == DType::kF8E5M2)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported", t.file->path(),
+           n);
+    (t.info->dtype == DType::kF8E4M3 ? fp8 : plain) = &n;
   }
-  std::string name = e.parts.empty() ? e.name : e.parts[0].name;
-  if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {
-    const std::string prefix = e.name.substr(0, e.name.rfind('.')) + "." + std::to_string(e.expert.expert_begin);
-    name = prefix + (e.expert_part == Entry::ExpertPart::kGateUp ? ".gate_proj.weight" : ".down_proj.weight");
-  }
-  const DType src = ckpt.get(name).info->dtype;
-  if (src == DType::kF8E5M2)
-    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
-         ckpt.get(name).file->path(), name);
-  if (src != DType::kF8E4M3) {
-    if (quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e)) return Format::kFp8Quantise;
-    return Format::kPlain;
-  }
+  if (!fp8) return quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e) ? Format::kFp8Quantise : Format::kPlain;
+  const CheckpointTensor t = ckpt.get(*fp8);
+  if (plain)
+    fail(ErrorKind::kUnsupported,
+         "{}: parameter {} is assembled from '{}' (FP8) and '{}' ({}); tessera needs the pieces of one parameter all "
+         "FP8 or all unquantised (list the module in modules_to_not_convert, or use the bf16 checkpoint)",
+         t.file->path(), e.name, *fp8, *plain, dtype_name(ckpt.get(*plain).info->dtype));
   if (!quant_.fp8())
     fail(ErrorKind::kCorrupt,
          "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
          "quant_method fp8 and weight_block_size [128, 128])",
-         ckpt.get(name).file->path(), name);
-  if (e.local_shape.ndim() < 2 || !e.tied_to.empty())
-    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
-         ckpt.get(name).file->path(), name, e.full_shape.str());
-  for (const auto& p : e.parts)
-    if (ckpt.get(p.name).info->dtype != DType::kF8E4M3)
-      fail(ErrorKind::kCorrupt, "{} and {} are stacked into one weight but only the first is FP8", name, p.name);
-  if (!ckpt.contains(scale_name(name)))
-    fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(name).file->path(), name,
-         scale_name(name));
+         t.file->path(), *fp8);
+  // Linear weights only: 2-D tensors, or the 3-D fused experts.
+  const int ndim = e.style == ParallelStyle::kExpert && ckpt.contains(e.name) ? 3 : 2;
+  for (const auto& n : names) {
+    const CheckpointTensor src = ckpt.get(n);
+    if (src.info->shape.ndim() != ndim || (e.style != ParallelStyle::kExpert && e.local_shape.ndim() != 2))
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
+           src.file->path(), n, e.local_shape.str());
+    if (!ckpt.contains(scale_name(n)))
+      fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", src.file->path(), n,
+           scale_name(n));
+  }
   return Format::kFp8Checkpoint;
 }
 
@@ -750,8 +728,13 @@ std::string WeightStore::fp8_shard_problem(const Entry& e, ErrorKind& kind) cons
     return "";
   };
   if (e.style == ParallelStyle::kExpert) {
+    // gate_up stacks each expert's gate and up rows: whole blocks only when its slice is; down's
+    // columns may end with the tensor's partial block.
     const ExpertShard& s = e.expert;
-    if (s.local_intermediate % kBlock == 0) return "";
+    const bool down = e.expert_part == Entry::ExpertPart::kDown;
+    if (s.local_intermediate % kBlock == 0 ||
+        (down && s.inter_begin % kBlock == 0 && s.inter_begin + s.local_intermediate == s.intermediate))
+      return "";
     if (tp > 1 && !pc_.expert_parallel)
       return fmt::format(
           "{}: FP8 experts: moe_intermediate_size ({}) split over --tensor-parallel-size {} is {} rows per rank, "

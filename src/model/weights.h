@@ -186,6 +186,8 @@ class WeightStore {
   void load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
   enum class Format { kPlain, kFp8Checkpoint, kFp8Quantise };
   Format format_of(const Entry& e, const Checkpoint& ckpt) const;
+  // The checkpoint tensors `e` is read from (experts: the first local expert's, for the others).
+  std::vector<std::string> source_names(const Entry& e, const Checkpoint& ckpt) const;
   bool fp8_candidate(const Entry& e) const;
   std::string fp8_shard_problem(const Entry& e, ErrorKind& kind) const;
   bool may_reblock_with_rounding(const Entry& e) const;

@@ -382,6 +382,64 @@ TEST(Fp8Weights, ExpertsInBothLayoutsAndEverySplit) {
   }
 }
 
+// Experts of I = 96 (not whole 128-row blocks): each expert's stacked gate_up [192, H] has a block
+// of 96 gate rows and 32 up rows, and down's columns end inside a block. They load re-blocked,
+// whole at TP 1 and with expert parallelism (the checkpoint's values within one e4m3 rounding at
+// the new scale); TP 2 would cut each expert's rows as well and stays refused, naming
+// --enable-expert-parallel.
+TEST(Fp8Weights, ExpertsOfPartialBlocksAreReblocked) {
+  constexpr int64_t E = 2, I = 96, H = 128;
+  std::vector<Fp8Matrix> gate, up, down;
+  TempDir dir;
+  testing::SafetensorsWriter st;
+  for (int e = 0; e < E; ++e) {
+    gate.push_back(make_fp8({I, H}, 70 + e));
+    up.push_back(make_fp8({I, H}, 80 + e));
+    down.push_back(make_fp8({H, I}, 90 + e));
+    const std::string p = "l.experts." + std::to_string(e) + ".";
+    add(st, p + "gate_proj.weight", gate[e]);
+    add(st, p + "up_proj.weight", up[e]);
+    add(st, p + "down_proj.weight", down[e]);
+  }
+  st.write(dir.path / "model.safetensors");
+  Checkpoint ckpt(dir.path.string());
+  auto be = make_backend({});
+  auto near = [](float got, float want, float scale) {
+    return std::fabs(got - want) <= scale * std::max(std::fabs(want / scale) * 0x1p-4f, 0x1p-10f);
+  };
+  for (int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      ParallelContext pc{rank, tp};
+      pc.expert_parallel = tp > 1;
+      WeightStore w(pc);
+      w.set_quantization(fp8_config());
+      const auto ex = w.declare_experts("l.experts", E, I, H);
+      w.load(ckpt, *be);
+      EXPECT_EQ(w.reblocked(), 1u) << "gate_up (down's blocks are whole: its 96 columns end the tensor)";
+      const ExpertShard& s = ex.shard;
+      ASSERT_EQ(ex.gate_up->block_scale()->shape(), (Shape{s.local_experts, 2, 1}));
+      const auto gv = values(*ex.gate_up), dv = values(*ex.down);
+      const float* gs = ex.gate_up->block_scale()->data<float>();
+      for (int64_t j = 0; j < s.local_experts; ++j) {
+        const int64_t ge = s.expert_begin + j;
+        for (int64_t r = 0; r < 2 * I; ++r)
+          for (int64_t c = 0; c < H; ++c) {
+            const float want = r < I ? gate[ge].value(0, r, c) : up[ge].value(0, r - I, c);
+            ASSERT_TRUE(near(gv[static_cast<size_t>((j * 2 * I + r) * H + c)], want, gs[j * 2 + r / 128]))
+                << r << "," << c;
+          }
+        for (int64_t r = 0; r < H; ++r)
+          for (int64_t c = 0; c < I; ++c)
+            ASSERT_EQ(dv[static_cast<size_t>((j * H + r) * I + c)], down[ge].value(0, r, c));
+      }
+    }
+  }
+  WeightStore w(ParallelContext{0, 2});
+  w.set_quantization(fp8_config());
+  w.declare_experts("l.experts", E, I, H);
+  EXPECT_NE(load_error(w, ckpt, *be, ErrorKind::kInvalidArgument).find("--enable-expert-parallel"), std::string::npos);
+}
+
 // --quantization fp8 on a bf16 checkpoint: projections become FP8 blocks within e4m3's
 // rounding (2^-4 of the block's largest value), norms, the router and excluded modules stay.
 // Experts of I = 128 rows (H = 256): transformers saves gate / up scales [1, 2] and down scales
