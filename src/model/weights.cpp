@@ -840,6 +840,7 @@ void WeightStore::load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& 
       fill(j, DType::kF32, reinterpret_cast<char*>(src_scale.data()), Read::kScale);
       const bool exact = reblock_fp8(wide.data(), src_scale.data(), wd.dim(-2), wd.dim(-1), q, sc);
       if (!exact && !may_reblock_with_rounding(e)) fail(problem_kind, "{}", problem);
+      if (j == 0) TLOG_DEBUG("{}: re-blocked{}", problem, exact ? " exactly" : " (values rounded once more to e4m3)");
     } else {
       wide.resize(static_cast<size_t>(wd.numel()));
       fill(j, DType::kF32, reinterpret_cast<char*>(wide.data()), Read::kStored);
