@@ -63,24 +63,23 @@ Tensor Tensor::reinterpret(DType dtype, Shape shape) const {
   return Tensor(storage_, offset_, shape, dtype);
 }
 
-Shape block_scale_shape(const Shape& s) {
-  TESSERA_CHECK(s.ndim() >= 2, "a block-scaled tensor has at least 2 dimensions, not {}", s.str());
-  Shape out = s;
-  out[-2] = (s[-2] + Tensor::kScaleBlock - 1) / Tensor::kScaleBlock;
-  out[-1] = (s[-1] + Tensor::kScaleBlock - 1) / Tensor::kScaleBlock;
-  return out;
-}
+Shape block_scale_shape(const Shape& s) { return fp8_block_format().scale_shape(s); }
 
-Tensor Tensor::with_block_scale(Tensor scale) const {
-  TESSERA_CHECK(scale.dtype() == DType::kF32 && scale.shape() == block_scale_shape(shape_),
-                "block scales of {} must be f32{}, not {}", str(), block_scale_shape(shape_).str(), scale.str());
+Tensor Tensor::with_format(const WeightFormat& f, Tensor scale) const {
+  TESSERA_CHECK(f.quantized() && f.element == dtype_, "{} cannot be stored as {}", str(), f.describe());
+  TESSERA_CHECK(scale.dtype() == f.scale && scale.shape() == f.scale_shape(shape_),
+                "scales of {} ({}) must be {}{}, not {}", str(), f.describe(), dtype_name(f.scale),
+                f.scale_shape(shape_).str(), scale.str());
   Tensor t = *this;
   t.block_scale_ = std::make_shared<const Tensor>(std::move(scale));
+  t.format_ = f;
   return t;
 }
 
+Tensor Tensor::with_block_scale(Tensor scale) const { return with_format(fp8_block_format(), std::move(scale)); }
+
 Tensor dequantize_block_scaled_host(const Tensor& w) {
-  TESSERA_CHECK(w.block_scaled() && w.dtype() == DType::kF8E4M3 && w.device().type == DeviceType::kCPU,
+  TESSERA_CHECK(w.format().kind == WeightFormatKind::kFp8Block && w.device().type == DeviceType::kCPU,
                 "dequantize_block_scaled_host: {} is not a host FP8 block-scaled tensor", w.str());
   const Tensor& s = *w.block_scale();
   const int64_t R = w.dim(-2), C = w.dim(-1), mats = w.numel() / (R * C);

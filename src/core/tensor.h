@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/weight_format.h"
 
 namespace tessera {
 
@@ -92,15 +93,20 @@ class Tensor {
   Tensor reinterpret(DType dtype, Shape shape) const;
   std::string str() const;  // "bf16[2, 3]"
 
-  // Block-scaled quantised weights (FP8 e4m3): an f32 tensor of one scale per kScaleBlock x
-  // kScaleBlock block of the last two dimensions, [..., ceil(rows / 128), ceil(cols / 128)]
-  // (the leading dimensions, e.g. experts, as the tensor's): the value of element [.., r, c]
-  // is data[.., r, c] * scale[.., r / 128, c / 128]. Undefined for plain tensors. Travels with
-  // copies of this Tensor; view/rows/reinterpret drop it (they describe other bytes).
+  // Quantised weights: how the elements are stored (core/weight_format.h) and, for a quantised
+  // format, the scales, one per block of the last two dimensions (the leading dimensions, e.g.
+  // experts, as the tensor's): FP8 e4m3 with an f32 scale per kScaleBlock x kScaleBlock block,
+  // [..., ceil(rows / 128), ceil(cols / 128)], the value of element [.., r, c] being
+  // data[.., r, c] * scale[.., r / 128, c / 128]. Plain tensors have no scales. Both travel with
+  // copies of this Tensor; view/rows/reinterpret drop them (they describe other bytes).
   static constexpr int64_t kScaleBlock = 128;
+  const WeightFormat& format() const { return format_; }
   const Tensor* block_scale() const { return block_scale_.get(); }
+  // Whether it carries scales (any quantised format); ops dispatch on format().kind.
   bool block_scaled() const { return block_scale_ != nullptr; }
-  // This tensor carrying `scale` (shape checked against the rule above).
+  // This tensor in quantised format `f` with its `scale` (dtype and shape checked against f).
+  Tensor with_format(const WeightFormat& f, Tensor scale) const;
+  // with_format(fp8_block_format(), scale).
   Tensor with_block_scale(Tensor scale) const;
 
  private:
@@ -109,9 +115,10 @@ class Tensor {
   Shape shape_;
   DType dtype_ = DType::kF32;
   std::shared_ptr<const Tensor> block_scale_;
+  WeightFormat format_;
 };
 
-// The scale shape of a block-scaled tensor of shape `s` (see Tensor::block_scale).
+// The scale shape of an FP8 block-scaled tensor of shape `s` (fp8_block_format().scale_shape).
 Shape block_scale_shape(const Shape& s);
 
 // The f32 values of a block-scaled host tensor (FP8 with Tensor::block_scale), w = fp8 * scale

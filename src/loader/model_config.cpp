@@ -384,19 +384,51 @@ bool QuantConfig::excluded(const std::string& name) const {
   return false;
 }
 
+namespace {
+
+// Quantisation methods of transformers / vLLM checkpoints other than FP8 blocks: their weight
+// format, so that the refusal names what the checkpoint holds (tessera has no kernels for them).
+struct OtherMethod {
+  const char* quant_method;
+  const char* origin;
+  WeightFormat (*format)(const nlohmann::json& q);
+};
+
+WeightFormat int4_groups(const nlohmann::json& q) {
+  auto g = q.find("group_size");
+  return int4_group_format(g != q.end() && g->is_number_integer() && g->get<int64_t>() > 0 ? g->get<int64_t>() : 128);
+}
+WeightFormat nvfp4(const nlohmann::json&) { return nvfp4_format(); }
+WeightFormat mxfp4(const nlohmann::json&) { return mxfp4_format(); }
+
+constexpr OtherMethod kOtherMethods[] = {
+    {"awq", "AWQ", int4_groups},         {"gptq", "GPTQ", int4_groups},
+    {"awq_marlin", "AWQ", int4_groups},  {"gptq_marlin", "GPTQ", int4_groups},
+    {"modelopt_fp4", "ModelOpt", nvfp4}, {"nvfp4", "NVFP4", nvfp4},
+    {"mxfp4", "MXFP4", mxfp4},
+};
+
+}  // namespace
+
 QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string& source) {
   if (!q.is_object())
     fail(ErrorKind::kUnsupported,
          "{}: quantization_config {} is not supported (supported: an object with quant_method fp8)", source, q.dump());
   const std::string method = get_or<std::string>(source, q, "quant_method", "");
+  for (const auto& m : kOtherMethods)
+    if (method == m.quant_method)
+      fail(ErrorKind::kUnsupported,
+           "{}: quantization_config.quant_method '{}' ({} weights: {}) is not supported (supported: fp8 with "
+           "weight_block_size [128, 128]); serve the model's bf16 or FP8 checkpoint",
+           source, method, m.origin, m.format(q).describe());
   if (method != "fp8")
     fail(ErrorKind::kUnsupported,
          "{}: quantization_config.quant_method '{}' is not supported (supported: fp8 with weight_block_size [128, "
          "128])",
          source, method.empty() ? "(missing)" : method);
   QuantConfig qc;
-  qc.method = QuantConfig::Method::kFp8Block;
   qc.from_checkpoint = true;
+  int64_t block_n = 0, block_k = 0;
   auto names = [&](const char* key) {
     auto it = q.find(key);
     if (it == q.end() || it->is_null()) return;
@@ -429,8 +461,8 @@ QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string
       if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
         fail(ErrorKind::kCorrupt, "{}: quantization_config.weight_block_size must be [rows, cols] (got {})", source,
              v.dump());
-      qc.block_n = v[0].get<int>();
-      qc.block_k = v[1].get<int>();
+      block_n = v[0].get<int64_t>();
+      block_k = v[1].get<int64_t>();
     } else if (key == "modules_to_not_convert" || key == "ignored_layers") {
       names(key.c_str());
     } else if (key == "scale_fmt") {
@@ -460,10 +492,11 @@ QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string
          "{}: quantization_config without weight_block_size (per-tensor FP8) is not supported (supported: "
          "weight_block_size [128, 128])",
          source);
-  if (qc.block_n != 128 || qc.block_k != 128)
+  qc.format = fp8_block_format();
+  if (block_n != qc.format.block_rows || block_k != qc.format.block_cols)
     fail(ErrorKind::kUnsupported,
-         "{}: quantization_config.weight_block_size [{}, {}] is not supported (supported: [128, 128])", source,
-         qc.block_n, qc.block_k);
+         "{}: quantization_config.weight_block_size [{}, {}] is not supported (supported: [128, 128])", source, block_n,
+         block_k);
   return qc;
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "core/weight_format.h"
 
 namespace tessera {
 
@@ -57,28 +58,31 @@ struct LinearAttnConfig {
   int num_key_heads = 0, num_value_heads = 0;
 };
 
-// Block-scaled FP8 weights (quantization_config with quant_method "fp8", as transformers'
-// fine-grained FP8, DeepSeek-V3 and the Qwen FP8 releases write it): every quantised linear
-// weight W [N, K] is stored as e4m3 with a float32 `weight_scale_inv` [ceil(N/128), ceil(K/128)],
-// W[n, k] = fp8[n, k] * scale_inv[n / 128, k / 128]; activations are quantised dynamically (per
-// token, per 128 columns) by the kernels that want FP8 inputs.
+// A checkpoint's quantised weights (config.json's quantization_config) as a WeightFormat
+// (core/weight_format.h), which the weight store and the backends dispatch on. Supported:
+// block-scaled FP8 (quant_method "fp8", as transformers' fine-grained FP8, DeepSeek-V3 and the
+// Qwen FP8 releases write it): every quantised linear weight W [N, K] is stored as e4m3 with a
+// float32 `weight_scale_inv` [ceil(N/128), ceil(K/128)], W[n, k] = fp8[n, k] *
+// scale_inv[n / 128, k / 128]; activations are quantised dynamically (per token, per 128
+// columns) by the kernels that want FP8 inputs. Other methods are recognised (AWQ / GPTQ int4
+// groups, NVFP4, MXFP4) only to name their format when they are refused.
 struct QuantConfig {
-  enum class Method { kNone, kFp8Block } method = Method::kNone;
-  int block_n = 128, block_k = 128;  // weight_block_size (only [128, 128])
+  WeightFormat format;  // plain: no quantisation
   // modules_to_not_convert / ignored_layers: module paths ("lm_head", "model.layers.0.mlp.gate")
   // whose weights stay unquantised; a name matches a parameter equal to it or a prefix of it
   // ending at a '.'.
   std::vector<std::string> modules_to_not_convert;
-  // True when the checkpoint itself holds FP8 weights (its config has the block); false when
-  // --quantization fp8 quantises a bf16 checkpoint while loading.
+  // True when the checkpoint itself holds quantised weights (its config has the block); false
+  // when --quantization fp8 quantises a bf16 checkpoint while loading.
   bool from_checkpoint = false;
-  bool fp8() const { return method == Method::kFp8Block; }
+  bool quantized() const { return format.quantized(); }
+  bool fp8() const { return format.kind == WeightFormatKind::kFp8Block; }
   // Whether the parameter `name` ("model.layers.0.mlp.gate.weight") is left unquantised.
   bool excluded(const std::string& name) const;
 };
 
 // Parses a config.json quantization_config; anything but block-scaled dynamic e4m3 FP8 fails
-// with kUnsupported naming the field.
+// with kUnsupported naming the field (a known other method: its weight format too).
 QuantConfig parse_quantization_config(const nlohmann::json& q, const std::string& source);
 
 struct ModelConfig {

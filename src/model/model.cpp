@@ -10,7 +10,7 @@ QuantConfig weight_quantization(const ModelConfig& config, const ModelOptions& o
   if (options.quantization != "fp8")
     fail(ErrorKind::kUnsupported, "--quantization {} is not supported (supported: fp8)", options.quantization);
   if (!q.fp8()) {
-    q.method = QuantConfig::Method::kFp8Block;
+    q.format = fp8_block_format();
     q.from_checkpoint = false;
   }
   return q;

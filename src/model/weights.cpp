@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "core/error.h"
@@ -37,6 +38,17 @@ ExpertShard expert_shard(const ParallelContext& pc, int64_t num_experts, int64_t
     s.inter_begin = pc.tp_rank * s.local_intermediate;
   }
   return s;
+}
+
+void WeightStore::set_quantization(const QuantConfig& q) {
+  switch (q.format.kind) {
+    case WeightFormatKind::kPlain:
+    case WeightFormatKind::kFp8Block:
+      quant_ = q;
+      return;
+    default:
+      fail_unsupported_format("weight loading", "(every quantised projection)", q.format);
+  }
 }
 
 Shape WeightStore::local_shape(const Shape& full, ParallelStyle style, const std::string& name) const {
@@ -183,7 +195,8 @@ size_t WeightStore::param_bytes(DType dtype) const {
   for (const auto& e : entries_) {
     if (!e.tied_to.empty()) continue;
     if (e.tensor.defined())
-      n += e.tensor.nbytes() + (e.tensor.block_scaled() ? e.tensor.block_scale()->nbytes() : 0);
+      n += e.tensor.format().weight_bytes(e.tensor.shape(), e.tensor.dtype()) +
+           e.tensor.format().scale_bytes(e.tensor.shape());
     else
       n += static_cast<size_t>(e.local_shape.numel()) * dtype_size(e.f32 ? DType::kF32 : dtype);
   }
@@ -198,14 +211,16 @@ void WeightStore::for_each_tensor(const std::function<void(const std::string&, c
 size_t WeightStore::fp8_bytes() const {
   size_t n = 0;
   for (const auto& e : entries_)
-    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.block_scaled()) n += e.tensor.nbytes();
+    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.format().kind == WeightFormatKind::kFp8Block)
+      n += e.tensor.format().weight_bytes(e.tensor.shape(), e.tensor.dtype());
   return n;
 }
 
 size_t WeightStore::fp8_scale_bytes() const {
   size_t n = 0;
   for (const auto& e : entries_)
-    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.block_scaled()) n += e.tensor.block_scale()->nbytes();
+    if (e.tied_to.empty() && e.tensor.defined() && e.tensor.format().kind == WeightFormatKind::kFp8Block)
+      n += e.tensor.format().scale_bytes(e.tensor.shape());
   return n;
 }
 
@@ -213,7 +228,8 @@ size_t WeightStore::expert_bytes() const {
   size_t n = 0;
   for (const auto& e : entries_)
     if (e.tied_to.empty() && e.tensor.defined() && e.style == ParallelStyle::kExpert)
-      n += e.tensor.nbytes() + (e.tensor.block_scaled() ? e.tensor.block_scale()->nbytes() : 0);
+      n += e.tensor.format().weight_bytes(e.tensor.shape(), e.tensor.dtype()) +
+           e.tensor.format().scale_bytes(e.tensor.shape());
   return n;
 }
 
@@ -235,11 +251,37 @@ void quantize_fp8_blocks(const float* src, int64_t rows, int64_t cols, uint8_t* 
 
 namespace {
 
+constexpr int64_t kBlock = Tensor::kScaleBlock;
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The checkpoint's scale tensor for weight `name`: "x.weight" -> "x.weight_scale_inv",
+// fused experts "x.gate_up_proj" -> "x.gate_up_proj_scale_inv".
+std::string scale_name(const std::string& name) { return name + "_scale_inv"; }
+
+// The --tensor-parallel-size values (up to 64) that split `dim` into whole 128-blocks.
+std::string tp_sizes_that_work(int64_t dim) {
+  std::string out = "1";
+  for (int t = 2; t <= 64; t *= 2)
+    if (dim % t == 0 && (dim / t) % kBlock == 0) out += ", " + std::to_string(t);
+  return out;
+}
+
+using Read = CheckpointRead;
+
 // A checkpoint tensor seen as a matrix: its last dimension is the columns, the others the rows.
 struct Matrix {
   const char* base;
   DType dtype;
   int64_t rows, cols;
+  Read read = Read::kStored;
+  // kValue / kScale: the tensor's block scales in f32, [rows / mat_rows * scale_rows, scale_cols]
+  // (mat_rows: its dim -2, so that the experts of a fused 3-D tensor have their own blocks).
+  std::shared_ptr<const std::vector<float>> scales;
+  int64_t mat_rows = 1, scale_rows = 1, scale_cols = 1;
+  float scale_at(int64_t r, int64_t c) const {
+    return (*scales)[static_cast<size_t>(((r / mat_rows) * scale_rows + (r % mat_rows) / kBlock) * scale_cols +
+                                         c / kBlock)];
+  }
 };
 
 Matrix matrix_of(const CheckpointTensor& t) {
@@ -255,8 +297,22 @@ Matrix matrix_of(const CheckpointTensor& t) {
   return m;
 }
 
-// Rows [r0, r0 + nr), columns [c0, c0 + nc) of `m`, converted to `dt`, packed into dst.
+// Rows [r0, r0 + nr), columns [c0, c0 + nc) of `m`, converted to `dt`, packed into dst (a
+// kValue / kScale read: f32 values or source scales, see Read).
 void copy_block(const Matrix& m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, DType dt, char* dst) {
+  if (m.read != Read::kStored) {
+    TESSERA_CHECK(dt == DType::kF32 && m.dtype == DType::kF8E4M3, "dequantising read of a {} tensor into {}",
+                  dtype_name(m.dtype), dtype_name(dt));
+    float* out = reinterpret_cast<float*>(dst);
+    const auto* q = reinterpret_cast<const uint8_t*>(m.base);
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t c = 0; c < nc; ++c) {
+        const float sc = m.scale_at(r0 + r, c0 + c);
+        out[r * nc + c] =
+            m.read == Read::kScale ? sc : fp8e4m3_to_f32(q[static_cast<size_t>((r0 + r) * m.cols + c0 + c)]) * sc;
+      }
+    return;
+  }
   const size_t es = dtype_size(m.dtype), ds = dtype_size(dt);
   if (c0 == 0 && nc == m.cols) {  // whole rows: one contiguous run
     convert_host(m.base + static_cast<size_t>(r0 * m.cols) * es, m.dtype, dst, dt, static_cast<size_t>(nr * nc));
@@ -296,6 +352,51 @@ Matrix scale_matrix(const CheckpointTensor& t, const Shape& want) {
   m.rows = 1;
   for (int d = 0; d + 1 < want.ndim(); ++d) m.rows *= want[d];
   return m;
+}
+
+// `t` as `read` wants it: a kValue / kScale read of an FP8 tensor carries its block scales.
+Matrix open_matrix(const Checkpoint& ckpt, const CheckpointTensor& t, Read read) {
+  Matrix m = matrix_of(t);
+  if (read == Read::kStored) return m;
+  const Shape& shape = t.info->shape;
+  TESSERA_CHECK(t.info->dtype == DType::kF8E4M3 && shape.ndim() >= 2, "{}: only FP8 weights are re-blocked",
+                t.info->name);
+  const Shape ss = block_scale_shape(shape);
+  const Matrix sm = scale_matrix(ckpt.get(scale_name(t.info->name)), ss);
+  auto v = std::make_shared<std::vector<float>>(static_cast<size_t>(sm.rows * sm.cols));
+  copy_block(sm, 0, sm.rows, 0, sm.cols, DType::kF32, reinterpret_cast<char*>(v->data()));
+  m.read = read;
+  m.scales = std::move(v);
+  m.mat_rows = shape[-2];
+  m.scale_rows = ss[-2];
+  m.scale_cols = ss[-1];
+  return m;
+}
+
+// Re-quantises `v` [rows, cols] (each value with `src_scale`, the scale of the checkpoint block it
+// came from) into fresh 128 x 128 blocks: a block's scale is the largest of its values' source
+// scales, dst = fp8(v / scale). No value can overflow (|v| <= 448 * its source scale), values whose
+// source scale is the block's keep their e4m3 bytes, the others are rounded once more to e4m3.
+// True when every block's values shared one source scale: then nothing was rounded.
+bool reblock_fp8(const float* v, const float* src_scale, int64_t rows, int64_t cols, uint8_t* dst, float* scale) {
+  const int64_t cb = cdiv(cols, kBlock);
+  bool exact = true;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t r1 = std::min(rows, r0 + kBlock), c1 = std::min(cols, c0 + kBlock);
+      float smax = 0.0f, smin = std::numeric_limits<float>::infinity();
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          smax = std::max(smax, src_scale[r * cols + c]);
+          smin = std::min(smin, src_scale[r * cols + c]);
+        }
+      exact = exact && smin == smax;
+      const float s = smax > 0.0f ? smax : 1.0f;
+      scale[(r0 / kBlock) * cb + c0 / kBlock] = s;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) dst[r * cols + c] = f32_to_fp8e4m3(v[r * cols + c] / s);
+    }
+  return exact;
 }
 
 // A view of `rows` dim-0 rows of `t` starting at `row` (t contiguous).
@@ -340,14 +441,14 @@ class WeightStore::Stager {
   size_t size_ = 0, used_ = 0;
 };
 
-void WeightStore::fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst) const {
+void WeightStore::fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst, Read read) const {
   const size_t ds = dtype_size(dt);
   if (!e.blocks.empty()) {  // row blocks of one or more tensors, in order
     size_t offset = 0;
     for (const auto& b : e.blocks) {
       CheckpointTensor src = ckpt.get(b.name);
       check_shape(src, b.full_shape);
-      Matrix m = matrix_of(src);
+      Matrix m = open_matrix(ckpt, src, read);
       const int64_t per_row = m.rows / b.full_shape[0];
       copy_block(m, b.row_begin * per_row, b.rows * per_row, 0, m.cols, dt, dst + offset);
       offset += static_cast<size_t>(b.rows * per_row * m.cols) * ds;
@@ -370,14 +471,14 @@ void WeightStore::fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, c
       CheckpointTensor src = ckpt.get(p.name);
       check_shape(src, Shape{p.rows, e.full_shape[1]});
       const int64_t local = p.rows / pc_.tp_size;
-      copy_block(matrix_of(src), pc_.tp_rank * local, local, 0, e.full_shape[1], dt, dst + offset);
+      copy_block(open_matrix(ckpt, src, read), pc_.tp_rank * local, local, 0, e.full_shape[1], dt, dst + offset);
       offset += static_cast<size_t>(local * e.full_shape[1]) * ds;
     }
     return;
   }
   CheckpointTensor src = ckpt.get(e.name);
   check_shape(src, e.full_shape);
-  Matrix m = matrix_of(src);
+  Matrix m = open_matrix(ckpt, src, read);
   // Matrix rows per dim-0 index (1 for 1-D and 2-D tensors).
   const int64_t per_row = m.rows / e.full_shape[0];
   if (e.row_begin >= 0) {  // a fixed block of whole rows
@@ -406,7 +507,7 @@ void WeightStore::load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager&
   stager.upload(e.tensor, dst);
 }
 
-void WeightStore::fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst) const {
+void WeightStore::fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst, Read read) const {
   const ExpertShard& s = e.expert;
   const bool gate_up = e.expert_part == Entry::ExpertPart::kGateUp;
   const int64_t I = s.intermediate, H = gate_up ? e.full_shape[2] : e.full_shape[1];
@@ -425,7 +526,7 @@ void WeightStore::fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j,
   if (gate_up) {
     const size_t half = static_cast<size_t>(Il * H) * ds;
     if (fused) {
-      Matrix m = matrix_of(fused_src);  // [E * 2I, H]
+      Matrix m = open_matrix(ckpt, fused_src, read);  // [E * 2I, H]
       copy_block(m, ge * 2 * I + i0, Il, 0, H, dt, dst);
       copy_block(m, ge * 2 * I + I + i0, Il, 0, H, dt, dst + half);
     } else {
@@ -433,15 +534,15 @@ void WeightStore::fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j,
       CheckpointTensor g = ckpt.get(p + "gate_proj.weight"), u = ckpt.get(p + "up_proj.weight");
       check_shape(g, Shape{I, H});
       check_shape(u, Shape{I, H});
-      copy_block(matrix_of(g), i0, Il, 0, H, dt, dst);
-      copy_block(matrix_of(u), i0, Il, 0, H, dt, dst + half);
+      copy_block(open_matrix(ckpt, g, read), i0, Il, 0, H, dt, dst);
+      copy_block(open_matrix(ckpt, u, read), i0, Il, 0, H, dt, dst + half);
     }
   } else if (fused) {
-    copy_block(matrix_of(fused_src), ge * H, H, i0, Il, dt, dst);  // [E * H, I]
+    copy_block(open_matrix(ckpt, fused_src, read), ge * H, H, i0, Il, dt, dst);  // [E * H, I]
   } else {
     CheckpointTensor d = ckpt.get(prefix + "." + std::to_string(ge) + ".down_proj.weight");
     check_shape(d, Shape{H, I});
-    copy_block(matrix_of(d), 0, H, i0, Il, dt, dst);
+    copy_block(open_matrix(ckpt, d, read), 0, H, i0, Il, dt, dst);
   }
 }
 
@@ -456,29 +557,10 @@ void WeightStore::load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stage
 
 // ---- FP8 block-scaled weights ----
 
-namespace {
-
-constexpr int64_t kBlock = Tensor::kScaleBlock;
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The checkpoint's scale tensor for weight `name`: "x.weight" -> "x.weight_scale_inv",
-// fused experts "x.gate_up_proj" -> "x.gate_up_proj_scale_inv".
-std::string scale_name(const std::string& name) { return name + "_scale_inv"; }
-
-// The --tensor-parallel-size values (up to 64) that split `dim` into whole 128-blocks.
-std::string tp_sizes_that_work(int64_t dim) {
-  std::string out = "1";
-  for (int t = 2; t <= 64; t *= 2)
-    if (dim % t == 0 && (dim / t) % kBlock == 0) out += ", " + std::to_string(t);
-  return out;
-}
-
-}  // namespace
-
 void WeightStore::fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char* dst) const {
   const DType f32 = DType::kF32;
   const int tp = pc_.tp_size;
-  if (!e.blocks.empty()) {  // each piece's scale rows, in order (pieces on block edges: check_fp8_shard)
+  if (!e.blocks.empty()) {  // each piece's scale rows, in order (pieces on block edges: fp8_shard_problem)
     size_t offset = 0;
     for (const auto& b : e.blocks) {
       CheckpointTensor src = ckpt.get(scale_name(b.name));
@@ -526,7 +608,7 @@ void WeightStore::fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int6
   const std::string prefix = e.name.substr(0, e.name.rfind('.'));
   const bool fused = ckpt.contains(e.name);
   if (gate_up) {
-    const int64_t Ilb = Il / kBlock;  // whole blocks (check_fp8_shard)
+    const int64_t Ilb = Il / kBlock;  // whole blocks (fp8_shard_problem)
     const size_t half = static_cast<size_t>(Ilb * Hb) * sizeof(float);
     if (fused) {
       CheckpointTensor src = ckpt.get(scale_name(e.name));
@@ -578,191 +660,196 @@ bool WeightStore::fp8_candidate(const Entry& e) const {
   return true;
 }
 
+std::vector<std::string> WeightStore::source_names(const Entry& e, const Checkpoint& ckpt) const {
+  std::vector<std::string> names;
+  for (const auto& b : e.blocks) names.push_back(b.name);
+  for (const auto& p : e.parts) names.push_back(p.name);
+  if (!names.empty()) return names;
+  if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {  // per-expert tensors
+    const std::string p = e.name.substr(0, e.name.rfind('.')) + "." + std::to_string(e.expert.expert_begin) + ".";
+    if (e.expert_part == Entry::ExpertPart::kGateUp) return {p + "gate_proj.weight", p + "up_proj.weight"};
+    return {p + "down_proj.weight"};
+  }
+  return {e.name};
+}
+
 WeightStore::Format WeightStore::format_of(const Entry& e, const Checkpoint& ckpt) const {
   if (e.offset != 0.0f || e.f32) return Format::kPlain;  // offset or f32 parameters: never FP8
-  if (!e.blocks.empty()) {
-    // Assembled from row blocks: FP8 when every piece is (their bytes and scale rows are
-    // concatenated: check_fp8_shard wants whole 128-row blocks), plain when none is.
-    size_t n_fp8 = 0;
-    for (const auto& b : e.blocks) {
-      const DType bt = ckpt.get(b.name).info->dtype;
-      if (bt == DType::kF8E5M2)
-        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
-             ckpt.get(b.name).file->path(), b.name);
-      n_fp8 += bt == DType::kF8E4M3;
-    }
-    if (n_fp8 == 0)
-      return quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e) ? Format::kFp8Quantise : Format::kPlain;
-    if (n_fp8 != e.blocks.size()) {
-      const auto fp8_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
-        return ckpt.get(b.name).info->dtype == DType::kF8E4M3;
-      });
-      const auto plain_it = std::find_if(e.blocks.begin(), e.blocks.end(), [&](const RowBlock& b) {
-        return ckpt.get(b.name).info->dtype != DType::kF8E4M3;
-      });
-      fail(ErrorKind::kUnsupported,
-           "{}: parameter {} is assembled from '{}' (FP8) and '{}' ({}); tessera needs the pieces of one "
-           "parameter all FP8 or all unquantised (list the module in modules_to_not_convert, or use the bf16 "
-           "checkpoint)",
-           ckpt.get(fp8_it->name).file->path(), e.name, fp8_it->name, plain_it->name,
-           dtype_name(ckpt.get(plain_it->name).info->dtype));
-    }
-    if (!quant_.fp8())
-      fail(ErrorKind::kCorrupt,
-           "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
-           "quant_method fp8 and weight_block_size [128, 128])",
-           ckpt.get(e.blocks[0].name).file->path(), e.blocks[0].name);
-    for (const auto& b : e.blocks) {
-      if (b.full_shape.ndim() != 2 || e.local_shape.ndim() != 2)
-        fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
-             ckpt.get(b.name).file->path(), b.name, b.full_shape.str());
-      if (!ckpt.contains(scale_name(b.name)))
-        fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(b.name).file->path(),
-             b.name, scale_name(b.name));
-    }
-    return Format::kFp8Checkpoint;
+  // FP8 when every source tensor is (their e4m3 bytes and scales are copied, or re-blocked where
+  // this rank's slice cuts the checkpoint's blocks: load_fp8), plain when none is.
+  const std::vector<std::string> names = source_names(e, ckpt);
+  const std::string* fp8 = nullptr;
+  const std::string* plain = nullptr;
+  for (const auto& n : names) {
+    const CheckpointTensor t = ckpt.get(n);
+    if (t.info->dtype == DType::kF8E5M2)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported", t.file->path(),
+           n);
+    (t.info->dtype == DType::kF8E4M3 ? fp8 : plain) = &n;
   }
-  std::string name = e.parts.empty() ? e.name : e.parts[0].name;
-  if (e.style == ParallelStyle::kExpert && !ckpt.contains(e.name)) {
-    const std::string prefix = e.name.substr(0, e.name.rfind('.')) + "." + std::to_string(e.expert.expert_begin);
-    name = prefix + (e.expert_part == Entry::ExpertPart::kGateUp ? ".gate_proj.weight" : ".down_proj.weight");
-  }
-  const DType src = ckpt.get(name).info->dtype;
-  if (src == DType::kF8E5M2)
-    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is F8_E5M2; only e4m3 FP8 weights are supported",
-         ckpt.get(name).file->path(), name);
-  if (src != DType::kF8E4M3) {
-    if (quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e)) return Format::kFp8Quantise;
-    return Format::kPlain;
-  }
+  if (!fp8) return quant_.fp8() && !quant_.from_checkpoint && fp8_candidate(e) ? Format::kFp8Quantise : Format::kPlain;
+  const CheckpointTensor t = ckpt.get(*fp8);
+  if (plain)
+    fail(ErrorKind::kUnsupported,
+         "{}: parameter {} is assembled from '{}' (FP8) and '{}' ({}); tessera needs the pieces of one parameter all "
+         "FP8 or all unquantised (list the module in modules_to_not_convert, or use the bf16 checkpoint)",
+         t.file->path(), e.name, *fp8, *plain, dtype_name(ckpt.get(*plain).info->dtype));
   if (!quant_.fp8())
     fail(ErrorKind::kCorrupt,
          "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (an FP8 checkpoint names "
          "quant_method fp8 and weight_block_size [128, 128])",
-         ckpt.get(name).file->path(), name);
-  if (e.local_shape.ndim() < 2 || !e.tied_to.empty())
-    fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
-         ckpt.get(name).file->path(), name, e.full_shape.str());
-  for (const auto& p : e.parts)
-    if (ckpt.get(p.name).info->dtype != DType::kF8E4M3)
-      fail(ErrorKind::kCorrupt, "{} and {} are stacked into one weight but only the first is FP8", name, p.name);
-  if (!ckpt.contains(scale_name(name)))
-    fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", ckpt.get(name).file->path(), name,
-         scale_name(name));
+         t.file->path(), *fp8);
+  // Linear weights only: 2-D tensors, or the 3-D fused experts.
+  const int ndim = e.style == ParallelStyle::kExpert && ckpt.contains(e.name) ? 3 : 2;
+  for (const auto& n : names) {
+    const CheckpointTensor src = ckpt.get(n);
+    if (src.info->shape.ndim() != ndim || (e.style != ParallelStyle::kExpert && e.local_shape.ndim() != 2))
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' is FP8 but tessera reads it as {}, which is not a linear weight",
+           src.file->path(), n, e.local_shape.str());
+    if (!ckpt.contains(scale_name(n)))
+      fail(ErrorKind::kCorrupt, "{}: FP8 tensor '{}' has no '{}' (its block scales)", src.file->path(), n,
+           scale_name(n));
+  }
   return Format::kFp8Checkpoint;
 }
 
-void WeightStore::check_fp8_shard(const Entry& e) const {
+// Why the checkpoint's scale blocks cannot be copied for this rank's slice (empty when they can):
+// a slice must start and end on 128-row/column block edges (the last piece of an assembled or
+// stacked parameter may end with its tensor's partial block). `kind` gets the error's kind.
+std::string WeightStore::fp8_shard_problem(const Entry& e, ErrorKind& kind) const {
   const int tp = pc_.tp_size;
-  auto split = [&](const std::string& what, int64_t dim) {
+  kind = ErrorKind::kInvalidArgument;
+  auto split = [&](const std::string& what, int64_t dim) -> std::string {
     if (tp > 1 && (dim % tp != 0 || (dim / tp) % kBlock != 0))
-      fail(ErrorKind::kInvalidArgument,
-           "{}: FP8 block-scaled weight: {} ({}) split over --tensor-parallel-size {} is not a whole number of "
-           "128-wide scale blocks per rank; tensor-parallel sizes that work for this layer: {}",
-           e.name, what, dim, tp, tp_sizes_that_work(dim));
+      return fmt::format(
+          "{}: FP8 block-scaled weight: {} ({}) split over --tensor-parallel-size {} is not a whole number of "
+          "128-wide scale blocks per rank; tensor-parallel sizes that work for this layer: {}",
+          e.name, what, dim, tp, tp_sizes_that_work(dim));
+    return "";
   };
   if (e.style == ParallelStyle::kExpert) {
+    // gate_up stacks each expert's gate and up rows: whole blocks only when its slice is; down's
+    // columns may end with the tensor's partial block.
     const ExpertShard& s = e.expert;
-    if (s.local_intermediate % kBlock == 0) return;
+    const bool down = e.expert_part == Entry::ExpertPart::kDown;
+    if (s.local_intermediate % kBlock == 0 ||
+        (down && s.inter_begin % kBlock == 0 && s.inter_begin + s.local_intermediate == s.intermediate))
+      return "";
     if (tp > 1 && !pc_.expert_parallel)
-      fail(ErrorKind::kInvalidArgument,
-           "{}: FP8 experts: moe_intermediate_size ({}) split over --tensor-parallel-size {} is {} rows per rank, "
-           "not a multiple of the 128-row scale blocks; tensor-parallel sizes that work: {} (or "
-           "--enable-expert-parallel, which keeps experts whole)",
-           e.name, s.intermediate, tp, s.local_intermediate, tp_sizes_that_work(s.intermediate));
-    fail(ErrorKind::kUnsupported,
-         "{}: FP8 experts need moe_intermediate_size ({}) to be a multiple of 128 (gate and up rows are stacked "
-         "block by block)",
-         e.name, s.intermediate);
+      return fmt::format(
+          "{}: FP8 experts: moe_intermediate_size ({}) split over --tensor-parallel-size {} is {} rows per rank, "
+          "not a multiple of the 128-row scale blocks; tensor-parallel sizes that work: {} (or "
+          "--enable-expert-parallel, which keeps experts whole)",
+          e.name, s.intermediate, tp, s.local_intermediate, tp_sizes_that_work(s.intermediate));
+    kind = ErrorKind::kUnsupported;
+    return fmt::format("{}: FP8 experts: moe_intermediate_size ({}) is not a multiple of the 128-row scale blocks",
+                       e.name, s.intermediate);
   }
   if (!e.blocks.empty()) {
-    // Concatenated pieces keep their scale rows only when each starts on a 128-row block edge
-    // and all but the last end on one (the last may end with its tensor's partial block).
+    kind = ErrorKind::kUnsupported;
     for (size_t i = 0; i < e.blocks.size(); ++i) {
       const RowBlock& b = e.blocks[i];
       const int64_t end = b.row_begin + b.rows;
       const bool last = i + 1 == e.blocks.size();
       if (b.row_begin % kBlock != 0 || (end % kBlock != 0 && !(last && end == b.full_shape[0])))
-        fail(ErrorKind::kUnsupported,
-             "{}: FP8 block-scaled weight: this rank's parameter is assembled from rows [{}, {}) of '{}', which "
-             "do not start and end on 128-row scale block edges (the pieces' scales cannot be concatenated); "
-             "{}",
-             e.name, b.row_begin, end, b.name,
-             tp > 1 ? "try a smaller --tensor-parallel-size, or serve the bf16 checkpoint"
-                    : "serve the bf16 checkpoint, or list the module in modules_to_not_convert");
+        return fmt::format(
+            "{}: FP8 block-scaled weight: this rank's parameter is assembled from rows [{}, {}) of '{}', which do "
+            "not start and end on 128-row scale block edges",
+            e.name, b.row_begin, end, b.name);
     }
-    return;
+    return "";
   }
   if (!e.parts.empty()) {
     for (size_t i = 0; i < e.parts.size(); ++i) {
       const Part& p = e.parts[i];
-      split(p.name + " rows", p.rows);
-      if (i + 1 < e.parts.size() && (p.rows / tp) % kBlock != 0)
-        fail(ErrorKind::kUnsupported,
-             "{}: FP8 weight {} ({} rows per rank) is stacked before {}: only the last stacked part may end inside "
-             "a 128-row scale block",
-             e.name, p.name, p.rows / tp, e.parts[i + 1].name);
+      if (std::string m = split(p.name + " rows", p.rows); !m.empty()) return m;
+      if (i + 1 < e.parts.size() && (p.rows / tp) % kBlock != 0) {
+        kind = ErrorKind::kUnsupported;
+        return fmt::format(
+            "{}: FP8 weight {} ({} rows per rank) is stacked before {}: only the last stacked part may end inside "
+            "a 128-row scale block",
+            e.name, p.name, p.rows / tp, e.parts[i + 1].name);
+      }
     }
-    return;
+    return "";
   }
   if (e.row_begin >= 0) {
     const int64_t end = e.row_begin + e.local_shape[0];
     if (e.row_begin % kBlock != 0 || (end % kBlock != 0 && end != e.full_shape[0]))
-      fail(ErrorKind::kInvalidArgument,
-           "{}: FP8 block-scaled weight: this rank reads rows [{}, {}) (key/value heads replicated over "
-           "--tensor-parallel-size {}), which are not on 128-row scale block edges; use a tensor-parallel size of "
-           "at most the number of key/value heads",
-           e.name, e.row_begin, end, tp);
-    return;
+      return fmt::format(
+          "{}: FP8 block-scaled weight: this rank reads rows [{}, {}) (key/value heads replicated over "
+          "--tensor-parallel-size {}), which are not on 128-row scale block edges; use a tensor-parallel size of "
+          "at most the number of key/value heads",
+          e.name, e.row_begin, end, tp);
+    return "";
   }
   switch (e.style) {
     case ParallelStyle::kColumn:
     case ParallelStyle::kVocab:
-      split("output features", e.full_shape[0]);
-      break;
+      return split("output features", e.full_shape[0]);
     case ParallelStyle::kRow:
-      split("input features", e.full_shape[1]);
-      break;
+      return split("input features", e.full_shape[1]);
     default:
-      break;
+      return "";
   }
 }
 
+// Whether a slice that cuts the checkpoint's scale blocks may be re-blocked with rounding (not
+// only where re-blocking is exact): where the model's own layout cuts them (an assembled
+// parameter's pieces, experts or stacked parts whose sizes are not whole blocks), which no flag
+// avoids. A tensor-parallel cut is refused instead, naming the sizes that keep the checkpoint's
+// blocks (or --enable-expert-parallel), so that the weights stay the checkpoint's.
+bool WeightStore::may_reblock_with_rounding(const Entry& e) const {
+  return pc_.tp_size == 1 || !e.blocks.empty() || (e.style == ParallelStyle::kExpert && pc_.expert_parallel);
+}
+
 void WeightStore::load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager) {
-  // Checkpoint scales cover the full tensor's blocks, so a shard must not cut one; quantising
-  // while loading makes blocks over this rank's own slice and has no such limit.
-  if (f == Format::kFp8Checkpoint) check_fp8_shard(e);
+  // Checkpoint scales cover the full tensor's blocks: a slice that cuts one is re-blocked
+  // (reblock_fp8). Quantising while loading makes blocks over this rank's own slice.
+  ErrorKind problem_kind = ErrorKind::kInvalidArgument;
+  const std::string problem = f == Format::kFp8Checkpoint ? fp8_shard_problem(e, problem_kind) : "";
+  const bool reblock = !problem.empty();
   Tensor w = backend.alloc(e.local_shape, DType::kF8E4M3);
   Tensor s = backend.alloc(block_scale_shape(e.local_shape), DType::kF32);
   const bool experts = e.style == ParallelStyle::kExpert;
   const int64_t units = experts ? e.local_shape[0] : 1;
-  std::vector<float> wide;
+  std::vector<float> wide, src_scale;
+  auto fill = [&](int64_t j, DType dt, char* dst, Read read) {
+    if (experts)
+      fill_expert(e, ckpt, j, dt, dst, read);
+    else
+      fill_entry(e, ckpt, dt, dst, read);
+  };
   for (int64_t j = 0; j < units; ++j) {
     const Tensor wd = experts ? rows_of(w, j, 1) : w, sd = experts ? rows_of(s, j, 1) : s;
     // One region for both, so that a wrap of the staging buffer cannot separate them.
     char* wdst = stager.take(wd.nbytes() + sd.nbytes());
     char* sdst = wdst + wd.nbytes();
-    if (f == Format::kFp8Checkpoint) {
-      if (experts) {
-        fill_expert(e, ckpt, j, DType::kF8E4M3, wdst);
+    auto* q = reinterpret_cast<uint8_t*>(wdst);
+    auto* sc = reinterpret_cast<float*>(sdst);
+    if (f == Format::kFp8Checkpoint && !reblock) {
+      fill(j, DType::kF8E4M3, wdst, Read::kStored);
+      if (experts)
         fill_expert_scale(e, ckpt, j, sdst);
-      } else {
-        fill_entry(e, ckpt, DType::kF8E4M3, wdst);
+      else
         fill_entry_scale(e, ckpt, sdst);
-      }
+    } else if (f == Format::kFp8Checkpoint) {
+      wide.resize(static_cast<size_t>(wd.numel()));
+      src_scale.resize(wide.size());
+      fill(j, DType::kF32, reinterpret_cast<char*>(wide.data()), Read::kValue);
+      fill(j, DType::kF32, reinterpret_cast<char*>(src_scale.data()), Read::kScale);
+      const bool exact = reblock_fp8(wide.data(), src_scale.data(), wd.dim(-2), wd.dim(-1), q, sc);
+      if (!exact && !may_reblock_with_rounding(e)) fail(problem_kind, "{}", problem);
+      if (j == 0) TLOG_DEBUG("{}: re-blocked{}", problem, exact ? " exactly" : " (values rounded once more to e4m3)");
     } else {
       wide.resize(static_cast<size_t>(wd.numel()));
-      char* wide_bytes = reinterpret_cast<char*>(wide.data());
-      if (experts)
-        fill_expert(e, ckpt, j, DType::kF32, wide_bytes);
-      else
-        fill_entry(e, ckpt, DType::kF32, wide_bytes);
-      quantize_fp8_blocks(wide.data(), wd.dim(-2), wd.dim(-1), reinterpret_cast<uint8_t*>(wdst),
-                          reinterpret_cast<float*>(sdst));
+      fill(j, DType::kF32, reinterpret_cast<char*>(wide.data()), Read::kStored);
+      quantize_fp8_blocks(wide.data(), wd.dim(-2), wd.dim(-1), q, sc);
     }
     stager.upload(wd, wdst);
     stager.upload(sd, sdst);
   }
+  if (reblock) ++reblocked_;
   e.tensor = w.with_block_scale(s);
 }
 
@@ -773,11 +860,15 @@ void WeightStore::log_summary(const Backend& backend) const {
   TLOG_INFO("Weights: {:.2f} GiB FP8 (e4m3) + {:.1f} MiB block scales (128x128, f32), {:.2f} GiB in {}",
             fp8 / 1073741824.0, scales / 1048576.0, (total - fp8 - scales) / 1073741824.0,
             dtype_name(backend.compute_dtype()));
+  if (reblocked_ > 0)
+    TLOG_INFO("Weights: {} FP8 parameters re-blocked (this rank's pieces cut the checkpoint's 128x128 scale blocks)",
+              reblocked_);
 }
 
 void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress& progress) {
   DType dt = backend.compute_dtype();
   size_t done = 0, bytes = 0;
+  reblocked_ = 0;
   Stager stager(backend);
   for (auto& e : entries_) {
     if (!e.tied_to.empty()) continue;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "loader/model_config.h"
 
 namespace tessera {
@@ -46,6 +47,11 @@ ExpertShard expert_shard(const ParallelContext& pc, int64_t num_experts, int64_t
 
 enum class DummyInit { kUniform, kOnes };
 
+// What the weight store reads from a checkpoint tensor: its stored elements converted to the
+// destination dtype; or, of an FP8 tensor and into f32, each element's value (e4m3 times its
+// block's scale) or the scale of the checkpoint block it lies in (what re-blocking needs).
+enum class CheckpointRead : uint8_t { kStored, kValue, kScale };
+
 // Quantises a row-major f32 matrix [rows, cols] to e4m3 per 128 x 128 block (edge blocks
 // partial): scale[rb, cb] = amax / 448 (1 for an all-zero block), dst = fp8(src / scale),
 // scale f32 [ceil(rows / 128), ceil(cols / 128)]. What --quantization fp8 does while loading.
@@ -60,20 +66,30 @@ class WeightStore {
 
   explicit WeightStore(ParallelContext pc) : pc_(pc) {}
 
-  // Block-scaled FP8 (QuantConfig): linear weights are held as e4m3 tensors carrying their
-  // f32 block scales (Tensor::block_scale), which the backend's linear and moe_experts ops
-  // dispatch on; model code sees the same `const Tensor&`. Which weights are FP8:
+  // Quantised weights (QuantConfig::format; FP8 blocks the one with kernels): linear weights
+  // are held as e4m3 tensors carrying their f32 block scales (Tensor::format, block_scale),
+  // which the backends' linear and moe_experts ops dispatch on; model code sees the same
+  // `const Tensor&`. Which weights are FP8:
   //  - load(): those the checkpoint stores as F8_E4M3 with a `<name>_scale_inv` beside them
   //    (weight_scale_inv for `.weight` tensors, gate_up_proj_scale_inv for fused experts);
   //    with from_checkpoint == false (--quantization fp8 on a bf16 checkpoint) the candidates
   //    below are quantised while loading (scale = amax / 448 per 128 x 128 block);
   //  - load_dummy(): the candidates, as FP8 with scales, when the config is quantised.
   // Candidates: 2-D projections whose checkpoint names end in "proj.weight" and every layer's
-  // experts, unless modules_to_not_convert names them. Tensor-parallel shards of a checkpoint's
-  // FP8 weight must start and end on 128-row/column block edges (its scales cover the full
-  // tensor's blocks): checked at load, the error names the layer and the --tensor-parallel-size
-  // values that work. Quantising while loading (and dummies) makes blocks over each rank's slice.
-  void set_quantization(const QuantConfig& q) { quant_ = q; }
+  // experts, unless modules_to_not_convert names them. A rank's slice whose pieces start and end
+  // on the checkpoint's 128-row/column block edges keeps its e4m3 bytes and scales. One that
+  // cuts a block is re-blocked: its values (e4m3 times their checkpoint scale) are re-quantised
+  // into fresh 128 x 128 blocks over the slice, each block's scale the largest of its values'
+  // checkpoint scales, so values from that block keep their bytes and the others are rounded once
+  // more to e4m3. A slice where no block mixes two checkpoint scales is re-blocked exactly (a
+  // 64-row KV head replicated over TP ranks); one that would be rounded is accepted where the
+  // model's layout cuts the blocks (assembled pieces such as gated attention's 64-row query and
+  // gate rows, experts or stacked parts of sizes that are not whole blocks) and refused where a
+  // tensor-parallel split does, naming the layer and the --tensor-parallel-size values that keep
+  // the checkpoint's blocks. Quantising while loading (and dummies) makes blocks over each rank's
+  // slice.
+  // Fails (kUnsupported) for a format without kernels (QuantConfig names only FP8 blocks).
+  void set_quantization(const QuantConfig& q);
   const QuantConfig& quantization() const { return quant_; }
 
   // A parameter read from one checkpoint tensor. The returned reference is stable.
@@ -136,6 +152,8 @@ class WeightStore {
   // the weights a decode token reads only for the experts it is routed to.
   size_t expert_bytes() const;
   size_t count() const { return entries_.size(); }
+  // FP8 parameters the last load() re-blocked (see set_quantization).
+  size_t reblocked() const { return reblocked_; }
   // Each loaded parameter once, with its name (a tied alias is its target's tensor: skipped).
   void for_each_tensor(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;
 
@@ -158,16 +176,21 @@ class WeightStore {
   class Stager;
   // Host images of this rank's slice: the weight converted to `dt`, or (fill_*_scale) its f32
   // block scales read from the checkpoint's `_scale_inv` tensors.
-  void fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst) const;
+  void fill_entry(const Entry& e, const Checkpoint& ckpt, DType dt, char* dst,
+                  CheckpointRead read = CheckpointRead::kStored) const;
   void fill_entry_scale(const Entry& e, const Checkpoint& ckpt, char* dst) const;
-  void fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst) const;
+  void fill_expert(const Entry& e, const Checkpoint& ckpt, int64_t j, DType dt, char* dst,
+                   CheckpointRead read = CheckpointRead::kStored) const;
   void fill_expert_scale(const Entry& e, const Checkpoint& ckpt, int64_t j, char* dst) const;
   void load_entry(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
   void load_experts(Entry& e, const Checkpoint& ckpt, DType dt, Stager& stager);
   enum class Format { kPlain, kFp8Checkpoint, kFp8Quantise };
   Format format_of(const Entry& e, const Checkpoint& ckpt) const;
+  // The checkpoint tensors `e` is read from (experts: the first local expert's, for the others).
+  std::vector<std::string> source_names(const Entry& e, const Checkpoint& ckpt) const;
   bool fp8_candidate(const Entry& e) const;
-  void check_fp8_shard(const Entry& e) const;
+  std::string fp8_shard_problem(const Entry& e, ErrorKind& kind) const;
+  bool may_reblock_with_rounding(const Entry& e) const;
   void load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager);
   void log_summary(const Backend& backend) const;
   static Entry make_entry(const std::string& name, Shape full, Shape local, ParallelStyle style, DummyInit init);
@@ -176,6 +199,7 @@ class WeightStore {
   std::deque<Entry> entries_;
   ParallelContext pc_;
   QuantConfig quant_;
+  size_t reblocked_ = 0;
 };
 
 }  // namespace tessera

@@ -55,12 +55,22 @@ void MetaBackend::take_workspace(int64_t bytes) {
 }
 
 void MetaBackend::linear(const Tensor& x, const Tensor& w, const Tensor*, const Tensor&) {
-  if (!w.block_scaled() || w.ndim() != 2 || w.dim(1) == 0) return;
-  take_workspace(fp8_linear_workspace_bytes(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
+  if (w.ndim() != 2 || w.dim(1) == 0) return;
+  switch (w.format().kind) {
+    case WeightFormatKind::kPlain:  // cuBLAS and the GEMV take no workspace of ours
+      return;
+    case WeightFormatKind::kFp8Block:
+      take_workspace(fp8_linear_workspace_bytes(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
+      return;
+    default:
+      fail_unsupported_format("planning linear", w.str(), w.format());
+  }
 }
 
-void MetaBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor&, const Tensor& topk_ids,
+void MetaBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                               const Tensor&, int, const Tensor&) {
+  for (const Tensor* w : {&gate_up, &down})
+    if (!w->format().supported()) fail_unsupported_format("planning moe_experts", w->str(), w->format());
   if (x.ndim() != 2 || gate_up.ndim() != 3 || topk_ids.ndim() != 2) return;
   take_workspace(moe_experts_workspace_bytes(x.dim(0), topk_ids.dim(1), x.dim(1), gate_up.dim(1) / 2, gate_up.dim(0)));
 }

@@ -652,7 +652,9 @@ std::string render_text(const Plan& p) {
       in.tensor_parallel_size, in.pipeline_parallel_size, p.max_model_len, in.max_num_seqs, in.max_num_batched_tokens,
       in.gpu_memory_utilization, in.kv_cache_dtype, dtype_name(p.kv_dtype),
       p.stages.front().fp8_weight_bytes > 0
-          ? fmt::format("fp8_e4m3 with 128x128 f32 block scales (the rest {})", dtype_name(p.compute_dtype))
+          ? fmt::format("fp8_e4m3 with {}x{} {} block scales (the rest {})", fp8_block_format().block_rows,
+                        fp8_block_format().block_cols, dtype_name(fp8_block_format().scale),
+                        dtype_name(p.compute_dtype))
           : std::string(dtype_name(p.compute_dtype)));
   o += fmt::format("{:<30}", "per rank");
   for (const auto& s : p.stages)

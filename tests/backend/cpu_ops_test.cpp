@@ -97,6 +97,34 @@ TEST_F(CpuOps, OpsRefuseBadIdsAndShapes) {
   EXPECT_THROW(be_.sigmoid_mul(x, rand_f32({4, 1}), x), Error);
 }
 
+// Weights in a quantised format without kernels (int4 groups, NVFP4) reach linear and
+// moe_experts only through code that builds them by hand: refused naming the format and what the
+// backend runs, not read as plain bytes.
+TEST_F(CpuOps, LinearAndExpertsRefuseFormatsWithoutKernels) {
+  const WeightFormat int4 = int4_group_format(128);
+  Tensor w = host_empty({8, 256}, DType::kU8).with_format(int4, host_empty(int4.scale_shape({8, 256}), DType::kF16));
+  try {
+    be_.linear(rand_f32({2, 256}), w, nullptr, poisoned({2, 8}));
+    ADD_FAILURE() << "an int4 weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("int4, f16 scale per group of 128 columns"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp8 e4m3, f32 scale per 128x128 block"), std::string::npos) << e.what();
+  }
+  const WeightFormat fp4 = nvfp4_format();
+  Tensor gu =
+      host_empty({2, 16, 32}, DType::kU8).with_format(fp4, host_empty(fp4.scale_shape({2, 16, 32}), DType::kF8E4M3));
+  Tensor dn =
+      host_empty({2, 32, 8}, DType::kU8).with_format(fp4, host_empty(fp4.scale_shape({2, 32, 8}), DType::kF8E4M3));
+  Tensor ids = i32({0, 1}).view({1, 2});
+  Tensor weights = rand_f32({1, 2});
+  EXPECT_THROW(be_.moe_experts(rand_f32({1, 32}), gu, dn, ids, weights, 0, poisoned({1, 32})), Error);
+  // A format's scales must have its dtype and shape.
+  EXPECT_THROW(host_empty({8, 256}, DType::kU8).with_format(int4, host_empty({8, 1}, DType::kF16)), Error);
+  EXPECT_THROW(host_empty({8, 256}, DType::kU8).with_format(int4, host_empty({8, 2}, DType::kF32)), Error);
+  EXPECT_THROW(host_empty({8, 256}, DType::kF32).with_format(int4, host_empty({8, 2}, DType::kF16)), Error);
+}
+
 // ---- paged KV cache ----
 
 struct KvCase {

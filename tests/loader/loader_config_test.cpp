@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "fault_util.h"
 #include "loader/model_config.h"
 
@@ -228,8 +229,11 @@ TEST(ModelConfig, BlockScaledFp8QuantizationIsParsed) {
   ModelConfig c = parse(j);
   EXPECT_TRUE(c.quant.fp8());
   EXPECT_TRUE(c.quant.from_checkpoint);
-  EXPECT_EQ(c.quant.block_n, 128);
-  EXPECT_EQ(c.quant.block_k, 128);
+  EXPECT_EQ(c.quant.format, fp8_block_format());
+  EXPECT_EQ(c.quant.format.block_rows, 128);
+  EXPECT_EQ(c.quant.format.block_cols, 128);
+  EXPECT_EQ(c.quant.format.element, DType::kF8E4M3);
+  EXPECT_EQ(c.quant.format.scale, DType::kF32);
   EXPECT_TRUE(c.quant.excluded("lm_head.weight"));
   EXPECT_TRUE(c.quant.excluded("model.layers.0.mlp.gate.weight"));
   EXPECT_FALSE(c.quant.excluded("model.layers.0.mlp.gate_proj.weight"));  // a prefix only at a '.'
@@ -242,8 +246,51 @@ TEST(ModelConfig, BlockScaledFp8QuantizationIsParsed) {
   EXPECT_TRUE(c.quant.excluded("model.layers.1.self_attn.q_proj.weight"));
   j = base_config();
   EXPECT_FALSE(parse(j).quant.fp8());
+  EXPECT_FALSE(parse(j).quant.quantized());
   j["quantization_config"] = nullptr;  // null is the same as absent
   EXPECT_FALSE(parse(j).quant.fp8());
+}
+
+// Methods of other formats (no kernels) are refused naming the method, the format the
+// checkpoint holds (group size, element and scale types) and what is supported.
+TEST(ModelConfig, OtherQuantizationMethodsNameTheirWeightFormat) {
+  struct Case {
+    json q;
+    const char* format;
+  };
+  for (const Case& c :
+       {Case{{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 64}}, "int4, f16 scale per group of 64 columns"},
+        Case{{{"quant_method", "gptq"}, {"bits", 4}}, "int4, f16 scale per group of 128 columns"},
+        Case{{{"quant_method", "mxfp4"}}, "mxfp4 (e2m1), e8m0 scale per 32 columns"},
+        Case{{{"quant_method", "modelopt_fp4"}}, "nvfp4 (e2m1), e4m3 scale per 16 columns"}}) {
+    json j = base_config();
+    j["quantization_config"] = c.q;
+    const std::string m = error_of(j, ErrorKind::kUnsupported);
+    EXPECT_NE(m.find("'" + c.q["quant_method"].get<std::string>() + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find(c.format), std::string::npos) << m;
+    EXPECT_NE(m.find("supported: fp8 with weight_block_size [128, 128]"), std::string::npos) << m;
+  }
+}
+
+// The format object's sizes: FP8 blocks (one byte an element, f32 per 128 x 128 with partial
+// edge blocks), packed 4-bit formats (half a byte an element), plain (the given dtype).
+TEST(WeightFormat, BytesAndScaleShapes) {
+  const Shape w{200, 300};
+  EXPECT_EQ(fp8_block_format().scale_shape(w), (Shape{2, 3}));
+  EXPECT_EQ(fp8_block_format().scale_shape(Shape{4, 200, 300}), (Shape{4, 2, 3}));
+  EXPECT_EQ(fp8_block_format().weight_bytes(w, DType::kBF16), size_t{200 * 300});
+  EXPECT_EQ(fp8_block_format().scale_bytes(w), size_t{6 * 4});
+  EXPECT_EQ(int4_group_format(128).scale_shape(w), (Shape{200, 3}));
+  EXPECT_EQ(int4_group_format(128).weight_bytes(w, DType::kBF16), size_t{200 * 300 / 2});
+  EXPECT_EQ(int4_group_format(128).scale_bytes(w), size_t{200 * 3 * 2});
+  EXPECT_EQ(nvfp4_format().scale_shape(w), (Shape{200, 19}));
+  EXPECT_EQ(mxfp4_format().scale_bytes(w), size_t{200 * 10});
+  EXPECT_EQ(plain_format().weight_bytes(w, DType::kBF16), size_t{200 * 300 * 2});
+  EXPECT_EQ(plain_format().scale_bytes(w), 0u);
+  EXPECT_FALSE(plain_format().quantized());
+  EXPECT_TRUE(fp8_block_format().supported());
+  EXPECT_FALSE(nvfp4_format().supported());
+  EXPECT_FALSE(int4_group_format(64) == int4_group_format(128));
 }
 
 TEST(ModelConfig, OtherQuantizationIsRefusedNamingTheField) {

@@ -258,9 +258,14 @@ void CpuBackend::add_rms_norm(const Tensor& x, const Tensor& residual, const Ten
 }
 
 void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) {
-  if (w.block_scaled()) {  // FP8 weights: the reference dequantises them (w = fp8 * block scale)
-    linear(x, dequantize_block_scaled_host(w), bias, out);
-    return;
+  switch (w.format().kind) {
+    case WeightFormatKind::kPlain:
+      break;
+    case WeightFormatKind::kFp8Block:  // the reference dequantises them (w = fp8 * block scale)
+      linear(x, dequantize_block_scaled_host(w), bias, out);
+      return;
+    default:
+      fail_unsupported_format("CPU linear", w.str(), w.format());
   }
   require_f32(x, "linear");
   require_f32(w, "linear");

@@ -63,10 +63,18 @@ void CpuBackend::moe_topk(const Tensor& router_logits, int k, bool renormalize, 
 // Experts are visited in ascending order, so the sum order per token is fixed.
 void CpuBackend::moe_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& topk_ids,
                              const Tensor& topk_weights, int expert_begin, const Tensor& out) {
-  if (gate_up.block_scaled() || down.block_scaled()) {  // FP8 experts: the dequantising reference
-    moe_experts(x, gate_up.block_scaled() ? dequantize_block_scaled_host(gate_up) : gate_up,
-                down.block_scaled() ? dequantize_block_scaled_host(down) : down, topk_ids, topk_weights, expert_begin,
-                out);
+  if (gate_up.format().quantized() || down.format().quantized()) {  // FP8 experts: the dequantising reference
+    auto plain = [](const Tensor& w) {
+      switch (w.format().kind) {
+        case WeightFormatKind::kPlain:
+          return w;
+        case WeightFormatKind::kFp8Block:
+          return dequantize_block_scaled_host(w);
+        default:
+          fail_unsupported_format("CPU moe_experts", w.str(), w.format());
+      }
+    };
+    moe_experts(x, plain(gate_up), plain(down), topk_ids, topk_weights, expert_begin, out);
     return;
   }
   require(x.dtype() == DType::kF32 && gate_up.dtype() == DType::kF32 && down.dtype() == DType::kF32 &&

@@ -14,7 +14,9 @@ LinearOps::~LinearOps() = default;
 void LinearOps::linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) {
   CUDA_REQUIRE(w.ndim() == 2, "linear", "weight must be 2-D, got " + w.str());
   const int64_t N = w.dim(0), K = w.dim(1), M = K ? x.numel() / K : 0;
-  if (w.block_scaled()) {
+  if (!w.format().supported()) fail_unsupported_format("CUDA linear", w.str(), w.format());
+  const bool fp8 = w.format().kind == WeightFormatKind::kFp8Block;
+  if (fp8) {
     CUDA_REQUIRE(x.dtype() == DType::kBF16 && x.numel() == M * K && out.numel() == M * N &&
                      (out.dtype() == DType::kBF16 || out.dtype() == DType::kF32),
                  "linear", x.str() + " @ " + w.str() + "^T -> " + out.str());
@@ -29,7 +31,7 @@ void LinearOps::linear(const Tensor& x, const Tensor& w, const Tensor* bias, con
   dev_.need_cuda(w, "linear");
   dev_.need_cuda(out, "linear");
   dev_.bind();
-  if (w.block_scaled()) {
+  if (fp8) {
     linear_fp8(x, w, out, M, N, K);
   } else if (!(M <= kMaxGemvRows &&
                launch_gemv(x.raw(), w.raw(), out.raw(), out.dtype(), M, N, K, dev_.arch().sms, dev_.stream()))) {

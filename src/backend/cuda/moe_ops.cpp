@@ -69,7 +69,7 @@ void MoeOps::moe_topk_experts(const Tensor& router_logits, int k, bool renormali
                     topk_ids.numel() == x.dim(0) * k && topk_weights.numel() == x.dim(0) * k &&
                     topk_ids.dtype() == DType::kI32 && topk_weights.dtype() == DType::kF32 &&
                     moe_decode_fused_topk_supported(static_cast<int>(router_logits.dim(1)), k) &&
-                    !gate_up.block_scaled() && !down.block_scaled();
+                    !gate_up.format().quantized() && !down.format().quantized();
   if (!fold) {
     if (shared && one_token_folds_shared(x, gate_up, k, *shared)) {  // the shared expert in the one-token kernels
       moe_topk(router_logits, k, renormalize, topk_ids, topk_weights);
@@ -90,7 +90,7 @@ void MoeOps::moe_topk_experts(const Tensor& router_logits, int k, bool renormali
 // 16-byte aligned, on this device.
 bool MoeOps::fusable_shared(const MoeSharedExpert& s, int64_t H, int64_t I) {
   auto ok = [](const Tensor& t) {
-    return t.dtype() == DType::kBF16 && !t.block_scaled() && t.device().type == DeviceType::kCUDA &&
+    return t.dtype() == DType::kBF16 && !t.format().quantized() && t.device().type == DeviceType::kCUDA &&
            reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
   };
   return s.gate_up && s.down && ok(*s.gate_up) && ok(*s.down) && s.gate_up->ndim() == 2 && s.gate_up->dim(0) == 2 * I &&
@@ -107,7 +107,7 @@ bool MoeOps::one_token_folds_shared(const Tensor& x, const Tensor& gate_up, int6
       k > 32)
     return false;
   const int64_t H = x.dim(1), I = gate_up.dim(1) / 2;
-  if (gate_up.block_scaled())
+  if (gate_up.format().kind == WeightFormatKind::kFp8Block)
     return options_.moe_fp8_decode == CudaMoeFp8Decode::kMma &&
            options_.moe_fp8_one_token != CudaMoeFp8OneToken::kGrouped && fusable_fp8_shared(shared, H, I);
   if (options_.moe_one_token == CudaMoeOneToken::kGrouped ||
@@ -119,13 +119,13 @@ bool MoeOps::one_token_folds_shared(const Tensor& x, const Tensor& gate_up, int6
 // [H, I] with f32 block scales, the routed experts' I; the gate bf16 [1, H] or none.
 bool MoeOps::fusable_fp8_shared(const MoeSharedExpert& s, int64_t H, int64_t I) {
   auto fp8 = [](const Tensor* t, int64_t rows, int64_t cols) {
-    return t && t->dtype() == DType::kF8E4M3 && t->block_scaled() && t->ndim() == 2 && t->dim(0) == rows &&
+    return t && t->format().kind == WeightFormatKind::kFp8Block && t->ndim() == 2 && t->dim(0) == rows &&
            t->dim(1) == cols && t->device().type == DeviceType::kCUDA && t->block_scale()->dtype() == DType::kF32 &&
            t->block_scale()->ndim() == 2 && t->block_scale()->dim(0) == (rows + 127) / 128 &&
            t->block_scale()->dim(1) == (cols + 127) / 128;
   };
   const bool gate_ok =
-      !s.gate || (s.gate->dtype() == DType::kBF16 && !s.gate->block_scaled() && s.gate->numel() == H &&
+      !s.gate || (s.gate->dtype() == DType::kBF16 && !s.gate->format().quantized() && s.gate->numel() == H &&
                   s.gate->device().type == DeviceType::kCUDA && reinterpret_cast<uintptr_t>(s.gate->raw()) % 16 == 0);
   return fp8(s.gate_up, 2 * I, H) && fp8(s.down, H, I) && gate_ok;
 }
@@ -139,9 +139,11 @@ void MoeOps::moe_experts_impl(const Tensor& x, const Tensor& gate_up, const Tens
                "x " + x.str() + ", gate_up " + gate_up.str() + ", down " + down.str());
   const int64_t T = x.dim(0), H = x.dim(1), E_local = gate_up.dim(0), I = gate_up.dim(1) / 2;
   // FP8 experts: e4m3 with f32 scales per 128 x 128 block (Tensor::block_scale), both matrices.
-  const bool fp8 = gate_up.block_scaled();
+  for (const Tensor* w : {&gate_up, &down})
+    if (!w->format().supported()) fail_unsupported_format("CUDA moe_experts", w->str(), w->format());
+  const bool fp8 = gate_up.format().kind == WeightFormatKind::kFp8Block;
   CUDA_REQUIRE(
-      down.block_scaled() == fp8, "moe_experts",
+      down.format() == gate_up.format(), "moe_experts",
       "gate_up and down must both be FP8 block-scaled or both bf16, got " + gate_up.str() + " and " + down.str());
   const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
   CUDA_REQUIRE(x.dtype() == DType::kBF16 && gate_up.dtype() == wt && down.dtype() == wt && out.dtype() == DType::kBF16,
