@@ -5,8 +5,13 @@
 // BM_Compile: GrammarBuilder + compile() with the default limits (token tables built eagerly for up to
 // CompileLimits::eager_table_time, the rest on first use). BM_CompileAllTables: every table built.
 // BM_Mask: fill_next_token_bitmask per generated token along a fixed document (a seeded random walk of
-// masked-in tokens), tables already built; the counter us_per_mask is the mean. BM_MaskFirstPass: the
-// same right after a default compile (tables not built eagerly are built when first reached).
+// masked-in tokens; for nested_order, the schema of scripts/device_structured_bench.sh, a realistic
+// order tokenized by the Qwen3 tokenizer), tables already built; the counter us_per_mask is the mean.
+// BM_MaskFirstPass: the same right after a default compile (tables not built eagerly are built when
+// first reached). BM_MaskStep: one engine step of 64 sequences along the nested_order document at
+// staggered positions (each fills its mask into a contiguous buffer and takes its next token), the
+// sequences split over `threads` threads of a ThreadPool as LLMEngine::add_token_masks does;
+// us_per_step is the mean.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -15,6 +20,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/thread_pool.h"
 #include "grammar_test_util.h"
 #include "qwen3_vocab.h"
 
@@ -23,13 +29,26 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const std::vector<std::string> kSchemas = {
-    "01_weather_tool",    "02_search_tool_strict", "08_recursive_tree", "09_formats",
-    "22_ecommerce_order", "24_sql_query",          "27_user_profile",   "json_object"};
+const std::vector<std::string> kSchemas = {"01_weather_tool", "02_search_tool_strict", "08_recursive_tree",
+                                           "09_formats",      "22_ecommerce_order",    "24_sql_query",
+                                           "27_user_profile", "json_object",           "nested_order"};
+
+// scripts/device_structured_bench.sh's guided_json schema.
+constexpr const char* kNestedOrderSchema = R"({"type": "object", "properties": {"order": {"type": "object",
+  "properties": {"id": {"type": "string"}, "items": {"type": "array", "items": {"type": "object", "properties": {
+  "sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}, "price": {"type": "number"}},
+  "required": ["sku", "qty", "price"]}}, "customer": {"type": "object", "properties": {"name": {"type": "string"},
+  "email": {"type": "string", "format": "email"}}, "required": ["name"]}}, "required": ["id", "items"]}},
+  "required": ["order"]})";
+
+// What a model writes for it (tokenized with the Qwen3 tokenizer).
+constexpr const char* kNestedOrderDocument =
+    R"({"order": {"id": "ORD-2026-118734", "items": [{"sku": "KB-MX-BROWN-US", "qty": 2, "price": 89.99}, {"sku": "MS-ERGO-WL", "qty": 1, "price": 49.5}, {"sku": "USB-C-HUB-7P", "qty": 3, "price": 24.75}], "customer": {"name": "Jordan Alvarez", "email": "jordan.alvarez@example.com"}}})";
 
 std::shared_ptr<const Grammar> grammar_for(const std::string& name) {
   GrammarBuilder b;
   if (name == "json_object") return b.build(b.add_any_json_object());
+  if (name == "nested_order") return b.build(b.add_json_schema(ojson::parse(kNestedOrderSchema)));
   std::ifstream in(std::filesystem::path(TESSERA_SOURCE_DIR) / "tests/grammar/schemas" / (name + ".json"));
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -58,16 +77,20 @@ void BM_CompileAllTables(benchmark::State& state, const std::string& name) {
   for (auto _ : state) benchmark::DoNotOptimize(compile(grammar_for(name), vocab, all));
 }
 
-// first_pass: compile with the default limits, then the document's masks, so that tables the eager
-// phase left are built on the way (the first request's cost); else every table is built beforehand.
-void BM_Mask(benchmark::State& state, const std::string& name, bool first_pass) {
-  auto vocab = vocab_or_skip(state);
-  if (!vocab) return;
-  CompileLimits all;
-  all.eager_table_time = std::chrono::milliseconds(100000);
-  auto compiled = compile(grammar_for(name), vocab, all);
-  // A fixed document: the tokens of a seeded random walk.
+// A fixed document: the tokens of kNestedOrderDocument for nested_order, else of a seeded random walk.
+std::vector<int32_t> document(const std::string& name, const std::shared_ptr<const CompiledGrammar>& compiled,
+                              const TokenizerInfo& info) {
   std::vector<int32_t> tokens;
+  if (name == "nested_order") {
+    static const auto tok = tokenizer::Tokenizer::from_dir(testing::qwen3_dir());
+    tokens = tok->encode(kNestedOrderDocument);
+    Matcher m(compiled);
+    for (int32_t id : tokens)
+      if (!m.accept_token(id)) throw std::runtime_error("nested_order: the document does not match its schema");
+    if (!m.can_terminate()) throw std::runtime_error("nested_order: the document is incomplete");
+    return tokens;
+  }
+  const TokenizerInfo* vocab = &info;
   {
     Matcher m(compiled);
     std::mt19937 rng(7);
@@ -89,6 +112,18 @@ void BM_Mask(benchmark::State& state, const std::string& name, bool first_pass) 
       tokens.push_back(id);
     }
   }
+  return tokens;
+}
+
+// first_pass: compile with the default limits, then the document's masks, so that tables the eager
+// phase left are built on the way (the first request's cost); else every table is built beforehand.
+void BM_Mask(benchmark::State& state, const std::string& name, bool first_pass) {
+  auto vocab = vocab_or_skip(state);
+  if (!vocab) return;
+  CompileLimits all;
+  all.eager_table_time = std::chrono::milliseconds(100000);
+  auto compiled = compile(grammar_for(name), vocab, all);
+  const std::vector<int32_t> tokens = document(name, compiled, *vocab);
   std::vector<uint32_t> mask(Matcher(compiled).mask_words());
   double total_us = 0;
   size_t masks = 0;
@@ -110,6 +145,54 @@ void BM_Mask(benchmark::State& state, const std::string& name, bool first_pass) 
   state.counters["us_per_mask"] = masks ? total_us / static_cast<double>(masks) : 0;
 }
 
+// One step of kBatch sequences: each at its own position along the document (a sequence at the end starts
+// over), masks filled into one buffer as StepSampling::masks, the sequences split over the pool's threads.
+void BM_MaskStep(benchmark::State& state, const std::string& name, int threads) {
+  constexpr int kBatch = 64;
+  auto vocab = vocab_or_skip(state);
+  if (!vocab) return;
+  CompileLimits all;
+  all.eager_table_time = std::chrono::milliseconds(100000);
+  auto compiled = compile(grammar_for(name), vocab, all);
+  const std::vector<int32_t> tokens = document(name, compiled, *vocab);
+  std::vector<Matcher> matchers;
+  std::vector<size_t> pos(kBatch);
+  for (int i = 0; i < kBatch; ++i) {
+    matchers.emplace_back(compiled);
+    pos[i] = static_cast<size_t>(i) * tokens.size() / kBatch;
+    for (size_t k = 0; k < pos[i]; ++k) matchers.back().accept_token(tokens[k]);
+  }
+  const size_t words = matchers[0].mask_words();
+  std::vector<uint32_t> masks(words * kBatch);
+  ThreadPool pool(threads);
+  auto one = [&](int64_t i) {
+    matchers[i].fill_next_token_bitmask(std::span(masks.data() + i * words, words));
+    if (pos[i] == tokens.size()) {
+      matchers[i].reset();
+      pos[i] = 0;
+    } else {
+      matchers[i].accept_token(tokens[pos[i]++]);
+    }
+  };
+  double total_us = 0;
+  size_t steps = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    if (threads == 1) {
+      for (int64_t i = 0; i < kBatch; ++i) one(i);
+    } else {
+      pool.parallel_for(kBatch, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) one(i);
+      });
+    }
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    total_us += us;
+    ++steps;
+    state.SetIterationTime(us / 1e6);
+  }
+  state.counters["us_per_step"] = steps ? total_us / static_cast<double>(steps) : 0;
+}
+
 int register_all() {
   for (const auto& name : kSchemas) {
     benchmark::RegisterBenchmark(("BM_Compile/" + name).c_str(), BM_Compile, name)->Unit(benchmark::kMillisecond);
@@ -122,6 +205,11 @@ int register_all() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  for (int threads : {1, 2, 4})
+    benchmark::RegisterBenchmark(("BM_MaskStep/nested_order/threads:" + std::to_string(threads)).c_str(), BM_MaskStep,
+                                 std::string("nested_order"), threads)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   return 0;
 }
 const int registered = register_all();

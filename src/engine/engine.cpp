@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/thread_pool.h"
 #include "engine/memory_plan.h"
 
 namespace tessera {
@@ -308,6 +309,7 @@ void LLMEngine::add_token_state_slots(const ScheduledRequest& s, LinearAttnLayou
 
 StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
   StepSampling sampling;
+  std::vector<size_t> constrained;  // row 0 of each constrained sequence sampled on the device
   for (size_t i = 0; i < rows.size(); ++i) {
     const Request& r = *rows[i].request;
     // (min_tokens: if a sequence's row 0 needs the host, so may its later ones; the host samples them all.)
@@ -317,42 +319,64 @@ StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
     } else {
       sampling.rows.push_back(sampling_row(r));
       sampling.rows.back().position += static_cast<uint64_t>(rows[i].draft);  // output position of the row's token
-      if (r.constraint && rows[i].draft == 0) add_token_masks(rows, i, sampling);
+      if (r.constraint && rows[i].draft == 0) constrained.push_back(i);
     }
   }
+  if (!constrained.empty()) add_token_masks(rows, constrained, sampling);
   return sampling;
 }
 
 // Row j of a constrained sequence (first: its row 0) is sampled in the constraint's state after drafts
 // 0..j-1: the constraint advances through them for the masks, then steps back (take_tokens advances it by
 // the tokens taken). Rows after a draft the constraint refuses are never taken (the target cannot draw that
-// draft there): they stay unmasked.
-void LLMEngine::add_token_masks(const std::vector<LogitsRow>& rows, size_t first, StepSampling& sampling) {
-  Request& r = *rows[first].request;
-  const int drafts = rows[first].drafts;
-  const int vocab = executor_->model_config().vocab_size;
-  sampling.mask_words = (vocab + 31) / 32;
-  bool active = r.constraint_active;
-  int advanced = 0;
-  for (int j = 0; j <= drafts; ++j) {
-    if (active) {
-      sampling.mask_rows.push_back(static_cast<int32_t>(first) + j);
-      const size_t at = sampling.masks.size();
-      sampling.masks.resize(at + static_cast<size_t>(sampling.mask_words));
-      r.constraint->fill_mask(
-          std::span(reinterpret_cast<uint32_t*>(sampling.masks.data() + at), static_cast<size_t>(sampling.mask_words)));
+// draft there): they stay unmasked. The sequences are split over the thread pool (each sequence's
+// constraint on one thread), each filling its rows' masks into its own slots; the used slots are then
+// packed in row order.
+void LLMEngine::add_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts,
+                                StepSampling& sampling) {
+  const size_t words = static_cast<size_t>((executor_->model_config().vocab_size + 31) / 32);
+  sampling.mask_words = static_cast<int32_t>(words);
+  const size_t n = firsts.size();
+  std::vector<size_t> slot0(n + 1, 0);  // sequence k's slots: [slot0[k], slot0[k + 1])
+  for (size_t k = 0; k < n; ++k) slot0[k + 1] = slot0[k] + static_cast<size_t>(rows[firsts[k]].drafts) + 1;
+  std::vector<int32_t> slot_row(slot0[n], -1);  // the row a filled slot masks; -1: unused
+  sampling.masks.resize(slot0[n] * words);
+  uint32_t* masks = reinterpret_cast<uint32_t*>(sampling.masks.data());
+  const auto fill_one = [&](size_t k) {
+    const size_t first = firsts[k];
+    Request& r = *rows[first].request;
+    const int drafts = rows[first].drafts;
+    bool active = r.constraint_active;
+    int advanced = 0;
+    for (int j = 0; j <= drafts; ++j) {
+      if (active) {
+        const size_t slot = slot0[k] + static_cast<size_t>(j);
+        slot_row[slot] = static_cast<int32_t>(first) + j;
+        r.constraint->fill_mask(std::span(masks + slot * words, words));
+      }
+      if (j == drafts) break;
+      const int32_t d = r.spec_tokens[static_cast<size_t>(j)];
+      if (!active) {
+        active = d == r.params.constraint_after_token;
+      } else if (r.constraint->accept(d)) {
+        ++advanced;
+      } else {
+        break;
+      }
     }
-    if (j == drafts) break;
-    const int32_t d = r.spec_tokens[static_cast<size_t>(j)];
-    if (!active) {
-      active = d == r.params.constraint_after_token;
-    } else if (r.constraint->accept(d)) {
-      ++advanced;
-    } else {
-      break;
-    }
+    if (advanced > 0) r.constraint->rollback(advanced);
+  };
+  ThreadPool::global().parallel_for(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) fill_one(static_cast<size_t>(k));
+  });
+  size_t used = 0;
+  for (size_t slot = 0; slot < slot0[n]; ++slot) {
+    if (slot_row[slot] < 0) continue;
+    sampling.mask_rows.push_back(slot_row[slot]);
+    if (used != slot) std::memmove(masks + used * words, masks + slot * words, words * sizeof(uint32_t));
+    ++used;
   }
-  if (advanced > 0) r.constraint->rollback(advanced);
+  sampling.masks.resize(used * words);
 }
 
 std::vector<RequestOutput> LLMEngine::step() {

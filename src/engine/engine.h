@@ -166,8 +166,9 @@ class LLMEngine {
   bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
                    std::vector<RequestOutput>& out, int& accepted);
   // Why r stops after taking `token` (kNone: it goes on).
-  // Constrained decoding on the device: the token masks of the rows of the sequence whose row 0 is rows[first].
-  void add_token_masks(const std::vector<LogitsRow>& rows, size_t first, StepSampling& sampling);
+  // Constrained decoding on the device: the token masks of the rows of the sequences whose row 0 are
+  // rows[firsts[k]] (ascending), computed on the thread pool.
+  void add_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts, StepSampling& sampling);
   // Constrained decoding: r took `token`; the constraint advances (or starts, at the end of the reasoning).
   void advance_constraint(Request& r, int32_t token);
   FinishReason finish_reason_after(Request& r, int32_t token) const;

@@ -14,6 +14,7 @@ namespace tessera::grammar {
 namespace {
 constexpr size_t kMaxHistory = 64;     // tokens that rollback can undo
 constexpr size_t kMaxCachedTops = 64;  // configurations whose uncertain tokens are remembered
+constexpr size_t kMaxCachedMasks = 4;  // configuration sets whose whole mask is remembered
 }  // namespace
 
 struct Matcher::Impl {
@@ -32,6 +33,8 @@ struct Matcher::Impl {
     pool.clear();
     history.clear();
     uncertain_cache.clear();
+    mask_cache.clear();
+    next_cached_mask = 0;
     terminated = false;
     const Fsm& fsm = grammar->fsm();
     stepper.close_one(pool.get(fsm.rule_start[fsm.root], kRootParent), tops, complete);
@@ -110,41 +113,96 @@ struct Matcher::Impl {
     return accepted;
   }
 
-  void fill(std::span<uint32_t> mask) {
-    const size_t words = grammar->mask_words();
-    std::fill(mask.begin(), mask.end(), 0u);
-    if (mask.size() < words)
-      throw std::invalid_argument("fill_next_token_bitmask: mask has fewer words than mask_words()");
+  // The mask of the current configurations into mask[0, words): the first configuration's table is
+  // written (not OR-ed into zeros), the others OR-ed in, then the uncertain tokens and the stop ids.
+  void compute(std::span<uint32_t> mask, size_t words) {
     const VocabIndex& v = grammar->vocab();
-    if (!terminated) {
-      for (int32_t top : tops) {
-        const PositionTable& t = grammar->table(pool.node(top).state);
-        switch (t.kind) {
-          case PositionTable::Kind::kAcceptedIds:
-            for (int32_t id : t.ids) mask[id / 32] |= 1u << (id % 32);
-            break;
-          case PositionTable::Kind::kAcceptedBits:
+    bool first = true;
+    for (int32_t top : tops) {
+      const PositionTable& t = grammar->table(pool.node(top).state);
+      switch (t.kind) {
+        case PositionTable::Kind::kAcceptedIds:
+          if (first) std::fill_n(mask.begin(), words, 0u);
+          for (int32_t id : t.ids) mask[id / 32] |= 1u << (id % 32);
+          break;
+        case PositionTable::Kind::kAcceptedBits:
+          if (first) {
+            std::copy_n(t.bits.begin(), words, mask.begin());
+          } else {
             for (size_t w = 0; w < words; ++w) mask[w] |= t.bits[w];
-            break;
-          case PositionTable::Kind::kExcludedIds: {
+          }
+          break;
+        case PositionTable::Kind::kExcludedIds:
+          if (first) {
+            std::copy_n(v.valid_mask.begin(), words, mask.begin());
+            for (int32_t id : t.ids) mask[id / 32] &= ~(1u << (id % 32));
+          } else {
             scratch.assign(v.valid_mask.begin(), v.valid_mask.end());
             for (int32_t id : t.ids) scratch[id / 32] &= ~(1u << (id % 32));
             for (size_t w = 0; w < words; ++w) mask[w] |= scratch[w];
-            break;
           }
-        }
+          break;
       }
-      for (int32_t top : tops) {
-        const PositionTable& t = grammar->table(pool.node(top).state);
-        if (t.uncertain.empty()) continue;
-        for (int32_t id : resolve(top, t)) mask[id / 32] |= 1u << (id % 32);
-      }
+      first = false;
     }
-    if (complete || terminated) {
+    if (first) std::fill_n(mask.begin(), words, 0u);
+    for (int32_t top : tops) {
+      const PositionTable& t = grammar->table(pool.node(top).state);
+      if (t.uncertain.empty()) continue;
+      for (int32_t id : resolve(top, t)) mask[id / 32] |= 1u << (id % 32);
+    }
+    if (complete) {
       const auto& stop = grammar->stop_mask();
       for (size_t w = 0; w < words; ++w) mask[w] |= stop[w];
     }
   }
+
+  void fill(std::span<uint32_t> mask) {
+    const size_t words = grammar->mask_words();
+    if (mask.size() < words) {
+      std::fill(mask.begin(), mask.end(), 0u);
+      throw std::invalid_argument("fill_next_token_bitmask: mask has fewer words than mask_words()");
+    }
+    std::fill(mask.begin() + static_cast<std::ptrdiff_t>(words), mask.end(), 0u);
+    if (terminated) {
+      std::copy_n(grammar->stop_mask().begin(), words, mask.begin());
+      return;
+    }
+    for (const CachedMask& c : mask_cache) {
+      if (c.complete == complete && c.tops == tops) {
+        std::copy_n(c.bits.begin(), words, mask.begin());
+        return;
+      }
+    }
+    compute(mask, words);
+    if (mask_cache.size() < kMaxCachedMasks) {
+      mask_cache.emplace_back();
+      next_cached_mask = mask_cache.size() - 1;
+    }
+    CachedMask& c = mask_cache[next_cached_mask];
+    next_cached_mask = (next_cached_mask + 1) % kMaxCachedMasks;
+    c.tops = tops;
+    c.complete = complete;
+    c.bits.assign(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(words));
+  }
+
+  // After pool.truncate(size): cached results keyed by nodes that no longer exist are dropped (their ids
+  // will name other stacks); the others still hold.
+  void drop_cached_from(size_t size) {
+    const auto gone = [size](int32_t top) { return static_cast<size_t>(top) >= size; };
+    std::erase_if(mask_cache, [&](const CachedMask& c) { return std::any_of(c.tops.begin(), c.tops.end(), gone); });
+    if (next_cached_mask > mask_cache.size()) next_cached_mask = mask_cache.size();
+    if (next_cached_mask == kMaxCachedMasks) next_cached_mask = 0;
+    std::erase_if(uncertain_cache, [&](const auto& entry) { return gone(entry.first); });
+  }
+
+  // A configuration set's whole mask (stop ids included), so that a repeated set (the inside of a
+  // string, a number's digits) costs one copy.
+  struct CachedMask {
+    std::vector<int32_t> tops;
+    bool complete = false;
+    std::vector<uint32_t> bits;
+  };
 
   struct Level {
     std::vector<int32_t> tops;
@@ -161,6 +219,8 @@ struct Matcher::Impl {
   std::unordered_map<int32_t, std::vector<int32_t>> uncertain_cache;
   std::vector<Level> levels;
   std::vector<uint32_t> scratch;
+  std::vector<CachedMask> mask_cache;
+  size_t next_cached_mask = 0;  // the entry replaced next once the cache is full
 };
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar) {
@@ -219,7 +279,7 @@ void Matcher::rollback(int num_tokens) {
   m.complete = s.complete;
   m.terminated = s.terminated;
   m.pool.truncate(s.pool_size);
-  m.uncertain_cache.clear();
+  m.drop_cached_from(s.pool_size);
 }
 
 void Matcher::reset() { impl_->reset(); }

@@ -197,6 +197,29 @@ TEST(ConstrainedDecoding, DraftsAreCheckedAgainstTheConstraint) {
   }
 }
 
+TEST(ConstrainedDecoding, ManySequencesWithDraftsBesideFreeOnes) {
+  // The masks of a step are filled on the thread pool: constrained sequences interleaved with free ones,
+  // drafts refused at different places, each constrained row masked with its own sequence's state.
+  auto be = testing::make_test_backend();
+  const std::vector<int32_t> drafts = {5, 6, 99, 8, 9, 10, 11, 17, 13, 14, 15, 16};
+  std::vector<SamplingParams> ps;
+  for (int i = 0; i < 12; ++i) {
+    SamplingParams p = sampled(60 + i, 14);
+    if (i % 3 != 1) p.constraint = std::make_shared<ResidueFactory>(4 + i % 7);
+    ps.push_back(p);
+  }
+  EngineRun r = run(*be, ps, &drafts);
+  ASSERT_EQ(r.tokens.size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::vector<int32_t>& t = r.tokens[std::to_string(i)];
+    if (!ps[i].constraint) continue;
+    const int length = 4 + static_cast<int>(i) % 7;
+    ASSERT_EQ(t.size(), static_cast<size_t>(length) + 1) << i;  // then the eos
+    expect_residues(t, 0, length);
+    EXPECT_EQ(r.finish[std::to_string(i)], FinishReason::kStop) << i;
+  }
+}
+
 TEST(ConstrainedDecoding, AllowedTokenIdsAndBadWords) {
   auto be = testing::make_test_backend();
   SamplingParams p = sampled(3, 16);

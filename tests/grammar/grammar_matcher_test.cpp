@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "grammar_test_util.h"
@@ -62,6 +63,56 @@ TEST(GrammarMatcher, MaskEqualsBruteForceOnAnyJsonWithCompactWhitespace) {
   compact.any_whitespace = false;
   const std::string root = b.add_any_json_object(compact);
   check_masks(b.build(root), vocab, 8, 3);
+}
+
+// The matcher remembers whole masks per configuration set: along random paths with speculative-style
+// advances and rollbacks (whose stack nodes are dropped and their ids reused by other stacks), every mask
+// equals that of a fresh matcher given the same tokens.
+TEST(GrammarMatcher, CachedMasksHoldAcrossRollback) {
+  auto vocab = byte_vocab(testing::json_tokens());
+  auto compiled = compile(testing::build_schema(R"({"type":"object","properties":{
+      "name":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}},
+      "n":{"type":"integer"}},"required":["name","tags"]})"),
+                          vocab);
+  std::mt19937 rng(11);
+  for (int walk = 0; walk < 6; ++walk) {
+    Matcher m(compiled);
+    std::vector<int32_t> taken;
+    std::vector<uint32_t> mask(m.mask_words()), fresh_mask(m.mask_words());
+    const auto check = [&](const char* where) {
+      m.fill_next_token_bitmask(mask);
+      Matcher fresh(compiled);
+      for (int32_t id : taken) ASSERT_TRUE(fresh.accept_token(id));
+      fresh.fill_next_token_bitmask(fresh_mask);
+      ASSERT_EQ(mask, fresh_mask) << where << ", walk " << walk << " after " << taken.size() << " tokens";
+    };
+    const auto draw = [&]() {
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < static_cast<int32_t>(mask.size() * 32); ++id)
+        if (bit(mask, id) && std::ranges::find(vocab->stop_ids, id) == vocab->stop_ids.end()) allowed.push_back(id);
+      return allowed.empty() ? -1 : allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+    };
+    for (int step = 0; step < 30 && !m.can_terminate(); ++step) {
+      // Drafts: up to 3 tokens, each mask checked, then rolled back.
+      const int drafts = std::uniform_int_distribution<int>(0, 3)(rng);
+      int advanced = 0;
+      for (int d = 0; d < drafts; ++d) {
+        check("draft");
+        const int32_t id = draw();
+        if (id < 0) break;
+        ASSERT_TRUE(m.accept_token(id));
+        taken.push_back(id);
+        ++advanced;
+      }
+      m.rollback(advanced);
+      taken.resize(taken.size() - static_cast<size_t>(advanced));
+      check("after rollback");
+      const int32_t id = draw();
+      if (id < 0) break;
+      ASSERT_TRUE(m.accept_token(id));
+      taken.push_back(id);
+    }
+  }
 }
 
 TEST(GrammarMatcher, StopIdsSpecialAndOutOfRangeIds) {
