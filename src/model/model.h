@@ -27,15 +27,11 @@ struct LayerCacheSpec {
   CacheKind kind = CacheKind::kPagedKv;
   int num_kv_heads = 0;  // kPagedKv: on this rank
   int head_dim = 0;
-  // kPagedKv: the layer's sliding window W (it reads only the keys of the last W positions of each
-  // query, and no block wholly before them); 0: full attention, every block of the sequence.
-  int sliding_window = 0;
   // kStateSlot (a Gated DeltaNet layer), per sequence, on this rank: the causal-conv state
   // [K-1, C] and the recurrent state [Hv, Dk, Dv]. The engine picks their dtypes (CacheInit).
   Shape conv_state_shape, ssm_state_shape;
-  // kPagedKv: 0 for full attention; W > 0 for sliding-window attention, where the token at
-  // position p attends to positions [p - W + 1, p] only (the engine may then free the blocks
-  // before every future token's window).
+  // kPagedKv: the layer's sliding window W (it reads only the keys of the last W positions of each
+  // query, and no block wholly before them); 0: full attention, every block of the sequence.
   int sliding_window = 0;
   // Bytes per sequence of both states at the given dtypes.
   size_t state_bytes(DType conv_dtype, DType ssm_dtype) const {
