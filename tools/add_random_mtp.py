@@ -33,7 +33,7 @@ import sys
 import zlib
 
 HYBRID_FIXTURES = ["qwen3_next_tiny", "qwen3_5_moe_text_tiny", "qwen3_5_dense_tiny", "qwen3_5_moe_vl_tiny",
-                   "qwen3_5_moe_text_fp8"]
+                   "qwen3_5_moe_text_fp8", "qwen3_5_moe_text_fp8_hd64"]
 SIZES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "I64": 8, "I32": 4}
 
 
