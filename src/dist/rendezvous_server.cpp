@@ -326,6 +326,23 @@ bool RendezvousServer::handle_frame(const std::shared_ptr<Connection>& c, const 
   }
 }
 
+// A persistent cluster's node rank for a joining host: the same host and address is the same node
+// restarting and gets its old rank back; else a slot a refused join left empty, else a new one
+// (-1 and `refusal` set when the cluster is full).
+int RendezvousServer::persistent_rank_locked(const NodeFingerprint& fp, std::string& refusal) {
+  for (size_t r = 1; r < nodes_.size(); ++r)
+    if (nodes_[r].joins > 0 && nodes_[r].fingerprint.hostname == fp.hostname && nodes_[r].fingerprint.ip == fp.ip)
+      return static_cast<int>(r);
+  for (size_t r = 1; r < nodes_.size(); ++r)
+    if (nodes_[r].joins == 0 && !nodes_[r].connection) return static_cast<int>(r);
+  if (nodes_.size() >= 4096) {
+    refusal = "the cluster has 4096 nodes already";
+    return -1;
+  }
+  nodes_.emplace_back();
+  return static_cast<int>(nodes_.size()) - 1;
+}
+
 bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const Frame& f) {
   JoinRequest j = decode_join(f.payload);
   std::string refusal;
@@ -333,25 +350,7 @@ bool RendezvousServer::handle_join(const std::shared_ptr<Connection>& c, const F
   std::vector<uint8_t> welcome;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (options_.persistent && j.nnodes == 0) {
-      // The same host and address is the same node restarting: it gets its old rank back.
-      int rank = -1;
-      for (size_t r = 1; r < nodes_.size() && rank < 0; ++r)
-        if (nodes_[r].joins > 0 && nodes_[r].fingerprint.hostname == j.fingerprint.hostname &&
-            nodes_[r].fingerprint.ip == j.fingerprint.ip)
-          rank = static_cast<int>(r);
-      for (size_t r = 1; r < nodes_.size() && rank < 0; ++r)  // a slot a refused join left empty
-        if (nodes_[r].joins == 0 && !nodes_[r].connection) rank = static_cast<int>(r);
-      if (rank < 0) {
-        if (nodes_.size() >= 4096) {
-          refusal = "the cluster has 4096 nodes already";
-        } else {
-          rank = static_cast<int>(nodes_.size());
-          nodes_.emplace_back();
-        }
-      }
-      j.node_rank = rank;
-    }
+    if (options_.persistent && j.nnodes == 0) j.node_rank = persistent_rank_locked(j.fingerprint, refusal);
     std::string who = j.fingerprint.ip.empty() ? fmt::format("node {}", j.node_rank)
                                                : fmt::format("node {} ({})", j.node_rank, j.fingerprint.ip);
     if (!refusal.empty()) {

@@ -85,6 +85,7 @@ class RendezvousServer {
   // Returns false when the connection must close.
   bool handle_frame(const std::shared_ptr<Connection>& c, const Frame& f);
   bool handle_join(const std::shared_ptr<Connection>& c, const Frame& f);
+  int persistent_rank_locked(const NodeFingerprint& fp, std::string& refusal);
   bool handle_job_submit(const std::shared_ptr<Connection>& c, const Frame& f);
   void on_connection_closed(const std::shared_ptr<Connection>& c, const std::string& why);
   void mark_node_failed_locked(int node_rank, const std::string& reason, std::vector<RankFailure>* fired);

@@ -48,7 +48,12 @@ std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& l
     if (std::count_if(groups.begin(), groups.end(), [](const CacheGroup& g) { return g.spec.paged(); }) <= 1)
       return groups;
   }
-  return make_cache_groups(layers, block_size, false);
+  auto groups = make_cache_groups(layers, block_size, false);
+  // A pipeline stage whose own layers are all linear attention still keeps the block tables that the
+  // later stages' attention layers read (the step carries one for every stage).
+  if (!whole_model && std::none_of(groups.begin(), groups.end(), [](const CacheGroup& g) { return g.spec.paged(); }))
+    groups.insert(groups.begin(), CacheGroup{{CacheGroupKind::kFullAttention, block_size, 0}, {}});
+  return groups;
 }
 
 int max_blocks_per_seq(const CacheGroupSpec& spec, int max_model_len, int max_num_batched_tokens) {

@@ -43,7 +43,8 @@ std::vector<CacheGroup> make_cache_groups(const std::vector<LayerCacheSpec>& lay
 // The engine's groups: sliding-window groups of their own only where the step's one attention
 // block table serves every paged layer (a single paged group results) and `layers` is the whole
 // model (with pipeline stages, rank 0 sees its own layers only, and every stage reads the same
-// table); otherwise windowed layers are managed as full attention.
+// table); otherwise windowed layers are managed as full attention. A stage without attention layers
+// of its own still gets a full-attention group (without layers): the other stages read its tables.
 std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& layers, int block_size,
                                             bool whole_model);
 
