@@ -10,6 +10,8 @@
 #   carry: ["bundle", ".npm-pkgs/tokenizer-qwen3/package/models"]
 #   bash scripts/device_ab.sh     (bundle/bundle.tar.xz holds both: the previous binary as prev/tessera)
 #   SERVE=0: decode and prefill only.
+#   MODELS="configs/qwen3-30b-a3b configs/qwen3-8b": the decode models (default Qwen3-8B; HYBRID=1 adds
+#   Qwen3.5-35B-A3B); SERVE_MODEL: the served one (default configs/qwen3-8b); EXTRA: flags for both builds.
 set -u
 . "$(dirname "$0")/device_prompts.sh"
 export NCCL_NVLS_ENABLE=0
@@ -20,12 +22,13 @@ B=${BUNDLE:-/tmp/bundle}
 PREV=${PREV:-$B/prev/tessera}
 TOK=${TOK:-.npm-pkgs/tokenizer-qwen3/package/models}
 ROUNDS=${ROUNDS:-1}
+MODELS=${MODELS:-configs/qwen3-8b$([ "${HYBRID:-0}" = 1 ] && echo " configs/qwen3.5-35b-a3b")}
 [ -x "$PREV" ] || { echo "device_ab: PREV=$PREV is not an executable tessera" >&2; exit 2; }
 echo "A (previous): $PREV ($("$PREV" --version 2>/dev/null | head -1)); B (this): $B/tessera ($("$B/tessera" --version | head -1))"
 
 decode() {  # build-label binary model name
   local tag=$1 bin=$2 model=$3 name=$4
-  timeout 240 "$bin" generate --model "$model" --load-format dummy --device cuda --prompt-ids "$P512" \
+  timeout 240 "$bin" generate --model "$model" --load-format dummy --device cuda --prompt-ids "$P512" ${EXTRA:-} \
     --max-tokens 256 --ignore-eos --max-model-len 8192 --json > "$OUT/${name}_$tag.json" 2> "$OUT/${name}_$tag.log"
   echo "$name $tag: $(grep -o 'decode [0-9.]* tok/s' "$OUT/${name}_$tag.log" | tail -1)"
 }
@@ -38,7 +41,7 @@ prefill() {
 }
 serve() {
   local tag=$1 bin=$2
-  "$bin" serve configs/qwen3-8b --load-format dummy --device cuda --tokenizer $TOK --port 8012 \
+  "$bin" serve ${SERVE_MODEL:-configs/qwen3-8b} --load-format dummy ${EXTRA:-} --device cuda --tokenizer $TOK --port 8012 \
     --max-model-len 4096 --max-num-seqs 256 > "$OUT/serve_$tag.log" 2>&1 &
   local sp=$!
   for i in $(seq 1 120); do curl -sf http://127.0.0.1:8012/health >/dev/null && break; sleep 1; done
@@ -62,12 +65,12 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r"
   for tag in A B; do
     bin=$([ $tag = A ] && echo "$PREV" || echo "$B/tessera")
-    decode $tag "$bin" configs/qwen3-8b dense8b
-    [ "${HYBRID:-0}" = 1 ] && decode $tag "$bin" configs/qwen3.5-35b-a3b hybrid35b
+    for m in $MODELS; do decode $tag "$bin" "$m" "$(basename "$m")"; done
     prefill $tag "$bin"
     [ "${SERVE:-1}" = 1 ] && serve $tag "$bin"
   done
-  for m in dense8b $([ "${HYBRID:-0}" = 1 ] && echo hybrid35b); do
+  for m in $MODELS; do
+    m=$(basename "$m")
     [ "$(first_ids "$OUT/${m}_A.json")" = "$(first_ids "$OUT/${m}_B.json")" ] \
       && echo "$m: A and B generate identical tokens" || echo "$m: A and B tokens DIFFER"
   done

@@ -11,7 +11,7 @@
 # (optional: a build of tessera's kernels as compute_90 PTX only, so the driver compiles them,
 # the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins).
 # PARTS (default all, in this order): elf ops (models: the model and engine tests beside the op
-# tests) bench decode prefill serve ptx. DEADLINE
+# tests, on the Hopper path and the sm_120 profile) bench decode prefill serve ptx. DEADLINE
 # (seconds, default 540): a part that would start after it is skipped, and each command's timeout
 # ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
 # flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
@@ -56,6 +56,7 @@ if part ops; then
     if part models && [ -x "$B/$t" ]; then
       TESSERA_CUDA_OPTIONS=$SM120 TESSERA_TEST_DEVICE=cuda timeout $(t 300) "$B/$t" --gtest_color=no \
         > "$L/${t}_sm120.log" 2>&1 &
+      TESSERA_TEST_DEVICE=cuda timeout $(t 300) "$B/$t" --gtest_color=no > "$L/${t}_hopper.log" 2>&1 &
     fi
   done
   wait $p1
@@ -64,6 +65,7 @@ if part ops; then
   say "cuda_ops_test (sm_120 profile) rc=$?: $(gtest_line "$L/ops_sm120.log")"
   wait
   for t in model_fixture_test engine_test; do
+    [ -f "$L/${t}_hopper.log" ] && say "$t (Hopper path): $(gtest_line "$L/${t}_hopper.log")"
     [ -f "$L/${t}_sm120.log" ] && say "$t (sm_120 profile): $(gtest_line "$L/${t}_sm120.log")"
   done
   grep -hE "^\[  FAILED  \]" "$L"/*.log | sort -u | head -30 | tee -a "$S"

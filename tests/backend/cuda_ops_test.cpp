@@ -407,8 +407,8 @@ TEST_F(CudaOps, LinearAtTheTinyFixturesShapes) {
 // dequantising reference. M <= 16 runs the FP8 GEMV, 17-64 rows on small weights the small-M
 // kernel, below fp8_w8a8_min_rows the W8A16 GEMM (bf16 activations all: bf16-level error); from
 // there activations are quantised to e4m3 per token and 128 columns (3 mantissa bits, rounding
-// up to 1/16 per element, ~2-3% on these sums) for cuBLASLt's block-scaled GEMM, or (K/128 not a
-// multiple of 4, K % 128 != 0) the weight is dequantised to bf16 for the bf16 GEMM.
+// up to 1/16 per element, ~2-3% on these sums) for the block-scaled GEMM (cuBLASLt's or the mma.sync
+// kernel) where K is a multiple of 512, else the weight is dequantised to bf16 for the bf16 GEMM.
 TEST_F(CudaOps, Fp8BlockScaledLinear) {
   struct Case {
     int64_t T, K, N;
@@ -464,7 +464,7 @@ TEST_F(CudaOps, Fp8BlockScaledLinear) {
     // activations at every M (the small-M kernel to 64 rows, then the W8A16 GEMM).
     for (Backend* be : {&gpu(), w16_.get()}) {
       const bool small = c.T <= cuda::kMaxFp8SmallRows && c.N * c.K <= CudaOptions{}.fp8_small_max_weights;
-      const bool quantised = be == &gpu() && c.T >= CudaOptions{}.fp8_w8a8_min_rows && !small;
+      const bool quantised = be == &gpu() && c.T >= CudaOptions{}.fp8_w8a8_min_rows && !small && c.K % 512 == 0;
       Tensor out = be->alloc({c.T, c.N}, c.out);
       be->fill(out, NAN);
       Tensor bb = upload(*be, b, {c.N}, DType::kBF16);
