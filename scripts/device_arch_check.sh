@@ -15,7 +15,8 @@
 # (seconds, default 540): a part that would start after it is skipped, and each command's timeout
 # ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
 # flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
-# layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU.
+# layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU. SERVE_RUNS (default sm120): which of
+# "sm120 hopper prev" serve the seeds' protocol.
 set -u
 DEADLINE=${DEADLINE:-540}
 left() { echo $((DEADLINE - SECONDS)); }
@@ -126,9 +127,9 @@ if part prefill; then
   prefill sm120 $SM120
 fi
 
-serve() {  # label env: the seeds' protocol (max_tokens 64, one sentence, 40 requests a level at 1/5/10/20)
-  local tag=$1 env=$2
-  env TESSERA_CUDA_OPTIONS="$env" "$B/tessera" serve $FLAG --load-format dummy --device cuda \
+serve() {  # label env [binary]: the seeds' protocol (max_tokens 64, one sentence, 40 requests a level at 1/5/10/20)
+  local tag=$1 env=$2 bin=${3:-$B/tessera}
+  env TESSERA_CUDA_OPTIONS="$env" "$bin" serve $FLAG --load-format dummy --device cuda \
     --tokenizer .npm-pkgs/tokenizer-qwen3/package/models --port 8013 --max-model-len 4096 --max-num-seqs 64 \
     --speculative-config '{"method":"mtp","num_speculative_tokens":2}' > "$L/serve_$tag.log" 2>&1 &
   local sp=$!
@@ -148,7 +149,13 @@ PY
 }
 if part serve; then
   [ -d .npm-pkgs/tokenizer-qwen3 ] || say "serve: no .npm-pkgs/tokenizer-qwen3 carried"
-  serve sm120 $SM120
+  for tag in ${SERVE_RUNS:-sm120}; do
+    case $tag in
+      sm120) serve sm120 $SM120 ;;
+      hopper) serve hopper "" ;;
+      prev) [ -x "$PREV" ] && serve prev "" "$PREV" ;;
+    esac
+  done
 fi
 
 if part ptx && [ -x "$B/ptx/cuda_ops_test" ]; then

@@ -10,9 +10,10 @@
 # sm_90, 101,376 on sm_120 and sm_121), unused (the launchers take another variant of this
 # kernel on this architecture), NONE (no variant of its launcher fits: see NONE FITS). Exits 1
 # when a launched kernel is OVER or a launcher has no variant that fits an architecture.
-#   scripts/ptxas_report.sh                   # every file, every architecture (slow: ~30 minutes on 2 cores)
+#   scripts/ptxas_report.sh                   # every file, every architecture (~30 minutes on 2 cores, ~3 on 16)
 #   scripts/ptxas_report.sh src/backend/cuda/moe_gemm.cu
 #   ARCHS="120a" scripts/ptxas_report.sh      # some architectures only
+#   JOBS=16 scripts/ptxas_report.sh           # files compiled 16 at a time (default: the core count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -35,11 +36,24 @@ trap 'rm -rf "$tmp"' EXIT
 gencode=()
 for a in $ARCHS; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done
 
-# ptxas's lines, file by file: "arch mangled regs stack spill_st spill_ld smem".
+# ptxas's lines, file by file: "arch mangled regs stack spill_st spill_ld smem". The files
+# compile JOBS at a time (default: the number of cores); their logs are read in order.
+JOBS=${JOBS:-$(nproc)}
+i=0
 for f in "${files[@]}"; do
+  i=$((i + 1))
   echo "compiling $f" >&2
-  "$NVCC" -std=c++17 --expt-relaxed-constexpr --diag-suppress=177 -I src "${gencode[@]}" -Xptxas -v \
-    -c "$f" -o "$tmp/out.o" 2>"$tmp/log" || { cat "$tmp/log" >&2; exit 1; }
+  ("$NVCC" -std=c++17 --expt-relaxed-constexpr --diag-suppress=177 -I src "${gencode[@]}" -Xptxas -v \
+    -c "$f" -o "$tmp/out$i.o" 2>"$tmp/log$i" || touch "$tmp/failed$i") &
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+done
+wait
+for i in $(seq 1 "${#files[@]}"); do
+  if [ -e "$tmp/failed$i" ]; then
+    echo "ptxas_report: ${files[$((i - 1))]} does not compile:" >&2
+    cat "$tmp/log$i" >&2
+    exit 1
+  fi
   awk '
     /Compiling entry function/ {
       match($0, /function .[^'"'"']*'"'"'/); fn = substr($0, RSTART + 10, RLENGTH - 11)
@@ -54,7 +68,7 @@ for f in "${files[@]}"; do
       if (match($0, /[0-9]+ bytes smem/)) smem = substr($0, RSTART, RLENGTH - 11)
       print arch, fn, regs, stack, st, ld, smem
       fn = ""
-    }' "$tmp/log" >>"$tmp/kernels"
+    }' "$tmp/log$i" >>"$tmp/kernels"
 done
 
 # Demangled, without "void ", namespaces and the parameter list.
