@@ -16,7 +16,7 @@
 # ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
 # flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
 # layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU. SERVE_RUNS (default sm120): which of
-# "sm120 hopper prev" serve the seeds' protocol.
+# "sm120 hopper prev" serve the seeds' protocol; DECODE_RUNS (default "prev hopper sm120") decode.
 set -u
 DEADLINE=${DEADLINE:-540}
 left() { echo $((DEADLINE - SECONDS)); }
@@ -29,6 +29,8 @@ mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=${BUNDLE:-/tmp/bundle}
 PREV=${PREV:-$B/prev/tessera}
+# The previous build's tessera finds the bundle's libraries through its rpath ($ORIGIN/lib).
+[ -d "$B/prev" ] && [ ! -e "$B/prev/lib" ] && ln -s ../lib "$B/prev/lib"
 PARTS=" ${PARTS:-elf ops models bench decode prefill serve ptx} "
 part() { [[ "$PARTS" == *" $1 "* ]] && [ "$(left)" -gt 20 ]; }
 . "$(dirname "$0")/device_prompts.sh"
@@ -113,14 +115,18 @@ prefill() {
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('flagship prefill 4096 $tag: %.4f s' % (r[1]['first_token_at_s'] - r[0]['first_token_at_s']))" "$L/prefill_$tag.json" | tee -a "$S"
 }
 if part decode; then
+  runs=" ${DECODE_RUNS:-prev hopper sm120} "
   for r in $(seq 1 "${ROUNDS:-1}"); do
-    [ -x "$PREV" ] && decode "prev_r$r" "" "$PREV"
-    decode "hopper_r$r" "" "$B/tessera"
-    decode "sm120_r$r" $SM120 "$B/tessera"
+    [[ "$runs" == *" prev "* ]] && [ -x "$PREV" ] && decode "prev_r$r" "" "$PREV"
+    [[ "$runs" == *" hopper "* ]] && decode "hopper_r$r" "" "$B/tessera"
+    [[ "$runs" == *" sm120 "* ]] && decode "sm120_r$r" $SM120 "$B/tessera"
   done
-  [ "$(first_ids "$L/decode_hopper_r1.json")" = "$(first_ids "$L/decode_sm120_r1.json")" ] \
-    && say "flagship: sm_120 profile and Hopper path generate identical tokens" \
-    || say "flagship: sm_120 profile and Hopper path tokens differ (FP8 W8A8 rounding differs)"
+  for other in prev sm120; do
+    [ -f "$L/decode_${other}_r1.json" ] && [ -f "$L/decode_hopper_r1.json" ] || continue
+    [ "$(first_ids "$L/decode_hopper_r1.json")" = "$(first_ids "$L/decode_${other}_r1.json")" ] \
+      && say "flagship: $other and the Hopper path generate identical tokens" \
+      || say "flagship: $other and the Hopper path generate different tokens"
+  done
 fi
 if part prefill; then
   prefill hopper ""
