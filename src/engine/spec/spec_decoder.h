@@ -38,7 +38,6 @@ class SpecDecoder {
   SpecDecoder(const SpeculativeConfig& config, Executor& executor, Options options);
   ~SpecDecoder();
 
-  const SpeculativeConfig& config() const { return config_; }
   int num_speculative_tokens() const { return config_.num_speculative_tokens; }
   const SpecDecodeStats& stats() const { return stats_; }
   // disable_by_batch_size auto: (batch, a step with drafts over one without) as measured at startup.
