@@ -39,7 +39,7 @@ for c in (8, 16, 32, 64):
 with open(f"{d}/c64_run.jsonl", "w") as f:  # the c64 part's requests (N_C64; at 64, every one at once)
     for s in (starts * 64)[:int(sys.argv[3])]: f.write(json.dumps({"prompt": s}) + "\n")
 # ngram: a source file, then its first lines again: the model copies the rest (an editing workload).
-src = open("src/engine/spec_decode.cpp").read()
+src = open("src/engine/spec/spec_config.cpp").read()
 src = src[:3000]
 head = "\n".join(src.split("\n")[:12]) + "\n"
 with open(f"{d}/copy.jsonl", "w") as f:

@@ -37,34 +37,15 @@ LLMEngine::LLMEngine(std::unique_ptr<Executor> executor, EngineConfig config)
   plan_kv_cache();
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *cache_manager_);
   if (config_.warm_up && captures_graphs()) warm_up();
-  if (proposer_ && proposer_->needs_every_step() &&
-      config_.speculative.disable_by_batch_size == SpeculativeConfig::kDisableAuto)
-    calibrate_speculation();
+  if (spec_ && spec_->wants_calibration()) calibrate_speculation();
 }
 
 void LLMEngine::init_speculative() {
   config_.speculative = validate_speculative_config(config_.speculative);
-  const SpeculativeConfig& sc = config_.speculative;
-  if (!sc.enabled()) return;
-  if (executor_->model_config().is_hybrid() && !backend_.supports_token_state_slots())
-    fail(ErrorKind::kUnsupported,
-         "--speculative-config on a hybrid (linear-attention) model needs the {} backend to keep the state after "
-         "each draft token, which it does not do yet (the CPU backend does); run without --speculative-config",
-         backend_.name());
-  if (sc.method == "mtp") {
-    if (!executor_->supports_mtp())
-      fail(ErrorKind::kUnsupported,
-           "--speculative-config method 'mtp': the model was loaded without its multi-token-prediction layer (load "
-           "it with the MTP layer, as `tessera serve` does for this flag); use {{\"method\": \"ngram\", ...}} or no "
-           "--speculative-config");
-    proposer_ = std::make_unique<MtpProposer>(*executor_, config_.block_size);
-  } else {
-    proposer_ = std::make_unique<NgramProposer>(sc.prompt_lookup_min, sc.prompt_lookup_max);
-  }
-  TLOG_INFO(
-      "Speculative decoding: {}; verification steps whose sequences carry as many drafts{} replay CUDA graphs "
-      "unless --enforce-eager",
-      describe(sc), sc.method == "mtp" ? ", and the MTP draft passes after them," : "");
+  if (!config_.speculative.enabled()) return;
+  spec_ = std::make_unique<SpecDecoder>(
+      config_.speculative, *executor_,
+      SpecDecoder::Options{config_.block_size, config_.scheduler.max_model_len, config_.mtp_drafts_in_step});
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -399,26 +380,11 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (r->scheduled_at == std::chrono::steady_clock::time_point{}) r->scheduled_at = now;
   }
   count_iteration_tokens(step_tokens);
-  // MTP: while drafting is off no pass runs after the step, so its sequences stop drafting for good.
-  if (proposer_ && proposer_->needs_every_step() && drafting_off())
-    for (const auto& s : sched.scheduled) s.request->spec_off = true;
   // (Before the input: the blocks the MTP passes write go into the block tables.)
-  int mtp_passes = mtp_passes_in_step(sched);
+  if (spec_) spec_->plan_step(sched, scheduler_->num_running(), *cache_manager_);
   std::vector<LogitsRow> rows;
   std::vector<Request*> scored;
   ModelInput in = build_input(sched, rows, scored);
-  // What each sequence computes this step (a proposer may read the target's hidden states there).
-  std::vector<ComputedSpan> spans;
-  std::vector<bool> caught_up;
-  if (proposer_) {
-    int row = 0;
-    for (const auto& s : sched.scheduled) {
-      const Request& r = *s.request;
-      spans.push_back({s.request, r.num_computed_tokens, 0, row, s.num_new_tokens});
-      caught_up.push_back(r.num_computed_tokens + s.num_new_tokens == r.num_tokens() + s.num_draft_tokens);
-      row += s.num_new_tokens;
-    }
-  }
   const int vocab = executor_->model_config().vocab_size;
   StepSampling sampling = step_sampling(rows);
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
@@ -427,20 +393,16 @@ std::vector<RequestOutput> LLMEngine::step() {
     sampling.rows.emplace_back();
   }
   timer_.mark(1, "build input");
-  if (!sampling.host_rows.empty() || !sampling.mask_rows.empty()) mtp_passes = -1;
-  const bool drafted = mtp_passes >= 0 && executor_->execute_with_mtp(in, sampling, mtp_passes, step_out_, mtp_step_);
-  if (!drafted) executor_->execute(in, sampling, step_out_);
+  if (spec_)
+    spec_->execute(in, sampling, step_out_);
+  else
+    executor_->execute(in, sampling, step_out_);
   timer_.mark(2, "execute");
-  // (The step's sequences, before any retires: pointers the proposer compares.)
-  std::vector<const Request*> step_seqs;
-  if (drafted)
-    for (const auto& s : sched.scheduled) step_seqs.push_back(s.request);
   scheduler_->on_step_done(sched);
 
-  const uint64_t verified_before = stats_.spec.num_drafts, accepted_before = stats_.spec.num_accepted_tokens;
   size_t next_host = 0;
   std::vector<Request*> decoding;
-  size_t seq = 0;  // generating sequences so far (in a step that drafted, the step's sequence index)
+  size_t seq = 0;  // generating sequences so far
   for (size_t i = 0; i < rows.size();) {
     const LogitsRow& row = rows[i];
     if (row.prompt_pos >= 0) {  // raw logits, as vLLM's prompt logprobs
@@ -455,13 +417,9 @@ std::vector<RequestOutput> LLMEngine::step() {
     }
     Request* r = row.request;  // dangles once take_tokens retires it
     int accepted = 0;
-    if (take_tokens(rows, static_cast<int>(i), sampling, next_host, out, accepted)) {
-      decoding.push_back(r);
-      // The device accepted as the host did (the passes drafted from that row).
-      TESSERA_CHECK(!drafted || mtp_step_.accepted[seq] == accepted,
-                    "speculative decoding: the device accepted {} drafts of {}, the host {}", mtp_step_.accepted[seq],
-                    r->id, accepted);
-    }
+    const bool goes_on = take_tokens(rows, static_cast<int>(i), sampling, next_host, out, accepted);
+    if (goes_on) decoding.push_back(r);
+    if (spec_) spec_->note_verification(seq, row.drafts, accepted, goes_on ? r : nullptr);
     i += 1 + static_cast<size_t>(row.drafts);
     ++seq;
   }
@@ -474,27 +432,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     retire(r);
     out.push_back(std::move(o));
   }
-  if (proposer_) {
-    note_verifications(stats_.spec.num_drafts - verified_before, stats_.spec.num_accepted_tokens - accepted_before);
-    // Sequences that go on: the decoding ones and those whose prefill continues (the others of
-    // the step were retired: their pointers dangle, so they are matched, not read).
-    std::vector<ComputedSpan> going_on;
-    const bool every_step = proposer_->needs_every_step();
-    for (size_t i = 0; i < spans.size(); ++i) {
-      if (caught_up[i] && std::find(decoding.begin(), decoding.end(), spans[i].request) == decoding.end()) continue;
-      if (every_step && spans[i].request->spec_off) continue;  // (not retired: it is in decoding or prefilling)
-      spans[i].end = spans[i].request->num_computed_tokens;
-      going_on.push_back(spans[i]);
-    }
-    if (drafted) {
-      proposer_->take_step_drafts(std::move(step_seqs), std::move(mtp_step_.drafts), mtp_step_.passes);
-      ++stats_.spec.steps_drafting_in_step;
-    } else {
-      proposer_->observe_step(going_on);
-    }
-    propose_drafts(decoding);
-    log_spec_decode();
-  }
+  if (spec_) spec_->finish_step(decoding, scheduler_->num_running(), *cache_manager_);
   timer_.mark(3, "outputs");
   timer_.pass_done();
   return out;
@@ -592,7 +530,6 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
                fmt::join(o.new_token_ids, " "));
   // The rows after a rejected draft are not used.
   while (next_host < sampling.host_rows.size() && sampling.host_rows[next_host] <= first + drafts) ++next_host;
-  stats_.spec.add(drafts, accepted);
   o.num_output_tokens = static_cast<int>(r->output.size());
   const bool goes_on = reason == FinishReason::kNone;
   if (goes_on) {
@@ -607,76 +544,14 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
   return goes_on;
 }
 
-void LLMEngine::log_spec_decode() {
-  const auto now = std::chrono::steady_clock::now();
-  const double secs = std::chrono::duration<double>(now - spec_logged_at_).count();
-  if (secs >= 10 && stats_.spec.num_drafts > spec_logged_.num_drafts) {
-    TLOG_INFO("{}", spec_decode_log_line(stats_.spec, spec_logged_, secs));
-    spec_logged_ = stats_.spec;
-    spec_logged_at_ = now;
-  }
-}
-
 void LLMEngine::set_proposer(std::unique_ptr<Proposer> p) {
-  TESSERA_CHECK(config_.speculative.enabled(), "set_proposer without --speculative-config");
-  proposer_ = std::move(p);
+  TESSERA_CHECK(spec_, "set_proposer without --speculative-config");
+  spec_->set_proposer(std::move(p));
 }
 
-void LLMEngine::propose_drafts(const std::vector<Request*>& decoding) {
-  // At most k, and no more than the request can still take: max_tokens (the step adds up to
-  // drafts + 1 tokens) and max_model_len (the drafts' positions must exist).
-  std::vector<int> room;
-  room.reserve(decoding.size());
-  const bool off = drafting_off();
-  for (const Request* r : decoding) {
-    int k = off || r->spec_off ? 0 : config_.speculative.num_speculative_tokens;
-    k = std::min(k, r->params.max_tokens - static_cast<int>(r->output.size()) - 1);
-    k = std::min(k, max_model_len() - r->num_tokens());
-    room.push_back(std::max(0, k));
-  }
-  if (proposer_->needs_lookahead_slots())
-    for (size_t i = 0; i < decoding.size(); ++i) {
-      // Draft j >= 2 is drafted at position num_tokens - 3 + j: blocks up to num_tokens + room - 2 positions.
-      Request& r = *decoding[i];
-      if (room[i] < 2 || cache_manager_->allocate(r, room[i] - 1)) continue;
-      const int held = static_cast<int>(r.block_ids().size()) * config_.block_size;
-      room[i] = std::clamp(held - r.num_tokens() + 2, 1, room[i]);
-    }
-  proposer_->propose(decoding, room);
-  for (Request* r : decoding) {  // an MTP draft from NaN logits is -1 (Backend::argmax): drafting stops there
-    auto& d = r->spec_tokens;
-    d.erase(std::find_if(d.begin(), d.end(), [](int32_t t) { return t < 0; }), d.end());
-  }
-  for (size_t i = 0; i < decoding.size(); ++i)
-    TESSERA_CHECK(static_cast<int>(decoding[i]->spec_tokens.size()) <= room[i], "proposer gave {} drafts for room {}",
-                  decoding[i]->spec_tokens.size(), room[i]);
-}
-
-bool LLMEngine::drafting_off() const {
-  const int limit = config_.speculative.disable_by_batch_size;
-  const size_t n = scheduler_->num_running();
-  if (limit > 0) return n >= static_cast<size_t>(limit);
-  if (limit != SpeculativeConfig::kDisableAuto || calibrating_ || spec_cost_.empty()) return false;
-  return spec_cost_at(n) >= expected_tokens_per_verification();
-}
-
-double LLMEngine::expected_tokens_per_verification() const {
-  // Recent verifications (each weighs kSpecDecay^steps since) plus kSpecPrior pseudo-verifications
-  // that accept every draft: drafting starts wherever it might pay, and once it stopped for poor
-  // acceptance the evidence fades, so a later sequence tries again (a workload's acceptance moves).
-  const double k = config_.speculative.num_speculative_tokens;
-  return 1.0 + (spec_recent_accepted_ + kSpecPrior * k) / (spec_recent_drafts_ + kSpecPrior);
-}
-
-void LLMEngine::note_verifications(uint64_t drafts, uint64_t accepted) {
-  spec_recent_drafts_ = spec_recent_drafts_ * kSpecDecay + static_cast<double>(drafts);
-  spec_recent_accepted_ = spec_recent_accepted_ * kSpecDecay + static_cast<double>(accepted);
-}
-
-double LLMEngine::spec_cost_at(size_t n) const {
-  for (const auto& [b, cost] : spec_cost_)
-    if (static_cast<size_t>(b) >= n) return cost;
-  return spec_cost_.back().second;
+const std::vector<std::pair<int, double>>& LLMEngine::speculation_costs() const {
+  static const std::vector<std::pair<int, double>> none;
+  return spec_ ? spec_->costs() : none;
 }
 
 bool LLMEngine::add_random_request(const std::string& id, int len, int max_tokens, std::mt19937_64& rng) {
@@ -691,44 +566,17 @@ bool LLMEngine::add_random_request(const std::string& id, int len, int max_token
 }
 
 void LLMEngine::end_internal_run(const EngineStats& saved) {
-  calibrating_ = false;
   stats_ = saved;
-  spec_recent_drafts_ = spec_recent_accepted_ = 0;
-  spec_logged_ = saved.spec;
-  spec_logged_at_ = std::chrono::steady_clock::now();
+  if (spec_) spec_->end_internal_run();
 }
-
-namespace {
-// The warm-up's drafts for a proposer that drafts on the host (ngram finds none in random
-// tokens): 0, k, k - 1, ..., 1 drafts in successive steps (the request's last token, repeated), so
-// the batch-1 graphs of the decode step and of each verification shape are captured before a
-// user's request comes.
-class WarmUpDrafts : public Proposer {
- public:
-  explicit WarmUpDrafts(int k) : k_(k) {}
-  void propose(const std::vector<Request*>& requests, const std::vector<int>& room) override {
-    for (size_t i = 0; i < requests.size(); ++i) {
-      Request& r = *requests[i];
-      const int d = std::max(0, std::min(next_, room[i]));
-      r.spec_tokens.assign(static_cast<size_t>(d), r.output.empty() ? r.prompt.back() : r.output.back());
-    }
-    next_ = next_ == 0 ? k_ : next_ - 1;
-  }
-
- private:
-  int k_, next_ = 0;
-};
-}  // namespace
 
 int LLMEngine::warm_up() {
   const auto start = std::chrono::steady_clock::now();
   // Room for the prompt and the decode steps (with k drafts each when speculating).
-  const int k = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
+  const int k = spec_ ? spec_->num_speculative_tokens() : 0;
   const int len = std::min(kWarmUpPrompt, max_model_len() - (kWarmUpDecode + 1) * (k + 1) - 1);
-  // A host proposer (ngram) steps aside for WarmUpDrafts; MTP drafts k as it serves.
-  const bool every_count = proposer_ && k > 0 && !proposer_->drafts_in_step() && !proposer_->needs_lookahead_slots();
-  // (room for one round of every draft count even where drafts are accepted)
-  const int tokens = std::min(kWarmUpDecode + 1 + (every_count ? k * (k + 1) / 2 : 0),
+  // (A host proposer, ngram, drafts every count in turn: room for one round of them even where they are accepted.)
+  const int tokens = std::min(kWarmUpDecode + 1 + (spec_ ? spec_->warm_up_extra_tokens() : 0),
                               std::max(kWarmUpDecode + 1, max_model_len() - len - 1));
   std::mt19937_64 rng(0x7e55e7a);
   const std::string id = "tessera-warm-up";
@@ -737,19 +585,13 @@ int LLMEngine::warm_up() {
     return 0;
   }
   const EngineStats saved = stats_;
-  calibrating_ = true;  // (drafting is not turned off while it runs)
-  std::unique_ptr<Proposer> host_proposer;
-  if (every_count) {
-    host_proposer = std::move(proposer_);
-    proposer_ = std::make_unique<WarmUpDrafts>(k);
-  }
+  if (spec_) spec_->begin_internal_run(true);  // (drafting is not turned off while it runs)
   int steps = 0;
   while (has_unfinished() && steps < 4 * tokens + len) {
     step();
     ++steps;
   }
   if (has_unfinished()) abort(id);
-  if (host_proposer) proposer_ = std::move(host_proposer);
   end_internal_run(saved);
   const char* graphs = !captures_graphs() ? ""
                        : k > 0            ? " (the batch-1 decode and verification graphs are captured)"
@@ -759,102 +601,39 @@ int LLMEngine::warm_up() {
   return steps;
 }
 
-int LLMEngine::calibration_tokens(int k) {
-  // The prompt, then up to k + 1 tokens in each of the warm-up, timed and two spare steps, then k drafts ahead.
-  return kCalibrationPrompt + (kCalibrationWarm + kCalibrationSteps + 2) * (k + 1) + k;
-}
-
 double LLMEngine::time_calibration_steps(int batch, bool drafts, uint64_t seed) {
-  const int k = config_.speculative.num_speculative_tokens;
-  const int max_tokens = calibration_tokens(k) - kCalibrationPrompt - k;  // (every step may take k + 1)
   std::mt19937_64 rng(seed);
   std::vector<std::string> ids;
   for (int b = 0; b < batch; ++b) {
     const std::string id = fmt::format("tessera-calibration-{}-{}-{}", drafts ? "drafts" : "plain", batch, b);
     // (--max-model-len too short for it: no figure)
-    if (!add_random_request(id, kCalibrationPrompt, max_tokens, rng)) break;
+    if (!add_random_request(id, SpecDecoder::kCalibrationPrompt, spec_->calibration_max_tokens(), rng)) break;
     ids.push_back(id);
     if (!drafts) requests_.at(id)->spec_off = true;
   }
   std::vector<double> times;
   int warm = 0;
   while (static_cast<int>(ids.size()) == batch && has_unfinished() &&
-         static_cast<int>(times.size()) < kCalibrationSteps) {
+         static_cast<int>(times.size()) < SpecDecoder::kCalibrationSteps) {
     bool decoding = scheduler_->num_waiting() == 0;
     for (const auto& [id, r] : requests_) decoding = decoding && !r->output.empty();
     const auto t0 = std::chrono::steady_clock::now();
     step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (decoding && ++warm > kCalibrationWarm) times.push_back(dt);
+    if (decoding && ++warm > SpecDecoder::kCalibrationWarm) times.push_back(dt);
   }
   for (const std::string& id : ids) abort(id);
-  if (static_cast<int>(times.size()) < kCalibrationSteps) return 0;
+  if (static_cast<int>(times.size()) < SpecDecoder::kCalibrationSteps) return 0;
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
 
 void LLMEngine::calibrate_speculation() {
-  const int k = config_.speculative.num_speculative_tokens;
-  TLOG_INFO("Speculative decoding: measuring a step with {} drafts a sequence against one without (batch 1, 2, 4, ...)",
-            k);
   const EngineStats saved = stats_;
-  calibrating_ = true;
-  // Blocks a calibration sequence may hold: prompt, tokens, drafts' lookahead, one spare.
-  const int per_seq = calibration_tokens(k) / config_.block_size + 2;
-  std::string line;
-  // A budget for slow backends (a large model on the CPU): batches it did not reach count as the
-  // largest measured one.
-  const auto start = std::chrono::steady_clock::now();
-  for (int b = 1; b <= config_.scheduler.max_num_seqs; b *= 2) {
-    if (b * per_seq > cache_manager_->pool().num_free()) break;
-    if (!spec_cost_.empty() && std::chrono::steady_clock::now() - start > kCalibrationBudget) {
-      TLOG_INFO("Speculative decoding: measuring stopped at batch {} after {} s (batches above count as it)",
-                spec_cost_.back().first, kCalibrationBudget.count());
-      break;
-    }
-    const double plain = time_calibration_steps(b, false, 2 * static_cast<uint64_t>(b));
-    const double with = time_calibration_steps(b, true, 2 * static_cast<uint64_t>(b) + 1);
-    if (plain <= 0 || with <= 0) break;
-    spec_cost_.emplace_back(b, with / plain);
-    line += fmt::format("{}{}: {:.2f}x", line.empty() ? "" : ", ", b, with / plain);
-    if (with / plain >= k + 1) break;  // no acceptance pays for it here or (in practice) above
-  }
-  end_internal_run(saved);
-  if (spec_cost_.empty()) {
-    TLOG_WARN(
-        "Speculative decoding: could not measure its cost (no room for a calibration sequence of {} tokens in the "
-        "cache or --max-model-len); it drafts at every batch size (set \"disable_by_batch_size\" to limit it)",
-        calibration_tokens(k));
-    return;
-  }
-  TLOG_INFO(
-      "Speculative decoding: a step with drafts costs (x a plain step, by batch) {}; it drafts while the mean "
-      "acceptance length exceeds the cost at the running batch (sequences that run a step without drafts draft no "
-      "more); \"disable_by_batch_size\" sets a fixed limit instead",
-      line);
-}
-
-int LLMEngine::mtp_passes_in_step(const SchedulerOutput& sched) {
-  if (!proposer_ || !proposer_->drafts_in_step() || !config_.mtp_drafts_in_step || sched.scheduled.empty()) return -1;
-  const int q = sched.scheduled.front().num_new_tokens;
-  for (const auto& s : sched.scheduled) {
-    const Request& r = *s.request;
-    if (s.num_new_tokens != q || s.num_draft_tokens != q - 1 || r.num_computed_tokens + 1 != r.num_tokens() ||
-        r.output.empty())
-      return -1;
-  }
-  for (const auto& s : sched.scheduled)
-    if (s.request->spec_off) return -1;  // (no pass for it: drafting after the step covers the others)
-  const int passes = config_.speculative.num_speculative_tokens;
-  if (passes < 2) return passes;
-  // Pass j + 1 (j >= 1) writes the MTP layer's KV at the accepted row's position + j: up to
-  // position num_computed + q + passes - 2.
-  for (const auto& s : sched.scheduled) {
-    Request& r = *s.request;
-    if (r.num_computed_tokens + q + passes - 2 >= max_model_len() || !cache_manager_->allocate(r, q + passes - 1))
-      return -1;
-  }
-  return passes;
+  spec_->calibrate(
+      [this](int batch, bool drafts, uint64_t seed) { return time_calibration_steps(batch, drafts, seed); },
+      config_.scheduler.max_num_seqs, *cache_manager_);
+  stats_ = saved;
 }
 
 EngineStats LLMEngine::stats() const {
@@ -863,7 +642,10 @@ EngineStats LLMEngine::stats() const {
   s.num_waiting = scheduler_->num_waiting();
   s.kv_cache_usage = cache_manager_->pool().usage();
   s.num_preemptions = scheduler_->num_preemptions();
-  s.num_speculative_tokens = config_.speculative.enabled() ? config_.speculative.num_speculative_tokens : 0;
+  if (spec_) {
+    s.spec = spec_->stats();
+    s.num_speculative_tokens = spec_->num_speculative_tokens();
+  }
   return s;
 }
 

@@ -17,7 +17,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
-#include "engine/spec_decode.h"
+#include "engine/spec/spec_decoder.h"
 #include "model/model.h"
 
 namespace tessera {
@@ -130,7 +130,7 @@ class LLMEngine {
   // speculative decoding on (its num_speculative_tokens bounds the drafts).
   void set_proposer(std::unique_ptr<Proposer> p);
   // disable_by_batch_size auto: (batch, a step with drafts over one without) as measured at startup.
-  const std::vector<std::pair<int, double>>& speculation_costs() const { return spec_cost_; }
+  const std::vector<std::pair<int, double>>& speculation_costs() const;
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
@@ -146,7 +146,8 @@ class LLMEngine {
     int drafts = 0;
   };
   void plan_kv_cache();
-  // Fails (kUnsupported) on a speculative decoding setup tessera cannot run; sets up the proposer.
+  // Validates --speculative-config; when it is on, makes the SpecDecoder (which fails, kUnsupported,
+  // on a setup tessera cannot run).
   void init_speculative();
   // `rows`: what each logits row is for; `scored`: requests with max_tokens 0 whose prompt is done.
   ModelInput build_input(const SchedulerOutput& sched, std::vector<LogitsRow>& rows,
@@ -160,7 +161,7 @@ class LLMEngine {
   // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
   float* host_logits(const StepSampling& sampling, size_t& next_host, int row);
   // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
-  // token equals the draft at its position, the next row's (spec_decode.h). Appends the
+  // token equals the draft at its position, the next row's (spec/spec_config.h). Appends the
   // request's output; returns false when it finished (it is retired).
   // `accepted` gets the drafts it accepted.
   bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
@@ -175,43 +176,18 @@ class LLMEngine {
   RequestOutput output_of(const Request& r) const;
   // Counts one step of `tokens` computed tokens in the tokens-per-step histogram.
   void count_iteration_tokens(uint64_t tokens);
-  // Speculative decoding: drafts for the sequences that will decode next step.
-  void propose_drafts(const std::vector<Request*>& decoding);
-  // Whether the next step's sequences get no drafts (disable_by_batch_size; auto: the measured
-  // cost of drafting at the running batch against the mean acceptance length so far).
-  bool drafting_off() const;
   // The engine's own runs (warm_up, calibrate_speculation): a greedy, EOS-ignoring request of `len`
   // tokens drawn from rng; false where it does not fit --max-model-len or is refused.
   bool add_random_request(const std::string& id, int len, int max_tokens, std::mt19937_64& rng);
-  // After such a run: drafting decisions back on, and the stats and speculation counters as before it.
+  // After such a run: the stats as before it (SpecDecoder::end_internal_run).
   void end_internal_run(const EngineStats& saved);
   // CUDA graphs are captured (not --enforce-eager, a backend that has them).
   bool captures_graphs() const { return !config_.enforce_eager && backend_.supports_graphs(); }
-  // disable_by_batch_size auto (MTP): runs B = 1, 2, 4, ... random-prompt sequences through real
-  // steps with drafts and without, and keeps each B's step time with drafts over without
-  // (spec_cost_), until drafting cannot pay (the ratio reaches k + 1) or B passes
-  // --max-num-seqs or the free cache. Leaves no request, stats or counters behind.
+  // disable_by_batch_size auto (MTP): SpecDecoder::calibrate over time_calibration_steps. Leaves no
+  // request, stats or counters behind.
   void calibrate_speculation();
-  // The median time of kCalibrationSteps decode steps of B sequences of kCalibrationPrompt random
-  // tokens, after kCalibrationWarm untimed ones (graph captures; 0: they did not all get there).
+  // SpecDecoder::TimeSteps: B random-prompt sequences through real steps, drafting or not.
   double time_calibration_steps(int batch, bool drafts, uint64_t seed);
-  static constexpr int kCalibrationPrompt = 32, kCalibrationWarm = 3, kCalibrationSteps = 6;
-  static constexpr std::chrono::seconds kCalibrationBudget{20};  // no larger batch is begun after this
-  // The positions a calibration sequence may reach with k drafts a step.
-  static int calibration_tokens(int k);
-  // The drafting cost measured at the smallest calibrated batch >= n (the largest one's past it).
-  double spec_cost_at(size_t n) const;
-  // Tokens a verification step is expected to yield (1 + accepted drafts), from the recent ones.
-  double expected_tokens_per_verification() const;
-  // After every step: its verifications (sequences with drafts) and accepted drafts.
-  void note_verifications(uint64_t drafts, uint64_t accepted);
-  // The MTP passes to run with this step (Executor::execute_with_mtp), or -1 when they run after
-  // it: every sequence decodes or verifies the same number of drafts, and each has the KV blocks
-  // the passes write (taken here, before the step's block tables are built, when free). (Rows
-  // sampled on the host rule it out too; the caller checks.)
-  int mtp_passes_in_step(const SchedulerOutput& sched);
-  // vLLM's periodic SpecDecoding log line, every 10 s while drafts are verified.
-  void log_spec_decode();
   void finish(Request* r, FinishReason reason, std::vector<RequestOutput>& out);
   // Frees the request's blocks and forgets it (the pointer dangles afterwards).
   void retire(Request* r);
@@ -228,18 +204,8 @@ class LLMEngine {
   EngineStats stats_;
   PhaseTimer timer_{"engine step (TESSERA_STEP_TIMING)"};
   StepOutput step_out_;
-  MtpStepResult mtp_step_;
-  std::mt19937_64 seed_rng_;            // sample seeds of requests that bring none
-  std::unique_ptr<Proposer> proposer_;  // speculative decoding; null when off
-  // calibrate_speculation's results: (batch, step time with k drafts a sequence / without).
-  std::vector<std::pair<int, double>> spec_cost_;
-  bool calibrating_ = false;  // (drafting never off while it runs)
-  // Verifications and accepted drafts, each weighted by kSpecDecay per step since.
-  double spec_recent_drafts_ = 0, spec_recent_accepted_ = 0;
-  static constexpr double kSpecDecay = 0.995, kSpecPrior = 4;
-  // The periodic "SpecDecoding metrics" log line: the counts and time of the last one.
-  SpecDecodeStats spec_logged_;
-  std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();
+  std::mt19937_64 seed_rng_;           // sample seeds of requests that bring none
+  std::unique_ptr<SpecDecoder> spec_;  // speculative decoding; null when off
 };
 
 }  // namespace tessera

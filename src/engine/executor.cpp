@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "dist/communicator.h"
 #include "dist/process_groups.h"
+#include "engine/spec/mtp_drafter.h"
 #include "engine/worker.h"
 
 namespace tessera {
@@ -122,8 +123,10 @@ void LocalExecutor::execute(const ModelInput& input, const StepSampling& samplin
 
 bool LocalExecutor::execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
                                      MtpStepResult& result) {
-  if (!sampling.host_rows.empty() || !sampling.mask_rows.empty() || !runner_.mtp_step_fusable(input)) return false;
-  runner_.run_with_mtp(
+  if (!model_->has_mtp() || !sampling.host_rows.empty() || !sampling.mask_rows.empty() ||
+      !runner_.mtp().step_fusable(input))
+    return false;
+  runner_.mtp().run_with_step(
       input, passes,
       [&](const Tensor& logits, const Tensor& ids) {
         check_sampling(logits, sampling);
@@ -151,7 +154,7 @@ Tensor compact_drafts(Backend& be, const Tensor& d, int S) {
 
 namespace {
 
-// The drafts of run_mtp's `d` for S drafting sequences on the host (drafts[j * S + s]).
+// The drafts of MtpDrafter::draft's `d` for S drafting sequences on the host (drafts[j * S + s]).
 void download_drafts(Backend& be, const Tensor& d, int S, std::vector<int32_t>& drafts) {
   drafts.clear();
   if (d.numel() == 0 || S == 0) return;
@@ -164,7 +167,7 @@ void download_drafts(Backend& be, const Tensor& d, int S, std::vector<int32_t>& 
 }  // namespace
 
 void LocalExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts) {
-  download_drafts(backend_, runner_.run_mtp(in), in.num_drafting, drafts);
+  download_drafts(backend_, runner_.mtp().draft(in), in.num_drafting, drafts);
 }
 
 // ---------------------------------------------------------------- plan transport

@@ -44,7 +44,7 @@ class Executor {
   // drafting sequence i.
   virtual void propose_mtp(const MtpDraftInput& in, std::vector<int32_t>& drafts);
   // Speculative decoding with method mtp, the step and its drafting together
-  // (ModelRunner::run_with_mtp): returns false, having run nothing, where this executor cannot
+  // (MtpDrafter::run_with_step): returns false, having run nothing, where this executor cannot
   // (one rank only; every row of the step sampled on the device, every sequence q rows).
   virtual bool execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
                                 MtpStepResult& result) {
@@ -59,7 +59,7 @@ void sample_logits(Backend& backend, const Tensor& logits, const StepSampling& s
 // when there are none), in scratch memory.
 std::pair<Tensor, Tensor> sample_on_device(Backend& backend, const Tensor& logits, const StepSampling& sampling);
 
-// The drafts of ModelRunner::run_mtp's result `d` ([passes, W], W >= S) for its first S
+// The drafts of MtpDrafter::draft's result `d` ([passes, W], W >= S) for its first S
 // columns, pass by pass ([passes * S]): `d` itself when W == S, else a compact copy in scratch.
 Tensor compact_drafts(Backend& backend, const Tensor& d, int S);
 

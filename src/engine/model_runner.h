@@ -13,14 +13,15 @@
 // shape runs eagerly over those buffers (its result is the step's result), then the shape is
 // captured for the next time; a verification shape whose capture fails runs eagerly from then
 // on (a decode shape's failure turns graphs off). Every rank of a TP group takes the same
-// decisions from the same plan, so their graphs (with the collectives inside) pair up.
+// decisions from the same plan, so their graphs (with the collectives inside) pair up. A model
+// with an MTP layer brings its drafting too (MtpDrafter, engine/spec/mtp_drafter.h), whose graph
+// families use the same layouts and capture.
 #pragma once
 #include <array>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
-#include <tuple>
 
 #include "engine/step_plan.h"
 #include "model/model.h"
@@ -30,6 +31,8 @@ namespace tessera {
 namespace dist {
 class Communicator;
 }
+
+class MtpDrafter;
 
 class ModelRunner {
  public:
@@ -41,34 +44,30 @@ class ModelRunner {
   // The step's logits (undefined on ranks that do not return them), valid until the next run.
   Tensor run(const ModelInput& input);
   const KvCache& cache() const { return kv_; }
-  // Models with an MTP layer (Model::has_mtp): every run() keeps the step's final hidden states
-  // in a device buffer; this runs the MTP passes of `in` over them (MtpDraftInput) and returns
-  // the greedy drafts, i32 [passes, W] in scratch memory: row j, column i < in.num_drafting is
-  // draft j + 1 of drafting sequence i (W >= num_drafting: a graph's bucket). After a step
-  // whose sequences all had q rows and all draft (MtpProposer's uniform pass 1), the passes
-  // replay a captured graph where the step's graphs are on.
-  Tensor run_mtp(const MtpDraftInput& in);
-  // Speculative decoding with MTP, the step and its drafting with no host round trip between
-  // them (MtpStepResult). `in` must pass mtp_step_fusable: every sequence q rows (decode, or the
-  // verification of q - 1 drafts), the logits of every row. After the step, `sample` draws the
-  // rows' tokens into the tensor it is given; then, on the device: accept_drafts, the MTP pass
-  // over every row of the step (its tokens: the sampled ones; a row past a sequence's accepted
-  // ones computes what a later pass overwrites) and `passes` - 1 chained passes from each
-  // sequence's accepted row (draft_positions), with one download of the tokens, the accepted
-  // counts and the drafts at the end. Graphed steps replay one captured graph for the drafting
-  // per (bucket, q, passes), up to the MTP graph batch; other steps run the same ops eagerly.
-  bool mtp_step_fusable(const ModelInput& in) const;
-  using SampleFn = std::function<void(const Tensor& logits, const Tensor& ids)>;
-  void run_with_mtp(const ModelInput& in, int passes, const SampleFn& sample, MtpStepResult& result);
+  // Models with an MTP layer (Model::has_mtp): their drafting, which every run() hands its final
+  // hidden states (kept on the device). Fails on a model without the layer.
+  MtpDrafter& mtp();
   // Communicators whose collectives run inside the graphs: a replay is put under their
   // watchdog (a peer stuck mid-replay then ends the rank instead of hanging it).
   void watch(std::vector<dist::Communicator*> comms) { watched_ = std::move(comms); }
 
  private:
+  friend class MtpDrafter;  // (its graph families use the layouts, fill, views and run_graph below)
   struct Graph {
     std::unique_ptr<CapturedGraph> graph;
-    Tensor out;  // the logits (run) or the drafts (run_mtp)
+    Tensor out;  // the logits (run) or the drafts (MtpDrafter)
     size_t scratch_bytes = 0;
+  };
+  // Graphs of one kind by shape key (bucket, q, and 0 or the MTP passes), and the keys whose
+  // capture failed (they run eagerly).
+  using GraphKey = std::array<int, 3>;
+  struct GraphFamily {
+    std::map<GraphKey, Graph> graphs;
+    std::set<GraphKey> eager;
+    void clear() {
+      graphs.clear();
+      eager.clear();
+    }
   };
   // Where one pass's step arrays live in a graph input buffer (i32 offsets; -1: absent).
   struct GraphLayout {
@@ -79,34 +78,28 @@ class ModelRunner {
   // tables apart: lay_out_table); returns the end.
   int64_t lay_out(GraphLayout& g, int64_t off, int64_t B, int64_t Q, bool with_tokens) const;
   int64_t lay_out_table(GraphLayout& g, int64_t off, int64_t B) const;
+  static size_t table_index();  // the block table's row of kStepArrays
   // Writes `in` padded to bucket b (q tokens a sequence) into `mirror`; returns the end used.
   int64_t fill(const GraphLayout& g, const ModelInput& in, int b, int q, std::vector<int32_t>& mirror) const;
   // The pass's device views of `buf` (and the host copies the backends read, from `mirror`).
   StepInputs views(const GraphLayout& g, const ModelInput& in, int b, int q, const Tensor& buf,
                    const std::vector<int32_t>& mirror) const;
+  // The buckets and the step graphs' input buffer (graphs on).
+  void init_step_graphs(const CacheInit& init);
   int bucket_for(int batch) const;  // 0: no bucket
   // The tokens per sequence of a graphable step (0: not graphable).
   int graph_query_len(const ModelInput& input) const;
-  // Replays the graph of `key`, or runs `body` eagerly and captures it for the next time
-  // (`fallback`: where a failed capture leaves the key). Returns body's tensor.
-  template <typename Key, typename Body>
-  Tensor run_graph(std::map<Key, Graph>& graphs, std::set<Key>& eager, const Key& key, bool decode, Body body);
-  // MTP passes as one graph: inputs laid out at init (mtp_*), key (bucket, q, passes).
-  bool mtp_graphable(const MtpDraftInput& in, int& b, int& q) const;
-  Tensor run_mtp_graph(const MtpDraftInput& in, int b, int q);
-  // The passes themselves (eager and captured alike): drafts i32 [passes, S_rows] (into
-  // `drafts_out` [passes * S_rows] when given).
-  Tensor mtp_passes(StepInputs& first, const Tensor& hidden, std::vector<StepInputs>& chained, int64_t S_rows,
-                    const Tensor* drafts_out = nullptr);
-  // run_with_mtp's device buffer: per call, one i32 region laid out for W sequences of up to Q
-  // rows and P passes (a graph's W, Q, P are the largest it may take, so its offsets stay put).
-  struct FusedLayout {
-    int64_t ids = 0, rows = 0, drafts = 0, order1 = 0, order2 = 0, qsl = 0, lidx = 0, chain = 0, end = 0;
+  // Replays the graph of `key`, or runs `body` eagerly and captures it for the next time (a
+  // failed capture turns graphs off for a decode key, else leaves the key eager). Returns body's
+  // tensor.
+  Tensor run_graph(GraphFamily& family, const GraphKey& key, bool decode, const std::function<Tensor()>& body);
+  // run(), with the bucket the step ran at (0: eagerly) and its step inputs (MtpDrafter reads them).
+  struct StepRun {
+    Tensor logits;
+    int bucket = 0;
+    StepInputs inputs;
   };
-  static FusedLayout fused_layout(int64_t W, int64_t Q, int64_t P);
-  // The device work after the step's sampling, for W rows of q (host_copies: fill the chained
-  // passes' host arrays from the device, eager runs only).
-  Tensor fused_drafting(const StepInputs& step, const FusedLayout& L, int64_t W, int q, int passes, bool host_copies);
+  StepRun run_step(const ModelInput& in);
   // Copies the (src, dst) state-slot pairs of every linear-attention layer, in order.
   void apply_state_copies(const std::vector<int32_t>& pairs);
 
@@ -123,33 +116,8 @@ class ModelRunner {
   GraphLayout step_layout_;
   Tensor graph_buf_;
   std::vector<int32_t> h_step_;
-  std::map<std::pair<int, int>, Graph> graphs_;  // by (bucket, q)
-  std::set<std::pair<int, int>> eager_shapes_;   // verification shapes whose capture failed
-  // MTP drafting graphs (models with an MTP layer and speculation): batches up to mtp_max_b_;
-  // pass 1 (q rows a sequence), then the chained passes (positions, KV slots, lengths; pass 1's
-  // block tables), the fc orders of both, pass 1's block tables last.
-  int mtp_max_b_ = 0;
-  GraphLayout mtp_first_;
-  std::vector<GraphLayout> mtp_chained_;
-  int64_t mtp_order_first_ = 0, mtp_order_chained_ = 0;
-  Tensor mtp_buf_;
-  std::vector<int32_t> h_mtp_;
-  std::map<std::tuple<int, int, int>, Graph> mtp_graphs_;  // by (bucket, q, passes)
-  std::set<std::tuple<int, int, int>> mtp_eager_;
-  // run_with_mtp: its buffer (FusedLayout) and graphs by (bucket, q, passes); the last run's
-  // bucket (0: it ran eagerly) and step inputs.
-  Tensor fused_buf_;
-  std::map<std::tuple<int, int, int>, Graph> fused_graphs_;
-  std::set<std::tuple<int, int, int>> fused_eager_;
-  int last_bucket_ = 0;
-  StepInputs last_inputs_;
-  std::vector<int32_t> h_fused_;           // host side of its uploads and of its download
-  std::array<int64_t, 5> fused_consts_{};  // (W, q, offsets) of the shape constants on the device
-  // Models with an MTP layer: the last run's final hidden states ([hidden_rows_, H]; growing it
-  // drops the captured graphs, which write into it).
-  Tensor hidden_;
-  int64_t hidden_rows_ = 0, last_tokens_ = 0;
-  void reserve_hidden(int64_t rows);
+  GraphFamily step_graphs_;          // by (bucket, q, 0)
+  std::unique_ptr<MtpDrafter> mtp_;  // models with an MTP layer
   std::vector<dist::Communicator*> watched_;
 };
 

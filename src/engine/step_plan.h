@@ -73,7 +73,7 @@ struct StepOutput {
   std::vector<float> host_logits;
 };
 
-// Speculative decoding with method mtp (engine/spec_decode.h, MtpProposer): the MTP layer's
+// Speculative decoding with method mtp (engine/spec/mtp_proposer.h, MtpProposer): the MTP layer's
 // passes after a step, run by the ranks of the last pipeline stage (which holds the step's hidden
 // states); with several ranks it travels as a plan of kind kMtpDraft.
 struct MtpDraftInput {
@@ -90,7 +90,7 @@ struct MtpDraftInput {
   std::vector<ModelInput> chained;
 };
 
-// What a step fused with its MTP drafting gives back (ModelRunner::run_with_mtp): the step's
+// What a step fused with its MTP drafting gives back (MtpDrafter::run_with_step): the step's
 // tokens (one a row), for each sequence the drafts the device accepted, and the drafts of each
 // pass from the accepted row: drafts[j * S + s] is draft j + 1 of sequence s.
 struct MtpStepResult {

@@ -8,6 +8,7 @@
 #include "dist/custom_all_reduce_communicator.h"
 #include "dist/gloo_communicator.h"
 #include "engine/executor.h"
+#include "engine/spec/mtp_drafter.h"
 
 #ifdef TESSERA_HAVE_NCCL
 #include "dist/nccl_communicator.h"
@@ -165,7 +166,7 @@ void Worker::run_step(const StepPlan& plan) {
 
 Tensor Worker::run_mtp(const MtpDraftInput& in) {
   if (!model_->has_mtp()) return Tensor();  // (a stage before the last)
-  return runner_->run_mtp(in);
+  return runner_->mtp().draft(in);
 }
 
 void Worker::run_mtp_plan(const StepPlan& plan) {

@@ -56,7 +56,7 @@ class Worker {
   Tensor run(const ModelInput& input) { return runner_->run(input); }
   // Whether the job runs the MTP layer (LoadOptions::mtp; the last pipeline stage holds it).
   bool loads_mtp() const { return loads_mtp_; }
-  // The MTP passes after the last step (ModelRunner::run_mtp): the drafts [passes, W] on the
+  // The MTP passes after the last step (MtpDrafter::draft): the drafts [passes, W] on the
   // last stage (right on its TP rank 0; its other TP ranks get them too), undefined on the
   // stages before it, which hold no part of the layer.
   Tensor run_mtp(const MtpDraftInput& in);

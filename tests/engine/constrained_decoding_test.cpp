@@ -8,7 +8,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
-#include "engine/spec_decode.h"
+#include "engine/spec/proposer.h"
 #include "fixture_util.h"
 
 namespace tessera {

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "engine/model_runner.h"
+#include "engine/spec/mtp_drafter.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -132,7 +133,7 @@ TEST(DemoModel, GreedyQuatrainHasFourLinesOfFiveCharacters) {
 // The MTP head against transformers, teacher-forced as eval.json's mtp_acceptance was measured at
 // training time (fp32 on the GPU): each held-out text scored alone (up to 1024 tokens), the MTP
 // layer at every position t given the target's hidden state at t and the true token t + 1 (one
-// ModelRunner::run_mtp pass over the whole text, drafts at every row); its argmax is compared with
+// MtpDrafter::draft pass over the whole text, drafts at every row); its argmax is compared with
 // the true token t + 2 and with the target's argmax at t + 1. eval.json records those rates over
 // the whole held-out set only, and the first texts (about 1500 positions here, to stay fast) are
 // easier, so each is compared as a margin over the target's own next-token accuracy on the same
@@ -201,7 +202,7 @@ TEST(DemoModel, MtpTeacherForcedAcceptanceIsTheTrainingTimeFigure) {
     d.prefill.attention.seq_lens = {n - 1};
     for (int t = 0; t + 1 < n; ++t) d.hidden_rows.push_back(t);
     d.num_drafting = n - 1;
-    const Tensor drafts = runner.run_mtp(d);
+    const Tensor drafts = runner.mtp().draft(d);
     std::vector<int32_t> mp(static_cast<size_t>(n - 1));
     backend.copy_to_host(mp.data(), drafts);
     for (int t = 0; t + 2 < n; ++t) {

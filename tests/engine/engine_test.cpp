@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/kv_cache_coordinator.h"
 #include "engine/model_loader.h"
+#include "engine/spec/mtp_proposer.h"
 #include "fixture_util.h"
 
 namespace tessera {

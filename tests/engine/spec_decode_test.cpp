@@ -9,7 +9,7 @@
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "engine/scheduler.h"
-#include "engine/spec_decode.h"
+#include "engine/spec/ngram_proposer.h"
 #include "fixture_util.h"
 
 namespace tessera {
