@@ -6,10 +6,6 @@
 #include "core/error.h"
 #include "core/logging.h"
 
-#ifdef TESSERA_HAVE_CUSTOM_ALL_REDUCE
-#include "backend/cuda/custom_all_reduce.h"
-#endif
-
 namespace tessera::dist {
 
 CustomAllReduceCommunicator::CustomAllReduceCommunicator(std::unique_ptr<Communicator> inner,
@@ -60,26 +56,6 @@ AllGatherBytes store_all_gather(std::shared_ptr<KeyValueStore> store, const Grou
 
 #ifdef TESSERA_HAVE_CUSTOM_ALL_REDUCE
 
-namespace {
-
-class CudaInPlaceAllReduce : public InPlaceAllReduce {
- public:
-  CudaInPlaceAllReduce(std::unique_ptr<cuda::CustomAllReduce> car, void* stream)
-      : car_(std::move(car)), stream_(static_cast<CUstream_st*>(stream)) {}
-  bool should_use(DType dtype, size_t bytes) const override {
-    return cuda::CustomAllReduce::supports(dtype) && car_->should_use(bytes);
-  }
-  void all_reduce(void* data, DType dtype, int64_t n) override { car_->all_reduce(data, dtype, n, stream_); }
-  std::string describe() const override { return car_->describe(); }
-  std::optional<std::string> failure() const override { return car_->failure(); }
-
- private:
-  std::unique_ptr<cuda::CustomAllReduce> car_;
-  CUstream_st* stream_;
-};
-
-}  // namespace
-
 bool custom_all_reduce_built() { return true; }
 
 std::unique_ptr<Communicator> with_custom_all_reduce(std::unique_ptr<Communicator> inner,
@@ -107,15 +83,9 @@ std::unique_ptr<Communicator> with_custom_all_reduce(std::unique_ptr<Communicato
     all_gather =
         store_all_gather(config.store, g, fmt::format("car/{}/{}", g.name, generation), config.timeout, config.namer);
   }
-  cuda::CustomAllReduceOptions options;
-  options.policy.max_bytes = config.max_bytes;
-  options.policy.one_shot_max_bytes = config.one_shot_max_bytes;
-  options.timeout = config.timeout;
-  auto car =
-      cuda::CustomAllReduce::create(g.rank, g.size(), config.device_index, all_gather, config.max_bytes, options);
-  if (!car) return inner;
-  return std::make_unique<CustomAllReduceCommunicator>(
-      std::move(inner), std::make_unique<CudaInPlaceAllReduce>(std::move(car), config.stream));
+  auto fast = make_device_all_reduce(g, config, all_gather);
+  if (!fast) return inner;
+  return std::make_unique<CustomAllReduceCommunicator>(std::move(inner), std::move(fast));
 }
 
 #else

@@ -19,7 +19,8 @@
 // thread-safe, like every Communicator.
 //
 // Layering: tessera_dist links tessera_custom_all_reduce (a leaf library under
-// src/backend/cuda that depends on core and cudart only) in CUDA builds.
+// src/backend/cuda on core, cudart and this header's interfaces) in CUDA builds; it defines
+// make_device_all_reduce, and no file of this layer includes a CUDA header.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -102,6 +103,13 @@ struct CustomAllReduceConfig {
 
 // True when this build has the custom all-reduce (TESSERA_CUDA).
 bool custom_all_reduce_built();
+
+// The device fast path for `group` (collective: every rank of the group calls it), or null on
+// every rank where any rank cannot use it (no P2P, an IPC failure: the reason is logged).
+// Defined by the CUDA build's custom all-reduce library (src/backend/cuda/
+// custom_all_reduce_path.cpp), so this layer names no CUDA type; with_custom_all_reduce calls it.
+std::unique_ptr<InPlaceAllReduce> make_device_all_reduce(const GroupInfo& group, const CustomAllReduceConfig& config,
+                                                         const AllGatherBytes& all_gather);
 
 // See the top of this file. Collective over inner's group.
 std::unique_ptr<Communicator> with_custom_all_reduce(std::unique_ptr<Communicator> inner,

@@ -1,85 +1,33 @@
 #include "engine/worker.h"
 
-#include <chrono>
-
 #include "backend/devices.h"
 #include "core/error.h"
-#include "dist/control_store.h"
-#include "dist/custom_all_reduce_communicator.h"
-#include "dist/gloo_communicator.h"
+#include "dist/join_groups.h"
 #include "engine/executor.h"
 #include "engine/spec/mtp_drafter.h"
-
-#ifdef TESSERA_HAVE_NCCL
-#include "dist/nccl_communicator.h"
-#endif
 
 namespace tessera {
 
 namespace {
 
-constexpr std::chrono::milliseconds kCollectiveTimeout{std::chrono::seconds(30)};
-// The world group carries the step plans: workers wait on it for as long as the head is
-// idle, so its limit is only a backstop (the head supervises them; PDEATHSIG ends them).
-constexpr std::chrono::milliseconds kPlanWaitTimeout{std::chrono::hours(24 * 30)};
-// A CUDA rank whose data plane failed is done: its watchdog ends it this long after the
-// abort if its thread is waiting elsewhere (the next step plan) and never sees the error.
-constexpr std::chrono::milliseconds kExitAfterDataPlaneFailure{std::chrono::seconds(3)};
-
-#ifdef TESSERA_HAVE_NCCL
-// CUDA ranks' TP and PP groups: NCCL on the backend's stream (no host wait per collective),
-// small TP all-reduces through the one-shot custom kernel where every rank of the group is on
-// this host with peer access.
-void join_nccl_groups(const WorkerOptions& o, Backend& backend, std::shared_ptr<dist::ControlStoreClient> store,
-                      dist::ProcessGroups& g) {
-  dist::NcclOptions n;
-  n.store = store;
-  n.device_index = backend.device().index;
-  n.timeout = kCollectiveTimeout;
-  n.namer = o.namer;
-  n.stream = cuda_backend_stream(backend);
-  n.exit_after_failure = kExitAfterDataPlaneFailure;
-  dist::NcclCommunicatorFactory data_factory(n);  // sets NCCL_NVLS_ENABLE=0
-  g.tp = data_factory.create(o.layout.tp_group(o.rank));
-  g.pp = data_factory.create(o.layout.pp_group(o.rank));
-  dist::CustomAllReduceConfig car;
-  car.disable = o.disable_custom_all_reduce;
-  car.store = store;
-  car.device_index = n.device_index;
-  car.stream = n.stream;
-  car.timeout = kCollectiveTimeout;
-  car.namer = o.namer;
-  g.tp = dist::with_custom_all_reduce(std::move(g.tp), car);
-}
-#endif
-
-// Every rank creates the groups in the same order: world (plans), tp, pp. The world group
-// carries host bytes (step plans) over Gloo; the tp and pp groups carry the backend's
-// tensors: Gloo for CPU ranks, NCCL for CUDA ranks.
+// Every rank joins the same groups in the same order (dist/join_groups.h chooses their
+// communicators): world (plans), tp, pp; a CUDA rank's data plane runs on its backend stream.
 std::unique_ptr<dist::ProcessGroups> join_groups(const WorkerOptions& o, Backend& backend) {
-  const bool local = o.bind_ip == "127.0.0.1";
-  auto store = std::make_shared<dist::ControlStoreClient>(
-      dist::HeadAddress{o.store_host, o.store_port, o.token, local ? "" : o.bind_ip}, o.rank, std::chrono::seconds(60));
-  dist::GlooOptions gloo;
-  gloo.store = store;
-  gloo.ip = o.bind_ip;
-  gloo.namer = o.namer;
-  gloo.timeout = kPlanWaitTimeout;
-  auto g = std::make_unique<dist::ProcessGroups>();
-  g->world = dist::GlooCommunicatorFactory(gloo).create(o.layout.world_group(o.rank));
-  if (backend.device().type == DeviceType::kCUDA) {
-#ifdef TESSERA_HAVE_NCCL
-    join_nccl_groups(o, backend, store, *g);
-    return g;
-#else
-    fail(ErrorKind::kUnsupported, "CUDA rank processes need NCCL: rebuild with -DTESSERA_CUDA=ON");
-#endif
+  dist::JoinGroupsOptions j;
+  j.rank = o.rank;
+  j.layout = o.layout;
+  j.store_host = o.store_host;
+  j.store_port = o.store_port;
+  j.token = o.token;
+  j.bind_ip = o.bind_ip;
+  j.namer = o.namer;
+  j.device_tensors = backend.device().type == DeviceType::kCUDA;
+  if (j.device_tensors) {
+    j.device_index = backend.device().index;
+    j.stream = cuda_backend_stream(backend);
   }
-  gloo.timeout = kCollectiveTimeout;
-  dist::GlooCommunicatorFactory data_factory(gloo);
-  g->tp = data_factory.create(o.layout.tp_group(o.rank));
-  g->pp = data_factory.create(o.layout.pp_group(o.rank));
-  return g;
+  j.disable_custom_all_reduce = o.disable_custom_all_reduce;
+  return dist::join_process_groups(j);
 }
 
 // The TP and PP groups (what a step's collectives and graphs use).
