@@ -357,8 +357,18 @@ void apply_generation_overrides(GenerationDefaults& d, const std::string& text) 
 // The values of the serve flags (their mistakes are command-line errors, exit code 2).
 void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
-  if (!sf.tool_call_parser.empty()) (void)server::make_tool_parser(sf.tool_call_parser);
-  if (!sf.reasoning_parser.empty()) (void)server::make_reasoning_parser(sf.reasoning_parser);
+  auto named = [](const char* flag, const std::string& value, auto&& make) {
+    try {
+      (void)make(value);
+    } catch (const Error& e) {
+      fail(ErrorKind::kInvalidArgument, "{} {}: {}; use one of those", flag, value, e.what());
+    }
+  };
+  if (!sf.tool_call_parser.empty())
+    named("--tool-call-parser", sf.tool_call_parser, [](const std::string& v) { return server::make_tool_parser(v); });
+  if (!sf.reasoning_parser.empty())
+    named("--reasoning-parser", sf.reasoning_parser,
+          [](const std::string& v) { return server::make_reasoning_parser(v); });
   if (sf.enable_auto_tool_choice && sf.tool_call_parser.empty())
     fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
   if (sf.max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");

@@ -265,7 +265,9 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
         k != "disable_by_batch_size")
       fail(ErrorKind::kInvalidArgument,
            "--speculative-config: field '{}' is not supported (tessera reads method, num_speculative_tokens, "
-           "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size)",
+           "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size); use {{\"method\": \"ngram\", "
+           "\"num_speculative_tokens\": 3}} or, with a checkpoint that has an MTP layer, {{\"method\": \"mtp\", "
+           "\"num_speculative_tokens\": 2}}",
            k);
   }
   if (auto m = j.find("method"); m != j.end()) {
