@@ -27,7 +27,8 @@ std::vector<std::string> x_labels(const BenchReport& report) {
 std::string distribution_charts(const LevelMetrics& l) {
   const std::vector<std::string> at = {"min", "p50", "p90", "p95", "p99", "max"};
   auto curve = [](std::string name, int color, const Summary& s, double scale) {
-    return ChartSeries{std::move(name), kColors[color % 6],
+    return ChartSeries{std::move(name),
+                       kColors[color % 6],
                        {s.min * scale, s.median * scale, s.p90 * scale, s.p95 * scale, s.p99 * scale, s.max * scale}};
   };
   std::vector<LineChart> charts;
