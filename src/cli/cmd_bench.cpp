@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "bench/bench_options.h"
+#include "bench/report_vllm.h"
 #include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
@@ -203,6 +204,8 @@ void apply_vllm_bench_flags(const CLI::App& app, bench::BenchOptions& options, c
       std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"))
     options.tokenizer_dir = model_dir;
   if (c.disable_tqdm) options.progress = false;
+  (void)bench::parse_percentile_metrics(options.percentile_metrics);  // checked before any request
+  (void)bench::parse_metric_percentiles(options.metric_percentiles);
   // vLLM's dataset names: sharegpt and custom are files tessera reads as jsonl.
   if (options.dataset == "sharegpt" || options.dataset == "custom") options.dataset = "jsonl";
   // As vLLM: random prompts run to their requested output length.
