@@ -38,6 +38,18 @@ struct BenchOptions {
   double burstiness = 1.0;
   std::vector<std::string> goodput;  // "ttft:500", "tpot:50", "e2el:2000"
 
+  // vLLM bench serve's result file (--save-result): its JSON keys, one file per level.
+  bool save_result = false;
+  bool save_detailed = false;  // with the per-request lists (input_lens, ttfts, itls, ...)
+  bool append_result = false;  // append a line to the file instead of overwriting it
+  std::string result_dir, result_filename, label;
+  std::vector<std::string> metadata;                 // KEY=VALUE pairs copied into the result JSON
+  std::string percentile_metrics = "ttft,tpot,itl";  // which metrics get percentiles (also e2el)
+  std::string metric_percentiles = "99";             // which percentiles
+  std::string backend = "openai-chat";               // the result JSON's backend / endpoint_type
+  std::string model_id;                              // --model as given (the result's model_id); "" = model
+  int sharegpt_output_len = 0;                       // > 0: max_tokens of every ShareGPT / jsonl prompt
+
   // Output.
   std::string json_path;
   std::string markdown_path;

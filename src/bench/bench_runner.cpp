@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "bench/load_runner.h"
 #include "bench/metrics.h"
 #include "bench/report.h"
+#include "bench/report_vllm.h"
 #include "bench/scripted_server.h"
 #include "bench/server_probe.h"
 #include "bench/token_counter.h"
@@ -38,6 +40,8 @@ std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count
     if (options.dataset_path.empty())
       fail(ErrorKind::kInvalidArgument, "--dataset jsonl needs --dataset-path FILE (one JSON object per line)");
     std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0, counter);
+    if (options.sharegpt_output_len > 0)
+      for (PromptSpec& p : prompts) p.max_tokens = options.sharegpt_output_len;
     // Cycle through the file when more requests are wanted than it holds.
     std::vector<PromptSpec> out;
     out.reserve(count);
@@ -128,6 +132,61 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
   return notes;
 }
 
+std::string local_date() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &tm);
+  return text;
+}
+
+// Whether a run prints vLLM's result block: vLLM-style runs (a dataset, or --save-result).
+bool vllm_output(const BenchOptions& options) {
+  return options.save_result || options.append_result || !fixed_prompt_mode(options);
+}
+
+VllmResultSettings vllm_settings(const BenchOptions& options, const std::string& date, size_t requests, int level) {
+  VllmResultSettings s;
+  s.date = date;
+  s.backend = options.backend;
+  s.label = options.label;
+  s.model_id = options.model_id.empty() ? options.model : options.model_id;
+  s.tokenizer_id = options.tokenizer_dir.empty() ? s.model_id : options.tokenizer_dir;
+  s.num_prompts = requests;
+  s.request_rate = options.request_rate;
+  s.burstiness = options.burstiness;
+  if (level > 0) s.max_concurrency = level;
+  s.metadata = options.metadata;
+  s.metrics = parse_percentile_metrics(options.percentile_metrics);
+  s.percentiles = parse_metric_percentiles(options.metric_percentiles);
+  s.goodput = !options.goodput.empty();
+  s.detailed = options.save_detailed;
+  return s;
+}
+
+// --save-result / --append-result: the level's result JSON where vLLM puts it (--result-dir,
+// --result-filename; several levels add -concurrencyN to a given file name).
+void save_vllm_result(const BenchOptions& options, const VllmResultSettings& s, const nlohmann::ordered_json& j,
+                      size_t levels) {
+  std::string name = options.result_filename.empty() ? vllm_result_filename(s) : options.result_filename;
+  if (!options.result_filename.empty() && levels > 1) {
+    const std::string tag = s.max_concurrency ? fmt::format("-concurrency{}", *s.max_concurrency) : "-unlimited";
+    const size_t dot = name.rfind(".json");
+    name = dot == std::string::npos ? name + tag : name.substr(0, dot) + tag + name.substr(dot);
+  }
+  if (!options.result_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.result_dir, ec);
+    name = (std::filesystem::path(options.result_dir) / name).string();
+  }
+  std::ofstream out(name, options.append_result ? std::ios::app : std::ios::trunc);
+  if (options.append_result && out.tellp() > 0) out << "\n";
+  out << j.dump();
+  if (!out) fail(ErrorKind::kNotFound, "cannot write the result JSON to '{}': check --result-dir", name);
+  std::cerr << "wrote result JSON " << name << "\n";
+}
+
 std::vector<int> levels_of(const BenchOptions& options) {
   if (!options.concurrency.empty()) return options.concurrency;
   if (fixed_prompt_mode(options)) return {1, 5, 10, 20};
@@ -168,7 +227,7 @@ int run_benchmark(BenchOptions options) {
       GenerationParams{options.model, options.temperature, options.stream, options.ignore_eos, options.extra_body};
   build_request_body(ApiEndpoint::kChatCompletions, PromptSpec{}, settings.generation);  // a bad --extra-body fails now
   settings.timeout = timeout;
-  settings.keep_output_text = counter != nullptr;
+  settings.keep_output_text = counter != nullptr || options.save_detailed;
 
   BenchReport report;
   report.tool_version = TESSERA_VERSION_STRING;
@@ -182,6 +241,8 @@ int run_benchmark(BenchOptions options) {
   report.slo = slo;
 
   std::vector<int> levels = levels_of(options);
+  const std::string date = local_date();
+  std::vector<std::pair<VllmResultSettings, nlohmann::ordered_json>> vllm_results;
   ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
   for (size_t i = 0; i < levels.size(); ++i) {
     LevelConfig level;
@@ -197,6 +258,11 @@ int run_benchmark(BenchOptions options) {
         if (record.success && !record.usage_reported) record.completion_tokens = counter->count(record.output_text);
     }
     LevelMetrics metrics = compute_level_metrics(result, slo);
+    if (vllm_output(options)) {
+      VllmResultSettings vs = vllm_settings(options, date, prompts.size(), levels[i]);
+      nlohmann::ordered_json j = vllm_result_json(result, metrics, vs);
+      vllm_results.emplace_back(std::move(vs), std::move(j));
+    }
     progress.finish(fmt::format("{} ok, {} failed in {:.2f} s", metrics.completed, metrics.failed, metrics.duration_s));
     if (auto advice = advice_for(metrics, options)) {
       report.levels.push_back(std::move(metrics));
@@ -208,6 +274,10 @@ int run_benchmark(BenchOptions options) {
   report.notes = collect_notes(options, report.levels);
 
   std::cout << format_terminal_report(report) << std::flush;
+  for (const auto& [vs, j] : vllm_results) {
+    std::cout << "\n" << vllm_result_block(j, vs) << std::flush;
+    if (options.save_result || options.append_result) save_vllm_result(options, vs, j, levels.size());
+  }
   if (!options.json_path.empty()) write_file(options.json_path, report_to_json(report).dump(2) + "\n", "JSON");
   if (!options.markdown_path.empty()) write_file(options.markdown_path, report_to_markdown(report), "Markdown");
   if (!options.html_path.empty()) write_file(options.html_path, report_to_html(report), "HTML");

@@ -22,7 +22,30 @@ std::vector<std::string> x_labels(const BenchReport& report) {
   return labels;
 }
 
+// One level: the latency distributions (the percentile curves of TTFT, TPOT, ITL and end-to-end latency), since
+// charts over levels would be single dots; the summary table holds the throughputs.
+std::string distribution_charts(const LevelMetrics& l) {
+  const std::vector<std::string> at = {"min", "p50", "p90", "p95", "p99", "max"};
+  auto curve = [](std::string name, int color, const Summary& s, double scale) {
+    return ChartSeries{std::move(name),
+                       kColors[color % 6],
+                       {s.min * scale, s.median * scale, s.p90 * scale, s.p95 * scale, s.p99 * scale, s.max * scale}};
+  };
+  std::vector<LineChart> charts;
+  charts.push_back({"Token latencies (distribution)",
+                    "percentile",
+                    "ms",
+                    at,
+                    {curve("TTFT", 0, l.ttft_ms, 1), curve("TPOT", 1, l.tpot_ms, 1), curve("ITL", 2, l.itl_ms, 1)}});
+  charts.push_back(
+      {"End-to-end latency (distribution)", "percentile", "seconds", at, {curve("E2E", 3, l.e2el_ms, 0.001)}});
+  std::string html = "<div class=\"charts\">\n";
+  for (const LineChart& chart : charts) html += render_line_chart_svg(chart);
+  return html + "</div>\n";
+}
+
 std::string charts(const BenchReport& report) {
+  if (report.levels.size() == 1) return distribution_charts(report.levels.front());
   const std::string x_title = "max concurrency";
   std::vector<LineChart> charts;
   charts.push_back({"Token throughput",

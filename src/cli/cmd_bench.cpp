@@ -3,9 +3,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "bench/bench_options.h"
+#include "bench/report_vllm.h"
 #include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
@@ -27,11 +31,14 @@ double parse_request_rate(const std::string& text) {
 
 // Flags that are not fields of BenchOptions as they are spelled.
 struct BenchCliFlags {
-  std::string host, request_rate = "inf", backend;
+  std::string host, request_rate = "inf", backend, served_model_name, tokenizer_mode = "auto";
   int port = 0;
   std::vector<std::string> dataset;
   int max_concurrency = -1;
-  bool no_stream = false, no_progress = false;
+  int input_len = 0, output_len = 0;
+  bool no_stream = false, no_progress = false, disable_tqdm = false, trust_remote_code = false;
+  std::optional<double> top_p, min_p, frequency_penalty, presence_penalty, repetition_penalty;
+  std::optional<int> top_k;
 };
 
 // The server: where, which API, which model, how long to wait.
@@ -79,7 +86,8 @@ void add_workload_flags(CLI::App& app, bench::BenchOptions& options, BenchCliFla
                  "system prompt, to measure prefix caching), then its own --random-input-len tokens")
       ->capture_default_str();
   app.add_flag("--ignore-eos", options.ignore_eos,
-               "ask the server to generate exactly max_tokens (vLLM's ignore_eos; others may ignore it)");
+               "ask the server to generate exactly max_tokens (vLLM's ignore_eos; others may ignore it); on with "
+               "--dataset random, as in vLLM");
   app.add_option("--extra-body", options.extra_body,
                  "a JSON object whose members are added to every request (vLLM bench's --extra-body), e.g. "
                  "'{\"guided_json\": {...}}' to measure structured output");
@@ -118,6 +126,93 @@ void add_load_and_report_flags(CLI::App& app, bench::BenchOptions& options, Benc
                "(requests/s, streams/s, CPU) on this machine");
 }
 
+// vLLM bench serve's flags beyond the ones above: its result file, percentiles, sampling, length aliases.
+void add_vllm_bench_flags(CLI::App& app, bench::BenchOptions& options, BenchCliFlags& c) {
+  const char* g = "vLLM bench serve";
+  app.add_flag("--save-result", options.save_result,
+               "write vLLM's result JSON (its keys: completed, request_throughput, mean_ttft_ms, p99_ttft_ms, ...) "
+               "to --result-dir/--result-filename, default {label or backend}-{rate}qps[-concurrencyN]-{model}-"
+               "{date}.json")
+      ->group(g);
+  app.add_flag("--save-detailed", options.save_detailed,
+               "keep the per-request lists in the result JSON (input_lens, output_lens, ttfts, itls, "
+               "generated_texts, errors)")
+      ->group(g);
+  app.add_flag("--append-result", options.append_result, "append the result JSON as a line of the file")->group(g);
+  app.add_option("--result-dir", options.result_dir, "folder of the result JSON (created)")->group(g);
+  app.add_option("--result-filename", options.result_filename,
+                 "file name of the result JSON (several levels: -concurrencyN before .json)")
+      ->group(g);
+  app.add_option("--label", options.label, "the result's label and file-name prefix (default: --backend)")->group(g);
+  app.add_option("--metadata", options.metadata, "KEY=VALUE pairs copied into the result JSON")
+      ->expected(1, -1)
+      ->group(g);
+  app.add_option("--percentile-metrics", options.percentile_metrics,
+                 "metrics reported with mean/median/std/percentiles: any of ttft,tpot,itl,e2el")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--metric-percentiles", options.metric_percentiles, "percentiles reported, e.g. 50,90,99")
+      ->capture_default_str()
+      ->group(g);
+  app.add_flag("--disable-tqdm", c.disable_tqdm, "no progress bar (as --no-progress)")->group(g);
+  app.add_option("--served-model-name", c.served_model_name,
+                 "the model name sent in requests when it differs from --model (--model then names the result's "
+                 "model_id and, when it is a folder with tokenizer.json, the tokenizer)")
+      ->group(g);
+  app.add_option("--sharegpt-output-len", options.sharegpt_output_len,
+                 "max_tokens of every ShareGPT / jsonl prompt instead of its answer's length")
+      ->group(g);
+  app.add_option("--input-len", c.input_len, "the random dataset's --random-input-len")->group(g);
+  app.add_option("--output-len", c.output_len, "--random-output-len and --sharegpt-output-len at once")->group(g);
+  app.add_option("--tokenizer-mode", c.tokenizer_mode, "auto | hf | slow: tokenizer.json is read either way")->group(g);
+  app.add_flag("--trust-remote-code", c.trust_remote_code, "no effect: no code from the model folder is run")->group(g);
+  app.add_option("--top-p", c.top_p, "top_p of every request")->group(g);
+  app.add_option("--top-k", c.top_k, "top_k of every request")->group(g);
+  app.add_option("--min-p", c.min_p, "min_p of every request")->group(g);
+  app.add_option("--frequency-penalty", c.frequency_penalty, "frequency_penalty of every request")->group(g);
+  app.add_option("--presence-penalty", c.presence_penalty, "presence_penalty of every request")->group(g);
+  app.add_option("--repetition-penalty", c.repetition_penalty, "repetition_penalty of every request")->group(g);
+}
+
+// vLLM's sampling flags, the length aliases and the model/tokenizer split into `options`.
+void apply_vllm_bench_flags(const CLI::App& app, bench::BenchOptions& options, const BenchCliFlags& c) {
+  // A malformed --extra-body is left for the request builder, whose error names the flag.
+  nlohmann::json extra =
+      options.extra_body.empty() ? nlohmann::json::object() : nlohmann::json::parse(options.extra_body, nullptr, false);
+  auto put = [&](const char* key, const auto& value) {
+    if (value && extra.is_object() && !extra.contains(key)) extra[key] = *value;  // --extra-body wins, as in vLLM
+  };
+  put("top_p", c.top_p);
+  put("top_k", c.top_k);
+  put("min_p", c.min_p);
+  put("frequency_penalty", c.frequency_penalty);
+  put("presence_penalty", c.presence_penalty);
+  put("repetition_penalty", c.repetition_penalty);
+  if (extra.is_object() && !extra.empty()) options.extra_body = extra.dump();
+  if (c.input_len > 0) options.random_input_len = c.input_len;
+  if (c.output_len > 0) options.random_output_len = options.sharegpt_output_len = c.output_len;
+  if (c.tokenizer_mode != "auto" && c.tokenizer_mode != "hf" && c.tokenizer_mode != "slow")
+    fail(ErrorKind::kUnsupported, "--tokenizer-mode {}: tessera bench reads tokenizer.json; use auto",
+         c.tokenizer_mode);
+  if (!c.served_model_name.empty()) {
+    options.model_id = options.model;
+    options.model = c.served_model_name;
+  }
+  // vLLM reads the tokenizer from --model: a local folder with tokenizer.json serves the same purpose here.
+  const std::string& model_dir = options.model_id.empty() ? options.model : options.model_id;
+  if (options.tokenizer_dir.empty() && !model_dir.empty() &&
+      std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"))
+    options.tokenizer_dir = model_dir;
+  if (c.disable_tqdm) options.progress = false;
+  (void)bench::parse_percentile_metrics(options.percentile_metrics);  // checked before any request
+  (void)bench::parse_metric_percentiles(options.metric_percentiles);
+  // vLLM's dataset names: sharegpt and custom are files tessera reads as jsonl.
+  if (options.dataset == "sharegpt" || options.dataset == "custom") options.dataset = "jsonl";
+  // As vLLM: random prompts run to their requested output length.
+  if (options.dataset == "random") options.ignore_eos = true;
+  (void)app;
+}
+
 // The parsed flags into `options`: vLLM's spellings, the environment's API key, the checks
 // between flags.
 void apply_cli_flags(const CLI::App& app, bench::BenchOptions& options, const BenchCliFlags& c) {
@@ -135,6 +230,9 @@ void apply_cli_flags(const CLI::App& app, bench::BenchOptions& options, const Be
       fail(ErrorKind::kInvalidArgument, "--backend {} means --endpoint {}, but --endpoint {} was given; drop one",
            backend, endpoint, options.endpoint);
     options.endpoint = endpoint;
+    options.backend = backend;
+  } else {
+    options.backend = options.endpoint.find("chat") != std::string::npos ? "openai-chat" : "openai";
   }
   if (!c.host.empty() || c.port)
     options.base_url =
@@ -178,8 +276,12 @@ int run_bench(int argc, char** argv) {
   add_target_flags(app, options, c);
   add_workload_flags(app, options, c);
   add_load_and_report_flags(app, options, c);
+  add_vllm_bench_flags(app, options, c);
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
-  apply_cli_flags(app, options, c);
+  as_flag_errors([&] {
+    apply_cli_flags(app, options, c);
+    apply_vllm_bench_flags(app, options, c);
+  });
   return bench::run_benchmark(std::move(options));
 }
 

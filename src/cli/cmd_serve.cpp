@@ -20,6 +20,7 @@
 #include "cli/plan_flags.h"
 #include "cli/rank_launcher.h"
 #include "cli/verbs.h"
+#include "cli/vllm_flags.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/version.h"
@@ -38,80 +39,6 @@ namespace tessera::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// vLLM flags tessera does not implement yet: named in a clear error instead of a generic one.
-const std::set<std::string> kVllmOnlyFlags = {"--enable-lora",
-                                              "--lora-modules",
-                                              "--max-lora-rank",
-                                              "--max-loras",
-                                              "--cpu-offload-gb",
-                                              "--guided-decoding-backend",
-                                              "--structured-outputs-config",
-                                              "--limit-mm-per-prompt",
-                                              "--rope-scaling",
-                                              "--rope-theta",
-                                              "--tokenizer-mode",
-                                              "--code-revision",
-                                              "--tokenizer-revision",
-                                              "--hf-overrides",
-                                              "--override-generation-config",
-                                              "--enable-expert-parallel",
-                                              "--ssl-keyfile",
-                                              "--ssl-certfile",
-                                              "--ssl-ca-certs",
-                                              "--root-path",
-                                              "--middleware",
-                                              "--allowed-origins",
-                                              "--allowed-methods",
-                                              "--allowed-headers",
-                                              "--allow-credentials",
-                                              "--response-role",
-                                              "--prompt-adapters",
-                                              "--enable-reasoning",
-                                              "--max-logprobs",
-                                              "--disable-frontend-multiprocessing",
-                                              "--enable-request-id-headers",
-                                              "--mm-processor-kwargs",
-                                              "--compilation-config",
-                                              "-O",
-                                              "--kv-transfer-config",
-                                              "--scheduling-policy",
-                                              "--max-num-partial-prefills",
-                                              "--tokenizer-pool-size",
-                                              "--config",
-                                              "--allowed-local-media-path",
-                                              "--cuda-graph-sizes",
-                                              "--num-scheduler-steps",
-                                              "--worker-cls",
-                                              "--api-server-count",
-                                              "--chat-template-content-format",
-                                              "--return-tokens-as-token-ids",
-                                              "--tool-parser-plugin",
-                                              "--enable-log-outputs",
-                                              "--log-config-file",
-                                              "--model-impl",
-                                              "--lora-dtype",
-                                              "--long-lora-scaling-factors",
-                                              "--max-cpu-loras",
-                                              "--fully-sharded-loras",
-                                              "--device-id",
-                                              "--ray-workers-use-nsight",
-                                              "--max-parallel-loading-workers",
-                                              "--enable-sleep-mode",
-                                              "--calculate-kv-scales",
-                                              "--kv-cache-memory",
-                                              "--mm-encoder-tp-mode",
-                                              "--logits-processors",
-                                              "--enable-auto-tool-choice-parser",
-                                              "--data-parallel-rank",
-                                              "--data-parallel-address",
-                                              "--headless",
-                                              "--enable-eplb",
-                                              "--enable-force-include-usage",
-                                              "--enable-server-load-tracking",
-                                              "--h11-max-incomplete-event-size",
-                                              "--h11-max-header-count",
-                                              "--max-num-batched-tokens-per-request"};
 
 int g_signal_pipe[2] = {-1, -1};
 std::atomic<int> g_signals{0};
@@ -175,9 +102,19 @@ struct ServeFlags {
   int max_log_len = 0;
   double log_stats_interval = 10;
   // vLLM flags that change nothing here (kNoOpFlags says why); read so their values are checked.
-  double swap_space = 4;
-  int max_seq_len_to_capture = 8192;
-  bool disable_fastapi_docs = false, enable_prompt_tokens_details = false, async_scheduling = false;
+  double swap_space = 4, mm_processor_cache_gb = 4;
+  int max_seq_len_to_capture = 8192, optimization_level = 2, long_prefill_token_threshold = 0;
+  bool disable_fastapi_docs = false, enable_prompt_tokens_details = false, async_scheduling = false,
+       disable_frontend_multiprocessing = false;
+  std::vector<std::string> cuda_graph_sizes;
+  std::string root_path, guided_decoding_backend = "auto", mm_encoder_tp_mode = "weights";
+  // vLLM flags that act, or take only the values that describe what tessera does (check_vllm_flag_values).
+  std::string tokenizer_mode = "auto", scheduling_policy = "fcfs", model_impl = "auto",
+              chat_template_content_format = "auto", limit_mm_per_prompt, default_chat_template_kwargs,
+              override_generation_config;
+  int api_server_count = 1;
+  std::string config_file;  // --config: read by expand_config_file before parsing (shown in --help)
+  bool enable_reasoning = false, exclude_tools_when_tool_choice_none = false;
 };
 
 // vLLM flags accepted with no effect, and why (logged once when given; docs/server.md lists them).
@@ -187,6 +124,23 @@ constexpr std::pair<const char*, const char*> kNoOpFlags[] = {
     {"--max-seq-len-to-capture", "CUDA graphs are captured per batch size and serve every sequence length"},
     {"--enable-prompt-tokens-details", "usage always carries prompt_tokens_details.cached_tokens"},
     {"--async-scheduling", "each step is scheduled after the previous one (asynchronous scheduling is not built)"},
+    {"--optimization-level",
+     "tessera's kernels are compiled ahead of time (no torch.compile); CUDA graphs follow "
+     "--enforce-eager"},
+    {"--cuda-graph-sizes",
+     "a CUDA graph is captured for each decode batch size up to min(--max-num-seqs, 256) "
+     "when first used"},
+    {"--root-path",
+     "routes are served at /; behind a proxy that strips the prefix nothing else is needed, and there "
+     "are no docs pages whose links it would fix"},
+    {"--guided-decoding-backend", "tessera's own grammar engine serves every structured-output request"},
+    {"--mm-encoder-tp-mode", "no vision encoder is loaded (text only)"},
+    {"--mm-processor-cache-gb", "no multimodal inputs are processed (text only)"},
+    {"--disable-frontend-multiprocessing", "the API server and the engine share one process already"},
+    {"--long-prefill-token-threshold",
+     "each step prefills prompts in arrival order within "
+     "--max-num-batched-tokens (per-prompt chunk caps are not built)"},
+    {"--enable-reasoning", "reasoning is parsed whenever --reasoning-parser is given"},
 };
 
 void add_vllm_compat_flags(CLI::App& app, ServeFlags& sf) {
@@ -199,6 +153,60 @@ void add_vllm_compat_flags(CLI::App& app, ServeFlags& sf) {
                "no effect: prompt_tokens_details.cached_tokens is always reported")
       ->group(g);
   app.add_flag("--async-scheduling", sf.async_scheduling, "no effect: steps are scheduled one after another")->group(g);
+  app.add_option("--optimization-level,-O", sf.optimization_level,
+                 "vLLM's -O0..-O3 (torch.compile level); no effect: kernels are compiled ahead of time")
+      ->check(CLI::Range(0, 3))
+      ->group(g);
+  app.add_option("--cuda-graph-sizes", sf.cuda_graph_sizes, "no effect: graphs are captured per batch size on use")
+      ->expected(1, -1)
+      ->group(g);
+  app.add_option("--root-path", sf.root_path, "no effect: routes are served at / (for proxies that strip a prefix)")
+      ->group(g);
+  app.add_option("--guided-decoding-backend", sf.guided_decoding_backend,
+                 "no effect: tessera's grammar engine serves structured outputs")
+      ->group(g);
+  app.add_option("--mm-encoder-tp-mode", sf.mm_encoder_tp_mode, "no effect: no vision encoder is loaded")->group(g);
+  app.add_option("--mm-processor-cache-gb", sf.mm_processor_cache_gb, "no effect: text only")->group(g);
+  app.add_flag("--disable-frontend-multiprocessing", sf.disable_frontend_multiprocessing,
+               "no effect: one process serves")
+      ->group(g);
+  app.add_option("--long-prefill-token-threshold", sf.long_prefill_token_threshold,
+                 "no effect: prefills share --max-num-batched-tokens in arrival order")
+      ->group(g);
+  app.add_flag("--enable-reasoning", sf.enable_reasoning,
+               "no effect (vLLM's older flag): reasoning is parsed whenever --reasoning-parser is given")
+      ->group(g);
+}
+
+// vLLM flags that act, or accept exactly the values that describe what tessera does.
+void add_vllm_value_flags(CLI::App& app, ServeFlags& sf) {
+  app.add_option("--tokenizer-mode", sf.tokenizer_mode,
+                 "auto | hf | slow: tessera reads the checkpoint's tokenizer.json (the same tokens as the Hugging "
+                 "Face tokenizer); mistral and custom modes are refused")
+      ->capture_default_str();
+  app.add_option("--scheduling-policy", sf.scheduling_policy,
+                 "fcfs: requests are scheduled first come, first served (priority is refused)")
+      ->capture_default_str();
+  app.add_option("--model-impl", sf.model_impl, "auto | vllm: tessera's own model code (transformers is refused)")
+      ->capture_default_str();
+  app.add_option("--chat-template-content-format", sf.chat_template_content_format,
+                 "auto: message content is given to the template as a string or as a list of parts, as the "
+                 "template reads it (vLLM's auto detection; other values are refused)")
+      ->capture_default_str();
+  app.add_option("--limit-mm-per-prompt", sf.limit_mm_per_prompt,
+                 "JSON object of per-prompt media limits: only zeros are accepted ({\"image\": 0, \"video\": 0}), "
+                 "as tessera serves text only");
+  app.add_option("--api-server-count", sf.api_server_count,
+                 "1: one HTTP server process (its I/O threads: --http-threads)")
+      ->capture_default_str();
+  app.add_option("--default-chat-template-kwargs", sf.default_chat_template_kwargs,
+                 "JSON object passed to the chat template of every chat request, under the request's own "
+                 "chat_template_kwargs (which win), e.g. '{\"enable_thinking\": false}'");
+  app.add_flag("--exclude-tools-when-tool-choice-none", sf.exclude_tools_when_tool_choice_none,
+               "with tool_choice \"none\", leave the request's tools out of the prompt");
+  app.add_option("--override-generation-config", sf.override_generation_config,
+                 "JSON object overriding the sampling defaults of --generation-config: temperature, top_p, top_k, "
+                 "min_p, repetition_penalty, max_new_tokens, e.g. '{\"temperature\": 0.6}'");
 }
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
@@ -221,6 +229,9 @@ void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
                  "auto: sampling defaults from the model's generation_config.json; vllm: none; or a directory")
       ->capture_default_str();
   app.add_flag("--trust-remote-code", sf.trust_remote_code, "accepted for vLLM compatibility; no effect");
+  app.add_option("--config", sf.config_file,
+                 "a YAML file of flags (`max-model-len: 32k`, `enable-prefix-caching: true`, lists as `- item`), "
+                 "as vLLM's --config; flags on the command line win");
   app.add_option("--max-waiting-requests", sf.max_waiting_requests,
                  "requests that may wait for a batch slot; beyond it the server answers 429 with Retry-After")
       ->capture_default_str();
@@ -261,8 +272,8 @@ void reject_extras(const CLI::App& app) {
   for (const auto& extra : app.remaining()) {
     if (extra.empty() || extra[0] != '-') continue;
     std::string name = extra.substr(0, extra.find('='));
-    if (kVllmOnlyFlags.count(name))
-      throw FlagError(fmt::format("{} is a vLLM flag tessera does not support yet", name));
+    if (const char* advice = refused_vllm_flag_advice(name))
+      throw FlagError(fmt::format("{} is a vLLM flag tessera does not support: {}", name, advice));
     const std::string close = closest_flag(app, name);
     throw FlagError(fmt::format("{} is not a flag of tessera serve{} (see tessera serve --help)", name,
                                 close.empty() ? "" : fmt::format("; did you mean {}?", close)));
@@ -271,11 +282,93 @@ void reject_extras(const CLI::App& app) {
     throw FlagError(fmt::format("unexpected argument '{}' (tessera serve takes one MODEL)", app.remaining()[0]));
 }
 
+// A JSON object flag's value, or a FlagError naming the flag.
+nlohmann::json json_object_flag(const std::string& text, const char* flag) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kInvalidArgument, "{} is not valid JSON ({}): {}", flag, e.what(), text);
+  }
+  if (!j.is_object()) fail(ErrorKind::kInvalidArgument, "{} must be a JSON object, got: {}", flag, text);
+  return j;
+}
+
+// The vLLM flags that take only the values describing what tessera does (add_vllm_value_flags).
+void check_vllm_flag_values(const ServeFlags& sf) {
+  auto only = [](const std::string& value, std::initializer_list<const char*> ok, const char* flag,
+                 const char* advice) {
+    for (const char* v : ok)
+      if (value == v) return;
+    fail(ErrorKind::kUnsupported, "{} {}: {}", flag, value, advice);
+  };
+  only(sf.tokenizer_mode, {"auto", "hf", "slow"}, "--tokenizer-mode",
+       "tessera reads the checkpoint's Hugging Face tokenizer.json; use --tokenizer-mode auto (or leave it out) with "
+       "a checkpoint that ships tokenizer.json");
+  only(sf.scheduling_policy, {"fcfs"}, "--scheduling-policy",
+       "requests are scheduled first come, first served; drop the flag (request priorities are not built)");
+  only(sf.model_impl, {"auto", "vllm"}, "--model-impl", "tessera runs its own model code; drop the flag");
+  only(sf.chat_template_content_format, {"auto"}, "--chat-template-content-format",
+       "the content format is detected from the template, as vLLM's auto does; drop the flag");
+  if (sf.api_server_count != 1)
+    fail(ErrorKind::kUnsupported,
+         "--api-server-count {}: one HTTP server process serves; raise --http-threads for more I/O threads",
+         sf.api_server_count);
+  if (!sf.limit_mm_per_prompt.empty()) {
+    const nlohmann::json limits = json_object_flag(sf.limit_mm_per_prompt, "--limit-mm-per-prompt");
+    for (const auto& item : limits.items()) {
+      const nlohmann::json& limit = item.value();
+      if (!(limit.is_number() && limit.get<double>() == 0) && !(limit.is_object() && limit.value("count", 1) == 0))
+        fail(ErrorKind::kUnsupported,
+             "--limit-mm-per-prompt: {} {}: tessera serves text only; give 0 for every media type or drop the flag",
+             item.key(), limit.dump());
+    }
+  }
+  if (!sf.default_chat_template_kwargs.empty())
+    (void)json_object_flag(sf.default_chat_template_kwargs, "--default-chat-template-kwargs");
+  if (sf.enable_reasoning && sf.reasoning_parser.empty())
+    fail(ErrorKind::kInvalidArgument, "--enable-reasoning needs --reasoning-parser (qwen3 or deepseek_r1)");
+  if (!sf.override_generation_config.empty()) {
+    static const std::set<std::string> kKeys = {"temperature",        "top_p",         "top_k", "min_p",
+                                                "repetition_penalty", "max_new_tokens"};
+    const nlohmann::json j = json_object_flag(sf.override_generation_config, "--override-generation-config");
+    for (const auto& item : j.items())
+      if (const std::string& key = item.key(); !kKeys.count(key) || !item.value().is_number())
+        fail(ErrorKind::kInvalidArgument,
+             "--override-generation-config: '{}': {} (tessera reads temperature, top_p, top_k, min_p, "
+             "repetition_penalty, max_new_tokens, each a number)",
+             key, kKeys.count(key) ? "must be a number" : "not a generation setting");
+  }
+}
+
+// --override-generation-config's values over the defaults read from generation_config.json.
+void apply_generation_overrides(GenerationDefaults& d, const std::string& text) {
+  if (text.empty()) return;
+  const nlohmann::json j = nlohmann::json::parse(text);
+  if (j.contains("temperature")) d.temperature = j["temperature"].get<double>();
+  if (j.contains("top_p")) d.top_p = j["top_p"].get<double>();
+  if (j.contains("top_k")) d.top_k = j["top_k"].get<int>();
+  if (j.contains("min_p")) d.min_p = j["min_p"].get<double>();
+  if (j.contains("repetition_penalty")) d.repetition_penalty = j["repetition_penalty"].get<double>();
+  if (j.contains("max_new_tokens")) d.max_new_tokens = j["max_new_tokens"].get<int>();
+  TLOG_INFO("--override-generation-config: sampling defaults {}", j.dump());
+}
+
 // The values of the serve flags (their mistakes are command-line errors, exit code 2).
 void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
-  if (!sf.tool_call_parser.empty()) (void)server::make_tool_parser(sf.tool_call_parser);
-  if (!sf.reasoning_parser.empty()) (void)server::make_reasoning_parser(sf.reasoning_parser);
+  auto named = [](const char* flag, const std::string& value, auto&& make) {
+    try {
+      (void)make(value);
+    } catch (const Error& e) {
+      fail(ErrorKind::kInvalidArgument, "{} {}: {}; use one of those", flag, value, e.what());
+    }
+  };
+  if (!sf.tool_call_parser.empty())
+    named("--tool-call-parser", sf.tool_call_parser, [](const std::string& v) { return server::make_tool_parser(v); });
+  if (!sf.reasoning_parser.empty())
+    named("--reasoning-parser", sf.reasoning_parser,
+          [](const std::string& v) { return server::make_reasoning_parser(v); });
   if (sf.enable_auto_tool_choice && sf.tool_call_parser.empty())
     fail(ErrorKind::kInvalidArgument, "--enable-auto-tool-choice requires --tool-call-parser");
   if (sf.max_waiting_requests < 0) fail(ErrorKind::kInvalidArgument, "--max-waiting-requests must be >= 0");
@@ -298,6 +391,7 @@ void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   if (!(sf.swap_space >= 0)) fail(ErrorKind::kInvalidArgument, "--swap-space must be >= 0, got {}", sf.swap_space);
   if (sf.max_seq_len_to_capture < 1)
     fail(ErrorKind::kInvalidArgument, "--max-seq-len-to-capture must be >= 1, got {}", sf.max_seq_len_to_capture);
+  check_vllm_flag_values(sf);
   for (const auto& [flag, why] : kNoOpFlags)
     if (app.count(flag)) TLOG_INFO("{} is accepted for vLLM compatibility and has no effect: {}", flag, why);
 }
@@ -363,6 +457,7 @@ TextSide load_text_side(const EngineFlags& ef, const ServeFlags& sf) {
            sf.generation_config);
     t.defaults = read_generation_config(sf.generation_config);
   }
+  apply_generation_overrides(t.defaults, sf.override_generation_config);
   return t;
 }
 
@@ -398,6 +493,9 @@ server::ApiOptions api_options(const EngineFlags& ef, const ServeFlags& sf, cons
   ao.reasoning_parser = sf.reasoning_parser;
   ao.log_requests = sf.enable_log_requests && !sf.disable_log_requests;
   ao.max_log_len = sf.max_log_len;
+  if (!sf.default_chat_template_kwargs.empty())
+    ao.default_chat_template_kwargs = nlohmann::ordered_json::parse(sf.default_chat_template_kwargs);
+  ao.exclude_tools_when_tool_choice_none = sf.exclude_tools_when_tool_choice_none;
   return ao;
 }
 
@@ -526,11 +624,13 @@ int run_serve(int argc, char** argv) {
   add_serve_flags(app, ef, sf);
   add_engine_flags(app, ef);
   add_vllm_compat_flags(app, sf);
+  add_vllm_value_flags(app, sf);
   ClusterFlags cf;
   add_cluster_flags(app, cf);
   WorkerFlags wf;
   add_worker_flags(app, wf);
-  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  if (int rc = parse_flags(app, expand_config_file(std::vector<std::string>(argv, argv + argc), app)); rc >= 0)
+    return rc;
   reject_extras(app);
   if (ef.model.empty()) {
     ef.model = default_model_dir("serve");
@@ -545,6 +645,8 @@ int run_serve(int argc, char** argv) {
     (void)engine_config(ef, /*parallel_supported=*/true);
     check_serve_flag_values(app, sf);
   });
+  if (ef.dtype == "half" || ef.dtype == "float16")
+    TLOG_INFO("--dtype {}: tessera computes in bfloat16 on GPUs (float32 on the CPU backend)", ef.dtype);
   // An org/name id is served under that name (vLLM's default), from its snapshot in the hub cache.
   if (const std::string given = resolve_model(ef); given != ef.model && sf.served_model_names.empty())
     sf.served_model_names.push_back(given);

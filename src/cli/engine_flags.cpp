@@ -123,8 +123,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
       ->capture_default_str();
   app.add_option("--quantization,-q", f.quantization,
                  "fp8: store the weights of a bf16 checkpoint as FP8 e4m3 with one scale per 128x128 block "
-                 "(quantised while loading; a checkpoint with an FP8 quantization_config needs no flag)")
-      ->check(CLI::IsMember({"fp8"}));
+                 "(quantised while loading; a checkpoint with an FP8 quantization_config needs no flag); other "
+                 "methods (awq, gptq, ...) are refused");
   app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
       ->capture_default_str();
   add_tokens_option(app, "--max-model-len", f.max_model_len,
@@ -136,8 +136,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                     "token budget of one step; long prompts are prefilled in chunks of this size (default 8192; 8k, 8K "
                     "as --max-model-len)");
   app.add_option("--dtype", f.dtype,
-                 "auto | bfloat16: the compute dtype (tessera computes in bfloat16 on GPUs and float32 on CPUs; "
-                 "vLLM's other values are refused)")
+                 "auto | bfloat16 | half | float16: the compute dtype; tessera computes in bfloat16 on GPUs (half "
+                 "and float16 are accepted and computed in bfloat16: the same width, float32's range, fewer "
+                 "mantissa bits) and in float32 on CPUs; float32 is refused")
       ->capture_default_str();
   app.add_option("--data-parallel-size", f.data_parallel_size,
                  "engine replicas (-dp; vLLM's name): 1 only, as tessera runs one engine per server; run one server "
@@ -264,7 +265,9 @@ SpeculativeConfig parse_speculative_config(const std::string& text) {
         k != "disable_by_batch_size")
       fail(ErrorKind::kInvalidArgument,
            "--speculative-config: field '{}' is not supported (tessera reads method, num_speculative_tokens, "
-           "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size)",
+           "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size); use {{\"method\": \"ngram\", "
+           "\"num_speculative_tokens\": 3}} or, with a checkpoint that has an MTP layer, {{\"method\": \"mtp\", "
+           "\"num_speculative_tokens\": 2}}",
            k);
   }
   if (auto m = j.find("method"); m != j.end()) {
@@ -293,10 +296,16 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
     fail(ErrorKind::kUnsupported,
          "--tensor-parallel-size/--pipeline-parallel-size above 1 are not available for this command yet (tessera "
          "generate runs them)");
-  if (f.dtype != "auto" && f.dtype != "bfloat16")
+  if (f.dtype != "auto" && f.dtype != "bfloat16" && f.dtype != "half" && f.dtype != "float16")
     fail(ErrorKind::kUnsupported,
-         "--dtype {}: tessera computes in bfloat16 (float32 on the CPU backend); use --dtype auto or bfloat16",
+         "--dtype {}: tessera computes in bfloat16 (float32 on the CPU backend); use --dtype auto, bfloat16 or half",
          f.dtype);
+  if (!f.quantization.empty() && f.quantization != "fp8")
+    fail(ErrorKind::kUnsupported,
+         "--quantization {}: tessera reads bf16 checkpoints and FP8 ones (their own quantization_config, no flag "
+         "needed); serve a bf16 or FP8 checkpoint of the model (e.g. Qwen/Qwen3-8B-FP8), or give --quantization fp8 "
+         "to store a bf16 checkpoint's weights in FP8 while loading",
+         f.quantization);
   if (f.data_parallel_size != 1)
     fail(ErrorKind::kUnsupported,
          "--data-parallel-size {}: tessera runs one engine per server; start one server per replica (each with its "

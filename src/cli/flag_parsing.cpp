@@ -82,6 +82,12 @@ std::vector<std::string> vllm_spellings(int argc, char** argv) {
   return out;
 }
 
+int parse_flags(CLI::App& app, const std::vector<std::string>& given) {
+  std::vector<char*> argv;
+  for (const std::string& a : given) argv.push_back(const_cast<char*>(a.c_str()));
+  return parse_flags(app, static_cast<int>(argv.size()), argv.data());
+}
+
 int parse_flags(CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args = vllm_spellings(argc, argv);
   // CLI11 takes them in reverse, without the program name.

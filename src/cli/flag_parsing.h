@@ -31,6 +31,8 @@ std::vector<std::string> vllm_spellings(int argc, char** argv);
 // printing --help, 2 after printing one "error: ..." line for a parse error (an unknown flag of an app
 // without allow_extras names the closest flag).
 int parse_flags(CLI::App& app, int argc, char** argv);
+// The same for argv as strings (args[0] the program), e.g. after expand_config_file.
+int parse_flags(CLI::App& app, const std::vector<std::string>& args);
 
 // The app's flag closest to `name` (a typo: at most a third of its letters off), or "" when none is close.
 std::string closest_flag(const CLI::App& app, const std::string& name);

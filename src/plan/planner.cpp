@@ -238,8 +238,19 @@ DecodeCeiling decode_ceiling(const std::vector<DecodeReads>& stages, int num_exp
   return d;
 }
 
+int ranks_sharing_memory(const PlanInputs& in) {
+  if (in.target.device == DeviceType::kCUDA) return 1;
+  const int world = std::max(1, in.tensor_parallel_size * in.pipeline_parallel_size);
+  const int nodes = std::max(1, in.target.nodes);
+  return (world + nodes - 1) / nodes;
+}
+
+size_t rank_memory_bytes(const PlanInputs& in) {
+  return in.target.memory_bytes / static_cast<size_t>(ranks_sharing_memory(in));
+}
+
 size_t Plan::usable() const {
-  return static_cast<size_t>(in.gpu_memory_utilization * static_cast<double>(in.target.memory_bytes));
+  return static_cast<size_t>(in.gpu_memory_utilization * static_cast<double>(rank_memory_bytes(in)));
 }
 
 namespace {
@@ -338,7 +349,7 @@ Plan compute(const PlanInputs& in) {
     s.activation_bytes = act;
     // Runtime and communicators.
     if (in.target.baseline_used) {
-      s.runtime_bytes = *in.target.baseline_used;
+      s.runtime_bytes = *in.target.baseline_used / static_cast<size_t>(ranks_sharing_memory(in));
     } else {
       s.runtime_bytes = cuda ? kCudaRuntimeEstimate : 0;
       s.runtime_estimated = cuda;
@@ -350,7 +361,7 @@ Plan compute(const PlanInputs& in) {
     }
     s.used_before_cache = s.runtime_bytes + s.weight_bytes + s.other_bytes + s.comm_bytes;
     KvBudgetInputs kin;
-    kin.total = in.target.memory_bytes;
+    kin.total = rank_memory_bytes(in);
     kin.used = s.used_before_cache;
     kin.reserved = s.activation_bytes;
     kin.utilization = in.gpu_memory_utilization;
@@ -440,15 +451,15 @@ void advise(Plan& p) {
         "the model does not fit: rank {} needs {} for weights and {} for runtime, communicators and activations, but "
         "--gpu-memory-utilization {:.2f} of {} allows {}",
         s.pp_rank * in.tensor_parallel_size, gib(s.weight_bytes + s.other_bytes),
-        gib(s.runtime_bytes + s.comm_bytes + s.activation_bytes), in.gpu_memory_utilization,
-        gib(in.target.memory_bytes), gib(s.kv.usable));
+        gib(s.runtime_bytes + s.comm_bytes + s.activation_bytes), in.gpu_memory_utilization, gib(rank_memory_bytes(in)),
+        gib(s.kv.usable));
     std::vector<std::string> fixes;
     if (auto t = larger_tp(in, fits))
       fixes.push_back(fmt::format("use {} ({} per rank, {} KV tokens)", layout_flag(*t),
                                   gib(t->stages.front().weight_bytes), with_thousands(t->kv_tokens)));
     else
       fixes.push_back("use more GPUs (--tensor-parallel-size / --pipeline-parallel-size)");
-    const double need_util = static_cast<double>(fixed) / static_cast<double>(in.target.memory_bytes) + 0.01;
+    const double need_util = static_cast<double>(fixed) / static_cast<double>(rank_memory_bytes(in)) + 0.01;
     if (need_util < 0.99) fixes.push_back(fmt::format("raise --gpu-memory-utilization to at least {:.2f}", need_util));
     p.flag_to_change = fixes.front().find("--tensor-parallel-size") != std::string::npos ? "--tensor-parallel-size"
                                                                                          : "--gpu-memory-utilization";
@@ -644,8 +655,11 @@ std::string render_text(const Plan& p) {
                      gib(p.checkpoint_bytes), p.checkpoint_tensors);
   else
     o += "checkpoint none read (weights counted from the model's declarations)\n";
-  o += fmt::format("target     {}: {} per {}, {} node(s)\n", in.target.description, gib(in.target.memory_bytes),
-                   in.target.device == DeviceType::kCUDA ? "GPU" : "node", in.target.nodes);
+  o += fmt::format("target     {}: {} per {}, {} node(s){}\n", in.target.description, gib(in.target.memory_bytes),
+                   in.target.device == DeviceType::kCUDA ? "GPU" : "node", in.target.nodes,
+                   ranks_sharing_memory(in) > 1 ? fmt::format(", {} ranks per node: {} each", ranks_sharing_memory(in),
+                                                              gib(rank_memory_bytes(in)))
+                                                : std::string());
   o += fmt::format(
       "flags      --tensor-parallel-size {} --pipeline-parallel-size {} --max-model-len {} --max-num-seqs {} "
       "--max-num-batched-tokens {} --gpu-memory-utilization {:.2f} --kv-cache-dtype {} ({}), weights in {}\n\n",

@@ -103,6 +103,12 @@ struct PlanInputs {
   Target target;
 };
 
+// Ranks that share one node's memory on the CPU backend: TP x PP / nodes, rounded up (1 on GPUs, where
+// each rank has its own device).
+int ranks_sharing_memory(const PlanInputs& in);
+// The memory one rank plans with: its GPU's, or on the CPU backend its share of the node's memory.
+size_t rank_memory_bytes(const PlanInputs& in);
+
 // One rank of one pipeline stage (the TP ranks of a stage hold the same amounts).
 struct StagePlan {
   int pp_rank = 0;

@@ -75,7 +75,30 @@ struct ApiServer::Impl {
   static ApiError shutting_down() { return ApiError{503, "the server is shutting down", {}, {{"Retry-After", "1"}}}; }
 
   // A chat request (OpenAI chat, or Anthropic Messages and Responses translated to one), written by `writer`.
-  void chat(const ojson& body, const std::shared_ptr<Exchange>& ex, std::unique_ptr<ProtocolWriter> writer) {
+  // The server's chat defaults (--default-chat-template-kwargs, --exclude-tools-when-tool-choice-none) on a
+  // chat request; nullopt when none applies.
+  std::optional<ojson> with_chat_defaults(const ojson& body) const {
+    const bool kwargs = opt.default_chat_template_kwargs.is_object() && !opt.default_chat_template_kwargs.empty();
+    const ojson* choice = field(body, "tool_choice");
+    const bool drop_tools = opt.exclude_tools_when_tool_choice_none && choice && choice->is_string() &&
+                            choice->get_ref<const std::string&>() == "none" && field(body, "tools");
+    if (!kwargs && !drop_tools) return std::nullopt;
+    ojson b = body;
+    if (kwargs) {
+      ojson merged = opt.default_chat_template_kwargs;
+      if (const ojson* k = field(body, "chat_template_kwargs"); k && k->is_object())
+        for (const auto& item : k->items()) merged[item.key()] = item.value();
+      else if (k)
+        return std::nullopt;  // not an object: the reader refuses it with its own message
+      b["chat_template_kwargs"] = std::move(merged);
+    }
+    if (drop_tools) b.erase("tools");
+    return b;
+  }
+
+  void chat(const ojson& given, const std::shared_ptr<Exchange>& ex, std::unique_ptr<ProtocolWriter> writer) {
+    const std::optional<ojson> defaulted = with_chat_defaults(given);
+    const ojson& body = defaulted ? *defaulted : given;
     PreparedRequest pr = reader.read_chat(body, writer->clamps_max_tokens());
     auto g = runner.new_gen(std::move(writer), ex, body);
     g->prompt_logprobs = pr.params.prompt_logprobs;

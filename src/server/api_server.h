@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,10 @@ struct ApiOptions {
   // max_log_len characters and token ids; 0: all) and sampling parameters.
   bool log_requests = false;
   int max_log_len = 0;
+  // vLLM's --default-chat-template-kwargs: under each chat request's own chat_template_kwargs (which win).
+  nlohmann::ordered_json default_chat_template_kwargs;
+  // vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" leaves the tools out of the prompt.
+  bool exclude_tools_when_tool_choice_none = false;
 };
 
 class ApiServer {

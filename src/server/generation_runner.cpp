@@ -202,6 +202,7 @@ void GenerationRunner::finalize(Gen& g) {
   fr.finish_reason = g.choices.empty() ? "stop" : g.choices[0].finish_reason;
   for (const auto& c : g.choices) {
     fr.generation_tokens += static_cast<int>(c.token_ids.size());
+    fr.max_generation_tokens = std::max(fr.max_generation_tokens, static_cast<int>(c.token_ids.size()));
     if (c.finish_reason == "abort" || c.finish_reason == "error") fr.finish_reason = c.finish_reason;
   }
   for (int p : g.prompt_tokens) fr.prompt_tokens += p;

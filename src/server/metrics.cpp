@@ -88,6 +88,7 @@ Metrics::Metrics(std::string model_name, int max_model_len)
       inference_(kRequestLatencyBuckets),
       prompt_tokens_(one_two_five_buckets(max_model_len > 0 ? max_model_len : 1 << 20)),
       generation_tokens_(one_two_five_buckets(max_model_len > 0 ? max_model_len : 1 << 20)),
+      max_generation_tokens_(one_two_five_buckets(max_model_len > 0 ? max_model_len : 1 << 20)),
       max_tokens_(one_two_five_buckets(max_model_len > 0 ? max_model_len : 1 << 20)),
       n_({1, 2, 5, 10, 20}) {}
 
@@ -103,6 +104,7 @@ void Metrics::request_finished(const FinishedRequest& r) {
   if (r.inference >= 0) inference_.observe(r.inference);
   prompt_tokens_.observe(r.prompt_tokens);
   generation_tokens_.observe(r.generation_tokens);
+  max_generation_tokens_.observe(r.max_generation_tokens);
   max_tokens_.observe(r.max_tokens);
   n_.observe(r.n);
 }
@@ -124,6 +126,11 @@ void Metrics::render_engine(std::string& o, const AsyncEngineStats& s) const {
       {"vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", e.kv_cache_usage},
       {"vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage (kv_cache_usage_perc).",
        e.kv_cache_usage},
+      // vLLM V0's series, still on its example dashboard: tessera never swaps (preempted requests are
+      // recomputed) and keeps no KV cache in CPU memory, so both are 0.
+      {"vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU (always 0: preemption recomputes).",
+       0.0},
+      {"vllm:cpu_cache_usage_perc", "gauge", "CPU KV-cache usage (always 0: there is no CPU KV cache).", 0.0},
       {"vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", n(e.prompt_tokens)},
       {"vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", n(e.generation_tokens)},
       {"vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
@@ -169,6 +176,8 @@ void Metrics::render_requests(std::string& o) const {
       {&inference_, {"vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."}},
       {&prompt_tokens_, {"vllm:request_prompt_tokens", "Number of prefill tokens processed."}},
       {&generation_tokens_, {"vllm:request_generation_tokens", "Number of generation tokens processed."}},
+      {&max_generation_tokens_,
+       {"vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens."}},
       {&max_tokens_, {"vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter."}},
       {&n_, {"vllm:request_params_n", "Histogram of the n request parameter."}},
   };

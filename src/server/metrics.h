@@ -39,7 +39,8 @@ struct FinishedRequest {
   std::string finish_reason;  // "stop", "length", "abort", "error"
   double e2e = 0, ttft = -1, queue = -1, prefill = -1, decode = -1, inference = -1;
   int prompt_tokens = 0, generation_tokens = 0;
-  int max_tokens = 0, n = 1;  // the request's parameters
+  int max_generation_tokens = 0;  // the longest of the request's n outputs
+  int max_tokens = 0, n = 1;      // the request's parameters
 };
 
 class Metrics {
@@ -64,7 +65,7 @@ class Metrics {
   std::array<std::atomic<uint64_t>, 4> finished_{};  // stop, length, abort, error
   std::atomic<uint64_t> rejected_{0};
   Histogram ttft_, tpot_, itl_, e2e_, queue_, prefill_, decode_, inference_;
-  Histogram prompt_tokens_, generation_tokens_, max_tokens_, n_;
+  Histogram prompt_tokens_, generation_tokens_, max_generation_tokens_, max_tokens_, n_;
 };
 
 }  // namespace tessera::server

@@ -1,5 +1,6 @@
 // Runs the bench verb as a user would (a separate process with flags) against the scripted
 // server, and checks the JSON, Markdown and HTML reports it writes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -78,6 +79,56 @@ TEST(BenchCli, SeedProtocolWritesParseableReports) {
   EXPECT_NE(markdown.find("| 20 |"), std::string::npos);
   std::string out = read_file(dir + "/bench_cli.out");
   EXPECT_NE(out.find("completion tok/s"), std::string::npos);
+}
+
+// vLLM's `vllm bench serve` command line with the binary name swapped: vLLM's result block on stdout, and with
+// --save-result its result JSON under vLLM's keys; a one-level HTML report draws latency distributions.
+TEST(BenchCli, VllmCommandLineWritesVllmResultJson) {
+  ScriptedServer server([](size_t, const nlohmann::json&) {
+    ScriptedResponse r;
+    r.ttft_s = 0.010;
+    r.token_interval_s = 0.002;
+    r.prompt_tokens = 9;
+    return r;
+  });
+  std::string dir = ::testing::TempDir() + "bench_cli_vllm";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string port = server.base_url().substr(server.base_url().rfind(':') + 1);
+  std::string command = bench_command() + " --backend vllm --model " + ScriptedServer::kModelId +
+                        " --dataset-name random --random-input-len 16 --random-output-len 8 --num-prompts 10"
+                        " --max-concurrency 2 --request-rate 50 --save-result --result-dir " +
+                        dir + "/results --result-filename r.json --percentile-metrics ttft,tpot,itl,e2el" +
+                        " --metric-percentiles 50,90,99.9 --metadata gpu=none --disable-tqdm --port " + port +
+                        " --html " + dir + "/one.html > " + dir + "/out.txt 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << read_file(dir + "/out.txt");
+  const std::string out = read_file(dir + "/out.txt");
+  EXPECT_NE(out.find("============ Serving Benchmark Result ============"), std::string::npos) << out;
+  EXPECT_NE(out.find("Successful requests:                     10"), std::string::npos) << out;
+  EXPECT_NE(out.find("P99.9 E2EL (ms):"), std::string::npos) << out;
+  const nlohmann::json r = nlohmann::json::parse(read_file(dir + "/results/r.json"));
+  EXPECT_EQ(r["backend"], "vllm");
+  EXPECT_EQ(r["model_id"], ScriptedServer::kModelId);
+  EXPECT_EQ(r["num_prompts"], 10);
+  EXPECT_EQ(r["completed"], 10);
+  EXPECT_EQ(r["failed"], 0);
+  EXPECT_EQ(r["total_input_tokens"], 90);
+  EXPECT_EQ(r["total_output_tokens"], 80);
+  EXPECT_EQ(r["request_rate"], 50.0);
+  EXPECT_EQ(r["max_concurrency"], 2);
+  EXPECT_EQ(r["gpu"], "none");
+  EXPECT_TRUE(r["request_goodput"].is_null());
+  EXPECT_NEAR(r["request_throughput"].get<double>(), 10 / r["duration"].get<double>(), 1e-9);
+  EXPECT_NEAR(r["output_throughput"].get<double>(), 80 / r["duration"].get<double>(), 1e-9);
+  for (const char* metric : {"ttft", "tpot", "itl", "e2el"})
+    for (const char* stat : {"mean", "median", "std", "p50", "p90", "p99.9"})
+      EXPECT_TRUE(r.contains(fmt::format("{}_{}_ms", stat, metric))) << stat << "_" << metric;
+  EXPECT_GE(r["median_ttft_ms"].get<double>(), 10.0);
+  EXPECT_LE(r["p50_itl_ms"].get<double>(), r["p99.9_itl_ms"].get<double>());
+  EXPECT_EQ(r["latencies"].size(), 10u);
+  EXPECT_FALSE(r.contains("ttfts")) << "per-request lists only with --save-detailed";
+  const std::string html = read_file(dir + "/one.html");
+  EXPECT_EQ(count(html, "<svg"), 2u);
+  EXPECT_NE(html.find("distribution"), std::string::npos);
 }
 
 TEST(BenchCli, UnreachableServerSaysWhatToDo) {

@@ -78,11 +78,22 @@ expect_error "did you mean --max-model-len?" --max-modle-len 100
 expect_error "did you mean --tensor-parallel-size?" --tensor-paralel-size 2
 expect_error "argument --port: invalid value: 'abc'" --port abc
 expect_error "argument --port: expected one argument" --port
-expect_error "--dtype float16: tessera computes in bfloat16" --dtype float16
+expect_error "--dtype float32: tessera computes in bfloat16" --dtype float32
 expect_error "--data-parallel-size 2: tessera runs one engine per server" -dp 2
-expect_error "--enable-lora is a vLLM flag tessera does not support yet" --enable-lora
+expect_error "--enable-lora is a vLLM flag tessera does not support: tessera serves one model without adapters" --enable-lora
+expect_error "--ssl-keyfile is a vLLM flag tessera does not support: tessera serves plain HTTP" --ssl-keyfile k.pem
+expect_error "--scheduling-policy priority: requests are scheduled first come, first served" --scheduling-policy priority
+expect_error "--tokenizer-mode mistral: tessera reads the checkpoint's Hugging Face tokenizer.json" --tokenizer-mode mistral
+expect_error "--limit-mm-per-prompt: image 2: tessera serves text only" --limit-mm-per-prompt '{"image": 2}'
+expect_error "--override-generation-config: 'seed': not a generation setting" --override-generation-config '{"seed": 1}'
+expect_error "--default-chat-template-kwargs must be a JSON object" --default-chat-template-kwargs '[1]'
+expect_error "--enable-reasoning needs --reasoning-parser" --enable-reasoning
+expect_error "argument --optimization-level" -O7
+expect_error "argument --config: cannot read" --config /no/such.yaml
+printf 'max-model-len: 8k\n  nested: 1\n' >"$TMP/bad.yaml"
+expect_error "line 2: expected a list item" --config "$TMP/bad.yaml"
 expect_error "--enable-auto-tool-choice requires --tool-call-parser" --enable-auto-tool-choice
-expect_error "argument --quantization" --quantization awq
+expect_error "--quantization awq: tessera reads bf16 checkpoints and FP8 ones" --quantization awq
 expect_error "--gpu-memory-utilization must be in (0, 1]" --gpu-memory-utilization 2
 expect_error "--swap-space must be >= 0, got -1" --swap-space -1
 expect_error "--log-stats-interval must be above 0 seconds" --log-stats-interval 0
@@ -90,10 +101,25 @@ expect_error "--log-stats-interval must be above 0 seconds" --log-stats-interval
 # vLLM's harmless flags get past the flag checks (the missing model directory is what stops them).
 "$BIN" serve "$TMP/no-such-model" --dtype auto --swap-space 4 --disable-fastapi-docs --max-seq-len-to-capture 8192 \
   --enable-prompt-tokens-details --async-scheduling --enable-log-requests --max-log-len 100 --disable-log-requests \
-  --disable-log-stats --max_num_batched_tokens 8k >"$TMP/out" 2>&1
+  --disable-log-stats --max_num_batched_tokens 8k --dtype half -O3 --cuda-graph-sizes 1 2 4 --root-path /v \
+  --guided-decoding-backend xgrammar --tokenizer-mode auto --scheduling-policy fcfs --model-impl auto \
+  --limit-mm-per-prompt '{"image": 0}' --long-prefill-token-threshold 512 >"$TMP/out" 2>&1
 rc=$?
 [ $rc = 1 ] && grep -q "not a model directory" "$TMP/out" || bad "harmless vLLM flags: exit $rc: $(cat "$TMP/out")"
 grep -q -- "--swap-space is accepted for vLLM compatibility and has no effect" "$TMP/out" || bad "no-op flags not logged"
+grep -q -- "--optimization-level is accepted for vLLM compatibility and has no effect" "$TMP/out" || bad "-O3 not logged"
+grep -q -- "--dtype half: tessera computes in bfloat16" "$TMP/out" || bad "--dtype half not logged"
+
+# --config: a YAML file's flags, the command line's own winning (plan reads the same engine flags).
+printf '# vLLM --config\nmax-model-len: 16k\nmax_num_seqs: 12\ntensor-parallel-size: 2\nenable-prefix-caching: false\n' >"$TMP/c.yaml"
+got=$("$BIN" serve --config "$TMP/c.yaml" --max-model-len 4k "$TMP/no-such-model" 2>&1)
+echo "$got" | grep -q "not a model directory" || bad "--config: $got"
+# The same file through serve's parser, shown by the startup line of a model that does not exist: 4000 wins.
+cp -r "$ROOT/configs/qwen3-tiny" "$TMP/tiny"
+got=$("$BIN" serve "$TMP/tiny" --config "$TMP/c.yaml" --max-model-len 4k --load-format dummy --device cpu \
+  --tokenizer "$TMP/no-tokenizer" --port 0 2>&1)
+echo "$got" | grep -q "max-model-len=4000 max-num-seqs=12" || bad "--config values not used: $got"
+echo "$got" | grep -q "prefix-caching=false" || bad "--config's false not applied: $got"
 
 # Every flag docs/server.md's flag table names is a flag of tessera serve.
 "$BIN" serve --help >"$TMP/help" 2>&1 || bad "serve --help exited non-zero"

@@ -74,8 +74,23 @@ test('/metrics exports the series vLLM dashboards query, with model_name', async
     'vllm:request_generation_tokens', 'vllm:iteration_tokens_total', 'vllm:prefix_cache_queries_total',
     'vllm:prefix_cache_hits_total', 'vllm:num_preemptions_total', 'vllm:spec_decode_num_drafts_total',
     'vllm:spec_decode_num_draft_tokens_total', 'vllm:spec_decode_num_accepted_tokens_total',
-    'vllm:request_params_max_tokens', 'vllm:request_params_n'];
+    'vllm:request_params_max_tokens', 'vllm:request_params_n',
+    // The rest of vLLM's example Grafana dashboard (examples/online_serving/prometheus_grafana/grafana.json).
+    'vllm:num_requests_swapped', 'vllm:cpu_cache_usage_perc', 'vllm:request_max_num_generation_tokens',
+    'vllm:request_inference_time_seconds'];
   for (const name of wanted) assert.ok(exported.has(name), `missing ${name}`);
+  // Every one returns a series for this model: a sample line (a histogram's _count) with its model_name.
+  for (const name of wanted) {
+    const sample = new RegExp(`^${name}(_count)?\\{model_name="qwen3-tiny"[,}].* [0-9.e+-]+$`, 'm');
+    assert.match(t, sample, `no sample of ${name}`);
+  }
+  // The dashboard's queries on this server's scrape: the histograms it reads as rates have observations.
+  for (const name of ['vllm:e2e_request_latency_seconds', 'vllm:time_to_first_token_seconds',
+    'vllm:time_per_output_token_seconds', 'vllm:request_prompt_tokens', 'vllm:request_generation_tokens',
+    'vllm:request_prefill_time_seconds', 'vllm:request_decode_time_seconds',
+    'vllm:request_max_num_generation_tokens']) {
+    assert.match(t, new RegExp(`^${name}_count\\{model_name="qwen3-tiny"\\} [1-9]`, 'm'), `${name} observed nothing`);
+  }
   assert.match(t, /^vllm:request_success_total\{model_name="qwen3-tiny",finished_reason="length"\} [1-9]/m);
   assert.match(t, /^vllm:request_params_n_bucket\{model_name="qwen3-tiny",le="2"\} [1-9]/m);
   assert.match(t, /^vllm:request_queue_time_seconds_count\{model_name="qwen3-tiny"\} [1-9]/m);

@@ -311,6 +311,40 @@ TEST(Planner, ModelTooLargeNamesTensorParallelSize) {
             more.tensor_parallel_size);
 }
 
+// On the CPU backend the ranks of a node share its memory: TP 4 on one 23.5 GiB host gives each rank a
+// quarter of it. Qwen3-8B in float32 (about 30.5 GiB of weights) fits that host at no TP, and the advice
+// offers no layout whose ranks together would need more than the host has.
+TEST(Planner, CpuRanksOnOneHostShareItsMemory) {
+  PlanInputs in = inputs(kQwen8b, static_cast<size_t>(23.5 * kGiB));
+  in.target.device = DeviceType::kCPU;
+  in.target.baseline_used = size_t{2} << 30;
+  in.target.gpus_per_node = 0;
+  in.max_model_len = 4096;
+  in.max_num_seqs = 4;
+  EXPECT_EQ(ranks_sharing_memory(in), 1);
+  EXPECT_EQ(rank_memory_bytes(in), in.target.memory_bytes);
+  PlanInputs four = in;
+  four.tensor_parallel_size = 4;
+  EXPECT_EQ(ranks_sharing_memory(four), 4);
+  EXPECT_EQ(rank_memory_bytes(four), in.target.memory_bytes / 4);
+  const Plan p4 = make_plan(four);
+  // Every rank's weights, runtime share and cache fit in its quarter; all four together fit the host.
+  for (const StagePlan& s : p4.stages) EXPECT_LE(s.kv.usable, rank_memory_bytes(four));
+  EXPECT_FALSE(p4.fits) << p4.verdict;
+  EXPECT_NE(render_text(p4).find("4 ranks per node"), std::string::npos) << render_text(p4);
+  const Plan p1 = make_plan(in);
+  EXPECT_FALSE(p1.fits);
+  EXPECT_EQ(p1.verdict.find("use --tensor-parallel-size"), std::string::npos) << p1.verdict;
+  // Two nodes of the same size: TP 4 puts two ranks on each.
+  PlanInputs two_nodes = four;
+  two_nodes.target.nodes = 2;
+  EXPECT_EQ(ranks_sharing_memory(two_nodes), 2);
+  // GPUs are not shared.
+  PlanInputs gpu = four;
+  gpu.target.device = DeviceType::kCUDA;
+  EXPECT_EQ(rank_memory_bytes(gpu), gpu.target.memory_bytes);
+}
+
 TEST(Planner, GpuTableAndSizes) {
   ASSERT_TRUE(find_gpu("H200"));
   EXPECT_GT(find_gpu("rtx-5090d")->memory_bytes, 31 * kGiB);

@@ -389,6 +389,43 @@ TEST_F(ApiServerTest, WhatReachesTheEngine) {
   EXPECT_EQ(engine_.open_requests(), 0u);
 }
 
+// vLLM's --default-chat-template-kwargs (under the request's own, which win) and
+// --exclude-tools-when-tool-choice-none, as the prompt that reaches the engine shows them.
+TEST_F(ApiServerTest, ServerChatDefaultsReachTheTemplate) {
+  ApiOptions o;
+  o.served_model_names = {"qwen3-tiny"};
+  o.default_chat_template_kwargs = {{"enable_thinking", false}};
+  o.exclude_tools_when_tool_choice_none = true;
+  o.enable_auto_tool_choice = true;
+  o.tool_call_parser = "hermes";
+  ApiServer api(o, engine_, *tok_, tmpl_, *metrics_);
+  auto prompt_of = [&](const json& body) {
+    HttpRequest r;
+    r.method = "POST";
+    r.path = "/v1/chat/completions";
+    r.body = body.dump();
+    auto ex = std::make_shared<Recorder>();
+    api.handle(std::move(r), ex);
+    engine_.finish_all();
+    const std::vector<GenerationRequest> sent = engine_.submitted();
+    EXPECT_FALSE(sent.empty());
+    return sent.empty() ? std::string() : tok_->decode(sent.back().prompt_ids, false);
+  };
+  const std::string empty_think = "<think>\n\n</think>";
+  EXPECT_NE(prompt_of(kChat).find(empty_think), std::string::npos) << "the server default turns thinking off";
+  json thinking = kChat;
+  thinking["chat_template_kwargs"] = {{"enable_thinking", true}};
+  EXPECT_EQ(prompt_of(thinking).find(empty_think), std::string::npos) << "the request's own kwargs win";
+  json tools = kChat;
+  tools["tools"] = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
+  EXPECT_NE(prompt_of(tools).find("get_weather"), std::string::npos);
+  tools["tool_choice"] = "none";
+  EXPECT_EQ(prompt_of(tools).find("get_weather"), std::string::npos) << "tool_choice none leaves the tools out";
+}
+
 TEST_F(ApiServerTest, EngineRefusalsBecome400And429And503) {
   engine_.refuse_with({SubmitError::kInvalid, "The decoder prompt cannot be empty", "prompt"});
   Reply r = post("/v1/chat/completions", kChat);

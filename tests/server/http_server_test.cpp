@@ -342,32 +342,18 @@ TEST(Metrics, RendersVllmNamesAndHistograms) {
 // The series vLLM's Grafana dashboard (examples/online_serving/prometheus_grafana/grafana.json) and
 // common scrapers query: every one is exported, and every exported vllm: series is one of vLLM's.
 TEST(Metrics, ExportsTheSeriesVllmDashboardsQuery) {
-  const std::set<std::string> vllm_names = {"vllm:num_requests_running",
-                                            "vllm:num_requests_waiting",
-                                            "vllm:gpu_cache_usage_perc",
-                                            "vllm:kv_cache_usage_perc",
-                                            "vllm:prompt_tokens_total",
-                                            "vllm:generation_tokens_total",
-                                            "vllm:request_success_total",
-                                            "vllm:time_to_first_token_seconds",
-                                            "vllm:time_per_output_token_seconds",
-                                            "vllm:inter_token_latency_seconds",
-                                            "vllm:e2e_request_latency_seconds",
-                                            "vllm:request_queue_time_seconds",
-                                            "vllm:request_prefill_time_seconds",
-                                            "vllm:request_decode_time_seconds",
-                                            "vllm:request_inference_time_seconds",
-                                            "vllm:request_prompt_tokens",
-                                            "vllm:request_generation_tokens",
-                                            "vllm:iteration_tokens_total",
-                                            "vllm:prefix_cache_queries_total",
-                                            "vllm:prefix_cache_hits_total",
-                                            "vllm:num_preemptions_total",
-                                            "vllm:spec_decode_num_drafts_total",
-                                            "vllm:spec_decode_num_draft_tokens_total",
-                                            "vllm:spec_decode_num_accepted_tokens_total",
-                                            "vllm:request_params_max_tokens",
-                                            "vllm:request_params_n"};
+  const std::set<std::string> vllm_names = {
+      "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc",
+      "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+      "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
+      "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+      "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
+      "vllm:request_generation_tokens", "vllm:iteration_tokens_total", "vllm:prefix_cache_queries_total",
+      "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:spec_decode_num_drafts_total",
+      "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+      "vllm:request_params_max_tokens", "vllm:request_params_n",
+      // The rest of vLLM's example Grafana dashboard (V0 names included).
+      "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc", "vllm:request_max_num_generation_tokens"};
   Metrics m("tiny", 4096);
   AsyncEngineStats s;
   const std::string t = m.render(s);
