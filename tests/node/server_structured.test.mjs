@@ -221,6 +221,54 @@ test("Anthropic's forced tool (tool_choice tool / any) gives a valid tool_use", 
   }
 });
 
+test('structural_tag: free text, and every tagged part validates (response_format and structured_outputs)', async () => {
+  const weather = { type: 'object', properties: { n: { type: 'integer' }, ok: { type: 'boolean' } },
+                    required: ['n', 'ok'], additionalProperties: false };
+  const ping = { type: 'object', properties: { at: { type: 'integer' } }, additionalProperties: false };
+  const tag = { structures: [{ begin: '<function=get_weather>', schema: weather, end: '</function>' },
+                             { begin: '<function=ping>', schema: ping, end: '</function>' }],
+                triggers: ['<function='] };
+  const schemaOf = { get_weather: weather, ping };
+  // The trigger's tokens are biased up, so that even a random-weight model writes tags; the schemas leave
+  // no room for those tokens inside a tag.
+  const tok = await post('/tokenize', { model: MODEL, prompt: '<function=', add_special_tokens: false });
+  const logit_bias = Object.fromEntries(tok.body.tokens.map((t) => [t, 30]));
+  const check = (text, finish, what) => {
+    const re = /<function=(get_weather|ping)>([\s\S]*?)<\/function>/g;
+    let m, tags = 0, last = 0;
+    while ((m = re.exec(text))) {
+      checkJson(m[2], schemaOf[m[1]], `${what}: ${m[1]}`);
+      ++tags, last = re.lastIndex;
+    }
+    const tail = text.slice(last);
+    // Text after the last complete tag: free text, or (cut by max_tokens) the start of a tag.
+    if (finish === 'stop') assert.ok(!tail.includes('<function='), `${what}: ended inside a tag: ${tail}`);
+    else assert.equal(finish, 'length');
+    assert.ok(tail.indexOf('<function=') === tail.lastIndexOf('<function='), `${what}: ${tail}`);
+    return tags;
+  };
+  const body = { ...BASE, seed: 3, max_tokens: 200, logit_bias, messages: ask('Check the weather.') };
+  const a = await openai.chat.completions.create({ ...body, response_format: { type: 'structural_tag', ...tag } });
+  const tagsA = check(a.choices[0].message.content, a.choices[0].finish_reason, 'response_format');
+  // vLLM's client form: structured_outputs.structural_tag as JSON text; streamed.
+  const stream = await openai.chat.completions.create({ ...body, seed: 4, stream: true,
+                                                        structured_outputs: { structural_tag: JSON.stringify(tag) } });
+  let text = '', finish;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (c?.delta?.content) text += c.delta.content;
+    if (c?.finish_reason) finish = c.finish_reason;
+  }
+  const tagsB = check(text, finish, 'structured_outputs.structural_tag');
+  assert.ok(tagsA + tagsB >= 1, `no tag written: ${JSON.stringify(a.choices[0].message.content)} ${JSON.stringify(text)}`);
+  // Without the bias the output is free text (and any tag in it validates).
+  const free = await post('/v1/chat/completions', { ...BASE, seed: 5, max_tokens: 40, messages: ask('Hi'),
+                                                    response_format: { type: 'structural_tag', ...tag } });
+  assert.equal(free.status, 200, JSON.stringify(free.body));
+  check(free.body.choices[0].message.content, free.body.choices[0].finish_reason, 'free text');
+  console.log(`# structural_tag: ${tagsA} + ${tagsB} tags validated`);
+});
+
 test('what cannot be served is a 400 that names the field', async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } },
@@ -231,7 +279,12 @@ test('what cannot be served is a 400 that names the field', async () => {
     [{ guided_json: { type: 'object' }, guided_regex: 'a' }, /guided_json.*guided_regex/],
     [{ response_format: { type: 'json_object' }, structured_outputs: { regex: 'a' } }, /both constrain/],
     [{ structured_outputs: { regex: 'a', choice: ['b'] } }, /exactly one/],
-    [{ structured_outputs: { structural_tag: '{}' } }, /structural_tag/],
+    [{ structured_outputs: { structural_tag: '{}' } }, /structured_outputs.structural_tag.structures/],
+    [{ response_format: { type: 'structural_tag', triggers: ['<f'],
+                          structures: [{ begin: '<g>', schema: {}, end: '</g>' }] } }, /none of the triggers/],
+    [{ response_format: { type: 'structural_tag', triggers: ['<f'],
+                          structures: [{ begin: '<f>', schema: { type: 'object', not: {} }, end: '</f>' }] } },
+     /response_format.*structures\[0\]\.schema.*not/],
     [{ structured_outputs: { jsn: {} } }, /structured_outputs.jsn/],
     [{ guided_whitespace_pattern: ' *' }, /guided_whitespace_pattern/],
     [{ thinking_token_budget: 10 }, /thinking_token_budget/],
