@@ -229,12 +229,13 @@ test('structural_tag: free text, and every tagged part validates (response_forma
   // server's tool parser leaves the text as it is).
   const call = (name, schema) => ({ begin: `<tool_call>\n{"name": "${name}", "arguments": `, schema,
                                     end: '}\n</tool_call>' });
-  const tag = { structures: [call('get_weather', weather), call('ping', ping)], triggers: ['<tool_call>'] };
+  // The trigger is "<", one token in any tokenizer: biased up, it makes even a random-weight model write tags
+  // (the grammar then forces the rest of a begin; the schemas leave no room for "<" inside a tag).
+  const tag = { structures: [call('get_weather', weather), call('ping', ping)], triggers: ['<'] };
   const schemaOf = { get_weather: weather, ping };
-  // The trigger's tokens are biased up, so that even a random-weight model writes tags; the schemas leave
-  // no room for them inside a tag.
-  const tok = await post('/tokenize', { model: MODEL, prompt: '<tool_call>', add_special_tokens: false });
-  const logit_bias = Object.fromEntries(tok.body.tokens.map((t) => [t, 30]));
+  const tok = await post('/tokenize', { model: MODEL, prompt: '<', add_special_tokens: false });
+  assert.equal(tok.body.tokens.length, 1, JSON.stringify(tok.body));
+  const logit_bias = { [tok.body.tokens[0]]: 30 };
   const check = (text, finish, what) => {
     const re = /<tool_call>\n\{"name": "(get_weather|ping)", "arguments": ([\s\S]*?)\}\n<\/tool_call>/g;
     let m, tags = 0, last = 0;
@@ -243,7 +244,7 @@ test('structural_tag: free text, and every tagged part validates (response_forma
       ++tags, last = re.lastIndex;
     }
     // After the last complete tag: free text, or (cut by max_tokens) free text and the start of one tag.
-    const tail = text.slice(last), opened = tail.split('<tool_call>').length - 1;
+    const tail = text.slice(last), opened = tail.split('<').length - 1;
     if (finish === 'stop') assert.equal(opened, 0, `${what}: a tag left open or malformed: ${tail}`);
     else assert.ok(finish === 'length' && opened <= 1, `${what}: ${finish} after ${tail}`);
     return tags;
