@@ -77,6 +77,48 @@ std::string GrammarBuilder::add_literal(std::string_view text) {
   return impl_->rule_with_body("literal", impl_->rules.bytes(text));
 }
 
+std::string GrammarBuilder::add_triggered_tags(const std::vector<TriggeredTag>& tags,
+                                               const std::vector<std::string>& triggers) {
+  RuleSet& rules = impl_->rules;
+  if (triggers.empty()) throw GrammarError("structural tag: 'triggers' is empty; give at least one trigger string");
+  if (triggers.size() > impl_->limits.max_enum_values || tags.size() > impl_->limits.max_enum_values) {
+    throw GrammarError(fmt::format("structural tag has {} triggers and {} tags, more than the limit of {}",
+                                   triggers.size(), tags.size(), impl_->limits.max_enum_values));
+  }
+  std::vector<std::vector<int>> alternatives(triggers.size());
+  for (size_t t = 0; t < triggers.size(); ++t)
+    if (triggers[t].empty()) throw GrammarError(fmt::format("structural tag: trigger {} is an empty string", t));
+  for (size_t i = 0; i < tags.size(); ++i) {
+    const TriggeredTag& tag = tags[i];
+    const int content = rules.find_rule(tag.content);
+    if (content < 0) throw GrammarError(fmt::format("structural tag {}: rule '{}' is not defined", i, tag.content));
+    bool started = false;
+    for (size_t t = 0; t < triggers.size(); ++t) {
+      if (!tag.begin.starts_with(triggers[t])) continue;
+      started = true;
+      alternatives[t].push_back(rules.sequence({rules.bytes(std::string_view(tag.begin).substr(triggers[t].size())),
+                                                rules.ref(content), rules.bytes(tag.end)}));
+    }
+    if (!started) {
+      throw GrammarError(
+          fmt::format("structural tag {}: begin '{}' starts with none of the triggers; make each "
+                      "begin start with a trigger",
+                      i, tag.begin));
+    }
+  }
+  std::vector<int> continuations;
+  for (size_t t = 0; t < triggers.size(); ++t) {
+    if (alternatives[t].empty()) {
+      throw GrammarError(
+          fmt::format("structural tag: trigger '{}' starts no tag's begin; remove it or add a tag "
+                      "whose begin starts with it",
+                      triggers[t]));
+    }
+    continuations.push_back(rules.choice(std::move(alternatives[t])));
+  }
+  return impl_->rule_with_body("triggered_tags", rules.tag_dispatch(triggers, std::move(continuations)));
+}
+
 std::shared_ptr<const Grammar> GrammarBuilder::build(std::string_view root) {
   const int rule = impl_->rules.find_rule(std::string(root));
   if (rule < 0) throw GrammarError(fmt::format("root rule '{}' is not defined", root));

@@ -26,6 +26,61 @@ struct Nfa {
   }
 };
 
+// The Aho-Corasick automaton of a set of strings over their codepoints: node 0 is the start; next[node *
+// alphabet.size() + i] is the node after codepoint alphabet[i] (any other codepoint leads to node 0);
+// outputs[node] lists the strings that end at that node (its own and its suffixes').
+struct TriggerAutomaton {
+  std::vector<uint32_t> alphabet;  // sorted
+  std::vector<int> next;
+  std::vector<std::vector<int>> outputs;
+};
+
+TriggerAutomaton build_trigger_automaton(const std::vector<std::string>& triggers, const CompileLimits& limits,
+                                         const std::string& rule_name) {
+  TriggerAutomaton ac;
+  std::vector<std::map<uint32_t, int>> go(1);
+  ac.outputs.resize(1);
+  for (size_t t = 0; t < triggers.size(); ++t) {
+    if (triggers[t].empty()) throw GrammarError(fmt::format("rule '{}': a trigger is empty", rule_name));
+    int node = 0;
+    for (size_t pos = 0; pos < triggers[t].size();) {
+      const uint32_t c = decode_utf8(triggers[t], pos);
+      ac.alphabet.push_back(c);
+      auto [it, inserted] = go[node].emplace(c, static_cast<int>(go.size()));
+      if (inserted) go.emplace_back(), ac.outputs.emplace_back();
+      node = it->second;
+    }
+    ac.outputs[node].push_back(static_cast<int>(t));
+  }
+  std::sort(ac.alphabet.begin(), ac.alphabet.end());
+  ac.alphabet.erase(std::unique(ac.alphabet.begin(), ac.alphabet.end()), ac.alphabet.end());
+  const size_t width = ac.alphabet.size();
+  if (go.size() * width > limits.max_states * 8) {
+    throw GrammarError(
+        fmt::format("rule '{}': the triggers have {} characters, {} of them distinct: too many for "
+                    "the automaton limit; use fewer or shorter triggers",
+                    rule_name, go.size() - 1, width));
+  }
+  ac.next.assign(go.size() * width, 0);
+  std::vector<int> fail(go.size(), 0), order{0};
+  for (size_t i = 0; i < order.size(); ++i) {  // breadth first: a node's suffix link is complete before it
+    const int u = order[i];
+    for (size_t c = 0; c < width; ++c) {
+      auto it = go[u].find(ac.alphabet[c]);
+      if (it == go[u].end()) {
+        ac.next[u * width + c] = u == 0 ? 0 : ac.next[fail[u] * width + c];
+        continue;
+      }
+      const int v = it->second;
+      fail[v] = u == 0 ? 0 : ac.next[fail[u] * width + c];
+      for (int t : ac.outputs[fail[v]]) ac.outputs[v].push_back(t);
+      ac.next[u * width + c] = v;
+      order.push_back(v);
+    }
+  }
+  return ac;
+}
+
 class NfaBuilder {
  public:
   NfaBuilder(const RuleSet& rules, Budget& budget, size_t& total_states, const std::string& rule_name)
@@ -61,19 +116,9 @@ class NfaBuilder {
         }
         return;
       }
-      case ExprKind::kClass: {
-        std::vector<ByteRangeSeq> seqs;
-        for (auto [lo, hi] : e.ranges) utf8_sequences(lo, hi, seqs);
-        for (const auto& seq : seqs) {
-          int cur = from;
-          for (size_t i = 0; i < seq.size(); ++i) {
-            const int next = i + 1 == seq.size() ? to : state();
-            nfa.bytes[cur].push_back({seq[i].first, seq[i].second, next});
-            cur = next;
-          }
-        }
+      case ExprKind::kClass:
+        class_paths(e.ranges, from, to);
         return;
-      }
       case ExprKind::kRuleRef:
         nfa.refs[from].push_back({e.rule, to});
         return;
@@ -117,10 +162,55 @@ class NfaBuilder {
         nfa.eps[cur].push_back(to);
         return;
       }
+      case ExprKind::kTagDispatch:
+        tag_dispatch(e, from, to, depth);
+        return;
     }
   }
 
  private:
+  // Byte paths from `from` to `to` for the UTF-8 encodings of the codepoints in `ranges`.
+  void class_paths(const CodepointRanges& ranges, int from, int to) {
+    std::vector<ByteRangeSeq> seqs;
+    for (auto [lo, hi] : ranges) utf8_sequences(lo, hi, seqs);
+    for (const auto& seq : seqs) {
+      int cur = from;
+      for (size_t i = 0; i < seq.size(); ++i) {
+        const int next = i + 1 == seq.size() ? to : state();
+        nfa.bytes[cur].push_back({seq[i].first, seq[i].second, next});
+        cur = next;
+      }
+    }
+  }
+
+  // Free text as the Aho-Corasick automaton of the triggers (one NFA state per automaton node): a node where
+  // a trigger has just occurred continues with that trigger's expression and then returns to the start
+  // node; every other node may end the text.
+  void tag_dispatch(const Expr& e, int from, int to, int depth) {
+    const TriggerAutomaton ac = build_trigger_automaton(e.strings, budget_.limits(), rule_name_);
+    std::vector<int> node_state(ac.outputs.size());
+    for (int& s : node_state) s = state();
+    nfa.eps[from].push_back(node_state[0]);
+    // Codepoints in no trigger lead back to the start node from every node: one shared set of paths.
+    const int others = state();
+    CodepointRanges alphabet;
+    for (uint32_t c : ac.alphabet) alphabet.push_back({c, c});
+    class_paths(complement_ranges(alphabet), others, node_state[0]);
+    for (size_t u = 0; u < ac.outputs.size(); ++u) {
+      budget_.check_time(fmt::format("rule '{}'", rule_name_));
+      if (!ac.outputs[u].empty()) {
+        for (int trigger : ac.outputs[u]) build(e.items[trigger], node_state[u], node_state[0], depth + 1);
+        continue;
+      }
+      nfa.eps[node_state[u]].push_back(to);
+      nfa.eps[node_state[u]].push_back(others);
+      std::map<int, CodepointRanges> by_target;
+      for (size_t c = 0; c < ac.alphabet.size(); ++c)
+        by_target[ac.next[u * ac.alphabet.size() + c]].push_back({ac.alphabet[c], ac.alphabet[c]});
+      for (auto& [target, ranges] : by_target) class_paths(normalize_ranges(ranges), node_state[u], node_state[target]);
+    }
+  }
+
   const RuleSet& rules_;
   Budget& budget_;
   size_t& total_;

@@ -56,6 +56,13 @@ struct TokenizerInfo {
   int32_t vocab_size = 0;
 };
 
+// One tag of add_triggered_tags: `begin`, then the rule named `content`, then `end`.
+struct TriggeredTag {
+  std::string begin;
+  std::string content;
+  std::string end;
+};
+
 class Grammar;          // an immutable byte-level grammar (rules lowered from any of the front ends)
 class CompiledGrammar;  // a Grammar bound to a TokenizerInfo, with its precomputed token tables
 
@@ -83,6 +90,11 @@ class GrammarBuilder {
   std::string add_regex(std::string_view pattern);                   // ECMAScript-like syntax, whole match
   std::string add_choice(const std::vector<std::string>& choices);   // one of the literal strings
   std::string add_literal(std::string_view text);
+  // Structural tags (xgrammar's triggered tags): free UTF-8 text in which each occurrence of a trigger starts
+  // one of the tags whose `begin` starts with that trigger (the rest of `begin`, the content rule, `end`),
+  // after which free text continues; the text may end anywhere outside a tag. Triggers must be non-empty,
+  // every tag's `begin` must start with a trigger and every trigger must start some tag's `begin`.
+  std::string add_triggered_tags(const std::vector<TriggeredTag>& tags, const std::vector<std::string>& triggers);
 
   // The finished grammar whose start rule is `root`. Throws GrammarError (an undefined or unreachable-only
   // rule, limits).

@@ -60,6 +60,14 @@ int RuleSet::repeat(int item, int min, int max) {
   return add(std::move(e));
 }
 
+int RuleSet::tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations) {
+  Expr e;
+  e.kind = ExprKind::kTagDispatch;
+  e.strings = std::move(triggers);
+  e.items = std::move(continuations);
+  return add(std::move(e));
+}
+
 int RuleSet::empty() { return add(Expr{}); }
 
 int RuleSet::rule_id(const std::string& name) {

@@ -1,6 +1,7 @@
 // The byte-level grammar IR every front end lowers to: named rules whose bodies are expressions over
-// byte strings, Unicode character classes (matched as UTF-8), rule references, sequences, alternations
-// and bounded or unbounded repetition. Expressions live in one arena and are referred to by index.
+// byte strings, Unicode character classes (matched as UTF-8), rule references, sequences, alternations,
+// bounded or unbounded repetition and tag dispatch (free text in which triggers start structures).
+// Expressions live in one arena and are referred to by index.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -20,15 +21,18 @@ using CodepointRanges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusiv
 constexpr uint32_t kMaxCodepoint = 0x10FFFF;
 constexpr int kUnbounded = -1;
 
-enum class ExprKind { kEmpty, kBytes, kClass, kRuleRef, kSequence, kChoice, kRepeat };
+enum class ExprKind { kEmpty, kBytes, kClass, kRuleRef, kSequence, kChoice, kRepeat, kTagDispatch };
 
 struct Expr {
   ExprKind kind = ExprKind::kEmpty;
   std::string bytes;       // kBytes
   CodepointRanges ranges;  // kClass: one UTF-8 encoded codepoint in these ranges
   int rule = -1;           // kRuleRef
-  std::vector<int> items;  // kSequence, kChoice; kRepeat: the one repeated expression
+  std::vector<int> items;  // kSequence, kChoice; kRepeat: the one repeated expression; kTagDispatch: below
   int min = 0, max = 0;    // kRepeat: max kUnbounded for no bound
+  // kTagDispatch: UTF-8 text in which the first occurrence of any trigger (strings[i]) continues with
+  // items[i], after which free text starts again; it may end anywhere in free text (not inside items[i]).
+  std::vector<std::string> strings;
 };
 
 // Rules and their expressions. Rules are created by name (a reference before the definition creates an
@@ -41,6 +45,9 @@ class RuleSet {
   int sequence(std::vector<int> items);
   int choice(std::vector<int> items);
   int repeat(int item, int min, int max);
+  // Free text with triggers: see ExprKind::kTagDispatch. triggers and continuations have the same size;
+  // triggers are non-empty.
+  int tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations);
   int empty();
 
   int rule_id(const std::string& name);        // finds or declares

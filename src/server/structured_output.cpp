@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "core/logging.h"
 #include "grammar/grammar.h"
@@ -30,6 +31,8 @@ const char* kind_name(Kind k) {
       return "grammar";
     case Kind::kToolCalls:
       return "tool_calls";
+    case Kind::kStructuralTag:
+      return "structural_tag";
   }
   return "";
 }
@@ -64,11 +67,117 @@ std::vector<std::string> choices_value(const ojson& v, const std::string& where)
   return out;
 }
 
-[[noreturn]] void structural_tag_refused(const std::string& where) {
-  bad(fmt::format("'{}': structural_tag is not supported by this server; constrain tool calls with tool_choice "
-                  "\"required\" or a named function, or the whole output with a JSON schema",
-                  where),
-      where);
+// A string member of a structural tag object; `what` names it in errors.
+std::string tag_string(const ojson& o, const char* key, const std::string& what, const std::string& param,
+                       bool non_empty) {
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_string() || (non_empty && it->get_ref<const std::string&>().empty()))
+    bad(fmt::format("'{}.{}' must be a {}string", what, key, non_empty ? "non-empty " : ""), param);
+  return it->get<std::string>();
+}
+
+void expect_keys(const ojson& o, std::initializer_list<const char*> keys, const std::string& what,
+                 const std::string& param) {
+  for (const auto& [key, v] : o.items()) {
+    if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; })) {
+      std::string list;
+      for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
+      bad(fmt::format("'{}.{}' is not a field of a structural tag here (expected: {})", what, key, list), param);
+    }
+  }
+}
+
+void read_triggers(const ojson& o, const std::string& what, const std::string& param, StructuredOutputSpec& s) {
+  auto t = o.find("triggers");
+  if (t == o.end() || !t->is_array() || t->empty())
+    bad(fmt::format("'{}.triggers' must be a non-empty list of strings (the text that starts a tag)", what), param);
+  for (const auto& x : *t) {
+    if (!x.is_string() || x.get_ref<const std::string&>().empty())
+      bad(fmt::format("'{}.triggers' must hold non-empty strings", what), param);
+    s.triggers.push_back(x.get<std::string>());
+  }
+}
+
+// vLLM's form: {"type": "structural_tag" (optional), "structures": [{"begin", "schema", "end"}], "triggers"}.
+void read_tag_structures(const ojson& o, const std::string& what, const std::string& param, StructuredOutputSpec& s) {
+  expect_keys(o, {"type", "structures", "triggers"}, what, param);
+  auto list = o.find("structures");
+  if (list == o.end() || !list->is_array() || list->empty())
+    bad(fmt::format("'{}.structures' must be a non-empty list of {{\"begin\", \"schema\", \"end\"}}", what), param);
+  for (size_t i = 0; i < list->size(); ++i) {
+    const ojson& st = (*list)[i];
+    const std::string at = fmt::format("{}.structures[{}]", what, i);
+    if (!st.is_object()) bad(fmt::format("'{}' must be an object with begin, schema and end", at), param);
+    expect_keys(st, {"begin", "schema", "end"}, at, param);
+    auto schema = st.find("schema");
+    if (schema == st.end()) bad(fmt::format("'{}.schema' is required", at), param);
+    s.structures.push_back({{"begin", tag_string(st, "begin", at, param, true)},
+                            {"schema", schema_value(*schema, at + ".schema")},
+                            {"end", tag_string(st, "end", at, param, false)}});
+  }
+  read_triggers(o, what, param, s);
+}
+
+// xgrammar's form: {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers", "tags": [{"type":
+// "tag", "begin", "content": {"type": "json_schema", "json_schema"}, "end"}]}}: the same language.
+void read_tag_format(const ojson& o, const std::string& what, const std::string& param, StructuredOutputSpec& s) {
+  expect_keys(o, {"type", "format"}, what, param);
+  const ojson& f = o["format"];
+  const std::string at = what + ".format";
+  const std::string served =
+      "this server serves a format of type triggered_tags whose tags have json_schema content, or the "
+      "{\"structures\", \"triggers\"} form";
+  if (!f.is_object() || f.value("type", "") != "triggered_tags") bad(fmt::format("'{}': {}", at, served), param);
+  expect_keys(f, {"type", "triggers", "tags", "at_least_one", "stop_after_first"}, at, param);
+  for (const char* flag : {"at_least_one", "stop_after_first"})
+    if (f.contains(flag) && f[flag] != false)
+      bad(fmt::format("'{}.{}' is not supported (only false); {}", at, flag, served), param);
+  auto tags = f.find("tags");
+  if (tags == f.end() || !tags->is_array() || tags->empty())
+    bad(fmt::format("'{}.tags' must be a non-empty list of tags", at), param);
+  for (size_t i = 0; i < tags->size(); ++i) {
+    const ojson& tag = (*tags)[i];
+    const std::string tat = fmt::format("{}.tags[{}]", at, i);
+    if (!tag.is_object() || tag.value("type", "tag") != "tag") bad(fmt::format("'{}': {}", tat, served), param);
+    expect_keys(tag, {"type", "begin", "content", "end"}, tat, param);
+    auto content = tag.find("content");
+    if (content == tag.end() || !content->is_object() || content->value("type", "") != "json_schema" ||
+        !content->contains("json_schema"))
+      bad(fmt::format("'{}.content' must be {{\"type\": \"json_schema\", \"json_schema\": ...}}; {}", tat, served),
+          param);
+    s.structures.push_back({{"begin", tag_string(tag, "begin", tat, param, true)},
+                            {"schema", schema_value((*content)["json_schema"], tat + ".content.json_schema")},
+                            {"end", tag_string(tag, "end", tat, param, false)}});
+  }
+  read_triggers(f, at, param, s);
+}
+
+// A structural tag given as an object or as its JSON text (vLLM passes structured_outputs.structural_tag as
+// text); `what` is the field it came from.
+StructuredOutputSpec read_structural_tag(const ojson& value, const std::string& what) {
+  ojson o = value;
+  if (value.is_string()) {
+    try {
+      o = ojson::parse(value.get_ref<const std::string&>());
+    } catch (const std::exception& e) {
+      bad(fmt::format("'{}' is not valid JSON: {}", what, json_error_text(e)), what);
+    }
+  }
+  if (!o.is_object())
+    bad(fmt::format("'{}' must be a structural tag: {{\"structures\": [{{\"begin\", \"schema\", \"end\"}}], "
+                    "\"triggers\": [...]}}, as an object or its JSON text",
+                    what),
+        what);
+  if (auto t = o.find("type"); t != o.end() && *t != "structural_tag")
+    bad(fmt::format("'{}.type' must be \"structural_tag\"", what), what);
+  StructuredOutputSpec s;
+  s.kind = Kind::kStructuralTag;
+  s.field = what;
+  if (o.contains("format"))
+    read_tag_format(o, what, what, s);
+  else
+    read_tag_structures(o, what, what, s);
+  return s;
 }
 
 void read_response_format(const ojson& rf, std::vector<StructuredOutputSpec>& found) {
@@ -95,9 +204,9 @@ void read_response_format(const ojson& rf, std::vector<StructuredOutputSpec>& fo
       s.strict = st->get<bool>();
     }
   } else if (type == "structural_tag") {
-    structural_tag_refused("response_format");
+    s = read_structural_tag(rf, "response_format");
   } else {
-    bad(fmt::format("'response_format.type' '{}' is not one of text, json_object, json_schema", type),
+    bad(fmt::format("'response_format.type' '{}' is not one of text, json_object, json_schema, structural_tag", type),
         "response_format");
   }
   found.push_back(std::move(s));
@@ -125,7 +234,8 @@ void read_structured_outputs(const ojson& so, std::vector<StructuredOutputSpec>&
       if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
       if (v.get<bool>()) s.kind = Kind::kJsonObject, ++kinds;
     } else if (key == "structural_tag") {
-      structural_tag_refused(where);
+      StructuredOutputSpec tag = read_structural_tag(v, where);
+      s.kind = tag.kind, s.structures = std::move(tag.structures), s.triggers = std::move(tag.triggers), ++kinds;
     } else if (key == "disable_any_whitespace") {
       if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
       s.any_whitespace = !v.get<bool>();
@@ -139,15 +249,16 @@ void read_structured_outputs(const ojson& so, std::vector<StructuredOutputSpec>&
       continue;
     } else {
       bad(fmt::format("'{}' is not a structured_outputs field (json, regex, choice, grammar, json_object, "
-                      "disable_any_whitespace, disable_additional_properties, whitespace_pattern)",
+                      "structural_tag, disable_any_whitespace, disable_additional_properties, whitespace_pattern)",
                       where),
           f);
     }
     if (s.field.empty() && kinds == 1) s.field = where;
   }
-  if (kinds == 0) bad("'structured_outputs' needs one of json, regex, choice, grammar, json_object", f);
+  if (kinds == 0) bad("'structured_outputs' needs one of json, regex, choice, grammar, json_object, structural_tag", f);
   if (s.field.empty()) s.field = f;
-  if (kinds > 1) bad("'structured_outputs' takes exactly one of json, regex, choice, grammar, json_object", f);
+  if (kinds > 1)
+    bad("'structured_outputs' takes exactly one of json, regex, choice, grammar, json_object, structural_tag", f);
   found.push_back(std::move(s));
 }
 
@@ -188,7 +299,10 @@ void read_guided(const ojson& body, std::vector<StructuredOutputSpec>& found) {
       bad("'guided_whitespace_pattern' applies to guided_json or guided_json_object, and neither was given",
           "guided_whitespace_pattern");
   }
-  if (field(body, "structural_tag")) structural_tag_refused("structural_tag");
+  if (field(body, "structural_tag"))
+    bad("'structural_tag' is not a request field; send it as response_format {\"type\": \"structural_tag\", "
+        "\"structures\": [...], \"triggers\": [...]} or as structured_outputs.structural_tag",
+        "structural_tag");
 }
 
 // The grammar of one tool's call in the parser's format.
@@ -245,6 +359,23 @@ std::string tool_call_rule(grammar::GrammarBuilder& b, const ojson& tool, const 
   return rule;
 }
 
+// Each structure's schema (errors name the structure), then the triggered tags over them.
+std::string structural_tag_rule(grammar::GrammarBuilder& b, const StructuredOutputSpec& s,
+                                const grammar::JsonOptions& jo) {
+  std::vector<grammar::TriggeredTag> tags;
+  for (size_t i = 0; i < s.structures.size(); ++i) {
+    const ojson& st = s.structures[i];
+    std::string content;
+    try {
+      content = b.add_json_schema(st["schema"], jo);
+    } catch (const grammar::GrammarError& e) {
+      throw grammar::GrammarError(fmt::format("structures[{}].schema: {}", i, e.what()));
+    }
+    tags.push_back({st["begin"].get<std::string>(), content, st["end"].get<std::string>()});
+  }
+  return b.add_triggered_tags(tags, s.triggers);
+}
+
 std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec& s) {
   grammar::GrammarBuilder b;
   grammar::JsonOptions jo;
@@ -268,6 +399,8 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
       // GBNF's and xgrammar's start rule is `root`; Lark's is `start`.
       return b.build(s.text.find("::=") != std::string::npos ? "root" : "start");
     }
+    case Kind::kStructuralTag:
+      return b.build(structural_tag_rule(b, s, jo));
     case Kind::kToolCalls: {
       b.add_ebnf("tool_ws ::= [ \\t\\n]{0,4}\n");
       std::vector<std::string> calls;
@@ -314,9 +447,10 @@ class GrammarConstraintFactory : public TokenConstraintFactory {
 }  // namespace
 
 std::string StructuredOutputSpec::key() const {
-  ojson k = {{"kind", kind_name(kind)}, {"schema", schema},          {"text", text},     {"choices", choices},
-             {"ws", any_whitespace},    {"wsp", whitespace_pattern}, {"strict", strict}, {"tools", tools},
-             {"format", tool_format},   {"several", several_calls}};
+  ojson k = {{"kind", kind_name(kind)},  {"schema", schema},         {"text", text},
+             {"choices", choices},       {"ws", any_whitespace},     {"wsp", whitespace_pattern},
+             {"strict", strict},         {"tools", tools},           {"format", tool_format},
+             {"several", several_calls}, {"structures", structures}, {"triggers", triggers}};
   return k.dump();
 }
 

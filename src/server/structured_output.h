@@ -30,7 +30,7 @@ using api::ojson;
 
 // What one request asks its output to match, before compiling.
 struct StructuredOutputSpec {
-  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kToolCalls };
+  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kToolCalls, kStructuralTag };
   Kind kind = Kind::kJsonObject;
   std::string field;  // the request field it came from ("response_format", "structured_outputs.regex", ...)
   ojson schema;       // kJsonSchema
@@ -44,6 +44,10 @@ struct StructuredOutputSpec {
   ojson tools = ojson::array();
   std::string tool_format;
   bool several_calls = true;
+  // kStructuralTag: free text in which each trigger starts one of the structures ({"begin", "schema",
+  // "end"} each) whose begin starts with it.
+  ojson structures = ojson::array();
+  std::vector<std::string> triggers;
 
   // The cache key: everything above, serialized.
   std::string key() const;
@@ -51,8 +55,9 @@ struct StructuredOutputSpec {
 
 // The structured-output fields of a chat or completion request: response_format (json_object,
 // json_schema; "text" is none), structured_outputs, guided_json / guided_regex / guided_choice /
-// guided_grammar (+ guided_whitespace_pattern). More than one of them is a 400 naming both; so is a
-// kind tessera does not serve (structural_tag). None given: nullopt.
+// guided_grammar (+ guided_whitespace_pattern); response_format or structured_outputs structural_tag
+// (vLLM's {"structures", "triggers"}, or xgrammar's {"format": triggered_tags with JSON Schema tags}).
+// More than one of them is a 400 naming both. None given: nullopt.
 std::optional<StructuredOutputSpec> read_structured_output(const ojson& body);
 
 // The constraint a required or named tool_choice puts on the output: calls in the --tool-call-parser's

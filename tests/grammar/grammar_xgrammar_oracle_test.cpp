@@ -1,6 +1,7 @@
 // Oracle: xgrammar (@mlc-ai/web-xgrammar, run by tests/node/grammar_refs_xgrammar.mjs) and this library
-// agree on which strings each JSON Schema fixture and each EBNF grammar accepts: the fixtures' valid and
-// invalid documents, their compact forms, and documents from random walks of this library's masks.
+// agree on which strings each JSON Schema fixture, each EBNF grammar and each structural tag accepts: the
+// fixtures' valid and invalid documents, their compact forms, and documents from random walks of this
+// library's masks.
 // Deliberate differences are listed below with the reason. Skips when node_modules is absent.
 #include <gtest/gtest.h>
 
@@ -50,7 +51,7 @@ const std::vector<Difference> kDifferences = {
 
 struct Case {
   std::string name;
-  std::string kind;  // "schema" or "ebnf"
+  std::string kind;  // "schema", "ebnf" or "structural_tag"
   std::string source;
   std::vector<std::string> strings;
   int walk_index = -1;  // strings[walk_index] comes from a random walk
@@ -61,6 +62,89 @@ std::string read_file(const fs::path& p) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
+}
+
+// vLLM's structural tag {"structures": [{"begin", "schema", "end"}], "triggers"} as this library builds it.
+std::shared_ptr<const Grammar> build_structural_tag(const std::string& source) {
+  const ojson tag = ojson::parse(source);
+  GrammarBuilder b;
+  std::vector<TriggeredTag> tags;
+  for (const auto& st : tag["structures"])
+    tags.push_back({st["begin"].get<std::string>(), b.add_json_schema(st["schema"]), st["end"].get<std::string>()});
+  return b.build(b.add_triggered_tags(tags, tag["triggers"].get<std::vector<std::string>>()));
+}
+
+bool our_accepts(const Case& c, const std::string& text) {
+  if (c.kind == "structural_tag") return testing::matches(build_structural_tag(c.source), text);
+  GrammarBuilder b;
+  std::string root = "root";
+  if (c.kind == "schema")
+    root = b.add_json_schema(ojson::parse(c.source));
+  else
+    b.add_ebnf(c.source);
+  return testing::matches(b.build(root), text);
+}
+
+// Structural tags: free text, tagged calls, overlapping triggers, and random walks of this library's masks
+// over a vocabulary with the trigger and tag tokens.
+void add_structural_tag_cases(std::vector<Case>& cases) {
+  const ojson weather = {{"type", "object"},
+                         {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+                         {"required", {"city"}},
+                         {"additionalProperties", false}};
+  const ojson functions = {{"structures",
+                            {{{"begin", "<function=get_weather>"}, {"schema", weather}, {"end", "</function>"}},
+                             {{"begin", "<function=ping>"}, {"schema", {{"type", "object"}}}, {"end", "</function>"}}}},
+                           {"triggers", {"<function="}}};
+  const std::string call = R"(<function=get_weather>{"city": "Paris"}</function>)";
+  Case c{"structural_tag_functions",
+         "structural_tag",
+         functions.dump(),
+         {"", "hello <func", call, "x" + call + "y<function=ping>{}</function>", "é ← 中文 <function",
+          R"(<function=get_weather>{"city": "Paris", "d": 1}</function>)", "<function=get_time>{}</function>",
+          R"(<function=get_weather>{"city": "Paris"})", "<function=get_weather>{\n \"city\" : \"P\"\n}</function>",
+          "<function=", "a</function>b"},
+         -1};
+  auto vocab =
+      testing::byte_vocab({"<function=", "<function=get_weather>", "<function=ping>", "<fun", "ction=", "</function>",
+                           "{\"city\": \"", "Paris", "\"}", "{}", "\"days\": ", "12", " the"});
+  // Walks that take the multi-byte (trigger and tag) tokens three times in four, then end where allowed.
+  auto compiled = compile(build_structural_tag(c.source), vocab);
+  std::mt19937 rng(9);
+  int tagged = 0;
+  for (int walk = 0; walk < 8; ++walk) {
+    Matcher m(compiled);
+    std::string text;
+    std::vector<uint32_t> mask(m.mask_words());
+    for (int step = 0; step < 60 && !(step >= 30 && m.can_terminate()); ++step) {
+      m.fill_next_token_bitmask(mask);
+      std::vector<int32_t> allowed, multi;
+      for (int32_t id = 0; id < vocab->stop_ids[0]; ++id) {
+        if (!testing::bit(mask, id) || vocab->special[id]) continue;
+        allowed.push_back(id);
+        if (id >= 256) multi.push_back(id);
+      }
+      const auto& pool = !multi.empty() && rng() % 4 != 0 ? multi : allowed;
+      const int32_t id = pool[rng() % pool.size()];
+      ASSERT_TRUE(m.accept_token(id));
+      text += vocab->token_bytes[id];
+    }
+    if (!m.can_terminate()) continue;
+    tagged += text.find("<function=") != std::string::npos;  // complete: the walk can end
+    c.strings.push_back(text);
+  }
+  EXPECT_GT(tagged, 0) << "no walk wrote a tag";
+  cases.push_back(std::move(c));
+  const ojson overlap = {{"structures",
+                          {{{"begin", "ab="}, {"schema", {{"type", "integer"}}}, {"end", ";"}},
+                           {{"begin", "xyz"}, {"schema", {{"type", "boolean"}}}, {"end", "."}},
+                           {{"begin", "<<f"}, {"schema", {{"type", "integer"}}}, {"end", ">"}}}},
+                         {"triggers", {"ab", "xyz", "<<f"}}};
+  cases.push_back({"structural_tag_overlap",
+                   "structural_tag",
+                   overlap.dump(),
+                   {"ab=1; xyztrue. a b x y z", "xab=7;", "xyab", "xy ab=2;", "<<<f1>", "< <<f12> <<<", "<<f", "<<fx"},
+                   -1});
 }
 
 std::vector<Case> build_cases() {
@@ -106,17 +190,8 @@ factor ::= [0-9]+ | "(" expr ")")G",
                    R"G(root ::= "\"" ( [^"\\] | "\\" ["\\nt] )* "\"")G",
                    {R"("")", R"("a\"b")", R"("a\\")", R"("a"b")", R"("\x")"},
                    -1});
+  add_structural_tag_cases(cases);
   return cases;
-}
-
-bool our_accepts(const Case& c, const std::string& text) {
-  GrammarBuilder b;
-  std::string root = "root";
-  if (c.kind == "schema")
-    root = b.add_json_schema(ojson::parse(c.source));
-  else
-    b.add_ebnf(c.source);
-  return testing::matches(b.build(root), text);
 }
 
 TEST(GrammarXgrammarOracle, AgreesOnFixturesAndGrammars) {

@@ -1,8 +1,10 @@
 // Reference acceptance from xgrammar (compiled to WASM: @mlc-ai/web-xgrammar) for the grammar library's
 // oracle test (tests/grammar/grammar_xgrammar_oracle_test.cpp).
 //   node grammar_refs_xgrammar.mjs CASES.json
-// CASES.json: [{"kind": "schema" | "ebnf", "source": text, "any_whitespace": bool,
+// CASES.json: [{"kind": "schema" | "ebnf" | "structural_tag", "source": text, "any_whitespace": bool,
 //               "strict": bool, "max_whitespace": n, "strings": [text, ...]}, ...]
+// A structural_tag source is vLLM's {"structures": [{"begin", "schema", "end"}], "triggers": [...]}, built
+// with xgrammar's StructuralTagItem form.
 // Prints one JSON array: per case, an array of booleans (xgrammar accepts the whole string), or
 // {"error": message} when xgrammar cannot build the grammar.
 import { readFileSync } from "node:fs";
@@ -21,7 +23,13 @@ function load() {
   return module.exports;
 }
 // A failed check aborts the WASM instance: a fresh one is loaded after each error.
-let { Grammar, Testings } = load();
+let { Grammar, Testings, StructuralTagItem } = load();
+
+function structuralTag(source) {
+  const { structures, triggers } = JSON.parse(source);
+  const items = structures.map((st) => new StructuralTagItem(st.begin, st.schema, st.end));
+  return Grammar.fromStructuralTag(items, triggers);
+}
 
 const cases = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const out = [];
@@ -30,10 +38,11 @@ for (const c of cases) {
   try {
     grammar = c.kind === "schema"
       ? await Grammar.fromJSONSchema(c.source, c.any_whitespace, undefined, undefined, c.strict, c.max_whitespace)
+      : c.kind === "structural_tag" ? await structuralTag(c.source)
       : await Grammar.fromEBNF(c.source, "root");
   } catch (e) {
     out.push({ error: String(e && e.message ? e.message : e) });
-    ({ Grammar, Testings } = load());
+    ({ Grammar, Testings, StructuralTagItem } = load());
     continue;
   }
   const results = [];

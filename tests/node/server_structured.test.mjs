@@ -221,6 +221,56 @@ test("Anthropic's forced tool (tool_choice tool / any) gives a valid tool_use", 
   }
 });
 
+test('structural_tag: free text, and every tagged part validates (response_format and structured_outputs)', async () => {
+  const weather = { type: 'object', properties: { n: { type: 'integer' }, ok: { type: 'boolean' } },
+                    required: ['n', 'ok'], additionalProperties: false };
+  const ping = { type: 'object', properties: { at: { type: 'integer' } }, additionalProperties: false };
+  // Hermes-style calls, as a client that parses them itself asks for them (no tools in the request, so the
+  // server's tool parser leaves the text as it is).
+  const call = (name, schema) => ({ begin: `<tool_call>\n{"name": "${name}", "arguments": `, schema,
+                                    end: '}\n</tool_call>' });
+  // The trigger is "<", one token in any tokenizer: biased up, it makes even a random-weight model write tags
+  // (the grammar then forces the rest of a begin; the schemas leave no room for "<" inside a tag).
+  const tag = { structures: [call('get_weather', weather), call('ping', ping)], triggers: ['<'] };
+  const schemaOf = { get_weather: weather, ping };
+  const tok = await post('/tokenize', { model: MODEL, prompt: '<', add_special_tokens: false });
+  assert.equal(tok.body.tokens.length, 1, JSON.stringify(tok.body));
+  const logit_bias = { [tok.body.tokens[0]]: 30 };
+  const check = (text, finish, what) => {
+    const re = /<tool_call>\n\{"name": "(get_weather|ping)", "arguments": ([\s\S]*?)\}\n<\/tool_call>/g;
+    let m, tags = 0, last = 0;
+    while ((m = re.exec(text))) {
+      checkJson(m[2], schemaOf[m[1]], `${what}: ${m[1]}`);
+      ++tags, last = re.lastIndex;
+    }
+    // After the last complete tag: free text, or (cut by max_tokens) free text and the start of one tag.
+    const tail = text.slice(last), opened = tail.split('<').length - 1;
+    if (finish === 'stop') assert.equal(opened, 0, `${what}: a tag left open or malformed: ${tail}`);
+    else assert.ok(finish === 'length' && opened <= 1, `${what}: ${finish} after ${tail}`);
+    return tags;
+  };
+  const body = { ...BASE, seed: 3, max_tokens: 200, logit_bias, messages: ask('Check the weather.') };
+  const a = await openai.chat.completions.create({ ...body, response_format: { type: 'structural_tag', ...tag } });
+  const tagsA = check(a.choices[0].message.content, a.choices[0].finish_reason, 'response_format');
+  // vLLM's client form: structured_outputs.structural_tag as JSON text; streamed.
+  const stream = await openai.chat.completions.create({ ...body, seed: 4, stream: true,
+                                                        structured_outputs: { structural_tag: JSON.stringify(tag) } });
+  let text = '', finish;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (c?.delta?.content) text += c.delta.content;
+    if (c?.finish_reason) finish = c.finish_reason;
+  }
+  const tagsB = check(text, finish, 'structured_outputs.structural_tag');
+  assert.ok(tagsA >= 1 && tagsB >= 1, `too few tags: ${JSON.stringify(a.choices[0].message.content)} ${JSON.stringify(text)}`);
+  // Without the bias the output is free text (and any tag in it validates).
+  const free = await post('/v1/chat/completions', { ...BASE, seed: 5, max_tokens: 40, messages: ask('Hi'),
+                                                    response_format: { type: 'structural_tag', ...tag } });
+  assert.equal(free.status, 200, JSON.stringify(free.body));
+  check(free.body.choices[0].message.content, free.body.choices[0].finish_reason, 'free text');
+  console.log(`# structural_tag: ${tagsA} + ${tagsB} tags validated`);
+});
+
 test('what cannot be served is a 400 that names the field', async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } },
@@ -231,7 +281,12 @@ test('what cannot be served is a 400 that names the field', async () => {
     [{ guided_json: { type: 'object' }, guided_regex: 'a' }, /guided_json.*guided_regex/],
     [{ response_format: { type: 'json_object' }, structured_outputs: { regex: 'a' } }, /both constrain/],
     [{ structured_outputs: { regex: 'a', choice: ['b'] } }, /exactly one/],
-    [{ structured_outputs: { structural_tag: '{}' } }, /structural_tag/],
+    [{ structured_outputs: { structural_tag: '{}' } }, /structured_outputs.structural_tag.structures/],
+    [{ response_format: { type: 'structural_tag', triggers: ['<f'],
+                          structures: [{ begin: '<g>', schema: {}, end: '</g>' }] } }, /none of the triggers/],
+    [{ response_format: { type: 'structural_tag', triggers: ['<f'],
+                          structures: [{ begin: '<f>', schema: { type: 'object', not: {} }, end: '</f>' }] } },
+     /response_format.*structures\[0\]\.schema.*not/],
     [{ structured_outputs: { jsn: {} } }, /structured_outputs.jsn/],
     [{ guided_whitespace_pattern: ' *' }, /guided_whitespace_pattern/],
     [{ thinking_token_budget: 10 }, /thinking_token_budget/],

@@ -65,10 +65,66 @@ TEST(StructuredOutputFields, WhatIsNotServedNamesTheField) {
   EXPECT_NE(error_of(ojson::parse(R"({"guided_choice": []})")).find("guided_choice"), std::string::npos);
   EXPECT_NE(error_of(ojson::parse(R"({"guided_regex": "a", "guided_choice": ["b"]})")).find("both"), std::string::npos);
   EXPECT_NE(error_of(ojson::parse(R"({"structured_outputs": {}})")).find("needs one of"), std::string::npos);
-  EXPECT_NE(error_of(ojson::parse(R"({"structured_outputs": {"structural_tag": "{}"}})")).find("structural_tag"),
+  EXPECT_NE(error_of(ojson::parse(R"({"structured_outputs": {"structural_tag": "{}"}})")).find("structures"),
             std::string::npos);
   EXPECT_NE(error_of(ojson::parse(R"({"guided_whitespace_pattern": " "})")).find("guided_whitespace_pattern"),
             std::string::npos);
+}
+
+const char* kTag = R"({"type": "structural_tag", "triggers": ["<function="], "structures": [
+  {"begin": "<function=get_weather>", "schema": {"type": "object", "properties": {"city": {"type": "string"}},
+   "required": ["city"], "additionalProperties": false}, "end": "</function>"},
+  {"begin": "<function=ping>", "schema": {"type": "object"}, "end": "</function>"}]})";
+
+TEST(StructuredOutputFields, StructuralTagForms) {
+  using K = StructuredOutputSpec::Kind;
+  ojson tag = ojson::parse(kTag);
+  auto a = read_structured_output(ojson{{"response_format", tag}});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->kind, K::kStructuralTag);
+  EXPECT_EQ(a->field, "response_format");
+  EXPECT_EQ(a->triggers, std::vector<std::string>{"<function="});
+  ASSERT_EQ(a->structures.size(), 2u);
+  EXPECT_EQ(a->structures[1]["begin"], "<function=ping>");
+  // vLLM passes structured_outputs.structural_tag as JSON text, without "type".
+  ojson untyped = tag;
+  untyped.erase("type");
+  auto b = read_structured_output(ojson{{"structured_outputs", {{"structural_tag", untyped.dump()}}}});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->field, "structured_outputs.structural_tag");
+  EXPECT_EQ(b->key(), [&] {
+    StructuredOutputSpec same = *a;
+    same.field = b->field;
+    return same.key();
+  }());
+  // xgrammar's format form: triggered_tags with json_schema content is the same grammar.
+  ojson format = {{"type", "structural_tag"},
+                  {"format", {{"type", "triggered_tags"}, {"triggers", tag["triggers"]}, {"tags", ojson::array()}}}};
+  for (const auto& st : tag["structures"])
+    format["format"]["tags"].push_back({{"type", "tag"},
+                                        {"begin", st["begin"]},
+                                        {"content", {{"type", "json_schema"}, {"json_schema", st["schema"]}}},
+                                        {"end", st["end"]}});
+  auto c = read_structured_output(ojson{{"response_format", format}});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->key(), a->key());
+
+  auto error_with = [](const char* edit) {
+    ojson t = ojson::parse(kTag);
+    t.merge_patch(ojson::parse(edit));
+    return error_of(ojson{{"response_format", t}});
+  };
+  EXPECT_NE(error_with(R"({"triggers": []})").find("'response_format.triggers' must be a non-empty list"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"triggers": [""]})").find("non-empty strings"), std::string::npos);
+  EXPECT_NE(error_with(R"({"structures": [{"begin": "<f>", "end": "</f>"}]})").find("structures[0].schema"),
+            std::string::npos);
+  EXPECT_NE(error_with(R"({"trigers": ["x"]})").find("'response_format.trigers' is not a field"), std::string::npos);
+  format["format"]["at_least_one"] = true;
+  EXPECT_NE(error_of(ojson{{"response_format", format}}).find("at_least_one"), std::string::npos);
+  format["format"] = {{"type", "sequence"}, {"elements", ojson::array()}};
+  EXPECT_NE(error_of(ojson{{"response_format", format}}).find("triggered_tags"), std::string::npos);
+  EXPECT_NE(error_of(ojson::parse(R"({"structural_tag": "{}"})")).find("response_format"), std::string::npos);
 }
 
 class ToolCallGrammar : public ::testing::Test {
@@ -155,6 +211,28 @@ TEST_F(ToolCallGrammar, Qwen3CoderCallsParse) {
   EXPECT_EQ(r.tool_calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(r.tool_calls[0].arguments),
             json::parse(R"({"city": "San Francisco", "unit": "f", "days": 3})"));
+}
+
+TEST_F(ToolCallGrammar, StructuralTagTextAndTaggedCalls) {
+  auto spec = read_structured_output(ojson{{"response_format", ojson::parse(kTag)}});
+  ASSERT_TRUE(spec);
+  auto f = compiler_->compile(*spec);
+  const std::string call = "<function=get_weather>{\"city\": \"Paris\"}</function>";
+  EXPECT_TRUE(accepts(*f, "No call needed: it is sunny.", true));
+  EXPECT_TRUE(accepts(*f, "Checking. " + call + "\nAnd " + "<function=ping>{}</function> done.", true));
+  EXPECT_FALSE(accepts(*f, "<function=get_weather>{\"town\": \"Paris\"}</function>", false));
+  EXPECT_FALSE(accepts(*f, "<function=get_time>{}</function>", false));
+  EXPECT_FALSE(accepts(*f, "Checking. " + call.substr(0, 30), true));  // cannot end inside a tag
+  // A schema that cannot be compiled names the structure and the keyword.
+  ojson bad_tag = ojson::parse(kTag);
+  bad_tag["structures"][1]["schema"] = {{"type", "object"}, {"properties", {{"x", {{"not", {}}}}}}};
+  try {
+    compiler_->compile(*read_structured_output(ojson{{"structured_outputs", {{"structural_tag", bad_tag}}}}));
+    FAIL() << "a schema with 'not' compiled";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "structured_outputs.structural_tag");
+    EXPECT_NE(e.message.find("structures[1].schema: JSON Schema at #/properties/x"), std::string::npos) << e.message;
+  }
 }
 
 TEST_F(ToolCallGrammar, CompiledGrammarsAreCachedAndErrorsNameTheField) {
