@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -934,6 +935,39 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
   log_summary(backend);
+}
+
+std::vector<WeightStore::SourceTensor> WeightStore::checkpoint_layout() const {
+  std::vector<SourceTensor> out;
+  std::set<std::string> seen;
+  for (const auto& e : entries_) {
+    if (!e.tied_to.empty()) continue;
+    const bool fp8 = fp8_candidate(e);
+    auto add = [&](const std::string& name, Shape shape) {
+      if (seen.insert(name).second) out.push_back({name, shape, fp8});
+    };
+    if (!e.blocks.empty()) {
+      for (const auto& b : e.blocks) add(b.name, b.full_shape);
+    } else if (!e.parts.empty()) {
+      for (const auto& p : e.parts) add(p.name, Shape{p.rows, e.full_shape[1]});
+    } else if (e.style == ParallelStyle::kExpert) {
+      const std::string prefix = e.name.substr(0, e.name.rfind('.'));
+      const int64_t I = e.expert.intermediate,
+                    H = e.expert_part == Entry::ExpertPart::kGateUp ? e.full_shape[2] : e.full_shape[1];
+      for (int64_t x = 0; x < e.expert.num_experts; ++x) {
+        const std::string p = prefix + "." + std::to_string(x) + ".";
+        if (e.expert_part == Entry::ExpertPart::kGateUp) {
+          add(p + "gate_proj.weight", Shape{I, H});
+          add(p + "up_proj.weight", Shape{I, H});
+        } else {
+          add(p + "down_proj.weight", Shape{H, I});
+        }
+      }
+    } else {
+      add(e.name, e.full_shape);
+    }
+  }
+  return out;
 }
 
 void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& progress) {
