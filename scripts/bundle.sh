@@ -59,6 +59,10 @@ if [ "$WITH_TESTS" = 1 ]; then
            "$BUILD/tests/dist/custom_all_reduce_test" "$BUILD"/bin/kernels/*_bench "$BUILD"/bin/kernels/libtessera_ktrace.so; do
     [ -x "$b" ] && BINS+=("$b")
   done
+  # Weight loading (scripts/device_load_bench.sh runs them).
+  for b in "$BUILD/bench/load/make_checkpoint" "$BUILD/tests/loader/staged_reader_test"; do
+    [ -x "$b" ] && BINS+=("$b")
+  done
   # NCCL on one and two GPUs (scripts/device_parallel_check.sh runs them).
   for b in "$BUILD/tests/dist/nccl_test" "$BUILD/tests/dist/nccl_two_rank_test" "$BUILD/tests/dist/nccl_stream_test"; do
     [ -x "$b" ] && BINS+=("$b")

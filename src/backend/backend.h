@@ -117,6 +117,10 @@ class Backend {
   // Bytes the device could still give to alloc (for the memory planner); CPU reports host RAM.
   virtual size_t free_memory() const = 0;
   virtual size_t total_memory() const = 0;
+  // The device shares the host's memory (an integrated GPU: DGX Spark's GB10): free_memory and
+  // total_memory are the host's (device_memory in backend/host_memory.h) and the planner keeps
+  // room for the OS (plan::kUnifiedOsReserve). False for the CPU backend and discrete GPUs.
+  virtual bool unified_memory() const { return false; }
 
   // ---- transfers (dst and src have equal nbytes) ----
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;

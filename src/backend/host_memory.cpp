@@ -60,6 +60,12 @@ HostMemory host_memory_from(std::string_view meminfo, std::string_view cgroup_ma
   return m;
 }
 
+DeviceMemory device_memory(bool integrated, const HostMemorySource& host, const DeviceMemorySource& device) {
+  if (!integrated) return device();
+  const HostMemory m = host();
+  return DeviceMemory{m.available, m.total};
+}
+
 HostMemory read_host_memory() {
   return host_memory_from(read_text("/proc/meminfo"), read_text("/sys/fs/cgroup/memory.max"),
                           read_text("/sys/fs/cgroup/memory.current"));

@@ -4,6 +4,7 @@
 // the kernel would give back as used.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -20,5 +21,17 @@ struct HostMemory {
 HostMemory host_memory_from(std::string_view meminfo, std::string_view cgroup_max, std::string_view cgroup_current);
 // This process's: /proc/meminfo and /sys/fs/cgroup/memory.{max,current}.
 HostMemory read_host_memory();
+
+// What a GPU sizes its cache by (Backend::free_memory / total_memory). An integrated GPU (one that
+// shares the host's memory: CudaArch::integrated) takes the host's figures, MemAvailable as free
+// and the total within the cgroup, from `host`; a discrete GPU its own (cudaMemGetInfo), from
+// `device`. Only the source the rule picks is called. The CUDA backend passes read_host_memory
+// and cudaMemGetInfo; tests pass fixed figures.
+struct DeviceMemory {
+  size_t free = 0, total = 0;
+};
+using HostMemorySource = std::function<HostMemory()>;
+using DeviceMemorySource = std::function<DeviceMemory()>;
+DeviceMemory device_memory(bool integrated, const HostMemorySource& host, const DeviceMemorySource& device);
 
 }  // namespace tessera

@@ -35,13 +35,11 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
 }
 
 plan::Target local_target(const EngineFlags& f, const Backend& backend) {
-  plan::Target t;
-  t.device = backend.device().type;
-  const size_t total = backend.total_memory(), free = backend.free_memory();
-  t.memory_bytes = total;
-  if (!f.gpu_memory.empty()) t.memory_bytes = std::min(total, plan::parse_memory_size(f.gpu_memory));
-  t.baseline_used = total - std::min(total, free);
-  t.description = "this machine: " + backend.name() + (f.gpu_memory.empty() ? "" : ", --gpu-memory " + f.gpu_memory);
+  plan::Target t = plan::measured_target(backend);
+  if (!f.gpu_memory.empty()) {
+    t.memory_bytes = std::min(t.memory_bytes, plan::parse_memory_size(f.gpu_memory));
+    t.description += ", --gpu-memory " + f.gpu_memory;
+  }
   return t;
 }
 

@@ -13,6 +13,23 @@
 
 namespace tessera {
 
+namespace {
+
+// The checkpoint's bytes over the whole load (conversion and upload included) and over the reads
+// alone, which is what the disk gives; and how they were read.
+void log_read_speed(const StagedReader& r, std::chrono::steady_clock::duration took) {
+  const StagedReadStats& s = r.stats();
+  const double secs = std::chrono::duration<double>(took).count();
+  auto gbps = [](size_t bytes, double t) { return t > 0 ? bytes / t / 1e9 : 0.0; };
+  TLOG_INFO(
+      "Read {:.2f} GiB of safetensors at {:.2f} GB/s over the load ({:.2f} GB/s inside the reads), through a {} MiB "
+      "buffer: {} file(s) with O_DIRECT, {} buffered with their pages dropped (the page cache does not keep them)",
+      s.bytes / 1073741824.0, gbps(s.bytes, secs), gbps(s.device_bytes, s.read_seconds), r.chunk_bytes() >> 20,
+      s.direct_files, s.buffered_files);
+}
+
+}  // namespace
+
 std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
   ModelConfig config = load_model_config(o.model_dir);
   TLOG_INFO("Model {}: {} ({} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}), device {}",
@@ -57,6 +74,7 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
                "checkpoint that has its mtp.* tensors, {{\"method\": \"ngram\", ...}}, or no --speculative-config",
                o.model_dir, name, config.num_mtp_layers);
     w.load(ckpt, backend, progress);
+    log_read_speed(ckpt.reader(), std::chrono::steady_clock::now() - start);
   } else {
     fail(ErrorKind::kInvalidArgument, "--load-format {} is not supported (auto, safetensors, dummy)", o.load_format);
   }

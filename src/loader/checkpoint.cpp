@@ -14,7 +14,8 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
-Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
+Checkpoint::Checkpoint(const std::string& model_dir, size_t read_chunk_bytes, StagedReader::Mode read_mode)
+    : dir_(model_dir), reader_(std::make_unique<StagedReader>(read_chunk_bytes, read_mode)) {
   fs::path dir(model_dir);
   fs::path index = dir / "model.safetensors.index.json";
   std::vector<std::string> names;
@@ -85,7 +86,7 @@ bool Checkpoint::contains(const std::string& name) const {
 
 CheckpointTensor Checkpoint::get(const std::string& name) const {
   for (const auto& f : files_)
-    if (const TensorInfo* t = f->find(name)) return {t, f};
+    if (const TensorInfo* t = f->find(name)) return {t, f, reader_.get()};
   if (auto it = index_map_.find(name); it != index_map_.end())
     fail(ErrorKind::kNotFound, "{}: missing tensor '{}' (model.safetensors.index.json maps it to this shard)",
          (fs::path(dir_) / it->second).string(), name);

@@ -29,6 +29,20 @@ nlohmann::json parse_header(std::string_view text, const std::string& path) {
   }
 }
 
+// n bytes at `at`, or a "truncated" error (the size was checked, so a short read is a file that
+// shrank under us or an I/O error).
+void read_exact_at(int fd, const std::string& path, void* dst, size_t n, uint64_t at) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      fail(ErrorKind::kCorrupt, "{}: cannot read the header ({})", path,
+           r < 0 ? std::strerror(errno) : "the file ended early");
+    got += static_cast<size_t>(r);
+  }
+}
+
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -37,50 +51,30 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (errno == ENOENT) fail(ErrorKind::kNotFound, "{}: file not found", path);
     fail(ErrorKind::kNotFound, "{}: cannot open ({})", path, std::strerror(errno));
   }
+  struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } close_on_exit{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail(ErrorKind::kNotFound, "{}: cannot stat ({})", path, std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(ErrorKind::kNotFound, "{}: not a regular file", path);
-  }
+  if (::fstat(fd, &st) != 0) fail(ErrorKind::kNotFound, "{}: cannot stat ({})", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(ErrorKind::kNotFound, "{}: not a regular file", path);
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
+  if (size_ < 8)
     fail(ErrorKind::kCorrupt, "{}: truncated file ({} bytes; a safetensors file starts with an 8-byte header length)",
          path, size_);
-  }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_errno = errno;
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(ErrorKind::kNotFound, "{}: cannot map ({})", path, std::strerror(map_errno));
-  }
-  // A throwing constructor never runs the destructor: unmap here when validation fails.
-  struct UnmapOnThrow {
-    void*& map;
-    size_t size;
-    bool armed = true;
-    ~UnmapOnThrow() {
-      if (armed && map) {
-        ::munmap(map, size);
-        map = nullptr;
-      }
-    }
-  } unmap_on_throw{map_, size_};
   uint64_t header_len = 0;
-  std::memcpy(&header_len, map_, 8);
+  read_exact_at(fd, path, &header_len, 8, 0);
   if (header_len > kMaxHeader || header_len > size_ - 8) {
     fail(ErrorKind::kCorrupt, "{}: header claims {} bytes but the file has only {} after the length field{}", path,
          header_len, size_ - 8, header_len > kMaxHeader ? " (over the 100 MB limit)" : "; the file is truncated");
   }
-  header_end_ = 8 + header_len;
-  nlohmann::json header = parse_header(std::string_view(static_cast<const char*>(map_) + 8, header_len), path);
+  const size_t header_end = 8 + header_len;
+  header_.resize(header_end);
+  read_exact_at(fd, path, header_.data(), header_end, 0);
+  (void)::posix_fadvise(fd, 0, static_cast<off_t>(header_end), POSIX_FADV_DONTNEED);
+  nlohmann::json header = parse_header(std::string_view(header_).substr(8), path);
   if (!header.is_object()) fail(ErrorKind::kCorrupt, "{}: the JSON header is not an object", path);
-  size_t data_size = size_ - header_end_;
+  size_t data_size = size_ - header_end;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
@@ -126,7 +120,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (end - begin != want)
       fail(ErrorKind::kCorrupt, "{}: tensor '{}': {} {} needs {} bytes but data_offsets span {}", path, name, dt,
            t.shape.str(), want, end - begin);
-    t.offset = header_end_ + begin;
+    t.offset = header_end + begin;
     t.bytes = want;
     tensors_.emplace(name, std::move(t));
   }
@@ -141,14 +135,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const TensorInfo& b = *by_offset[i];
     if (b.offset < a.offset + a.bytes)
       fail(ErrorKind::kCorrupt, "{}: tensor '{}': data_offsets [{}, {}) overlap those of tensor '{}' [{}, {})", path,
-           b.name, b.offset - header_end_, b.offset - header_end_ + b.bytes, a.name, a.offset - header_end_,
-           a.offset - header_end_ + a.bytes);
+           b.name, b.offset - header_end, b.offset - header_end + b.bytes, a.name, a.offset - header_end,
+           a.offset - header_end + a.bytes);
   }
-  unmap_on_throw.armed = false;
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, size_);
+}
+
+const void* SafetensorsFile::mapping() const {
+  std::call_once(map_once_, [this] {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(ErrorKind::kNotFound, "{}: cannot open ({})", path_, std::strerror(errno));
+    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    if (m == MAP_FAILED) fail(ErrorKind::kNotFound, "{}: cannot map ({})", path_, std::strerror(map_errno));
+    map_ = m;
+  });
+  return map_;
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -269,10 +270,13 @@ std::string tp_sizes_that_work(int64_t dim) {
 using Read = CheckpointRead;
 
 // A checkpoint tensor seen as a matrix: its last dimension is the columns, the others the rows.
+// Its bytes are read through the checkpoint's StagedReader, never mapped.
 struct Matrix {
-  const char* base;
-  DType dtype;
-  int64_t rows, cols;
+  const std::string* path = nullptr;  // the file (owned by the checkpoint)
+  uint64_t offset = 0;                // of element (0, 0) in the file
+  StagedReader* reader = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 1, cols = 1;
   Read read = Read::kStored;
   // kValue / kScale: the tensor's block scales in f32, [rows / mat_rows * scale_rows, scale_cols]
   // (mat_rows: its dim -2, so that the experts of a fused 3-D tensor have their own blocks).
@@ -286,7 +290,12 @@ struct Matrix {
 
 Matrix matrix_of(const CheckpointTensor& t) {
   const TensorInfo& info = *t.info;
-  Matrix m{static_cast<const char*>(t.file->data(info)), info.dtype, 1, 1};
+  TESSERA_CHECK(t.reader, "{}: checkpoint tensor without a reader", info.name);
+  Matrix m;
+  m.path = &t.file->path();
+  m.offset = info.offset;
+  m.reader = t.reader;
+  m.dtype = info.dtype;
   if (info.shape.ndim() == 0) return m;
   if (info.shape.ndim() == 1) {  // a vector: one element per row, so dim-0 slices are row ranges
     m.rows = info.shape[0];
@@ -297,6 +306,34 @@ Matrix matrix_of(const CheckpointTensor& t) {
   return m;
 }
 
+// fn(r, c, n, p) with p at element (r, c) of `m` and n elements from it, covering rows
+// [r0, r0 + nr) x columns [c0, c0 + nc) in order: several rows a read where they fit the
+// reader's buffer (a read spans from a row's first wanted column to the last row's last one),
+// a row in pieces where one row's columns do not.
+template <class Fn>
+void for_each_span(const Matrix& m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, Fn&& fn) {
+  if (nr <= 0 || nc <= 0) return;
+  const size_t es = dtype_size(m.dtype), row_bytes = static_cast<size_t>(m.cols) * es;
+  const size_t span = static_cast<size_t>(nc) * es, max = m.reader->max_view_bytes();
+  auto at = [&](int64_t r, int64_t c) { return m.offset + static_cast<uint64_t>(r * m.cols + c) * es; };
+  if (span <= max) {
+    const int64_t per = 1 + static_cast<int64_t>((max - span) / row_bytes);  // (g - 1) rows + span fit
+    for (int64_t r = r0; r < r0 + nr;) {
+      const int64_t g = std::min(per, r0 + nr - r);
+      const char* p = m.reader->view(*m.path, at(r, c0), static_cast<size_t>(g - 1) * row_bytes + span);
+      for (int64_t i = 0; i < g; ++i) fn(r + i, c0, nc, p + static_cast<size_t>(i) * row_bytes);
+      r += g;
+    }
+    return;
+  }
+  const int64_t per = static_cast<int64_t>(max / es);
+  for (int64_t r = r0; r < r0 + nr; ++r)
+    for (int64_t c = c0; c < c0 + nc; c += per) {
+      const int64_t n = std::min(per, c0 + nc - c);
+      fn(r, c, n, m.reader->view(*m.path, at(r, c), static_cast<size_t>(n) * es));
+    }
+}
+
 // Rows [r0, r0 + nr), columns [c0, c0 + nc) of `m`, converted to `dt`, packed into dst (a
 // kValue / kScale read: f32 values or source scales, see Read).
 void copy_block(const Matrix& m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, DType dt, char* dst) {
@@ -304,23 +341,30 @@ void copy_block(const Matrix& m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
     TESSERA_CHECK(dt == DType::kF32 && m.dtype == DType::kF8E4M3, "dequantising read of a {} tensor into {}",
                   dtype_name(m.dtype), dtype_name(dt));
     float* out = reinterpret_cast<float*>(dst);
-    const auto* q = reinterpret_cast<const uint8_t*>(m.base);
-    for (int64_t r = 0; r < nr; ++r)
-      for (int64_t c = 0; c < nc; ++c) {
-        const float sc = m.scale_at(r0 + r, c0 + c);
-        out[r * nc + c] =
-            m.read == Read::kScale ? sc : fp8e4m3_to_f32(q[static_cast<size_t>((r0 + r) * m.cols + c0 + c)]) * sc;
-      }
+    if (m.read == Read::kScale) {  // the scales alone: nothing to read from the file
+      for (int64_t r = 0; r < nr; ++r)
+        for (int64_t c = 0; c < nc; ++c) out[r * nc + c] = m.scale_at(r0 + r, c0 + c);
+      return;
+    }
+    for_each_span(m, r0, nr, c0, nc, [&](int64_t r, int64_t c, int64_t n, const char* p) {
+      const auto* q = reinterpret_cast<const uint8_t*>(p);
+      float* o = out + (r - r0) * nc + (c - c0);
+      for (int64_t j = 0; j < n; ++j) o[j] = fp8e4m3_to_f32(q[j]) * m.scale_at(r, c + j);
+    });
     return;
   }
-  const size_t es = dtype_size(m.dtype), ds = dtype_size(dt);
-  if (c0 == 0 && nc == m.cols) {  // whole rows: one contiguous run
-    convert_host(m.base + static_cast<size_t>(r0 * m.cols) * es, m.dtype, dst, dt, static_cast<size_t>(nr * nc));
+  const size_t ds = dtype_size(dt);
+  if (c0 == 0 && nc == m.cols && nr > 1) {  // whole rows: one contiguous run, read as a single row
+    Matrix flat = m;
+    flat.offset = m.offset + static_cast<uint64_t>(r0 * m.cols) * dtype_size(m.dtype);
+    flat.rows = 1;
+    flat.cols = nr * nc;
+    copy_block(flat, 0, 1, 0, flat.cols, dt, dst);
     return;
   }
-  for (int64_t r = 0; r < nr; ++r)
-    convert_host(m.base + static_cast<size_t>((r0 + r) * m.cols + c0) * es, m.dtype,
-                 dst + static_cast<size_t>(r * nc) * ds, dt, static_cast<size_t>(nc));
+  for_each_span(m, r0, nr, c0, nc, [&](int64_t r, int64_t c, int64_t n, const char* p) {
+    convert_host(p, m.dtype, dst + static_cast<size_t>((r - r0) * nc + (c - c0)) * ds, dt, static_cast<size_t>(n));
+  });
 }
 
 void check_shape(const CheckpointTensor& t, const Shape& want) {
@@ -887,9 +931,43 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
     if (progress) progress(++done, entries_.size(), bytes);
   }
   backend.synchronize();
+  ckpt.reader().close_files();  // drops what an earlier reader left of O_DIRECT files' pages
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
   log_summary(backend);
+}
+
+std::vector<WeightStore::SourceTensor> WeightStore::checkpoint_layout() const {
+  std::vector<SourceTensor> out;
+  std::set<std::string> seen;
+  for (const auto& e : entries_) {
+    if (!e.tied_to.empty()) continue;
+    const bool fp8 = fp8_candidate(e);
+    auto add = [&](const std::string& name, Shape shape) {
+      if (seen.insert(name).second) out.push_back({name, shape, fp8});
+    };
+    if (!e.blocks.empty()) {
+      for (const auto& b : e.blocks) add(b.name, b.full_shape);
+    } else if (!e.parts.empty()) {
+      for (const auto& p : e.parts) add(p.name, Shape{p.rows, e.full_shape[1]});
+    } else if (e.style == ParallelStyle::kExpert) {
+      const std::string prefix = e.name.substr(0, e.name.rfind('.'));
+      const int64_t I = e.expert.intermediate,
+                    H = e.expert_part == Entry::ExpertPart::kGateUp ? e.full_shape[2] : e.full_shape[1];
+      for (int64_t x = 0; x < e.expert.num_experts; ++x) {
+        const std::string p = prefix + "." + std::to_string(x) + ".";
+        if (e.expert_part == Entry::ExpertPart::kGateUp) {
+          add(p + "gate_proj.weight", Shape{I, H});
+          add(p + "up_proj.weight", Shape{I, H});
+        } else {
+          add(p + "down_proj.weight", Shape{H, I});
+        }
+      }
+    } else {
+      add(e.name, e.full_shape);
+    }
+  }
+  return out;
 }
 
 void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& progress) {

@@ -154,6 +154,16 @@ class WeightStore {
   size_t count() const { return entries_.size(); }
   // FP8 parameters the last load() re-blocked (see set_quantization).
   size_t reblocked() const { return reblocked_; }
+  // The checkpoint tensors load() reads (every rank's: full shapes), each once, in declaration
+  // order; experts as per-expert tensors. fp8: stored as e4m3 with a `<name>_scale_inv` tensor of
+  // f32 128x128 block scales beside it (the FP8 candidates of a quantised config). What a tool
+  // writes to make a checkpoint of a model's real layout (bench/load/make_checkpoint).
+  struct SourceTensor {
+    std::string name;
+    Shape shape;
+    bool fp8 = false;
+  };
+  std::vector<SourceTensor> checkpoint_layout() const;
   // Each loaded parameter once, with its name (a tied alias is its target's tensor: skipped).
   void for_each_tensor(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;
 

@@ -580,9 +580,14 @@ void unified_range(Plan& p) {
     p.flag_to_change = "--gpu-memory-utilization";
     p.verdict = fmt::format(
         "does not fit: --gpu-memory-utilization {:.2f} of {} of unified memory leaves the OS {}, less than the {} the "
-        "plan keeps for it (no other process assumed); {}{}",
+        "plan keeps for it ({}); {}{}",
         in.gpu_memory_utilization, gib(in.target.memory_bytes), gib(in.target.memory_bytes - p.usable()),
-        gib(kUnifiedOsReserve), range,
+        gib(kUnifiedOsReserve),
+        in.target.measured && in.target.baseline_used
+            ? fmt::format("the OS, the page cache it cannot give back and other processes hold {} now",
+                          gib(*in.target.baseline_used))
+            : std::string("no other process assumed"),
+        range,
         p.min_utilization > 0 ? fmt::format(": use --gpu-memory-utilization {:.2f}", p.max_utilization)
                               : std::string(": use more nodes"));
   } else if (!p.fits) {
@@ -591,6 +596,18 @@ void unified_range(Plan& p) {
 }
 
 }  // namespace
+
+Target measured_target(const Backend& backend) {
+  Target t;
+  t.device = backend.device().type;
+  const size_t total = backend.total_memory(), free = backend.free_memory();
+  t.memory_bytes = total;
+  t.baseline_used = total - std::min(total, free);
+  t.unified = backend.unified_memory();
+  t.measured = true;
+  t.description = "this machine: " + backend.name() + (t.unified ? " (memory shared with the host)" : "");
+  return t;
+}
 
 Plan make_plan(const PlanInputs& in) {
   Plan p = compute(in);

@@ -44,6 +44,7 @@ struct Target {
   // Memory already in use on the device before tessera loads anything (CUDA context, other
   // processes): measured when planning on this machine, else estimated (kCudaRuntimeEstimate).
   std::optional<size_t> baseline_used;
+  bool measured = false;  // the figures are this machine's (measured_target)
 };
 
 // Estimates used when the target is not this machine (documented in docs/plan.md).
@@ -159,6 +160,12 @@ struct Plan {
 
 // Throws Error on a bad configuration (unknown architecture, TP not dividing the heads...).
 Plan make_plan(const PlanInputs& in);
+// This machine's device as a target, measured through `backend`: its device type, total memory,
+// what is in use before tessera loads anything (total - free) and whether the memory is shared
+// with the host (Backend::unified_memory: then free is the host's MemAvailable and a
+// --gpu-memory-utilization over the share that leaves the OS kUnifiedOsReserve does not fit).
+// nodes and gpus_per_node are left for the caller.
+Target measured_target(const Backend& backend);
 
 // TP x PP layouts over the target's GPUs (nodes x gpus_per_node, or up to 8 on one node) that
 // fit, TP inside a node first; each with its plan.

@@ -1,6 +1,6 @@
 // Scalar dtype conversions against known bit patterns and an independent reference:
 // for fp8 the reference enumerates every code and picks the nearest (ties to the even
-// code), for f16 the compiler's _Float16 where it exists.
+// code), for f16 the compiler's _Float16 (aarch64: __fp16) where it exists.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -152,13 +152,22 @@ TEST(DTypeF16, EveryPatternRoundTrips) {
   }
 }
 
-#if defined(__FLT16_MAX__)
+// The compiler's IEEE binary16: _Float16, which GCC 12 has in C++ on x86-64 but not on aarch64
+// (it defines __FLT16_MAX__ there all the same); there ACLE's __fp16 stands in, the same format
+// with the same round-to-nearest-even conversions.
+#if defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
+#define TESSERA_COMPILER_HALF __fp16
+#elif defined(__FLT16_MAX__)
+#define TESSERA_COMPILER_HALF _Float16
+#endif
+
+#ifdef TESSERA_COMPILER_HALF
 TEST(DTypeF16, RandomAgainstCompilerFloat16) {
   for (int i = 0; i < 300000; ++i) {
     float f = random_float_bits();
     if (i % 3 == 0) f = std::ldexp(static_cast<float>(rng()() % 4096), static_cast<int>(rng()() % 40) - 38);
     if (std::isnan(f)) continue;
-    _Float16 want = static_cast<_Float16>(f);
+    const TESSERA_COMPILER_HALF want = static_cast<TESSERA_COMPILER_HALF>(f);
     ASSERT_EQ(f32_to_f16(f), std::bit_cast<uint16_t>(want)) << std::hex << bits(f);
     ASSERT_EQ(bits(f16_to_f32(std::bit_cast<uint16_t>(want))), bits(static_cast<float>(want)));
   }

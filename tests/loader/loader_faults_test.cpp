@@ -371,6 +371,8 @@ TEST_F(LoaderFaults, RejectedFileIsUnmapped) {
     st_ = StFile::read(testing::fixture_path(kSingle) / "model.safetensors");
     st_.write(st_path_);
     SafetensorsFile good(file());
+    EXPECT_EQ(mappings_of(file()), 0) << "opening reads the header; only data() maps the file";
+    (void)good.data(good.tensors().begin()->second);
     EXPECT_EQ(mappings_of(file()), 1) << "the probe itself must see a live mapping";
   }
   EXPECT_EQ(mappings_of(file()), 0);

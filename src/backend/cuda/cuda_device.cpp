@@ -186,22 +186,22 @@ void CudaDevice::scratch_rewind(size_t mark) {
 }
 
 // A GPU that shares the host's memory (integrated: DGX Spark's GB10) sizes by the host's
-// MemAvailable within its cgroup: cudaMemGetInfo there counts the page cache the kernel would give
-// back as used, so a machine that has read a checkpoint once would look full.
-size_t CudaDevice::free_memory() const {
-  if (arch_.integrated) return read_host_memory().available;
-  bind();
+// MemAvailable within its cgroup (device_memory, backend/host_memory.h): cudaMemGetInfo there
+// counts the page cache the kernel would give back as used, so a machine that has read a
+// checkpoint once would look full.
+static DeviceMemory cuda_mem_info(const CudaDevice& d) {
+  d.bind();
   size_t f = 0, t = 0;
   TCUDA_CHECK(cudaMemGetInfo(&f, &t));
-  return f;
+  return DeviceMemory{f, t};
+}
+
+size_t CudaDevice::free_memory() const {
+  return device_memory(arch_.integrated, read_host_memory, [this] { return cuda_mem_info(*this); }).free;
 }
 
 size_t CudaDevice::total_memory() const {
-  if (arch_.integrated) return read_host_memory().total;
-  bind();
-  size_t f = 0, t = 0;
-  TCUDA_CHECK(cudaMemGetInfo(&f, &t));
-  return t;
+  return device_memory(arch_.integrated, read_host_memory, [this] { return cuda_mem_info(*this); }).total;
 }
 
 // ---------------------------------------------------------------- transfers

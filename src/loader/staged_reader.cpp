@@ -1,0 +1,158 @@
+// staged_reader.h.
+#include "loader/staged_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr uint64_t round_down(uint64_t v, uint64_t a) { return v / a * a; }
+constexpr uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A direct read the file system refused for its alignment (EINVAL): that file is read buffered.
+struct DirectRefused {};
+
+}  // namespace
+
+StagedReader::StagedReader(size_t chunk_bytes, Mode mode)
+    : chunk_(static_cast<size_t>(round_up(std::max<size_t>(chunk_bytes, 4 * kAlign), kAlign))), mode_(mode) {}
+
+StagedReader::~StagedReader() {
+  close_files();
+  std::free(buf_);
+}
+
+void StagedReader::close_files() {
+  for (auto& [path, f] : files_) {
+    drop_pages(f, 0, f.size);  // and what readahead brought in past the ranges read
+    ::close(f.fd);
+  }
+  files_.clear();
+}
+
+StagedReader::File& StagedReader::open(const std::string& path) {
+  if (auto it = files_.find(path); it != files_.end()) return it->second;
+  File f;
+#ifdef O_DIRECT
+  if (mode_ != Mode::kBuffered) {
+    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    f.direct = f.fd >= 0;
+    if (f.fd < 0 && mode_ == Mode::kDirect)
+      fail(ErrorKind::kNotFound, "{}: cannot open with O_DIRECT ({}); load it buffered (the default picks that itself)",
+           path, std::strerror(errno));
+  }
+#else
+  if (mode_ == Mode::kDirect) fail(ErrorKind::kUnsupported, "{}: this system has no O_DIRECT", path);
+#endif
+  if (f.fd < 0) f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) fail(ErrorKind::kNotFound, "{}: cannot open ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    const int err = errno;
+    ::close(f.fd);
+    fail(ErrorKind::kNotFound, "{}: cannot stat ({})", path, std::strerror(err));
+  }
+  f.size = static_cast<uint64_t>(st.st_size);
+  if (f.direct) drop_pages(f, 0, f.size);  // pages an earlier reader left
+  ++(f.direct ? stats_.direct_files : stats_.buffered_files);
+  if (!buf_ && ::posix_memalign(reinterpret_cast<void**>(&buf_), kAlign, chunk_) != 0)
+    fail(ErrorKind::kOutOfMemory, "cannot allocate the {} MiB checkpoint read buffer", chunk_ >> 20);
+  return files_.emplace(path, f).first->second;
+}
+
+// Up to n bytes at `at` (fewer only at the end of the file).
+size_t StagedReader::pread_full(File& f, const std::string& path, char* dst, size_t n, uint64_t at) {
+  const auto start = std::chrono::steady_clock::now();
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(f.fd, dst + got, n - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EINVAL && f.direct) throw DirectRefused{};
+    if (r < 0)
+      fail(ErrorKind::kCorrupt, "{}: read of {} bytes at offset {} failed ({}; a disk or file system error)", path,
+           n - got, at + got, std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+    // A direct read may end short only at the end of the file; the next read then returns 0.
+    if (f.direct && got % kAlign != 0) break;
+  }
+  stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.device_bytes += got;
+  return got;
+}
+
+// Drops the page-cache pages of [offset, offset + bytes), widened to whole pages (fadvise keeps
+// partial pages at the ends), so that pages cached before the load or by a buffered read go.
+void StagedReader::drop_pages(const File& f, uint64_t offset, uint64_t bytes) const {
+  const uint64_t b = round_down(offset, kAlign),
+                 e = std::min(round_up(offset + bytes, kAlign), round_up(f.size, kAlign));
+  if (e > b) (void)::posix_fadvise(f.fd, static_cast<off_t>(b), static_cast<off_t>(e - b), POSIX_FADV_DONTNEED);
+}
+
+void StagedReader::reopen_buffered(File& f, const std::string& path) {
+  TLOG_WARN(
+      "{}: the file system refused an aligned O_DIRECT read; reading it buffered, dropping each read's pages "
+      "from the page cache after it",
+      path);
+  ::close(f.fd);
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.direct = false;
+  --stats_.direct_files;
+  ++stats_.buffered_files;
+  if (f.fd < 0) fail(ErrorKind::kNotFound, "{}: cannot open ({})", path, std::strerror(errno));
+}
+
+const char* StagedReader::view(const std::string& path, uint64_t offset, size_t bytes) {
+  TESSERA_CHECK(bytes <= max_view_bytes(), "staged read of {} bytes, over the {}-byte view", bytes, max_view_bytes());
+  File& f = open(path);
+  const uint64_t end = offset + bytes;
+  if (end < offset || end > f.size)
+    fail(ErrorKind::kCorrupt, "{}: bytes [{}, {}) lie past the end of the file ({} bytes; truncated?)", path, offset,
+         end, f.size);
+  stats_.bytes += bytes;
+  if (f.direct) {
+    try {
+      const uint64_t pos = round_down(offset, kAlign);
+      const size_t want = static_cast<size_t>(round_up(end, kAlign) - pos);
+      const size_t got = pread_full(f, path, buf_, want, pos);
+      if (pos + got < end)
+        fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, pos + got,
+             end);
+      return buf_ + (offset - pos);
+    } catch (const DirectRefused&) {
+      reopen_buffered(f, path);
+    }
+  }
+  const size_t got = pread_full(f, path, buf_, bytes, offset);
+  if (got < bytes)
+    fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, offset + got,
+         end);
+  drop_pages(f, offset, bytes);
+  return buf_;
+}
+
+void StagedReader::read(const std::string& path, uint64_t offset, size_t bytes, const Sink& sink) {
+  const size_t step = max_view_bytes();
+  for (size_t at = 0; at < bytes; at += step) {
+    const size_t n = std::min(step, bytes - at);
+    sink(view(path, offset + at, n), at, n);
+  }
+}
+
+void StagedReader::read_into(const std::string& path, uint64_t offset, size_t bytes, char* dst) {
+  read(path, offset, bytes, [dst](const char* data, size_t at, size_t n) { std::memcpy(dst + at, data, n); });
+}
+
+}  // namespace tessera

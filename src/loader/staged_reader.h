@@ -1,0 +1,74 @@
+// Reads byte ranges of checkpoint files through one bounded, aligned buffer so that loading never
+// holds the weights twice: with O_DIRECT the page cache is bypassed; where O_DIRECT is refused
+// (tmpfs, some network file systems, a device with larger blocks) the reads are buffered and each
+// read's pages are dropped with posix_fadvise(POSIX_FADV_DONTNEED) right after it. Either way the
+// page cache grows by at most one buffer while a checkpoint loads. A file read with O_DIRECT has
+// its cached pages dropped when it is opened, and every file when it is closed, so pages left by
+// an earlier reader (a just-downloaded checkpoint) go too.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace tessera {
+
+struct StagedReadStats {
+  size_t bytes = 0;           // bytes handed to consumers
+  size_t device_bytes = 0;    // bytes read from the files (aligned reads read a little more)
+  double read_seconds = 0;    // time inside pread
+  size_t direct_files = 0;    // files read with O_DIRECT
+  size_t buffered_files = 0;  // files read buffered, their pages dropped chunk by chunk
+};
+
+class StagedReader {
+ public:
+  static constexpr size_t kDefaultChunkBytes = size_t{64} << 20;
+  static constexpr size_t kAlign = 4096;          // O_DIRECT's offset/length/buffer alignment (logical block size)
+  enum class Mode { kAuto, kDirect, kBuffered };  // kAuto: O_DIRECT where the file system takes it
+
+  // `chunk_bytes` is rounded up to kAlign (at least 4 x kAlign); the buffer is allocated on the first read.
+  explicit StagedReader(size_t chunk_bytes = kDefaultChunkBytes, Mode mode = Mode::kAuto);
+  ~StagedReader();
+  StagedReader(const StagedReader&) = delete;
+  StagedReader& operator=(const StagedReader&) = delete;
+
+  // The bytes [offset, offset + bytes) of the file at `path`, valid until the next call;
+  // bytes <= max_view_bytes(). Throws Error naming the file on an I/O error or a short file.
+  const char* view(const std::string& path, uint64_t offset, size_t bytes);
+  // The most view() hands out at once: the buffer less the alignment slack at both ends.
+  size_t max_view_bytes() const { return chunk_ - 2 * kAlign; }
+  // Consumer of consecutive pieces: `data` holds `n` bytes starting `at` bytes into the range.
+  using Sink = std::function<void(const char* data, size_t at, size_t n)>;
+  // Reads [offset, offset + bytes) of the file at `path`, in order, in pieces of at most
+  // chunk_bytes(). Throws Error naming the file on an I/O error or a short file.
+  void read(const std::string& path, uint64_t offset, size_t bytes, const Sink& sink);
+  // read() into `dst` (bytes long).
+  void read_into(const std::string& path, uint64_t offset, size_t bytes, char* dst);
+  // Closes the files opened so far (their descriptors stay open between reads), dropping their
+  // cached pages (a buffered read's readahead may have brought in pages past its range).
+  void close_files();
+
+  size_t chunk_bytes() const { return chunk_; }
+  const StagedReadStats& stats() const { return stats_; }
+
+ private:
+  struct File {
+    int fd = -1;
+    bool direct = false;
+    uint64_t size = 0;
+  };
+  File& open(const std::string& path);
+  void reopen_buffered(File& f, const std::string& path);
+  size_t pread_full(File& f, const std::string& path, char* dst, size_t n, uint64_t at);
+  void drop_pages(const File& f, uint64_t offset, uint64_t bytes) const;
+  size_t chunk_ = 0;
+  Mode mode_;
+  char* buf_ = nullptr;
+  std::map<std::string, File> files_;
+  StagedReadStats stats_;
+};
+
+}  // namespace tessera
