@@ -29,8 +29,9 @@ mkdir -p "$OUT" "$L"
 [ -d /tmp/bundle ] || tar -xJf bundle/bundle.tar.xz -C /tmp
 B=${BUNDLE:-/tmp/bundle}
 PREV=${PREV:-$B/prev/tessera}
-# The previous build's tessera finds the bundle's libraries through its rpath ($ORIGIN/lib).
-[ -d "$B/prev" ] && [ ! -e "$B/prev/lib" ] && ln -s ../lib "$B/prev/lib"
+# The previous build's and the PTX-only build's binaries find the bundle's libraries through
+# their rpath ($ORIGIN/lib).
+for d in prev ptx; do [ -d "$B/$d" ] && [ ! -e "$B/$d/lib" ] && ln -s ../lib "$B/$d/lib"; done
 PARTS=" ${PARTS:-elf ops models bench decode prefill serve ptx} "
 part() { [[ "$PARTS" == *" $1 "* ]] && [ "$(left)" -gt 20 ]; }
 . "$(dirname "$0")/device_prompts.sh"
