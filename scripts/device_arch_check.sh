@@ -9,7 +9,8 @@
 # Bundle layout: tessera and the test and benchmark binaries (this build); prev/tessera (the
 # previous build, optional: the Hopper no-change figures); ptx/cuda_ops_test and ptx/tessera
 # (optional: a build of tessera's kernels as compute_90 PTX only, so the driver compiles them,
-# the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins).
+# the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins); arch/tessera (optional:
+# the default three-architecture build, for the elf part: bundle/arch.tar.xz extracted over the bundle).
 # PARTS (default all, in this order): elf ops (models: the model and engine tests beside the op
 # tests, on the Hopper path and the sm_120 profile) bench decode prefill serve ptx. DEADLINE
 # (seconds, default 540): a part that would start after it is skipped, and each command's timeout
@@ -31,7 +32,7 @@ B=${BUNDLE:-/tmp/bundle}
 PREV=${PREV:-$B/prev/tessera}
 # The previous build's and the PTX-only build's binaries find the bundle's libraries through
 # their rpath ($ORIGIN/lib).
-for d in prev ptx; do [ -d "$B/$d" ] && [ ! -e "$B/$d/lib" ] && ln -s ../lib "$B/$d/lib"; done
+for d in prev ptx arch; do [ -d "$B/$d" ] && [ ! -e "$B/$d/lib" ] && ln -s ../lib "$B/$d/lib"; done
 PARTS=" ${PARTS:-elf ops models bench decode prefill serve ptx} "
 part() { [[ "$PARTS" == *" $1 "* ]] && [ "$(left)" -gt 20 ]; }
 . "$(dirname "$0")/device_prompts.sh"
@@ -45,8 +46,12 @@ say "build: $($B/tessera --version | tr '\n' ' ')"
 
 if part elf; then
   command -v cuobjdump >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
-  cuobjdump --list-elf --list-ptx "$B/tessera" > "$L/elf.txt" 2>&1
-  say "tessera's fatbin: $(grep -oE 'sm_[0-9]+a?|compute_[0-9]+a?' "$L/elf.txt" | sort | uniq -c | tr -s ' \n' ' ')"
+  # arch/tessera (optional): the default three-architecture build, whose fatbin is the claim.
+  ELF=$B/tessera
+  [ -x "$B/arch/tessera" ] && ELF=$B/arch/tessera
+  cuobjdump --list-elf --list-ptx "$ELF" > "$L/elf.txt" 2>&1
+  say "$ELF's fatbin: $(grep -oE 'sm_[0-9]+a?|compute_[0-9]+a?' "$L/elf.txt" | sort | uniq -c | tr -s ' \n' ' ')"
+  say "$("$ELF" --version | tr '\n' ' ')"
 fi
 
 # The test suites, the Hopper path and the sm_120 profile side by side (each process checks
