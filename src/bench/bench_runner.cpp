@@ -66,12 +66,16 @@ std::string describe_workload(const BenchOptions& options, size_t requests) {
   return fmt::format("prompts from {}, {} requests per level, {}", options.dataset_path, requests, rate);
 }
 
-std::string utc_now_iso() {
+// The time now in `format` (strftime), as UTC or as local time.
+std::string format_now(const char* format, bool utc) {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
-  gmtime_r(&now, &tm);
+  if (utc)
+    gmtime_r(&now, &tm);
+  else
+    localtime_r(&now, &tm);
   char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::strftime(text, sizeof text, format, &tm);
   return text;
 }
 
@@ -130,15 +134,6 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
   if (options.self_test)
     notes.push_back("self-test: an in-process loopback server answered instantly; the figures measure the client");
   return notes;
-}
-
-std::string local_date() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &tm);
-  return text;
 }
 
 // Whether a run prints vLLM's result block: vLLM-style runs (a dataset, or --save-result).
@@ -231,7 +226,7 @@ int run_benchmark(BenchOptions options) {
 
   BenchReport report;
   report.tool_version = TESSERA_VERSION_STRING;
-  report.started_at_utc = utc_now_iso();
+  report.started_at_utc = format_now("%Y-%m-%dT%H:%M:%SZ", true);
   report.base_url = options.base_url;
   report.endpoint = endpoint_path(endpoint);
   report.model = options.model;
@@ -241,7 +236,7 @@ int run_benchmark(BenchOptions options) {
   report.slo = slo;
 
   std::vector<int> levels = levels_of(options);
-  const std::string date = local_date();
+  const std::string date = format_now("%Y%m%d-%H%M%S", false);  // vLLM's result date
   std::vector<std::pair<VllmResultSettings, nlohmann::ordered_json>> vllm_results;
   ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
   for (size_t i = 0; i < levels.size(); ++i) {
