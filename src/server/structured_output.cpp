@@ -78,7 +78,8 @@ std::string tag_string(const ojson& o, const char* key, const std::string& what,
 
 void expect_keys(const ojson& o, std::initializer_list<const char*> keys, const std::string& what,
                  const std::string& param) {
-  for (const auto& [key, v] : o.items()) {
+  for (const auto& item : o.items()) {
+    const std::string& key = item.key();
     if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; })) {
       std::string list;
       for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
