@@ -80,6 +80,26 @@ nlohmann::json to_json(const plan::Plan& p) {
                           {"tokens_per_second", d.tokens_per_second}};
   };
   if (p.ceiling_one) j["decode_ceiling"] = {{"batch_1", ceiling(*p.ceiling_one)}, {"batch", ceiling(*p.ceiling_batch)}};
+  auto network = [](const plan::NetworkStep& n) {
+    const plan::CrossNodeTraffic& t = n.traffic;
+    return nlohmann::json{{"batch", n.batch},
+                          {"all_reduces", t.all_reduces},
+                          {"gathers", t.gathers},
+                          {"stage_sends", t.stage_sends},
+                          {"broadcasts", t.broadcasts},
+                          {"bytes", t.bytes},
+                          {"latencies", t.latencies},
+                          {"seconds", n.seconds},
+                          {"step_seconds", n.step_seconds}};
+  };
+  if (p.network_one) {
+    j["network"] = {{"batch_1", network(*p.network_one)}};
+    if (p.network_batch) j["network"]["batch"] = network(*p.network_batch);
+    if (p.network_alternative)
+      j["network"]["alternative"] = {{"tensor_parallel_size", p.alternative_tp},
+                                     {"pipeline_parallel_size", p.alternative_pp},
+                                     {"batch_1", network(*p.network_alternative)}};
+  }
   if (in.target.unified)
     j["unified_memory"] = {{"os_reserve_bytes", plan::kUnifiedOsReserve},
                            {"max_gpu_memory_utilization", p.max_utilization},
@@ -115,6 +135,10 @@ int run_plan(int argc, char** argv) {
   app.add_option("--nodes", nodes, "nodes of the target (default --nnodes, or 1)");
   app.add_option("--gpus-per-node", gpus_per_node, "GPUs per node of the target (default TP x PP / nodes)");
   app.add_flag("--suggest", suggest, "list the TP x PP layouts that fit (TP inside a node first)");
+  std::string link;
+  app.add_option("--link", link,
+                 "the link between nodes, GBIT[,LATENCY_US] (e.g. 50,20; latency 25 µs when left out; tessera doctor "
+                 "measures both): the network's time in a decode step");
   app.add_flag("--json", json, "print the plan as JSON");
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   resolve_model(ef);
@@ -129,6 +153,8 @@ int run_plan(int argc, char** argv) {
   t.nodes = nodes > 0 ? nodes : cf.nnodes.value_or(1);
   if (t.nodes < 1) fail(ErrorKind::kInvalidArgument, "--nodes must be at least 1");
   t.gpus_per_node = gpus_per_node;
+  std::optional<plan::LinkSpec> link_spec;
+  if (!link.empty()) as_flag_errors([&] { link_spec = plan::parse_link(link); });
   if (!gpu.empty()) {
     auto g = plan::find_gpu(gpu);
     if (!g) {
@@ -155,6 +181,7 @@ int run_plan(int argc, char** argv) {
     t.nodes = nodes > 0 ? nodes : cf.nnodes.value_or(1);
     t.gpus_per_node = gpus_per_node;
   }
+  t.link = link_spec;
   const int world = ef.tensor_parallel_size * ef.pipeline_parallel_size;
   if (!suggest && t.gpus_per_node > 0 && world > t.nodes * t.gpus_per_node)
     fail(ErrorKind::kInvalidArgument, "TP x PP = {} ranks, but the target has {} nodes x {} GPUs", world, t.nodes,
@@ -168,13 +195,23 @@ int run_plan(int argc, char** argv) {
     } else {
       std::printf("Layouts that fit %s (%d node(s) x %d GPUs), TP inside a node first:\n", t.description.c_str(),
                   t.nodes, t.gpus_per_node > 0 ? t.gpus_per_node : 8);
-      std::printf("  %-4s %-4s %-16s %-16s %-14s %s\n", "TP", "PP", "weights/rank", "KV tokens/rank", "concurrency",
-                  "verdict");
-      for (const auto& p : layouts)
-        std::printf("  %-4d %-4d %-16s %-16s %-14s %s\n", p.in.tensor_parallel_size, p.in.pipeline_parallel_size,
+      // With --link: a batch-1 decode step's network time and its time with the reads.
+      const bool timed = t.link.has_value() && t.bandwidth > 0;
+      std::printf("  %-4s %-4s %-16s %-16s %-14s %s%s\n", "TP", "PP", "weights/rank", "KV tokens/rank", "concurrency",
+                  timed ? "network b1  step b1     " : "", "verdict");
+      for (const auto& p : layouts) {
+        std::string times;
+        if (timed) {
+          const double net = p.network_one ? p.network_one->seconds : 0.0;
+          const double step = p.ceiling_one ? p.ceiling_one->step_seconds + net : 0.0;
+          times =
+              fmt::format("{:<11} {:<12} ", fmt::format("{:.2f} ms", net * 1e3), fmt::format("{:.2f} ms", step * 1e3));
+        }
+        std::printf("  %-4d %-4d %-16s %-16s %-14s %s%s\n", p.in.tensor_parallel_size, p.in.pipeline_parallel_size,
                     format_gib(p.stages.front().weight_bytes).c_str(), with_thousands(p.kv_tokens).c_str(),
-                    fmt::format("{:.2f}", p.max_concurrency).c_str(),
+                    fmt::format("{:.2f}", p.max_concurrency).c_str(), times.c_str(),
                     p.full_concurrency ? "fits" : "fits (fewer seqs)");
+      }
       if (layouts.empty()) std::printf("  none: use GPUs with more memory, or lower --max-model-len\n");
     }
     return layouts.empty() ? 1 : 0;

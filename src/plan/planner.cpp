@@ -285,6 +285,39 @@ void add_ceilings(Plan& p) {
   p.ceiling_batch = decode_ceiling(reads, moe.num_experts, moe.num_experts_per_tok, batch, p.max_model_len, bw);
 }
 
+// The decode step's traffic between nodes at `batch`, and its time on the target's link.
+NetworkStep network_step(const Plan& p, int batch, const std::optional<DecodeCeiling>& ceiling) {
+  const PlanInputs& in = p.in;
+  TrafficLayout l;
+  l.tensor_parallel = in.tensor_parallel_size;
+  l.pipeline_parallel = in.pipeline_parallel_size;
+  l.gpus_per_node = in.target.gpus_per_node;
+  l.batch = batch;
+  l.draft_tokens = in.state_slots_per_seq - 1;
+  l.mtp = in.mtp;
+  l.activation_bytes = static_cast<int>(dtype_size(p.compute_dtype));
+  for (const auto& s : p.stages) l.stage_layers.push_back(s.layers.end - s.layers.begin);
+  l.context = p.max_model_len;
+  l.block_size = in.block_size;
+  NetworkStep n;
+  n.batch = batch;
+  n.traffic = decode_step_traffic(p.config, l);
+  if (in.target.link) {
+    n.seconds = n.traffic.seconds(*in.target.link);
+    if (ceiling) n.step_seconds = ceiling->step_seconds + n.seconds;
+  }
+  return n;
+}
+
+void add_network(Plan& p) {
+  const PlanInputs& in = p.in;
+  const int per_node = in.target.gpus_per_node;
+  if (per_node <= 0 || in.tensor_parallel_size * in.pipeline_parallel_size <= per_node) return;
+  p.network_one = network_step(p, 1, p.ceiling_one);
+  const int batch = p.ceiling_batch ? p.ceiling_batch->batch : 1;
+  if (batch > 1) p.network_batch = network_step(p, batch, p.ceiling_batch);
+}
+
 // The plan's numbers without the advice (which re-plans other configurations).
 Plan compute(const PlanInputs& in) {
   Plan p;
@@ -395,6 +428,7 @@ Plan compute(const PlanInputs& in) {
   p.fits = stages_hold && p.kv_tokens >= p.max_model_len;
   p.full_concurrency = p.fits && p.max_concurrency + 1e-9 >= in.max_num_seqs;
   if (in.target.bandwidth > 0) add_ceilings(p);
+  add_network(p);
   return p;
 }
 
@@ -609,9 +643,28 @@ Target measured_target(const Backend& backend) {
   return t;
 }
 
+// TP across nodes: the batch-1 step of TP inside a node and PP across the nodes instead.
+void network_alternative(Plan& p) {
+  const PlanInputs& in = p.in;
+  const int per_node = in.target.gpus_per_node;
+  if (!p.network_one || in.tensor_parallel_size <= per_node) return;
+  PlanInputs alt = in;
+  alt.tensor_parallel_size = per_node;
+  alt.pipeline_parallel_size = in.tensor_parallel_size * in.pipeline_parallel_size / per_node;
+  try {
+    const Plan a = compute(alt);
+    if (!a.network_one) return;
+    p.network_alternative = a.network_one;
+    p.alternative_tp = alt.tensor_parallel_size;
+    p.alternative_pp = alt.pipeline_parallel_size;
+  } catch (const Error&) {  // a layout the model does not allow (heads not divisible): no alternative
+  }
+}
+
 Plan make_plan(const PlanInputs& in) {
   Plan p = compute(in);
   advise(p);
+  network_alternative(p);
   if (in.target.unified) unified_range(p);
   return p;
 }
@@ -659,6 +712,67 @@ std::vector<Plan> suggest_layouts(const PlanInputs& in) {
     }
   return out;
 }
+
+namespace {
+
+std::string megabytes(double bytes) { return fmt::format("{:.2f} MB", bytes / 1e6); }
+
+// "97 all-reduces + 1 logits gather + 2 broadcasts: 1.23 MB, 196 one-way latencies"
+std::string describe_traffic(const CrossNodeTraffic& t) {
+  std::vector<std::string> parts;
+  auto add = [&](int n, const char* one, const char* many) {
+    if (n > 0) parts.push_back(fmt::format("{} {}", n, n == 1 ? one : many));
+  };
+  add(t.all_reduces, "all-reduce", "all-reduces");
+  add(t.gathers, "logits gather", "logits gathers");
+  add(t.stage_sends, "stage send", "stage sends");
+  add(t.broadcasts, "plan broadcast or token return", "plan broadcasts and token returns");
+  return fmt::format("{}: {}, {:.0f} one-way latencies", fmt::join(parts, " + "), megabytes(t.bytes), t.latencies);
+}
+
+// The traffic of a decode step between the nodes, priced on --link when given.
+void render_network(const Plan& p, std::string& o) {
+  if (!p.network_one) return;
+  const auto& link = p.in.target.link;
+  if (link)
+    o += fmt::format(
+        "network    per decode step between the nodes (--link {:.0f} Gb/s, {:.0f} µs one way; alpha-beta estimate, "
+        "messages one after another):\n",
+        link->bytes_per_second * 8 / 1e9, link->latency_seconds * 1e6);
+  else
+    o += "network    per decode step between the nodes (--link GBIT,US prices it on a link):\n";
+  auto line = [&](const NetworkStep& n) {
+    o += fmt::format("           batch {:<4} {}", n.batch, describe_traffic(n.traffic));
+    if (link) {
+      o += fmt::format(" -> {:.2f} ms", n.seconds * 1e3);
+      if (n.step_seconds > 0)
+        o += fmt::format("; with the reads {:.2f} ms a step, {:.1f} steps/s", n.step_seconds * 1e3,
+                         1.0 / n.step_seconds);
+    }
+    o += "\n";
+  };
+  line(*p.network_one);
+  if (p.network_batch) line(*p.network_batch);
+}
+
+// " (a batch-1 step: 0.08 ms on the link and 3.1 ms in all, against 4.3 ms and 5.9 ms)" for the advice.
+std::string compare_alternative(const Plan& p) {
+  if (!p.network_alternative || !p.network_one) return "";
+  const NetworkStep &a = *p.network_alternative, &here = *p.network_one;
+  if (!p.in.target.link)
+    return fmt::format(" (a batch-1 step: {} and {:.0f} latencies over the link, against {} and {:.0f} here)",
+                       megabytes(a.traffic.bytes), a.traffic.latencies, megabytes(here.traffic.bytes),
+                       here.traffic.latencies);
+  if (a.step_seconds > 0 && here.step_seconds > 0)
+    return fmt::format(
+        " (a batch-1 step: {:.2f} ms on the link and {:.2f} ms in all, against {:.2f} ms and {:.2f} ms here{})",
+        a.seconds * 1e3, a.step_seconds * 1e3, here.seconds * 1e3, here.step_seconds * 1e3,
+        here.step_seconds < a.step_seconds ? ": on this link TP across the nodes is the faster at batch 1" : "");
+  return fmt::format(" (a batch-1 step: {:.2f} ms on the link, against {:.2f} ms here)", a.seconds * 1e3,
+                     here.seconds * 1e3);
+}
+
+}  // namespace
 
 std::string render_text(const Plan& p) {
   const PlanInputs& in = p.in;
@@ -755,6 +869,7 @@ std::string render_text(const Plan& p) {
     line(*p.ceiling_one);
     if (p.ceiling_batch && p.ceiling_batch->batch > 1) line(*p.ceiling_batch);
   }
+  render_network(p, o);
   if (in.target.unified)
     o += fmt::format(
         "unified    {} shared with the OS: the plan leaves it {} (no other process assumed to hold memory), "
@@ -770,9 +885,9 @@ std::string render_text(const Plan& p) {
   if (per_node > 0 && in.tensor_parallel_size > per_node)
     o += fmt::format(
         "note: TP {} spans {} nodes of {} GPUs, so every layer's all-reduce crosses the network; "
-        "--tensor-parallel-size {} --pipeline-parallel-size {} keeps it inside the nodes\n",
+        "--tensor-parallel-size {} --pipeline-parallel-size {} keeps it inside the nodes{}\n",
         in.tensor_parallel_size, (in.tensor_parallel_size + per_node - 1) / per_node, per_node, per_node,
-        in.tensor_parallel_size * in.pipeline_parallel_size / per_node);
+        in.tensor_parallel_size * in.pipeline_parallel_size / per_node, compare_alternative(p));
   o += fmt::format("\n{} {}\n", p.fits ? (p.full_concurrency ? "OK  " : "WARN") : "FAIL", p.verdict);
   return o;
 }

@@ -13,6 +13,7 @@
 #include "engine/memory_plan.h"
 #include "loader/model_config.h"
 #include "model/model.h"
+#include "plan/network_cost.h"
 
 namespace tessera::plan {
 
@@ -44,7 +45,8 @@ struct Target {
   // Memory already in use on the device before tessera loads anything (CUDA context, other
   // processes): measured when planning on this machine, else estimated (kCudaRuntimeEstimate).
   std::optional<size_t> baseline_used;
-  bool measured = false;  // the figures are this machine's (measured_target)
+  bool measured = false;         // the figures are this machine's (measured_target)
+  std::optional<LinkSpec> link;  // between nodes (--link): the network's share of a decode step
 };
 
 // Estimates used when the target is not this machine (documented in docs/plan.md).
@@ -80,6 +82,15 @@ struct DecodeCeiling {
 };
 DecodeCeiling decode_ceiling(const std::vector<DecodeReads>& stages, int num_experts, int top_k, int batch,
                              int64_t context, double bandwidth);
+
+// A decode step's traffic between nodes at a batch (network_cost.h), and on the target's link its
+// time and the step's: the decode ceiling's reads plus the network, one after the other.
+struct NetworkStep {
+  int batch = 1;
+  CrossNodeTraffic traffic;
+  double seconds = 0;       // on the link; 0 without one
+  double step_seconds = 0;  // reads + network; 0 without a link or a memory bandwidth
+};
 
 struct PlanInputs {
   std::string model_dir;
@@ -152,6 +163,11 @@ struct Plan {
   // With a bandwidth: the decode ceiling at batch 1 and at the planned concurrency
   // (min(--max-num-seqs after the clamp, full-length sequences the cache holds)), at --max-model-len.
   std::optional<DecodeCeiling> ceiling_one, ceiling_batch;
+  // A layout whose collectives cross nodes: its decode step's traffic at the ceilings' batches; when
+  // TP spans nodes, also the batch-1 step of TP inside the nodes and PP across them (alternative_tp
+  // x alternative_pp), for the advice.
+  std::optional<NetworkStep> network_one, network_batch, network_alternative;
+  int alternative_tp = 0, alternative_pp = 0;
   // Unified memory: the highest --gpu-memory-utilization that leaves the OS kUnifiedOsReserve,
   // and the lowest that fits (0 when none up to the highest does).
   double max_utilization = 0, min_utilization = 0;
