@@ -11,7 +11,7 @@
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "dist/launch_env.h"
-#include "plan/doctor.h"
+#include "doctor/doctor.h"
 #include "plan/planner.h"
 
 namespace tessera::cli {

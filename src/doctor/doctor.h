@@ -4,10 +4,19 @@
 // (dist/), probe each other (TCP connect to an ephemeral port, latency, a stream test, a Gloo
 // all-reduce over the data plane) and the head compares everything. Every check is a line
 // with a status and, when it fails, the fix.
+//
+// The library (src/doctor/, tessera_doctor; the verb is src/cli/cmd_doctor.cpp):
+//   facts.cpp    this node's facts and their wire form
+//   gpus.cpp     GPUs, driver and CUDA version (nvml.cpp: NVML loaded at run time), with the
+//                kernel module's /proc/driver/nvidia/version as the fallback
+//   checks.cpp   the checks of one node, the comparison of nodes, the report
+//   probes.cpp   the cluster probes: pair latency and bandwidth, the Gloo all-reduce
+//   cluster.cpp  run_doctor: the rendezvous and the exchange of facts and results
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +51,10 @@ struct NodeFacts {
   std::vector<std::string> gpus;                  // "NVIDIA H200, 143771 MiB"
   std::vector<std::pair<int, int>> compute_caps;  // each GPU's, this node's only (not sent to the head)
   std::string driver, cuda, nccl, p2p;
+  // This node's only (not sent to the head): what the GPU query tried when it found no GPU
+  // ("NVML: ...; /proc/driver/nvidia/version: ..."), and each NVML call that failed, by name.
+  std::string gpu_query;
+  std::vector<std::string> nvml_errors;
   uint64_t shm_bytes = 0;
   int64_t memlock_bytes = -1;  // -1: unlimited
   bool has_model = false;

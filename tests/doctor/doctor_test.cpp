@@ -14,8 +14,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "doctor/doctor.h"
 #include "nan_fixture.h"
-#include "plan/doctor.h"
 
 namespace tessera::doctor {
 namespace {
