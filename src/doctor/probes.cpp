@@ -189,6 +189,20 @@ std::vector<Check> link_checks(const std::vector<NodeFacts>& all, const std::vec
                       fmt::format("{:.2f} Gb/s over one connection (rule: >= {} Gb/s)", p.gbps, o.min_bandwidth_gbps),
                       bw_ok ? "" : "use the fast NIC (--nic), check its link speed (ethtool) and MTU"});
   }
+  // The slowest pair as the plan's --link (one-way latency: half the round trip).
+  double slowest_gbps = 0, worst_rtt_ms = 0;
+  for (const auto& p : pairs)
+    if (p.reachable && p.error.empty() && p.gbps > 0) {
+      slowest_gbps = slowest_gbps > 0 ? std::min(slowest_gbps, p.gbps) : p.gbps;
+      worst_rtt_ms = std::max(worst_rtt_ms, p.rtt_ms);
+    }
+  if (slowest_gbps > 0)
+    checks.push_back({"", "link for tessera plan", Status::kInfo,
+                      fmt::format("--link {:.1f},{:.0f} (the slowest pair: Gb/s of one TCP stream, half its round trip "
+                                  "in µs)",
+                                  slowest_gbps, worst_rtt_ms * 1e3 / 2),
+                      "tessera plan MODEL --nodes N --gpus-per-node G ... --link: the network's share of a decode "
+                      "step for TP or PP across the nodes"});
   if (!err.empty())
     checks.push_back({"", "all-reduce (Gloo)", Status::kFail, err, "fix the unreachable ports above first"});
   else
