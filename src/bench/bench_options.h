@@ -3,7 +3,10 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "bench/arrival.h"
 
 namespace tessera::bench {
 
@@ -12,11 +15,13 @@ struct BenchOptions {
   std::string base_url = "http://127.0.0.1:8000";
   std::string endpoint = "/v1/chat/completions";
   std::string api_key;
-  std::string model;  // empty: the first id of GET /v1/models
+  std::vector<std::pair<std::string, std::string>> headers;  // --header KEY=VALUE: on every request
+  std::string request_id_prefix;                             // non-empty: x-request-id PREFIX{index}
+  std::string model;                                         // empty: the first id of GET /v1/models
   bool stream = true;
   double timeout_s = 600;
 
-  // Workload: "prompt" (one fixed prompt), "random" or "jsonl".
+  // Workload: "prompt" (one fixed prompt), "random", "jsonl", "sonnet" or "prefix_repetition".
   std::string dataset = "prompt";
   std::string dataset_path;
   std::string prompt = "Explain parallel computing in one sentence.";
@@ -26,6 +31,12 @@ struct BenchOptions {
   int random_output_len = 128;
   double random_range_ratio = 0;
   int random_prefix_len = 0;  // tokens of shared random prefix before each random prompt
+  int sonnet_input_len = 550, sonnet_output_len = 150, sonnet_prefix_len = 200;  // vLLM's sonnet dataset
+  int prefix_repetition_prefix_len = 256, prefix_repetition_suffix_len = 256;    // vLLM's prefix_repetition
+  int prefix_repetition_num_prefixes = 10, prefix_repetition_output_len = 128;
+  bool shuffle = true;               // prefix_repetition's prompts in random order (vLLM's --disable-shuffle: off)
+  bool oversample = true;            // jsonl: cycle through the file for more requests than it holds
+  std::string chat_template_kwargs;  // JSON object for the chat template where sonnet prompts are rendered
   bool ignore_eos = false;
   std::string extra_body;  // JSON object merged into every request body
   uint64_t seed = 0;
@@ -36,6 +47,9 @@ struct BenchOptions {
   size_t requests_per_level = 0;  // 0: 40 for a fixed prompt, 1000 for datasets (vLLM's default)
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
+  RampUp ramp_up = RampUp::kNone;  // vLLM's --ramp-up-strategy, from ramp_up_start_rps to ramp_up_end_rps
+  int ramp_up_start_rps = 0, ramp_up_end_rps = 0;
+  int num_warmups = 0;               // requests (copies of the first prompt) sent before each level, not counted
   std::vector<std::string> goodput;  // "ttft:500", "tpot:50", "e2el:2000"
 
   // vLLM bench serve's result file (--save-result): its JSON keys, one file per level.

@@ -28,6 +28,20 @@ namespace {
 
 bool fixed_prompt_mode(const BenchOptions& options) { return options.dataset == "prompt"; }
 
+std::vector<PromptSpec> jsonl_prompts(const BenchOptions& options, size_t count, const TokenCounter* counter) {
+  if (options.dataset_path.empty())
+    fail(ErrorKind::kInvalidArgument, "--dataset jsonl needs --dataset-path FILE (one JSON object per line)");
+  std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0, counter);
+  if (options.sharegpt_output_len > 0)
+    for (PromptSpec& p : prompts) p.max_tokens = options.sharegpt_output_len;
+  // Cycle through the file when more requests are wanted than it holds (unless --no-oversample).
+  if (!options.oversample) count = std::min(count, prompts.size());
+  std::vector<PromptSpec> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) out.push_back(prompts[i % prompts.size()]);
+  return out;
+}
+
 std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count, const TokenCounter* counter) {
   if (options.dataset == "prompt") return fixed_prompt_workload(options.prompt, options.max_tokens, count, counter);
   if (options.dataset == "random") {
@@ -36,25 +50,46 @@ std::vector<PromptSpec> build_workload(const BenchOptions& options, size_t count
         options.random_prefix_len};
     return random_workload(random, counter);
   }
-  if (options.dataset == "jsonl") {
-    if (options.dataset_path.empty())
-      fail(ErrorKind::kInvalidArgument, "--dataset jsonl needs --dataset-path FILE (one JSON object per line)");
-    std::vector<PromptSpec> prompts = jsonl_workload(options.dataset_path, options.max_tokens, 0, counter);
-    if (options.sharegpt_output_len > 0)
-      for (PromptSpec& p : prompts) p.max_tokens = options.sharegpt_output_len;
-    // Cycle through the file when more requests are wanted than it holds.
-    std::vector<PromptSpec> out;
-    out.reserve(count);
-    for (size_t i = 0; i < count; ++i) out.push_back(prompts[i % prompts.size()]);
-    return out;
+  if (options.dataset == "jsonl") return jsonl_prompts(options, count, counter);
+  if (options.dataset == "sonnet") {
+    SonnetWorkloadOptions sonnet;
+    sonnet.path = options.dataset_path;
+    sonnet.input_len = options.sonnet_input_len;
+    sonnet.output_len = options.sonnet_output_len;
+    sonnet.prefix_len = options.sonnet_prefix_len;
+    sonnet.count = count;
+    sonnet.seed = options.seed;
+    // As vLLM: the completions endpoint gets the prompt rendered by the chat template, the chat endpoint the text.
+    sonnet.send_formatted = parse_endpoint(options.endpoint) == ApiEndpoint::kCompletions;
+    sonnet.chat_template_kwargs = options.chat_template_kwargs;
+    return sonnet_workload(sonnet, counter);
   }
-  fail(ErrorKind::kInvalidArgument, "--dataset must be prompt, random or jsonl, got '{}'", options.dataset);
+  if (options.dataset == "prefix_repetition") {
+    PrefixRepetitionOptions prefix{options.prefix_repetition_prefix_len,
+                                   options.prefix_repetition_suffix_len,
+                                   options.prefix_repetition_num_prefixes,
+                                   options.prefix_repetition_output_len,
+                                   count,
+                                   options.seed,
+                                   options.shuffle};
+    return prefix_repetition_workload(prefix, counter);
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "--dataset must be prompt, random, jsonl, sonnet or prefix_repetition (or vLLM's sharegpt / custom), got '{}'",
+       options.dataset);
+}
+
+std::string describe_rate(const BenchOptions& options) {
+  if (options.ramp_up != RampUp::kNone)
+    return fmt::format("request rate ramped ({}) from {} to {} req/s, burstiness {}", ramp_up_name(options.ramp_up),
+                       options.ramp_up_start_rps, options.ramp_up_end_rps, options.burstiness);
+  return std::isinf(options.request_rate)
+             ? "all at once"
+             : fmt::format("{} req/s, burstiness {}", options.request_rate, options.burstiness);
 }
 
 std::string describe_workload(const BenchOptions& options, size_t requests) {
-  std::string rate = std::isinf(options.request_rate)
-                         ? "all at once"
-                         : fmt::format("{} req/s, burstiness {}", options.request_rate, options.burstiness);
+  const std::string rate = describe_rate(options);
   if (options.dataset == "prompt")
     return fmt::format("fixed prompt \"{}\", max_tokens {}, {} requests per level, {}", options.prompt,
                        options.max_tokens, requests, rate);
@@ -63,6 +98,18 @@ std::string describe_workload(const BenchOptions& options, size_t requests) {
         "random prompts: {}input {} / output {} tokens, range ratio {}, seed {}, {} requests per level, {}",
         options.random_prefix_len > 0 ? fmt::format("a shared {}-token prefix, then ", options.random_prefix_len) : "",
         options.random_input_len, options.random_output_len, options.random_range_ratio, options.seed, requests, rate);
+  if (options.dataset == "sonnet")
+    return fmt::format(
+        "sonnet prompts from {}: up to {} input tokens with a shared prefix of about {}, output {} tokens, seed {}, "
+        "{} requests per level, {}",
+        options.dataset_path, options.sonnet_input_len, options.sonnet_prefix_len, options.sonnet_output_len,
+        options.seed, requests, rate);
+  if (options.dataset == "prefix_repetition")
+    return fmt::format(
+        "prefix repetition: {} shared prefixes of {} tokens, each prompt a prefix and its own {}-token suffix, output "
+        "{} tokens, seed {}, {} requests per level, {}",
+        options.prefix_repetition_num_prefixes, options.prefix_repetition_prefix_len,
+        options.prefix_repetition_suffix_len, options.prefix_repetition_output_len, options.seed, requests, rate);
   return fmt::format("prompts from {}, {} requests per level, {}", options.dataset_path, requests, rate);
 }
 
@@ -109,7 +156,8 @@ std::optional<std::string> advice_for(const LevelMetrics& level, const BenchOpti
   return std::nullopt;
 }
 
-std::vector<std::string> collect_notes(const BenchOptions& options, const std::vector<LevelMetrics>& levels) {
+std::vector<std::string> collect_notes(const BenchOptions& options, const std::vector<LevelMetrics>& levels,
+                                       bool has_template) {
   std::vector<std::string> notes;
   size_t without_usage = 0;
   for (const LevelMetrics& level : levels) without_usage += level.requests_without_usage;
@@ -124,16 +172,46 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
         "{} successful requests came without 'usage': their tokens were counted with the tokenizer in {} (prompt "
         "counts leave out the chat template's tokens)",
         without_usage, options.tokenizer_dir));
-  if (options.dataset == "random" && options.tokenizer_dir.empty())
+  if ((options.dataset == "random" || options.dataset == "prefix_repetition") && options.tokenizer_dir.empty())
     notes.push_back(
-        "random prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
-        "are approximate (no tokenizer is used); the server's usage gives the true counts");
+        fmt::format("{} prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
+                    "are approximate (no tokenizer is used); the server's usage gives the true counts",
+                    options.dataset));
+  if (options.dataset == "sonnet" && options.tokenizer_dir.empty())
+    notes.push_back(
+        "sonnet prompt lengths were estimated at 4 characters per token (no tokenizer, so no chat template either): "
+        "--tokenizer DIR counts them as vLLM does");
+  if (options.dataset == "sonnet" && !has_template && parse_endpoint(options.endpoint) == ApiEndpoint::kCompletions)
+    notes.push_back(
+        "sonnet prompts went to /v1/completions without a chat template (vLLM renders them with the model's): give "
+        "--tokenizer DIR with a chat template to send them rendered");
   if (options.dataset == "jsonl" && options.tokenizer_dir.empty())
     notes.push_back("output lengths taken from ShareGPT answers are estimated at 4 characters per token");
   if (!options.stream) notes.push_back("streaming was off: TTFT equals end-to-end latency and ITL is not measured");
   if (options.self_test)
     notes.push_back("self-test: an in-process loopback server answered instantly; the figures measure the client");
   return notes;
+}
+
+ArrivalProcess arrival_process(const BenchOptions& options) {
+  ArrivalProcess arrivals{options.request_rate, options.burstiness};
+  arrivals.ramp = options.ramp_up;
+  arrivals.ramp_start_rps = options.ramp_up_start_rps;
+  arrivals.ramp_end_rps = options.ramp_up_end_rps;
+  return arrivals;
+}
+
+// vLLM's --num-warmups: copies of the first prompt, all released at once under the level's concurrency limit,
+// before the level; their results are dropped.
+void warm_up(boost::asio::io_context& io, HttpClient& client, const std::vector<PromptSpec>& prompts, int level,
+             const RequestSettings& settings, int count) {
+  if (count <= 0 || prompts.empty()) return;
+  std::cerr << "warming up with " << count << " requests\n";
+  LevelConfig config;
+  config.label = "warm-up";
+  config.max_concurrency = level;
+  const std::vector<PromptSpec> warmups(static_cast<size_t>(count), prompts.front());
+  (void)run_level(io, client, warmups, config, settings, nullptr);
 }
 
 // Whether a run prints vLLM's result block: vLLM-style runs (a dataset, or --save-result).
@@ -151,6 +229,7 @@ VllmResultSettings vllm_settings(const BenchOptions& options, const std::string&
   s.num_prompts = requests;
   s.request_rate = options.request_rate;
   s.burstiness = options.burstiness;
+  s.arrivals = arrival_process(options);
   if (level > 0) s.max_concurrency = level;
   s.metadata = options.metadata;
   s.metrics = parse_percentile_metrics(options.percentile_metrics);
@@ -211,7 +290,7 @@ int run_benchmark(BenchOptions options) {
   }
 
   boost::asio::io_context io;
-  HttpClient client(io, parse_base_url(options.base_url), options.api_key);
+  HttpClient client(io, parse_base_url(options.base_url), options.api_key, options.headers);
   auto timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_s * 1000));
   if (options.model.empty())
     options.model = discover_model(io, client, std::min(timeout, std::chrono::milliseconds(30000)));
@@ -243,8 +322,10 @@ int run_benchmark(BenchOptions options) {
     LevelConfig level;
     level.max_concurrency = levels[i];
     level.label = levels[i] > 0 ? fmt::format("concurrency {}", levels[i]) : std::string("unlimited");
-    level.arrivals = ArrivalProcess{options.request_rate, options.burstiness};
+    level.arrivals = arrival_process(options);
     level.seed = options.seed + i;
+    level.request_id_prefix = options.request_id_prefix;
+    warm_up(io, client, prompts, levels[i], settings, options.num_warmups);
     progress.start(level.label, prompts.size(), i, levels.size());
     ProgressHandler on_progress = [&](size_t done, size_t, size_t in_flight) { progress.update(done, in_flight); };
     LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
@@ -266,7 +347,7 @@ int run_benchmark(BenchOptions options) {
     }
     report.levels.push_back(std::move(metrics));
   }
-  report.notes = collect_notes(options, report.levels);
+  report.notes = collect_notes(options, report.levels, counter && counter->has_chat_template());
 
   std::cout << format_terminal_report(report) << std::flush;
   for (const auto& [vs, j] : vllm_results) {

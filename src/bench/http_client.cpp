@@ -67,11 +67,12 @@ struct Connection {
 using http_client_detail::Connection;
 
 struct HttpClient::State {
-  State(asio::io_context& io_context, BaseUrl url, std::string key)
-      : io(io_context), base_url(std::move(url)), api_key(std::move(key)) {}
+  State(asio::io_context& io_context, BaseUrl url, std::string key, HttpHeaders extra)
+      : io(io_context), base_url(std::move(url)), api_key(std::move(key)), headers(std::move(extra)) {}
   asio::io_context& io;
   BaseUrl base_url;
   std::string api_key;
+  HttpHeaders headers;
   tcp::resolver::results_type endpoints;
   std::vector<std::unique_ptr<Connection>> idle;
   size_t connections_opened = 0;
@@ -94,6 +95,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       request_.set(http::field::content_type, "application/json");
       request_.body() = spec.body;
     }
+    for (const auto& [name, value] : state_->headers) request_.set(name, value);
+    for (const auto& [name, value] : spec.headers) request_.set(name, value);
     request_.keep_alive(true);
     request_.prepare_payload();
     timeout_ = spec.timeout;
@@ -232,8 +235,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
 }  // namespace
 
-HttpClient::HttpClient(asio::io_context& io, BaseUrl base_url, std::string api_key)
-    : state_(std::make_shared<State>(io, std::move(base_url), std::move(api_key))) {
+HttpClient::HttpClient(asio::io_context& io, BaseUrl base_url, std::string api_key, HttpHeaders headers)
+    : state_(std::make_shared<State>(io, std::move(base_url), std::move(api_key), std::move(headers))) {
   tcp::resolver resolver(io);
   error_code ec;
   state_->endpoints = resolver.resolve(state_->base_url.host, state_->base_url.port, ec);

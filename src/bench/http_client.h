@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tessera::bench {
 
@@ -48,17 +50,23 @@ class HttpObserver {
   virtual void on_finish(const HttpOutcome& outcome, Clock::time_point at) = 0;
 };
 
+// Header fields as (name, value) pairs.
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
 struct HttpExchange {
   std::string method = "POST";  // "GET" or "POST"
   std::string path;             // appended to the base URL's prefix
   std::string body;             // JSON; empty for GET
   std::chrono::milliseconds timeout{std::chrono::hours(1)};
+  HttpHeaders headers{};  // this exchange's own fields, set after the client's (x-request-id)
 };
 
 class HttpClient {
  public:
-  // Resolves the host once, here; throws tessera::Error if it cannot be resolved.
-  HttpClient(boost::asio::io_context& io, BaseUrl base_url, std::string api_key);
+  // Resolves the host once, here; throws tessera::Error if it cannot be resolved. `headers` (vLLM bench's
+  // --header) go on every request after the client's own fields (Host, User-Agent, Accept, Authorization from
+  // `api_key`, Content-Type), replacing a field of the same name.
+  HttpClient(boost::asio::io_context& io, BaseUrl base_url, std::string api_key, HttpHeaders headers = {});
   ~HttpClient();
   HttpClient(const HttpClient&) = delete;
   HttpClient& operator=(const HttpClient&) = delete;

@@ -5,6 +5,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <memory>
+#include <string>
 
 #include "bench/request_observer.h"
 
@@ -44,6 +45,8 @@ class LevelDriver {
     double cpu_before = thread_cpu_seconds();
     start_ = Clock::now();
     result_.started_at = start_;
+    result_.wall_started_at = std::chrono::system_clock::now();
+    result_.release_times = release_times_;
     schedule_lag_probe(start_);
     release_due();
     io_.restart();
@@ -88,6 +91,8 @@ class LevelDriver {
     exchange.path = endpoint_path(settings_.endpoint);
     exchange.body = build_request_body(settings_.endpoint, prompt, settings_.generation);
     exchange.timeout = settings_.timeout;
+    if (!result_.config.request_id_prefix.empty())
+      exchange.headers.emplace_back("x-request-id", result_.config.request_id_prefix + std::to_string(prompt_index));
     auto observer = std::make_shared<CompletionObserver>(
         settings_.endpoint, settings_.generation.stream, prompt.expected_prompt_tokens, settings_.keep_output_text,
         start_, Clock::now(), [this, prompt_index](RequestRecord&& record) {

@@ -19,6 +19,7 @@ struct LevelConfig {
   int max_concurrency = 0;  // 0: no limit beyond the arrival process
   ArrivalProcess arrivals;
   uint64_t seed = 0;
+  std::string request_id_prefix{};  // non-empty: each request carries x-request-id PREFIX{prompt index}
 };
 
 struct RequestSettings {
@@ -38,9 +39,11 @@ struct ClientOverhead {
 
 struct LevelResult {
   LevelConfig config;
-  std::vector<RequestRecord> records;  // in completion order
-  double duration_s = 0;               // first release to last completion
-  Clock::time_point started_at{};      // record start_s values count from here
+  std::vector<RequestRecord> records;                       // in completion order
+  double duration_s = 0;                                    // first release to last completion
+  Clock::time_point started_at{};                           // record start_s values count from here
+  std::chrono::system_clock::time_point wall_started_at{};  // the same moment on the wall clock
+  std::vector<double> release_times;  // the arrival schedule, seconds from started_at, in prompt order
   size_t max_in_flight = 0;
   ClientOverhead overhead;
 };

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <ctime>
 #include <map>
 #include <numeric>
 
@@ -105,7 +107,37 @@ void add_detail_lists(ojson& j, const std::vector<const RequestRecord*>& records
   j["errors"] = std::move(errors);
 }
 
+// datetime.isoformat() of a local wall-clock time: 2026-01-02T03:04:05.123456 (no fraction when it is 0).
+std::string iso_local(std::chrono::system_clock::time_point at) {
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(at.time_since_epoch()).count();
+  const std::time_t seconds = static_cast<std::time_t>(micros / 1000000);
+  std::tm tm{};
+  localtime_r(&seconds, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+  const long long fraction = micros % 1000000;
+  return fraction ? fmt::format("{}.{:06d}", text, fraction) : std::string(text);
+}
+
 }  // namespace
+
+ojson rps_change_events(const LevelResult& result) {
+  const ArrivalProcess& arrivals = result.config.arrivals;
+  ojson events = ojson::array();
+  if (arrivals.ramp == RampUp::kNone) return events;
+  int last = arrivals.ramp_start_rps;
+  events.push_back({{"rps", last}, {"timestamp", iso_local(result.wall_started_at)}});
+  const size_t n = result.release_times.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int rate = static_cast<int>(rate_at(arrivals, i, n));
+    if (rate <= last) continue;
+    const auto due = result.wall_started_at + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                                  std::chrono::duration<double>(result.release_times[i]));
+    for (int r = last + 1; r <= rate; ++r) events.push_back({{"rps", r}, {"timestamp", iso_local(due)}});
+    last = rate;
+  }
+  return events;
+}
 
 std::string python_float(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -156,6 +188,11 @@ ojson vllm_result_json(const LevelResult& result, const LevelMetrics& m, const V
   j["request_rate"] = std::isinf(s.request_rate) ? ojson("inf") : ojson(s.request_rate);
   j["burstiness"] = s.burstiness;
   j["max_concurrency"] = s.max_concurrency ? ojson(*s.max_concurrency) : ojson(nullptr);
+  if (s.arrivals.ramp != RampUp::kNone) {
+    j["ramp_up_strategy"] = ramp_up_name(s.arrivals.ramp);
+    j["ramp_up_start_rps"] = s.arrivals.ramp_start_rps;
+    j["ramp_up_end_rps"] = s.arrivals.ramp_end_rps;
+  }
   j["duration"] = m.duration_s;
   j["completed"] = m.completed;
   j["failed"] = m.failed;
@@ -169,6 +206,7 @@ ojson vllm_result_json(const LevelResult& result, const LevelMetrics& m, const V
   j["max_output_tokens_per_s"] = peak_output_tokens_per_second(records);
   j["max_concurrent_requests"] = m.max_in_flight;
   j["rtfx"] = 0.0;  // vLLM's speech-recognition figure; 0 for text
+  if (result.config.arrivals.ramp != RampUp::kNone) j["rps_change_events"] = rps_change_events(result);
   Sample ttft, tpot, itl, e2el;
   for (const RequestRecord* r : records) {
     if (!r->success) continue;
@@ -233,7 +271,11 @@ std::string vllm_result_block(const ojson& j, const VllmResultSettings& s) {
 std::string vllm_result_filename(const VllmResultSettings& s) {
   std::string base = s.model_id;
   if (const size_t slash = base.find_last_of('/'); slash != std::string::npos) base = base.substr(slash + 1);
-  return fmt::format("{}-{}qps{}-{}-{}.json", s.label.empty() ? s.backend : s.label, python_float(s.request_rate),
+  const std::string rate = s.arrivals.ramp == RampUp::kNone
+                               ? python_float(s.request_rate) + "qps"
+                               : fmt::format("ramp-up-{}-{}qps-{}qps", ramp_up_name(s.arrivals.ramp),
+                                             s.arrivals.ramp_start_rps, s.arrivals.ramp_end_rps);
+  return fmt::format("{}-{}{}-{}-{}.json", s.label.empty() ? s.backend : s.label, rate,
                      s.max_concurrency ? fmt::format("-concurrency{}", *s.max_concurrency) : "", base, s.date);
 }
 

@@ -20,6 +20,7 @@ struct VllmResultSettings {
   double request_rate = 0;  // infinity: "inf"
   double burstiness = 1;
   std::optional<int> max_concurrency;
+  ArrivalProcess arrivals;            // a ramp (--ramp-up-strategy) adds vLLM's ramp_up_* keys and rps_change_events
   std::vector<std::string> metadata;  // KEY=VALUE
   std::vector<std::string> metrics;   // ttft, tpot, itl, e2el: which get mean/median/std/percentiles
   std::vector<double> percentiles;    // e.g. {99} or {25, 50, 75}
@@ -36,8 +37,13 @@ nlohmann::ordered_json vllm_result_json(const LevelResult& result, const LevelMe
                                         const VllmResultSettings& settings);
 // The block vLLM prints after a run ("============ Serving Benchmark Result ============" ...).
 std::string vllm_result_block(const nlohmann::ordered_json& result, const VllmResultSettings& settings);
-// vLLM's default file name: {label or backend}-{rate}qps[-concurrency{N}]-{model basename}-{date}.json.
+// vLLM's default file name: {label or backend}-{rate}qps[-concurrency{N}]-{model basename}-{date}.json; with a
+// ramp {label or backend}-ramp-up-{strategy}-{start}qps-{end}qps[-concurrency{N}]-{model basename}-{date}.json.
 std::string vllm_result_filename(const VllmResultSettings& settings);
+// vLLM's rps_change_events of a ramped level: {"rps": start, "timestamp"} at the start, then one event for each
+// whole rate (int(rate)) the ramp passes, stamped when the request that reached it was due (wall clock, local
+// time, Python's datetime.isoformat()).
+nlohmann::ordered_json rps_change_events(const LevelResult& result);
 // Python's str() of a float ("8.0", "0.5", "inf"), as vLLM's file names and logs show rates.
 std::string python_float(double v);
 

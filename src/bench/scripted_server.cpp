@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -34,6 +35,7 @@ struct ScriptedServer::Impl {
   std::atomic<size_t> completion_requests{0};
   mutable std::mutex timings_mutex;
   std::vector<ServedTiming> timings;
+  std::vector<std::map<std::string, std::string>> request_headers;  // under timings_mutex
   void accept();
 };
 
@@ -75,6 +77,7 @@ class Session : public std::enable_shared_from_this<Session> {
     path_ = request_line.substr(path_start, request_line.find(' ', path_start) - path_start);
     size_t content_length = 0;
     authorization_.clear();
+    std::map<std::string, std::string> fields;
     for (size_t pos = line_end + 2; pos < header.size();) {
       size_t end = header.find("\r\n", pos);
       std::string line = header.substr(pos, end - pos);
@@ -85,6 +88,11 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string value = line.substr(line.find_first_not_of(' ', colon + 1));
       if (name == "content-length") content_length = std::stoul(value);
       if (name == "authorization") authorization_ = value;
+      fields[name] = value;
+    }
+    {
+      std::lock_guard<std::mutex> lock(server_.timings_mutex);
+      server_.request_headers.push_back(std::move(fields));
     }
     size_t missing = content_length > input_.size() ? content_length - input_.size() : 0;
     asio::async_read(socket_, input_, asio::transfer_exactly(missing),
@@ -330,6 +338,11 @@ size_t ScriptedServer::completion_requests() const { return impl_->completion_re
 std::vector<ServedTiming> ScriptedServer::served_timings() const {
   std::lock_guard<std::mutex> lock(impl_->timings_mutex);
   return impl_->timings;
+}
+
+std::vector<std::map<std::string, std::string>> ScriptedServer::request_headers() const {
+  std::lock_guard<std::mutex> lock(impl_->timings_mutex);
+  return impl_->request_headers;
 }
 
 }  // namespace tessera::bench

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,8 @@ class ScriptedServer {
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port()); }
   size_t completion_requests() const;                // POSTs to a completions endpoint so far
   std::vector<ServedTiming> served_timings() const;  // streams completed so far, in completion order
+  // The header fields of every request so far (GET /v1/models too), in arrival order; names in lower case.
+  std::vector<std::map<std::string, std::string>> request_headers() const;
   static constexpr const char* kModelId = "scripted-model";
 
   struct Impl;

@@ -20,7 +20,7 @@ class CollectingObserver : public HttpObserver {
 
 std::string discover_model(boost::asio::io_context& io, HttpClient& client, std::chrono::milliseconds timeout) {
   auto observer = std::make_shared<CollectingObserver>();
-  client.send(HttpExchange{"GET", "/v1/models", "", timeout}, observer);
+  client.send(HttpExchange{"GET", "/v1/models", "", timeout, {}}, observer);
   io.restart();
   io.run();
   const BaseUrl& base = client.base_url();

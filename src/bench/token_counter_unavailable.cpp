@@ -5,6 +5,7 @@
 
 namespace tessera::tokenizer {
 class Tokenizer {};
+class ChatTemplate {};
 }  // namespace tessera::tokenizer
 
 namespace tessera::bench {
@@ -16,8 +17,12 @@ std::unique_ptr<TokenCounter> TokenCounter::load(const std::string& dir) {
        dir);
 }
 
+TokenCounter::TokenCounter() = default;
 TokenCounter::~TokenCounter() = default;
 int TokenCounter::count(std::string_view) const { return 0; }
 std::string TokenCounter::truncate(std::string_view text, int) const { return std::string(text); }
+std::optional<std::string> TokenCounter::chat_prompt(const std::string&, const std::string&) const {
+  return std::nullopt;
+}
 
 }  // namespace tessera::bench

@@ -3,7 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <random>
 
 #include "bench/token_counter.h"
@@ -158,6 +161,128 @@ std::vector<PromptSpec> jsonl_workload(const std::string& path, int default_max_
     fail(ErrorKind::kInvalidArgument,
          "'{}' holds no usable prompt: each entry needs a 'prompt' (or 'text') string or ShareGPT 'conversations'",
          path);
+  return prompts;
+}
+
+namespace {
+
+// The file's lines with their line ends, as Python's readlines() gives them.
+std::vector<std::string> read_poem_lines(const std::string& path) {
+  if (path.empty())
+    fail(ErrorKind::kInvalidArgument,
+         "--dataset-name sonnet needs --dataset-path FILE: a text file of poem lines, e.g. vLLM's "
+         "benchmarks/sonnet.txt");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail(ErrorKind::kNotFound,
+         "cannot open the sonnet dataset '{}': check --dataset-path (a text file of poem lines, e.g. vLLM's "
+         "benchmarks/sonnet.txt)",
+         path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
+    lines.push_back(text.substr(at, end - at));
+    at = end;
+  }
+  if (lines.empty()) fail(ErrorKind::kInvalidArgument, "the sonnet dataset '{}' is empty: it needs poem lines", path);
+  return lines;
+}
+
+void check_sonnet_options(const SonnetWorkloadOptions& o) {
+  if (o.input_len < 1 || o.output_len < 1)
+    fail(ErrorKind::kInvalidArgument, "--sonnet-input-len and --sonnet-output-len must be at least 1, got {} and {}",
+         o.input_len, o.output_len);
+  if (o.prefix_len < 0)
+    fail(ErrorKind::kInvalidArgument, "--sonnet-prefix-len must be 0 or more, got {}", o.prefix_len);
+  if (o.prefix_len > o.input_len)
+    fail(ErrorKind::kInvalidArgument,
+         "--sonnet-prefix-len ({}) is longer than --sonnet-input-len ({}): the shared prefix is part of the prompt",
+         o.prefix_len, o.input_len);
+}
+
+// Python's round(): halves go to the even neighbour.
+int round_half_even(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+}  // namespace
+
+std::vector<PromptSpec> sonnet_workload(const SonnetWorkloadOptions& o, const TokenCounter* counter) {
+  check_sonnet_options(o);
+  const std::vector<std::string> lines = read_poem_lines(o.path);
+  auto render = [&](const std::string& text) {
+    std::optional<std::string> formatted = counter ? counter->chat_prompt(text, o.chat_template_kwargs) : std::nullopt;
+    return formatted ? *formatted : text;
+  };
+  double line_tokens = 0;
+  for (const std::string& line : lines) line_tokens += count_tokens(line, counter);
+  const double mean_line = std::max(line_tokens / static_cast<double>(lines.size()), 1.0);
+  const int instruction = count_tokens(render(kSonnetInstruction), counter);
+  if (o.input_len <= instruction)
+    fail(ErrorKind::kInvalidArgument,
+         "--sonnet-input-len ({}) must be more than the {} tokens of the instruction every sonnet prompt starts with",
+         o.input_len, instruction);
+  const int input_lines = std::max(round_half_even((o.input_len - instruction) / mean_line), 1);
+  const int prefix_lines = std::max(round_half_even((o.prefix_len - instruction) / mean_line), 0);
+  std::string prefix = kSonnetInstruction;
+  for (int i = 0; i < prefix_lines && i < static_cast<int>(lines.size()); ++i) prefix += lines[static_cast<size_t>(i)];
+  const int drawn = std::max(input_lines - prefix_lines, 0);
+
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<size_t> pick(0, lines.size() - 1);
+  std::vector<PromptSpec> prompts;
+  prompts.reserve(o.count);
+  constexpr int kMaxRedraws = 1000;  // in a row: the lines cannot fit, where vLLM would loop forever
+  for (int redraws = 0; prompts.size() < o.count;) {
+    std::string text = prefix;
+    for (int i = 0; i < drawn; ++i) text += lines[pick(rng)];
+    std::string formatted = render(text);
+    const int tokens = count_tokens(formatted, counter);
+    if (tokens > o.input_len) {
+      if (++redraws > kMaxRedraws)
+        fail(ErrorKind::kInvalidArgument,
+             "no draw of {} poem lines after the {}-line prefix fits --sonnet-input-len {} (the last was {} tokens): "
+             "raise --sonnet-input-len or lower --sonnet-prefix-len",
+             drawn, prefix_lines, o.input_len, tokens);
+      continue;
+    }
+    redraws = 0;
+    prompts.push_back(PromptSpec{o.send_formatted ? std::move(formatted) : std::move(text), o.output_len, tokens});
+  }
+  return prompts;
+}
+
+std::vector<PromptSpec> prefix_repetition_workload(const PrefixRepetitionOptions& o, const TokenCounter* counter) {
+  if (o.prefix_len < 0 || o.suffix_len < 0 || o.prefix_len + o.suffix_len < 1)
+    fail(ErrorKind::kInvalidArgument,
+         "--prefix-repetition-prefix-len ({}) and --prefix-repetition-suffix-len ({}) must be 0 or more, and not "
+         "both 0",
+         o.prefix_len, o.suffix_len);
+  if (o.num_prefixes < 1 || o.output_len < 1)
+    fail(ErrorKind::kInvalidArgument,
+         "--prefix-repetition-num-prefixes ({}) and --prefix-repetition-output-len ({}) must be at least 1",
+         o.num_prefixes, o.output_len);
+  const size_t prefixes = static_cast<size_t>(o.num_prefixes);
+  if (o.count < prefixes)
+    fail(ErrorKind::kInvalidArgument,
+         "--num-prompts ({}) must be at least --prefix-repetition-num-prefixes ({}): every prefix is used by one "
+         "prompt or more",
+         o.count, o.num_prefixes);
+  std::mt19937_64 rng(o.seed);
+  std::vector<PromptSpec> prompts;
+  prompts.reserve(o.count);
+  for (size_t p = 0; p < prefixes; ++p) {
+    const std::string prefix = o.prefix_len > 0 ? random_text(rng, o.prefix_len, counter) : "";
+    const size_t uses = o.count / prefixes + (p < o.count % prefixes ? 1 : 0);
+    for (size_t u = 0; u < uses; ++u) {
+      const std::string suffix = o.suffix_len > 0 ? random_text(rng, o.suffix_len, counter) : "";
+      PromptSpec spec;
+      spec.prompt = prefix.empty() || suffix.empty() ? prefix + suffix : prefix + " " + suffix;
+      spec.max_tokens = o.output_len;
+      spec.expected_prompt_tokens = counter ? counter->count(spec.prompt) : o.prefix_len + o.suffix_len;
+      prompts.push_back(std::move(spec));
+    }
+  }
+  if (o.shuffle) std::shuffle(prompts.begin(), prompts.end(), rng);
   return prompts;
 }
 

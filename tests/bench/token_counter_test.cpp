@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "bench/workload.h"
 #include "core/error.h"
@@ -36,6 +37,64 @@ TEST(TokenCounter, RandomPromptsHaveExactlyTheAskedLength) {
   auto fixed = fixed_prompt_workload("Explain parallel computing in one sentence.", 64, 2, counter.get());
   EXPECT_EQ(fixed[0].expected_prompt_tokens, counter->count("Explain parallel computing in one sentence."));
   EXPECT_EQ(counter->truncate("one two three four", 2), "one two");
+}
+
+// The small model in models/tessera-demo: a tokenizer.json and a chat template in tokenizer_config.json.
+std::unique_ptr<TokenCounter> demo_counter() {
+  try {
+    return TokenCounter::load((std::filesystem::path(TESSERA_SOURCE_DIR) / "models" / "tessera-demo").string());
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kUnsupported) return nullptr;
+    throw;
+  }
+}
+
+// vLLM's sonnet lengths are those of the prompt rendered as one user message by the model's chat template;
+// /v1/completions gets the rendered prompt, the chat endpoint the text.
+TEST(TokenCounter, SonnetCountsThePromptAsTheChatTemplateRendersIt) {
+  auto counter = demo_counter();
+  if (!counter) GTEST_SKIP() << "no tokenizer layer";
+  ASSERT_TRUE(counter->has_chat_template());
+  const std::string path = ::testing::TempDir() + "/sonnet_counted.txt";
+  {
+    std::ofstream out(path);
+    // Lines of different lengths, so that some draws fit the input length and some do not.
+    const char* lines[] = {"The river runs,\n", "and the city sleeps beneath a sky of quiet stars tonight,\n",
+                           "while I,\n", "alone upon the bridge, count every light that trembles on the water,\n"};
+    for (int i = 0; i < 20; ++i) out << lines[i % 4];
+  }
+  SonnetWorkloadOptions o;
+  o.path = path;
+  o.input_len = 200;
+  o.prefix_len = 80;
+  o.count = 12;
+  const std::vector<PromptSpec> text = sonnet_workload(o, counter.get());
+  o.send_formatted = true;
+  const std::vector<PromptSpec> rendered = sonnet_workload(o, counter.get());
+  ASSERT_EQ(text.size(), 12u);
+  for (size_t i = 0; i < text.size(); ++i) {
+    const std::string formatted = *counter->chat_prompt(text[i].prompt);
+    EXPECT_EQ(text[i].expected_prompt_tokens, counter->count(formatted));
+    EXPECT_LE(text[i].expected_prompt_tokens, 200);
+    EXPECT_GT(text[i].expected_prompt_tokens, 150);
+    EXPECT_EQ(text[i].prompt.rfind(kSonnetInstruction, 0), 0u);
+    EXPECT_EQ(rendered[i].prompt, formatted);  // same seed, same draw
+    EXPECT_NE(rendered[i].prompt, text[i].prompt);
+  }
+}
+
+TEST(TokenCounter, PrefixRepetitionPromptsHaveTheAskedLength) {
+  auto counter = demo_counter();
+  if (!counter) GTEST_SKIP() << "no tokenizer layer";
+  PrefixRepetitionOptions o;
+  o.prefix_len = 64;
+  o.suffix_len = 32;
+  o.num_prefixes = 3;
+  o.count = 9;
+  for (const PromptSpec& p : prefix_repetition_workload(o, counter.get())) {
+    EXPECT_EQ(p.expected_prompt_tokens, counter->count(p.prompt));
+    EXPECT_NEAR(p.expected_prompt_tokens, 96, 2) << p.prompt;
+  }
 }
 
 }  // namespace
