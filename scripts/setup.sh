@@ -22,7 +22,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates ipro
       libboost-dev libboost-system-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libgloo-dev libssl-dev prometheus-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev patchelf chromium openssh-server openssh-client
-      clang-14 libclang-rt-14-dev clang-format-14 nftables slurm-wlm munge openmpi-bin python3-yaml)  # nftables: the doctor netns test; openssh: the deploy-script netns test; clang: the libFuzzer target (scripts/fuzz.sh); clang-format: format_check; slurm-wlm, munge, openmpi-bin: the Slurm and mpirun netns tests; python3-yaml: the Kubernetes manifest test
+      clang-14 libclang-rt-14-dev clang-format-14 nftables slurm-wlm munge openmpi-bin python3-yaml openssl)  # libssl-dev: HTTPS (--ssl-certfile) and the cluster's HMACs; openssl: the HTTPS test's certificate; nftables: the doctor netns test; openssh: the deploy-script netns test; clang: the libFuzzer target (scripts/fuzz.sh); clang-format: format_check; slurm-wlm, munge, openmpi-bin: the Slurm and mpirun netns tests; python3-yaml: the Kubernetes manifest test
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # Node.js may come from elsewhere (e.g. NodeSource, whose nodejs bundles npm and conflicts
