@@ -31,7 +31,8 @@ BUILD_PKGS=(build-essential cmake ninja-build pkg-config git ca-certificates pat
             libboost-dev libboost-system-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev  # linked in:
             libpcre2-dev libicu-dev libopenblas-dev libgloo-dev libssl-dev prometheus-cpp-dev)  # see docs/ARCHITECTURE.md
 TEST_PKGS=(libgtest-dev libgmock-dev libbenchmark-dev  # the unit tests and benchmarks
-           curl iproute2 python3-yaml  # integration tests: HTTP checks, network namespaces, the Kubernetes manifest test
+           curl iproute2 python3-yaml openssl  # integration tests: HTTP checks, network namespaces, the Kubernetes
+                                               # manifest test, the HTTPS test's certificate
            clang-format-14)  # scripts/format_check.sh
 # Programs that only some tests start themselves (each test skips, exit 77, where its program is missing).
 # Their services are installed disabled: tessera needs none of them running.

@@ -115,6 +115,12 @@ struct ServeFlags {
   int api_server_count = 1;
   std::string config_file;  // --config: read by expand_config_file before parsing (shown in --help)
   bool enable_reasoning = false, exclude_tools_when_tool_choice_none = false;
+  // vLLM's frontend flags that act: the logprobs cap, CORS (JSON lists), HTTPS.
+  int max_logprobs = 20;
+  std::string allowed_origins = R"(["*"])", allowed_methods = R"(["*"])", allowed_headers = R"(["*"])";
+  bool allow_credentials = false;
+  std::string ssl_keyfile, ssl_certfile, ssl_ca_certs, ssl_ciphers;
+  int ssl_cert_reqs = 0;
 };
 
 // vLLM flags accepted with no effect, and why (logged once when given; docs/server.md lists them).
@@ -207,6 +213,33 @@ void add_vllm_value_flags(CLI::App& app, ServeFlags& sf) {
   app.add_option("--override-generation-config", sf.override_generation_config,
                  "JSON object overriding the sampling defaults of --generation-config: temperature, top_p, top_k, "
                  "min_p, repetition_penalty, max_new_tokens, e.g. '{\"temperature\": 0.6}'");
+}
+
+// vLLM's --max-logprobs, CORS and TLS flags (the server acts on each).
+void add_vllm_frontend_flags(CLI::App& app, ServeFlags& sf) {
+  app.add_option("--max-logprobs", sf.max_logprobs,
+                 "most log probabilities per token a request may ask for (logprobs, top_logprobs, prompt_logprobs; "
+                 "more is a 400); -1: the vocabulary size")
+      ->capture_default_str();
+  app.add_option("--allowed-origins", sf.allowed_origins,
+                 "CORS: JSON list of origins allowed to call the API from a browser (\"*\": any)")
+      ->capture_default_str();
+  app.add_option("--allowed-methods", sf.allowed_methods, "CORS: JSON list of methods allowed (\"*\": any)")
+      ->capture_default_str();
+  app.add_option("--allowed-headers", sf.allowed_headers, "CORS: JSON list of request headers allowed (\"*\": any)")
+      ->capture_default_str();
+  app.add_flag("--allow-credentials", sf.allow_credentials,
+               "CORS: allow credentials (cookies, Authorization) in cross-origin requests");
+  app.add_option("--ssl-certfile", sf.ssl_certfile,
+                 "serve HTTPS with this PEM certificate (the server's, then its chain)");
+  app.add_option("--ssl-keyfile", sf.ssl_keyfile,
+                 "the certificate's PEM private key, unencrypted (default: in --ssl-certfile)");
+  app.add_option("--ssl-ca-certs", sf.ssl_ca_certs,
+                 "PEM CA certificates that client certificates are verified against");
+  app.add_option("--ssl-cert-reqs", sf.ssl_cert_reqs,
+                 "client certificates, as Python's ssl.CERT_*: 0 none, 1 optional (verified if sent), 2 required")
+      ->capture_default_str();
+  app.add_option("--ssl-ciphers", sf.ssl_ciphers, "OpenSSL cipher list for TLS 1.2 (TLS 1.3 uses its own suites)");
 }
 
 void add_serve_flags(CLI::App& app, EngineFlags& ef, ServeFlags& sf) {
@@ -354,6 +387,62 @@ void apply_generation_overrides(GenerationDefaults& d, const std::string& text) 
   TLOG_INFO("--override-generation-config: sampling defaults {}", j.dump());
 }
 
+// A CORS flag's list: vLLM's JSON list of strings (a bare value is one item).
+std::vector<std::string> json_list_flag(const std::string& text, const char* flag) {
+  if (text.empty() || text.front() != '[') return {text};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    j = nullptr;
+  }
+  std::vector<std::string> out;
+  for (const auto& item : j.is_array() ? j : nlohmann::json::array({nullptr})) {
+    if (!item.is_string())
+      fail(ErrorKind::kInvalidArgument, "{} {}: give a JSON list of strings, e.g. '[\"https://example.com\"]'", flag,
+           text);
+    out.push_back(item.get<std::string>());
+  }
+  return out;
+}
+
+server::CorsOptions cors_options(const ServeFlags& sf) {
+  server::CorsOptions c;
+  c.allowed_origins = json_list_flag(sf.allowed_origins, "--allowed-origins");
+  c.allowed_methods = json_list_flag(sf.allowed_methods, "--allowed-methods");
+  c.allowed_headers = json_list_flag(sf.allowed_headers, "--allowed-headers");
+  c.allow_credentials = sf.allow_credentials;
+  return c;
+}
+
+server::TlsOptions tls_options(const ServeFlags& sf) {
+  return server::TlsOptions{sf.ssl_certfile, sf.ssl_keyfile, sf.ssl_ca_certs, sf.ssl_cert_reqs, sf.ssl_ciphers};
+}
+
+// --max-logprobs, the CORS lists and which TLS flags go together (the files are the head's to load:
+// check_tls_files).
+void check_frontend_flags(const CLI::App& app, const ServeFlags& sf) {
+  if (sf.max_logprobs < -1)
+    fail(ErrorKind::kInvalidArgument, "--max-logprobs must be -1 (the vocabulary) or a count >= 0, got {}",
+         sf.max_logprobs);
+  (void)cors_options(sf);
+  if (sf.ssl_certfile.empty()) {
+    for (const char* flag : {"--ssl-keyfile", "--ssl-ca-certs", "--ssl-ciphers"})
+      if (app.count(flag))
+        fail(ErrorKind::kInvalidArgument, "{} needs --ssl-certfile (HTTPS is served with a certificate); give it",
+             flag);
+    if (sf.ssl_cert_reqs != 0)
+      fail(ErrorKind::kInvalidArgument,
+           "--ssl-cert-reqs needs --ssl-certfile (HTTPS is served with a certificate); give it");
+  }
+}
+
+// The head serves HTTP: its TLS files are loaded as the server will, so that a bad one is a flag error (exit 2)
+// naming it, before the model loads. Other nodes need no certificate.
+void check_tls_files(const ServeFlags& sf) {
+  if (!sf.ssl_certfile.empty()) as_flag_errors([&] { server::check_tls_options(tls_options(sf)); });
+}
+
 // The values of the serve flags (their mistakes are command-line errors, exit code 2).
 void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   // Creating one validates the name (the error lists the supported parsers).
@@ -392,6 +481,7 @@ void check_serve_flag_values(const CLI::App& app, const ServeFlags& sf) {
   if (sf.max_seq_len_to_capture < 1)
     fail(ErrorKind::kInvalidArgument, "--max-seq-len-to-capture must be >= 1, got {}", sf.max_seq_len_to_capture);
   check_vllm_flag_values(sf);
+  check_frontend_flags(app, sf);
   for (const auto& [flag, why] : kNoOpFlags)
     if (app.count(flag)) TLOG_INFO("{} is accepted for vLLM compatibility and has no effect: {}", flag, why);
 }
@@ -478,6 +568,7 @@ std::unique_ptr<AsyncEngine> build_engine(const EngineFlags& ef, const ClusterFl
   }
   AsyncEngineOptions aeo;
   aeo.max_waiting_requests = sf.max_waiting_requests;
+  aeo.max_logprobs = sf.max_logprobs;
   return std::make_unique<AsyncEngine>(std::move(llm), text.tok.get(), aeo);
 }
 
@@ -496,6 +587,8 @@ server::ApiOptions api_options(const EngineFlags& ef, const ServeFlags& sf, cons
   if (!sf.default_chat_template_kwargs.empty())
     ao.default_chat_template_kwargs = nlohmann::ordered_json::parse(sf.default_chat_template_kwargs);
   ao.exclude_tools_when_tool_choice_none = sf.exclude_tools_when_tool_choice_none;
+  ao.max_logprobs = sf.max_logprobs;
+  ao.cors = cors_options(sf);  // always, as vLLM installs its CORS middleware with the defaults
   return ao;
 }
 
@@ -508,6 +601,7 @@ server::HttpServerOptions http_options(const ServeFlags& sf) {
   ho.max_body_bytes = sf.max_body;
   ho.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(sf.read_timeout * 1000));
   ho.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(sf.write_timeout * 1000));
+  ho.tls = tls_options(sf);
   return ho;
 }
 
@@ -563,7 +657,7 @@ int serve_until_signal(server::HttpServer& http, server::ApiServer& api, AsyncEn
                        const ServeFlags& sf) {
   install_signal_handlers();
   http.start();
-  TLOG_INFO("Starting tessera API server on http://{}:{}", sf.host, http.port());
+  TLOG_INFO("Starting tessera API server on {}://{}:{}", http.scheme(), sf.host, http.port());
   TLOG_INFO("Available routes: {}", fmt::join(server::ApiServer::route_list(), ", "));
   TLOG_INFO("Application startup complete.");
 
@@ -625,6 +719,7 @@ int run_serve(int argc, char** argv) {
   add_engine_flags(app, ef);
   add_vllm_compat_flags(app, sf);
   add_vllm_value_flags(app, sf);
+  add_vllm_frontend_flags(app, sf);
   ClusterFlags cf;
   add_cluster_flags(app, cf);
   WorkerFlags wf;
@@ -658,6 +753,7 @@ int run_serve(int argc, char** argv) {
     auto session = start_node_session(ef, cf, facts);
     return run_worker_node(ef, *session, facts, argc, argv);
   }
+  check_tls_files(sf);
   check_serve_flags(ef, sf);
 
   TLOG_INFO(

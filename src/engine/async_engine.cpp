@@ -44,7 +44,10 @@ AsyncEngine::~AsyncEngine() { drain(std::chrono::milliseconds(0)); }
 
 SubmitResult AsyncEngine::check(const GenerationRequest& request) const {
   SubmitResult r;
-  if (Status s = validate_request(request.prompt_ids, request.params, max_model_len_, vocab_size_, &r.param); !s.ok()) {
+  SamplingLimits limits;
+  limits.max_logprobs = options_.max_logprobs < 0 ? vocab_size_ : options_.max_logprobs;
+  if (Status s = validate_request(request.prompt_ids, request.params, max_model_len_, vocab_size_, &r.param, limits);
+      !s.ok()) {
     r.error = SubmitError::kInvalid;
     r.message = s.message();
   }

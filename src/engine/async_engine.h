@@ -64,6 +64,8 @@ struct AsyncEngineOptions {
   // Front-end requests (submit() calls, however many sequences each has) that may wait for their first
   // token; beyond this submit() answers kOverloaded (429).
   int max_waiting_requests = 1024;
+  // vLLM's --max-logprobs: the most top logprobs per token a request may ask for; -1: the vocabulary.
+  int max_logprobs = 20;
 };
 
 enum class SubmitError { kNone, kInvalid, kOverloaded, kDraining, kDead };

@@ -159,8 +159,12 @@ void LLMEngine::check_sequence_fits(const std::vector<CacheGroup>& groups, int n
 }
 
 Status LLMEngine::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& params) {
-  // Validated at the front door (AsyncEngine::submit); a request that reaches here invalid is a bug.
-  if (Status s = validate_request(prompt, params, max_model_len(), executor_->model_config().vocab_size); !s.ok())
+  // Validated at the front door (AsyncEngine::submit); a request that reaches here invalid is a bug. The
+  // front door's logprobs cap is the server's (--max-logprobs, up to the vocabulary).
+  const int vocab = executor_->model_config().vocab_size;
+  SamplingLimits limits;
+  limits.max_logprobs = vocab;
+  if (Status s = validate_request(prompt, params, max_model_len(), vocab, nullptr, limits); !s.ok())
     fail(ErrorKind::kInternal, "LLMEngine::add_request got an unvalidated request {}: {}", id, s.message());
   for (int i = 0; i < params.n; ++i) {
     std::string child = i == 0 ? id : id + "#" + std::to_string(i);

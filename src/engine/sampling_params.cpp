@@ -54,7 +54,7 @@ Status validate_sampling_params(const SamplingParams& p, int vocab, const Sampli
 }
 
 Status validate_request(const std::vector<int32_t>& prompt, const SamplingParams& p, int max_model_len, int vocab_size,
-                        std::string* param) {
+                        std::string* param, const SamplingLimits& limits) {
   auto bad = [&](const char* field, std::string m) {
     if (param) *param = field;
     return Status(ErrorKind::kInvalidArgument, std::move(m));
@@ -73,7 +73,7 @@ Status validate_request(const std::vector<int32_t>& prompt, const SamplingParams
                                          "maximum context length is {} tokens and your request has {} input tokens "
                                          "({} > {} - {}).",
                                          M, L, P, M, L, P));
-  if (Status s = validate_sampling_params(p, vocab_size); !s.ok()) return bad("", s.message());
+  if (Status s = validate_sampling_params(p, vocab_size, limits); !s.ok()) return bad("", s.message());
   if (param) param->clear();
   return Status::Ok();
 }

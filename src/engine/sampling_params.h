@@ -67,8 +67,8 @@ Status validate_sampling_params(const SamplingParams& p, int vocab_size, const S
 // LLMEngine::add_request asserts it): a non-empty prompt of token ids inside the vocabulary, the
 // prompt plus max_tokens within max_model_len, sampling parameters in range (above). Messages are
 // vLLM's; `param`, when given, gets the request field at fault: "prompt", "max_tokens", or "" (a
-// sampling parameter, named in the message).
+// sampling parameter, named in the message). `limits`: the server's (--max-logprobs) where it has its own.
 Status validate_request(const std::vector<int32_t>& prompt, const SamplingParams& p, int max_model_len, int vocab_size,
-                        std::string* param = nullptr);
+                        std::string* param = nullptr, const SamplingLimits& limits = {});
 
 }  // namespace tessera

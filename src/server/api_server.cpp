@@ -43,6 +43,7 @@ struct ApiServer::Impl {
   TokenText text;
   RequestReader reader;
   GenerationRunner runner;
+  std::optional<CorsPolicy> cors;
 
   Impl(ApiOptions o, EngineClient& e, const tokenizer::Tokenizer& t, const tokenizer::ChatTemplate* c, Metrics& m,
        ApiServer* own)
@@ -53,7 +54,9 @@ struct ApiServer::Impl {
         owner(own),
         text(t),
         reader(opt, e, t, c),
-        runner(opt, e, m, own->active_) {}
+        runner(opt, e, m, own->active_) {
+    if (opt.cors) cors.emplace(*opt.cors);
+  }
 
   // ---- helpers ------------------------------------------------------------------------------
   HttpResponse error_response(bool anthropic, const ApiError& e) {
@@ -311,11 +314,15 @@ struct ApiServer::Impl {
     return false;
   }
 
-  // The 401 for a request whose headers lack a valid key, before its body is read; nullopt otherwise.
+  // The 401 for a request whose headers lack a valid key, before its body is read; nullopt otherwise. A CORS
+  // preflight needs no key (browsers send none with it).
   std::optional<HttpResponse> check_headers(const HttpRequest& r) {
+    if (cors && CorsPolicy::is_preflight(r)) return std::nullopt;
     if (!needs_key(r.path) || authorized(r, opt.api_keys)) return std::nullopt;
     const bool anthropic = anthropic_errors(r.path);
-    return error_response(anthropic, unauthorized(anthropic));
+    HttpResponse refusal = error_response(anthropic, unauthorized(anthropic));
+    if (cors) cors->add_response_headers(r, refusal.headers);
+    return refusal;
   }
 
   // The key check, the route (404; 405 with Allow), the body of a POST route (parsed, its model checked),
@@ -339,7 +346,13 @@ struct ApiServer::Impl {
     (this->*route->handler)(Call{r, body, ex, id});
   }
 
-  void handle(HttpRequest&& r, const std::shared_ptr<Exchange>& ex) {
+  void handle(HttpRequest&& r, std::shared_ptr<Exchange> ex) {
+    // CORS first, as vLLM's middleware: a preflight is answered here, on any path; other responses to a
+    // request with an Origin carry the CORS headers.
+    if (cors && r.header("origin")) {
+      if (CorsPolicy::is_preflight(r)) return ex->respond(cors->preflight(r));
+      ex = with_cors(*cors, r, std::move(ex));
+    }
     const bool anthropic = anthropic_errors(r.path);
     try {
       serve(r, ex, anthropic);
@@ -368,7 +381,7 @@ ApiServer::ApiServer(ApiOptions options, EngineClient& engine, const tokenizer::
 ApiServer::~ApiServer() = default;
 
 void ApiServer::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange) {
-  impl_->handle(std::move(request), exchange);
+  impl_->handle(std::move(request), std::move(exchange));
 }
 
 std::optional<HttpResponse> ApiServer::check_headers(const HttpRequest& request) const {

@@ -13,6 +13,7 @@
 
 #include "engine/async_engine.h"
 #include "loader/model_config.h"
+#include "server/cors.h"
 #include "server/http_types.h"
 #include "server/metrics.h"
 #include "server/sampling_params_json.h"
@@ -39,6 +40,12 @@ struct ApiOptions {
   size_t max_prompt_bytes = 8u << 20;  // rendered chat prompt / prompt text
   int max_tokens_cap = 1 << 20;
   int64_t max_logprob_entries = kMaxLogprobEntries;  // logprobs and prompt_logprobs of one request's answer
+  // vLLM's --max-logprobs: the most top logprobs per token a request may ask for (logprobs, top_logprobs,
+  // prompt_logprobs); -1: the vocabulary (no cap).
+  int max_logprobs = 20;
+  // vLLM's CORS middleware (--allowed-origins, ...): preflights answered, every response to a request with an
+  // Origin header carries the CORS headers. nullopt: none (tessera serve always sets it, as vLLM does).
+  std::optional<CorsOptions> cors;
   int retry_after_seconds = 1;
   // vLLM's --enable-log-requests: one log line per generation request with its prompt (the first
   // max_log_len characters and token ids; 0: all) and sampling parameters.

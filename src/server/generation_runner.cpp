@@ -85,11 +85,14 @@ void GenerationRunner::start_generation(std::shared_ptr<Gen> g, PreparedRequest&
     g->prompt_tokens[p] = static_cast<int>(pr.prompts[p].size());
     g->engine_ids.push_back(P == 1 ? g->id : fmt::format("{}-{}", g->id, p));
   }
-  // The answer's size: tokens x top logprobs over every prompt and choice, bounded before anything runs.
+  // --max-logprobs (vLLM's check and words), then the answer's size: tokens x top logprobs over every prompt and
+  // choice, bounded before anything runs.
   std::vector<size_t> prompt_lengths;
   for (const auto& prompt : pr.prompts) prompt_lengths.push_back(prompt.size());
   std::string budget_param;
-  if (Status s = check_logprob_budget(prompt_lengths, per_prompt, opt_.max_logprob_entries, &budget_param); !s.ok()) {
+  Status s = check_max_logprobs(pr.params, opt_.max_logprobs, engine_.vocab_size(), &budget_param);
+  if (s.ok()) s = check_logprob_budget(prompt_lengths, per_prompt, opt_.max_logprob_entries, &budget_param);
+  if (!s.ok()) {
     g->complete = true;
     metrics_.request_rejected();
     bad(s.message(), budget_param);

@@ -1,13 +1,18 @@
-// The only translation unit that includes Boost.Beast (it is heavy to compile).
+// The only translation unit that includes Boost.Beast (it is heavy to compile), and Asio's OpenSSL stream.
 #include "server/http_server.h"
 
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <future>
 #include <list>
 #include <mutex>
@@ -15,8 +20,12 @@
 #include <stdexcept>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -27,6 +36,7 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 // Not in the anonymous namespace: HttpServer::Impl (declared in the header) holds one.
 namespace http_server_detail {
@@ -44,6 +54,7 @@ struct Shared {
   RequestHandler handler;
   ErrorBodyFn error_body;
   HeaderCheckFn header_check;
+  std::shared_ptr<asio::ssl::context> tls;  // null: plain HTTP
   std::atomic<size_t> connections{0};
 
   // Every connection, oldest first. Entries of closed connections expire and are pruned here, never by the
@@ -115,11 +126,13 @@ bool is_http_parse_error(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_target).category();
 }
 
+template <class Stream>
 class Session;
 
+template <class Stream>
 class ExchangeImpl : public Exchange {
  public:
-  ExchangeImpl(std::shared_ptr<Session> s, uint64_t gen) : session_(std::move(s)), gen_(gen) {}
+  ExchangeImpl(std::shared_ptr<Session<Stream>> s, uint64_t gen) : session_(std::move(s)), gen_(gen) {}
   void respond(HttpResponse response) override;
   void start_stream(int status, std::string content_type, HeaderList headers) override;
   void write(std::string data) override;
@@ -128,23 +141,37 @@ class ExchangeImpl : public Exchange {
   void on_disconnect(std::function<void()> fn) override;
 
  private:
-  std::shared_ptr<Session> session_;
+  std::shared_ptr<Session<Stream>> session_;
   uint64_t gen_;
 };
 
-class Session : public Evictable, public std::enable_shared_from_this<Session> {
+// One connection: Stream is beast::tcp_stream (HTTP) or TlsStream (HTTPS). Both go through the same code; what
+// differs is the handshake before the first request and the close (TLS sends close_notify).
+template <class Stream>
+class Session : public Evictable, public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
  public:
-  Session(tcp::socket&& socket, std::shared_ptr<Shared> shared) : stream_(std::move(socket)), sh_(std::move(shared)) {
+  // `tls`: the TLS context, for a TlsStream only.
+  template <class... Tls>
+  Session(tcp::socket&& socket, std::shared_ptr<Shared> shared, Tls&... tls)
+      : stream_(std::move(socket), tls...), sh_(std::move(shared)) {
     beast::error_code ec;
-    auto ep = stream_.socket().remote_endpoint(ec);
+    auto ep = lowest().socket().remote_endpoint(ec);
     if (!ec) remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
-    stream_.socket().set_option(tcp::no_delay(true), ec);
+    lowest().socket().set_option(tcp::no_delay(true), ec);
   }
   ~Session() { sh_->connections--; }
 
   void start() {
     sh_->add_session(shared_from_this());
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kTls)
+        self->handshake();
+      else
+        self->read_header();
+    });
   }
   void evict_if_idle() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
@@ -153,6 +180,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     });
   }
   auto executor() { return stream_.get_executor(); }
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
 
   // --- exchange operations (on the strand) ---
   bool current(uint64_t gen) const { return gen == gen_ && in_exchange_ && !exchange_done_ && !closed_; }
@@ -199,7 +227,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(sh_->options.max_header_bytes));
     parser_->body_limit(sh_->options.max_body_bytes);
-    stream_.expires_after(sh_->options.read_timeout);
+    lowest().expires_after(sh_->options.read_timeout);
     reading_ = true;
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -264,7 +292,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
 
   void read_body() {
     if (parser_->is_done()) return dispatch_request();
-    stream_.expires_after(sh_->options.read_timeout);  // for the whole body, not each read
+    lowest().expires_after(sh_->options.read_timeout);  // for the whole body, not each read
     parse_body();
   }
 
@@ -330,15 +358,30 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     exchange_done_ = false;
     streaming_ = false;
     ++gen_;
-    stream_.expires_never();  // generation may take long; writes set their own deadline
+    lowest().expires_never();  // generation may take long; writes set their own deadline
     watch();
-    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), gen_);
+    auto ex = std::make_shared<ExchangeImpl<Stream>>(shared_from_this(), gen_);
     try {
       sh_->handler(std::move(r), ex);
     } catch (const std::exception& e) {
       TLOG_ERROR("request handler failed: {}", e.what());
       respond(gen_, HttpResponse{500, "application/json", {}, sh_->error_body(500, "internal error")});
     }
+  }
+
+  // HTTPS: the TLS handshake under the read timeout, then the first request. A client that speaks plain HTTP
+  // to the TLS port, or fails the handshake (a required client certificate missing), is closed.
+  void handshake() {
+    lowest().expires_after(sh_->options.read_timeout);
+    reading_ = true;
+    stream_.async_handshake(asio::ssl::stream_base::server, [self = shared_from_this()](beast::error_code ec) {
+      self->reading_ = false;
+      if (ec) {
+        TLOG_DEBUG("TLS handshake with {} failed: {}", self->remote_, ec.message());
+        return self->close();
+      }
+      self->read_header();
+    });
   }
 
   // While a request is handled a pending read notices a disconnect at once. What the client sends
@@ -395,7 +438,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     // started); cancel it, and its handler starts read_header.
     after_cancel_ = AfterCancel::kReadHeader;
     beast::error_code ec;
-    stream_.socket().cancel(ec);
+    lowest().socket().cancel(ec);
   }
 
   void queue_write(std::string s) {
@@ -407,7 +450,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     writing_ = true;
     wbuf_.swap(outbuf_);
     outbuf_.clear();
-    stream_.expires_after(sh_->options.write_timeout);
+    lowest().expires_after(sh_->options.write_timeout);
     asio::async_write(stream_, asio::buffer(wbuf_),
                       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
@@ -421,7 +464,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
       if (exchange_done_)
         exchange_complete();
       else
-        stream_.expires_never();
+        lowest().expires_never();
     }
   }
 
@@ -446,16 +489,17 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     queue_write(std::move(s));
   }
 
-  // Half-close and drain what the client still sends (bounded), so it reads our answer instead of a reset.
+  // Half-close and drain what the client still sends (bounded), so it reads our answer instead of a reset. TLS:
+  // close_notify, then the client's (what it sends before is discarded), bounded by the same 2 s.
   void lingering_close() {
     if (closed_) return;
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    stream_.expires_after(std::chrono::seconds(2));
+    if constexpr (!kTls) lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
+    lowest().expires_after(std::chrono::seconds(2));
     if (reading_) {
       // The watch read is still pending (a stream allows one read at a time): cancel it; its handler drains.
       after_cancel_ = AfterCancel::kDrain;
-      stream_.socket().cancel(ec);
+      lowest().socket().cancel(ec);
       return;
     }
     drain_more();
@@ -463,6 +507,13 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
   void drain_more() {
     if (closed_ || drained_ > (64u << 20)) return close();
     reading_ = true;
+    if constexpr (kTls) {
+      stream_.async_shutdown([self = shared_from_this()](beast::error_code) {
+        self->reading_ = false;
+        self->close();
+      });
+      return;
+    }
     stream_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->reading_ = false;
       if (ec) return self->close();
@@ -475,8 +526,8 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
+    lowest().close();
     if (in_exchange_ && !exchange_done_) {
       auto fn = std::move(on_disconnect_);
       on_disconnect_ = nullptr;
@@ -485,7 +536,7 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
     on_disconnect_ = nullptr;
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   std::shared_ptr<Shared> sh_;
   std::string remote_;
   beast::flat_buffer buffer_;
@@ -502,25 +553,132 @@ class Session : public Evictable, public std::enable_shared_from_this<Session> {
   std::function<void()> on_disconnect_;
 };
 
-void ExchangeImpl::respond(HttpResponse response) {
+template <class Stream>
+void ExchangeImpl<Stream>::respond(HttpResponse response) {
   asio::dispatch(session_->executor(),
                  [s = session_, g = gen_, r = std::move(response)]() mutable { s->respond(g, std::move(r)); });
 }
-void ExchangeImpl::start_stream(int status, std::string content_type, HeaderList headers) {
+template <class Stream>
+void ExchangeImpl<Stream>::start_stream(int status, std::string content_type, HeaderList headers) {
   asio::dispatch(session_->executor(), [s = session_, g = gen_, status, ct = std::move(content_type),
                                         h = std::move(headers)] { s->start_stream(g, status, ct, h); });
 }
-void ExchangeImpl::write(std::string data) {
+template <class Stream>
+void ExchangeImpl<Stream>::write(std::string data) {
   asio::dispatch(session_->executor(),
                  [s = session_, g = gen_, d = std::move(data)]() mutable { s->write_chunk(g, std::move(d)); });
 }
-void ExchangeImpl::finish() {
+template <class Stream>
+void ExchangeImpl<Stream>::finish() {
   asio::dispatch(session_->executor(), [s = session_, g = gen_] { s->finish(g); });
 }
-void ExchangeImpl::post(std::function<void()> fn) { asio::post(session_->executor(), std::move(fn)); }
-void ExchangeImpl::on_disconnect(std::function<void()> fn) {
+template <class Stream>
+void ExchangeImpl<Stream>::post(std::function<void()> fn) {
+  asio::post(session_->executor(), std::move(fn));
+}
+template <class Stream>
+void ExchangeImpl<Stream>::on_disconnect(std::function<void()> fn) {
   asio::dispatch(session_->executor(),
                  [s = session_, g = gen_, f = std::move(fn)]() mutable { s->set_on_disconnect(g, std::move(f)); });
+}
+
+// The reason of OpenSSL's first queued error (the root cause; the ones after it wrap it), and the queue cleared.
+std::string openssl_reason() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  const char* r = e ? ERR_reason_error_string(e) : nullptr;
+  return r ? r : "unknown OpenSSL error";
+}
+
+// A file a TLS flag names must be readable: the error names the flag, the file and why.
+void check_readable(const char* flag, const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in)
+    fail(ErrorKind::kInvalidArgument, "{} {}: cannot read the file ({}); give {}", flag, path, std::strerror(errno),
+         what);
+}
+
+[[noreturn]] void key_mismatch(const TlsOptions& tls, const std::string& why) {
+  fail(ErrorKind::kInvalidArgument,
+       "--ssl-keyfile {}: the key does not match the certificate of --ssl-certfile {} ({}); give the key the "
+       "certificate was issued for",
+       tls.keyfile.empty() ? tls.certfile : tls.keyfile, tls.certfile, why);
+}
+
+// OpenSSL asks for a passphrase only for an encrypted key: none is given, and the load fails saying so.
+int no_passphrase(char*, int, int, void* asked) {
+  *static_cast<bool*>(asked) = true;
+  return 0;
+}
+
+void load_key(SSL_CTX* ctx, const TlsOptions& tls) {
+  const char* flag = tls.keyfile.empty() ? "--ssl-certfile" : "--ssl-keyfile";
+  const std::string& path = tls.keyfile.empty() ? tls.certfile : tls.keyfile;
+  if (!tls.keyfile.empty()) check_readable(flag, path, "the PEM file of the certificate's private key");
+  bool asked = false;
+  SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
+  SSL_CTX_set_default_passwd_cb_userdata(ctx, &asked);
+  const int ok = SSL_CTX_use_PrivateKey_file(ctx, path.c_str(), SSL_FILETYPE_PEM);
+  SSL_CTX_set_default_passwd_cb_userdata(ctx, nullptr);
+  if (ok == 1) return;
+  const unsigned long first = ERR_peek_error();
+  const std::string why = openssl_reason();
+  // A key of the certificate's type is checked against it as it loads.
+  if (ERR_GET_LIB(first) == ERR_LIB_X509 && ERR_GET_REASON(first) == X509_R_KEY_VALUES_MISMATCH) key_mismatch(tls, why);
+  if (asked)
+    fail(ErrorKind::kInvalidArgument,
+         "{} {}: the private key is encrypted; decrypt it (openssl pkey -in {} -out key.pem) and give that file", flag,
+         path, path);
+  if (tls.keyfile.empty())
+    fail(ErrorKind::kInvalidArgument, "--ssl-certfile {}: holds no private key ({}); give the key with --ssl-keyfile",
+         path, why);
+  fail(ErrorKind::kInvalidArgument, "--ssl-keyfile {}: not a PEM private key ({}); give the certificate's private key",
+       path, why);
+}
+
+// The server's TLS context from the --ssl-* flags; every failure names its flag and file.
+std::shared_ptr<asio::ssl::context> make_tls_context(const TlsOptions& tls) {
+  if (tls.cert_reqs < 0 || tls.cert_reqs > 2)
+    fail(ErrorKind::kInvalidArgument,
+         "--ssl-cert-reqs {}: use 0 (no client certificate), 1 (optional, verified if sent) or 2 (required)",
+         tls.cert_reqs);
+  if (tls.cert_reqs > 0 && tls.ca_certs.empty())
+    fail(ErrorKind::kInvalidArgument,
+         "--ssl-cert-reqs {} verifies client certificates: give the CA certificates to verify them against with "
+         "--ssl-ca-certs",
+         tls.cert_reqs);
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+  SSL_CTX* native = ctx->native_handle();
+  ERR_clear_error();
+  SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::single_dh_use);
+  check_readable("--ssl-certfile", tls.certfile, "the server's PEM certificate (its chain after it)");
+  if (SSL_CTX_use_certificate_chain_file(native, tls.certfile.c_str()) != 1)
+    fail(ErrorKind::kInvalidArgument,
+         "--ssl-certfile {}: not a PEM certificate ({}); give the server's certificate (its chain after it)",
+         tls.certfile, openssl_reason());
+  load_key(native, tls);
+  if (SSL_CTX_check_private_key(native) != 1) key_mismatch(tls, openssl_reason());
+  if (!tls.ca_certs.empty()) {
+    check_readable("--ssl-ca-certs", tls.ca_certs, "a PEM file of CA certificates");
+    if (SSL_CTX_load_verify_locations(native, tls.ca_certs.c_str(), nullptr) != 1)
+      fail(ErrorKind::kInvalidArgument,
+           "--ssl-ca-certs {}: no PEM CA certificate in it ({}); give the CA certificates that client "
+           "certificates are verified against",
+           tls.ca_certs, openssl_reason());
+  }
+  if (!tls.ciphers.empty() && SSL_CTX_set_cipher_list(native, tls.ciphers.c_str()) != 1)
+    fail(ErrorKind::kInvalidArgument,
+         "--ssl-ciphers {}: no cipher OpenSSL knows matches it ({}); use an OpenSSL cipher list such as "
+         "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305",
+         tls.ciphers, openssl_reason());
+  const int verify = tls.cert_reqs == 0   ? SSL_VERIFY_NONE
+                     : tls.cert_reqs == 1 ? SSL_VERIFY_PEER
+                                          : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+  SSL_CTX_set_verify(native, verify, nullptr);
+  static const unsigned char kSessionContext[] = "tessera";
+  SSL_CTX_set_session_id_context(native, kSessionContext, sizeof kSessionContext - 1);
+  return ctx;
 }
 
 }  // namespace
@@ -546,6 +704,11 @@ struct HttpServer::Impl {
         return;
       }
       if (sh->connections.load() >= static_cast<size_t>(sh->options.max_connections) && !sh->evict_oldest_idle()) {
+        if (sh->tls) {  // an answer would need a handshake first: close
+          beast::error_code e;
+          socket.close(e);
+          return do_accept();
+        }
         auto sock = std::make_shared<tcp::socket>(std::move(socket));
         std::string body = sh->error_body(503, "too many open connections; retry later");
         auto msg = std::make_shared<std::string>(head(503, "application/json", {{"Retry-After", "1"}}, false) +
@@ -557,7 +720,10 @@ struct HttpServer::Impl {
         });
       } else {
         sh->connections++;
-        std::make_shared<Session>(std::move(socket), sh)->start();
+        if (sh->tls)
+          std::make_shared<Session<TlsStream>>(std::move(socket), sh, *sh->tls)->start();
+        else
+          std::make_shared<Session<beast::tcp_stream>>(std::move(socket), sh)->start();
       }
       do_accept();
     });
@@ -577,6 +743,7 @@ void HttpServer::set_header_check(HeaderCheckFn check) { impl_->sh->header_check
 
 void HttpServer::listen() {
   auto& o = impl_->sh->options;
+  if (o.tls.enabled() && !impl_->sh->tls) impl_->sh->tls = make_tls_context(o.tls);
   beast::error_code ec;
   tcp::resolver resolver(impl_->ioc);
   auto results = resolver.resolve(o.host, std::to_string(o.port), ec);
@@ -617,6 +784,10 @@ void HttpServer::start() {
 }
 
 int HttpServer::port() const { return impl_->port; }
+
+const char* HttpServer::scheme() const { return impl_->sh->options.tls.enabled() ? "https" : "http"; }
+
+void check_tls_options(const TlsOptions& tls) { (void)make_tls_context(tls); }
 
 size_t HttpServer::open_connections() const { return impl_->sh->connections.load(); }
 

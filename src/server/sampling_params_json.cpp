@@ -206,6 +206,18 @@ Status sampling_params_from_json(const nlohmann::json& j, SamplingParams& p) {
   return Status::Ok();
 }
 
+Status check_max_logprobs(const SamplingParams& p, int max_logprobs, int vocab_size, std::string* param) {
+  const int cap = max_logprobs < 0 ? vocab_size : max_logprobs;
+  auto over = [&](const char* what, const char* field, int n) {
+    if (param) *param = field;
+    return Status(ErrorKind::kInvalidArgument,
+                  fmt::format("Requested {} logprobs of {}, which is greater than max allowed: {}", what, n, cap));
+  };
+  if (p.logprobs > cap) return over("sample", "logprobs", p.logprobs);
+  if (p.prompt_logprobs > cap) return over("prompt", "prompt_logprobs", p.prompt_logprobs);
+  return Status::Ok();
+}
+
 Status check_logprob_budget(const std::vector<size_t>& prompt_lengths, const std::vector<SamplingParams>& params,
                             int64_t limit, std::string* param) {
   // Entry counts, saturating at INT64_MAX instead of wrapping.

@@ -31,6 +31,11 @@ std::vector<std::string_view> sampling_field_names();
 // bytes of JSON): 2^20, enough to score a 40,960-token prompt with prompt_logprobs 20.
 inline constexpr int64_t kMaxLogprobEntries = int64_t{1} << 20;
 
+// vLLM's --max-logprobs check, in its words: "Requested sample logprobs of 21, which is greater than max allowed:
+// 20" (*param "logprobs"; logprobs of completions, top_logprobs of chat) or "Requested prompt logprobs of ..."
+// (*param "prompt_logprobs"). `max_logprobs` -1: the vocabulary.
+Status check_max_logprobs(const SamplingParams& p, int max_logprobs, int vocab_size, std::string* param);
+
 // Bounds the logprob entries of one request (all its prompts, `params[i]` for `prompt_lengths[i]`): per prompt
 // and each of its n choices, max_tokens x (logprobs + 1) when logprobs are asked for, plus prompt tokens x
 // (prompt_logprobs + 1) when prompt logprobs are. Over `limit`, an error naming the count, the limit and

@@ -81,7 +81,11 @@ expect_error "argument --port: expected one argument" --port
 expect_error "--dtype float32: tessera computes in bfloat16" --dtype float32
 expect_error "--data-parallel-size 2: tessera runs one engine per server" -dp 2
 expect_error "--enable-lora is a vLLM flag tessera does not support: tessera serves one model without adapters" --enable-lora
-expect_error "--ssl-keyfile is a vLLM flag tessera does not support: tessera serves plain HTTP" --ssl-keyfile k.pem
+expect_error "--ssl-certfile $TMP/none.pem: cannot read the file" --ssl-certfile "$TMP/none.pem"
+expect_error "--ssl-keyfile needs --ssl-certfile" --ssl-keyfile k.pem
+expect_error "--enable-ssl-refresh is a vLLM flag tessera does not support: the --ssl-certfile" --enable-ssl-refresh
+expect_error "--allowed-origins [1]: give a JSON list of strings" --allowed-origins '[1]'
+expect_error "--max-logprobs must be -1 (the vocabulary) or a count >= 0, got -2" --max-logprobs -2
 expect_error "--scheduling-policy priority: requests are scheduled first come, first served" --scheduling-policy priority
 expect_error "--tokenizer-mode mistral: tessera reads the checkpoint's Hugging Face tokenizer.json" --tokenizer-mode mistral
 expect_error "--limit-mm-per-prompt: image 2: tessera serves text only" --limit-mm-per-prompt '{"image": 2}'

@@ -125,12 +125,12 @@ test('bad scoring requests answer 400 with an OpenAI error body', async () => {
   const cases = [
     [{ prompt: 'a', prompt_logprobs: 1, stream: true }, /prompt_logprobs.*stream/],
     [{ prompt: 'a', prompt_logprobs: -1 }, /prompt_logprobs/],
-    [{ prompt: 'a', prompt_logprobs: 21 }, /prompt_logprobs must be at most 20/],
+    [{ prompt: 'a', prompt_logprobs: 21 }, /^Requested prompt logprobs of 21, which is greater than max allowed: 20$/],
     [{ prompt: 'a', prompt_logprobs: 'x' }, /prompt_logprobs/],
     [{ prompt: 'a', prompt_logprobs: 1.5 }, /prompt_logprobs/],
     [{ prompt: 'a', max_tokens: 0 }, /max_tokens must be at least 1/],
     [{ prompt: 'a', max_tokens: -1 }, /max_tokens/],
-    [{ prompt: 'a b', echo: true, max_tokens: 0, logprobs: 21 }, /logprobs must be at most 20/],
+    [{ prompt: 'a b', echo: true, max_tokens: 0, logprobs: 21 }, /^Requested sample logprobs of 21, which is greater than max allowed: 20$/],
     [{ prompt: 'a', echo: 'yes', max_tokens: 0 }, /echo/],
   ];
   for (const [body, re] of cases) {

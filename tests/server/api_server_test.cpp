@@ -40,12 +40,14 @@ class Recorder : public Exchange {
   bool streamed = false, finished = false;
   int stream_status = 0;
   std::string stream_type, stream_body;
+  HeaderList stream_headers;
 
   void respond(HttpResponse r) override { response = std::move(r); }
-  void start_stream(int status, std::string content_type, HeaderList) override {
+  void start_stream(int status, std::string content_type, HeaderList headers) override {
     streamed = true;
     stream_status = status;
     stream_type = std::move(content_type);
+    stream_headers = std::move(headers);
   }
   void write(std::string data) override { stream_body += data; }
   void finish() override { finished = true; }
@@ -83,6 +85,11 @@ class ApiServerTest : public ::testing::Test {
 
   void SetUp() override {
     if (!tok_) GTEST_SKIP() << "run scripts/fetch_test_data.sh (the Qwen3 tokenizer)";
+    restart([](ApiOptions&) {});
+  }
+
+  // (Re)creates the server with the test's options, changed by `change`.
+  void restart(const std::function<void(ApiOptions&)>& change) {
     ApiOptions o;
     o.served_model_names = {"qwen3-tiny", "tiny-alias"};
     o.model_path = "/models/qwen3-tiny";
@@ -90,18 +97,22 @@ class ApiServerTest : public ::testing::Test {
     o.enable_auto_tool_choice = true;
     o.tool_call_parser = "hermes";
     o.reasoning_parser = "qwen3";
+    change(o);
+    api_.reset();
     metrics_ = std::make_unique<Metrics>("qwen3-tiny");
     api_ = std::make_unique<ApiServer>(o, engine_, *tok_, tmpl_, *metrics_);
   }
 
   // One request as the HTTP layer hands it over: the header check, then the handler; the engine then
-  // answers whatever was submitted.
-  Reply call(const std::string& method, const std::string& path, const std::string& body = "", bool with_key = true) {
+  // answers whatever was submitted. `headers`: more request headers.
+  Reply call(const std::string& method, const std::string& path, const std::string& body = "", bool with_key = true,
+             const HeaderList& headers = {}) {
     HttpRequest r;
     r.method = method;
     r.path = path;
     r.body = body;
     if (with_key) r.headers.emplace_back("authorization", std::string("Bearer ") + kKey);
+    r.headers.insert(r.headers.end(), headers.begin(), headers.end());
     if (std::optional<HttpResponse> refusal = api_->check_headers(r)) {
       EXPECT_EQ(refusal->status, 401) << method << " " << path;
       return Reply{refusal->status, refusal->content_type, refusal->headers, refusal->body, false};
@@ -111,7 +122,7 @@ class ApiServerTest : public ::testing::Test {
     engine_.finish_all();
     if (ex->streamed) {
       EXPECT_TRUE(ex->finished) << method << " " << path;
-      return Reply{ex->stream_status, ex->stream_type, {}, ex->stream_body, true};
+      return Reply{ex->stream_status, ex->stream_type, ex->stream_headers, ex->stream_body, true};
     }
     if (!ex->response) {
       ADD_FAILURE() << method << " " << path << ": no answer";
@@ -542,6 +553,102 @@ TEST_F(ApiServerTest, ResponsesNameMaxOutputTokensInErrors) {
   const Reply r = post("/v1/responses", body);
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.error_message(), "'max_output_tokens' must be a non-negative integer");
+}
+
+// --max-logprobs: vLLM's check and words, on chat's top_logprobs, completions' logprobs and prompt_logprobs.
+TEST_F(ApiServerTest, MaxLogprobsBoundsEveryLogprobsField) {
+  json chat = kChat;
+  chat["logprobs"] = true;
+  chat["top_logprobs"] = 21;
+  Reply r = post("/v1/chat/completions", chat);  // vLLM's default, 20
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.error_message(), "Requested sample logprobs of 21, which is greater than max allowed: 20");
+
+  restart([](ApiOptions& o) { o.max_logprobs = 5; });
+  chat["top_logprobs"] = 6;
+  r = post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.error_message(), "Requested sample logprobs of 6, which is greater than max allowed: 5");
+  EXPECT_EQ(r.parsed()["error"]["param"], "logprobs");
+  chat["top_logprobs"] = 5;
+  EXPECT_EQ(post("/v1/chat/completions", chat).status, 200);
+  json completion = kCompletion;
+  completion["logprobs"] = 6;
+  r = post("/v1/completions", completion);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.error_message(), "Requested sample logprobs of 6, which is greater than max allowed: 5");
+  completion = kCompletion;
+  completion["prompt_logprobs"] = 6;
+  r = post("/v1/completions", completion);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.error_message(), "Requested prompt logprobs of 6, which is greater than max allowed: 5");
+  EXPECT_EQ(r.parsed()["error"]["param"], "prompt_logprobs");
+
+  // -1: up to the vocabulary; the per-request logprob budget still applies.
+  restart([](ApiOptions& o) { o.max_logprobs = -1; });
+  const size_t before = engine_.submitted().size();
+  chat["top_logprobs"] = 100;
+  EXPECT_EQ(post("/v1/chat/completions", chat).status, 200);
+  ASSERT_EQ(engine_.submitted().size(), before + 1);
+  EXPECT_EQ(engine_.submitted().back().params.logprobs, 100);
+  chat["top_logprobs"] = 151937;
+  r = post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.error_message(), "Requested sample logprobs of 151937, which is greater than max allowed: 151936");
+  chat["top_logprobs"] = 100000;
+  chat["max_tokens"] = 100;
+  r = post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.error_message().find("logprob entries"), std::string::npos) << r.error_message();
+}
+
+// vLLM's CORS middleware: preflights need no key; every answer to a request with an Origin carries the headers.
+TEST_F(ApiServerTest, CorsPreflightsAndResponses) {
+  restart([](ApiOptions& o) { o.cors = CorsOptions{}; });
+  const HeaderList origin = {{"origin", "https://app.example"}};
+  HeaderList preflight = origin;
+  preflight.emplace_back("access-control-request-method", "POST");
+  preflight.emplace_back("access-control-request-headers", "authorization, content-type");
+  Reply r = call("OPTIONS", "/v1/chat/completions", "", /*with_key=*/false, preflight);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "OK");
+  ASSERT_NE(r.header("Access-Control-Allow-Origin"), nullptr);
+  EXPECT_EQ(*r.header("Access-Control-Allow-Origin"), "*");
+  EXPECT_EQ(*r.header("Access-Control-Allow-Headers"), "authorization, content-type");
+  EXPECT_EQ(*r.header("Access-Control-Max-Age"), "600");
+  EXPECT_TRUE(engine_.submitted().empty());
+
+  r = call("POST", "/v1/chat/completions", kChat.dump(), true, origin);
+  EXPECT_EQ(r.status, 200);
+  ASSERT_NE(r.header("Access-Control-Allow-Origin"), nullptr);
+  EXPECT_EQ(*r.header("Access-Control-Allow-Origin"), "*");
+  json stream = kChat;
+  stream["stream"] = true;
+  r = call("POST", "/v1/chat/completions", stream.dump(), true, origin);
+  EXPECT_TRUE(r.streamed);
+  ASSERT_NE(r.header("Access-Control-Allow-Origin"), nullptr);
+  // A refusal (401 before the body, 404) carries them too; a request without an Origin does not.
+  r = call("GET", "/v1/models", "", /*with_key=*/false, origin);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.header("Access-Control-Allow-Origin"), nullptr);
+  r = call("GET", "/v1/nothing-here", "", true, origin);
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.header("Access-Control-Allow-Origin"), nullptr);
+  EXPECT_EQ(call("GET", "/v1/models").header("Access-Control-Allow-Origin"), nullptr);
+  // OPTIONS that is no preflight goes to the routes (405 on a POST route).
+  EXPECT_EQ(call("OPTIONS", "/v1/chat/completions", "", true, origin).status, 405);
+
+  restart([](ApiOptions& o) {
+    o.cors = CorsOptions{};
+    o.cors->allowed_origins = {"https://app.example"};
+  });
+  preflight[0].second = "https://evil.example";
+  r = call("OPTIONS", "/v1/chat/completions", "", false, preflight);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, "Disallowed CORS origin");
+  r = call("GET", "/v1/models", "", true, origin);
+  EXPECT_EQ(*r.header("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_EQ(*r.header("Vary"), "Origin");
 }
 
 }  // namespace

@@ -1,21 +1,29 @@
 // The HTTP layer alone, with a stub handler: keep-alive, limits (413, 431, 400), chunked
-// streaming, disconnect notification, metrics text. The full API is tested through the real
-// binary (tests/integration/server_*.sh, tests/node/server_*.test.mjs).
+// streaming, disconnect notification, HTTPS (certificates made here, an OpenSSL client), metrics text. The full API is
+// tested through the real binary (tests/integration/server_*.sh, tests/node/server_*.test.mjs).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/async_engine.h"
 #include "server/api_server.h"
 #include "server/http_server.h"
@@ -290,6 +298,231 @@ FinishedRequest finished(const char* reason, double e2e, double ttft, int tokens
   r.max_tokens = 16;
   r.queue = 0.01;
   return r;
+}
+
+// ---- HTTPS -----------------------------------------------------------------------------------------
+
+// A self-signed EC P-256 certificate for localhost and 127.0.0.1, as PEM files DIR/NAME.crt and DIR/NAME.key
+// (the key encrypted with "pw" when `encrypted`).
+void write_certificate(const std::string& dir, const std::string& name, bool encrypted = false) {
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* x = X509_new();
+  X509_set_version(x, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x), static_cast<long>(std::hash<std::string>{}(name)&0xffffff));
+  X509_gmtime_adj(X509_getm_notBefore(x), -60);
+  X509_gmtime_adj(X509_getm_notAfter(x), 3600);
+  X509_set_pubkey(x, key);
+  X509_NAME* subject = X509_get_subject_name(x);
+  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(name.c_str()), -1, -1,
+                             0);
+  X509_set_issuer_name(x, subject);
+  X509V3_CTX v3;
+  X509V3_set_ctx_nodb(&v3);
+  X509V3_set_ctx(&v3, x, x, nullptr, nullptr, 0);
+  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "DNS:localhost,IP:127.0.0.1"},
+                            std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &v3, nid, value);
+    X509_add_ext(x, ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  X509_sign(x, key, EVP_sha256());
+  FILE* f = std::fopen((dir + "/" + name + ".crt").c_str(), "w");
+  PEM_write_X509(f, x);
+  std::fclose(f);
+  f = std::fopen((dir + "/" + name + ".key").c_str(), "w");
+  unsigned char pw[] = "pw";
+  PEM_write_PrivateKey(f, key, encrypted ? EVP_aes_128_cbc() : nullptr, encrypted ? pw : nullptr, encrypted ? 2 : 0,
+                       nullptr, nullptr);
+  std::fclose(f);
+  X509_free(x);
+  EVP_PKEY_free(key);
+}
+
+// A blocking TLS client over connect_to(): verifies the server against `ca`, presents NAME.crt/.key if given.
+struct TlsClient {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL* ssl = nullptr;
+  int fd = -1;
+  bool closed_cleanly = false;  // the server's close_notify arrived
+
+  ~TlsClient() {
+    if (ssl) SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    if (fd >= 0) close(fd);
+  }
+  bool connect(int port, const std::string& ca, const std::string& cert = "", const std::string& key = "") {
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    if (SSL_CTX_load_verify_locations(ctx, ca.c_str(), nullptr) != 1) return false;
+    if (!cert.empty() && (SSL_CTX_use_certificate_file(ctx, cert.c_str(), SSL_FILETYPE_PEM) != 1 ||
+                          SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1))
+      return false;
+    fd = connect_to(port);
+    if (fd < 0) return false;
+    ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    SSL_set_tlsext_host_name(ssl, "localhost");
+    SSL_set1_host(ssl, "localhost");
+    return SSL_connect(ssl) == 1;
+  }
+  void send(const std::string& s) { SSL_write(ssl, s.data(), static_cast<int>(s.size())); }
+  std::string read_until(const std::string& until) {
+    std::string out;
+    char buf[4096];
+    while (until.empty() || out.find(until) == std::string::npos) {
+      const int n = SSL_read(ssl, buf, sizeof buf);
+      if (n <= 0) {
+        closed_cleanly = SSL_get_error(ssl, n) == SSL_ERROR_ZERO_RETURN;
+        break;
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+    ERR_clear_error();
+    return out;
+  }
+};
+
+struct Tls : Fixture {
+  std::string dir;
+  void SetUp() override {
+    char tmpl[] = "/tmp/tessera-tls-test.XXXXXX";
+    dir = mkdtemp(tmpl);
+    write_certificate(dir, "server");
+    write_certificate(dir, "other");
+    write_certificate(dir, "client");
+    write_certificate(dir, "locked", /*encrypted=*/true);
+    start_tls(tls_options());
+  }
+  void TearDown() override {
+    Fixture::TearDown();
+    std::filesystem::remove_all(dir);
+  }
+  TlsOptions tls_options() const { return TlsOptions{dir + "/server.crt", dir + "/server.key", "", 0, ""}; }
+  void start_tls(const TlsOptions& tls) {
+    HttpServerOptions o = options();
+    o.tls = tls;
+    start(o);
+  }
+  // The message check_tls_options throws for `tls`, or "" when it accepts the files.
+  static std::string tls_error(const TlsOptions& tls) {
+    try {
+      check_tls_options(tls);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+TEST_F(Tls, ServesKeepAliveStreamsAndClosesWithCloseNotify) {
+  EXPECT_STREQ(server->scheme(), "https");
+  TlsClient c;
+  ASSERT_TRUE(c.connect(server->port(), dir + "/server.crt"));
+  c.send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_NE(c.read_until("POST /a abc").find("HTTP/1.1 200 OK"), std::string::npos);
+  c.send("GET /stream?finish HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string stream = c.read_until("0\r\n\r\n");
+  EXPECT_NE(stream.find("Transfer-Encoding: chunked"), std::string::npos);
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  // A refused request (the header check's 401) and Connection: close end with TLS's close_notify.
+  c.send("GET /secret HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string last = c.read_until("");
+  EXPECT_NE(last.find("HTTP/1.1 401"), std::string::npos) << last;
+  EXPECT_TRUE(c.closed_cleanly);
+  EXPECT_EQ(handled.load(), 2);
+}
+
+TEST_F(Tls, PlainHttpToTheTlsPortGetsNoAnswer) {
+  int fd = connect_to(server->port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(read_until(fd, "").find("HTTP/1.1"), std::string::npos);
+  close(fd);
+  EXPECT_EQ(handled.load(), 0);
+  // The server goes on serving TLS clients.
+  TlsClient c;
+  ASSERT_TRUE(c.connect(server->port(), dir + "/server.crt"));
+  c.send("GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(c.read_until("GET /b").find("200 OK"), std::string::npos);
+}
+
+TEST_F(Tls, RequiredClientCertificatesAreVerified) {
+  TlsOptions tls = tls_options();
+  tls.ca_certs = dir + "/client.crt";
+  tls.cert_reqs = 2;
+  start_tls(tls);
+  {
+    TlsClient with;
+    ASSERT_TRUE(with.connect(server->port(), dir + "/server.crt", dir + "/client.crt", dir + "/client.key"));
+    with.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_NE(with.read_until("GET /a").find("200 OK"), std::string::npos);
+  }
+  for (const char* cert : {"", "other"}) {  // none, and one no CA given signed
+    TlsClient c;
+    const std::string crt = *cert ? dir + "/" + cert + ".crt" : "", key = *cert ? dir + "/" + cert + ".key" : "";
+    if (c.connect(server->port(), dir + "/server.crt", crt, key)) {  // TLS 1.3: refused after the client's Finished
+      c.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+      EXPECT_EQ(c.read_until("GET /a").find("200 OK"), std::string::npos) << cert;
+    }
+  }
+  EXPECT_EQ(handled.load(), 1);
+  // Optional: a client without a certificate is served.
+  tls.cert_reqs = 1;
+  start_tls(tls);
+  TlsClient without;
+  ASSERT_TRUE(without.connect(server->port(), dir + "/server.crt"));
+  without.send("GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(without.read_until("GET /b").find("200 OK"), std::string::npos);
+}
+
+TEST_F(Tls, FilesThatCannotServeNameTheFlagAndFile) {
+  EXPECT_EQ(tls_error(tls_options()), "");
+  TlsOptions t = tls_options();
+  t.keyfile.clear();  // the key in the certificate file
+  std::ofstream(dir + "/both.pem") << std::ifstream(dir + "/server.crt").rdbuf()
+                                   << std::ifstream(dir + "/server.key").rdbuf();
+  t.certfile = dir + "/both.pem";
+  EXPECT_EQ(tls_error(t), "");
+  t.certfile = dir + "/server.crt";
+  EXPECT_NE(tls_error(t).find("--ssl-certfile " + dir + "/server.crt: holds no private key"), std::string::npos)
+      << tls_error(t);
+
+  auto expect = [&](TlsOptions o, const std::string& text) {
+    const std::string e = tls_error(o);
+    EXPECT_NE(e.find(text), std::string::npos) << "want '" << text << "' in: " << e;
+  };
+  TlsOptions o = tls_options();
+  o.certfile = dir + "/missing.crt";
+  expect(o, "--ssl-certfile " + dir + "/missing.crt: cannot read the file (No such file or directory)");
+  o = tls_options();
+  o.certfile = dir + "/server.key";
+  expect(o, "--ssl-certfile " + dir + "/server.key: not a PEM certificate");
+  o = tls_options();
+  o.keyfile = dir + "/missing.key";
+  expect(o, "--ssl-keyfile " + dir + "/missing.key: cannot read the file");
+  o.keyfile = dir + "/server.crt";
+  expect(o, "--ssl-keyfile " + dir + "/server.crt: not a PEM private key");
+  o.keyfile = dir + "/other.key";
+  expect(o, "--ssl-keyfile " + dir + "/other.key: the key does not match the certificate of --ssl-certfile");
+  o.keyfile = dir + "/locked.key";
+  o.certfile = dir + "/locked.crt";
+  expect(o, "--ssl-keyfile " + dir + "/locked.key: the private key is encrypted");
+  o = tls_options();
+  o.cert_reqs = 2;
+  expect(o, "--ssl-cert-reqs 2 verifies client certificates: give the CA certificates");
+  o.cert_reqs = 3;
+  expect(o, "--ssl-cert-reqs 3: use 0");
+  o = tls_options();
+  o.ca_certs = dir + "/server.key";
+  expect(o, "--ssl-ca-certs " + dir + "/server.key: no PEM CA certificate in it");
+  o = tls_options();
+  o.ciphers = "NO-SUCH-CIPHER";
+  expect(o, "--ssl-ciphers NO-SUCH-CIPHER: no cipher OpenSSL knows matches it");
+  // The server refuses them the same way when it starts.
+  HttpServerOptions ho = options();
+  ho.tls.certfile = dir + "/missing.crt";
+  HttpServer s(
+      ho, [](HttpRequest&&, std::shared_ptr<Exchange>) {}, &ApiServer::error_body);
+  EXPECT_THROW(s.listen(), Error);
 }
 
 TEST(Metrics, RendersVllmNamesAndHistograms) {

@@ -74,6 +74,8 @@ struct Harness {
     ao.enable_auto_tool_choice = true;
     ao.tool_call_parser = "hermes";
     ao.reasoning_parser = "qwen3";
+    ao.cors = server::CorsOptions{};  // as tessera serve runs: vLLM's CORS defaults
+    ao.cors->allow_credentials = true;
     api = std::make_unique<server::ApiServer>(ao, engine, *tok, &*tmpl, *metrics);
     server::HttpServerOptions ho;
     ho.host = "127.0.0.1";
