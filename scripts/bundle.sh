@@ -56,7 +56,7 @@ BINS=()
 if [ "$WITH_TESTS" = 1 ]; then
   for b in "$BUILD/tests/backend/cuda_ops_test" "$BUILD/tests/model/model_fixture_test" "$BUILD/tests/engine/engine_test" \
            "$BUILD/tests/engine/cuda_model_check_test" "$BUILD/tests/engine/prompt_logprobs_test" \
-           "$BUILD/tests/dist/custom_all_reduce_test" "$BUILD"/bin/kernels/*_bench "$BUILD"/bin/kernels/libtessera_ktrace.so; do
+           "$BUILD/tests/distributed/custom_all_reduce_test" "$BUILD"/bin/kernels/*_bench "$BUILD"/bin/kernels/libtessera_ktrace.so; do
     [ -x "$b" ] && BINS+=("$b")
   done
   # Weight loading (scripts/device_load_bench.sh runs them).
@@ -64,7 +64,7 @@ if [ "$WITH_TESTS" = 1 ]; then
     [ -x "$b" ] && BINS+=("$b")
   done
   # NCCL on one and two GPUs (scripts/device_parallel_check.sh runs them).
-  for b in "$BUILD/tests/dist/nccl_test" "$BUILD/tests/dist/nccl_two_rank_test" "$BUILD/tests/dist/nccl_stream_test"; do
+  for b in "$BUILD/tests/distributed/nccl_test" "$BUILD/tests/distributed/nccl_two_rank_test" "$BUILD/tests/distributed/nccl_stream_test"; do
     [ -x "$b" ] && BINS+=("$b")
   done
 fi

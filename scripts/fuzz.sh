@@ -84,5 +84,5 @@ for t, p in payloads.items():
     with open(os.path.join(out, f'seed_{t}'), 'wb') as f:
         f.write(struct.pack('<IBBHI', 0x41525354, 1, t, 0, len(p)) + p)
 PY
-exec build-fuzz/tests/dist/dist_wire_fuzz -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 \
+exec build-fuzz/tests/distributed/dist_wire_fuzz -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 \
   -artifact_prefix=build-fuzz/fuzz-artifacts/ build-fuzz/fuzz-corpus

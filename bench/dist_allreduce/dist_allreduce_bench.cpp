@@ -13,9 +13,9 @@
 
 #include "core/dtype.h"
 #include "core/logging.h"
-#include "dist/control_store.h"
-#include "dist/gloo_communicator.h"
-#include "dist/rendezvous_server.h"
+#include "distributed/control_store.h"
+#include "distributed/gloo_communicator.h"
+#include "distributed/rendezvous_server.h"
 
 using namespace tessera;
 using namespace tessera::dist;

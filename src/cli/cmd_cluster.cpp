@@ -15,7 +15,7 @@
 #include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
-#include "dist/rendezvous_client.h"
+#include "distributed/rendezvous_client.h"
 
 namespace tessera::cli {
 namespace {

@@ -10,7 +10,7 @@
 #include "cli/flag_parsing.h"
 #include "cli/verbs.h"
 #include "core/error.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "doctor/doctor.h"
 #include "plan/planner.h"
 

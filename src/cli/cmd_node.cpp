@@ -28,12 +28,12 @@
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/fingerprint.h"
-#include "dist/launch_env.h"
-#include "dist/nic.h"
-#include "dist/placement.h"
-#include "dist/rendezvous_client.h"
-#include "dist/rendezvous_server.h"
+#include "distributed/fingerprint.h"
+#include "distributed/launch_env.h"
+#include "distributed/nic.h"
+#include "distributed/placement.h"
+#include "distributed/rendezvous_client.h"
+#include "distributed/rendezvous_server.h"
 
 extern char** environ;
 

@@ -13,9 +13,9 @@
 #include "cli/plan_flags.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/placement.h"
-#include "dist/rendezvous_client.h"
-#include "dist/socket.h"
+#include "distributed/placement.h"
+#include "distributed/rendezvous_client.h"
+#include "distributed/socket.h"
 #include "engine/model_loader.h"
 
 namespace tessera::cli {

@@ -9,8 +9,8 @@
 
 #include "cli/engine_flags.h"
 #include "cli/rank_launcher.h"
-#include "dist/launch_env.h"
-#include "dist/node_session.h"
+#include "distributed/launch_env.h"
+#include "distributed/node_session.h"
 
 namespace tessera::cli {
 

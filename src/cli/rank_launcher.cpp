@@ -13,9 +13,9 @@
 #include "backend/devices.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/crypto.h"
-#include "dist/rank_gpus.h"
-#include "dist/rendezvous_server.h"
+#include "distributed/crypto.h"
+#include "distributed/rank_gpus.h"
+#include "distributed/rendezvous_server.h"
 #include "engine/model_loader.h"
 #include "engine/worker.h"
 

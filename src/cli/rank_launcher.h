@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cli/engine_flags.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "engine/executor.h"
 
 namespace tessera::dist {

@@ -5,10 +5,10 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/control_store.h"
-#include "dist/nic.h"
-#include "dist/rendezvous_client.h"
-#include "dist/rendezvous_server.h"
+#include "distributed/control_store.h"
+#include "distributed/nic.h"
+#include "distributed/rendezvous_client.h"
+#include "distributed/rendezvous_server.h"
 #include "doctor/doctor.h"
 #include "doctor/internal.h"
 #include "doctor/probes.h"

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/fingerprint.h"
+#include "distributed/fingerprint.h"
 
 namespace tessera::doctor {
 

@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "dist/crypto.h"
-#include "dist/nic.h"
-#include "dist/wire.h"
+#include "distributed/crypto.h"
+#include "distributed/nic.h"
+#include "distributed/wire.h"
 #include "doctor/doctor.h"
 #include "doctor/gpus.h"
 #include "doctor/internal.h"

@@ -4,9 +4,9 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "dist/control_store.h"
-#include "dist/gloo_communicator.h"
-#include "dist/wire.h"
+#include "distributed/control_store.h"
+#include "distributed/gloo_communicator.h"
+#include "distributed/wire.h"
 #include "doctor/internal.h"
 
 namespace tessera::doctor {

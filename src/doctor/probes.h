@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/socket.h"
+#include "distributed/socket.h"
 #include "doctor/doctor.h"
 
 namespace tessera::dist {

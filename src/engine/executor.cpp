@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/communicator.h"
-#include "dist/process_groups.h"
+#include "distributed/communicator.h"
+#include "distributed/process_groups.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/worker.h"
 

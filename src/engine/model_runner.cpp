@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "engine/executor.h"
 #include "engine/spec/mtp_drafter.h"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "dist/wire.h"
+#include "distributed/wire.h"
 
 namespace tessera {
 

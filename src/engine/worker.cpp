@@ -2,7 +2,7 @@
 
 #include "backend/devices.h"
 #include "core/error.h"
-#include "dist/join_groups.h"
+#include "distributed/join_groups.h"
 #include "engine/executor.h"
 #include "engine/spec/mtp_drafter.h"
 

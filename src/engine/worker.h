@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
-#include "dist/process_groups.h"
+#include "distributed/communicator.h"
+#include "distributed/process_groups.h"
 #include "engine/model_loader.h"
 #include "engine/model_runner.h"
 #include "engine/step_plan.h"

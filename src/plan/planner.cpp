@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "engine/executor.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"

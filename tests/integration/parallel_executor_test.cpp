@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/rendezvous_server.h"
+#include "distributed/rendezvous_server.h"
 #include "engine/executor.h"
 #include "engine/worker.h"
 #include "fixture_util.h"

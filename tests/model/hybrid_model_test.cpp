@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "fixture_util.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"

@@ -1,7 +1,7 @@
 // The custom all-reduce as the distributed layer's device fast path (make_device_all_reduce,
 // declared in dist/custom_all_reduce_communicator.h): CustomAllReduce behind InPlaceAllReduce.
 #include "backend/cuda/custom_all_reduce.h"
-#include "dist/custom_all_reduce_communicator.h"
+#include "distributed/custom_all_reduce_communicator.h"
 
 namespace tessera::dist {
 

@@ -1,7 +1,7 @@
 #include "model/layers/comm.h"
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace tessera {
 
