@@ -83,7 +83,7 @@ namespace {
 // what the window would only while a sequence fits the window; so, as vLLM does, max_model_len is capped
 // at it.
 void cap_max_model_len_at_window(EngineFlags& f) {
-  const ModelConfig c = load_model_config(f.model);
+  const ModelConfig c = load_model_config(f.model, hf_overrides_json(f));
   if (c.sliding_window == 0) {
     TLOG_INFO("--disable-sliding-window: {} has no sliding-window layers; the flag changes nothing", f.model);
     return;
@@ -125,6 +125,13 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
                  "fp8: store the weights of a bf16 checkpoint as FP8 e4m3 with one scale per 128x128 block "
                  "(quantised while loading; a checkpoint with an FP8 quantization_config needs no flag); other "
                  "methods (awq, gptq, ...) are refused");
+  app.add_option("--hf-overrides", f.hf_overrides,
+                 "a JSON object of config.json fields to change, as vLLM's (e.g. '{\"rope_scaling\": {\"rope_type\": "
+                 "\"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}}'); objects merge field "
+                 "by field");
+  app.add_option("--rope-scaling", f.rope_scaling,
+                 "JSON: config.json's rope_scaling (older vLLM's flag; --hf-overrides '{\"rope_scaling\": ...}')");
+  app.add_option("--rope-theta", f.rope_theta, "config.json's rope_theta (older vLLM's flag)");
   app.add_option("--device", f.device, "auto|cpu|cuda: where the model runs (auto: CUDA when a GPU is visible)")
       ->capture_default_str();
   add_tokens_option(app, "--max-model-len", f.max_model_len,
@@ -333,9 +340,27 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   return c;
 }
 
+nlohmann::json hf_overrides_json(const EngineFlags& f) {
+  auto object = [](const std::string& text, const char* flag) {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      fail(ErrorKind::kInvalidArgument, "{} '{}': not a JSON object (quote it: {} '{{\"key\": value}}')", flag, text,
+           flag);
+    return j;
+  };
+  nlohmann::json o = f.hf_overrides.empty() ? nlohmann::json() : object(f.hf_overrides, "--hf-overrides");
+  if (!f.rope_scaling.empty()) o["rope_scaling"] = object(f.rope_scaling, "--rope-scaling");
+  if (f.rope_theta != 0) {
+    if (!(f.rope_theta > 0)) fail(ErrorKind::kInvalidArgument, "--rope-theta must be positive, got {}", f.rope_theta);
+    o["rope_theta"] = f.rope_theta;
+  }
+  return o;
+}
+
 LoadOptions load_options(const EngineFlags& f) {
   LoadOptions o;
   o.model_dir = f.model;
+  o.hf_overrides = hf_overrides_json(f);
   o.load_format = f.load_format;
   o.quantization = f.quantization;
   o.max_model_len = f.max_model_len;

@@ -15,6 +15,9 @@ struct EngineFlags {
   std::string model;
   std::string load_format = "auto";
   std::string quantization;  // --quantization / -q
+  std::string hf_overrides;  // --hf-overrides: a JSON object over config.json ("" = none)
+  std::string rope_scaling;  // --rope-scaling: JSON, config.json's rope_scaling
+  double rope_theta = 0;     // --rope-theta: config.json's rope_theta (0 = the file's)
   std::string device = "auto";
   std::string dtype = "auto";  // --dtype: auto or bfloat16 (the compute dtype tessera has)
   int data_parallel_size = 1;  // --data-parallel-size / -dp: 1 only
@@ -91,5 +94,7 @@ EngineConfig engine_config(const EngineFlags& f);
 // plan`, which makes the same checks so that it never plans a setup serve refuses.
 EngineConfig engine_config(const EngineFlags& f, bool parallel_supported);
 LoadOptions load_options(const EngineFlags& f);
+// --hf-overrides with --rope-scaling and --rope-theta folded in (null when none is given); fails naming the flag.
+nlohmann::json hf_overrides_json(const EngineFlags& f);
 
 }  // namespace tessera::cli

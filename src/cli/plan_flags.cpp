@@ -28,6 +28,7 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.num_gpu_blocks_override = f.num_gpu_blocks_override;
   in.load_format = f.load_format;
   in.quantization = f.quantization;
+  in.hf_overrides = hf_overrides_json(f);
   const SpeculativeConfig spec = parse_speculative_config(f.speculative_config);
   in.state_slots_per_seq = spec.enabled() ? 1 + spec.num_speculative_tokens : 1;
   in.mtp = spec.enabled() && spec.method == "mtp";

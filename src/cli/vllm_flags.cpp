@@ -41,11 +41,6 @@ const std::pair<const char*, const char*> kRefused[] = {
     {"--kv-cache-memory", "size the KV cache with --gpu-memory-utilization or --num-gpu-blocks-override"},
     {"--structured-outputs-config",
      "tessera's own grammar engine serves every structured-output request; drop the flag"},
-    {"--rope-scaling",
-     "put the rope_scaling object (e.g. {\"rope_type\": \"yarn\", \"factor\": 4.0, "
-     "\"original_max_position_embeddings\": 32768}) into config.json of a copy of the model directory"},
-    {"--rope-theta", "set rope_theta in config.json of a copy of the model directory"},
-    {"--hf-overrides", "edit config.json in a copy of the model directory (tessera reads config.json as it is)"},
     {"--config-format", "tessera reads Hugging Face config.json; serve the checkpoint in Hugging Face format"},
     {"--code-revision", "tessera runs no code from the checkpoint; drop the flag"},
     {"--tokenizer-revision", "point --tokenizer at the tokenizer's directory (a Hugging Face snapshot folder)"},

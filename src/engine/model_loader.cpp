@@ -31,7 +31,7 @@ void log_read_speed(const StagedReader& r, std::chrono::steady_clock::duration t
 }  // namespace
 
 std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
-  ModelConfig config = load_model_config(o.model_dir);
+  ModelConfig config = load_model_config(o.model_dir, o.hf_overrides);
   TLOG_INFO("Model {}: {} ({} layers, hidden {}, {} heads / {} kv heads, head_dim {}, vocab {}), device {}",
             o.model_dir, config.architecture, config.num_layers, config.hidden_size, config.num_heads,
             config.num_kv_heads, config.head_dim, config.vocab_size, backend.device().str());

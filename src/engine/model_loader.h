@@ -3,6 +3,8 @@
 #pragma once
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "model/model.h"
@@ -17,6 +19,7 @@ struct LoadOptions {
   ParallelRuntime runtime;  // this rank's TP/PP communicators (TP/PP > 1)
   uint64_t seed = 0;
   std::string quantization;  // --quantization: "" (the checkpoint's format) or "fp8"
+  nlohmann::json hf_overrides;  // --hf-overrides (and --rope-scaling / --rope-theta): over config.json
   // --speculative-config method mtp: build and load the checkpoint's MTP layer (mtp.* weights);
   // a checkpoint without them fails here, naming what is missing.
   bool mtp = false;

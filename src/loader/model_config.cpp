@@ -348,6 +348,19 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     if (t.contains("rope_scaling") && t["rope_scaling"].is_object()) c.rope = parse_rope(t["rope_scaling"], source);
   }
   check_positive(source, "rope_theta", c.rope_theta);
+  // As vLLM: linear and yarn scaling serve factor x the original length (yarn's original_max_position_embeddings,
+  // else max_position_embeddings); the rotary table and the --max-model-len cap follow.
+  if ((c.rope.type == "linear" || c.rope.type == "yarn") && c.rope.factor > 1) {
+    const int base = c.rope.type == "yarn" && c.rope.original_max_position_embeddings > 0
+                         ? c.rope.original_max_position_embeddings
+                         : c.max_position_embeddings;
+    const double scaled = std::floor(static_cast<double>(base) * c.rope.factor);
+    if (scaled > c.max_position_embeddings && scaled <= double(1 << 30)) {
+      if (c.rope.type == "yarn" && c.rope.original_max_position_embeddings == 0)
+        c.rope.original_max_position_embeddings = c.max_position_embeddings;  // the rope keeps its base length
+      c.max_position_embeddings = static_cast<int>(scaled);
+    }
+  }
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1))
     fail(ErrorKind::kCorrupt, "{}: 'partial_rotary_factor' is {}; it must be in (0, 1]", source,
          c.partial_rotary_factor);
@@ -539,10 +552,51 @@ GenerationDefaults load_generation_config(const std::string& dir) {
   return d;
 }
 
-ModelConfig load_model_config(const std::string& model_dir) {
+namespace {
+
+void merge_fields(nlohmann::json& into, const nlohmann::json& from) {
+  for (const auto& item : from.items()) {
+    nlohmann::json& slot = into[item.key()];
+    if (slot.is_object() && item.value().is_object())
+      merge_fields(slot, item.value());
+    else
+      slot = item.value();
+  }
+}
+
+}  // namespace
+
+nlohmann::json apply_hf_overrides(nlohmann::json config, const nlohmann::json& overrides, const std::string& flag) {
+  if (overrides.is_null() || (overrides.is_object() && overrides.empty())) return config;
+  if (!overrides.is_object())
+    fail(ErrorKind::kInvalidArgument, "{} must be a JSON object of config.json fields, e.g. '{{\"rope_theta\": 1e6}}'",
+         flag);
+  if (!config.is_object()) return config;
+  const bool wrapper = config.contains("text_config") && config["text_config"].is_object();
+  for (const auto& item : overrides.items()) {
+    const std::string& key = item.key();
+    const bool to_text =
+        wrapper && key != "text_config" && !(config.contains(key) && !config["text_config"].contains(key));
+    nlohmann::json& target = to_text ? config["text_config"] : config;
+    merge_fields(target, nlohmann::json{{key, item.value()}});
+    // transformers 5 keeps rope_theta and the scaling in rope_parameters, which the reader prefers.
+    if ((key == "rope_scaling" || key == "rope_theta") && target.contains("rope_parameters") &&
+        target["rope_parameters"].is_object()) {
+      if (key == "rope_theta")
+        target["rope_parameters"]["rope_theta"] = item.value();
+      else if (item.value().is_object())
+        merge_fields(target["rope_parameters"], item.value());
+    }
+  }
+  return config;
+}
+
+ModelConfig load_model_config(const std::string& model_dir, const nlohmann::json& hf_overrides) {
   fs::path dir(model_dir);
   if (!fs::is_directory(dir)) fail(ErrorKind::kNotFound, "{}: model directory not found", model_dir);
-  ModelConfig c = parse_model_config(read_json(dir / "config.json"), (dir / "config.json").string());
+  const bool overridden = hf_overrides.is_object() && !hf_overrides.empty();
+  ModelConfig c = parse_model_config(apply_hf_overrides(read_json(dir / "config.json"), hf_overrides, "--hf-overrides"),
+                                     (dir / "config.json").string() + (overridden ? " with --hf-overrides" : ""));
   c.model_dir = model_dir;
   for (int e : load_generation_config(model_dir).eos_token_ids)
     if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), e) == c.eos_token_ids.end())

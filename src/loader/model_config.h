@@ -138,8 +138,15 @@ struct ModelConfig {
 // max_model_len at the window, as vLLM does, so that full attention computes what the window would).
 void disable_sliding_window(ModelConfig& c);
 
-// Reads DIR/config.json (and the eos ids of generation_config.json when present). Throws Error.
-ModelConfig load_model_config(const std::string& model_dir);
+// Reads DIR/config.json (and the eos ids of generation_config.json when present), with vLLM's
+// --hf-overrides (a JSON object, apply_hf_overrides) over it. Throws Error.
+ModelConfig load_model_config(const std::string& model_dir, const nlohmann::json& hf_overrides = nlohmann::json());
+// vLLM's --hf-overrides: `overrides`' fields over `config`'s, objects merged field by field. For a multimodal
+// wrapper (a text_config object) a field goes to text_config unless the wrapper has it and text_config
+// does not. Where the target keeps its rope in transformers 5's rope_parameters, a rope_scaling or
+// rope_theta override goes there too. Fails (kInvalidArgument, naming `flag`) unless `overrides` is an
+// object.
+nlohmann::json apply_hf_overrides(nlohmann::json config, const nlohmann::json& overrides, const std::string& flag);
 // Reads DIR/generation_config.json; no file gives empty defaults. Throws Error (kCorrupt) on bad JSON.
 GenerationDefaults load_generation_config(const std::string& dir);
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source);

@@ -330,7 +330,7 @@ Plan compute(const PlanInputs& in) {
   if (in.target.memory_bytes == 0) fail(ErrorKind::kInvalidArgument, "no memory size for the target device");
   if (in.max_num_seqs < 1) fail(ErrorKind::kInvalidArgument, "--max-num-seqs must be at least 1");
   if (in.block_size < 1) fail(ErrorKind::kInvalidArgument, "--block-size must be at least 1");
-  p.config = load_model_config(in.model_dir);
+  p.config = load_model_config(in.model_dir, in.hf_overrides);
   const ModelConfig& c = p.config;
   p.max_model_len = in.max_model_len > 0 ? in.max_model_len : c.max_position_embeddings;
   if (p.max_model_len > c.max_position_embeddings)

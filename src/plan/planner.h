@@ -111,7 +111,8 @@ struct PlanInputs {
   bool disable_custom_all_reduce = false;
   int num_gpu_blocks_override = 0;
   std::string load_format = "auto";
-  std::string quantization;  // --quantization
+  std::string quantization;     // --quantization
+  nlohmann::json hf_overrides;  // --hf-overrides (with --rope-scaling / --rope-theta)
   Target target;
 };
 

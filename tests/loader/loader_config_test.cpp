@@ -138,6 +138,60 @@ TEST(ModelConfig, TextConfigOfMultimodalWrapper) {
   EXPECT_EQ(c.head_dim, 32);
 }
 
+// vLLM's --hf-overrides: fields over config.json's, objects merged field by field; a wrapper's text
+// fields go to text_config; rope overrides reach transformers 5's rope_parameters.
+TEST(HfOverrides, FieldsReplaceAndObjectsMerge) {
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  const json o =
+      apply_hf_overrides(j, {{"max_position_embeddings", 4096}, {"rope_scaling", {{"factor", 3.0}}}}, "--hf-overrides");
+  EXPECT_EQ(o["max_position_embeddings"], 4096);
+  EXPECT_EQ(o["rope_scaling"]["rope_type"], "linear");
+  EXPECT_EQ(o["rope_scaling"]["factor"], 3.0);
+  EXPECT_EQ(o["hidden_size"], 64);
+  EXPECT_EQ(apply_hf_overrides(j, json(), "--hf-overrides"), j);
+  EXPECT_THROW((void)apply_hf_overrides(j, json::array({1}), "--hf-overrides"), Error);
+}
+
+TEST(HfOverrides, WrapperTextFieldsAndRopeParameters) {
+  json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "wrapper"}, {"text_config", base_config()}};
+  j["text_config"]["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  j["image_token_id"] = 5;
+  const json o = apply_hf_overrides(
+      j,
+      {{"rope_theta", 1e6},
+       {"model_type", "other"},
+       {"image_token_id", 7},
+       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 512}}}},
+      "--hf-overrides");
+  EXPECT_EQ(o["model_type"], "wrapper");  // both have it: the language model's
+  EXPECT_EQ(o["text_config"]["model_type"], "other");
+  EXPECT_EQ(o["image_token_id"], 7);  // only the wrapper has it
+  EXPECT_FALSE(o["text_config"].contains("image_token_id"));
+  EXPECT_EQ(o["text_config"]["rope_parameters"]["rope_theta"], 1e6);
+  EXPECT_EQ(o["text_config"]["rope_parameters"]["rope_type"], "yarn");
+  const ModelConfig c = parse(o);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope.type, "yarn");
+  EXPECT_EQ(c.max_position_embeddings, 2048);  // vLLM's length: original x factor
+}
+
+// As vLLM, linear and yarn scaling serve factor x the original length; a yarn without
+// original_max_position_embeddings keeps max_position_embeddings as its base.
+TEST(ModelConfig, ScaledRopeExtendsTheMaxLength) {
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(parse(j).max_position_embeddings, 1024);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.rope.original_max_position_embeddings, 512);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 128}};
+  EXPECT_EQ(parse(j).max_position_embeddings, 512);  // already original x factor
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+  EXPECT_EQ(parse(j).max_position_embeddings, 512);
+}
+
 // Multi-token-prediction layers: Qwen3.5's mtp_num_hidden_layers, Qwen3-Next's
 // num_nextn_predict_layers, 1 for those families when the config does not say (vLLM's default),
 // none for other families; a negative count is refused.
