@@ -119,6 +119,19 @@ std::string GrammarBuilder::add_triggered_tags(const std::vector<TriggeredTag>& 
   return impl_->rule_with_body("triggered_tags", rules.tag_dispatch(triggers, std::move(continuations)));
 }
 
+std::string GrammarBuilder::add_structural_tag(const nlohmann::ordered_json& format, const JsonOptions& options,
+                                               const std::string& path) {
+  const int body = lower_structural_tag(format, options, impl_->rules, impl_->budget, path, false);
+  return impl_->rule_with_body("structural_tag", body);
+}
+
+void check_structural_tag(const nlohmann::ordered_json& format, const std::string& path) {
+  CompileLimits limits;
+  Budget budget(limits);
+  RuleSet rules;
+  lower_structural_tag(format, JsonOptions{}, rules, budget, path, true);
+}
+
 std::shared_ptr<const Grammar> GrammarBuilder::build(std::string_view root) {
   const int rule = impl_->rules.find_rule(std::string(root));
   if (rule < 0) throw GrammarError(fmt::format("root rule '{}' is not defined", root));

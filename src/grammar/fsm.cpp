@@ -41,7 +41,7 @@ TriggerAutomaton build_trigger_automaton(const std::vector<std::string>& trigger
   std::vector<std::map<uint32_t, int>> go(1);
   ac.outputs.resize(1);
   for (size_t t = 0; t < triggers.size(); ++t) {
-    if (triggers[t].empty()) throw GrammarError(fmt::format("rule '{}': a trigger is empty", rule_name));
+    if (triggers[t].empty()) throw GrammarError(fmt::format("rule '{}': a trigger or stop string is empty", rule_name));
     int node = 0;
     for (size_t pos = 0; pos < triggers[t].size();) {
       const uint32_t c = decode_utf8(triggers[t], pos);
@@ -183,31 +183,57 @@ class NfaBuilder {
     }
   }
 
-  // Free text as the Aho-Corasick automaton of the triggers (one NFA state per automaton node): a node where
-  // a trigger has just occurred continues with that trigger's expression and then returns to the start
-  // node; every other node may end the text.
+  // Free text as the Aho-Corasick automaton of the triggers and stop strings (one NFA state per automaton
+  // node): a node where a trigger has just occurred continues with that trigger's expression and then returns
+  // to the start node (or, without loop, leaves the dispatch); a node where a stop string has just occurred
+  // leaves it; without stop strings every other node may end the text.
   void tag_dispatch(const Expr& e, int from, int to, int depth) {
-    const TriggerAutomaton ac = build_trigger_automaton(e.strings, budget_.limits(), rule_name_);
+    std::vector<std::string> patterns = e.strings;
+    patterns.insert(patterns.end(), e.stops.begin(), e.stops.end());
+    const TriggerAutomaton ac = build_trigger_automaton(patterns, budget_.limits(), rule_name_);
     std::vector<int> node_state(ac.outputs.size());
     for (int& s : node_state) s = state();
     nfa.eps[from].push_back(node_state[0]);
-    // Codepoints in no trigger lead back to the start node from every node: one shared set of paths.
+    // After a tag without loop: the end, or (with stop strings) one of them first.
+    int after = node_state[0];
+    if (!e.loop) {
+      after = e.stops.empty() ? to : state();
+      for (const std::string& stop : e.stops) literal_path(stop, after, to);
+    }
+    // Codepoints in no pattern lead back to the start node from every node: one shared set of paths.
     const int others = state();
     CodepointRanges alphabet;
     for (uint32_t c : ac.alphabet) alphabet.push_back({c, c});
     class_paths(complement_ranges(alphabet), others, node_state[0]);
+    const size_t num_triggers = e.strings.size();
     for (size_t u = 0; u < ac.outputs.size(); ++u) {
       budget_.check_time(fmt::format("rule '{}'", rule_name_));
       if (!ac.outputs[u].empty()) {
-        for (int trigger : ac.outputs[u]) build(e.items[trigger], node_state[u], node_state[0], depth + 1);
+        for (int p : ac.outputs[u]) {
+          if (static_cast<size_t>(p) < num_triggers) {
+            build(e.items[p], node_state[u], after, depth + 1);
+          } else {
+            nfa.eps[node_state[u]].push_back(to);
+          }
+        }
         continue;
       }
-      nfa.eps[node_state[u]].push_back(to);
+      if (e.stops.empty()) nfa.eps[node_state[u]].push_back(to);
       nfa.eps[node_state[u]].push_back(others);
       std::map<int, CodepointRanges> by_target;
       for (size_t c = 0; c < ac.alphabet.size(); ++c)
         by_target[ac.next[u * ac.alphabet.size() + c]].push_back({ac.alphabet[c], ac.alphabet[c]});
       for (auto& [target, ranges] : by_target) class_paths(normalize_ranges(ranges), node_state[u], node_state[target]);
+    }
+  }
+
+  void literal_path(const std::string& text, int from, int to) {
+    int cur = from;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const int next = i + 1 == text.size() ? to : state();
+      const auto b = static_cast<uint8_t>(text[i]);
+      nfa.bytes[cur].push_back({b, b, next});
+      cur = next;
     }
   }
 

@@ -95,6 +95,11 @@ class GrammarBuilder {
   // after which free text continues; the text may end anywhere outside a tag. Triggers must be non-empty,
   // every tag's `begin` must start with a trigger and every trigger must start some tag's `begin`.
   std::string add_triggered_tags(const std::vector<TriggeredTag>& tags, const std::vector<std::string>& triggers);
+  // xgrammar's structural tag: `format` is its "format" object (const_string, json_schema, grammar, regex,
+  // any_text, sequence, or, tag, triggered_tags, tags_with_separator, qwen_xml_parameter, nested). JSON Schemas
+  // follow `options`. Errors name the offending member from `path` ("format.tags[1].content.type").
+  std::string add_structural_tag(const nlohmann::ordered_json& format, const JsonOptions& options = {},
+                                 const std::string& path = "format");
 
   // The finished grammar whose start rule is `root`. Throws GrammarError (an undefined or unreachable-only
   // rule, limits).
@@ -104,6 +109,10 @@ class GrammarBuilder {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Checks a structural tag format's shape (types, fields, where unlimited formats may stand) without compiling
+// its schemas, grammars and regular expressions; GrammarError as add_structural_tag's.
+void check_structural_tag(const nlohmann::ordered_json& format, const std::string& path = "format");
 
 // Binds a grammar to a vocabulary (precomputes what each token can do from each grammar position that does
 // not depend on the stack). Thread-safe to share; matchers hold it.

@@ -60,11 +60,14 @@ int RuleSet::repeat(int item, int min, int max) {
   return add(std::move(e));
 }
 
-int RuleSet::tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations) {
+int RuleSet::tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations,
+                          std::vector<std::string> stops, bool loop) {
   Expr e;
   e.kind = ExprKind::kTagDispatch;
   e.strings = std::move(triggers);
   e.items = std::move(continuations);
+  e.stops = std::move(stops);
+  e.loop = loop;
   return add(std::move(e));
 }
 

@@ -31,8 +31,12 @@ struct Expr {
   std::vector<int> items;  // kSequence, kChoice; kRepeat: the one repeated expression; kTagDispatch: below
   int min = 0, max = 0;    // kRepeat: max kUnbounded for no bound
   // kTagDispatch: UTF-8 text in which the first occurrence of any trigger (strings[i]) continues with
-  // items[i], after which free text starts again; it may end anywhere in free text (not inside items[i]).
+  // items[i], after which free text starts again (`loop`) or the dispatch ends. Without `stops` it may end
+  // anywhere in free text (not inside items[i]); with them it ends only where the first stop string occurs
+  // (the stop string included), and without `loop` one of them must follow the first items[i].
   std::vector<std::string> strings;
+  std::vector<std::string> stops;
+  bool loop = true;
 };
 
 // Rules and their expressions. Rules are created by name (a reference before the definition creates an
@@ -46,8 +50,9 @@ class RuleSet {
   int choice(std::vector<int> items);
   int repeat(int item, int min, int max);
   // Free text with triggers: see ExprKind::kTagDispatch. triggers and continuations have the same size;
-  // triggers are non-empty.
-  int tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations);
+  // triggers and stops are non-empty strings.
+  int tag_dispatch(std::vector<std::string> triggers, std::vector<int> continuations,
+                   std::vector<std::string> stops = {}, bool loop = true);
   int empty();
 
   int rule_id(const std::string& name);        // finds or declares
@@ -145,5 +150,10 @@ void parse_lark(std::string_view text, RuleSet& rules, Budget& budget);
 int lower_json_schema(const nlohmann::ordered_json& schema, const JsonOptions& options, RuleSet& rules, Budget& budget,
                       const std::string& prefix);
 int lower_any_json_object(const JsonOptions& options, RuleSet& rules, Budget& budget, const std::string& prefix);
+
+// xgrammar's structural tag format (structural_tag.cpp): returns the expression matching `format`; errors name
+// `path`. check_only validates the shape without lowering schemas, grammars and regular expressions.
+int lower_structural_tag(const nlohmann::ordered_json& format, const JsonOptions& options, RuleSet& rules,
+                         Budget& budget, const std::string& path, bool check_only);
 
 }  // namespace tessera::grammar

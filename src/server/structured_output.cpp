@@ -119,35 +119,52 @@ void read_tag_structures(const ojson& o, const std::string& what, const std::str
   read_triggers(o, what, param, s);
 }
 
-// xgrammar's form: {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers", "tags": [{"type":
-// "tag", "begin", "content": {"type": "json_schema", "json_schema"}, "end"}]}}: the same language.
+// Whether an xgrammar format is the {"structures", "triggers"} form in other words: triggered_tags (flags false)
+// whose tags have JSON Schema content. Such a format is read into `structures` so that both forms share a grammar.
+bool is_structures_form(const ojson& f) {
+  auto only = [](const ojson& o, std::initializer_list<const char*> keys) {
+    for (const auto& item : o.items())
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return item.key() == k; })) return false;
+    return true;
+  };
+  if (!f.is_object() || f.value("type", ojson()) != "triggered_tags" ||
+      !only(f, {"type", "triggers", "tags", "at_least_one", "stop_after_first"}))
+    return false;
+  for (const char* flag : {"at_least_one", "stop_after_first"})
+    if (f.contains(flag) && f[flag] != false) return false;
+  auto tags = f.find("tags");
+  if (tags == f.end() || !tags->is_array() || tags->empty()) return false;
+  for (const auto& tag : *tags) {
+    if (!tag.is_object() || tag.value("type", ojson("tag")) != "tag" || !only(tag, {"type", "begin", "content", "end"}))
+      return false;
+    auto content = tag.find("content");
+    if (content == tag.end() || !content->is_object() || !only(*content, {"type", "json_schema"}) ||
+        content->value("type", ojson()) != "json_schema" || !content->contains("json_schema"))
+      return false;
+  }
+  return true;
+}
+
+// xgrammar's form: {"type": "structural_tag", "format": {...}}, any of its format types, nested.
 void read_tag_format(const ojson& o, const std::string& what, const std::string& param, StructuredOutputSpec& s) {
   expect_keys(o, {"type", "format"}, what, param);
   const ojson& f = o["format"];
   const std::string at = what + ".format";
-  const std::string served =
-      "this server serves a format of type triggered_tags whose tags have json_schema content, or the "
-      "{\"structures\", \"triggers\"} form";
-  if (!f.is_object() || f.value("type", "") != "triggered_tags") bad(fmt::format("'{}': {}", at, served), param);
-  expect_keys(f, {"type", "triggers", "tags", "at_least_one", "stop_after_first"}, at, param);
-  for (const char* flag : {"at_least_one", "stop_after_first"})
-    if (f.contains(flag) && f[flag] != false)
-      bad(fmt::format("'{}.{}' is not supported (only false); {}", at, flag, served), param);
-  auto tags = f.find("tags");
-  if (tags == f.end() || !tags->is_array() || tags->empty())
-    bad(fmt::format("'{}.tags' must be a non-empty list of tags", at), param);
-  for (size_t i = 0; i < tags->size(); ++i) {
-    const ojson& tag = (*tags)[i];
+  if (!is_structures_form(f)) {
+    try {
+      grammar::check_structural_tag(f, at);
+    } catch (const grammar::GrammarError& e) {
+      bad(e.what(), param);
+    }
+    s.tag_format = f;
+    return;
+  }
+  const ojson& tags = f["tags"];
+  for (size_t i = 0; i < tags.size(); ++i) {
+    const ojson& tag = tags[i];
     const std::string tat = fmt::format("{}.tags[{}]", at, i);
-    if (!tag.is_object() || tag.value("type", "tag") != "tag") bad(fmt::format("'{}': {}", tat, served), param);
-    expect_keys(tag, {"type", "begin", "content", "end"}, tat, param);
-    auto content = tag.find("content");
-    if (content == tag.end() || !content->is_object() || content->value("type", "") != "json_schema" ||
-        !content->contains("json_schema"))
-      bad(fmt::format("'{}.content' must be {{\"type\": \"json_schema\", \"json_schema\": ...}}; {}", tat, served),
-          param);
     s.structures.push_back({{"begin", tag_string(tag, "begin", tat, param, true)},
-                            {"schema", schema_value((*content)["json_schema"], tat + ".content.json_schema")},
+                            {"schema", schema_value(tag["content"]["json_schema"], tat + ".content.json_schema")},
                             {"end", tag_string(tag, "end", tat, param, false)}});
   }
   read_triggers(f, at, param, s);
@@ -236,7 +253,8 @@ void read_structured_outputs(const ojson& so, std::vector<StructuredOutputSpec>&
       if (v.get<bool>()) s.kind = Kind::kJsonObject, ++kinds;
     } else if (key == "structural_tag") {
       StructuredOutputSpec tag = read_structural_tag(v, where);
-      s.kind = tag.kind, s.structures = std::move(tag.structures), s.triggers = std::move(tag.triggers), ++kinds;
+      s.kind = tag.kind, s.structures = std::move(tag.structures), s.triggers = std::move(tag.triggers);
+      s.tag_format = std::move(tag.tag_format), ++kinds;
     } else if (key == "disable_any_whitespace") {
       if (!v.is_boolean()) bad(fmt::format("'{}' must be a boolean", where), f);
       s.any_whitespace = !v.get<bool>();
@@ -401,6 +419,7 @@ std::shared_ptr<const grammar::Grammar> build_grammar(const StructuredOutputSpec
       return b.build(s.text.find("::=") != std::string::npos ? "root" : "start");
     }
     case Kind::kStructuralTag:
+      if (!s.tag_format.is_null()) return b.build(b.add_structural_tag(s.tag_format, jo, s.field + ".format"));
       return b.build(structural_tag_rule(b, s, jo));
     case Kind::kToolCalls: {
       b.add_ebnf("tool_ws ::= [ \\t\\n]{0,4}\n");
@@ -451,7 +470,8 @@ std::string StructuredOutputSpec::key() const {
   ojson k = {{"kind", kind_name(kind)},  {"schema", schema},         {"text", text},
              {"choices", choices},       {"ws", any_whitespace},     {"wsp", whitespace_pattern},
              {"strict", strict},         {"tools", tools},           {"format", tool_format},
-             {"several", several_calls}, {"structures", structures}, {"triggers", triggers}};
+             {"several", several_calls}, {"structures", structures}, {"triggers", triggers},
+             {"tag_format", tag_format}};
   return k.dump();
 }
 

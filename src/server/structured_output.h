@@ -48,6 +48,8 @@ struct StructuredOutputSpec {
   // "end"} each) whose begin starts with it.
   ojson structures = ojson::array();
   std::vector<std::string> triggers;
+  // kStructuralTag in xgrammar's format form (any format but the triggered tags above): the "format" object.
+  ojson tag_format;
 
   // The cache key: everything above, serialized.
   std::string key() const;
@@ -56,7 +58,7 @@ struct StructuredOutputSpec {
 // The structured-output fields of a chat or completion request: response_format (json_object,
 // json_schema; "text" is none), structured_outputs, guided_json / guided_regex / guided_choice /
 // guided_grammar (+ guided_whitespace_pattern); response_format or structured_outputs structural_tag
-// (vLLM's {"structures", "triggers"}, or xgrammar's {"format": triggered_tags with JSON Schema tags}).
+// (vLLM's {"structures", "triggers"}, or xgrammar's {"format": ...} with any of its format types).
 // More than one of them is a 400 naming both. None given: nullopt.
 std::optional<StructuredOutputSpec> read_structured_output(const ojson& body);
 

@@ -3,6 +3,8 @@
 // fixtures' valid and invalid documents, their compact forms, and documents from random walks of this
 // library's masks.
 // Deliberate differences are listed below with the reason. Skips when node_modules is absent.
+// Structural tag formats (xgrammar's "format" objects) are compared the same way; what web-xgrammar 0.1.27
+// lacks (optional, plus, star, repeat, dispatch, token formats, any_text excludes) is not served here either.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -74,8 +76,14 @@ std::shared_ptr<const Grammar> build_structural_tag(const std::string& source) {
   return b.build(b.add_triggered_tags(tags, tag["triggers"].get<std::vector<std::string>>()));
 }
 
+std::shared_ptr<const Grammar> build_structural_format(const std::string& source) {
+  GrammarBuilder b;
+  return b.build(b.add_structural_tag(ojson::parse(source)));
+}
+
 bool our_accepts(const Case& c, const std::string& text) {
   if (c.kind == "structural_tag") return testing::matches(build_structural_tag(c.source), text);
+  if (c.kind == "structural_format") return testing::matches(build_structural_format(c.source), text);
   GrammarBuilder b;
   std::string root = "root";
   if (c.kind == "schema")
@@ -147,6 +155,133 @@ void add_structural_tag_cases(std::vector<Case>& cases) {
                    -1});
 }
 
+// xgrammar's structural tag formats ({"type": "structural_tag", "format": ...}): every format type this
+// web-xgrammar version has (0.1.27: const_string, json_schema, grammar, regex, any_text, sequence, or, tag,
+// triggered_tags, tags_with_separator, qwen_xml_parameter; the newer optional/plus/star/repeat/dispatch and
+// token formats are not in it, nor served here), nested, with each flag, plus random walks of this library's
+// masks. Schemas say additionalProperties where it matters: xgrammar's structural tags default to strict.
+void add_structural_format_cases(std::vector<Case>& cases) {
+  const std::string tag_f = R"({"type": "tag", "begin": "<f>", "content": {"type": "const_string", "value": "x"},
+                                "end": "</f>"})";
+  const std::string tag_t = R"({"type": "tag", "begin": "<t>", "content": {"type": "const_string", "value": "x"},
+                                "end": "</t>"})";
+  auto add = [&](const std::string& name, const std::string& format, std::vector<std::string> strings) {
+    cases.push_back({name, "structural_format", ojson::parse(format).dump(), std::move(strings), -1});
+  };
+  add("format_primitives",
+      R"({"type": "or", "elements": [{"type": "const_string", "value": "yes"}, {"type": "regex", "pattern": "[0-9]+"},
+          {"type": "grammar", "grammar": "root ::= \"a\" b\nb ::= \"b\"+"}, {"type": "json_schema",
+          "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false}}]})",
+      {"yes", "123", "abb", "no", "", "a", "{\"a\": 1}", "{\"b\": 1}", "{ \"a\" : 2 }", "yes123"});
+  add("format_any_text", R"({"type": "any_text"})", {"", "abc </x> \u00e9", "\n\t"});
+  add("format_think", R"({"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"})",
+      {"<think>abc</think>", "<think></think>", "<think>a</think>b</think>", "<think>a</thin</think>", "<think>a"});
+  add("format_sequence_any_text",
+      R"({"type": "tag", "begin": "<a>", "content": {"type": "sequence", "elements": [{"type": "const_string",
+          "value": "A"}, {"type": "any_text"}]}, "end": "</a>"})",
+      {"<a>A</a>", "<a>Ab c</a>", "<a>b</a>", "<a>A</a></a>"});
+  add("format_or_unlimited",
+      R"({"type": "tag", "begin": "<a>", "content": {"type": "or", "elements": [{"type": "any_text"},
+          {"type": "triggered_tags", "triggers": ["<f"], "tags": [)" +
+          tag_f + R"(]}]}, "end": "</a>"})",
+      {"<a>xx</a>", "<a><f>x</f></a>", "<a><f</a>", "<a>x"});
+  const std::vector<std::pair<std::string, std::string>> flag_sets = {
+      {"", ""},
+      {"_s", R"(, "stop_after_first": true)"},
+      {"_a", R"(, "at_least_one": true)"},
+      {"_as", R"(, "at_least_one": true, "stop_after_first": true)"}};
+  for (const auto& flag_set : flag_sets) {
+    const std::string& suffix = flag_set.first;
+    const std::string& flags = flag_set.second;
+    add("format_triggered" + suffix,
+        R"({"type": "triggered_tags", "triggers": ["<f"], "tags": [)" + tag_f + "]" + flags + "}",
+        {"", "hi", "<f>x</f>", "hi <f>x</f>", "hi <f>x</f> more", "<f>x</f><f>x</f>", "<f>x</f> more <f>x</f>",
+         "<f>y</f>", "<f"});
+    add("format_triggered_in_tag" + suffix,
+        R"({"type": "tag", "begin": "<r>", "content": {"type": "triggered_tags", "triggers": ["<f"], "tags": [)" +
+            tag_f + "]" + flags + R"(}, "end": "</r>"})",
+        {"<r></r>", "<r>hi <f>x</f> y</r>", "<r>hi <f>x</f></r>", "<r>hi <f>x</f>", "<r><f>x</f></r>",
+         "<r><f>x</f> y</r>", "<r><f>x</f>", "<r>a</r>b</r>"});
+    add("format_separator" + suffix,
+        R"({"type": "tags_with_separator", "separator": ",", "tags": [)" + tag_t + "]" + flags + "}",
+        {"", "<t>x</t>", "<t>x</t>,<t>x</t>", "<t>x</t>,", "<t>x</t><t>x</t>"});
+  }
+  add("format_separator_in_tag",
+      R"({"type": "tag", "begin": "<a>", "content": {"type": "tags_with_separator", "separator": ",", "tags": [)" +
+          tag_t + R"(]}, "end": "</a>"})",
+      {"<a></a>", "<a><t>x</t></a>", "<a><t>x</t>,<t>x</t></a>", "<a><t>x</t>", "<a>", "<a><t>x</t>,</a>"});
+  add("format_nested_tags",
+      R"({"type": "sequence", "elements": [{"type": "const_string", "value": "A"}, {"type": "triggered_tags",
+          "triggers": ["<f"], "tags": [{"type": "tag", "begin": "<f>", "content": {"type": "tag", "begin": "[",
+          "content": {"type": "any_text"}, "end": "]"}, "end": "</f>"}]}]})",
+      {"A", "Ab <f>[zz]</f> c", "Ab <f>[z]z]</f>", "Ab <f>[z]"});
+  add("format_qwen_xml",
+      R"({"type": "qwen_xml_parameter", "json_schema": {"type": "object", "properties": {"city": {"type": "string"},
+          "n": {"type": "integer"}, "o": {"type": "object", "properties": {"k": {"type": "boolean"}},
+          "additionalProperties": false}, "l": {"type": "array", "items": {"type": "number"}},
+          "c": {"type": "string", "enum": ["a", "b"]}, "d": {"type": "string", "pattern": "[0-9]+"},
+          "e": {"type": "string", "maxLength": 3}}, "required": ["city"]}})",
+      {"<parameter=city>Paris</parameter>",
+       "<parameter=city>\nParis\n</parameter>",
+       "<parameter=city>Paris</parameter>\n",
+       "\n<parameter=city>Paris</parameter>",
+       "<parameter=city>Pa<b>ris</parameter>",
+       "<parameter=city>a&b</parameter>",
+       "<parameter=city>Pa\nris</parameter>",
+       "<parameter=city>\"Paris\" \\o/ \u00e9</parameter>",
+       "<parameter=city>\\\"P\\u00e9\\/\\n</parameter>",
+       "<parameter=city>a\\</parameter>",
+       "<parameter=city></parameter>",
+       "<parameter=city>Paris</parameter><parameter=n> 3 </parameter>",
+       "<parameter=city>Paris</parameter><parameter=n>x</parameter>",
+       "<parameter=city>P</parameter> \n\t<parameter=o>{\"k\": true}</parameter>",
+       "<parameter=city>P</parameter><parameter=o>{\"k\": 1}</parameter>",
+       "<parameter=city>P</parameter><parameter=l>[1, 2.5]</parameter>",
+       "<parameter=n>3</parameter><parameter=city>Paris</parameter>",
+       "<parameter=n>3</parameter>",
+       "<parameter=city>P</parameter><parameter=extra>1</parameter>",
+       "",
+       "<parameter=city>P</parameter><parameter=c>\"a\"</parameter>",
+       "<parameter=city>P</parameter><parameter=c>a</parameter>",
+       "<parameter=city>P</parameter><parameter=d>12</parameter>",
+       "<parameter=city>P</parameter><parameter=d>x</parameter>",
+       "<parameter=city>P</parameter><parameter=e>abc</parameter>",
+       "<parameter=city>P</parameter><parameter=e>abcd</parameter>"});
+  // Random walks over a nested format: reasoning, then free text with tool calls whose arguments are Qwen XML.
+  const std::string nested = R"({"type": "sequence", "elements": [
+    {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"},
+    {"type": "triggered_tags", "triggers": ["<tool"], "tags": [{"type": "tag", "begin": "<tool>",
+      "content": {"type": "qwen_xml_parameter", "json_schema": {"type": "object", "properties": {
+        "q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}}, "end": "</tool>"}]}]})";
+  Case c{"format_walks", "structural_format", ojson::parse(nested).dump(), {}, -1};
+  auto vocab = testing::byte_vocab({"<think>", "</think>", "</thi", "nk>", "<tool>", "</tool>", "<tool",
+                                    "<parameter=q>", "</parameter>", "<parameter=n>", "12", " the", "\n"});
+  auto compiled = compile(build_structural_format(c.source), vocab);
+  std::mt19937 rng(13);
+  for (int walk = 0; walk < 8; ++walk) {
+    Matcher m(compiled);
+    std::string text;
+    std::vector<uint32_t> mask(m.mask_words());
+    for (int step = 0; step < 60 && !(step >= 30 && m.can_terminate()); ++step) {
+      m.fill_next_token_bitmask(mask);
+      std::vector<int32_t> allowed, multi;
+      for (int32_t id = 0; id < vocab->stop_ids[0]; ++id) {
+        if (!testing::bit(mask, id) || vocab->special[id]) continue;
+        allowed.push_back(id);
+        if (id >= 256) multi.push_back(id);
+      }
+      if (allowed.empty()) break;
+      const auto& pool = !multi.empty() && rng() % 4 != 0 ? multi : allowed;
+      const int32_t id = pool[rng() % pool.size()];
+      ASSERT_TRUE(m.accept_token(id));
+      text += vocab->token_bytes[id];
+    }
+    if (m.can_terminate()) c.strings.push_back(text);
+  }
+  EXPECT_GT(c.strings.size(), 2u);
+  cases.push_back(std::move(c));
+}
+
 std::vector<Case> build_cases() {
   std::vector<Case> cases;
   std::vector<fs::path> files;
@@ -191,6 +326,7 @@ factor ::= [0-9]+ | "(" expr ")")G",
                    {R"("")", R"("a\"b")", R"("a\\")", R"("a"b")", R"("\x")"},
                    -1});
   add_structural_tag_cases(cases);
+  add_structural_format_cases(cases);
   return cases;
 }
 

@@ -1,10 +1,12 @@
 // Reference acceptance from xgrammar (compiled to WASM: @mlc-ai/web-xgrammar) for the grammar library's
 // oracle test (tests/grammar/grammar_xgrammar_oracle_test.cpp).
 //   node grammar_refs_xgrammar.mjs CASES.json
-// CASES.json: [{"kind": "schema" | "ebnf" | "structural_tag", "source": text, "any_whitespace": bool,
-//               "strict": bool, "max_whitespace": n, "strings": [text, ...]}, ...]
+// CASES.json: [{"kind": "schema" | "ebnf" | "structural_tag" | "structural_format", "source": text,
+//               "any_whitespace": bool, "strict": bool, "max_whitespace": n, "strings": [text, ...]}, ...]
 // A structural_tag source is vLLM's {"structures": [{"begin", "schema", "end"}], "triggers": [...]}, built
-// with xgrammar's StructuralTagItem form.
+// with xgrammar's StructuralTagItem form; a structural_format source is xgrammar's "format" object (any of
+// the format types this version has: const_string, json_schema, grammar, regex, any_text, sequence, or, tag,
+// triggered_tags, tags_with_separator, qwen_xml_parameter), built as {"type": "structural_tag", "format"}.
 // Prints one JSON array: per case, an array of booleans (xgrammar accepts the whole string), or
 // {"error": message} when xgrammar cannot build the grammar.
 import { readFileSync } from "node:fs";
@@ -39,6 +41,8 @@ for (const c of cases) {
     grammar = c.kind === "schema"
       ? await Grammar.fromJSONSchema(c.source, c.any_whitespace, undefined, undefined, c.strict, c.max_whitespace)
       : c.kind === "structural_tag" ? await structuralTag(c.source)
+      : c.kind === "structural_format"
+      ? await Grammar.fromStructuralTag({ type: "structural_tag", format: JSON.parse(c.source) })
       : await Grammar.fromEBNF(c.source, "root");
   } catch (e) {
     out.push({ error: String(e && e.message ? e.message : e) });

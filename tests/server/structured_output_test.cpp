@@ -120,10 +120,32 @@ TEST(StructuredOutputFields, StructuralTagForms) {
   EXPECT_NE(error_with(R"({"structures": [{"begin": "<f>", "end": "</f>"}]})").find("structures[0].schema"),
             std::string::npos);
   EXPECT_NE(error_with(R"({"trigers": ["x"]})").find("'response_format.trigers' is not a field"), std::string::npos);
+  // Any other format is kept as the format object (checked when read).
   format["format"]["at_least_one"] = true;
-  EXPECT_NE(error_of(ojson{{"response_format", format}}).find("at_least_one"), std::string::npos);
+  auto d = read_structured_output(ojson{{"response_format", format}});
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->structures.empty());
+  EXPECT_EQ(d->tag_format["at_least_one"], true);
+  EXPECT_NE(d->key(), c->key());
+  format["format"]["at_least_one"] = 1;
+  EXPECT_NE(
+      error_of(ojson{{"response_format", format}}).find("'response_format.format.at_least_one' must be a boolean"),
+      std::string::npos);
   format["format"] = {{"type", "sequence"}, {"elements", ojson::array()}};
-  EXPECT_NE(error_of(ojson{{"response_format", format}}).find("triggered_tags"), std::string::npos);
+  EXPECT_NE(error_of(ojson{{"response_format", format}}).find("'response_format.format.elements' must be a non-empty"),
+            std::string::npos);
+  format["format"] = ojson::parse(R"({"type": "tags_with_separator", "separator": ",", "tags": [{"type": "tag",
+    "begin": "<a>", "content": {"type": "const_string", "value": "x"}, "end": "</a>"}, {"type": "tag", "begin": "<b>",
+    "content": {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "regex", "pattern": "x"}]},
+    "end": "</b>"}]})");
+  EXPECT_EQ(error_of(ojson{{"structured_outputs", {{"structural_tag", format.dump()}}}}),
+            "'structured_outputs.structural_tag.format.tags[1].content.elements[0]' is unlimited (any_text, "
+            "triggered_tags or tags_with_separator): only the last element of a sequence may be; wrap it in a tag with "
+            "an end string [structured_outputs.structural_tag]");
+  format["format"]["tags"][1]["content"] = {{"type", "yaml"}};
+  EXPECT_NE(
+      error_of(ojson{{"response_format", format}}).find("'response_format.format.tags[1].content.type' is 'yaml'"),
+      std::string::npos);
   EXPECT_NE(error_of(ojson::parse(R"({"structural_tag": "{}"})")).find("response_format"), std::string::npos);
 }
 
@@ -232,6 +254,42 @@ TEST_F(ToolCallGrammar, StructuralTagTextAndTaggedCalls) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param, "structured_outputs.structural_tag");
     EXPECT_NE(e.message.find("structures[1].schema: JSON Schema at #/properties/x"), std::string::npos) << e.message;
+  }
+}
+
+// xgrammar's format form beyond triggered tags: reasoning as a tag with any_text, then free text with tool calls
+// whose arguments are Qwen XML parameters, compiled against the Qwen3 vocabulary.
+TEST_F(ToolCallGrammar, StructuralTagFormats) {
+  const ojson format = ojson::parse(R"({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+    {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"},
+    {"type": "triggered_tags", "triggers": ["<tool_call>"], "stop_after_first": true, "tags": [{"type": "tag",
+      "begin": "<tool_call>\n<function=get_weather>\n", "content": {"type": "qwen_xml_parameter", "json_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}, "end": "\n</function>\n</tool_call>"}]}]}})");
+  auto spec = read_structured_output(ojson{{"response_format", format}});
+  ASSERT_TRUE(spec);
+  auto f = compiler_->compile(*spec);
+  const std::string call =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(accepts(*f, "<think>Weather? Use the tool.</think>\n\nLet me check. " + call, true));
+  EXPECT_TRUE(accepts(*f, "<think></think>No tool needed.", true));
+  EXPECT_FALSE(accepts(*f, "No reasoning first.", false));
+  EXPECT_FALSE(accepts(*f, "<think>x</think>" + call + " and more", false));  // stop_after_first
+  std::string bad_days = call;
+  bad_days.replace(bad_days.find("\n3\n"), 3, "\nthree\n");
+  EXPECT_FALSE(accepts(*f, "<think>x</think>" + bad_days, false));
+  // A schema that cannot be compiled names its path.
+  ojson bad = format;
+  bad["format"]["elements"][1]["tags"][0]["content"]["json_schema"]["properties"]["days"] = {{"not", {}}};
+  try {
+    compiler_->compile(*read_structured_output(ojson{{"response_format", bad}}));
+    FAIL() << "a schema with 'not' compiled";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "response_format");
+    EXPECT_NE(e.message.find("'response_format.format.elements[1].tags[0].content.json_schema.properties.days'"),
+              std::string::npos)
+        << e.message;
   }
 }
 
