@@ -240,7 +240,8 @@ std::unique_ptr<tokenizer::Tokenizer> tokenize_jobs(const GenerateFlags& g, cons
 // --score: every text must encode to a token; one longer than --max-model-len - 1 tokens is cut
 // (the first token is not scored, so max_model_len tokens would leave no room).
 void truncate_score_jobs(const EngineFlags& ef, const std::string& score_file, std::vector<Job>& jobs) {
-  const int max_len = ef.max_model_len > 0 ? ef.max_model_len : load_model_config(ef.model, hf_overrides_json(ef)).max_position_embeddings;
+  const int max_len = ef.max_model_len > 0 ? ef.max_model_len
+                                           : load_model_config(ef.model, hf_overrides_json(ef)).max_position_embeddings;
   for (auto& j : jobs) {
     if (j.prompt.empty()) fail(ErrorKind::kInvalidArgument, "{}: a text encodes to no tokens", score_file);
     if (static_cast<int>(j.prompt.size()) > max_len - 1) {

@@ -18,7 +18,7 @@ struct LoadOptions {
   ParallelContext parallel;
   ParallelRuntime runtime;  // this rank's TP/PP communicators (TP/PP > 1)
   uint64_t seed = 0;
-  std::string quantization;  // --quantization: "" (the checkpoint's format) or "fp8"
+  std::string quantization;     // --quantization: "" (the checkpoint's format) or "fp8"
   nlohmann::json hf_overrides;  // --hf-overrides (and --rope-scaling / --rope-theta): over config.json
   // --speculative-config method mtp: build and load the checkpoint's MTP layer (mtp.* weights);
   // a checkpoint without them fails here, naming what is missing.
