@@ -64,7 +64,7 @@ SubmitResult AsyncEngine::submit(GenerationRequest request, OutputCallback on_ou
 
 SubmitResult AsyncEngine::submit(std::vector<GenerationRequest> requests, std::vector<OutputCallback> on_output) {
   if (requests.empty() || requests.size() != on_output.size())
-    return {SubmitError::kInvalid, "a submission needs one output callback per request"};
+    return {SubmitError::kInvalid, "a submission needs one output callback per request", ""};
   size_t sequences = 0;
   for (const auto& r : requests) {
     if (SubmitResult c = check(r); !c.ok()) return c;
@@ -75,10 +75,11 @@ SubmitResult AsyncEngine::submit(std::vector<GenerationRequest> requests, std::v
     return {SubmitError::kInvalid,
             fmt::format("this request has {} sequences (prompts x n), more than the waiting queue holds ({}, "
                         "--max-waiting-requests); send fewer prompts or a smaller n",
-                        sequences, limit)};
+                        sequences, limit),
+            ""};
   std::lock_guard<std::mutex> lk(mu_);
-  if (!snapshot_.alive) return {SubmitError::kDead, "the engine stopped after an error: " + snapshot_.fatal_error};
-  if (draining_ || stop_) return {SubmitError::kDraining, "the server is shutting down"};
+  if (!snapshot_.alive) return {SubmitError::kDead, "the engine stopped after an error: " + snapshot_.fatal_error, ""};
+  if (draining_ || stop_) return {SubmitError::kDraining, "the server is shutting down", ""};
   if (waiting_groups_ >= limit)
     return {
         SubmitError::kOverloaded,
