@@ -81,9 +81,9 @@ SubmitResult AsyncEngine::submit(std::vector<GenerationRequest> requests, std::v
   if (!snapshot_.alive) return {SubmitError::kDead, "the engine stopped after an error: " + snapshot_.fatal_error, ""};
   if (draining_ || stop_) return {SubmitError::kDraining, "the server is shutting down", ""};
   if (waiting_groups_ >= limit)
-    return {
-        SubmitError::kOverloaded,
-        fmt::format("too many requests waiting ({}); retry later or raise --max-waiting-requests", waiting_groups_)};
+    return {SubmitError::kOverloaded,
+            fmt::format("too many requests waiting ({}); retry later or raise --max-waiting-requests", waiting_groups_),
+            ""};
   const uint64_t group = next_group_++;
   ++waiting_groups_;
   for (size_t i = 0; i < requests.size(); ++i)
