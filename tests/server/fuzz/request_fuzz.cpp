@@ -110,7 +110,8 @@ struct Harness {
     int fd = connect_to();
     for (size_t off = 0; off < size;) {
       ssize_t n = ::send(fd, data + off, size - off, MSG_NOSIGNAL);
-      if (n <= 0) break;  // the server answered early and closed (413, 400, ...)
+      if (n < 0 && errno == EINTR) continue;  // libFuzzer's timeout timer (SIGALRM) interrupts blocking calls
+      if (n <= 0) break;                      // the server answered early and closed (413, 400, ...)
       off += static_cast<size_t>(n);
     }
     ::shutdown(fd, SHUT_WR);
@@ -120,6 +121,7 @@ struct Harness {
       ssize_t n = ::recv(fd, buf, sizeof buf, 0);
       if (n == 0) break;
       if (n < 0) {
+        if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) die("the server neither answered nor closed within 10 s");
         break;  // reset
       }
@@ -133,11 +135,16 @@ struct Harness {
     static const std::string req = "GET /health HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
     const auto t0 = std::chrono::steady_clock::now();
     int fd = connect_to();
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) die("health send");
+    ssize_t sent;
+    do {
+      sent = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent != static_cast<ssize_t>(req.size())) die("health send");
     std::string out;
     char buf[4096];
     ssize_t n;
-    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0 || (n < 0 && errno == EINTR))
+      if (n > 0) out.append(buf, static_cast<size_t>(n));
     const int err = n < 0 ? errno : 0;
     ::close(fd);
     if (out.rfind("HTTP/1.1 200 ", 0) != 0) {
