@@ -321,7 +321,9 @@ class StructuralTagLowering {
     if (check_only_) return rules_.empty();
     const int ws = rules_.repeat(rules_.char_class({{' ', ' '}, {'\n', '\n'}, {'\t', '\t'}}), 0, kUnbounded);
     std::vector<int> items;
-    for (const auto& [name, schema] : properties.items()) {
+    for (const auto& property : properties.items()) {
+      const std::string& name = property.key();
+      const ojson& schema = property.value();
       const int value = wrap(fmt::format("{}.properties.{}", at, name), [&] { return xml_value(schema, *s); });
       const int one =
           rules_.sequence({ws, rules_.bytes("<parameter=" + name + ">"), ws, value, ws, rules_.bytes("</parameter>")});
