@@ -8,27 +8,14 @@ namespace tessera::server {
 
 namespace {
 
-class LoggedExchange : public Exchange {
+class LoggedExchange : public ForwardingExchange {
  public:
   LoggedExchange(std::string line, std::shared_ptr<Exchange> inner)
-      : line_(std::move(line)), inner_(std::move(inner)) {}
-  void respond(HttpResponse response) override {
-    log(response.status);
-    inner_->respond(std::move(response));
-  }
-  void start_stream(int status, std::string content_type, HeaderList headers) override {
-    log(status);
-    inner_->start_stream(status, std::move(content_type), std::move(headers));
-  }
-  void write(std::string data) override { inner_->write(std::move(data)); }
-  void finish() override { inner_->finish(); }
-  void post(std::function<void()> fn) override { inner_->post(std::move(fn)); }
-  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
+      : ForwardingExchange(std::move(inner)), line_(std::move(line)) {}
 
  private:
-  void log(int status) const { TLOG_INFO("{} {}", line_, status); }
+  void before_headers(int status, HeaderList&) override { TLOG_INFO("{} {}", line_, status); }
   std::string line_;
-  std::shared_ptr<Exchange> inner_;
 };
 
 std::string request_line(const HttpRequest& r) {

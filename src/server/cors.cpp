@@ -58,27 +58,15 @@ void add_vary(HeaderList& headers, const std::string& value) {
   headers.emplace_back("Vary", value);
 }
 
-class CorsExchange : public Exchange {
+class CorsExchange : public ForwardingExchange {
  public:
   CorsExchange(const CorsPolicy& policy, HttpRequest request, std::shared_ptr<Exchange> inner)
-      : policy_(policy), request_(std::move(request)), inner_(std::move(inner)) {}
-  void respond(HttpResponse response) override {
-    policy_.add_response_headers(request_, response.headers);
-    inner_->respond(std::move(response));
-  }
-  void start_stream(int status, std::string content_type, HeaderList headers) override {
-    policy_.add_response_headers(request_, headers);
-    inner_->start_stream(status, std::move(content_type), std::move(headers));
-  }
-  void write(std::string data) override { inner_->write(std::move(data)); }
-  void finish() override { inner_->finish(); }
-  void post(std::function<void()> fn) override { inner_->post(std::move(fn)); }
-  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
+      : ForwardingExchange(std::move(inner)), policy_(policy), request_(std::move(request)) {}
 
  private:
+  void before_headers(int, HeaderList& headers) override { policy_.add_response_headers(request_, headers); }
   const CorsPolicy& policy_;
   HttpRequest request_;  // only the headers the policy reads
-  std::shared_ptr<Exchange> inner_;
 };
 
 }  // namespace cors_detail

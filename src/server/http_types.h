@@ -54,6 +54,31 @@ class Exchange {
   virtual void on_disconnect(std::function<void()> fn) = 0;
 };
 
+// An Exchange that passes everything to `inner`, with a look at each response's status and headers
+// before they go (the access log, CORS).
+class ForwardingExchange : public Exchange {
+ public:
+  explicit ForwardingExchange(std::shared_ptr<Exchange> inner) : inner_(std::move(inner)) {}
+  void respond(HttpResponse response) override {
+    before_headers(response.status, response.headers);
+    inner_->respond(std::move(response));
+  }
+  void start_stream(int status, std::string content_type, HeaderList headers) override {
+    before_headers(status, headers);
+    inner_->start_stream(status, std::move(content_type), std::move(headers));
+  }
+  void write(std::string data) override { inner_->write(std::move(data)); }
+  void finish() override { inner_->finish(); }
+  void post(std::function<void()> fn) override { inner_->post(std::move(fn)); }
+  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
+
+ protected:
+  virtual void before_headers(int status, HeaderList& headers) = 0;
+
+ private:
+  std::shared_ptr<Exchange> inner_;
+};
+
 // Called on the connection's strand for each complete request. It may answer at once or later.
 using RequestHandler = std::function<void(HttpRequest&&, std::shared_ptr<Exchange>)>;
 
