@@ -370,7 +370,7 @@ HeadEngine start_head_engine(const EngineFlags& f, std::unique_ptr<dist::NodeSes
   }
   EngineConfig ec = engine_config(f, /*parallel_supported=*/true);
   h.backend = make_rank_backend(f, h.session ? world / nnodes : world);  // rank 0: local rank 0
-  plan_or_fail(f, *h.backend, ec);                                       // before any rank starts or any weight is read
+  plan_or_fail(f, *h.backend, ec, h.session ? nnodes : 1);               // before any rank starts or any weight is read
   h.launcher = h.session ? std::make_unique<RankLauncher>(f, argc, argv, placement_of(f, *h.session, facts))
                          : std::make_unique<RankLauncher>(f, argc, argv);
   h.node_hook = std::make_unique<NodeFailureHook>(h.session.get(), h.launcher.get());

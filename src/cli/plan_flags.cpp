@@ -66,7 +66,7 @@ void plan_or_fail(const EngineFlags& f) {
   (void)plan_here(f, *backend);
 }
 
-void plan_or_fail(const EngineFlags& f, const Backend& backend, EngineConfig& ec) {
+void plan_or_fail(const EngineFlags& f, const Backend& backend, EngineConfig& ec, int nodes) {
   const auto start = std::chrono::steady_clock::now();
   const plan::Plan p = plan_here(f, backend);
   const plan::PlanInputs& in = p.in;
@@ -78,6 +78,15 @@ void plan_or_fail(const EngineFlags& f, const Backend& backend, EngineConfig& ec
       ms, s0.weight_bytes / 1073741824.0, s0.used_before_cache / 1073741824.0, s0.activation_bytes / 1073741824.0,
       p.num_blocks, with_thousands(p.kv_tokens), p.max_concurrency, p.max_model_len);
   if (!p.full_concurrency) TLOG_WARN("{}", p.verdict);
+  const int world = f.tensor_parallel_size * f.pipeline_parallel_size;
+  if (nodes > 1 && world % nodes == 0) {
+    const plan::NetworkStep n = plan::network_step_at(p, 1, world / nodes);
+    if (n.traffic.messages() > 0)
+      TLOG_INFO(
+          "Network per batch-1 decode step between the {} nodes: {} (`tessera plan MODEL --nodes {} --gpus-per-node "
+          "{} --link GBIT,US` prices it; `tessera doctor` measures the link)",
+          nodes, plan::describe_traffic(n.traffic), nodes, world / nodes);
+  }
   if (!f.gpu_memory.empty()) ec.device_memory = in.target.memory_bytes;
   ec.reserved_bytes = s0.activation_bytes;
   ec.planned_blocks = p.num_blocks;

@@ -15,7 +15,9 @@ plan::Target local_target(const EngineFlags& f, const Backend& backend);
 
 // Plans this configuration on `backend`'s device before any weight is read; fails with the
 // plan's sentence when it cannot fit, else fills `ec`'s planned figures and reserves.
-void plan_or_fail(const EngineFlags& f, const Backend& backend, EngineConfig& ec);
+// With `nodes` > 1 (the job's nodes, TP x PP / nodes ranks each) it also logs what a batch-1 decode step sends
+// between the nodes (plan/network_cost.h).
+void plan_or_fail(const EngineFlags& f, const Backend& backend, EngineConfig& ec, int nodes = 1);
 
 // The same check from the flags alone, on a backend made for the purpose (serve calls it
 // before the tokenizer, the rendezvous and the weights); silent when the plan fits.

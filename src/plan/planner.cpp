@@ -286,12 +286,12 @@ void add_ceilings(Plan& p) {
 }
 
 // The decode step's traffic between nodes at `batch`, and its time on the target's link.
-NetworkStep network_step(const Plan& p, int batch, const std::optional<DecodeCeiling>& ceiling) {
+NetworkStep network_step(const Plan& p, int batch, const std::optional<DecodeCeiling>& ceiling, int gpus_per_node) {
   const PlanInputs& in = p.in;
   TrafficLayout l;
   l.tensor_parallel = in.tensor_parallel_size;
   l.pipeline_parallel = in.pipeline_parallel_size;
-  l.gpus_per_node = in.target.gpus_per_node;
+  l.gpus_per_node = gpus_per_node;
   l.batch = batch;
   l.draft_tokens = in.state_slots_per_seq - 1;
   l.mtp = in.mtp;
@@ -313,9 +313,9 @@ void add_network(Plan& p) {
   const PlanInputs& in = p.in;
   const int per_node = in.target.gpus_per_node;
   if (per_node <= 0 || in.tensor_parallel_size * in.pipeline_parallel_size <= per_node) return;
-  p.network_one = network_step(p, 1, p.ceiling_one);
+  p.network_one = network_step(p, 1, p.ceiling_one, per_node);
   const int batch = p.ceiling_batch ? p.ceiling_batch->batch : 1;
-  if (batch > 1) p.network_batch = network_step(p, batch, p.ceiling_batch);
+  if (batch > 1) p.network_batch = network_step(p, batch, p.ceiling_batch, per_node);
 }
 
 // The plan's numbers without the advice (which re-plans other configurations).
@@ -661,6 +661,10 @@ void network_alternative(Plan& p) {
   }
 }
 
+NetworkStep network_step_at(const Plan& p, int batch, int gpus_per_node) {
+  return network_step(p, batch, std::nullopt, gpus_per_node);
+}
+
 Plan make_plan(const PlanInputs& in) {
   Plan p = compute(in);
   advise(p);
@@ -717,6 +721,8 @@ namespace {
 
 std::string megabytes(double bytes) { return fmt::format("{:.2f} MB", bytes / 1e6); }
 
+}  // namespace
+
 // "97 all-reduces + 1 logits gather + 2 broadcasts: 1.23 MB, 196 one-way latencies"
 std::string describe_traffic(const CrossNodeTraffic& t) {
   std::vector<std::string> parts;
@@ -729,6 +735,8 @@ std::string describe_traffic(const CrossNodeTraffic& t) {
   add(t.broadcasts, "plan broadcast or token return", "plan broadcasts and token returns");
   return fmt::format("{}: {}, {:.0f} one-way latencies", fmt::join(parts, " + "), megabytes(t.bytes), t.latencies);
 }
+
+namespace {
 
 // The traffic of a decode step between the nodes, priced on --link when given.
 void render_network(const Plan& p, std::string& o) {

@@ -184,6 +184,12 @@ Plan make_plan(const PlanInputs& in);
 // nodes and gpus_per_node are left for the caller.
 Target measured_target(const Backend& backend);
 
+// The decode step's traffic between nodes at `batch` with `p`'s ranks `gpus_per_node` a node (no time:
+// the plan's own link is not used), and its one-line description ("97 all-reduces + 1 logits gather
+// + ...: 1.09 MB, 196 one-way latencies").
+NetworkStep network_step_at(const Plan& p, int batch, int gpus_per_node);
+std::string describe_traffic(const CrossNodeTraffic& t);
+
 // TP x PP layouts over the target's GPUs (nodes x gpus_per_node, or up to 8 on one node) that
 // fit, TP inside a node first; each with its plan.
 std::vector<Plan> suggest_layouts(const PlanInputs& in);

@@ -87,10 +87,13 @@ run_pair tppp $PORT --tensor-parallel-size 2 --pipeline-parallel-size 2
 [ $HEAD_RC = 0 ] && [ $NODE_RC = 0 ] || { FAIL "TP 2 x PP 2, per node: head $HEAD_RC, node $NODE_RC"; tail -15 "$TMP/tppp.head.log" "$TMP/tppp.node.log"; }
 check "TP 2 x PP 2, per node" "$TMP/tppp.head.jsonl" "$TMP/tppp.head.log"
 has "$TMP/tppp.node.log" "this node runs ranks 2..3 on 10.83.0.2"
+# The startup log says what a decode step sends between the nodes: the pipeline's one stage send.
+has "$TMP/tppp.head.log" "Network per batch-1 decode step between the 2 nodes: 1 stage send + 3 plan broadcasts and token returns"
 echo "1. per node, TP 2 x PP 2 (pipeline across the link), MTP k=2: tokens and acceptance = one rank"
 run_pair tp $((PORT + 5)) --tensor-parallel-size 2
 [ $HEAD_RC = 0 ] && [ $NODE_RC = 0 ] || { FAIL "TP 2, per node: head $HEAD_RC, node $NODE_RC"; tail -15 "$TMP/tp.head.log" "$TMP/tp.node.log"; }
 check "TP 2, per node" "$TMP/tp.head.jsonl" "$TMP/tp.head.log"
+has "$TMP/tp.head.log" "Network per batch-1 decode step between the 2 nodes: [0-9]* all-reduces + 3 logits gathers"
 echo "1b. per node, TP 2 (all-reduces across the link), MTP k=2: tokens and acceptance = one rank"
 
 # --- 2. a cluster: node start on both hosts, the job placed on it by the head
@@ -109,6 +112,7 @@ RC=$?
 [ $RC = 0 ] || { FAIL "TP 2 x PP 2 on the cluster exited $RC"; tail -20 "$TMP/ray.log"; tail -10 "$TMP/cworker.log"; }
 check "TP 2 x PP 2 on the cluster" "$TMP/ray.jsonl" "$TMP/ray.log"
 has "$TMP/ray.log" "4 rank(s) on 2 nodes of the cluster at 10.83.0.1:$CP"
+has "$TMP/ray.log" "Network per batch-1 decode step between the 2 nodes: 1 stage send"
 echo "2. node start + --distributed-executor-backend ray, TP 2 x PP 2, MTP k=2: tokens and acceptance = one rank"
 
 [ $fail = 0 ] && echo "PASS: MTP k=2 across two namespace nodes, both launch ways"
