@@ -18,6 +18,7 @@
 // TESSERA_FUZZ_TOKENIZER names the tokenizer directory (default: the repo's .npm-pkgs Qwen3 one).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -91,6 +92,24 @@ struct Harness {
     port = http->port();
   }
 
+  // libFuzzer's timeout timer (SIGALRM, every few seconds) interrupts blocking socket calls; the harness's
+  // exchanges block it (each socket has its own 10 s timeout) and it is delivered when they end.
+  class AlarmBlocked {
+   public:
+    AlarmBlocked() {
+      sigset_t alarm;
+      sigemptyset(&alarm);
+      sigaddset(&alarm, SIGALRM);
+      pthread_sigmask(SIG_BLOCK, &alarm, &saved_);
+    }
+    ~AlarmBlocked() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+    AlarmBlocked(const AlarmBlocked&) = delete;
+    AlarmBlocked& operator=(const AlarmBlocked&) = delete;
+
+   private:
+    sigset_t saved_;
+  };
+
   int connect_to() const {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) die("socket");
@@ -101,12 +120,14 @@ struct Harness {
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("connect");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      die((std::string("connect: ") + std::strerror(errno)).c_str());
     return fd;
   }
 
   // Sends `data`, half-closes, and reads until the server closes; returns what it sent back.
   std::string exchange(const uint8_t* data, size_t size) const {
+    AlarmBlocked quiet;
     int fd = connect_to();
     for (size_t off = 0; off < size;) {
       ssize_t n = ::send(fd, data + off, size - off, MSG_NOSIGNAL);
@@ -132,6 +153,7 @@ struct Harness {
   }
 
   void check_health() const {
+    AlarmBlocked quiet;
     static const std::string req = "GET /health HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
     const auto t0 = std::chrono::steady_clock::now();
     int fd = connect_to();
