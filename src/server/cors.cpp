@@ -1,6 +1,9 @@
 // CORS (see cors.h): Starlette's CORSMiddleware rules, which vLLM's server applies to every request.
 #include "server/cors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cctype>
 #include <set>
@@ -26,15 +29,6 @@ std::string_view strip(std::string_view s) {
 
 bool contains(const std::vector<std::string>& list, std::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) {
-    if (!out.empty()) out += ", ";
-    out += s;
-  }
-  return out;
 }
 
 // Sets a header (names compare case-insensitively), replacing an earlier value.
@@ -88,9 +82,10 @@ CorsPolicy::CorsPolicy(CorsOptions options) : opt_(std::move(options)) {
     preflight_headers_.emplace_back("Vary", "Origin");  // the origin itself is added when it is allowed
   else
     preflight_headers_.emplace_back("Access-Control-Allow-Origin", "*");
-  preflight_headers_.emplace_back("Access-Control-Allow-Methods", cors_detail::join(methods_));
+  preflight_headers_.emplace_back("Access-Control-Allow-Methods", fmt::format("{}", fmt::join(methods_, ", ")));
   preflight_headers_.emplace_back("Access-Control-Max-Age", std::to_string(opt_.max_age));
-  if (!all_headers_) preflight_headers_.emplace_back("Access-Control-Allow-Headers", cors_detail::join(sorted));
+  if (!all_headers_)
+    preflight_headers_.emplace_back("Access-Control-Allow-Headers", fmt::format("{}", fmt::join(sorted, ", ")));
   if (opt_.allow_credentials) preflight_headers_.emplace_back("Access-Control-Allow-Credentials", "true");
 }
 
@@ -130,7 +125,7 @@ HttpResponse CorsPolicy::preflight(const HttpRequest& request) const {
   }
   if (!failures.empty()) {
     r.status = 400;
-    r.body = "Disallowed CORS " + cors_detail::join(failures);
+    r.body = fmt::format("Disallowed CORS {}", fmt::join(failures, ", "));
   }
   return r;
 }
