@@ -323,7 +323,10 @@ TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
   submit(small);
   auto got = small.run_all();
   expect_preemption_or_window(*small.engine);
-  expect_same_or_close_call(want, got, big.margins, small.margins, GetParam());
+  // Preempted requests are recomputed in other batches: on CUDA a parting at a near tie is
+  // followed up (the reference rerun from there), so every token is compared.
+  expect_greedy_over_every_token(GetParam(), prompts, [](size_t) { return greedy(24); }, want, big.margins, got,
+                                 small.margins);
 }
 
 TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
