@@ -48,8 +48,11 @@ __device__ __forceinline__ WindowKeys window_keys(const PagedAttentionArgs& a, i
 // sequence): q comes normed and rotated from the fused QKV row `pro.qkv`, and the block whose
 // slice holds the newest key writes that key and value into the cache before reading it.
 // kWindow: a.window > 0 (a sliding window, window_keys); without it the window's code is compiled out.
+// At least one block an SM, not more: given only the thread count, ptxas held the registers to
+// an occupancy of its own choosing and spilled 4-64 bytes in a quarter of the variants (sm_90a
+// and sm_120a alike); with this bound no variant spills (scripts/ptxas_report.sh).
 template <int D, typename CT, int GC, bool kFused, bool kPre, bool kWindow>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 1)
     decode_attention_kernel(PagedAttentionArgs a, int num_splits, int max_qlen, float* __restrict__ ws,
                             QkvPrologueArgs pro, bool trigger_early) {
   // Q.K: kLpk lanes share a key (kDpl dims each), so a lane takes kKpl keys of the
@@ -397,11 +400,15 @@ __global__ void decode_reduce_kernel(PagedAttentionArgs a, int num_splits, int m
 
 // Power of two >= group, at most 8.
 int full_group_chunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+// Query heads a block takes at most: 8, or 4 at head_dim 256 (8 heads of 256 dims need more than
+// 255 registers a thread, and ptxas spilled them).
+constexpr int max_group_chunk(int D) { return D >= 256 ? 4 : 8; }
 
 template <int D, typename CT, bool kFused, bool kPre, bool kWindow>
 void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, float* ws, const QkvPrologueArgs& pro,
                    int gc, bool early_merge, cudaStream_t s) {
   const int group = a.Hq / a.Hk;
+  gc = std::min(gc, max_group_chunk(D));
   dim3 grid(a.Hk * ((group + gc - 1) / gc), num_splits, a.num_tokens);
   const bool trigger_early = early_merge && num_splits > 1;
   switch (gc) {
@@ -418,8 +425,9 @@ void decode_launch(const PagedAttentionArgs& a, int num_splits, int max_qlen, fl
                  max_qlen, ws, pro, trigger_early);
       break;
     default:
-      launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
-                 max_qlen, ws, pro, trigger_early);
+      if constexpr (max_group_chunk(D) >= 8)
+        launch_pdl(decode_attention_kernel<D, CT, 8, kFused, kPre, kWindow>, grid, kWarps * 32, 0, s, a, num_splits,
+                   max_qlen, ws, pro, trigger_early);
       break;
   }
 }
@@ -488,6 +496,7 @@ void launch_decode_attention(const PagedAttentionArgs& a, int num_splits, int ma
                              const QkvPrologueArgs* fused, cudaStream_t s, int heads_per_block, bool early_merge) {
   if (a.num_tokens == 0) return;
   const int group = a.Hq / a.Hk;
+  // decode_launch takes at most max_group_chunk(D) of them.
   const int gc = heads_per_block > 0 ? std::min(full_group_chunk(heads_per_block), full_group_chunk(group))
                                      : decode_attention_heads_per_block(a.num_tokens, group);
   const bool fp8 = a.cache_dtype == DType::kF8E4M3;

@@ -136,8 +136,10 @@ __global__ void gated_rms_norm_kernel(const bf16* __restrict__ x, const bf16* __
 // is read once and written once however many tokens the block walks through. Per token: q and
 // k of the key head go through shared memory, each warp computes their norms, and the two
 // column sums (S^T k, then S^T q) are reduced across the 4 warps in shared memory.
+// At least one block an SM: with the thread count alone, ptxas for sm_120 held the registers
+// down and spilled 8 bytes at Dk 64 and 128.
 template <int DK, typename SS>
-__global__ void __launch_bounds__(128) gdr_recurrent_kernel(GatedDeltaRuleArgs a) {
+__global__ void __launch_bounds__(128, 1) gdr_recurrent_kernel(GatedDeltaRuleArgs a) {
   constexpr int R = DK / 4;
   __shared__ float qs[DK], ks[DK], red_k[4][32], red_q[4][32];
   pdl_launch_dependents();

@@ -23,9 +23,10 @@ namespace {
 // to f32 once per load and multiplied with every pair's x; each load's partial dot gets its
 // block's scale with one FMA (16 columns never straddle a 128-column block). Half the bytes
 // of bf16, so half the unroll keeps the same weights in flight (bf16's unroll, measured on the
-// H200, needs 160-169 registers and runs at 0.6x).
+// H200, needs 160-169 registers and runs at 0.6x). At least one block an SM: with the thread
+// count alone, ptxas for sm_120 held the FP8 down GEMV to 128 registers and spilled.
 template <bool kGateUp, bool kFp8>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvWarps * 32, 1)
     moe_gemv_kernel(const __nv_bfloat16* __restrict__ in, const void* __restrict__ w_raw,
                     const float* __restrict__ scale, const int32_t* __restrict__ ids, int P, int k, int expert_begin,
                     int E_local, int H, int I, __nv_bfloat16* __restrict__ out) {
