@@ -1,5 +1,8 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <bit>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -23,6 +26,53 @@ std::vector<int32_t> host_i32(Backend& be, const Tensor& t) {
 }
 
 }  // namespace
+
+void Backend::shard_argmax(const Tensor& logits, int64_t width, int64_t first, const Tensor& out) {
+  TESSERA_CHECK(logits.ndim() == 2 && logits.dtype() == DType::kF32 && out.dtype() == DType::kI32 &&
+                    out.numel() == 2 * logits.dim(0) && width >= 0 && width <= logits.dim(1) && first >= 0,
+                "shard_argmax: logits {}, width {}, first {} -> {}", logits.str(), width, first, out.str());
+  const int64_t n = logits.dim(0), Vs = logits.dim(1);
+  if (n == 0) return;
+  std::vector<float> row(static_cast<size_t>(Vs));
+  std::vector<int32_t> pairs(static_cast<size_t>(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    copy_to_host(row.data(), logits.rows(i, i + 1));
+    const ShardBest b = shard_best_host(row.data(), width, first);
+    pairs[static_cast<size_t>(2 * i)] = std::bit_cast<int32_t>(b.value);
+    pairs[static_cast<size_t>(2 * i + 1)] = b.id;
+  }
+  copy_from_host(out, pairs.data());
+}
+
+void Backend::merge_shard_argmax(const Tensor& pairs, const Tensor& rows, const Tensor& logits) {
+  TESSERA_CHECK(pairs.ndim() == 3 && pairs.dtype() == DType::kI32 && pairs.dim(2) == 2 && logits.ndim() == 2 &&
+                    logits.dtype() == DType::kF32 &&
+                    (rows.defined() ? rows.dtype() == DType::kI32 && rows.numel() == pairs.dim(1)
+                                    : pairs.dim(1) <= logits.dim(0)),
+                "merge_shard_argmax: pairs {}, rows {}, logits {}", pairs.str(), rows.defined() ? rows.str() : "all",
+                logits.str());
+  const int64_t S = pairs.dim(0), m = pairs.dim(1), n = logits.dim(0), V = logits.dim(1);
+  if (m == 0) return;
+  const std::vector<int32_t> p = host_i32(*this, pairs);
+  const std::vector<int32_t> row = rows.defined() ? host_i32(*this, rows) : std::vector<int32_t>();
+  std::vector<ShardBest> shards(static_cast<size_t>(S));
+  std::vector<float> out(static_cast<size_t>(V));
+  for (int64_t k = 0; k < m; ++k) {
+    const int64_t r = rows.defined() ? row[static_cast<size_t>(k)] : k;
+    TESSERA_CHECK(r >= 0 && r < n, "merge_shard_argmax: row {} of {}", r, n);
+    for (int64_t s = 0; s < S; ++s) {
+      const size_t at = static_cast<size_t>((s * m + k) * 2);
+      shards[static_cast<size_t>(s)] = {std::bit_cast<float>(p[at]), p[at + 1]};
+    }
+    const ShardBest b = merge_shard_best(shards.data(), S);
+    std::fill(out.begin(), out.end(), -std::numeric_limits<float>::infinity());
+    if (b.id == kNoToken)
+      out[0] = std::numeric_limits<float>::quiet_NaN();
+    else if (b.id >= 0 && b.id < V)
+      out[static_cast<size_t>(b.id)] = b.value;
+    copy_from_host(logits.rows(r, r + 1), out.data());
+  }
+}
 
 void Backend::apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) {
   const int64_t m = rows.numel();

@@ -299,6 +299,22 @@ class Backend {
   // with temperature 0 (the lowest id among equal maxima; -1 for a row with a NaN or +inf). The CUDA backend reads
   // nothing from the host here, so a captured graph may hold it (MTP drafting).
   virtual void argmax(const Tensor& logits, const Tensor& out);
+  // Tensor parallelism's greedy rows (ParallelLmHead): the best token of each row of one
+  // vocabulary shard. logits [n, Vs] (f32) holds the vocabulary's columns [first, first + Vs);
+  // only the first `width` (<= Vs) count, the rest pad the vocabulary to a multiple of the TP
+  // size. out (i32 [n, 2]) gets (the max's f32 bits, first + the lowest column holding it); a
+  // row with a NaN or +inf among its counted columns gets (NaN, -1); width 0 gives (-inf,
+  // INT32_MAX), which every other pair beats. The default runs on the host over copies; the
+  // CUDA kernel reads nothing from the host, so a captured graph may hold it.
+  virtual void shard_argmax(const Tensor& logits, int64_t width, int64_t first, const Tensor& out);
+  // The shards' pairs merged into stand-in rows. pairs (i32 [S, m, 2]): shard s's pairs of m
+  // rows (shard_argmax), shards in vocabulary order. The pick is the largest max, the lower id
+  // among equal ones (what argmax of the whole row picks), -1 when a shard saw a NaN or +inf.
+  // Row rows[k] of logits (f32 [n, V]) becomes -inf everywhere but at the picked id, which holds
+  // the max (NaN at column 0 for -1), so that argmax and sample at temperature 0 take from it
+  // the token they would take from the whole row. rows: i32 [m], or undefined for rows 0..m-1
+  // (then graph-safe on CUDA, like shard_argmax).
+  virtual void merge_shard_argmax(const Tensor& pairs, const Tensor& rows, const Tensor& logits);
   // Structured output's token masks, before sample(): for k < m, row rows[k] of logits [n, V] (f32) gets
   // -inf at every token t whose bit is clear in mask row k (i32 [m, W] of bit words: token t is bit t % 32
   // of word t / 32; t >= 32 W counts as clear). rows: i32 [m], distinct. The default runs on the host over

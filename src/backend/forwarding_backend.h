@@ -109,6 +109,12 @@ class ForwardingBackend : public Backend {
     inner_.embedding_slice(ids, table, begin, out);
   }
   void argmax(const Tensor& logits, const Tensor& out) override { inner_.argmax(logits, out); }
+  void shard_argmax(const Tensor& logits, int64_t width, int64_t first, const Tensor& out) override {
+    inner_.shard_argmax(logits, width, first, out);
+  }
+  void merge_shard_argmax(const Tensor& pairs, const Tensor& rows, const Tensor& logits) override {
+    inner_.merge_shard_argmax(pairs, rows, logits);
+  }
   void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) override {
     inner_.apply_token_mask(logits, mask, rows);
   }

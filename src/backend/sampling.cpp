@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -13,6 +14,26 @@ void apply_token_mask_host(float* logits, int64_t vocab, std::span<const uint32_
     const size_t w = static_cast<size_t>(t) >> 5;
     if (w >= mask.size() || !(mask[w] >> (t & 31) & 1u)) logits[t] = neg_inf;
   }
+}
+
+ShardBest shard_best_host(const float* row, int64_t width, int64_t first) {
+  if (width <= 0) return {-std::numeric_limits<float>::infinity(), INT32_MAX};
+  int64_t best = 0;
+  for (int64_t i = 0; i < width; ++i) {
+    if (logit_is_broken(row[i])) return {std::numeric_limits<float>::quiet_NaN(), kNoToken};
+    if (row[i] > row[best]) best = i;
+  }
+  return {row[best], static_cast<int32_t>(first + best)};
+}
+
+ShardBest merge_shard_best(const ShardBest* shards, int64_t count) {
+  ShardBest best{-std::numeric_limits<float>::infinity(), INT32_MAX};
+  for (int64_t s = 0; s < count; ++s) {
+    const ShardBest& b = shards[s];
+    if (b.id == kNoToken) return {std::numeric_limits<float>::quiet_NaN(), kNoToken};
+    if (b.value > best.value || (b.value == best.value && b.id < best.id)) best = b;
+  }
+  return best;
 }
 
 int32_t sample_row_host(const float* logits, int64_t V, const SamplingRow& row) {

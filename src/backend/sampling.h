@@ -37,4 +37,17 @@ void apply_token_mask_host(float* logits, int64_t vocab, std::span<const uint32_
 // One row of f32 logits -> token id, or kNoToken.
 int32_t sample_row_host(const float* logits, int64_t vocab, const SamplingRow& row);
 
+// Tensor parallelism's greedy rows (Backend::shard_argmax, merge_shard_argmax): one shard's best
+// (value, global id) of a row, and the merge of every shard's, written once for the host.
+struct ShardBest {
+  float value = 0;
+  int32_t id = 0;  // kNoToken: the shard saw a NaN or +inf
+};
+// The best of row[0, width) (the vocabulary's ids first .. first + width - 1): the lowest id
+// among equal maxima; {NaN, kNoToken} for a broken logit; {-inf, INT32_MAX} when width is 0.
+ShardBest shard_best_host(const float* row, int64_t width, int64_t first);
+// The pick over the shards (in vocabulary order): kNoToken when any is broken, else the largest
+// value, the lower id among equal ones.
+ShardBest merge_shard_best(const ShardBest* shards, int64_t count);
+
 }  // namespace tessera

@@ -88,6 +88,7 @@ nlohmann::json to_json(const plan::Plan& p) {
                           {"stage_sends", t.stage_sends},
                           {"broadcasts", t.broadcasts},
                           {"bytes", t.bytes},
+                          {"whole_row_bytes", t.whole_row_bytes},
                           {"latencies", t.latencies},
                           {"seconds", n.seconds},
                           {"step_seconds", n.step_seconds}};

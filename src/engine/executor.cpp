@@ -296,7 +296,7 @@ void MultiprocExecutor::propose_mtp(const MtpDraftInput& in, std::vector<int32_t
 }
 
 void MultiprocExecutor::run_and_collect(const ModelInput& input, const StepSampling& sampling, StepOutput& out) {
-  Tensor logits = worker_->run(input);
+  Tensor logits = worker_->run(input, sampling);
   const ParallelContext& pc = worker_->context();
   Backend& be = worker_->backend();
   if (pc.pp_size == 1) {

@@ -248,9 +248,11 @@ Tensor ModelRunner::run_graph(GraphFamily& family, const GraphKey& key, bool dec
   return out;
 }
 
-Tensor ModelRunner::run(const ModelInput& in) { return run_step(in).logits; }
+Tensor ModelRunner::run(const ModelInput& in, const std::vector<int32_t>& argmax_rows) {
+  return run_step(in, argmax_rows).logits;
+}
 
-ModelRunner::StepRun ModelRunner::run_step(const ModelInput& in) {
+ModelRunner::StepRun ModelRunner::run_step(const ModelInput& in, const std::vector<int32_t>& argmax_rows) {
   TESSERA_CHECK(cache_ready(), "a step before the KV cache was allocated");
   backend_.reset_scratch();
   if (!in.state_copies.empty()) apply_state_copies(in.state_copies);
@@ -258,15 +260,19 @@ ModelRunner::StepRun ModelRunner::run_step(const ModelInput& in) {
   const int q = graph_query_len(in);
   const int b = q > 0 ? bucket_for(S) : 0;
   const int64_t T = static_cast<int64_t>(in.token_ids.size());
-  const GraphKey shape{b, q, 0};
+  // Argmax rows matter only where the logits come from vocabulary shards.
+  const bool picks = model_.shards_logits() && !argmax_rows.empty();
+  const bool all_picks = picks && argmax_rows.size() == in.logits_indices.size();
+  const GraphKey shape{b, q, all_picks ? 1 : 0};
   StepRun step;
   if (b == 0 || step_graphs_.eager.count(shape)) {
     if (!mtp_) {
-      step.logits = model_.forward(in, kv_);
+      step.logits = picks ? model_.forward_argmax_rows(in, kv_, argmax_rows) : model_.forward(in, kv_);
       return step;
     }
     step.inputs = upload_step_inputs(backend_, in, model_.config().vocab_size, max_model_len_);
     step.inputs.hidden_states = mtp_->step_hidden(T, T);
+    if (picks) step.inputs.argmax_rows = argmax_rows;
     step.logits = model_.run(step.inputs, kv_);
     return step;
   }
@@ -276,6 +282,7 @@ ModelRunner::StepRun ModelRunner::run_step(const ModelInput& in) {
   StepInputs si = views(step_layout_, in, b, q, graph_buf_, h_step_);
   // (The MTP drafter reserved the hidden states of every graphed shape at init: the graphs write into it.)
   if (mtp_) si.hidden_states = mtp_->step_hidden(static_cast<int64_t>(b) * q, T);
+  si.argmax_all = all_picks;  // (a step that mixes argmax rows and whole ones gathers every row whole)
   const Tensor logits = run_graph(step_graphs_, shape, q == 1, [&] { return model_.run(si, kv_); });
   // The step ran on the bucket's padded rows (si), captured or not: what follows it (MTP
   // drafting) takes that layout, also after a failed capture.

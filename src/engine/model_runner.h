@@ -42,7 +42,11 @@ class ModelRunner {
   void init_cache(const CacheInit& init);
   bool cache_ready() const { return kv_.num_blocks > 0; }
   // The step's logits (undefined on ranks that do not return them), valid until the next run.
-  Tensor run(const ModelInput& input);
+  // argmax_rows: the rows whose greedy pick alone is read (argmax_rows(StepSampling)); where the
+  // model shards its logits (TP) they come back as stand-in rows (StepInputs::argmax_rows). A
+  // graphed step takes them when they are every row (its graph is captured so, as a shape of its
+  // own), else gathers every row whole.
+  Tensor run(const ModelInput& input, const std::vector<int32_t>& argmax_rows = {});
   const KvCache& cache() const { return kv_; }
   // Models with an MTP layer (Model::has_mtp): their drafting, which every run() hands its final
   // hidden states (kept on the device). Fails on a model without the layer.
@@ -58,8 +62,8 @@ class ModelRunner {
     Tensor out;  // the logits (run) or the drafts (MtpDrafter)
     size_t scratch_bytes = 0;
   };
-  // Graphs of one kind by shape key (bucket, q, and 0 or the MTP passes), and the keys whose
-  // capture failed (they run eagerly).
+  // Graphs of one kind by shape key (bucket, q, and for steps 1 when every row is an argmax row
+  // (else 0), for MTP drafting the passes), and the keys whose capture failed (they run eagerly).
   using GraphKey = std::array<int, 3>;
   struct GraphFamily {
     std::map<GraphKey, Graph> graphs;
@@ -99,7 +103,7 @@ class ModelRunner {
     int bucket = 0;
     StepInputs inputs;
   };
-  StepRun run_step(const ModelInput& in);
+  StepRun run_step(const ModelInput& in, const std::vector<int32_t>& argmax_rows = {});
   // Copies the (src, dst) state-slot pairs of every linear-attention layer, in order.
   void apply_state_copies(const std::vector<int32_t>& pairs);
 

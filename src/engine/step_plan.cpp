@@ -237,6 +237,20 @@ void read_cache_init(dist::WireReader& r, CacheInit& c) {
 
 }  // namespace
 
+std::vector<int32_t> argmax_rows(const StepSampling& s) {
+  std::vector<int32_t> rows;
+  size_t host = 0, mask = 0;
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    const int32_t r = static_cast<int32_t>(i);
+    while (host < s.host_rows.size() && s.host_rows[host] < r) ++host;
+    while (mask < s.mask_rows.size() && s.mask_rows[mask] < r) ++mask;
+    const bool whole =
+        (host < s.host_rows.size() && s.host_rows[host] == r) || (mask < s.mask_rows.size() && s.mask_rows[mask] == r);
+    if (!whole && s.rows[i].temperature < 1e-5f) rows.push_back(r);
+  }
+  return rows;
+}
+
 std::vector<uint8_t> encode_step_plan(const StepPlan& p) {
   dist::WireWriter w;
   w.u32(kPlanMagic);

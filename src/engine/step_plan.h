@@ -66,6 +66,13 @@ struct StepSampling {
   int32_t mask_words = 0;
 };
 
+// The rows of `s` whose token is the greedy pick of their logits and that need nothing else of
+// them: temperature 0 (SamplingRow's rule), not a host row (logprobs, penalties, logit bias and
+// the like are applied to the whole row there), not a masked row (structured output). Ascending.
+// Every rank computes them from the plan alike: under tensor parallelism the lm_head gathers only
+// each shard's (max, id) for them (StepInputs::argmax_rows).
+std::vector<int32_t> argmax_rows(const StepSampling& s);
+
 // What comes back: a token per logits row (unspecified for host rows) and the host rows'
 // f32 logits, host_rows.size() x vocab.
 struct StepOutput {

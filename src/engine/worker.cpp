@@ -101,7 +101,7 @@ void Worker::run_step_loop() {
 
 void Worker::run_step(const StepPlan& plan) {
   if (!runner_->cache_ready()) fail(ErrorKind::kCorrupt, "step plan before the cache was initialised");
-  Tensor logits = runner_->run(plan.input);
+  Tensor logits = run(plan.input, plan.sampling);
   // With a pipeline, the last stage's TP rank 0 samples and sends the tokens, then the host
   // rows, back to rank 0 over this shard's pipeline group.
   if (pc_.pp_size > 1 && model_->returns_logits()) {

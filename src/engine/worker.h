@@ -52,8 +52,11 @@ class Worker {
 
   // Allocates this rank's cache (and graph buffers).
   void init_cache(const CacheInit& init) { runner_->init_cache(init); }
-  // This rank's part of one step; the logits on the rank that returns them.
-  Tensor run(const ModelInput& input) { return runner_->run(input); }
+  // This rank's part of one step; the logits on the rank that returns them (the greedy rows of
+  // `sampling` as stand-in rows that hold only their pick: argmax_rows).
+  Tensor run(const ModelInput& input, const StepSampling& sampling) {
+    return runner_->run(input, argmax_rows(sampling));
+  }
   // Whether the job runs the MTP layer (LoadOptions::mtp; the last pipeline stage holds it).
   bool loads_mtp() const { return loads_mtp_; }
   // The MTP passes after the last step (MtpDrafter::draft): the drafts [passes, W] on the

@@ -157,6 +157,12 @@ Tensor DecoderModel::forward(const ModelInput& in, KvCache& cache) {
   return run(upload_step_inputs(backend_, in, config_.vocab_size, max_positions_), cache);
 }
 
+Tensor DecoderModel::forward_argmax_rows(const ModelInput& in, KvCache& cache, std::span<const int32_t> argmax_rows) {
+  StepInputs si = upload_step_inputs(backend_, in, config_.vocab_size, max_positions_);
+  si.argmax_rows.assign(argmax_rows.begin(), argmax_rows.end());
+  return run(si, cache);
+}
+
 Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
   Backend& be = backend_;
   const int64_t T = in.token_ids.numel(), H = config_.hidden_size;
@@ -212,7 +218,7 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
   const int64_t n = in.logits_indices.numel();
   Tensor rows = be.scratch({n, H}, dt);
   be.gather_rows(h, in.logits_indices, rows);
-  return lm_head_->forward(rows);
+  return lm_head_->forward(rows, in.argmax_all, in.argmax_rows);
 }
 
 Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) {
@@ -258,7 +264,7 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   const int64_t n = in.logits_indices.numel();
   Tensor rows = be.scratch({n, H}, dt);
   be.gather_rows(h, in.logits_indices, rows);
-  return lm_head_->forward(rows);
+  return lm_head_->forward(rows, /*argmax_all=*/true);  // (the drafts are greedy)
 }
 
 void DecoderModel::share_sampled(const Tensor& ids) { comm_.broadcast_from_first(ids); }

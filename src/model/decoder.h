@@ -51,9 +51,11 @@ class DecoderModel : public Model {
   std::vector<LayerCacheSpec> cache_specs() const override;
   WeightStore& weights() override { return weights_; }
   Tensor forward(const ModelInput& input, KvCache& cache) override;
+  Tensor forward_argmax_rows(const ModelInput& input, KvCache& cache, std::span<const int32_t> argmax_rows) override;
   Tensor run(const StepInputs& input, KvCache& cache) override;
   bool graph_safe() const override { return comm_.graph_safe(); }
   bool returns_logits() const override;
+  bool shards_logits() const override { return comm_.tp_size() > 1; }
   bool has_mtp() const override { return mtp_.has_value(); }
   Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache) override;
   void share_sampled(const Tensor& ids) override;

@@ -2,6 +2,7 @@
 // knows nothing of requests, HTTP or scheduling.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -100,12 +101,22 @@ class Model {
   // come back on TP rank 0 of the last pipeline stage only (see returns_logits); the other
   // ranks return an undefined tensor. cache holds this stage's layers only.
   virtual Tensor forward(const ModelInput& input, KvCache& cache) = 0;
+  // forward() where the caller reads only the greedy pick of the rows `argmax_rows` lists
+  // (StepInputs::argmax_rows); a model that does not shard its logits returns every row whole.
+  virtual Tensor forward_argmax_rows(const ModelInput& input, KvCache& cache, std::span<const int32_t> argmax_rows) {
+    (void)argmax_rows;
+    return forward(input, cache);
+  }
   // The same step from inputs already on the device. Queues device work only (no host
   // transfer, no synchronize) when graph_safe(), so it can be captured and replayed.
   virtual Tensor run(const StepInputs& input, KvCache& cache) = 0;
   virtual bool graph_safe() const { return false; }
   // Whether forward() returns the logits on this rank.
   virtual bool returns_logits() const { return true; }
+  // Whether the logits are gathered from vocabulary shards (tensor parallelism): then the rows
+  // StepInputs::argmax_rows names cost a (max, id) pair per shard instead of a slice, and come
+  // back as stand-in rows that hold only their greedy pick.
+  virtual bool shards_logits() const { return false; }
 
   // Multi-token prediction (ModelOptions::mtp): whether this model holds an MTP layer. Its
   // attention's paged KV is the last entry of cache_specs(); run() then writes the step's final
@@ -116,7 +127,8 @@ class Model {
   // target's after its final norm, or this layer's own output for a chained draft). Writes the
   // layer's K/V at the input's slots, `hidden_out` [T, H] gets the layer's normed output, and
   // the f32 logits [logits_indices.size(), vocab] (of the token after next) come back in scratch
-  // memory. Queues device work only.
+  // memory. The drafts are greedy: every row is an argmax row (StepInputs::argmax_rows), so
+  // under tensor parallelism the rows hold only their greedy pick. Queues device work only.
   virtual Tensor run_mtp(const StepInputs& input, const Tensor& hidden, const Tensor& hidden_out, KvCache& cache);
   // Token ids (i32) picked from the logits on the rank that holds them (TP rank 0; the MTP
   // drafts' argmax), copied in place to every rank of its TP group, so that the next pass embeds

@@ -45,6 +45,14 @@ struct StepInputs {
   // MTP passes (Model::run_mtp): i32 [2T], the rows (t, T + t) interleaved that make fc's input
   // of [normed embeddings; normed hidden states]; undefined: run_mtp uploads them.
   Tensor mtp_fc_order;
+  // Logits rows whose caller reads only their greedy pick (argmax, or sampling at temperature 0:
+  // no logprobs, penalties or masks): every row (argmax_all; a captured graph's steps), or those
+  // listed (ascending row numbers of logits_indices, on the host). Where the model gathers its
+  // logits from vocabulary shards (Model::shards_logits) such a row travels as each shard's
+  // (max, id) instead of its slice and comes back as a stand-in row with the same greedy pick
+  // (Backend::merge_shard_argmax); elsewhere every row is whole.
+  bool argmax_all = false;
+  std::vector<int32_t> argmax_rows;
 };
 
 // How many entries an array has, in the step's T tokens, S sequences (seq_lens) and the

@@ -110,22 +110,26 @@ CrossNodeTraffic decode_step_traffic(const ModelConfig& c, const TrafficLayout& 
       t.bytes += 2.0 * rows * hidden;  // residual and hidden state, [2T, H]
     }
   }
-  // The last stage's logits, gathered on its TP rank 0 from the ranks on other nodes.
+  // The last stage's logits, gathered on its TP rank 0 from the ranks on other nodes: each
+  // rank's slice of the whole rows, a (max, id) pair of the greedy ones.
   const int last = (pp - 1) * tp;
   const int remote = tp - std::min(tp, g - last % g);
-  auto gather = [&](int logits_rows) {
+  constexpr double kPairBytes = 8;
+  auto gather = [&](int whole, int greedy) {
     if (remote <= 0) return;
     ++t.gathers;
     t.latencies += 1;
-    t.bytes += static_cast<double>(remote) * logits_rows * vocab_slice;
+    t.bytes += static_cast<double>(remote) * (whole * vocab_slice + greedy * kPairBytes);
   };
-  gather(rows);
+  const int whole = std::clamp(l.whole_rows, 0, rows);
+  gather(whole, rows - whole);
+  if (remote > 0) t.whole_row_bytes = remote * (vocab_slice - kPairBytes);
   const int last_nodes = nodes_spanned(last, tp, g);
   if (l.mtp) {  // k passes of the MTP layer: embedding, attention and MoE all-reduces, logits, the picks shared
     for (int pass = 0; pass < l.draft_tokens; ++pass) {
       const int pass_rows = pass == 0 ? rows : l.batch;
       for (int k = 0; k < 3; ++k) add_all_reduce(t, last_nodes, pass_rows * hidden);
-      gather(l.batch);
+      gather(0, l.batch);  // (the drafts are greedy)
       add_broadcast(t, last_nodes, 4.0 * l.batch);
     }
   }

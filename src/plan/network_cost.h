@@ -36,17 +36,22 @@ struct TrafficLayout {
   std::vector<int> stage_layers;  // layers of each pipeline stage (empty: as even as the planner splits them)
   int64_t context = 0;            // tokens each sequence holds (its block table travels in the step plan)
   int block_size = 16;
+  // Logits rows of the step that need their whole distribution (sampling at a temperature,
+  // logprobs, penalties, structured output): each rank's slice of them is gathered. The other
+  // rows (greedy, and the MTP drafts always) travel as one (max, id) pair a rank (8 bytes).
+  int whole_rows = 0;
 };
 
 // One decode step's traffic over the link, on the critical path (the messages are sent one after
 // another: a layer waits for its all-reduce).
 struct CrossNodeTraffic {
-  int all_reduces = 0;   // TP all-reduces whose group spans nodes
-  int gathers = 0;       // logits gathers to TP rank 0 from other nodes
-  int stage_sends = 0;   // pipeline sends between stages on different nodes
-  int broadcasts = 0;    // world broadcasts (the step plan, the MTP drafting plan) and token returns
-  double bytes = 0;      // over the link, on the critical path
-  double latencies = 0;  // one-way latencies on the critical path
+  int all_reduces = 0;         // TP all-reduces whose group spans nodes
+  int gathers = 0;             // logits gathers to TP rank 0 from other nodes
+  int stage_sends = 0;         // pipeline sends between stages on different nodes
+  int broadcasts = 0;          // world broadcasts (the step plan, the MTP drafting plan) and token returns
+  double bytes = 0;            // over the link, on the critical path
+  double latencies = 0;        // one-way latencies on the critical path
+  double whole_row_bytes = 0;  // what the step's gather adds when one greedy row needs its whole logits
   int messages() const { return all_reduces + gathers + stage_sends + broadcasts; }
   double seconds(const LinkSpec& link) const;
 };

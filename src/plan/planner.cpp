@@ -742,13 +742,16 @@ namespace {
 void render_network(const Plan& p, std::string& o) {
   if (!p.network_one) return;
   const auto& link = p.in.target.link;
+  // Greedy rows send each rank's (max, id); a row sampled at a temperature (or with logprobs) its slice.
+  const double whole = p.network_one->traffic.whole_row_bytes;
+  const std::string rows = whole > 0 ? fmt::format("; greedy rows, a sampled row adds {}", megabytes(whole)) : "";
   if (link)
     o += fmt::format(
         "network    per decode step between the nodes (--link {:.0f} Gb/s, {:.0f} µs one way; alpha-beta estimate, "
-        "messages one after another):\n",
-        link->bytes_per_second * 8 / 1e9, link->latency_seconds * 1e6);
+        "messages one after another{}):\n",
+        link->bytes_per_second * 8 / 1e9, link->latency_seconds * 1e6, rows);
   else
-    o += "network    per decode step between the nodes (--link GBIT,US prices it on a link):\n";
+    o += fmt::format("network    per decode step between the nodes (--link GBIT,US prices it on a link{}):\n", rows);
   auto line = [&](const NetworkStep& n) {
     o += fmt::format("           batch {:<4} {}", n.batch, describe_traffic(n.traffic));
     if (link) {

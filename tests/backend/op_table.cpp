@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -1060,6 +1061,102 @@ void sample_cases(Cases& cases) {
   }
 }
 
+// Tensor parallelism's greedy rows. shard_argmax: a vocabulary of V split into 4 shards of Vs
+// (the third narrower: its padding columns hold 100, above every real logit, and a NaN, all of
+// which must be ignored; the fourth holds no column of the vocabulary); rows with ties inside a
+// shard and across shards, a NaN, a +inf and all -inf. merge_shard_argmax: those pairs merged into stand-in rows whose
+// argmax is the whole row's (ties to the lower id across shards too; -1 for a broken row).
+void shard_argmax_cases(Cases& cases) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int64_t V : {1000, 248320}) {
+    const int64_t n = 7, S = 4, Vs = (V + 2) / 3 + 5;  // three shards' worth and 5 columns more: padding
+    auto logits = lazy_raw(n * V, -8, 8, [V, Vs, nan, inf](std::vector<float>& v) {
+      auto at = [&](int64_t i, int64_t j) -> float& { return v[static_cast<size_t>(i * V + j)]; };
+      at(1, 3) = at(1, Vs + 9) = at(1, 2 * Vs + 1) = 9.5f;  // equal maxima in every shard: id 3
+      at(2, Vs + 4) = at(2, Vs + 40) = 9.0f;                // a tie inside shard 1
+      at(3, Vs + 2) = nan;
+      at(4, V - 1) = inf;
+      for (int64_t j = 0; j < V; ++j) at(5, j) = -inf;
+      at(6, 2 * Vs) = -nan;
+    });
+    // Shard s: columns [s * Vs, s * Vs + width_s) of the vocabulary, then padding.
+    auto shard = [=](int64_t s) {
+      const int64_t first = s * Vs, width = std::clamp<int64_t>(V - first, 0, Vs);
+      std::vector<float> x(static_cast<size_t>(n * Vs), 100.0f);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < width; ++j) x[static_cast<size_t>(i * Vs + j)] = (*logits)[i * V + first + j];
+      if (width > 0 && width < Vs) x[static_cast<size_t>(Vs - 1)] = nan;  // row 0's last padding column
+      return std::make_pair(x, width);
+    };
+    auto want_pairs = [=] {
+      std::vector<double> want;
+      for (int64_t s = 0; s < S; ++s) {
+        const auto [x, width] = shard(s);
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t best = 0;
+          bool broken = false;
+          for (int64_t j = 0; j < width; ++j) {
+            const float v = x[static_cast<size_t>(i * Vs + j)];
+            broken = broken || std::isnan(v) || v == inf;
+            if (v > x[static_cast<size_t>(i * Vs + best)]) best = j;
+          }
+          const float value = broken ? nan : width == 0 ? -inf : x[static_cast<size_t>(i * Vs + best)];
+          want.push_back(std::bit_cast<int32_t>(value));
+          want.push_back(broken ? -1 : width == 0 ? INT32_MAX : static_cast<double>(s * Vs + best));
+        }
+      }
+      return want;
+    };
+    OpCase c;
+    c.op = "shard_argmax";
+    c.name = fmt::format("shard_argmax V{} S{}", V, S);
+    c.run = [=](Backend& be) {
+      std::vector<double> got;
+      for (int64_t s = 0; s < S; ++s) {
+        const auto [x, width] = shard(s);
+        Tensor o = poisoned(be, {n, 2}, DType::kI32);
+        be.shard_argmax(up(be, x, {n, Vs}, DType::kF32), width, s * Vs, o);
+        const std::vector<double> d = down(be, o);
+        got.insert(got.end(), d.begin(), d.end());
+      }
+      return Outputs{out("pairs", got, true)};
+    };
+    c.reference = [=] { return Outputs{out("pairs", want_pairs(), true)}; };
+    cases.push_back(c);
+    // The merge, into rows 1..7 of 9 (rows 0 and 8 keep their logits), then argmax.
+    c.op = "merge_shard_argmax";
+    c.name = fmt::format("merge_shard_argmax V{} S{}", V, S);
+    c.run = [=](Backend& be) {
+      std::vector<int32_t> pairs;
+      for (double d : want_pairs()) pairs.push_back(static_cast<int32_t>(d));
+      std::vector<float> rows9(static_cast<size_t>(9 * V), -1.0f);
+      rows9[3] = 2.0f, rows9[static_cast<size_t>(8 * V + 5)] = 2.0f;
+      Tensor l = up(be, rows9, {9, V}, DType::kF32);
+      be.merge_shard_argmax(up_i32(be, pairs, {S, n, 2}), up_i32(be, {1, 2, 3, 4, 5, 6, 7}, {n}), l);
+      Tensor o = poisoned(be, {9}, DType::kI32);
+      be.argmax(l, o);
+      // Each merged row: how many of its entries are not -inf (one, or none when all were -inf).
+      const std::vector<double> v = down(be, l);
+      std::vector<double> kept;
+      for (int64_t i = 1; i < 8; ++i)
+        kept.push_back(static_cast<double>(std::count_if(v.begin() + i * V, v.begin() + (i + 1) * V, [](double x) {
+          return !(x == -std::numeric_limits<double>::infinity());
+        })));
+      return Outputs{out("tokens", down(be, o), true), out("kept", kept, true)};
+    };
+    c.reference = [=] {
+      std::vector<double> want = first_maxima(*logits, n, V)[0].values;
+      for (int64_t i : {3, 4, 6}) want[static_cast<size_t>(i)] = -1;
+      want.insert(want.begin(), 3);
+      want.push_back(5);
+      std::vector<double> kept(static_cast<size_t>(n), 1);
+      kept[5] = 0;  // all -inf: every entry stays so
+      return Outputs{out("tokens", want, true), out("kept", kept, true)};
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
 // Structured output's token masks, then argmax: rows 0, 2 and 5 masked (a sparse mask, a dense one, and one of
 // fewer words than the vocabulary needs: the tokens past it count as masked); the others untouched.
 void token_mask_cases(Cases& cases) {
@@ -1189,6 +1286,7 @@ const std::vector<OpCase>& op_cases() {
     linear_attention_cases(c);
     sample_cases(c);
     token_mask_cases(c);
+    shard_argmax_cases(c);
     spec_decode_cases(c);
     return c;
   }();

@@ -277,5 +277,22 @@ TEST(StepPlan, TruncatedTrailingAndRandomBytesAreRefused) {
   }
 }
 
+// The rows whose greedy pick alone is read (what tensor parallelism gathers as (max, id) pairs):
+// temperature 0 and neither a host row nor a masked one.
+TEST(StepPlan, ArgmaxRowsAreTheGreedyRowsThatNeedNothingElse) {
+  StepSampling s;
+  s.rows.resize(7);
+  s.rows[2].temperature = 0.7f;   // drawn
+  s.rows[5].temperature = 1e-6f;  // below SamplingRow's greedy threshold: greedy
+  s.host_rows = {1, 4};           // logprobs, penalties and the like (their SamplingRow is greedy)
+  s.mask_rows = {3};              // structured output
+  EXPECT_EQ(argmax_rows(s), (std::vector<int32_t>{0, 5, 6}));
+  s.host_rows.clear();
+  s.mask_rows.clear();
+  s.rows[2].temperature = 0;
+  EXPECT_EQ(argmax_rows(s), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_TRUE(argmax_rows(StepSampling{}).empty());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <thread>
 
+#include "backend/sampling.h"
 #include "core/error.h"
 #include "distributed/rendezvous_server.h"
 #include "engine/executor.h"
@@ -180,15 +183,11 @@ int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_pat
   return f.good() ? 0 : 4;
 }
 
-class ParallelExecutor : public ::testing::TestWithParam<Case> {};
-
-TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
-  const Case c = GetParam();
+// Forks the TP x PP rank processes of `c`, each running body(rank, port), and serves their
+// store until every one exits (each must exit 0, within 60 s).
+void run_world(const Case& c, const std::function<int(int rank, uint16_t port)>& body) {
   const int world = c.tp * c.pp;
   model_dir(c.fixture);  // a generated model is written before the ranks fork
-  const std::string out_path = (std::filesystem::temp_directory_path() /
-                                ("tessera_parallel_" + std::to_string(getpid()) + "_" + case_name({c, 0}) + ".bin"))
-                                   .string();
   uint16_t port = dist::testing::free_port();
   std::fflush(nullptr);
   std::vector<pid_t> pids;
@@ -198,7 +197,7 @@ TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
     if (pid == 0) {
       int code = 1;
       try {
-        code = rank_body(c, r, port, out_path);
+        code = body(r, port);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());
         code = 2;
@@ -208,25 +207,33 @@ TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
     }
     pids.push_back(pid);
   }
-  {
-    dist::RendezvousServerOptions so;
-    so.port = port;
-    so.token = kToken;
-    dist::RendezvousServer server(so);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (size_t r = 0; r < pids.size(); ++r) {
-      int status = 0;
-      while (waitpid(pids[r], &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(milliseconds(5));
+  dist::RendezvousServerOptions so;
+  so.port = port;
+  so.token = kToken;
+  dist::RendezvousServer server(so);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (size_t r = 0; r < pids.size(); ++r) {
+    int status = 0;
+    while (waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        break;
       }
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " wait status " << status;
+      std::this_thread::sleep_for(milliseconds(5));
     }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " wait status " << status;
   }
+}
+
+class ParallelExecutor : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ParallelExecutor, LogitsMatchOneProcess) {
+  const Case c = GetParam();
+  const std::string out_path = (std::filesystem::temp_directory_path() /
+                                ("tessera_parallel_" + std::to_string(getpid()) + "_" + case_name({c, 0}) + ".bin"))
+                                   .string();
+  run_world(c, [&](int rank, uint16_t port) { return rank_body(c, rank, port, out_path); });
   auto want = reference_logits(c.fixture);
   std::ifstream f(out_path, std::ios::binary);
   ASSERT_TRUE(f.good()) << "rank 0 wrote no logits";
@@ -290,6 +297,154 @@ INSTANTIATE_TEST_SUITE_P(
                       // query head reads).
                       Case{"gen:qwen3_5_moe_kh4", 4, 1}, Case{"gen:qwen3_5_moe_kh4", 4, 1, true}),
     case_name);
+
+// Steps whose rows mix every kind of sampling, run by the ranks twice: once with every row's
+// logits to the host (the whole rows, as before the greedy cut), then with the mix: greedy rows
+// (their (max, id) pairs gathered, not their slices), host rows (logprobs and the like: whole),
+// rows drawn at a temperature (whole) and a masked row (structured output: whole). Each greedy
+// row's token must be its whole row's first maximum, bit for bit; the host rows come back equal;
+// drawn and masked rows sample as from their whole rows. The prefill asks for every row's logits.
+std::vector<ModelInput> mixed_steps() {
+  std::vector<ModelInput> steps = make_steps(false);
+  ModelInput& prefill = steps[0];
+  prefill.logits_indices.clear();
+  for (size_t i = 0; i < prefill.token_ids.size(); ++i) prefill.logits_indices.push_back(static_cast<int32_t>(i));
+  return steps;
+}
+
+// Row i of step s: greedy when i % 4 == 0, a host row when 1, drawn when 2, masked when 3 (the
+// decode steps' two rows alternate the kind of their second row).
+StepSampling mixed_sampling(size_t s, size_t rows, int vocab) {
+  StepSampling out;
+  out.rows.resize(rows);
+  for (size_t i = 0; i < rows; ++i) {
+    const size_t kind = rows == 2 ? (i == 0 ? 0 : 1 + s % 3) : i % 4;
+    if (kind == 1) out.host_rows.push_back(static_cast<int32_t>(i));
+    if (kind == 2) {
+      out.rows[i].temperature = 0.9f;
+      out.rows[i].seed = 7 + i;
+      out.rows[i].position = s;
+    }
+    if (kind == 3) out.mask_rows.push_back(static_cast<int32_t>(i));
+  }
+  out.mask_words = (vocab + 31) / 32;
+  out.masks.assign(out.mask_rows.size() * static_cast<size_t>(out.mask_words), 0);
+  for (size_t k = 0; k < out.mask_rows.size(); ++k)  // tokens t % 3 == 1 allowed
+    for (int t = 1; t < vocab; t += 3)
+      out.masks[k * static_cast<size_t>(out.mask_words) + static_cast<size_t>(t / 32)] |= 1 << (t % 32);
+  if (out.mask_rows.empty()) out.mask_words = 0;
+  return out;
+}
+
+// Rank 0 writes, per step: the whole rows' logits, then the mixed run's tokens and host rows.
+int mixed_rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
+  auto backend = one_thread_backend();
+  WorkerOptions o;
+  o.rank = rank;
+  o.layout = {c.tp, c.pp};
+  o.enable_expert_parallel = c.ep;
+  o.load.model_dir = model_dir(c.fixture);
+  o.store_port = port;
+  o.token = kToken;
+  auto worker = std::make_unique<Worker>(o, *backend);
+  if (rank != 0) {
+    worker->run_step_loop();
+    return 0;
+  }
+  MultiprocExecutor ex(std::move(worker));
+  const int vocab = ex.model_config().vocab_size;
+  ex.init_kv_cache(cache_init(false));
+  std::ofstream f(out_path, std::ios::binary);
+  auto put = [&f](const auto& v) {
+    uint64_t n = v.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n * 4));
+  };
+  const std::vector<ModelInput> steps = mixed_steps();
+  for (size_t s = 0; s < steps.size(); ++s) {
+    StepOutput whole, mixed;
+    ex.execute(steps[s], all_rows_to_host(steps[s]), whole);  // (the same KV written twice)
+    ex.execute(steps[s], mixed_sampling(s, steps[s].logits_indices.size(), vocab), mixed);
+    put(whole.host_logits);
+    put(mixed.tokens);
+    put(mixed.host_logits);
+  }
+  ex.shutdown();
+  return f.good() ? 0 : 4;
+}
+
+class GreedyRowsCut : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GreedyRowsCut, TokensEqualTheWholeRowsOnes) {
+  const Case c = GetParam();
+  const std::string out_path = (std::filesystem::temp_directory_path() /
+                                ("tessera_greedy_cut_" + std::to_string(getpid()) + "_" + case_name({c, 0}) + ".bin"))
+                                   .string();
+  run_world(c, [&](int rank, uint16_t port) { return mixed_rank_body(c, rank, port, out_path); });
+  const int vocab = load_model_config(model_dir(c.fixture)).vocab_size;
+  const size_t V = static_cast<size_t>(vocab);
+  std::ifstream f(out_path, std::ios::binary);
+  ASSERT_TRUE(f.good()) << "rank 0 wrote nothing";
+  auto get_f32 = [&f] {
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::vector<float> v(n);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+    return v;
+  };
+  auto get_i32 = [&f] {
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::vector<int32_t> v(n);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+    return v;
+  };
+  const std::vector<ModelInput> steps = mixed_steps();
+  int greedy = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const std::vector<float> whole = get_f32();
+    const std::vector<int32_t> tokens = get_i32();
+    const std::vector<float> host = get_f32();
+    const size_t n = steps[s].logits_indices.size();
+    ASSERT_EQ(whole.size(), n * V) << "step " << s;
+    ASSERT_EQ(tokens.size(), n) << "step " << s;
+    const StepSampling sampling = mixed_sampling(s, n, vocab);
+    const std::vector<int32_t> picks = argmax_rows(sampling);
+    size_t next_host = 0, next_mask = 0;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> row(whole.begin() + static_cast<std::ptrdiff_t>(i * V),
+                             whole.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
+      const bool is_host =
+          next_host < sampling.host_rows.size() && sampling.host_rows[next_host] == static_cast<int32_t>(i);
+      const bool masked =
+          next_mask < sampling.mask_rows.size() && sampling.mask_rows[next_mask] == static_cast<int32_t>(i);
+      const bool pick = std::find(picks.begin(), picks.end(), static_cast<int32_t>(i)) != picks.end();
+      EXPECT_EQ(pick, !is_host && !masked && sampling.rows[i].temperature == 0.0f) << "step " << s << " row " << i;
+      if (is_host) {
+        ASSERT_GE(host.size(), (next_host + 1) * V);
+        EXPECT_EQ(std::memcmp(host.data() + next_host * V, row.data(), V * 4), 0) << "step " << s << " row " << i;
+        ++next_host;
+        continue;
+      }
+      if (masked) {
+        const auto* words = reinterpret_cast<const uint32_t*>(sampling.masks.data()) + next_mask * sampling.mask_words;
+        apply_token_mask_host(row.data(), vocab, std::span(words, static_cast<size_t>(sampling.mask_words)));
+        ++next_mask;
+      }
+      EXPECT_EQ(tokens[i], sample_row_host(row.data(), vocab, sampling.rows[i])) << "step " << s << " row " << i;
+      greedy += pick ? 1 : 0;
+    }
+  }
+  EXPECT_GE(greedy, 8);
+  std::filesystem::remove(out_path);
+}
+
+// TP 2, and TP 2 x PP 2 (the last stage's TP rank 0 samples and sends the tokens back), over a
+// vocabulary TP divides, one it pads (777: rank 1's last column is padding), and MoE layers.
+INSTANTIATE_TEST_SUITE_P(Fixtures, GreedyRowsCut,
+                         ::testing::Values(Case{"llama_gqa2", 2, 1}, Case{"qwen2_gqa2_untied", 2, 2},
+                                           Case{"gen:vocab777", 2, 2}, Case{"gen:qwen3_moe", 2, 1}),
+                         case_name);
 
 TEST(PipelineLayers, SplitLikeVllm) {
   EXPECT_EQ(pipeline_layer_range(3, 0, 2).begin, 0);

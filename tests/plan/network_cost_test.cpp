@@ -50,9 +50,41 @@ TEST(NetworkCost, TensorParallelAcrossTwoNodesAllReducesEveryLayer) {
   EXPECT_EQ(t.broadcasts, 1);  // the step plan; the tokens are sampled on rank 0
   // An all-reduce of 2,000 bytes (one bf16 row) over two nodes: 2 latencies, 2 x 1/2 x 2,000 bytes.
   const double plan_bytes = 256 + 16 + 32 + 4 * (10 + 4);
-  const double logits = 500 * 4;  // rank 1's half of the vocabulary, f32
-  EXPECT_DOUBLE_EQ(t.bytes, 21 * 2000.0 + logits + plan_bytes);
+  const double pair = 8;  // a greedy row: rank 1's (max, id)
+  EXPECT_DOUBLE_EQ(t.bytes, 21 * 2000.0 + pair + plan_bytes);
   EXPECT_DOUBLE_EQ(t.latencies, 21 * 2 + 1 + 1);
+  // A row that needs its whole distribution (sampled, logprobs): rank 1's half of the vocabulary, f32.
+  TrafficLayout sampled = layout(2, 1, 1);
+  sampled.whole_rows = 1;
+  const CrossNodeTraffic w = decode_step_traffic(small_config(), sampled);
+  const double logits = 500 * 4;
+  EXPECT_DOUBLE_EQ(w.bytes, 21 * 2000.0 + logits + plan_bytes);
+  EXPECT_EQ(w.gathers, 1);
+  EXPECT_DOUBLE_EQ(w.latencies, t.latencies);
+  EXPECT_DOUBLE_EQ(t.whole_row_bytes, logits - pair);
+}
+
+// The seeds' TP 8 with MTP k=2 over two nodes of 4 at batch 1: three logits gathers (the step's
+// three rows, then one a pass), each from the four ranks of the other node. Greedy, every row is
+// a (max, id) pair a rank; sampled, the step's rows are slices (the drafts stay greedy).
+TEST(NetworkCost, GreedyAndDraftRowsGatherPairsInsteadOfSlices) {
+  ModelConfig c = small_config();
+  c.vocab_size = 248320;  // the flagship's: 31,040 columns a rank, 124,160 bytes of f32
+  TrafficLayout l = layout(8, 1, 4);
+  l.draft_tokens = 2;
+  l.mtp = true;
+  const CrossNodeTraffic greedy = decode_step_traffic(c, l);
+  l.whole_rows = 3;
+  const CrossNodeTraffic sampled = decode_step_traffic(c, l);
+  EXPECT_EQ(greedy.gathers, 3);
+  EXPECT_EQ(sampled.gathers, 3);
+  EXPECT_EQ(greedy.latencies, sampled.latencies);
+  const double slice = 31040 * 4.0, pair = 8;
+  EXPECT_DOUBLE_EQ(sampled.bytes - greedy.bytes, 4 * 3 * (slice - pair));
+  EXPECT_DOUBLE_EQ(greedy.whole_row_bytes, 4 * (slice - pair));
+  // Before the cut every gather carried slices: 4 ranks x (3 + 1 + 1) rows.
+  const double before = sampled.bytes + 4 * 2 * (slice - pair);
+  EXPECT_NEAR(before - greedy.bytes, 4 * 5 * (slice - pair), 1e-6);
 }
 
 TEST(NetworkCost, PipelineAcrossTwoNodesSendsOneActivationPair) {

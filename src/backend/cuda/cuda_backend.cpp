@@ -161,6 +161,12 @@ class CudaBackend final : public Backend {
     sampling_.sample(logits, rows, out);
   }
   void argmax(const Tensor& logits, const Tensor& out) override { sampling_.argmax(logits, out); }
+  void shard_argmax(const Tensor& logits, int64_t width, int64_t first, const Tensor& out) override {
+    sampling_.shard_argmax(logits, width, first, out);
+  }
+  void merge_shard_argmax(const Tensor& pairs, const Tensor& rows, const Tensor& logits) override {
+    sampling_.merge_shard_argmax(pairs, rows, logits);
+  }
   void apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) override {
     sampling_.apply_token_mask(logits, mask, rows);
   }

@@ -100,6 +100,12 @@ void launch_qkv_prologue(const QkvPrologueArgs& a, int64_t T, DType cache_t, cud
 // ---- sampling (sampling.cu): backend/sampling.h's rule, one block per row ----
 // rows: device array of n tessera::SamplingRow.
 void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s);
+// Backend::shard_argmax (logits [n, Vs], the first `width` columns counted; out [n, 2]) and
+// Backend::merge_shard_argmax (pairs [S, m, 2]; rows nullptr: rows 0..m-1 of logits [., V]).
+void launch_shard_argmax(const float* logits, int64_t n, int64_t Vs, int64_t width, int64_t first, int32_t* out,
+                         cudaStream_t s);
+void launch_merge_shard_argmax(const int32_t* pairs, int S, int64_t m, const int32_t* rows, float* logits, int64_t V,
+                               cudaStream_t s);
 // Backend::apply_token_mask: rows[k] of logits [., V] -> -inf where bit t of mask row k ([m, W] words) is clear.
 void launch_apply_token_mask(float* logits, int64_t V, const uint32_t* mask, int64_t m, int64_t W, const int32_t* rows,
                              cudaStream_t s);

@@ -156,7 +156,77 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[row] = g.i == INT32_MAX ? b.i : g.i;
 }
 
+constexpr int32_t kNanBits = 0x7fc00000;  // the host's quiet NaN
+
+// Backend::shard_argmax: one block a row of the shard, the same max reduction as sample_kernel's
+// (a broken logit enters as {+inf, -1}); the columns past `width` (padding) are never read.
+__global__ void __launch_bounds__(kThreads)
+    shard_argmax_kernel(const float* __restrict__ logits, int64_t Vs, int64_t width, int64_t first,
+                        int32_t* __restrict__ out) {
+  __shared__ Best best_s[kWarps];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * Vs;
+  Best b{-INFINITY, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < width; i += kThreads) {
+    const float v = x[i];
+    b = better(b, is_broken(v) ? Best{INFINITY, -1} : Best{v, static_cast<int32_t>(i)});
+  }
+  b = block_best(b, best_s);
+  if (threadIdx.x != 0) return;
+  int32_t* o = out + 2 * row;
+  if (b.i < 0) {
+    o[0] = kNanBits;
+    o[1] = -1;
+  } else if (b.i == INT32_MAX) {  // width 0
+    o[0] = __float_as_int(-INFINITY);
+    o[1] = INT32_MAX;
+  } else {
+    o[0] = __float_as_int(b.v);
+    o[1] = static_cast<int32_t>(first + b.i);
+  }
+}
+
+// Backend::merge_shard_argmax: one block a merged row; every thread merges the S pairs (a few),
+// then the block writes the stand-in row.
+__global__ void merge_shard_argmax_kernel(const int32_t* __restrict__ pairs, int S, int64_t m,
+                                          const int32_t* __restrict__ rows, float* __restrict__ logits, int64_t V) {
+  const int64_t k = blockIdx.x;
+  const int64_t r = rows ? rows[k] : k;
+  float best = -INFINITY;
+  int32_t id = INT32_MAX;
+  bool broken = false;
+  for (int s = 0; s < S; ++s) {
+    const int32_t* p = pairs + (static_cast<int64_t>(s) * m + k) * 2;
+    const float v = __int_as_float(p[0]);
+    if (p[1] == -1) {
+      broken = true;
+      break;
+    }
+    if (v > best || (v == best && p[1] < id)) {
+      best = v;
+      id = p[1];
+    }
+  }
+  float* x = logits + r * V;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+    x[i] = broken ? (i == 0 ? __int_as_float(kNanBits) : -INFINITY) : (i == id ? best : -INFINITY);
+}
+
 }  // namespace
+
+void launch_shard_argmax(const float* logits, int64_t n, int64_t Vs, int64_t width, int64_t first, int32_t* out,
+                         cudaStream_t s) {
+  if (n == 0) return;
+  shard_argmax_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(logits, Vs, width, first, out);
+  TCUDA_LAUNCH_CHECK();
+}
+
+void launch_merge_shard_argmax(const int32_t* pairs, int S, int64_t m, const int32_t* rows, float* logits, int64_t V,
+                               cudaStream_t s) {
+  if (m == 0 || V == 0) return;
+  merge_shard_argmax_kernel<<<static_cast<unsigned>(m), 256, 0, s>>>(pairs, S, m, rows, logits, V);
+  TCUDA_LAUNCH_CHECK();
+}
 
 void launch_sample(const float* logits, int64_t n, int64_t V, const void* rows, int32_t* out, cudaStream_t s) {
   if (n == 0) return;

@@ -40,6 +40,30 @@ void SamplingOps::argmax(const Tensor& logits, const Tensor& out) {
   }
   launch_sample(logits.data<float>(), n, logits.dim(1), greedy_rows_.raw(), out.data<int32_t>(), dev_.stream());
 }
+void SamplingOps::shard_argmax(const Tensor& logits, int64_t width, int64_t first, const Tensor& out) {
+  CUDA_REQUIRE(logits.dtype() == DType::kF32 && logits.ndim() == 2 && out.dtype() == DType::kI32 &&
+                   out.numel() == 2 * logits.dim(0) && width >= 0 && width <= logits.dim(1) && first >= 0,
+               "shard_argmax", logits.str() + " -> " + out.str());
+  dev_.need_cuda(logits, "shard_argmax");
+  dev_.need_cuda(out, "shard_argmax");
+  dev_.bind();
+  launch_shard_argmax(logits.data<float>(), logits.dim(0), logits.dim(1), width, first, out.data<int32_t>(),
+                      dev_.stream());
+}
+void SamplingOps::merge_shard_argmax(const Tensor& pairs, const Tensor& rows, const Tensor& logits) {
+  CUDA_REQUIRE(pairs.ndim() == 3 && pairs.dtype() == DType::kI32 && pairs.dim(2) == 2 && logits.ndim() == 2 &&
+                   logits.dtype() == DType::kF32 &&
+                   (rows.defined() ? rows.dtype() == DType::kI32 && rows.numel() == pairs.dim(1)
+                                   : pairs.dim(1) <= logits.dim(0)),
+               "merge_shard_argmax", pairs.str() + ", " + logits.str());
+  dev_.need_cuda(pairs, "merge_shard_argmax");
+  dev_.need_cuda(logits, "merge_shard_argmax");
+  if (rows.defined()) dev_.need_cuda(rows, "merge_shard_argmax");
+  dev_.bind();
+  launch_merge_shard_argmax(pairs.data<int32_t>(), static_cast<int>(pairs.dim(0)), pairs.dim(1),
+                            rows.defined() ? rows.data<int32_t>() : nullptr, logits.data<float>(), logits.dim(1),
+                            dev_.stream());
+}
 void SamplingOps::apply_token_mask(const Tensor& logits, const Tensor& mask, const Tensor& rows) {
   const int64_t m = rows.numel();
   CUDA_REQUIRE(logits.ndim() == 2 && logits.dtype() == DType::kF32 && mask.ndim() == 2 && mask.dtype() == DType::kI32 &&

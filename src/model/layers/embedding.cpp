@@ -1,6 +1,9 @@
 #include "model/layers/embedding.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "core/error.h"
 
 namespace tessera {
 
@@ -28,9 +31,11 @@ ParallelLmHead::ParallelLmHead(BlockContext& ctx, const std::string& name, int64
                              : &w.declare(embedding_name, {vocab, hidden}, ParallelStyle::kVocab);
 }
 
-// Each rank computes the logits of its slice; TP rank 0 gathers the slices ([tp, n, Vr]) and
-// lays out the vocabulary's columns as [n, V], leaving out the padding.
-Tensor ParallelLmHead::forward(const Tensor& rows) const {
+// Each rank computes the logits of its slice and sends TP rank 0 one message: the slices of the
+// whole rows ([f, Vr]), then the argmax rows' (max, id) pairs ([m, 2] i32 words). TP rank 0 lays
+// out the vocabulary's columns of the whole rows as [n, V], leaving out the padding, and writes
+// the argmax rows as stand-in rows with their greedy pick.
+Tensor ParallelLmHead::forward(const Tensor& rows, bool argmax_all, std::span<const int32_t> argmax_rows) const {
   Backend& be = *backend_;
   const int64_t n = rows.dim(0), V = vocab_, Vr = weight_->dim(0);
   if (comm_->tp_size() == 1) {
@@ -38,25 +43,69 @@ Tensor ParallelLmHead::forward(const Tensor& rows) const {
     be.linear(rows, *weight_, nullptr, logits);
     return logits;
   }
-  const int tp = comm_->tp_size();
+  const int tp = comm_->tp_size(), rank = comm_->tp_rank();
   Tensor local = be.scratch({n, Vr}, DType::kF32);
   be.linear(rows, *weight_, nullptr, local);
-  const bool root = comm_->tp_rank() == 0;
-  Tensor gathered = root ? be.scratch({tp * n, Vr}, DType::kF32) : Tensor();
-  comm_->gather_to_first(local, gathered);
+  // The whole rows and the argmax rows, by row number (host).
+  std::vector<int32_t> whole, picks;
+  if (!argmax_all) {
+    size_t next = 0;
+    for (int32_t i = 0; i < static_cast<int32_t>(n); ++i) {
+      const bool pick = next < argmax_rows.size() && argmax_rows[next] == i;
+      (pick ? picks : whole).push_back(i);
+      next += pick ? 1 : 0;
+    }
+    TESSERA_CHECK(next == argmax_rows.size(), "lm_head: argmax rows must be ascending row numbers below {}", n);
+  }
+  const int64_t m = argmax_all ? n : static_cast<int64_t>(picks.size());
+  const int64_t f = n - m, words = f * Vr + 2 * m;
+  auto upload = [&](const std::vector<int32_t>& v) {
+    Tensor t = be.scratch({static_cast<int64_t>(v.size())}, DType::kI32);
+    be.copy_from_host(t, v.data());
+    return t;
+  };
+  Tensor pack = local;
+  if (m > 0) {
+    pack = be.scratch({words}, DType::kF32);
+    const Tensor pairs(pack.storage(), pack.offset_bytes() + static_cast<size_t>(f * Vr) * 4, Shape{m, 2}, DType::kI32);
+    const int64_t width = std::clamp<int64_t>(V - rank * Vr, 0, Vr);
+    if (f == 0) {
+      be.shard_argmax(local, width, rank * Vr, pairs);
+    } else {
+      Tensor sub = be.scratch({m, Vr}, DType::kF32);
+      be.gather_rows(local, upload(picks), sub);
+      be.shard_argmax(sub, width, rank * Vr, pairs);
+      be.gather_rows(local, upload(whole), pack.rows(0, f * Vr).view({f, Vr}));
+    }
+  }
+  const bool root = rank == 0;
+  Tensor gathered = root ? be.scratch({tp * words}, DType::kF32) : Tensor();
+  comm_->gather_to_first(pack.view({words}), gathered);
   if (!root) return Tensor();
   Tensor logits = be.scratch({n, V}, DType::kF32);
+  const size_t base = gathered.offset_bytes();
   for (int r = 0; r < tp; ++r) {
     const int64_t width = std::clamp<int64_t>(V - r * Vr, 0, Vr);
     if (width == 0) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor dst(logits.storage(), logits.offset_bytes() + static_cast<size_t>(i * V + r * Vr) * 4, Shape{width},
+    for (int64_t i = 0; i < f; ++i) {
+      const int64_t row = m == 0 ? i : whole[static_cast<size_t>(i)];
+      Tensor dst(logits.storage(), logits.offset_bytes() + static_cast<size_t>(row * V + r * Vr) * 4, Shape{width},
                  DType::kF32);
-      Tensor src(gathered.storage(), gathered.offset_bytes() + static_cast<size_t>((r * n + i) * Vr) * 4, Shape{width},
-                 DType::kF32);
+      Tensor src(gathered.storage(), base + static_cast<size_t>(r * words + i * Vr) * 4, Shape{width}, DType::kF32);
       be.copy(dst, src);
     }
   }
+  if (m == 0) return logits;
+  // Every rank's pairs, [tp, m, 2]: as gathered when no whole row sits before them, else packed.
+  Tensor pairs(gathered.storage(), base, Shape{tp, m, 2}, DType::kI32);
+  if (f > 0) {
+    pairs = be.scratch({tp, m, 2}, DType::kI32);
+    for (int r = 0; r < tp; ++r)
+      be.copy(
+          pairs.rows(r, r + 1).view({2 * m}),
+          Tensor(gathered.storage(), base + static_cast<size_t>(r * words + f * Vr) * 4, Shape{2 * m}, DType::kI32));
+  }
+  be.merge_shard_argmax(pairs, argmax_all || f == 0 ? Tensor() : upload(picks), logits);
   return logits;
 }
 

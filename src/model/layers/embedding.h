@@ -2,6 +2,7 @@
 // of the table, the vocabulary padded up to a multiple of the TP size (vocab_rows_per_rank);
 // padded rows are zeros, and their logits are never returned.
 #pragma once
+#include <span>
 #include <string>
 
 #include "model/layers/block.h"
@@ -33,7 +34,11 @@ class ParallelLmHead {
   ParallelLmHead(BlockContext& ctx, const std::string& name, int64_t vocab, int64_t hidden, bool tied,
                  const std::string& embedding_name, bool embedding_here);
   // f32 logits [n, vocab] of rows [n, H] on TP rank 0; an undefined tensor on the others.
-  Tensor forward(const Tensor& rows) const;
+  // Argmax rows (all of them, or those `argmax_rows` lists, ascending) need only their greedy
+  // pick: under TP each rank sends its slice's (max, id) for them (Backend::shard_argmax) in the
+  // same gather as the other rows' slices, and TP rank 0 writes them as stand-in rows with that
+  // pick (Backend::merge_shard_argmax). At TP 1 every row is whole.
+  Tensor forward(const Tensor& rows, bool argmax_all = false, std::span<const int32_t> argmax_rows = {}) const;
 
  private:
   Backend* backend_ = nullptr;
