@@ -325,8 +325,8 @@ TEST_P(EngineFixtureTest, PreemptionUnderMemoryPressureKeepsOutput) {
   expect_preemption_or_window(*small.engine);
   // Preempted requests are recomputed in other batches: on CUDA a parting at a near tie is
   // followed up (the reference rerun from there), so every token is compared.
-  expect_greedy_over_every_token(GetParam(), prompts, [](size_t) { return greedy(24); }, want, big.margins, got,
-                                 small.margins);
+  expect_greedy_over_every_token(
+      GetParam(), prompts, [](size_t) { return greedy(24); }, want, big.margins, got, small.margins);
 }
 
 TEST_P(EngineFixtureTest, SeededSamplingIsTheSameAloneAndInABatch) {
