@@ -8,19 +8,23 @@
 // masked-in tokens; for nested_order, the schema of scripts/device_structured_bench.sh, a realistic
 // order tokenized by the Qwen3 tokenizer), tables already built; the counter us_per_mask is the mean.
 // BM_MaskFirstPass: the same right after a default compile (tables not built eagerly are built when
-// first reached). BM_MaskStep: one engine step of 64 sequences along the nested_order document at
-// staggered positions (each fills its mask into a contiguous buffer and takes its next token), the
-// sequences split over `threads` threads of a ThreadPool as LLMEngine::add_token_masks does;
-// us_per_step is the mean.
+// first reached). BM_MaskStep: one engine step of 1 or 64 sequences along the nested_order document at
+// staggered positions, the masks filled serially on the caller's thread, on BackgroundTasks (as
+// LLMEngine does), or on BackgroundTasks overlapping a simulated forward; us_per_step is the caller's
+// mean mask time per step (see BM_MaskStep below).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
-#include "core/thread_pool.h"
+#include <fmt/format.h>
+
+#include "core/background_tasks.h"
 #include "grammar_test_util.h"
 #include "qwen3_vocab.h"
 
@@ -145,10 +149,19 @@ void BM_Mask(benchmark::State& state, const std::string& name, bool first_pass) 
   state.counters["us_per_mask"] = masks ? total_us / static_cast<double>(masks) : 0;
 }
 
-// One step of kBatch sequences: each at its own position along the document (a sequence at the end starts
-// over), masks filled into one buffer as StepSampling::masks, the sequences split over the pool's threads.
-void BM_MaskStep(benchmark::State& state, const std::string& name, int threads) {
-  constexpr int kBatch = 64;
+// One step of `batch` sequences: each at its own position along the document (a sequence at the end starts
+// over), masks filled into one buffer as StepSampling::masks, then each takes its next token. `mode` says
+// how the masks are filled, as LLMEngine does with EngineConfig::mask_threads:
+//   kSerial:     on the calling (engine) thread, one sequence after another (mask_threads -1);
+//   kBackground: on a BackgroundTasks of `threads` threads, waited for at once (the caller helps);
+//   kOverlapped: the same while the caller sleeps kForwardUs (a GPU forward in flight), then waits.
+// us_per_step (us_median): the caller's mean (median) wall time spent on the masks per step (kOverlapped:
+// start + wait, the forward excluded; 500 steps); us_accept: the tokens' accept_token, one sequence after another (the
+// engine thread does that after the step in all modes); us_fill_cpu: the fill's time summed over the threads.
+enum class MaskMode { kSerial, kBackground, kOverlapped };
+constexpr int kForwardUs = 8000;  // about the TPOT of the H100 measurement (docs/performance.md)
+
+void BM_MaskStep(benchmark::State& state, const std::string& name, int batch, MaskMode mode, int threads) {
   auto vocab = vocab_or_skip(state);
   if (!vocab) return;
   CompileLimits all;
@@ -156,41 +169,68 @@ void BM_MaskStep(benchmark::State& state, const std::string& name, int threads) 
   auto compiled = compile(grammar_for(name), vocab, all);
   const std::vector<int32_t> tokens = document(name, compiled, *vocab);
   std::vector<Matcher> matchers;
-  std::vector<size_t> pos(kBatch);
-  for (int i = 0; i < kBatch; ++i) {
+  std::vector<size_t> pos(static_cast<size_t>(batch));
+  for (int i = 0; i < batch; ++i) {
     matchers.emplace_back(compiled);
-    pos[i] = static_cast<size_t>(i) * tokens.size() / kBatch;
+    pos[i] = static_cast<size_t>(i) * tokens.size() / static_cast<size_t>(batch);
     for (size_t k = 0; k < pos[i]; ++k) matchers.back().accept_token(tokens[k]);
   }
   const size_t words = matchers[0].mask_words();
-  std::vector<uint32_t> masks(words * kBatch);
-  ThreadPool pool(threads);
-  auto one = [&](int64_t i) {
+  std::vector<uint32_t> masks(words * static_cast<size_t>(batch));
+  std::vector<double> fill_us(static_cast<size_t>(batch));
+  auto fill = [&](int64_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
     matchers[i].fill_next_token_bitmask(std::span(masks.data() + i * words, words));
-    if (pos[i] == tokens.size()) {
-      matchers[i].reset();
-      pos[i] = 0;
-    } else {
-      matchers[i].accept_token(tokens[pos[i]++]);
-    }
+    fill_us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
-  double total_us = 0;
+  std::unique_ptr<BackgroundTasks> pool;
+  if (mode != MaskMode::kSerial) pool = std::make_unique<BackgroundTasks>(threads);
+  using clock = std::chrono::steady_clock;
+  double total_us = 0, accept_us = 0, cpu_us = 0;
   size_t steps = 0;
+  std::vector<double> per_step;
   for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    if (threads == 1) {
-      for (int64_t i = 0; i < kBatch; ++i) one(i);
+    double us = 0;
+    if (mode == MaskMode::kSerial) {
+      const auto start = clock::now();
+      for (int64_t i = 0; i < batch; ++i) fill(i);
+      us = std::chrono::duration<double, std::micro>(clock::now() - start).count();
     } else {
-      pool.parallel_for(kBatch, 1, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) one(i);
-      });
+      const auto start = clock::now();
+      pool->start(batch, fill);
+      const auto started = clock::now();
+      if (mode == MaskMode::kOverlapped) std::this_thread::sleep_for(std::chrono::microseconds(kForwardUs));
+      const auto waiting = clock::now();
+      pool->wait();
+      us = std::chrono::duration<double, std::micro>(started - start).count() +
+           std::chrono::duration<double, std::micro>(clock::now() - waiting).count();
     }
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    const auto accepting = clock::now();
+    for (int i = 0; i < batch; ++i) {
+      if (pos[i] == tokens.size()) {
+        matchers[i].reset();
+        pos[i] = 0;
+      } else {
+        matchers[i].accept_token(tokens[pos[i]++]);
+      }
+    }
+    accept_us += std::chrono::duration<double, std::micro>(clock::now() - accepting).count();
+    for (double f : fill_us) cpu_us += f;
     total_us += us;
     ++steps;
+    per_step.push_back(us);
     state.SetIterationTime(us / 1e6);
   }
-  state.counters["us_per_step"] = steps ? total_us / static_cast<double>(steps) : 0;
+  const double n = steps ? static_cast<double>(steps) : 1;
+  state.counters["us_per_step"] = total_us / n;
+  if (!per_step.empty()) {
+    std::nth_element(per_step.begin(), per_step.begin() + static_cast<std::ptrdiff_t>(per_step.size() / 2),
+                     per_step.end());
+    state.counters["us_median"] = per_step[per_step.size() / 2];
+  }
+  state.counters["us_accept"] = accept_us / n;
+  state.counters["us_fill_cpu"] = cpu_us / n;
+  state.counters["threads"] = mode == MaskMode::kSerial ? 0 : threads;
 }
 
 int register_all() {
@@ -205,11 +245,17 @@ int register_all() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
-  for (int threads : {1, 2, 4})
-    benchmark::RegisterBenchmark(("BM_MaskStep/nested_order/threads:" + std::to_string(threads)).c_str(), BM_MaskStep,
-                                 std::string("nested_order"), threads)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+  const int threads = BackgroundTasks::default_threads();
+  const std::pair<const char*, MaskMode> modes[] = {
+      {"serial", MaskMode::kSerial}, {"background", MaskMode::kBackground}, {"overlapped", MaskMode::kOverlapped}};
+  for (int batch : {1, 64})
+    for (const auto& mode : modes) {
+      auto* b =
+          benchmark::RegisterBenchmark(fmt::format("BM_MaskStep/nested_order/batch:{}/{}", batch, mode.first).c_str(),
+                                       BM_MaskStep, std::string("nested_order"), batch, mode.second, threads);
+      b->UseManualTime()->Unit(benchmark::kMicrosecond);
+      if (mode.second == MaskMode::kOverlapped) b->Iterations(500);  // (each sleeps kForwardUs)
+    }
   return 0;
 }
 const int registered = register_all();

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "core/thread_pool.h"
 #include "engine/memory_plan.h"
 
 namespace tessera {
@@ -292,8 +291,7 @@ void LLMEngine::add_token_state_slots(const ScheduledRequest& s, LinearAttnLayou
   }
 }
 
-StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
-  StepSampling sampling;
+void LLMEngine::step_sampling(const std::vector<LogitsRow>& rows, StepSampling& sampling) {
   std::vector<size_t> constrained;  // row 0 of each constrained sequence sampled on the device
   for (size_t i = 0; i < rows.size(); ++i) {
     const Request& r = *rows[i].request;
@@ -304,40 +302,66 @@ StepSampling LLMEngine::step_sampling(const std::vector<LogitsRow>& rows) {
     } else {
       sampling.rows.push_back(sampling_row(r));
       sampling.rows.back().position += static_cast<uint64_t>(rows[i].draft);  // output position of the row's token
-      if (r.constraint && rows[i].draft == 0) constrained.push_back(i);
+      if (!r.constraint || rows[i].draft != 0) continue;
+      // A row is masked where the constraint applies: from row 0 when it is active, else from the row
+      // after the draft that ends the reasoning.
+      const auto drafts = r.spec_tokens.begin() + rows[i].drafts;
+      if (r.constraint_active || std::find(r.spec_tokens.begin(), drafts, r.params.constraint_after_token) != drafts)
+        constrained.push_back(i);
     }
   }
-  if (!constrained.empty()) add_token_masks(rows, constrained, sampling);
-  return sampling;
+  if (!constrained.empty()) start_token_masks(rows, constrained, sampling);
 }
 
 // Row j of a constrained sequence (first: its row 0) is sampled in the constraint's state after drafts
 // 0..j-1: the constraint advances through them for the masks, then steps back (take_tokens advances it by
 // the tokens taken). Rows after a draft the constraint refuses are never taken (the target cannot draw that
-// draft there): they stay unmasked. The sequences are split over the thread pool (each sequence's
-// constraint on one thread), each filling its rows' masks into its own slots; the used slots are then
-// packed in row order.
-void LLMEngine::add_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts,
-                                StepSampling& sampling) {
-  const size_t words = static_cast<size_t>((executor_->model_config().vocab_size + 31) / 32);
-  sampling.mask_words = static_cast<int32_t>(words);
+// draft there): they stay unmasked. Each sequence is one task of mask_pool_ (its constraint on one thread),
+// filling its rows' masks into its own slots while the engine thread goes on to the forward; the used
+// slots are then packed in row order (finish_token_masks, when the executor first needs them).
+void LLMEngine::start_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts,
+                                  StepSampling& sampling) {
+  MaskFill& f = mask_fill_;
+  TESSERA_CHECK(!f.pending, "a step's token masks started before the last step's were done");
+  f.rows = &rows;
+  f.sampling = &sampling;
+  f.words = static_cast<size_t>((executor_->model_config().vocab_size + 31) / 32);
+  f.firsts = firsts;
   const size_t n = firsts.size();
-  std::vector<size_t> slot0(n + 1, 0);  // sequence k's slots: [slot0[k], slot0[k + 1])
-  for (size_t k = 0; k < n; ++k) slot0[k + 1] = slot0[k] + static_cast<size_t>(rows[firsts[k]].drafts) + 1;
-  std::vector<int32_t> slot_row(slot0[n], -1);  // the row a filled slot masks; -1: unused
-  sampling.masks.resize(slot0[n] * words);
-  uint32_t* masks = reinterpret_cast<uint32_t*>(sampling.masks.data());
-  const auto fill_one = [&](size_t k) {
-    const size_t first = firsts[k];
-    Request& r = *rows[first].request;
-    const int drafts = rows[first].drafts;
-    bool active = r.constraint_active;
-    int advanced = 0;
+  f.slot0.assign(n + 1, 0);
+  for (size_t k = 0; k < n; ++k) f.slot0[k + 1] = f.slot0[k] + static_cast<size_t>(rows[firsts[k]].drafts) + 1;
+  f.slot_row.assign(f.slot0[n], -1);
+  f.errors.assign(n, std::string());
+  sampling.mask_words = static_cast<int32_t>(f.words);
+  sampling.masks.swap(mask_store_);  // (every word of a used slot is written: no need to clear it)
+  sampling.masks.resize(f.slot0[n] * f.words);
+  f.masks = reinterpret_cast<uint32_t*>(sampling.masks.data());
+  f.pending = true;
+  if (config_.mask_threads < 0) {
+    for (size_t k = 0; k < n; ++k) fill_token_masks_of(k);
+    finish_token_masks();
+    return;
+  }
+  if (!mask_pool_)
+    mask_pool_ = std::make_unique<BackgroundTasks>(config_.mask_threads > 0 ? config_.mask_threads
+                                                                            : BackgroundTasks::default_threads());
+  mask_pool_->start(static_cast<int64_t>(n), [this](int64_t k) { fill_token_masks_of(static_cast<size_t>(k)); });
+  sampling.await_masks = [this] { finish_token_masks(); };
+}
+
+void LLMEngine::fill_token_masks_of(size_t k) {
+  MaskFill& f = mask_fill_;
+  const size_t first = f.firsts[k];
+  Request& r = *(*f.rows)[first].request;
+  const int drafts = (*f.rows)[first].drafts;
+  bool active = r.constraint_active;
+  int advanced = 0;
+  try {
     for (int j = 0; j <= drafts; ++j) {
       if (active) {
-        const size_t slot = slot0[k] + static_cast<size_t>(j);
-        slot_row[slot] = static_cast<int32_t>(first) + j;
-        r.constraint->fill_mask(std::span(masks + slot * words, words));
+        const size_t slot = f.slot0[k] + static_cast<size_t>(j);
+        f.slot_row[slot] = static_cast<int32_t>(first) + j;
+        r.constraint->fill_mask(std::span(f.masks + slot * f.words, f.words));
       }
       if (j == drafts) break;
       const int32_t d = r.spec_tokens[static_cast<size_t>(j)];
@@ -350,18 +374,48 @@ void LLMEngine::add_token_masks(const std::vector<LogitsRow>& rows, const std::v
       }
     }
     if (advanced > 0) r.constraint->rollback(advanced);
-  };
-  ThreadPool::global().parallel_for(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) fill_one(static_cast<size_t>(k));
-  });
+  } catch (const std::exception& e) {
+    f.errors[k] = e.what();
+  } catch (...) {
+    f.errors[k] = "an exception that is not a std::exception";
+  }
+  if (!f.errors[k].empty())  // (its rows go unmasked; the sequence ends at this step)
+    std::fill(f.slot_row.begin() + static_cast<std::ptrdiff_t>(f.slot0[k]),
+              f.slot_row.begin() + static_cast<std::ptrdiff_t>(f.slot0[k + 1]), -1);
+}
+
+void LLMEngine::finish_token_masks() {
+  MaskFill& f = mask_fill_;
+  if (!f.pending) return;
+  f.pending = false;
+  if (mask_pool_) mask_pool_->wait();  // (the tasks catch what the constraints throw)
+  StepSampling& sampling = *f.sampling;
+  const size_t words = f.words;
   size_t used = 0;
-  for (size_t slot = 0; slot < slot0[n]; ++slot) {
-    if (slot_row[slot] < 0) continue;
-    sampling.mask_rows.push_back(slot_row[slot]);
-    if (used != slot) std::memmove(masks + used * words, masks + slot * words, words * sizeof(uint32_t));
+  for (size_t slot = 0; slot < f.slot_row.size(); ++slot) {
+    if (f.slot_row[slot] < 0) continue;
+    sampling.mask_rows.push_back(f.slot_row[slot]);
+    if (used != slot) std::memmove(f.masks + used * words, f.masks + slot * words, words * sizeof(uint32_t));
     ++used;
   }
   sampling.masks.resize(used * words);
+  for (size_t k = 0; k < f.firsts.size(); ++k) {
+    if (f.errors[k].empty()) continue;
+    Request& r = *(*f.rows)[f.firsts[k]].request;
+    r.constraint_error =
+        fmt::format("the output constraint ({}) failed: {}", r.params.constraint->describe(), f.errors[k]);
+  }
+}
+
+void LLMEngine::abandon_token_masks() noexcept {
+  if (!mask_fill_.pending) return;
+  mask_fill_.pending = false;
+  try {
+    if (mask_pool_) mask_pool_->wait();
+  } catch (const std::exception& e) {
+    TLOG_ERROR("token masks of a failed step: {}", e.what());
+  } catch (...) {
+  }
 }
 
 std::vector<RequestOutput> LLMEngine::step() {
@@ -390,7 +444,13 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<Request*> scored;
   ModelInput in = build_input(sched, rows, scored);
   const int vocab = executor_->model_config().vocab_size;
-  StepSampling sampling = step_sampling(rows);
+  StepSampling sampling;
+  step_sampling(rows, sampling);  // (the constrained rows' masks are filled while the forward runs)
+  // The fill reads `rows` and writes `sampling`: it ends before they do, also when the step fails.
+  struct MaskFillEnd {
+    LLMEngine& e;
+    ~MaskFillEnd() { e.abandon_token_masks(); }
+  } mask_fill_end{*this};
   // Every step runs the lm_head, even when only chunked prefills advanced (one row, unused).
   if (in.logits_indices.empty()) {
     in.logits_indices.push_back(0);
@@ -401,6 +461,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     spec_->execute(in, sampling, step_out_);
   else
     executor_->execute(in, sampling, step_out_);
+  sampling.wait_masks();  // (the executor waited before sampling; the constraints are the engine's again)
   timer_.mark(2, "execute");
   scheduler_->on_step_done(sched);
 
@@ -437,6 +498,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     out.push_back(std::move(o));
   }
   if (spec_) spec_->finish_step(decoding, scheduler_->num_running(), *cache_manager_);
+  if (sampling.mask_words > 0) mask_store_.swap(sampling.masks);
   timer_.mark(3, "outputs");
   timer_.pass_done();
   return out;
@@ -502,7 +564,13 @@ bool LLMEngine::take_tokens(const std::vector<LogitsRow>& rows, int first, const
   if (r->output.empty() && r->params.prompt_logprobs >= 0) o.prompt_logprobs = std::move(r->prompt_logprobs);
   FinishReason reason = FinishReason::kNone;
   accepted = 0;
-  for (int j = 0; j <= drafts; ++j) {
+  if (!r->constraint_error.empty()) {  // its rows were not masked: none of its tokens is taken
+    reason = FinishReason::kError;
+    o.error = fmt::format("step {}: request {} at output token {}: {}", stats_.steps, r->id, r->output.size(),
+                          r->constraint_error);
+    TLOG_ERROR("{}", o.error);
+  }
+  for (int j = 0; j <= drafts && reason == FinishReason::kNone; ++j) {
     SampleResult res;
     // The host sampler sees the tokens accepted so far (penalties, min_tokens, position).
     if (float* logits = host_logits(sampling, next_host, first + j))

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/background_tasks.h"
 #include "core/phase_timer.h"
 #include "engine/executor.h"
 #include "engine/kv_cache_coordinator.h"
@@ -42,6 +43,10 @@ struct EngineConfig {
   // MTP: decode and verification steps run their drafting with them (Executor::execute_with_mtp)
   // where the executor can; false: always after the step's tokens are on the host (tests).
   bool mtp_drafts_in_step = true;
+  // Constrained decoding: the background threads that fill a step's token masks while its forward runs
+  // (0: BackgroundTasks::default_threads(), min(8, cores - 1)); -1: none, the masks are filled on the
+  // engine thread before the forward (the serial path; tests compare the two).
+  int mask_threads = 0;
   // Memory planning (engine/memory_plan.h). device_memory: plan as if the device had this many
   // bytes (--gpu-memory; 0 = what it reports). reserved_bytes: memory the activation arena and
   // graphs will take after the cache is allocated (from `tessera plan`'s arithmetic).
@@ -156,8 +161,9 @@ class LLMEngine {
   void add_token_state_slots(const ScheduledRequest& s, LinearAttnLayout& linear) const;
   // Fails (kOutOfMemory) when one sequence of max_model_len cannot hold its blocks in every paged group.
   void check_sequence_fits(const std::vector<CacheGroup>& groups, int num_blocks) const;
-  // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows.
-  StepSampling step_sampling(const std::vector<LogitsRow>& rows);
+  // The sampling row of each logits row; prompt-logprob rows and host-sampled ones are host rows. Starts
+  // the fill of the constrained rows' masks (start_token_masks).
+  void step_sampling(const std::vector<LogitsRow>& rows, StepSampling& sampling);
   // The host logits of logits row `row` when it is the next host row (then moves past it), else nullptr.
   float* host_logits(const StepSampling& sampling, size_t& next_host, int row);
   // Takes the tokens of rows[first] .. rows[first + drafts]: the first row's token, then, while a
@@ -166,10 +172,18 @@ class LLMEngine {
   // `accepted` gets the drafts it accepted.
   bool take_tokens(const std::vector<LogitsRow>& rows, int first, const StepSampling& sampling, size_t& next_host,
                    std::vector<RequestOutput>& out, int& accepted);
+  // Constrained decoding on the device: starts filling the token masks of the rows of the sequences whose
+  // row 0 are rows[firsts[k]] (ascending) on mask_pool_ and sets sampling.await_masks, so that the forward
+  // runs meanwhile (with mask_threads -1: fills them here). `rows` and `sampling` must outlive the fill.
+  void start_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts, StepSampling& sampling);
+  // Sequence k's rows of the fill (any thread; each sequence's constraint is touched by one thread).
+  void fill_token_masks_of(size_t k);
+  // Waits for the fill, packs the masks in row order into the step's StepSampling and records the
+  // constraints that threw on their requests (engine thread; a no-op when no fill is pending).
+  void finish_token_masks();
+  // finish_token_masks where an exception must not escape (a step that failed; destructors).
+  void abandon_token_masks() noexcept;
   // Why r stops after taking `token` (kNone: it goes on).
-  // Constrained decoding on the device: the token masks of the rows of the sequences whose row 0 are
-  // rows[firsts[k]] (ascending), computed on the thread pool.
-  void add_token_masks(const std::vector<LogitsRow>& rows, const std::vector<size_t>& firsts, StepSampling& sampling);
   // Constrained decoding: r took `token`; the constraint advances (or starts, at the end of the reasoning).
   void advance_constraint(Request& r, int32_t token);
   FinishReason finish_reason_after(Request& r, int32_t token) const;
@@ -206,6 +220,22 @@ class LLMEngine {
   StepOutput step_out_;
   std::mt19937_64 seed_rng_;           // sample seeds of requests that bring none
   std::unique_ptr<SpecDecoder> spec_;  // speculative decoding; null when off
+  // Constrained decoding: the step's mask fill (start_token_masks) and the threads that run it (made at
+  // the first constrained step).
+  struct MaskFill {
+    const std::vector<LogitsRow>* rows = nullptr;
+    StepSampling* sampling = nullptr;
+    uint32_t* masks = nullptr;  // sampling->masks, one slot of `words` words per row of each sequence
+    size_t words = 0;
+    std::vector<size_t> firsts;       // row 0 of each sequence filled
+    std::vector<size_t> slot0;        // sequence k's slots: [slot0[k], slot0[k + 1])
+    std::vector<int32_t> slot_row;    // the row a filled slot masks; -1: unused
+    std::vector<std::string> errors;  // what sequence k's constraint threw; empty: nothing
+    bool pending = false;
+  };
+  MaskFill mask_fill_;
+  std::unique_ptr<BackgroundTasks> mask_pool_;
+  std::vector<int32_t> mask_store_;  // the masks' buffer between steps (kept, not re-zeroed, each step)
 };
 
 }  // namespace tessera

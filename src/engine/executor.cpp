@@ -50,6 +50,7 @@ void recv_tensor(Backend& be, dist::Communicator& comm, Shape shape, DType dtype
 
 std::pair<Tensor, Tensor> sample_on_device(Backend& be, const Tensor& logits, const StepSampling& sampling) {
   check_sampling(logits, sampling);
+  sampling.wait_masks();  // (the engine may still be filling them while the forward was enqueued)
   if (!sampling.mask_rows.empty()) {
     const int64_t m = static_cast<int64_t>(sampling.mask_rows.size());
     Tensor rows = be.scratch({m}, DType::kI32), masks = be.scratch({m, sampling.mask_words}, DType::kI32);
@@ -123,7 +124,7 @@ void LocalExecutor::execute(const ModelInput& input, const StepSampling& samplin
 
 bool LocalExecutor::execute_with_mtp(const ModelInput& input, const StepSampling& sampling, int passes, StepOutput& out,
                                      MtpStepResult& result) {
-  if (!model_->has_mtp() || !sampling.host_rows.empty() || !sampling.mask_rows.empty() ||
+  if (!model_->has_mtp() || !sampling.host_rows.empty() || sampling.mask_words > 0 ||
       !runner_.mtp().step_fusable(input))
     return false;
   runner_.mtp().run_with_step(
@@ -267,7 +268,17 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
   p.kind = PlanKind::kStep;
   p.step = step_++;
   p.input = input;
-  p.sampling = sampling;
+  p.sampling.rows = sampling.rows;
+  p.sampling.host_rows = sampling.host_rows;
+  // The masks go to the ranks only where one of them samples (a pipeline: the last stage's TP rank 0), so
+  // the plan waits for them there; without a pipeline rank 0 samples and waits for them only right before
+  // (the engine fills them while the forward runs).
+  if (worker_->context().pp_size > 1 && sampling.mask_words > 0) {
+    sampling.wait_masks();
+    p.sampling.mask_rows = sampling.mask_rows;
+    p.sampling.mask_words = sampling.mask_words;
+    p.sampling.masks = sampling.masks;
+  }
   broadcast(p);
   guarded([&] { run_and_collect(input, sampling, out); });
 }

@@ -115,6 +115,9 @@ struct Request {
   // whether it applies yet (after params.constraint_after_token was produced).
   std::shared_ptr<TokenConstraint> constraint;
   bool constraint_active = false;
+  // The constraint threw while the step's masks were filled: what it said (the engine ends the sequence
+  // with finish_reason error at that step instead of taking its token).
+  std::string constraint_error;
 
   int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
   // The next prompt position whose logits are still wanted for prompt_logprobs; the end of that range

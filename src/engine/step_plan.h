@@ -14,7 +14,8 @@
 //                       decoding; else empty), state_copies as (src, dst) pairs),
 //                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
-//                       then the host_rows array (ascending logits-row numbers)
+//                       then the host_rows array (ascending logits-row numbers), the mask_rows
+//                       array, i32 mask_words and the masks array (StepSampling; structured output)
 //   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
 //                       i32 max_model_len, i32 max_graph_batch, i32 graph_query_len, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype
@@ -27,6 +28,7 @@
 // bytes are an error.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -61,9 +63,18 @@ struct StepSampling {
   // Structured output on the device: row mask_rows[k] (ascending, none a host row) is sampled only among
   // the tokens whose bit is set in words [k * mask_words, (k + 1) * mask_words) of masks (token t: bit
   // t % 32 of word t / 32; Backend::apply_token_mask).
+  // mask_words > 0: the step has masked rows (set when the step is planned, even while the masks are
+  // still being filled).
   std::vector<int32_t> mask_rows;
   std::vector<int32_t> masks;
   int32_t mask_words = 0;
+  // Set while the engine fills mask_rows and masks on other threads, overlapping the forward: whoever
+  // reads them calls wait_masks() first (right before apply_token_mask), which returns once they are
+  // complete. Null: they are complete. Not part of the step plan.
+  std::function<void()> await_masks;
+  void wait_masks() const {
+    if (await_masks) await_masks();
+  }
 };
 
 // The rows of `s` whose token is the greedy pick of their logits and that need nothing else of

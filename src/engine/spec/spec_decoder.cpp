@@ -111,7 +111,7 @@ int SpecDecoder::passes_in_step(const SchedulerOutput& sched, KvCacheCoordinator
 }
 
 void SpecDecoder::execute(const ModelInput& in, const StepSampling& sampling, StepOutput& out) {
-  drafted_ = passes_ >= 0 && sampling.host_rows.empty() && sampling.mask_rows.empty() &&
+  drafted_ = passes_ >= 0 && sampling.host_rows.empty() && sampling.mask_words == 0 &&
              executor_.execute_with_mtp(in, sampling, passes_, out, step_drafts_);
   if (!drafted_) executor_.execute(in, sampling, out);
 }
