@@ -41,12 +41,8 @@ struct AttentionMetadata {
   // The counts and sizes above alone (no tensors, no host copies; one group).
   AttentionMetadata sizes() const {
     AttentionMetadata r;
-    r.num_seqs = num_seqs;
-    r.num_tokens = num_tokens;
-    r.max_query_len = max_query_len;
-    r.max_seq_len = max_seq_len;
-    r.block_size = block_size;
-    r.max_blocks_per_seq = max_blocks_per_seq;
+    r.num_seqs = num_seqs, r.num_tokens = num_tokens, r.max_query_len = max_query_len;
+    r.max_seq_len = max_seq_len, r.block_size = block_size, r.max_blocks_per_seq = max_blocks_per_seq;
     return r;
   }
 };
