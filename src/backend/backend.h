@@ -28,11 +28,23 @@ struct AttentionMetadata {
   int max_seq_len = 0;
   int block_size = 16;
   int max_blocks_per_seq = 0;
+  // KV cache groups (a model mixing full-attention and sliding-window layers): each has its own
+  // block tables and slots, group g's S rows of block_tables and T entries of slot_mapping after
+  // the groups before it. An attention op gets one group's (attention_group in
+  // backend/attention_metadata.h), num_kv_groups 1.
+  int num_kv_groups = 1;
   Tensor query_start_loc;  // i32 [S+1]: sequence s owns query tokens [qsl[s], qsl[s+1])
   Tensor seq_lens;         // i32 [S]: context length after this step (cached + new)
-  Tensor block_tables;     // i32 [S, max_blocks_per_seq]: physical block ids
-  Tensor slot_mapping;     // i32 [T]: block * block_size + offset where token t's K/V go; -1 skips
+  Tensor block_tables;     // i32 [G*S, max_blocks_per_seq]: physical block ids
+  Tensor slot_mapping;     // i32 [G*T]: block * block_size + offset where token t's K/V go; -1 skips
   std::vector<int32_t> host_query_start_loc, host_seq_lens, host_block_tables, host_slot_mapping;
+  // The counts and sizes above alone (no tensors, no host copies; one group).
+  AttentionMetadata sizes() const {
+    AttentionMetadata r;
+    r.num_seqs = num_seqs, r.num_tokens = num_tokens, r.max_query_len = max_query_len;
+    r.max_seq_len = max_seq_len, r.block_size = block_size, r.max_blocks_per_seq = max_blocks_per_seq;
+    return r;
+  }
 };
 
 // Per-step layout of the sequences of a linear-attention (Gated DeltaNet) layer. Such a layer

@@ -108,12 +108,7 @@ class CheckingBackend::Op {
   }
 
   AttentionMetadata attn(const AttentionMetadata& m) {
-    AttentionMetadata r;
-    r.num_seqs = m.num_seqs;
-    r.num_tokens = m.num_tokens;
-    r.max_query_len = m.max_query_len;
-    r.max_seq_len = m.max_seq_len;
-    r.block_size = m.block_size;
+    AttentionMetadata r = m.sizes();
     const int64_t S = m.num_seqs;
     // The table's width as the device tensor has it (what the CUDA kernels index by).
     const int64_t W = m.block_tables.defined() && S > 0 ? m.block_tables.numel() / S : m.max_blocks_per_seq;

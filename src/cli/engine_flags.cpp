@@ -184,6 +184,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
                "use NCCL for every tensor-parallel all-reduce (by default small ones, as in decode, take a one-shot "
                "kernel over CUDA IPC when the GPUs of a TP group share a host with peer access)");
+  app.add_flag("--disable-hybrid-kv-cache-manager", f.disable_hybrid_kv_cache_manager,
+               "a model mixing full-attention and sliding-window layers keeps one KV cache group, its windowed layers "
+               "keeping every block (by default each kind has its own group and windowed layers give back the blocks "
+               "before their window; vLLM's flag)");
   app.add_flag("--disable-sliding-window", f.disable_sliding_window,
                "sliding-window layers (Mistral, Qwen2 with use_sliding_window) attend the whole context instead, "
                "and max_model_len is capped at the window (vLLM's flag); no effect on other models");
@@ -333,6 +337,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.mamba_cache_dtype = f.mamba_cache_dtype;
   c.mamba_ssm_cache_dtype = f.mamba_ssm_cache_dtype;
   c.enable_prefix_caching = f.enable_prefix_caching;
+  c.hybrid_kv_cache_manager = !f.disable_hybrid_kv_cache_manager;
   c.seed = f.seed;
   c.enforce_eager = f.enforce_eager;
   c.warm_up = true;

@@ -34,6 +34,7 @@ struct EngineFlags {
   uint64_t seed = 0;
   bool check_weights = false;  // --check-weights: scan the loaded weights for NaN/Inf before serving
   bool enforce_eager = false;
+  bool disable_hybrid_kv_cache_manager = false;  // one KV cache group, windowed layers keeping every block
   bool disable_sliding_window = false;  // --disable-sliding-window: full attention, max_model_len capped at the window
   bool disable_custom_all_reduce = false;
   int tensor_parallel_size = 1;

@@ -23,6 +23,7 @@ plan::PlanInputs plan_inputs(const EngineFlags& f) {
   in.mamba_cache_dtype = f.mamba_cache_dtype;
   in.mamba_ssm_cache_dtype = f.mamba_ssm_cache_dtype;
   in.enable_prefix_caching = f.enable_prefix_caching;
+  in.hybrid_kv_cache_manager = !f.disable_hybrid_kv_cache_manager;
   in.enforce_eager = f.enforce_eager;
   in.disable_custom_all_reduce = f.disable_custom_all_reduce;
   in.num_gpu_blocks_override = f.num_gpu_blocks_override;

@@ -1,6 +1,7 @@
 #include "engine/cache_groups.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -41,19 +42,99 @@ std::vector<CacheGroup> make_cache_groups(const std::vector<LayerCacheSpec>& lay
   return paged;
 }
 
-std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& layers, int block_size,
-                                            bool whole_model) {
+namespace {
+
+// Splits each paged group of `groups` (make_cache_groups' order) into groups of one size (see
+// engine_cache_groups); the state group stays last and whole.
+std::vector<CacheGroup> split_uniform(const std::vector<CacheGroup>& groups) {
+  size_t fewest = SIZE_MAX, most = 0;
+  for (const CacheGroup& g : groups)
+    if (g.spec.paged()) fewest = std::min(fewest, g.layers.size()), most = std::max(most, g.layers.size());
+  const size_t size = static_cast<double>(most) < 1.25 * static_cast<double>(fewest) ? most : fewest;
+  std::vector<CacheGroup> out;
+  for (const CacheGroup& g : groups) {
+    if (!g.spec.paged()) {
+      out.push_back(g);
+      continue;
+    }
+    for (size_t i = 0; i < g.layers.size(); i += size) {
+      const auto first = g.layers.begin() + static_cast<ptrdiff_t>(i);
+      out.push_back(
+          {g.spec, std::vector<int>(first, first + static_cast<ptrdiff_t>(std::min(size, g.layers.size() - i)))});
+    }
+  }
+  return out;
+}
+
+bool same_pages(const std::vector<LayerCacheSpec>& layers) {
+  const LayerCacheSpec* first = nullptr;
+  for (const LayerCacheSpec& l : layers) {
+    if (l.kind != CacheKind::kPagedKv) continue;
+    if (first && (l.num_kv_heads != first->num_kv_heads || l.head_dim != first->head_dim)) return false;
+    if (!first) first = &l;
+  }
+  return true;
+}
+
+int count_paged(const std::vector<CacheGroup>& groups) {
+  return static_cast<int>(
+      std::count_if(groups.begin(), groups.end(), [](const CacheGroup& g) { return g.spec.paged(); }));
+}
+
+}  // namespace
+
+std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& layers, int block_size, bool whole_model,
+                                            bool hybrid) {
   if (whole_model) {
     auto groups = make_cache_groups(layers, block_size, true);
-    if (std::count_if(groups.begin(), groups.end(), [](const CacheGroup& g) { return g.spec.paged(); }) <= 1)
-      return groups;
+    if (count_paged(groups) <= 1) return groups;
+    if (hybrid && same_pages(layers)) return split_uniform(groups);
   }
   auto groups = make_cache_groups(layers, block_size, false);
   // A pipeline stage whose own layers are all linear attention still keeps the block tables that the
   // later stages' attention layers read (the step carries one for every stage).
-  if (!whole_model && std::none_of(groups.begin(), groups.end(), [](const CacheGroup& g) { return g.spec.paged(); }))
+  if (!whole_model && count_paged(groups) == 0)
     groups.insert(groups.begin(), CacheGroup{{CacheGroupKind::kFullAttention, block_size, 0}, {}});
   return groups;
+}
+
+std::vector<int> cache_layer_groups(const std::vector<CacheGroup>& groups, int num_layers) {
+  if (count_paged(groups) <= 1) return {};
+  std::vector<int> out(static_cast<size_t>(num_layers), -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].spec.paged()) continue;
+    for (int l : groups[g].layers) {
+      TESSERA_CHECK(l >= 0 && l < num_layers, "cache group {}: layer {} of {}", g, l, num_layers);
+      out[static_cast<size_t>(l)] = static_cast<int>(g);
+    }
+  }
+  return out;
+}
+
+std::vector<int> kv_tensor_of_layers(const std::vector<LayerCacheSpec>& layers, const std::vector<int>& layer_groups) {
+  TESSERA_CHECK(layer_groups.empty() || layer_groups.size() == layers.size(),
+                "cache layout: {} layers' groups for {} layers", layer_groups.size(), layers.size());
+  std::vector<int> out(layers.size(), -1);
+  std::vector<int> next;  // per group: the next tensor its next layer takes
+  int count = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].kind != CacheKind::kPagedKv) continue;
+    if (layer_groups.empty()) {
+      out[i] = count++;
+      continue;
+    }
+    const int g = layer_groups[i];
+    TESSERA_CHECK(g >= 0, "cache layout: paged layer {} without a group", i);
+    if (next.size() <= static_cast<size_t>(g)) next.resize(static_cast<size_t>(g) + 1, 0);
+    out[i] = next[static_cast<size_t>(g)]++;
+  }
+  return out;
+}
+
+int num_paged_groups(const std::vector<int>& layer_groups) {
+  int n = 1;
+  for (int g : layer_groups) n = std::max(n, g + 1);
+  return n;
 }
 
 int max_blocks_per_seq(const CacheGroupSpec& spec, int max_model_len, int max_num_batched_tokens) {
@@ -62,6 +143,28 @@ int max_blocks_per_seq(const CacheGroupSpec& spec, int max_model_len, int max_nu
   if (spec.kind != CacheGroupKind::kSlidingWindow) return spec.paged() ? all : 0;
   const int64_t span = std::min<int64_t>(int64_t{spec.sliding_window} - 1 + max_num_batched_tokens, max_model_len);
   return static_cast<int>(std::min<int64_t>((span + bs - 1) / bs + 1, all));
+}
+
+int max_blocks_per_seq(const std::vector<CacheGroup>& groups, int max_model_len, int max_num_batched_tokens) {
+  int n = 0;
+  for (const CacheGroup& g : groups) n += max_blocks_per_seq(g.spec, max_model_len, max_num_batched_tokens);
+  return n;
+}
+
+KvCapacity kv_capacity(const std::vector<CacheGroup>& groups, int num_blocks, int max_model_len,
+                       int max_num_batched_tokens) {
+  KvCapacity c;
+  const int paged = std::max(1, count_paged(groups));
+  const int bs = groups.empty() ? 1 : groups.front().spec.block_size;
+  c.tokens = static_cast<int64_t>(num_blocks / paged) * bs;
+  const bool windowed = std::any_of(groups.begin(), groups.end(),
+                                    [](const CacheGroup& g) { return g.spec.kind == CacheGroupKind::kSlidingWindow; });
+  const int per_seq = max_blocks_per_seq(groups, max_model_len, max_num_batched_tokens);
+  if (!windowed || per_seq <= 0)
+    c.max_concurrency = max_model_len > 0 ? static_cast<double>(c.tokens) / max_model_len : 0;
+  else
+    c.max_concurrency = static_cast<double>(num_blocks) / per_seq;
+  return c;
 }
 
 namespace {

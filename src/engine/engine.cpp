@@ -55,7 +55,11 @@ void LLMEngine::plan_kv_cache() {
   const StateDtypes sdt =
       parse_mamba_cache_dtypes(config_.mamba_cache_dtype, config_.mamba_ssm_cache_dtype, backend_.compute_dtype());
   const int bs = config_.block_size;
-  const CacheFootprint fp = cache_footprint(specs, dt, bs, sdt.conv, sdt.ssm);
+  // Pipeline stages: rank 0 sees only its own layers, and every stage reads the same tables.
+  const bool whole_model = static_cast<int>(specs.size()) >= executor_->model_config().num_layers;
+  auto groups = engine_cache_groups(specs, bs, whole_model, config_.hybrid_kv_cache_manager);
+  kv_layer_groups_ = cache_layer_groups(groups, static_cast<int>(specs.size()));
+  const CacheFootprint fp = cache_footprint(specs, dt, bs, sdt.conv, sdt.ssm, kv_layer_groups_);
   const bool hybrid = fp.state_layers > 0;
   const size_t bytes_per_block = fp.kv_bytes_per_block;
   KvBudgetInputs in;
@@ -70,6 +74,8 @@ void LLMEngine::plan_kv_cache() {
   in.block_size = bs;
   in.max_num_seqs = config_.scheduler.max_num_seqs;
   in.max_model_len = config_.scheduler.max_model_len;
+  if (!kv_layer_groups_.empty() || groups.front().spec.kind == CacheGroupKind::kSlidingWindow)
+    in.blocks_per_seq = max_blocks_per_seq(groups, in.max_model_len, config_.scheduler.max_num_batched_tokens);
   if (hybrid) in.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, config_.enable_prefix_caching);
   // Speculative decoding keeps the state after each of a sequence's k drafts: 1 + k slots each.
   const int slots_per_seq = config_.speculative.enabled() ? 1 + config_.speculative.num_speculative_tokens : 1;
@@ -93,9 +99,6 @@ void LLMEngine::plan_kv_cache() {
   }
   const int num_blocks = budget.num_blocks;
   const int max_len = config_.scheduler.max_model_len;
-  // The step carries one attention block table, so the paged layers form one group (see engine_cache_groups).
-  const bool whole_model = static_cast<int>(specs.size()) >= executor_->model_config().num_layers;
-  auto groups = engine_cache_groups(specs, bs, whole_model);
   TLOG_INFO("Cache groups: {}", describe_cache_groups(groups));
   check_sequence_fits(groups, num_blocks);
   CacheInit init;
@@ -108,14 +111,18 @@ void LLMEngine::plan_kv_cache() {
   init.num_state_slots = budget.num_state_slots;
   init.conv_dtype = sdt.conv;
   init.ssm_dtype = sdt.ssm;
+  init.layer_groups = kv_layer_groups_;
   executor_->init_kv_cache(init);
   cache_manager_ = std::make_unique<KvCacheCoordinator>(std::move(groups), num_blocks, config_.enable_prefix_caching,
                                                         budget.num_state_slots, hybrid ? slots_per_seq : 1);
-  const int64_t tokens = static_cast<int64_t>(num_blocks) * bs;
-  TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {})", num_blocks, bs, bytes_per_block,
-            dtype_name(dt));
-  TLOG_INFO("KV cache size: {} tokens", with_thousands(tokens));
-  double concurrency = static_cast<double>(tokens) / max_len;
+  const KvCapacity capacity =
+      kv_capacity(cache_manager_->groups(), num_blocks, max_len, config_.scheduler.max_num_batched_tokens);
+  const int num_groups = num_paged_groups(kv_layer_groups_);
+  TLOG_INFO("# KV cache blocks: {} of {} tokens ({} bytes each, dtype {}{})", num_blocks, bs, bytes_per_block,
+            dtype_name(dt),
+            num_groups > 1 ? fmt::format("; one layer of each of {} cache groups, which share them", num_groups) : "");
+  TLOG_INFO("KV cache size: {} tokens", with_thousands(capacity.tokens));
+  double concurrency = capacity.max_concurrency;
   if (hybrid) {
     const int for_seqs = std::min(budget.num_state_slots, config_.scheduler.max_num_seqs * slots_per_seq);
     TLOG_INFO(
@@ -223,12 +230,16 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
                                   std::vector<Request*>& scored) const {
   ModelInput in;
   const int bs = config_.block_size;
+  // One block table and slot mapping per paged group (the first groups), group after group.
+  const size_t G = static_cast<size_t>(num_paged_groups(kv_layer_groups_));
   int max_blocks = 0;
   for (const auto& s : sched.scheduled)
-    max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids().size()));
+    for (size_t g = 0; g < G; ++g) max_blocks = std::max(max_blocks, static_cast<int>(s.request->block_ids(g).size()));
   in.attention.block_size = bs;
   in.attention.max_blocks_per_seq = max_blocks;
+  in.attention.num_kv_groups = static_cast<int>(G);
   in.attention.query_start_loc.push_back(0);
+  std::vector<std::vector<int32_t>> group_slots(G - 1), group_tables(G - 1);  // groups 1.. until the end
   const bool hybrid = cache_manager_->has_state_slots();
   bool spec_step = false;
   for (const auto& s : sched.scheduled) spec_step = spec_step || s.num_draft_tokens > 0;
@@ -244,6 +255,10 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
     in.attention.query_start_loc.push_back(static_cast<int32_t>(in.token_ids.size()));
     in.attention.seq_lens.push_back(end);
     r.append_block_table(in.attention.block_tables, max_blocks);
+    for (size_t g = 1; g < G; ++g) {
+      for (int i = begin; i < end; ++i) group_slots[g - 1].push_back(r.kv_slot(i, bs, g));
+      r.append_block_table(group_tables[g - 1], max_blocks, g);
+    }
     if (hybrid) {
       in.linear.state_slots.push_back(s.state_slot);
       in.linear.has_initial_state.push_back(s.has_initial_state ? 1 : 0);
@@ -269,6 +284,12 @@ ModelInput LLMEngine::build_input(const SchedulerOutput& sched, std::vector<Logi
         rows.push_back({&r, -1, j, s.num_draft_tokens});
       }
     }
+  }
+  for (size_t g = 1; g < G; ++g) {
+    const auto& slots = group_slots[g - 1];
+    const auto& table = group_tables[g - 1];
+    in.attention.slot_mapping.insert(in.attention.slot_mapping.end(), slots.begin(), slots.end());
+    in.attention.block_tables.insert(in.attention.block_tables.end(), table.begin(), table.end());
   }
   if (hybrid) {
     in.linear.query_start_loc = in.attention.query_start_loc;

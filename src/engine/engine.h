@@ -33,6 +33,10 @@ struct EngineConfig {
   // Linear-attention state slots (engine/memory_plan.h, parse_mamba_cache_dtypes).
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
+  // A model mixing full-attention and sliding-window layers gets a KV cache group per kind, its
+  // windowed layers keeping only their window's blocks (engine_cache_groups); false (vLLM's
+  // --disable-hybrid-kv-cache-manager): one group, windowed layers keeping every block.
+  bool hybrid_kv_cache_manager = true;
   uint64_t seed = 0;
   bool enforce_eager = false;  // no CUDA graphs
   // With CUDA graphs: one request through prefill and a few decode steps before the engine takes
@@ -210,6 +214,7 @@ class LLMEngine {
   Backend& backend_;
   EngineConfig config_;
   std::unique_ptr<KvCacheCoordinator> cache_manager_;
+  std::vector<int> kv_layer_groups_;  // CacheInit::layer_groups: each layer's paged group
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;

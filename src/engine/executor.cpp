@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "distributed/communicator.h"
 #include "distributed/process_groups.h"
+#include "engine/cache_groups.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/worker.h"
 
@@ -87,10 +88,20 @@ KvCache allocate_kv_cache(Backend& backend, const std::vector<LayerCacheSpec>& s
     for (int i = 0; i < per_seq.ndim(); ++i) sh.push_back(per_seq[i]);
     return sh;
   };
-  for (const auto& s : specs) {
+  // With several KV cache groups, the layers at one place in their groups share a tensor.
+  const std::vector<int> tensor_of = kv_tensor_of_layers(specs, init.layer_groups);
+  std::vector<std::pair<Tensor, Tensor>> tensors;
+  kv.layer_group = init.layer_groups;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const LayerCacheSpec& s = specs[i];
     if (s.kind == CacheKind::kPagedKv) {
-      kv.k.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
-      kv.v.push_back(backend.alloc({init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim}, init.dtype));
+      const Shape shape{init.num_blocks, init.block_size, s.num_kv_heads, s.head_dim};
+      const size_t t = static_cast<size_t>(tensor_of[i]);
+      if (t == tensors.size()) tensors.emplace_back(backend.alloc(shape, init.dtype), backend.alloc(shape, init.dtype));
+      TESSERA_CHECK(t < tensors.size() && tensors[t].first.shape() == shape,
+                    "layer {}: its KV page {} differs from the page of the layers sharing its tensor", i, shape.str());
+      kv.k.push_back(tensors[t].first);
+      kv.v.push_back(tensors[t].second);
       kv.conv_state.emplace_back();
       kv.ssm_state.emplace_back();
       continue;

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/cache_groups.h"
 
 namespace tessera {
 
@@ -40,18 +41,24 @@ int checkpoint_state_slots(int max_num_seqs, bool enable_prefix_caching) {
   return enable_prefix_caching ? std::max(1, max_num_seqs / 4) : 0;
 }
 
-CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType dt, int bs, DType conv_dt,
-                               DType ssm_dt) {
+CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType dt, int bs, DType conv_dt, DType ssm_dt,
+                               const std::vector<int>& layer_groups) {
   CacheFootprint f;
-  for (const auto& s : specs) {
+  const std::vector<int> tensor = kv_tensor_of_layers(specs, layer_groups);
+  std::vector<size_t> page;  // per KV tensor: its K and V bytes of one block (the largest layer's)
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const LayerCacheSpec& s = specs[i];
     if (s.kind == CacheKind::kPagedKv) {
       ++f.paged_layers;
-      f.kv_bytes_per_block += 2ull * static_cast<size_t>(bs) * s.num_kv_heads * s.head_dim * dtype_size(dt);
+      const size_t t = static_cast<size_t>(tensor[i]);
+      if (page.size() <= t) page.resize(t + 1, 0);
+      page[t] = std::max(page[t], size_t{2} * static_cast<size_t>(bs) * s.num_kv_heads * s.head_dim * dtype_size(dt));
     } else {
       ++f.state_layers;
       f.state_bytes_per_seq += s.state_bytes(conv_dt, ssm_dt);
     }
   }
+  for (size_t p : page) f.kv_bytes_per_block += p;
   return f;
 }
 
@@ -67,7 +74,8 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
     b.budget = b.usable > taken ? b.usable - taken : 0;
     if (in.cpu) b.budget = std::min(b.budget, kCpuKvCacheCap);
   }
-  const int64_t seq_blocks = (static_cast<int64_t>(std::max(1, in.max_model_len)) + bs - 1) / bs;
+  const int64_t seq_blocks =
+      in.blocks_per_seq > 0 ? in.blocks_per_seq : (static_cast<int64_t>(std::max(1, in.max_model_len)) + bs - 1) / bs;
   if (fp.state_bytes_per_seq > 0) {
     const int64_t per = std::max(1, in.state_slots_per_seq);
     const int64_t want = static_cast<int64_t>(b.max_num_seqs) * per + std::max(0, in.extra_state_slots);
@@ -97,7 +105,9 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
     return b;
   }
   // No mix of requests can hold more than max_num_seqs full-length sequences.
-  const int64_t useful = (static_cast<int64_t>(b.max_num_seqs) * in.max_model_len + bs - 1) / bs;
+  const int64_t useful = in.blocks_per_seq > 0
+                             ? static_cast<int64_t>(b.max_num_seqs) * in.blocks_per_seq
+                             : (static_cast<int64_t>(b.max_num_seqs) * in.max_model_len + bs - 1) / bs;
   if (fp.kv_bytes_per_block == 0) {  // no paged layer here: blocks are free on this rank
     b.num_blocks = static_cast<int>(std::min<int64_t>(useful, int64_t{1} << 30));
     b.capped_by_seqs = true;

@@ -33,15 +33,19 @@ int checkpoint_state_slots(int max_num_seqs, bool enable_prefix_caching);
 // What one rank's cache costs, from its layers' declarations.
 struct CacheFootprint {
   int paged_layers = 0, state_layers = 0;
-  size_t kv_bytes_per_block = 0;   // K and V of every paged layer, one block
+  // K and V of one block in every KV tensor: every paged layer's, or with several paged groups one
+  // layer's of each group (the layers at one place in their groups share a tensor).
+  size_t kv_bytes_per_block = 0;
   size_t state_bytes_per_seq = 0;  // every kStateSlot layer's state, one sequence
   size_t kv_bytes_per_token(int block_size) const {
     return block_size > 0 ? kv_bytes_per_block / static_cast<size_t>(block_size) : 0;
   }
 };
-// State slots are costed at conv_dtype / ssm_dtype (CacheInit's choice for kStateSlot layers).
+// State slots are costed at conv_dtype / ssm_dtype (CacheInit's choice for kStateSlot layers);
+// layer_groups: each layer's paged group (cache_layer_groups; empty: one group).
 CacheFootprint cache_footprint(const std::vector<LayerCacheSpec>& specs, DType kv_dtype, int block_size,
-                               DType conv_dtype = DType::kF32, DType ssm_dtype = DType::kF32);
+                               DType conv_dtype = DType::kF32, DType ssm_dtype = DType::kF32,
+                               const std::vector<int>& layer_groups = {});
 
 // The CPU backend shares RAM with everything else: its KV budget is capped, as vLLM's CPU
 // backend caps it (VLLM_CPU_KVCACHE_SPACE's default).
@@ -58,6 +62,9 @@ struct KvBudgetInputs {
   int block_size = 16;
   int max_num_seqs = 1;
   int max_model_len = 1;
+  // The most blocks one max_model_len sequence holds in all paged groups (max_blocks_per_seq of the
+  // groups); 0: every block of it in one group.
+  int blocks_per_seq = 0;
   int extra_state_slots = 0;    // state slots beyond those of the sequences (prefix-cache checkpoints)
   int state_slots_per_seq = 1;  // 1 + k with speculative decoding (the state after each draft)
 };

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "distributed/communicator.h"
+#include "engine/cache_groups.h"
 #include "engine/executor.h"
 #include "engine/spec/mtp_drafter.h"
 
@@ -31,6 +32,8 @@ MtpDrafter& ModelRunner::mtp() {
 
 void ModelRunner::init_cache(const CacheInit& init) {
   kv_ = allocate_kv_cache(backend_, model_.cache_specs(), init);
+  kv_groups_ = num_paged_groups(init.layer_groups);
+  TESSERA_CHECK(!mtp_ || kv_groups_ == 1, "an MTP layer with {} KV cache groups (its drafting reads one)", kv_groups_);
   max_model_len_ = init.max_model_len;
   graphs_enabled_ =
       init.max_graph_batch > 0 && init.max_model_len > 0 && backend_.supports_graphs() && model_.graph_safe();
@@ -66,13 +69,16 @@ void ModelRunner::init_step_graphs(const CacheInit& init) {
 
 namespace {
 
-// Entries of a graph input array at bucket `b` of `q` tokens a sequence (not block tables).
-int64_t graph_rows(const StepArray& f, int64_t b, int64_t q, bool logits_per_seq) {
+// Entries of a graph input array at bucket `b` of `q` tokens a sequence and G KV cache groups
+// (not block tables).
+int64_t graph_rows(const StepArray& f, int64_t b, int64_t q, bool logits_per_seq, int64_t G) {
   switch (f.extent) {
     case StepExtent::kSeqsPlusOne:
       return b + 1;
     case StepExtent::kTokens:
       return b * q;
+    case StepExtent::kGroupTokens:
+      return G * b * q;
     case StepExtent::kAnyCount:
       return logits_per_seq ? b : b * q;
     default:
@@ -90,14 +96,14 @@ int64_t ModelRunner::lay_out(GraphLayout& g, int64_t off, int64_t B, int64_t Q, 
     const StepArray& f = kStepArrays[i];
     if (f.graph == GraphInput::kNone || f.graph == GraphInput::kBlockTable || (!with_tokens && i == 0)) continue;
     g.offset[i] = off;
-    off += seg(graph_rows(f, B, Q, g.logits_per_seq));
+    off += seg(graph_rows(f, B, Q, g.logits_per_seq, kv_groups_));
   }
   return off;
 }
 
 int64_t ModelRunner::lay_out_table(GraphLayout& g, int64_t off, int64_t B) const {
   g.offset[table_index()] = off;
-  return off + B * max_blocks_;
+  return off + kv_groups_ * B * max_blocks_;
 }
 
 int ModelRunner::bucket_for(int batch) const {
@@ -108,7 +114,9 @@ int ModelRunner::bucket_for(int batch) const {
 int ModelRunner::graph_query_len(const ModelInput& in) const {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size()), T = static_cast<int>(in.token_ids.size());
-  if (!graphs_enabled_ || S == 0 || T % S != 0 || T / S > max_q_ || a.max_blocks_per_seq > max_blocks_) return 0;
+  if (!graphs_enabled_ || S == 0 || T % S != 0 || T / S > max_q_ || a.max_blocks_per_seq > max_blocks_ ||
+      a.num_kv_groups != kv_groups_)
+    return 0;
   const int q = T / S;
   const LinearAttnLayout& l = in.linear;
   if (!(l.state_slots.empty() || l.state_slots.size() == static_cast<size_t>(S)) ||
@@ -128,6 +136,7 @@ int64_t ModelRunner::fill(const GraphLayout& g, const ModelInput& in, int b, int
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size());
   const int w = std::min(a.max_blocks_per_seq, max_blocks_);
+  const int64_t G = kv_groups_, T = static_cast<int64_t>(in.token_ids.size());
   int64_t used = 0;
   for (size_t i = 0; i < kStepArrays.size(); ++i) {
     const StepArray& f = kStepArrays[i];
@@ -135,13 +144,19 @@ int64_t ModelRunner::fill(const GraphLayout& g, const ModelInput& in, int b, int
     const std::vector<int32_t>& src = host_array(f, in);
     int32_t* dst = mirror.data() + g.offset[i];
     const bool table = f.graph == GraphInput::kBlockTable;
-    const int64_t n = table ? static_cast<int64_t>(b) * max_blocks_ : graph_rows(f, b, q, g.logits_per_seq);
+    const int64_t n = table ? G * b * max_blocks_ : graph_rows(f, b, q, g.logits_per_seq, G);
     used = std::max(used, g.offset[i] + n);
-    if (table) {
+    if (table) {  // group k's S rows at row k * b
       std::fill_n(dst, static_cast<size_t>(n), 0);
-      for (int s = 0; s < S; ++s)
-        std::copy_n(src.begin() + static_cast<ptrdiff_t>(s) * a.max_blocks_per_seq, w,
-                    dst + static_cast<ptrdiff_t>(s) * max_blocks_);
+      for (int64_t k = 0; k < G; ++k)
+        for (int s = 0; s < S; ++s)
+          std::copy_n(src.begin() + (k * S + s) * a.max_blocks_per_seq, w, dst + (k * b + s) * max_blocks_);
+    } else if (f.extent == StepExtent::kGroupTokens) {  // per group: its T real rows, then padding rows
+      const int64_t rows = n / G;
+      for (int64_t k = 0; k < G; ++k) {
+        std::copy_n(src.begin() + k * T, std::min(rows, T), dst + k * rows);
+        std::fill(dst + k * rows + std::min(rows, T), dst + (k + 1) * rows, f.pad);
+      }
     } else if (f.graph == GraphInput::kShape && !(g.logits_per_seq && f.extent == StepExtent::kAnyCount)) {
       const int32_t step = f.extent == StepExtent::kSeqsPlusOne ? q : 1;  // query starts s * q; logits rows
       for (int64_t r = 0; r < n; ++r) dst[r] = static_cast<int32_t>(r) * step;
@@ -163,10 +178,11 @@ StepInputs ModelRunner::views(const GraphLayout& g, const ModelInput& in, int b,
     if (!f.device || g.offset[i] < 0 || (f.optional && host_array(f, in).empty())) continue;
     const int64_t at = g.offset[i];
     if (f.graph == GraphInput::kBlockTable) {
-      *f.device(si) = buf.rows(at, at + static_cast<int64_t>(b) * max_blocks_).view({b, max_blocks_});
+      *f.device(si) =
+          buf.rows(at, at + int64_t{kv_groups_} * b * max_blocks_).view({int64_t{kv_groups_} * b, max_blocks_});
       continue;
     }
-    const int64_t n = graph_rows(f, b, q, g.logits_per_seq);
+    const int64_t n = graph_rows(f, b, q, g.logits_per_seq, kv_groups_);
     *f.device(si) = buf.rows(at, at + n);
     if (f.host_copy) f.host_copy(si)->assign(mirror.data() + at, mirror.data() + at + n);
   }
@@ -177,6 +193,7 @@ StepInputs ModelRunner::views(const GraphLayout& g, const ModelInput& in, int b,
   m.max_seq_len = max_model_len_;  // any length up to it; kernels read the real ones
   m.block_size = in.attention.block_size;
   m.max_blocks_per_seq = max_blocks_;
+  m.num_kv_groups = kv_groups_;
   if (!in.linear.state_slots.empty()) {
     si.linear.num_seqs = b;
     si.linear.num_tokens = b * q;

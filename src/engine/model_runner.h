@@ -115,6 +115,7 @@ class ModelRunner {
   std::vector<int> buckets_;
   int max_q_ = 1;       // CacheInit::graph_query_len
   int max_blocks_ = 0;  // block-table width of the graph inputs
+  int kv_groups_ = 1;   // KV cache groups: block tables and slot mappings a step carries
   // Step graph inputs: one device buffer laid out by step_layout_; each step fills its host
   // mirror h_step_ (no allocation per step) and copies the prefix it used.
   GraphLayout step_layout_;

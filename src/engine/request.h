@@ -75,21 +75,21 @@ struct Request {
   // group order: paged-attention groups first, then the state group of hybrid models. Empty
   // until the request first holds cache.
   std::vector<CacheGroupTable> cache_tables;
-  // The first paged group's blocks (the step's attention block table); empty when it holds none.
-  const std::vector<int32_t>& block_ids() const {
+  // Paged group g's blocks (the step's block table of that group); empty when it holds none.
+  const std::vector<int32_t>& block_ids(size_t g = 0) const {
     static const std::vector<int32_t> kNone;
-    return cache_tables.empty() ? kNone : cache_tables.front().blocks;
+    return g < cache_tables.size() ? cache_tables[g].blocks : kNone;
   }
   // Hybrid models: the linear-attention state slot held (the state group's); -1 when none.
   int32_t state_slot() const { return cache_tables.empty() ? -1 : cache_tables.back().state_slot; }
-  // The paged-KV slot of position p in the first paged group (block_size tokens a block).
-  int32_t kv_slot(int p, int block_size) const {
-    return block_ids()[static_cast<size_t>(p / block_size)] * block_size + p % block_size;
+  // The paged-KV slot of position p in paged group g (block_size tokens a block).
+  int32_t kv_slot(int p, int block_size, size_t g = 0) const {
+    return block_ids(g)[static_cast<size_t>(p / block_size)] * block_size + p % block_size;
   }
-  // Appends this request's row of a step's block table: its blocks, padded with block 0 to `width`
-  // (blocks a sliding window freed read as block 0 too: the window never reaches them).
-  void append_block_table(std::vector<int32_t>& table, int width) const {
-    const std::vector<int32_t>& blocks = block_ids();
+  // Appends this request's row of a step's block table of paged group g: its blocks, padded with
+  // block 0 to `width` (blocks a sliding window freed read as block 0 too: the window never reaches them).
+  void append_block_table(std::vector<int32_t>& table, int width, size_t g = 0) const {
+    const std::vector<int32_t>& blocks = block_ids(g);
     for (int b = 0; b < width; ++b)
       table.push_back(b < static_cast<int>(blocks.size()) ? std::max(blocks[static_cast<size_t>(b)], 0) : 0);
   }

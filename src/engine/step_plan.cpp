@@ -11,7 +11,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 4;
+constexpr uint8_t kPlanVersion = 5;
 constexpr size_t kSamplingRowBytes = 4 * 4 + 2 * 8;
 
 void check(bool ok, const char* what) {
@@ -21,6 +21,7 @@ void check(bool ok, const char* what) {
 void write_input(dist::WireWriter& w, const ModelInput& in) {
   w.i32(in.attention.block_size);
   w.i32(in.attention.max_blocks_per_seq);
+  w.i32(in.attention.num_kv_groups);
   for (const StepArray& f : kStepArrays) w.i32s(host_array(f, in));
 }
 
@@ -63,6 +64,7 @@ void write_cache_init(dist::WireWriter& w, const CacheInit& c) {
   w.i32(c.num_state_slots);
   w.u8(static_cast<uint8_t>(c.conv_dtype));
   w.u8(static_cast<uint8_t>(c.ssm_dtype));
+  w.i32s(std::vector<int32_t>(c.layer_groups.begin(), c.layer_groups.end()));
 }
 
 // The most entries an array of `extent` may claim in a plan of at most `cap` tokens.
@@ -72,6 +74,8 @@ uint32_t array_limit(StepExtent extent, size_t cap) {
       return static_cast<uint32_t>(cap + 1);
     case StepExtent::kBlockTable:
       return 1u << 28;
+    case StepExtent::kGroupTokens:
+      return static_cast<uint32_t>(std::min<size_t>(cap * kMaxKvGroups, 1u << 28));
     case StepExtent::kPairs:
       return static_cast<uint32_t>(2 * cap);
     default:
@@ -162,8 +166,10 @@ void read_input(dist::WireReader& r, const PlanLimits& lim, ModelInput& in) {
   AttentionLayout& a = in.attention;
   a.block_size = r.i32();
   a.max_blocks_per_seq = r.i32();
+  a.num_kv_groups = r.i32();
   check(a.block_size > 0 && a.block_size <= 4096, "block size out of range");
   check(a.max_blocks_per_seq >= 0, "negative blocks per sequence");
+  check(a.num_kv_groups >= 1 && a.num_kv_groups <= kMaxKvGroups, "KV cache group count out of range");
   for (const StepArray& f : kStepArrays) f.host(in) = r.i32s(f.name, array_limit(f.extent, lim.max_tokens));
 }
 
@@ -221,7 +227,10 @@ void read_cache_init(dist::WireReader& r, CacheInit& c) {
   c.graph_query_len = r.i32();
   c.num_state_slots = r.i32();
   const uint8_t conv_dt = r.u8(), ssm_dt = r.u8();
+  const std::vector<int32_t> groups = r.i32s("layer_groups", 1u << 16);
   r.expect_end();
+  for (int32_t g : groups) check(g >= -1 && g < kMaxKvGroups, "layer group out of range");
+  c.layer_groups.assign(groups.begin(), groups.end());
   check(c.num_state_slots >= 0 && c.num_state_slots <= (1 << 24), "state slot count");
   for (uint8_t d : {conv_dt, ssm_dt})
     check(d == static_cast<uint8_t>(DType::kF32) || d == static_cast<uint8_t>(DType::kBF16), "state dtype");

@@ -4,11 +4,12 @@
 // limits the receiving rank knows (vocabulary, cache blocks), so a damaged plan is refused
 // with Error(kCorrupt) before anything is allocated or indexed.
 //
-//   u32 magic 0x504c5354 ("TSLP"), u8 version 4, u8 kind, u16 reserved (0)
-//   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq,
+//   u32 magic 0x504c5354 ("TSLP"), u8 version 5, u8 kind, u16 reserved (0)
+//   kind 1 step:        u64 step, i32 block_size, i32 max_blocks_per_seq, i32 num_kv_groups,
 //                       then every array of kStepArrays (model/step_inputs.h), in its order,
 //                       as u32 count + count x i32 (today: token_ids, positions,
-//                       query_start_loc, seq_lens, block_tables, slot_mapping, logits_indices,
+//                       query_start_loc, seq_lens, block_tables and slot_mapping (one of each
+//                       per KV cache group, one after the other), logits_indices,
 //                       and, empty for models without state slots, linear query_start_loc,
 //                       state_slots, has_initial_state, token_state_slots (speculative
 //                       decoding; else empty), state_copies as (src, dst) pairs),
@@ -18,9 +19,10 @@
 //                       array, i32 mask_words and the masks array (StepSampling; structured output)
 //   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
 //                       i32 max_model_len, i32 max_graph_batch, i32 graph_query_len, i32 num_state_slots,
-//                       u8 conv state dtype, u8 ssm state dtype
+//                       u8 conv state dtype, u8 ssm state dtype, u32 count + count x i32 layer groups
 //   kind 3 shutdown:    nothing
-//   kind 4 MTP drafts:  u64 step, the first pass's input (i32 block_size, i32 max_blocks_per_seq, the
+//   kind 4 MTP drafts:  u64 step, the first pass's input (i32 block_size, i32 max_blocks_per_seq,
+//                       i32 num_kv_groups, the
 //                       arrays of kStepArrays as in a step), the hidden_rows array, i32 num_drafting,
 //                       u32 count of chained passes, each pass's input as the first's
 //                       (MtpDraftInput: the MTP passes after a step, run on the last pipeline stage)
@@ -52,6 +54,10 @@ struct CacheInit {
   // recurrent states (--mamba-cache-dtype, --mamba-ssm-cache-dtype).
   int num_state_slots = 0;
   DType conv_dtype = DType::kF32, ssm_dtype = DType::kF32;
+  // Per layer (cache_specs() order), the KV cache group whose block table and slots it reads in a
+  // step (-1: no paged KV); the layers at one place in their groups share a KV tensor
+  // (engine/cache_groups.h, cache_layer_groups). Empty: one group, every paged layer its own tensor.
+  std::vector<int> layer_groups;
 };
 
 // How the rank that holds a step's logits turns them into tokens: one SamplingRow per logits

@@ -177,6 +177,17 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
         "linear-attention metadata",
         cache_layers, cache.conv_state.size());
   const DType dt = be.compute_dtype();
+  // Each attention layer reads its KV cache group's block tables and slots.
+  const int G = in.attention.num_kv_groups;
+  TESSERA_CHECK(G == 1 || cache.layer_group.size() == cache_layers,
+                "forward: a step of {} KV cache groups for a cache without layer groups", G);
+  std::vector<AttentionMetadata> group_meta;
+  for (int g = 0; G > 1 && g < G; ++g) group_meta.push_back(attention_group(in.attention, g));
+  auto attention_of = [&](size_t layer) -> const AttentionMetadata& {
+    const int g = cache.layer_group.empty() ? 0 : cache.layer_group[layer];
+    TESSERA_CHECK(g >= 0 && g < G, "forward: layer {} reads KV cache group {} of {}", layer, g, G);
+    return G == 1 ? in.attention : group_meta[static_cast<size_t>(g)];
+  };
 
   // h holds each layer's normed input (and, in between, the feed-forward output that the
   // next add_rms_norm folds into the residual); o holds the attention output. Between
@@ -199,7 +210,7 @@ Tensor DecoderModel::run(const StepInputs& in, KvCache& cache) {
     if (L.linear_attention)
       L.linear_attention->forward(h, o, in.linear, cache.conv_state[i], cache.ssm_state[i]);
     else
-      L.attention->forward(h, o, in.positions, in.attention, rope_, cache.k[i], cache.v[i], cache.k_scale,
+      L.attention->forward(h, o, in.positions, attention_of(i), rope_, cache.k[i], cache.v[i], cache.k_scale,
                            cache.v_scale);
     L.post_attention_norm.add_forward(o, residual);
     L.feed_forward->forward(o, h);
@@ -256,6 +267,7 @@ Tensor DecoderModel::run_mtp(const StepInputs& in, const Tensor& hidden, const T
   be.linear(cat, *m.fc, nullptr, residual);
   Layer& L = m.layer;
   L.input_norm.forward(residual, h);
+  TESSERA_CHECK(in.attention.num_kv_groups == 1, "run_mtp: a step of {} KV cache groups", in.attention.num_kv_groups);
   L.attention->forward(h, o, in.positions, in.attention, rope_, cache.k[kv], cache.v[kv], cache.k_scale, cache.v_scale);
   L.post_attention_norm.add_forward(o, residual);
   L.feed_forward->forward(o, h);

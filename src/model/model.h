@@ -50,6 +50,10 @@ struct KvCache {
   // Indexed by this stage's layer (cache_specs() order); a layer of the other kind has
   // undefined tensors in these vectors.
   std::vector<Tensor> k, v;  // kPagedKv layers: [num_blocks, block_size, kv_heads, head_dim]
+  // kPagedKv layers: the KV cache group whose block tables and slots (AttentionMetadata) the layer
+  // reads; empty: every layer group 0. With several groups, layers at one place in their groups
+  // share their k and v tensors (a block belongs to one group at a time).
+  std::vector<int> layer_group;
   int num_state_slots = 0;
   std::vector<Tensor> conv_state;  // kStateSlot layers: [num_state_slots, K-1, C]
   std::vector<Tensor> ssm_state;   // kStateSlot layers: [num_state_slots, Hv, Dk, Dv]

@@ -32,7 +32,7 @@ const std::array<StepArray, 12> kStepArrays = {{
      [](StepInputs& s) { return &s.attention.block_tables; },
      [](StepInputs& s) { return &s.attention.host_block_tables; }},
     // A padding row writes no KV.
-    {"slot_mapping", StepExtent::kTokens, false, GraphInput::kPerRow, -1,
+    {"slot_mapping", StepExtent::kGroupTokens, false, GraphInput::kPerRow, -1,
      [](ModelInput& in) -> HostArray& { return in.attention.slot_mapping; },
      [](StepInputs& s) { return &s.attention.slot_mapping; },
      [](StepInputs& s) { return &s.attention.host_slot_mapping; }},
@@ -67,6 +67,9 @@ std::string step_input_layout_error(const ModelInput& in) {
   const AttentionLayout& a = in.attention;
   const size_t T = in.token_ids.size(), S = a.seq_lens.size();
   if (a.max_blocks_per_seq < 0) return "negative blocks per sequence";
+  if (a.num_kv_groups < 1 || a.num_kv_groups > kMaxKvGroups)
+    return fmt::format("{} KV cache groups (1 to {})", a.num_kv_groups, kMaxKvGroups);
+  const size_t G = static_cast<size_t>(a.num_kv_groups);
   for (const StepArray& f : kStepArrays) {
     const HostArray& v = host_array(f, in);
     if (f.optional && v.empty()) continue;
@@ -75,6 +78,9 @@ std::string step_input_layout_error(const ModelInput& in) {
       case StepExtent::kTokens:
         want = T;
         break;
+      case StepExtent::kGroupTokens:
+        want = G * T;
+        break;
       case StepExtent::kSeqs:
         want = S;
         break;
@@ -82,7 +88,7 @@ std::string step_input_layout_error(const ModelInput& in) {
         want = S + 1;
         break;
       case StepExtent::kBlockTable:
-        want = S * static_cast<size_t>(a.max_blocks_per_seq);
+        want = G * S * static_cast<size_t>(a.max_blocks_per_seq);
         break;
       case StepExtent::kAnyCount:
         continue;
@@ -122,6 +128,7 @@ void set_eager_metadata(const ModelInput& in, StepInputs& s) {
   m.num_tokens = a.query_start_loc.back();
   m.block_size = a.block_size;
   m.max_blocks_per_seq = a.max_blocks_per_seq;
+  m.num_kv_groups = a.num_kv_groups;
   for (int i = 0; i < m.num_seqs; ++i) {
     m.max_query_len = std::max(m.max_query_len, a.query_start_loc[i + 1] - a.query_start_loc[i]);
     m.max_seq_len = std::max(m.max_seq_len, a.seq_lens[i]);
@@ -153,9 +160,10 @@ StepInputs upload_step_inputs(Backend& be, const ModelInput& in, int vocab, int 
     const HostArray& v = host_array(f, in);
     if (!f.device || (f.optional && v.empty())) continue;
     const int64_t n = static_cast<int64_t>(v.size());
-    const Shape shape = f.extent == StepExtent::kBlockTable ? Shape{static_cast<int64_t>(in.attention.seq_lens.size()),
-                                                                    std::max(1, in.attention.max_blocks_per_seq)}
-                                                            : Shape{n};
+    const int64_t table_rows = int64_t{in.attention.num_kv_groups} * static_cast<int64_t>(in.attention.seq_lens.size());
+    const Shape shape = f.extent == StepExtent::kBlockTable
+                            ? Shape{table_rows, std::max(1, in.attention.max_blocks_per_seq)}
+                            : Shape{n};
     Tensor t = be.scratch(shape, DType::kI32);
     if (n > 0) be.copy_from_host(t, v.data());
     *f.device(s) = t;

@@ -56,12 +56,13 @@ struct StepInputs {
 };
 
 // How many entries an array has, in the step's T tokens, S sequences (seq_lens) and the
-// attention layout's max_blocks_per_seq.
+// attention layout's max_blocks_per_seq and G KV cache groups (num_kv_groups).
 enum class StepExtent : uint8_t {
   kTokens,       // T
+  kGroupTokens,  // G x T (a slot per token in each KV cache group)
   kSeqs,         // S
   kSeqsPlusOne,  // S + 1 (query start offsets)
-  kBlockTable,   // S x max_blocks_per_seq
+  kBlockTable,   // G x S x max_blocks_per_seq
   kAnyCount,     // a count of its own (logits rows)
   kPairs,        // an even count of its own (state copies)
 };
@@ -70,8 +71,9 @@ enum class StepExtent : uint8_t {
 // number q of new tokens and wants the logits of all of them: pure decode (q = 1) or the
 // verification of q - 1 drafts per sequence (speculative decoding). At bucket B, T = n = B * q.
 enum class GraphInput : uint8_t {
-  kPerRow,      // a token's or a sequence's entry (B * q or B), rewritten every step; padding rows hold `pad`
-  kBlockTable,  // B x the buffer's block-table width, rewritten every step; padding rows 0
+  kPerRow,      // a token's or a sequence's entry (B * q or B; per KV cache group: G of those one after the
+                // other), rewritten every step; padding rows hold `pad`
+  kBlockTable,  // G x B rows of the buffer's block-table width, rewritten every step; padding rows 0
   kShape,       // from the shape alone: query starts s * q, logits rows 0, 1, 2, ...
   kNone,        // not read by the forward (state copies, applied before it)
 };

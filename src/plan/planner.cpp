@@ -369,7 +369,10 @@ Plan compute(const PlanInputs& in) {
     s.fp8_weight_bytes = sm.model->weights().fp8_bytes() + sm.model->weights().fp8_scale_bytes();
     s.other_bytes = model_allocs;
     const auto specs = sm.model->cache_specs();
-    s.cache = cache_footprint(specs, p.kv_dtype, in.block_size, sdt.conv, sdt.ssm);
+    // As the engine groups them: the whole model only without pipeline stages.
+    s.cache_groups = engine_cache_groups(specs, in.block_size, pp == 1, in.hybrid_kv_cache_manager);
+    const std::vector<int> layer_groups = cache_layer_groups(s.cache_groups, static_cast<int>(specs.size()));
+    s.cache = cache_footprint(specs, p.kv_dtype, in.block_size, sdt.conv, sdt.ssm, layer_groups);
     // Activations: a full prefill step, and the largest decode step (graphs replay inside the arena).
     const int prefill_tokens = std::min<int64_t>(batched, static_cast<int64_t>(in.max_num_seqs) * p.max_model_len);
     size_t act =
@@ -403,6 +406,8 @@ Plan compute(const PlanInputs& in) {
     kin.block_size = in.block_size;
     kin.max_num_seqs = in.max_num_seqs;
     kin.max_model_len = p.max_model_len;
+    if (!layer_groups.empty() || s.cache_groups.front().spec.kind == CacheGroupKind::kSlidingWindow)
+      kin.blocks_per_seq = max_blocks_per_seq(s.cache_groups, p.max_model_len, batched);
     if (s.cache.state_layers > 0)
       kin.extra_state_slots = checkpoint_state_slots(in.max_num_seqs, in.enable_prefix_caching);
     kin.state_slots_per_seq = in.state_slots_per_seq;
@@ -413,8 +418,9 @@ Plan compute(const PlanInputs& in) {
   }
   // The engine plans from stage 0 and every stage allocates that many blocks.
   p.num_blocks = p.stages.front().kv.num_blocks;
-  p.kv_tokens = static_cast<int64_t>(p.num_blocks) * in.block_size;
-  p.max_concurrency = static_cast<double>(p.kv_tokens) / p.max_model_len;
+  const KvCapacity capacity = kv_capacity(p.stages.front().cache_groups, p.num_blocks, p.max_model_len, batched);
+  p.kv_tokens = capacity.tokens;
+  p.max_concurrency = capacity.max_concurrency;
   p.num_state_slots = p.stages.front().kv.num_state_slots;
   p.max_num_seqs = p.stages.front().kv.max_num_seqs;
   if (p.num_state_slots > 0) p.max_concurrency = std::min(p.max_concurrency, static_cast<double>(p.max_num_seqs));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache_groups.h"
 #include "engine/memory_plan.h"
 #include "loader/model_config.h"
 #include "model/model.h"
@@ -104,9 +105,10 @@ struct PlanInputs {
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";  // linear-attention state slots
-  bool enable_prefix_caching = true;  // hybrid models keep checkpoint state slots for it
-  int state_slots_per_seq = 1;        // hybrid models with speculative decoding: 1 + k
-  bool mtp = false;                   // speculative decoding with method mtp: the MTP layer's weights and KV
+  bool enable_prefix_caching = true;    // hybrid models keep checkpoint state slots for it
+  bool hybrid_kv_cache_manager = true;  // false: --disable-hybrid-kv-cache-manager (EngineConfig's field)
+  int state_slots_per_seq = 1;          // hybrid models with speculative decoding: 1 + k
+  bool mtp = false;                     // speculative decoding with method mtp: the MTP layer's weights and KV
   bool enforce_eager = false;
   bool disable_custom_all_reduce = false;
   int num_gpu_blocks_override = 0;
@@ -135,6 +137,9 @@ struct StagePlan {
   size_t activation_bytes = 0;   // the activation arena's peak (a full prefill step, a full decode step)
   size_t used_before_cache = 0;  // runtime + weights + other + communicators
   CacheFootprint cache;
+  // The engine's KV cache groups here (engine_cache_groups: a model mixing full-attention and
+  // sliding-window layers has one per kind, their layers sharing the blocks' tensors).
+  std::vector<CacheGroup> cache_groups;
   KvBudget kv;
   bool runtime_estimated = false;
   DecodeReads reads;  // what a decode step reads here

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/kv_cache_coordinator.h"
+#include "engine/memory_plan.h"
 #include "engine/scheduler.h"
 #include "scheduler_util.h"
 
@@ -80,25 +81,81 @@ TEST(CacheGroups, LayersWithEqualSpecsShareAGroupStateLast) {
   EXPECT_THROW(make_cache_groups({paged(-1)}, kBs, true), Error);
 }
 
-TEST(CacheGroups, TheEngineKeepsOnePagedGroup) {
+TEST(CacheGroups, TheEngineGivesEachKindGroupsOfOneSize) {
   // Every layer windowed, the whole model seen: one sliding-window group.
   auto g = engine_cache_groups({paged(kWindow), paged(kWindow)}, kBs, /*whole_model=*/true);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kSlidingWindow);
+  EXPECT_TRUE(cache_layer_groups(g, 2).empty()) << "one paged group: every layer reads the step's one table";
   // Only this pipeline stage's layers: another stage may hold full-attention layers.
   g = engine_cache_groups({paged(kWindow), paged(kWindow)}, kBs, false);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
-  // Mixed full and windowed layers read one block table: one full-attention group.
-  g = engine_cache_groups({paged(), paged(kWindow), state()}, kBs, true);
+  // Full and windowed layers mixed (Qwen2's max_window_layers): one layer of full attention, two
+  // windowed: groups of one layer (the fewest of a kind; two is not under 1.25 x 1).
+  const std::vector<LayerCacheSpec> qwen2{paged(), paged(kWindow), paged(kWindow)};
+  g = engine_cache_groups(qwen2, kBs, true);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
+  EXPECT_EQ(g[0].layers, (std::vector<int>{0}));
+  EXPECT_EQ(g[1].spec.kind, CacheGroupKind::kSlidingWindow);
+  EXPECT_EQ(g[1].layers, (std::vector<int>{1}));
+  EXPECT_EQ(g[2].layers, (std::vector<int>{2}));
+  EXPECT_EQ(cache_layer_groups(g, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(kv_tensor_of_layers(qwen2, cache_layer_groups(g, 3)), (std::vector<int>{0, 0, 0}))
+      << "the three groups' layers share one KV tensor";
+  EXPECT_EQ(kv_tensor_of_layers(qwen2, {}), (std::vector<int>{0, 1, 2}));
+  // Two full, six windowed (Gemma-style 1:3): groups of two; layer i of each group shares tensor i.
+  std::vector<LayerCacheSpec> layers;
+  for (int i = 0; i < 8; ++i) layers.push_back(paged(i % 4 == 0 ? 0 : kWindow));
+  g = engine_cache_groups(layers, kBs, true);
+  ASSERT_EQ(g.size(), 4u);
+  EXPECT_EQ(g[0].layers, (std::vector<int>{0, 4}));
+  EXPECT_EQ(g[1].layers, (std::vector<int>{1, 2}));
+  EXPECT_EQ(g[3].layers, (std::vector<int>{6, 7}));
+  const auto lg = cache_layer_groups(g, 8);
+  EXPECT_EQ(lg, (std::vector<int>{0, 1, 1, 2, 0, 2, 3, 3}));
+  EXPECT_EQ(kv_tensor_of_layers(layers, lg), (std::vector<int>{0, 0, 1, 0, 1, 1, 0, 1}));
+  EXPECT_EQ(num_paged_groups(lg), 4);
+  // Five full, six windowed: 6 < 1.25 x 5, so groups of six (the full group one layer short).
+  layers.assign(5, paged());
+  for (int i = 0; i < 6; ++i) layers.push_back(paged(kWindow));
+  g = engine_cache_groups(layers, kBs, true);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].layers.size(), 5u);
+  EXPECT_EQ(g[1].layers.size(), 6u);
+  // The cost of a block: one layer's page a tensor.
+  const size_t page = 2ull * kBs * 2 * 8 * 4;  // K and V, 2 heads of 8, f32
+  EXPECT_EQ(cache_footprint(qwen2, DType::kF32, kBs).kv_bytes_per_block, 3 * page);
+  EXPECT_EQ(cache_footprint(qwen2, DType::kF32, kBs, DType::kF32, DType::kF32, {0, 1, 2}).kv_bytes_per_block, page);
+  // Pages that differ cannot share tensors: one full-attention group, as without the hybrid manager.
+  LayerCacheSpec wide = paged(kWindow);
+  wide.head_dim = 16;
+  g = engine_cache_groups({paged(), wide, state()}, kBs, true);
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
   EXPECT_EQ(g[0].layers, (std::vector<int>{0, 1}));
   EXPECT_EQ(g[1].spec.kind, CacheGroupKind::kStateSlot);
+  g = engine_cache_groups(qwen2, kBs, true, /*hybrid=*/false);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].layers, (std::vector<int>{0, 1, 2}));
   // Every model before sliding windows: its groups are unchanged.
   g = engine_cache_groups({paged(), paged()}, kBs, true);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
+}
+
+TEST(CacheGroups, CapacityCountsTheBlocksOneSequenceHolds) {
+  // Unchanged for full attention: tokens / max_model_len.
+  const std::vector<CacheGroup> full{{{CacheGroupKind::kFullAttention, kBs, 0}, {0}}};
+  KvCapacity c = kv_capacity(full, 40, 64, 8);
+  EXPECT_EQ(c.tokens, 160);
+  EXPECT_DOUBLE_EQ(c.max_concurrency, 2.5);
+  // Full + window: 16 + 5 blocks a 64-token sequence; tokens counted per group.
+  c = kv_capacity(two_groups(), 42, 64, 8);
+  EXPECT_EQ(c.tokens, 21 * kBs);
+  EXPECT_DOUBLE_EQ(c.max_concurrency, 2.0);
+  EXPECT_EQ(max_blocks_per_seq(two_groups(), 64, 8), 21);
 }
 
 TEST(SlidingWindowManager, AHitNeedsOnlyTheBlocksOfTheWindowBeforeIt) {

@@ -14,12 +14,25 @@
 #include "backend/forwarding_backend.h"
 #include "engine/engine.h"
 #include "engine/kv_cache_coordinator.h"
+#include "engine/memory_plan.h"
 #include "engine/model_loader.h"
 #include "engine/spec/mtp_proposer.h"
 #include "fixture_util.h"
 
 namespace tessera {
 namespace {
+
+// `num_blocks` below counts blocks of every paged layer. A model mixing full-attention and
+// sliding-window layers has a KV cache group per kind, whose layers share the blocks' tensors (one
+// layer a group in a block): the same memory holds this many of its blocks for each of those.
+int blocks_in_the_memory_of_one(const std::vector<LayerCacheSpec>& specs) {
+  const auto groups = engine_cache_groups(specs, 16, /*whole_model=*/true);
+  const size_t one = cache_footprint(specs, DType::kF32, 16).kv_bytes_per_block;
+  const size_t grouped = cache_footprint(specs, DType::kF32, 16, DType::kF32, DType::kF32,
+                                         cache_layer_groups(groups, static_cast<int>(specs.size())))
+                             .kv_bytes_per_block;
+  return grouped > 0 ? static_cast<int>(one / grouped) : 1;
+}
 
 struct Harness {
   std::unique_ptr<Backend> owned = testing::make_test_backend();
@@ -32,14 +45,15 @@ struct Harness {
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
     lo.mtp = spec.enabled() && spec.method == "mtp";
     EngineConfig ec;
-    ec.num_blocks_override = num_blocks;
+    auto model = load_model(lo, backend);
+    ec.num_blocks_override = num_blocks * blocks_in_the_memory_of_one(model->cache_specs());
     ec.scheduler.max_num_seqs = max_num_seqs;
     ec.scheduler.max_num_batched_tokens = budget;
     ec.scheduler.max_model_len = max_model_len;
     ec.enable_prefix_caching = prefix;
     ec.speculative = spec;
     ec.mtp_drafts_in_step = mtp_drafts_in_step;
-    auto exec = std::make_unique<LocalExecutor>(load_model(lo, backend), backend);
+    auto exec = std::make_unique<LocalExecutor>(std::move(model), backend);
     executor = exec.get();
     engine = std::make_unique<LLMEngine>(std::move(exec), ec);
   }
@@ -293,17 +307,22 @@ void expect_warm_up_leaves_nothing_behind(const std::string& fixture) {
 TEST_P(EngineFixtureTest, WarmUpLeavesNothingBehind) { expect_warm_up_leaves_nothing_behind(GetParam()); }
 
 // A sliding-window group frees the blocks before every future token's window, so a small pool that
-// preempts a full-attention model's requests holds a windowed model's without preempting.
-bool frees_window_blocks(const LLMEngine& e) {
-  for (const CacheGroup& g : e.cache_manager().groups())
-    if (g.spec.kind == CacheGroupKind::kSlidingWindow) return true;
-  return false;
+// preempts a full-attention model's requests holds a model windowed on every layer without
+// preempting. A model mixing both kinds keeps its full-attention layers' blocks: it may preempt.
+enum class Windows { kNone, kSome, kAll };
+Windows windows(const LLMEngine& e) {
+  int paged = 0, windowed = 0;
+  for (const CacheGroup& g : e.cache_manager().groups()) {
+    paged += g.spec.paged() ? 1 : 0;
+    windowed += g.spec.kind == CacheGroupKind::kSlidingWindow ? 1 : 0;
+  }
+  return windowed == 0 ? Windows::kNone : windowed == paged ? Windows::kAll : Windows::kSome;
 }
 
 void expect_preemption_or_window(const LLMEngine& e) {
-  if (frees_window_blocks(e))
+  if (windows(e) == Windows::kAll)
     EXPECT_EQ(e.stats().num_preemptions, 0u) << "the window group frees out-of-window blocks: the small pool holds all";
-  else
+  else if (windows(e) == Windows::kNone)
     EXPECT_GT(e.stats().num_preemptions, 0u) << "the pool was meant to force preemption";
 }
 
@@ -1056,6 +1075,72 @@ TEST(Engine, SpeculationIsOffWhileTheBatchIsLarge) {
   EXPECT_GT(h.engine->stats().spec.num_draft_tokens, 0u) << "no drafts once one sequence was left";
   EXPECT_EQ(got["long"], seq);
   EXPECT_EQ(got["short"], std::vector<int32_t>(seq.begin(), seq.begin() + 4));
+}
+
+// A model mixing full-attention and sliding-window layers (qwen2_sliding_window: layer 0 full,
+// layers 1-2 a window of 8): with a KV cache group per kind, its windowed layers give their blocks
+// back to the shared pool as the window slides, so the same memory runs more sequences at once
+// than one group does (--disable-hybrid-kv-cache-manager: every layer keeps every block), with the
+// same tokens; prefix caching and preemption stay right.
+TEST(Engine, AWindowModelFitsMoreSequencesInTheSameMemory) {
+  const std::string fixture = "qwen2_sliding_window";
+  std::mt19937 g(41);
+  std::vector<std::vector<int32_t>> prompts;
+  const std::vector<int32_t> shared = random_prompt(g, 32);
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p = shared;  // two full blocks in common
+    const auto tail = random_prompt(g, 20 + 5 * i);
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+  }
+  struct Run {
+    std::map<std::string, std::vector<int32_t>> tokens;
+    size_t most_running = 0;
+    uint64_t preemptions = 0, cache_hits = 0;
+    int num_blocks = 0;
+    std::vector<CacheGroup> groups;
+  };
+  auto run = [&](bool hybrid) {
+    auto be = testing::make_test_backend();
+    LoadOptions lo;
+    lo.model_dir = testing::fixtures_dir() + "/" + fixture;
+    EngineConfig ec;
+    ec.kv_cache_memory_bytes = 24 * 12288;  // 24 blocks of 16 tokens of the three layers, K and V f32
+    ec.hybrid_kv_cache_manager = hybrid;
+    ec.scheduler.max_num_seqs = 8;
+    ec.scheduler.max_num_batched_tokens = 256;
+    ec.scheduler.max_model_len = 128;
+    LLMEngine e(std::make_unique<LocalExecutor>(load_model(lo, *be), *be), ec);
+    Run r;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_TRUE(e.add_request(std::to_string(i), prompts[i], greedy(32, false)).ok());
+    while (e.has_unfinished()) {
+      for (const auto& o : e.step()) {
+        auto& v = r.tokens[o.request_id];
+        v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (o.finished) r.cache_hits += static_cast<uint64_t>(o.num_cached_tokens);
+      }
+      r.most_running = std::max(r.most_running, e.stats().num_running);
+    }
+    EXPECT_TRUE(e.cache_manager().pool().all_free());
+    r.preemptions = e.stats().num_preemptions;
+    r.num_blocks = e.num_blocks();
+    r.groups = e.cache_manager().groups();
+    return r;
+  };
+  const Run one = run(false), hybrid = run(true);
+  ASSERT_EQ(one.groups.size(), 1u);
+  EXPECT_EQ(one.num_blocks, 24);
+  ASSERT_EQ(hybrid.groups.size(), 3u) << "full attention, and a window group a windowed layer";
+  EXPECT_EQ(hybrid.groups[1].spec.kind, CacheGroupKind::kSlidingWindow);
+  EXPECT_EQ(hybrid.num_blocks, 3 * 24) << "a block is one layer's page: three times as many in the same memory";
+  // 8 sequences of 84 to 119 tokens (6 to 8 blocks): one group's 24 blocks hold three or four at
+  // once; the hybrid cache's 72 hold a decoding sequence's full-attention blocks and at most two a
+  // window group.
+  EXPECT_GT(hybrid.most_running, one.most_running) << "the freed window blocks ran more sequences at once";
+  EXPECT_LT(hybrid.preemptions, one.preemptions);
+  EXPECT_GT(hybrid.cache_hits, 0u) << "the shared prefix came from the cache in every group";
+  if (!testing::testing_on_cuda()) EXPECT_EQ(hybrid.tokens, one.tokens);
 }
 
 }  // namespace

@@ -76,6 +76,34 @@ TEST(StepPlan, RoundTrip) {
   EXPECT_EQ(decode_step_plan(encode_step_plan(s), {}).kind, PlanKind::kShutdown);
 }
 
+// A model with several KV cache groups (full attention beside windowed layers): a block table and a
+// slot mapping per group, one after the other, and each layer's group in the cache's init.
+TEST(StepPlan, KvCacheGroupsRoundTrip) {
+  StepPlan p = sample_plan();
+  AttentionLayout& a = p.input.attention;
+  a.num_kv_groups = 2;
+  a.block_tables = {0, 0, 1, 2, 3, 0, 0, 3};  // group 1: block 0 freed by its window in sequence 1
+  a.slot_mapping = {0, 1, 2, 25, 48, 49, 50, 57};
+  StepPlan q = decode_step_plan(encode_step_plan(p), PlanLimits{256, 4});
+  EXPECT_EQ(q.input.attention.num_kv_groups, 2);
+  EXPECT_EQ(q.input.attention.block_tables, a.block_tables);
+  EXPECT_EQ(q.input.attention.slot_mapping, a.slot_mapping);
+  // One group's worth of slots for two groups: refused.
+  a.slot_mapping.resize(4);
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{256, 4}), Error);
+  a.slot_mapping = {0, 1, 2, 25, 48, 49, 50, 57};
+  a.num_kv_groups = 0;
+  EXPECT_THROW(decode_step_plan(encode_step_plan(p), PlanLimits{256, 4}), Error);
+
+  StepPlan init;
+  init.kind = PlanKind::kInitCache;
+  init.cache = CacheInit{100, 16, DType::kBF16, 1.0f, 1.0f};
+  init.cache.layer_groups = {0, 1, 2, -1};
+  EXPECT_EQ(decode_step_plan(encode_step_plan(init), {}).cache.layer_groups, init.cache.layer_groups);
+  init.cache.layer_groups = {0, kMaxKvGroups};
+  EXPECT_THROW(decode_step_plan(encode_step_plan(init), {}), Error);
+}
+
 // A hybrid model's step: the linear-attention layout and state copies travel too.
 StepPlan hybrid_plan() {
   StepPlan p = sample_plan();

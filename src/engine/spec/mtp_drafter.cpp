@@ -99,7 +99,7 @@ bool MtpDrafter::graphable(const MtpDraftInput& in, int& b, int& q) const {
   const int max_q = runner_.max_q_, max_blocks = runner_.max_blocks_;
   if (max_b_ == 0 || !runner_.graphs_enabled_ || S == 0 || (in.num_drafting != S && in.num_drafting != 0) ||
       S > max_b_ || T % S != 0 || T > last_tokens_ || static_cast<int>(in.chained.size()) > max_q - 2 ||
-      p.attention.max_blocks_per_seq > max_blocks)
+      p.attention.max_blocks_per_seq > max_blocks || p.attention.num_kv_groups != 1)
     return false;
   q = T / S;
   if (q > max_q) return false;
@@ -166,7 +166,7 @@ Tensor MtpDrafter::draft(const MtpDraftInput& in) {
 bool MtpDrafter::step_fusable(const ModelInput& in) const {
   const AttentionLayout& a = in.attention;
   const int S = static_cast<int>(a.seq_lens.size()), T = static_cast<int>(in.token_ids.size());
-  if (!runner_.cache_ready() || S == 0 || T % S != 0 || T / S > runner_.max_q_ ||
+  if (!runner_.cache_ready() || S == 0 || T % S != 0 || T / S > runner_.max_q_ || a.num_kv_groups != 1 ||
       a.query_start_loc.size() != static_cast<size_t>(S) + 1 || in.logits_indices.size() != static_cast<size_t>(T))
     return false;
   const int q = T / S;
