@@ -7,7 +7,7 @@
 #   ptx/, see below) and tar -cJf bundle/bundle.tar.xz -C /tmp bundle;  carry: ["bundle"]
 #   bash scripts/device_arch_check.sh
 # Bundle layout: tessera and the test and benchmark binaries (this build); prev/tessera (the
-# previous build, optional: the Hopper no-change figures); ptx/cuda_ops_test and ptx/tessera
+# previous build, optional: the Hopper no-change figures); ptx/cuda_ops_test, ptx/model_fixture_test, ptx/engine_test and ptx/tessera
 # (optional: a build of tessera's kernels as compute_90 PTX only, so the driver compiles them,
 # the JIT path of a GPU without a cubin, while cuBLAS keeps its own cubins); arch/tessera (optional:
 # the default three-architecture build, for the elf part: bundle/arch.tar.xz extracted over the bundle).
@@ -17,7 +17,8 @@
 # ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
 # flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
 # layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU. SERVE_RUNS (default sm120): which of
-# "sm120 hopper prev" serve the seeds' protocol; DECODE_RUNS (default "prev hopper sm120") decode.
+# "sm120 hopper prev" serve the seeds' protocol; DECODE_RUNS (default "prev hopper sm120") decode;
+# BATCHES (e.g. "8 32"): decode batch sizes besides 1 (output tok/s).
 set -u
 DEADLINE=${DEADLINE:-540}
 left() { echo $((DEADLINE - SECONDS)); }
@@ -106,12 +107,20 @@ PY
   say "flagship cut to ${LAYERS:-24} layers ($total_mib MiB GPU)"
 fi
 
-decode() {  # label env binary
-  local tag=$1 env=$2 bin=$3
+decode() {  # label env binary: batch 1 (P512), and BATCHES' other sizes (distinct 512-token prompts)
+  local tag=$1 env=$2 bin=$3 n
   env TESSERA_CUDA_OPTIONS="$env" timeout $(t 120) "$bin" generate --model $FLAG --load-format dummy --device cuda \
     --prompt-ids "$P512" --max-tokens 256 --ignore-eos --max-model-len 4096 --json > "$L/decode_$tag.json" \
     2> "$L/decode_$tag.log"
   say "flagship decode b1 $tag: $(grep -o 'decode [0-9.]* tok/s' "$L/decode_$tag.log" | tail -1)"
+  for n in ${BATCHES:-}; do
+    local args=() j
+    for j in $(seq 1 "$n"); do args+=(--prompt-ids "$(prompt_ids 512 $((7919 + j)))"); done
+    env TESSERA_CUDA_OPTIONS="$env" timeout $(t 120) "$bin" generate --model $FLAG --load-format dummy --device cuda \
+      "${args[@]}" --max-tokens 256 --ignore-eos --max-model-len 4096 --max-num-seqs "$n" --json \
+      > "$L/decode_${tag}_b$n.json" 2> "$L/decode_${tag}_b$n.log"
+    say "flagship decode b$n $tag: $(grep -oE 'output [0-9.]* tok/s' "$L/decode_${tag}_b$n.log" | tail -1)"
+  done
 }
 prefill() {
   local tag=$1 env=$2
@@ -171,11 +180,32 @@ if part serve; then
 fi
 
 if part ptx && [ -x "$B/ptx/cuda_ops_test" ]; then
-  # No cubin for this GPU in these binaries: the driver compiles tessera's compute_90 PTX.
-  timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx.log" 2>&1
-  say "cuda_ops_test (PTX-only build, JIT) rc=$?: $(gtest_line "$L/ops_ptx.log")"
-  TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx_sm120.log" 2>&1
-  say "cuda_ops_test (PTX-only build, sm_120 profile) rc=$?: $(gtest_line "$L/ops_ptx_sm120.log")"
+  # No cubin for this GPU in these binaries: the driver compiles tessera's compute_90 PTX, a module at
+  # its first use, into its cache (about two minutes for all of them on 16 cores). Five filtered runs
+  # of the op test at once fill the cache in parallel; the suites then run from it.
+  export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/tessera_jit_cache} CUDA_CACHE_MAXSIZE=4294967296
+  i=0
+  for f in '*Attention*:*attention*' '*Moe*:*moe*' '*Fp8*:*fp8*:*Linear*:*Gemm*' '*GatedDelta*:*Gdr*:*Conv*' \
+    '-*Attention*:*attention*:*Moe*:*moe*:*Fp8*:*fp8*:*GatedDelta*:*Gdr*:*Conv*:*Linear*:*Gemm*'; do
+    i=$((i + 1))
+    TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_filter="$f" --gtest_color=no \
+      > "$L/ptx_warm$i.log" 2>&1 &
+  done
+  wait
+  say "PTX-only build, the driver's compiles done at ${SECONDS}s: $(cat "$L"/ptx_warm*.log | grep -c '^\[       OK')" \
+    "op tests passed on the way; cache $(du -sh "$CUDA_CACHE_PATH" | cut -f1)"
+  TESSERA_CUDA_OPTIONS=$SM120 timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx_sm120.log" 2>&1 &
+  timeout $(t 200) "$B/ptx/cuda_ops_test" --gtest_color=no > "$L/ops_ptx.log" 2>&1 &
+  for t in model_fixture_test engine_test; do
+    [ -x "$B/ptx/$t" ] && TESSERA_CUDA_OPTIONS=$SM120 TESSERA_TEST_DEVICE=cuda timeout $(t 200) "$B/ptx/$t" \
+      --gtest_color=no > "$L/${t}_ptx_sm120.log" 2>&1 &
+  done
+  wait
+  say "cuda_ops_test (PTX-only build, sm_120 profile): $(gtest_line "$L/ops_ptx_sm120.log")"
+  say "cuda_ops_test (PTX-only build, sm_90 row): $(gtest_line "$L/ops_ptx.log")"
+  for t in model_fixture_test engine_test; do
+    [ -f "$L/${t}_ptx_sm120.log" ] && say "$t (PTX-only build, sm_120 profile): $(gtest_line "$L/${t}_ptx_sm120.log")"
+  done
   if [ -x "$B/ptx/tessera" ]; then
     # The demo model when its weights travelled, else a hybrid MoE fixture (token ids, no tokenizer).
     if [ -f models/tessera-demo/model.safetensors ]; then

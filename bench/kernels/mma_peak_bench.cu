@@ -57,20 +57,16 @@ __global__ void __launch_bounds__(kThreads) mma_loop(int iters, float* out, uint
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint32_t v = a[mt][j] + static_cast<uint32_t>(it);
-          asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}\n"
-              : "=r"(ah[mt][j])
-              : "r"(v));
+          asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}\n" : "=r"(ah[mt][j]) : "r"(v));
         }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const uint32_t v = b[nt][j] + static_cast<uint32_t>(it);
-          asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}\n"
-              : "=r"(bh[nt][j])
-              : "r"(v));
+          asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}\n" : "=r"(bh[nt][j]) : "r"(v));
         }
-      // 24 widenings (16 + 8) feed 16 MMAs here; the GEMM's 48 feed its 32 (the same 3 : 2).
+        // 24 widenings (16 + 8) feed 16 MMAs here; the GEMM's 48 feed its 32 (the same 3 : 2).
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -353,6 +353,9 @@ void LLMEngine::start_token_masks(const std::vector<LogitsRow>& rows, const std:
   for (size_t k = 0; k < n; ++k) f.slot0[k + 1] = f.slot0[k] + static_cast<size_t>(rows[firsts[k]].drafts) + 1;
   f.slot_row.assign(f.slot0[n], -1);
   f.errors.assign(n, std::string());
+  for (size_t k = 0; k < n; ++k)  // (firsts ascend, and a sequence's rows are consecutive)
+    for (int j = 0; j <= rows[firsts[k]].drafts; ++j)
+      sampling.constrained_rows.push_back(static_cast<int32_t>(firsts[k]) + j);
   sampling.mask_words = static_cast<int32_t>(f.words);
   sampling.masks.swap(mask_store_);  // (every word of a used slot is written: no need to clear it)
   sampling.masks.resize(f.slot0[n] * f.words);

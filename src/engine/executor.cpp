@@ -281,6 +281,7 @@ void MultiprocExecutor::execute(const ModelInput& input, const StepSampling& sam
   p.input = input;
   p.sampling.rows = sampling.rows;
   p.sampling.host_rows = sampling.host_rows;
+  p.sampling.constrained_rows = sampling.constrained_rows;
   // The masks go to the ranks only where one of them samples (a pipeline: the last stage's TP rank 0), so
   // the plan waits for them there; without a pipeline rank 0 samples and waits for them only right before
   // (the engine fills them while the forward runs).

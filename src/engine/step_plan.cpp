@@ -11,7 +11,7 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kPlanMagic = 0x504c5354;
-constexpr uint8_t kPlanVersion = 5;
+constexpr uint8_t kPlanVersion = 6;
 constexpr size_t kSamplingRowBytes = 4 * 4 + 2 * 8;
 
 void check(bool ok, const char* what) {
@@ -38,6 +38,7 @@ void write_step(dist::WireWriter& w, uint64_t step, const ModelInput& in, const 
     w.u64(s.position);
   }
   w.i32s(sampling.host_rows);
+  w.i32s(sampling.constrained_rows);
   w.i32s(sampling.mask_rows);
   w.i32(sampling.mask_words);
   w.i32s(sampling.masks);
@@ -103,6 +104,12 @@ void read_sampling(dist::WireReader& r, size_t logits_rows, StepSampling& sampli
   for (size_t i = 0; i < host.size(); ++i)
     check(host[i] >= 0 && static_cast<uint32_t>(host[i]) < nrows && (i == 0 || host[i] > host[i - 1]),
           "host row numbers");
+  std::vector<int32_t>& constrained = sampling.constrained_rows;
+  constrained = r.i32s("constrained_rows", nrows);
+  for (size_t i = 0; i < constrained.size(); ++i)
+    check(constrained[i] >= 0 && static_cast<uint32_t>(constrained[i]) < nrows &&
+              (i == 0 || constrained[i] > constrained[i - 1]),
+          "constrained row numbers");
   std::vector<int32_t>& masked = sampling.mask_rows;
   masked = r.i32s("mask_rows", nrows);
   for (size_t i = 0; i < masked.size(); ++i)
@@ -248,13 +255,13 @@ void read_cache_init(dist::WireReader& r, CacheInit& c) {
 
 std::vector<int32_t> argmax_rows(const StepSampling& s) {
   std::vector<int32_t> rows;
-  size_t host = 0, mask = 0;
+  size_t host = 0, con = 0;
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const int32_t r = static_cast<int32_t>(i);
     while (host < s.host_rows.size() && s.host_rows[host] < r) ++host;
-    while (mask < s.mask_rows.size() && s.mask_rows[mask] < r) ++mask;
-    const bool whole =
-        (host < s.host_rows.size() && s.host_rows[host] == r) || (mask < s.mask_rows.size() && s.mask_rows[mask] == r);
+    while (con < s.constrained_rows.size() && s.constrained_rows[con] < r) ++con;
+    const bool whole = (host < s.host_rows.size() && s.host_rows[host] == r) ||
+                       (con < s.constrained_rows.size() && s.constrained_rows[con] == r);
     if (!whole && s.rows[i].temperature < 1e-5f) rows.push_back(r);
   }
   return rows;

@@ -15,8 +15,9 @@
 //                       decoding; else empty), state_copies as (src, dst) pairs),
 //                       u32 count + count x sampling row (f32 temperature, i32 top_k, f32 top_p,
 //                       f32 min_p, u64 seed, u64 position), one per logits index,
-//                       then the host_rows array (ascending logits-row numbers), the mask_rows
-//                       array, i32 mask_words and the masks array (StepSampling; structured output)
+//                       then the host_rows array (ascending logits-row numbers), the
+//                       constrained_rows array, the mask_rows array, i32 mask_words and the
+//                       masks array (StepSampling; structured output)
 //   kind 2 init cache:  i32 num_blocks, i32 block_size, u8 dtype, f32 k_scale, f32 v_scale,
 //                       i32 max_model_len, i32 max_graph_batch, i32 graph_query_len, i32 num_state_slots,
 //                       u8 conv state dtype, u8 ssm state dtype, u32 count + count x i32 layer groups
@@ -74,6 +75,10 @@ struct StepSampling {
   std::vector<int32_t> mask_rows;
   std::vector<int32_t> masks;
   int32_t mask_words = 0;
+  // The rows of constrained sequences (ascending; none a host row): the rows mask_rows may hold, known
+  // when the step is planned (mask_rows is known only once the masks are filled, and only the sampling
+  // rank receives it). Every rank reads them for argmax_rows.
+  std::vector<int32_t> constrained_rows;
   // Set while the engine fills mask_rows and masks on other threads, overlapping the forward: whoever
   // reads them calls wait_masks() first (right before apply_token_mask), which returns once they are
   // complete. Null: they are complete. Not part of the step plan.
@@ -85,7 +90,8 @@ struct StepSampling {
 
 // The rows of `s` whose token is the greedy pick of their logits and that need nothing else of
 // them: temperature 0 (SamplingRow's rule), not a host row (logprobs, penalties, logit bias and
-// the like are applied to the whole row there), not a masked row (structured output). Ascending.
+// the like are applied to the whole row there), not a row of a constrained sequence (structured
+// output: it may be masked). Ascending.
 // Every rank computes them from the plan alike: under tensor parallelism the lm_head gathers only
 // each shard's (max, id) for them (StepInputs::argmax_rows).
 std::vector<int32_t> argmax_rows(const StepSampling& s);

@@ -34,6 +34,7 @@ StepPlan sample_plan() {
   drawn.position = 17;
   p.sampling.rows = {greedy, drawn};
   p.sampling.host_rows = {1};
+  p.sampling.constrained_rows = {0};
   return p;
 }
 
@@ -59,6 +60,7 @@ TEST(StepPlan, RoundTrip) {
   EXPECT_EQ(q.sampling.rows[1].seed, 0x1234567890abcdefull);
   EXPECT_EQ(q.sampling.rows[1].position, 17u);
   EXPECT_EQ(q.sampling.host_rows, p.sampling.host_rows);
+  EXPECT_EQ(q.sampling.constrained_rows, p.sampling.constrained_rows);
 
   StepPlan init;
   init.kind = PlanKind::kInitCache;
@@ -306,17 +308,17 @@ TEST(StepPlan, TruncatedTrailingAndRandomBytesAreRefused) {
 }
 
 // The rows whose greedy pick alone is read (what tensor parallelism gathers as (max, id) pairs):
-// temperature 0 and neither a host row nor a masked one.
+// temperature 0 and neither a host row nor a row of a constrained sequence (which may be masked).
 TEST(StepPlan, ArgmaxRowsAreTheGreedyRowsThatNeedNothingElse) {
   StepSampling s;
   s.rows.resize(7);
   s.rows[2].temperature = 0.7f;   // drawn
   s.rows[5].temperature = 1e-6f;  // below SamplingRow's greedy threshold: greedy
   s.host_rows = {1, 4};           // logprobs, penalties and the like (their SamplingRow is greedy)
-  s.mask_rows = {3};              // structured output
+  s.constrained_rows = {3};       // structured output (the masks may not be filled yet)
   EXPECT_EQ(argmax_rows(s), (std::vector<int32_t>{0, 5, 6}));
   s.host_rows.clear();
-  s.mask_rows.clear();
+  s.constrained_rows.clear();
   s.rows[2].temperature = 0;
   EXPECT_EQ(argmax_rows(s), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(argmax_rows(StepSampling{}).empty());

@@ -325,7 +325,10 @@ StepSampling mixed_sampling(size_t s, size_t rows, int vocab) {
       out.rows[i].seed = 7 + i;
       out.rows[i].position = s;
     }
-    if (kind == 3) out.mask_rows.push_back(static_cast<int32_t>(i));
+    if (kind == 3) {
+      out.constrained_rows.push_back(static_cast<int32_t>(i));
+      out.mask_rows.push_back(static_cast<int32_t>(i));
+    }
   }
   out.mask_words = (vocab + 31) / 32;
   out.masks.assign(out.mask_rows.size() * static_cast<size_t>(out.mask_words), 0);
