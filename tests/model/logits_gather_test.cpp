@@ -15,59 +15,14 @@
 #include "fixture_util.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"
+#include "thread_comm.h"
 #include "tiny_checkpoint.h"
 
 namespace tessera {
 namespace {
 
-struct Rendezvous {
-  explicit Rendezvous(int n) : size(n), sync(n), tensors(static_cast<size_t>(n)), gathered(static_cast<size_t>(n)) {}
-  int size;
-  std::barrier<> sync;
-  std::vector<Tensor> tensors;
-  std::vector<size_t> gathered;  // bytes each rank sent to gather since the last reset
-};
-
-// The collectives of a TP group between threads (CPU backend tensors), gather counted.
-class CountingComm : public dist::Communicator {
- public:
-  CountingComm(Rendezvous& r, int rank) : r_(r) {
-    info_.name = "tp";
-    for (int i = 0; i < r.size; ++i) info_.world_ranks.push_back(i);
-    info_.rank = rank;
-  }
-  const dist::GroupInfo& group() const override { return info_; }
-  std::string backend() const override { return "threads"; }
-  void all_reduce(const Tensor& t, dist::ReduceOp) override {
-    TESSERA_CHECK(t.dtype() == DType::kF32, "CountingComm: f32 only");
-    r_.tensors[static_cast<size_t>(rank())] = t;
-    r_.sync.arrive_and_wait();
-    std::vector<float> sum(static_cast<size_t>(t.numel()), 0.0f);
-    for (const Tensor& o : r_.tensors)
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += o.data<float>()[i];
-    r_.sync.arrive_and_wait();
-    std::memcpy(t.data<float>(), sum.data(), sum.size() * 4);
-  }
-  void gather(const Tensor& in, const Tensor& out, int root) override {
-    r_.gathered[static_cast<size_t>(rank())] += in.nbytes();
-    r_.tensors[static_cast<size_t>(rank())] = in;
-    r_.sync.arrive_and_wait();
-    if (rank() == root)
-      for (int i = 0; i < size(); ++i)
-        std::memcpy(out.data<char>() + static_cast<size_t>(i) * in.nbytes(),
-                    r_.tensors[static_cast<size_t>(i)].data<char>(), in.nbytes());
-    r_.sync.arrive_and_wait();
-  }
-  void all_gather(const Tensor&, const Tensor&) override { fail(ErrorKind::kInternal, "CountingComm: all_gather"); }
-  void broadcast(const Tensor&, int) override { fail(ErrorKind::kInternal, "CountingComm: broadcast"); }
-  void send(const Tensor&, int) override { fail(ErrorKind::kInternal, "CountingComm: send"); }
-  void recv(const Tensor&, int) override { fail(ErrorKind::kInternal, "CountingComm: recv"); }
-  void barrier() override { r_.sync.arrive_and_wait(); }
-
- private:
-  Rendezvous& r_;
-  dist::GroupInfo info_;
-};
+using testing::Rendezvous;
+using testing::ThreadComm;
 
 // Two sequences prefilled (17 and 4 tokens), the logits of six rows.
 ModelInput step() {
@@ -97,7 +52,7 @@ struct RankRun {
 void run_rank(const std::string& dir, int rank, int tp, Rendezvous& rv, RankRun& out) {
   auto be = make_backend({});
   ModelConfig cfg = load_model_config(dir);
-  CountingComm comm(rv, rank);
+  ThreadComm comm(rv, rank);
   ModelOptions mo;
   mo.parallel.tp_rank = rank;
   mo.parallel.tp_size = tp;
