@@ -151,10 +151,9 @@ std::vector<std::vector<float>> reference_logits(const std::string& fixture) {
   return out;
 }
 
-// One rank process (its Worker joins the groups through the head's store and loads its
-// shard); rank 0 writes each step's logits to `out_path`.
-int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
-  auto backend = one_thread_backend();
+// Rank `rank`'s Worker of case c: it joins the groups through the head's store at `port` and loads
+// its shard.
+std::unique_ptr<Worker> rank_worker(const Case& c, int rank, uint16_t port, Backend& backend) {
   WorkerOptions o;
   o.rank = rank;
   o.layout = {c.tp, c.pp};
@@ -162,7 +161,14 @@ int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_pat
   o.load.model_dir = model_dir(c.fixture);
   o.store_port = port;
   o.token = kToken;
-  auto worker = std::make_unique<Worker>(o, *backend);
+  return std::make_unique<Worker>(o, backend);
+}
+
+// One rank process (its Worker joins the groups through the head's store and loads its
+// shard); rank 0 writes each step's logits to `out_path`.
+int rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
+  auto backend = one_thread_backend();
+  auto worker = rank_worker(c, rank, port, *backend);
   if (rank != 0) {
     worker->run_step_loop();
     return 0;
@@ -342,14 +348,7 @@ StepSampling mixed_sampling(size_t s, size_t rows, int vocab) {
 // Rank 0 writes, per step: the whole rows' logits, then the mixed run's tokens and host rows.
 int mixed_rank_body(const Case& c, int rank, uint16_t port, const std::string& out_path) {
   auto backend = one_thread_backend();
-  WorkerOptions o;
-  o.rank = rank;
-  o.layout = {c.tp, c.pp};
-  o.enable_expert_parallel = c.ep;
-  o.load.model_dir = model_dir(c.fixture);
-  o.store_port = port;
-  o.token = kToken;
-  auto worker = std::make_unique<Worker>(o, *backend);
+  auto worker = rank_worker(c, rank, port, *backend);
   if (rank != 0) {
     worker->run_step_loop();
     return 0;
