@@ -79,7 +79,10 @@ TEST(CudaArch, BlackwellDesktopAndSparkTakeThePortableTier) {
     EXPECT_EQ(a.smem_per_block_optin, 101376u) << f.name;
     EXPECT_EQ(a.max_threads_per_sm, 1536) << f.name;
     EXPECT_FALSE(tuned_cuda_options(a).moe_prefill_wgmma) << f.name;
+    // kFine10 spills on sm_120a / sm_121a (ptxas_report.sh); kFineWide does not.
+    EXPECT_EQ(tuned_cuda_options(a).moe_fp8_one_token, CudaMoeFp8OneToken::kFineWide) << f.name;
   }
+  EXPECT_EQ(tuned_cuda_options(make_cuda_arch(h100())).moe_fp8_one_token, CudaMoeFp8OneToken::kFine10);
   EXPECT_EQ(make_cuda_arch(gb10()).family, CudaArchFamily::kSm121);
   EXPECT_TRUE(make_cuda_arch(gb10()).integrated);
 }
@@ -100,6 +103,7 @@ TEST(CudaArch, Sm120ProfileOnHopperTakesTheSm120Choices) {
   EXPECT_EQ(a.sms, 132) << "the device's own SMs";
   EXPECT_EQ(a.name, "NVIDIA H100 80GB HBM3 as sm_120");
   EXPECT_EQ(tuned_cuda_options(a).moe_prefill_wgmma, tuned_cuda_options(native).moe_prefill_wgmma);
+  EXPECT_EQ(tuned_cuda_options(a).moe_fp8_one_token, tuned_cuda_options(native).moe_fp8_one_token);
   EXPECT_EQ(profile_cuda_arch(h100(), "sm121").family, CudaArchFamily::kSm121);
   EXPECT_EQ(profile_cuda_arch(h100(), "native").family, CudaArchFamily::kSm90);
   EXPECT_EQ(profile_cuda_arch(h100(), "").family, CudaArchFamily::kSm90);

@@ -23,12 +23,20 @@ constexpr size_t kNoCap = std::numeric_limits<size_t>::max();
 // on those parts says otherwise yet.
 void tune_without_wgmma(CudaOptions& o) { o.moe_prefill_wgmma = false; }
 
+// sm_120 / sm_121 also take the FP8 one-token expert GEMV at 8 blocks an SM (`kFineWide`): at 10
+// (`kFine10`, the sm_90 row's, measured faster on Hopper) ptxas gives each thread 48 registers
+// there and spills 32-36 bytes (scripts/ptxas_report.sh), while at 8 it fits in 64 without spills.
+void tune_blackwell_desktop(CudaOptions& o) {
+  tune_without_wgmma(o);
+  o.moe_fp8_one_token = CudaMoeFp8OneToken::kFineWide;
+}
+
 // The rows. kOther keeps the device's own limits and only the paths every sm_80+ GPU has.
 const std::vector<CudaArchRow> kTable = {
     {CudaArchFamily::kSm90, "sm90", 9, 0, 232448, 2048, true, true, true, true, nullptr},
     {CudaArchFamily::kSm100, "sm100", 10, 0, 232448, 2048, false, false, true, true, tune_without_wgmma},
-    {CudaArchFamily::kSm120, "sm120", 12, 0, 101376, 1536, false, false, true, true, tune_without_wgmma},
-    {CudaArchFamily::kSm121, "sm121", 12, 1, 101376, 1536, false, false, true, true, tune_without_wgmma},
+    {CudaArchFamily::kSm120, "sm120", 12, 0, 101376, 1536, false, false, true, true, tune_blackwell_desktop},
+    {CudaArchFamily::kSm121, "sm121", 12, 1, 101376, 1536, false, false, true, true, tune_blackwell_desktop},
     {CudaArchFamily::kOther, "other", 0, 0, kNoCap, std::numeric_limits<int>::max(), false, false, false, false,
      tune_without_wgmma},
 };

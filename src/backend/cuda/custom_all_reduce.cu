@@ -156,7 +156,11 @@ __device__ __forceinline__ uint4 load_user(const T* data, int64_t p, int64_t n, 
   uint4 v = make_uint4(0, 0, 0, 0);
   T tmp[E];
   memcpy(tmp, &v, 16);
-  for (int i = 0; i < m; ++i) tmp[i] = data[e0 + i];
+  // Unrolled over E with a predicate, so that tmp stays in registers (a loop to m would index
+  // it at run time and put it on the stack).
+#pragma unroll
+  for (int i = 0; i < E; ++i)
+    if (i < m) tmp[i] = data[e0 + i];
   memcpy(&v, tmp, 16);
   return v;
 }
@@ -172,7 +176,9 @@ __device__ __forceinline__ void store_user(T* data, int64_t p, int64_t n, bool a
   }
   T tmp[E];
   memcpy(tmp, &v, 16);
-  for (int i = 0; i < m; ++i) data[e0 + i] = tmp[i];
+#pragma unroll
+  for (int i = 0; i < E; ++i)
+    if (i < m) data[e0 + i] = tmp[i];
 }
 
 // Sum of pack p over the N staging buffers, in rank order (identical on every rank).
