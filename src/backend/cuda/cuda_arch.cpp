@@ -1,5 +1,5 @@
 // The architecture table and the records made from it (cuda_arch.h). No CUDA calls here:
-// cuda_arch_read.cpp reads the device's facts.
+// cuda_facts.cpp reads the device's facts, cuda_arch_read.cpp makes the record.
 #include "backend/cuda/cuda_arch.h"
 
 #include <fmt/format.h>

@@ -21,7 +21,7 @@ enum class CudaArchFamily { kSm90, kSm100, kSm120, kSm121, kOther };
 const char* cuda_arch_family_name(CudaArchFamily f);  // "sm_90", ...
 CudaArchFamily cuda_arch_family(int major, int minor);
 
-// What the driver reports of a device (cuda_arch_read.cpp fills it from cudaGetDeviceProperties;
+// What the driver reports of a device (cuda_facts.cpp fills it from cudaGetDeviceProperties;
 // tests build one by hand).
 struct CudaDeviceFacts {
   std::string name;

@@ -1,30 +1,11 @@
-// The one place the CUDA backend reads the driver's device properties (cuda_arch.h says why).
+// The architecture record of a device: its facts (cuda_facts.cpp) checked against the binary and the profile.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_facts.h"
 #include "backend/cuda/cuda_ops.h"
 
 namespace tessera::cuda {
-
-CudaDeviceFacts read_cuda_device_facts(int index) {
-  int count = 0;
-  TCUDA_CHECK(cudaGetDeviceCount(&count));
-  if (index < 0 || index >= count)
-    fail(ErrorKind::kInvalidArgument, "CUDA device {} does not exist: this machine shows {} device(s)", index, count);
-  cudaDeviceProp p{};
-  TCUDA_CHECK(cudaGetDeviceProperties(&p, index));
-  CudaDeviceFacts f;
-  f.name = p.name;
-  f.major = p.major;
-  f.minor = p.minor;
-  f.sms = p.multiProcessorCount;
-  f.smem_per_block_optin = p.sharedMemPerBlockOptin;
-  f.smem_per_sm = p.sharedMemPerMultiprocessor;
-  f.max_threads_per_sm = p.maxThreadsPerMultiProcessor;
-  f.total_memory = p.totalGlobalMem;
-  f.integrated = p.integrated != 0;
-  return f;
-}
 
 CudaArch read_cuda_arch(int index, std::string_view profile) {
   const CudaDeviceFacts facts = read_cuda_device_facts(index);

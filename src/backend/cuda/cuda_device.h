@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_arch.h"
+#include "backend/cuda/cuda_facts.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -108,9 +109,8 @@ class CudaDevice {
   size_t capture_chunks_ = 0;
 };
 
-// The facts of device `index` from the driver (cuda_arch_read.cpp: the only reader of
-// cudaDeviceProp), and the record under a profile ("" = the device's own row).
-CudaDeviceFacts read_cuda_device_facts(int index);
+// The record of device `index` (its facts from read_cuda_device_facts, cuda_facts.h: the only
+// reader of cudaDeviceProp) under a profile ("" = the device's own row).
 CudaArch read_cuda_arch(int index, std::string_view profile);
 
 }  // namespace tessera::cuda

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cuda/cuda_facts.h"
 #include "backend/cuda/custom_all_reduce_kernels.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -119,8 +120,10 @@ std::string export_buffer(int rank, int device, size_t half, int blocks_option, 
     return cuda_why(e, "cudaSetDevice");
   }
   int sms = 0;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
-    return cuda_why(e, "cudaDeviceGetAttribute");
+  try {
+    sms = read_cuda_device_facts(device).sms;  // the one reader of the device's properties
+  } catch (const Error& err) {
+    return err.what();
   }
   me.blocks = std::min({blocks_option > 0 ? blocks_option : car::kDefaultBlocks, sms, car::kMaxBlocks});
   if ((e = cudaDeviceGetPCIBusId(me.bus_id, sizeof me.bus_id, device)) != cudaSuccess) {
