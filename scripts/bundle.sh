@@ -15,10 +15,18 @@
 #
 # On the GPU node:  bundle/tessera --version
 # The CUDA runtime, cuBLAS(Lt) and NCCL are NOT copied: they must match the node's
-# driver. The rpath also looks in /usr/local/cuda/{targets/x86_64-linux/lib,lib64};
+# driver. The rpath also looks in /usr/local/cuda/{targets/<target>/lib,lib64}, <target> being the
+# toolkit's name for this machine (x86_64-linux; sbsa-linux on arm64 servers and DGX Spark);
 # elsewhere set LD_LIBRARY_PATH to the toolkit's library folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The CUDA toolkit's folder name for this machine's libraries (the bundle is made where it runs:
+# the same CPU architecture).
+case "$(uname -m)" in
+  x86_64) CUDA_TARGET=x86_64-linux ;;
+  aarch64 | arm64) CUDA_TARGET=sbsa-linux ;;
+  *) CUDA_TARGET="$(uname -m)-linux" ;;
+esac
 
 BUILD=build/cuda
 OUT=bundle
@@ -98,7 +106,7 @@ for bin in "${BINS[@]}"; do
   dst="$OUT/$(basename "$bin")"
   cp "$bin" "$dst"
   chmod u+w "$dst"
-  patchelf --set-rpath '$ORIGIN/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64' "$dst"
+  patchelf --set-rpath "\$ORIGIN/lib:/usr/local/cuda/targets/$CUDA_TARGET/lib:/usr/local/cuda/lib64" "$dst"
 done
 
 git rev-parse --short HEAD > "$OUT/COMMIT" 2>/dev/null || true
