@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench/arrival.h"
+#include "bench/conversation.h"
 
 namespace tessera::bench {
 
@@ -21,7 +22,8 @@ struct BenchOptions {
   bool stream = true;
   double timeout_s = 600;
 
-  // Workload: "prompt" (one fixed prompt), "random", "jsonl", "sonnet" or "prefix_repetition".
+  // Workload: "prompt" (one fixed prompt), "random", "jsonl", "sonnet", "prefix_repetition" or "agent"
+  // (multi-turn conversations sharing a system prompt, `agent`; its seed is `seed`).
   std::string dataset = "prompt";
   std::string dataset_path;
   std::string prompt = "Explain parallel computing in one sentence.";
@@ -34,6 +36,7 @@ struct BenchOptions {
   int sonnet_input_len = 550, sonnet_output_len = 150, sonnet_prefix_len = 200;  // vLLM's sonnet dataset
   int prefix_repetition_prefix_len = 256, prefix_repetition_suffix_len = 256;    // vLLM's prefix_repetition
   int prefix_repetition_num_prefixes = 10, prefix_repetition_output_len = 128;
+  AgentOptions agent;
   bool shuffle = true;               // prefix_repetition's prompts in random order (vLLM's --disable-shuffle: off)
   bool oversample = true;            // jsonl: cycle through the file for more requests than it holds
   std::string chat_template_kwargs;  // JSON object for the chat template where sonnet prompts are rendered

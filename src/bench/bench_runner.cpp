@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "bench/agent_runner.h"
 #include "bench/bench_options.h"
 #include "bench/load_runner.h"
 #include "bench/metrics.h"
@@ -104,6 +105,16 @@ std::string describe_workload(const BenchOptions& options, size_t requests) {
         "{} requests per level, {}",
         options.dataset_path, options.sonnet_input_len, options.sonnet_prefix_len, options.sonnet_output_len,
         options.seed, requests, rate);
+  if (options.dataset == "agent") {
+    const AgentOptions& a = options.agent;
+    return fmt::format(
+        "agent conversations: {} at once x {} turns, each turn a {}-token user message after the previous answer, "
+        "max_tokens {}, a shared {}-token system prompt (the last turn's prompt about {} tokens before the chat "
+        "template's), reference prompt {} tokens x {}, seed {}",
+        a.conversations, a.turns, a.turn_input_len, a.turn_output_len, a.system_prompt_len,
+        a.system_prompt_len + a.turns * a.turn_input_len + (a.turns - 1) * a.turn_output_len, a.reference_len,
+        a.reference_runs, options.seed);
+  }
   if (options.dataset == "prefix_repetition")
     return fmt::format(
         "prefix repetition: {} shared prefixes of {} tokens, each prompt a prefix and its own {}-token suffix, output "
@@ -172,7 +183,8 @@ std::vector<std::string> collect_notes(const BenchOptions& options, const std::v
         "{} successful requests came without 'usage': their tokens were counted with the tokenizer in {} (prompt "
         "counts leave out the chat template's tokens)",
         without_usage, options.tokenizer_dir));
-  if ((options.dataset == "random" || options.dataset == "prefix_repetition") && options.tokenizer_dir.empty())
+  if ((options.dataset == "random" || options.dataset == "prefix_repetition" || options.dataset == "agent") &&
+      options.tokenizer_dir.empty())
     notes.push_back(
         fmt::format("{} prompts are words that are one token each in common BPE vocabularies, so prompt lengths "
                     "are approximate (no tokenizer is used); the server's usage gives the true counts",
@@ -267,18 +279,106 @@ std::vector<int> levels_of(const BenchOptions& options) {
   return {0};
 }
 
+// Successful requests that came without usage: their completion tokens counted with --tokenizer.
+void count_tokens_without_usage(std::vector<RequestRecord>& records, const TokenCounter* counter) {
+  if (!counter) return;
+  for (RequestRecord& record : records)
+    if (record.success && !record.usage_reported) record.completion_tokens = counter->count(record.output_text);
+}
+
+// A level in which every request failed the same way: the report so far, then the advice as the error.
+void stop_on_advice(const LevelMetrics& metrics, const BenchOptions& options, BenchReport& report) {
+  auto advice = advice_for(metrics, options);
+  if (!advice) return;
+  report.levels.push_back(metrics);
+  std::cout << format_terminal_report(report);
+  fail(ErrorKind::kNetwork, "{}", *advice);
+}
+
+using VllmResults = std::vector<std::pair<VllmResultSettings, nlohmann::ordered_json>>;
+
+// Every level of the prompt-list datasets, into report.levels (and vLLM's result per level).
+void run_levels(const BenchOptions& options, boost::asio::io_context& io, HttpClient& client,
+                const std::vector<PromptSpec>& prompts, const RequestSettings& settings, const TokenCounter* counter,
+                BenchReport& report, VllmResults& vllm_results) {
+  std::vector<int> levels = levels_of(options);
+  const std::string date = format_now("%Y%m%d-%H%M%S", false);  // vLLM's result date
+  ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
+  for (size_t i = 0; i < levels.size(); ++i) {
+    LevelConfig level;
+    level.max_concurrency = levels[i];
+    level.label = levels[i] > 0 ? fmt::format("concurrency {}", levels[i]) : std::string("unlimited");
+    level.arrivals = arrival_process(options);
+    level.seed = options.seed + i;
+    level.request_id_prefix = options.request_id_prefix;
+    warm_up(io, client, prompts, levels[i], settings, options.num_warmups);
+    progress.start(level.label, prompts.size(), i, levels.size());
+    ProgressHandler on_progress = [&](size_t done, size_t, size_t in_flight) { progress.update(done, in_flight); };
+    LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
+    count_tokens_without_usage(result.records, counter);
+    LevelMetrics metrics = compute_level_metrics(result, report.slo);
+    if (vllm_output(options)) {
+      VllmResultSettings vs = vllm_settings(options, date, prompts.size(), levels[i]);
+      nlohmann::ordered_json j = vllm_result_json(result, metrics, vs);
+      vllm_results.emplace_back(std::move(vs), std::move(j));
+    }
+    progress.finish(fmt::format("{} ok, {} failed in {:.2f} s", metrics.completed, metrics.failed, metrics.duration_s));
+    stop_on_advice(metrics, options, report);
+    report.levels.push_back(std::move(metrics));
+  }
+}
+
+// --dataset-name agent: the reference requests, then the conversations as one level (every turn's
+// request), and the per-turn figures.
+void run_agent_level(const BenchOptions& options, boost::asio::io_context& io, HttpClient& client,
+                     const RequestSettings& settings, const TokenCounter* counter, BenchReport& report) {
+  AgentOptions agent = options.agent;
+  agent.seed = options.seed;
+  const AgentWorkload workload = agent_workload(agent, counter);
+  if (agent.reference_runs > 0)
+    std::cerr << fmt::format("reference: {} request(s) of a {}-token prompt, one at a time\n", agent.reference_runs,
+                             agent.reference_len);
+  ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
+  progress.start(fmt::format("{} conversations", agent.conversations),
+                 static_cast<size_t>(agent.conversations) * static_cast<size_t>(agent.turns));
+  ProgressHandler on_progress = [&](size_t done, size_t, size_t in_flight) { progress.update(done, in_flight); };
+  AgentRunResult result = run_agent(io, client, workload, agent, settings, on_progress);
+  count_tokens_without_usage(result.conversations.records, counter);
+  count_tokens_without_usage(result.reference, counter);
+  LevelMetrics metrics = compute_level_metrics(result.conversations, report.slo);
+  progress.finish(fmt::format("{} ok, {} failed, {} not sent in {:.2f} s", metrics.completed, metrics.failed,
+                              result.turns_not_sent, metrics.duration_s));
+  report.agent = compute_agent_metrics(result, agent);
+  stop_on_advice(metrics, options, report);
+  report.levels.push_back(std::move(metrics));
+  if (report.agent->later_without_cached_tokens)
+    report.notes.push_back(fmt::format(
+        "{} successful requests of turns 2-{} came without usage.prompt_tokens_details.cached_tokens: the hit rate "
+        "counts only the others",
+        report.agent->later_without_cached_tokens, agent.turns));
+}
+
 }  // namespace
 
 int run_benchmark(BenchOptions options) {
   raise_open_file_limit();
   SloTargets slo = parse_slo_targets(options.goodput);
   ApiEndpoint endpoint = parse_endpoint(options.endpoint);
+  const bool agent = options.dataset == "agent";
+  if (agent && endpoint != ApiEndpoint::kChatCompletions)
+    fail(ErrorKind::kInvalidArgument,
+         "--dataset-name agent sends conversations (message lists): it needs --endpoint /v1/chat/completions");
+  if (agent && !options.stream)
+    fail(ErrorKind::kInvalidArgument,
+         "--dataset-name agent measures TTFT per turn: it needs streaming (drop --no-stream)");
   if (options.max_tokens < 1) fail(ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
   if (!(options.timeout_s > 0)) fail(ErrorKind::kInvalidArgument, "--timeout must be positive (seconds)");
+  if (agent) check_agent_options(options.agent);
   size_t requests = options.requests_per_level ? options.requests_per_level : fixed_prompt_mode(options) ? 40 : 1000;
   std::unique_ptr<TokenCounter> counter;
   if (!options.tokenizer_dir.empty()) counter = TokenCounter::load(options.tokenizer_dir);
-  std::vector<PromptSpec> prompts = build_workload(options, requests, counter.get());
+  std::vector<PromptSpec> prompts;
+  if (!agent) prompts = build_workload(options, requests, counter.get());
 
   std::unique_ptr<ScriptedServer> self_test_server;
   if (options.self_test) {
@@ -314,45 +414,18 @@ int run_benchmark(BenchOptions options) {
   report.workload = describe_workload(options, requests);
   report.slo = slo;
 
-  std::vector<int> levels = levels_of(options);
-  const std::string date = format_now("%Y%m%d-%H%M%S", false);  // vLLM's result date
-  std::vector<std::pair<VllmResultSettings, nlohmann::ordered_json>> vllm_results;
-  ProgressBar progress(ProgressBar::Layout::kLevel, options.progress);
-  for (size_t i = 0; i < levels.size(); ++i) {
-    LevelConfig level;
-    level.max_concurrency = levels[i];
-    level.label = levels[i] > 0 ? fmt::format("concurrency {}", levels[i]) : std::string("unlimited");
-    level.arrivals = arrival_process(options);
-    level.seed = options.seed + i;
-    level.request_id_prefix = options.request_id_prefix;
-    warm_up(io, client, prompts, levels[i], settings, options.num_warmups);
-    progress.start(level.label, prompts.size(), i, levels.size());
-    ProgressHandler on_progress = [&](size_t done, size_t, size_t in_flight) { progress.update(done, in_flight); };
-    LevelResult result = run_level(io, client, prompts, level, settings, on_progress);
-    if (counter) {
-      for (RequestRecord& record : result.records)
-        if (record.success && !record.usage_reported) record.completion_tokens = counter->count(record.output_text);
-    }
-    LevelMetrics metrics = compute_level_metrics(result, slo);
-    if (vllm_output(options)) {
-      VllmResultSettings vs = vllm_settings(options, date, prompts.size(), levels[i]);
-      nlohmann::ordered_json j = vllm_result_json(result, metrics, vs);
-      vllm_results.emplace_back(std::move(vs), std::move(j));
-    }
-    progress.finish(fmt::format("{} ok, {} failed in {:.2f} s", metrics.completed, metrics.failed, metrics.duration_s));
-    if (auto advice = advice_for(metrics, options)) {
-      report.levels.push_back(std::move(metrics));
-      std::cout << format_terminal_report(report);
-      fail(ErrorKind::kNetwork, "{}", *advice);
-    }
-    report.levels.push_back(std::move(metrics));
-  }
-  report.notes = collect_notes(options, report.levels, counter && counter->has_chat_template());
+  VllmResults vllm_results;
+  if (agent)
+    run_agent_level(options, io, client, settings, counter.get(), report);
+  else
+    run_levels(options, io, client, prompts, settings, counter.get(), report, vllm_results);
+  std::vector<std::string> notes = collect_notes(options, report.levels, counter && counter->has_chat_template());
+  report.notes.insert(report.notes.begin(), notes.begin(), notes.end());
 
   std::cout << format_terminal_report(report) << std::flush;
   for (const auto& [vs, j] : vllm_results) {
     std::cout << "\n" << vllm_result_block(j, vs) << std::flush;
-    if (options.save_result || options.append_result) save_vllm_result(options, vs, j, levels.size());
+    if (options.save_result || options.append_result) save_vllm_result(options, vs, j, vllm_results.size());
   }
   if (!options.json_path.empty()) write_file(options.json_path, report_to_json(report).dump(2) + "\n", "JSON");
   if (!options.markdown_path.empty()) write_file(options.markdown_path, report_to_markdown(report), "Markdown");

@@ -10,9 +10,6 @@
 #include "bench/request_observer.h"
 
 namespace tessera::bench {
-namespace {
-
-using std::chrono::duration;
 
 double thread_cpu_seconds() {
   rusage usage{};
@@ -21,7 +18,27 @@ double thread_cpu_seconds() {
          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
-constexpr auto kLagProbePeriod = std::chrono::milliseconds(10);
+void LoopLagProbe::start(Clock::time_point from) {
+  constexpr auto kPeriod = std::chrono::milliseconds(10);
+  due_ = from + kPeriod;
+  timer_.expires_at(due_);
+  timer_.async_wait([this](boost::system::error_code ec) {
+    // A probe that already expired still runs after cancel(); `stopped_` stops it re-arming.
+    if (ec || stopped_) return;
+    const Clock::time_point now = Clock::now();
+    lag_ms_.push_back(std::chrono::duration<double, std::milli>(now - due_).count());
+    start(now);
+  });
+}
+
+void LoopLagProbe::stop() {
+  stopped_ = true;
+  timer_.cancel();
+}
+
+namespace {
+
+using std::chrono::duration;
 
 class LevelDriver {
  public:
@@ -33,7 +50,7 @@ class LevelDriver {
         settings_(settings),
         progress_(progress),
         release_timer_(io),
-        lag_timer_(io) {
+        lag_probe_(io, result_.overhead.loop_lag_ms) {
     result_.config = config;
     result_.records.reserve(prompts.size());
     release_times_ = arrival_times(config.arrivals, prompts.size(), config.seed);
@@ -47,7 +64,7 @@ class LevelDriver {
     result_.started_at = start_;
     result_.wall_started_at = std::chrono::system_clock::now();
     result_.release_times = release_times_;
-    schedule_lag_probe(start_);
+    lag_probe_.start(start_);
     release_due();
     io_.restart();
     io_.run();
@@ -107,25 +124,12 @@ class LevelDriver {
     result_.records.push_back(std::move(record));
     result_.duration_s = duration<double>(Clock::now() - start_).count();
     if (result_.records.size() == prompts_.size()) {
-      // A probe that already expired still runs after cancel(); `done_` stops it re-arming.
-      done_ = true;
       release_timer_.cancel();
-      lag_timer_.cancel();
+      lag_probe_.stop();
     } else {
       dispatch();
     }
     if (progress_) progress_(result_.records.size(), prompts_.size(), in_flight_);
-  }
-
-  void schedule_lag_probe(Clock::time_point due) {
-    lag_due_ = due + kLagProbePeriod;
-    lag_timer_.expires_at(lag_due_);
-    lag_timer_.async_wait([this](boost::system::error_code ec) {
-      if (ec || done_) return;
-      Clock::time_point now = Clock::now();
-      result_.overhead.loop_lag_ms.push_back(duration<double, std::milli>(now - lag_due_).count());
-      schedule_lag_probe(now);
-    });
   }
 
   boost::asio::io_context& io_;
@@ -134,16 +138,14 @@ class LevelDriver {
   const RequestSettings& settings_;
   const ProgressHandler& progress_;
   boost::asio::steady_timer release_timer_;
-  boost::asio::steady_timer lag_timer_;
   LevelResult result_;
+  LoopLagProbe lag_probe_;
   std::vector<double> release_times_;
   Clock::time_point start_;
-  Clock::time_point lag_due_;
   size_t next_release_ = 0;
   size_t next_prompt_ = 0;
   size_t ready_ = 0;
   size_t in_flight_ = 0;
-  bool done_ = false;
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Runs one level of a benchmark: releases requests on their arrival schedule, keeps at most
 // `max_concurrency` in flight, and collects a RequestRecord for each, all on the calling thread.
 #pragma once
+#include <boost/asio/steady_timer.hpp>
+
 #include <chrono>
 #include <functional>
 #include <string>
@@ -46,6 +48,24 @@ struct LevelResult {
   std::vector<double> release_times;  // the arrival schedule, seconds from started_at, in prompt order
   size_t max_in_flight = 0;
   ClientOverhead overhead;
+};
+
+// CPU time used by the calling thread so far (the thread driving the requests), in seconds.
+double thread_cpu_seconds();
+
+// How late a 10 ms probe timer fires on `io` while requests run (the event loop's lag), appended
+// to `lag_ms` sample by sample from start() until stop().
+class LoopLagProbe {
+ public:
+  LoopLagProbe(boost::asio::io_context& io, std::vector<double>& lag_ms) : timer_(io), lag_ms_(lag_ms) {}
+  void start(Clock::time_point from);
+  void stop();
+
+ private:
+  boost::asio::steady_timer timer_;
+  std::vector<double>& lag_ms_;
+  Clock::time_point due_{};
+  bool stopped_ = false;
 };
 
 // Called after every completed request with (completed, total, in_flight).

@@ -9,13 +9,14 @@ namespace {
 
 using nlohmann::json;
 
-void append_text(const json& object, const char* key, MessageContent& out) {
+void append_text(const json& object, const char* key, MessageContent& out, bool content = true) {
   auto it = object.find(key);
   if (it == object.end() || !it->is_string()) return;
   const std::string& text = it->get_ref<const std::string&>();
   if (text.empty()) return;
   out.has_text = true;
   out.text += text;
+  if (content) out.content += text;
 }
 
 void read_usage(const json& message, MessageContent& out) {
@@ -24,6 +25,9 @@ void read_usage(const json& message, MessageContent& out) {
   Usage u;
   u.prompt_tokens = usage->value("prompt_tokens", 0);
   u.completion_tokens = usage->value("completion_tokens", 0);
+  if (auto details = usage->find("prompt_tokens_details"); details != usage->end() && details->is_object())
+    if (auto cached = details->find("cached_tokens"); cached != details->end() && cached->is_number_integer())
+      u.cached_tokens = cached->get<int>();
   out.usage = u;
 }
 
@@ -59,8 +63,8 @@ MessageContent parse_message(std::string_view data, ApiEndpoint endpoint, const 
       auto part = choice.find(choice_key);
       if (part == choice.end() || !part->is_object()) continue;
       // Reasoning models stream their thinking in separate fields; those tokens count as output.
-      append_text(*part, "reasoning_content", out);
-      append_text(*part, "reasoning", out);
+      append_text(*part, "reasoning_content", out, false);
+      append_text(*part, "reasoning", out, false);
       append_text(*part, "content", out);
     }
   }
@@ -80,15 +84,11 @@ const char* endpoint_path(ApiEndpoint endpoint) {
   return endpoint == ApiEndpoint::kChatCompletions ? "/v1/chat/completions" : "/v1/completions";
 }
 
-std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, const GenerationParams& params) {
-  json body;
-  body["model"] = params.model;
-  if (endpoint == ApiEndpoint::kChatCompletions) {
-    body["messages"] = json::array({{{"role", "user"}, {"content", prompt.prompt}}});
-  } else {
-    body["prompt"] = prompt.prompt;
-  }
-  body["max_tokens"] = prompt.max_tokens;
+namespace {
+
+// The fields every request carries after its prompt or messages; --extra-body last.
+std::string finish_body(json& body, int max_tokens, const GenerationParams& params) {
+  body["max_tokens"] = max_tokens;
   body["temperature"] = params.temperature;
   body["stream"] = params.stream;
   if (params.stream) body["stream_options"] = {{"include_usage", true}};
@@ -104,6 +104,28 @@ std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, c
     for (auto& [k, v] : extra.items()) body[k] = v;
   }
   return body.dump();
+}
+
+}  // namespace
+
+std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, const GenerationParams& params) {
+  json body;
+  body["model"] = params.model;
+  if (endpoint == ApiEndpoint::kChatCompletions) {
+    body["messages"] = json::array({{{"role", "user"}, {"content", prompt.prompt}}});
+  } else {
+    body["prompt"] = prompt.prompt;
+  }
+  return finish_body(body, prompt.max_tokens, params);
+}
+
+std::string build_chat_request_body(const std::vector<ChatMessage>& messages, int max_tokens,
+                                    const GenerationParams& params) {
+  json body;
+  body["model"] = params.model;
+  body["messages"] = json::array();
+  for (const ChatMessage& m : messages) body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  return finish_body(body, max_tokens, params);
 }
 
 MessageContent parse_stream_message(std::string_view data, ApiEndpoint endpoint) {

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bench/workload.h"
 
@@ -27,9 +28,20 @@ struct GenerationParams {
 
 std::string build_request_body(ApiEndpoint endpoint, const PromptSpec& prompt, const GenerationParams& params);
 
+// One message of a chat request.
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+// A /v1/chat/completions body with these messages (the multi-turn conversations of --dataset-name agent).
+std::string build_chat_request_body(const std::vector<ChatMessage>& messages, int max_tokens,
+                                    const GenerationParams& params);
+
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // usage.prompt_tokens_details.cached_tokens (prompt tokens the server's prefix cache held); -1 when absent.
+  int cached_tokens = -1;
 };
 
 // What a server message carried. `error` is set for a malformed message or an error object.
@@ -38,6 +50,7 @@ struct MessageContent {
   bool has_text = false;           // generated text (content, reasoning or completion text) was present
   bool has_finish_reason = false;  // a choice ended ("stop", "length", ...)
   std::string text;
+  std::string content;  // chat: the "content" part of `text` alone (no reasoning); completions: `text`
   std::optional<Usage> usage;
   std::optional<std::string> error;
 };

@@ -1,10 +1,13 @@
 // A finished benchmark and the four ways it is written out: terminal table, JSON, Markdown, HTML.
+// An agent run's per-turn table goes into the terminal, JSON and Markdown reports.
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/agent_metrics.h"
 #include "bench/metrics.h"
 
 namespace tessera::bench {
@@ -21,6 +24,8 @@ struct BenchReport {
   std::vector<std::string> notes;  // estimates and caveats the reader must know about
   SloTargets slo;
   std::vector<LevelMetrics> levels;
+  // --dataset-name agent: the per-turn figures (its one level holds every turn's request).
+  std::optional<AgentMetrics> agent;
 };
 
 // Seed-style summary table plus a latency table, for stdout.

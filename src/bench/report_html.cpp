@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "bench/report.h"
+#include "bench/report_agent.h"
 #include "bench/svg_chart.h"
 
 namespace tessera::bench {
@@ -120,7 +121,7 @@ std::string report_to_html(const BenchReport& report) {
 <html lang="en"><head><meta charset="utf-8"><title>tessera bench report</title>
 <style>
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;background:#fafafa}
-h1{font-size:22px;margin:0 0 8px} .meta{color:#555;margin-bottom:16px;font-size:13px}
+h1{font-size:22px;margin:0 0 8px} h2{font-size:17px;margin:16px 0 6px} .meta{color:#555;margin-bottom:16px;font-size:13px}
 .charts{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0}
 .chart{border:1px solid #ddd;border-radius:6px;background:#fff}
 table{border-collapse:collapse;font-size:13px;background:#fff} th,td{border:1px solid #ddd;padding:4px 8px;text-align:right}
@@ -136,6 +137,7 @@ th{background:#f0f0f0} td.bad{color:#b00020;font-weight:bold} ul{font-size:13px;
       escape_html(report.started_at_utc), escape_html(report.tool_version));
   html += summary_table(report);
   html += charts(report);
+  if (report.agent) html += agent_html(*report.agent);
   if (!report.notes.empty()) {
     html += "<ul>\n";
     for (const std::string& note : report.notes) html += "<li>" + escape_html(note) + "</li>\n";

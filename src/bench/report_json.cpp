@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "bench/report.h"
+#include "bench/report_agent.h"
 
 namespace tessera::bench {
 namespace {
@@ -66,6 +67,7 @@ json report_to_json(const BenchReport& report) {
                  {"e2el", optional_number(report.slo.e2el_ms)}};
   j["levels"] = json::array();
   for (const LevelMetrics& level : report.levels) j["levels"].push_back(level_json(level));
+  if (report.agent) j["agent"] = agent_json(*report.agent);
   return j;
 }
 

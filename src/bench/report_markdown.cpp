@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "bench/report.h"
+#include "bench/report_agent.h"
 
 namespace tessera::bench {
 namespace {
@@ -58,6 +59,7 @@ std::string report_to_markdown(const BenchReport& report) {
                       failures.empty() ? "none" : failures, l.client_cpu_percent, l.client_cpu_us_per_request,
                       l.loop_lag_ms.p99, l.connections_opened);
   }
+  if (report.agent) md += agent_markdown(*report.agent);
   if (!report.notes.empty()) {
     md += "\n## Notes\n\n";
     for (const std::string& note : report.notes) md += "- " + note + "\n";

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "bench/report.h"
+#include "bench/report_agent.h"
 
 namespace tessera::bench {
 namespace {
@@ -53,6 +54,7 @@ std::string format_terminal_report(const BenchReport& report) {
     for (const auto& [kind, message] : l.failure_example) out += fmt::format("\n  {}: {}", kind, message);
     out += "\n";
   }
+  if (report.agent) out += agent_terminal_report(*report.agent);
   for (const std::string& note : report.notes) out += "\nnote: " + note;
   if (!report.notes.empty()) out += "\n";
   return out;

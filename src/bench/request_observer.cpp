@@ -71,7 +71,10 @@ void CompletionObserver::on_event(const SseEvent& event) {
   }
   if (message.has_text) {
     record_text(arrival_);
-    if (keep_output_text_) record_.output_text += message.text;
+    if (keep_output_text_) {
+      record_.output_text += message.text;
+      record_.output_content += message.content;
+    }
   }
   if (message.usage) usage_ = message.usage;
   if (message.has_finish_reason) stream_complete_ = true;
@@ -126,6 +129,7 @@ void CompletionObserver::finish_stream_record() {
     record_.usage_reported = true;
     record_.prompt_tokens = usage_->prompt_tokens;
     record_.completion_tokens = usage_->completion_tokens;
+    record_.cached_tokens = usage_->cached_tokens;
   } else {
     // Most servers send one token per chunk; without usage that is the best count we have.
     record_.prompt_tokens = expected_prompt_tokens_;
@@ -143,11 +147,15 @@ void CompletionObserver::finish_full_response_record(Clock::time_point at) {
   // Without streaming the first token is only seen with the last one.
   record_.ttft_s = record_.latency_s;
   record_.text_chunks = message.has_text ? 1 : 0;
-  if (keep_output_text_) record_.output_text = message.text;
+  if (keep_output_text_) {
+    record_.output_text = message.text;
+    record_.output_content = message.content;
+  }
   if (message.usage) {
     record_.usage_reported = true;
     record_.prompt_tokens = message.usage->prompt_tokens;
     record_.completion_tokens = message.usage->completion_tokens;
+    record_.cached_tokens = message.usage->cached_tokens;
   } else {
     record_.prompt_tokens = expected_prompt_tokens_;
     record_.completion_tokens = estimate_tokens(message.text);

@@ -19,10 +19,13 @@ struct RequestRecord {
   std::vector<double> itl_s;  // gaps between successive text chunks
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = -1;       // usage.prompt_tokens_details.cached_tokens; -1 when the server sent none
   bool usage_reported = false;  // false: token counts are estimates (text chunks, prompt length)
   int text_chunks = 0;
-  size_t prompt_index = 0;  // which prompt of the workload
-  std::string output_text;  // kept only when asked (RequestSettings::keep_output_text)
+  size_t prompt_index = 0;     // which prompt of the workload (--dataset-name agent: which conversation)
+  int turn = 0;                // --dataset-name agent: which turn of its conversation, from 0
+  std::string output_text;     // kept only when asked (RequestSettings::keep_output_text)
+  std::string output_content;  // chat: the message content alone (no reasoning), kept with output_text
 };
 
 }  // namespace tessera::bench

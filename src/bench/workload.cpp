@@ -85,9 +85,6 @@ std::vector<PromptSpec> fixed_prompt_workload(const std::string& prompt, int max
   return std::vector<PromptSpec>(count, spec);
 }
 
-namespace {
-
-// `len` tokens of random one-token words (exactly `len` under `counter`'s tokenizer).
 std::string random_text(std::mt19937_64& rng, int len, const TokenCounter* counter) {
   std::uniform_int_distribution<size_t> word(0, kWordCount - 1);
   // A few spare words in case some merge or split differently under the real tokenizer.
@@ -100,8 +97,6 @@ std::string random_text(std::mt19937_64& rng, int len, const TokenCounter* count
   }
   return counter ? counter->truncate(text, len) : text;
 }
-
-}  // namespace
 
 std::vector<PromptSpec> random_workload(const RandomWorkloadOptions& options, const TokenCounter* counter) {
   if (options.input_len < 1 || options.output_len < 1)

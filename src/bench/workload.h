@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,10 @@ struct PrefixRepetitionOptions {
 };
 std::vector<PromptSpec> prefix_repetition_workload(const PrefixRepetitionOptions& options,
                                                    const TokenCounter* counter = nullptr);
+
+// `len` tokens of random common one-token words drawn from `rng`: exactly `len` tokens under `counter`'s
+// tokenizer, about `len` without one (random_workload's text).
+std::string random_text(std::mt19937_64& rng, int len, const TokenCounter* counter);
 
 // Rough token count of English text (about 4 characters a token), for missing usage.
 int estimate_tokens(const std::string& text);

@@ -163,8 +163,10 @@ void add_workload_flags(CLI::App& app, bench::BenchOptions& options, BenchCliFla
   app.add_option("--dataset,--dataset-name", c.dataset,
                  "workload: 'prompt' (one fixed prompt, the default), 'random' (generated prompts of chosen length), "
                  "'jsonl FILE' (one JSON object per line: prompt|text, or ShareGPT conversations; vLLM's 'sharegpt' "
-                 "and 'custom' are read so), 'sonnet' (poem lines of --dataset-path, vLLM's) or 'prefix_repetition' "
-                 "(random prompts sharing a few prefixes, vLLM's)")
+                 "and 'custom' are read so), 'sonnet' (poem lines of --dataset-path, vLLM's), 'prefix_repetition' "
+                 "(random prompts sharing a few prefixes, vLLM's) or 'agent' (concurrent multi-turn conversations "
+                 "sharing a long system prompt, as coding agents send them: TTFT per turn and the prefix-cache hit "
+                 "rate; the --agent-* flags)")
       ->expected(1, 2);
   app.add_option("--dataset-path", options.dataset_path,
                  "the file for --dataset jsonl / sharegpt / custom (JSONL, or a ShareGPT JSON array) or sonnet (a text "
@@ -321,6 +323,77 @@ void add_vllm_dataset_flags(CLI::App& app, bench::BenchOptions& options, BenchCl
       ->group(g);
 }
 
+// --dataset-name agent: multi-turn conversations sharing a system prompt (vLLM's benchmarks/multi_turn calls the
+// conversations clients, SGLang's multi-turn bench rounds the turns).
+void add_agent_flags(CLI::App& app, bench::BenchOptions& options) {
+  const char* g = "agent conversations (--dataset-name agent)";
+  bench::AgentOptions& a = options.agent;
+  app.add_option("--agent-conversations", a.conversations,
+                 "conversations run at once, each a client sending its turns one after another")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-turns", a.turns,
+                 "turns (requests) per conversation; turn N+1 sends turn N's messages, the answer the server gave "
+                 "and a new user message")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-system-prompt-len", a.system_prompt_len,
+                 "tokens of the system prompt that starts every conversation (the same text in all)")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-turn-input-len", a.turn_input_len, "tokens of each turn's new user message")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-turn-output-len", a.turn_output_len,
+                 "max_tokens of each turn, sent with ignore_eos so that every answer has this many tokens")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-reference-len", a.reference_len,
+                 "tokens of the reference prompt: sent alone (one user message) before the conversations start; "
+                 "the report divides the mean TTFT of turns 2..N by its median TTFT")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-reference-runs", a.reference_runs,
+                 "reference requests, one at a time, each with its own text (no prefix-cache hit); 0: none")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--agent-reference-output-len", a.reference_output_len,
+                 "max_tokens of each reference request (TTFT does not depend on it)")
+      ->capture_default_str()
+      ->group(g);
+}
+
+// The agent flags only with --dataset-name agent; its conversations set the load, so the flags of the prompt-list
+// datasets' load and prompts are refused with it.
+void apply_agent_flags(const CLI::App& app, const bench::BenchOptions& options) {
+  const char* agent_flags[] = {
+      "--agent-conversations",   "--agent-turns",         "--agent-system-prompt-len", "--agent-turn-input-len",
+      "--agent-turn-output-len", "--agent-reference-len", "--agent-reference-runs",    "--agent-reference-output-len"};
+  if (options.dataset != "agent") {
+    for (const char* flag : agent_flags)
+      if (app.count(flag)) throw FlagError(fmt::format("{} needs --dataset-name agent", flag));
+    return;
+  }
+  const char* refused[] = {"--num-prompts",   "--concurrency",       "--max-concurrency",   "--request-rate",
+                           "--burstiness",    "--ramp-up-strategy",  "--num-warmups",       "--prompt",
+                           "--max-tokens",    "--random-input-len",  "--random-output-len", "--input-len",
+                           "--output-len",    "--dataset-path",      "--save-result",       "--append-result",
+                           "--save-detailed", "--request-id-prefix", "--no-stream"};
+  for (const char* flag : refused)
+    if (app.count(flag))
+      throw FlagError(fmt::format(
+          "{} has no meaning with --dataset-name agent: --agent-conversations, --agent-turns and the --agent-*-len "
+          "flags set its load and lengths; the per-turn report goes to the terminal and --json / --markdown / "
+          "--html",
+          flag));
+  if (options.endpoint != "/v1/chat/completions")
+    throw FlagError(fmt::format(
+        "--dataset-name agent sends conversations (message lists) to /v1/chat/completions, not {}: drop --endpoint "
+        "/ --backend, or give --backend openai-chat",
+        options.endpoint));
+  bench::check_agent_options(options.agent);
+}
+
 // vLLM's load shape and request flags beyond --request-rate / --max-concurrency.
 void add_vllm_load_flags(CLI::App& app, bench::BenchOptions& options, BenchCliFlags& c) {
   const char* g = "vLLM bench serve load";
@@ -397,8 +470,8 @@ void apply_vllm_bench_flags(const CLI::App& app, bench::BenchOptions& options, c
   (void)bench::parse_metric_percentiles(options.metric_percentiles);
   // vLLM's dataset names: sharegpt and custom are files tessera reads as jsonl.
   if (options.dataset == "sharegpt" || options.dataset == "custom") options.dataset = "jsonl";
-  // As vLLM: random prompts run to their requested output length.
-  if (options.dataset == "random") options.ignore_eos = true;
+  // As vLLM: random prompts run to their requested output length (agent turns likewise).
+  if (options.dataset == "random" || options.dataset == "agent") options.ignore_eos = true;
   (void)app;
 }
 
@@ -409,10 +482,11 @@ void apply_vllm_dataset_flags(const CLI::App& app, bench::BenchOptions& options,
   for (const auto& [refused, advice] : kRefusedDatasets)
     if (name == refused)
       throw FlagError(fmt::format("--dataset-name {} is not supported by tessera bench: {}", name, advice));
-  const char* known[] = {"prompt", "random", "jsonl", "sharegpt", "custom", "sonnet", "prefix_repetition"};
+  const char* known[] = {"prompt", "random", "jsonl", "sharegpt", "custom", "sonnet", "prefix_repetition", "agent"};
   if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return name == k; }) == std::end(known))
     fail(ErrorKind::kInvalidArgument,
-         "--dataset-name {}: expected prompt, random, jsonl, sharegpt, custom, sonnet or prefix_repetition", name);
+         "--dataset-name {}: expected prompt, random, jsonl, sharegpt, custom, sonnet, prefix_repetition or agent",
+         name);
   if ((name == "random" || name == "prefix_repetition") && !options.dataset_path.empty())
     fail(ErrorKind::kInvalidArgument,
          "cannot use the {} dataset with --dataset-path: it generates its prompts; for the file {} give "
@@ -552,7 +626,10 @@ int run_bench(int argc, char** argv) {
       "or refused with what to use instead.\n\nExamples:\n"
       "  tessera bench --base-url http://10.0.0.1:8000 --html report.html\n"
       "  tessera bench --dataset random --random-input-len 1024 --random-output-len 128 --num-prompts 100 \\\n"
-      "                --request-rate 8 --goodput ttft:500 tpot:50 --json run.json",
+      "                --request-rate 8 --goodput ttft:500 tpot:50 --json run.json\n"
+      "  tessera bench --dataset-name agent --agent-conversations 8 --agent-turns 10 \\\n"
+      "                --agent-system-prompt-len 20000 --agent-turn-input-len 200 --agent-turn-output-len 300 \\\n"
+      "                --tokenizer MODEL_DIR --json agent.json",
       "tessera bench"};
   use_vllm_conventions(app);
   app.get_formatter()->column_width(34);
@@ -564,12 +641,14 @@ int run_bench(int argc, char** argv) {
   add_vllm_bench_flags(app, options, c);
   add_vllm_dataset_flags(app, options, c);
   add_vllm_load_flags(app, options, c);
+  add_agent_flags(app, options);
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   as_flag_errors([&] {
     apply_cli_flags(app, options, c);
     apply_vllm_dataset_flags(app, options, c);
     apply_vllm_bench_flags(app, options, c);
     apply_vllm_load_flags(app, options, c);
+    apply_agent_flags(app, options);
   });
   return bench::run_benchmark(std::move(options));
 }

@@ -171,15 +171,37 @@ int StateSlotManager::next_checkpoint(const Request& r, int start, const CacheHi
 }
 
 void StateSlotManager::commit(Request& r, int) {
-  const CacheGroupTable& t = table(r);
-  const int boundary = r.num_computed_tokens;
-  const bool at_checkpoint = boundary == checkpoint_boundary(r) || boundary == t.shared_prefix_end;
-  if (boundary <= 0 || !at_checkpoint || t.state_slot < 0) return;
-  const uint64_t h = r.block_hashes[static_cast<size_t>(boundary / spec().block_size - 1)];
-  if (auto slot = slots_.add_checkpoint(h)) {
-    copies_.push_back(t.state_slot);
-    copies_.push_back(*slot);
+  CacheGroupTable& t = table(r);
+  const int computed = r.num_computed_tokens, bs = spec().block_size;
+  const int32_t boundary_slot = std::exchange(t.boundary_state_slot, -1);
+  if (!prefix_caching_ || computed <= 0 || t.state_slot < 0) return;
+  const int prompt_boundary = checkpoint_boundary(r);
+  if (computed == prompt_boundary || computed == t.shared_prefix_end) {
+    if (auto slot = slots_.add_checkpoint(r.block_hashes[static_cast<size_t>(computed / bs - 1)])) {
+      copies_.push_back(t.state_slot);
+      copies_.push_back(*slot);
+    }
+    return;
   }
+  // Past the prompt's last checkpoint (its output, or its end when that is a block boundary): the
+  // rolling checkpoint follows the sequence's last full block, where a continuation of it hits.
+  const int boundary = computed / bs * bs;
+  if (boundary <= prompt_boundary || boundary <= t.rolling_checkpoint_end) return;
+  const int32_t src = boundary == computed ? t.state_slot : boundary == t.boundary_state_pos ? boundary_slot : -1;
+  if (src >= 0) save_rolling_checkpoint(t, boundary, r.block_hashes[static_cast<size_t>(boundary / bs - 1)], src);
+}
+
+void StateSlotManager::save_rolling_checkpoint(CacheGroupTable& t, int boundary, uint64_t hash, int32_t src) {
+  std::optional<int32_t> slot;
+  if (t.rolling_checkpoint_end > 0) slot = slots_.move_checkpoint(t.rolling_checkpoint_hash, hash);
+  if (!slot) slot = slots_.add_checkpoint(hash);
+  t.rolling_checkpoint_end = boundary;
+  // (No slot: another sequence saved this block's state already, or every slot holds a sequence. An
+  // earlier rolling checkpoint, if any, stays under its own hash and is moved at the next boundary.)
+  if (!slot) return;
+  t.rolling_checkpoint_hash = hash;
+  copies_.push_back(src);
+  copies_.push_back(*slot);
 }
 
 void StateSlotManager::free(Request& r) {
@@ -199,6 +221,13 @@ int32_t StateSlotManager::draft_state_slot(const Request& r, int j) const {
 void StateSlotManager::accept_drafts(Request& r, int accepted) {
   CacheGroupTable& t = table(r);
   if (accepted <= 0 || t.state_slot < 0) return;
+  // The state after the j-th accepted draft is in draft slot j - 1; a block boundary the drafts
+  // passed without ending there keeps its slot for commit's rolling checkpoint.
+  const int end = r.num_computed_tokens, start = end - accepted, boundary = end / spec().block_size * spec().block_size;
+  if (prefix_caching_ && boundary > start && boundary < end) {
+    t.boundary_state_slot = t.draft_state_slots.at(static_cast<size_t>(boundary - start - 1));
+    t.boundary_state_pos = boundary;
+  }
   std::swap(t.state_slot, t.draft_state_slots.at(static_cast<size_t>(accepted - 1)));
 }
 

@@ -112,9 +112,13 @@ class SlidingWindowManager : public FullAttentionManager {
 // A sequence holds slots_per_seq slots (1 + k with speculative decoding). With prefix caching,
 // a prompt's prefill stops at up to two block boundaries and the state there is copied into a
 // checkpoint slot keyed by that block's hash: where its paged match ended at admission, past its
-// last checkpointed block (shared_prefix_end), and its last full-block boundary. A prefix hit
-// ends only at a checkpointed block, whose state is copied into the new sequence's slot. Copies
-// are queued as (src, dst) slot pairs, applied by the ModelRunner before the next forward.
+// last checkpointed block (shared_prefix_end), and its last full-block boundary. Past that, each
+// block boundary the sequence reaches (the prompt's end, then its output's) moves its one rolling
+// checkpoint there, so a finished sequence leaves the state after its last full block of prompt
+// and output: the next turn of a conversation recomputes only its new tokens and less than a
+// block before them. A prefix hit ends only at a checkpointed block, whose state is copied into
+// the new sequence's slot. Copies are queued as (src, dst) slot pairs, applied by the ModelRunner
+// before the next forward, in order.
 class StateSlotManager : public CacheGroupManager {
  public:
   StateSlotManager(int group, CacheGroupSpec spec, int num_slots, int slots_per_seq, bool prefix_caching);
@@ -137,6 +141,10 @@ class StateSlotManager : public CacheGroupManager {
   std::vector<int32_t> take_copies() { return std::exchange(copies_, {}); }
 
  private:
+  // Saves the state in `src` (after `boundary` tokens, the block keyed `hash`) as t's rolling
+  // checkpoint: into the slot of its previous one, else a free or least recently used one.
+  void save_rolling_checkpoint(CacheGroupTable& t, int boundary, uint64_t hash, int32_t src);
+
   int slots_per_seq_;
   bool prefix_caching_;
   StateSlotPool slots_;

@@ -58,6 +58,16 @@ struct CacheGroupTable {
   // earlier prompt, e.g. a system prompt); the prefill stops there once to checkpoint the
   // state, so later prompts sharing that prefix hit. 0 = none.
   int shared_prefix_end = 0;
+  // The state group with prefix caching, once the sequence is past its prompt's last checkpoint: the
+  // block boundary of its latest rolling checkpoint (the state after its last full block of prompt and
+  // output, which a continuation of it, the next turn of a conversation, restores) and that block's
+  // hash, which keys it; 0 = none yet. Each boundary it reaches moves that checkpoint there.
+  int rolling_checkpoint_end = 0;
+  uint64_t rolling_checkpoint_hash = 0;
+  // Speculative decoding: accepted drafts passed block boundary `boundary_state_pos` without ending
+  // there; `boundary_state_slot` (a draft slot) holds the state at it until the next step. -1 = none.
+  int32_t boundary_state_slot = -1;
+  int boundary_state_pos = 0;
 };
 
 struct Request {

@@ -62,4 +62,15 @@ std::optional<int32_t> StateSlotPool::add_checkpoint(uint64_t hash) {
   return slot;
 }
 
+std::optional<int32_t> StateSlotPool::move_checkpoint(uint64_t from, uint64_t to) {
+  auto it = checkpoints_.find(from);
+  if (it == checkpoints_.end() || checkpoints_.count(to)) return std::nullopt;
+  const Checkpoint moved = it->second;
+  checkpoints_.erase(it);
+  lru_.erase(moved.pos);
+  lru_.push_back(to);
+  checkpoints_.emplace(to, Checkpoint{moved.slot, std::prev(lru_.end())});
+  return moved.slot;
+}
+
 }  // namespace tessera

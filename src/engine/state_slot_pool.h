@@ -38,6 +38,10 @@ class StateSlotPool {
   // A slot to save the checkpoint of `hash` into: a free one, else the least recently used
   // other checkpoint's. nullopt when `hash` already has one or every slot holds a sequence.
   std::optional<int32_t> add_checkpoint(uint64_t hash);
+  // Re-keys the checkpoint of `from` to `to`, most recently used: a sequence's rolling checkpoint
+  // moving to its next block boundary, saved into the same slot (returned). nullopt when `from` has
+  // no checkpoint (evicted) or `to` already has one.
+  std::optional<int32_t> move_checkpoint(uint64_t from, uint64_t to);
   uint64_t checkpoint_evictions() const { return evictions_; }
 
  private:

@@ -330,6 +330,14 @@ TEST(BenchCli, VllmFlagsWithoutMeaningAreRefusedWithAdvice) {
       {"--ramp-up-strategy linear --ramp-up-start-rps 9 --ramp-up-end-rps 1", "must not be above"},
       {"--ramp-up-start-rps 3 --ramp-up-end-rps 9", "--ramp-up-strategy"},
       {"--header novalue", "KEY=VALUE"},
+      {"--agent-turns 4", "--agent-turns needs --dataset-name agent"},
+      {"--dataset-name agent --agent-conversations 0", "--agent-conversations must be at least 1, got 0"},
+      {"--dataset-name agent --agent-turn-output-len -5", "--agent-turn-output-len must be at least 1"},
+      {"--dataset-name agent --num-prompts 10", "--agent-conversations, --agent-turns"},
+      {"--dataset-name agent --max-concurrency 4", "--agent-conversations, --agent-turns"},
+      {"--dataset-name agent --no-stream", "--no-stream has no meaning with --dataset-name agent"},
+      {"--dataset-name agent --backend openai", "/v1/chat/completions"},
+      {"--dataset-name agent --save-result", "--json"},
   };
   for (const auto& [flags, advice] : cases) {
     SCOPED_TRACE(flags);
@@ -339,6 +347,28 @@ TEST(BenchCli, VllmFlagsWithoutMeaningAreRefusedWithAdvice) {
     EXPECT_EQ(text.rfind("error: ", 0), 0u) << text;
     EXPECT_NE(text.find(advice), std::string::npos) << text;
   }
+}
+
+// --dataset-name agent as a user runs it: the per-turn table on the terminal and under "agent" in the JSON.
+TEST(BenchCli, AgentConversationsReportEachTurn) {
+  ScriptedServer server([](size_t, const nlohmann::json&) { return ScriptedResponse{}; });
+  const std::string dir = fresh_dir("bench_cli_agent");
+  const std::string command = bench_command() + " --base-url " + server.base_url() +
+                              " --dataset-name agent --agent-conversations 3 --agent-turns 2 --agent-system-prompt-len "
+                              "50 --agent-turn-input-len 5 --agent-turn-output-len 3 --agent-reference-len 8 "
+                              "--agent-reference-runs 1 --no-progress --json " +
+                              dir + "/agent.json > " + dir + "/out.txt 2>&1";
+  ASSERT_EQ(run(command), 0) << read_file(dir + "/out.txt");
+  EXPECT_EQ(server.completion_requests(), 1u + 3u * 2u);
+  const std::string out = read_file(dir + "/out.txt");
+  EXPECT_NE(out.find("agent conversations: 3 at once x 2 turns"), std::string::npos) << out;
+  EXPECT_NE(out.find("turn 2: prefix-cache hit rate n/a"), std::string::npos) << out;
+  const nlohmann::json agent = nlohmann::json::parse(read_file(dir + "/agent.json"))["agent"];
+  ASSERT_EQ(agent["per_turn"].size(), 2u);
+  EXPECT_EQ(agent["per_turn"][1]["completed"], 3);
+  EXPECT_EQ(agent["reference"]["completed"], 1);
+  EXPECT_TRUE(agent["later_turns"]["prefix_cache_hit_rate"].is_null()) << "the scripted server sends no cached tokens";
+  EXPECT_GT(agent["later_turns"]["ttft_ratio_to_reference"].get<double>(), 0);
 }
 
 TEST(BenchCli, UnreachableServerSaysWhatToDo) {
@@ -385,7 +415,15 @@ TEST(BenchCli, HelpExplainsEveryFlag) {
                            "--ramp-up-start-rps",
                            "--header",
                            "--disable-shuffle",
-                           "--insecure"})
+                           "--insecure",
+                           "--agent-conversations",
+                           "--agent-turns",
+                           "--agent-system-prompt-len",
+                           "--agent-turn-input-len",
+                           "--agent-turn-output-len",
+                           "--agent-reference-len",
+                           "--agent-reference-runs",
+                           "--agent-reference-output-len"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 

@@ -185,7 +185,8 @@ TEST(KvCacheCoordinator, HybridAllocationIsAllOrNothingAcrossBlocksAndSlots) {
 }
 
 TEST(KvCacheCoordinator, HybridCheckpointIsSavedAtTheLastFullBlockAndRestoredOnAHit) {
-  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/3);
+  // (Four slots: a and b hold one each, the prompt's checkpoint one, a's rolling checkpoint at 16 one.)
+  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/4);
   Request a = request("a", iota(10, 1));
   EXPECT_EQ(m.checkpoint_boundary(a), 8);  // (10 - 1) / 4 * 4
   EXPECT_EQ(m.next_checkpoint(a, 0), 8);
@@ -220,6 +221,79 @@ TEST(KvCacheCoordinator, HybridCheckpointIsSavedAtTheLastFullBlockAndRestoredOnA
   const auto hit_c = m.find_cached_prefix(c);
   EXPECT_EQ(hit_c.num_blocks(), 2);
   EXPECT_EQ(hit_c.kv_matched_tokens, 12) << "three blocks of c match a's KV, only two have a state checkpoint";
+}
+
+// Decoding past the prompt's last checkpoint (8), each block boundary the sequence reaches moves its
+// one rolling checkpoint there (the same slot); when it finishes, a continuation of its prompt and
+// output (the next turn of a conversation) hits that last full block.
+TEST(KvCacheCoordinator, HybridRollingCheckpointFollowsTheOutputAndOutlivesTheSequence) {
+  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/3);
+  Request a = request("a", iota(10, 1));
+  ASSERT_TRUE(m.allocate(a, 8));
+  a.num_computed_tokens = 8;
+  m.commit_computed(a);
+  ASSERT_EQ(m.take_state_copies().size(), 2u) << "the prompt's checkpoint at 8";
+  ASSERT_TRUE(m.allocate(a, 2));
+  a.num_computed_tokens = 10;
+  m.commit_computed(a);
+  EXPECT_TRUE(m.take_state_copies().empty()) << "10 is no block boundary";
+  int32_t rolling = -1;
+  for (int token = 11; token <= 19; ++token) {  // decode: one token a step
+    a.output.push_back(token);
+    ASSERT_TRUE(m.allocate(a, 1));
+    ++a.num_computed_tokens;
+    m.commit_computed(a);
+    const auto copies = m.take_state_copies();
+    if (a.num_computed_tokens % kBs != 0) {
+      EXPECT_TRUE(copies.empty()) << a.num_computed_tokens;
+      continue;
+    }
+    ASSERT_EQ(copies.size(), 2u) << a.num_computed_tokens;
+    EXPECT_EQ(copies[0], a.state_slot());
+    if (rolling >= 0) EXPECT_EQ(copies[1], rolling) << "the rolling checkpoint keeps its slot";
+    rolling = copies[1];
+    EXPECT_EQ(m.state_slots().num_checkpoints(), 2) << "the prompt's and one rolling checkpoint";
+  }
+  EXPECT_EQ(a.num_computed_tokens, 19);  // boundaries 12 and 16 were saved
+  Request next = request("next", concat(concat(a.prompt, a.output), iota(5, 100)));
+  m.free(a);
+  const auto hit = m.find_cached_prefix(next);
+  EXPECT_EQ(hit.num_tokens, 16) << "the last full block of a's prompt and output";
+  ASSERT_TRUE(m.allocate(next, next.num_tokens() - 16, hit));
+  EXPECT_EQ(m.take_state_copies(), (std::vector<int32_t>{rolling, next.state_slot()}));
+}
+
+// Speculative decoding: a verification step whose accepted drafts pass a block boundary without
+// ending there saves the state kept after that draft.
+TEST(KvCacheCoordinator, HybridRollingCheckpointOfABoundaryPassedByAcceptedDrafts) {
+  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/8, /*slots_per_seq=*/4);
+  Request a = request("a", iota(10, 1));
+  ASSERT_TRUE(m.allocate(a, 8));
+  a.num_computed_tokens = 8;
+  m.commit_computed(a);
+  ASSERT_TRUE(m.allocate(a, 2));
+  a.num_computed_tokens = 10;
+  m.commit_computed(a);
+  m.take_state_copies();
+  // Last token 11 and drafts 12, 13, 14 verified: positions 10..13, the state after each in draft
+  // state slot j (j = 0: the sequence's own). Two drafts are accepted: computed 10 -> 11 -> 13.
+  a.output = {11};
+  a.spec_tokens = {12, 13, 14};
+  ASSERT_TRUE(m.allocate(a, 4));
+  const int32_t after_12 = m.draft_state_slot(a, 1);  // after position 11: 12 tokens computed
+  a.num_computed_tokens = 11;
+  m.commit_computed(a);
+  EXPECT_TRUE(m.take_state_copies().empty());
+  a.output = {11, 12, 13};
+  a.spec_tokens.clear();
+  a.num_computed_tokens = 13;
+  m.accept_drafts(a, 2);
+  const auto copies = m.take_state_copies();
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0], after_12) << "saved from the slot holding the state at 12";
+  EXPECT_EQ(m.state_slots().num_checkpoints(), 2) << "the prompt's at 8, the rolling one at 12";
+  Request next = request("next", concat(iota(10, 1), {11, 12, 13, 50}));
+  EXPECT_EQ(m.find_cached_prefix(next).num_tokens, 12);
 }
 
 }  // namespace

@@ -45,6 +45,27 @@ TEST(StateSlotPool, SequencesTakeFreeSlotsThenEvictTheOldestCheckpoint) {
   EXPECT_THROW(p.release(*a), Error) << "released twice";
 }
 
+TEST(StateSlotPool, AMovedCheckpointKeepsItsSlotUnderTheNewHashAsMostRecentlyUsed) {
+  StateSlotPool p(3);
+  auto seq = p.allocate();
+  auto old_one = p.add_checkpoint(111), rolling = p.add_checkpoint(222);
+  ASSERT_TRUE(seq && old_one && rolling);
+  p.touch_checkpoint(111);  // 222 is now the least recently used
+  EXPECT_EQ(p.move_checkpoint(222, 333), rolling);
+  EXPECT_FALSE(p.checkpoint(222));
+  EXPECT_EQ(p.checkpoint(333), rolling);
+  EXPECT_EQ(p.num_checkpoints(), 2);
+  EXPECT_EQ(p.allocate(), old_one) << "the moved checkpoint became the most recently used";
+  EXPECT_FALSE(p.move_checkpoint(111, 444)) << "111 was evicted";
+  p.release(*seq);
+  auto other = p.add_checkpoint(555);
+  ASSERT_TRUE(other);
+  EXPECT_EQ(*other, *seq) << "a free slot before an eviction";
+  EXPECT_FALSE(p.move_checkpoint(333, 555)) << "555 has its own checkpoint";
+  EXPECT_EQ(p.checkpoint(333), rolling);
+  EXPECT_EQ(p.checkpoint(555), other);
+}
+
 using testing::make_request;
 SchedulerConfig config(int max_num_seqs, int budget) { return testing::scheduler_config(max_num_seqs, budget); }
 
