@@ -186,7 +186,8 @@ void StateSlotManager::commit(Request& r, int) {
   // Past the prompt's last checkpoint (its output, or its end when that is a block boundary): the
   // rolling checkpoint follows the sequence's last full block, where a continuation of it hits.
   const int boundary = computed / bs * bs;
-  if (boundary <= prompt_boundary || boundary <= t.rolling_checkpoint_end) return;
+  const int interval = std::max(1, (spec().checkpoint_interval + bs - 1) / bs) * bs;
+  if (boundary <= prompt_boundary || boundary < std::max(prompt_boundary, t.rolling_checkpoint_end) + interval) return;
   const int32_t src = boundary == computed ? t.state_slot : boundary == t.boundary_state_pos ? boundary_slot : -1;
   if (src >= 0) save_rolling_checkpoint(t, boundary, r.block_hashes[static_cast<size_t>(boundary / bs - 1)], src);
 }

@@ -113,12 +113,12 @@ class SlidingWindowManager : public FullAttentionManager {
 // a prompt's prefill stops at up to two block boundaries and the state there is copied into a
 // checkpoint slot keyed by that block's hash: where its paged match ended at admission, past its
 // last checkpointed block (shared_prefix_end), and its last full-block boundary. Past that, each
-// block boundary the sequence reaches (the prompt's end, then its output's) moves its one rolling
-// checkpoint there, so a finished sequence leaves the state after its last full block of prompt
-// and output: the next turn of a conversation recomputes only its new tokens and less than a
-// block before them. A prefix hit ends only at a checkpointed block, whose state is copied into
-// the new sequence's slot. Copies are queued as (src, dst) slot pairs, applied by the ModelRunner
-// before the next forward, in order.
+// block boundary the sequence reaches at least `checkpoint_interval` tokens (the spec's, 256) after
+// its previous checkpoint moves its one rolling checkpoint there, so a finished sequence leaves the
+// state after a block of its output at most that far from its end: the next turn of a conversation
+// recomputes its new tokens and fewer than checkpoint_interval tokens before them. A prefix hit ends only at a
+// checkpointed block, whose state is copied into the new sequence's slot. Copies are queued as (src, dst) slot pairs,
+// applied by the ModelRunner before the next forward, in order.
 class StateSlotManager : public CacheGroupManager {
  public:
   StateSlotManager(int group, CacheGroupSpec spec, int num_slots, int slots_per_seq, bool prefix_caching);

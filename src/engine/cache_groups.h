@@ -24,6 +24,12 @@ struct CacheGroupSpec {
   CacheGroupKind kind = CacheGroupKind::kFullAttention;
   int block_size = 16;     // paged groups (the state group's prefix-cache checkpoints sit on these blocks too)
   int sliding_window = 0;  // kSlidingWindow: the token at position p attends to [p - W + 1, p]
+  // kStateSlot with prefix caching: a sequence's rolling checkpoint moves past its prompt at most
+  // every this many tokens (rounded up to whole blocks). Each move copies the sequence's whole
+  // linear-attention state (tens of MiB on Qwen3.5: a 2 MiB f32 matrix a layer), so moving it at
+  // every block would add a copy every 16 tokens per sequence to decoding; at 256 a
+  // continuation recomputes fewer than 256 tokens of the previous answer.
+  int checkpoint_interval = 256;
   bool paged() const { return kind != CacheGroupKind::kStateSlot; }
   bool operator==(const CacheGroupSpec&) const = default;
 };

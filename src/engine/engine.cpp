@@ -58,6 +58,8 @@ void LLMEngine::plan_kv_cache() {
   // Pipeline stages: rank 0 sees only its own layers, and every stage reads the same tables.
   const bool whole_model = static_cast<int>(specs.size()) >= executor_->model_config().num_layers;
   auto groups = engine_cache_groups(specs, bs, whole_model, config_.hybrid_kv_cache_manager);
+  for (CacheGroup& g : groups)
+    if (g.spec.kind == CacheGroupKind::kStateSlot) g.spec.checkpoint_interval = config_.state_checkpoint_interval;
   kv_layer_groups_ = cache_layer_groups(groups, static_cast<int>(specs.size()));
   const CacheFootprint fp = cache_footprint(specs, dt, bs, sdt.conv, sdt.ssm, kv_layer_groups_);
   const bool hybrid = fp.state_layers > 0;

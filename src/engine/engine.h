@@ -37,6 +37,9 @@ struct EngineConfig {
   // windowed layers keeping only their window's blocks (engine_cache_groups); false (vLLM's
   // --disable-hybrid-kv-cache-manager): one group, windowed layers keeping every block.
   bool hybrid_kv_cache_manager = true;
+  // Hybrid models with prefix caching: tokens between moves of a sequence's rolling state
+  // checkpoint (CacheGroupSpec::checkpoint_interval; each move copies its whole state).
+  int state_checkpoint_interval = CacheGroupSpec{}.checkpoint_interval;
   uint64_t seed = 0;
   bool enforce_eager = false;  // no CUDA graphs
   // With CUDA graphs: one request through prefill and a few decode steps before the engine takes

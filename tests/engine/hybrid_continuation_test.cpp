@@ -55,6 +55,9 @@ class Conversation {
     ec.scheduler.max_num_batched_tokens = 512;
     ec.scheduler.max_model_len = 512;
     ec.enable_prefix_caching = prefix_caching;
+    // Every block, so that short conversations show where each turn's checkpoint lands (the
+    // default interval, 256 tokens, is kv_cache_coordinator_test's).
+    ec.state_checkpoint_interval = kBlockSize;
     if (num_drafts > 0) {
       ec.speculative.method = "ngram";
       ec.speculative.num_speculative_tokens = num_drafts;

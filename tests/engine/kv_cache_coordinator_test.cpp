@@ -13,6 +13,14 @@ namespace {
 
 constexpr int kBs = 4;  // tokens per block
 
+// A hybrid model's groups (full attention, then the state slots) whose rolling checkpoint moves
+// at most every `interval` tokens.
+std::vector<CacheGroup> hybrid_groups(int interval) {
+  CacheGroupSpec state{CacheGroupKind::kStateSlot, kBs, 0};
+  state.checkpoint_interval = interval;
+  return {{{CacheGroupKind::kFullAttention, kBs, 0}, {}}, {state, {}}};
+}
+
 Request request(const std::string& id, std::vector<int32_t> prompt) {
   Request r;
   r.id = id;
@@ -227,7 +235,7 @@ TEST(KvCacheCoordinator, HybridCheckpointIsSavedAtTheLastFullBlockAndRestoredOnA
 // one rolling checkpoint there (the same slot); when it finishes, a continuation of its prompt and
 // output (the next turn of a conversation) hits that last full block.
 TEST(KvCacheCoordinator, HybridRollingCheckpointFollowsTheOutputAndOutlivesTheSequence) {
-  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/3);
+  KvCacheCoordinator m(hybrid_groups(kBs), 16, /*prefix=*/true, /*num_state_slots=*/3);
   Request a = request("a", iota(10, 1));
   ASSERT_TRUE(m.allocate(a, 8));
   a.num_computed_tokens = 8;
@@ -266,7 +274,7 @@ TEST(KvCacheCoordinator, HybridRollingCheckpointFollowsTheOutputAndOutlivesTheSe
 // Speculative decoding: a verification step whose accepted drafts pass a block boundary without
 // ending there saves the state kept after that draft.
 TEST(KvCacheCoordinator, HybridRollingCheckpointOfABoundaryPassedByAcceptedDrafts) {
-  KvCacheCoordinator m(16, kBs, /*prefix=*/true, /*num_state_slots=*/8, /*slots_per_seq=*/4);
+  KvCacheCoordinator m(hybrid_groups(kBs), 16, /*prefix=*/true, /*num_state_slots=*/8, /*slots_per_seq=*/4);
   Request a = request("a", iota(10, 1));
   ASSERT_TRUE(m.allocate(a, 8));
   a.num_computed_tokens = 8;
@@ -294,6 +302,33 @@ TEST(KvCacheCoordinator, HybridRollingCheckpointOfABoundaryPassedByAcceptedDraft
   EXPECT_EQ(m.state_slots().num_checkpoints(), 2) << "the prompt's at 8, the rolling one at 12";
   Request next = request("next", concat(iota(10, 1), {11, 12, 13, 50}));
   EXPECT_EQ(m.find_cached_prefix(next).num_tokens, 12);
+}
+
+// The rolling checkpoint moves at most every checkpoint_interval tokens (here 3 blocks; the
+// default, 256, keeps a decoding sequence from copying its state every block): past the prompt's
+// checkpoint at 8 it moves at 20 and 32, never at the boundaries between.
+TEST(KvCacheCoordinator, HybridRollingCheckpointMovesEveryIntervalOnly) {
+  EXPECT_EQ(CacheGroupSpec{}.checkpoint_interval, 256);
+  KvCacheCoordinator m(hybrid_groups(3 * kBs), 16, /*prefix=*/true, /*num_state_slots=*/3);
+  Request a = request("a", iota(10, 1));
+  ASSERT_TRUE(m.allocate(a, 10));
+  a.num_computed_tokens = 8;
+  m.commit_computed(a);
+  a.num_computed_tokens = 10;
+  m.commit_computed(a);
+  m.take_state_copies();
+  std::vector<int> moved_at;
+  for (int token = 11; token <= 34; ++token) {
+    a.output.push_back(token);
+    ASSERT_TRUE(m.allocate(a, 1));
+    ++a.num_computed_tokens;
+    m.commit_computed(a);
+    if (!m.take_state_copies().empty()) moved_at.push_back(a.num_computed_tokens);
+  }
+  EXPECT_EQ(moved_at, (std::vector<int>{20, 32}));
+  Request next = request("next", concat(concat(a.prompt, a.output), iota(5, 100)));
+  m.free(a);
+  EXPECT_EQ(m.find_cached_prefix(next).num_tokens, 32);
 }
 
 }  // namespace
