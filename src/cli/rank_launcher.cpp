@@ -122,7 +122,9 @@ std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks
     fail(ErrorKind::kInternal, "local rank {} of {} rank processes on this node", local_rank, local_ranks);
   if (o.type == DeviceType::kCUDA) {
     o.device_index = rank_gpus(f, local_ranks).device_index[static_cast<size_t>(local_rank)];
-    return make_backend(o);
+    auto backend = make_backend(o);
+    check_start_memory(f, *backend);  // before any weight: other processes may share this GPU
+    return backend;
   }
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   o.num_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, local_ranks))));

@@ -45,7 +45,8 @@ void add_worker_flags(CLI::App& app, WorkerFlags& w);
 // The backend of one rank process; `local_ranks` rank processes run on this node and this is
 // the `local_rank`-th of them. CPU ranks share the cores (threads = cores / local_ranks).
 // CUDA ranks (--device cuda, or auto with a GPU) take visible GPU `local_rank` (vLLM's rule,
-// dist/rank_gpus.h); more rank processes than visible GPUs is an error naming both numbers.
+// dist/rank_gpus.h); more rank processes than visible GPUs is an error naming both numbers. A
+// CUDA backend passes vLLM's startup check (check_start_memory) before any weight is read.
 std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks, int local_rank = 0);
 
 // Where this node's ranks sit in a job of several nodes (from dist::NodeSession): their
