@@ -133,6 +133,12 @@ class Backend {
   // total_memory are the host's (device_memory in backend/host_memory.h) and the planner keeps
   // room for the OS (plan::kUnifiedOsReserve). False for the CPU backend and discrete GPUs.
   virtual bool unified_memory() const { return false; }
+  // The device's free memory when this backend was created, before any weight: the memory
+  // planner counts this process's growth since then as its own use, so processes that share a
+  // GPU each count only theirs (engine/memory_plan.h, memory_in_use). 0 where the backend does
+  // not record it: the CPU backend and a GPU that shares the host's memory, whose budgets come
+  // from what the host has available.
+  virtual size_t free_memory_at_start() const { return 0; }
 
   // ---- transfers (dst and src have equal nbytes) ----
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;

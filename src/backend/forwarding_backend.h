@@ -31,6 +31,7 @@ class ForwardingBackend : public Backend {
   size_t free_memory() const override { return inner_.free_memory(); }
   size_t total_memory() const override { return inner_.total_memory(); }
   bool unified_memory() const override { return inner_.unified_memory(); }
+  size_t free_memory_at_start() const override { return inner_.free_memory_at_start(); }
 
   void copy_from_host(const Tensor& dst, const void* src) override { inner_.copy_from_host(dst, src); }
   void copy_to_host(void* dst, const Tensor& src) override { inner_.copy_to_host(dst, src); }

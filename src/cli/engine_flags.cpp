@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/memory_plan.h"
+#include "plan/planner.h"
 
 namespace tessera::cli {
 
@@ -54,6 +55,8 @@ int positive_tokens(const std::string& text, const char* flag) {
   return static_cast<int>(v);
 }
 
+constexpr const char* kKvCacheMemoryFlag = "--kv-cache-memory-bytes";
+
 // An option holding a token count in vLLM's human-readable form (flag_parsing.h), at least 1.
 void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* help) {
   app.add_option_function<std::string>(
@@ -62,6 +65,20 @@ void add_tokens_option(CLI::App& app, const char* flag, int& out, const char* he
 }
 
 }  // namespace
+
+size_t parse_kv_cache_memory_bytes(const std::string& text) {
+  std::string t = text;
+  // The IEC spellings: 8GiB is vLLM's 8G (powers of 1024).
+  if (t.size() > 3 && t.ends_with("iB") && std::string("KMGT").find(t[t.size() - 3]) != std::string::npos)
+    t.resize(t.size() - 2);
+  const int64_t v = parse_human_int(t, kKvCacheMemoryFlag);
+  if (v < 1)
+    throw FlagError(
+        fmt::format("argument {}: must be a positive number of bytes, got {} (leave the flag out to size "
+                    "the cache from --gpu-memory-utilization)",
+                    kKvCacheMemoryFlag, text));
+  return static_cast<size_t>(v);
+}
 
 std::string cluster_token_or_env(const std::string& flag_value) {
   if (!flag_value.empty()) return flag_value;
@@ -155,8 +172,18 @@ void add_engine_flags(CLI::App& app, EngineFlags& f) {
   app.add_option("--num-gpu-blocks-override", f.num_gpu_blocks_override,
                  "use exactly this many KV cache blocks instead of planning from memory");
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
-                 "fraction of device memory tessera may use (weights + activations + KV cache)")
+                 "fraction of device memory this process may use (weights + activations + KV cache), as vLLM's: "
+                 "per process, so two servers on one GPU take e.g. 0.45 each; a start on a GPU where others "
+                 "already hold more than the rest fails before loading, naming the largest share that fits")
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         kKvCacheMemoryFlag, [&f](const std::string& v) { f.kv_cache_memory_bytes = parse_kv_cache_memory_bytes(v); },
+         "size of the KV cache (with the linear-attention state slots) of each GPU, instead of what "
+         "--gpu-memory-utilization leaves after the weights and activations; the utilization is then not used "
+         "(vLLM's flag): 8589934592, 8G or 8GiB (8 x 1024^3), 8g (8 x 10^9), 512M. Processes that share a GPU "
+         "each size the cache from their own growth since they started; two that load at the same moment see "
+         "each other's, and an explicit size avoids that race")
+      ->type_name("BYTES");
   app.add_option("--gpu-memory", f.gpu_memory,
                  "memory of each device to plan with, e.g. 32GiB (default: what the device reports; the smaller "
                  "wins)");
@@ -250,7 +277,20 @@ std::unique_ptr<Backend> make_backend_for(const EngineFlags& f) {
     o.type = cuda_backend_available() ? DeviceType::kCUDA : DeviceType::kCPU;
   else
     fail(ErrorKind::kInvalidArgument, "--device {} is not one of auto, cpu, cuda", f.device);
-  return make_backend(o);
+  auto backend = make_backend(o);
+  check_start_memory(f, *backend);
+  return backend;
+}
+
+void check_start_memory(const EngineFlags& f, const Backend& backend) {
+  StartMemory m;
+  m.device = backend.name();
+  m.total = backend.total_memory();
+  if (!f.gpu_memory.empty()) m.total = std::min(m.total, plan::parse_memory_size(f.gpu_memory));
+  m.free_at_start = backend.free_memory_at_start();
+  m.utilization = f.gpu_memory_utilization;
+  m.kv_cache_memory_bytes = f.kv_cache_memory_bytes;
+  check_memory_at_start(m);
 }
 
 SpeculativeConfig parse_speculative_config(const std::string& text) {
@@ -333,6 +373,7 @@ EngineConfig engine_config(const EngineFlags& f, bool parallel_supported) {
   c.block_size = f.block_size;
   c.num_blocks_override = f.num_gpu_blocks_override;
   c.gpu_memory_utilization = f.gpu_memory_utilization;
+  c.kv_cache_memory_bytes = f.kv_cache_memory_bytes;
   c.kv_cache_dtype = f.kv_cache_dtype;
   c.mamba_cache_dtype = f.mamba_cache_dtype;
   c.mamba_ssm_cache_dtype = f.mamba_ssm_cache_dtype;

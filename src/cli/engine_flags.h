@@ -27,6 +27,7 @@ struct EngineFlags {
   int block_size = 16;
   int num_gpu_blocks_override = 0;
   double gpu_memory_utilization = 0.9;
+  size_t kv_cache_memory_bytes = 0;  // --kv-cache-memory-bytes: the cache's size per GPU (0 = plan from utilization)
   std::string kv_cache_dtype = "auto";
   std::string mamba_cache_dtype = "auto", mamba_ssm_cache_dtype = "auto";
   bool enable_prefix_caching = true;
@@ -87,8 +88,17 @@ struct ClusterFlags {
   std::vector<int> cluster_nodes;
 };
 void add_cluster_flags(CLI::App& app, ClusterFlags& c);
-// The backend for --device (auto: CUDA when this build has it and a GPU is visible).
+// The backend for --device (auto: CUDA when this build has it and a GPU is visible), after vLLM's
+// startup check (check_start_memory).
 std::unique_ptr<Backend> make_backend_for(const EngineFlags& f);
+// vLLM's startup check on a new backend, before any weight is read: fails (kOutOfMemory) when
+// other processes on its GPU hold so much that --gpu-memory-utilization's share (or
+// --kv-cache-memory-bytes) cannot be had (engine/memory_plan.h, check_memory_at_start).
+void check_start_memory(const EngineFlags& f, const Backend& backend);
+// --kv-cache-memory-bytes's value: bytes as vLLM's human-readable integers (8589934592, 8G = 8 x
+// 1024^3, 8g = 8 x 10^9, 512M, 1.5g) and the IEC spellings 8GiB / 512MiB; at least 1. Throws
+// FlagError naming the flag.
+size_t parse_kv_cache_memory_bytes(const std::string& text);
 // Refuses TP/PP > 1 (verbs that do not launch rank processes yet).
 EngineConfig engine_config(const EngineFlags& f);
 // For verbs that run TP x PP rank processes (generate, through RankLauncher), and for `tessera

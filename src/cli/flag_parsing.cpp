@@ -124,7 +124,16 @@ std::string closest_flag(const CLI::App& app, const std::string& name) {
       }
     }
   }
-  return best_distance > 0 && best_distance * 3 <= std::max<size_t>(bare.size(), 3) ? best : std::string();
+  if (best_distance > 0 && best_distance * 3 <= std::max<size_t>(bare.size(), 3)) return best;
+  // argparse's abbreviation: the one flag whose name goes on from this one (--kv-cache-memory).
+  std::string longer;
+  for (const CLI::Option* opt : app.get_options())
+    for (const std::string& candidate : opt->get_lnames())
+      if (candidate.starts_with(bare + "-")) {
+        if (!longer.empty()) return {};
+        longer = "--" + candidate;
+      }
+  return longer;
 }
 
 int64_t parse_human_int(const std::string& text, const std::string& flag) {

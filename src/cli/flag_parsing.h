@@ -34,7 +34,8 @@ int parse_flags(CLI::App& app, int argc, char** argv);
 // The same for argv as strings (args[0] the program), e.g. after expand_config_file.
 int parse_flags(CLI::App& app, const std::vector<std::string>& args);
 
-// The app's flag closest to `name` (a typo: at most a third of its letters off), or "" when none is close.
+// The app's flag closest to `name` (a typo: at most a third of its letters off), else the one flag whose
+// name goes on from `name` (argparse's abbreviation: --kv-cache-memory for --kv-cache-memory-bytes), or "".
 std::string closest_flag(const CLI::App& app, const std::string& name);
 
 // vLLM's human_readable_int: "32768", or a number with a suffix: k / m / g / t are powers of 1000

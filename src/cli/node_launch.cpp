@@ -209,6 +209,7 @@ std::unique_ptr<dist::NodeSession> start_node_session(const EngineFlags& f, cons
 
 RankPlacement placement_of(const EngineFlags& f, const dist::NodeSession& s, const dist::LaunchFacts& facts) {
   RankPlacement p;
+  p.node_rank = s.node_rank();
   p.first_rank = s.first_rank();
   p.local_ranks = f.tensor_parallel_size * f.pipeline_parallel_size / facts.nnodes;
   p.launcher_started_ranks = facts.one_process_per_rank;
@@ -323,6 +324,7 @@ int run_launched_rank(const EngineFlags& f, const ClusterFlags& c, const dist::L
   w.worker_bind_ip = nic.ip;
   w.worker_first_rank = facts.node_rank * facts.local_world_size;
   w.worker_local_ranks = facts.local_world_size;
+  w.worker_node_rank = facts.node_rank;
   set_rank_token(token);
   return run_worker_rank(f, w);
 }

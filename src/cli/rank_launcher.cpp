@@ -78,11 +78,18 @@ std::string describe_rank_processes(const EngineFlags& f, int world, int local_r
                      rank_gpus(f, local_ranks).list());
 }
 
+// Where a rank runs: its world rank, its job node and the ranks every node runs (0: one node).
+struct RankSite {
+  int rank = 0, node_rank = 0, ranks_per_node = 0;
+};
+
 // What a rank's Worker needs from the flags: the layout, the model, the groups' store.
-WorkerOptions worker_options(const EngineFlags& f, int rank, const std::string& store_host, uint16_t port,
+WorkerOptions worker_options(const EngineFlags& f, const RankSite& site, const std::string& store_host, uint16_t port,
                              const std::string& token, const std::string& bind_ip, const dist::RankNamer& namer = {}) {
   WorkerOptions o;
-  o.rank = rank;
+  o.rank = site.rank;
+  o.node_rank = site.node_rank;
+  o.ranks_per_node = site.ranks_per_node;
   o.layout = layout_of(f);
   o.enable_expert_parallel = f.enable_expert_parallel;
   o.disable_custom_all_reduce = f.disable_custom_all_reduce;
@@ -105,6 +112,7 @@ void add_worker_flags(CLI::App& app, WorkerFlags& w) {
   app.add_option("--worker-bind-ip", w.worker_bind_ip)->group("");
   app.add_option("--worker-first-rank", w.worker_first_rank)->group("");
   app.add_option("--worker-local-ranks", w.worker_local_ranks)->group("");
+  app.add_option("--worker-node-rank", w.worker_node_rank)->group("");
 }
 
 std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks, int local_rank) {
@@ -114,7 +122,9 @@ std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks
     fail(ErrorKind::kInternal, "local rank {} of {} rank processes on this node", local_rank, local_ranks);
   if (o.type == DeviceType::kCUDA) {
     o.device_index = rank_gpus(f, local_ranks).device_index[static_cast<size_t>(local_rank)];
-    return make_backend(o);
+    auto backend = make_backend(o);
+    check_start_memory(f, *backend);  // before any weight: other processes may share this GPU
+    return backend;
   }
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   o.num_threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(std::max(1, local_ranks))));
@@ -148,6 +158,10 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
         placement_.first_rank + placement_.local_ranks > world_)
       fail(ErrorKind::kInvalidArgument, "ranks {}..{} of this node lie outside the world of {}", placement_.first_rank,
            placement_.first_rank + placement_.local_ranks - 1, world_);
+    // Ranks are placed node by node: node k runs ranks [k x L, (k + 1) x L).
+    if (placement_.node_rank * placement_.local_ranks != placement_.first_rank)
+      fail(ErrorKind::kInternal, "node {} with {} ranks a node cannot start at world rank {}", placement_.node_rank,
+           placement_.local_ranks, placement_.first_rank);
   }
   const uint16_t port = placement_.store_port;
 
@@ -170,10 +184,11 @@ RankLauncher::RankLauncher(const EngineFlags& f, int argc, char** argv, RankPlac
   for (int r = std::max(1, placement_.first_rank); r < spawn_end; ++r) {
     std::vector<std::string> args{exe};
     for (int i = 0; i < argc; ++i) args.emplace_back(argv[i]);
-    args.insert(args.end(), {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port),
-                             "--worker-master-addr", placement_.store_host, "--worker-bind-ip", placement_.bind_ip,
-                             "--worker-first-rank", std::to_string(placement_.first_rank), "--worker-local-ranks",
-                             std::to_string(placement_.local_ranks)});
+    args.insert(args.end(),
+                {"--worker-rank", std::to_string(r), "--worker-port", std::to_string(port), "--worker-master-addr",
+                 placement_.store_host, "--worker-bind-ip", placement_.bind_ip, "--worker-first-rank",
+                 std::to_string(placement_.first_rank), "--worker-local-ranks", std::to_string(placement_.local_ranks),
+                 "--worker-node-rank", std::to_string(placement_.node_rank)});
     std::vector<char*> cargv;
     for (auto& s : args) cargv.push_back(s.data());
     cargv.push_back(nullptr);
@@ -288,10 +303,10 @@ void RankLauncher::supervise() {
 
 std::unique_ptr<Executor> RankLauncher::make_executor(Backend& backend) {
   if (placement_.first_rank != 0) fail(ErrorKind::kInternal, "make_executor: only the head node runs rank 0");
-  return std::make_unique<MultiprocExecutor>(
-      std::make_unique<Worker>(worker_options(flags_, 0, placement_.store_host, placement_.store_port, token_,
-                                              placement_.bind_ip, placement_.namer),
-                               backend));
+  return std::make_unique<MultiprocExecutor>(std::make_unique<Worker>(
+      worker_options(flags_, RankSite{0, placement_.node_rank, placement_.local_ranks}, placement_.store_host,
+                     placement_.store_port, token_, placement_.bind_ip, placement_.namer),
+      backend));
 }
 
 void set_rank_token(const std::string& token) { setenv(kTokenEnv, token.c_str(), 1); }
@@ -321,11 +336,12 @@ int run_worker_rank(const EngineFlags& f, const WorkerFlags& w) {
   };
   try {
     const bool one_node = w.worker_local_ranks <= 0;  // local rank = world rank
-    auto backend = make_rank_backend(f, one_node ? world : w.worker_local_ranks,
-                                     one_node ? w.worker_rank : w.worker_rank - w.worker_first_rank);
-    Worker worker(worker_options(f, w.worker_rank, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok,
-                                 w.worker_bind_ip),
-                  *backend);
+    const int local_ranks = one_node ? world : w.worker_local_ranks;
+    auto backend = make_rank_backend(f, local_ranks, one_node ? w.worker_rank : w.worker_rank - w.worker_first_rank);
+    const RankSite site{w.worker_rank, one_node ? 0 : w.worker_node_rank, local_ranks};
+    Worker worker(
+        worker_options(f, site, w.worker_master_addr, static_cast<uint16_t>(w.worker_port), tok, w.worker_bind_ip),
+        *backend);
     try {
       worker.run_step_loop();
     } catch (const std::exception& e) {

@@ -38,19 +38,22 @@ struct WorkerFlags {
   std::string worker_bind_ip = "127.0.0.1";      // this node's NIC address: Gloo binds it
   int worker_first_rank = 0;                     // world rank of this node's first rank (several nodes)
   int worker_local_ranks = 0;                    // rank processes on this node; 0 = all (one node)
+  int worker_node_rank = 0;                      // this node's rank in the job (several nodes)
 };
 void add_worker_flags(CLI::App& app, WorkerFlags& w);
 
 // The backend of one rank process; `local_ranks` rank processes run on this node and this is
 // the `local_rank`-th of them. CPU ranks share the cores (threads = cores / local_ranks).
 // CUDA ranks (--device cuda, or auto with a GPU) take visible GPU `local_rank` (vLLM's rule,
-// dist/rank_gpus.h); more rank processes than visible GPUs is an error naming both numbers.
+// dist/rank_gpus.h); more rank processes than visible GPUs is an error naming both numbers. A
+// CUDA backend passes vLLM's startup check (check_start_memory) before any weight is read.
 std::unique_ptr<Backend> make_rank_backend(const EngineFlags& f, int local_ranks, int local_rank = 0);
 
 // Where this node's ranks sit in a job of several nodes (from dist::NodeSession): their
 // world ranks, the head's control channel (which already runs there) and the NIC address.
 // Default: one node, the launcher starts its own control channel on 127.0.0.1.
 struct RankPlacement {
+  int node_rank = 0;       // this node's rank in the job (0 = the head); its ranks' NCCL host
   int first_rank = 0;      // world rank of this node's first rank (0 on the head)
   int local_ranks = 0;     // rank processes on this node; 0 = all of them (one node)
   std::string store_host;  // the head's control-channel address; empty = one node

@@ -38,7 +38,6 @@ const std::pair<const char*, const char*> kRefused[] = {
     {"--cpu-offload-gb",
      "the weights must fit the GPUs: add GPUs with --tensor-parallel-size / --pipeline-parallel-size, or store a "
      "bf16 checkpoint in FP8 with --quantization fp8; `tessera plan` shows what fits"},
-    {"--kv-cache-memory", "size the KV cache with --gpu-memory-utilization or --num-gpu-blocks-override"},
     {"--structured-outputs-config",
      "tessera's own grammar engine serves every structured-output request; drop the flag"},
     {"--config-format", "tessera reads Hugging Face config.json; serve the checkpoint in Hugging Face format"},

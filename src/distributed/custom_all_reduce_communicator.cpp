@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "distributed/node_locality.h"
 
 namespace tessera::dist {
 
@@ -67,6 +68,11 @@ std::unique_ptr<Communicator> with_custom_all_reduce(std::unique_ptr<Communicato
     return inner;
   }
   if (g.size() < 2 || !inner->stream_ordered()) return inner;  // the same on every rank
+  if (auto why = custom_all_reduce_off_reason(g, config.ranks_per_node,
+                                              config.nccl_p2p_disable ? config.nccl_p2p_disable->c_str() : nullptr)) {
+    if (g.rank == 0) TLOG_INFO("custom all-reduce off on group {}: {}", g.name, *why);
+    return inner;
+  }
   if (!config.stream)
     fail(ErrorKind::kInvalidArgument, "with_custom_all_reduce: the inner communicator's stream is required");
   AllGatherBytes all_gather = config.all_gather;

@@ -9,8 +9,10 @@
 //
 // with_custom_all_reduce is collective over the group (every rank calls it at the same point,
 // after the group's creation): it returns the inner communicator unchanged on every rank when
-// the feature is disabled, the group is not stream-ordered or has one rank, it is not built
-// (CPU build), or any rank cannot use it (no P2P, IPC failure...: the reason is logged).
+// the feature is disabled, the group is not stream-ordered or has one rank, its ranks span job
+// nodes or NCCL_P2P_DISABLE is set (custom_all_reduce_off_reason, dist/node_locality.h), it is
+// not built (CPU build), or any rank cannot use it (no P2P, IPC failure...). Group rank 0 logs
+// why it is off ("custom all-reduce off on group tp0: its ranks span nodes").
 //
 // The decorator is used like the communicator it wraps (one thread, SPMD order). all_reduce
 // goes to the custom kernel when the tensor is a CUDA f32/bf16 tensor of at most the policy's
@@ -99,6 +101,11 @@ struct CustomAllReduceConfig {
   size_t max_bytes = size_t{8} << 20;                           // larger all-reduces go to the inner communicator
   size_t one_shot_max_bytes = 0;                                // 0: by world size (see CarPolicy)
   RankNamer namer;
+  // Where the group's ranks are: `ranks_per_node` consecutive world ranks on each job node (0:
+  // every rank on this node), and NCCL_P2P_DISABLE's value (nullopt: unset). The fast path is
+  // tried only when every rank of the group is on this node and the variable is not true.
+  int ranks_per_node = 0;
+  std::optional<std::string> nccl_p2p_disable;
 };
 
 // True when this build has the custom all-reduce (TESSERA_CUDA).

@@ -1,9 +1,12 @@
 #include "distributed/join_groups.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 #include "distributed/control_store.h"
 #include "distributed/custom_all_reduce_communicator.h"
 #include "distributed/gloo_communicator.h"
+#include "distributed/node_locality.h"
 
 #ifdef TESSERA_HAVE_NCCL
 #include "distributed/nccl_communicator.h"
@@ -15,6 +18,7 @@ namespace {
 
 #ifdef TESSERA_HAVE_NCCL
 void join_nccl_groups(const JoinGroupsOptions& o, std::shared_ptr<ControlStoreClient> store, ProcessGroups& g) {
+  apply_nccl_host_id(o.node_rank);  // before this process's first NCCL call
   NcclOptions n;
   n.store = store;
   n.device_index = o.device_index;
@@ -32,6 +36,8 @@ void join_nccl_groups(const JoinGroupsOptions& o, std::shared_ptr<ControlStoreCl
   car.stream = o.stream;
   car.timeout = o.collective_timeout;
   car.namer = o.namer;
+  car.ranks_per_node = o.ranks_per_node;
+  if (const char* v = std::getenv("NCCL_P2P_DISABLE")) car.nccl_p2p_disable = v;
   g.tp = with_custom_all_reduce(std::move(g.tp), car);
 }
 #endif

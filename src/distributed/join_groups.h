@@ -5,7 +5,12 @@
 //   world  host bytes (step plans) over Gloo, on every kind of rank;
 //   tp, pp the data plane: Gloo on host tensors (CPU ranks), or NCCL on the rank's device
 //          stream (CUDA ranks) with small TP all-reduces through the custom all-reduce where
-//          every rank of the group is on this host with peer access (with_custom_all_reduce).
+//          every rank of the group is on this job node with peer access and NCCL_P2P_DISABLE
+//          is not set (with_custom_all_reduce).
+//
+// A CUDA rank sets NCCL_HOSTID for its job node before NCCL starts (dist/node_locality.h), so
+// that NCCL's hosts are tessera's nodes: two nodes that share a machine, even a GPU, are joined
+// over the network like two machines.
 //
 // Every rank of the job calls join_process_groups at the same point; groups are created in
 // the same order everywhere (world, tp, pp) so their bootstraps pair up through the head's
@@ -24,6 +29,10 @@ namespace tessera::dist {
 struct JoinGroupsOptions {
   int rank = 0;  // world rank
   ParallelLayout layout;
+  // This rank's job node and how many ranks each node runs (world ranks node by node; 0: every
+  // rank on this node): NCCL_HOSTID and where the custom all-reduce may run.
+  int node_rank = 0;
+  int ranks_per_node = 0;
   // The bootstrap store: the head's control channel with the job's token. Gloo binds `bind_ip`
   // (this node's NIC address; 127.0.0.1 on one node, where the store connection picks its own).
   std::string store_host = "127.0.0.1";

@@ -67,7 +67,10 @@ void LLMEngine::plan_kv_cache() {
   KvBudgetInputs in;
   const size_t real_total = backend_.total_memory(), free = backend_.free_memory();
   in.total = config_.device_memory > 0 ? std::min(config_.device_memory, real_total) : real_total;
-  in.used = real_total - std::min(real_total, free);
+  // This process's own use where the backend recorded the free memory at its start (a discrete
+  // GPU: processes that share it each count theirs); else all that is in use (CPU, unified memory).
+  const bool own_use = backend_.free_memory_at_start() > 0;
+  in.used = memory_in_use(real_total, free, backend_.free_memory_at_start());
   in.reserved = config_.reserved_bytes;
   in.utilization = config_.gpu_memory_utilization;
   in.cpu = backend_.device().type == DeviceType::kCPU;
@@ -85,10 +88,12 @@ void LLMEngine::plan_kv_cache() {
   const KvBudget budget = plan_kv_budget(in, fp);
   if (config_.num_blocks_override <= 0 && config_.kv_cache_memory_bytes == 0)
     TLOG_INFO(
-        "Memory: {:.2f} GiB total, {:.2f} GiB in use (weights included), {:.2f} GiB reserved for activations and "
+        "Memory: {:.2f} GiB total, {:.2f} GiB in use {}, {:.2f} GiB reserved for activations and "
         "graphs, gpu_memory_utilization {:.2f}: {:.2f} GiB for the KV cache{}",
-        in.total / 1073741824.0, in.used / 1073741824.0, in.reserved / 1073741824.0, config_.gpu_memory_utilization,
-        budget.budget / 1073741824.0, hybrid ? " and the state slots" : "");
+        in.total / 1073741824.0, in.used / 1073741824.0,
+        own_use ? "by this process (weights included; other processes not counted)" : "(weights included)",
+        in.reserved / 1073741824.0, config_.gpu_memory_utilization, budget.budget / 1073741824.0,
+        hybrid ? " and the state slots" : "");
   if (hybrid && budget.max_num_seqs < config_.scheduler.max_num_seqs) {
     TLOG_WARN(
         "--max-num-seqs {} lowered to {}: the memory left for the cache holds {} linear-attention state slots of "

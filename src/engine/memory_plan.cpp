@@ -123,6 +123,45 @@ KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp) {
   return b;
 }
 
+size_t memory_in_use(size_t total, size_t free_now, size_t free_at_start) {
+  if (free_at_start == 0) return total - std::min(total, free_now);
+  return free_at_start > free_now ? free_at_start - free_now : 0;
+}
+
+double max_start_utilization(const StartMemory& m) {
+  if (m.total == 0) return 0;
+  const size_t free = std::min(m.free_at_start, m.total);
+  return static_cast<double>(static_cast<uint64_t>(free) * 100 / m.total) / 100.0;
+}
+
+void check_memory_at_start(const StartMemory& m) {
+  if (m.free_at_start == 0 || m.total == 0) return;
+  const size_t others = m.total - std::min(m.total, m.free_at_start);
+  if (m.kv_cache_memory_bytes > 0) {
+    if (m.kv_cache_memory_bytes <= m.free_at_start) return;
+    fail(ErrorKind::kOutOfMemory,
+         "--kv-cache-memory-bytes {} ({}) is more than the free memory on device {} ({} of {}) on startup: other "
+         "processes hold {}. Lower --kv-cache-memory-bytes, or free the memory the other processes hold.",
+         m.kv_cache_memory_bytes, format_gib(m.kv_cache_memory_bytes), m.device, format_gib(m.free_at_start),
+         format_gib(m.total), format_gib(others));
+  }
+  const double asked = m.utilization * static_cast<double>(m.total);
+  if (static_cast<double>(m.free_at_start) >= asked) return;
+  const double fits = max_start_utilization(m);
+  const std::string what_fits =
+      fits >= 0.01 ? fmt::format(
+                         "use --gpu-memory-utilization {:.2f} or less (the largest share that fits beside them; two "
+                         "processes on one GPU take e.g. 0.45 each), set the cache's size with "
+                         "--kv-cache-memory-bytes, or free the memory the other processes hold",
+                         fits)
+                   : std::string("no --gpu-memory-utilization fits beside them: free the memory they hold");
+  fail(ErrorKind::kOutOfMemory,
+       "Free memory on device {} ({:.2f}/{:.2f} GiB) on startup is less than desired GPU memory utilization ({:.2f}, "
+       "{:.2f} GiB): other processes hold {}. --gpu-memory-utilization is this process's share of the device; {}.",
+       m.device, m.free_at_start / 1073741824.0, m.total / 1073741824.0, m.utilization, asked / 1073741824.0,
+       format_gib(others), what_fits);
+}
+
 std::string format_gib(size_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / 1073741824.0); }
 
 std::string with_thousands(int64_t v) {

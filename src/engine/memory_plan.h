@@ -93,6 +93,34 @@ struct KvBudget {
 // --num-gpu-blocks-override: that many blocks and every slot asked for.
 KvBudget plan_kv_budget(const KvBudgetInputs& in, const CacheFootprint& fp);
 
+// What the KV budget counts as in use before the cache (KvBudgetInputs::used) on a device with
+// `free_now` of `total` bytes free. With `free_at_start` (Backend::free_memory_at_start, > 0): this
+// process's growth since its backend was created, free_at_start - free_now, so that processes
+// sharing a GPU each count only their own, as vLLM's per-instance --gpu-memory-utilization does
+// ("two instances on one GPU: 0.5 each"). Another process that allocates or frees meanwhile moves
+// the figure (two processes loading at the same moment count each other's growth):
+// --kv-cache-memory-bytes avoids that race. Without it (0: the CPU backend, a GPU that shares the
+// host's memory): everything in use on the device, total - free_now.
+size_t memory_in_use(size_t total, size_t free_now, size_t free_at_start);
+
+// vLLM's startup check, made when the backend exists and before any weight is read: this process
+// will take utilization x total of the device, and other processes already hold
+// total - free_at_start of it.
+struct StartMemory {
+  std::string device;        // "cuda:0 (NVIDIA H100 80GB HBM3)", for the message
+  size_t total = 0;          // the device's memory (the smaller of it and --gpu-memory)
+  size_t free_at_start = 0;  // Backend::free_memory_at_start; 0: not recorded, nothing to check
+  double utilization = 0.9;
+  size_t kv_cache_memory_bytes = 0;  // --kv-cache-memory-bytes; 0: not given
+};
+// The largest --gpu-memory-utilization (two decimals, rounded down) that fits in free_at_start.
+double max_start_utilization(const StartMemory& m);
+// Throws Error(kOutOfMemory) when utilization x total is more than free_at_start (total -
+// free_at_start + utilization x total > total), naming the free and the asked GiB and the largest
+// utilization that fits. With --kv-cache-memory-bytes the utilization is not used (as in vLLM): it
+// fails when the cache alone is more than free_at_start. Nothing to check without free_at_start.
+void check_memory_at_start(const StartMemory& m);
+
 std::string format_gib(size_t bytes);   // "12.34 GiB"
 std::string with_thousands(int64_t v);  // 1234567 -> "1,234,567"
 

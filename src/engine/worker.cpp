@@ -16,6 +16,8 @@ std::unique_ptr<dist::ProcessGroups> join_groups(const WorkerOptions& o, Backend
   dist::JoinGroupsOptions j;
   j.rank = o.rank;
   j.layout = o.layout;
+  j.node_rank = o.node_rank;
+  j.ranks_per_node = o.ranks_per_node;
   j.store_host = o.store_host;
   j.store_port = o.store_port;
   j.token = o.token;

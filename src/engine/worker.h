@@ -21,6 +21,10 @@ namespace tessera {
 struct WorkerOptions {
   int rank = 0;  // world rank
   dist::ParallelLayout layout;
+  // This rank's job node and the ranks each node runs (0: every rank on this node), from the
+  // launcher: NCCL's host identity and where the custom all-reduce may run (dist/join_groups.h).
+  int node_rank = 0;
+  int ranks_per_node = 0;
   bool enable_expert_parallel = false;
   bool disable_custom_all_reduce = false;  // TP all-reduces over NCCL only (CUDA ranks)
   LoadOptions load;                        // the model; `parallel` and `runtime` are set per rank

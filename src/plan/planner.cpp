@@ -642,7 +642,9 @@ Target measured_target(const Backend& backend) {
   t.device = backend.device().type;
   const size_t total = backend.total_memory(), free = backend.free_memory();
   t.memory_bytes = total;
-  t.baseline_used = total - std::min(total, free);
+  // What the engine will count (memory_in_use): this process's own use where the backend recorded
+  // its start (other processes on the GPU are the startup check's business), else all in use.
+  t.baseline_used = memory_in_use(total, free, backend.free_memory_at_start());
   t.unified = backend.unified_memory();
   t.measured = true;
   t.description = "this machine: " + backend.name() + (t.unified ? " (memory shared with the host)" : "");

@@ -43,8 +43,10 @@ struct Target {
   double bandwidth = 0;  // bytes/s per GPU; 0: unknown (no decode ceiling)
   int nodes = 1;
   int gpus_per_node = 0;  // 0: TP x PP / nodes
-  // Memory already in use on the device before tessera loads anything (CUDA context, other
-  // processes): measured when planning on this machine, else estimated (kCudaRuntimeEstimate).
+  // Memory already in use before tessera loads anything: measured when planning on this machine
+  // (memory_in_use: on a discrete GPU this process's own, other processes being the startup
+  // check's business, check_memory_at_start; on the CPU and unified memory all that is in use),
+  // else estimated (kCudaRuntimeEstimate).
   std::optional<size_t> baseline_used;
   bool measured = false;         // the figures are this machine's (measured_target)
   std::optional<LinkSpec> link;  // between nodes (--link): the network's share of a decode step

@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
   size_t free_memory() const override { return dev_.free_memory(); }
   size_t total_memory() const override { return dev_.total_memory(); }
   bool unified_memory() const override { return dev_.arch().integrated; }
+  size_t free_memory_at_start() const override { return dev_.free_memory_at_start(); }
   void copy_from_host(const Tensor& dst, const void* src) override { dev_.copy_from_host(dst, src); }
   void copy_to_host(void* dst, const Tensor& src) override { dev_.copy_to_host(dst, src); }
   void copy(const Tensor& dst, const Tensor& src) override { dev_.copy(dst, src); }

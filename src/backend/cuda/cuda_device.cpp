@@ -81,6 +81,10 @@ struct Graph final : CapturedGraph {
 CudaDevice::CudaDevice(int index, CudaArch arch, size_t initial_scratch_bytes)
     : index_(index), arch_(std::move(arch)), initial_scratch_(std::max<size_t>(16 << 20, initial_scratch_bytes)) {
   TCUDA_CHECK(cudaSetDevice(index_));
+  if (!arch_.integrated) {  // before this process takes anything: its later use is the growth from here
+    size_t total = 0;
+    TCUDA_CHECK(cudaMemGetInfo(&free_at_start_, &total));
+  }
   TCUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TCUDA_CHECK(cudaMalloc(&dev_err_, sizeof(int)));
   TCUDA_CHECK(cudaMemsetAsync(dev_err_, 0, sizeof(int), stream_));

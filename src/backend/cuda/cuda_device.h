@@ -61,6 +61,9 @@ class CudaDevice {
   size_t scratch_in_use() const { return in_use_; }
   size_t free_memory() const;
   size_t total_memory() const;
+  // cudaMemGetInfo's free memory when this device was opened (its context made, before this
+  // object's first allocation); 0 on a GPU that shares the host's memory (Backend's contract).
+  size_t free_memory_at_start() const { return free_at_start_; }
 
   // ---- transfers
   void copy_from_host(const Tensor& dst, const void* src);
@@ -107,6 +110,7 @@ class CudaDevice {
   std::vector<Mark> marks_;
   bool capturing_ = false;
   size_t capture_chunks_ = 0;
+  size_t free_at_start_ = 0;
 };
 
 // The record of device `index` (its facts from read_cuda_device_facts, cuda_facts.h: the only
