@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -31,10 +32,18 @@ StagedReader::StagedReader(size_t chunk_bytes, Mode mode)
 
 StagedReader::~StagedReader() {
   close_files();
-  std::free(buf_);
+  std::free(bufs_[0]);
+  std::free(bufs_[1]);
+}
+
+char* StagedReader::buffer(int i) {
+  if (!bufs_[i] && ::posix_memalign(reinterpret_cast<void**>(&bufs_[i]), kAlign, chunk_) != 0)
+    fail(ErrorKind::kOutOfMemory, "cannot allocate the {} MiB checkpoint read buffer", chunk_ >> 20);
+  return bufs_[i];
 }
 
 void StagedReader::close_files() {
+  finish_read_ahead();  // its descriptor is about to close
   for (auto& [path, f] : files_) {
     drop_pages(f, 0, f.size);  // and what readahead brought in past the ranges read
     ::close(f.fd);
@@ -67,8 +76,7 @@ StagedReader::File& StagedReader::open(const std::string& path) {
   f.size = static_cast<uint64_t>(st.st_size);
   if (f.direct) drop_pages(f, 0, f.size);  // pages an earlier reader left
   ++(f.direct ? stats_.direct_files : stats_.buffered_files);
-  if (!buf_ && ::posix_memalign(reinterpret_cast<void**>(&buf_), kAlign, chunk_) != 0)
-    fail(ErrorKind::kOutOfMemory, "cannot allocate the {} MiB checkpoint read buffer", chunk_ >> 20);
+  buffer(cur_);
   return files_.emplace(path, f).first->second;
 }
 
@@ -106,6 +114,7 @@ void StagedReader::reopen_buffered(File& f, const std::string& path) {
       "{}: the file system refused an aligned O_DIRECT read; reading it buffered, dropping each read's pages "
       "from the page cache after it",
       path);
+  finish_read_ahead();  // it may be reading this descriptor
   ::close(f.fd);
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   f.direct = false;
@@ -124,23 +133,94 @@ const char* StagedReader::view(const std::string& path, uint64_t offset, size_t 
   stats_.bytes += bytes;
   if (f.direct) {
     try {
-      const uint64_t pos = round_down(offset, kAlign);
-      const size_t want = static_cast<size_t>(round_up(end, kAlign) - pos);
-      const size_t got = pread_full(f, path, buf_, want, pos);
-      if (pos + got < end)
-        fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, pos + got,
-             end);
-      return buf_ + (offset - pos);
+      return view_direct(f, path, offset, end);
     } catch (const DirectRefused&) {
       reopen_buffered(f, path);
     }
   }
-  const size_t got = pread_full(f, path, buf_, bytes, offset);
+  finish_read_ahead();
+  char* buf = buffer(cur_);
+  const size_t got = pread_full(f, path, buf, bytes, offset);
   if (got < bytes)
     fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, offset + got,
          end);
   drop_pages(f, offset, bytes);
-  return buf_;
+  f.last_end = end;
+  return buf;
+}
+
+const char* StagedReader::view_direct(File& f, const std::string& path, uint64_t offset, uint64_t end) {
+  const bool sequential = offset == f.last_end;
+  const char* data = take_read_ahead(path, offset, end);
+  const bool hit = data != nullptr;
+  if (!hit) {
+    const uint64_t pos = round_down(offset, kAlign);
+    const size_t want = static_cast<size_t>(round_up(end, kAlign) - pos);
+    const size_t got = pread_full(f, path, buffer(cur_), want, pos);
+    if (pos + got < end)
+      fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, pos + got,
+           end);
+    data = buffer(cur_) + (offset - pos);
+  }
+  f.last_end = end;
+  // The next buffer of a file walked in order, while the caller works on this one.
+  if (sequential || hit) start_read_ahead(f, path, round_down(end, kAlign));
+  return data;
+}
+
+const char* StagedReader::take_read_ahead(const std::string& path, uint64_t offset, uint64_t end) {
+  if (!ahead_.active()) return nullptr;
+  const uint64_t pos = round_down(offset, kAlign);
+  const bool covers = ahead_.path == path && pos >= ahead_.pos && round_up(end, kAlign) <= ahead_.pos + ahead_.want;
+  size_t got = 0;
+  try {
+    const auto [n, seconds] = ahead_.done.get();
+    got = n;
+    stats_.read_seconds += seconds;
+    stats_.device_bytes += n;
+  } catch (...) {
+    return nullptr;  // the caller's own read reports the error
+  }
+  if (!covers || ahead_.pos + got < end) return nullptr;
+  cur_ = ahead_.buf;
+  ++stats_.read_ahead_hits;
+  return bufs_[cur_] + (offset - ahead_.pos);
+}
+
+void StagedReader::start_read_ahead(const File& f, const std::string& path, uint64_t pos) {
+  const uint64_t file_end = round_up(f.size, kAlign);
+  if (pos >= f.size || ahead_.active()) return;
+  ahead_.path = path;
+  ahead_.pos = pos;
+  ahead_.want = static_cast<size_t>(std::min<uint64_t>(chunk_, file_end - pos));
+  ahead_.buf = cur_ ^ 1;
+  char* dst = buffer(ahead_.buf);
+  const int fd = f.fd;
+  const size_t want = ahead_.want;
+  ahead_.done = std::async(std::launch::async, [fd, dst, want, pos]() -> std::pair<size_t, double> {
+    const auto start = std::chrono::steady_clock::now();
+    size_t got = 0;
+    while (got < want) {
+      const ssize_t r = ::pread(fd, dst + got, want - got, static_cast<off_t>(pos + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw std::system_error(errno, std::generic_category(), "read ahead");
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+      if (got % kAlign != 0) break;  // a direct read ends short only at the end of the file
+    }
+    return {got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  });
+}
+
+void StagedReader::finish_read_ahead() {
+  if (!ahead_.active()) return;
+  try {
+    const auto [n, seconds] = ahead_.done.get();
+    stats_.read_seconds += seconds;
+    stats_.device_bytes += n;
+  } catch (...) {
+    // Nobody asked for those bytes.
+  }
 }
 
 void StagedReader::read(const std::string& path, uint64_t offset, size_t bytes, const Sink& sink) {

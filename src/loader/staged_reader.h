@@ -5,22 +5,31 @@
 // page cache grows by at most one buffer while a checkpoint loads. A file read with O_DIRECT has
 // its cached pages dropped when it is opened, and every file when it is closed, so pages left by
 // an earlier reader (a just-downloaded checkpoint) go too.
+//
+// Read-ahead: when a direct read starts where the previous one of the same file ended (a
+// sequential walk through a file, as a whole-model load does), the next buffer of that file is
+// read on a worker thread into a second buffer while the caller converts and uploads the current
+// one; a request that lies inside it is served from it. So the page cache still grows by nothing
+// and the reads overlap the rest of the load; the staging memory is two buffers.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace tessera {
 
 struct StagedReadStats {
-  size_t bytes = 0;           // bytes handed to consumers
-  size_t device_bytes = 0;    // bytes read from the files (aligned reads read a little more)
-  double read_seconds = 0;    // time inside pread
-  size_t direct_files = 0;    // files read with O_DIRECT
-  size_t buffered_files = 0;  // files read buffered, their pages dropped chunk by chunk
+  size_t bytes = 0;            // bytes handed to consumers
+  size_t device_bytes = 0;     // bytes read from the files (aligned reads read a little more)
+  double read_seconds = 0;     // time inside pread
+  size_t direct_files = 0;     // files read with O_DIRECT
+  size_t read_ahead_hits = 0;  // direct reads served from the buffer read ahead
+  size_t buffered_files = 0;   // files read buffered, their pages dropped chunk by chunk
 };
 
 class StagedReader {
@@ -59,14 +68,35 @@ class StagedReader {
     int fd = -1;
     bool direct = false;
     uint64_t size = 0;
+    uint64_t last_end = UINT64_MAX;  // where the previous read of this file ended (none yet: UINT64_MAX)
+  };
+  // A direct read of [pos, pos + want) into buffer `buf`, running on a worker thread.
+  struct ReadAhead {
+    std::string path;
+    uint64_t pos = 0;
+    size_t want = 0;
+    int buf = 0;
+    // Bytes read and the seconds inside pread; an exception for an error (the caller then reads
+    // the range itself, which reports it).
+    std::future<std::pair<size_t, double>> done;
+    bool active() const { return done.valid(); }
   };
   File& open(const std::string& path);
   void reopen_buffered(File& f, const std::string& path);
   size_t pread_full(File& f, const std::string& path, char* dst, size_t n, uint64_t at);
   void drop_pages(const File& f, uint64_t offset, uint64_t bytes) const;
+  const char* view_direct(File& f, const std::string& path, uint64_t offset, uint64_t end);
+  // The read ahead's bytes at `offset` when it covers [offset, end) of `path` (its buffer is then
+  // the current one), else nullptr; either way no read ahead is in flight afterwards.
+  const char* take_read_ahead(const std::string& path, uint64_t offset, uint64_t end);
+  void start_read_ahead(const File& f, const std::string& path, uint64_t pos);
+  void finish_read_ahead();  // waits for a read ahead in flight and drops it
+  char* buffer(int i);       // allocated on first use
   size_t chunk_ = 0;
   Mode mode_;
-  char* buf_ = nullptr;
+  char* bufs_[2] = {nullptr, nullptr};
+  int cur_ = 0;  // the buffer the last view() returned
+  ReadAhead ahead_;
   std::map<std::string, File> files_;
   StagedReadStats stats_;
 };

@@ -165,6 +165,39 @@ TEST(StagedReader, RangesComeBackExactInBothModes) {
   }
 }
 
+// A file walked in order (pieces of every size, unaligned, as a whole-model load reads tensors)
+// is read ahead: the next buffer is read while the caller works on this one, and the bytes stay
+// exact across the two buffers, jumps and the end of the file.
+TEST(StagedReader, SequentialWalkIsReadAheadAndExact) {
+  LargeFileDir dir;
+  const std::string file = (dir.path() / "walk.bin").string();
+  std::vector<char> data(5 * kMiB + 777);
+  std::mt19937 rng(11);
+  for (char& c : data) c = static_cast<char>(rng());
+  std::ofstream(file, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  StagedReader r(256 * 1024);
+  std::uniform_int_distribution<size_t> len(1, 200 * 1024);
+  auto walk = [&](size_t from, size_t to) {
+    for (size_t b = from; b < to;) {
+      const size_t n = std::min({len(rng), to - b, r.max_view_bytes()});
+      ASSERT_EQ(0, std::memcmp(r.view(file, b, n), data.data() + b, n)) << "view [" << b << ", " << b + n << ")";
+      b += n;
+    }
+  };
+  walk(8 + 100, data.size() / 2);                 // (a safetensors file's data starts after its header)
+  walk(data.size() / 3, data.size() / 3 + kMiB);  // a jump back, then in order again
+  walk(data.size() - 300 * 1024, data.size());    // up to the end of the file
+  std::vector<char> whole(data.size() - 64);
+  r.read_into(file, 64, whole.size(), whole.data());
+  EXPECT_EQ(0, std::memcmp(whole.data(), data.data() + 64, whole.size()));
+  if (r.stats().direct_files > 0) {
+    EXPECT_GT(r.stats().read_ahead_hits, 10u) << "an in-order walk was not read ahead";
+  } else {
+    EXPECT_EQ(r.stats().read_ahead_hits, 0u) << "buffered reads are never read ahead";
+  }
+  r.close_files();
+}
+
 TEST(StagedReader, LargeLoadLeavesNoPagesResident) {
   LargeFileDir dir;
   if (dir.tmpfs()) GTEST_SKIP() << dir.path() << " is a tmpfs; set TESSERA_LOAD_TEST_DIR to a disk-backed folder";
