@@ -79,6 +79,16 @@ def tessera_argv(binary, command, model, config_yaml):
 
 
 def run_one(binary, model, config_yaml, entry):
+    # The free port is found before the server binds it: another test of the same ctest run may take it
+    # in between ("Address already in use"); that start is tried again on a new port.
+    for _ in range(3):
+        result = run_once(binary, model, config_yaml, entry)
+        if "cannot listen on" not in result[5] or "Address already in use" not in result[5]:
+            break
+    return result
+
+
+def run_once(binary, model, config_yaml, entry):
     number, expect, command = entry
     argv, port = tessera_argv(binary, command, model, config_yaml)
     log = tempfile.TemporaryFile()
