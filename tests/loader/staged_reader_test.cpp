@@ -141,13 +141,19 @@ Synthetic write_checkpoint(const fs::path& dir, size_t bytes, size_t tensors) {
   return s;
 }
 
+// `bytes` random bytes (from `rng`) written to `file`, and returned.
+std::vector<char> random_file(const std::string& file, size_t bytes, std::mt19937& rng) {
+  std::vector<char> data(bytes);
+  for (char& c : data) c = static_cast<char>(rng());
+  std::ofstream(file, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  return data;
+}
+
 TEST(StagedReader, RangesComeBackExactInBothModes) {
   LargeFileDir dir;
   const std::string file = (dir.path() / "bytes.bin").string();
-  std::vector<char> data(3 * kMiB + 12345);
   std::mt19937 rng(7);
-  for (char& c : data) c = static_cast<char>(rng());
-  std::ofstream(file, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  const std::vector<char> data = random_file(file, 3 * kMiB + 12345, rng);
   for (auto mode : {StagedReader::Mode::kAuto, StagedReader::Mode::kBuffered}) {
     StagedReader r(64 * 1024, mode);  // a small buffer, so that ranges span many reads
     std::uniform_int_distribution<size_t> at(0, data.size() - 1);
@@ -171,10 +177,8 @@ TEST(StagedReader, RangesComeBackExactInBothModes) {
 TEST(StagedReader, SequentialWalkIsReadAheadAndExact) {
   LargeFileDir dir;
   const std::string file = (dir.path() / "walk.bin").string();
-  std::vector<char> data(5 * kMiB + 777);
   std::mt19937 rng(11);
-  for (char& c : data) c = static_cast<char>(rng());
-  std::ofstream(file, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  const std::vector<char> data = random_file(file, 5 * kMiB + 777, rng);
   StagedReader r(256 * 1024);
   std::uniform_int_distribution<size_t> len(1, 200 * 1024);
   auto walk = [&](size_t from, size_t to) {
