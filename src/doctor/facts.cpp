@@ -30,13 +30,6 @@ std::string read_line(const std::string& path) {
   return s;
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
 std::string node_name(const NodeFacts& f) {
   return f.ip.empty() ? fmt::format("node {}", f.node_rank) : fmt::format("node {} ({})", f.node_rank, f.ip);
 }

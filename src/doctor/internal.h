@@ -11,7 +11,6 @@ namespace tessera::doctor {
 std::string gib(uint64_t bytes);
 // The first line of a file ("" when it cannot be read).
 std::string read_line(const std::string& path);
-std::string trim(std::string s);
 // "node 1 (10.0.0.2)", or "node 1" before the node has an address.
 std::string node_name(const NodeFacts& f);
 // The interface of that name among the node's (nullptr when it has none).

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "distributed/communicator.h"
+#include "distributed/meta_communicator.h"
 #include "engine/executor.h"
 #include "loader/checkpoint.h"
 #include "model/registry.h"
@@ -20,29 +20,7 @@ namespace fs = std::filesystem;
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr double kGiB = 1073741824.0;
 
-// The groups a sharded model expects, with the right size and rank; every call is a no-op
-// (the planner runs a step to measure its activations, never to compute anything).
-class MetaCommunicator : public dist::Communicator {
- public:
-  MetaCommunicator(std::string name, int size, int rank) {
-    info_.name = std::move(name);
-    for (int i = 0; i < size; ++i) info_.world_ranks.push_back(i);
-    info_.rank = rank;
-  }
-  const dist::GroupInfo& group() const override { return info_; }
-  std::string backend() const override { return "meta"; }
-  bool stream_ordered() const override { return true; }
-  void all_reduce(const Tensor&, dist::ReduceOp) override {}
-  void all_gather(const Tensor&, const Tensor&) override {}
-  void gather(const Tensor&, const Tensor&, int) override {}
-  void broadcast(const Tensor&, int) override {}
-  void send(const Tensor&, int) override {}
-  void recv(const Tensor&, int) override {}
-  void barrier() override {}
-
- private:
-  dist::GroupInfo info_;
-};
+using dist::MetaCommunicator;  // the groups a sharded model expects, every call a no-op
 
 std::string gib(size_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / kGiB); }
 std::string gib1(size_t b) { return fmt::format("{:.1f} GiB", static_cast<double>(b) / kGiB); }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "distributed/custom_all_reduce_communicator.h"
+#include "distributed/meta_communicator.h"
 #include "distributed/node_locality.h"
 #include "distributed/process_groups.h"
 
@@ -95,23 +96,6 @@ TEST(CustomAllReduceOff, NcclP2pDisableTurnsItOff) {
 
 // The decorator takes its decision from the config before any exchange with the peers (a build
 // with the custom all-reduce; a CPU build has nothing to accelerate).
-class NamedGroup : public Communicator {
- public:
-  explicit NamedGroup(GroupInfo g) : g_(std::move(g)) {}
-  const GroupInfo& group() const override { return g_; }
-  std::string backend() const override { return "fake"; }
-  bool stream_ordered() const override { return true; }
-  void all_reduce(const Tensor&, ReduceOp) override {}
-  void all_gather(const Tensor&, const Tensor&) override {}
-  void gather(const Tensor&, const Tensor&, int) override {}
-  void broadcast(const Tensor&, int) override {}
-  void send(const Tensor&, int) override {}
-  void recv(const Tensor&, int) override {}
-  void barrier() override {}
-
- private:
-  GroupInfo g_;
-};
 
 TEST(CustomAllReduceOff, AGroupAcrossNodesKeepsItsCommunicatorWithoutAnExchange) {
   if (!custom_all_reduce_built()) GTEST_SKIP() << "this build has no custom all-reduce (CPU build)";
@@ -123,7 +107,7 @@ TEST(CustomAllReduceOff, AGroupAcrossNodesKeepsItsCommunicatorWithoutAnExchange)
     exchanged = true;
     return std::vector<std::vector<uint8_t>>{mine, mine};
   };
-  auto inner = std::make_unique<NamedGroup>(ParallelLayout{2, 1}.tp_group(0));
+  auto inner = std::make_unique<MetaCommunicator>(ParallelLayout{2, 1}.tp_group(0));
   Communicator* raw = inner.get();
   auto out = with_custom_all_reduce(std::move(inner), c);
   EXPECT_EQ(out.get(), raw);
@@ -131,7 +115,7 @@ TEST(CustomAllReduceOff, AGroupAcrossNodesKeepsItsCommunicatorWithoutAnExchange)
 
   c.ranks_per_node = 2;
   c.nccl_p2p_disable = "1";
-  auto inner2 = std::make_unique<NamedGroup>(ParallelLayout{2, 1}.tp_group(1));
+  auto inner2 = std::make_unique<MetaCommunicator>(ParallelLayout{2, 1}.tp_group(1));
   raw = inner2.get();
   EXPECT_EQ(with_custom_all_reduce(std::move(inner2), c).get(), raw);
   EXPECT_FALSE(exchanged);
