@@ -111,6 +111,8 @@ StateSlotManager::StateSlotManager(int group, CacheGroupSpec spec, int num_slots
     : CacheGroupManager(group, spec),
       slots_per_seq_(std::max(1, slots_per_seq)),
       prefix_caching_(prefix_caching),
+      rolling_interval_(std::max(1, (spec.checkpoint_interval + spec.block_size - 1) / spec.block_size) *
+                        spec.block_size),
       slots_(num_slots) {
   TESSERA_CHECK(spec.kind == CacheGroupKind::kStateSlot && num_slots > 0, "a state cache group needs slots (got {})",
                 num_slots);
@@ -186,8 +188,8 @@ void StateSlotManager::commit(Request& r, int) {
   // Past the prompt's last checkpoint (its output, or its end when that is a block boundary): the
   // rolling checkpoint follows the sequence's last full block, where a continuation of it hits.
   const int boundary = computed / bs * bs;
-  const int interval = std::max(1, (spec().checkpoint_interval + bs - 1) / bs) * bs;
-  if (boundary <= prompt_boundary || boundary < std::max(prompt_boundary, t.rolling_checkpoint_end) + interval) return;
+  if (boundary <= prompt_boundary || boundary < std::max(prompt_boundary, t.rolling_checkpoint_end) + rolling_interval_)
+    return;
   const int32_t src = boundary == computed ? t.state_slot : boundary == t.boundary_state_pos ? boundary_slot : -1;
   if (src >= 0) save_rolling_checkpoint(t, boundary, r.block_hashes[static_cast<size_t>(boundary / bs - 1)], src);
 }

@@ -147,6 +147,7 @@ class StateSlotManager : public CacheGroupManager {
 
   int slots_per_seq_;
   bool prefix_caching_;
+  int rolling_interval_;  // the spec's checkpoint_interval rounded up to whole blocks
   StateSlotPool slots_;
   std::vector<int32_t> copies_;
 };

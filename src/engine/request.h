@@ -61,7 +61,7 @@ struct CacheGroupTable {
   // The state group with prefix caching, once the sequence is past its prompt's last checkpoint: the
   // block boundary of its latest rolling checkpoint (the state after its last full block of prompt and
   // output, which a continuation of it, the next turn of a conversation, restores) and that block's
-  // hash, which keys it; 0 = none yet. Each boundary it reaches moves that checkpoint there.
+  // hash, which keys it; 0 = none yet. It moves at most every checkpoint_interval tokens (CacheGroupSpec).
   int rolling_checkpoint_end = 0;
   uint64_t rolling_checkpoint_hash = 0;
   // Speculative decoding: accepted drafts passed block boundary `boundary_state_pos` without ending

@@ -172,16 +172,8 @@ const char* StagedReader::take_read_ahead(const std::string& path, uint64_t offs
   if (!ahead_.active()) return nullptr;
   const uint64_t pos = round_down(offset, kAlign);
   const bool covers = ahead_.path == path && pos >= ahead_.pos && round_up(end, kAlign) <= ahead_.pos + ahead_.want;
-  size_t got = 0;
-  try {
-    const auto [n, seconds] = ahead_.done.get();
-    got = n;
-    stats_.read_seconds += seconds;
-    stats_.device_bytes += n;
-  } catch (...) {
-    return nullptr;  // the caller's own read reports the error
-  }
-  if (!covers || ahead_.pos + got < end) return nullptr;
+  const std::optional<size_t> got = finish_read_ahead();  // failed: the caller's own read reports the error
+  if (!got || !covers || ahead_.pos + *got < end) return nullptr;
   cur_ = ahead_.buf;
   ++stats_.read_ahead_hits;
   return bufs_[cur_] + (offset - ahead_.pos);
@@ -212,14 +204,15 @@ void StagedReader::start_read_ahead(const File& f, const std::string& path, uint
   });
 }
 
-void StagedReader::finish_read_ahead() {
-  if (!ahead_.active()) return;
+std::optional<size_t> StagedReader::finish_read_ahead() {
+  if (!ahead_.active()) return std::nullopt;
   try {
     const auto [n, seconds] = ahead_.done.get();
     stats_.read_seconds += seconds;
     stats_.device_bytes += n;
+    return n;
   } catch (...) {
-    // Nobody asked for those bytes.
+    return std::nullopt;
   }
 }
 

@@ -18,6 +18,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -90,8 +91,10 @@ class StagedReader {
   // the current one), else nullptr; either way no read ahead is in flight afterwards.
   const char* take_read_ahead(const std::string& path, uint64_t offset, uint64_t end);
   void start_read_ahead(const File& f, const std::string& path, uint64_t pos);
-  void finish_read_ahead();  // waits for a read ahead in flight and drops it
-  char* buffer(int i);       // allocated on first use
+  // Waits for a read ahead in flight, counts it in the stats and drops it: the bytes it read, or
+  // nullopt when none was in flight or it failed.
+  std::optional<size_t> finish_read_ahead();
+  char* buffer(int i);  // allocated on first use
   size_t chunk_ = 0;
   Mode mode_;
   char* bufs_[2] = {nullptr, nullptr};
