@@ -10,6 +10,8 @@
 #   scripts/bundle.sh --out /tmp/b
 #   scripts/bundle.sh --build-dir build-cuda --tests-only   # op test + kernel benchmarks, no tessera
 #   scripts/bundle.sh --build-dir build-cuda --with-tests --out /tmp/bundle --tar bundle/bundle.tar.xz
+#   scripts/bundle.sh --with-net-tools     # also net/ip and net/tc (iproute2) with their libraries, for a GPU
+#       # machine without iproute2 (scripts/device_netns_nodes.sh puts net/ on PATH when ip is missing)
 #       # an xz archive too (~18 MB instead of ~85 MB: to copy to a GPU machine);
 #       # on the GPU machine: tar -xJf bundle/bundle.tar.xz -C /tmp && BUNDLE=/tmp/bundle scripts/device_check.sh
 #
@@ -33,6 +35,7 @@ OUT=bundle
 WITH_TESTS=0
 WITH_TESSERA=1
 TAR=""
+NET_TOOLS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift 2 ;;
@@ -40,7 +43,8 @@ while [ $# -gt 0 ]; do
     --with-tests) WITH_TESTS=1; shift ;;
     --tests-only) WITH_TESTS=1; WITH_TESSERA=0; shift ;;
     --tar) TAR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --with-net-tools) NET_TOOLS=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "bundle.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -108,6 +112,25 @@ for bin in "${BINS[@]}"; do
   chmod u+w "$dst"
   patchelf --set-rpath "\$ORIGIN/lib:/usr/local/cuda/targets/$CUDA_TARGET/lib:/usr/local/cuda/lib64" "$dst"
 done
+
+# iproute2's ip and tc for the two-namespace scripts, each with the libraries it loads that the C
+# library does not provide (libmnl, libbpf, libelf, libcap, ...), in net/ with rpath $ORIGIN/lib.
+if [ "$NET_TOOLS" = 1 ]; then
+  mkdir -p "$OUT/net/lib"
+  for tool in ip tc; do
+    path=$(command -v "$tool" || true)
+    [ -n "$path" ] || path=$(ls /sbin/$tool /usr/sbin/$tool 2>/dev/null | head -1)
+    [ -n "$path" ] || { echo "bundle.sh: --with-net-tools: no $tool here (apt-get install iproute2)" >&2; exit 1; }
+    while read -r name arrow lib rest; do
+      [ "$arrow" = "=>" ] && [ "$lib" != "not" ] || continue
+      is_skipped "$name" && continue
+      [ -e "$OUT/net/lib/$name" ] || { cp -L "$lib" "$OUT/net/lib/$name"; chmod u+w "$OUT/net/lib/$name"; }
+    done < <(ldd "$path")
+    cp -L "$path" "$OUT/net/$tool"
+    chmod u+w "$OUT/net/$tool"
+    patchelf --set-rpath '$ORIGIN/lib' "$OUT/net/$tool"
+  done
+fi
 
 git rev-parse --short HEAD > "$OUT/COMMIT" 2>/dev/null || true
 echo "[bundle] $OUT: $(ls "$OUT" | grep -v '^lib$' | tr '\n' ' ')+ $(ls "$OUT/lib" | wc -l) libraries, $(du -sh "$OUT" | cut -f1)"

@@ -17,7 +17,7 @@
 # ends by it, so the logs come back within one call. ROUNDS (default 1): decode rounds. The
 # flagship runs whole where it fits (about 139 GB: H200) and cut to LAYERS (default 24) of its 48
 # layers elsewhere; FLAGSHIP_CUT=1 cuts it on any GPU. SERVE_RUNS (default sm120): which of
-# "sm120 hopper prev" serve the seeds' protocol; DECODE_RUNS (default "prev hopper sm120") decode;
+# "sm120 hopper prev ptx" serve the seeds' protocol (ptx: ptx/tessera under the profile); DECODE_RUNS (default "prev hopper sm120") decode;
 # BATCHES (e.g. "8 32"): decode batch sizes besides 1 (output tok/s).
 set -u
 DEADLINE=${DEADLINE:-540}
@@ -175,6 +175,10 @@ if part serve; then
       sm120) serve sm120 $SM120 ;;
       hopper) serve hopper "" ;;
       prev) [ -x "$PREV" ] && serve prev "" "$PREV" ;;
+      # The PTX-only build under the profile: the driver compiles tessera's PTX at first use (into
+      # the same cache as the ptx part's, so after it the server starts from the cache).
+      ptx) [ -x "$B/ptx/tessera" ] && CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/tessera_jit_cache} \
+        CUDA_CACHE_MAXSIZE=4294967296 serve ptx_sm120 $SM120 "$B/ptx/tessera" ;;
     esac
   done
 fi

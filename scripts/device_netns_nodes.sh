@@ -14,7 +14,8 @@
 #     ends, one run per value (0 = unshaped): the demo model's TP 2 decode tok/s for 64 tokens.
 #
 # Needs root, ip, tc, one GPU and the bundle (scripts/bundle.sh; bundle/bundle.tar.xz is unpacked
-# to /tmp/bundle as scripts/device_two_nodes.sh does):
+# to /tmp/bundle as scripts/device_two_nodes.sh does; `--with-net-tools` adds ip and tc for a
+# machine without iproute2):
 #   carry: ["bundle"]    command: bash scripts/device_netns_nodes.sh
 # Settings (environment): DEADLINE=540 (seconds since the start; a case that would start later is
 # skipped), LINK="0 50 10" (Gbit/s per link run), KV=512M (each node's --kv-cache-memory-bytes).
@@ -35,12 +36,14 @@ SUMMARY="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 if [ "$(id -u)" -ne 0 ]; then say "SKIP: needs root for ip netns"; exit 77; fi
-for tool in ip tc nvidia-smi python3; do
-  command -v "$tool" >/dev/null || { say "SKIP: no $tool"; exit 77; }
-done
 if [ ! -d /tmp/bundle ]; then
   tar -xJf bundle/bundle.tar.xz -C /tmp || { say "FAIL setup: cannot unpack bundle/bundle.tar.xz"; exit 1; }
 fi
+# A GPU machine without iproute2: the bundle's own ip and tc (scripts/bundle.sh --with-net-tools).
+command -v ip >/dev/null || [ ! -x /tmp/bundle/net/ip ] || export PATH="/tmp/bundle/net:$PATH"
+for tool in ip tc nvidia-smi python3; do
+  command -v "$tool" >/dev/null || { say "SKIP: no $tool"; exit 77; }
+done
 BIN=/tmp/bundle/tessera
 [ -x "$BIN" ] || { say "FAIL setup: no $BIN"; exit 1; }
 

@@ -1,6 +1,5 @@
 #include "distributed/nccl_communicator.h"
 
-#include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "backend/cuda/cuda_stream.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "distributed/socket.h"
@@ -29,10 +29,6 @@ using std::chrono::milliseconds;
 constexpr std::chrono::microseconds kWatchInterval{1000};
 // After an abort, how long the stream may take to drain before the watchdog ends the process.
 constexpr std::chrono::seconds kDrainGrace{10};
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail(ErrorKind::kInternal, "{}: {}", what, cudaGetErrorString(e));
-}
 
 std::optional<ncclDataType_t> nccl_type(DType t) {
   switch (t) {
@@ -57,7 +53,7 @@ std::optional<ncclDataType_t> nccl_type(DType t) {
 struct Pending {
   uint64_t seq = 0;
   std::string op;  // short names fit the small-string buffer: no allocation per call
-  cudaEvent_t event = nullptr;
+  cuda::EventHandle event = nullptr;
   Clock::time_point enqueued;
 };
 
@@ -71,7 +67,7 @@ struct CommState {
   GroupInfo group;
   NcclOptions options;
   std::deque<Pending> pending;     // oldest first
-  std::vector<cudaEvent_t> spare;  // recorded-and-completed events to reuse
+  std::vector<cuda::EventHandle> spare;  // recorded-and-completed events to reuse
   uint64_t next_seq = 1, done_seq = 0;
   Clock::time_point last_done{};  // when the watchdog saw the latest call complete
   std::optional<std::string> broken;
@@ -183,8 +179,7 @@ class Watchdog {
   void loop() {
     // Never prohibited from event queries while another thread captures a graph (a thread
     // in the default global mode would be, and its query would invalidate that capture).
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
+    cuda::relax_capture_mode_for_this_thread();
     int current_device = -1;
     bool busy = false;
     for (;;) {
@@ -214,7 +209,7 @@ class Watchdog {
           continue;
         }
         if (s->closed) continue;
-        if (s->options.device_index != current_device && cudaSetDevice(s->options.device_index) == cudaSuccess)
+        if (s->options.device_index != current_device && cuda::try_set_device(s->options.device_index))
           current_device = s->options.device_index;
         std::optional<std::string> what;
         std::string op;
@@ -223,8 +218,8 @@ class Watchdog {
         bool advanced = false;
         while (!s->pending.empty()) {
           Pending& p = s->pending.front();
-          cudaError_t q = cudaEventQuery(p.event);
-          if (q == cudaSuccess) {
+          cuda::EventQuery q = cuda::query_event(p.event);
+          if (q.state == cuda::EventState::kDone) {
             s->done_seq = p.seq;
             s->last_done = now;
             stream_progress_[s->options.stream] = now;
@@ -241,8 +236,8 @@ class Watchdog {
           // A call starts once the work queued before it is done: counted from the latest
           // completion seen on its stream (any communicator's call), at least its enqueue.
           started = std::max({p.enqueued, s->last_done, stream_progress_[s->options.stream]});
-          if (q != cudaErrorNotReady)
-            what = fmt::format("CUDA reports {}", cudaGetErrorString(q));
+          if (q.state == cuda::EventState::kFailed)
+            what = fmt::format("CUDA reports {}", q.error);
           else if (now - started >= s->options.timeout)
             what = "timed out";
           break;
@@ -297,18 +292,18 @@ class NcclCommunicator : public Communicator {
     st_->options = options;
     try {
       if (ordered_) {
-        stream_ = static_cast<cudaStream_t>(options.stream);
+        stream_ = static_cast<cuda::StreamHandle>(options.stream);
       } else {
-        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        stream_ = cuda::create_stream();
         own_stream_ = true;
       }
-      check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-      check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
+      done_ = cuda::create_event();
+      barrier_buffer_ = cuda::device_alloc(sizeof(float));
     } catch (...) {
       ncclCommAbort(comm);
-      if (barrier_buffer_) cudaFree(barrier_buffer_);
-      if (done_) cudaEventDestroy(done_);
-      if (own_stream_) cudaStreamDestroy(stream_);
+      cuda::device_free(barrier_buffer_);
+      cuda::destroy_event(done_);
+      if (own_stream_) cuda::destroy_stream(stream_);
       throw;
     }
     if (ordered_) {
@@ -320,7 +315,7 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     if (watchdog_) watchdog_->remove(st_.get());
     ncclComm_t comm = nullptr;
-    std::vector<cudaEvent_t> events;
+    std::vector<cuda::EventHandle> events;
     {
       std::lock_guard<std::mutex> lk(st_->mu);
       st_->closed = true;
@@ -347,10 +342,10 @@ class NcclCommunicator : public Communicator {
       else
         ncclCommAbort(comm);
     }
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-    cudaFree(barrier_buffer_);
-    cudaEventDestroy(done_);
-    if (own_stream_) cudaStreamDestroy(stream_);
+    for (cuda::EventHandle e : events) cuda::destroy_event(e);
+    cuda::device_free(barrier_buffer_);
+    cuda::destroy_event(done_);
+    if (own_stream_) cuda::destroy_stream(stream_);
   }
 
   const GroupInfo& group() const override { return st_->group; }
@@ -399,7 +394,7 @@ class NcclCommunicator : public Communicator {
         for (int p = 0; p < size(); ++p) {
           char* dst = static_cast<char*>(output.raw()) + static_cast<size_t>(p) * input.nbytes();
           if (p == root) {
-            if (cudaMemcpyAsync(dst, input.raw(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_) != cudaSuccess)
+            if (!cuda::copy_device_async(dst, input.raw(), input.nbytes(), stream_))
               first = ncclUnhandledCudaError;
           } else {
             keep(ncclRecv(dst, input.nbytes(), ncclUint8, p, c, stream_));
@@ -498,21 +493,21 @@ class NcclCommunicator : public Communicator {
         std::this_thread::yield();
     }
     if (what.empty() && ordered_) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
-        return 0;  // captured into a graph, not run now: nothing to watch
-      cudaEvent_t event = nullptr;
+      if (cuda::stream_is_capturing(stream_)) return 0;  // captured into a graph, not run now: nothing to watch
+      cuda::EventHandle event = nullptr;
       if (!st_->spare.empty()) {
         event = st_->spare.back();
         st_->spare.pop_back();
-      } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
-        what = fmt::format("cudaEventCreate: {}", cudaGetErrorString(e));
+      } else {
+        try {
+          event = cuda::create_event();
+        } catch (const Error& e) {
+          what = e.what();
+        }
       }
       if (what.empty()) {
-        if (cudaError_t e = cudaEventRecord(event, stream_); e != cudaSuccess) {
-          st_->spare.push_back(event);
-          what = fmt::format("cudaEventRecord: {}", cudaGetErrorString(e));
-        }
+        what = cuda::record_event(event, stream_);
+        if (!what.empty()) st_->spare.push_back(event);
       }
       if (what.empty()) {
         const uint64_t seq = st_->next_seq++;
@@ -522,12 +517,12 @@ class NcclCommunicator : public Communicator {
         return seq;
       }
     } else if (what.empty()) {
-      check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+      if (std::string r = cuda::record_event(done_, stream_); !r.empty()) fail(ErrorKind::kInternal, "{}", r);
       for (;;) {
-        cudaError_t q = cudaEventQuery(done_);
-        if (q == cudaSuccess) return st_->next_seq++;
-        if (q != cudaErrorNotReady) {
-          what = cudaGetErrorString(q);
+        cuda::EventQuery q = cuda::query_event(done_);
+        if (q.state == cuda::EventState::kDone) return st_->next_seq++;
+        if (q.state == cuda::EventState::kFailed) {
+          what = q.error;
           break;
         }
         ncclResult_t state = ncclSuccess;
@@ -560,9 +555,9 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<CommState> st_;
   const bool ordered_;
   std::shared_ptr<Watchdog> watchdog_;
-  cudaStream_t stream_ = nullptr;
+  cuda::StreamHandle stream_ = nullptr;
   bool own_stream_ = false;
-  cudaEvent_t done_ = nullptr;
+  cuda::EventHandle done_ = nullptr;
   void* barrier_buffer_ = nullptr;
 };
 
@@ -575,7 +570,7 @@ NcclCommunicatorFactory::NcclCommunicatorFactory(NcclOptions options) : options_
 }
 
 std::unique_ptr<Communicator> NcclCommunicatorFactory::create(const GroupInfo& group) {
-  check_cuda(cudaSetDevice(options_.device_index), "cudaSetDevice");
+  cuda::set_device(options_.device_index);
   std::string key = "nccl/" + group.name + "/unique_id";
   ncclUniqueId id;
   if (group.rank == 0) {
