@@ -12,6 +12,9 @@
 #     lists printed when they differ). One summary line per case.
 #  2. LINK: the veth shaped with `tc qdisc add dev ens1 root netem delay 50us rate NNgbit` on both
 #     ends, one run per value (0 = unshaped): the demo model's TP 2 decode tok/s for 64 tokens.
+#  3. The flagship (dummy FP8, cut to FLAG_LAYERS=24 layers on a GPU under 240 GB) served at TP 2 and
+#     PP 2 across the nodes with MTP k=2: the seed-003 protocol, then node 1's rank killed mid-run
+#     (a named error and /health 503 within 30 s).
 #
 # Needs root, ip, tc, one GPU and the bundle (scripts/bundle.sh; bundle/bundle.tar.xz is unpacked
 # to /tmp/bundle as scripts/device_two_nodes.sh does; `--with-net-tools` adds ip and tc for a
@@ -223,6 +226,114 @@ for gbit in $LINK; do
   fi
 done
 shape 0
+
+# 3. The seeds' flagship (dummy FP8 weights; cut to FLAG_LAYERS layers on a GPU under 120 GB, where two
+# ranks of the whole model do not fit) served across the two nodes with MTP k=2: the seed-003 protocol
+# from node 0's namespace, then node 1's rank process killed mid-run: the head must name it and answer
+# /health 503 within 30 s. FLAGSHIP="tp2 pp2" (the layouts; empty skips), FLAG_KV (each node's cache).
+FLAG=configs/qwen3.5-122b-a10b-fp8
+total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if [ "${total_mib:-0}" -lt 240000 ]; then
+  FLAG=$TMP/flagship_cut
+  mkdir -p "$FLAG"
+  python3 - configs/qwen3.5-122b-a10b-fp8 "$FLAG" "${FLAG_LAYERS:-24}" <<'PY'
+import json, shutil, sys, os
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for f in os.listdir(src):
+    if f != "config.json": shutil.copy(os.path.join(src, f), dst)
+c = json.load(open(os.path.join(src, "config.json")))
+t = c.get("text_config", c)
+t["num_hidden_layers"] = n
+if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(os.path.join(dst, "config.json"), "w"), indent=1)
+PY
+fi
+TOK=$ROOT/.npm-pkgs/tokenizer-qwen3/package/models
+health_a() { ip netns exec "$A" curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/health"; }
+# The rank process a node's tessera started (its child running `--worker-*`), by /proc.
+rank_child() {
+  python3 - "$1" <<'PY'
+import os, sys
+kids = {}
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try: kids.setdefault(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(p))
+        except OSError: pass
+todo, seen = [int(sys.argv[1])], []
+while todo:
+    q = todo.pop(); seen.append(q); todo += kids.get(q, [])
+for q in seen[1:]:
+    try:
+        if b"--worker" in open(f"/proc/{q}/cmdline", "rb").read(): print(q); break
+    except OSError: pass
+PY
+}
+for layout in ${FLAGSHIP-tp2 pp2}; do
+  name="flagship_$layout"
+  if [ "$SECONDS" -ge "$DEADLINE" ]; then
+    say "SKIP $name: the deadline (DEADLINE=$DEADLINE s) has passed"; skipped=$((skipped + 1)); continue
+  fi
+  par=(--tensor-parallel-size 2); [ "$layout" = pp2 ] && par=(--pipeline-parallel-size 2)
+  PORT=$((PORT + 10)); http=$((8100 + PORT % 100))
+  common=(serve "$FLAG" --load-format dummy --device cuda --tokenizer "$TOK" --max-model-len 4096 --max-num-seqs 64
+          --speculative-config "$MTP" "${par[@]}" --nnodes 2 --master-addr 10.77.0.1 --master-port "$PORT"
+          --cluster-token "$TOKEN" --join-timeout 120 --kv-cache-memory-bytes "${FLAG_KV:-2G}" --host 127.0.0.1
+          --port "$http")
+  t0=$SECONDS
+  ip netns exec "$A" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node0.%p.log" \
+    "$BIN" "${common[@]}" --node-rank 0 >"$LOGS/$name.head.log" 2>&1 &
+  h=$!
+  ip netns exec "$B" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node1.%p.log" \
+    "$BIN" "${common[@]}" --node-rank 1 >"$LOGS/$name.node1.log" 2>&1 &
+  n=$!
+  up=0
+  for _ in $(seq 1 "$(limit 240)"); do
+    [ "$(health_a $http)" = 200 ] && { up=1; break; }
+    kill -0 $h 2>/dev/null || break
+    sleep 1
+  done
+  if [ $up != 1 ]; then
+    say "FAIL $name: the head did not serve within $((SECONDS - t0)) s: $(grep -h '^error' "$LOGS/$name.head.log" \
+      "$LOGS/$name.node1.log" | head -2 | cut -c1-300 | tr '\n' ' ')"
+    fail=$((fail + 1)); kill -9 $h $n 2>/dev/null; wait $h $n 2>/dev/null; continue
+  fi
+  started=$((SECONDS - t0))
+  ip netns exec "$A" timeout "$(limit 200)" "$BIN" bench --base-url "http://127.0.0.1:$http" --concurrency 1,5,10,20 \
+    --requests-per-level 40 --max-tokens 64 --prompt "Explain parallel computing in one sentence." \
+    --json "$LOGS/$name.bench.json" >"$LOGS/$name.bench.txt" 2>&1
+  rates=$(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print(", ".join(f"c{l[\"max_concurrency\"]} {l[\"completion_token_throughput\"]:.1f}" + (f" FAILED {l[\"failed\"]}" if l["failed"] else "") for l in d["levels"]))' "$LOGS/$name.bench.json" 2>/dev/null)
+  # Node 1's rank killed while requests run.
+  ip netns exec "$A" timeout 60 "$BIN" bench --base-url "http://127.0.0.1:$http" --concurrency 4 \
+    --requests-per-level 40 --max-tokens 256 --prompt "Explain parallel computing in one sentence." \
+    >"$LOGS/$name.killbench.txt" 2>&1 &
+  kb=$!
+  sleep 3
+  victim=$(rank_child $n)
+  k0=$SECONDS; saw503=""; head_rc=""
+  if [ -n "$victim" ]; then
+    kill -9 "$victim"
+    for _ in $(seq 1 400); do  # 40 s
+      [ -z "$saw503" ] && [ "$(health_a $http)" = 503 ] && saw503=$((SECONDS - k0))
+      if ! kill -0 $h 2>/dev/null; then wait $h; head_rc=$?; break; fi
+      sleep 0.1
+    done
+  fi
+  kill $kb 2>/dev/null; wait $kb 2>/dev/null
+  kill -9 $h $n 2>/dev/null; wait $h $n 2>/dev/null
+  named=$(grep -h "^error" "$LOGS/$name.head.log" | head -1 | cut -c1-240)
+  if [ -n "$rates" ] && [ -n "$victim" ] && [ -n "$saw503" ] && [ "$saw503" -le 30 ] && [ -n "$named" ]; then
+    say "PASS $name: served after ${started} s; seed-003 protocol, MTP k=2, completion tok/s $rates" \
+      "[$(path_notes "$name")]; node 1's rank (pid $victim) killed: /health 503 after ${saw503} s, head exit" \
+      "${head_rc:-still running}: $named"
+    pass=$((pass + 1))
+  else
+    say "FAIL $name: served after ${started} s, rates '${rates}', victim '${victim}', 503 after '${saw503}' s," \
+      "head exit '${head_rc}', error '${named}'"
+    fail=$((fail + 1))
+  fi
+done
 
 say "== $pass passed, $fail failed, $skipped skipped in $SECONDS s; logs: $OUT/netns_nodes_logs.tar.gz"
 [ "$fail" = 0 ]
