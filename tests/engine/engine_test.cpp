@@ -1105,7 +1105,9 @@ TEST(Engine, AWindowModelFitsMoreSequencesInTheSameMemory) {
     LoadOptions lo;
     lo.model_dir = testing::fixtures_dir() + "/" + fixture;
     EngineConfig ec;
-    ec.kv_cache_memory_bytes = 24 * 12288;  // 24 blocks of 16 tokens of the three layers, K and V f32
+    // 24 blocks of 16 tokens of the three layers, K and V: f32 on the CPU, bf16 on CUDA (the "auto"
+    // cache dtype of each backend).
+    ec.kv_cache_memory_bytes = 24 * (testing::testing_on_cuda() ? 6144 : 12288);
     ec.hybrid_kv_cache_manager = hybrid;
     ec.scheduler.max_num_seqs = 8;
     ec.scheduler.max_num_batched_tokens = 256;
