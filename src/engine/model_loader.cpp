@@ -80,6 +80,7 @@ std::unique_ptr<Model> load_model(const LoadOptions& o, Backend& backend) {
     fail(ErrorKind::kInvalidArgument, "--load-format {} is not supported (auto, safetensors, dummy)", o.load_format);
   }
   bar.finish();
+  w.log_summary(backend);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   TLOG_INFO("Loading weights took {:.2f} seconds; model weights take {:.2f} GiB", secs,
             w.param_bytes(backend.compute_dtype()) / 1073741824.0);

@@ -934,7 +934,6 @@ void WeightStore::load(const Checkpoint& ckpt, Backend& backend, const Progress&
   ckpt.reader().close_files();  // drops what an earlier reader left of O_DIRECT files' pages
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
-  log_summary(backend);
 }
 
 std::vector<WeightStore::SourceTensor> WeightStore::checkpoint_layout() const {
@@ -1001,7 +1000,6 @@ void WeightStore::load_dummy(Backend& backend, uint64_t seed, const Progress& pr
   backend.synchronize();
   for (auto& e : entries_)
     if (!e.tied_to.empty()) e.tensor = find(e.tied_to).tensor;
-  log_summary(backend);
 }
 
 }  // namespace tessera

@@ -154,6 +154,9 @@ class WeightStore {
   size_t count() const { return entries_.size(); }
   // FP8 parameters the last load() re-blocked (see set_quantization).
   size_t reblocked() const { return reblocked_; }
+  // Logs the FP8 bytes, their scales and the rest, and how many parameters were re-blocked (nothing for
+  // a model without FP8 weights). The model loader's, once per load; the planner's loads stay quiet.
+  void log_summary(const Backend& backend) const;
   // The checkpoint tensors load() reads (every rank's: full shapes), each once, in declaration
   // order; experts as per-expert tensors. fp8: stored as e4m3 with a `<name>_scale_inv` tensor of
   // f32 128x128 block scales beside it (the FP8 candidates of a quantised config). What a tool
@@ -202,7 +205,6 @@ class WeightStore {
   std::string fp8_shard_problem(const Entry& e, ErrorKind& kind) const;
   bool may_reblock_with_rounding(const Entry& e) const;
   void load_fp8(Entry& e, const Checkpoint& ckpt, Format f, Backend& backend, Stager& stager);
-  void log_summary(const Backend& backend) const;
   static Entry make_entry(const std::string& name, Shape full, Shape local, ParallelStyle style, DummyInit init);
   Shape local_shape(const Shape& full, ParallelStyle style, const std::string& name) const;
   Entry& find(const std::string& name);
