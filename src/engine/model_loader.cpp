@@ -22,11 +22,11 @@ void log_read_speed(const StagedReader& r, std::chrono::steady_clock::duration t
   const double secs = std::chrono::duration<double>(took).count();
   auto gbps = [](size_t bytes, double t) { return t > 0 ? bytes / t / 1e9 : 0.0; };
   TLOG_INFO(
-      "Read {:.2f} GiB of safetensors at {:.2f} GB/s over the load ({:.2f} GB/s inside the reads), through two {} "
-      "MiB buffers: {} file(s) with O_DIRECT ({} reads served from the buffer read ahead), {} buffered with their "
-      "pages dropped (the page cache does not keep them)",
-      s.bytes / 1073741824.0, gbps(s.bytes, secs), gbps(s.device_bytes, s.read_seconds), r.chunk_bytes() >> 20,
-      s.direct_files, s.read_ahead_hits, s.buffered_files);
+      "Read {:.2f} GiB of safetensors ({:.2f} GiB from the disk) at {:.2f} GB/s over the load ({:.2f} GB/s inside "
+      "the reads), through two {} MiB buffers: {} file(s) with O_DIRECT ({} reads served from the buffer read ahead, "
+      "{} from the current one), {} buffered with their pages dropped (the page cache does not keep them)",
+      s.bytes / 1073741824.0, s.device_bytes / 1073741824.0, gbps(s.bytes, secs), gbps(s.device_bytes, s.read_seconds),
+      r.chunk_bytes() >> 20, s.direct_files, s.read_ahead_hits, s.buffer_hits, s.buffered_files);
 }
 
 }  // namespace

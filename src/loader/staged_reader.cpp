@@ -44,6 +44,7 @@ char* StagedReader::buffer(int i) {
 
 void StagedReader::close_files() {
   finish_read_ahead();  // its descriptor is about to close
+  held_[0] = held_[1] = Held{};
   for (auto& [path, f] : files_) {
     drop_pages(f, 0, f.size);  // and what readahead brought in past the ranges read
     ::close(f.fd);
@@ -115,6 +116,7 @@ void StagedReader::reopen_buffered(File& f, const std::string& path) {
       "from the page cache after it",
       path);
   finish_read_ahead();  // it may be reading this descriptor
+  held_[0] = held_[1] = Held{};
   ::close(f.fd);
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   f.direct = false;
@@ -140,6 +142,7 @@ const char* StagedReader::view(const std::string& path, uint64_t offset, size_t 
   }
   finish_read_ahead();
   char* buf = buffer(cur_);
+  held_[cur_] = Held{};  // a buffered read's bytes are not aligned; nothing is served from them
   const size_t got = pread_full(f, path, buf, bytes, offset);
   if (got < bytes)
     fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, offset + got,
@@ -151,20 +154,30 @@ const char* StagedReader::view(const std::string& path, uint64_t offset, size_t 
 
 const char* StagedReader::view_direct(File& f, const std::string& path, uint64_t offset, uint64_t end) {
   const bool sequential = offset == f.last_end;
-  const char* data = take_read_ahead(path, offset, end);
-  const bool hit = data != nullptr;
-  if (!hit) {
+  const char* data = nullptr;
+  bool hit = false;
+  if (held_[cur_].covers(path, offset, end)) {
+    data = bufs_[cur_] + (offset - held_[cur_].pos);
+    ++stats_.buffer_hits;
+  } else if ((data = take_read_ahead(path, offset, end)) != nullptr) {
+    hit = true;
+  } else {
     const uint64_t pos = round_down(offset, kAlign);
     const size_t want = static_cast<size_t>(round_up(end, kAlign) - pos);
+    held_[cur_] = Held{};
     const size_t got = pread_full(f, path, buffer(cur_), want, pos);
     if (pos + got < end)
       fail(ErrorKind::kCorrupt, "{}: the file ended at {} bytes while reading up to {} (truncated?)", path, pos + got,
            end);
+    held_[cur_] = Held{path, pos, got};
     data = buffer(cur_) + (offset - pos);
   }
   f.last_end = end;
-  // The next buffer of a file walked in order, while the caller works on this one.
-  if (sequential || hit) start_read_ahead(f, path, round_down(end, kAlign));
+  // The next buffer of a file walked in order, while the caller works on this one, once the current
+  // one holds less than an eighth of a buffer past this request (before that, the next requests are
+  // served from it: a read ahead on every small request would read each buffer many times).
+  const Held& h = held_[cur_];
+  if ((sequential || hit) && h.pos + h.len < end + chunk_ / 8) start_read_ahead(f, path, round_down(end, kAlign));
   return data;
 }
 
@@ -175,6 +188,7 @@ const char* StagedReader::take_read_ahead(const std::string& path, uint64_t offs
   const std::optional<size_t> got = finish_read_ahead();  // failed: the caller's own read reports the error
   if (!got || !covers || ahead_.pos + *got < end) return nullptr;
   cur_ = ahead_.buf;
+  held_[cur_] = Held{path, ahead_.pos, *got};
   ++stats_.read_ahead_hits;
   return bufs_[cur_] + (offset - ahead_.pos);
 }
@@ -186,6 +200,7 @@ void StagedReader::start_read_ahead(const File& f, const std::string& path, uint
   ahead_.pos = pos;
   ahead_.want = static_cast<size_t>(std::min<uint64_t>(chunk_, file_end - pos));
   ahead_.buf = cur_ ^ 1;
+  held_[ahead_.buf] = Held{};  // being overwritten
   char* dst = buffer(ahead_.buf);
   const int fd = f.fd;
   const size_t want = ahead_.want;

@@ -7,10 +7,13 @@
 // an earlier reader (a just-downloaded checkpoint) go too.
 //
 // Read-ahead: when a direct read starts where the previous one of the same file ended (a
-// sequential walk through a file, as a whole-model load does), the next buffer of that file is
-// read on a worker thread into a second buffer while the caller converts and uploads the current
-// one; a request that lies inside it is served from it. So the page cache still grows by nothing
-// and the reads overlap the rest of the load; the staging memory is two buffers.
+// sequential walk through a file, as a whole-model load does) and the current buffer holds less
+// than an eighth of a buffer past it, the next buffer of that file (from the end of this request)
+// is read on a worker thread into the second buffer while the caller converts and uploads the
+// current one. A request that lies inside the current buffer or the one read ahead is served from
+// it, so a walk through many small tensors reads each byte about once (at most an eighth more),
+// the page cache still grows by nothing and the reads overlap the rest of the load; the staging
+// memory is two buffers.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +33,7 @@ struct StagedReadStats {
   double read_seconds = 0;     // time inside pread
   size_t direct_files = 0;     // files read with O_DIRECT
   size_t read_ahead_hits = 0;  // direct reads served from the buffer read ahead
+  size_t buffer_hits = 0;      // direct reads served from what the current buffer already held
   size_t buffered_files = 0;   // files read buffered, their pages dropped chunk by chunk
 };
 
@@ -71,6 +75,15 @@ class StagedReader {
     uint64_t size = 0;
     uint64_t last_end = UINT64_MAX;  // where the previous read of this file ended (none yet: UINT64_MAX)
   };
+  // What a buffer holds: `len` bytes of `path` from `pos` (len 0: nothing usable).
+  struct Held {
+    std::string path;
+    uint64_t pos = 0;
+    size_t len = 0;
+    bool covers(const std::string& p, uint64_t begin, uint64_t end) const {
+      return len > 0 && path == p && begin >= pos && end <= pos + len;
+    }
+  };
   // A direct read of [pos, pos + want) into buffer `buf`, running on a worker thread.
   struct ReadAhead {
     std::string path;
@@ -99,6 +112,7 @@ class StagedReader {
   Mode mode_;
   char* bufs_[2] = {nullptr, nullptr};
   int cur_ = 0;  // the buffer the last view() returned
+  Held held_[2];  // what each buffer holds (direct reads only)
   ReadAhead ahead_;
   std::map<std::string, File> files_;
   StagedReadStats stats_;

@@ -202,6 +202,30 @@ TEST(StagedReader, SequentialWalkIsReadAheadAndExact) {
   r.close_files();
 }
 
+// Many small tensors read in order (a checkpoint's norms, scales and experts): each buffer is read
+// about once and the small reads are served from it, not one buffer read (ahead) per tensor.
+TEST(StagedReader, SmallPiecesInOrderReadEachByteAboutOnce) {
+  LargeFileDir dir;
+  const std::string file = (dir.path() / "small.bin").string();
+  std::mt19937 rng(13);
+  const std::vector<char> data = random_file(file, 4 * kMiB + 321, rng);
+  StagedReader r(256 * 1024);
+  std::uniform_int_distribution<size_t> len(1, 6000);
+  size_t b = 40;
+  for (; b < data.size();) {
+    const size_t n = std::min(len(rng), data.size() - b);
+    ASSERT_EQ(0, std::memcmp(r.view(file, b, n), data.data() + b, n)) << "view [" << b << ", " << b + n << ")";
+    b += n;
+  }
+  const StagedReadStats st = r.stats();
+  r.close_files();
+  if (st.direct_files == 0) GTEST_SKIP() << "no O_DIRECT here: the reads were buffered";
+  EXPECT_GT(st.buffer_hits, 1000u) << "small reads were not served from the buffer";
+  EXPECT_GT(st.read_ahead_hits, 10u);
+  EXPECT_LE(st.device_bytes, data.size() * 9 / 8 + r.chunk_bytes())
+      << "the walk read " << st.device_bytes << " bytes for a file of " << data.size();
+}
+
 TEST(StagedReader, LargeLoadLeavesNoPagesResident) {
   LargeFileDir dir;
   if (dir.tmpfs()) GTEST_SKIP() << dir.path() << " is a tmpfs; set TESSERA_LOAD_TEST_DIR to a disk-backed folder";
