@@ -173,11 +173,16 @@ const char* StagedReader::view_direct(File& f, const std::string& path, uint64_t
     data = buffer(cur_) + (offset - pos);
   }
   f.last_end = end;
-  // The next buffer of a file walked in order, while the caller works on this one, once the current
-  // one holds less than an eighth of a buffer past this request (before that, the next requests are
-  // served from it: a read ahead on every small request would read each buffer many times).
-  const Held& h = held_[cur_];
-  if ((sequential || hit) && h.pos + h.len < end + chunk_ / 8) start_read_ahead(f, path, round_down(end, kAlign));
+  // The next buffer of a file walked in order, read while the caller works through this one (one
+  // read ahead at a time: the next requests are served from the current buffer meanwhile). It starts
+  // an eighth of a buffer before the end of what this one holds, so that a request starting in that
+  // last eighth and running past the end is served from it too, and never before this request's end.
+  if ((sequential || hit) && !ahead_.active()) {
+    const Held& h = held_[cur_];
+    uint64_t next = round_down(end, kAlign);
+    if (h.pos + h.len > next + chunk_ / 8) next = round_down(h.pos + h.len - chunk_ / 8, kAlign);
+    start_read_ahead(f, path, next);
+  }
   return data;
 }
 

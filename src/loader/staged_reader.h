@@ -7,13 +7,13 @@
 // an earlier reader (a just-downloaded checkpoint) go too.
 //
 // Read-ahead: when a direct read starts where the previous one of the same file ended (a
-// sequential walk through a file, as a whole-model load does) and the current buffer holds less
-// than an eighth of a buffer past it, the next buffer of that file (from the end of this request)
-// is read on a worker thread into the second buffer while the caller converts and uploads the
-// current one. A request that lies inside the current buffer or the one read ahead is served from
-// it, so a walk through many small tensors reads each byte about once (at most an eighth more),
-// the page cache still grows by nothing and the reads overlap the rest of the load; the staging
-// memory is two buffers.
+// sequential walk through a file, as a whole-model load does), the next buffer of that file is read
+// on a worker thread into the second buffer while the caller converts and uploads what the current
+// one holds; it starts an eighth of a buffer before the current one's end (not before the request's
+// end), so a request running past that end is served from it. A request that lies inside the
+// current buffer or the one read ahead is served from it, so a walk through many small tensors reads
+// each byte about once (at most an eighth more), the page cache still grows by nothing and the reads
+// overlap the rest of the load; the staging memory is two buffers.
 #pragma once
 #include <cstddef>
 #include <cstdint>
