@@ -66,7 +66,7 @@ struct CommState {
   bool closed = false;              // the communicator is being destroyed
   GroupInfo group;
   NcclOptions options;
-  std::deque<Pending> pending;     // oldest first
+  std::deque<Pending> pending;           // oldest first
   std::vector<cuda::EventHandle> spare;  // recorded-and-completed events to reuse
   uint64_t next_seq = 1, done_seq = 0;
   Clock::time_point last_done{};  // when the watchdog saw the latest call complete
@@ -394,8 +394,7 @@ class NcclCommunicator : public Communicator {
         for (int p = 0; p < size(); ++p) {
           char* dst = static_cast<char*>(output.raw()) + static_cast<size_t>(p) * input.nbytes();
           if (p == root) {
-            if (!cuda::copy_device_async(dst, input.raw(), input.nbytes(), stream_))
-              first = ncclUnhandledCudaError;
+            if (!cuda::copy_device_async(dst, input.raw(), input.nbytes(), stream_)) first = ncclUnhandledCudaError;
           } else {
             keep(ncclRecv(dst, input.nbytes(), ncclUint8, p, c, stream_));
           }

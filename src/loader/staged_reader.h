@@ -111,7 +111,7 @@ class StagedReader {
   size_t chunk_ = 0;
   Mode mode_;
   char* bufs_[2] = {nullptr, nullptr};
-  int cur_ = 0;  // the buffer the last view() returned
+  int cur_ = 0;   // the buffer the last view() returned
   Held held_[2];  // what each buffer holds (direct reads only)
   ReadAhead ahead_;
   std::map<std::string, File> files_;
