@@ -236,17 +236,7 @@ total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | 
 if [ "${total_mib:-0}" -lt 240000 ]; then
   FLAG=$TMP/flagship_cut
   mkdir -p "$FLAG"
-  python3 - configs/qwen3.5-122b-a10b-fp8 "$FLAG" "${FLAG_LAYERS:-24}" <<'PY'
-import json, shutil, sys, os
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-for f in os.listdir(src):
-    if f != "config.json": shutil.copy(os.path.join(src, f), dst)
-c = json.load(open(os.path.join(src, "config.json")))
-t = c.get("text_config", c)
-t["num_hidden_layers"] = n
-if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
-json.dump(c, open(os.path.join(dst, "config.json"), "w"), indent=1)
-PY
+  python3 tools/cut_layers.py configs/qwen3.5-122b-a10b-fp8 "$FLAG" "${FLAG_LAYERS:-24}"
 fi
 TOK=$ROOT/.npm-pkgs/tokenizer-qwen3/package/models
 health_a() { ip netns exec "$A" curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/health"; }
