@@ -79,8 +79,9 @@ TEST(CudaArch, BlackwellDesktopAndSparkTakeThePortableTier) {
     EXPECT_EQ(a.smem_per_block_optin, 101376u) << f.name;
     EXPECT_EQ(a.max_threads_per_sm, 1536) << f.name;
     EXPECT_FALSE(tuned_cuda_options(a).moe_prefill_wgmma) << f.name;
-    // kFine10 spills on sm_120a / sm_121a (ptxas_report.sh); kFineWide does not.
-    EXPECT_EQ(tuned_cuda_options(a).moe_fp8_one_token, CudaMoeFp8OneToken::kFineWide) << f.name;
+    // kFineWide (no spill on sm_120a / sm_121a) failed Fp8MoeSharedExpertAtOneToken under the sm_120
+    // profile; the rows keep kFine10 (cuda_arch.cpp).
+    EXPECT_EQ(tuned_cuda_options(a).moe_fp8_one_token, CudaMoeFp8OneToken::kFine10) << f.name;
   }
   EXPECT_EQ(tuned_cuda_options(make_cuda_arch(h100())).moe_fp8_one_token, CudaMoeFp8OneToken::kFine10);
   EXPECT_EQ(make_cuda_arch(gb10()).family, CudaArchFamily::kSm121);
