@@ -7,6 +7,7 @@
 #include "distributed/custom_all_reduce_communicator.h"
 #include "distributed/gloo_communicator.h"
 #include "distributed/node_locality.h"
+#include "distributed/traffic_communicator.h"
 
 #ifdef TESSERA_HAVE_NCCL
 #include "distributed/nccl_communicator.h"
@@ -38,7 +39,8 @@ void join_nccl_groups(const JoinGroupsOptions& o, std::shared_ptr<ControlStoreCl
   car.namer = o.namer;
   car.ranks_per_node = o.ranks_per_node;
   if (const char* v = std::getenv("NCCL_P2P_DISABLE")) car.nccl_p2p_disable = v;
-  g.tp = with_custom_all_reduce(std::move(g.tp), car);
+  g.tp = with_traffic_count(with_custom_all_reduce(std::move(g.tp), car));
+  g.pp = with_traffic_count(std::move(g.pp));
 }
 #endif
 
@@ -54,7 +56,7 @@ std::unique_ptr<ProcessGroups> join_process_groups(const JoinGroupsOptions& o) {
   gloo.namer = o.namer;
   gloo.timeout = o.plan_wait_timeout;
   auto g = std::make_unique<ProcessGroups>();
-  g->world = GlooCommunicatorFactory(gloo).create(o.layout.world_group(o.rank));
+  g->world = with_traffic_count(GlooCommunicatorFactory(gloo).create(o.layout.world_group(o.rank)));
   if (o.device_tensors) {
 #ifdef TESSERA_HAVE_NCCL
     join_nccl_groups(o, store, *g);
@@ -65,8 +67,8 @@ std::unique_ptr<ProcessGroups> join_process_groups(const JoinGroupsOptions& o) {
   }
   gloo.timeout = o.collective_timeout;
   GlooCommunicatorFactory data_factory(gloo);
-  g->tp = data_factory.create(o.layout.tp_group(o.rank));
-  g->pp = data_factory.create(o.layout.pp_group(o.rank));
+  g->tp = with_traffic_count(data_factory.create(o.layout.tp_group(o.rank)));
+  g->pp = with_traffic_count(data_factory.create(o.layout.pp_group(o.rank)));
   return g;
 }
 
