@@ -85,15 +85,20 @@ int count_paged(const std::vector<CacheGroup>& groups) {
 
 std::vector<CacheGroup> engine_cache_groups(const std::vector<LayerCacheSpec>& layers, int block_size, bool whole_model,
                                             bool hybrid) {
+  std::vector<CacheGroup> groups;
   if (whole_model) {
-    auto groups = make_cache_groups(layers, block_size, true);
-    if (count_paged(groups) <= 1) return groups;
-    if (hybrid && same_pages(layers)) return split_uniform(groups);
+    groups = make_cache_groups(layers, block_size, true);
+    if (count_paged(groups) > 1) {
+      if (hybrid && same_pages(layers)) return split_uniform(groups);
+      groups = make_cache_groups(layers, block_size, false);
+    }
+  } else {
+    groups = make_cache_groups(layers, block_size, false);
   }
-  auto groups = make_cache_groups(layers, block_size, false);
-  // A pipeline stage whose own layers are all linear attention still keeps the block tables that the
-  // later stages' attention layers read (the step carries one for every stage).
-  if (!whole_model && count_paged(groups) == 0)
+  // Layers that are all linear attention (a pipeline stage's own, or a whole model cut to them) still
+  // get one layer-less paged group: the step carries its block table, which later stages' attention
+  // layers read, and the engine's step layout expects a paged group before the state group.
+  if (count_paged(groups) == 0)
     groups.insert(groups.begin(), CacheGroup{{CacheGroupKind::kFullAttention, block_size, 0}, {}});
   return groups;
 }
@@ -190,7 +195,10 @@ std::string describe_cache_groups(const std::vector<CacheGroup>& groups) {
     if (!out.empty()) out += ", ";
     out += cache_group_kind_name(g.spec.kind);
     if (g.spec.kind == CacheGroupKind::kSlidingWindow) out += fmt::format(" {}", g.spec.sliding_window);
-    out += fmt::format(" (layer{} {})", g.layers.size() == 1 ? "" : "s", ranges(g.layers));
+    if (g.layers.empty())
+      out += " (no layers of this rank: only the step's block table)";
+    else
+      out += fmt::format(" (layer{} {})", g.layers.size() == 1 ? "" : "s", ranges(g.layers));
   }
   return out;
 }

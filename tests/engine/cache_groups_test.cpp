@@ -91,6 +91,15 @@ TEST(CacheGroups, TheEngineGivesEachKindGroupsOfOneSize) {
   g = engine_cache_groups({paged(kWindow), paged(kWindow)}, kBs, false);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
+  // Only linear-attention layers (a hybrid model cut to them, or such a pipeline stage): a layer-less
+  // full-attention group before the state group, so the step still has its first paged group.
+  for (bool whole : {true, false}) {
+    g = engine_cache_groups({state(), state()}, kBs, whole);
+    ASSERT_EQ(g.size(), 2u) << whole;
+    EXPECT_EQ(g[0].spec.kind, CacheGroupKind::kFullAttention);
+    EXPECT_TRUE(g[0].layers.empty());
+    EXPECT_FALSE(g[1].spec.paged());
+  }
   // Full and windowed layers mixed (Qwen2's max_window_layers): one layer of full attention, two
   // windowed: groups of one layer (the fewest of a kind; two is not under 1.25 x 1).
   const std::vector<LayerCacheSpec> qwen2{paged(), paged(kWindow), paged(kWindow)};

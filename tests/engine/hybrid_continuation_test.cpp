@@ -4,7 +4,10 @@
 // less than one block before them, and generates what it would without prefix caching.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <random>
 #include <string>
@@ -193,6 +196,63 @@ TEST_P(HybridContinuationTest, ConcurrentConversationsEachContinueFromTheirLastT
       tokens = concat(concat(tokens, got.at(id).tokens), random_tokens(g, 9));
     }
   }
+}
+
+// A hybrid model cut to its first layer, a Gated DeltaNet one: no paged-attention layer at all.
+// The engine keeps a layer-less paged group before the state group (engine_cache_groups); it
+// crashed building the step's input without one. Greedy tokens with prefix caching equal those
+// without, and a second turn starts from the first one's checkpoint.
+TEST(LinearAttentionOnly, AModelWithoutAttentionLayersServesAndContinues) {
+  const std::string src = testing::fixtures_dir() + "/qwen3_5_moe_text_tiny";
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "linear_only_model";
+  std::filesystem::create_directories(dir);
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  nlohmann::json& t = c.contains("text_config") ? c["text_config"] : c;
+  ASSERT_EQ(t["layer_types"][0], "linear_attention");
+  t["num_hidden_layers"] = 1;
+  t["layer_types"] = nlohmann::json::array({"linear_attention"});
+  std::ofstream(dir / "config.json") << c.dump();
+  auto run = [&](bool prefix_caching, const std::vector<std::vector<int32_t>>& prompts) {
+    auto be = testing::make_test_backend();
+    LoadOptions lo;
+    lo.model_dir = dir.string();
+    lo.load_format = "dummy";
+    EngineConfig ec;
+    ec.num_blocks_override = 64;
+    ec.scheduler.max_num_seqs = 4;
+    ec.scheduler.max_num_batched_tokens = 256;
+    ec.scheduler.max_model_len = 256;
+    ec.enable_prefix_caching = prefix_caching;
+    ec.state_checkpoint_interval = kBlockSize;
+    LLMEngine e(std::make_unique<LocalExecutor>(load_model(lo, *be), *be), ec);
+    std::vector<Turn> out;
+    for (const auto& prompt : prompts) {  // one after the other: the second may start from the first
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = 8;
+      p.ignore_eos = true;
+      EXPECT_TRUE(e.add_request("r" + std::to_string(out.size()), prompt, p).ok());
+      Turn turn;
+      while (e.has_unfinished())
+        for (const auto& o : e.step()) {
+          turn.tokens.insert(turn.tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+          turn.cached = o.num_cached_tokens;
+        }
+      out.push_back(turn);
+    }
+    EXPECT_TRUE(e.cache_manager().pool().all_free()) << "KV blocks leaked";
+    EXPECT_EQ(e.cache_manager().state_slots().num_held(), 0) << "state slots leaked";
+    return out;
+  };
+  std::mt19937 g(3);
+  const std::vector<int32_t> first = random_tokens(g, 40);
+  const std::vector<Turn> plain = run(false, {first}), cached = run(true, {first});
+  ASSERT_EQ(plain[0].tokens.size(), 8u);
+  EXPECT_EQ(cached[0].tokens, plain[0].tokens);
+  const std::vector<int32_t> second = concat(concat(first, plain[0].tokens), random_tokens(g, 10));
+  const std::vector<Turn> turns = run(true, {first, second}), alone = run(false, {second});
+  EXPECT_EQ(turns[1].tokens, alone[0].tokens) << "the second turn from the first one's checkpoint";
+  EXPECT_GT(turns[1].cached, 0) << "the second turn started from a checkpoint";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridContinuationTest, ::testing::ValuesIn(testing::hybrid_fixture_names()),
