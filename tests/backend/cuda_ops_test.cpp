@@ -1566,6 +1566,11 @@ TEST_F(CudaOps, Fp8MoeSharedExpertAtOneToken) {
       cpu().moe_topk_experts(on_cpu(logits, {1, c.E}), static_cast<int>(k), true, on_cpu(x, {1, H}), put_fp8(cpu(), gu),
                              put_fp8(cpu(), dn), cids, cw, static_cast<int>(c.begin), cref, &cshared);
       const std::vector<float> want = from_cpu(cref);
+      // The routed experts alone too, so that a failure says which part is off.
+      Tensor cref_routed = cpu().alloc({1, H}, DType::kF32);
+      cpu().moe_topk_experts(on_cpu(logits, {1, c.E}), static_cast<int>(k), true, on_cpu(x, {1, H}), put_fp8(cpu(), gu),
+                             put_fp8(cpu(), dn), cids, cw, static_cast<int>(c.begin), cref_routed, nullptr);
+      const std::vector<float> want_routed = from_cpu(cref_routed);
       const std::string what = "E=" + std::to_string(c.E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
                                " local " + std::to_string(EL) + " from " + std::to_string(c.begin) +
                                (gated ? " gated" : "");
@@ -1582,6 +1587,12 @@ TEST_F(CudaOps, Fp8MoeSharedExpertAtOneToken) {
                                &gshared);
         };
         expect_launched_and_replayed(*be, run, out, want, who, 2);
+        Tensor routed_out = be->alloc({1, H}, DType::kBF16);
+        auto run_routed = [&] {
+          be->moe_topk_experts(glogits, static_cast<int>(k), true, gx, ggu, gdn, ids, w, static_cast<int>(c.begin),
+                               routed_out, nullptr);
+        };
+        expect_launched_and_replayed(*be, run_routed, routed_out, want_routed, who + ", routed experts only", 1);
       }
     }
 }
