@@ -22,6 +22,8 @@
 #   carry: ["bundle"]    command: bash scripts/device_netns_nodes.sh
 # Settings (environment): DEADLINE=540 (seconds since the start; a case that would start later is
 # skipped), LINK="0 50 10" (Gbit/s per link run), KV=512M (each node's --kv-cache-memory-bytes).
+# DEVICE=cpu TESSERA_BIN=build/cpu/bin/tessera FLAG_MODEL=models/tessera-demo: a dry run of the script's own logic on a machine without a GPU (CPU ranks over Gloo; the
+# flagship's section serves FLAG_MODEL, e.g. the demo model, since the flagship is too large for it).
 # $OUT gets summary.txt and netns_nodes_logs.tar.gz (every log).
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,15 +41,19 @@ SUMMARY="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 if [ "$(id -u)" -ne 0 ]; then say "SKIP: needs root for ip netns"; exit 77; fi
-if [ ! -d /tmp/bundle ]; then
+# TESSERA_BIN: a tessera binary to run instead of the bundle's (the CPU dry run: build/cpu/bin/tessera).
+if [ -z "${TESSERA_BIN:-}" ] && [ ! -d /tmp/bundle ]; then
   tar -xJf bundle/bundle.tar.xz -C /tmp || { say "FAIL setup: cannot unpack bundle/bundle.tar.xz"; exit 1; }
 fi
 # A GPU machine without iproute2: the bundle's own ip and tc (scripts/bundle.sh --with-net-tools).
 command -v ip >/dev/null || [ ! -x /tmp/bundle/net/ip ] || export PATH="/tmp/bundle/net:$PATH"
-for tool in ip tc nvidia-smi python3; do
+DEVICE=${DEVICE:-cuda}
+TOOLS="ip tc python3"
+[ "$DEVICE" = cuda ] && TOOLS="$TOOLS nvidia-smi"
+for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { say "SKIP: no $tool"; exit 77; }
 done
-BIN=/tmp/bundle/tessera
+BIN=$(readlink -f "${TESSERA_BIN:-/tmp/bundle/tessera}")
 [ -x "$BIN" ] || { say "FAIL setup: no $BIN"; exit 1; }
 
 # The namespaces (A = node 0, the head; B = node 1); the helper's exit trap deletes them and kills
@@ -74,7 +80,8 @@ PROMPTS=(--prompt-ids 39,7,201,5,88 --prompt-ids 12,240,1,66,3,9)
 TOKEN=netns-nodes-token
 PORT=29710
 
-say "GPU: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | head -1); bundle commit $(cat /tmp/bundle/COMMIT 2>/dev/null)"
+gpu_mib() { [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 || echo 0; }
+say "GPU: $([ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | head -1 || echo "none, DEVICE=$DEVICE"); bundle commit $(cat /tmp/bundle/COMMIT 2>/dev/null)"
 say "namespaces $A (10.77.0.1, node 0) and $B (10.77.0.2, node 1), both on GPU 0; each node --kv-cache-memory-bytes $KV"
 
 # The seconds a command may still run: at most $1, and not far past the deadline.
@@ -169,7 +176,7 @@ run_case() {
 }
 
 say "== 1. greedy ids on two nodes sharing GPU 0 vs one rank"
-G=(--device cuda --json --ignore-eos --max-num-seqs 8 "${PROMPTS[@]}")
+G=(--device "$DEVICE" --json --ignore-eos --max-num-seqs 8 "${PROMPTS[@]}")
 run_case dense_tp2 --model "$FIX/qwen3_gqa4_hd32" "${G[@]}" --max-tokens 16 -- --tensor-parallel-size 2
 run_case dense_pp2 --model "$FIX/qwen3_gqa4_hd32" "${G[@]}" --max-tokens 16 -- --pipeline-parallel-size 2
 run_case moe_tp2_ep2 --model "$FIX/qwen3_moe_e8_k2_norm" "${G[@]}" --max-tokens 16 -- --tensor-parallel-size 2 \
@@ -195,7 +202,7 @@ shape() {  # shape GBIT: both ends of the veth; 0 removes the shaping
   done
 }
 # shellcheck disable=SC2054  # --prompt-ids takes comma-separated ids
-L=(--model "$DEMO" --device cuda --json --ignore-eos --max-num-seqs 8 --max-tokens 64 --prompt-ids 39,7,201,5,88)
+L=(--model "$DEMO" --device "$DEVICE" --json --ignore-eos --max-num-seqs 8 --max-tokens 64 --prompt-ids 39,7,201,5,88)
 first_ids=""
 for gbit in $LINK; do
   name="link_${gbit}gbit"
@@ -231,14 +238,15 @@ shape 0
 # ranks of the whole model do not fit) served across the two nodes with MTP k=2: the seed-003 protocol
 # from node 0's namespace, then node 1's rank process killed mid-run: the head must name it and answer
 # /health 503 within 30 s. FLAGSHIP="tp2 pp2" (the layouts; empty skips), FLAG_KV (each node's cache).
-FLAG=configs/qwen3.5-122b-a10b-fp8
-total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ "${total_mib:-0}" -lt 240000 ]; then
+FLAG=${FLAG_MODEL:-configs/qwen3.5-122b-a10b-fp8}
+total_mib=$(gpu_mib)
+if [ -z "${FLAG_MODEL:-}" ] && [ "${total_mib:-0}" -lt 240000 ]; then
   FLAG=$TMP/flagship_cut
   mkdir -p "$FLAG"
   python3 tools/cut_layers.py configs/qwen3.5-122b-a10b-fp8 "$FLAG" "${FLAG_LAYERS:-24}"
 fi
-TOK=$ROOT/.npm-pkgs/tokenizer-qwen3/package/models
+TOK=$ROOT/.npm-pkgs/tokenizer-qwen3/package/models  # the flagship's (Qwen3's vocabulary); FLAG_MODEL's own if it has one
+[ -n "${FLAG_MODEL:-}" ] && [ -f "$FLAG/tokenizer.json" ] && TOK=$FLAG
 health_a() { ip netns exec "$A" curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/health"; }
 # The rank process a node's tessera started (its child running `--worker-*`), by /proc.
 rank_child() {
@@ -265,7 +273,7 @@ for layout in ${FLAGSHIP-tp2 pp2}; do
   fi
   par=(--tensor-parallel-size 2); [ "$layout" = pp2 ] && par=(--pipeline-parallel-size 2)
   PORT=$((PORT + 10)); http=$((8100 + PORT % 100))
-  common=(serve "$FLAG" --load-format dummy --device cuda --tokenizer "$TOK" --max-model-len 4096 --max-num-seqs 64
+  common=(serve "$FLAG" --load-format dummy --device "$DEVICE" --tokenizer "$TOK" --max-model-len 4096 --max-num-seqs 64
           --speculative-config "$MTP" "${par[@]}" --nnodes 2 --master-addr 10.77.0.1 --master-port "$PORT"
           --cluster-token "$TOKEN" --join-timeout 120 --kv-cache-memory-bytes "${FLAG_KV:-2G}" --host 127.0.0.1
           --port "$http")
@@ -291,9 +299,13 @@ for layout in ${FLAGSHIP-tp2 pp2}; do
   ip netns exec "$A" timeout "$(limit 200)" "$BIN" bench --base-url "http://127.0.0.1:$http" --concurrency 1,5,10,20 \
     --requests-per-level 40 --max-tokens 64 --prompt "Explain parallel computing in one sentence." \
     --json "$LOGS/$name.bench.json" >"$LOGS/$name.bench.txt" 2>&1
-  rates=$(python3 -c 'import json, sys
+  rates=$(python3 - "$LOGS/$name.bench.json" 2>/dev/null <<'PY'
+import json, sys
 d = json.load(open(sys.argv[1]))
-print(", ".join(f"c{l[\"max_concurrency\"]} {l[\"completion_token_throughput\"]:.1f}" + (f" FAILED {l[\"failed\"]}" if l["failed"] else "") for l in d["levels"]))' "$LOGS/$name.bench.json" 2>/dev/null)
+print(", ".join("c%d %.1f%s" % (l["max_concurrency"], l["completion_token_throughput"],
+                                " FAILED %d" % l["failed"] if l["failed"] else "") for l in d["levels"]))
+PY
+)
   # Node 1's rank killed while requests run.
   ip netns exec "$A" timeout 60 "$BIN" bench --base-url "http://127.0.0.1:$http" --concurrency 4 \
     --requests-per-level 40 --max-tokens 256 --prompt "Explain parallel computing in one sentence." \
