@@ -25,6 +25,22 @@ constexpr uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a
 // A direct read the file system refused for its alignment (EINVAL): that file is read buffered.
 struct DirectRefused {};
 
+// Up to n bytes of `fd` at `at` into dst (fewer only at the end of the file), retrying on EINTR: the
+// bytes read and 0, or the bytes read before an error and its errno. A direct read may end short only
+// at the end of the file (the next read would return 0), so it stops at a short, unaligned count.
+std::pair<size_t, int> pread_loop(int fd, char* dst, size_t n, uint64_t at, bool direct) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return {got, errno};
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+    if (direct && got % StagedReader::kAlign != 0) break;
+  }
+  return {got, 0};
+}
+
 }  // namespace
 
 StagedReader::StagedReader(size_t chunk_bytes, Mode mode)
@@ -84,19 +100,11 @@ StagedReader::File& StagedReader::open(const std::string& path) {
 // Up to n bytes at `at` (fewer only at the end of the file).
 size_t StagedReader::pread_full(File& f, const std::string& path, char* dst, size_t n, uint64_t at) {
   const auto start = std::chrono::steady_clock::now();
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(f.fd, dst + got, n - got, static_cast<off_t>(at + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno == EINVAL && f.direct) throw DirectRefused{};
-    if (r < 0)
-      fail(ErrorKind::kCorrupt, "{}: read of {} bytes at offset {} failed ({}; a disk or file system error)", path,
-           n - got, at + got, std::strerror(errno));
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-    // A direct read may end short only at the end of the file; the next read then returns 0.
-    if (f.direct && got % kAlign != 0) break;
-  }
+  const auto [got, err] = pread_loop(f.fd, dst, n, at, f.direct);
+  if (err == EINVAL && f.direct) throw DirectRefused{};
+  if (err != 0)
+    fail(ErrorKind::kCorrupt, "{}: read of {} bytes at offset {} failed ({}; a disk or file system error)", path,
+         n - got, at + got, std::strerror(err));
   stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.device_bytes += got;
   return got;
@@ -187,13 +195,12 @@ const char* StagedReader::view_direct(File& f, const std::string& path, uint64_t
 }
 
 const char* StagedReader::take_read_ahead(const std::string& path, uint64_t offset, uint64_t end) {
-  if (!ahead_.active()) return nullptr;
-  const uint64_t pos = round_down(offset, kAlign);
-  const bool covers = ahead_.path == path && pos >= ahead_.pos && round_up(end, kAlign) <= ahead_.pos + ahead_.want;
   const std::optional<size_t> got = finish_read_ahead();  // failed: the caller's own read reports the error
-  if (!got || !covers || ahead_.pos + *got < end) return nullptr;
+  if (!got) return nullptr;
+  Held read{ahead_.path, ahead_.pos, *got};
+  if (!read.covers(path, offset, end)) return nullptr;
   cur_ = ahead_.buf;
-  held_[cur_] = Held{path, ahead_.pos, *got};
+  held_[cur_] = std::move(read);
   ++stats_.read_ahead_hits;
   return bufs_[cur_] + (offset - ahead_.pos);
 }
@@ -203,23 +210,15 @@ void StagedReader::start_read_ahead(const File& f, const std::string& path, uint
   if (pos >= f.size || ahead_.active()) return;
   ahead_.path = path;
   ahead_.pos = pos;
-  ahead_.want = static_cast<size_t>(std::min<uint64_t>(chunk_, file_end - pos));
   ahead_.buf = cur_ ^ 1;
   held_[ahead_.buf] = Held{};  // being overwritten
   char* dst = buffer(ahead_.buf);
   const int fd = f.fd;
-  const size_t want = ahead_.want;
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, file_end - pos));
   ahead_.done = std::async(std::launch::async, [fd, dst, want, pos]() -> std::pair<size_t, double> {
     const auto start = std::chrono::steady_clock::now();
-    size_t got = 0;
-    while (got < want) {
-      const ssize_t r = ::pread(fd, dst + got, want - got, static_cast<off_t>(pos + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw std::system_error(errno, std::generic_category(), "read ahead");
-      if (r == 0) break;
-      got += static_cast<size_t>(r);
-      if (got % kAlign != 0) break;  // a direct read ends short only at the end of the file
-    }
+    const auto [got, err] = pread_loop(fd, dst, want, pos, true);
+    if (err != 0) throw std::system_error(err, std::generic_category(), "read ahead");
     return {got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
   });
 }

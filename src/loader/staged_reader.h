@@ -84,11 +84,10 @@ class StagedReader {
       return len > 0 && path == p && begin >= pos && end <= pos + len;
     }
   };
-  // A direct read of [pos, pos + want) into buffer `buf`, running on a worker thread.
+  // A direct read of up to a buffer from `pos` into buffer `buf`, running on a worker thread.
   struct ReadAhead {
     std::string path;
     uint64_t pos = 0;
-    size_t want = 0;
     int buf = 0;
     // Bytes read and the seconds inside pread; an exception for an error (the caller then reads
     // the range itself, which reports it).
