@@ -1563,14 +1563,15 @@ TEST_F(CudaOps, Fp8MoeSharedExpertAtOneToken) {
       const Backend::MoeSharedExpert cshared{&cgu, &cdn, gated ? &cg : nullptr};
       Tensor cref = cpu().alloc({1, H}, DType::kF32), cids = cpu().alloc({1, k}, DType::kI32),
              cw = cpu().alloc({1, k}, DType::kF32);
-      cpu().moe_topk_experts(on_cpu(logits, {1, c.E}), static_cast<int>(k), true, on_cpu(x, {1, H}), put_fp8(cpu(), gu),
-                             put_fp8(cpu(), dn), cids, cw, static_cast<int>(c.begin), cref, &cshared);
-      const std::vector<float> want = from_cpu(cref);
-      // The routed experts alone too, so that a failure says which part is off.
+      // With the shared expert, and the routed experts alone too, so that a failure says which part is off.
+      const Tensor clogits = on_cpu(logits, {1, c.E}), cx = on_cpu(x, {1, H}), cgu_e = put_fp8(cpu(), gu),
+                   cdn_e = put_fp8(cpu(), dn);
       Tensor cref_routed = cpu().alloc({1, H}, DType::kF32);
-      cpu().moe_topk_experts(on_cpu(logits, {1, c.E}), static_cast<int>(k), true, on_cpu(x, {1, H}), put_fp8(cpu(), gu),
-                             put_fp8(cpu(), dn), cids, cw, static_cast<int>(c.begin), cref_routed, nullptr);
-      const std::vector<float> want_routed = from_cpu(cref_routed);
+      cpu().moe_topk_experts(clogits, static_cast<int>(k), true, cx, cgu_e, cdn_e, cids, cw, static_cast<int>(c.begin),
+                             cref, &cshared);
+      cpu().moe_topk_experts(clogits, static_cast<int>(k), true, cx, cgu_e, cdn_e, cids, cw, static_cast<int>(c.begin),
+                             cref_routed, nullptr);
+      const std::vector<float> want = from_cpu(cref), want_routed = from_cpu(cref_routed);
       const std::string what = "E=" + std::to_string(c.E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) +
                                " local " + std::to_string(EL) + " from " + std::to_string(c.begin) +
                                (gated ? " gated" : "");

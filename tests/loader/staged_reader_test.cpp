@@ -149,6 +149,17 @@ std::vector<char> random_file(const std::string& file, size_t bytes, std::mt1993
   return data;
 }
 
+// Views [from, to) of `file` in order, in pieces of len(rng) bytes (at most the view), each checked
+// against `data`, the file's bytes.
+void walk_in_order(StagedReader& r, const std::string& file, const std::vector<char>& data, size_t from, size_t to,
+                   std::uniform_int_distribution<size_t>& len, std::mt19937& rng) {
+  for (size_t b = from; b < to;) {
+    const size_t n = std::min({len(rng), to - b, r.max_view_bytes()});
+    ASSERT_EQ(0, std::memcmp(r.view(file, b, n), data.data() + b, n)) << "view [" << b << ", " << b + n << ")";
+    b += n;
+  }
+}
+
 TEST(StagedReader, RangesComeBackExactInBothModes) {
   LargeFileDir dir;
   const std::string file = (dir.path() / "bytes.bin").string();
@@ -182,11 +193,7 @@ TEST(StagedReader, SequentialWalkIsReadAheadAndExact) {
   StagedReader r(256 * 1024);
   std::uniform_int_distribution<size_t> len(1, 200 * 1024);
   auto walk = [&](size_t from, size_t to) {
-    for (size_t b = from; b < to;) {
-      const size_t n = std::min({len(rng), to - b, r.max_view_bytes()});
-      ASSERT_EQ(0, std::memcmp(r.view(file, b, n), data.data() + b, n)) << "view [" << b << ", " << b + n << ")";
-      b += n;
-    }
+    ASSERT_NO_FATAL_FAILURE(walk_in_order(r, file, data, from, to, len, rng));
   };
   walk(8 + 100, data.size() / 2);                 // (a safetensors file's data starts after its header)
   walk(data.size() / 3, data.size() / 3 + kMiB);  // a jump back, then in order again
@@ -211,12 +218,7 @@ TEST(StagedReader, SmallPiecesInOrderReadEachByteAboutOnce) {
   const std::vector<char> data = random_file(file, 4 * kMiB + 321, rng);
   StagedReader r(256 * 1024);
   std::uniform_int_distribution<size_t> len(1, 6000);
-  size_t b = 40;
-  for (; b < data.size();) {
-    const size_t n = std::min(len(rng), data.size() - b);
-    ASSERT_EQ(0, std::memcmp(r.view(file, b, n), data.data() + b, n)) << "view [" << b << ", " << b + n << ")";
-    b += n;
-  }
+  ASSERT_NO_FATAL_FAILURE(walk_in_order(r, file, data, 40, data.size(), len, rng));
   const StagedReadStats st = r.stats();
   r.close_files();
   if (st.direct_files == 0) GTEST_SKIP() << "no O_DIRECT here: the reads were buffered";
