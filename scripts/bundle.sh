@@ -95,40 +95,38 @@ is_skipped() {
   return 1
 }
 
-declare -A seen=()
-for bin in "${BINS[@]}"; do
+# copy_with_libs BIN DIR RPATH: BIN into DIR with RPATH, and the libraries it loads that are not
+# skipped into DIR/lib (each once, with rpath $ORIGIN).
+copy_with_libs() {
+  local bin=$1 dir=$2 rpath=$3 name arrow path rest dst
+  mkdir -p "$dir/lib"
   while read -r name arrow path rest; do
     [ "$arrow" = "=>" ] || continue
     if [ "$path" = "not" ]; then echo "bundle.sh: $bin needs $name, which is not found here" >&2; exit 1; fi
     is_skipped "$name" && continue
-    [ -n "${seen[$name]:-}" ] && continue
-    seen[$name]=1
-    cp -L "$path" "$OUT/lib/$name"
-    chmod u+w "$OUT/lib/$name"
-    patchelf --set-rpath '$ORIGIN' "$OUT/lib/$name"
+    [ -e "$dir/lib/$name" ] && continue
+    cp -L "$path" "$dir/lib/$name"
+    chmod u+w "$dir/lib/$name"
+    patchelf --set-rpath '$ORIGIN' "$dir/lib/$name"
   done < <(ldd "$bin")
-  dst="$OUT/$(basename "$bin")"
-  cp "$bin" "$dst"
+  dst="$dir/$(basename "$bin")"
+  cp -L "$bin" "$dst"
   chmod u+w "$dst"
-  patchelf --set-rpath "\$ORIGIN/lib:/usr/local/cuda/targets/$CUDA_TARGET/lib:/usr/local/cuda/lib64" "$dst"
+  patchelf --set-rpath "$rpath" "$dst"
+}
+
+for bin in "${BINS[@]}"; do
+  copy_with_libs "$bin" "$OUT" "\$ORIGIN/lib:/usr/local/cuda/targets/$CUDA_TARGET/lib:/usr/local/cuda/lib64"
 done
 
 # iproute2's ip and tc for the two-namespace scripts, each with the libraries it loads that the C
 # library does not provide (libmnl, libbpf, libelf, libcap, ...), in net/ with rpath $ORIGIN/lib.
 if [ "$NET_TOOLS" = 1 ]; then
-  mkdir -p "$OUT/net/lib"
   for tool in ip tc; do
     path=$(command -v "$tool" || true)
     [ -n "$path" ] || path=$(ls /sbin/$tool /usr/sbin/$tool 2>/dev/null | head -1)
     [ -n "$path" ] || { echo "bundle.sh: --with-net-tools: no $tool here (apt-get install iproute2)" >&2; exit 1; }
-    while read -r name arrow lib rest; do
-      [ "$arrow" = "=>" ] && [ "$lib" != "not" ] || continue
-      is_skipped "$name" && continue
-      [ -e "$OUT/net/lib/$name" ] || { cp -L "$lib" "$OUT/net/lib/$name"; chmod u+w "$OUT/net/lib/$name"; }
-    done < <(ldd "$path")
-    cp -L "$path" "$OUT/net/$tool"
-    chmod u+w "$OUT/net/$tool"
-    patchelf --set-rpath '$ORIGIN/lib' "$OUT/net/$tool"
+    copy_with_libs "$path" "$OUT/net" '$ORIGIN/lib'
   done
 fi
 
