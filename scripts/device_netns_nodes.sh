@@ -102,6 +102,11 @@ reference() {
   env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.ref.%p.log" \
     timeout "$(limit 120)" "$BIN" generate "$@" >"$LOGS/$name.ref.jsonl" 2>"$LOGS/$name.ref.log"
 }
+# on_node NS NAME N CMD...: CMD in namespace NS on GPU 0 with the NCCL settings, NCCL's log to node N's file of NAME.
+on_node() {
+  local ns=$1 name=$2 node=$3; shift 3
+  ip netns exec "$ns" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node$node.%p.log" "$@"
+}
 # pair NAME ARGS...: node 0 in A, node 1 in B, one rank each on GPU 0; sets HEAD_RC and NODE_RC.
 pair() {
   local name=$1; shift
@@ -110,11 +115,11 @@ pair() {
                 --join-timeout 60 --kv-cache-memory-bytes "$KV")
   local t
   t=$(limit 180)
-  ip netns exec "$A" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node0.%p.log" \
-    timeout "$t" "$BIN" "${common[@]}" --node-rank 0 >"$LOGS/$name.head.jsonl" 2>"$LOGS/$name.head.log" &
+  on_node "$A" "$name" 0 timeout "$t" "$BIN" "${common[@]}" --node-rank 0 >"$LOGS/$name.head.jsonl" \
+    2>"$LOGS/$name.head.log" &
   local h=$!
-  ip netns exec "$B" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node1.%p.log" \
-    timeout "$t" "$BIN" "${common[@]}" --node-rank 1 >"$LOGS/$name.node1.out" 2>"$LOGS/$name.node1.log" &
+  on_node "$B" "$name" 1 timeout "$t" "$BIN" "${common[@]}" --node-rank 1 >"$LOGS/$name.node1.out" \
+    2>"$LOGS/$name.node1.log" &
   local n=$!
   wait "$h"; HEAD_RC=$?
   wait "$n"; NODE_RC=$?
@@ -278,11 +283,9 @@ for layout in ${FLAGSHIP-tp2 pp2}; do
           --cluster-token "$TOKEN" --join-timeout 120 --kv-cache-memory-bytes "${FLAG_KV:-2G}" --host 127.0.0.1
           --port "$http")
   t0=$SECONDS
-  ip netns exec "$A" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node0.%p.log" \
-    "$BIN" "${common[@]}" --node-rank 0 >"$LOGS/$name.head.log" 2>&1 &
+  on_node "$A" "$name" 0 "$BIN" "${common[@]}" --node-rank 0 >"$LOGS/$name.head.log" 2>&1 &
   h=$!
-  ip netns exec "$B" env CUDA_VISIBLE_DEVICES=0 "${NCCL_ENV[@]}" NCCL_DEBUG_FILE="$LOGS/nccl.$name.node1.%p.log" \
-    "$BIN" "${common[@]}" --node-rank 1 >"$LOGS/$name.node1.log" 2>&1 &
+  on_node "$B" "$name" 1 "$BIN" "${common[@]}" --node-rank 1 >"$LOGS/$name.node1.log" 2>&1 &
   n=$!
   up=0
   for _ in $(seq 1 "$(limit 240)"); do
